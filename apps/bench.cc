@@ -1,0 +1,195 @@
+// bench.cc: `gpipe bench`: the workloads of BENCHMARKS.md against one device and against the ideal.
+#include "commands.h"
+#include "common.h"
+
+#include <gpipe/gpipe.h>
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+
+namespace gpipe::cli {
+namespace {
+
+struct BenchOptions {
+  std::vector<std::string> workloads{"mlp"};
+  std::vector<int> stages{2};
+  std::vector<int> micro_batches{32};
+  std::vector<std::string> checkpoints{"except_last"};
+  int threads = 1;
+  int steps = 5;
+  int warmup = 2;
+  bool json = false;
+  std::string results = "bench/results/bench.json";
+};
+
+void clear_grads(const std::vector<torch::Tensor>& params) {
+  for (auto p : params) p.mutable_grad() = torch::Tensor();
+}
+
+struct Timing {
+  std::vector<double> step_s;
+  std::vector<double> bubbles;
+};
+
+// Seconds per training step (SGD step included) of the whole model and batch on one device.
+Timing time_single_device(const std::string& name, const BenchOptions& o) {
+  Workload w = make_workload(name, 0);
+  at::set_num_threads(o.threads);
+  set_blas_threads(o.threads);
+  torch::optim::SGD sgd(w.model->parameters(), 1e-4);
+  Timing t;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    const int64_t begin = now_ns();
+    clear_grads(w.model->parameters());
+    w.loss(w.model->forward(w.input), w.target).backward();
+    sgd.step();
+    if (s >= o.warmup) t.step_s.push_back(static_cast<double>(now_ns() - begin) * 1e-9);
+  }
+  return t;
+}
+
+Timing time_pipeline(const std::string& name, int K, int M, Checkpoint mode, const BenchOptions& o,
+                     std::vector<int>* balance) {
+  Workload w = make_workload(name, 0);
+  Pipeline pipe(w.model, PipelineOptions()
+                             .balance(w.balance(K))
+                             .chunks(M)
+                             .checkpoint(mode)
+                             .threads_per_stage(o.threads));
+  *balance = pipe.balance();
+  torch::optim::SGD sgd(pipe.parameters(), 1e-4);
+  Timing t;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    const int64_t begin = now_ns();
+    clear_grads(pipe.parameters());
+    pipe.train_step(w.input, w.target, w.loss);
+    sgd.step();
+    if (s >= o.warmup) {
+      t.step_s.push_back(static_cast<double>(now_ns() - begin) * 1e-9);
+      t.bubbles.push_back(pipe.last_trace().bubble());
+    }
+  }
+  return t;
+}
+
+void write_results(const BenchOptions& o, const nlohmann::json& rows, const std::string& command) {
+  if (o.results.empty()) return;
+  const std::filesystem::path path(o.results);
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  nlohmann::json doc = {{"command", command}, {"date", date}, {"machine", machine()}, {"results", rows}};
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << doc.dump(2) << "\n";
+    if (!out) usage_error("cannot write " + tmp.string());
+  }
+  std::filesystem::rename(tmp, path);  // whole or not at all
+  std::cerr << "results written to " << path.string() << "\n";
+}
+
+int run(const BenchOptions& o, const std::string& command) {
+  for (const auto& n : o.workloads) make_workload(n, 0);  // unknown names fail before any work
+  std::vector<Checkpoint> modes;
+  for (const auto& c : o.checkpoints) modes.push_back(parse_checkpoint(c));
+
+  nlohmann::json rows = nlohmann::json::array();
+  if (!o.json)
+    std::cout << std::left << std::setw(12) << "workload" << std::right << std::setw(3) << "K"
+              << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(12) << "samples/s"
+              << std::setw(21) << "(min .. max)" << std::setw(9) << "speedup" << std::setw(7)
+              << "ideal" << std::setw(11) << "efficiency" << std::setw(8) << "bubble" << std::setw(11)
+              << "vs unsplit" << "\n";
+  for (const auto& name : o.workloads) {
+    const int64_t batch = make_workload(name, 0).input.size(0);
+    auto rate_of = [batch](const std::vector<double>& step_s) {
+      return static_cast<double>(batch) / median(step_s);
+    };
+    // The whole batch in one piece on one device: what micro-batching itself costs.
+    const double unsplit_rate = rate_of(time_single_device(name, o).step_s);
+    for (int M : o.micro_batches)
+      for (Checkpoint mode : modes) {
+        // The ideal K·M/(M+K-1) compares with one device running the same M micro-batches.
+        std::vector<int> balance;
+        const double one_device_rate = rate_of(time_pipeline(name, 1, M, mode, o, &balance).step_s);
+        for (int K : o.stages) {
+          const Timing t = time_pipeline(name, K, M, mode, o, &balance);
+          const double rate = rate_of(t.step_s);
+          const double rmin = static_cast<double>(batch) / *std::max_element(t.step_s.begin(), t.step_s.end());
+          const double rmax = static_cast<double>(batch) / *std::min_element(t.step_s.begin(), t.step_s.end());
+          const double speedup = rate / one_device_rate;
+          const double ideal = ideal_speedup(K, M);
+          nlohmann::json row = {{"workload", name},
+                                {"stages", K},
+                                {"micro_batches", M},
+                                {"checkpoint", to_string(mode)},
+                                {"threads_per_stage", o.threads},
+                                {"balance", balance},
+                                {"samples_per_s", rate},
+                                {"samples_per_s_min", rmin},
+                                {"samples_per_s_max", rmax},
+                                {"one_device_samples_per_s", one_device_rate},
+                                {"speedup", speedup},
+                                {"ideal", ideal},
+                                {"efficiency", speedup / ideal},
+                                {"bubble", median(t.bubbles)},
+                                {"unsplit_samples_per_s", unsplit_rate},
+                                {"speedup_vs_unsplit", rate / unsplit_rate},
+                                {"steps", o.steps},
+                                {"warmup", o.warmup}};
+          rows.push_back(row);
+          if (o.json) {
+            std::cout << row.dump() << std::endl;
+          } else {
+            std::ostringstream range;
+            range << std::fixed << std::setprecision(1) << "(" << rmin << " .. " << rmax << ")";
+            std::cout << std::left << std::setw(12) << name << std::right << std::setw(3) << K
+                      << std::setw(5) << M << std::setw(13) << to_string(mode) << std::fixed
+                      << std::setprecision(1) << std::setw(12) << rate << std::setw(21) << range.str()
+                      << std::setprecision(3) << std::setw(9) << speedup << std::setw(7) << ideal
+                      << std::setw(11) << speedup / ideal << std::setw(8) << median(t.bubbles)
+                      << std::setw(11) << rate / unsplit_rate << std::endl;
+          }
+        }
+      }
+  }
+  write_results(o, rows, command);
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, const std::string& command) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "bench", "Time the workloads of BENCHMARKS.md through the pipeline against one device");
+  sub->add_option("--workload", o->workloads, "mlp, transformer, tiny, imbalanced (several sweep)")
+      ->capture_default_str();
+  sub->add_option("--stages", o->stages, "numbers of stages K to sweep")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--micro-batches", o->micro_batches, "numbers of micro-batches M to sweep")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--checkpoint", o->checkpoints, "always, except_last, never (several sweep)")
+      ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
+  sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each stage (and of the one device)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--steps", o->steps, "timed steps per configuration (the median is reported)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sub->add_flag("--json", o->json, "one JSON object per configuration on standard output (JSON Lines)");
+  sub->add_option("--results", o->results, "file the results are written to (empty: none)")
+      ->capture_default_str();
+  sub->callback([o, command] { std::exit(run(*o, command)); });
+}
+
+}  // namespace gpipe::cli

@@ -1,0 +1,15 @@
+// commands.h: the subcommands of the gpipe program.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+namespace gpipe::cli {
+
+/// `gpipe bench`: benchmark workloads through the pipeline.
+void add_bench_command(CLI::App& app, const std::string& command);
+/// `gpipe train`: train a model on Fashion-MNIST (the default) through the pipeline.
+void add_train_command(CLI::App& app, const std::string& command);
+
+}  // namespace gpipe::cli

@@ -1,0 +1,73 @@
+// device.h: where a stage runs: a CPU core group (a thread with its own intra-op threads) or a CUDA device.
+#pragma once
+
+#include <torch/types.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace gpipe {
+
+/// A device for one stage. On CPU, a "virtual device": the stage's own worker
+/// thread plus `threads` intra-op threads (a core group). On CUDA, a GPU.
+struct Device {
+  torch::Device device{torch::kCPU};
+  int threads = 1;  ///< intra-op (and BLAS) threads of the stage
+
+  /// A CPU core group of `threads` cores.
+  static Device cpu(int threads = 1);
+  /// CUDA device `index`; its stage thread uses one CPU thread.
+  static Device cuda(int index);
+
+  bool is_cpu() const { return device.is_cpu(); }
+  /// "cpu(1 thread)", "cpu(2 threads)" or "cuda:0".
+  std::string str() const;
+};
+
+/// Throws std::invalid_argument if `device` cannot be used here (a CUDA device
+/// in a build or on a machine without it, or fewer than one thread).
+void check_device(const Device& device);
+
+/// Makes the calling thread run with `device`'s intra-op thread count.
+/// (With the OpenMP backend of ATen this is a per-thread setting.)
+void bind_current_thread(const Device& device);
+
+/// Sets the number of OpenBLAS threads, when OpenBLAS is the BLAS of this
+/// process. OpenBLAS' pthread build has one process-wide pool: gpipe sets it to
+/// the largest thread count among CPU stages, so two stages with one core each
+/// do not fight over cores. Returns false when OpenBLAS is not loaded.
+bool set_blas_threads(int threads);
+
+/// A short description of the BLAS in use, e.g. "OpenBLAS 0.3.21 ... MAX_THREADS=64".
+std::string blas_info();
+
+/// A persistent worker thread that runs posted tasks in order, bound to a Device.
+///
+/// Tasks must not throw (the pipeline catches inside them). The destructor
+/// finishes the queued tasks, then joins the thread.
+class DeviceThread {
+ public:
+  explicit DeviceThread(Device device);
+  ~DeviceThread();
+  DeviceThread(const DeviceThread&) = delete;
+  DeviceThread& operator=(const DeviceThread&) = delete;
+
+  void post(std::function<void()> task);
+  const Device& device() const { return device_; }
+
+ private:
+  void loop();
+
+  Device device_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
+}  // namespace gpipe

@@ -1,0 +1,13 @@
+// gpipe.h: the umbrella header: everything a user of gpipe needs.
+#pragma once
+
+#include "gpipe/check.h"
+#include "gpipe/device.h"
+#include "gpipe/microbatch.h"
+#include "gpipe/partition.h"
+#include "gpipe/pipeline.h"
+#include "gpipe/schedule.h"
+#include "gpipe/stage.h"
+#include "gpipe/trace.h"
+#include "gpipe/transport.h"
+#include "gpipe/workloads.h"

@@ -1,0 +1,129 @@
+// pipeline.h: the facade: a torch::nn::Sequential trained with GPipe over K pipelined stages.
+#pragma once
+
+#include "gpipe/device.h"
+#include "gpipe/schedule.h"
+#include "gpipe/stage.h"
+#include "gpipe/trace.h"
+#include "gpipe/transport.h"
+
+#include <torch/arg.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gpipe {
+
+/// Which micro-batches re-materialize (keep only the stage input in forward and
+/// recompute the stage's forward inside backward). As in torchgpipe.
+enum class Checkpoint {
+  kAlways,      ///< every micro-batch: least memory, about one extra forward
+  kExceptLast,  ///< all but the last, whose backward comes first anyway
+  kNever,       ///< none: every stage keeps every micro-batch's activations
+};
+
+/// "always", "except_last" or "never".
+std::string to_string(Checkpoint mode);
+/// Parses "always", "except_last" or "never"; throws std::invalid_argument otherwise.
+Checkpoint parse_checkpoint(const std::string& text);
+
+/// Options of a Pipeline, set with chainable setters:
+///
+///   gpipe::Pipeline pipe(model, gpipe::PipelineOptions().stages(2).chunks(8));
+///   gpipe::Pipeline pipe(model, gpipe::PipelineOptions().balance({3, 5}).chunks(4)
+///                                   .checkpoint(gpipe::Checkpoint::kAlways));
+struct PipelineOptions {
+  /// K, the number of stages, cutting the layers evenly. 0: take K from balance.
+  TORCH_ARG(int, stages) = 0;
+  /// Layers per stage, e.g. {3, 5}. Empty: cut evenly into `stages` stages.
+  TORCH_ARG(std::vector<int>, balance) = {};
+  /// M, the number of micro-batches each mini-batch is split into.
+  TORCH_ARG(int, chunks) = 1;
+  /// Which micro-batches re-materialize in backward.
+  TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::kExceptLast;
+  /// One device per stage. Empty: a CPU core group of `threads_per_stage` per stage.
+  TORCH_ARG(std::vector<Device>, devices) = {};
+  /// Intra-op threads of each CPU stage when `devices` is empty.
+  TORCH_ARG(int, threads_per_stage) = 1;
+};
+
+/// A torch::nn::Sequential cut into K consecutive stages, each on its own
+/// device and worker thread, trained by GPipe's fill-drain schedule over M
+/// micro-batches.
+///
+/// The pipeline shares the model's parameters: an optimizer built on
+/// `model->parameters()` (or `pipe.parameters()`) steps what the stages use.
+/// After train_step every parameter's grad() holds exactly the gradient of the
+/// whole mini-batch's mean loss (added to what it held, like backward()).
+///
+/// Errors: a bad configuration throws std::invalid_argument from the
+/// constructor or from train_step/forward before any work. An exception inside
+/// a stage stops every stage of the step and is rethrown as StageError naming
+/// the stage and micro-batch; the gradients are then as they were before the
+/// step, and the next step works.
+///
+/// Thread: call train_step and forward from one thread at a time.
+///
+///   auto model = torch::nn::Sequential(torch::nn::Linear(784, 256), torch::nn::ReLU(),
+///                                      torch::nn::Linear(256, 10));
+///   gpipe::Pipeline pipe(model, gpipe::PipelineOptions().stages(2).chunks(4));
+///   torch::optim::SGD sgd(pipe.parameters(), 0.1);
+///   sgd.zero_grad();
+///   torch::Tensor loss = pipe.train_step(x, y, [](const torch::Tensor& out, const torch::Tensor& t) {
+///     return torch::nn::functional::cross_entropy(out, t);
+///   });
+///   sgd.step();
+class Pipeline {
+ public:
+  Pipeline(torch::nn::Sequential model, PipelineOptions options);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  /// Runs forward and backward of all micro-batches of (input, target) through
+  /// the schedule, accumulates the mini-batch gradient into every parameter's
+  /// grad(), and returns the mini-batch loss (a detached scalar). `loss` must be
+  /// reduced by the mean over the batch dimension.
+  torch::Tensor train_step(const torch::Tensor& input, const torch::Tensor& target,
+                           const LossFn& loss);
+
+  /// Pipelined inference: the model's output for `input`, keeping no
+  /// activations for backward. Uses the modules' current train/eval mode.
+  torch::Tensor forward(const torch::Tensor& input);
+
+  /// All parameters of the model, in the model's order.
+  std::vector<torch::Tensor> parameters() const;
+  torch::nn::Sequential model() const { return model_; }
+  /// Stage j's layers (sharing the model's modules).
+  torch::nn::Sequential stage(int j) const;
+
+  int stages() const { return static_cast<int>(balance_.size()); }
+  int chunks() const { return options_.chunks(); }
+  const std::vector<int>& balance() const { return balance_; }
+  const std::vector<Device>& devices() const { return devices_; }
+  Checkpoint checkpoint() const { return options_.checkpoint(); }
+  const Schedule& schedule() const { return train_schedule_; }
+
+  /// The timeline of the last train_step or forward.
+  const StepTrace& last_trace() const { return trace_; }
+
+ private:
+  std::vector<torch::Tensor> split(const torch::Tensor& tensor, const char* what) const;
+  void run(const Schedule& schedule, StepData& step);
+
+  torch::nn::Sequential model_;
+  PipelineOptions options_;
+  std::vector<int> balance_;
+  std::vector<Device> devices_;
+  Schedule train_schedule_;
+  Schedule forward_schedule_;
+  std::unique_ptr<InProcessTransport> transport_;
+  std::vector<std::unique_ptr<StageExecutor>> executors_;
+  std::vector<std::unique_ptr<DeviceThread>> threads_;
+  StepTrace trace_;
+};
+
+}  // namespace gpipe

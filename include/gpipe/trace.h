@@ -1,0 +1,37 @@
+// trace.h: per-action timestamps of a step, and what they say: step time, busy time, bubble.
+#pragma once
+
+#include "gpipe/schedule.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace gpipe {
+
+/// Nanoseconds on a monotonic clock.
+int64_t now_ns();
+
+/// One action as it ran: when it began and ended.
+struct ActionSpan {
+  Action action;
+  int64_t begin_ns = 0;
+  int64_t end_ns = 0;
+};
+
+/// The timeline of one step. Each stage appends only to its own row, so
+/// recording takes no lock; rows are read after the step has ended.
+struct StepTrace {
+  int64_t begin_ns = 0;
+  int64_t end_ns = 0;
+  std::vector<std::vector<ActionSpan>> stages;  ///< stages[j]: stage j's actions in order
+
+  /// Wall time of the step, in seconds.
+  double seconds() const;
+  /// Time stage j spent inside actions, in seconds.
+  double busy_seconds(int stage) const;
+  /// The measured bubble: the share of stage-time in which stages were idle,
+  /// 1 - Σ_j busy_j / (K · step time). 0 for an empty trace.
+  double bubble() const;
+};
+
+}  // namespace gpipe

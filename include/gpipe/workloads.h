@@ -1,0 +1,57 @@
+// workloads.h: the models of ../shared/BENCHMARKS.md (mlp, transformer, tiny, imbalanced) and a batch-first encoder block.
+#pragma once
+
+#include "gpipe/stage.h"
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/transformerlayer.h>
+#include <torch/nn/pimpl.h>
+
+#include <string>
+#include <vector>
+
+namespace gpipe {
+
+/// A TransformerEncoderLayer on batch-first input [batch, sequence, d_model]
+/// (libtorch's C++ layer wants the sequence first), so a pipeline can split
+/// dim 0 into micro-batches.
+class EncoderBlockImpl : public torch::nn::Module {
+ public:
+  EncoderBlockImpl(int64_t d_model, int64_t heads, int64_t feed_forward, double dropout);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::TransformerEncoderLayer layer_{nullptr};
+};
+TORCH_MODULE(EncoderBlock);
+
+/// A model with a mini-batch and a loss to train it on.
+struct Workload {
+  std::string name;
+  torch::nn::Sequential model;
+  torch::Tensor input;
+  torch::Tensor target;
+  LossFn loss;
+  /// The even cut for K stages: blocks split evenly, anything before the first
+  /// block (an embedding) rides with the first stage, the head with the last.
+  std::vector<int> balance(int stages) const;
+
+  std::vector<int> block_layers;  ///< layers in each block, in order
+  int lead_layers = 0;            ///< layers before the first block
+  int tail_layers = 0;            ///< layers after the last block
+};
+
+/// The names make_workload knows: mlp, transformer, tiny, imbalanced.
+std::vector<std::string> workload_names();
+
+/// Builds workload `name` as ../shared/BENCHMARKS.md defines it, with seed
+/// `seed` (model, input and target), in float32. Throws std::invalid_argument
+/// for an unknown name.
+Workload make_workload(const std::string& name, uint64_t seed = 0);
+
+/// Mean squared error and mean cross-entropy (over every leading position), as LossFn.
+torch::Tensor mse_loss(const torch::Tensor& output, const torch::Tensor& target);
+torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tensor& target);
+
+}  // namespace gpipe

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages gpipe needs, only those that are missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake git
+  libtorch-dev            # PyTorch's C++ API (libtorch)
+  libopenblas0-pthread    # fast system BLAS: without it libtorch's matmuls are ~35x slower
+  libgtest-dev libbenchmark-dev
+  libcli11-dev nlohmann-json3-dev
+  dataset-fashion-mnist   # the default training data, under /usr/share/datasets/fashion-mnist
+  python3-torch           # Python PyTorch, for interop and comparison tests
+  librsvg2-bin            # rsvg-convert, to look at timeline charts
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,107 @@
+// device.cc: stage devices, their worker threads, and the BLAS thread setting.
+#include "gpipe/device.h"
+
+#include "gpipe/check.h"
+
+#include <torch/torch.h>
+
+#include <dlfcn.h>
+
+namespace gpipe {
+
+Device Device::cpu(int threads) {
+  Device d;
+  d.threads = threads;
+  return d;
+}
+
+Device Device::cuda(int index) {
+  Device d;
+  d.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  return d;
+}
+
+std::string Device::str() const {
+  if (!is_cpu()) return device.str();
+  return "cpu(" + std::to_string(threads) + (threads == 1 ? " thread)" : " threads)");
+}
+
+void check_device(const Device& device) {
+  GPIPE_CHECK(device.threads >= 1, "a device needs at least 1 thread (got ", device.threads,
+              " for ", device.device.str(), "); use Device::cpu(1) or more");
+  if (device.device.is_cuda()) {
+    GPIPE_CHECK(torch::cuda::is_available(), "device ", device.device.str(),
+                " asked for, but this libtorch has no CUDA or no GPU is visible; use CPU devices "
+                "or build gpipe against a CUDA libtorch");
+    const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+    GPIPE_CHECK(device.device.index() < count, "device ", device.device.str(),
+                " does not exist: ", count, " CUDA device(s) are visible");
+  } else {
+    GPIPE_CHECK(device.device.is_cpu(), "unsupported device type ", device.device.str(),
+                "; gpipe runs stages on cpu or cuda");
+  }
+}
+
+void bind_current_thread(const Device& device) {
+  at::set_num_threads(device.is_cpu() ? device.threads : 1);
+}
+
+namespace {
+template <typename Fn>
+Fn* openblas_symbol(const char* name) {
+  return reinterpret_cast<Fn*>(dlsym(RTLD_DEFAULT, name));
+}
+}  // namespace
+
+bool set_blas_threads(int threads) {
+  auto* set = openblas_symbol<void(int)>("openblas_set_num_threads");
+  if (set == nullptr) return false;
+  set(threads);
+  return true;
+}
+
+std::string blas_info() {
+  auto* config = openblas_symbol<char*()>("openblas_get_config");
+  if (config == nullptr) return "not OpenBLAS (reference or other BLAS)";
+  std::string info = config();
+  if (auto* threads = openblas_symbol<int()>("openblas_get_num_threads"))
+    info += " threads=" + std::to_string(threads());
+  return "OpenBLAS " + info;
+}
+
+DeviceThread::DeviceThread(Device device)
+    : device_(std::move(device)), thread_([this] { loop(); }) {}
+
+DeviceThread::~DeviceThread() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
+}
+
+void DeviceThread::post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks_.push_back(std::move(task));
+  }
+  wake_.notify_one();
+}
+
+void DeviceThread::loop() {
+  bind_current_thread(device_);
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping, nothing left
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+  }
+}
+
+}  // namespace gpipe

@@ -1,0 +1,244 @@
+// pipeline.cc: the facade: builds the stages, runs a schedule over their threads, keeps steps atomic.
+#include "gpipe/pipeline.h"
+
+#include "gpipe/check.h"
+#include "gpipe/microbatch.h"
+#include "gpipe/partition.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <numeric>
+#include <unordered_map>
+
+namespace gpipe {
+
+std::string to_string(Checkpoint mode) {
+  switch (mode) {
+    case Checkpoint::kAlways: return "always";
+    case Checkpoint::kExceptLast: return "except_last";
+    case Checkpoint::kNever: return "never";
+  }
+  return "?";
+}
+
+Checkpoint parse_checkpoint(const std::string& text) {
+  if (text == "always") return Checkpoint::kAlways;
+  if (text == "except_last") return Checkpoint::kExceptLast;
+  if (text == "never") return Checkpoint::kNever;
+  GPIPE_CHECK(false, "unknown checkpoint mode \"", text,
+              "\"; use always, except_last or never");
+  return Checkpoint::kNever;
+}
+
+namespace {
+
+std::string shape_of(const torch::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  std::ostringstream out;
+  out << t.sizes();
+  return out.str();
+}
+
+}  // namespace
+
+Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
+    : model_(std::move(model)), options_(std::move(options)) {
+  GPIPE_CHECK(!model_.is_empty() && model_->size() > 0,
+              "the model is empty (0 layers); give the pipeline a torch::nn::Sequential with at "
+              "least one layer");
+  const int layers = static_cast<int>(model_->size());
+
+  if (!options_.balance().empty()) {
+    check_balance(options_.balance(), layers);
+    GPIPE_CHECK(options_.stages() == 0 ||
+                    options_.stages() == static_cast<int>(options_.balance().size()),
+                "stages (", options_.stages(), ") and the balance (", options_.balance().size(),
+                " stages) disagree; set only one of them");
+    balance_ = options_.balance();
+  } else {
+    GPIPE_CHECK(options_.stages() >= 1, "the number of stages must be at least 1 (got ",
+                options_.stages(), "); set stages(K) with 1 <= K <= ", layers,
+                " or give a balance");
+    balance_ = even_balance(layers, options_.stages());
+  }
+  const int K = stages();
+  GPIPE_CHECK(options_.chunks() >= 1, "the number of micro-batches (chunks) must be at least 1 (got ",
+              options_.chunks(), "); set chunks(M) with M >= 1");
+
+  devices_ = options_.devices();
+  if (devices_.empty()) {
+    GPIPE_CHECK(options_.threads_per_stage() >= 1, "threads_per_stage must be at least 1 (got ",
+                options_.threads_per_stage(), ")");
+    devices_.assign(static_cast<size_t>(K), Device::cpu(options_.threads_per_stage()));
+  }
+  GPIPE_CHECK(static_cast<int>(devices_.size()) == K, "got ", devices_.size(),
+              " devices for ", K, " stages; give one device per stage");
+  for (const Device& device : devices_) check_device(device);
+
+  // Cut the model: stage j gets layers [offsets[j], offsets[j+1]), sharing the modules.
+  const std::vector<int> offsets = stage_offsets(balance_);
+  const auto names = model_->named_children().keys();
+  std::unordered_map<const void*, int> owner;  // parameter → stage that holds it
+  transport_ = std::make_unique<InProcessTransport>(K);
+  for (int j = 0; j < K; ++j) {
+    torch::nn::Sequential layers;
+    for (int n = offsets[static_cast<size_t>(j)]; n < offsets[static_cast<size_t>(j) + 1]; ++n)
+      layers->push_back(names[static_cast<size_t>(n)], *(model_->begin() + n));
+    for (const torch::Tensor& p : layers->parameters()) {
+      auto [it, fresh] = owner.emplace(p.unsafeGetTensorImpl(), j);
+      GPIPE_CHECK(fresh || it->second == j, "a parameter is shared by stages ", it->second,
+                  " and ", j, "; layers that share weights must be in the same stage "
+                  "(change the balance)");
+    }
+    const Device& device = devices_[static_cast<size_t>(j)];
+    if (!device.is_cpu()) layers->to(device.device);
+    executors_.push_back(std::make_unique<StageExecutor>(j, K, layers, device, transport_.get()));
+  }
+
+  train_schedule_ = fill_drain(K, options_.chunks());
+  validate(train_schedule_);
+  forward_schedule_ = forward_only(K, options_.chunks());
+
+  int blas_threads = 1;
+  for (const Device& device : devices_)
+    if (device.is_cpu()) blas_threads = std::max(blas_threads, device.threads);
+  set_blas_threads(blas_threads);
+  for (const Device& device : devices_) threads_.push_back(std::make_unique<DeviceThread>(device));
+}
+
+Pipeline::~Pipeline() = default;
+
+std::vector<torch::Tensor> Pipeline::parameters() const { return model_->parameters(); }
+
+torch::nn::Sequential Pipeline::stage(int j) const {
+  GPIPE_CHECK(j >= 0 && j < stages(), "stage ", j, " does not exist; stages are 0..", stages() - 1);
+  return executors_[static_cast<size_t>(j)]->layers();
+}
+
+std::vector<torch::Tensor> Pipeline::split(const torch::Tensor& tensor, const char* what) const {
+  GPIPE_CHECK(tensor.defined() && tensor.dim() >= 1, "the ", what,
+              " has no batch dimension (shape ", shape_of(tensor),
+              "); gpipe splits dim 0 into micro-batches: add one, e.g. x.unsqueeze(0)");
+  return scatter(tensor, options_.chunks());
+}
+
+torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tensor& target,
+                                   const LossFn& loss) {
+  GPIPE_CHECK(static_cast<bool>(loss), "train_step needs a loss function");
+  StepData step;
+  step.training = true;
+  step.inputs = split(input, "input");
+  GPIPE_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == input.size(0),
+              "the target's batch size differs from the input's (input ", shape_of(input),
+              ", target ", shape_of(target), "); give one target row per input sample");
+  step.targets = split(target, "target");
+  step.loss = loss;
+
+  const int M = options_.chunks();
+  const int64_t N = input.size(0);
+  for (int64_t b : chunk_sizes(N, M)) step.weights.push_back(static_cast<double>(b) / N);
+  for (int i = 0; i < M; ++i)
+    step.recompute.push_back(options_.checkpoint() == Checkpoint::kAlways ||
+                             (options_.checkpoint() == Checkpoint::kExceptLast && i < M - 1));
+  step.losses.assign(static_cast<size_t>(M), 0.0);
+
+  // Stochastic stages draw from streams seeded by this step's seed; the
+  // default generator then continues as if only the seed had been drawn.
+  const bool stochastic = std::any_of(executors_.begin(), executors_.end(),
+                                      [](const auto& e) { return e->stochastic(); });
+  torch::Tensor rng_state;
+  if (stochastic) {
+    step.seed = static_cast<uint64_t>(
+        torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kLong).item<int64_t>());
+    rng_state = at::globalContext().defaultGenerator(torch::kCPU).get_state();
+  }
+
+  // Backward accumulates into fresh grads; they join the old ones only if the
+  // whole step succeeds, so a failed step leaves every grad as it was.
+  std::vector<torch::Tensor> params = parameters();
+  std::vector<torch::Tensor> before(params.size());
+  for (size_t n = 0; n < params.size(); ++n) {
+    before[n] = params[n].grad();
+    params[n].mutable_grad() = torch::Tensor();
+  }
+  auto restore_rng = [&] {
+    if (!stochastic) return;
+    at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
+    generator.set_state(rng_state);
+  };
+  try {
+    run(train_schedule_, step);
+  } catch (...) {
+    for (size_t n = 0; n < params.size(); ++n) params[n].mutable_grad() = before[n];
+    restore_rng();
+    throw;
+  }
+  restore_rng();
+  torch::NoGradGuard no_grad;
+  for (size_t n = 0; n < params.size(); ++n) {
+    if (!before[n].defined()) continue;
+    if (params[n].grad().defined()) before[n].add_(params[n].grad());
+    params[n].mutable_grad() = before[n];
+  }
+  return torch::tensor(std::accumulate(step.losses.begin(), step.losses.end(), 0.0),
+                       torch::dtype(torch::kFloat64));
+}
+
+torch::Tensor Pipeline::forward(const torch::Tensor& input) {
+  GPIPE_CHECK(input.defined() && input.dim() >= 1, "the input has no batch dimension (shape ",
+              shape_of(input), "); add one, e.g. x.unsqueeze(0)");
+  // A batch smaller than M (say the last one of a test set) runs in fewer micro-batches.
+  const int M = static_cast<int>(std::min<int64_t>(options_.chunks(), input.size(0)));
+  GPIPE_CHECK(M >= 1, "the input is an empty batch (shape ", shape_of(input), ")");
+  StepData step;
+  step.training = false;
+  step.inputs = scatter(input, M);
+  step.recompute.assign(static_cast<size_t>(M), false);
+  step.outputs.resize(static_cast<size_t>(M));
+  run(M == options_.chunks() ? forward_schedule_ : forward_only(stages(), M), step);
+  return gather(step.outputs);
+}
+
+void Pipeline::run(const Schedule& schedule, StepData& step) {
+  const size_t K = executors_.size();
+  transport_->reset();
+  trace_ = StepTrace{};
+  trace_.stages.assign(K, {});
+
+  std::mutex mutex;
+  std::condition_variable finished;
+  size_t pending = K;
+  std::exception_ptr first_error;
+
+  trace_.begin_ns = now_ns();
+  for (size_t j = 0; j < K; ++j) {
+    threads_[j]->post([&, j] {
+      try {
+        executors_[j]->run(schedule.actions[j], step, &trace_.stages[j]);
+      } catch (const Cancelled&) {
+        // another stage failed first; its error is the one reported
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          if (!first_error) first_error = std::current_exception();
+        }
+        transport_->cancel();  // wakes every stage blocked in recv
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      --pending;
+      finished.notify_all();  // under the lock: the driver cannot return before this ends
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    finished.wait(lock, [&] { return pending == 0; });
+  }
+  trace_.end_ns = now_ns();
+  transport_->reset();
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+}  // namespace gpipe

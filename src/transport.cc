@@ -1,0 +1,59 @@
+// transport.cc: the in-process transport: one mailbox per receiving stage.
+#include "gpipe/transport.h"
+
+#include "gpipe/check.h"
+
+namespace gpipe {
+
+InProcessTransport::InProcessTransport(int stages) {
+  GPIPE_CHECK(stages >= 1, "a transport needs at least 1 stage (got ", stages, ")");
+  for (int j = 0; j < stages; ++j) mailboxes_.push_back(std::make_unique<Mailbox>());
+}
+
+InProcessTransport::Mailbox& InProcessTransport::mailbox(int stage) {
+  GPIPE_CHECK(stage >= 0 && stage < static_cast<int>(mailboxes_.size()), "stage ", stage,
+              " is outside 0..", mailboxes_.size() - 1);
+  return *mailboxes_[static_cast<size_t>(stage)];
+}
+
+void InProcessTransport::send(int from, int to, Channel channel, int micro_batch,
+                              torch::Tensor tensor) {
+  Mailbox& box = mailbox(to);
+  {
+    std::lock_guard<std::mutex> lock(box.mutex);
+    box.messages[Key{from, static_cast<int>(channel), micro_batch}] = std::move(tensor);
+  }
+  box.arrived.notify_all();
+}
+
+torch::Tensor InProcessTransport::recv(int from, int to, Channel channel, int micro_batch) {
+  Mailbox& box = mailbox(to);
+  const Key key{from, static_cast<int>(channel), micro_batch};
+  std::unique_lock<std::mutex> lock(box.mutex);
+  box.arrived.wait(lock, [&] { return box.cancelled || box.messages.count(key) > 0; });
+  if (box.cancelled) throw Cancelled();
+  auto it = box.messages.find(key);
+  torch::Tensor tensor = std::move(it->second);
+  box.messages.erase(it);
+  return tensor;
+}
+
+void InProcessTransport::cancel() {
+  for (auto& box : mailboxes_) {
+    {
+      std::lock_guard<std::mutex> lock(box->mutex);
+      box->cancelled = true;
+    }
+    box->arrived.notify_all();
+  }
+}
+
+void InProcessTransport::reset() {
+  for (auto& box : mailboxes_) {
+    std::lock_guard<std::mutex> lock(box->mutex);
+    box->messages.clear();
+    box->cancelled = false;
+  }
+}
+
+}  // namespace gpipe

@@ -1,0 +1,96 @@
+// workloads.cc: the benchmark models, built exactly as ../shared/BENCHMARKS.md defines them.
+#include "gpipe/workloads.h"
+
+#include "gpipe/check.h"
+#include "gpipe/partition.h"
+
+#include <torch/torch.h>
+
+namespace gpipe {
+
+EncoderBlockImpl::EncoderBlockImpl(int64_t d_model, int64_t heads, int64_t feed_forward,
+                                   double dropout) {
+  layer_ = register_module(
+      "layer", torch::nn::TransformerEncoderLayer(torch::nn::TransformerEncoderLayerOptions(d_model, heads)
+                                                      .dim_feedforward(feed_forward)
+                                                      .dropout(dropout)));
+}
+
+torch::Tensor EncoderBlockImpl::forward(const torch::Tensor& x) {
+  return layer_->forward(x.transpose(0, 1)).transpose(0, 1);
+}
+
+std::vector<int> Workload::balance(int stages) const {
+  const std::vector<int> blocks = even_balance(static_cast<int>(block_layers.size()), stages);
+  std::vector<int> layers;
+  size_t next = 0;
+  for (int count : blocks) {
+    int sum = 0;
+    for (int b = 0; b < count; ++b) sum += block_layers[next++];
+    layers.push_back(sum);
+  }
+  layers.front() += lead_layers;
+  layers.back() += tail_layers;
+  return layers;
+}
+
+std::vector<std::string> workload_names() { return {"mlp", "transformer", "tiny", "imbalanced"}; }
+
+torch::Tensor mse_loss(const torch::Tensor& output, const torch::Tensor& target) {
+  return torch::mse_loss(output, target);
+}
+
+torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tensor& target) {
+  return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}),
+                                              target.reshape({-1}));
+}
+
+namespace {
+
+// widths.size()-1 blocks of [Linear(w_i, w_{i+1}), ReLU].
+Workload linear_relu(const std::string& name, const std::vector<int64_t>& widths, int64_t batch) {
+  Workload w;
+  w.name = name;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    w.model->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
+    w.model->push_back(torch::nn::ReLU());
+    w.block_layers.push_back(2);
+  }
+  w.input = torch::randn({batch, widths.front()});
+  w.target = torch::randn({batch, widths.back()});
+  w.loss = mse_loss;
+  return w;
+}
+
+}  // namespace
+
+Workload make_workload(const std::string& name, uint64_t seed) {
+  torch::manual_seed(seed);
+  if (name == "mlp") return linear_relu(name, std::vector<int64_t>(17, 1024), 256);
+  if (name == "tiny") return linear_relu(name, std::vector<int64_t>(9, 64), 256);
+  if (name == "imbalanced")
+    return linear_relu(name, {256, 512, 768, 1024, 1280, 1536, 1792, 2048, 2048}, 128);
+  if (name == "transformer") {
+    const int64_t vocab = 2048, d_model = 256, batch = 32, tokens = 64;
+    Workload w;
+    w.name = name;
+    w.model->push_back(torch::nn::Embedding(vocab, d_model));
+    for (int b = 0; b < 8; ++b) {
+      w.model->push_back(EncoderBlock(d_model, 8, 1024, 0.0));
+      w.block_layers.push_back(1);
+    }
+    w.model->push_back(torch::nn::Linear(d_model, vocab));
+    w.lead_layers = 1;
+    w.tail_layers = 1;
+    w.input = torch::randint(vocab, {batch, tokens}, torch::kLong);
+    w.target = torch::randint(vocab, {batch, tokens}, torch::kLong);
+    w.loss = cross_entropy_loss;
+    return w;
+  }
+  std::string known;
+  for (const auto& n : workload_names()) known += (known.empty() ? "" : ", ") + n;
+  GPIPE_CHECK(false, "unknown workload \"", name, "\"; choose one of ", known);
+  return {};
+}
+
+}  // namespace gpipe

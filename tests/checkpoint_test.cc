@@ -1,0 +1,84 @@
+// checkpoint_test.cc: re-materialization replays the random stream: Dropout gives the same gradients in every mode.
+#include "helpers.h"
+
+using gpipe::Checkpoint;
+using gpipe::PipelineOptions;
+
+namespace {
+
+struct StepResult {
+  std::vector<torch::Tensor> grads;
+  double loss;
+};
+
+// One training step of an MLP with Dropout(0.5), from a fixed seed.
+StepResult dropout_step(Checkpoint mode, int K, int M) {
+  auto model = gpipe::testing::small_mlp(7, /*dropout=*/0.5);
+  gpipe::Pipeline pipe(model, PipelineOptions().stages(K).chunks(M).checkpoint(mode));
+  torch::manual_seed(11);
+  const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
+  torch::manual_seed(42);
+  StepResult run;
+  run.loss = pipe.train_step(x, y, gpipe::mse_loss).item<double>();
+  for (const auto& p : model->parameters()) run.grads.push_back(p.grad().clone());
+  return run;
+}
+
+}  // namespace
+
+TEST(RematerializationTest, DropoutGradientsAreIdenticalInEveryMode) {
+  for (int K : {1, 2, 4}) {
+    const StepResult never = dropout_step(Checkpoint::kNever, K, 4);
+    for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast}) {
+      const StepResult other = dropout_step(mode, K, 4);
+      EXPECT_EQ(other.loss, never.loss) << gpipe::to_string(mode) << " K=" << K;
+      for (size_t n = 0; n < never.grads.size(); ++n)
+        EXPECT_TRUE(torch::equal(other.grads[n], never.grads[n]))
+            << gpipe::to_string(mode) << " K=" << K << " parameter " << n;
+    }
+  }
+}
+
+TEST(RematerializationTest, DropoutReallyDrops) {
+  // Guards the test above: with p = 0.5 the masks matter, so another seed changes the gradients.
+  const StepResult a = dropout_step(Checkpoint::kAlways, 2, 4);
+  auto model = gpipe::testing::small_mlp(7, 0.5);
+  model->eval();
+  torch::manual_seed(11);
+  const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
+  const double eval_loss = gpipe::mse_loss(model->forward(x), y).item<double>();
+  EXPECT_NE(a.loss, eval_loss);
+}
+
+TEST(RematerializationTest, SameSeedSameStepDifferentSeedDifferentStep) {
+  const StepResult a = dropout_step(Checkpoint::kAlways, 2, 4);
+  const StepResult b = dropout_step(Checkpoint::kAlways, 2, 4);
+  EXPECT_EQ(a.loss, b.loss);
+  auto model = gpipe::testing::small_mlp(7, 0.5);
+  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(4));
+  torch::manual_seed(11);
+  const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
+  torch::manual_seed(43);
+  EXPECT_NE(pipe.train_step(x, y, gpipe::mse_loss).item<double>(), a.loss);
+}
+
+TEST(RematerializationTest, TheCallersRandomStreamAdvancesByOneDraw) {
+  auto model = gpipe::testing::small_mlp(7, 0.5);
+  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(4));
+  const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
+  torch::manual_seed(5);
+  pipe.train_step(x, y, gpipe::mse_loss);
+  const torch::Tensor after_step = torch::rand({4});
+  torch::manual_seed(5);
+  torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kLong);  // the step's one draw
+  EXPECT_TRUE(torch::equal(torch::rand({4}), after_step));
+}
+
+TEST(RematerializationTest, StochasticStagesAreDetected) {
+  gpipe::Pipeline pipe(gpipe::testing::small_mlp(7, 0.5), PipelineOptions().balance({2, 8}));
+  // small_mlp with dropout: layers 0,1 (Linear, ReLU) then Dropout at 2.
+  gpipe::StageExecutor first(0, 2, pipe.stage(0), gpipe::Device::cpu(), nullptr);
+  gpipe::StageExecutor second(1, 2, pipe.stage(1), gpipe::Device::cpu(), nullptr);
+  EXPECT_FALSE(first.stochastic());
+  EXPECT_TRUE(second.stochastic());
+}

@@ -1,0 +1,136 @@
+// fault_test.cc: an exception in a stage stops the step, names the stage and micro-batch, and changes nothing.
+#include "helpers.h"
+
+#include <future>
+
+using gpipe::PipelineOptions;
+
+namespace {
+
+// Identity that throws in its forward or its backward while armed.
+class FaultImpl : public torch::nn::Module {
+ public:
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (fail_forward) throw std::runtime_error("injected forward fault");
+    torch::Tensor y = x * 1.0;
+    if (fail_backward && y.requires_grad())
+      y.register_hook([](torch::Tensor) -> torch::Tensor {
+        throw std::runtime_error("injected backward fault");
+      });
+    return y;
+  }
+  bool fail_forward = false;
+  bool fail_backward = false;
+};
+TORCH_MODULE(Fault);
+
+struct FaultyModel {
+  torch::nn::Sequential model;
+  Fault fault;
+};
+
+// 8 layers; the fault is layer 5, in stage 1 of the even cut {3, 3, 2}.
+FaultyModel make(uint64_t seed) {
+  torch::manual_seed(seed);
+  FaultyModel s;
+  s.model = torch::nn::Sequential(torch::nn::Linear(6, 8), torch::nn::ReLU(), torch::nn::Linear(8, 8),
+                                  torch::nn::Tanh(), torch::nn::Linear(8, 8));
+  s.model->push_back(s.fault);
+  s.model->push_back(torch::nn::Linear(8, 8));
+  s.model->push_back(torch::nn::Linear(8, 3));
+  return s;
+}
+
+template <typename Fn>
+std::string step_error(Fn&& fn) {
+  auto result = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      fn();
+    } catch (const gpipe::StageError& e) {
+      return e.what();
+    }
+    return "no error";
+  });
+  // A bounded wait: a hang fails the test instead of stalling it.
+  if (result.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "the step did not end within 60 s";
+    std::abort();
+  }
+  return result.get();
+}
+
+class FaultTest : public ::testing::TestWithParam<gpipe::Checkpoint> {};
+
+TEST_P(FaultTest, ForwardFaultIsReportedAndChangesNothing) {
+  FaultyModel s = make(1);
+  gpipe::Pipeline pipe(s.model, PipelineOptions().stages(3).chunks(4).checkpoint(GetParam()));
+  for (auto& p : s.model->parameters()) p.mutable_grad() = torch::full_like(p, 0.25);
+  std::vector<torch::Tensor> values;
+  for (auto& p : s.model->parameters()) values.push_back(p.detach().clone());
+  const torch::Tensor x = torch::randn({8, 6}), y = torch::randn({8, 3});
+
+  s.fault->fail_forward = true;
+  const std::string what = step_error([&] { pipe.train_step(x, y, gpipe::mse_loss); });
+  EXPECT_NE(what.find("stage 1 failed in the forward of micro-batch 0"), std::string::npos) << what;
+  EXPECT_NE(what.find("injected forward fault"), std::string::npos) << what;
+
+  size_t n = 0;
+  for (auto& p : s.model->parameters()) {
+    EXPECT_TRUE(torch::equal(p, values[n++]));
+    EXPECT_TRUE(torch::equal(p.grad(), torch::full_like(p, 0.25)));
+  }
+
+  // The next step works and is exact.
+  s.fault->fail_forward = false;
+  FaultyModel ref = make(1);
+  for (auto& p : ref.model->parameters()) p.mutable_grad() = torch::full_like(p, 0.25);
+  gpipe::testing::reference_step(ref.model, x, y, gpipe::mse_loss);
+  pipe.train_step(x, y, gpipe::mse_loss);
+  EXPECT_TRUE(gpipe::testing::same_parameters(s.model, ref.model, /*values=*/false));
+}
+
+TEST_P(FaultTest, BackwardFaultIsReportedAndChangesNothing) {
+  FaultyModel s = make(2);
+  gpipe::Pipeline pipe(s.model, PipelineOptions().stages(3).chunks(4).checkpoint(GetParam()));
+  const torch::Tensor x = torch::randn({8, 6}), y = torch::randn({8, 3});
+
+  s.fault->fail_backward = true;
+  const std::string what = step_error([&] { pipe.train_step(x, y, gpipe::mse_loss); });
+  // The last micro-batch's backward runs first.
+  EXPECT_NE(what.find("stage 1 failed in the backward of micro-batch 3"), std::string::npos) << what;
+  EXPECT_NE(what.find("injected backward fault"), std::string::npos) << what;
+  for (auto& p : s.model->parameters()) EXPECT_FALSE(p.grad().defined());
+
+  s.fault->fail_backward = false;
+  FaultyModel ref = make(2);
+  gpipe::testing::reference_step(ref.model, x, y, gpipe::mse_loss);
+  pipe.train_step(x, y, gpipe::mse_loss);
+  EXPECT_TRUE(gpipe::testing::same_parameters(s.model, ref.model, /*values=*/false));
+}
+
+TEST(FaultTest, ShapeMismatchInALayerNamesStageAndMicroBatch) {
+  torch::manual_seed(3);
+  // Layer 5 expects 9 features but gets 8.
+  auto model = torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 8),
+                                     torch::nn::ReLU(), torch::nn::Linear(8, 8), torch::nn::Linear(9, 2));
+  gpipe::Pipeline pipe(model, PipelineOptions().balance({2, 2, 2}).chunks(3));
+  const std::string what = step_error(
+      [&] { pipe.train_step(torch::randn({6, 4}), torch::randn({6, 2}), gpipe::mse_loss); });
+  EXPECT_NE(what.find("stage 2 failed in the forward of micro-batch 0 (action 2F0)"), std::string::npos) << what;
+}
+
+TEST(FaultTest, LossThatIsNotAScalarIsReported) {
+  gpipe::Pipeline pipe(gpipe::testing::small_mlp(0), PipelineOptions().stages(2).chunks(2));
+  const std::string what = step_error([&] {
+    pipe.train_step(torch::randn({4, 12}), torch::randn({4, 4}),
+                    [](const torch::Tensor& o, const torch::Tensor& t) { return (o - t).pow(2); });
+  });
+  EXPECT_NE(what.find("the loss must return a scalar"), std::string::npos) << what;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, FaultTest,
+                         ::testing::Values(gpipe::Checkpoint::kAlways, gpipe::Checkpoint::kExceptLast,
+                                           gpipe::Checkpoint::kNever),
+                         [](const auto& info) { return gpipe::to_string(info.param); });
+
+}  // namespace

@@ -1,0 +1,104 @@
+// pipeline_test.cc: the facade's configuration, its errors before any work, and inference.
+#include "helpers.h"
+
+using gpipe::PipelineOptions;
+using gpipe::testing::expect_invalid;
+using gpipe::testing::small_mlp;
+
+namespace {
+torch::Tensor mse(const torch::Tensor& out, const torch::Tensor& t) { return torch::mse_loss(out, t); }
+}  // namespace
+
+TEST(PipelineTest, CutsEvenlyOrByBalance) {
+  gpipe::Pipeline even(small_mlp(0), PipelineOptions().stages(3));
+  EXPECT_EQ(even.balance(), (std::vector<int>{3, 2, 2}));
+  EXPECT_EQ(even.stage(1)->size(), 2u);
+  gpipe::Pipeline given(small_mlp(0), PipelineOptions().balance({1, 6}).chunks(2));
+  EXPECT_EQ(given.stages(), 2);
+  EXPECT_EQ(given.stage(0)->size(), 1u);
+}
+
+TEST(PipelineTest, StagesShareTheModelsParameters) {
+  auto model = small_mlp(0);
+  gpipe::Pipeline pipe(model, PipelineOptions().stages(2));
+  auto from_stages = pipe.stage(0)->parameters();
+  for (const auto& p : pipe.stage(1)->parameters()) from_stages.push_back(p);
+  auto from_model = model->parameters();
+  ASSERT_EQ(from_stages.size(), from_model.size());
+  for (size_t n = 0; n < from_model.size(); ++n)
+    EXPECT_TRUE(from_stages[n].is_same(from_model[n]));
+}
+
+TEST(PipelineTest, RejectsBadConfigurationBeforeAnyWork) {
+  expect_invalid([] { gpipe::Pipeline(torch::nn::Sequential(), PipelineOptions().stages(1)); },
+                 "the model is empty");
+  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().stages(0)); },
+                 "number of stages must be at least 1 (got 0)");
+  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().stages(8)); },
+                 "cannot cut 7 layers into 8 stages");
+  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().balance({3, 3})); },
+                 "sum of balance {3, 3}: 6");
+  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().balance({7, 0})); },
+                 "has 0 layers");
+  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().balance({3, 4}).stages(3)); },
+                 "disagree");
+  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().stages(2).chunks(0)); },
+                 "micro-batches (chunks) must be at least 1 (got 0)");
+  expect_invalid(
+      [] {
+        gpipe::Pipeline(small_mlp(0),
+                        PipelineOptions().stages(2).devices({gpipe::Device::cpu(1)}));
+      },
+      "got 1 devices for 2 stages");
+  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().stages(2).threads_per_stage(0)); },
+                 "threads_per_stage must be at least 1");
+}
+
+TEST(PipelineTest, RejectsBadBatchesBeforeAnyWork) {
+  auto model = small_mlp(0);
+  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(4));
+  const torch::Tensor x = torch::randn({8, 12}), y = torch::randn({8, 4});
+  expect_invalid([&] { pipe.train_step(x.narrow(0, 0, 3), y.narrow(0, 0, 3), mse); },
+                 "number of micro-batches (4) is larger than the batch size (3)");
+  expect_invalid([&] { pipe.train_step(torch::tensor(1.0), y, mse); }, "the input has no batch dimension");
+  expect_invalid([&] { pipe.train_step(x, y.narrow(0, 0, 7), mse); },
+                 "the target's batch size differs from the input's");
+  expect_invalid([&] { pipe.forward(torch::tensor(1.0)); }, "the input has no batch dimension");
+  for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());  // no work done
+}
+
+TEST(PipelineTest, ForwardMatchesTheModelAndKeepsNoGraph) {
+  auto model = small_mlp(0);
+  gpipe::Pipeline pipe(model, PipelineOptions().stages(3).chunks(4));
+  const torch::Tensor x = torch::randn({10, 12});
+  torch::Tensor out = pipe.forward(x);
+  EXPECT_FALSE(out.requires_grad());
+  EXPECT_TRUE(gpipe::testing::close(out, model->forward(x).detach()));
+  // A batch smaller than M runs in fewer micro-batches.
+  EXPECT_TRUE(gpipe::testing::close(pipe.forward(x.narrow(0, 0, 2)), model->forward(x.narrow(0, 0, 2)).detach()));
+}
+
+TEST(PipelineTest, TraceRecordsEveryAction) {
+  gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().stages(2).chunks(3));
+  pipe.train_step(torch::randn({6, 12}), torch::randn({6, 4}), mse);
+  const gpipe::StepTrace& trace = pipe.last_trace();
+  ASSERT_EQ(trace.stages.size(), 2u);
+  for (int j = 0; j < 2; ++j) {
+    ASSERT_EQ(trace.stages[static_cast<size_t>(j)].size(), 6u);
+    for (size_t n = 0; n < 6; ++n) {
+      const auto& span = trace.stages[static_cast<size_t>(j)][n];
+      EXPECT_EQ(span.action, pipe.schedule().actions[static_cast<size_t>(j)][n]);
+      EXPECT_LE(trace.begin_ns, span.begin_ns);
+      EXPECT_LE(span.begin_ns, span.end_ns);
+      EXPECT_LE(span.end_ns, trace.end_ns);
+    }
+  }
+  EXPECT_GE(trace.bubble(), 0.0);
+  EXPECT_LT(trace.bubble(), 1.0);
+}
+
+TEST(CheckpointModeTest, TextFormParsesBack) {
+  for (auto mode : {gpipe::Checkpoint::kAlways, gpipe::Checkpoint::kExceptLast, gpipe::Checkpoint::kNever})
+    EXPECT_EQ(gpipe::parse_checkpoint(gpipe::to_string(mode)), mode);
+  expect_invalid([] { gpipe::parse_checkpoint("sometimes"); }, "use always, except_last or never");
+}

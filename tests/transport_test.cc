@@ -1,0 +1,35 @@
+// transport_test.cc: messages addressed by micro-batch, any order, and cancellation of a blocked recv.
+#include "helpers.h"
+
+#include <future>
+
+using gpipe::Channel;
+
+TEST(InProcessTransportTest, MessagesArriveByAddressInAnyOrder) {
+  gpipe::InProcessTransport t(2);
+  t.send(0, 1, Channel::kActivation, 1, torch::full({2}, 1.0));
+  t.send(0, 1, Channel::kActivation, 0, torch::full({2}, 0.0));
+  t.send(1, 0, Channel::kGradient, 0, torch::full({2}, 5.0));
+  EXPECT_EQ(t.recv(0, 1, Channel::kActivation, 0)[0].item<float>(), 0.0f);
+  EXPECT_EQ(t.recv(0, 1, Channel::kActivation, 1)[0].item<float>(), 1.0f);
+  EXPECT_EQ(t.recv(1, 0, Channel::kGradient, 0)[0].item<float>(), 5.0f);
+}
+
+TEST(InProcessTransportTest, RecvWaitsForTheSender) {
+  gpipe::InProcessTransport t(2);
+  auto got = std::async(std::launch::async, [&] { return t.recv(0, 1, Channel::kActivation, 3); });
+  t.send(0, 1, Channel::kActivation, 3, torch::ones({4}));
+  ASSERT_EQ(got.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_EQ(got.get().sum().item<float>(), 4.0f);
+}
+
+TEST(InProcessTransportTest, CancelWakesABlockedRecvAndResetClears) {
+  gpipe::InProcessTransport t(2);
+  auto got = std::async(std::launch::async, [&] { return t.recv(1, 0, Channel::kGradient, 0); });
+  t.cancel();
+  ASSERT_EQ(got.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_THROW(got.get(), gpipe::Cancelled);
+  t.reset();
+  t.send(1, 0, Channel::kGradient, 0, torch::ones({1}));
+  EXPECT_EQ(t.recv(1, 0, Channel::kGradient, 0).item<float>(), 1.0f);
+}
