@@ -7,7 +7,7 @@ packages=(
   libtorch-dev            # PyTorch's C++ API (libtorch)
   libopenblas0-pthread    # fast system BLAS: without it libtorch's matmuls are ~35x slower
   libgtest-dev libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev
   dataset-fashion-mnist   # the default training data, under /usr/share/datasets/fashion-mnist
   python3-torch           # Python PyTorch, for interop and comparison tests
   librsvg2-bin            # rsvg-convert, to look at timeline charts

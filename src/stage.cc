@@ -87,7 +87,7 @@ void StageExecutor::run(const std::vector<Action>& actions, StepData& step,
   if (trace != nullptr) trace->reserve(actions.size());
   try {
     for (const Action& action : actions) {
-      const int64_t begin = now_ns();
+      compute_begin_ns_ = 0;
       try {
         if (action.phase == Phase::kForward)
           forward(action.micro_batch, step);
@@ -98,7 +98,8 @@ void StageExecutor::run(const std::vector<Action>& actions, StepData& step,
       } catch (const std::exception& e) {
         throw StageError(action, e.what());
       }
-      if (trace != nullptr) trace->push_back({action, begin, now_ns()});
+      // The span starts when the inputs had arrived: waiting is idle time, not work.
+      if (trace != nullptr) trace->push_back({action, compute_begin_ns_, now_ns()});
     }
   } catch (...) {
     kept_.clear();
@@ -120,6 +121,7 @@ void StageExecutor::forward(int i, StepData& step) {
   torch::Tensor x = first() ? step.inputs[static_cast<size_t>(i)]
                             : transport_->recv(index_ - 1, index_, Channel::kActivation, i);
   x = x.to(device_.device).detach();
+  compute_begin_ns_ = now_ns();
   if (!step.training) {
     torch::Tensor y = layers_->forward(x);
     if (last())
@@ -155,6 +157,7 @@ void StageExecutor::backward(int i, StepData& step) {
   torch::Tensor grad;
   if (!last())
     grad = transport_->recv(index_ + 1, index_, Channel::kGradient, i).to(device_.device);  // [3]
+  compute_begin_ns_ = now_ns();
 
   torch::Tensor y = kept.output, loss = kept.loss;
   if (step.recompute[static_cast<size_t>(i)]) {

@@ -73,7 +73,7 @@ class StageExecutor {
                 Transport* transport);
 
   /// Runs `actions` in order for `step`, appending each action's timespan to
-  /// `trace` when given. Throws StageError for a failure in an action, and
+  /// `trace` when given (from the arrival of its inputs to its end). Throws StageError for a failure in an action, and
   /// Cancelled when another stage failed; either way the executor drops what it
   /// kept for this step.
   void run(const std::vector<Action>& actions, StepData& step, std::vector<ActionSpan>* trace);
@@ -107,6 +107,7 @@ class StageExecutor {
   Transport* transport_;
   bool stochastic_;
   std::vector<Kept> kept_;
+  int64_t compute_begin_ns_ = 0;  // when the running action's inputs had arrived
 };
 
 }  // namespace gpipe

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# cli_test.sh: `gpipe train` end to end on a small slice of Fashion-MNIST, and its errors for bad flags.
+# Usage: cli_test.sh PATH/TO/gpipe
+set -u
+gpipe="$1"
+failures=0
+pass() { echo "ok: $1"; }
+fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# It trains: the loss falls and the accuracy is well above chance (10%).
+if "$gpipe" train --train-samples 1024 --test-samples 500 --epochs 2 --batch-size 64 \
+     --micro-batches 4 --json >"$work/summary.json" 2>"$work/progress.txt"; then
+  if /usr/bin/python3 - "$work/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["steps"] == 32, s["steps"]
+assert s["final_loss"] < s["first_loss"], (s["first_loss"], s["final_loss"])
+assert s["test_accuracy"] > 0.5, s["test_accuracy"]
+assert len(s["epochs"]) == 2 and s["balance"] == [3, 8] and 0 <= s["bubble"] < 1
+PY
+  then pass "trains; --json summary parses; loss falls; accuracy above chance"
+  else fail "summary check"; cat "$work/summary.json"; fi
+  # Not a terminal: plain progress lines, no carriage returns.
+  if grep -q "epoch 2/2 step 16/16" "$work/progress.txt" && ! grep -q $'\r' "$work/progress.txt"; then
+    pass "plain progress lines when not on a terminal"
+  else fail "progress lines"; cat "$work/progress.txt"; fi
+else
+  fail "gpipe train exited non-zero"; cat "$work/progress.txt"
+fi
+
+# --steps stops early, with any K, M and checkpoint mode.
+if "$gpipe" train --train-samples 512 --test-samples 100 --steps 3 --stages 3 --micro-batches 5 \
+     --checkpoint always --json >"$work/steps.json" 2>/dev/null &&
+   /usr/bin/python3 -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['steps']==3 and s['stages']==3" "$work/steps.json"; then
+  pass "--steps with --stages 3 --checkpoint always"
+else fail "--steps"; fi
+
+# Bad flags: a one-line error naming the flag, a non-zero exit, before any training.
+expect_error() {  # expect_error NEEDLE ARGS...
+  local needle="$1"; shift
+  if "$gpipe" train "$@" >"$work/out.txt" 2>"$work/err.txt"; then
+    fail "train $* should fail"; return
+  fi
+  if grep -q -- "$needle" "$work/err.txt" && ! grep -q "epoch" "$work/out.txt"; then
+    pass "train $* -> $(head -c 120 "$work/err.txt" | head -n 1)"
+  else fail "train $*: expected '$needle' in: $(cat "$work/err.txt")"; fi
+}
+expect_error "--stages 20" --stages 20
+expect_error "--micro-batches 500" --micro-batches 500
+expect_error "--lr" --lr -0.1
+expect_error "--optimizer" --optimizer rmsprop
+expect_error "--checkpoint" --checkpoint sometimes
+expect_error "--balance" --balance 3 3
+expect_error "dataset-fashion-mnist" --data-dir "$work/nowhere"
+
+echo "$((9 - failures)) passed, $failures failed"
+[ "$failures" -eq 0 ]
