@@ -25,6 +25,7 @@ struct BenchOptions {
   int threads = 1;
   int steps = 5;
   int warmup = 2;
+  std::vector<std::string> balance_by{"even"};
   bool json = false;
   std::string results = "bench/results/bench.json";
 };
@@ -55,11 +56,19 @@ Timing time_single_device(const std::string& name, const BenchOptions& o) {
   return t;
 }
 
-Timing time_pipeline(const std::string& name, int K, int M, Checkpoint mode, const BenchOptions& o,
-                     std::vector<int>* balance) {
+Timing time_pipeline(const std::string& name, int K, int M, Checkpoint mode, const std::string& balance_by,
+                     const BenchOptions& o, std::vector<int>* balance) {
   Workload w = make_workload(name, 0);
+  std::vector<int> cut = w.balance(K);
+  if (balance_by == "params") {
+    cut = balance_by_cost(parameter_costs(w.model), K);
+  } else if (balance_by == "time") {
+    // Profile one micro-batch on one stage's threads, as the stages will run it.
+    const torch::Tensor sample = w.input.narrow(0, 0, chunk_sizes(w.input.size(0), M).front());
+    cut = balance_by_cost(time_costs(w.model, sample, o.threads), K);
+  }
   Pipeline pipe(w.model, PipelineOptions()
-                             .balance(w.balance(K))
+                             .balance(cut)
                              .chunks(M)
                              .checkpoint(mode)
                              .threads_per_stage(o.threads));
@@ -105,10 +114,10 @@ int run(const BenchOptions& o, const std::string& command) {
   nlohmann::json rows = nlohmann::json::array();
   if (!o.json)
     std::cout << std::left << std::setw(12) << "workload" << std::right << std::setw(3) << "K"
-              << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(12) << "samples/s"
-              << std::setw(21) << "(min .. max)" << std::setw(9) << "speedup" << std::setw(7)
+              << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(13) << "samples/s"
+              << std::setw(25) << "(min .. max)" << std::setw(9) << "speedup" << std::setw(7)
               << "ideal" << std::setw(11) << "efficiency" << std::setw(8) << "bubble" << std::setw(11)
-              << "vs unsplit" << "\n";
+              << "vs unsplit" << "  balance\n";
   for (const auto& name : o.workloads) {
     const int64_t batch = make_workload(name, 0).input.size(0);
     auto rate_of = [batch](const std::vector<double>& step_s) {
@@ -120,9 +129,10 @@ int run(const BenchOptions& o, const std::string& command) {
       for (Checkpoint mode : modes) {
         // The ideal K·M/(M+K-1) compares with one device running the same M micro-batches.
         std::vector<int> balance;
-        const double one_device_rate = rate_of(time_pipeline(name, 1, M, mode, o, &balance).step_s);
-        for (int K : o.stages) {
-          const Timing t = time_pipeline(name, K, M, mode, o, &balance);
+        const double one_device_rate = rate_of(time_pipeline(name, 1, M, mode, "even", o, &balance).step_s);
+        for (int K : o.stages)
+        for (const std::string& balance_by : o.balance_by) {
+          const Timing t = time_pipeline(name, K, M, mode, balance_by, o, &balance);
           const double rate = rate_of(t.step_s);
           const double rmin = static_cast<double>(batch) / *std::max_element(t.step_s.begin(), t.step_s.end());
           const double rmax = static_cast<double>(batch) / *std::min_element(t.step_s.begin(), t.step_s.end());
@@ -134,6 +144,7 @@ int run(const BenchOptions& o, const std::string& command) {
                                 {"checkpoint", to_string(mode)},
                                 {"threads_per_stage", o.threads},
                                 {"balance", balance},
+                                {"balance_by", balance_by},
                                 {"samples_per_s", rate},
                                 {"samples_per_s_min", rmin},
                                 {"samples_per_s_max", rmax},
@@ -154,10 +165,11 @@ int run(const BenchOptions& o, const std::string& command) {
             range << std::fixed << std::setprecision(1) << "(" << rmin << " .. " << rmax << ")";
             std::cout << std::left << std::setw(12) << name << std::right << std::setw(3) << K
                       << std::setw(5) << M << std::setw(13) << to_string(mode) << std::fixed
-                      << std::setprecision(1) << std::setw(12) << rate << std::setw(21) << range.str()
+                      << std::setprecision(1) << std::setw(13) << rate << std::setw(25) << range.str()
                       << std::setprecision(3) << std::setw(9) << speedup << std::setw(7) << ideal
                       << std::setw(11) << speedup / ideal << std::setw(8) << median(t.bubbles)
-                      << std::setw(11) << rate / unsplit_rate << std::endl;
+                      << std::setw(11) << rate / unsplit_rate << "  " << balance_by << " "
+                      << nlohmann::json(balance).dump() << std::endl;
           }
         }
       }
@@ -186,6 +198,10 @@ void add_bench_command(CLI::App& app, const std::string& command) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  sub->add_option("--balance-by", o->balance_by,
+                  "how stages are cut (several sweep): even (blocks evenly, as BENCHMARKS.md), params (parameter "
+                  "counts) or time (profiled forward+backward per layer); exact min-max partition")
+      ->check(CLI::IsMember({"even", "params", "time"}))->capture_default_str();
   sub->add_flag("--json", o->json, "one JSON object per configuration on standard output (JSON Lines)");
   sub->add_option("--results", o->results, "file the results are written to (empty: none)")
       ->capture_default_str();

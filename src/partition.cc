@@ -3,6 +3,12 @@
 
 #include "gpipe/check.h"
 
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
@@ -39,6 +45,126 @@ void check_balance(const std::vector<int>& balance, int layers) {
   GPIPE_CHECK(sum == layers, "the model and the sum of the balance differ (model: ", layers,
               " layers, sum of balance ", show(balance), ": ", sum,
               "); make the balance add up to ", layers, " or set stages to split evenly");
+}
+
+std::vector<int> balance_by_cost(const std::vector<double>& costs, int stages) {
+  const int L = static_cast<int>(costs.size());
+  const int K = stages;
+  GPIPE_CHECK(L >= 1, "no layer costs given; give one cost per layer");
+  GPIPE_CHECK(K >= 1, "the number of stages must be at least 1 (got ", K, ")");
+  GPIPE_CHECK(K <= L, "cannot cut ", L, " layers into ", K,
+              " stages: every stage needs at least one layer; use at most ", L, " stages");
+  for (int l = 0; l < L; ++l)
+    GPIPE_CHECK(std::isfinite(costs[static_cast<size_t>(l)]) && costs[static_cast<size_t>(l)] >= 0,
+                "the cost of layer ", l, " is ", costs[static_cast<size_t>(l)],
+                "; costs must be finite and not negative");
+
+  // P[i]: the cost of the first i layers. A stage of layers [j, i) costs P[i] - P[j];
+  // both passes compute it the same way, so the bound below compares exactly.
+  std::vector<double> P(static_cast<size_t>(L) + 1, 0.0);
+  for (int l = 0; l < L; ++l) P[static_cast<size_t>(l) + 1] = P[static_cast<size_t>(l)] + costs[static_cast<size_t>(l)];
+  auto cost = [&](int j, int i) { return P[static_cast<size_t>(i)] - P[static_cast<size_t>(j)]; };
+  const double inf = std::numeric_limits<double>::infinity();
+  auto at = [L](int k, int i) { return static_cast<size_t>(k) * (static_cast<size_t>(L) + 1) + static_cast<size_t>(i); };
+
+  // Pass 1, the bottleneck: B[k][i] = the least largest stage cost of the first
+  // i layers in k stages. B[k-1][j] grows with j and cost(j, i) shrinks, so the
+  // best j is where they cross: a binary search.
+  std::vector<double> B(static_cast<size_t>(K + 1) * (static_cast<size_t>(L) + 1), inf);
+  for (int i = 1; i <= L; ++i) B[at(1, i)] = cost(0, i);
+  for (int k = 2; k <= K; ++k)
+    for (int i = k; i <= L; ++i) {
+      int lo = k - 1, hi = i - 1;  // first j in [lo, hi] with B[k-1][j] >= cost(j, i)
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (B[at(k - 1, mid)] >= cost(mid, i)) hi = mid; else lo = mid + 1;
+      }
+      double best = std::max(B[at(k - 1, lo)], cost(lo, i));
+      if (lo > k - 1) best = std::min(best, std::max(B[at(k - 1, lo - 1)], cost(lo - 1, i)));
+      B[at(k, i)] = best;
+    }
+  const double bottleneck = B[at(K, L)];
+
+  // Pass 2, the variance: among cuts whose every stage is within the
+  // bottleneck, the least sum of squared stage costs (the sum is fixed, so this
+  // is the least variance). S[k][i] as B, with the chosen cut in from[k][i].
+  std::vector<double> S(B.size(), inf);
+  std::vector<int> from(B.size(), -1);
+  for (int i = 1; i <= L; ++i)
+    if (cost(0, i) <= bottleneck) S[at(1, i)] = cost(0, i) * cost(0, i);
+  for (int k = 2; k <= K; ++k)
+    for (int i = k; i <= L; ++i)
+      for (int j = i - 1; j >= k - 1 && cost(j, i) <= bottleneck; --j) {
+        const double s = S[at(k - 1, j)] + cost(j, i) * cost(j, i);
+        if (s < S[at(k, i)]) {
+          S[at(k, i)] = s;
+          from[at(k, i)] = j;
+        }
+      }
+
+  std::vector<int> balance(static_cast<size_t>(K));
+  for (int k = K, i = L; k >= 1; --k) {
+    const int j = k == 1 ? 0 : from[at(k, i)];
+    balance[static_cast<size_t>(k) - 1] = i - j;
+    i = j;
+  }
+  return balance;
+}
+
+std::vector<double> stage_costs(const std::vector<double>& costs, const std::vector<int>& balance) {
+  check_balance(balance, static_cast<int>(costs.size()));
+  std::vector<double> out;
+  size_t l = 0;
+  for (int n : balance) {
+    double sum = 0;
+    for (int m = 0; m < n; ++m) sum += costs[l++];
+    out.push_back(sum);
+  }
+  return out;
+}
+
+std::vector<double> parameter_costs(const torch::nn::Sequential& model) {
+  std::vector<double> costs;
+  for (const auto& layer : model->children()) {
+    int64_t count = 0;
+    for (const auto& p : layer->parameters()) count += p.numel();
+    costs.push_back(static_cast<double>(count));
+  }
+  return costs;
+}
+
+std::vector<double> time_costs(const torch::nn::Sequential& model, const torch::Tensor& sample,
+                               int threads, int warmup, int repetitions) {
+  GPIPE_CHECK(repetitions >= 1, "time_costs needs at least 1 repetition (got ", repetitions, ")");
+  GPIPE_CHECK(threads >= 1, "time_costs needs at least 1 thread (got ", threads, ")");
+  const int previous_threads = at::get_num_threads();
+  at::set_num_threads(threads);
+  const size_t L = model->size();
+  std::vector<std::vector<double>> seconds(L);
+  using clock = std::chrono::steady_clock;
+  for (int rep = 0; rep < warmup + repetitions; ++rep) {
+    torch::Tensor x = sample;
+    size_t l = 0;
+    torch::nn::Sequential layers = model;  // a handle to the same modules, to call them
+    for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
+      torch::Tensor in = x.detach();
+      if (in.is_floating_point()) in.requires_grad_(true);
+      const auto begin = clock::now();
+      torch::Tensor out = it->forward(in);
+      if (out.requires_grad()) out.backward(torch::ones_like(out));
+      const auto end = clock::now();
+      if (rep >= warmup) seconds[l].push_back(std::chrono::duration<double>(end - begin).count());
+      x = out.detach();
+    }
+  }
+  for (const auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();  // profiling leaves no grads
+  at::set_num_threads(previous_threads);
+  std::vector<double> costs;
+  for (auto& s : seconds) {
+    std::sort(s.begin(), s.end());
+    costs.push_back(s[s.size() / 2]);
+  }
+  return costs;
 }
 
 std::vector<int> stage_offsets(const std::vector<int>& balance) {

@@ -1,6 +1,9 @@
 // partition_test.cc: even cuts and the errors of a bad balance.
 #include "helpers.h"
 
+#include <functional>
+#include <random>
+
 using gpipe::testing::expect_invalid;
 
 TEST(EvenBalanceTest, FirstStagesTakeTheRemainder) {
@@ -32,4 +35,99 @@ TEST(WorkloadBalanceTest, EmbeddingAndHeadRideWithTheEnds) {
   EXPECT_EQ(w.balance(4), (std::vector<int>{3, 2, 2, 3}));
   gpipe::Workload mlp = gpipe::make_workload("tiny");
   EXPECT_EQ(mlp.balance(3), (std::vector<int>{6, 6, 4}));
+}
+
+namespace {
+
+struct Objective {
+  double bottleneck;
+  double squares;
+};
+
+Objective objective(const std::vector<double>& costs, const std::vector<int>& balance) {
+  Objective o{0, 0};
+  for (double c : gpipe::stage_costs(costs, balance)) {
+    o.bottleneck = std::max(o.bottleneck, c);
+    o.squares += c * c;
+  }
+  return o;
+}
+
+// Every cut of costs.size() layers into k stages, by recursion.
+void all_cuts(int layers, int k, std::vector<int>& prefix, const std::function<void(const std::vector<int>&)>& visit) {
+  if (k == 1) {
+    prefix.push_back(layers);
+    visit(prefix);
+    prefix.pop_back();
+    return;
+  }
+  for (int first = 1; first <= layers - (k - 1); ++first) {
+    prefix.push_back(first);
+    all_cuts(layers - first, k - 1, prefix, visit);
+    prefix.pop_back();
+  }
+}
+
+}  // namespace
+
+TEST(BalanceByCostTest, OptimalAgainstBruteForceOnRandomCases) {
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int L = 1 + static_cast<int>(rng() % 10);
+    const int K = 1 + static_cast<int>(rng() % static_cast<unsigned>(L));
+    std::vector<double> costs;
+    // Small integers: sums are exact, so ties are real ties.
+    for (int l = 0; l < L; ++l) costs.push_back(static_cast<double>(rng() % (trial % 2 ? 5 : 40)));
+    Objective best{std::numeric_limits<double>::infinity(), 0};
+    std::vector<int> prefix;
+    all_cuts(L, K, prefix, [&](const std::vector<int>& cut) {
+      const Objective o = objective(costs, cut);
+      if (o.bottleneck < best.bottleneck || (o.bottleneck == best.bottleneck && o.squares < best.squares)) best = o;
+    });
+    const std::vector<int> got = gpipe::balance_by_cost(costs, K);
+    ASSERT_NO_THROW(gpipe::check_balance(got, L));
+    ASSERT_EQ(got.size(), static_cast<size_t>(K));
+    const Objective o = objective(costs, got);
+    EXPECT_EQ(o.bottleneck, best.bottleneck) << "trial " << trial;
+    EXPECT_EQ(o.squares, best.squares) << "trial " << trial;
+  }
+}
+
+TEST(BalanceByCostTest, EdgeCases) {
+  EXPECT_EQ(gpipe::balance_by_cost({1, 2, 3, 4}, 4), (std::vector<int>{1, 1, 1, 1}));  // K = L
+  EXPECT_EQ(gpipe::balance_by_cost({2, 2, 2, 2, 2, 2}, 3), (std::vector<int>{2, 2, 2}));  // all equal
+  // One layer costlier than all others together: it stands alone.
+  EXPECT_EQ(gpipe::balance_by_cost({1, 1, 1, 100, 1, 1}, 2), (std::vector<int>{3, 3}));
+  const auto heavy = gpipe::balance_by_cost({1, 1, 1, 100, 1, 1}, 3);
+  EXPECT_EQ(gpipe::stage_costs({1, 1, 1, 100, 1, 1}, heavy), (std::vector<double>{3, 100, 2}));
+  // Zero-cost layers still get a stage each when K = L, and never break the bottleneck.
+  EXPECT_EQ(gpipe::balance_by_cost({0, 0, 0}, 3), (std::vector<int>{1, 1, 1}));
+  const auto zeros = gpipe::balance_by_cost({0, 5, 0, 0, 5, 0}, 2);
+  EXPECT_EQ(objective({0, 5, 0, 0, 5, 0}, zeros).bottleneck, 5);
+  EXPECT_EQ(gpipe::balance_by_cost({1, 1, 1, 6}, 2), (std::vector<int>{3, 1}));
+}
+
+TEST(BalanceByCostTest, RejectsBadInput) {
+  using gpipe::testing::expect_invalid;
+  expect_invalid([] { gpipe::balance_by_cost({1, 2}, 3); }, "cannot cut 2 layers into 3 stages");
+  expect_invalid([] { gpipe::balance_by_cost({1, -2}, 1); }, "the cost of layer 1 is -2");
+  expect_invalid([] { gpipe::balance_by_cost({1, std::nan("")}, 1); }, "the cost of layer 1 is nan");
+  expect_invalid([] { gpipe::balance_by_cost({std::numeric_limits<double>::infinity()}, 1); },
+                 "the cost of layer 0 is inf");
+  expect_invalid([] { gpipe::balance_by_cost({1}, 0); }, "at least 1 (got 0)");
+}
+
+TEST(BalanceByCostTest, ThousandLayersIntoHundredTwentyEightStagesQuickly) {
+  std::mt19937 rng(7);
+  std::vector<double> costs;
+  for (int l = 0; l < 1000; ++l) costs.push_back(1.0 + static_cast<double>(rng() % 1000));
+  // Correctness here; the time is measured in bench, not asserted in a test.
+  const auto balance = gpipe::balance_by_cost(costs, 128);
+  EXPECT_EQ(balance.size(), 128u);
+  EXPECT_NO_THROW(gpipe::check_balance(balance, 1000));
+}
+
+TEST(ParameterCostsTest, CountsEachLayersParameters) {
+  torch::nn::Sequential m(torch::nn::Linear(4, 3), torch::nn::ReLU(), torch::nn::Linear(3, 2));
+  EXPECT_EQ(gpipe::parameter_costs(m), (std::vector<double>{15, 0, 8}));
 }

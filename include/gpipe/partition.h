@@ -1,6 +1,8 @@
 // partition.h: how a model's L layers are cut into K consecutive stages (a "balance").
 #pragma once
 
+#include <torch/nn/modules/container/sequential.h>
+
 #include <vector>
 
 namespace gpipe {
@@ -18,5 +20,29 @@ void check_balance(const std::vector<int>& balance, int layers);
 /// Index of the first layer of each stage, plus `layers` at the end:
 /// offsets({4, 3, 3}) == {0, 4, 7, 10}.
 std::vector<int> stage_offsets(const std::vector<int>& balance);
+
+/// The contiguous cut of layers with costs `costs` into `stages` non-empty
+/// stages that minimizes the largest stage cost, ties broken by the smallest
+/// variance of stage costs (GPipe's objective). Exact: a dynamic program over
+/// prefix sums, O(K·L log L) for the bottleneck and O(K·L·w) for the variance,
+/// w the number of cut points that keep a stage within the bottleneck.
+/// Throws std::invalid_argument for K < 1, K > L, or a negative, NaN or
+/// infinite cost.
+///
+///   balance_by_cost({1, 1, 1, 6}, 2) == {3, 1}
+std::vector<int> balance_by_cost(const std::vector<double>& costs, int stages);
+
+/// The cost of each stage of `balance` for per-layer `costs`.
+std::vector<double> stage_costs(const std::vector<double>& costs, const std::vector<int>& balance);
+
+/// Cost source: the number of parameters of each layer (as DeepSpeed balances).
+std::vector<double> parameter_costs(const torch::nn::Sequential& model);
+
+/// Cost source: measured time of each layer, forward plus backward, in
+/// seconds: `sample` (a micro-batch) is passed through the layers in order on
+/// the calling thread with `threads` intra-op threads, `warmup` untimed and
+/// `repetitions` timed passes, and each layer's median is taken.
+std::vector<double> time_costs(const torch::nn::Sequential& model, const torch::Tensor& sample,
+                               int threads = 1, int warmup = 1, int repetitions = 5);
 
 }  // namespace gpipe
