@@ -32,6 +32,7 @@ struct TrainOptions {
   int threads = 1;
   int64_t train_samples = 0;
   int64_t test_samples = 0;
+  std::string trace;
   bool json = false;
 };
 
@@ -152,6 +153,7 @@ int run(TrainOptions o) {
   Progress progress(o.epochs, steps_per_epoch);
   torch::Generator shuffle_rng = at::detail::createCPUGenerator(o.seed);
   nlohmann::json epochs = nlohmann::json::array();
+  StepTrace last_step_trace;  // of the last training step, for --trace
   int64_t step = 0, samples = 0;
   double train_seconds = 0, bubble_sum = 0, first_loss = 0, last_loss = 0, test_accuracy = 0;
   for (int epoch = 1; epoch <= o.epochs && step < total_steps; ++epoch) {
@@ -169,6 +171,7 @@ int run(TrainOptions o) {
       optimizer->step();
       train_seconds += static_cast<double>(now_ns() - begin) * 1e-9;
       bubble_sum += pipe.last_trace().bubble();
+      last_step_trace = pipe.last_trace();
       samples += size;
       ++step;
       const double rate = static_cast<double>(samples) / train_seconds;
@@ -182,6 +185,8 @@ int run(TrainOptions o) {
       std::cout << "epoch " << epoch << ": loss " << std::fixed << std::setprecision(4) << last_loss
                 << ", test accuracy " << std::setprecision(2) << 100 * test_accuracy << "%" << std::endl;
   }
+
+  if (!o.trace.empty() && step > 0) write_chrome_trace(last_step_trace, o.trace);
 
   nlohmann::json stage_rows = nlohmann::json::array();
   for (int j = 0; j < pipe.stages(); ++j) {
@@ -268,6 +273,8 @@ void add_train_command(CLI::App& app, const std::string&) {
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   sub->add_option("--test-samples", o->test_samples, "use only the first N test images (0: all)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
+  sub->add_option("--trace", o->trace,
+                  "write the last training step's timeline as Chrome-trace JSON (open it in Perfetto)");
   sub->add_flag("--json", o->json, "print the summary as JSON on standard output (progress stays on standard error)");
   sub->callback([o] { std::exit(run(*o)); });
 }

@@ -2,6 +2,10 @@
 #include "gpipe/trace.h"
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
 
 namespace gpipe {
 
@@ -25,6 +29,45 @@ double StepTrace::bubble() const {
   double busy = 0;
   for (size_t j = 0; j < stages.size(); ++j) busy += busy_seconds(static_cast<int>(j));
   return 1.0 - busy / total;
+}
+
+std::string chrome_trace_json(const StepTrace& trace) {
+  std::ostringstream out;
+  out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
+  const char* sep = "\n";
+  for (size_t j = 0; j < trace.stages.size(); ++j) {
+    out << sep << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " << j
+        << ", \"args\": {\"name\": \"stage " << j << "\"}}";
+    sep = ",\n";
+  }
+  for (size_t j = 0; j < trace.stages.size(); ++j)
+    for (const ActionSpan& span : trace.stages[j]) {
+      const bool forward = span.action.phase == Phase::kForward;
+      out << sep << "{\"name\": \"" << span.action.str() << "\", \"cat\": \""
+          << (forward ? "forward" : "backward") << "\", \"ph\": \"X\", \"pid\": 0, \"tid\": " << j
+          << ", \"ts\": " << static_cast<double>(span.begin_ns - trace.begin_ns) * 1e-3
+          << ", \"dur\": " << static_cast<double>(span.end_ns - span.begin_ns) * 1e-3
+          << ", \"args\": {\"micro_batch\": " << span.action.micro_batch << "}}";
+    }
+  out << "\n]}\n";
+  return out.str();
+}
+
+void write_chrome_trace(const StepTrace& trace, const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << chrome_trace_json(trace);
+    out.close();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw std::runtime_error("gpipe: cannot write the trace to " + tmp);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error("gpipe: cannot move the trace to " + path);
+  }
 }
 
 }  // namespace gpipe

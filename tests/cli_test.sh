@@ -30,12 +30,20 @@ else
   fail "gpipe train exited non-zero"; cat "$work/progress.txt"
 fi
 
-# --steps stops early, with any K, M and checkpoint mode.
+# --steps stops early, with any K, M and checkpoint mode; --trace writes the last step's timeline.
 if "$gpipe" train --train-samples 512 --test-samples 100 --steps 3 --stages 3 --micro-batches 5 \
-     --checkpoint always --json >"$work/steps.json" 2>/dev/null &&
-   /usr/bin/python3 -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['steps']==3 and s['stages']==3" "$work/steps.json"; then
-  pass "--steps with --stages 3 --checkpoint always"
-else fail "--steps"; fi
+     --checkpoint always --json --trace "$work/trace.json" >"$work/steps.json" 2>/dev/null &&
+   /usr/bin/python3 - "$work/steps.json" "$work/trace.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["steps"] == 3 and s["stages"] == 3
+events = [e for e in json.load(open(sys.argv[2]))["traceEvents"] if e["ph"] == "X"]
+assert len(events) == 3 * 2 * 5, len(events)  # K stages x (F and B) x M micro-batches
+assert sorted({e["tid"] for e in events}) == [0, 1, 2]
+PY
+then
+  pass "--steps with --stages 3 --checkpoint always; --trace timeline has every action"
+else fail "--steps / --trace"; fi
 
 # Bad flags: a one-line error naming the flag, a non-zero exit, before any training.
 expect_error() {  # expect_error NEEDLE ARGS...

@@ -1,6 +1,8 @@
 // pipeline_test.cc: the facade's configuration, its errors before any work, and inference.
 #include "helpers.h"
 
+#include <fstream>
+
 using gpipe::PipelineOptions;
 using gpipe::testing::expect_invalid;
 using gpipe::testing::small_mlp;
@@ -95,6 +97,22 @@ TEST(PipelineTest, TraceRecordsEveryAction) {
   }
   EXPECT_GE(trace.bubble(), 0.0);
   EXPECT_LT(trace.bubble(), 1.0);
+}
+
+TEST(PipelineTest, ChromeTraceHasOneEventPerActionOnItsStagesRow) {
+  gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().stages(2).chunks(2));
+  pipe.train_step(torch::randn({4, 12}), torch::randn({4, 4}), mse);
+  const std::string json = gpipe::chrome_trace_json(pipe.last_trace());
+  for (const char* action : {"0F0", "0F1", "0B1", "0B0", "1F0", "1F1", "1B1", "1B0"})
+    EXPECT_NE(json.find(std::string("\"name\": \"") + action + "\""), std::string::npos) << action;
+  EXPECT_NE(json.find("\"name\": \"1B0\", \"cat\": \"backward\", \"ph\": \"X\", \"pid\": 0, \"tid\": 1"),
+            std::string::npos) << json;
+  EXPECT_NE(json.find("\"args\": {\"name\": \"stage 1\"}"), std::string::npos);
+  const std::string path = ::testing::TempDir() + "/gpipe_trace.json";
+  gpipe::write_chrome_trace(pipe.last_trace(), path);
+  std::ifstream in(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), json);
+  EXPECT_THROW(gpipe::write_chrome_trace(pipe.last_trace(), "/nonexistent-dir/t.json"), std::runtime_error);
 }
 
 TEST(CheckpointModeTest, TextFormParsesBack) {

@@ -4,6 +4,7 @@
 #include "gpipe/schedule.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace gpipe {
@@ -33,5 +34,14 @@ struct StepTrace {
   /// 1 - Σ_j busy_j / (K · step time). 0 for an empty trace.
   double bubble() const;
 };
+
+/// The trace as Chrome-trace JSON (the Trace Event Format that Perfetto and
+/// chrome://tracing open): one complete event per action, named by its text
+/// form ("1F0"), on one row per stage, in microseconds from the step's start.
+std::string chrome_trace_json(const StepTrace& trace);
+
+/// Writes chrome_trace_json(trace) to `path`, whole or not at all (a
+/// temporary file, then a rename). Throws std::runtime_error if it cannot.
+void write_chrome_trace(const StepTrace& trace, const std::string& path);
 
 }  // namespace gpipe
