@@ -10,7 +10,6 @@
 #include <chrono>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
 
@@ -29,10 +28,6 @@ struct BenchOptions {
   bool json = false;
   std::string results = "bench/results/bench.json";
 };
-
-void clear_grads(const std::vector<torch::Tensor>& params) {
-  for (auto p : params) p.mutable_grad() = torch::Tensor();
-}
 
 struct Timing {
   std::vector<double> step_s;
@@ -96,13 +91,7 @@ void write_results(const BenchOptions& o, const nlohmann::json& rows, const std:
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   nlohmann::json doc = {{"command", command}, {"date", date}, {"machine", machine()}, {"results", rows}};
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << doc.dump(2) << "\n";
-    if (!out) usage_error("cannot write " + tmp.string());
-  }
-  std::filesystem::rename(tmp, path);  // whole or not at all
+  write_file_atomically(path.string(), doc.dump(2) + "\n");
   std::cerr << "results written to " << path.string() << "\n";
 }
 

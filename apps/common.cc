@@ -40,6 +40,10 @@ std::string command_line(int argc, char** argv) {
   return out;
 }
 
+void clear_grads(const std::vector<torch::Tensor>& params) {
+  for (auto p : params) p.mutable_grad() = torch::Tensor();
+}
+
 void usage_error(const std::string& message) {
   std::cerr << "gpipe: " << message << "\n";
   std::exit(2);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <torch/types.h>
 
 #include <string>
 #include <vector>
@@ -15,6 +16,9 @@ double median(std::vector<double> values);
 
 /// The command line as one string, for result files.
 std::string command_line(int argc, char** argv);
+
+/// Drops every parameter's grad (cheaper than zeroing: the next step writes fresh ones).
+void clear_grads(const std::vector<torch::Tensor>& params);
 
 /// A clear one-line error for the user, then exit code 2.
 [[noreturn]] void usage_error(const std::string& message);

@@ -20,6 +20,7 @@ namespace {
 struct TrainOptions {
   std::string data_dir = kFashionMnistDir;
   int stages = 2;
+  bool stages_given = false;  // --stages on the command line, not the default
   std::vector<int> balance;
   int micro_batches = 4;
   std::string checkpoint = "never";
@@ -114,9 +115,10 @@ int run(TrainOptions o) {
     try {
       check_balance(o.balance, layers);
     } catch (const std::invalid_argument& e) {
-      usage_error(std::string("--balance: ") + (e.what() + 7));
+      const std::string what = e.what(), prefix = "gpipe: ";
+      usage_error("--balance: " + (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what));
     }
-    if (o.stages != 2 && o.stages != static_cast<int>(o.balance.size()))
+    if (o.stages_given && o.stages != static_cast<int>(o.balance.size()))
       usage_error("--stages " + std::to_string(o.stages) + " and --balance (" +
                   std::to_string(o.balance.size()) + " stages) disagree; give one of them");
   } else if (o.stages > layers) {
@@ -165,7 +167,7 @@ int run(TrainOptions o) {
       const torch::Tensor x = train.images.index_select(0, index);
       const torch::Tensor y = train.labels.index_select(0, index);
       const int64_t begin = now_ns();
-      for (auto& p : pipe.parameters()) p.mutable_grad() = torch::Tensor();
+      clear_grads(pipe.parameters());
       last_loss = pipe.train_step(x, y, loss_fn).item<double>();
       if (step == 0) first_loss = last_loss;
       optimizer->step();
@@ -276,7 +278,10 @@ void add_train_command(CLI::App& app, const std::string&) {
   sub->add_option("--trace", o->trace,
                   "write the last training step's timeline as Chrome-trace JSON (open it in Perfetto)");
   sub->add_flag("--json", o->json, "print the summary as JSON on standard output (progress stays on standard error)");
-  sub->callback([o] { std::exit(run(*o)); });
+  sub->callback([o, sub] {
+    o->stages_given = sub->count("--stages") > 0;
+    std::exit(run(*o));
+  });
 }
 
 }  // namespace gpipe::cli

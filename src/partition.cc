@@ -142,10 +142,10 @@ std::vector<double> time_costs(const torch::nn::Sequential& model, const torch::
   const size_t L = model->size();
   std::vector<std::vector<double>> seconds(L);
   using clock = std::chrono::steady_clock;
+  torch::nn::Sequential layers = model;  // a handle to the same modules, to call them
   for (int rep = 0; rep < warmup + repetitions; ++rep) {
     torch::Tensor x = sample;
     size_t l = 0;
-    torch::nn::Sequential layers = model;  // a handle to the same modules, to call them
     for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
       torch::Tensor in = x.detach();
       if (in.is_floating_point()) in.requires_grad_(true);

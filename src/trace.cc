@@ -1,11 +1,10 @@
 // trace.cc: step timelines and the bubble they measure.
 #include "gpipe/trace.h"
 
+#include "gpipe/io.h"
+
 #include <chrono>
-#include <cstdio>
-#include <fstream>
 #include <sstream>
-#include <stdexcept>
 
 namespace gpipe {
 
@@ -54,20 +53,7 @@ std::string chrome_trace_json(const StepTrace& trace) {
 }
 
 void write_chrome_trace(const StepTrace& trace, const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << chrome_trace_json(trace);
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw std::runtime_error("gpipe: cannot write the trace to " + tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("gpipe: cannot move the trace to " + path);
-  }
+  write_file_atomically(path, chrome_trace_json(trace));
 }
 
 }  // namespace gpipe

@@ -61,7 +61,8 @@ expect_error "--lr" --lr -0.1
 expect_error "--optimizer" --optimizer rmsprop
 expect_error "--checkpoint" --checkpoint sometimes
 expect_error "--balance" --balance 3 3
+expect_error "disagree" --stages 2 --balance 1 2 8
 expect_error "dataset-fashion-mnist" --data-dir "$work/nowhere"
 
-echo "$((9 - failures)) passed, $failures failed"
+echo "$((10 - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -3,6 +3,7 @@
 
 #include "gpipe/check.h"
 #include "gpipe/device.h"
+#include "gpipe/io.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/partition.h"
 #include "gpipe/pipeline.h"

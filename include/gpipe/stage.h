@@ -73,9 +73,9 @@ class StageExecutor {
                 Transport* transport);
 
   /// Runs `actions` in order for `step`, appending each action's timespan to
-  /// `trace` when given (from the arrival of its inputs to its end). Throws StageError for a failure in an action, and
-  /// Cancelled when another stage failed; either way the executor drops what it
-  /// kept for this step.
+  /// `trace` when given (from the arrival of its inputs to its end). Throws
+  /// StageError for a failure in an action, and Cancelled when another stage
+  /// failed; either way the executor drops what it kept for this step.
   void run(const std::vector<Action>& actions, StepData& step, std::vector<ActionSpan>* trace);
 
   int index() const { return index_; }
