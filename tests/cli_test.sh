@@ -45,6 +45,26 @@ then
   pass "--steps with --stages 3 --checkpoint always; --trace timeline has every action"
 else fail "--steps / --trace"; fi
 
+# Save and resume: a run stopped at step 14 and resumed ends where an unbroken run of 25 steps ends
+# (Adam state, shuffling, dropout streams and all); bad checkpoints fail clearly and change nothing.
+small=(--train-samples 700 --test-samples 200 --batch-size 64 --epochs 3 --json)
+"$gpipe" train "${small[@]}" --steps 25 >"$work/unbroken.json" 2>/dev/null
+"$gpipe" train "${small[@]}" --steps 14 --save "$work/ckpt.pt" >"$work/first.json" 2>/dev/null
+"$gpipe" train "${small[@]}" --steps 25 --resume "$work/ckpt.pt" >"$work/resumed.json" 2>/dev/null
+if /usr/bin/python3 - "$work/unbroken.json" "$work/first.json" "$work/resumed.json" <<'PY'
+import json, sys
+unbroken, first, resumed = (json.load(open(f)) for f in sys.argv[1:4])
+assert resumed["steps"] == 25 and resumed["steps_this_run"] == 11, resumed["steps_this_run"]
+assert first["parameter_checksum"] != unbroken["parameter_checksum"]
+assert resumed["parameter_checksum"] == unbroken["parameter_checksum"], (resumed["parameter_checksum"], unbroken["parameter_checksum"])
+PY
+then pass "stopped at step 14 and resumed: same parameters as 25 unbroken steps"
+else fail "save/resume exactness"; fi
+cp "$work/ckpt.pt" "$work/ckpt.keep"
+head -c 100000 "$work/ckpt.pt" >"$work/truncated.pt"
+echo "not a checkpoint" >"$work/junk.pt"
+if ! ls "$work"/*.tmp >/dev/null 2>&1; then pass "no temporary file left behind"; else fail "temporary file left"; fi
+
 # Bad flags: a one-line error naming the flag, a non-zero exit, before any training.
 expect_error() {  # expect_error NEEDLE ARGS...
   local needle="$1"; shift
@@ -63,6 +83,12 @@ expect_error "--checkpoint" --checkpoint sometimes
 expect_error "--balance" --balance 3 3
 expect_error "disagree" --stages 2 --balance 1 2 8
 expect_error "dataset-fashion-mnist" --data-dir "$work/nowhere"
+expect_error "truncated, corrupt or not a gpipe checkpoint" --resume "$work/truncated.pt"
+expect_error "truncated, corrupt or not a gpipe checkpoint" --resume "$work/junk.pt"
+expect_error "resume with the same optimizer" --resume "$work/ckpt.pt" --optimizer sgd
+expect_error "--resume: no such file" --resume "$work/missing.pt"
+expect_error "--model: no such file" --model "$work/missing.pt"
+if cmp -s "$work/ckpt.pt" "$work/ckpt.keep"; then pass "a refused checkpoint is left as it was"; else fail "checkpoint changed"; fi
 
-echo "$((10 - failures)) passed, $failures failed"
+echo "$((19 - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -1,0 +1,47 @@
+// sources.h: where `gpipe train` gets its model and data: built in, or saved from Python.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+#include <torch/script.h>
+
+#include <optional>
+#include <string>
+
+namespace gpipe::cli {
+
+/// One top-level child of a TorchScript module, as a layer a pipeline can cut.
+/// Its parameters are the script module's own tensors (registered with '.'
+/// written '_'), so optimizers step what the script module computes with.
+class ScriptLayerImpl : public torch::nn::Module {
+ public:
+  explicit ScriptLayerImpl(torch::jit::Module module);
+  torch::Tensor forward(const torch::Tensor& x);
+  void train(bool on = true) override;
+
+ private:
+  torch::jit::Module module_;
+};
+TORCH_MODULE(ScriptLayer);
+
+/// A model to train: layers for the pipeline, and the TorchScript module they
+/// came from, if any (it is what --save writes then).
+struct ModelSource {
+  torch::nn::Sequential layers;
+  std::optional<torch::jit::Module> script;
+};
+
+/// Loads a module saved in Python with
+/// `torch.jit.script(torch.nn.Sequential(...)).save(path)`; its top-level
+/// children become the layers. Throws std::runtime_error naming the file and the problem.
+ModelSource load_script_model(const std::string& path);
+
+/// Reads a dataset saved in Python with `torch.save({'input': X, 'target': Y}, path)`.
+/// Throws std::runtime_error naming the file and the problem.
+std::pair<torch::Tensor, torch::Tensor> load_tensor_data(const std::string& path);
+
+/// The file's bytes; throws std::runtime_error naming a missing or unreadable file.
+std::string read_file(const std::string& path);
+
+}  // namespace gpipe::cli
