@@ -32,6 +32,8 @@ struct BenchOptions {
 struct Timing {
   std::vector<double> step_s;
   std::vector<double> bubbles;
+  std::vector<int64_t> peak_bytes;       // per stage, largest over the timed steps
+  std::vector<int64_t> parameter_bytes;  // per stage, parameters and gradients
 };
 
 // Seconds per training step (SGD step included) of the whole model and batch on one device.
@@ -57,16 +59,17 @@ Timing time_pipeline(const std::string& name, int K, int M, Checkpoint mode, con
   std::vector<int> cut = w.balance(K);
   if (balance_by == "params") {
     cut = balance_by_cost(parameter_costs(w.model), K);
-  } else if (balance_by == "time") {
-    // Profile one micro-batch on one stage's threads, as the stages will run it.
+  } else if (balance_by != "even") {
+    // Profile one micro-batch, on one stage's threads for time, as the stages will run it.
     const torch::Tensor sample = w.input.narrow(0, 0, chunk_sizes(w.input.size(0), M).front());
-    cut = balance_by_cost(time_costs(w.model, sample, o.threads), K);
+    cut = balance_by_cost(balance_by == "time" ? time_costs(w.model, sample, o.threads) : memory_costs(w.model, sample), K);
   }
   Pipeline pipe(w.model, PipelineOptions()
                              .balance(cut)
                              .chunks(M)
                              .checkpoint(mode)
-                             .threads_per_stage(o.threads));
+                             .threads_per_stage(o.threads)
+                             .track_memory(true));
   *balance = pipe.balance();
   torch::optim::SGD sgd(pipe.parameters(), 1e-4);
   Timing t;
@@ -78,9 +81,23 @@ Timing time_pipeline(const std::string& name, int K, int M, Checkpoint mode, con
     if (s >= o.warmup) {
       t.step_s.push_back(static_cast<double>(now_ns() - begin) * 1e-9);
       t.bubbles.push_back(pipe.last_trace().bubble());
+      const auto memory = pipe.memory();
+      t.peak_bytes.resize(memory.size(), 0);
+      t.parameter_bytes.resize(memory.size(), 0);
+      for (size_t j = 0; j < memory.size(); ++j) {
+        t.peak_bytes[j] = std::max(t.peak_bytes[j], memory[j].peak_bytes);
+        t.parameter_bytes[j] = memory[j].parameter_bytes;
+      }
     }
   }
   return t;
+}
+
+std::string mebibytes(const std::vector<int64_t>& bytes) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1);
+  for (size_t j = 0; j < bytes.size(); ++j) out << (j ? " " : "") << static_cast<double>(bytes[j]) / (1 << 20);
+  return out.str();
 }
 
 void write_results(const BenchOptions& o, const nlohmann::json& rows, const std::string& command) {
@@ -106,7 +123,7 @@ int run(const BenchOptions& o, const std::string& command) {
               << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(13) << "samples/s"
               << std::setw(25) << "(min .. max)" << std::setw(9) << "speedup" << std::setw(7)
               << "ideal" << std::setw(11) << "efficiency" << std::setw(8) << "bubble" << std::setw(11)
-              << "vs unsplit" << "  balance\n";
+              << "vs unsplit" << "  peak MiB per stage  balance\n";
   for (const auto& name : o.workloads) {
     const int64_t batch = make_workload(name, 0).input.size(0);
     auto rate_of = [batch](const std::vector<double>& step_s) {
@@ -142,6 +159,8 @@ int run(const BenchOptions& o, const std::string& command) {
                                 {"ideal", ideal},
                                 {"efficiency", speedup / ideal},
                                 {"bubble", median(t.bubbles)},
+                                {"peak_bytes", t.peak_bytes},
+                                {"parameter_bytes", t.parameter_bytes},
                                 {"unsplit_samples_per_s", unsplit_rate},
                                 {"speedup_vs_unsplit", rate / unsplit_rate},
                                 {"steps", o.steps},
@@ -157,7 +176,8 @@ int run(const BenchOptions& o, const std::string& command) {
                       << std::setprecision(1) << std::setw(13) << rate << std::setw(25) << range.str()
                       << std::setprecision(3) << std::setw(9) << speedup << std::setw(7) << ideal
                       << std::setw(11) << speedup / ideal << std::setw(8) << median(t.bubbles)
-                      << std::setw(11) << rate / unsplit_rate << "  " << balance_by << " "
+                      << std::setw(11) << rate / unsplit_rate << "  " << std::setw(18) << std::left
+                      << mebibytes(t.peak_bytes) << std::right << "  " << balance_by << " "
                       << nlohmann::json(balance).dump() << std::endl;
           }
         }

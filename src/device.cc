@@ -21,6 +21,12 @@ Device Device::cuda(int index) {
   return d;
 }
 
+Device Device::with_memory_cap(int64_t bytes) const {
+  Device d = *this;
+  d.memory_cap_bytes = bytes;
+  return d;
+}
+
 std::string Device::str() const {
   if (!is_cpu()) return device.str();
   return "cpu(" + std::to_string(threads) + (threads == 1 ? " thread)" : " threads)");
@@ -29,6 +35,8 @@ std::string Device::str() const {
 void check_device(const Device& device) {
   GPIPE_CHECK(device.threads >= 1, "a device needs at least 1 thread (got ", device.threads,
               " for ", device.device.str(), "); use Device::cpu(1) or more");
+  GPIPE_CHECK(device.memory_cap_bytes >= 0, "a memory cap cannot be negative (got ", device.memory_cap_bytes,
+              " bytes); use 0 for no cap");
   if (device.device.is_cuda()) {
     GPIPE_CHECK(torch::cuda::is_available(), "device ", device.device.str(),
                 " asked for, but this libtorch has no CUDA or no GPU is visible; use CPU devices "

@@ -2,6 +2,7 @@
 #include "gpipe/partition.h"
 
 #include "gpipe/check.h"
+#include "gpipe/memory.h"
 
 #include <torch/torch.h>
 
@@ -164,6 +165,42 @@ std::vector<double> time_costs(const torch::nn::Sequential& model, const torch::
     std::sort(s.begin(), s.end());
     costs.push_back(s[s.size() / 2]);
   }
+  return costs;
+}
+
+std::vector<double> memory_costs(const torch::nn::Sequential& model, const torch::Tensor& sample,
+                                 double state_scale) {
+  GPIPE_CHECK(state_scale >= 0 && std::isfinite(state_scale), "state_scale must be finite and not negative (got ",
+              state_scale, "); use 1 for SGD, 2 for SGD with momentum, 3 for Adam");
+  enable_memory_tracking();
+  auto counter = std::make_shared<MemoryCounter>("memory_costs");
+  std::vector<double> costs;
+  torch::Tensor x = sample;
+  torch::nn::Sequential layers = model;  // a handle to the same modules, to call them
+  for (auto it = layers->begin(); it != layers->end(); ++it) {
+    torch::Tensor in = x.detach();
+    if (in.is_floating_point()) in.requires_grad_(true);
+    int64_t kept = 0;
+    {
+      MemoryScope scope(counter);
+      const int64_t before = counter->current_bytes();
+      torch::Tensor out = it->forward(in);
+      kept = counter->current_bytes() - before;  // the output and what its graph saved
+      x = out.detach();
+    }
+    int64_t parameter_bytes = 0;
+    for (const auto& p : it->ptr()->parameters())
+      parameter_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    costs.push_back(static_cast<double>(kept) + static_cast<double>(parameter_bytes) * (1.0 + state_scale));
+  }
+  return costs;
+}
+
+std::vector<double> costs_from(const torch::nn::Sequential& model,
+                               const std::function<double(size_t, torch::nn::Module&)>& cost) {
+  std::vector<double> costs;
+  size_t index = 0;
+  for (const auto& layer : model->children()) costs.push_back(cost(index++, *layer));
   return costs;
 }
 

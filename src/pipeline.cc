@@ -83,6 +83,9 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
   const auto names = model_->named_children().keys();
   std::unordered_map<const void*, int> owner;  // parameter → stage that holds it
   transport_ = std::make_unique<InProcessTransport>(K);
+  const bool track = options_.track_memory() ||
+                     std::any_of(devices_.begin(), devices_.end(), [](const Device& d) { return d.memory_cap_bytes > 0; });
+  if (track) enable_memory_tracking();
   for (int j = 0; j < K; ++j) {
     torch::nn::Sequential layers;
     for (int n = offsets[static_cast<size_t>(j)]; n < offsets[static_cast<size_t>(j) + 1]; ++n)
@@ -95,7 +98,10 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
     }
     const Device& device = devices_[static_cast<size_t>(j)];
     if (!device.is_cpu()) layers->to(device.device);
-    executors_.push_back(std::make_unique<StageExecutor>(j, K, layers, device, transport_.get()));
+    auto memory = track ? std::make_shared<MemoryCounter>("stage " + std::to_string(j) + " (" + device.str() + ")",
+                                                          device.memory_cap_bytes)
+                        : nullptr;
+    executors_.push_back(std::make_unique<StageExecutor>(j, K, layers, device, transport_.get(), memory));
   }
 
   train_schedule_ = fill_drain(K, options_.chunks());
@@ -112,6 +118,22 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
 Pipeline::~Pipeline() = default;
 
 std::vector<torch::Tensor> Pipeline::parameters() const { return model_->parameters(); }
+
+std::vector<Pipeline::StageMemory> Pipeline::memory() const {
+  std::vector<StageMemory> out;
+  for (size_t j = 0; j < executors_.size(); ++j) {
+    const auto& e = executors_[j];
+    if (!e->memory()) return {};
+    StageMemory m;
+    for (const auto& p : e->layers()->parameters()) {
+      m.parameter_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+      if (p.grad().defined()) m.parameter_bytes += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
+    }
+    m.peak_bytes = e->memory()->peak_bytes() - memory_at_start_[j];
+    out.push_back(m);
+  }
+  return out;
+}
 
 torch::nn::Sequential Pipeline::stage(int j) const {
   GPIPE_CHECK(j >= 0 && j < stages(), "stage ", j, " does not exist; stages are 0..", stages() - 1);
@@ -205,6 +227,12 @@ torch::Tensor Pipeline::forward(const torch::Tensor& input) {
 void Pipeline::run(const Schedule& schedule, StepData& step) {
   const size_t K = executors_.size();
   transport_->reset();
+  memory_at_start_.assign(K, 0);
+  for (size_t j = 0; j < K; ++j)
+    if (const auto& memory = executors_[j]->memory()) {
+      memory->reset_peak();
+      memory_at_start_[j] = memory->current_bytes();
+    }
   trace_ = StepTrace{};
   trace_.stages.assign(K, {});
 

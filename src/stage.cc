@@ -6,6 +6,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include <mutex>
+#include <optional>
 
 namespace gpipe {
 
@@ -67,13 +68,14 @@ uint64_t mix(uint64_t x) {  // splitmix64's finalizer
 }  // namespace
 
 StageExecutor::StageExecutor(int index, int stages, torch::nn::Sequential layers, Device device,
-                             Transport* transport)
+                             Transport* transport, std::shared_ptr<MemoryCounter> memory)
     : index_(index),
       stages_(stages),
       layers_(std::move(layers)),
       device_(std::move(device)),
       transport_(transport),
-      stochastic_(draws_random_numbers(layers_)) {}
+      stochastic_(draws_random_numbers(layers_)),
+      memory_(std::move(memory)) {}
 
 uint64_t StageExecutor::seed_of(int i, const StepData& step) const {
   return mix(step.seed ^ mix((static_cast<uint64_t>(index_) << 32) | static_cast<uint32_t>(i)));
@@ -83,6 +85,8 @@ void StageExecutor::run(const std::vector<Action>& actions, StepData& step,
                         std::vector<ActionSpan>* trace) {
   c10::DeviceGuard device_guard(device_.device);
   torch::AutoGradMode grad_mode(step.training);
+  std::optional<MemoryScope> memory_scope;
+  if (memory_) memory_scope.emplace(memory_);
   kept_.assign(step.recompute.size(), Kept{});
   if (trace != nullptr) trace->reserve(actions.size());
   try {

@@ -131,3 +131,26 @@ TEST(ParameterCostsTest, CountsEachLayersParameters) {
   torch::nn::Sequential m(torch::nn::Linear(4, 3), torch::nn::ReLU(), torch::nn::Linear(3, 2));
   EXPECT_EQ(gpipe::parameter_costs(m), (std::vector<double>{15, 0, 8}));
 }
+
+TEST(MemoryCostsTest, ActivationsKeptPlusParameterState) {
+  torch::manual_seed(0);
+  torch::nn::Sequential m(torch::nn::Linear(100, 200), torch::nn::ReLU(), torch::nn::Linear(200, 10));
+  const auto costs = gpipe::memory_costs(m, torch::randn({50, 100}), /*state_scale=*/3.0);
+  ASSERT_EQ(costs.size(), 3u);
+  // Linear(100, 200): its output (50x200 floats) at least, plus 4x its 20200 parameters.
+  EXPECT_GE(costs[0], 50 * 200 * 4 + 4.0 * 20200 * 4);
+  // ReLU keeps its output (50x200 floats), has no parameters.
+  EXPECT_GE(costs[1], 50 * 200 * 4);
+  EXPECT_LT(costs[1], 3 * 50 * 200 * 4);
+  EXPECT_GT(costs[0], costs[2]);
+  gpipe::testing::expect_invalid([&] { gpipe::memory_costs(m, torch::randn({5, 100}), -1); }, "state_scale");
+}
+
+TEST(CostsFromTest, AsksForEveryLayerInOrder) {
+  torch::nn::Sequential m(torch::nn::Linear(4, 3), torch::nn::ReLU(), torch::nn::Linear(3, 2));
+  const auto costs = gpipe::costs_from(m, [](size_t i, torch::nn::Module& layer) {
+    return layer.parameters().empty() ? 0.5 : static_cast<double>(i + 1);
+  });
+  EXPECT_EQ(costs, (std::vector<double>{1, 0.5, 3}));
+  EXPECT_EQ(gpipe::balance_by_cost(costs, 2), (std::vector<int>{2, 1}));
+}

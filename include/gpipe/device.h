@@ -17,11 +17,16 @@ namespace gpipe {
 struct Device {
   torch::Device device{torch::kCPU};
   int threads = 1;  ///< intra-op (and BLAS) threads of the stage
+  /// CPU memory the stage may hold, in bytes (0: no cap). An allocation past it
+  /// fails with OutOfMemory, so a CPU run shows what fits on a device of that size.
+  int64_t memory_cap_bytes = 0;
 
   /// A CPU core group of `threads` cores.
   static Device cpu(int threads = 1);
   /// CUDA device `index`; its stage thread uses one CPU thread.
   static Device cuda(int index);
+  /// This device with a memory cap of `bytes`.
+  Device with_memory_cap(int64_t bytes) const;
 
   bool is_cpu() const { return device.is_cpu(); }
   /// "cpu(1 thread)", "cpu(2 threads)" or "cuda:0".

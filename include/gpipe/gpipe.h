@@ -4,6 +4,7 @@
 #include "gpipe/check.h"
 #include "gpipe/device.h"
 #include "gpipe/io.h"
+#include "gpipe/memory.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/partition.h"
 #include "gpipe/pipeline.h"

@@ -3,6 +3,7 @@
 
 #include <torch/nn/modules/container/sequential.h>
 
+#include <functional>
 #include <vector>
 
 namespace gpipe {
@@ -44,5 +45,18 @@ std::vector<double> parameter_costs(const torch::nn::Sequential& model);
 /// `repetitions` timed passes, and each layer's median is taken.
 std::vector<double> time_costs(const torch::nn::Sequential& model, const torch::Tensor& sample,
                                int threads = 1, int warmup = 1, int repetitions = 5);
+
+/// Cost source: memory of each layer in bytes: the activations it keeps for
+/// backward, measured by passing `sample` (a micro-batch) through the layers
+/// with gpipe's tracking allocator, plus its parameter bytes times
+/// (1 + `state_scale`), where `state_scale` counts gradients and optimizer state
+/// per parameter byte: 1 for plain SGD, 2 for SGD with momentum, 3 for Adam.
+std::vector<double> memory_costs(const torch::nn::Sequential& model, const torch::Tensor& sample,
+                                 double state_scale = 2.0);
+
+/// Cost source: the user's estimate for each layer, like the paper's cost
+/// estimator: `cost(index, layer)` for every layer in order.
+std::vector<double> costs_from(const torch::nn::Sequential& model,
+                               const std::function<double(size_t, torch::nn::Module&)>& cost);
 
 }  // namespace gpipe

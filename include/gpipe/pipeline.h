@@ -2,6 +2,7 @@
 #pragma once
 
 #include "gpipe/device.h"
+#include "gpipe/memory.h"
 #include "gpipe/schedule.h"
 #include "gpipe/stage.h"
 #include "gpipe/trace.h"
@@ -48,6 +49,9 @@ struct PipelineOptions {
   TORCH_ARG(std::vector<Device>, devices) = {};
   /// Intra-op threads of each CPU stage when `devices` is empty.
   TORCH_ARG(int, threads_per_stage) = 1;
+  /// Account CPU memory per stage (installs gpipe's tracking allocator for the
+  /// process; see memory.h). On by itself when a device has a memory cap.
+  TORCH_ARG(bool, track_memory) = false;
 };
 
 /// A torch::nn::Sequential cut into K consecutive stages, each on its own
@@ -110,6 +114,15 @@ class Pipeline {
   /// The timeline of the last train_step or forward.
   const StepTrace& last_trace() const { return trace_; }
 
+  /// Memory of one stage, with track_memory on.
+  struct StageMemory {
+    int64_t parameter_bytes = 0;  ///< its parameters and their gradients
+    int64_t peak_bytes = 0;       ///< peak, above what it held before the last step, of what it
+                                  ///< allocated: activations, boundary tensors it sent, new gradients
+  };
+  /// Per stage, for the last train_step or forward; empty without track_memory.
+  std::vector<StageMemory> memory() const;
+
  private:
   std::vector<torch::Tensor> split(const torch::Tensor& tensor, const char* what) const;
   void run(const Schedule& schedule, StepData& step);
@@ -124,6 +137,7 @@ class Pipeline {
   std::vector<std::unique_ptr<StageExecutor>> executors_;
   std::vector<std::unique_ptr<DeviceThread>> threads_;
   StepTrace trace_;
+  std::vector<int64_t> memory_at_start_;  // each stage's tracked bytes when the last step began
 };
 
 }  // namespace gpipe

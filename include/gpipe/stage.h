@@ -18,6 +18,7 @@
 #pragma once
 
 #include "gpipe/device.h"
+#include "gpipe/memory.h"
 #include "gpipe/schedule.h"
 #include "gpipe/trace.h"
 #include "gpipe/transport.h"
@@ -69,8 +70,9 @@ struct StepData {
 /// the input and the autograd graph.
 class StageExecutor {
  public:
+  /// With `memory` set, the stage's CPU allocations are charged to it (see memory.h).
   StageExecutor(int index, int stages, torch::nn::Sequential layers, Device device,
-                Transport* transport);
+                Transport* transport, std::shared_ptr<MemoryCounter> memory = nullptr);
 
   /// Runs `actions` in order for `step`, appending each action's timespan to
   /// `trace` when given (from the arrival of its inputs to its end). Throws
@@ -84,6 +86,8 @@ class StageExecutor {
   /// Whether the layers draw random numbers in training (Dropout with p > 0).
   /// Such stages replay the same random stream when they re-materialize.
   bool stochastic() const { return stochastic_; }
+  /// The stage's memory counter, or null when memory is not tracked.
+  const std::shared_ptr<MemoryCounter>& memory() const { return memory_; }
 
  private:
   // What a micro-batch leaves behind between its forward and its backward.
@@ -107,6 +111,7 @@ class StageExecutor {
   Transport* transport_;
   bool stochastic_;
   std::vector<Kept> kept_;
+  std::shared_ptr<MemoryCounter> memory_;
   int64_t compute_begin_ns_ = 0;  // when the running action's inputs had arrived
 };
 

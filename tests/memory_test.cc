@@ -1,0 +1,94 @@
+// memory_test.cc: allocations charged to the stage that made them; re-materialization lowers the peak; caps fail clearly.
+#include "helpers.h"
+
+#include <thread>
+
+using gpipe::PipelineOptions;
+
+TEST(MemoryScopeTest, ChargesThisThreadsAllocationsUntilFreed) {
+  gpipe::enable_memory_tracking();
+  auto counter = std::make_shared<gpipe::MemoryCounter>("test");
+  torch::Tensor kept;
+  {
+    gpipe::MemoryScope scope(counter);
+    kept = torch::empty({1000}, torch::kFloat);
+    torch::Tensor gone = torch::empty({500}, torch::kFloat);
+    std::thread([&] { torch::Tensor other = torch::empty({4096}); }).join();  // another thread: not charged
+    EXPECT_GE(counter->current_bytes(), 6000);
+  }
+  torch::Tensor outside = torch::empty({2048});  // no scope: not charged
+  EXPECT_GE(counter->current_bytes(), 4000);
+  EXPECT_LT(counter->current_bytes(), 6000);
+  EXPECT_GE(counter->peak_bytes(), 6000);
+  EXPECT_LT(counter->peak_bytes(), 6000 + 4096 * 4);
+  kept = torch::Tensor();
+  EXPECT_EQ(counter->current_bytes(), 0);
+}
+
+TEST(MemoryScopeTest, CapFailsTheAllocationWithAClearMessage) {
+  gpipe::enable_memory_tracking();
+  auto counter = std::make_shared<gpipe::MemoryCounter>("stage 1 (cpu(1 thread))", 1000);
+  gpipe::MemoryScope scope(counter);
+  try {
+    torch::empty({1000}, torch::kFloat);
+    FAIL() << "expected OutOfMemory";
+  } catch (const std::exception& e) {  // libtorch may wrap it in c10::Error
+    const std::string what = e.what();
+    EXPECT_NE(what.find("out of memory on stage 1 (cpu(1 thread)): asked for 4000 bytes"), std::string::npos) << what;
+    EXPECT_NE(what.find("cap of 1000 bytes"), std::string::npos) << what;
+  }
+  EXPECT_EQ(counter->current_bytes(), 0);
+}
+
+namespace {
+// Peak bytes per stage of one step of a wide MLP with `mode`.
+std::vector<int64_t> peaks(gpipe::Checkpoint mode) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int l = 0; l < 8; ++l) {
+    model->push_back(torch::nn::Linear(64, 64));
+    model->push_back(torch::nn::ReLU());
+  }
+  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(8).checkpoint(mode).track_memory(true));
+  pipe.train_step(torch::randn({1024, 64}), torch::randn({1024, 64}), gpipe::mse_loss);
+  std::vector<int64_t> out;
+  for (const auto& m : pipe.memory()) {
+    EXPECT_GT(m.parameter_bytes, 0);
+    out.push_back(m.peak_bytes);
+  }
+  return out;
+}
+}  // namespace
+
+TEST(PipelineMemoryTest, RematerializationLowersThePeakOfEveryStage) {
+  const auto never = peaks(gpipe::Checkpoint::kNever);
+  const auto always = peaks(gpipe::Checkpoint::kAlways);
+  ASSERT_EQ(never.size(), 2u);
+  for (size_t j = 0; j < 2; ++j) {
+    EXPECT_GT(always[j], 0);
+    EXPECT_LT(always[j] * 2, never[j]) << "stage " << j << ": always " << always[j] << ", never " << never[j];
+  }
+}
+
+TEST(PipelineMemoryTest, CapNamesStageMicroBatchBytesAndCapAndChangesNothing) {
+  auto model = gpipe::testing::small_mlp(0);
+  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(2).devices(
+                                  {gpipe::Device::cpu(), gpipe::Device::cpu().with_memory_cap(2000)}));
+  const torch::Tensor x = torch::randn({64, 12}), y = torch::randn({64, 4});
+  try {
+    pipe.train_step(x, y, gpipe::mse_loss);
+    FAIL() << "expected an out-of-memory StageError";
+  } catch (const gpipe::StageError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("stage 1 failed in the forward of micro-batch 0"), std::string::npos) << what;
+    EXPECT_NE(what.find("out of memory on stage 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("cap of 2000 bytes"), std::string::npos) << what;
+  }
+  for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+  EXPECT_TRUE(pipe.memory().size() == 2);
+}
+
+TEST(PipelineMemoryTest, NoTrackingNoReport) {
+  gpipe::Pipeline pipe(gpipe::testing::small_mlp(0), PipelineOptions().stages(2));
+  EXPECT_TRUE(pipe.memory().empty());
+}
