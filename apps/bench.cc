@@ -25,6 +25,7 @@ struct BenchOptions {
   int steps = 5;
   int warmup = 2;
   std::vector<std::string> balance_by{"even"};
+  std::vector<int> balance;  // an explicit cut, for the one K it fits
   bool json = false;
   std::string results = "bench/results/bench.json";
 };
@@ -57,7 +58,9 @@ Timing time_pipeline(const std::string& name, int K, int M, Checkpoint mode, con
                      const BenchOptions& o, std::vector<int>* balance) {
   Workload w = make_workload(name, 0);
   std::vector<int> cut = w.balance(K);
-  if (balance_by == "params") {
+  if (!o.balance.empty() && K > 1) {
+    cut = o.balance;
+  } else if (balance_by == "params") {
     cut = balance_by_cost(parameter_costs(w.model), K);
   } else if (balance_by != "even") {
     // Profile one micro-batch, on one stage's threads for time, as the stages will run it.
@@ -113,7 +116,15 @@ void write_results(const BenchOptions& o, const nlohmann::json& rows, const std:
 }
 
 int run(const BenchOptions& o, const std::string& command) {
-  for (const auto& n : o.workloads) make_workload(n, 0);  // unknown names fail before any work
+  for (const auto& n : o.workloads) {  // unknown names and bad cuts fail before any work
+    const Workload w = make_workload(n, 0);
+    if (!o.balance.empty()) {
+      check_balance(o.balance, static_cast<int>(w.model->size()));
+      for (int K : o.stages)
+        GPIPE_CHECK(K == static_cast<int>(o.balance.size()), "--balance has ", o.balance.size(),
+                    " stages but --stages asks for ", K, "; give --stages ", o.balance.size());
+    }
+  }
   std::vector<Checkpoint> modes;
   for (const auto& c : o.checkpoints) modes.push_back(parse_checkpoint(c));
 
@@ -207,10 +218,12 @@ void add_bench_command(CLI::App& app, const std::string& command) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  sub->add_option("--balance", o->balance, "an explicit cut, layers per stage (then --stages is its length)");
   sub->add_option("--balance-by", o->balance_by,
                   "how stages are cut (several sweep): even (blocks evenly, as BENCHMARKS.md), params (parameter "
-                  "counts) or time (profiled forward+backward per layer); exact min-max partition")
-      ->check(CLI::IsMember({"even", "params", "time"}))->capture_default_str();
+                  "counts), time (profiled forward+backward per layer) or memory (activations kept plus "
+                  "parameters, gradients and momentum); exact min-max partition")
+      ->check(CLI::IsMember({"even", "params", "time", "memory"}))->capture_default_str();
   sub->add_flag("--json", o->json, "one JSON object per configuration on standard output (JSON Lines)");
   sub->add_option("--results", o->results, "file the results are written to (empty: none)")
       ->capture_default_str();

@@ -29,6 +29,7 @@ struct TrainOptions {
   int stages = 2;
   bool stages_given = false;  // --stages on the command line, not the default
   std::vector<int> balance;
+  std::string balance_by;
   int micro_batches = 4;
   std::string checkpoint = "never";
   int64_t batch_size = 128;
@@ -172,6 +173,8 @@ int run(TrainOptions o) {
   else
     model.layers = fashion_cnn();
   const int layers = static_cast<int>(model.layers->size());
+  if (!o.balance.empty() && !o.balance_by.empty())
+    usage_error("--balance and --balance-by " + o.balance_by + " both choose the cut; give one of them");
   if (!o.balance.empty()) {
     or_usage_error("--balance", [&] { check_balance(o.balance, layers); return 0; });
     if (o.stages_given && o.stages != static_cast<int>(o.balance.size()))
@@ -181,9 +184,9 @@ int run(TrainOptions o) {
     usage_error("--stages " + std::to_string(o.stages) + " is more than the model's " +
                 std::to_string(layers) + " layers; use --stages 1.." + std::to_string(layers));
   }
-  const std::vector<int> balance = !o.balance.empty() ? o.balance
-                                   : (o.model_file.empty() && o.stages == 2) ? kFashionBalance
-                                                                              : even_balance(layers, o.stages);
+  std::vector<int> balance = !o.balance.empty() ? o.balance
+                             : (o.model_file.empty() && o.stages == 2) ? kFashionBalance
+                                                                        : even_balance(layers, o.stages);
 
   Data train, eval;
   if (!o.data_file.empty()) {
@@ -210,6 +213,24 @@ int run(TrainOptions o) {
   if (o.micro_batches > N)
     usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is larger than the " +
                 std::to_string(N) + " training samples");
+
+  // --balance-by: per-layer costs on one micro-batch, then the exact min-max cut.
+  nlohmann::json plan_json;
+  if (!o.balance_by.empty()) {
+    const int64_t micro_batch = chunk_sizes(std::min(o.batch_size, N), o.micro_batches).front();
+    const torch::Tensor sample = train.input.narrow(0, 0, micro_batch);
+    const std::vector<double> costs =
+        o.balance_by == "params" ? parameter_costs(model.layers)
+        : o.balance_by == "time" ? time_costs(model.layers, sample, o.threads)
+                                 : memory_costs(model.layers, sample, o.optimizer == "adam" ? 3.0 : 2.0);
+    balance = balance_by_cost(costs, o.stages);
+    const PartitionPlan plan = plan_partition(costs, balance, o.micro_batches);
+    const std::string unit = o.balance_by == "params" ? "parameters" : o.balance_by == "time" ? "s" : "bytes";
+    if (!o.json) std::cout << "balance by " << o.balance_by << ":\n" << format_plan(plan, unit);
+    plan_json = {{"balance_by", o.balance_by},  {"unit", unit},
+                 {"stage_costs", plan.stage_costs}, {"bottleneck_stage", plan.bottleneck_stage},
+                 {"predicted_step", plan.predicted_step}, {"predicted_efficiency", plan.predicted_efficiency}};
+  }
   Pipeline pipe(model.layers, PipelineOptions()
                                   .balance(balance)
                                   .chunks(o.micro_batches)
@@ -317,6 +338,7 @@ int run(TrainOptions o) {
       {"stages", pipe.stages()},
       {"balance", pipe.balance()},
       {"partition", stage_rows},
+      {"plan", plan_json},
       {"micro_batches", o.micro_batches},
       {"checkpoint", o.checkpoint},
       {"batch_size", o.batch_size},
@@ -372,6 +394,11 @@ void add_train_command(CLI::App& app, const std::string&) {
                   "number of pipeline stages K (the built-in CNN is cut {3, 8} for K=2; otherwise evenly)")
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--balance", o->balance, "layers per stage, e.g. --balance 3 8 (overrides the cut)");
+  sub->add_option("--balance-by", o->balance_by,
+                  "cut the --stages stages by per-layer cost on one micro-batch: params (parameter counts), "
+                  "time (profiled forward+backward) or memory (activations kept, parameters, gradients, "
+                  "optimizer state); the exact min-max cut, printed with its predicted step")
+      ->check(CLI::IsMember({"params", "time", "memory"}));
   sub->add_option("--micro-batches", o->micro_batches, "micro-batches M per mini-batch")
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--checkpoint", o->checkpoint,

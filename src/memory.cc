@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <new>
 
 namespace gpipe {
 
@@ -33,17 +34,28 @@ namespace {
 
 thread_local std::shared_ptr<MemoryCounter> current_counter;
 
-// What a charged allocation carries to its deleter.
-struct Charge {
-  c10::DataPtr inner;
+// Every block the tracking allocator hands out starts with this header, so the
+// data pointer alone leads back to its charge (libtorch's raw_allocate and
+// raw_deallocate, used by oneDNN, pass nothing else). 64 bytes keep the data
+// aligned as libtorch's CPU allocator aligns it.
+constexpr size_t kHeaderBytes = 64;
+struct Header {
+  std::shared_ptr<MemoryCounter>* counter;  // null for an uncharged block
   int64_t bytes;
-  std::shared_ptr<MemoryCounter> counter;  // outlives the stage if the tensor does
 };
+static_assert(sizeof(Header) <= kHeaderBytes, "the header must fit before the data");
 
-void release_charge(void* context) {
-  auto* charge = static_cast<Charge*>(context);
-  charge->counter->release(charge->bytes);
-  delete charge;  // frees the memory through the inner DataPtr
+c10::DeleterFnPtr base_delete = nullptr;  // the wrapped allocator's raw deleter
+
+void release_block(void* data) {
+  if (data == nullptr) return;
+  char* block = static_cast<char*>(data) - kHeaderBytes;
+  auto* header = reinterpret_cast<Header*>(block);
+  if (header->counter != nullptr) {
+    (*header->counter)->release(header->bytes);
+    delete header->counter;  // the counter outlives its stage while a tensor of it lives
+  }
+  base_delete(block);
 }
 
 // libtorch 1.13 declares allocate() const, 2.x non-const with copy_data():
@@ -54,24 +66,23 @@ class TrackingAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(size_t n) const { return track(n); }
   c10::DataPtr allocate(size_t n) { return track(n); }
+  c10::DeleterFnPtr raw_deleter() const override { return &release_block; }
   void copy_data(void* dest, const void* src, size_t count) const { std::memcpy(dest, src, count); }
 
  private:
   c10::DataPtr track(size_t n) const {
     const std::shared_ptr<MemoryCounter>& counter = current_counter;
-    if (!counter) return base_->allocate(n);
-    counter->charge(static_cast<int64_t>(n));
-    c10::DataPtr inner;
+    if (counter) counter->charge(static_cast<int64_t>(n));  // throws past the cap
+    void* block = nullptr;
     try {
-      inner = base_->allocate(n);
+      block = base_->raw_allocate(n + kHeaderBytes);
     } catch (...) {
-      counter->release(static_cast<int64_t>(n));
+      if (counter) counter->release(static_cast<int64_t>(n));
       throw;
     }
-    void* data = inner.get();
-    const c10::Device device = inner.device();
-    auto* charge = new Charge{std::move(inner), static_cast<int64_t>(n), counter};
-    return c10::DataPtr(data, charge, &release_charge, device);
+    new (block) Header{counter ? new std::shared_ptr<MemoryCounter>(counter) : nullptr, static_cast<int64_t>(n)};
+    void* data = static_cast<char*>(block) + kHeaderBytes;
+    return c10::DataPtr(data, data, &release_block, c10::Device(c10::DeviceType::CPU));
   }
 
   c10::Allocator* base_;
@@ -82,7 +93,11 @@ class TrackingAllocator final : public c10::Allocator {
 void enable_memory_tracking() {
   static std::once_flag once;
   std::call_once(once, [] {
-    static TrackingAllocator allocator(c10::GetCPUAllocator());
+    c10::Allocator* base = c10::GetCPUAllocator();
+    base_delete = base->raw_deleter();
+    if (base_delete == nullptr)
+      throw std::runtime_error("gpipe: cannot track memory: libtorch's CPU allocator has no raw deleter");
+    static TrackingAllocator allocator(base);
     c10::SetCPUAllocator(&allocator, /*priority=*/100);
   });
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iomanip>
 #include <limits>
 #include <numeric>
 #include <sstream>
@@ -122,6 +123,58 @@ std::vector<double> stage_costs(const std::vector<double>& costs, const std::vec
     out.push_back(sum);
   }
   return out;
+}
+
+PartitionPlan plan_partition(const std::vector<double>& costs, const std::vector<int>& balance, int micro_batches) {
+  GPIPE_CHECK(micro_batches >= 1, "micro_batches must be at least 1 (got ", micro_batches, ")");
+  PartitionPlan plan;
+  plan.balance = balance;
+  plan.stage_costs = stage_costs(costs, balance);
+  plan.micro_batches = micro_batches;
+  const auto slowest = std::max_element(plan.stage_costs.begin(), plan.stage_costs.end());
+  plan.bottleneck_stage = static_cast<int>(slowest - plan.stage_costs.begin());
+  plan.bottleneck = *slowest;
+  const double K = static_cast<double>(balance.size()), M = micro_batches;
+  const double total = std::accumulate(plan.stage_costs.begin(), plan.stage_costs.end(), 0.0);
+  plan.predicted_step = (M + K - 1) * plan.bottleneck;
+  plan.predicted_efficiency = plan.predicted_step > 0 ? M * total / (K * plan.predicted_step) : 0.0;
+  return plan;
+}
+
+std::string format_plan(const PartitionPlan& plan, const std::string& unit) {
+  auto show = [&unit](double cost) {
+    std::ostringstream out;
+    out << std::fixed << std::setprecision(2);
+    if (unit == "s")
+      out << cost * 1e3 << " ms";
+    else if (unit == "bytes")
+      out << cost / (1 << 20) << " MiB";
+    else
+      out << std::setprecision(0) << cost << " " << unit;
+    return out.str();
+  };
+  const double total = std::accumulate(plan.stage_costs.begin(), plan.stage_costs.end(), 0.0);
+  std::ostringstream out;
+  out << "stage  " << std::left << std::setw(12) << "layers" << std::right << std::setw(12) << "cost" << std::setw(9)
+      << "share" << "\n";
+  int first = 0;
+  for (size_t j = 0; j < plan.balance.size(); ++j) {
+    const int n = plan.balance[j];
+    std::ostringstream layers;
+    layers << first << "-" << first + n - 1 << " (" << n << ")";
+    out << std::setw(5) << j << "  " << std::left << std::setw(12) << layers.str() << std::right << std::setw(12)
+        << show(plan.stage_costs[j]) << std::fixed << std::setprecision(1) << std::setw(8)
+        << (total > 0 ? 100 * plan.stage_costs[j] / total : 0.0) << "%"
+        << (static_cast<int>(j) == plan.bottleneck_stage ? "  <- bottleneck" : "") << "\n";
+    first += n;
+  }
+  const int K = static_cast<int>(plan.balance.size()), M = plan.micro_batches;
+  out << "bottleneck: stage " << plan.bottleneck_stage << ", " << show(plan.bottleneck);
+  if (unit != "s") return out.str() + "\n";  // a step prediction needs costs in time
+  out << " per micro-batch\npredicted step: " << show(plan.predicted_step) << " for M=" << M
+      << " ((M+K-1) x bottleneck), pipeline efficiency " << std::fixed << std::setprecision(1)
+      << 100 * plan.predicted_efficiency << "% (balanced stages: " << 100.0 * M / (M + K - 1) << "%)\n";
+  return out.str();
 }
 
 std::vector<double> parameter_costs(const torch::nn::Sequential& model) {

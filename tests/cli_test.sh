@@ -45,6 +45,19 @@ then
   pass "--steps with --stages 3 --checkpoint always; --trace timeline has every action"
 else fail "--steps / --trace"; fi
 
+# --balance-by cuts by measured cost and reports the plan.
+if "$gpipe" train --train-samples 256 --test-samples 100 --steps 2 --stages 3 --balance-by memory --json \
+     >"$work/plan.json" 2>/dev/null &&
+   /usr/bin/python3 - "$work/plan.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+plan = s["plan"]
+assert plan["balance_by"] == "memory" and len(plan["stage_costs"]) == 3 and sum(s["balance"]) == 11
+assert max(plan["stage_costs"]) == plan["stage_costs"][plan["bottleneck_stage"]]
+PY
+then pass "--balance-by memory with 3 stages: plan in the summary"
+else fail "--balance-by"; fi
+
 # Save and resume: a run stopped at step 14 and resumed ends where an unbroken run of 25 steps ends
 # (Adam state, shuffling, dropout streams and all); bad checkpoints fail clearly and change nothing.
 small=(--train-samples 700 --test-samples 200 --batch-size 64 --epochs 3 --json)
@@ -82,6 +95,7 @@ expect_error "--optimizer" --optimizer rmsprop
 expect_error "--checkpoint" --checkpoint sometimes
 expect_error "--balance" --balance 3 3
 expect_error "disagree" --stages 2 --balance 1 2 8
+expect_error "give one of them" --balance 3 8 --balance-by time
 expect_error "dataset-fashion-mnist" --data-dir "$work/nowhere"
 expect_error "truncated, corrupt or not a gpipe checkpoint" --resume "$work/truncated.pt"
 expect_error "truncated, corrupt or not a gpipe checkpoint" --resume "$work/junk.pt"
@@ -90,5 +104,5 @@ expect_error "--resume: no such file" --resume "$work/missing.pt"
 expect_error "--model: no such file" --model "$work/missing.pt"
 if cmp -s "$work/ckpt.pt" "$work/ckpt.keep"; then pass "a refused checkpoint is left as it was"; else fail "checkpoint changed"; fi
 
-echo "$((19 - failures)) passed, $failures failed"
+echo "$((21 - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -1,6 +1,8 @@
 // memory_test.cc: allocations charged to the stage that made them; re-materialization lowers the peak; caps fail clearly.
 #include "helpers.h"
 
+#include <c10/core/CPUAllocator.h>
+
 #include <thread>
 
 using gpipe::PipelineOptions;
@@ -22,6 +24,25 @@ TEST(MemoryScopeTest, ChargesThisThreadsAllocationsUntilFreed) {
   EXPECT_GE(counter->peak_bytes(), 6000);
   EXPECT_LT(counter->peak_bytes(), 6000 + 4096 * 4);
   kept = torch::Tensor();
+  EXPECT_EQ(counter->current_bytes(), 0);
+}
+
+TEST(MemoryScopeTest, ConvolutionsAndRawAllocationsWork) {
+  // oneDNN's convolutions allocate through raw_allocate, which needs a plain pointer.
+  gpipe::enable_memory_tracking();
+  auto counter = std::make_shared<gpipe::MemoryCounter>("conv");
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(3, 8, 3).padding(1));
+  {
+    gpipe::MemoryScope scope(counter);
+    torch::Tensor x = torch::randn({4, 3, 16, 16}, torch::requires_grad());
+    conv(x).sum().backward();
+    void* raw = c10::GetCPUAllocator()->raw_allocate(1000);
+    EXPECT_GE(counter->current_bytes(), 1000);
+    c10::GetCPUAllocator()->raw_deallocate(raw);
+  }
+  EXPECT_GT(counter->peak_bytes(), 4 * 8 * 16 * 16 * 4);
+  EXPECT_GT(counter->current_bytes(), 0);  // the weight's and bias's grads, made in the scope
+  for (auto p : conv->parameters()) p.mutable_grad() = torch::Tensor();
   EXPECT_EQ(counter->current_bytes(), 0);
 }
 

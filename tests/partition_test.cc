@@ -154,3 +154,23 @@ TEST(CostsFromTest, AsksForEveryLayerInOrder) {
   EXPECT_EQ(costs, (std::vector<double>{1, 0.5, 3}));
   EXPECT_EQ(gpipe::balance_by_cost(costs, 2), (std::vector<int>{2, 1}));
 }
+
+TEST(PlanPartitionTest, PredictsStepAndEfficiency) {
+  const auto plan = gpipe::plan_partition({1, 2, 3, 4}, {3, 1}, 4);
+  EXPECT_EQ(plan.stage_costs, (std::vector<double>{6, 4}));
+  EXPECT_EQ(plan.bottleneck_stage, 0);
+  EXPECT_EQ(plan.bottleneck, 6);
+  EXPECT_DOUBLE_EQ(plan.predicted_step, 5 * 6.0);                  // (M+K-1) slots of 6
+  EXPECT_DOUBLE_EQ(plan.predicted_efficiency, 4 * 10.0 / (2 * 30));  // M·Σ / (K·step)
+  EXPECT_EQ(gpipe::format_plan(gpipe::plan_partition({0.002, 0.002, 0.001}, {2, 1}, 3), "s"),
+            "stage  layers              cost    share\n"
+            "    0  0-1 (2)          4.00 ms    80.0%  <- bottleneck\n"
+            "    1  2-2 (1)          1.00 ms    20.0%\n"
+            "bottleneck: stage 0, 4.00 ms per micro-batch\n"
+            "predicted step: 16.00 ms for M=3 ((M+K-1) x bottleneck), pipeline efficiency 46.9% (balanced stages: 75.0%)\n");
+  EXPECT_EQ(gpipe::format_plan(gpipe::plan_partition({3 << 20, 1 << 20}, {1, 1}, 2), "bytes"),
+            "stage  layers              cost    share\n"
+            "    0  0-0 (1)         3.00 MiB    75.0%  <- bottleneck\n"
+            "    1  1-1 (1)         1.00 MiB    25.0%\n"
+            "bottleneck: stage 0, 3.00 MiB\n");
+}

@@ -36,6 +36,32 @@ std::vector<int> balance_by_cost(const std::vector<double>& costs, int stages);
 /// The cost of each stage of `balance` for per-layer `costs`.
 std::vector<double> stage_costs(const std::vector<double>& costs, const std::vector<int>& balance);
 
+/// What a balance means for a pipeline of M micro-batches, given per-layer costs.
+struct PartitionPlan {
+  std::vector<int> balance;
+  std::vector<double> stage_costs;
+  int bottleneck_stage = 0;  ///< the slowest stage, which paces the step
+  double bottleneck = 0;     ///< its cost
+  int micro_batches = 1;
+  /// Fill-drain takes M+K-1 slots of the slowest stage: (M+K-1)·bottleneck.
+  double predicted_step = 0;
+  /// Work done over K·step time: M·Σcost / (K·(M+K-1)·bottleneck); at most the ideal M/(M+K-1).
+  double predicted_efficiency = 0;
+};
+
+/// The plan of `balance` for per-layer `costs` (time per micro-batch, for the
+/// step prediction to be a time) and `micro_batches` M.
+PartitionPlan plan_partition(const std::vector<double>& costs, const std::vector<int>& balance, int micro_batches);
+
+/// The plan as a table: layers and cost of each stage, the bottleneck marked;
+/// then, for costs in time, the predicted step and efficiency. `unit` is "s" (shown in ms),
+/// "bytes" (shown in MiB) or any other name, printed after the number.
+///
+///   stage  layers              cost    share
+///       0  0-2 (3)          12.10 ms    53.7%  <- bottleneck
+///       1  3-10 (8)         10.42 ms    46.3%
+std::string format_plan(const PartitionPlan& plan, const std::string& unit);
+
 /// Cost source: the number of parameters of each layer (as DeepSpeed balances).
 std::vector<double> parameter_costs(const torch::nn::Sequential& model);
 
