@@ -33,6 +33,7 @@ struct BenchOptions {
 struct Timing {
   std::vector<double> step_s;
   std::vector<double> bubbles;
+  std::vector<double> overhead_s;        // the pipeline's own time per step (see overhead_seconds)
   std::vector<int64_t> peak_bytes;       // per stage, largest over the timed steps
   std::vector<int64_t> parameter_bytes;  // per stage, parameters and gradients
 };
@@ -84,6 +85,7 @@ Timing time_pipeline(const std::string& name, int K, int M, Checkpoint mode, con
     if (s >= o.warmup) {
       t.step_s.push_back(static_cast<double>(now_ns() - begin) * 1e-9);
       t.bubbles.push_back(pipe.last_trace().bubble());
+      t.overhead_s.push_back(overhead_seconds(pipe.last_trace(), pipe.schedule()));
       const auto memory = pipe.memory();
       t.peak_bytes.resize(memory.size(), 0);
       t.parameter_bytes.resize(memory.size(), 0);
@@ -134,7 +136,7 @@ int run(const BenchOptions& o, const std::string& command) {
               << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(13) << "samples/s"
               << std::setw(25) << "(min .. max)" << std::setw(9) << "speedup" << std::setw(7)
               << "ideal" << std::setw(11) << "efficiency" << std::setw(8) << "bubble" << std::setw(11)
-              << "vs unsplit" << "  peak MiB per stage  balance\n";
+              << "vs unsplit" << std::setw(11) << "us/action" << "  peak MiB per stage  balance\n";
   for (const auto& name : o.workloads) {
     const int64_t batch = make_workload(name, 0).input.size(0);
     auto rate_of = [batch](const std::vector<double>& step_s) {
@@ -170,6 +172,8 @@ int run(const BenchOptions& o, const std::string& command) {
                                 {"ideal", ideal},
                                 {"efficiency", speedup / ideal},
                                 {"bubble", median(t.bubbles)},
+                                // over the 2(M+K-1) actions on the critical path of fill-drain
+                                {"overhead_us_per_action", median(t.overhead_s) * 1e6 / (2.0 * (M + K - 1))},
                                 {"peak_bytes", t.peak_bytes},
                                 {"parameter_bytes", t.parameter_bytes},
                                 {"unsplit_samples_per_s", unsplit_rate},
@@ -187,7 +191,8 @@ int run(const BenchOptions& o, const std::string& command) {
                       << std::setprecision(1) << std::setw(13) << rate << std::setw(25) << range.str()
                       << std::setprecision(3) << std::setw(9) << speedup << std::setw(7) << ideal
                       << std::setw(11) << speedup / ideal << std::setw(8) << median(t.bubbles)
-                      << std::setw(11) << rate / unsplit_rate << "  " << std::setw(18) << std::left
+                      << std::setw(11) << rate / unsplit_rate << std::setprecision(1) << std::setw(11)
+                      << median(t.overhead_s) * 1e6 / (2.0 * (M + K - 1)) << "  " << std::setw(18) << std::left
                       << mebibytes(t.peak_bytes) << std::right << "  " << balance_by << " "
                       << nlohmann::json(balance).dump() << std::endl;
           }

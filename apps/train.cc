@@ -315,7 +315,7 @@ int run(TrainOptions o) {
     report(epoch);
     save();
   }
-  if (!o.trace.empty() && samples > 0) write_chrome_trace(last_step_trace, o.trace);
+  if (!o.trace.empty() && samples > 0) write_trace(last_step_trace, o.trace);
   save();
 
   const int64_t run_steps = step - start_step;
@@ -433,7 +433,8 @@ void add_train_command(CLI::App& app, const std::string&) {
                   "whole or not at all; with --model it is TorchScript that torch.jit.load reads");
   sub->add_option("--resume", o->resume, "continue from a checkpoint written by --save (same model and optimizer)");
   sub->add_option("--trace", o->trace,
-                  "write the last training step's timeline as Chrome-trace JSON (open it in Perfetto)");
+                  "write the last training step's timeline: an SVG chart if FILE ends in .svg, otherwise "
+                  "Chrome-trace JSON (open it in Perfetto)");
   sub->add_flag("--json", o->json, "print the summary as JSON on standard output (progress stays on standard error)");
   sub->callback([o, sub] {
     o->stages_given = sub->count("--stages") > 0;

@@ -115,6 +115,41 @@ TEST(PipelineTest, ChromeTraceHasOneEventPerActionOnItsStagesRow) {
   EXPECT_THROW(gpipe::write_chrome_trace(pipe.last_trace(), "/nonexistent-dir/t.json"), std::runtime_error);
 }
 
+TEST(PipelineTest, SvgTimelineDrawsEveryActionOnItsStagesRow) {
+  gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().stages(3).chunks(2));
+  pipe.train_step(torch::randn({4, 12}), torch::randn({4, 4}), mse);
+  const std::string svg = gpipe::timeline_svg(pipe.last_trace());
+  EXPECT_EQ(svg.rfind("<svg ", 0), 0u);
+  EXPECT_NE(svg.find("GPipe step: 3 stages"), std::string::npos);
+  size_t forward = 0, backward = 0;
+  for (size_t at = 0; (at = svg.find("fill=\"#4c78a8\" stroke", at)) != std::string::npos; ++at) ++forward;
+  for (size_t at = 0; (at = svg.find("fill=\"#f58518\" stroke", at)) != std::string::npos; ++at) ++backward;
+  EXPECT_EQ(forward, 6u);   // K x M forwards
+  EXPECT_EQ(backward, 6u);  // and backwards
+  for (const char* action : {"<title>0F0:", "<title>2B1:", "<title>1B0:"})
+    EXPECT_NE(svg.find(action), std::string::npos) << action;
+  const std::string path = ::testing::TempDir() + "/gpipe_timeline.svg";
+  gpipe::write_trace(pipe.last_trace(), path);
+  std::ifstream in(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), svg);
+}
+
+TEST(PipelineTest, OverheadIsStepTimeLessTheSimulatedSchedule) {
+  // A hand-made trace: 2 stages, 1 micro-batch, each action 10 ns, the step 50 ns.
+  gpipe::StepTrace trace;
+  trace.begin_ns = 0;
+  trace.end_ns = 50;
+  trace.stages = {{{{0, gpipe::Phase::kForward, 0}, 0, 10}, {{0, gpipe::Phase::kBackward, 0}, 38, 48}},
+                  {{{1, gpipe::Phase::kForward, 0}, 12, 22}, {{1, gpipe::Phase::kBackward, 0}, 25, 35}}};
+  // With no overhead the chain F0 F1 B1 B0 would take 40 ns.
+  EXPECT_NEAR(gpipe::overhead_seconds(trace, gpipe::fill_drain(2, 1)), 10e-9, 1e-15);
+  gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().stages(2).chunks(4));
+  pipe.train_step(torch::randn({8, 12}), torch::randn({8, 4}), mse);
+  const double overhead = gpipe::overhead_seconds(pipe.last_trace(), pipe.schedule());
+  EXPECT_GE(overhead, 0.0);
+  EXPECT_LT(overhead, pipe.last_trace().seconds());
+}
+
 TEST(CheckpointModeTest, TextFormParsesBack) {
   for (auto mode : {gpipe::Checkpoint::kAlways, gpipe::Checkpoint::kExceptLast, gpipe::Checkpoint::kNever})
     EXPECT_EQ(gpipe::parse_checkpoint(gpipe::to_string(mode)), mode);

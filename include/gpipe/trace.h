@@ -35,6 +35,13 @@ struct StepTrace {
   double bubble() const;
 };
 
+/// The pipeline's own overhead in a step, in seconds: the step time less the
+/// time `schedule` would take if every action took exactly its measured
+/// duration and nothing else took time (a simulation). Waiting that the
+/// schedule implies (the bubble) is not overhead; thread hand-offs, messages,
+/// micro-batch splitting and bookkeeping are.
+double overhead_seconds(const StepTrace& trace, const Schedule& schedule);
+
 /// The trace as Chrome-trace JSON (the Trace Event Format that Perfetto and
 /// chrome://tracing open): one complete event per action, named by its text
 /// form ("1F0"), on one row per stage, in microseconds from the step's start.
@@ -43,5 +50,14 @@ std::string chrome_trace_json(const StepTrace& trace);
 /// Writes chrome_trace_json(trace) to `path`, whole or not at all (a
 /// temporary file, then a rename). Throws std::runtime_error if it cannot.
 void write_chrome_trace(const StepTrace& trace, const std::string& path);
+
+/// The trace as an SVG chart like the paper's Figure 2: one row per stage,
+/// time to the right, forwards and backwards in two colours labelled with their
+/// micro-batch, idle time blank; the title gives step time and measured bubble.
+std::string timeline_svg(const StepTrace& trace);
+
+/// Writes the trace to `path`, whole or not at all: an SVG chart when the name
+/// ends in ".svg", Chrome-trace JSON otherwise.
+void write_trace(const StepTrace& trace, const std::string& path);
 
 }  // namespace gpipe
