@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# compare.sh: gpipe and Python PyTorch on the same workloads, back to back, for docs/benchmarks.md.
+# Usage: bench/compare.sh (after scripts/build.sh; needs Debian's python3-torch)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+args=(--workload mlp transformer --stages 2 --micro-batches 32 --checkpoint except_last)
+./build/apps/gpipe bench "${args[@]}" --results bench/results/compare-gpipe.json
+/usr/bin/python3 bench/pytorch_compare.py "${args[@]}" --results bench/results/compare-pytorch.json 2> >(grep -v -e '^I20' -e '^WARNING: Logging' >&2)
