@@ -25,6 +25,8 @@ bool drops(torch::nn::Module& module) {
   return dropout != nullptr && dropout->options.p() > 0;
 }
 
+}  // namespace
+
 bool draws_random_numbers(const torch::nn::Sequential& layers) {
   for (const auto& module : layers->modules(/*include_self=*/false)) {
     if (drops<torch::nn::DropoutImpl>(*module) || drops<torch::nn::Dropout2dImpl>(*module) ||
@@ -34,6 +36,8 @@ bool draws_random_numbers(const torch::nn::Sequential& layers) {
   }
   return false;
 }
+
+namespace {
 
 // The default generators are shared by every thread of the process. A
 // stochastic stage holds this lock while it draws, and seeds the generator

@@ -45,15 +45,19 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tenso
                                               target.reshape({-1}));
 }
 
+void add_layer(torch::nn::Sequential& model, const torch::nn::AnyModule& layer, int index, LayerRange keep) {
+  if (keep.contains(index)) model->push_back(std::to_string(index), layer);
+}
+
 namespace {
 
 // widths.size()-1 blocks of [Linear(w_i, w_{i+1}), ReLU].
-Workload linear_relu(const std::string& name, const std::vector<int64_t>& widths, int64_t batch) {
+Workload linear_relu(const std::string& name, const std::vector<int64_t>& widths, int64_t batch, LayerRange keep) {
   Workload w;
   w.name = name;
   for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    w.model->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
-    w.model->push_back(torch::nn::ReLU());
+    add_layer(w.model, torch::nn::AnyModule(torch::nn::Linear(widths[i], widths[i + 1])), w.layers++, keep);
+    add_layer(w.model, torch::nn::AnyModule(torch::nn::ReLU()), w.layers++, keep);
     w.block_layers.push_back(2);
   }
   w.input = torch::randn({batch, widths.front()});
@@ -64,22 +68,22 @@ Workload linear_relu(const std::string& name, const std::vector<int64_t>& widths
 
 }  // namespace
 
-Workload make_workload(const std::string& name, uint64_t seed) {
+Workload make_workload(const std::string& name, uint64_t seed, LayerRange keep) {
   torch::manual_seed(seed);
-  if (name == "mlp") return linear_relu(name, std::vector<int64_t>(17, 1024), 256);
-  if (name == "tiny") return linear_relu(name, std::vector<int64_t>(9, 64), 256);
+  if (name == "mlp") return linear_relu(name, std::vector<int64_t>(17, 1024), 256, keep);
+  if (name == "tiny") return linear_relu(name, std::vector<int64_t>(9, 64), 256, keep);
   if (name == "imbalanced")
-    return linear_relu(name, {256, 512, 768, 1024, 1280, 1536, 1792, 2048, 2048}, 128);
+    return linear_relu(name, {256, 512, 768, 1024, 1280, 1536, 1792, 2048, 2048}, 128, keep);
   if (name == "transformer") {
     const int64_t vocab = 2048, d_model = 256, batch = 32, tokens = 64;
     Workload w;
     w.name = name;
-    w.model->push_back(torch::nn::Embedding(vocab, d_model));
+    add_layer(w.model, torch::nn::AnyModule(torch::nn::Embedding(vocab, d_model)), w.layers++, keep);
     for (int b = 0; b < 8; ++b) {
-      w.model->push_back(EncoderBlock(d_model, 8, 1024, 0.0));
+      add_layer(w.model, torch::nn::AnyModule(EncoderBlock(d_model, 8, 1024, 0.0)), w.layers++, keep);
       w.block_layers.push_back(1);
     }
-    w.model->push_back(torch::nn::Linear(d_model, vocab));
+    add_layer(w.model, torch::nn::AnyModule(torch::nn::Linear(d_model, vocab)), w.layers++, keep);
     w.lead_layers = 1;
     w.tail_layers = 1;
     w.input = torch::randint(vocab, {batch, tokens}, torch::kLong);

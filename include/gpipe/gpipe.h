@@ -13,3 +13,6 @@
 #include "gpipe/trace.h"
 #include "gpipe/transport.h"
 #include "gpipe/workloads.h"
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+#include "gpipe/mpi.h"
+#endif

@@ -62,6 +62,9 @@ struct StepData {
   std::vector<double> losses;          ///< written by the last stage: weighted loss per micro-batch
 };
 
+/// Whether `layers` draw random numbers in training (Dropout with p > 0).
+bool draws_random_numbers(const torch::nn::Sequential& layers);
+
 /// One stage: a run of consecutive layers on one device.
 ///
 /// Thread: run() is called from one thread at a time (the stage's DeviceThread,

@@ -12,6 +12,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -24,9 +26,9 @@ enum class Channel : int {
 };
 
 /// Thrown out of a blocked Transport::recv when the step is cancelled (another
-/// stage failed). Executors let it end their action list quietly.
-struct Cancelled : std::exception {
-  const char* what() const noexcept override { return "gpipe: step cancelled"; }
+/// stage failed). Executors pass it on as it is, not as their own failure.
+struct Cancelled : std::runtime_error {
+  explicit Cancelled(const std::string& why = "gpipe: step cancelled") : std::runtime_error(why) {}
 };
 
 /// The interface between stage executors: in one process, mailboxes; across

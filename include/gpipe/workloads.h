@@ -8,6 +8,7 @@
 #include <torch/nn/modules/transformerlayer.h>
 #include <torch/nn/pimpl.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -26,10 +27,24 @@ class EncoderBlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(EncoderBlock);
 
+/// The layers [first, last) of a model that a builder keeps. An MPI rank keeps
+/// only its stage's: the builder still creates every layer in order, so each
+/// draws the same random numbers as in the whole model, but drops the others
+/// at once, so a rank never holds more than its stage and one layer.
+struct LayerRange {
+  int first = 0;
+  int last = std::numeric_limits<int>::max();
+  bool contains(int layer) const { return layer >= first && layer < last; }
+};
+
+/// Appends `layer` (the model's layer number `index`) to `model` if `keep` holds it.
+void add_layer(torch::nn::Sequential& model, const torch::nn::AnyModule& layer, int index, LayerRange keep);
+
 /// A model with a mini-batch and a loss to train it on.
 struct Workload {
   std::string name;
-  torch::nn::Sequential model;
+  torch::nn::Sequential model;  ///< the layers kept (all of them by default)
+  int layers = 0;               ///< layers of the whole model
   torch::Tensor input;
   torch::Tensor target;
   LossFn loss;
@@ -46,9 +61,9 @@ struct Workload {
 std::vector<std::string> workload_names();
 
 /// Builds workload `name` as ../shared/BENCHMARKS.md defines it, with seed
-/// `seed` (model, input and target), in float32. Throws std::invalid_argument
-/// for an unknown name.
-Workload make_workload(const std::string& name, uint64_t seed = 0);
+/// `seed` (model, input and target), in float32, keeping the layers in `keep`.
+/// Throws std::invalid_argument for an unknown name.
+Workload make_workload(const std::string& name, uint64_t seed = 0, LayerRange keep = {});
 
 /// Mean squared error and mean cross-entropy (over every leading position), as LossFn.
 torch::Tensor mse_loss(const torch::Tensor& output, const torch::Tensor& target);

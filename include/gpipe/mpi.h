@@ -1,0 +1,261 @@
+// mpi.h: GPipe across processes: one stage per MPI rank, on one machine or many, times D
+// data-parallel pipeline replicas. The stage executor and the schedule are the
+// ones of a one-process Pipeline; only the transport differs.
+//
+//   world rank r = replica · K + stage        (K stages, D replicas, np = K·D)
+//
+//        replica 0:  rank 0 ──▶ rank 1 ──▶ … ──▶ rank K-1     pipeline communicator
+//        replica 1:  rank K ──▶ rank K+1 ─▶ … ──▶ rank 2K-1
+//                      │          │                 │
+//                      └── stage communicators: gradients allreduced across replicas
+//
+// Available when gpipe is built with GPIPE_WITH_MPI (the CMake option, on when
+// MPI is found); the macro GPIPE_HAS_MPI is then 1.
+#pragma once
+
+#include "gpipe/pipeline.h"
+#include "gpipe/schedule.h"
+#include "gpipe/stage.h"
+#include "gpipe/trace.h"
+#include "gpipe/transport.h"
+
+#include <mpi.h>
+
+#include <torch/arg.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/types.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace gpipe::mpi {
+
+/// Whether this process was started by an MPI launcher (mpirun, srun, ...),
+/// judged from the environment it sets, before MPI is initialised.
+bool launched();
+
+/// Initialises MPI for the lifetime of the object (one per process; MPI
+/// cannot be initialised twice). Only the thread that creates it may call MPI,
+/// which is how gpipe uses it: each rank runs its stage on that thread.
+class Environment {
+ public:
+  Environment(int* argc, char*** argv);
+  ~Environment();
+  Environment(const Environment&) = delete;
+  Environment& operator=(const Environment&) = delete;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+/// Ends the whole job at once with a non-zero status: for a rank that cannot
+/// go on (MpiPipeline cannot continue after a failed step).
+[[noreturn]] void abort(int status = 1);
+
+/// Where a rank sits in a job of `world_size` ranks cut into `stages` stages.
+struct Placement {
+  int stage = 0;     ///< which stage this rank runs (0..stages-1)
+  int replica = 0;   ///< which pipeline replica it belongs to (0..replicas-1)
+  int stages = 1;    ///< K
+  int replicas = 1;  ///< D = world size / K
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+};
+
+/// Rank r of `world_size` runs stage r mod K of replica r div K. Throws
+/// std::invalid_argument if the world size is not a multiple of K.
+Placement place(int world_rank, int world_size, int stages);
+
+/// The layers [first, last) of a model with balance `balance` that stage
+/// `stage` runs.
+std::pair<int, int> stage_layers(const std::vector<int>& balance, int stage);
+
+/// Thrown on every other rank when one rank's stage fails: the job cannot go
+/// on. what() carries the failing rank's own message. (A Cancelled, so the
+/// stage executor passes it on rather than blaming its own stage.)
+class RemoteError : public Cancelled {
+ public:
+  RemoteError(int rank, const std::string& message);
+  int rank() const { return rank_; }
+
+ private:
+  int rank_;
+};
+
+/// A channel on which a failing rank tells every other rank, so that no rank
+/// waits forever for a message that will not come. Every wait of the MPI
+/// pipeline watches it.
+class ErrorChannel {
+ public:
+  /// Collective over `world`, whose ranks it connects (on a duplicate).
+  explicit ErrorChannel(MPI_Comm world);
+  ~ErrorChannel();
+  ErrorChannel(const ErrorChannel&) = delete;
+  ErrorChannel& operator=(const ErrorChannel&) = delete;
+
+  /// Waits for `request` to complete. Throws RemoteError if another rank
+  /// reports a failure first.
+  void wait(MPI_Request& request);
+  /// Sends `message` to every other rank (their waits throw RemoteError).
+  void raise(const std::string& message);
+
+ private:
+  void post();
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  MPI_Request pending_ = MPI_REQUEST_NULL;
+  std::array<char, 2048> buffer_{};
+};
+
+/// Transport between the ranks of one pipeline replica: each boundary tensor
+/// is a header message (dtype and shape) and a data message, both
+/// non-blocking, tagged by (micro-batch, direction), so they never mix. Any
+/// dtype and shape; CUDA tensors travel through host memory.
+class MpiTransport : public Transport {
+ public:
+  /// `comm`: the replica's communicator, where rank j runs stage j.
+  MpiTransport(MPI_Comm comm, ErrorChannel* errors, int micro_batches);
+  ~MpiTransport() override;
+
+  /// Posts ahead the header receives that `actions` (this rank's stage's list)
+  /// will wait on.
+  void post_receives(const std::vector<Action>& actions, int stages);
+  /// Waits until every send has left this rank's buffers.
+  void finish_sends();
+
+  void send(int from, int to, Channel channel, int micro_batch, torch::Tensor tensor) override;
+  torch::Tensor recv(int from, int to, Channel channel, int micro_batch) override;
+  void cancel() override {}
+  void reset() override;
+
+  /// Messages sent and bytes of tensor data sent since construction.
+  int64_t messages_sent() const { return messages_sent_; }
+  int64_t bytes_sent() const { return bytes_sent_; }
+
+ private:
+  static constexpr int kMaxDims = 12;
+  using Header = std::array<int64_t, 2 + kMaxDims>;  // dtype, dims, sizes...
+  using Key = std::tuple<int, int, int>;              // (peer, channel, micro-batch)
+  struct PendingSend {
+    std::unique_ptr<Header> header;
+    torch::Tensor data;
+    std::array<MPI_Request, 2> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  };
+  struct PendingRecv {
+    std::unique_ptr<Header> header;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  static int tag(Channel channel, int micro_batch, bool data);
+  PendingRecv post_header(int from, Channel channel, int micro_batch);
+  void reap_sends();
+
+  MPI_Comm comm_;
+  ErrorChannel* errors_;
+  std::vector<PendingSend> sends_;
+  std::map<Key, PendingRecv> receives_;
+  int64_t messages_sent_ = 0;
+  int64_t bytes_sent_ = 0;
+};
+
+/// Options of an MpiPipeline, set like PipelineOptions.
+struct MpiPipelineOptions {
+  /// Layers per stage for the whole model, e.g. {3, 8}: K = balance.size().
+  TORCH_ARG(std::vector<int>, balance) = {};
+  /// M, micro-batches per replica per mini-batch.
+  TORCH_ARG(int, chunks) = 1;
+  TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::kExceptLast;
+  /// This rank's device: a CPU core group or a CUDA device.
+  TORCH_ARG(Device, device) = Device::cpu(1);
+  /// The ranks of the job (np = K·D). gpipe duplicates it, so its messages
+  /// never meet the caller's.
+  TORCH_ARG(MPI_Comm, comm) = MPI_COMM_WORLD;
+};
+
+/// One stage of a GPipe pipeline in this rank, trained with the ranks that run
+/// the other stages and the other replicas. Each rank builds only its stage's
+/// layers (mpi::stage_layers tells which), with the same initial values as the
+/// whole model in one process.
+///
+/// The constructor is collective: every rank checks that all ranks agree on
+/// the layer count, K, M, the checkpoint mode, the balance and the dtype, and
+/// each throws the same std::invalid_argument if not.
+///
+/// Every call below is collective too: call it on every rank, in the same
+/// order, with the same whole mini-batch (a rank reads only what its stage
+/// needs: stage 0 the input, the last stage the target; replica d its share d
+/// of the rows).
+///
+/// Errors: bad input throws std::invalid_argument on every rank before any
+/// work. A stage that throws makes its rank throw StageError and every other
+/// rank RemoteError with that message; the gradients are then as before the
+/// step, but the job cannot go on: later calls throw, and the program should
+/// report and call mpi::abort().
+class MpiPipeline {
+ public:
+  /// `layers`: this rank's stage, balance[stage] layers.
+  MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions options);
+  ~MpiPipeline();
+  MpiPipeline(const MpiPipeline&) = delete;
+  MpiPipeline& operator=(const MpiPipeline&) = delete;
+
+  /// Forward and backward of this replica's share of the mini-batch through
+  /// the pipeline; then each stage's gradients are summed over the replicas, so
+  /// every parameter's grad() gets (added) the gradient of the whole
+  /// mini-batch's mean loss. Returns that loss on every rank.
+  torch::Tensor train_step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss);
+
+  /// Pipelined inference of this replica's share of `input`: the output on the
+  /// last stage's rank, an undefined tensor on the others.
+  torch::Tensor forward(const torch::Tensor& input);
+
+  /// The rows [begin, begin + count) of a batch of `batch_size` that this replica takes.
+  std::pair<int64_t, int64_t> share(int64_t batch_size) const;
+
+  /// The sum of `value` over every rank of the job (collective).
+  double sum(double value);
+  /// The measured bubble of the last step over all stages of all replicas:
+  /// 1 - Σ busy / Σ step time (collective).
+  double bubble();
+
+  const Placement& placement() const { return placement_; }
+  int stages() const { return placement_.stages; }
+  int chunks() const { return options_.chunks(); }
+  const std::vector<int>& balance() const { return options_.balance(); }
+  torch::nn::Sequential layers() const { return layers_; }
+  /// This stage's parameters: build the optimizer on these.
+  std::vector<torch::Tensor> parameters() const { return layers_->parameters(); }
+  /// This stage's row of the last step's timeline.
+  const StepTrace& last_trace() const { return trace_; }
+  const MpiTransport& transport() const { return *transport_; }
+
+ private:
+  void check_agreement();
+  void check_usable() const;
+  void run(const Schedule& schedule, StepData& step);
+  void allreduce_gradients();
+
+  torch::nn::Sequential layers_;
+  MpiPipelineOptions options_;
+  Placement placement_;
+  MPI_Comm world_ = MPI_COMM_NULL;     // a duplicate of options.comm
+  MPI_Comm pipeline_ = MPI_COMM_NULL;  // this replica's K ranks
+  MPI_Comm stage_ = MPI_COMM_NULL;     // the D ranks that run this stage
+  std::unique_ptr<ErrorChannel> errors_;
+  std::unique_ptr<MpiTransport> transport_;
+  std::unique_ptr<StageExecutor> executor_;
+  Schedule train_schedule_;
+  bool stochastic_ = false;  // whether any stage of the model draws random numbers
+  bool failed_ = false;
+  StepTrace trace_;
+};
+
+}  // namespace gpipe::mpi

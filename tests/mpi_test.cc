@@ -1,0 +1,319 @@
+// mpi_test.cc: run under mpirun (tests/mpirun.sh NP mpi_test): one stage per rank equals the
+// one-process pipeline and the single device, for every K that divides NP (D = NP/K replicas).
+//
+// Every test is collective: each rank runs the same tests in the same order and
+// checks its own stage; a failure on any rank makes mpirun exit non-zero.
+#include "helpers.h"
+
+#include <gpipe/mpi.h>
+
+#include <chrono>
+
+namespace gpipe::testing {
+namespace {
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int world_size() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+// 8 layers, built in order with the same random numbers whatever `keep` is.
+torch::nn::Sequential model_layers(uint64_t seed, LayerRange keep = {}, double dropout = 0.0) {
+  torch::manual_seed(seed);
+  namespace nn = torch::nn;
+  std::vector<nn::AnyModule> layers{nn::AnyModule(nn::Linear(12, 16)), nn::AnyModule(nn::ReLU()),
+                                    nn::AnyModule(nn::Linear(16, 16)), nn::AnyModule(nn::Tanh()),
+                                    nn::AnyModule(nn::Dropout(dropout)), nn::AnyModule(nn::Linear(16, 16)),
+                                    nn::AnyModule(nn::ReLU()),          nn::AnyModule(nn::Linear(16, 4))};
+  torch::nn::Sequential model;
+  for (size_t n = 0; n < layers.size(); ++n) add_layer(model, layers[n], static_cast<int>(n), keep);
+  return model;
+}
+
+std::vector<int> cut(int stages) {
+  if (stages == 1) return {8};
+  if (stages == 2) return {3, 5};
+  if (stages == 3) return {2, 4, 2};
+  return {2, 2, 3, 1};
+}
+
+struct Config {
+  int stages;
+  int chunks;
+  Checkpoint checkpoint;
+  int64_t batch;
+};
+
+std::string name(const Config& c) {
+  return "K=" + std::to_string(c.stages) + " D=" + std::to_string(world_size() / c.stages) +
+         " M=" + std::to_string(c.chunks) + " " + to_string(c.checkpoint) + " N=" + std::to_string(c.batch);
+}
+
+std::vector<Config> configs() {
+  std::vector<Config> out;
+  for (int K : {1, 2, 3, 4}) {
+    if (world_size() % K != 0) continue;
+    out.push_back({K, 1, Checkpoint::kNever, 24});
+    out.push_back({K, 3, Checkpoint::kAlways, 24});
+    out.push_back({K, 4, Checkpoint::kExceptLast, 23});  // replicas get unequal shares
+  }
+  return out;
+}
+
+// The named parameters of `full` that `stage` holds, in order.
+std::vector<torch::Tensor> matching(const torch::nn::Sequential& full, const torch::nn::Sequential& stage, bool grads) {
+  std::vector<torch::Tensor> out;
+  const auto all = full->named_parameters();
+  for (const auto& p : stage->named_parameters()) {
+    const torch::Tensor& t = all[p.key()];
+    out.push_back(grads ? t.grad() : t);
+  }
+  return out;
+}
+
+void expect_stage_matches(const torch::nn::Sequential& stage, const torch::nn::Sequential& full, bool grads,
+                          const std::string& what, double tol = 1e-5) {
+  const auto mine = stage->named_parameters();
+  const auto theirs = matching(full, stage, grads);
+  for (size_t n = 0; n < mine.size(); ++n) {
+    const torch::Tensor a = grads ? mine[n].value().grad() : mine[n].value();
+    EXPECT_TRUE(close(a, theirs[n], tol)) << "rank " << world_rank() << ", " << what << ": "
+                                          << (grads ? "grad" : "value") << " of " << mine[n].key();
+  }
+}
+
+// Three SGD+momentum steps three ways: one device, one-process pipeline, one stage per rank.
+TEST(MpiPipeline, EqualsOneDeviceAndOneProcessPipeline) {
+  for (const Config& c : configs()) {
+    SCOPED_TRACE(name(c));
+    const std::vector<int> balance = cut(c.stages);
+    const mpi::Placement place = mpi::place(world_rank(), world_size(), c.stages);
+    const auto [first, last] = mpi::stage_layers(balance, place.stage);
+
+    torch::nn::Sequential single = model_layers(7);
+    torch::nn::Sequential local = model_layers(7);
+    torch::nn::Sequential mine = model_layers(7, {first, last});
+    Pipeline pipe(local, PipelineOptions().balance(balance).chunks(c.chunks).checkpoint(c.checkpoint));
+    mpi::MpiPipeline mpi_pipe(mine, mpi::MpiPipelineOptions().balance(balance).chunks(c.chunks).checkpoint(c.checkpoint));
+    EXPECT_EQ(mine->size(), static_cast<size_t>(last - first));
+
+    auto options = torch::optim::SGDOptions(0.05).momentum(0.9);
+    torch::optim::SGD opt_single(single->parameters(), options), opt_local(pipe.parameters(), options),
+        opt_mine(mpi_pipe.parameters(), options);
+    for (int s = 0; s < 3; ++s) {
+      torch::manual_seed(100 + s);  // the same batch on every rank
+      const torch::Tensor x = torch::randn({c.batch, 12}), y = torch::randn({c.batch, 4});
+      opt_single.zero_grad();
+      opt_local.zero_grad();
+      opt_mine.zero_grad();
+      const torch::Tensor l1 = reference_step(single, x, y, mse_loss);
+      const torch::Tensor l2 = pipe.train_step(x, y, mse_loss);
+      const torch::Tensor l3 = mpi_pipe.train_step(x, y, mse_loss);
+      EXPECT_NEAR(l3.item<double>(), l1.item<double>(), 1e-5 * std::abs(l1.item<double>()));
+      EXPECT_NEAR(l3.item<double>(), l2.item<double>(), 1e-5 * std::abs(l2.item<double>()));
+      if (s == 0) {
+        expect_stage_matches(mine, single, true, "first step vs one device");
+        expect_stage_matches(mine, local, true, "first step vs one-process pipeline");
+      }
+      opt_single.step();
+      opt_local.step();
+      opt_mine.step();
+    }
+    expect_stage_matches(mine, single, false, "after 3 steps vs one device");
+    expect_stage_matches(mine, local, false, "after 3 steps vs one-process pipeline");
+  }
+}
+
+// Dropout: the same seeds per (step, stage, micro-batch) as in one process, so the same masks.
+TEST(MpiPipeline, DropoutMasksEqualOneProcessPipeline) {
+  const int K = world_size() <= 4 ? world_size() : 4;
+  if (world_size() % K != 0) GTEST_SKIP();
+  const std::vector<int> balance = cut(K);
+  const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
+  const auto [first, last] = mpi::stage_layers(balance, place.stage);
+  torch::nn::Sequential local = model_layers(3, {}, 0.5);
+  torch::nn::Sequential mine = model_layers(3, {first, last}, 0.5);
+  Pipeline pipe(local, PipelineOptions().balance(balance).chunks(4).checkpoint(Checkpoint::kAlways));
+  mpi::MpiPipeline mpi_pipe(mine, mpi::MpiPipelineOptions().balance(balance).chunks(4).checkpoint(Checkpoint::kAlways));
+  for (int s = 0; s < 2; ++s) {
+    torch::manual_seed(200 + s);
+    const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
+    torch::manual_seed(300 + s);  // the default generator, from which both draw the step's seed
+    const double l_local = pipe.train_step(x, y, mse_loss).item<double>();
+    torch::manual_seed(300 + s);
+    const double l_mine = mpi_pipe.train_step(x, y, mse_loss).item<double>();
+    EXPECT_DOUBLE_EQ(l_mine, l_local);
+  }
+  expect_stage_matches(mine, local, true, "dropout, two steps", 1e-6);
+}
+
+// Boundary tensors of any dtype and shape, known only to the sender.
+TEST(MpiTransport, CarriesAnyDtypeAndShape) {
+  MPI_Comm pair;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < 2 ? 0 : 1, world_rank(), &pair);
+  {
+    mpi::ErrorChannel errors(pair);
+    mpi::MpiTransport transport(pair, &errors, 8);
+    torch::manual_seed(5);
+    const std::vector<torch::Tensor> sent{
+        torch::randn({2, 3, 4}, torch::kDouble),
+        torch::randint(1000, {5}, torch::kLong),
+        torch::randn({3, 1}) > 0,
+        torch::tensor(1.5).to(torch::kHalf),
+        torch::empty({0, 7}),
+        torch::randn({4, 6}).t(),  // not contiguous
+        torch::randn({2, 1, 1, 1, 1, 1, 1, 3}).to(torch::kBFloat16),
+    };
+    if (world_rank() == 0) {
+      for (size_t i = 0; i < sent.size(); ++i) transport.send(0, 1, Channel::kActivation, static_cast<int>(i), sent[i]);
+      transport.send(0, 1, Channel::kGradient, 0, sent[0] * 2);
+      transport.finish_sends();
+      EXPECT_EQ(transport.messages_sent(), static_cast<int64_t>(sent.size()) + 1);
+    } else if (world_rank() == 1) {
+      // Out of order, and the gradient channel before the activations: tags keep them apart.
+      EXPECT_TRUE(torch::equal(transport.recv(0, 1, Channel::kGradient, 0), sent[0] * 2));
+      for (int i = static_cast<int>(sent.size()) - 1; i >= 0; --i) {
+        const torch::Tensor got = transport.recv(0, 1, Channel::kActivation, i);
+        EXPECT_EQ(got.scalar_type(), sent[static_cast<size_t>(i)].scalar_type()) << "message " << i;
+        EXPECT_EQ(got.sizes(), sent[static_cast<size_t>(i)].sizes()) << "message " << i;
+        EXPECT_TRUE(torch::equal(got, sent[static_cast<size_t>(i)])) << "message " << i;
+      }
+    }
+  }
+  MPI_Comm_free(&pair);
+}
+
+// Settings that differ between ranks: the same clear error on every rank, no hang.
+TEST(MpiPipeline, DetectsConfigurationThatDiffersBetweenRanks) {
+  const int K = world_size() >= 2 && world_size() % 2 == 0 ? 2 : world_size();
+  const std::vector<int> balance = cut(K);
+  const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
+  const auto [first, last] = mpi::stage_layers(balance, place.stage);
+  const bool odd_one = world_rank() == 1;
+  auto options = [&] { return mpi::MpiPipelineOptions().balance(balance).chunks(2); };
+
+  expect_invalid([&] { mpi::MpiPipeline p(model_layers(1, {first, last}), options().chunks(odd_one ? 3 : 2)); },
+                 "the ranks disagree on the number of micro-batches M: rank 0 has 2, rank 1 has 3");
+  expect_invalid([&] {
+    mpi::MpiPipeline p(model_layers(1, {first, last}),
+                       options().checkpoint(odd_one ? Checkpoint::kAlways : Checkpoint::kExceptLast));
+  }, "the ranks disagree on the checkpoint mode");
+  expect_invalid([&] {
+    torch::nn::Sequential layers = model_layers(1, {first, last});
+    if (odd_one) layers->to(torch::kDouble);
+    mpi::MpiPipeline p(layers, options());
+  }, "the ranks disagree on the parameters' dtype");
+  expect_invalid([&] {
+    torch::nn::Sequential layers = model_layers(1, {first, last});
+    if (odd_one) layers->push_back("extra", torch::nn::ReLU());
+    mpi::MpiPipeline p(layers, options());
+  }, "rank 1 runs stage 1, which the balance");
+  if (K == 2) {
+    expect_invalid([&] {
+      mpi::MpiPipeline p(model_layers(1, {first, last}), options().balance(odd_one ? std::vector<int>{2, 2, 4}
+                                                                                   : balance));
+    }, "the ranks disagree on the number of stages K");
+    expect_invalid([&] {
+      mpi::MpiPipeline p(model_layers(1, {first, last}),
+                         options().balance(odd_one ? std::vector<int>{4, 5} : balance));
+    }, "the ranks disagree on the model's layer count: rank 0 has 8, rank 1 has 9");
+    expect_invalid([&] {
+      mpi::MpiPipeline p(model_layers(1, {first, last}),
+                         options().balance(odd_one ? std::vector<int>{4, 4} : balance));
+    }, "the ranks disagree on the balance: rank 0 has {3, 5}, rank 1 has {4, 4}");
+  }
+  if (world_size() % 3 != 0)
+    expect_invalid([&] { mpi::MpiPipeline p(model_layers(1), options().balance({2, 4, 2})); },
+                   "not a multiple of the 3 stages");
+  // Afterwards the ranks still work together.
+  mpi::MpiPipeline good(model_layers(1, {first, last}), options());
+  torch::manual_seed(9);
+  const torch::Tensor x = torch::randn({8, 12}), y = torch::randn({8, 4});
+  EXPECT_TRUE(std::isfinite(good.train_step(x, y, mse_loss).item<double>()));
+}
+
+class Faulty : public torch::nn::Module {
+ public:
+  explicit Faulty(bool armed) : armed_(armed) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (armed_ && ++calls_ == 2) throw std::runtime_error("injected fault in micro-batch 1");
+    return x;
+  }
+
+ private:
+  bool armed_;
+  int calls_ = 0;
+};
+
+// Last: after a failure the job is expected to end. The failing rank throws
+// StageError, every other rank RemoteError with its message, at once; the
+// gradients are as they were.
+TEST(MpiFailure, OneRankFailingStopsEveryRank) {
+  const int K = world_size();
+  std::vector<int> balance = cut(K);
+  balance.back() += 1;  // layer 8: a fault, armed on the last stage
+  const int failing_stage = K - 1;
+  const auto [first, last] = mpi::stage_layers(balance, world_rank());
+  torch::nn::Sequential layers = model_layers(4, {first, last});
+  add_layer(layers, torch::nn::AnyModule(std::make_shared<Faulty>(world_rank() == failing_stage)), 8, {first, last});
+  mpi::MpiPipeline pipe(layers, mpi::MpiPipelineOptions().balance(balance).chunks(4));
+  for (auto& p : pipe.parameters()) p.mutable_grad() = torch::full_like(p, 0.25);
+
+  torch::manual_seed(11);
+  const torch::Tensor x = torch::randn({8, 12}), y = torch::randn({8, 4});
+  const auto begin = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    pipe.train_step(x, y, mse_loss);
+    ADD_FAILURE() << "rank " << world_rank() << ": the step did not fail";
+  } catch (const StageError& e) {
+    EXPECT_EQ(world_rank(), failing_stage);
+    message = e.what();
+  } catch (const mpi::RemoteError& e) {
+    EXPECT_NE(world_rank(), failing_stage);
+    EXPECT_EQ(e.rank(), failing_stage);
+    message = e.what();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  EXPECT_LT(seconds, 30.0);
+  EXPECT_NE(message.find("injected fault in micro-batch 1"), std::string::npos) << message;
+  EXPECT_NE(message.find("stage " + std::to_string(failing_stage)), std::string::npos) << message;
+  for (const auto& p : pipe.parameters()) EXPECT_TRUE(torch::equal(p.grad(), torch::full_like(p, 0.25)));
+  expect_invalid([&] { pipe.train_step(x, y, mse_loss); }, "an earlier step of this MPI pipeline failed");
+}
+
+}  // namespace
+}  // namespace gpipe::testing
+
+// Every rank runs the tests; rank 0 prints them, the others print only their failures.
+class RankFailures : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailures(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (result.failed())
+      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, result.file_name() ? result.file_name() : "?",
+                   result.line_number(), result.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+int main(int argc, char** argv) {
+  gpipe::mpi::Environment mpi(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  at::set_num_threads(1);
+  if (mpi.rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new RankFailures(mpi.rank()));
+  }
+  return RUN_ALL_TESTS();
+}
