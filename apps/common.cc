@@ -1,6 +1,8 @@
 // common.cc: helpers shared by the gpipe subcommands.
 #include "common.h"
 
+#include "world.h"
+
 #include <gpipe/device.h>
 #include <torch/torch.h>
 
@@ -44,9 +46,6 @@ void clear_grads(const std::vector<torch::Tensor>& params) {
   for (auto p : params) p.mutable_grad() = torch::Tensor();
 }
 
-void usage_error(const std::string& message) {
-  std::cerr << "gpipe: " << message << "\n";
-  std::exit(2);
-}
+void usage_error(const std::string& message) { fail(2, "gpipe: " + message); }
 
 }  // namespace gpipe::cli

@@ -507,10 +507,45 @@ torch::Tensor MpiPipeline::forward(const torch::Tensor& input) {
   return placement_.last() ? gather(step.outputs) : torch::Tensor();
 }
 
-double MpiPipeline::sum(double value) {
+double MpiPipeline::sum(double value) { return reduce(value, MPI_SUM); }
+
+double MpiPipeline::max(double value) { return reduce(value, MPI_MAX); }
+
+StepTrace MpiPipeline::gather_trace() {
+  // Per action: stage, phase, micro-batch, begin and end in ns from this rank's step start.
+  std::vector<int64_t> mine;
+  if (!trace_.stages.empty())
+    for (const ActionSpan& span : trace_.stages[0])
+      mine.insert(mine.end(), {span.action.stage, static_cast<int64_t>(span.action.phase), span.action.micro_batch,
+                               span.begin_ns - trace_.begin_ns, span.end_ns - trace_.begin_ns});
+  const int size = size_of(world_), rank = rank_of(world_);
+  int count = placement_.replica == 0 ? static_cast<int>(mine.size()) : 0;
+  std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size), 0);
+  check_mpi(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, world_), "MPI_Gather");
+  for (int r = 1; r < size; ++r)
+    offsets[static_cast<size_t>(r)] = offsets[static_cast<size_t>(r) - 1] + counts[static_cast<size_t>(r) - 1];
+  std::vector<int64_t> all(rank == 0 ? static_cast<size_t>(offsets.back() + counts.back()) : 0);
+  check_mpi(MPI_Gatherv(mine.data(), count, MPI_INT64_T, all.data(), counts.data(), offsets.data(), MPI_INT64_T, 0,
+                        world_),
+            "MPI_Gatherv");
+  StepTrace out;
+  if (rank != 0) return out;
+  out.stages.assign(static_cast<size_t>(placement_.stages), {});
+  for (size_t n = 0; n + 5 <= all.size(); n += 5) {
+    ActionSpan span;
+    span.action = Action{static_cast<int>(all[n]), static_cast<Phase>(all[n + 1]), static_cast<int>(all[n + 2])};
+    span.begin_ns = all[n + 3];
+    span.end_ns = all[n + 4];
+    out.end_ns = std::max(out.end_ns, span.end_ns);
+    out.stages[static_cast<size_t>(span.action.stage)].push_back(span);
+  }
+  return out;
+}
+
+double MpiPipeline::reduce(double value, MPI_Op op) {
   double total = 0;
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallreduce(&value, &total, 1, MPI_DOUBLE, MPI_SUM, world_, &request), "MPI_Iallreduce");
+  check_mpi(MPI_Iallreduce(&value, &total, 1, MPI_DOUBLE, op, world_, &request), "MPI_Iallreduce");
   try {
     errors_->wait(request);
   } catch (...) {

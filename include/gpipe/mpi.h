@@ -222,6 +222,13 @@ class MpiPipeline {
 
   /// The sum of `value` over every rank of the job (collective).
   double sum(double value);
+  /// The largest `value` over every rank of the job (collective).
+  double max(double value);
+  /// The last step's timeline of replica 0's K stages, returned on rank 0 of
+  /// the job (an empty trace elsewhere). Each rank's times count from its own
+  /// start of the step; ranks start a step within a message latency of each
+  /// other, as the previous step ends with a collective (collective).
+  StepTrace gather_trace();
   /// The measured bubble of the last step over all stages of all replicas:
   /// 1 - Σ busy / Σ step time (collective).
   double bubble();
@@ -242,6 +249,7 @@ class MpiPipeline {
   void check_usable() const;
   void run(const Schedule& schedule, StepData& step);
   void allreduce_gradients();
+  double reduce(double value, MPI_Op op);
 
   torch::nn::Sequential layers_;
   MpiPipelineOptions options_;

@@ -1,0 +1,90 @@
+// world.cc: MPI start-up for the gpipe program, settings agreement across ranks, and failing the whole job.
+#include "world.h"
+
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+#include <gpipe/mpi.h>
+#endif
+#include <gpipe/check.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+namespace gpipe::cli {
+namespace {
+
+World& the_world() {
+  static World w;
+  return w;
+}
+
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+bool launched_by_mpi() { return mpi::launched(); }
+
+std::unique_ptr<mpi::Environment>& environment() {
+  static std::unique_ptr<mpi::Environment> env;  // destroyed at exit: MPI_Finalize
+  return env;
+}
+#else
+bool launched_by_mpi() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr; }
+#endif
+
+}  // namespace
+
+const World& world() { return the_world(); }
+
+void start_world(int* argc, char*** argv) {
+  if (!launched_by_mpi()) return;
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  environment() = std::make_unique<mpi::Environment>(argc, argv);
+  the_world() = World{environment()->rank(), environment()->size(), true};
+#else
+  (void)argc;
+  (void)argv;
+  throw std::runtime_error("this gpipe was built without MPI, but it was started by mpirun; "
+                           "install libopenmpi-dev and rebuild (cmake -DGPIPE_WITH_MPI=ON)");
+#endif
+}
+
+void check_same_settings(const nlohmann::json& settings) {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  if (!world().mpi) return;
+  const std::string mine = settings.dump();
+  const int size = world().size;
+  int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(static_cast<size_t>(size));
+  MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  std::vector<int> offsets(static_cast<size_t>(size), 0);
+  for (int r = 1; r < size; ++r) offsets[static_cast<size_t>(r)] = offsets[static_cast<size_t>(r) - 1] + lengths[static_cast<size_t>(r) - 1];
+  std::string all(static_cast<size_t>(offsets.back() + lengths.back()), '\0');
+  MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, MPI_COMM_WORLD);
+  const nlohmann::json first = nlohmann::json::parse(all.substr(0, static_cast<size_t>(lengths[0])));
+  for (int r = 1; r < size; ++r) {
+    const nlohmann::json theirs =
+        nlohmann::json::parse(all.substr(static_cast<size_t>(offsets[static_cast<size_t>(r)]), static_cast<size_t>(lengths[static_cast<size_t>(r)])));
+    for (const auto& [key, value] : first.items())
+      GPIPE_CHECK(theirs.contains(key) && theirs[key] == value, "the ranks were started with different settings: rank 0 has ",
+                  key, " = ", value.dump(), ", rank ", r, " has ", theirs.contains(key) ? theirs[key].dump() : "none",
+                  "; give every rank the same command line");
+  }
+#else
+  (void)settings;
+#endif
+}
+
+void fail(int status, const std::string& message) {
+  if (!world().mpi || world().size == 1) {
+    std::cerr << message << std::endl;
+    std::exit(status);
+  }
+  std::cerr << "[rank " << world().rank << "] " << message << std::endl;
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  mpi::abort(status);
+#else
+  std::exit(status);
+#endif
+}
+
+}  // namespace gpipe::cli

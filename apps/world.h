@@ -1,0 +1,35 @@
+// world.h: the job this process belongs to: one MPI rank of many (under mpirun), or a world of one.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace gpipe::cli {
+
+struct World {
+  int rank = 0;
+  int size = 1;
+  bool mpi = false;  ///< started by mpirun, in a build with the MPI engine
+  /// Whether this rank prints progress, tables and summaries (rank 0 does).
+  bool prints() const { return rank == 0; }
+};
+
+/// The job. Before start_world: a world of one.
+const World& world();
+
+/// Initialises MPI when the program was started by an MPI launcher and gpipe
+/// was built with MPI; MPI is finalised when the program exits. Throws
+/// std::runtime_error when started by a launcher in a build without MPI.
+void start_world(int* argc, char*** argv);
+
+/// Compares `settings` across the ranks of an MPI job; every rank throws the
+/// same std::invalid_argument naming the first setting that differs. A world
+/// of one has nothing to compare.
+void check_same_settings(const nlohmann::json& settings);
+
+/// Reports `message` and ends the job with `status`: on every rank under MPI
+/// (the failing rank's message is printed with its rank), or this process.
+[[noreturn]] void fail(int status, const std::string& message);
+
+}  // namespace gpipe::cli

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# mpi_cli_test.sh: `mpirun -np N gpipe train`, one stage per rank: the same parameters as one
+# process, save/resume per stage, and errors and faults that end every rank quickly.
+# Usage: mpi_cli_test.sh PATH/TO/gpipe
+set -u
+gpipe="$1"
+mpirun_sh="$(dirname "$0")/mpirun.sh"
+failures=0
+pass() { echo "ok: $1"; }
+fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+small=(--train-samples 1024 --test-samples 200 --epochs 2 --json)
+checksum() { /usr/bin/python3 -c 'import json,sys; print(repr(json.load(open(sys.argv[1]))["parameter_checksum"]))' "$1"; }
+
+# One stage per rank gives the parameters of one process, bit for bit (Dropout included).
+for case in "2 --stages 2" "3 --stages 3 --checkpoint always --micro-batches 3"; do
+  read -r np args <<<"$case"
+  if "$gpipe" train "${small[@]}" --steps 10 $args >"$work/one.json" 2>/dev/null &&
+     bash "$mpirun_sh" "$np" "$gpipe" train "${small[@]}" --steps 10 $args >"$work/mpi.json" 2>"$work/mpi.err"; then
+    a=$(checksum "$work/one.json"); b=$(checksum "$work/mpi.json")
+    if [ "$a" = "$b" ]; then pass "np=$np $args: parameters equal one process ($a)"
+    else fail "np=$np $args: checksum $b, one process $a"; fi
+  else fail "np=$np $args exited non-zero"; tail -5 "$work/mpi.err"; fi
+done
+
+# 2 stages x 2 replicas: trains, one summary from rank 0, which names the layout.
+if bash "$mpirun_sh" 4 "$gpipe" train --train-samples 1024 --test-samples 200 --epochs 1 \
+     >"$work/dp.txt" 2>"$work/dp.err"; then
+  if [ "$(grep -c '^summary' "$work/dp.txt")" = 1 ] && grep -q "4 ranks = 2 stages x 2 replicas" "$work/dp.txt" &&
+     [ "$(grep -c 'step 8/8' "$work/dp.err")" = 1 ]; then
+    pass "np=4: 2 stages x 2 replicas; rank 0 alone prints progress and the summary"
+  else fail "np=4 output"; cat "$work/dp.txt"; fi
+else fail "np=4 exited non-zero"; tail -5 "$work/dp.err"; fi
+
+# Save every stage, resume all of them: the same parameters as an unbroken run.
+if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/ckpt.pt" >/dev/null 2>&1 &&
+   [ -s "$work/ckpt.pt.stage0-of-2" ] && [ -s "$work/ckpt.pt.stage1-of-2" ] &&
+   bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 --resume "$work/ckpt.pt" >"$work/resumed.json" 2>/dev/null; then
+  bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 >"$work/unbroken.json" 2>/dev/null
+  a=$(checksum "$work/unbroken.json"); b=$(checksum "$work/resumed.json")
+  if [ "$a" = "$b" ]; then pass "save per stage at step 4, resume to 10: equals 10 unbroken steps"
+  else fail "resume: $b, unbroken: $a"; fi
+else fail "save/resume under mpirun"; fi
+
+# Errors: each before any training, on every rank, non-zero exit, well within 30 s.
+expect_error() {  # NAME PATTERN COMMAND...
+  local name="$1" pattern="$2"
+  shift 2
+  local begin=$SECONDS
+  if "$@" >"$work/err.out" 2>&1; then fail "$name: exited 0"; return; fi
+  local took=$((SECONDS - begin))
+  if grep -q -- "$pattern" "$work/err.out" && [ "$took" -lt 30 ]; then pass "$name (${took} s)"
+  else fail "$name: took ${took} s or no \"$pattern\""; tail -20 "$work/err.out"; fi
+}
+expect_error "a checkpoint saved with another K is refused" "no such file: $work/ckpt.pt.stage0-of-3" \
+  bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3 --resume "$work/ckpt.pt"
+expect_error "np not a multiple of K" "the job has 3 ranks, not a multiple of the 2 stages" \
+  bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}"
+expect_error "ranks started with different settings" \
+  "rank 0 has --micro-batches = 4, rank 1 has 8" \
+  bash "$mpirun_sh" 1 "$gpipe" train "${small[@]}" --micro-batches 4 : -np 1 "$gpipe" train "${small[@]}" --micro-batches 8
+
+# Faults (GPIPE_TEST_FAULT is a test-only switch): a stage that throws, a rank that dies.
+# The failing rank prints its message first; the others print theirs unless the abort is faster.
+expect_error "an exception in rank 1's stage ends every rank, with its message" \
+  "\[rank 1\] gpipe: stage 1 failed in the forward of micro-batch 0 (action 1F0): injected fault" \
+  env GPIPE_TEST_FAULT=throw:3 bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}"
+expect_error "a rank that dies ends the job" "Exit code:    3" \
+  env GPIPE_TEST_FAULT=exit:1:3 bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3
+
+echo "$failures failure(s)"
+[ "$failures" -eq 0 ]
