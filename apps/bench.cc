@@ -1,6 +1,7 @@
 // bench.cc: `gpipe bench`: the workloads of BENCHMARKS.md against one device and against the ideal.
 #include "commands.h"
 #include "common.h"
+#include "world.h"
 
 #include <gpipe/gpipe.h>
 #include <torch/torch.h>
@@ -27,6 +28,7 @@ struct BenchOptions {
   std::vector<std::string> balance_by{"even"};
   std::vector<int> balance;  // an explicit cut, for the one K it fits
   bool json = false;
+  bool transport = false;  // MPI: time the transport alone (ping-pong between ranks 0 and 1)
   std::string results = "bench/results/bench.json";
 };
 
@@ -117,7 +119,149 @@ void write_results(const BenchOptions& o, const nlohmann::json& rows, const std:
   std::cerr << "results written to " << path.string() << "\n";
 }
 
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+// Latency and bandwidth of MpiTransport (header and data messages, as the
+// pipeline sends them) between ranks 0 and 1, by ping-pong per message size.
+int run_transport(const BenchOptions& o, const std::string& command) {
+  const World& w = world();
+  GPIPE_CHECK(w.size == 2, "--transport measures the link between two ranks; start it with mpirun -np 2 (got ", w.size,
+              " ranks)");
+  mpi::ErrorChannel errors(MPI_COMM_WORLD);
+  mpi::MpiTransport transport(MPI_COMM_WORLD, &errors, 2);
+  const int peer = 1 - w.rank;
+  nlohmann::json rows = nlohmann::json::array();
+  if (w.prints() && !o.json)
+    std::cout << std::setw(12) << "bytes" << std::setw(10) << "repeats" << std::setw(16) << "one-way us"
+              << std::setw(22) << "(min .. max)" << std::setw(12) << "GB/s" << "\n";
+  for (int64_t bytes = 8; bytes <= (int64_t{64} << 20); bytes *= 8) {
+    const torch::Tensor message = torch::ones({bytes / 4});
+    const int repeats = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / bytes, 10, 2000));
+    std::vector<double> one_way_s;
+    for (int r = 0; r < o.warmup + repeats; ++r) {
+      const int64_t begin = now_ns();
+      if (w.rank == 0) {
+        transport.send(0, peer, Channel::kActivation, 0, message);
+        transport.recv(peer, 0, Channel::kGradient, 0);
+      } else {
+        transport.recv(peer, 1, Channel::kActivation, 0);
+        transport.send(1, peer, Channel::kGradient, 0, message);
+      }
+      transport.finish_sends();
+      if (r >= o.warmup) one_way_s.push_back(static_cast<double>(now_ns() - begin) * 0.5e-9);
+    }
+    if (!w.prints()) continue;
+    const double t = median(one_way_s);
+    const auto [lo, hi] = std::minmax_element(one_way_s.begin(), one_way_s.end());
+    nlohmann::json row = {{"bytes", bytes},           {"repeats", repeats},
+                          {"one_way_us", t * 1e6},    {"one_way_us_min", *lo * 1e6},
+                          {"one_way_us_max", *hi * 1e6}, {"gb_per_s", static_cast<double>(bytes) / t * 1e-9}};
+    rows.push_back(row);
+    if (o.json) {
+      std::cout << row.dump() << std::endl;
+    } else {
+      std::ostringstream range;
+      range << std::fixed << std::setprecision(1) << "(" << *lo * 1e6 << " .. " << *hi * 1e6 << ")";
+      std::cout << std::setw(12) << bytes << std::setw(10) << repeats << std::fixed << std::setprecision(1)
+                << std::setw(16) << t * 1e6 << std::setw(22) << range.str() << std::setprecision(3) << std::setw(12)
+                << static_cast<double>(bytes) / t * 1e-9 << std::endl;
+    }
+  }
+  if (w.prints()) write_results(o, rows, command);
+  return 0;
+}
+
+// The workloads with one stage per rank: np = K·D ranks for each K swept.
+int run_mpi(const BenchOptions& o, const std::string& command) {
+  const World& w = world();
+  check_same_settings({{"command", command}});
+  for (int K : o.stages)
+    GPIPE_CHECK(w.size % K == 0, "--stages ", K, " does not divide the ", w.size,
+                " ranks; start K·D ranks (mpirun -np ", K, " for one pipeline)");
+  GPIPE_CHECK(o.balance_by.size() == 1 && o.balance_by.front() == "even",
+              "--balance-by profiles the whole model in one process; under mpirun pass a cut with --balance");
+  nlohmann::json rows = nlohmann::json::array();
+  if (w.prints() && !o.json)
+    std::cout << std::left << std::setw(12) << "workload" << std::right << std::setw(3) << "K" << std::setw(3) << "D"
+              << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(13) << "samples/s" << std::setw(25)
+              << "(min .. max)" << std::setw(8) << "bubble" << std::setw(7) << "ideal" << std::setw(16)
+              << "MiB sent/step" << "  balance\n";
+  for (const auto& name : o.workloads)
+    for (int M : o.micro_batches)
+      for (const auto& mode_name : o.checkpoints)
+        for (int K : o.stages) {
+          const Workload whole = make_workload(name, 0, LayerRange{0, 0});  // sizes and cut, no layers
+          const std::vector<int> cut = !o.balance.empty() ? o.balance : whole.balance(K);
+          const mpi::Placement place = mpi::place(w.rank, w.size, K);
+          const auto [first, last] = mpi::stage_layers(cut, place.stage);
+          Workload mine = make_workload(name, 0, LayerRange{first, last});
+          mpi::MpiPipeline pipe(mine.model, mpi::MpiPipelineOptions()
+                                                .balance(cut)
+                                                .chunks(M)
+                                                .checkpoint(parse_checkpoint(mode_name))
+                                                .device(Device::cpu(o.threads)));
+          torch::optim::SGD sgd(pipe.parameters(), 1e-4);
+          std::vector<double> step_s, bubbles;
+          const int64_t sent_before = pipe.transport().bytes_sent();
+          for (int s = 0; s < o.warmup + o.steps; ++s) {
+            const int64_t begin = now_ns();
+            clear_grads(pipe.parameters());
+            pipe.train_step(mine.input, mine.target, mine.loss);  // ends with a collective: all ranks in step
+            sgd.step();
+            const double seconds = static_cast<double>(now_ns() - begin) * 1e-9;
+            const double bubble = pipe.bubble();
+            if (s >= o.warmup) {
+              step_s.push_back(seconds);
+              bubbles.push_back(bubble);
+            }
+          }
+          const double sent_per_step =
+              pipe.sum(static_cast<double>(pipe.transport().bytes_sent() - sent_before)) / (o.warmup + o.steps);
+          if (!w.prints()) continue;
+          const double batch = static_cast<double>(mine.input.size(0));
+          const double rate = batch / median(step_s);
+          const double rmin = batch / *std::max_element(step_s.begin(), step_s.end());
+          const double rmax = batch / *std::min_element(step_s.begin(), step_s.end());
+          nlohmann::json row = {{"workload", name},
+                                {"transport", "mpi"},
+                                {"stages", K},
+                                {"replicas", place.replicas},
+                                {"micro_batches", M},
+                                {"checkpoint", mode_name},
+                                {"threads_per_stage", o.threads},
+                                {"balance", cut},
+                                {"samples_per_s", rate},
+                                {"samples_per_s_min", rmin},
+                                {"samples_per_s_max", rmax},
+                                {"bubble", median(bubbles)},
+                                {"ideal", ideal_speedup(K, M)},
+                                {"bytes_sent_per_step", sent_per_step},
+                                {"steps", o.steps},
+                                {"warmup", o.warmup}};
+          rows.push_back(row);
+          if (o.json) {
+            std::cout << row.dump() << std::endl;
+          } else {
+            std::ostringstream range;
+            range << std::fixed << std::setprecision(1) << "(" << rmin << " .. " << rmax << ")";
+            std::cout << std::left << std::setw(12) << name << std::right << std::setw(3) << K << std::setw(3)
+                      << place.replicas << std::setw(5) << M << std::setw(13) << mode_name << std::fixed
+                      << std::setprecision(1) << std::setw(13) << rate << std::setw(25) << range.str()
+                      << std::setprecision(3) << std::setw(8) << median(bubbles) << std::setw(7)
+                      << ideal_speedup(K, M) << std::setprecision(1) << std::setw(16) << sent_per_step / (1 << 20)
+                      << "  " << nlohmann::json(cut).dump() << std::endl;
+          }
+        }
+  if (w.prints()) write_results(o, rows, command);
+  return 0;
+}
+#endif
+
 int run(const BenchOptions& o, const std::string& command) {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  if (o.transport) return run_transport(o, command);
+  if (world().mpi) return run_mpi(o, command);
+#endif
+  GPIPE_CHECK(!o.transport, "--transport times MPI messages: build with MPI and start it with mpirun -np 2");
   for (const auto& n : o.workloads) {  // unknown names and bad cuts fail before any work
     const Workload w = make_workload(n, 0);
     if (!o.balance.empty()) {
@@ -230,6 +374,8 @@ void add_bench_command(CLI::App& app, const std::string& command) {
                   "parameters, gradients and momentum); exact min-max partition")
       ->check(CLI::IsMember({"even", "params", "time", "memory"}))->capture_default_str();
   sub->add_flag("--json", o->json, "one JSON object per configuration on standard output (JSON Lines)");
+  sub->add_flag("--transport", o->transport,
+                "under mpirun -np 2: latency and bandwidth of the MPI transport per message size (ping-pong)");
   sub->add_option("--results", o->results, "file the results are written to (empty: none)")
       ->capture_default_str();
   sub->callback([o, command] { std::exit(run(*o, command)); });
