@@ -4,6 +4,7 @@
 
 #include "gpipe/check.h"
 #include "gpipe/microbatch.h"
+#include "train_step.h"
 
 #include <torch/torch.h>
 
@@ -446,30 +447,11 @@ torch::Tensor MpiPipeline::train_step(const torch::Tensor& input, const torch::T
               " rows, fewer than the ", M, " micro-batches; use a larger batch or fewer micro-batches");
 
   StepData step;
-  step.training = true;
   step.loss = loss;
   if (placement_.first()) step.inputs = scatter(input.narrow(0, begin, count), M);
   if (placement_.last()) step.targets = scatter(target.narrow(0, begin, count), M);
-  for (int64_t b : chunk_sizes(count, M)) step.weights.push_back(static_cast<double>(b) / static_cast<double>(N));
-  for (int i = 0; i < M; ++i)
-    step.recompute.push_back(options_.checkpoint() == Checkpoint::kAlways ||
-                             (options_.checkpoint() == Checkpoint::kExceptLast && i < M - 1));
-  step.losses.assign(static_cast<size_t>(M), 0.0);
-
-  // As in Pipeline::train_step: every rank draws the same seed from its default generator.
-  torch::Tensor rng_state;
-  if (stochastic_) {
-    step.seed = static_cast<uint64_t>(
-        torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kLong).item<int64_t>());
-    rng_state = at::globalContext().defaultGenerator(torch::kCPU).get_state();
-  }
-
-  std::vector<torch::Tensor> params = parameters();
-  std::vector<torch::Tensor> before(params.size());
-  for (size_t n = 0; n < params.size(); ++n) {
-    before[n] = params[n].grad();
-    params[n].mutable_grad() = torch::Tensor();
-  }
+  // Every rank draws the same seed: their default generators have drawn the same numbers.
+  detail::TrainStepScope scope(step, chunk_sizes(count, M), N, options_.checkpoint(), stochastic_, parameters());
   double total = 0;
   try {
     run(train_schedule_, step);
@@ -477,19 +459,9 @@ torch::Tensor MpiPipeline::train_step(const torch::Tensor& input, const torch::T
     total = sum(std::accumulate(step.losses.begin(), step.losses.end(), 0.0));
   } catch (...) {
     failed_ = true;
-    for (size_t n = 0; n < params.size(); ++n) params[n].mutable_grad() = before[n];
     throw;
   }
-  if (stochastic_) {
-    at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
-    generator.set_state(rng_state);
-  }
-  torch::NoGradGuard no_grad;
-  for (size_t n = 0; n < params.size(); ++n) {
-    if (!before[n].defined()) continue;
-    if (params[n].grad().defined()) before[n].add_(params[n].grad());
-    params[n].mutable_grad() = before[n];
-  }
+  scope.commit();
   return torch::tensor(total, torch::dtype(torch::kFloat64));
 }
 

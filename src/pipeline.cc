@@ -4,6 +4,7 @@
 #include "gpipe/check.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/partition.h"
+#include "train_step.h"
 
 #include <torch/torch.h>
 
@@ -159,52 +160,13 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tens
   step.targets = split(target, "target");
   step.loss = loss;
 
-  const int M = options_.chunks();
   const int64_t N = input.size(0);
-  for (int64_t b : chunk_sizes(N, M)) step.weights.push_back(static_cast<double>(b) / N);
-  for (int i = 0; i < M; ++i)
-    step.recompute.push_back(options_.checkpoint() == Checkpoint::kAlways ||
-                             (options_.checkpoint() == Checkpoint::kExceptLast && i < M - 1));
-  step.losses.assign(static_cast<size_t>(M), 0.0);
-
-  // Stochastic stages draw from streams seeded by this step's seed; the
-  // default generator then continues as if only the seed had been drawn.
   const bool stochastic = std::any_of(executors_.begin(), executors_.end(),
                                       [](const auto& e) { return e->stochastic(); });
-  torch::Tensor rng_state;
-  if (stochastic) {
-    step.seed = static_cast<uint64_t>(
-        torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kLong).item<int64_t>());
-    rng_state = at::globalContext().defaultGenerator(torch::kCPU).get_state();
-  }
-
-  // Backward accumulates into fresh grads; they join the old ones only if the
-  // whole step succeeds, so a failed step leaves every grad as it was.
-  std::vector<torch::Tensor> params = parameters();
-  std::vector<torch::Tensor> before(params.size());
-  for (size_t n = 0; n < params.size(); ++n) {
-    before[n] = params[n].grad();
-    params[n].mutable_grad() = torch::Tensor();
-  }
-  auto restore_rng = [&] {
-    if (!stochastic) return;
-    at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
-    generator.set_state(rng_state);
-  };
-  try {
-    run(train_schedule_, step);
-  } catch (...) {
-    for (size_t n = 0; n < params.size(); ++n) params[n].mutable_grad() = before[n];
-    restore_rng();
-    throw;
-  }
-  restore_rng();
-  torch::NoGradGuard no_grad;
-  for (size_t n = 0; n < params.size(); ++n) {
-    if (!before[n].defined()) continue;
-    if (params[n].grad().defined()) before[n].add_(params[n].grad());
-    params[n].mutable_grad() = before[n];
-  }
+  detail::TrainStepScope scope(step, chunk_sizes(N, options_.chunks()), N, options_.checkpoint(), stochastic,
+                               parameters());
+  run(train_schedule_, step);
+  scope.commit();
   return torch::tensor(std::accumulate(step.losses.begin(), step.losses.end(), 0.0),
                        torch::dtype(torch::kFloat64));
 }

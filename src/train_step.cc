@@ -1,0 +1,56 @@
+// train_step.cc: the step scope shared by the one-process and the MPI pipeline.
+#include "train_step.h"
+
+#include <torch/torch.h>
+
+#include <limits>
+
+namespace gpipe::detail {
+
+TrainStepScope::TrainStepScope(StepData& step, const std::vector<int64_t>& sizes, int64_t total_rows,
+                               Checkpoint mode, bool stochastic, std::vector<torch::Tensor> params)
+    : params_(std::move(params)) {
+  const int M = static_cast<int>(sizes.size());
+  step.training = true;
+  for (int64_t b : sizes) step.weights.push_back(static_cast<double>(b) / static_cast<double>(total_rows));
+  for (int i = 0; i < M; ++i)
+    step.recompute.push_back(mode == Checkpoint::kAlways || (mode == Checkpoint::kExceptLast && i < M - 1));
+  step.losses.assign(static_cast<size_t>(M), 0.0);
+
+  // Stochastic stages draw from streams seeded by this step's seed.
+  if (stochastic) {
+    step.seed = static_cast<uint64_t>(
+        torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kLong).item<int64_t>());
+    random_state_ = at::globalContext().defaultGenerator(torch::kCPU).get_state();
+  }
+  before_.resize(params_.size());
+  for (size_t n = 0; n < params_.size(); ++n) {
+    before_[n] = params_[n].grad();
+    params_[n].mutable_grad() = torch::Tensor();
+  }
+}
+
+void TrainStepScope::restore_random_state() {
+  if (!random_state_.defined()) return;
+  at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
+  generator.set_state(random_state_);
+}
+
+void TrainStepScope::commit() {
+  restore_random_state();
+  torch::NoGradGuard no_grad;
+  for (size_t n = 0; n < params_.size(); ++n) {
+    if (!before_[n].defined()) continue;
+    if (params_[n].grad().defined()) before_[n].add_(params_[n].grad());
+    params_[n].mutable_grad() = before_[n];
+  }
+  committed_ = true;
+}
+
+TrainStepScope::~TrainStepScope() {
+  if (committed_) return;
+  for (size_t n = 0; n < params_.size(); ++n) params_[n].mutable_grad() = before_[n];
+  restore_random_state();
+}
+
+}  // namespace gpipe::detail
