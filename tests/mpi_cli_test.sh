@@ -24,6 +24,19 @@ for case in "2 --stages 2" "3 --stages 3 --checkpoint always --micro-batches 3";
   else fail "np=$np $args exited non-zero"; tail -5 "$work/mpi.err"; fi
 done
 
+# --trace under MPI: rank 0 gathers every stage's actions of the last step.
+if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 2 --micro-batches 6 --trace "$work/trace.json" \
+     >/dev/null 2>&1 &&
+   /usr/bin/python3 - "$work/trace.json" <<'PY'
+import json, sys
+events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+for stage in (0, 1):
+    names = sorted(e["name"] for e in events if e["tid"] == stage)
+    assert names == sorted(f"{stage}{p}{i}" for p in "FB" for i in range(6)), names
+PY
+then pass "--trace: rank 0 writes both stages' 12 actions"
+else fail "--trace under mpirun"; fi
+
 # 2 stages x 2 replicas: trains, one summary from rank 0, which names the layout.
 if bash "$mpirun_sh" 4 "$gpipe" train --train-samples 1024 --test-samples 200 --epochs 1 \
      >"$work/dp.txt" 2>"$work/dp.err"; then
