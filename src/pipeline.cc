@@ -163,8 +163,9 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tens
   const int64_t N = input.size(0);
   const bool stochastic = std::any_of(executors_.begin(), executors_.end(),
                                       [](const auto& e) { return e->stochastic(); });
+  const bool tracked = executors_.front()->memory() != nullptr;
   detail::TrainStepScope scope(step, chunk_sizes(N, options_.chunks()), N, options_.checkpoint(), stochastic,
-                               parameters());
+                               parameters(), /*zero_grads=*/tracked);
   run(train_schedule_, step);
   scope.commit();
   return torch::tensor(std::accumulate(step.losses.begin(), step.losses.end(), 0.0),

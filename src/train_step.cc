@@ -8,7 +8,8 @@
 namespace gpipe::detail {
 
 TrainStepScope::TrainStepScope(StepData& step, const std::vector<int64_t>& sizes, int64_t total_rows,
-                               Checkpoint mode, bool stochastic, std::vector<torch::Tensor> params)
+                               Checkpoint mode, bool stochastic, std::vector<torch::Tensor> params,
+                               bool zero_grads)
     : params_(std::move(params)) {
   const int M = static_cast<int>(sizes.size());
   step.training = true;
@@ -26,7 +27,8 @@ TrainStepScope::TrainStepScope(StepData& step, const std::vector<int64_t>& sizes
   before_.resize(params_.size());
   for (size_t n = 0; n < params_.size(); ++n) {
     before_[n] = params_[n].grad();
-    params_[n].mutable_grad() = torch::Tensor();
+    params_[n].mutable_grad() = zero_grads ? torch::zeros_like(params_[n]) : torch::Tensor();
+    if (zero_grads) versions_.push_back(params_[n].grad()._version());
   }
 }
 
@@ -40,6 +42,8 @@ void TrainStepScope::commit() {
   restore_random_state();
   torch::NoGradGuard no_grad;
   for (size_t n = 0; n < params_.size(); ++n) {
+    // A zero gradient that backward never added to: the parameter had no part in the step.
+    if (!versions_.empty() && params_[n].grad()._version() == versions_[n]) params_[n].mutable_grad() = torch::Tensor();
     if (!before_[n].defined()) continue;
     if (params_[n].grad().defined()) before_[n].add_(params_[n].grad());
     params_[n].mutable_grad() = before_[n];

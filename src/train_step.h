@@ -20,10 +20,15 @@ namespace gpipe::detail {
 /// old ones and puts the default generator back as if only the seed had been
 /// drawn. Without commit() (an exception), the destructor restores both, so a
 /// failed step changes no gradient and no random state.
+///
+/// With `zero_grads` the fresh gradients are zeros allocated here, on the
+/// caller's thread, so that memory accounting charges them to no stage: the
+/// stages' peaks are then activations and backward's buffers alone, and the
+/// gradients count with the parameters.
 class TrainStepScope {
  public:
   TrainStepScope(StepData& step, const std::vector<int64_t>& sizes, int64_t total_rows, Checkpoint mode,
-                 bool stochastic, std::vector<torch::Tensor> params);
+                 bool stochastic, std::vector<torch::Tensor> params, bool zero_grads = false);
   ~TrainStepScope();
   TrainStepScope(const TrainStepScope&) = delete;
   TrainStepScope& operator=(const TrainStepScope&) = delete;
@@ -35,6 +40,7 @@ class TrainStepScope {
 
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> before_;
+  std::vector<int64_t> versions_;  // with zero_grads: each fresh gradient's version
   torch::Tensor random_state_;  // undefined unless stochastic
   bool committed_ = false;
 };

@@ -113,3 +113,43 @@ TEST(PipelineMemoryTest, NoTrackingNoReport) {
   gpipe::Pipeline pipe(gpipe::testing::small_mlp(0), PipelineOptions().stages(2));
   EXPECT_TRUE(pipe.memory().empty());
 }
+
+// A module with one parameter it uses and one it does not.
+class HalfUsed : public torch::nn::Module {
+ public:
+  HalfUsed() {
+    used = register_parameter("used", torch::randn({256, 256}) * 0.05);
+    unused = register_parameter("unused", torch::randn({8}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x.matmul(used); }
+  torch::Tensor used, unused;
+};
+
+TEST(PipelineMemoryTest, PeaksLeaveGradientsToTheParametersAndUnusedOnesStayUndefined) {
+  torch::manual_seed(3);
+  auto half = std::make_shared<HalfUsed>();
+  torch::nn::Sequential model(torch::nn::Linear(256, 256), torch::nn::ReLU(), torch::nn::Linear(256, 256),
+                              torch::nn::ReLU(), torch::nn::Linear(256, 256));
+  model->push_back(half);
+  torch::nn::Sequential reference(torch::nn::Linear(256, 256), torch::nn::ReLU(), torch::nn::Linear(256, 256),
+                                  torch::nn::ReLU(), torch::nn::Linear(256, 256));
+  auto half_ref = std::make_shared<HalfUsed>();
+  reference->push_back(half_ref);
+  for (size_t n = 0; n < model->parameters().size(); ++n) {
+    torch::NoGradGuard no_grad;
+    reference->parameters()[n].copy_(model->parameters()[n]);
+  }
+  gpipe::Pipeline pipe(model, PipelineOptions().balance({5, 1}).chunks(2).track_memory(true));
+  // Two rows: the activations are a few KiB; stage 0's gradients 771 KiB, stage 1's 256 KiB.
+  // Backward holds one weight's gradient at a time before adding it to the stage's.
+  const torch::Tensor x = torch::randn({2, 256}), y = torch::randn({2, 256});
+  pipe.train_step(x, y, gpipe::mse_loss);
+  for (const auto& m : pipe.memory()) {
+    EXPECT_GE(m.parameter_bytes, 2 * 256 * 256 * 4);      // parameters and their gradients
+    EXPECT_LT(m.peak_bytes, 2 * 256 * 256 * 4) << "a peak counts the gradients";
+  }
+  EXPECT_FALSE(half->unused.grad().defined());
+  gpipe::testing::reference_step(reference, x, y, gpipe::mse_loss);
+  EXPECT_TRUE(gpipe::testing::close(half->used.grad(), half_ref->used.grad()));
+  EXPECT_TRUE(gpipe::testing::close(model->parameters()[0].grad(), reference->parameters()[0].grad()));
+}

@@ -117,8 +117,11 @@ class Pipeline {
   /// Memory of one stage, with track_memory on.
   struct StageMemory {
     int64_t parameter_bytes = 0;  ///< its parameters and their gradients
-    int64_t peak_bytes = 0;       ///< peak, above what it held before the last step, of what it
-                                  ///< allocated: activations, boundary tensors it sent, new gradients
+    int64_t peak_bytes = 0;       ///< peak, above what it held before the last step, of the
+                                  ///< activations it allocated: those kept for backward (or
+                                  ///< recomputed), boundary tensors it sent, backward's buffers.
+                                  ///< (With tracking on, a step's gradients are allocated before
+                                  ///< it by the calling thread, so they count with the parameters.)
   };
   /// Per stage, for the last train_step or forward; empty without track_memory.
   std::vector<StageMemory> memory() const;
