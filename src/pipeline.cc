@@ -8,6 +8,10 @@
 
 #include <torch/torch.h>
 
+#if defined(GPIPE_CUDA_MEMORY_STATS)
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
@@ -35,6 +39,21 @@ Checkpoint parse_checkpoint(const std::string& text) {
 }
 
 namespace {
+
+// A CUDA stage's memory comes from the caching allocator's own statistics of
+// its device (index 0 of allocated_bytes is the aggregate over pools): bytes
+// allocated now, and at the peak since `reset`. Zeros without CUDA.
+std::pair<int64_t, int64_t> cuda_allocated(const Device& device, bool reset) {
+#if defined(GPIPE_CUDA_MEMORY_STATS)
+  if (reset) c10::cuda::CUDACachingAllocator::resetPeakStats(device.device.index());
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.device.index());
+  return {stats.allocated_bytes[0].current, stats.allocated_bytes[0].peak};
+#else
+  (void)device;
+  (void)reset;
+  return {0, 0};
+#endif
+}
 
 std::string shape_of(const torch::Tensor& t) {
   if (!t.defined()) return "undefined";
@@ -130,7 +149,8 @@ std::vector<Pipeline::StageMemory> Pipeline::memory() const {
       m.parameter_bytes += p.numel() * static_cast<int64_t>(p.element_size());
       if (p.grad().defined()) m.parameter_bytes += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
     }
-    m.peak_bytes = e->memory()->peak_bytes() - memory_at_start_[j];
+    m.peak_bytes = (e->device().is_cpu() ? e->memory()->peak_bytes() : cuda_allocated(e->device(), false).second) -
+                   memory_at_start_[j];
     out.push_back(m);
   }
   return out;
@@ -194,7 +214,8 @@ void Pipeline::run(const Schedule& schedule, StepData& step) {
   for (size_t j = 0; j < K; ++j)
     if (const auto& memory = executors_[j]->memory()) {
       memory->reset_peak();
-      memory_at_start_[j] = memory->current_bytes();
+      memory_at_start_[j] = executors_[j]->device().is_cpu() ? memory->current_bytes()
+                                                              : cuda_allocated(executors_[j]->device(), true).first;
     }
   trace_ = StepTrace{};
   trace_.stages.assign(K, {});

@@ -124,6 +124,9 @@ class Pipeline {
                                   ///< it by the calling thread, so they count with the parameters.)
   };
   /// Per stage, for the last train_step or forward; empty without track_memory.
+  /// A CPU stage's peak comes from gpipe's tracking allocator (what its thread
+  /// allocated); a CUDA stage's from the CUDA caching allocator's statistics of
+  /// its device (shared by stages on the same GPU).
   std::vector<StageMemory> memory() const;
 
  private:
