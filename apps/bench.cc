@@ -100,6 +100,21 @@ Timing time_pipeline(const std::string& name, int K, int M, Checkpoint mode, con
   return t;
 }
 
+// Keeps `row` for the results file; with --json prints it as a line and
+// returns false, otherwise returns true: the caller prints its table line.
+bool add_row(const BenchOptions& o, nlohmann::json& rows, const nlohmann::json& row) {
+  rows.push_back(row);
+  if (o.json) std::cout << row.dump() << std::endl;
+  return !o.json;
+}
+
+// "(lo .. hi)" with one decimal.
+std::string range_text(double lo, double hi) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1) << "(" << lo << " .. " << hi << ")";
+  return out.str();
+}
+
 std::string mebibytes(const std::vector<int64_t>& bytes) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(1);
@@ -155,16 +170,10 @@ int run_transport(const BenchOptions& o, const std::string& command) {
     nlohmann::json row = {{"bytes", bytes},           {"repeats", repeats},
                           {"one_way_us", t * 1e6},    {"one_way_us_min", *lo * 1e6},
                           {"one_way_us_max", *hi * 1e6}, {"gb_per_s", static_cast<double>(bytes) / t * 1e-9}};
-    rows.push_back(row);
-    if (o.json) {
-      std::cout << row.dump() << std::endl;
-    } else {
-      std::ostringstream range;
-      range << std::fixed << std::setprecision(1) << "(" << *lo * 1e6 << " .. " << *hi * 1e6 << ")";
+    if (add_row(o, rows, row))
       std::cout << std::setw(12) << bytes << std::setw(10) << repeats << std::fixed << std::setprecision(1)
-                << std::setw(16) << t * 1e6 << std::setw(22) << range.str() << std::setprecision(3) << std::setw(12)
-                << static_cast<double>(bytes) / t * 1e-9 << std::endl;
-    }
+                << std::setw(16) << t * 1e6 << std::setw(22) << range_text(*lo * 1e6, *hi * 1e6) << std::setprecision(3)
+                << std::setw(12) << static_cast<double>(bytes) / t * 1e-9 << std::endl;
   }
   if (w.prints()) write_results(o, rows, command);
   return 0;
@@ -237,15 +246,10 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
                                 {"bytes_sent_per_step", sent_per_step},
                                 {"steps", o.steps},
                                 {"warmup", o.warmup}};
-          rows.push_back(row);
-          if (o.json) {
-            std::cout << row.dump() << std::endl;
-          } else {
-            std::ostringstream range;
-            range << std::fixed << std::setprecision(1) << "(" << rmin << " .. " << rmax << ")";
+          if (add_row(o, rows, row)) {
             std::cout << std::left << std::setw(12) << name << std::right << std::setw(3) << K << std::setw(3)
                       << place.replicas << std::setw(5) << M << std::setw(13) << mode_name << std::fixed
-                      << std::setprecision(1) << std::setw(13) << rate << std::setw(25) << range.str()
+                      << std::setprecision(1) << std::setw(13) << rate << std::setw(25) << range_text(rmin, rmax)
                       << std::setprecision(3) << std::setw(8) << median(bubbles) << std::setw(7)
                       << ideal_speedup(K, M) << std::setprecision(1) << std::setw(16) << sent_per_step / (1 << 20)
                       << "  " << nlohmann::json(cut).dump() << std::endl;
@@ -324,15 +328,10 @@ int run(const BenchOptions& o, const std::string& command) {
                                 {"speedup_vs_unsplit", rate / unsplit_rate},
                                 {"steps", o.steps},
                                 {"warmup", o.warmup}};
-          rows.push_back(row);
-          if (o.json) {
-            std::cout << row.dump() << std::endl;
-          } else {
-            std::ostringstream range;
-            range << std::fixed << std::setprecision(1) << "(" << rmin << " .. " << rmax << ")";
+          if (add_row(o, rows, row)) {
             std::cout << std::left << std::setw(12) << name << std::right << std::setw(3) << K
                       << std::setw(5) << M << std::setw(13) << to_string(mode) << std::fixed
-                      << std::setprecision(1) << std::setw(13) << rate << std::setw(25) << range.str()
+                      << std::setprecision(1) << std::setw(13) << rate << std::setw(25) << range_text(rmin, rmax)
                       << std::setprecision(3) << std::setw(9) << speedup << std::setw(7) << ideal
                       << std::setw(11) << speedup / ideal << std::setw(8) << median(t.bubbles)
                       << std::setw(11) << rate / unsplit_rate << std::setprecision(1) << std::setw(11)
