@@ -6,10 +6,12 @@
 #endif
 #include <gpipe/check.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 namespace gpipe::cli {
@@ -27,6 +29,12 @@ std::unique_ptr<mpi::Environment>& environment() {
   static std::unique_ptr<mpi::Environment> env;  // destroyed at exit: MPI_Finalize
   return env;
 }
+
+// A communicator only fail() uses, so its barrier can meet no other collective.
+MPI_Comm& failure_comm() {
+  static MPI_Comm comm = MPI_COMM_NULL;
+  return comm;
+}
 #else
 bool launched_by_mpi() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr; }
 #endif
@@ -40,6 +48,7 @@ void start_world(int* argc, char*** argv) {
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
   environment() = std::make_unique<mpi::Environment>(argc, argv);
   the_world() = World{environment()->rank(), environment()->size(), true};
+  MPI_Comm_dup(MPI_COMM_WORLD, &failure_comm());
 #else
   (void)argc;
   (void)argv;
@@ -81,6 +90,18 @@ void fail(int status, const std::string& message) {
   }
   std::cerr << "[rank " << world().rank << "] " << message << std::endl;
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  // Ranks that fail together (bad settings, or a stage's failure that every
+  // rank has heard of) each print before the job ends: wait up to 5 s for all
+  // of them to get here, then end every rank. A rank that never comes (it is
+  // computing, or dead) only delays the end.
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Ibarrier(failure_comm(), &request);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  int done = 0;
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::yield();
+  }
   mpi::abort(status);
 #else
   std::exit(status);

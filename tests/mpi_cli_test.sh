@@ -73,12 +73,16 @@ expect_error "np not a multiple of K" "the job has 3 ranks, not a multiple of th
 expect_error "ranks started with different settings" \
   "rank 0 has --micro-batches = 4, rank 1 has 8" \
   bash "$mpirun_sh" 1 "$gpipe" train "${small[@]}" --micro-batches 4 : -np 1 "$gpipe" train "${small[@]}" --micro-batches 8
+if [ "$(grep -c 'different settings' "$work/err.out")" = 2 ]; then pass "both ranks print the settings error"
+else fail "settings error on every rank"; cat "$work/err.out"; fi
 
 # Faults (GPIPE_TEST_FAULT is a test-only switch): a stage that throws, a rank that dies.
-# The failing rank prints its message first; the others print theirs unless the abort is faster.
 expect_error "an exception in rank 1's stage ends every rank, with its message" \
   "\[rank 1\] gpipe: stage 1 failed in the forward of micro-batch 0 (action 1F0): injected fault" \
   env GPIPE_TEST_FAULT=throw:3 bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}"
+if grep -q "\[rank 0\] gpipe: stopped because rank 1 failed: rank 1 (stage 1, replica 0): gpipe: stage 1 failed" \
+     "$work/err.out"; then pass "rank 0 reports rank 1's message too"
+else fail "rank 0's report"; tail -20 "$work/err.out"; fi
 expect_error "a rank that dies ends the job" "Exit code:    3" \
   env GPIPE_TEST_FAULT=exit:1:3 bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3
 
