@@ -194,11 +194,11 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
               << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(13) << "samples/s" << std::setw(25)
               << "(min .. max)" << std::setw(8) << "bubble" << std::setw(7) << "ideal" << std::setw(16)
               << "MiB sent/step" << "  balance\n";
-  for (const auto& name : o.workloads)
+  for (const auto& name : o.workloads) {
+    const Workload whole = make_workload(name, 0, LayerRange{0, 0});  // sizes and cut, no layers
     for (int M : o.micro_batches)
       for (const auto& mode_name : o.checkpoints)
         for (int K : o.stages) {
-          const Workload whole = make_workload(name, 0, LayerRange{0, 0});  // sizes and cut, no layers
           const std::vector<int> cut = !o.balance.empty() ? o.balance : whole.balance(K);
           const mpi::Placement place = mpi::place(w.rank, w.size, K);
           const auto [first, last] = mpi::stage_layers(cut, place.stage);
@@ -255,6 +255,7 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
                       << "  " << nlohmann::json(cut).dump() << std::endl;
           }
         }
+  }
   if (w.prints()) write_results(o, rows, command);
   return 0;
 }

@@ -148,7 +148,6 @@ class Engine {
   virtual double checksum() = 0;
   /// Whether every rank has the same `value`.
   virtual bool same_on_all_ranks(double value) = 0;
-  virtual int stages() const = 0;
   /// Module names per stage, where this process knows them.
   virtual std::vector<std::vector<std::string>> modules() const = 0;
 };
@@ -188,7 +187,6 @@ class LocalEngine : public Engine {
   StepTrace trace() override { return pipe_.last_trace(); }
   double checksum() override { return parameter_checksum(pipe_.parameters()); }
   bool same_on_all_ranks(double) override { return true; }
-  int stages() const override { return pipe_.stages(); }
   std::vector<std::vector<std::string>> modules() const override {
     std::vector<std::vector<std::string>> out;
     for (int j = 0; j < pipe_.stages(); ++j) {
@@ -229,7 +227,6 @@ class MpiEngine : public Engine {
     return pipe_.sum(pipe_.placement().replica == 0 ? parameter_checksum(pipe_.parameters()) : 0.0);
   }
   bool same_on_all_ranks(double value) override { return pipe_.max(value) == -pipe_.max(-value); }
-  int stages() const override { return pipe_.stages(); }
   std::vector<std::vector<std::string>> modules() const override { return {}; }
 
  private:

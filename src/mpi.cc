@@ -4,6 +4,7 @@
 
 #include "gpipe/check.h"
 #include "gpipe/microbatch.h"
+#include "gpipe/partition.h"
 #include "train_step.h"
 
 #include <torch/torch.h>
@@ -12,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
-#include <sstream>
 
 namespace gpipe::mpi {
 namespace {
@@ -37,14 +37,6 @@ int size_of(MPI_Comm comm) {
   int size = 0;
   MPI_Comm_size(comm, &size);
   return size;
-}
-
-std::string list(const std::vector<int>& values) {
-  std::ostringstream out;
-  out << "{";
-  for (size_t n = 0; n < values.size(); ++n) out << (n ? ", " : "") << values[n];
-  out << "}";
-  return out.str();
 }
 
 }  // namespace
@@ -93,7 +85,7 @@ Placement place(int world_rank, int world_size, int stages) {
 
 std::pair<int, int> stage_layers(const std::vector<int>& balance, int stage) {
   GPIPE_CHECK(stage >= 0 && stage < static_cast<int>(balance.size()), "stage ", stage,
-              " does not exist; the balance ", list(balance), " has stages 0..", balance.size() - 1);
+              " does not exist; the balance ", format_balance(balance), " has stages 0..", balance.size() - 1);
   const int first = std::accumulate(balance.begin(), balance.begin() + stage, 0);
   return {first, first + balance[static_cast<size_t>(stage)]};
 }
@@ -272,8 +264,7 @@ MpiPipeline::MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions option
     : layers_(std::move(layers)), options_(std::move(options)) {
   const std::vector<int>& balance = options_.balance();
   GPIPE_CHECK(!balance.empty(), "an MPI pipeline needs the balance of the whole model (layers per stage, e.g. {3, 8})");
-  for (int b : balance)
-    GPIPE_CHECK(b >= 1, "every stage needs at least one layer; the balance is ", list(balance));
+  check_balance(balance, std::accumulate(balance.begin(), balance.end(), 0));
   GPIPE_CHECK(options_.chunks() >= 1, "the number of micro-batches (chunks) must be at least 1 (got ",
               options_.chunks(), ")");
   if (layers_.is_empty()) layers_ = torch::nn::Sequential();  // reported by check_agreement on every rank
@@ -357,17 +348,17 @@ void MpiPipeline::check_agreement() {
   check_mpi(MPI_Allgather(balance.data(), static_cast<int>(balance.size()), MPI_INT, balances.data(),
                           static_cast<int>(balance.size()), MPI_INT, world_),
             "exchanging the balance");
+  const std::vector<int> first(balances.begin(), balances.begin() + static_cast<int>(balance.size()));
   for (int r = 1; r < size; ++r) {
     const std::vector<int> theirs(balances.begin() + r * static_cast<int>(balance.size()),
                                   balances.begin() + (r + 1) * static_cast<int>(balance.size()));
-    const std::vector<int> first(balances.begin(), balances.begin() + static_cast<int>(balance.size()));
-    GPIPE_CHECK(theirs == first, "the ranks disagree on the balance: rank 0 has ", list(first), ", rank ", r, " has ",
-                list(theirs), "; start every rank with the same cut");
+    GPIPE_CHECK(theirs == first, "the ranks disagree on the balance: rank 0 has ", format_balance(first), ", rank ", r, " has ",
+                format_balance(theirs), "; start every rank with the same cut");
   }
   for (int r = 0; r < size; ++r) {
     const int stage = r % placement_.stages;
     GPIPE_CHECK(at(r, kGiven) == balance[static_cast<size_t>(stage)], "rank ", r, " runs stage ", stage,
-                ", which the balance ", list(balance), " gives ", balance[static_cast<size_t>(stage)],
+                ", which the balance ", format_balance(balance), " gives ", balance[static_cast<size_t>(stage)],
                 " layers, but it was given ", at(r, kGiven), "; build each rank's layers with mpi::stage_layers");
   }
   for (int r = 0; r < size; ++r) stochastic_ = stochastic_ || at(r, kStochastic) != 0;
@@ -479,9 +470,15 @@ torch::Tensor MpiPipeline::forward(const torch::Tensor& input) {
   return placement_.last() ? gather(step.outputs) : torch::Tensor();
 }
 
-double MpiPipeline::sum(double value) { return reduce(value, MPI_SUM); }
+double MpiPipeline::sum(double value) {
+  reduce(&value, 1, MPI_SUM);
+  return value;
+}
 
-double MpiPipeline::max(double value) { return reduce(value, MPI_MAX); }
+double MpiPipeline::max(double value) {
+  reduce(&value, 1, MPI_MAX);
+  return value;
+}
 
 StepTrace MpiPipeline::gather_trace() {
   // Per action: stage, phase, micro-batch, begin and end in ns from this rank's step start.
@@ -514,23 +511,21 @@ StepTrace MpiPipeline::gather_trace() {
   return out;
 }
 
-double MpiPipeline::reduce(double value, MPI_Op op) {
-  double total = 0;
+void MpiPipeline::reduce(double* values, int count, MPI_Op op) {
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallreduce(&value, &total, 1, MPI_DOUBLE, op, world_, &request), "MPI_Iallreduce");
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, op, world_, &request), "MPI_Iallreduce");
   try {
     errors_->wait(request);
   } catch (...) {
     failed_ = true;
     throw;
   }
-  return total;
 }
 
 double MpiPipeline::bubble() {
-  const double busy = sum(trace_.busy_seconds(0));
-  const double span = sum(trace_.seconds());
-  return span > 0 ? 1.0 - busy / span : 0.0;
+  double busy_and_span[2] = {trace_.busy_seconds(0), trace_.seconds()};  // one collective for both
+  reduce(busy_and_span, 2, MPI_SUM);
+  return busy_and_span[1] > 0 ? 1.0 - busy_and_span[0] / busy_and_span[1] : 0.0;
 }
 
 }  // namespace gpipe::mpi

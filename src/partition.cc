@@ -16,15 +16,13 @@
 
 namespace gpipe {
 
-namespace {
-std::string show(const std::vector<int>& balance) {
+std::string format_balance(const std::vector<int>& balance) {
   std::ostringstream out;
   out << '{';
   for (size_t j = 0; j < balance.size(); ++j) out << (j ? ", " : "") << balance[j];
   out << '}';
   return out.str();
 }
-}  // namespace
 
 std::vector<int> even_balance(int layers, int stages) {
   GPIPE_CHECK(layers >= 1, "the model is empty (0 layers); give the pipeline a torch::nn::Sequential "
@@ -41,11 +39,11 @@ void check_balance(const std::vector<int>& balance, int layers) {
   GPIPE_CHECK(!balance.empty(), "the balance is empty; give the number of layers of each stage, "
               "e.g. {", layers - layers / 2, ", ", layers / 2, "}, or set stages instead");
   for (size_t j = 0; j < balance.size(); ++j)
-    GPIPE_CHECK(balance[j] >= 1, "stage ", j, " of balance ", show(balance), " has ", balance[j],
+    GPIPE_CHECK(balance[j] >= 1, "stage ", j, " of balance ", format_balance(balance), " has ", balance[j],
                 " layers; every stage needs at least one layer");
   const int sum = std::accumulate(balance.begin(), balance.end(), 0);
   GPIPE_CHECK(sum == layers, "the model and the sum of the balance differ (model: ", layers,
-              " layers, sum of balance ", show(balance), ": ", sum,
+              " layers, sum of balance ", format_balance(balance), ": ", sum,
               "); make the balance add up to ", layers, " or set stages to split evenly");
 }
 

@@ -249,7 +249,7 @@ class MpiPipeline {
   void check_usable() const;
   void run(const Schedule& schedule, StepData& step);
   void allreduce_gradients();
-  double reduce(double value, MPI_Op op);
+  void reduce(double* values, int count, MPI_Op op);  // in place, over every rank
 
   torch::nn::Sequential layers_;
   MpiPipelineOptions options_;

@@ -18,6 +18,9 @@ std::vector<int> even_balance(int layers, int stages);
 /// layers: non-empty, every entry at least 1, summing to `layers`.
 void check_balance(const std::vector<int>& balance, int layers);
 
+/// A balance as text for messages: "{3, 8}".
+std::string format_balance(const std::vector<int>& balance);
+
 /// Index of the first layer of each stage, plus `layers` at the end:
 /// offsets({4, 3, 3}) == {0, 4, 7, 10}.
 std::vector<int> stage_offsets(const std::vector<int>& balance);
