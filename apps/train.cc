@@ -602,7 +602,8 @@ void add_train_command(CLI::App& app, const std::string&) {
   sub->add_option("--loss", o->loss, "cross_entropy (integer class targets) or mse (mean reduction)")
       ->check(CLI::IsMember({"cross_entropy", "mse"}))->capture_default_str();
   sub->add_option("--stages", o->stages,
-                  "number of pipeline stages K (the built-in CNN is cut {3, 8} for K=2; otherwise evenly)")
+                  "number of pipeline stages K (the built-in CNN is cut {3, 8} for K=2; otherwise evenly); "
+                  "under mpirun -np N, one rank per stage and N/K pipeline replicas")
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--balance", o->balance, "layers per stage, e.g. --balance 3 8 (overrides the cut)");
   sub->add_option("--balance-by", o->balance_by,
@@ -641,8 +642,9 @@ void add_train_command(CLI::App& app, const std::string&) {
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   sub->add_option("--save", o->save,
                   "write a checkpoint (model, optimizer, step, random states) after every epoch and at the end, "
-                  "whole or not at all; with --model it is TorchScript that torch.jit.load reads");
-  sub->add_option("--resume", o->resume, "continue from a checkpoint written by --save (same model and optimizer)");
+                  "whole or not at all; with --model it is TorchScript that torch.jit.load reads; under mpirun each "
+                  "stage writes FILE.stage<j>-of-<K> (a pickled dict)");
+  sub->add_option("--resume", o->resume, "continue from a checkpoint written by --save (same model and optimizer; under mpirun the same K)");
   sub->add_option("--trace", o->trace,
                   "write the last training step's timeline: an SVG chart if FILE ends in .svg, otherwise "
                   "Chrome-trace JSON (open it in Perfetto)");
