@@ -22,6 +22,7 @@ struct BenchOptions {
   std::vector<int> stages{2};
   std::vector<int> micro_batches{32};
   std::vector<std::string> checkpoints{"except_last"};
+  std::string schedule = "gpipe";
   int threads = 1;
   int steps = 5;
   int warmup = 2;
@@ -74,6 +75,7 @@ Timing time_pipeline(const std::string& name, int K, int M, Checkpoint mode, con
                              .balance(cut)
                              .chunks(M)
                              .checkpoint(mode)
+                             .schedule(parse_schedule(o.schedule))
                              .threads_per_stage(o.threads)
                              .track_memory(true));
   *balance = pipe.balance();
@@ -142,7 +144,7 @@ int run_transport(const BenchOptions& o, const std::string& command) {
   GPIPE_CHECK(w.size == 2, "--transport measures the link between two ranks; start it with mpirun -np 2 (got ", w.size,
               " ranks)");
   mpi::ErrorChannel errors(MPI_COMM_WORLD);
-  mpi::MpiTransport transport(MPI_COMM_WORLD, &errors, 2);
+  mpi::MpiTransport transport(MPI_COMM_WORLD, &errors, {0, 1}, 1);  // stage r on rank r
   const int peer = 1 - w.rank;
   nlohmann::json rows = nlohmann::json::array();
   if (w.prints() && !o.json)
@@ -207,6 +209,7 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
                                                 .balance(cut)
                                                 .chunks(M)
                                                 .checkpoint(parse_checkpoint(mode_name))
+                                                .schedule(parse_schedule(o.schedule))
                                                 .device(Device::cpu(o.threads)));
           torch::optim::SGD sgd(pipe.parameters(), 1e-4);
           std::vector<double> step_s, bubbles;
@@ -236,6 +239,7 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
                                 {"replicas", place.replicas},
                                 {"micro_batches", M},
                                 {"checkpoint", mode_name},
+                                {"schedule", o.schedule},
                                 {"threads_per_stage", o.threads},
                                 {"balance", cut},
                                 {"samples_per_s", rate},
@@ -310,6 +314,7 @@ int run(const BenchOptions& o, const std::string& command) {
                                 {"stages", K},
                                 {"micro_batches", M},
                                 {"checkpoint", to_string(mode)},
+                                {"schedule", o.schedule},
                                 {"threads_per_stage", o.threads},
                                 {"balance", balance},
                                 {"balance_by", balance_by},
@@ -361,6 +366,8 @@ void add_bench_command(CLI::App& app, const std::string& command) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--checkpoint", o->checkpoints, "always, except_last, never (several sweep)")
       ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
+  sub->add_option("--schedule", o->schedule, "gpipe (fill-drain), 1f1b or zb1p, for every configuration")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "zb1p"}))->capture_default_str();
   sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each stage (and of the one device)")
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--steps", o->steps, "timed steps per configuration (the median is reported)")

@@ -9,6 +9,8 @@ namespace gpipe::cli {
 
 /// `gpipe bench`: benchmark workloads through the pipeline.
 void add_bench_command(CLI::App& app, const std::string& command);
+/// `gpipe schedule`: print a schedule's step program.
+void add_schedule_command(CLI::App& app, const std::string& command);
 /// `gpipe train`: train a model on Fashion-MNIST (the default) through the pipeline.
 void add_train_command(CLI::App& app, const std::string& command);
 

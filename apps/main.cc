@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   const std::string command = gpipe::cli::command_line(argc, argv);
   gpipe::cli::add_train_command(app, command);
   gpipe::cli::add_bench_command(app, command);
+  gpipe::cli::add_schedule_command(app, command);
   // Under mpirun every rank runs the same command; an error on one ends them all.
   try {
     gpipe::cli::start_world(&argc, &argv);

@@ -33,6 +33,8 @@ struct TrainOptions {
   std::string balance_by;
   int micro_batches = 4;
   std::string checkpoint = "never";
+  std::string schedule = "gpipe";
+  int virtual_stages = 1;
   int64_t batch_size = 128;
   int epochs = 8;
   int64_t steps = 0;
@@ -261,6 +263,7 @@ nlohmann::json settings_of(const TrainOptions& o) {
   return {{"--data-dir", o.data_dir},     {"--model", o.model_file},      {"--data", o.data_file},
           {"--loss", o.loss},             {"--stages", o.stages},         {"--balance", o.balance},
           {"--balance-by", o.balance_by}, {"--micro-batches", o.micro_batches}, {"--checkpoint", o.checkpoint},
+          {"--schedule", o.schedule}, {"--virtual-stages", o.virtual_stages},
           {"--batch-size", o.batch_size}, {"--epochs", o.epochs},         {"--steps", o.steps},
           {"--optimizer", o.optimizer},   {"--lr", o.lr},                 {"--seed", o.seed},
           {"--threads-per-stage", o.threads}, {"--train-samples", o.train_samples},
@@ -328,6 +331,17 @@ int run(TrainOptions o) {
   const int layers = o.model_file.empty() ? kFashionLayers : static_cast<int>(model.layers->size());
   if (!o.balance.empty() && !o.balance_by.empty())
     usage_error("--balance and --balance-by " + o.balance_by + " both choose the cut; give one of them");
+  const int V = o.virtual_stages;
+  if (V > 1 && o.schedule != "interleaved")
+    usage_error("--virtual-stages " + std::to_string(V) + " needs --schedule interleaved; the " + o.schedule +
+                " schedule runs one stage per device");
+  if (V > 1 && w.mpi)
+    usage_error("--virtual-stages under mpirun: gpipe train runs one stage per rank; use it in one process");
+  if (V > 1 && (!o.balance.empty() || !o.balance_by.empty()))
+    usage_error("--virtual-stages cuts the model evenly into --stages x V stages; leave out --balance and --balance-by");
+  if (V > 1 && o.stages * V > layers)
+    usage_error("--stages " + std::to_string(o.stages) + " x --virtual-stages " + std::to_string(V) +
+                " is more than the model's " + std::to_string(layers) + " layers");
   if (!o.balance.empty()) {
     or_usage_error("--balance", [&] { check_balance(o.balance, layers); return 0; });
     if (o.stages_given && o.stages != static_cast<int>(o.balance.size()))
@@ -338,8 +352,8 @@ int run(TrainOptions o) {
                 std::to_string(layers) + " layers; use --stages 1.." + std::to_string(layers));
   }
   std::vector<int> balance = !o.balance.empty() ? o.balance
-                             : (o.model_file.empty() && o.stages == 2) ? kFashionBalance
-                                                                        : even_balance(layers, o.stages);
+                             : (o.model_file.empty() && o.stages == 2 && V == 1) ? kFashionBalance
+                                                                                  : even_balance(layers, o.stages * V);
   const int K = static_cast<int>(balance.size());
   int stage = 0, replica = 0;  // this rank's, under MPI
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
@@ -418,6 +432,7 @@ int run(TrainOptions o) {
                                                    .balance(balance)
                                                    .chunks(o.micro_batches)
                                                    .checkpoint(parse_checkpoint(o.checkpoint))
+                                                   .schedule(parse_schedule(o.schedule))
                                                    .device(Device::cpu(o.threads)));
 #endif
   } else {
@@ -425,6 +440,8 @@ int run(TrainOptions o) {
                                                              .balance(balance)
                                                              .chunks(o.micro_batches)
                                                              .checkpoint(parse_checkpoint(o.checkpoint))
+                                                             .schedule(parse_schedule(o.schedule))
+                                                             .virtual_stages(o.virtual_stages)
                                                              .threads_per_stage(o.threads));
   }
   auto optimizer = make_optimizer(o, engine->parameters());
@@ -452,7 +469,8 @@ int run(TrainOptions o) {
     std::cout << "gpipe train: " << (o.model_file.empty() ? "CNN" : o.model_file) << " on "
               << (o.data_file.empty() ? "Fashion-MNIST" : o.data_file) << ", " << N << " training samples; "
               << K << " stages " << nlohmann::json(balance).dump() << ", " << o.micro_batches
-              << " micro-batches of a batch of " << o.batch_size << ", checkpoint " << o.checkpoint << ", "
+              << " micro-batches of a batch of " << o.batch_size << ", schedule " << o.schedule << ", checkpoint "
+              << o.checkpoint << ", "
               << o.optimizer << " lr " << o.lr
               << (w.mpi ? ", MPI: " + std::to_string(w.size) + " ranks = " + std::to_string(K) + " stages x " +
                               std::to_string(w.size / K) + " replicas"
@@ -550,6 +568,8 @@ int run(TrainOptions o) {
       {"plan", plan_json},
       {"micro_batches", o.micro_batches},
       {"checkpoint", o.checkpoint},
+      {"schedule", o.schedule},
+      {"virtual_stages", o.virtual_stages},
       {"batch_size", o.batch_size},
       {"optimizer", o.optimizer},
       {"lr", o.lr},
@@ -616,6 +636,15 @@ void add_train_command(CLI::App& app, const std::string&) {
   sub->add_option("--checkpoint", o->checkpoint,
                   "re-materialization: always, except_last or never (the CNN's activations are small)")
       ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
+  sub->add_option("--schedule", o->schedule,
+                  "the order of forwards and backwards: gpipe (fill-drain), 1f1b, interleaved (with "
+                  "--virtual-stages V >= 2 and --micro-batches a multiple of K) or zb1p (zero bubble); "
+                  "see gpipe schedule and docs/schedules.md")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1p"}))->capture_default_str();
+  sub->add_option("--virtual-stages", o->virtual_stages,
+                  "V, stages per device for --schedule interleaved: the model is cut into K·V stages "
+                  "(in one process only)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--batch-size", o->batch_size, "samples per mini-batch (one optimizer step)")
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--epochs", o->epochs, "passes over the training set")->check(CLI::PositiveNumber)

@@ -144,15 +144,17 @@ void ErrorChannel::raise(const std::string& message) {
 
 // ---------------------------------------------------------------- transport
 
-MpiTransport::MpiTransport(MPI_Comm comm, ErrorChannel* errors, int micro_batches)
-    : comm_(comm), errors_(errors) {
+MpiTransport::MpiTransport(MPI_Comm comm, ErrorChannel* errors, std::vector<int> rank_of_stage, int micro_batches)
+    : comm_(comm), errors_(errors), rank_of_stage_(std::move(rank_of_stage)) {
   void* value = nullptr;
   int found = 0;
   MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &found);
   const int64_t tag_ub = found ? *static_cast<int*>(value) : 32767;
-  GPIPE_CHECK(tag(Channel::kGradient, micro_batches - 1, true) <= tag_ub, "M = ", micro_batches,
-              " micro-batches need more message tags than this MPI offers (", tag_ub, "); use at most ",
-              (tag_ub + 1) / 4, " micro-batches");
+  const int S = static_cast<int>(rank_of_stage_.size());
+  const int64_t tags = int64_t{4} * S * S * micro_batches;
+  GPIPE_CHECK(tags - 1 <= tag_ub, "M = ", micro_batches, " micro-batches over ", S,
+              " stages need more message tags than this MPI offers (", tag_ub, "); use at most ",
+              (tag_ub + 1) / (4 * S * S), " micro-batches");
 }
 
 MpiTransport::~MpiTransport() {
@@ -168,31 +170,38 @@ MpiTransport::~MpiTransport() {
   if (!sends_.empty()) new std::vector<PendingSend>(std::move(sends_));
 }
 
-int MpiTransport::tag(Channel channel, int micro_batch, bool data) {
-  return ((micro_batch * 2 + static_cast<int>(channel)) * 2) + (data ? 1 : 0);
+// A message's tag names both stages, so messages between two ranks that hold several stages never mix.
+int MpiTransport::tag(const Key& key, bool data) const {
+  const auto [from, to, channel, micro_batch] = key;
+  const int S = static_cast<int>(rank_of_stage_.size());
+  return (((micro_batch * S + to) * S + from) * 2 + channel) * 2 + (data ? 1 : 0);
 }
 
-MpiTransport::PendingRecv MpiTransport::post_header(int from, Channel channel, int micro_batch) {
+int MpiTransport::rank(int stage) const {
+  GPIPE_CHECK(stage >= 0 && stage < static_cast<int>(rank_of_stage_.size()), "stage ", stage,
+              " does not exist; this pipeline has stages 0..", rank_of_stage_.size() - 1);
+  return rank_of_stage_[static_cast<size_t>(stage)];
+}
+
+MpiTransport::PendingRecv MpiTransport::post_header(const Key& key) {
   PendingRecv pending;
   pending.header = std::make_unique<Header>();
-  check_mpi(MPI_Irecv(pending.header->data(), static_cast<int>(pending.header->size()), MPI_INT64_T, from,
-                      tag(channel, micro_batch, false), comm_, &pending.request),
+  check_mpi(MPI_Irecv(pending.header->data(), static_cast<int>(pending.header->size()), MPI_INT64_T,
+                      rank(std::get<0>(key)), tag(key, false), comm_, &pending.request),
             "posting a receive");
   return pending;
 }
 
-void MpiTransport::post_receives(const std::vector<Action>& actions, int stages) {
-  for (const Action& a : actions) {
-    const bool forward = a.phase == Phase::kForward;
-    if (forward ? a.stage == 0 : a.stage == stages - 1) continue;
-    const int peer = forward ? a.stage - 1 : a.stage + 1;
-    const Channel channel = forward ? Channel::kActivation : Channel::kGradient;
-    const Key key{peer, static_cast<int>(channel), a.micro_batch};
-    if (receives_.count(key) == 0) receives_.emplace(key, post_header(peer, channel, a.micro_batch));
+void MpiTransport::post_receives(const std::vector<Action>& program) {
+  for (const Action& a : program) {
+    if (a.kind != ActionKind::kRecv) continue;
+    const Key key{a.peer, a.stage, static_cast<int>(a.channel), a.micro_batch};
+    if (receives_.count(key) == 0) receives_.emplace(key, post_header(key));
   }
 }
 
-void MpiTransport::send(int /*from*/, int to, Channel channel, int micro_batch, torch::Tensor tensor) {
+void MpiTransport::send(int from, int to, Channel channel, int micro_batch, torch::Tensor tensor) {
+  const Key key{from, to, static_cast<int>(channel), micro_batch};
   PendingSend pending;
   pending.data = tensor.detach().to(torch::kCPU).contiguous();
   const torch::Tensor& data = pending.data;
@@ -206,11 +215,11 @@ void MpiTransport::send(int /*from*/, int to, Channel channel, int micro_batch, 
   h[0] = static_cast<int64_t>(data.scalar_type());
   h[1] = data.dim();
   for (int64_t d = 0; d < data.dim(); ++d) h[static_cast<size_t>(2 + d)] = data.size(d);
-  check_mpi(MPI_Isend(h.data(), static_cast<int>(h.size()), MPI_INT64_T, to, tag(channel, micro_batch, false), comm_,
+  check_mpi(MPI_Isend(h.data(), static_cast<int>(h.size()), MPI_INT64_T, rank(to), tag(key, false), comm_,
                       &pending.requests[0]),
             "sending a header");
-  check_mpi(MPI_Isend(data.data_ptr(), static_cast<int>(data.nbytes()), MPI_BYTE, to, tag(channel, micro_batch, true),
-                      comm_, &pending.requests[1]),
+  check_mpi(MPI_Isend(data.data_ptr(), static_cast<int>(data.nbytes()), MPI_BYTE, rank(to), tag(key, true), comm_,
+                      &pending.requests[1]),
             "sending a tensor");
   messages_sent_ += 1;
   bytes_sent_ += static_cast<int64_t>(data.nbytes());
@@ -234,10 +243,10 @@ void MpiTransport::finish_sends() {
   sends_.clear();
 }
 
-torch::Tensor MpiTransport::recv(int from, int /*to*/, Channel channel, int micro_batch) {
-  const Key key{from, static_cast<int>(channel), micro_batch};
+torch::Tensor MpiTransport::recv(int from, int to, Channel channel, int micro_batch) {
+  const Key key{from, to, static_cast<int>(channel), micro_batch};
   auto it = receives_.find(key);
-  if (it == receives_.end()) it = receives_.emplace(key, post_header(from, channel, micro_batch)).first;
+  if (it == receives_.end()) it = receives_.emplace(key, post_header(key)).first;
   errors_->wait(it->second.request);
   const Header h = *it->second.header;
   receives_.erase(it);
@@ -245,8 +254,8 @@ torch::Tensor MpiTransport::recv(int from, int /*to*/, Channel channel, int micr
   std::vector<int64_t> sizes(h.begin() + 2, h.begin() + 2 + h[1]);
   torch::Tensor tensor = torch::empty(sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(h[0])));
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Irecv(tensor.data_ptr(), static_cast<int>(tensor.nbytes()), MPI_BYTE, from,
-                      tag(channel, micro_batch, true), comm_, &request),
+  check_mpi(MPI_Irecv(tensor.data_ptr(), static_cast<int>(tensor.nbytes()), MPI_BYTE, rank(from), tag(key, true),
+                      comm_, &request),
             "receiving a tensor");
   errors_->wait(request);
   return tensor;
@@ -264,6 +273,9 @@ MpiPipeline::MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions option
     : layers_(std::move(layers)), options_(std::move(options)) {
   const std::vector<int>& balance = options_.balance();
   GPIPE_CHECK(!balance.empty(), "an MPI pipeline needs the balance of the whole model (layers per stage, e.g. {3, 8})");
+  GPIPE_CHECK(options_.virtual_stages() >= 1 && balance.size() % static_cast<size_t>(options_.virtual_stages()) == 0,
+              "the balance has ", balance.size(), " stages, not a multiple of the ", options_.virtual_stages(),
+              " virtual stages per rank; give K·V entries");
   check_balance(balance, std::accumulate(balance.begin(), balance.end(), 0));
   GPIPE_CHECK(options_.chunks() >= 1, "the number of micro-batches (chunks) must be at least 1 (got ",
               options_.chunks(), ")");
@@ -283,10 +295,22 @@ MpiPipeline::MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions option
 
   const Device& device = options_.device();
   if (!device.is_cpu()) layers_->to(device.device);
-  transport_ = std::make_unique<MpiTransport>(pipeline_, errors_.get(), options_.chunks());
-  executor_ = std::make_unique<StageExecutor>(placement_.stage, placement_.stages, layers_, device, transport_.get());
-  train_schedule_ = fill_drain(placement_.stages, options_.chunks());
-  validate(train_schedule_);
+  const int K = placement_.stages, V = options_.virtual_stages();
+  train_program_ = lower(make_schedule(options_.schedule(), K, options_.chunks(), V), options_.checkpoint());
+  validate(train_program_);
+  // This rank's stages, cut from its layers in stage order.
+  std::vector<std::unique_ptr<Stage>> stages;
+  auto next = layers_->begin();
+  const auto names = layers_->named_children().keys();
+  for (int s : train_program_.stages_of(placement_.stage)) {
+    torch::nn::Sequential part;
+    for (int n = 0; n < balance[static_cast<size_t>(s)]; ++n, ++next)
+      part->push_back(names[static_cast<size_t>(next - layers_->begin())], *next);
+    stages.push_back(std::make_unique<Stage>(s, K * V, part, device));
+  }
+  std::vector<int> rank_of_stage = train_program_.placement;  // in the replica's communicator, rank d is device d
+  transport_ = std::make_unique<MpiTransport>(pipeline_, errors_.get(), rank_of_stage, options_.chunks());
+  executor_ = std::make_unique<Executor>(std::move(stages), device, transport_.get());
   if (device.is_cpu()) set_blas_threads(device.threads);
   bind_current_thread(device);
 }
@@ -302,9 +326,10 @@ MpiPipeline::~MpiPipeline() {
 // Every rank gathers every rank's settings and runs the same checks, so all
 // ranks throw the same error or none does.
 void MpiPipeline::check_agreement() {
-  enum Field { kLayers, kStages, kChunks, kCheckpoint, kDtype, kGiven, kStochastic, kFields };
-  const char* names[] = {"the model's layer count", "the number of stages K", "the number of micro-batches M",
-                         "the checkpoint mode", "the parameters' dtype"};
+  enum Field { kLayers, kStages, kChunks, kCheckpoint, kDtype, kSchedule, kVirtual, kGiven, kStochastic, kFields };
+  const char* names[] = {"the model's layer count", "the number of stages K·V", "the number of micro-batches M",
+                         "the checkpoint mode", "the parameters' dtype", "the schedule",
+                         "the number of virtual stages V"};
   const std::vector<int>& balance = options_.balance();
   std::array<int64_t, kFields> mine{};
   mine[kLayers] = std::accumulate(balance.begin(), balance.end(), 0);
@@ -317,6 +342,8 @@ void MpiPipeline::check_agreement() {
       mine[kDtype] = static_cast<int64_t>(p.scalar_type());
       break;
     }
+  mine[kSchedule] = static_cast<int64_t>(options_.schedule());
+  mine[kVirtual] = options_.virtual_stages();
   mine[kGiven] = static_cast<int64_t>(layers_->size());
   mine[kStochastic] = draws_random_numbers(layers_) ? 1 : 0;
   const int size = size_of(world_);
@@ -327,9 +354,10 @@ void MpiPipeline::check_agreement() {
   auto describe = [&](int field, int64_t value) -> std::string {
     if (field == kCheckpoint) return to_string(static_cast<Checkpoint>(value));
     if (field == kDtype) return c10::toString(static_cast<c10::ScalarType>(value));
+    if (field == kSchedule) return to_string(static_cast<ScheduleKind>(value));
     return std::to_string(value);
   };
-  for (int field : {kStages, kLayers, kChunks, kCheckpoint, kDtype}) {
+  for (int field : {kStages, kVirtual, kLayers, kChunks, kCheckpoint, kDtype, kSchedule}) {
     int reference = -1;
     for (int r = 0; r < size; ++r) {
       if (field == kDtype && at(r, field) < 0) continue;  // a stage without parameters
@@ -343,7 +371,8 @@ void MpiPipeline::check_agreement() {
     }
   }
   // K agrees now, so every rank reaches the same verdict on the world size.
-  placement_ = place(rank_of(world_), size, static_cast<int>(balance.size()));
+  const int V = options_.virtual_stages();
+  placement_ = place(rank_of(world_), size, static_cast<int>(balance.size()) / V);
   std::vector<int> balances(static_cast<size_t>(size) * balance.size());
   check_mpi(MPI_Allgather(balance.data(), static_cast<int>(balance.size()), MPI_INT, balances.data(),
                           static_cast<int>(balance.size()), MPI_INT, world_),
@@ -356,10 +385,16 @@ void MpiPipeline::check_agreement() {
                 format_balance(theirs), "; start every rank with the same cut");
   }
   for (int r = 0; r < size; ++r) {
-    const int stage = r % placement_.stages;
-    GPIPE_CHECK(at(r, kGiven) == balance[static_cast<size_t>(stage)], "rank ", r, " runs stage ", stage,
-                ", which the balance ", format_balance(balance), " gives ", balance[static_cast<size_t>(stage)],
-                " layers, but it was given ", at(r, kGiven), "; build each rank's layers with mpi::stage_layers");
+    const int device = r % placement_.stages;
+    int expected = 0;
+    std::string which;
+    for (int s = device; s < static_cast<int>(balance.size()); s += placement_.stages) {
+      expected += balance[static_cast<size_t>(s)];
+      which += (which.empty() ? "" : ", ") + std::to_string(s);
+    }
+    GPIPE_CHECK(at(r, kGiven) == expected, "rank ", r, " runs stage", V > 1 ? "s " : " ", which,
+                ", which the balance ", format_balance(balance), " gives ", expected, " layers, but it was given ",
+                at(r, kGiven), "; build each rank's layers with mpi::stage_layers");
   }
   for (int r = 0; r < size; ++r) stochastic_ = stochastic_ || at(r, kStochastic) != 0;
 }
@@ -378,15 +413,15 @@ std::pair<int64_t, int64_t> MpiPipeline::share(int64_t batch_size) const {
   return {begin, sizes[static_cast<size_t>(placement_.replica)]};
 }
 
-void MpiPipeline::run(const Schedule& schedule, StepData& step) {
-  const std::vector<Action>& actions = schedule.actions[static_cast<size_t>(placement_.stage)];
+void MpiPipeline::run(const Schedule& program, StepData& step) {
+  const std::vector<Action>& actions = program.actions[static_cast<size_t>(placement_.stage)];
   transport_->reset();
-  transport_->post_receives(actions, placement_.stages);
+  transport_->post_receives(actions);
   trace_ = StepTrace{};
-  trace_.stages.assign(1, {});
+  trace_.devices.assign(1, {});
   trace_.begin_ns = now_ns();
   try {
-    executor_->run(actions, step, &trace_.stages[0]);
+    executor_->run(actions, step, &trace_.devices[0]);
     transport_->finish_sends();
   } catch (const RemoteError&) {
     failed_ = true;
@@ -442,10 +477,10 @@ torch::Tensor MpiPipeline::train_step(const torch::Tensor& input, const torch::T
   if (placement_.first()) step.inputs = scatter(input.narrow(0, begin, count), M);
   if (placement_.last()) step.targets = scatter(target.narrow(0, begin, count), M);
   // Every rank draws the same seed: their default generators have drawn the same numbers.
-  detail::TrainStepScope scope(step, chunk_sizes(count, M), N, options_.checkpoint(), stochastic_, parameters());
+  detail::TrainStepScope scope(step, chunk_sizes(count, M), N, stochastic_, parameters());
   double total = 0;
   try {
-    run(train_schedule_, step);
+    run(train_program_, step);
     if (placement_.replicas > 1) allreduce_gradients();
     total = sum(std::accumulate(step.losses.begin(), step.losses.end(), 0.0));
   } catch (...) {
@@ -464,9 +499,8 @@ torch::Tensor MpiPipeline::forward(const torch::Tensor& input) {
   StepData step;
   step.training = false;
   if (placement_.first()) step.inputs = scatter(input.narrow(0, begin, count), M);
-  step.recompute.assign(static_cast<size_t>(M), false);
   step.outputs.resize(static_cast<size_t>(M));
-  run(forward_only(placement_.stages, M), step);
+  run(lower(forward_only(placement_.stages, M, options_.virtual_stages()), Checkpoint::kNever), step);
   return placement_.last() ? gather(step.outputs) : torch::Tensor();
 }
 
@@ -483,9 +517,9 @@ double MpiPipeline::max(double value) {
 StepTrace MpiPipeline::gather_trace() {
   // Per action: stage, phase, micro-batch, begin and end in ns from this rank's step start.
   std::vector<int64_t> mine;
-  if (!trace_.stages.empty())
-    for (const ActionSpan& span : trace_.stages[0])
-      mine.insert(mine.end(), {span.action.stage, static_cast<int64_t>(span.action.phase), span.action.micro_batch,
+  if (!trace_.devices.empty())
+    for (const ActionSpan& span : trace_.devices[0])
+      mine.insert(mine.end(), {span.action.stage, static_cast<int64_t>(span.action.kind), span.action.micro_batch,
                                span.begin_ns - trace_.begin_ns, span.end_ns - trace_.begin_ns});
   const int size = size_of(world_), rank = rank_of(world_);
   int count = placement_.replica == 0 ? static_cast<int>(mine.size()) : 0;
@@ -499,14 +533,16 @@ StepTrace MpiPipeline::gather_trace() {
             "MPI_Gatherv");
   StepTrace out;
   if (rank != 0) return out;
-  out.stages.assign(static_cast<size_t>(placement_.stages), {});
+  out.devices.assign(static_cast<size_t>(placement_.stages), {});
   for (size_t n = 0; n + 5 <= all.size(); n += 5) {
     ActionSpan span;
-    span.action = Action{static_cast<int>(all[n]), static_cast<Phase>(all[n + 1]), static_cast<int>(all[n + 2])};
+    span.action.stage = static_cast<int>(all[n]);
+    span.action.kind = static_cast<ActionKind>(all[n + 1]);
+    span.action.micro_batch = static_cast<int>(all[n + 2]);
     span.begin_ns = all[n + 3];
     span.end_ns = all[n + 4];
     out.end_ns = std::max(out.end_ns, span.end_ns);
-    out.stages[static_cast<size_t>(span.action.stage)].push_back(span);
+    out.devices[static_cast<size_t>(train_program_.placement[static_cast<size_t>(span.action.stage)])].push_back(span);
   }
   return out;
 }

@@ -20,24 +20,6 @@
 
 namespace gpipe {
 
-std::string to_string(Checkpoint mode) {
-  switch (mode) {
-    case Checkpoint::kAlways: return "always";
-    case Checkpoint::kExceptLast: return "except_last";
-    case Checkpoint::kNever: return "never";
-  }
-  return "?";
-}
-
-Checkpoint parse_checkpoint(const std::string& text) {
-  if (text == "always") return Checkpoint::kAlways;
-  if (text == "except_last") return Checkpoint::kExceptLast;
-  if (text == "never") return Checkpoint::kNever;
-  GPIPE_CHECK(false, "unknown checkpoint mode \"", text,
-              "\"; use always, except_last or never");
-  return Checkpoint::kNever;
-}
-
 namespace {
 
 // A CUDA stage's memory comes from the caching allocator's own statistics of
@@ -71,22 +53,31 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
               "least one layer");
   const int layers = static_cast<int>(model_->size());
 
+  const int V = options_.virtual_stages();
+  GPIPE_CHECK(V >= 1, "virtual_stages must be at least 1 (got ", V, ")");
   if (!options_.balance().empty()) {
     check_balance(options_.balance(), layers);
     GPIPE_CHECK(options_.stages() == 0 ||
-                    options_.stages() == static_cast<int>(options_.balance().size()),
-                "stages (", options_.stages(), ") and the balance (", options_.balance().size(),
-                " stages) disagree; set only one of them");
+                    options_.stages() * V == static_cast<int>(options_.balance().size()),
+                "stages (", options_.stages(), V > 1 ? " devices × " + std::to_string(V) + " virtual stages" : "",
+                ") and the balance (", options_.balance().size(), " stages) disagree; set only one of them");
     balance_ = options_.balance();
   } else {
     GPIPE_CHECK(options_.stages() >= 1, "the number of stages must be at least 1 (got ",
-                options_.stages(), "); set stages(K) with 1 <= K <= ", layers,
+                options_.stages(), "); set stages(K) with 1 <= K·V <= ", layers,
                 " or give a balance");
-    balance_ = even_balance(layers, options_.stages());
+    balance_ = even_balance(layers, options_.stages() * V);
   }
-  const int K = stages();
+  const int S = stages();
+  GPIPE_CHECK(S % V == 0, "the balance has ", S, " stages, not a multiple of the ", V,
+              " virtual stages per device; give K·V entries, or set stages(K) and let gpipe cut evenly");
+  const int K = S / V;
   GPIPE_CHECK(options_.chunks() >= 1, "the number of micro-batches (chunks) must be at least 1 (got ",
               options_.chunks(), "); set chunks(M) with M >= 1");
+  // The schedule first: a configuration it cannot run is refused before anything is built.
+  train_program_ = lower(make_schedule(options_.schedule(), K, options_.chunks(), V), options_.checkpoint());
+  validate(train_program_);
+  forward_program_ = lower(forward_only(K, options_.chunks(), V), Checkpoint::kNever);
 
   devices_ = options_.devices();
   if (devices_.empty()) {
@@ -94,19 +85,21 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
                 options_.threads_per_stage(), ")");
     devices_.assign(static_cast<size_t>(K), Device::cpu(options_.threads_per_stage()));
   }
-  GPIPE_CHECK(static_cast<int>(devices_.size()) == K, "got ", devices_.size(),
-              " devices for ", K, " stages; give one device per stage");
+  GPIPE_CHECK(static_cast<int>(devices_.size()) == K, "got ", devices_.size(), " devices for ", S, " stages",
+              V > 1 ? " (" + std::to_string(K) + " devices × " + std::to_string(V) + " virtual stages)" : "",
+              "; give ", K, " devices");
   for (const Device& device : devices_) check_device(device);
 
-  // Cut the model: stage j gets layers [offsets[j], offsets[j+1]), sharing the modules.
+  // Cut the model: stage s gets layers [offsets[s], offsets[s+1]), sharing the modules.
   const std::vector<int> offsets = stage_offsets(balance_);
   const auto names = model_->named_children().keys();
   std::unordered_map<const void*, int> owner;  // parameter → stage that holds it
-  transport_ = std::make_unique<InProcessTransport>(K);
+  transport_ = std::make_unique<InProcessTransport>(S);
   const bool track = options_.track_memory() ||
                      std::any_of(devices_.begin(), devices_.end(), [](const Device& d) { return d.memory_cap_bytes > 0; });
   if (track) enable_memory_tracking();
-  for (int j = 0; j < K; ++j) {
+  std::vector<std::vector<std::unique_ptr<Stage>>> placed(static_cast<size_t>(K));
+  for (int j = 0; j < S; ++j) {
     torch::nn::Sequential layers;
     for (int n = offsets[static_cast<size_t>(j)]; n < offsets[static_cast<size_t>(j) + 1]; ++n)
       layers->push_back(names[static_cast<size_t>(n)], *(model_->begin() + n));
@@ -116,17 +109,19 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
                   " and ", j, "; layers that share weights must be in the same stage "
                   "(change the balance)");
     }
-    const Device& device = devices_[static_cast<size_t>(j)];
+    const int d = train_program_.placement[static_cast<size_t>(j)];
+    const Device& device = devices_[static_cast<size_t>(d)];
     if (!device.is_cpu()) layers->to(device.device);
-    auto memory = track ? std::make_shared<MemoryCounter>("stage " + std::to_string(j) + " (" + device.str() + ")",
+    placed[static_cast<size_t>(d)].push_back(std::make_unique<Stage>(j, S, layers, device));
+  }
+  for (int d = 0; d < K; ++d) {
+    const Device& device = devices_[static_cast<size_t>(d)];
+    auto memory = track ? std::make_shared<MemoryCounter>("device " + std::to_string(d) + " (" + device.str() + ")",
                                                           device.memory_cap_bytes)
                         : nullptr;
-    executors_.push_back(std::make_unique<StageExecutor>(j, K, layers, device, transport_.get(), memory));
+    executors_.push_back(std::make_unique<Executor>(std::move(placed[static_cast<size_t>(d)]), device,
+                                                    transport_.get(), memory));
   }
-
-  train_schedule_ = fill_drain(K, options_.chunks());
-  validate(train_schedule_);
-  forward_schedule_ = forward_only(K, options_.chunks());
 
   int blas_threads = 1;
   for (const Device& device : devices_)
@@ -145,10 +140,11 @@ std::vector<Pipeline::StageMemory> Pipeline::memory() const {
     const auto& e = executors_[j];
     if (!e->memory()) return {};
     StageMemory m;
-    for (const auto& p : e->layers()->parameters()) {
-      m.parameter_bytes += p.numel() * static_cast<int64_t>(p.element_size());
-      if (p.grad().defined()) m.parameter_bytes += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
-    }
+    for (const auto& stage : e->stages())
+      for (const auto& p : stage->layers()->parameters()) {
+        m.parameter_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+        if (p.grad().defined()) m.parameter_bytes += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
+      }
     m.peak_bytes = (e->device().is_cpu() ? e->memory()->peak_bytes() : cuda_allocated(e->device(), false).second) -
                    memory_at_start_[j];
     out.push_back(m);
@@ -158,7 +154,10 @@ std::vector<Pipeline::StageMemory> Pipeline::memory() const {
 
 torch::nn::Sequential Pipeline::stage(int j) const {
   GPIPE_CHECK(j >= 0 && j < stages(), "stage ", j, " does not exist; stages are 0..", stages() - 1);
-  return executors_[static_cast<size_t>(j)]->layers();
+  const int d = train_program_.placement[static_cast<size_t>(j)];
+  for (const auto& stage : executors_[static_cast<size_t>(d)]->stages())
+    if (stage->index() == j) return stage->layers();
+  return {};
 }
 
 std::vector<torch::Tensor> Pipeline::split(const torch::Tensor& tensor, const char* what) const {
@@ -184,9 +183,9 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tens
   const bool stochastic = std::any_of(executors_.begin(), executors_.end(),
                                       [](const auto& e) { return e->stochastic(); });
   const bool tracked = executors_.front()->memory() != nullptr;
-  detail::TrainStepScope scope(step, chunk_sizes(N, options_.chunks()), N, options_.checkpoint(), stochastic,
-                               parameters(), /*zero_grads=*/tracked);
-  run(train_schedule_, step);
+  detail::TrainStepScope scope(step, chunk_sizes(N, options_.chunks()), N, stochastic, parameters(),
+                               /*zero_grads=*/tracked);
+  run(train_program_, step);
   scope.commit();
   return torch::tensor(std::accumulate(step.losses.begin(), step.losses.end(), 0.0),
                        torch::dtype(torch::kFloat64));
@@ -201,13 +200,15 @@ torch::Tensor Pipeline::forward(const torch::Tensor& input) {
   StepData step;
   step.training = false;
   step.inputs = scatter(input, M);
-  step.recompute.assign(static_cast<size_t>(M), false);
   step.outputs.resize(static_cast<size_t>(M));
-  run(M == options_.chunks() ? forward_schedule_ : forward_only(stages(), M), step);
+  const int K = static_cast<int>(devices_.size());
+  run(M == options_.chunks() ? forward_program_
+                             : lower(forward_only(K, M, options_.virtual_stages()), Checkpoint::kNever),
+      step);
   return gather(step.outputs);
 }
 
-void Pipeline::run(const Schedule& schedule, StepData& step) {
+void Pipeline::run(const Schedule& program, StepData& step) {
   const size_t K = executors_.size();
   transport_->reset();
   memory_at_start_.assign(K, 0);
@@ -218,7 +219,7 @@ void Pipeline::run(const Schedule& schedule, StepData& step) {
                                                               : cuda_allocated(executors_[j]->device(), true).first;
     }
   trace_ = StepTrace{};
-  trace_.stages.assign(K, {});
+  trace_.devices.assign(K, {});
 
   std::mutex mutex;
   std::condition_variable finished;
@@ -229,7 +230,7 @@ void Pipeline::run(const Schedule& schedule, StepData& step) {
   for (size_t j = 0; j < K; ++j) {
     threads_[j]->post([&, j] {
       try {
-        executors_[j]->run(schedule.actions[j], step, &trace_.stages[j]);
+        executors_[j]->run(program.actions[j], step, &trace_.devices[j]);
       } catch (const Cancelled&) {
         // another stage failed first; its error is the one reported
       } catch (...) {

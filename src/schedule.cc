@@ -1,195 +1,527 @@
-// schedule.cc: schedule generators, the simulator that times and checks them, and the grid printer.
+// schedule.cc: schedule generators, the lowering pass that adds sends and receives, the validator,
+// the simulator and the grid printer.
 #include "gpipe/schedule.h"
 
 #include "gpipe/check.h"
 
 #include <algorithm>
-#include <cctype>
+#include <deque>
+#include <limits>
 #include <map>
+#include <numeric>
 #include <ostream>
+#include <regex>
+#include <set>
 #include <sstream>
-#include <stdexcept>
+#include <tuple>
 
 namespace gpipe {
 
+std::string to_string(Checkpoint mode) {
+  switch (mode) {
+    case Checkpoint::kAlways: return "always";
+    case Checkpoint::kExceptLast: return "except_last";
+    case Checkpoint::kNever: return "never";
+  }
+  return "?";
+}
+
+Checkpoint parse_checkpoint(const std::string& text) {
+  if (text == "always") return Checkpoint::kAlways;
+  if (text == "except_last") return Checkpoint::kExceptLast;
+  if (text == "never") return Checkpoint::kNever;
+  GPIPE_CHECK(false, "unknown checkpoint mode \"", text, "\"; use always, except_last or never");
+  return Checkpoint::kNever;
+}
+
+// ---------------------------------------------------------------- actions
+
 std::string Action::str() const {
-  return std::to_string(stage) + static_cast<char>(phase) + std::to_string(micro_batch);
+  const std::string s = std::to_string(stage), i = std::to_string(micro_batch);
+  const char what = channel == Channel::kActivation ? 'F' : 'B';
+  switch (kind) {
+    case ActionKind::kSend: return s + "SEND_" + what + i + ">" + std::to_string(peer);
+    case ActionKind::kRecv: return s + "RECV_" + what + i + "<" + std::to_string(peer);
+    default: return s + static_cast<char>(kind) + i + (recompute ? "r" : "");
+  }
 }
 
 std::ostream& operator<<(std::ostream& out, const Action& action) { return out << action.str(); }
 
+bool Action::operator==(const Action& other) const {
+  return stage == other.stage && kind == other.kind && micro_batch == other.micro_batch &&
+         recompute == other.recompute && (is_compute() || (channel == other.channel && peer == other.peer));
+}
+
 Action Action::parse(const std::string& text) {
-  // <digits><F|B><digits>
-  size_t n = 0;
-  while (n < text.size() && std::isdigit(static_cast<unsigned char>(text[n]))) ++n;
-  const bool ok = n > 0 && n + 1 < text.size() && (text[n] == 'F' || text[n] == 'B') &&
-                  std::all_of(text.begin() + static_cast<std::ptrdiff_t>(n) + 1, text.end(),
-                              [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
-  GPIPE_CHECK(ok, "cannot parse action \"", text,
-              "\": expected <stage><F|B><micro-batch>, e.g. \"1F0\"");
-  Action action;
-  action.stage = std::stoi(text.substr(0, n));
-  action.phase = static_cast<Phase>(text[n]);
-  action.micro_batch = std::stoi(text.substr(n + 1));
-  return action;
+  static const std::regex compute(R"((\d{1,9})([FBIW])(\d{1,9})(r?))");
+  static const std::regex comm(R"((\d{1,9})(SEND|RECV)_([FB])(\d{1,9})([<>])(\d{1,9}))");
+  std::smatch m;
+  Action a;
+  if (std::regex_match(text, m, compute)) {
+    a.stage = std::stoi(m[1]);
+    a.kind = static_cast<ActionKind>(m[2].str()[0]);
+    a.micro_batch = std::stoi(m[3]);
+    a.recompute = m[4].length() > 0;
+    GPIPE_CHECK(!a.recompute || a.kind == ActionKind::kForward, "cannot parse action \"", text,
+                "\": only a forward carries the recompute flag r");
+    return a;
+  }
+  if (std::regex_match(text, m, comm)) {
+    a.stage = std::stoi(m[1]);
+    a.kind = m[2] == "SEND" ? ActionKind::kSend : ActionKind::kRecv;
+    a.channel = m[3] == "F" ? Channel::kActivation : Channel::kGradient;
+    a.micro_batch = std::stoi(m[4]);
+    GPIPE_CHECK((m[5] == ">") == (a.kind == ActionKind::kSend), "cannot parse action \"", text,
+                "\": a send is written SEND_F0>2 (to stage 2), a receive RECV_F0<1 (from stage 1)");
+    a.peer = std::stoi(m[6]);
+    return a;
+  }
+  GPIPE_CHECK(false, "cannot parse action \"", text,
+              "\": expected <stage><F|B|I|W><micro-batch>[r] such as \"1F0\", or a send or receive such as "
+              "\"1SEND_F0>2\" / \"2RECV_F0<1\"");
+  return a;
+}
+
+bool Schedule::lowered() const {
+  for (const auto& row : actions)
+    for (const Action& a : row)
+      if (!a.is_compute()) return true;
+  return false;
+}
+
+std::vector<int> Schedule::stages_of(int device) const {
+  std::vector<int> out;
+  for (int s = 0; s < static_cast<int>(placement.size()); ++s)
+    if (placement[static_cast<size_t>(s)] == device) out.push_back(s);
+  return out;
+}
+
+// ---------------------------------------------------------------- generators
+
+std::string to_string(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe: return "gpipe";
+    case ScheduleKind::k1F1B: return "1f1b";
+    case ScheduleKind::kInterleaved: return "interleaved";
+    case ScheduleKind::kZB1P: return "zb1p";
+  }
+  return "?";
+}
+
+std::string schedule_names() { return "gpipe|1f1b|interleaved|zb1p"; }
+
+ScheduleKind parse_schedule(const std::string& text) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZB1P})
+    if (text == to_string(kind)) return kind;
+  GPIPE_CHECK(false, "unknown schedule \"", text, "\"; use one of ", schedule_names());
+  return ScheduleKind::kGPipe;
 }
 
 namespace {
 
-void check_shape(int stages, int micro_batches) {
-  GPIPE_CHECK(stages >= 1, "a schedule needs at least 1 stage (got ", stages, ")");
-  GPIPE_CHECK(micro_batches >= 1, "a schedule needs at least 1 micro-batch (got ",
-              micro_batches, ")");
+void check_shape(int devices, int micro_batches, int virtual_stages = 1) {
+  GPIPE_CHECK(devices >= 1, "a schedule needs at least 1 device (got ", devices, ")");
+  GPIPE_CHECK(micro_batches >= 1, "a schedule needs at least 1 micro-batch (got ", micro_batches, ")");
+  GPIPE_CHECK(virtual_stages >= 1, "a schedule needs at least 1 stage per device (got ", virtual_stages, ")");
 }
 
-// The lists, one row a stage, with `marker` after row `bad_stage`.
-std::string format_lists(const Schedule& schedule, int bad_stage) {
+// A schedule with stage s on device s mod K and empty rows.
+Schedule empty_schedule(const std::string& name, int devices, int micro_batches, int virtual_stages, bool backward) {
+  Schedule s;
+  s.name = name;
+  s.devices = devices;
+  s.stages = devices * virtual_stages;
+  s.micro_batches = micro_batches;
+  s.backward = backward;
+  for (int stage = 0; stage < s.stages; ++stage) s.placement.push_back(stage % devices);
+  s.actions.resize(static_cast<size_t>(devices));
+  return s;
+}
+
+Action compute(int stage, ActionKind kind, int micro_batch) {
+  Action a;
+  a.stage = stage;
+  a.kind = kind;
+  a.micro_batch = micro_batch;
+  return a;
+}
+
+}  // namespace
+
+Schedule fill_drain(int devices, int micro_batches) {
+  check_shape(devices, micro_batches);
+  Schedule s = empty_schedule("gpipe", devices, micro_batches, 1, true);
+  for (int d = 0; d < devices; ++d) {
+    auto& row = s.actions[static_cast<size_t>(d)];
+    for (int i = 0; i < micro_batches; ++i) row.push_back(compute(d, ActionKind::kForward, i));
+    for (int i = micro_batches - 1; i >= 0; --i) row.push_back(compute(d, ActionKind::kBackward, i));
+  }
+  return s;
+}
+
+Schedule one_f_one_b(int devices, int micro_batches) {
+  check_shape(devices, micro_batches);
+  Schedule s = empty_schedule("1f1b", devices, micro_batches, 1, true);
+  const int M = micro_batches;
+  for (int d = 0; d < devices; ++d) {
+    auto& row = s.actions[static_cast<size_t>(d)];
+    const int warmup = std::min(devices - 1 - d, M);
+    for (int i = 0; i < warmup; ++i) row.push_back(compute(d, ActionKind::kForward, i));
+    for (int i = 0; i < M - warmup; ++i) {  // steady state: one forward, one backward
+      row.push_back(compute(d, ActionKind::kForward, warmup + i));
+      row.push_back(compute(d, ActionKind::kBackward, i));
+    }
+    for (int i = M - warmup; i < M; ++i) row.push_back(compute(d, ActionKind::kBackward, i));  // drain
+  }
+  return s;
+}
+
+Schedule interleaved(int devices, int micro_batches, int virtual_stages) {
+  check_shape(devices, micro_batches, virtual_stages);
+  const int K = devices, M = micro_batches, V = virtual_stages;
+  GPIPE_CHECK(V >= 2, "the interleaved schedule needs at least 2 stages per device (got ", V,
+              "); set virtual stages V >= 2, or use 1f1b for one stage per device");
+  GPIPE_CHECK(M % K == 0, "the interleaved schedule takes micro-batches ", K, " at a time, one per device, so M (",
+              M, ") must be a multiple of K (", K, "); use M = ", K * std::max(1, (M + K - 1) / K), " or another schedule");
+  Schedule s = empty_schedule("interleaved", K, M, V, true);
+  // The k-th forward (backward) of a device: its chunk c (stage c·K + d) and micro-batch,
+  // taking K micro-batches through chunk 0, then through chunk 1, ... (Megatron-LM's order).
+  auto micro_batch = [&](int k) { return (k / (K * V)) * K + k % K; };
+  auto forward_chunk = [&](int k) { return (k / K) % V; };
+  auto backward_chunk = [&](int k) { return V - 1 - (k / K) % V; };
+  const int total = M * V;
+  for (int d = 0; d < K; ++d) {
+    auto& row = s.actions[static_cast<size_t>(d)];
+    auto forward = [&](int k) { row.push_back(compute(forward_chunk(k) * K + d, ActionKind::kForward, micro_batch(k))); };
+    auto backward = [&](int k) { row.push_back(compute(backward_chunk(k) * K + d, ActionKind::kBackward, micro_batch(k))); };
+    const int warmup = std::min(2 * (K - 1 - d) + (V - 1) * K, total);
+    for (int k = 0; k < warmup; ++k) forward(k);
+    for (int k = 0; k < total - warmup; ++k) {
+      forward(warmup + k);
+      backward(k);
+    }
+    for (int k = total - warmup; k < total; ++k) backward(k);
+  }
+  return s;
+}
+
+Schedule zb1p(int devices, int micro_batches) {
+  check_shape(devices, micro_batches);
+  const int K = devices, M = micro_batches;
+  Schedule s = empty_schedule("zb1p", K, M, 1, true);
+  // A unit-time list schedule. When free, device d runs, in this order of preference:
+  //   the next I (in micro-batch order) whose gradient is there;
+  //   the next F whose input is there, while fewer than K-d micro-batches await their I (1F1B's bound);
+  //   the oldest W waiting.
+  constexpr int kNever = std::numeric_limits<int>::max();
+  std::vector<std::vector<int>> f_end(static_cast<size_t>(K), std::vector<int>(static_cast<size_t>(M), kNever));
+  auto i_end = f_end;
+  std::vector<int> next_f(static_cast<size_t>(K), 0), next_i(static_cast<size_t>(K), 0);
+  std::vector<std::deque<int>> waiting_w(static_cast<size_t>(K));
+  int remaining = 3 * K * M;
+  for (int t = 0; remaining > 0; ++t) {
+    for (int d = 0; d < K; ++d) {
+      const size_t dd = static_cast<size_t>(d);
+      auto& row = s.actions[dd];
+      const int f = next_f[dd], i = next_i[dd];
+      const bool i_ready = i < f && f_end[dd][static_cast<size_t>(i)] <= t &&
+                           (d == K - 1 || i_end[dd + 1][static_cast<size_t>(i)] <= t);
+      const bool f_ready = f < M && f - i < K - d && (d == 0 || f_end[dd - 1][static_cast<size_t>(f)] <= t);
+      if (i_ready) {
+        row.push_back(compute(d, ActionKind::kInputGrad, i));
+        i_end[dd][static_cast<size_t>(i)] = t + 1;
+        waiting_w[dd].push_back(i);
+        ++next_i[dd];
+      } else if (f_ready) {
+        row.push_back(compute(d, ActionKind::kForward, f));
+        f_end[dd][static_cast<size_t>(f)] = t + 1;
+        ++next_f[dd];
+      } else if (!waiting_w[dd].empty()) {
+        row.push_back(compute(d, ActionKind::kWeightGrad, waiting_w[dd].front()));
+        waiting_w[dd].pop_front();
+      } else {
+        continue;  // idle this slot
+      }
+      --remaining;
+    }
+  }
+  return s;
+}
+
+Schedule forward_only(int devices, int micro_batches, int virtual_stages) {
+  check_shape(devices, micro_batches, virtual_stages);
+  Schedule s = empty_schedule("forward", devices, micro_batches, virtual_stages, false);
+  for (int stage = 0; stage < s.stages; ++stage)
+    for (int i = 0; i < micro_batches; ++i)
+      s.actions[static_cast<size_t>(stage % devices)].push_back(compute(stage, ActionKind::kForward, i));
+  return s;
+}
+
+Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int virtual_stages) {
+  check_shape(devices, micro_batches, virtual_stages);
+  GPIPE_CHECK(kind == ScheduleKind::kInterleaved || virtual_stages == 1, "the ", to_string(kind),
+              " schedule runs one stage per device, but ", virtual_stages,
+              " stages per device were asked for; use the interleaved schedule, or 1 stage per device");
+  switch (kind) {
+    case ScheduleKind::kGPipe: return fill_drain(devices, micro_batches);
+    case ScheduleKind::k1F1B: return one_f_one_b(devices, micro_batches);
+    case ScheduleKind::kInterleaved: return interleaved(devices, micro_batches, virtual_stages);
+    case ScheduleKind::kZB1P: return zb1p(devices, micro_batches);
+  }
+  return fill_drain(devices, micro_batches);
+}
+
+// ---------------------------------------------------------------- lowering
+
+Schedule lower(const Schedule& schedule, Checkpoint mode) {
+  GPIPE_CHECK(!schedule.lowered(), "the ", schedule.name, " schedule is already lowered");
+  Schedule program = schedule;
+  const int S = schedule.stages;
+  for (auto& row : program.actions) {
+    std::vector<Action> out;
+    for (size_t n = 0; n < row.size(); ++n) {
+      Action a = row[n];
+      auto comm = [&](ActionKind kind, Channel channel, int peer) {
+        Action c = compute(a.stage, kind, a.micro_batch);
+        c.channel = channel;
+        c.peer = peer;
+        out.push_back(c);
+      };
+      if (a.kind == ActionKind::kForward) {
+        if (schedule.backward) {
+          // The next compute action of this device after the forward.
+          const Action* next = n + 1 < row.size() ? &row[n + 1] : nullptr;
+          const bool follows = next != nullptr && next->is_backward() && next->stage == a.stage &&
+                               next->micro_batch == a.micro_batch;
+          a.recompute = mode == Checkpoint::kAlways || (mode == Checkpoint::kExceptLast && !follows);
+        }
+        if (a.stage > 0) comm(ActionKind::kRecv, Channel::kActivation, a.stage - 1);
+        out.push_back(a);
+        if (a.stage < S - 1) comm(ActionKind::kSend, Channel::kActivation, a.stage + 1);
+      } else if (a.is_backward()) {
+        if (a.stage < S - 1) comm(ActionKind::kRecv, Channel::kGradient, a.stage + 1);
+        out.push_back(a);
+        if (a.stage > 0) comm(ActionKind::kSend, Channel::kGradient, a.stage - 1);
+      } else {
+        out.push_back(a);
+      }
+    }
+    row = std::move(out);
+  }
+  return program;
+}
+
+// ---------------------------------------------------------------- validation and simulation
+
+namespace {
+
+// The lists, one row a device, with "<-- ERROR HERE" after row `bad_device`.
+std::string format_lists(const Schedule& schedule, int bad_device) {
   std::ostringstream out;
-  for (size_t j = 0; j < schedule.actions.size(); ++j) {
-    out << "stage " << j << " |";
-    for (const Action& a : schedule.actions[j]) out << ' ' << a.str();
-    if (static_cast<int>(j) == bad_stage) out << "  <-- ERROR HERE";
+  for (size_t d = 0; d < schedule.actions.size(); ++d) {
+    out << "device " << d << " |";
+    for (const Action& a : schedule.actions[d]) out << ' ' << a.str();
+    if (static_cast<int>(d) == bad_device) out << "  <-- ERROR HERE";
     out << '\n';
   }
   return out.str();
 }
 
-[[noreturn]] void fail(const Schedule& schedule, int bad_stage, const std::string& why) {
-  throw std::logic_error("gpipe: invalid schedule: " + why + "\n" +
-                         format_lists(schedule, bad_stage));
+[[noreturn]] void fail(const Schedule& schedule, int bad_device, const std::string& why) {
+  throw std::invalid_argument("gpipe: invalid " + (schedule.name.empty() ? std::string() : schedule.name + " ") +
+                              "schedule: " + why + "\n" + format_lists(schedule, bad_device));
+}
+
+using CommKey = std::tuple<int, int, int, int>;  // (from stage, to stage, channel, micro-batch)
+
+CommKey comm_key(const Action& a) {
+  const bool send = a.kind == ActionKind::kSend;
+  return {send ? a.stage : a.peer, send ? a.peer : a.stage, static_cast<int>(a.channel), a.micro_batch};
+}
+
+void check_structure(const Schedule& schedule) {
+  const int K = schedule.devices, S = schedule.stages, M = schedule.micro_batches;
+  if (K < 1 || M < 1 || S < K) fail(schedule, -1, "devices and micro-batches must be at least 1, and stages at least devices");
+  if (static_cast<int>(schedule.placement.size()) != S)
+    fail(schedule, -1, "the placement names " + std::to_string(schedule.placement.size()) + " stages, expected " +
+                           std::to_string(S));
+  for (int s = 0; s < S; ++s) {
+    const int d = schedule.placement[static_cast<size_t>(s)];
+    if (d < 0 || d >= K) fail(schedule, -1, "stage " + std::to_string(s) + " is placed on device " + std::to_string(d) +
+                                                ", outside 0.." + std::to_string(K - 1));
+  }
+  if (static_cast<int>(schedule.actions.size()) != K)
+    fail(schedule, -1, "expected " + std::to_string(K) + " rows (one per device), got " +
+                           std::to_string(schedule.actions.size()));
+
+  // Per (stage, micro-batch): how many F, B, I, W, in order of appearance on its device.
+  std::map<std::pair<int, int>, std::map<char, int>> seen;
+  std::map<CommKey, int> sends, recvs;
+  const bool lowered = schedule.lowered();
+  for (int d = 0; d < K; ++d) {
+    std::set<std::tuple<int, int, int>> received;  // (stage, channel, micro-batch) this device has taken in
+    for (const Action& a : schedule.actions[static_cast<size_t>(d)]) {
+      if (a.stage < 0 || a.stage >= S) fail(schedule, d, a.str() + " names a stage outside 0.." + std::to_string(S - 1));
+      if (schedule.placement[static_cast<size_t>(a.stage)] != d)
+        fail(schedule, d, a.str() + " is in the row of device " + std::to_string(d) + ", but stage " +
+                              std::to_string(a.stage) + " is placed on device " +
+                              std::to_string(schedule.placement[static_cast<size_t>(a.stage)]));
+      if (a.micro_batch < 0 || a.micro_batch >= M)
+        fail(schedule, d, a.str() + " names a micro-batch outside 0.." + std::to_string(M - 1));
+      if (!a.is_compute()) {
+        if (a.peer < 0 || a.peer >= S) fail(schedule, d, a.str() + " names a stage outside 0.." + std::to_string(S - 1));
+        // Activations go to the next stage, gradients to the previous one.
+        const bool towards_next = (a.kind == ActionKind::kSend) == (a.channel == Channel::kActivation);
+        if (a.peer != a.stage + (towards_next ? 1 : -1))
+          fail(schedule, d, a.str() + (a.channel == Channel::kActivation ? " moves an activation" : " moves a gradient") +
+                                " the wrong way: activations go from stage s to s+1, gradients from s+1 to s");
+        ++(a.kind == ActionKind::kSend ? sends : recvs)[comm_key(a)];
+        if (a.kind == ActionKind::kRecv) received.insert({a.stage, static_cast<int>(a.channel), a.micro_batch});
+        continue;
+      }
+      // In a program, an action that needs another stage's tensor comes after its receive.
+      const bool needs_activation = a.kind == ActionKind::kForward && a.stage > 0;
+      const bool needs_gradient = a.is_backward() && a.stage < S - 1;
+      if (lowered && (needs_activation || needs_gradient) &&
+          received.count({a.stage, static_cast<int>(needs_activation ? Channel::kActivation : Channel::kGradient),
+                          a.micro_batch}) == 0)
+        fail(schedule, d, a.str() + " has no earlier receive of its " +
+                              (needs_activation ? "input from stage " + std::to_string(a.stage - 1)
+                                                : "output's gradient from stage " + std::to_string(a.stage + 1)));
+      auto& count = seen[{a.stage, a.micro_batch}];
+      const char k = static_cast<char>(a.kind);
+      if (a.kind != ActionKind::kForward && !schedule.backward)
+        fail(schedule, d, a.str() + " is a backward in a forward-only schedule");
+      if (a.kind != ActionKind::kForward && count['F'] == 0) fail(schedule, d, a.str() + " comes before its forward");
+      if (a.kind == ActionKind::kWeightGrad && count['I'] == 0) fail(schedule, d, a.str() + " comes before its I");
+      if (count[k] > 0) fail(schedule, d, a.str() + " appears twice");
+      if ((a.kind == ActionKind::kBackward && (count['I'] || count['W'])) ||
+          (a.kind == ActionKind::kInputGrad && count['B']))
+        fail(schedule, d, a.str() + ": a micro-batch's backward is either B, or I then W, not both");
+      ++count[k];
+    }
+  }
+  for (int s = 0; s < S; ++s) {
+    const int d = schedule.placement[static_cast<size_t>(s)];
+    for (int i = 0; i < M; ++i) {
+      auto& count = seen[{s, i}];
+      const std::string name = std::to_string(s) + "F" + std::to_string(i);
+      if (count['F'] != 1) fail(schedule, d, name + " is missing");
+      if (schedule.backward && count['B'] == 0 && count['I'] == 0)
+        fail(schedule, d, std::to_string(s) + "B" + std::to_string(i) + " (or its I and W) is missing");
+      if (count['I'] == 1 && count['W'] == 0) fail(schedule, d, std::to_string(s) + "W" + std::to_string(i) + " is missing");
+    }
+  }
+  for (const auto& [key, n] : sends)
+    if (n != 1 || recvs[key] != 1) {
+      const auto [from, to, channel, i] = key;
+      Action a = compute(from, ActionKind::kSend, i);
+      a.channel = static_cast<Channel>(channel);
+      a.peer = to;
+      fail(schedule, schedule.placement[static_cast<size_t>(from)],
+           a.str() + " is sent " + std::to_string(n) + " time(s) and received " + std::to_string(recvs[key]) +
+               " time(s); each message needs exactly one of each");
+    }
+  for (const auto& [key, n] : recvs)
+    if (sends.count(key) == 0) {
+      const auto [from, to, channel, i] = key;
+      Action a = compute(to, ActionKind::kRecv, i);
+      a.channel = static_cast<Channel>(channel);
+      a.peer = from;
+      fail(schedule, schedule.placement[static_cast<size_t>(to)], a.str() + " waits for a message no stage sends");
+    }
 }
 
 }  // namespace
 
-Schedule fill_drain(int stages, int micro_batches) {
-  check_shape(stages, micro_batches);
-  Schedule schedule{stages, micro_batches, true, {}};
-  schedule.actions.resize(static_cast<size_t>(stages));
-  for (int j = 0; j < stages; ++j) {
-    auto& row = schedule.actions[static_cast<size_t>(j)];
-    for (int i = 0; i < micro_batches; ++i) row.push_back({j, Phase::kForward, i});
-    for (int i = micro_batches - 1; i >= 0; --i) row.push_back({j, Phase::kBackward, i});
-  }
-  return schedule;
-}
+double unit_cost(const Action& action) { return action.is_compute() ? 1.0 : 0.0; }
 
-Schedule forward_only(int stages, int micro_batches) {
-  check_shape(stages, micro_batches);
-  Schedule schedule{stages, micro_batches, false, {}};
-  schedule.actions.resize(static_cast<size_t>(stages));
-  for (int j = 0; j < stages; ++j)
-    for (int i = 0; i < micro_batches; ++i)
-      schedule.actions[static_cast<size_t>(j)].push_back({j, Phase::kForward, i});
-  return schedule;
-}
-
-int64_t unit_cost(const Action&) { return 1; }
-
-SimulatedRun simulate(const Schedule& schedule,
-                      const std::function<int64_t(const Action&)>& cost) {
-  const size_t K = schedule.actions.size();
-  // finish[{j, phase, i}]: when that action ends, once it has been placed.
-  std::map<std::tuple<int, char, int>, int64_t> finish;
-  auto done = [&](int j, Phase p, int i, int64_t* at) {
-    auto it = finish.find({j, static_cast<char>(p), i});
-    if (it == finish.end()) return false;
-    *at = std::max(*at, it->second);
-    return true;
-  };
-
+SimulatedRun simulate(const Schedule& schedule, const CostFn& cost) {
   SimulatedRun run;
+  run.program = schedule.lowered() ? schedule : lower(schedule, Checkpoint::kNever);
+  const Schedule& p = run.program;
+  check_structure(p);
+  const size_t K = p.actions.size();
   run.start.resize(K);
-  std::vector<size_t> next(K, 0);
-  std::vector<int64_t> free_at(K, 0);
-  size_t remaining = 0;
-  for (const auto& row : schedule.actions) remaining += row.size();
+  run.end.resize(K);
+  run.busy.assign(K, 0.0);
+  run.peak_in_flight.assign(K, 0);
 
+  std::map<CommKey, double> sent;  // when each message left
+  std::vector<size_t> next(K, 0);
+  std::vector<double> free_at(K, 0.0);
+  size_t remaining = 0;
+  for (const auto& row : p.actions) remaining += row.size();
   while (remaining > 0) {
     bool progress = false;
-    for (size_t j = 0; j < K; ++j) {
-      const auto& row = schedule.actions[j];
-      // Place as many of stage j's actions as have their inputs ready.
-      while (next[j] < row.size()) {
-        const Action& a = row[next[j]];
-        int64_t ready = free_at[j];
-        bool ok = true;
-        if (a.phase == Phase::kForward) {
-          if (a.stage > 0) ok = done(a.stage - 1, Phase::kForward, a.micro_batch, &ready);
-        } else {
-          ok = done(a.stage, Phase::kForward, a.micro_batch, &ready);
-          if (ok && a.stage + 1 < static_cast<int>(K))
-            ok = done(a.stage + 1, Phase::kBackward, a.micro_batch, &ready);
+    for (size_t d = 0; d < K; ++d) {
+      const auto& row = p.actions[d];
+      while (next[d] < row.size()) {  // place every action of device d that can start
+        const Action& a = row[next[d]];
+        double begin = free_at[d];
+        if (a.kind == ActionKind::kRecv) {
+          const auto it = sent.find(comm_key(a));
+          if (it == sent.end()) break;
+          begin = std::max(begin, it->second);
         }
-        if (!ok) break;
-        run.start[j].push_back(ready);
-        free_at[j] = ready + cost(a);
-        finish[{a.stage, static_cast<char>(a.phase), a.micro_batch}] = free_at[j];
-        run.makespan = std::max(run.makespan, free_at[j]);
-        ++next[j];
+        const double finish = begin + cost(a);
+        if (a.kind == ActionKind::kSend) sent[comm_key(a)] = finish;
+        if (a.is_compute()) run.busy[d] += finish - begin;
+        run.start[d].push_back(begin);
+        run.end[d].push_back(finish);
+        free_at[d] = finish;
+        run.makespan = std::max(run.makespan, finish);
+        ++next[d];
         --remaining;
         progress = true;
       }
     }
     if (!progress) {
-      int stuck = 0;
-      for (size_t j = 0; j < K; ++j)
-        if (next[j] < schedule.actions[j].size()) { stuck = static_cast<int>(j); break; }
-      fail(schedule, stuck,
-           "deadlock: stage " + std::to_string(stuck) + " waits for " +
-               schedule.actions[static_cast<size_t>(stuck)][next[static_cast<size_t>(stuck)]].str() +
-               "'s input, which no stage can produce");
+      size_t stuck = 0;
+      while (next[stuck] >= p.actions[stuck].size()) ++stuck;
+      const Action& a = p.actions[stuck][next[stuck]];
+      fail(p, static_cast<int>(stuck),
+           "deadlock: device " + std::to_string(stuck) + " waits in " + a.str() + " for stage " + std::to_string(a.peer) +
+               ", which is itself waiting");
     }
+  }
+  run.bubble = run.makespan > 0
+                   ? 1.0 - std::accumulate(run.busy.begin(), run.busy.end(), 0.0) / (static_cast<double>(K) * run.makespan)
+                   : 0.0;
+
+  // In flight per device: +1 when a forward starts, -1 when its B (or W) ends.
+  for (size_t d = 0; d < K; ++d) {
+    std::vector<std::pair<double, int>> events;
+    const auto& row = p.actions[d];
+    for (size_t n = 0; n < row.size(); ++n) {
+      const Action& a = row[n];
+      if (a.kind == ActionKind::kForward && p.backward) events.push_back({run.start[d][n], +1});
+      if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kWeightGrad) events.push_back({run.end[d][n], -1});
+    }
+    std::sort(events.begin(), events.end());  // ends (-1) before starts (+1) at the same time
+    int held = 0;
+    for (const auto& [t, delta] : events) run.peak_in_flight[d] = std::max(run.peak_in_flight[d], held += delta);
   }
   return run;
 }
 
-void validate(const Schedule& schedule) {
-  const int K = schedule.stages;
-  const int M = schedule.micro_batches;
-  if (K < 1 || M < 1) fail(schedule, -1, "stages and micro_batches must be at least 1");
-  if (static_cast<int>(schedule.actions.size()) != K)
-    fail(schedule, -1,
-         "expected " + std::to_string(K) + " rows (one per stage), got " +
-             std::to_string(schedule.actions.size()));
-  for (int j = 0; j < K; ++j) {
-    std::vector<int> forwards(static_cast<size_t>(M), 0), backwards(static_cast<size_t>(M), 0);
-    for (const Action& a : schedule.actions[static_cast<size_t>(j)]) {
-      if (a.stage != j) fail(schedule, j, a.str() + " is in the row of stage " + std::to_string(j));
-      if (a.micro_batch < 0 || a.micro_batch >= M)
-        fail(schedule, j, a.str() + " names a micro-batch outside 0.." + std::to_string(M - 1));
-      if (a.phase == Phase::kForward) {
-        ++forwards[static_cast<size_t>(a.micro_batch)];
-      } else {
-        if (!schedule.backward) fail(schedule, j, a.str() + " is a backward in a forward-only schedule");
-        if (forwards[static_cast<size_t>(a.micro_batch)] == 0)
-          fail(schedule, j, a.str() + " comes before its forward");
-        ++backwards[static_cast<size_t>(a.micro_batch)];
-      }
-    }
-    for (int i = 0; i < M; ++i) {
-      const std::string f = Action{j, Phase::kForward, i}.str();
-      const std::string b = Action{j, Phase::kBackward, i}.str();
-      if (forwards[static_cast<size_t>(i)] != 1)
-        fail(schedule, j, f + " appears " + std::to_string(forwards[static_cast<size_t>(i)]) + " times, expected once");
-      if (schedule.backward && backwards[static_cast<size_t>(i)] != 1)
-        fail(schedule, j, b + " appears " + std::to_string(backwards[static_cast<size_t>(i)]) + " times, expected once");
-    }
-  }
-  simulate(schedule);  // throws on deadlock
-}
+void validate(const Schedule& schedule) { simulate(schedule); }
 
 std::string format_grid(const Schedule& schedule) {
   const SimulatedRun run = simulate(schedule);
+  const Schedule& p = run.program;
   size_t width = 1;
-  for (const auto& row : schedule.actions)
-    for (const Action& a : row) width = std::max(width, a.str().size());
-
+  for (const auto& row : p.actions)
+    for (const Action& a : row)
+      if (a.is_compute()) width = std::max(width, a.str().size());
+  const size_t slots = static_cast<size_t>(run.makespan + 0.5);
   std::ostringstream out;
-  for (size_t j = 0; j < schedule.actions.size(); ++j) {
-    std::vector<std::string> cells(static_cast<size_t>(run.makespan), "");
-    for (size_t n = 0; n < schedule.actions[j].size(); ++n)
-      cells[static_cast<size_t>(run.start[j][n])] = schedule.actions[j][n].str();
-    out << "stage " << j << " |";
+  for (size_t d = 0; d < p.actions.size(); ++d) {
+    std::vector<std::string> cells(slots);
+    for (size_t n = 0; n < p.actions[d].size(); ++n)
+      if (p.actions[d][n].is_compute()) cells[static_cast<size_t>(run.start[d][n] + 0.5)] = p.actions[d][n].str();
+    out << "device " << d << " |";
     for (const std::string& cell : cells) {
       const std::string text = cell.empty() ? "." : cell;
       const size_t pad = width - text.size();

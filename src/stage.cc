@@ -1,43 +1,33 @@
-// stage.cc: the stage executor: forward, re-materialized backward, and the random stream replay.
+// stage.cc: one stage: forward, re-materialized backward, the I/W split, and the random stream replay.
 #include "gpipe/stage.h"
+
+#include "gpipe/check.h"
 
 #include <torch/torch.h>
 
-#include <c10/core/DeviceGuard.h>
-
 #include <mutex>
-#include <optional>
+#include <unordered_set>
 
 namespace gpipe {
-
-StageError::StageError(const Action& action, const std::string& what)
-    : std::runtime_error("gpipe: stage " + std::to_string(action.stage) + " failed in the " +
-                         (action.phase == Phase::kForward ? "forward" : "backward") +
-                         " of micro-batch " + std::to_string(action.micro_batch) + " (action " +
-                         action.str() + "): " + what),
-      action_(action) {}
-
 namespace {
+
+const char* describe(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kForward: return "forward";
+    case ActionKind::kBackward: return "backward";
+    case ActionKind::kInputGrad: return "input-gradient backward (I)";
+    case ActionKind::kWeightGrad: return "weight-gradient backward (W)";
+    case ActionKind::kSend: return "send";
+    case ActionKind::kRecv: return "receive";
+  }
+  return "?";
+}
 
 template <typename Impl>
 bool drops(torch::nn::Module& module) {
   auto* dropout = module.as<Impl>();
   return dropout != nullptr && dropout->options.p() > 0;
 }
-
-}  // namespace
-
-bool draws_random_numbers(const torch::nn::Sequential& layers) {
-  for (const auto& module : layers->modules(/*include_self=*/false)) {
-    if (drops<torch::nn::DropoutImpl>(*module) || drops<torch::nn::Dropout2dImpl>(*module) ||
-        drops<torch::nn::Dropout3dImpl>(*module) || drops<torch::nn::AlphaDropoutImpl>(*module) ||
-        drops<torch::nn::FeatureAlphaDropoutImpl>(*module))
-      return true;
-  }
-  return false;
-}
-
-namespace {
 
 // The default generators are shared by every thread of the process. A
 // stochastic stage holds this lock while it draws, and seeds the generator
@@ -69,55 +59,54 @@ uint64_t mix(uint64_t x) {  // splitmix64's finalizer
   return x ^ (x >> 31);
 }
 
+// The parameters of `module` that take gradients, each once.
+std::vector<torch::Tensor> trainable(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& p : module.parameters())
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  return out;
+}
+
 }  // namespace
 
-StageExecutor::StageExecutor(int index, int stages, torch::nn::Sequential layers, Device device,
-                             Transport* transport, std::shared_ptr<MemoryCounter> memory)
+StageError::StageError(const Action& action, const std::string& what)
+    : std::runtime_error("gpipe: stage " + std::to_string(action.stage) + " failed in the " + describe(action.kind) +
+                         " of micro-batch " + std::to_string(action.micro_batch) + " (action " + action.str() +
+                         "): " + what),
+      action_(action) {}
+
+bool draws_random_numbers(const torch::nn::Sequential& layers) {
+  for (const auto& module : layers->modules(/*include_self=*/false)) {
+    if (drops<torch::nn::DropoutImpl>(*module) || drops<torch::nn::Dropout2dImpl>(*module) ||
+        drops<torch::nn::Dropout3dImpl>(*module) || drops<torch::nn::AlphaDropoutImpl>(*module) ||
+        drops<torch::nn::FeatureAlphaDropoutImpl>(*module))
+      return true;
+  }
+  return false;
+}
+
+Stage::Stage(int index, int stages, torch::nn::Sequential layers, Device device)
     : index_(index),
       stages_(stages),
       layers_(std::move(layers)),
       device_(std::move(device)),
-      transport_(transport),
-      stochastic_(draws_random_numbers(layers_)),
-      memory_(std::move(memory)) {}
+      stochastic_(draws_random_numbers(layers_)) {
+  for (const auto& layer : *layers_) layer_parameters_.push_back(trainable(*layer.ptr()));
+}
 
-uint64_t StageExecutor::seed_of(int i, const StepData& step) const {
+uint64_t Stage::seed_of(int i, const StepData& step) const {
   return mix(step.seed ^ mix((static_cast<uint64_t>(index_) << 32) | static_cast<uint32_t>(i)));
 }
 
-void StageExecutor::run(const std::vector<Action>& actions, StepData& step,
-                        std::vector<ActionSpan>* trace) {
-  c10::DeviceGuard device_guard(device_.device);
-  torch::AutoGradMode grad_mode(step.training);
-  std::optional<MemoryScope> memory_scope;
-  if (memory_) memory_scope.emplace(memory_);
-  kept_.assign(step.recompute.size(), Kept{});
-  if (trace != nullptr) trace->reserve(actions.size());
-  try {
-    for (const Action& action : actions) {
-      compute_begin_ns_ = 0;
-      try {
-        if (action.phase == Phase::kForward)
-          forward(action.micro_batch, step);
-        else
-          backward(action.micro_batch, step);
-      } catch (const Cancelled&) {
-        throw;
-      } catch (const std::exception& e) {
-        throw StageError(action, e.what());
-      }
-      // The span starts when the inputs had arrived: waiting is idle time, not work.
-      if (trace != nullptr) trace->push_back({action, compute_begin_ns_, now_ns()});
-    }
-  } catch (...) {
-    kept_.clear();
-    throw;
-  }
-  kept_.clear();
+Stage::Kept& Stage::kept(int i) {
+  auto it = kept_.find(i);
+  GPIPE_CHECK(it != kept_.end(), "stage ", index_, " has no forward of micro-batch ", i,
+              " to run backward from; the schedule must run F before B, I or W");
+  return it->second;
 }
 
-torch::Tensor StageExecutor::weighted_loss(const torch::Tensor& output, int i,
-                                           const StepData& step) const {
+torch::Tensor Stage::weighted_loss(const torch::Tensor& output, int i, const StepData& step) const {
   torch::Tensor loss = step.loss(output, step.targets[static_cast<size_t>(i)].to(device_.device));
   TORCH_CHECK(loss.defined() && loss.numel() == 1,
               "the loss must return a scalar reduced by the mean over the batch; it returned ",
@@ -125,66 +114,139 @@ torch::Tensor StageExecutor::weighted_loss(const torch::Tensor& output, int i,
   return loss.reshape({}) * step.weights[static_cast<size_t>(i)];
 }
 
-void StageExecutor::forward(int i, StepData& step) {
-  torch::Tensor x = first() ? step.inputs[static_cast<size_t>(i)]
-                            : transport_->recv(index_ - 1, index_, Channel::kActivation, i);
-  x = x.to(device_.device).detach();
-  compute_begin_ns_ = now_ns();
+torch::Tensor Stage::run_layers(int i, const torch::Tensor& x, bool split, Kept& kept, StepData& step) {
+  torch::Tensor y;
+  if (!split) {
+    y = layers_->forward(x);
+    kept.output = y;
+  } else {
+    // Each layer on a detached copy of the previous output, so I and W can treat layers one by one.
+    kept.layer_inputs.clear();
+    kept.layer_outputs.clear();
+    torch::Tensor a = x;
+    for (auto& layer : *layers_) {
+      if (!kept.layer_inputs.empty()) {
+        const bool upstream = a.requires_grad();
+        a = a.detach();
+        if (upstream && a.is_floating_point()) a.requires_grad_(true);
+      }
+      kept.layer_inputs.push_back(a);
+      a = layer.forward(a);
+      kept.layer_outputs.push_back(a);
+    }
+    // The loss's own graph starts at a leaf, so I starts from d loss / d output.
+    y = a;
+    kept.output = a.detach();
+    if (a.requires_grad() && kept.output.is_floating_point()) kept.output.requires_grad_(true);
+  }
+  if (last()) kept.loss = weighted_loss(kept.output, i, step);
+  return y;
+}
+
+torch::Tensor Stage::forward(int i, torch::Tensor input, bool recompute, bool split, StepData& step) {
+  torch::Tensor x = (first() ? step.inputs[static_cast<size_t>(i)] : input).to(device_.device).detach();
   if (!step.training) {
     torch::Tensor y = layers_->forward(x);
-    if (last())
-      step.outputs[static_cast<size_t>(i)] = y;
-    else
-      transport_->send(index_, index_ + 1, Channel::kActivation, i, y);
-    return;
+    if (!last()) return y;
+    step.outputs[static_cast<size_t>(i)] = y;
+    return {};
   }
-
   if (!first() && x.is_floating_point()) x.requires_grad_(true);  // [1]
-  Kept& kept = kept_[static_cast<size_t>(i)];
-  kept.input = x;
-  const bool recompute = step.recompute[static_cast<size_t>(i)];
+  Kept& k = kept_[i] = Kept{};
+  k.input = x;
+  k.recompute = recompute;
+  k.split = split;
   torch::Tensor y, loss;
   {
     RandomStream stream(stochastic_, device_.device, seed_of(i, step));
     torch::AutoGradMode keep_graph(!recompute);
-    y = layers_->forward(x);
-    if (last()) loss = weighted_loss(y, i, step);
+    y = run_layers(i, x, split && !recompute, k, step);
+    loss = k.loss;
   }
-  if (!recompute) {
-    kept.output = y;
-    kept.loss = loss;
+  if (recompute) {  // keep the input alone
+    k.output = k.loss = torch::Tensor();
+    k.layer_inputs.clear();
+    k.layer_outputs.clear();
   }
-  if (last())
-    step.losses[static_cast<size_t>(i)] = loss.item<double>();
-  else
-    transport_->send(index_, index_ + 1, Channel::kActivation, i, y.detach());  // [2]
+  if (!last()) return y.detach();  // [2]
+  step.losses[static_cast<size_t>(i)] = loss.item<double>();
+  return {};
 }
 
-void StageExecutor::backward(int i, StepData& step) {
-  Kept& kept = kept_[static_cast<size_t>(i)];
-  torch::Tensor grad;
-  if (!last())
-    grad = transport_->recv(index_ + 1, index_, Channel::kGradient, i).to(device_.device);  // [3]
-  compute_begin_ns_ = now_ns();
-
-  torch::Tensor y = kept.output, loss = kept.loss;
-  if (step.recompute[static_cast<size_t>(i)]) {
+torch::Tensor Stage::backward(int i, const torch::Tensor& output_grad, StepData& step) {
+  Kept& k = kept(i);
+  if (k.recompute) {
     RandomStream stream(stochastic_, device_.device, seed_of(i, step));
-    y = layers_->forward(kept.input);
-    if (last()) loss = weighted_loss(y, i, step);
+    run_layers(i, k.input, false, k, step);
   }
   if (last()) {
-    if (loss.requires_grad()) loss.backward();
-  } else if (y.requires_grad()) {
-    y.backward(grad);
+    if (k.loss.requires_grad()) k.loss.backward();
+  } else if (k.output.requires_grad()) {
+    k.output.backward(output_grad.to(device_.device));  // [3]
   }
-
+  torch::Tensor input_grad;
   if (!first()) {  // [4]
-    torch::Tensor input_grad = kept.input.grad();
-    if (!input_grad.defined()) input_grad = torch::zeros_like(kept.input);
-    transport_->send(index_, index_ - 1, Channel::kGradient, i, input_grad);
+    input_grad = k.input.grad();
+    if (!input_grad.defined()) input_grad = torch::zeros_like(k.input);
   }
-  kept = Kept{};
+  kept_.erase(i);
+  return input_grad;
+}
+
+torch::Tensor Stage::input_grad(int i, const torch::Tensor& output_grad, StepData& step) {
+  Kept& k = kept(i);
+  GPIPE_CHECK(k.split, "stage ", index_, " ran the forward of micro-batch ", i,
+              " without recording its layers, so its backward cannot be split into I and W");
+  if (k.recompute) {
+    RandomStream stream(stochastic_, device_.device, seed_of(i, step));
+    run_layers(i, k.input, true, k, step);
+  }
+  const size_t L = k.layer_outputs.size();
+  k.output_grads.assign(L, torch::Tensor());
+  torch::Tensor g;
+  if (!last())
+    g = output_grad.to(device_.device);
+  else if (k.loss.requires_grad())
+    g = torch::autograd::grad({k.loss}, {k.output})[0];
+  for (size_t l = L; l-- > 0;) {
+    const torch::Tensor& y = k.layer_outputs[l];
+    const torch::Tensor& a = k.layer_inputs[l];
+    if (!g.defined() || !y.requires_grad()) break;  // nothing before this layer needs a gradient
+    k.output_grads[l] = g;
+    const bool weighted = !layer_parameters_[l].empty();
+    if (!a.requires_grad()) {
+      g = torch::Tensor();
+    } else {
+      // Only d/da: autograd skips the weight-gradient products. Keep the graph for W where there are weights.
+      g = torch::autograd::grad({y}, {a}, {g}, /*retain_graph=*/weighted, /*create_graph=*/false,
+                                /*allow_unused=*/true)[0];
+      if (!g.defined()) g = torch::zeros_like(a);
+    }
+    if (!weighted) {  // nothing for W to do here: let the layer's graph go
+      k.layer_outputs[l] = torch::Tensor();
+      k.output_grads[l] = torch::Tensor();
+    }
+  }
+  torch::Tensor input_grad;
+  if (!first()) input_grad = g.defined() ? g : torch::zeros_like(k.input);
+  k.layer_inputs.clear();
+  k.output = k.loss = torch::Tensor();
+  return input_grad;
+}
+
+void Stage::weight_grad(int i) {
+  Kept& k = kept(i);
+  std::vector<torch::Tensor> outputs, grads, params;
+  std::unordered_set<const void*> seen;
+  for (size_t l = 0; l < k.output_grads.size(); ++l) {
+    if (!k.output_grads[l].defined()) continue;
+    outputs.push_back(k.layer_outputs[l]);
+    grads.push_back(k.output_grads[l]);
+    for (const auto& p : layer_parameters_[l])
+      if (seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+  }
+  if (!outputs.empty()) torch::autograd::backward(outputs, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
+  kept_.erase(i);
 }
 
 }  // namespace gpipe

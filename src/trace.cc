@@ -20,47 +20,57 @@ int64_t now_ns() {
 
 double StepTrace::seconds() const { return static_cast<double>(end_ns - begin_ns) * 1e-9; }
 
-double StepTrace::busy_seconds(int stage) const {
+double StepTrace::busy_seconds(int device) const {
   int64_t busy = 0;
-  for (const ActionSpan& span : stages[static_cast<size_t>(stage)]) busy += span.end_ns - span.begin_ns;
+  for (const ActionSpan& span : devices[static_cast<size_t>(device)]) busy += span.end_ns - span.begin_ns;
   return static_cast<double>(busy) * 1e-9;
 }
 
 double StepTrace::bubble() const {
-  const double total = seconds() * static_cast<double>(stages.size());
+  const double total = seconds() * static_cast<double>(devices.size());
   if (total <= 0) return 0;
   double busy = 0;
-  for (size_t j = 0; j < stages.size(); ++j) busy += busy_seconds(static_cast<int>(j));
+  for (size_t j = 0; j < devices.size(); ++j) busy += busy_seconds(static_cast<int>(j));
   return 1.0 - busy / total;
 }
 
-double overhead_seconds(const StepTrace& trace, const Schedule& schedule) {
-  std::map<std::tuple<int, char, int>, int64_t> duration;
-  for (const auto& row : trace.stages)
+double overhead_seconds(const StepTrace& trace, const Schedule& program) {
+  std::map<std::tuple<int, char, int>, double> duration;  // (stage, kind, micro-batch) → ns
+  for (const auto& row : trace.devices)
     for (const ActionSpan& span : row)
-      duration[{span.action.stage, static_cast<char>(span.action.phase), span.action.micro_batch}] =
-          span.end_ns - span.begin_ns;
-  const SimulatedRun ideal = simulate(schedule, [&](const Action& a) {
-    const auto it = duration.find({a.stage, static_cast<char>(a.phase), a.micro_batch});
-    return it == duration.end() ? int64_t{0} : it->second;
+      duration[{span.action.stage, static_cast<char>(span.action.kind), span.action.micro_batch}] =
+          static_cast<double>(span.end_ns - span.begin_ns);
+  const SimulatedRun ideal = simulate(program, [&](const Action& a) {
+    const auto it = duration.find({a.stage, static_cast<char>(a.kind), a.micro_batch});
+    return a.is_compute() && it != duration.end() ? it->second : 0.0;
   });
-  return static_cast<double>(trace.end_ns - trace.begin_ns - ideal.makespan) * 1e-9;
+  return (static_cast<double>(trace.end_ns - trace.begin_ns) - ideal.makespan) * 1e-9;
 }
+
+namespace {
+
+// Forward, the input-gradient backward (B or I), and W, in three colours.
+const char* category(ActionKind kind) {
+  return kind == ActionKind::kForward ? "forward" : kind == ActionKind::kWeightGrad ? "weight" : "backward";
+}
+const char* colour(ActionKind kind) {
+  return kind == ActionKind::kForward ? "#4c78a8" : kind == ActionKind::kWeightGrad ? "#54a24b" : "#f58518";
+}
+
+}  // namespace
 
 std::string chrome_trace_json(const StepTrace& trace) {
   std::ostringstream out;
   out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
   const char* sep = "\n";
-  for (size_t j = 0; j < trace.stages.size(); ++j) {
+  for (size_t j = 0; j < trace.devices.size(); ++j) {
     out << sep << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " << j
-        << ", \"args\": {\"name\": \"stage " << j << "\"}}";
+        << ", \"args\": {\"name\": \"device " << j << "\"}}";
     sep = ",\n";
   }
-  for (size_t j = 0; j < trace.stages.size(); ++j)
-    for (const ActionSpan& span : trace.stages[j]) {
-      const bool forward = span.action.phase == Phase::kForward;
-      out << sep << "{\"name\": \"" << span.action.str() << "\", \"cat\": \""
-          << (forward ? "forward" : "backward") << "\", \"ph\": \"X\", \"pid\": 0, \"tid\": " << j
+  for (size_t j = 0; j < trace.devices.size(); ++j)
+    for (const ActionSpan& span : trace.devices[j]) {
+      out << sep << "{\"name\": \"" << span.action.str() << "\", \"cat\": \"" << category(span.action.kind) << "\", \"ph\": \"X\", \"pid\": 0, \"tid\": " << j
           << ", \"ts\": " << static_cast<double>(span.begin_ns - trace.begin_ns) * 1e-3
           << ", \"dur\": " << static_cast<double>(span.end_ns - span.begin_ns) * 1e-3
           << ", \"args\": {\"micro_batch\": " << span.action.micro_batch << "}}";
@@ -75,7 +85,7 @@ void write_chrome_trace(const StepTrace& trace, const std::string& path) {
 
 std::string timeline_svg(const StepTrace& trace) {
   const double width = 1000, left = 80, right = 20, top = 56, row = 40, gap = 8;
-  const size_t K = trace.stages.size();
+  const size_t K = trace.devices.size();
   const double height = top + static_cast<double>(K) * row + 56;
   const double span_ns = std::max<double>(1.0, static_cast<double>(trace.end_ns - trace.begin_ns));
   const double scale = (width - left - right) / span_ns;  // pixels per nanosecond
@@ -86,27 +96,28 @@ std::string timeline_svg(const StepTrace& trace) {
   out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      << "<text x=\"" << left << "\" y=\"22\" font-size=\"15\">GPipe step: " << K << " stages, "
+      << "<text x=\"" << left << "\" y=\"22\" font-size=\"15\">Pipeline step: " << K << " devices, "
       << trace.seconds() * 1e3 << " ms, bubble " << 100 * trace.bubble() << "% (measured)</text>\n"
       << "<rect x=\"" << left << "\" y=\"32\" width=\"12\" height=\"12\" fill=\"#4c78a8\"/>"
       << "<text x=\"" << left + 16 << "\" y=\"43\">forward</text>"
       << "<rect x=\"" << left + 80 << "\" y=\"32\" width=\"12\" height=\"12\" fill=\"#f58518\"/>"
-      << "<text x=\"" << left + 96 << "\" y=\"43\">backward</text>\n";
+      << "<text x=\"" << left + 96 << "\" y=\"43\">backward (B, I)</text>"
+      << "<rect x=\"" << left + 210 << "\" y=\"32\" width=\"12\" height=\"12\" fill=\"#54a24b\"/>"
+      << "<text x=\"" << left + 226 << "\" y=\"43\">weight gradients (W)</text>\n";
   for (size_t j = 0; j < K; ++j) {
     const double y = top + static_cast<double>(j) * row;
-    out << "<text x=\"" << left - 8 << "\" y=\"" << y + row / 2 + 4 << "\" text-anchor=\"end\">stage " << j
+    out << "<text x=\"" << left - 8 << "\" y=\"" << y + row / 2 + 4 << "\" text-anchor=\"end\">device " << j
         << "</text>\n<rect x=\"" << left << "\" y=\"" << y + gap / 2 << "\" width=\"" << width - left - right
         << "\" height=\"" << row - gap << "\" fill=\"#f2f2f2\"/>\n";
-    for (const ActionSpan& span : trace.stages[j]) {
-      const bool forward = span.action.phase == Phase::kForward;
+    for (const ActionSpan& span : trace.devices[j]) {
       const double x = x_of(span.begin_ns), w = std::max(1.0, x_of(span.end_ns) - x);
       out << "<rect x=\"" << x << "\" y=\"" << y + gap / 2 << "\" width=\"" << w << "\" height=\"" << row - gap
-          << "\" fill=\"" << (forward ? "#4c78a8" : "#f58518") << "\" stroke=\"white\" stroke-width=\"0.5\"><title>"
+          << "\" fill=\"" << colour(span.action.kind) << "\" stroke=\"white\" stroke-width=\"0.5\"><title>"
           << span.action.str() << ": " << static_cast<double>(span.end_ns - span.begin_ns) * 1e-6
           << " ms</title></rect>\n";
       if (w >= 18)
         out << "<text x=\"" << x + w / 2 << "\" y=\"" << y + row / 2 + 4 << "\" text-anchor=\"middle\" fill=\"white\">"
-            << static_cast<char>(span.action.phase) << span.action.micro_batch << "</text>\n";
+            << span.action.str() << "</text>\n";
     }
   }
   // A time axis with about ten ticks at round milliseconds.

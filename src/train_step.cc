@@ -8,14 +8,12 @@
 namespace gpipe::detail {
 
 TrainStepScope::TrainStepScope(StepData& step, const std::vector<int64_t>& sizes, int64_t total_rows,
-                               Checkpoint mode, bool stochastic, std::vector<torch::Tensor> params,
+                               bool stochastic, std::vector<torch::Tensor> params,
                                bool zero_grads)
     : params_(std::move(params)) {
   const int M = static_cast<int>(sizes.size());
   step.training = true;
   for (int64_t b : sizes) step.weights.push_back(static_cast<double>(b) / static_cast<double>(total_rows));
-  for (int i = 0; i < M; ++i)
-    step.recompute.push_back(mode == Checkpoint::kAlways || (mode == Checkpoint::kExceptLast && i < M - 1));
   step.losses.assign(static_cast<size_t>(M), 0.0);
 
   // Stochastic stages draw from streams seeded by this step's seed.

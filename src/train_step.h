@@ -13,8 +13,7 @@
 namespace gpipe::detail {
 
 /// Prepares `step` for micro-batches of `sizes` rows out of a mini-batch of
-/// `total_rows`: weights bᵢ/total_rows, which micro-batches re-materialize, loss
-/// slots. With `stochastic`, draws the step's seed from the default generator.
+/// `total_rows`: weights bᵢ/total_rows and loss slots. With `stochastic`, draws the step's seed from the default generator.
 ///
 /// Backward then accumulates into fresh gradients; commit() adds them to the
 /// old ones and puts the default generator back as if only the seed had been
@@ -27,8 +26,7 @@ namespace gpipe::detail {
 /// gradients count with the parameters.
 class TrainStepScope {
  public:
-  TrainStepScope(StepData& step, const std::vector<int64_t>& sizes, int64_t total_rows, Checkpoint mode,
-                 bool stochastic, std::vector<torch::Tensor> params, bool zero_grads = false);
+  TrainStepScope(StepData& step, const std::vector<int64_t>& sizes, int64_t total_rows, bool stochastic, std::vector<torch::Tensor> params, bool zero_grads = false);
   ~TrainStepScope();
   TrainStepScope(const TrainStepScope&) = delete;
   TrainStepScope& operator=(const TrainStepScope&) = delete;

@@ -77,8 +77,8 @@ TEST(RematerializationTest, TheCallersRandomStreamAdvancesByOneDraw) {
 TEST(RematerializationTest, StochasticStagesAreDetected) {
   gpipe::Pipeline pipe(gpipe::testing::small_mlp(7, 0.5), PipelineOptions().balance({2, 8}));
   // small_mlp with dropout: layers 0,1 (Linear, ReLU) then Dropout at 2.
-  gpipe::StageExecutor first(0, 2, pipe.stage(0), gpipe::Device::cpu(), nullptr);
-  gpipe::StageExecutor second(1, 2, pipe.stage(1), gpipe::Device::cpu(), nullptr);
+  gpipe::Stage first(0, 2, pipe.stage(0), gpipe::Device::cpu());
+  gpipe::Stage second(1, 2, pipe.stage(1), gpipe::Device::cpu());
   EXPECT_FALSE(first.stochastic());
   EXPECT_TRUE(second.stochastic());
 }

@@ -49,11 +49,13 @@ struct Config {
   int chunks;
   Checkpoint checkpoint;
   int64_t batch;
+  gpipe::ScheduleKind schedule = gpipe::ScheduleKind::kGPipe;
 };
 
 std::string name(const Config& c) {
   return "K=" + std::to_string(c.stages) + " D=" + std::to_string(world_size() / c.stages) +
-         " M=" + std::to_string(c.chunks) + " " + to_string(c.checkpoint) + " N=" + std::to_string(c.batch);
+         " M=" + std::to_string(c.chunks) + " " + to_string(c.checkpoint) + " N=" + std::to_string(c.batch) + " " +
+         gpipe::to_string(c.schedule);
 }
 
 std::vector<Config> configs() {
@@ -63,6 +65,9 @@ std::vector<Config> configs() {
     out.push_back({K, 1, Checkpoint::kNever, 24});
     out.push_back({K, 3, Checkpoint::kAlways, 24});
     out.push_back({K, 4, Checkpoint::kExceptLast, 23});  // replicas get unequal shares
+    out.push_back({K, 5, Checkpoint::kExceptLast, 23, gpipe::ScheduleKind::k1F1B});
+    out.push_back({K, 3, Checkpoint::kNever, 24, gpipe::ScheduleKind::kZB1P});
+    out.push_back({K, 4, Checkpoint::kAlways, 23, gpipe::ScheduleKind::kZB1P});
   }
   return out;
 }
@@ -100,8 +105,9 @@ TEST(MpiPipeline, EqualsOneDeviceAndOneProcessPipeline) {
     torch::nn::Sequential single = model_layers(7);
     torch::nn::Sequential local = model_layers(7);
     torch::nn::Sequential mine = model_layers(7, {first, last});
-    Pipeline pipe(local, PipelineOptions().balance(balance).chunks(c.chunks).checkpoint(c.checkpoint));
-    mpi::MpiPipeline mpi_pipe(mine, mpi::MpiPipelineOptions().balance(balance).chunks(c.chunks).checkpoint(c.checkpoint));
+    Pipeline pipe(local, PipelineOptions().balance(balance).chunks(c.chunks).checkpoint(c.checkpoint).schedule(c.schedule));
+    mpi::MpiPipeline mpi_pipe(mine, mpi::MpiPipelineOptions().balance(balance).chunks(c.chunks).checkpoint(c.checkpoint)
+                                        .schedule(c.schedule));
     EXPECT_EQ(mine->size(), static_cast<size_t>(last - first));
 
     auto options = torch::optim::SGDOptions(0.05).momentum(0.9);
@@ -160,7 +166,8 @@ TEST(MpiTransport, CarriesAnyDtypeAndShape) {
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() < 2 ? 0 : 1, world_rank(), &pair);
   {
     mpi::ErrorChannel errors(pair);
-    mpi::MpiTransport transport(pair, &errors, 8);
+    // Stages 0 and 2 on rank 0, 1 and 3 on rank 1 (two stages per rank, as interleaved).
+    mpi::MpiTransport transport(pair, &errors, {0, 1, 0, 1}, 8);
     torch::manual_seed(5);
     const std::vector<torch::Tensor> sent{
         torch::randn({2, 3, 4}, torch::kDouble),
@@ -174,11 +181,13 @@ TEST(MpiTransport, CarriesAnyDtypeAndShape) {
     if (world_rank() == 0) {
       for (size_t i = 0; i < sent.size(); ++i) transport.send(0, 1, Channel::kActivation, static_cast<int>(i), sent[i]);
       transport.send(0, 1, Channel::kGradient, 0, sent[0] * 2);
+      transport.send(2, 3, Channel::kActivation, 0, sent[0] * 3);  // same ranks, micro-batch and channel
       transport.finish_sends();
-      EXPECT_EQ(transport.messages_sent(), static_cast<int64_t>(sent.size()) + 1);
+      EXPECT_EQ(transport.messages_sent(), static_cast<int64_t>(sent.size()) + 2);
     } else if (world_rank() == 1) {
       // Out of order, and the gradient channel before the activations: tags keep them apart.
       EXPECT_TRUE(torch::equal(transport.recv(0, 1, Channel::kGradient, 0), sent[0] * 2));
+      EXPECT_TRUE(torch::equal(transport.recv(2, 3, Channel::kActivation, 0), sent[0] * 3));  // tags name the stages
       for (int i = static_cast<int>(sent.size()) - 1; i >= 0; --i) {
         const torch::Tensor got = transport.recv(0, 1, Channel::kActivation, i);
         EXPECT_EQ(got.scalar_type(), sent[static_cast<size_t>(i)].scalar_type()) << "message " << i;

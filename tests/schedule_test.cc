@@ -1,99 +1,691 @@
-// schedule_test.cc: GPipe's table asserted literally, the text form, the validator and the simulator.
+// schedule_test.cc: the step-program API. Each generator's grid asserted literally, the text form,
+// the lowering pass (sends, receives, recompute flags), the validator, make_schedule's refusals and
+// the simulator's makespan, bubble and in-flight counts against the formulas in schedule.h.
 #include "helpers.h"
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <sstream>
+
 using gpipe::Action;
-using gpipe::Phase;
+using gpipe::ActionKind;
+using gpipe::Channel;
+using gpipe::Checkpoint;
+using gpipe::Schedule;
+using gpipe::ScheduleKind;
 
 namespace {
-std::vector<std::string> row(const gpipe::Schedule& s, int j) {
+
+// Device d's actions in text form.
+std::vector<std::string> row(const Schedule& s, int d) {
   std::vector<std::string> out;
-  for (const Action& a : s.actions[static_cast<size_t>(j)]) out.push_back(a.str());
+  for (const Action& a : s.actions[static_cast<size_t>(d)]) out.push_back(a.str());
   return out;
 }
+
+// Device d's actions in text form, joined by spaces: "0F0r 0SEND_F0>1 ...".
+std::string line(const Schedule& s, int d) {
+  std::string out;
+  for (const Action& a : s.actions[static_cast<size_t>(d)]) out += (out.empty() ? "" : " ") + a.str();
+  return out;
+}
+
+// The message of the std::invalid_argument that `f` throws; a test failure (and "") if it throws none.
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected std::invalid_argument";
+  return "";
+}
+
+// The line of a validator message that carries the "<-- ERROR HERE" mark ("" if none).
+std::string marked_line(const std::string& message) {
+  std::istringstream in(message);
+  for (std::string l; std::getline(in, l);)
+    if (l.find("<-- ERROR HERE") != std::string::npos) return l;
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// validate(s) must throw; its message must contain `why` and mark the row of `device`.
+void expect_invalid(const Schedule& s, const std::string& why, int device) {
+  const std::string what = error_of([&] { gpipe::validate(s); });
+  EXPECT_TRUE(contains(what, why)) << "expected \"" << why << "\" in:\n" << what;
+  EXPECT_EQ(marked_line(what).rfind("device " + std::to_string(device) + " |", 0), 0u)
+      << "expected device " << device << "'s row marked in:\n" << what;
+}
+
+// Replaces the action written `from` in device d's row by `to` (exactly one must be there).
+void replace_action(Schedule& s, int d, const std::string& from, const std::string& to) {
+  auto& r = s.actions[static_cast<size_t>(d)];
+  const auto it = std::find(r.begin(), r.end(), Action::parse(from));
+  ASSERT_NE(it, r.end()) << from << " not in device " << d << "'s row";
+  *it = Action::parse(to);
+}
+
+// Removes the action written `text` from device d's row.
+void remove_action(Schedule& s, int d, const std::string& text) {
+  auto& r = s.actions[static_cast<size_t>(d)];
+  const auto it = std::find(r.begin(), r.end(), Action::parse(text));
+  ASSERT_NE(it, r.end()) << text << " not in device " << d << "'s row";
+  r.erase(it);
+}
+
+// Swaps the actions written `a` and `b` in device d's row.
+void swap_actions(Schedule& s, int d, const std::string& a, const std::string& b) {
+  auto& r = s.actions[static_cast<size_t>(d)];
+  const auto ia = std::find(r.begin(), r.end(), Action::parse(a));
+  const auto ib = std::find(r.begin(), r.end(), Action::parse(b));
+  ASSERT_NE(ia, r.end()) << a;
+  ASSERT_NE(ib, r.end()) << b;
+  std::iter_swap(ia, ib);
+}
+
+// Every schedule the generators make for K in 1..6, M in 1..12 (interleaved: V in 2..3, M a multiple of K).
+std::vector<Schedule> all_generated() {
+  std::vector<Schedule> out;
+  for (int K = 1; K <= 6; ++K)
+    for (int M = 1; M <= 12; ++M) {
+      out.push_back(gpipe::fill_drain(K, M));
+      out.push_back(gpipe::one_f_one_b(K, M));
+      out.push_back(gpipe::zb1p(K, M));
+      out.push_back(gpipe::forward_only(K, M));
+      out.push_back(gpipe::forward_only(K, M, 2));
+      if (M % K == 0)
+        for (int V = 2; V <= 3; ++V) out.push_back(gpipe::interleaved(K, M, V));
+    }
+  return out;
+}
+
+std::string shape(const Schedule& s) {
+  return s.name + " K=" + std::to_string(s.devices) + " M=" + std::to_string(s.micro_batches) +
+         " V=" + std::to_string(s.virtual_stages());
+}
+
 }  // namespace
 
+// ---------------------------------------------------------------- grids
+
+// Fill-drain, K=3, M=4: each device runs its 4 forwards one slot after the previous device, then the
+// backwards in reverse order, last device first: 2(M+K-1) = 12 slots, a bubble of (K-1)/(M+K-1) = 1/3.
+TEST(FillDrainTest, GridShowsFillAndDrain) {
+  EXPECT_EQ(gpipe::format_grid(gpipe::fill_drain(3, 4)),
+            "device 0 | 0F0 0F1 0F2 0F3  .   .   .   .  0B3 0B2 0B1 0B0\n"
+            "device 1 |  .  1F0 1F1 1F2 1F3  .   .  1B3 1B2 1B1 1B0  . \n"
+            "device 2 |  .   .  2F0 2F1 2F2 2F3 2B3 2B2 2B1 2B0  .   . \n");
+}
+
 TEST(FillDrainTest, TableForThreeStagesFourMicroBatches) {
-  const gpipe::Schedule s = gpipe::fill_drain(3, 4);
+  const Schedule s = gpipe::fill_drain(3, 4);
+  EXPECT_EQ(s.name, "gpipe");
+  EXPECT_EQ(s.devices, 3);
+  EXPECT_EQ(s.stages, 3);
+  EXPECT_EQ(s.micro_batches, 4);
+  EXPECT_TRUE(s.backward);
+  EXPECT_EQ(s.placement, (std::vector<int>{0, 1, 2}));
+  EXPECT_FALSE(s.lowered());
   ASSERT_EQ(s.actions.size(), 3u);
   EXPECT_EQ(row(s, 0), (std::vector<std::string>{"0F0", "0F1", "0F2", "0F3", "0B3", "0B2", "0B1", "0B0"}));
   EXPECT_EQ(row(s, 1), (std::vector<std::string>{"1F0", "1F1", "1F2", "1F3", "1B3", "1B2", "1B1", "1B0"}));
   EXPECT_EQ(row(s, 2), (std::vector<std::string>{"2F0", "2F1", "2F2", "2F3", "2B3", "2B2", "2B1", "2B0"}));
 }
 
-TEST(FillDrainTest, GridShowsFillAndDrain) {
-  EXPECT_EQ(gpipe::format_grid(gpipe::fill_drain(3, 4)),
-            "stage 0 | 0F0 0F1 0F2 0F3  .   .   .   .  0B3 0B2 0B1 0B0\n"
-            "stage 1 |  .  1F0 1F1 1F2 1F3  .   .  1B3 1B2 1B1 1B0  . \n"
-            "stage 2 |  .   .  2F0 2F1 2F2 2F3 2B3 2B2 2B1 2B0  .   . \n");
+// 1F1B, K=3, M=4: device d runs K-1-d warm-up forwards (2, 1, 0), then alternates one forward and one
+// backward, then drains. The last device runs 2Fi 2Bi back to back; the same 12 slots as fill-drain,
+// with at most 3, 2, 1 micro-batches in flight instead of 4 everywhere.
+TEST(OneFOneBTest, GridShowsWarmUpSteadyStateAndDrain) {
+  EXPECT_EQ(gpipe::format_grid(gpipe::one_f_one_b(3, 4)),
+            "device 0 | 0F0 0F1 0F2  .   .  0B0 0F3 0B1  .  0B2  .  0B3\n"
+            "device 1 |  .  1F0 1F1  .  1B0 1F2 1B1 1F3 1B2  .  1B3  . \n"
+            "device 2 |  .   .  2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3  .   . \n");
 }
 
-TEST(FillDrainTest, SimulatedStepTakesTwoTimesMPlusKMinusOneSlots) {
-  for (int K = 1; K <= 5; ++K)
-    for (int M = 1; M <= 9; ++M)
-      EXPECT_EQ(gpipe::simulate(gpipe::fill_drain(K, M)).makespan, 2 * (M + K - 1)) << K << "x" << M;
+TEST(OneFOneBTest, WarmUpIsKMinusOneMinusDForwardsThenAlternates) {
+  for (int K = 1; K <= 6; ++K)
+    for (int M = 1; M <= 12; ++M) {
+      const Schedule s = gpipe::one_f_one_b(K, M);
+      EXPECT_EQ(s.name, "1f1b");
+      for (int d = 0; d < K; ++d) {
+        const auto& r = s.actions[static_cast<size_t>(d)];
+        ASSERT_EQ(r.size(), static_cast<size_t>(2 * M));
+        const int warmup = std::min(K - 1 - d, M);
+        for (int n = 0; n < warmup; ++n) EXPECT_EQ(r[static_cast<size_t>(n)].str(), std::to_string(d) + "F" + std::to_string(n));
+        // Then F, B, F, B, ... (M - warmup pairs), then the remaining backwards.
+        for (int n = 0; n < M - warmup; ++n) {
+          EXPECT_EQ(r[static_cast<size_t>(warmup + 2 * n)].kind, ActionKind::kForward) << K << "x" << M << " d" << d;
+          EXPECT_EQ(r[static_cast<size_t>(warmup + 2 * n + 1)].kind, ActionKind::kBackward) << K << "x" << M << " d" << d;
+        }
+        for (size_t n = static_cast<size_t>(2 * M - warmup); n < r.size(); ++n)
+          EXPECT_EQ(r[n].kind, ActionKind::kBackward) << K << "x" << M << " d" << d;
+      }
+    }
+}
+
+// ZB-H1, K=2, M=4: backwards split into I (input gradient) and W (weights). Device 0 keeps at most
+// K-0 = 2 micro-batches awaiting their I, so it idles at slot 2; each device prefers an I, then an F,
+// and runs a W only when it has nothing else: the W's fill the drain. 3M+K-1 = 13 slots,
+// bubble (K-1)/(3M+K-1) = 1/13.
+TEST(ZB1PTest, GridShowsWeightGradientsFillingTheDrain) {
+  EXPECT_EQ(gpipe::format_grid(gpipe::zb1p(2, 4)),
+            "device 0 | 0F0 0F1  .  0I0 0F2 0I1 0F3 0I2 0W0 0I3 0W1 0W2 0W3\n"
+            "device 1 |  .  1F0 1I0 1F1 1I1 1F2 1I2 1F3 1I3 1W0 1W1 1W2 1W3\n");
+}
+
+// Device d never has more than K-d micro-batches whose F ran and whose I did not (1F1B's bound), and
+// each W comes after its I, in micro-batch order.
+TEST(ZB1PTest, AtMostKMinusDMicroBatchesAwaitTheirI) {
+  for (int K = 1; K <= 6; ++K)
+    for (int M = 1; M <= 12; ++M) {
+      const Schedule s = gpipe::zb1p(K, M);
+      EXPECT_EQ(s.name, "zb1p");
+      for (int d = 0; d < K; ++d) {
+        int awaiting = 0, most = 0, next_w = 0;
+        for (const Action& a : s.actions[static_cast<size_t>(d)]) {
+          EXPECT_NE(a.kind, ActionKind::kBackward) << a;
+          if (a.kind == ActionKind::kForward) most = std::max(most, ++awaiting);
+          if (a.kind == ActionKind::kInputGrad) --awaiting;
+          if (a.kind == ActionKind::kWeightGrad) EXPECT_EQ(a.micro_batch, next_w++) << K << "x" << M << " d" << d;
+        }
+        EXPECT_EQ(most, std::min(K - d, M)) << K << "x" << M << " d" << d;
+        EXPECT_EQ(next_w, M);
+      }
+    }
+}
+
+// Interleaved 1F1B, K=2, M=4, V=2: stages 0 and 2 on device 0, stages 1 and 3 on device 1. Device d
+// starts with 2(K-1-d) + (V-1)K warm-up forwards (4 and 2), taking the micro-batches K = 2 at a time
+// through its first stage, then through its second; then one forward, one backward; then drains.
+// 18 slots where 1F1B's 4-stage pipeline would take 2(M+K-1) = 10 slots of double length:
+// bubble (K-1)/(VM+K-1) = 1/9 instead of 1F1B's 1/5.
+TEST(InterleavedTest, GridShowsTwoStagesPerDevice) {
+  EXPECT_EQ(gpipe::format_grid(gpipe::interleaved(2, 4, 2)),
+            "device 0 | 0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1  .  2B2  .  2B3 0B2 0B3\n"
+            "device 1 |  .  1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3  . \n");
+}
+
+TEST(InterleavedTest, StageSRunsOnDeviceSModK) {
+  const Schedule s = gpipe::interleaved(3, 6, 2);
+  EXPECT_EQ(s.name, "interleaved");
+  EXPECT_EQ(s.stages, 6);
+  EXPECT_EQ(s.virtual_stages(), 2);
+  EXPECT_EQ(s.placement, (std::vector<int>{0, 1, 2, 0, 1, 2}));
+  EXPECT_EQ(s.stages_of(1), (std::vector<int>{1, 4}));
+  for (int d = 0; d < 3; ++d) {
+    EXPECT_EQ(s.actions[static_cast<size_t>(d)].size(), 2u * 6u * 2u);  // V·M forwards and backwards
+    for (const Action& a : s.actions[static_cast<size_t>(d)]) EXPECT_EQ(a.stage % 3, d) << a;
+  }
 }
 
 TEST(ForwardOnlyTest, EveryStageRunsEveryForward) {
-  const gpipe::Schedule s = gpipe::forward_only(2, 3);
+  const Schedule s = gpipe::forward_only(2, 3);
   EXPECT_FALSE(s.backward);
   EXPECT_EQ(row(s, 1), (std::vector<std::string>{"1F0", "1F1", "1F2"}));
   EXPECT_NO_THROW(gpipe::validate(s));
   EXPECT_EQ(gpipe::simulate(s).makespan, 4);
+  EXPECT_EQ(gpipe::simulate(s).peak_in_flight, (std::vector<int>{0, 0}));  // nothing awaits a backward
 }
 
-TEST(ActionTest, TextFormParsesBack) {
-  for (const Action& a : {Action{0, Phase::kForward, 0}, Action{12, Phase::kBackward, 305}})
-    EXPECT_EQ(Action::parse(a.str()), a);
-  EXPECT_EQ(Action::parse("1F0"), (Action{1, Phase::kForward, 0}));
-  for (const char* bad : {"", "F0", "1X0", "1F", "1F0x", "-1F0"})
-    EXPECT_THROW(Action::parse(bad), std::invalid_argument) << bad;
+// Inference with two stages per device: each device runs its stages in order, so device 0 runs
+// stage 2 after stage 1 has produced it.
+TEST(ForwardOnlyTest, GridWithTwoStagesPerDevice) {
+  const Schedule s = gpipe::forward_only(2, 3, 2);
+  EXPECT_EQ(s.placement, (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(gpipe::format_grid(s),
+            "device 0 | 0F0 0F1 0F2 2F0 2F1 2F2  . \n"
+            "device 1 |  .  1F0 1F1 1F2 3F0 3F1 3F2\n");
 }
+
+// ---------------------------------------------------------------- text form
+
+TEST(ActionTest, EveryKindParsesBack) {
+  for (const char* text : {"0F0", "1F0r", "12B305", "1I0", "1W0", "3W17", "1SEND_F0>2", "2RECV_F0<1", "2SEND_B0>1",
+                           "1RECV_B0<2", "0SEND_F123>7", "7RECV_B4<0"}) {
+    const Action a = Action::parse(text);
+    EXPECT_EQ(a.str(), text);
+    EXPECT_EQ(Action::parse(a.str()), a) << text;
+  }
+}
+
+TEST(ActionTest, ParseFillsEveryField) {
+  const Action f = Action::parse("1F0r");
+  EXPECT_EQ(f.stage, 1);
+  EXPECT_EQ(f.kind, ActionKind::kForward);
+  EXPECT_EQ(f.micro_batch, 0);
+  EXPECT_TRUE(f.recompute);
+  EXPECT_TRUE(f.is_compute());
+  EXPECT_FALSE(f.is_backward());
+  EXPECT_FALSE(Action::parse("1F0").recompute);
+  EXPECT_NE(Action::parse("1F0"), f);
+
+  EXPECT_EQ(Action::parse("4B2").kind, ActionKind::kBackward);
+  EXPECT_TRUE(Action::parse("4B2").is_backward());
+  EXPECT_EQ(Action::parse("4I2").kind, ActionKind::kInputGrad);
+  EXPECT_TRUE(Action::parse("4I2").is_backward());
+  EXPECT_EQ(Action::parse("4W2").kind, ActionKind::kWeightGrad);
+  EXPECT_FALSE(Action::parse("4W2").is_backward());
+
+  const Action send = Action::parse("1SEND_F0>2");
+  EXPECT_EQ(send.kind, ActionKind::kSend);
+  EXPECT_EQ(send.stage, 1);
+  EXPECT_EQ(send.channel, Channel::kActivation);
+  EXPECT_EQ(send.micro_batch, 0);
+  EXPECT_EQ(send.peer, 2);
+  EXPECT_FALSE(send.is_compute());
+
+  const Action recv = Action::parse("1RECV_B3<2");
+  EXPECT_EQ(recv.kind, ActionKind::kRecv);
+  EXPECT_EQ(recv.stage, 1);
+  EXPECT_EQ(recv.channel, Channel::kGradient);
+  EXPECT_EQ(recv.micro_batch, 3);
+  EXPECT_EQ(recv.peer, 2);
+
+  // Built by hand, the same actions print the same way.
+  Action a;
+  a.stage = 2;
+  a.kind = ActionKind::kRecv;
+  a.channel = Channel::kGradient;
+  a.micro_batch = 5;
+  a.peer = 3;
+  EXPECT_EQ(a.str(), "2RECV_B5<3");
+  std::ostringstream out;
+  out << a;
+  EXPECT_EQ(out.str(), "2RECV_B5<3");
+  EXPECT_NE(Action::parse("2RECV_B5<4"), a);  // peers differ
+  EXPECT_NE(Action::parse("2RECV_F5<3"), a);  // channels differ
+  EXPECT_NE(Action::parse("2SEND_B5>3"), a);  // kinds differ
+}
+
+TEST(ActionTest, MalformedTextThrows) {
+  for (const char* bad : {"", "F0", "1X0", "1F", "1F0x", "-1F0", "1B0r", "1I0r", "1W0r", "1SEND_F0<2", "1RECV_B0>0",
+                          "1SEND_X0>2", "1SEND_F0>", "1SEND_F0", "1F0 ", " 1F0", "1f0"})
+    EXPECT_THROW(Action::parse(bad), std::invalid_argument) << '"' << bad << '"';
+  EXPECT_TRUE(contains(error_of([] { Action::parse("1B0r"); }), "only a forward carries the recompute flag"));
+  EXPECT_TRUE(contains(error_of([] { Action::parse("1SEND_F0<2"); }), "a send is written SEND_F0>2"));
+  EXPECT_TRUE(contains(error_of([] { Action::parse("1X0"); }), "cannot parse action \"1X0\""));
+}
+
+// ---------------------------------------------------------------- lowering
+
+// 1F1B, K=2, M=2: device 0 runs 0F0 0F1 0B0 0B1, device 1 runs 1F0 1B0 1F1 1B1. With except_last a
+// forward keeps its activations only when the next compute action of its device is its own backward:
+// 1F0 and 1F1 (followed by 1B0, 1B1) keep them; 0F0 (followed by 0F1) and 0F1 (followed by 0B0, another
+// micro-batch's) re-materialize. A send follows the action that produces the tensor; a receive
+// precedes the action that consumes it.
+TEST(LowerTest, OneFOneBExceptLast) {
+  const Schedule p = gpipe::lower(gpipe::one_f_one_b(2, 2), Checkpoint::kExceptLast);
+  EXPECT_TRUE(p.lowered());
+  EXPECT_EQ(p.name, "1f1b");
+  EXPECT_EQ(line(p, 0), "0F0r 0SEND_F0>1 0F1r 0SEND_F1>1 0RECV_B0<1 0B0 0RECV_B1<1 0B1");
+  EXPECT_EQ(line(p, 1), "1RECV_F0<0 1F0 1B0 1SEND_B0>0 1RECV_F1<0 1F1 1B1 1SEND_B1>0");
+}
+
+TEST(LowerTest, OneFOneBAlwaysAndNever) {
+  const Schedule always = gpipe::lower(gpipe::one_f_one_b(2, 2), Checkpoint::kAlways);
+  EXPECT_EQ(line(always, 0), "0F0r 0SEND_F0>1 0F1r 0SEND_F1>1 0RECV_B0<1 0B0 0RECV_B1<1 0B1");
+  EXPECT_EQ(line(always, 1), "1RECV_F0<0 1F0r 1B0 1SEND_B0>0 1RECV_F1<0 1F1r 1B1 1SEND_B1>0");
+  const Schedule never = gpipe::lower(gpipe::one_f_one_b(2, 2), Checkpoint::kNever);
+  EXPECT_EQ(line(never, 0), "0F0 0SEND_F0>1 0F1 0SEND_F1>1 0RECV_B0<1 0B0 0RECV_B1<1 0B1");
+  EXPECT_EQ(line(never, 1), "1RECV_F0<0 1F0 1B0 1SEND_B0>0 1RECV_F1<0 1F1 1B1 1SEND_B1>0");
+}
+
+// Interleaved, K=2, M=2, V=2: messages go stage to stage whatever the devices: stage 1 -> 2 goes from
+// device 1 (1SEND_F0>2) to device 0 (2RECV_F0<1), and its gradient back from device 0 (2SEND_B0>1) to
+// device 1 (1RECV_B0<2). The last stage, 3, receives no gradient; the first, 0, sends none.
+// With except_last only 3F0 and 3F1, each followed by its own backward, keep their activations.
+TEST(LowerTest, InterleavedSendsCrossDevicesStageByStage) {
+  const Schedule compute = gpipe::interleaved(2, 2, 2);
+  const Schedule p = gpipe::lower(compute, Checkpoint::kExceptLast);
+  EXPECT_EQ(line(p, 0),
+            "0F0r 0SEND_F0>1 0F1r 0SEND_F1>1 2RECV_F0<1 2F0r 2SEND_F0>3 2RECV_F1<1 2F1r 2SEND_F1>3 "
+            "2RECV_B0<3 2B0 2SEND_B0>1 2RECV_B1<3 2B1 2SEND_B1>1 0RECV_B0<1 0B0 0RECV_B1<1 0B1");
+  EXPECT_EQ(line(p, 1),
+            "1RECV_F0<0 1F0r 1SEND_F0>2 1RECV_F1<0 1F1r 1SEND_F1>2 3RECV_F0<2 3F0 3B0 3SEND_B0>2 "
+            "3RECV_F1<2 3F1 3B1 3SEND_B1>2 1RECV_B0<2 1B0 1SEND_B0>0 1RECV_B1<2 1B1 1SEND_B1>0");
+  EXPECT_EQ(p.placement, compute.placement);
+  EXPECT_NO_THROW(gpipe::validate(p));
+}
+
+// ZB-H1: the gradient is sent after I (not W); a W has no messages. 1F0 and 1F1 are followed by their I.
+TEST(LowerTest, ZB1PSendsAfterI) {
+  const Schedule p = gpipe::lower(gpipe::zb1p(2, 2), Checkpoint::kExceptLast);
+  EXPECT_EQ(line(p, 0), "0F0r 0SEND_F0>1 0F1r 0SEND_F1>1 0RECV_B0<1 0I0 0W0 0RECV_B1<1 0I1 0W1");
+  EXPECT_EQ(line(p, 1), "1RECV_F0<0 1F0 1I0 1SEND_B0>0 1RECV_F1<0 1F1 1I1 1SEND_B1>0 1W0 1W1");
+}
+
+// Inference: nothing to re-materialize, whatever the mode.
+TEST(LowerTest, ForwardOnlyNeverRecomputes) {
+  const Schedule p = gpipe::lower(gpipe::forward_only(2, 2), Checkpoint::kAlways);
+  EXPECT_EQ(line(p, 0), "0F0 0SEND_F0>1 0F1 0SEND_F1>1");
+  EXPECT_EQ(line(p, 1), "1RECV_F0<0 1F0 1RECV_F1<0 1F1");
+}
+
+TEST(LowerTest, KeepsComputeOrderAndEveryGeneratedProgramValidates) {
+  for (const Schedule& s : all_generated())
+    for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever}) {
+      const Schedule p = gpipe::lower(s, mode);
+      EXPECT_EQ(p.lowered(), s.stages > 1) << shape(s);  // one stage: nothing to send
+      for (size_t d = 0; d < s.actions.size(); ++d) {
+        std::vector<Action> compute;
+        for (Action a : p.actions[d])
+          if (a.is_compute()) {
+            a.recompute = false;
+            compute.push_back(a);
+          }
+        EXPECT_EQ(compute, s.actions[d]) << shape(s) << " d" << d;
+      }
+      EXPECT_NO_THROW(gpipe::validate(p)) << shape(s) << " " << gpipe::to_string(mode);
+    }
+}
+
+TEST(LowerTest, LoweringTwiceThrows) {
+  const Schedule p = gpipe::lower(gpipe::fill_drain(2, 2), Checkpoint::kNever);
+  EXPECT_TRUE(contains(error_of([&] { gpipe::lower(p, Checkpoint::kNever); }), "already lowered"));
+}
+
+TEST(CheckpointTest, NamesParseBack) {
+  for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever})
+    EXPECT_EQ(gpipe::parse_checkpoint(gpipe::to_string(mode)), mode);
+  EXPECT_EQ(gpipe::to_string(Checkpoint::kExceptLast), "except_last");
+  EXPECT_THROW(gpipe::parse_checkpoint("sometimes"), std::invalid_argument);
+}
+
+// ---------------------------------------------------------------- validation
 
 TEST(ValidateTest, AcceptsGeneratedSchedules) {
-  for (int K = 1; K <= 6; ++K)
-    for (int M = 1; M <= 6; ++M) EXPECT_NO_THROW(gpipe::validate(gpipe::fill_drain(K, M)));
+  for (const Schedule& s : all_generated()) EXPECT_NO_THROW(gpipe::validate(s)) << shape(s);
+}
+
+TEST(ValidateTest, RejectsMissingBackward) {
+  Schedule s = gpipe::fill_drain(2, 3);
+  s.actions[0].pop_back();  // no 0B0
+  expect_invalid(s, "0B0 (or its I and W) is missing", 0);
+}
+
+TEST(ValidateTest, RejectsDuplicateForward) {
+  Schedule s = gpipe::fill_drain(2, 3);
+  replace_action(s, 0, "0F1", "0F0");  // 0F0 twice, no 0F1
+  expect_invalid(s, "0F0 appears twice", 0);
 }
 
 TEST(ValidateTest, RejectsBackwardBeforeForward) {
-  gpipe::Schedule s = gpipe::fill_drain(2, 2);
+  Schedule s = gpipe::fill_drain(2, 2);
   std::swap(s.actions[1][0], s.actions[1][3]);  // 1B0 first
-  try {
-    gpipe::validate(s);
-    FAIL() << "expected std::logic_error";
-  } catch (const std::logic_error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("1B0 comes before its forward"), std::string::npos) << what;
-    EXPECT_NE(what.find("stage 1 | 1B0 1F1 1B1 1F0  <-- ERROR HERE"), std::string::npos) << what;
+  const std::string what = error_of([&] { gpipe::validate(s); });
+  EXPECT_TRUE(contains(what, "1B0 comes before its forward")) << what;
+  // The marked row is the lowered program's, with its sends and receives.
+  EXPECT_EQ(marked_line(what), "device 1 | 1B0 1SEND_B0>0 1RECV_F1<0 1F1 1B1 1SEND_B1>0 1RECV_F0<0 1F0  <-- ERROR HERE");
+}
+
+TEST(ValidateTest, RejectsWeightGradientBeforeItsInputGradient) {
+  Schedule s = gpipe::zb1p(2, 2);
+  swap_actions(s, 0, "0I0", "0W0");
+  expect_invalid(s, "0W0 comes before its I", 0);
+}
+
+TEST(ValidateTest, RejectsWeightGradientWithoutInputGradient) {
+  Schedule s = gpipe::zb1p(2, 2);
+  remove_action(s, 1, "1I1");  // 1W1 stays, with no I
+  expect_invalid(s, "1W1 comes before its I", 1);
+  s = gpipe::zb1p(2, 2);
+  replace_action(s, 0, "0I0", "0B0");  // a full backward, then a stray W
+  expect_invalid(s, "0W0 comes before its I", 0);
+}
+
+TEST(ValidateTest, RejectsInputGradientWithoutWeightGradient) {
+  Schedule s = gpipe::zb1p(2, 2);
+  remove_action(s, 1, "1W1");
+  expect_invalid(s, "1W1 is missing", 1);
+}
+
+TEST(ValidateTest, RejectsBothBackwardAndInputGradient) {
+  Schedule s = gpipe::fill_drain(2, 2);
+  s.actions[1].push_back(Action::parse("1I0"));
+  expect_invalid(s, "1I0: a micro-batch's backward is either B, or I then W, not both", 1);
+}
+
+TEST(ValidateTest, RejectsBackwardInForwardOnlySchedule) {
+  Schedule s = gpipe::forward_only(2, 2);
+  s.actions[1].push_back(Action::parse("1B0"));
+  expect_invalid(s, "1B0 is a backward in a forward-only schedule", 1);
+}
+
+TEST(ValidateTest, RejectsActionOnTheWrongDevice) {
+  Schedule s = gpipe::fill_drain(2, 3);
+  s.actions[0][0].stage = 1;  // 1F0 in device 0's row; validate reports the receive lowering put before it
+  expect_invalid(s, "1RECV_F0<0 is in the row of device 0, but stage 1 is placed on device 1", 0);
+  s = gpipe::fill_drain(2, 2);
+  remove_action(s, 1, "1B1");  // the last stage's backward (no receive before it) moved to device 0
+  s.actions[0].push_back(Action::parse("1B1"));
+  expect_invalid(s, "1B1 is in the row of device 0, but stage 1 is placed on device 1", 0);
+  // Interleaved: stage 2 belongs to device 0.
+  s = gpipe::interleaved(2, 2, 2);
+  s.actions[1].push_back(Action::parse("2W0"));
+  expect_invalid(s, "2W0 is in the row of device 1, but stage 2 is placed on device 0", 1);
+}
+
+TEST(ValidateTest, RejectsOutOfRangeStagesMicroBatchesAndPlacement) {
+  Schedule s = gpipe::fill_drain(2, 2);
+  s.actions[1].push_back(Action::parse("1F2"));
+  expect_invalid(s, "1RECV_F2<0 names a micro-batch outside 0..1", 1);
+  s = gpipe::fill_drain(2, 2);
+  s.placement = {0, 2};
+  EXPECT_TRUE(contains(error_of([&] { gpipe::validate(s); }), "stage 1 is placed on device 2, outside 0..1"));
+  s = gpipe::fill_drain(2, 2);
+  s.actions.pop_back();
+  EXPECT_TRUE(contains(error_of([&] { gpipe::validate(s); }), "expected 2 rows (one per device), got 1"));
+}
+
+// lower(one_f_one_b(2, 1)): device 0: 0F0 0SEND_F0>1 0RECV_B0<1 0B0; device 1: 1RECV_F0<0 1F0 1B0 1SEND_B0>0.
+TEST(ValidateTest, RejectsSendWithoutReceive) {
+  Schedule p = gpipe::lower(gpipe::one_f_one_b(2, 1), Checkpoint::kNever);
+  remove_action(p, 1, "1RECV_F0<0");  // then 1F0 has no input: named first
+  expect_invalid(p, "1F0 has no earlier receive of its input from stage 0", 1);
+  p = gpipe::lower(gpipe::one_f_one_b(2, 1), Checkpoint::kNever);
+  p.actions[0].push_back(Action::parse("0SEND_F0>1"));  // sent twice
+  expect_invalid(p, "0SEND_F0>1 is sent 2 time(s) and received 1 time(s)", 0);
+}
+
+// A program must deliver each input before the action that uses it, along the right direction.
+TEST(ValidateTest, RejectsInputsThatArriveLateOrTheWrongWay) {
+  Schedule p = gpipe::lower(gpipe::one_f_one_b(2, 1), Checkpoint::kNever);
+  std::swap(p.actions[1][0], p.actions[1][1]);  // 1F0 before 1RECV_F0<0
+  expect_invalid(p, "1F0 has no earlier receive of its input from stage 0", 1);
+  p = gpipe::lower(gpipe::one_f_one_b(2, 1), Checkpoint::kNever);
+  for (auto& row : p.actions)
+    for (Action& a : row)
+      if (!a.is_compute() && a.channel == gpipe::Channel::kActivation) a.channel = gpipe::Channel::kGradient;
+  expect_invalid(p, "moves a gradient the wrong way", 0);
+}
+
+TEST(ValidateTest, RejectsReceiveWithoutSend) {
+  Schedule p = gpipe::lower(gpipe::one_f_one_b(2, 1), Checkpoint::kNever);
+  remove_action(p, 0, "0SEND_F0>1");
+  expect_invalid(p, "1RECV_F0<0 waits for a message no stage sends", 1);
+}
+
+// Both devices start by receiving: device 0 the gradient of 0, device 1 the activation of 0.
+TEST(ValidateTest, RejectsDeadlockOfTwoReceives) {
+  Schedule p = gpipe::lower(gpipe::one_f_one_b(2, 1), Checkpoint::kNever);
+  remove_action(p, 0, "0RECV_B0<1");
+  p.actions[0].insert(p.actions[0].begin(), Action::parse("0RECV_B0<1"));
+  ASSERT_EQ(line(p, 0), "0RECV_B0<1 0F0 0SEND_F0>1 0B0");
+  const std::string what = error_of([&] { gpipe::validate(p); });
+  EXPECT_TRUE(contains(what, "deadlock: device 0 waits in 0RECV_B0<1 for stage 1")) << what;
+  EXPECT_EQ(marked_line(what), "device 0 | 0RECV_B0<1 0F0 0SEND_F0>1 0B0  <-- ERROR HERE");
+  EXPECT_THROW(gpipe::simulate(p), std::invalid_argument);
+}
+
+// A compute-only schedule that cannot run: stage 1 waits for micro-batch 1, which stage 0 sends only
+// after the gradient of micro-batch 0 has come back.
+TEST(ValidateTest, RejectsDeadlockInComputeOrder) {
+  Schedule s = gpipe::fill_drain(2, 2);
+  s.actions[0] = {Action::parse("0F0"), Action::parse("0B0"), Action::parse("0F1"), Action::parse("0B1")};
+  s.actions[1] = {Action::parse("1F1"), Action::parse("1F0"), Action::parse("1B0"), Action::parse("1B1")};
+  expect_invalid(s, "deadlock: device 0 waits in 0RECV_B0<1", 0);
+}
+
+// ---------------------------------------------------------------- make_schedule
+
+TEST(MakeScheduleTest, BuildsEachKind) {
+  EXPECT_EQ(row(gpipe::make_schedule(ScheduleKind::kGPipe, 3, 4), 1), row(gpipe::fill_drain(3, 4), 1));
+  EXPECT_EQ(row(gpipe::make_schedule(ScheduleKind::k1F1B, 3, 4), 0), row(gpipe::one_f_one_b(3, 4), 0));
+  EXPECT_EQ(row(gpipe::make_schedule(ScheduleKind::kZB1P, 3, 4), 0), row(gpipe::zb1p(3, 4), 0));
+  EXPECT_EQ(row(gpipe::make_schedule(ScheduleKind::kInterleaved, 2, 4, 2), 1), row(gpipe::interleaved(2, 4, 2), 1));
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZB1P}) {
+    const Schedule s = gpipe::make_schedule(kind, 2, 4, kind == ScheduleKind::kInterleaved ? 3 : 1);
+    EXPECT_EQ(s.name, gpipe::to_string(kind));
+    EXPECT_EQ(s.virtual_stages(), kind == ScheduleKind::kInterleaved ? 3 : 1);
   }
 }
 
-TEST(ValidateTest, RejectsMissingAndDuplicateActions) {
-  gpipe::Schedule s = gpipe::fill_drain(2, 3);
-  s.actions[0].pop_back();  // no 0B0
-  EXPECT_THROW(gpipe::validate(s), std::logic_error);
-  s = gpipe::fill_drain(2, 3);
-  s.actions[0][1] = Action{0, Phase::kForward, 0};  // 0F0 twice, no 0F1
-  EXPECT_THROW(gpipe::validate(s), std::logic_error);
-  s = gpipe::fill_drain(2, 3);
-  s.actions[0][0].stage = 1;  // on the wrong row
-  EXPECT_THROW(gpipe::validate(s), std::logic_error);
+TEST(MakeScheduleTest, RefusesWhatCannotRun) {
+  std::string what = error_of([] { gpipe::make_schedule(ScheduleKind::kInterleaved, 2, 3, 2); });
+  EXPECT_TRUE(contains(what, "multiple")) << what;
+  EXPECT_TRUE(contains(what, "use M = 4")) << what;
+  what = error_of([] { gpipe::make_schedule(ScheduleKind::kInterleaved, 2, 4, 1); });
+  EXPECT_TRUE(contains(what, "at least 2 stages per device")) << what;
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZB1P}) {
+    what = error_of([&] { gpipe::make_schedule(kind, 2, 4, 2); });
+    EXPECT_TRUE(contains(what, "the " + gpipe::to_string(kind) + " schedule runs one stage per device")) << what;
+    EXPECT_TRUE(contains(what, "use the interleaved schedule")) << what;
+  }
+  what = error_of([] { gpipe::make_schedule(ScheduleKind::kGPipe, 0, 4); });
+  EXPECT_TRUE(contains(what, "at least 1 device (got 0)")) << what;
+  what = error_of([] { gpipe::make_schedule(ScheduleKind::k1F1B, 2, 0); });
+  EXPECT_TRUE(contains(what, "at least 1 micro-batch (got 0)")) << what;
+  what = error_of([] { gpipe::make_schedule(ScheduleKind::kInterleaved, 2, 4, 0); });
+  EXPECT_TRUE(contains(what, "at least 1 stage per device (got 0)")) << what;
+  // The generators refuse the same shapes by themselves.
+  EXPECT_THROW(gpipe::interleaved(3, 4, 2), std::invalid_argument);
+  EXPECT_THROW(gpipe::zb1p(2, 0), std::invalid_argument);
+  EXPECT_THROW(gpipe::one_f_one_b(-1, 2), std::invalid_argument);
+  EXPECT_THROW(gpipe::fill_drain(2, -3), std::invalid_argument);
 }
 
-TEST(ValidateTest, RejectsDeadlock) {
-  gpipe::Schedule s = gpipe::fill_drain(2, 2);
-  // Stage 1 waits for micro-batch 1 first; stage 0 waits for 1's gradient of micro-batch 0 ... before sending mb 1.
-  s.actions[0] = {{0, Phase::kForward, 0}, {0, Phase::kBackward, 0}, {0, Phase::kForward, 1}, {0, Phase::kBackward, 1}};
-  s.actions[1] = {{1, Phase::kForward, 1}, {1, Phase::kForward, 0}, {1, Phase::kBackward, 0}, {1, Phase::kBackward, 1}};
-  try {
-    gpipe::validate(s);
-    FAIL() << "expected std::logic_error";
-  } catch (const std::logic_error& e) {
-    EXPECT_NE(std::string(e.what()).find("deadlock"), std::string::npos) << e.what();
-  }
+TEST(MakeScheduleTest, NamesParseBack) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZB1P})
+    EXPECT_EQ(gpipe::parse_schedule(gpipe::to_string(kind)), kind);
+  EXPECT_EQ(gpipe::parse_schedule("gpipe"), ScheduleKind::kGPipe);
+  EXPECT_EQ(gpipe::to_string(ScheduleKind::k1F1B), "1f1b");
+  EXPECT_EQ(gpipe::schedule_names(), "gpipe|1f1b|interleaved|zb1p");
+  const std::string what = error_of([] { gpipe::parse_schedule("zb"); });
+  EXPECT_TRUE(contains(what, "unknown schedule \"zb\"")) << what;
+  EXPECT_TRUE(contains(what, gpipe::schedule_names())) << what;
+  EXPECT_THROW(gpipe::parse_schedule("GPipe"), std::invalid_argument);
+}
+
+// ---------------------------------------------------------------- simulation
+
+TEST(SimulateTest, RecordsWhenEachActionRuns) {
+  const Schedule s = gpipe::one_f_one_b(2, 2);
+  const gpipe::SimulatedRun run = gpipe::simulate(s);
+  EXPECT_EQ(line(run.program, 1), line(gpipe::lower(s, Checkpoint::kNever), 1));  // lowered with kNever
+  // device 1: 1RECV_F0<0 1F0 1B0 1SEND_B0>0 1RECV_F1<0 1F1 1B1 1SEND_B1>0
+  EXPECT_EQ(run.start[1], (std::vector<double>{1, 1, 2, 3, 3, 3, 4, 5}));
+  EXPECT_EQ(run.end[1], (std::vector<double>{1, 2, 3, 3, 3, 4, 5, 5}));
+  EXPECT_EQ(run.makespan, 6);
+  EXPECT_EQ(run.busy, (std::vector<double>{4, 4}));
+  EXPECT_DOUBLE_EQ(run.bubble, 1.0 / 3.0);
+  // An already lowered program is simulated as it is.
+  const Schedule p = gpipe::lower(s, Checkpoint::kAlways);
+  EXPECT_EQ(line(gpipe::simulate(p).program, 0), line(p, 0));
+}
+
+TEST(SimulateTest, UsesTheCostFunction) {
+  const auto cost = [](const Action& a) {
+    if (!a.is_compute()) return 0.0;
+    return a.kind == ActionKind::kBackward ? 2.0 : 1.0;
+  };
+  // With B twice F, a slot pair costs 3: both fill-drain and 1F1B take 3(M+K-1).
+  for (int K = 1; K <= 6; ++K)
+    for (int M = 1; M <= 12; ++M) {
+      EXPECT_EQ(gpipe::simulate(gpipe::fill_drain(K, M), cost).makespan, 3 * (M + K - 1)) << K << "x" << M;
+      EXPECT_EQ(gpipe::simulate(gpipe::one_f_one_b(K, M), cost).makespan, 3 * (M + K - 1)) << K << "x" << M;
+    }
+  // A send that takes time delays its receiver.
+  const auto slow_link = [](const Action& a) { return a.kind == ActionKind::kSend ? 0.5 : gpipe::unit_cost(a); };
+  EXPECT_EQ(gpipe::simulate(gpipe::fill_drain(2, 1), slow_link).makespan, 5);  // F, send, F, B, send, B
+  EXPECT_EQ(gpipe::unit_cost(Action::parse("0SEND_F0>1")), 0.0);
+  EXPECT_EQ(gpipe::unit_cost(Action::parse("0W0")), 1.0);
+}
+
+TEST(SimulateTest, FillDrainAndOneFOneBTakeTwoTimesMPlusKMinusOneSlots) {
+  for (int K = 1; K <= 6; ++K)
+    for (int M = 1; M <= 12; ++M)
+      for (const Schedule& s : {gpipe::fill_drain(K, M), gpipe::one_f_one_b(K, M)}) {
+        const gpipe::SimulatedRun run = gpipe::simulate(s);
+        EXPECT_EQ(run.makespan, 2 * (M + K - 1)) << shape(s);
+        EXPECT_NEAR(run.bubble, gpipe::ideal_bubble(K, M), 1e-12) << shape(s);
+      }
+}
+
+// ZB-H1's (K-1)/(3M+K-1) holds exactly when M >= K. With fewer micro-batches than devices there are
+// not enough W's to fill the wait for the first gradient: the step takes 2(M+K)-1 slots.
+TEST(SimulateTest, ZB1PBubbleIsAThirdOfOneFOneBs) {
+  for (int K : {2, 4})
+    for (int M : {4, 8}) {
+      const gpipe::SimulatedRun run = gpipe::simulate(gpipe::zb1p(K, M));
+      EXPECT_EQ(run.makespan, 3 * M + K - 1) << K << "x" << M;
+      EXPECT_NEAR(run.bubble, static_cast<double>(K - 1) / (3 * M + K - 1), 1e-12) << K << "x" << M;
+    }
+  for (int K = 1; K <= 6; ++K)
+    for (int M = 1; M <= 12; ++M) {
+      const gpipe::SimulatedRun run = gpipe::simulate(gpipe::zb1p(K, M));
+      EXPECT_EQ(run.makespan, std::max(3 * M + K - 1, 2 * (M + K) - 1)) << K << "x" << M;
+      if (M >= K) EXPECT_NEAR(run.bubble, static_cast<double>(K - 1) / (3 * M + K - 1), 1e-12) << K << "x" << M;
+      if (K > 1) EXPECT_LT(run.bubble, gpipe::simulate(gpipe::one_f_one_b(K, M)).bubble) << K << "x" << M;
+    }
+  // The header's comparison: 0.38 of fill-drain's bubble at K=2, M=4.
+  EXPECT_NEAR(gpipe::simulate(gpipe::zb1p(2, 4)).bubble / gpipe::simulate(gpipe::fill_drain(2, 4)).bubble, 5.0 / 13.0,
+              1e-12);
+}
+
+TEST(SimulateTest, InterleavedBubbleIsAboutVTimesSmaller) {
+  for (int K = 1; K <= 6; ++K)
+    for (int V = 2; V <= 3; ++V)
+      for (int M = K; M <= 12; M += K) {
+        const double bubble = gpipe::simulate(gpipe::interleaved(K, M, V)).bubble;
+        EXPECT_NEAR(bubble, static_cast<double>(K - 1) / (V * M + K - 1), 1e-12) << K << "x" << M << " V=" << V;
+        if (K > 1) EXPECT_LT(bubble, gpipe::simulate(gpipe::one_f_one_b(K, M)).bubble) << K << "x" << M << " V=" << V;
+      }
+}
+
+TEST(SimulateTest, PeakInFlight) {
+  for (int K = 1; K <= 6; ++K)
+    for (int M = 1; M <= 12; ++M) {
+      const auto fill = gpipe::simulate(gpipe::fill_drain(K, M)).peak_in_flight;
+      const auto one = gpipe::simulate(gpipe::one_f_one_b(K, M)).peak_in_flight;
+      const auto zb = gpipe::simulate(gpipe::zb1p(K, M)).peak_in_flight;
+      ASSERT_EQ(fill.size(), static_cast<size_t>(K));
+      for (int d = 0; d < K; ++d) {
+        const size_t dd = static_cast<size_t>(d);
+        EXPECT_EQ(fill[dd], M) << K << "x" << M << " d" << d;                  // fill-drain: all of them
+        EXPECT_EQ(one[dd], std::min(K - d, M)) << K << "x" << M << " d" << d;  // 1F1B: K-d
+        // ZB-H1 holds a micro-batch until its W, and runs W's only when idle: all M on every device.
+        EXPECT_EQ(zb[dd], M) << K << "x" << M << " d" << d;
+      }
+      if (M % K == 0)
+        for (int V = 2; V <= 3; ++V) {
+          const auto inter = gpipe::simulate(gpipe::interleaved(K, M, V)).peak_in_flight;
+          for (int d = 0; d < K; ++d)
+            EXPECT_EQ(inter[static_cast<size_t>(d)], std::min((V - 1) * K + 2 * (K - 1 - d) + 1, V * M))
+                << K << "x" << M << " V=" << V << " d" << d;
+        }
+    }
 }
 
 TEST(IdealTest, SpeedupAndBubble) {
   EXPECT_DOUBLE_EQ(gpipe::ideal_speedup(2, 32), 64.0 / 33.0);
   EXPECT_DOUBLE_EQ(gpipe::ideal_bubble(4, 5), 3.0 / 8.0);
   EXPECT_DOUBLE_EQ(gpipe::ideal_speedup(1, 7), 1.0);
+  EXPECT_DOUBLE_EQ(gpipe::ideal_bubble(1, 7), 0.0);
+  // The simulated fill-drain step agrees: speedup = K·M unit slots of work on one device / makespan.
+  for (int K = 1; K <= 5; ++K)
+    for (int M = 1; M <= 9; ++M)
+      EXPECT_DOUBLE_EQ(2.0 * K * M / gpipe::simulate(gpipe::fill_drain(K, M)).makespan, gpipe::ideal_speedup(K, M));
 }

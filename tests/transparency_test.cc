@@ -30,16 +30,20 @@ Model transformer() {
           gpipe::cross_entropy_loss};
 }
 
-// (model, K, M, checkpoint, batch)
-using Config = std::tuple<int, int, int, Checkpoint, int64_t>;
+// (model, schedule, K, M, checkpoint, batch)
+using Config = std::tuple<int, gpipe::ScheduleKind, int, int, Checkpoint, int64_t>;
 
 class TransparencyTest : public ::testing::TestWithParam<Config> {
  protected:
   Model model() const { return std::get<0>(GetParam()) == 0 ? mlp() : transformer(); }
 };
 
+// The interleaved schedule runs 2 stages per device; the others one.
+int virtual_stages(gpipe::ScheduleKind kind) { return kind == gpipe::ScheduleKind::kInterleaved ? 2 : 1; }
+
 TEST_P(TransparencyTest, LossAndGradientsEqualOneDevice) {
-  const auto [which, K, M, mode, N] = GetParam();
+  const auto [which, schedule, K, M, mode, N] = GetParam();
+  if (schedule == gpipe::ScheduleKind::kInterleaved && M % K != 0) GTEST_SKIP() << "interleaved needs K | M";
   const Model m = model();
   torch::manual_seed(100);
   const torch::Tensor x = m.input(N), y = m.target(N);
@@ -48,7 +52,8 @@ TEST_P(TransparencyTest, LossAndGradientsEqualOneDevice) {
   const torch::Tensor expected = gpipe::testing::reference_step(reference, x, y, m.loss);
 
   auto piped = m.build(1);
-  gpipe::Pipeline pipe(piped, gpipe::PipelineOptions().stages(K).chunks(M).checkpoint(mode));
+  gpipe::Pipeline pipe(piped, gpipe::PipelineOptions().stages(K).chunks(M).checkpoint(mode).schedule(schedule)
+                                  .virtual_stages(virtual_stages(schedule)));
   const torch::Tensor loss = pipe.train_step(x, y, m.loss);
 
   EXPECT_TRUE(gpipe::testing::close(loss.to(torch::kFloat), expected));
@@ -56,19 +61,59 @@ TEST_P(TransparencyTest, LossAndGradientsEqualOneDevice) {
 }
 
 std::string name(const ::testing::TestParamInfo<Config>& info) {
-  const auto [which, K, M, mode, N] = info.param;
-  return std::string(which == 0 ? "mlp" : "transformer") + "_K" + std::to_string(K) + "_M" +
-         std::to_string(M) + "_" + gpipe::to_string(mode) + "_N" + std::to_string(N);
+  const auto [which, schedule, K, M, mode, N] = info.param;
+  return std::string(which == 0 ? "mlp" : "transformer") + "_" + gpipe::to_string(schedule) + "_K" +
+         std::to_string(K) + "_M" + std::to_string(M) + "_" + gpipe::to_string(mode) + "_N" + std::to_string(N);
 }
 
 // 120 is divisible by every M below; 13 by none but 1.
 INSTANTIATE_TEST_SUITE_P(
     Grid, TransparencyTest,
-    ::testing::Combine(::testing::Values(0, 1), ::testing::Values(1, 2, 3, 4),
-                       ::testing::Values(1, 2, 3, 5, 8),
+    ::testing::Combine(::testing::Values(0, 1),
+                       ::testing::Values(gpipe::ScheduleKind::kGPipe, gpipe::ScheduleKind::k1F1B,
+                                         gpipe::ScheduleKind::kZB1P),
+                       ::testing::Values(1, 2, 3, 4), ::testing::Values(1, 2, 3, 5, 8),
                        ::testing::Values(Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever),
                        ::testing::Values(int64_t{120}, int64_t{13})),
     name);
+
+// Interleaved: K·V stages must fit the 6-7 layers of the test models, so K <= 3.
+INSTANTIATE_TEST_SUITE_P(
+    Interleaved, TransparencyTest,
+    ::testing::Combine(::testing::Values(0, 1), ::testing::Values(gpipe::ScheduleKind::kInterleaved),
+                       ::testing::Values(1, 2, 3), ::testing::Values(1, 2, 3, 6, 8),
+                       ::testing::Values(Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever),
+                       ::testing::Values(int64_t{120}, int64_t{13})),
+    name);
+
+// Dropout: every schedule draws the same masks (a stream per step, stage and
+// micro-batch), so its gradients equal fill-drain's over the same stages,
+// re-materialized or not (up to the order in which micro-batches add up).
+TEST(TransparencyScheduleTest, DropoutGradientsEqualFillDrainsInEverySchedule) {
+  torch::manual_seed(7);
+  const torch::Tensor x = torch::randn({24, 12}), y = torch::randn({24, 4});
+  auto grads = [&](gpipe::ScheduleKind schedule, int K, Checkpoint mode) {
+    auto model = gpipe::testing::small_mlp(5, 0.3);  // 10 layers
+    gpipe::Pipeline pipe(model, gpipe::PipelineOptions().stages(K).chunks(4).checkpoint(mode).schedule(schedule)
+                                    .virtual_stages(virtual_stages(schedule)));
+    torch::manual_seed(11);
+    pipe.train_step(x, y, gpipe::mse_loss);
+    std::vector<torch::Tensor> out;
+    for (const auto& p : model->parameters()) out.push_back(p.grad());
+    return out;
+  };
+  const auto two_stages = grads(gpipe::ScheduleKind::kGPipe, 2, Checkpoint::kNever);
+  const auto four_stages = grads(gpipe::ScheduleKind::kGPipe, 4, Checkpoint::kNever);  // interleaved's cut
+  for (auto schedule : {gpipe::ScheduleKind::kGPipe, gpipe::ScheduleKind::k1F1B, gpipe::ScheduleKind::kInterleaved,
+                        gpipe::ScheduleKind::kZB1P})
+    for (auto mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever}) {
+      const auto got = grads(schedule, 2, mode);
+      const auto& expected = schedule == gpipe::ScheduleKind::kInterleaved ? four_stages : two_stages;
+      for (size_t n = 0; n < got.size(); ++n)
+        EXPECT_TRUE(gpipe::testing::close(got[n], expected[n], 1e-6))
+            << gpipe::to_string(schedule) << " " << gpipe::to_string(mode) << " parameter " << n;
+    }
+}
 
 // Several optimizer steps: the parameters still match one device.
 TEST(TransparencyTrainingTest, ParametersMatchAfterSeveralSgdSteps) {
@@ -76,7 +121,7 @@ TEST(TransparencyTrainingTest, ParametersMatchAfterSeveralSgdSteps) {
     auto reference = m.build(2);
     auto piped = m.build(2);
     gpipe::Pipeline pipe(piped, gpipe::PipelineOptions().stages(3).chunks(5)
-                                    .checkpoint(Checkpoint::kExceptLast));
+                                    .checkpoint(Checkpoint::kExceptLast).schedule(gpipe::ScheduleKind::kZB1P));
     torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     torch::optim::SGD pipe_opt(pipe.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     for (int step = 0; step < 4; ++step) {

@@ -13,6 +13,7 @@
 // MPI is found); the macro GPIPE_HAS_MPI is then 1.
 #pragma once
 
+#include "gpipe/executor.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/schedule.h"
 #include "gpipe/stage.h"
@@ -62,7 +63,8 @@ class Environment {
 
 /// Where a rank sits in a job of `world_size` ranks cut into `stages` stages.
 struct Placement {
-  int stage = 0;     ///< which stage this rank runs (0..stages-1)
+  int stage = 0;     ///< which device of the pipeline this rank is (0..stages-1); with V stages per
+                     ///< device it runs stages stage, stage + K, ..., else stage `stage`
   int replica = 0;   ///< which pipeline replica it belongs to (0..replicas-1)
   int stages = 1;    ///< K
   int replicas = 1;  ///< D = world size / K
@@ -75,7 +77,8 @@ struct Placement {
 Placement place(int world_rank, int world_size, int stages);
 
 /// The layers [first, last) of a model with balance `balance` that stage
-/// `stage` runs.
+/// `stage` runs. With V stages per device, a rank runs the stages d, d+K, ...:
+/// build its layers in that order, one stage_layers range after another.
 std::pair<int, int> stage_layers(const std::vector<int>& balance, int stage);
 
 /// Thrown on every other rank when one rank's stage fails: the job cannot go
@@ -118,17 +121,18 @@ class ErrorChannel {
 
 /// Transport between the ranks of one pipeline replica: each boundary tensor
 /// is a header message (dtype and shape) and a data message, both
-/// non-blocking, tagged by (micro-batch, direction), so they never mix. Any
-/// dtype and shape; CUDA tensors travel through host memory.
+/// non-blocking, tagged by (from stage, to stage, micro-batch, direction), so
+/// they never mix, even between ranks that hold several stages. Any dtype and
+/// shape; CUDA tensors travel through host memory.
 class MpiTransport : public Transport {
  public:
-  /// `comm`: the replica's communicator, where rank j runs stage j.
-  MpiTransport(MPI_Comm comm, ErrorChannel* errors, int micro_batches);
+  /// `comm`: the replica's communicator; `rank_of_stage[s]`: the rank in it that runs stage s.
+  MpiTransport(MPI_Comm comm, ErrorChannel* errors, std::vector<int> rank_of_stage, int micro_batches);
   ~MpiTransport() override;
 
-  /// Posts ahead the header receives that `actions` (this rank's stage's list)
-  /// will wait on.
-  void post_receives(const std::vector<Action>& actions, int stages);
+  /// Posts ahead the header receives of the receive actions in `program`
+  /// (this rank's row of a lowered schedule).
+  void post_receives(const std::vector<Action>& program);
   /// Waits until every send has left this rank's buffers.
   void finish_sends();
 
@@ -144,7 +148,7 @@ class MpiTransport : public Transport {
  private:
   static constexpr int kMaxDims = 12;
   using Header = std::array<int64_t, 2 + kMaxDims>;  // dtype, dims, sizes...
-  using Key = std::tuple<int, int, int>;              // (peer, channel, micro-batch)
+  using Key = std::tuple<int, int, int, int>;         // (from stage, to stage, channel, micro-batch)
   struct PendingSend {
     std::unique_ptr<Header> header;
     torch::Tensor data;
@@ -154,12 +158,14 @@ class MpiTransport : public Transport {
     std::unique_ptr<Header> header;
     MPI_Request request = MPI_REQUEST_NULL;
   };
-  static int tag(Channel channel, int micro_batch, bool data);
-  PendingRecv post_header(int from, Channel channel, int micro_batch);
+  int tag(const Key& key, bool data) const;
+  int rank(int stage) const;
+  PendingRecv post_header(const Key& key);
   void reap_sends();
 
   MPI_Comm comm_;
   ErrorChannel* errors_;
+  std::vector<int> rank_of_stage_;
   std::vector<PendingSend> sends_;
   std::map<Key, PendingRecv> receives_;
   int64_t messages_sent_ = 0;
@@ -168,8 +174,12 @@ class MpiTransport : public Transport {
 
 /// Options of an MpiPipeline, set like PipelineOptions.
 struct MpiPipelineOptions {
-  /// Layers per stage for the whole model, e.g. {3, 8}: K = balance.size().
+  /// Layers per stage for the whole model, e.g. {3, 8}: K·V entries.
   TORCH_ARG(std::vector<int>, balance) = {};
+  /// The order in which the ranks run forwards and backwards (schedule.h).
+  TORCH_ARG(ScheduleKind, schedule) = ScheduleKind::kGPipe;
+  /// V, stages per rank (the interleaved schedule): K = balance.size() / V.
+  TORCH_ARG(int, virtual_stages) = 1;
   /// M, micro-batches per replica per mini-batch.
   TORCH_ARG(int, chunks) = 1;
   TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::kExceptLast;
@@ -201,7 +211,8 @@ struct MpiPipelineOptions {
 /// report and call mpi::abort().
 class MpiPipeline {
  public:
-  /// `layers`: this rank's stage, balance[stage] layers.
+  /// `layers`: this rank's stages' layers, in stage order (balance[stage] layers
+  /// when V = 1).
   MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions options);
   ~MpiPipeline();
   MpiPipeline(const MpiPipeline&) = delete;
@@ -237,8 +248,11 @@ class MpiPipeline {
   int stages() const { return placement_.stages; }
   int chunks() const { return options_.chunks(); }
   const std::vector<int>& balance() const { return options_.balance(); }
+  /// This rank's layers (all its stages').
   torch::nn::Sequential layers() const { return layers_; }
-  /// This stage's parameters: build the optimizer on these.
+  /// The lowered training program of the whole pipeline; this rank runs row placement().stage.
+  const Schedule& schedule() const { return train_program_; }
+  /// This rank's parameters: build the optimizer on these.
   std::vector<torch::Tensor> parameters() const { return layers_->parameters(); }
   /// This stage's row of the last step's timeline.
   const StepTrace& last_trace() const { return trace_; }
@@ -247,7 +261,7 @@ class MpiPipeline {
  private:
   void check_agreement();
   void check_usable() const;
-  void run(const Schedule& schedule, StepData& step);
+  void run(const Schedule& program, StepData& step);
   void allreduce_gradients();
   void reduce(double* values, int count, MPI_Op op);  // in place, over every rank
 
@@ -259,8 +273,8 @@ class MpiPipeline {
   MPI_Comm stage_ = MPI_COMM_NULL;     // the D ranks that run this stage
   std::unique_ptr<ErrorChannel> errors_;
   std::unique_ptr<MpiTransport> transport_;
-  std::unique_ptr<StageExecutor> executor_;
-  Schedule train_schedule_;
+  std::unique_ptr<Executor> executor_;
+  Schedule train_program_;
   bool stochastic_ = false;  // whether any stage of the model draws random numbers
   bool failed_ = false;
   StepTrace trace_;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "gpipe/device.h"
+#include "gpipe/executor.h"
 #include "gpipe/memory.h"
 #include "gpipe/schedule.h"
 #include "gpipe/stage.h"
@@ -18,34 +19,27 @@
 
 namespace gpipe {
 
-/// Which micro-batches re-materialize (keep only the stage input in forward and
-/// recompute the stage's forward inside backward). As in torchgpipe.
-enum class Checkpoint {
-  kAlways,      ///< every micro-batch: least memory, about one extra forward
-  kExceptLast,  ///< all but the last, whose backward comes first anyway
-  kNever,       ///< none: every stage keeps every micro-batch's activations
-};
-
-/// "always", "except_last" or "never".
-std::string to_string(Checkpoint mode);
-/// Parses "always", "except_last" or "never"; throws std::invalid_argument otherwise.
-Checkpoint parse_checkpoint(const std::string& text);
-
 /// Options of a Pipeline, set with chainable setters:
 ///
 ///   gpipe::Pipeline pipe(model, gpipe::PipelineOptions().stages(2).chunks(8));
 ///   gpipe::Pipeline pipe(model, gpipe::PipelineOptions().balance({3, 5}).chunks(4)
 ///                                   .checkpoint(gpipe::Checkpoint::kAlways));
+///   gpipe::Pipeline pipe(model, gpipe::PipelineOptions().stages(2).chunks(8)
+///                                   .schedule(gpipe::ScheduleKind::kInterleaved).virtual_stages(2));
 struct PipelineOptions {
-  /// K, the number of stages, cutting the layers evenly. 0: take K from balance.
+  /// K, the number of devices, cutting the layers evenly into K·V stages. 0: take it from balance.
   TORCH_ARG(int, stages) = 0;
-  /// Layers per stage, e.g. {3, 5}. Empty: cut evenly into `stages` stages.
+  /// Layers per stage, e.g. {3, 5}: K·V entries. Empty: cut evenly.
   TORCH_ARG(std::vector<int>, balance) = {};
+  /// The order in which the devices run forwards and backwards (schedule.h).
+  TORCH_ARG(ScheduleKind, schedule) = ScheduleKind::kGPipe;
+  /// V, stages per device (the interleaved schedule; 1 otherwise). Stage s runs on device s mod K.
+  TORCH_ARG(int, virtual_stages) = 1;
   /// M, the number of micro-batches each mini-batch is split into.
   TORCH_ARG(int, chunks) = 1;
   /// Which micro-batches re-materialize in backward.
   TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::kExceptLast;
-  /// One device per stage. Empty: a CPU core group of `threads_per_stage` per stage.
+  /// K devices. Empty: a CPU core group of `threads_per_stage` per device.
   TORCH_ARG(std::vector<Device>, devices) = {};
   /// Intra-op threads of each CPU stage when `devices` is empty.
   TORCH_ARG(int, threads_per_stage) = 1;
@@ -54,9 +48,9 @@ struct PipelineOptions {
   TORCH_ARG(bool, track_memory) = false;
 };
 
-/// A torch::nn::Sequential cut into K consecutive stages, each on its own
-/// device and worker thread, trained by GPipe's fill-drain schedule over M
-/// micro-batches.
+/// A torch::nn::Sequential cut into consecutive stages over K devices, each
+/// device with its own worker thread, trained over M micro-batches by a
+/// schedule (GPipe's fill-drain by default; 1F1B, interleaved or zero-bubble).
 ///
 /// The pipeline shares the model's parameters: an optimizer built on
 /// `model->parameters()` (or `pipe.parameters()`) steps what the stages use.
@@ -104,17 +98,20 @@ class Pipeline {
   /// Stage j's layers (sharing the model's modules).
   torch::nn::Sequential stage(int j) const;
 
+  /// S, the number of stages (K·V).
   int stages() const { return static_cast<int>(balance_.size()); }
   int chunks() const { return options_.chunks(); }
   const std::vector<int>& balance() const { return balance_; }
+  /// The K devices.
   const std::vector<Device>& devices() const { return devices_; }
   Checkpoint checkpoint() const { return options_.checkpoint(); }
-  const Schedule& schedule() const { return train_schedule_; }
+  /// The lowered training program the devices run (schedule.h).
+  const Schedule& schedule() const { return train_program_; }
 
   /// The timeline of the last train_step or forward.
   const StepTrace& last_trace() const { return trace_; }
 
-  /// Memory of one stage, with track_memory on.
+  /// Memory of one device (of its stages), with track_memory on.
   struct StageMemory {
     int64_t parameter_bytes = 0;  ///< its parameters and their gradients
     int64_t peak_bytes = 0;       ///< peak, above what it held before the last step, of the
@@ -123,7 +120,7 @@ class Pipeline {
                                   ///< (With tracking on, a step's gradients are allocated before
                                   ///< it by the calling thread, so they count with the parameters.)
   };
-  /// Per stage, for the last train_step or forward; empty without track_memory.
+  /// Per device, for the last train_step or forward; empty without track_memory.
   /// A CPU stage's peak comes from gpipe's tracking allocator (what its thread
   /// allocated); a CUDA stage's from the CUDA caching allocator's statistics of
   /// its device (shared by stages on the same GPU).
@@ -131,19 +128,19 @@ class Pipeline {
 
  private:
   std::vector<torch::Tensor> split(const torch::Tensor& tensor, const char* what) const;
-  void run(const Schedule& schedule, StepData& step);
+  void run(const Schedule& program, StepData& step);
 
   torch::nn::Sequential model_;
   PipelineOptions options_;
   std::vector<int> balance_;
   std::vector<Device> devices_;
-  Schedule train_schedule_;
-  Schedule forward_schedule_;
+  Schedule train_program_;
+  Schedule forward_program_;
   std::unique_ptr<InProcessTransport> transport_;
-  std::vector<std::unique_ptr<StageExecutor>> executors_;
+  std::vector<std::unique_ptr<Executor>> executors_;  // one per device
   std::vector<std::unique_ptr<DeviceThread>> threads_;
   StepTrace trace_;
-  std::vector<int64_t> memory_at_start_;  // each stage's tracked bytes when the last step began
+  std::vector<int64_t> memory_at_start_;  // each device's tracked bytes when the last step began
 };
 
 }  // namespace gpipe

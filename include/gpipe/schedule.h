@@ -1,9 +1,24 @@
-// schedule.h: pipeline schedules as data: for each stage, the ordered actions its executor runs.
+// schedule.h: a training step as a program: what each device computes, in which order, and what it
+// sends and receives; generators, the lowering pass, the validator, the simulator and the grid printer.
 //
-// Index names used throughout gpipe: K stages (j = 0..K-1), M micro-batches
-// (i = 0..M-1). An action "jFi" is the forward of micro-batch i on stage j;
-// "jBi" its backward. A schedule generator is a pure function; the executors
-// run its lists and decide nothing.
+// Index names used throughout gpipe: K devices (d = 0..K-1), S stages (s = 0..S-1;
+// S = K·V with V stages per device when interleaved, S = K otherwise), M
+// micro-batches (i = 0..M-1).
+//
+// A step is built in three passes, all before any tensor moves:
+//
+//   generator (K, M, V) ──▶ compute schedule ──lower(mode)──▶ program ──▶ validate / simulate
+//     F, B, I, W per device     + placement          + SEND/RECV by stage,     + executors run it
+//                                                       recompute flags
+//
+// Text forms (each parses back with Action::parse):
+//   1F0         forward of micro-batch 0 on stage 1, keeping its activations
+//   1F0r        the same forward keeping only its input (re-materialized in its backward)
+//   1B0         full backward of micro-batch 0 on stage 1
+//   1I0, 1W0    backward split in two: I the gradient of the stage input, W later the weights'
+//   1SEND_F0>2  stage 1 sends micro-batch 0's activation to stage 2
+//   2RECV_F0<1  stage 2 receives it from stage 1
+//   2SEND_B0>1  stage 2 sends the gradient of its input back to stage 1 (1RECV_B0<2 receives it)
 #pragma once
 
 #include <cstdint>
@@ -14,74 +29,182 @@
 
 namespace gpipe {
 
-/// What an action does: the forward or the backward of one micro-batch.
-enum class Phase : char { kForward = 'F', kBackward = 'B' };
+/// What an action does.
+enum class ActionKind : char {
+  kForward = 'F',     ///< forward of one micro-batch through one stage
+  kBackward = 'B',    ///< full backward: input gradient and weight gradients
+  kInputGrad = 'I',   ///< backward to the stage input only; keeps what W needs
+  kWeightGrad = 'W',  ///< the weight gradients of an earlier I
+  kSend = 'S',        ///< hand a boundary tensor to another stage
+  kRecv = 'R',        ///< take a boundary tensor from another stage
+};
 
-/// One unit of work of one stage: `{stage, phase, micro_batch}`, written "1F0".
+/// Which way a boundary tensor goes.
+enum class Channel : int {
+  kActivation = 0,  ///< a stage's output, to the next stage
+  kGradient = 1,    ///< the gradient of a stage's input, to the previous stage
+};
+
+/// Which micro-batches re-materialize (keep only the stage input in forward and
+/// recompute the stage's forward inside backward). As in torchgpipe.
+enum class Checkpoint {
+  kAlways,      ///< every micro-batch: least memory, about one extra forward
+  kExceptLast,  ///< all but those whose backward directly follows their forward on the device
+  kNever,       ///< none: every stage keeps every micro-batch's activations
+};
+
+/// "always", "except_last" or "never".
+std::string to_string(Checkpoint mode);
+/// Parses "always", "except_last" or "never"; throws std::invalid_argument otherwise.
+Checkpoint parse_checkpoint(const std::string& text);
+
+/// One action of one stage; a compute action or, in a lowered program, a send or receive.
 struct Action {
   int stage = 0;
-  Phase phase = Phase::kForward;
+  ActionKind kind = ActionKind::kForward;
   int micro_batch = 0;
+  Channel channel = Channel::kActivation;  ///< kSend/kRecv: what travels
+  int peer = -1;                           ///< kSend: the receiving stage; kRecv: the sending stage
+  bool recompute = false;                  ///< kForward: keep only the input; its B or I re-runs the forward
 
-  /// The text form, e.g. "1F0" (stage 1, forward, micro-batch 0).
+  /// F, B, I or W (not a send or receive).
+  bool is_compute() const { return kind != ActionKind::kSend && kind != ActionKind::kRecv; }
+  /// B or I: the action that consumes the gradient of the stage's output.
+  bool is_backward() const { return kind == ActionKind::kBackward || kind == ActionKind::kInputGrad; }
+
+  /// The text form, e.g. "1F0", "1F0r", "1W3", "1SEND_F0>2".
   std::string str() const;
   /// Parses the text form back; throws std::invalid_argument on malformed text.
   static Action parse(const std::string& text);
 
-  bool operator==(const Action& other) const {
-    return stage == other.stage && phase == other.phase && micro_batch == other.micro_batch;
-  }
+  bool operator==(const Action& other) const;
   bool operator!=(const Action& other) const { return !(*this == other); }
 };
 std::ostream& operator<<(std::ostream& out, const Action& action);
 
-/// A schedule: for each stage j, the actions its executor runs, in order.
+/// A step: for each device, the actions it runs in order. A generator fills
+/// only compute actions; lower() adds the sends and receives.
 struct Schedule {
-  int stages = 0;
-  int micro_batches = 0;
-  bool backward = true;                      ///< false for inference (forward only)
-  std::vector<std::vector<Action>> actions;  ///< actions[j]: stage j's list
+  std::string name;                          ///< the generator, e.g. "1f1b"
+  int devices = 0;                           ///< K
+  int stages = 0;                            ///< S
+  int micro_batches = 0;                     ///< M
+  bool backward = true;                      ///< false for inference (forwards only)
+  std::vector<int> placement;                ///< placement[s]: the device that runs stage s
+  std::vector<std::vector<Action>> actions;  ///< actions[d]: device d's list
+
+  /// Stages per device (V).
+  int virtual_stages() const { return devices > 0 ? stages / devices : 0; }
+  /// Whether sends and receives have been added (lower()).
+  bool lowered() const;
+  /// The stages device `d` runs, in increasing order.
+  std::vector<int> stages_of(int device) const;
 };
 
-/// GPipe's fill-drain schedule for training: every stage runs the forwards of
-/// micro-batches 0..M-1, then their backwards in reverse order M-1..0 (the last
-/// micro-batch's backward can start first, as soon as its forward ends).
-Schedule fill_drain(int stages, int micro_batches);
-
-/// Inference: every stage runs the forwards of micro-batches 0..M-1.
-Schedule forward_only(int stages, int micro_batches);
-
-/// When each action would start, in an idealised run where every action takes
-/// `cost(action)` time units and communication is free.
-struct SimulatedRun {
-  std::vector<std::vector<int64_t>> start;  ///< start[j][n]: start of actions[j][n]
-  int64_t makespan = 0;                      ///< time at which the last action ends
+/// The schedules gpipe generates.
+enum class ScheduleKind {
+  kGPipe,        ///< "gpipe": fill-drain
+  k1F1B,         ///< "1f1b": one forward, one backward (PipeDream-Flush)
+  kInterleaved,  ///< "interleaved": 1F1B over V stages per device (Megatron-LM)
+  kZB1P,         ///< "zb1p": zero bubble ZB-H1, backward split into I and W
 };
+std::string to_string(ScheduleKind kind);
+/// Parses "gpipe", "1f1b", "interleaved" or "zb1p"; throws std::invalid_argument otherwise.
+ScheduleKind parse_schedule(const std::string& text);
+/// Every schedule's name, for help texts: "gpipe|1f1b|interleaved|zb1p".
+std::string schedule_names();
 
-/// Unit cost: every action takes one time slot.
-int64_t unit_cost(const Action& action);
+/// GPipe's fill-drain: every device runs the forwards of micro-batches 0..M-1,
+/// then their backwards in reverse order. Bubble (K-1)/(M+K-1); every device
+/// keeps all M micro-batches in flight.
+Schedule fill_drain(int devices, int micro_batches);
 
-/// Simulates `schedule`, honouring the data dependencies (jFi needs (j-1)Fi;
-/// jBi needs jFi and (j+1)Bi) and each stage's order. Throws std::logic_error,
-/// with the grid of what could run, if the schedule deadlocks.
-SimulatedRun simulate(const Schedule& schedule,
-                      const std::function<int64_t(const Action&)>& cost = unit_cost);
+/// 1F1B (PipeDream-Flush): device d runs K-1-d warm-up forwards, then alternates
+/// one forward and one backward, then drains. The same bubble as fill-drain,
+/// (K-1)/(M+K-1), but device d keeps at most K-d micro-batches in flight.
+Schedule one_f_one_b(int devices, int micro_batches);
 
-/// Checks that `schedule` is complete and can run: every stage has exactly one
-/// forward (and, when training, one backward after it) per micro-batch, every
-/// action is on its own stage, and the dependencies leave no deadlock. Throws
-/// std::logic_error naming the problem, with the offending row marked
-/// "<-- ERROR HERE".
+/// Interleaved 1F1B (Megatron-LM): V stages per device, stage s on device s mod K,
+/// so a micro-batch passes each device V times. Bubble (K-1)/(V·M+K-1), about V
+/// times smaller than 1F1B's; device d keeps at most (V-1)·K + 2(K-1-d) + 1
+/// stage-micro-batches in flight (a little more than 1F1B's K-d, in stages of 1/V
+/// the size). Accepts V >= 2 and M a multiple of K (Megatron's rule), as its
+/// forward order takes the micro-batches K at a time.
+Schedule interleaved(int devices, int micro_batches, int virtual_stages);
+
+/// ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): 1F1B with each
+/// backward split into I (input gradient, on the critical path) and W (weight
+/// gradients, off it). Device d keeps at most K-d micro-batches awaiting their I,
+/// as 1F1B does; a W waits until the device would otherwise be idle, so the W's
+/// fill the bubble. With equal F, I and W times and M >= K its bubble is
+/// (K-1)/(3M+K-1), a third of 1F1B's (with M < K the step takes 2(M+K)-1 slots).
+/// The price: a micro-batch awaiting its W still holds its layers' inputs and
+/// output gradients, and the devices defer their W's to the drain, so all M
+/// micro-batches are held at the end of a step (bounding them by 1F1B's K-d
+/// gives back most of the bubble: 0.71 of fill-drain's instead of 0.38 at K=2,
+/// M=4 in simulation).
+Schedule zb1p(int devices, int micro_batches);
+
+/// Inference: every device runs the forwards of micro-batches 0..M-1 of its
+/// stages (stage s on device s mod K).
+Schedule forward_only(int devices, int micro_batches, int virtual_stages = 1);
+
+/// The schedule `kind` for K devices, M micro-batches and V stages per device.
+/// Throws std::invalid_argument naming the rule and the fix if the schedule
+/// cannot run that configuration (interleaved with M not a multiple of K, a
+/// schedule other than interleaved with V > 1, ...).
+Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int virtual_stages = 1);
+
+/// Turns a compute schedule into a program: before each action that needs a
+/// tensor from another stage, a receive from that stage; after each action that
+/// produces one, a send to the stage that needs it (one stage to the next
+/// forwards, back again backwards, whatever devices they are on); and each
+/// forward's recompute flag from `mode` (except_last: a forward keeps its
+/// activations when the next compute action of its device is its own B or I).
+/// The only place in gpipe that decides who talks to whom.
+Schedule lower(const Schedule& schedule, Checkpoint mode);
+
+/// Checks that `schedule` (compute-only or lowered) can run: placement, one F per
+/// stage and micro-batch and then one B or one I and one W after it, every
+/// action on the device its stage is placed on, matching sends and receives,
+/// and no deadlock. Throws std::invalid_argument naming the offending action,
+/// with the lists printed and the offending row marked "<-- ERROR HERE".
 void validate(const Schedule& schedule);
 
-/// The schedule as a grid, one row per stage and one column per time slot of a
-/// unit-cost simulation; idle slots show as ".":
+/// Cost of an action in a simulation, in any time unit.
+using CostFn = std::function<double(const Action&)>;
+/// One unit for every compute action, nothing for sends and receives.
+double unit_cost(const Action& action);
+
+/// When each action of a program would start in a run where every action takes
+/// `cost(action)`: what a schedule costs before it runs.
+struct SimulatedRun {
+  Schedule program;                        ///< the lowered program simulated
+  std::vector<std::vector<double>> start;  ///< start[d][n]: start of program.actions[d][n]
+  std::vector<std::vector<double>> end;    ///< end[d][n]
+  double makespan = 0;                     ///< when the last action ends
+  std::vector<double> busy;                ///< per device: time spent in compute actions
+  /// Share of device-time spent idle: 1 - Σ busy / (K · makespan).
+  double bubble = 0;
+  /// Per device: the most stage-micro-batches held at once between the start of
+  /// their forward and the end of their backward (B, or W when split).
+  std::vector<int> peak_in_flight;
+};
+
+/// Simulates `schedule` (lowered first with Checkpoint::kNever if it is
+/// compute-only): each device runs its list in order; an action starts when the
+/// device is free and, for a receive, when its send has happened. Throws
+/// std::invalid_argument, with the lists and the stuck row marked, on deadlock.
+SimulatedRun simulate(const Schedule& schedule, const CostFn& cost = unit_cost);
+
+/// The compute actions as a grid, one row per device and one column per time
+/// slot of a unit-cost simulation; idle slots show as ".":
 ///
-///   stage 0 | 0F0 0F1  .   .  0B1 0B0
-///   stage 1 |  .  1F0 1F1 1B1 1B0  .
+///   device 0 | 0F0 0F1  .   .  0B1 0B0
+///   device 1 |  .  1F0 1F1 1B1 1B0  .
 std::string format_grid(const Schedule& schedule);
 
-/// The ideal speedup of a balanced K-stage pipeline over one device: K·M/(M+K-1).
+/// The ideal speedup of a balanced K-stage fill-drain pipeline over one device: K·M/(M+K-1).
 double ideal_speedup(int stages, int micro_batches);
 
 /// The ideal idle fraction of a fill-drain step: (K-1)/(M+K-1).

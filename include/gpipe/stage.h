@@ -1,12 +1,13 @@
-// stage.h: StageExecutor: one stage's layers on one device, running its list of actions.
+// stage.h: one stage's layers and what it keeps per micro-batch: forward, backward, and the backward
+// split into input gradient (I) and weight gradients (W).
 //
 // A stage keeps its own autograd graph. Its input is a detached tensor that
-// requires grad; its backward runs on the stage's own thread and sends
-// input.grad() upstream. No graph ever spans two stages, so the backward of
-// stage j never waits on another stage's thread:
+// requires grad; its backward runs on the stage's own thread and hands the
+// input's gradient upstream. No graph ever spans two stages, so the backward of
+// stage s never waits on another stage's thread:
 //
-//      stage j-1                 stage j                          stage j+1
-//   ... -> y_{j-1} ==send==> [1] x = recv().detach().requires_grad_()
+//      stage s-1                 stage s                          stage s+1
+//   ... -> y_{s-1} ==send==> [1] x = recv().detach().requires_grad_()
 //                                 y = layers(x)          ==send==> [2]
 //                            [4] x.grad()  <==recv== y.backward(g) [3] <== g
 //   ... <==send== x.grad()
@@ -15,19 +16,34 @@
 //   [2] y.detach() goes on, so the next stage's graph starts fresh
 //   [3] the gradient of y arrives from downstream (the last stage uses the loss)
 //   [4] the gradient of x goes upstream
+//
+// The I/W split cuts the graph once more, between the stage's layers: each
+// layer l runs on a detached copy a_l of the previous layer's output, so I can
+// walk the layers backwards computing only d loss / d a_l (autograd skips the
+// weight-gradient products), keeping each layer's output gradient g_{l+1}; W
+// later runs backward from every layer's output with its g_{l+1}, into the
+// parameters only. I then W adds up to exactly B:
+//
+//   a_0 ─layer 0─▶ y_0   a_1 = y_0.detach() ─layer 1─▶ y_1 ... ─▶ y_{L-1} ─▶ loss / send
+//   I:   g_{L} = d/dy_{L-1} ... g_1 = d/da_1 = grad(y_0 ← a_1 ...)   (retain each layer's graph)
+//   W:   backward({y_0, ..., y_{L-1}}, {g_1, ..., g_L}, inputs = parameters)
+//
+// Cost: I and W together do the work of B (each layer's input gradient in I,
+// its weight gradient in W). A layer that is itself a graph of several weighted
+// operations (a TransformerEncoderLayer) is one unit: its W walks its internal
+// graph again for the weight gradients, so W costs nearly that layer's whole
+// backward.
 #pragma once
 
 #include "gpipe/device.h"
-#include "gpipe/memory.h"
 #include "gpipe/schedule.h"
-#include "gpipe/trace.h"
-#include "gpipe/transport.h"
 
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -55,7 +71,6 @@ struct StepData {
   std::vector<torch::Tensor> inputs;   ///< micro-batch inputs, read by stage 0
   std::vector<torch::Tensor> targets;  ///< micro-batch targets, read by the last stage
   std::vector<double> weights;         ///< bᵢ/N per micro-batch
-  std::vector<bool> recompute;         ///< per micro-batch: re-materialize in backward
   LossFn loss;
   uint64_t seed = 0;                   ///< this step's seed for stochastic layers
   std::vector<torch::Tensor> outputs;  ///< written by the last stage (forward only)
@@ -65,57 +80,66 @@ struct StepData {
 /// Whether `layers` draw random numbers in training (Dropout with p > 0).
 bool draws_random_numbers(const torch::nn::Sequential& layers);
 
-/// One stage: a run of consecutive layers on one device.
+/// One stage: a run of consecutive layers, and what each micro-batch keeps
+/// between its forward and its backward (the input alone when re-materialized,
+/// else the input and the autograd graph).
 ///
-/// Thread: run() is called from one thread at a time (the stage's DeviceThread,
-/// or an MPI rank's main thread). Between a micro-batch's forward and its
-/// backward the executor keeps either the stage input alone (re-materialized) or
-/// the input and the autograd graph.
-class StageExecutor {
+/// Thread: used by one thread at a time (the executor of the device it is placed on).
+class Stage {
  public:
-  /// With `memory` set, the stage's CPU allocations are charged to it (see memory.h).
-  StageExecutor(int index, int stages, torch::nn::Sequential layers, Device device,
-                Transport* transport, std::shared_ptr<MemoryCounter> memory = nullptr);
+  /// Stage `index` of `stages`, running `layers` on `device`.
+  Stage(int index, int stages, torch::nn::Sequential layers, Device device);
 
-  /// Runs `actions` in order for `step`, appending each action's timespan to
-  /// `trace` when given (from the arrival of its inputs to its end). Throws
-  /// StageError for a failure in an action, and Cancelled when another stage
-  /// failed; either way the executor drops what it kept for this step.
-  void run(const std::vector<Action>& actions, StepData& step, std::vector<ActionSpan>* trace);
+  /// Forward of micro-batch i of `input` (an undefined tensor: the step's input).
+  /// Keeps what backward needs; with `recompute`, only the input. With
+  /// `split`, records each layer's boundary for a later I and W. Returns the
+  /// output to hand on (detached), or, on the last stage, an undefined tensor
+  /// after storing the weighted loss (training) or the output (inference) in `step`.
+  torch::Tensor forward(int i, torch::Tensor input, bool recompute, bool split, StepData& step);
+  /// Full backward of micro-batch i from the gradient of its output (undefined
+  /// on the last stage). Returns the gradient of the stage input (undefined on stage 0).
+  torch::Tensor backward(int i, const torch::Tensor& output_grad, StepData& step);
+  /// The input-gradient half of backward (forward must have run with `split`).
+  torch::Tensor input_grad(int i, const torch::Tensor& output_grad, StepData& step);
+  /// The weight-gradient half: accumulates the parameters' gradients of micro-batch i.
+  void weight_grad(int i);
+  /// Drops everything kept for the step.
+  void clear() { kept_.clear(); }
 
   int index() const { return index_; }
-  const Device& device() const { return device_; }
+  bool first() const { return index_ == 0; }
+  bool last() const { return index_ == stages_ - 1; }
   torch::nn::Sequential layers() const { return layers_; }
   /// Whether the layers draw random numbers in training (Dropout with p > 0).
   /// Such stages replay the same random stream when they re-materialize.
   bool stochastic() const { return stochastic_; }
-  /// The stage's memory counter, or null when memory is not tracked.
-  const std::shared_ptr<MemoryCounter>& memory() const { return memory_; }
 
  private:
   // What a micro-batch leaves behind between its forward and its backward.
   struct Kept {
-    torch::Tensor input;   // [1] in the diagram
-    torch::Tensor output;  // with its graph, unless re-materialized
-    torch::Tensor loss;    // last stage only, with its graph, unless re-materialized
+    torch::Tensor input;                 // [1] in the diagram
+    torch::Tensor output;                // with its graph, unless re-materialized
+    torch::Tensor loss;                  // last stage only, with its graph, unless re-materialized
+    bool recompute = false;
+    bool split = false;
+    std::vector<torch::Tensor> layer_inputs;   // split: a_l, detached, per layer
+    std::vector<torch::Tensor> layer_outputs;  // split: y_l, with layer l's graph
+    std::vector<torch::Tensor> output_grads;   // after I: g_{l+1}, the gradient of y_l
   };
 
-  void forward(int i, StepData& step);
-  void backward(int i, StepData& step);
+  // Runs the layers on `x` (and the loss on the last stage) into `kept`.
+  torch::Tensor run_layers(int i, const torch::Tensor& x, bool split, Kept& kept, StepData& step);
   torch::Tensor weighted_loss(const torch::Tensor& output, int i, const StepData& step) const;
   uint64_t seed_of(int i, const StepData& step) const;
-  bool first() const { return index_ == 0; }
-  bool last() const { return index_ == stages_ - 1; }
+  Kept& kept(int i);
 
   int index_;
   int stages_;
   torch::nn::Sequential layers_;
   Device device_;
-  Transport* transport_;
   bool stochastic_;
-  std::vector<Kept> kept_;
-  std::shared_ptr<MemoryCounter> memory_;
-  int64_t compute_begin_ns_ = 0;  // when the running action's inputs had arrived
+  std::vector<std::vector<torch::Tensor>> layer_parameters_;  // per layer, those that take gradients
+  std::map<int, Kept> kept_;               // by micro-batch
 };
 
 }  // namespace gpipe

@@ -5,6 +5,8 @@
 // micro-batch), so messages never mix and may arrive in any order.
 #pragma once
 
+#include "gpipe/schedule.h"
+
 #include <torch/types.h>
 
 #include <condition_variable>
@@ -18,12 +20,6 @@
 #include <vector>
 
 namespace gpipe {
-
-/// Which way a boundary tensor goes.
-enum class Channel : int {
-  kActivation = 0,  ///< stage j's output, to stage j+1
-  kGradient = 1,    ///< the gradient of stage j's input, to stage j-1
-};
 
 /// Thrown out of a blocked Transport::recv when the step is cancelled (another
 /// stage failed). Executors pass it on as it is, not as their own failure.
@@ -51,7 +47,8 @@ class Transport {
   virtual void reset() = 0;
 };
 
-/// Transport between stages of one process: a mailbox per receiving stage.
+/// Transport between stages of one process: a mailbox per receiving stage
+/// (`stages` of them: every stage of the model, S = K·V).
 /// Tensors are handed over, not copied.
 class InProcessTransport : public Transport {
  public:

@@ -1,0 +1,85 @@
+// schedule.cc: `gpipe schedule`: a schedule's step program as a grid, with its simulated bubble and
+// peak in-flight micro-batches per device, before anything runs.
+#include "commands.h"
+#include "common.h"
+
+#include <gpipe/schedule.h>
+
+#include <nlohmann/json.hpp>
+
+#include <iomanip>
+#include <iostream>
+#include <memory>
+
+namespace gpipe::cli {
+namespace {
+
+struct ScheduleOptions {
+  std::string schedule = "gpipe";
+  int stages = 2;
+  int micro_batches = 4;
+  int virtual_stages = 1;
+  std::string checkpoint = "never";
+  bool program = false;
+  bool json = false;
+};
+
+int run(const ScheduleOptions& o) {
+  const Schedule compute = make_schedule(parse_schedule(o.schedule), o.stages, o.micro_batches, o.virtual_stages);
+  const Schedule program = lower(compute, parse_checkpoint(o.checkpoint));
+  validate(program);
+  const SimulatedRun run = simulate(program);
+  if (o.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& row : program.actions) {
+      rows.push_back(nlohmann::json::array());
+      for (const Action& a : row) rows.back().push_back(a.str());
+    }
+    std::cout << nlohmann::json{{"schedule", o.schedule},       {"devices", o.stages},
+                                {"micro_batches", o.micro_batches}, {"virtual_stages", o.virtual_stages},
+                                {"checkpoint", o.checkpoint},   {"makespan_slots", run.makespan},
+                                {"bubble", run.bubble},         {"peak_in_flight", run.peak_in_flight},
+                                {"program", rows}}
+                     .dump()
+              << "\n";
+    return 0;
+  }
+  std::cout << o.schedule << ": K=" << o.stages << " devices, M=" << o.micro_batches << " micro-batches"
+            << (o.virtual_stages > 1 ? ", V=" + std::to_string(o.virtual_stages) + " stages per device" : "")
+            << " (one column per time slot; every action takes one slot)\n"
+            << format_grid(compute) << std::fixed << std::setprecision(3) << "simulated bubble " << run.bubble
+            << " (fill-drain's (K-1)/(M+K-1) = " << ideal_bubble(o.stages, o.micro_batches) << ")\n"
+            << "peak in-flight micro-batches per device:";
+  for (int p : run.peak_in_flight) std::cout << ' ' << p;
+  std::cout << "\n";
+  if (o.program) {
+    std::cout << "program with checkpoint " << o.checkpoint << " (r: the forward keeps only its input):\n";
+    for (size_t d = 0; d < program.actions.size(); ++d) {
+      std::cout << "device " << d << " |";
+      for (const Action& a : program.actions[d]) std::cout << ' ' << a.str();
+      std::cout << "\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_schedule_command(CLI::App& app, const std::string& /*command*/) {
+  auto o = std::make_shared<ScheduleOptions>();
+  CLI::App* sub = app.add_subcommand("schedule", "print a schedule's step program as a grid, with its simulated "
+                                                 "bubble and peak in-flight micro-batches per device");
+  sub->add_option("--schedule", o->schedule, "gpipe (fill-drain), 1f1b, interleaved or zb1p")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1p"}))->capture_default_str();
+  sub->add_option("--stages", o->stages, "K, the number of devices")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--micro-batches", o->micro_batches, "M")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--virtual-stages", o->virtual_stages, "V, stages per device (interleaved)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--checkpoint", o->checkpoint, "always, except_last or never: the recompute flags of --program")
+      ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
+  sub->add_flag("--program", o->program, "also print each device's lowered program, sends and receives included");
+  sub->add_flag("--json", o->json, "one JSON object: the program, its simulated bubble and peaks");
+  sub->callback([o] { run(*o); });
+}
+
+}  // namespace gpipe::cli

@@ -1,0 +1,57 @@
+// executor.h: Executor: runs one device's program over the stages placed on that device.
+//
+// The executor decides nothing: it dispatches each action of its program by
+// kind. A receive puts the tensor it took from the transport in the inbox of
+// its stage; a compute action takes its input from there and leaves its output
+// in the outbox; a send hands it to the transport. Who talks to whom was
+// decided once, when the schedule was lowered (schedule.h).
+#pragma once
+
+#include "gpipe/device.h"
+#include "gpipe/memory.h"
+#include "gpipe/schedule.h"
+#include "gpipe/stage.h"
+#include "gpipe/trace.h"
+#include "gpipe/transport.h"
+
+#include <memory>
+#include <vector>
+
+namespace gpipe {
+
+/// The stages placed on one device, run by that device's program.
+///
+/// Thread: run() is called from one thread at a time (the device's
+/// DeviceThread, or an MPI rank's main thread).
+class Executor {
+ public:
+  /// With `memory` set, the device's CPU allocations are charged to it (see memory.h).
+  Executor(std::vector<std::unique_ptr<Stage>> stages, Device device, Transport* transport,
+           std::shared_ptr<MemoryCounter> memory = nullptr);
+
+  /// Runs `program` (this device's row of a lowered schedule) for `step`,
+  /// appending each compute action's timespan to `trace` when given (its inputs
+  /// have been received before it starts, and it ends before its output is
+  /// sent, so a span is work alone). Throws StageError for a failure in an
+  /// action, and Cancelled when another device failed; either way the stages
+  /// drop what they kept for this step.
+  void run(const std::vector<Action>& program, StepData& step, std::vector<ActionSpan>* trace);
+
+  const Device& device() const { return device_; }
+  /// The stages on this device, in increasing stage order.
+  const std::vector<std::unique_ptr<Stage>>& stages() const { return stages_; }
+  /// Whether any stage here draws random numbers in training.
+  bool stochastic() const;
+  /// The device's memory counter, or null when memory is not tracked.
+  const std::shared_ptr<MemoryCounter>& memory() const { return memory_; }
+
+ private:
+  Stage& stage(int index);
+
+  std::vector<std::unique_ptr<Stage>> stages_;
+  Device device_;
+  Transport* transport_;
+  std::shared_ptr<MemoryCounter> memory_;
+};
+
+}  // namespace gpipe

@@ -1,0 +1,107 @@
+// executor.cc: the executor: one device's program, dispatched action by action.
+#include "gpipe/executor.h"
+
+#include "gpipe/check.h"
+
+#include <torch/torch.h>
+
+#include <c10/core/DeviceGuard.h>
+
+#include <map>
+#include <optional>
+#include <set>
+#include <tuple>
+
+namespace gpipe {
+
+Executor::Executor(std::vector<std::unique_ptr<Stage>> stages, Device device, Transport* transport,
+                   std::shared_ptr<MemoryCounter> memory)
+    : stages_(std::move(stages)), device_(std::move(device)), transport_(transport), memory_(std::move(memory)) {}
+
+bool Executor::stochastic() const {
+  for (const auto& s : stages_)
+    if (s->stochastic()) return true;
+  return false;
+}
+
+Stage& Executor::stage(int index) {
+  for (const auto& s : stages_)
+    if (s->index() == index) return *s;
+  GPIPE_CHECK(false, "stage ", index, " is not placed on this device (", device_.str(), ")");
+  return *stages_.front();
+}
+
+void Executor::run(const std::vector<Action>& program, StepData& step, std::vector<ActionSpan>* trace) {
+  c10::DeviceGuard device_guard(device_.device);
+  torch::AutoGradMode grad_mode(step.training);
+  std::optional<MemoryScope> memory_scope;
+  if (memory_) memory_scope.emplace(memory_);
+  if (trace != nullptr) trace->reserve(program.size());
+
+  // Which forwards record their layers for a split backward: those whose backward is an I.
+  std::set<std::pair<int, int>> split;
+  for (const Action& a : program)
+    if (a.kind == ActionKind::kInputGrad) split.insert({a.stage, a.micro_batch});
+
+  using Key = std::tuple<int, int, int>;  // (stage, channel, micro-batch)
+  std::map<Key, torch::Tensor> inbox, outbox;
+  auto take = [](std::map<Key, torch::Tensor>& box, const Key& key) {
+    auto it = box.find(key);
+    if (it == box.end()) return torch::Tensor();
+    torch::Tensor t = std::move(it->second);
+    box.erase(it);
+    return t;
+  };
+  auto clear = [&] {
+    for (const auto& s : stages_) s->clear();
+  };
+
+  try {
+    for (const Action& a : program) {
+      const int64_t begin = now_ns();
+      try {
+        const int i = a.micro_batch;
+        const int act = static_cast<int>(Channel::kActivation), grad = static_cast<int>(Channel::kGradient);
+        switch (a.kind) {
+          case ActionKind::kRecv:
+            inbox[{a.stage, static_cast<int>(a.channel), i}] = transport_->recv(a.peer, a.stage, a.channel, i);
+            continue;
+          case ActionKind::kSend: {
+            torch::Tensor t = take(outbox, {a.stage, static_cast<int>(a.channel), i});
+            GPIPE_CHECK(t.defined(), "nothing to send: no earlier action of this device produced it");
+            transport_->send(a.stage, a.peer, a.channel, i, std::move(t));
+            continue;
+          }
+          case ActionKind::kForward: {
+            torch::Tensor y = stage(a.stage).forward(i, take(inbox, {a.stage, act, i}), a.recompute,
+                                                     split.count({a.stage, i}) > 0, step);
+            if (y.defined()) outbox[{a.stage, act, i}] = std::move(y);
+            break;
+          }
+          case ActionKind::kBackward:
+          case ActionKind::kInputGrad: {
+            Stage& s = stage(a.stage);
+            torch::Tensor g = take(inbox, {a.stage, grad, i});
+            torch::Tensor x = a.kind == ActionKind::kBackward ? s.backward(i, g, step) : s.input_grad(i, g, step);
+            if (x.defined()) outbox[{a.stage, grad, i}] = std::move(x);
+            break;
+          }
+          case ActionKind::kWeightGrad:
+            stage(a.stage).weight_grad(i);
+            break;
+        }
+      } catch (const Cancelled&) {
+        throw;
+      } catch (const std::exception& e) {
+        throw StageError(a, e.what());
+      }
+      if (trace != nullptr) trace->push_back({a, begin, now_ns()});
+    }
+  } catch (...) {
+    clear();
+    throw;
+  }
+  clear();
+}
+
+}  // namespace gpipe
