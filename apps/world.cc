@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 namespace gpipe::cli {
 namespace {
 
@@ -83,12 +85,24 @@ void check_same_settings(const nlohmann::json& settings) {
 #endif
 }
 
+void print_error_line(const std::string& line) {
+  // One write(2) per line: ranks of one job share the terminal, and a line
+  // written piece by piece comes out interleaved with another rank's.
+  const std::string text = line + "\n";
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(STDERR_FILENO, text.data() + done, text.size() - done);
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+}
+
 void fail(int status, const std::string& message) {
   if (!world().mpi || world().size == 1) {
-    std::cerr << message << std::endl;
+    print_error_line(message);
     std::exit(status);
   }
-  std::cerr << "[rank " << world().rank << "] " << message << std::endl;
+  print_error_line("[rank " + std::to_string(world().rank) + "] " + message);
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
   // Ranks that fail together (bad settings, or a stage's failure that every
   // rank has heard of) each print before the job ends: wait up to 5 s for all

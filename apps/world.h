@@ -28,6 +28,10 @@ void start_world(int* argc, char*** argv);
 /// of one has nothing to compare.
 void check_same_settings(const nlohmann::json& settings);
 
+/// Writes `line` and a newline to standard error in one write, so that lines
+/// of ranks sharing a terminal never mix.
+void print_error_line(const std::string& line);
+
 /// Reports `message` and ends the job with `status`: on every rank under MPI
 /// (the failing rank's message is printed with its rank), or this process.
 [[noreturn]] void fail(int status, const std::string& message);
