@@ -354,7 +354,7 @@ int run(const BenchOptions& o, const std::string& command) {
 
 }  // namespace
 
-void add_bench_command(CLI::App& app, const std::string& command) {
+void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* sub = app.add_subcommand(
       "bench", "Time the workloads of BENCHMARKS.md through the pipeline against one device");
@@ -385,7 +385,7 @@ void add_bench_command(CLI::App& app, const std::string& command) {
                 "under mpirun -np 2: latency and bandwidth of the MPI transport per message size (ping-pong)");
   sub->add_option("--results", o->results, "file the results are written to (empty: none)")
       ->capture_default_str();
-  sub->callback([o, command] { std::exit(run(*o, command)); });
+  sub->callback([o, command, &status] { status = run(*o, command); });
 }
 
 }  // namespace gpipe::cli

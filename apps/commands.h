@@ -7,11 +7,14 @@
 
 namespace gpipe::cli {
 
+// Each add_*_command registers a subcommand whose callback runs it and sets
+// `status` to its exit status; errors are thrown to main().
+
 /// `gpipe bench`: benchmark workloads through the pipeline.
-void add_bench_command(CLI::App& app, const std::string& command);
+void add_bench_command(CLI::App& app, const std::string& command, int& status);
 /// `gpipe schedule`: print a schedule's step program.
-void add_schedule_command(CLI::App& app, const std::string& command);
+void add_schedule_command(CLI::App& app, const std::string& command, int& status);
 /// `gpipe train`: train a model on Fashion-MNIST (the default) through the pipeline.
-void add_train_command(CLI::App& app, const std::string& command);
+void add_train_command(CLI::App& app, const std::string& command, int& status);
 
 }  // namespace gpipe::cli

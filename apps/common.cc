@@ -46,6 +46,6 @@ void clear_grads(const std::vector<torch::Tensor>& params) {
   for (auto p : params) p.mutable_grad() = torch::Tensor();
 }
 
-void usage_error(const std::string& message) { fail(2, "gpipe: " + message); }
+void usage_error(const std::string& message) { throw UsageError("gpipe: " + message); }
 
 }  // namespace gpipe::cli

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/types.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,26 @@ std::string command_line(int argc, char** argv);
 /// Drops every parameter's grad (cheaper than zeroing: the next step writes fresh ones).
 void clear_grads(const std::vector<torch::Tensor>& params);
 
-/// A clear one-line error for the user, then exit code 2.
+/// A mistake in the command line or in the files it names. main() prints its
+/// message and ends with status 2, after everything the run built has been
+/// torn down (stage threads joined), so no error leaves a thread running.
+struct UsageError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+/// Throws UsageError("gpipe: " + message).
 [[noreturn]] void usage_error(const std::string& message);
+
+/// fn(), with any exception it throws turned into a usage error about `flag`:
+/// "gpipe: --resume: <what went wrong>".
+template <typename Fn>
+auto or_usage_error(const std::string& flag, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    const std::string what = e.what(), prefix = "gpipe: ";
+    usage_error(flag + ": " + (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what));
+  }
+}
 
 }  // namespace gpipe::cli

@@ -65,7 +65,7 @@ int run(const ScheduleOptions& o) {
 
 }  // namespace
 
-void add_schedule_command(CLI::App& app, const std::string& /*command*/) {
+void add_schedule_command(CLI::App& app, const std::string& /*command*/, int& status) {
   auto o = std::make_shared<ScheduleOptions>();
   CLI::App* sub = app.add_subcommand("schedule", "print a schedule's step program as a grid, with its simulated "
                                                  "bubble and peak in-flight micro-batches per device");
@@ -79,7 +79,7 @@ void add_schedule_command(CLI::App& app, const std::string& /*command*/) {
       ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
   sub->add_flag("--program", o->program, "also print each device's lowered program, sends and receives included");
   sub->add_flag("--json", o->json, "one JSON object: the program, its simulated bubble and peaks");
-  sub->callback([o] { run(*o); });
+  sub->callback([o, &status] { status = run(*o); });
 }
 
 }  // namespace gpipe::cli

@@ -97,10 +97,10 @@ void print_error_line(const std::string& line) {
   }
 }
 
-void fail(int status, const std::string& message) {
+int fail(int status, const std::string& message) {
   if (!world().mpi || world().size == 1) {
     print_error_line(message);
-    std::exit(status);
+    return status;
   }
   print_error_line("[rank " + std::to_string(world().rank) + "] " + message);
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
@@ -118,7 +118,7 @@ void fail(int status, const std::string& message) {
   }
   mpi::abort(status);
 #else
-  std::exit(status);
+  return status;
 #endif
 }
 

@@ -32,8 +32,9 @@ void check_same_settings(const nlohmann::json& settings);
 /// of ranks sharing a terminal never mix.
 void print_error_line(const std::string& line);
 
-/// Reports `message` and ends the job with `status`: on every rank under MPI
-/// (the failing rank's message is printed with its rank), or this process.
-[[noreturn]] void fail(int status, const std::string& message);
+/// Reports `message` on standard error and returns `status` for main() to
+/// return. Under MPI with more than one rank it ends the whole job instead
+/// (the failing rank's message is printed with its rank), and never returns.
+int fail(int status, const std::string& message);
 
 }  // namespace gpipe::cli

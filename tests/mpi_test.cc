@@ -160,6 +160,42 @@ TEST(MpiPipeline, DropoutMasksEqualOneProcessPipeline) {
   expect_stage_matches(mine, local, true, "dropout, two steps", 1e-6);
 }
 
+// make_engine under MPI: each rank builds its own stages (two per rank, interleaved) and trains
+// and evaluates as the same engine on threads in one process.
+TEST(MpiEngine, EachRankBuildsItsStagesAndTrainsAsThreads) {
+  for (int K : {1, 2, 4}) {
+    if (world_size() % K != 0 || 2 * K > 8) continue;
+    SCOPED_TRACE("K=" + std::to_string(K) + " V=2");
+    const LayerBuilder build = [](LayerRange keep) { return model_layers(5, keep); };
+    const auto options = PipelineOptions().stages(K).virtual_stages(2).chunks(K).schedule(ScheduleKind::kInterleaved);
+    auto ranks = make_engine(build, 8, options, Runtime::kMpi);
+    auto threads = make_engine(build, 8, options, Runtime::kThreads);
+    EXPECT_EQ(ranks->balance(), threads->balance());
+    EXPECT_EQ(ranks->describe(), "MPI: " + std::to_string(world_size()) + " ranks = " + std::to_string(K) +
+                                     " stages x " + std::to_string(world_size() / K) + " replicas");
+    torch::optim::SGD opt_ranks(ranks->parameters(), 0.05), opt_threads(threads->parameters(), 0.05);
+    for (int s = 0; s < 2; ++s) {
+      torch::manual_seed(40 + s);
+      const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
+      opt_ranks.zero_grad();
+      opt_threads.zero_grad();
+      const double a = ranks->train_step(x, y, mse_loss).item<double>();
+      const double b = threads->train_step(x, y, mse_loss).item<double>();
+      EXPECT_NEAR(a, b, 1e-5 * std::abs(b));
+      opt_ranks.step();
+      opt_threads.step();
+    }
+    expect_stage_matches(ranks->layers(), threads->layers(), false, "after 2 steps");
+    torch::manual_seed(50);
+    const torch::Tensor x = torch::randn({21, 12}), labels = torch::randint(4, {21}, torch::kLong);
+    const Evaluation e = ranks->evaluate(x, labels, cross_entropy_loss, true, 8);
+    const Evaluation f = threads->evaluate(x, labels, cross_entropy_loss, true, 8);
+    EXPECT_NEAR(e.loss, f.loss, 1e-5 * std::abs(f.loss));
+    EXPECT_DOUBLE_EQ(e.accuracy, f.accuracy);
+    EXPECT_NEAR(ranks->checksum(), threads->checksum(), 1e-6 * std::abs(threads->checksum()));
+  }
+}
+
 // Boundary tensors of any dtype and shape, known only to the sender.
 TEST(MpiTransport, CarriesAnyDtypeAndShape) {
   MPI_Comm pair;

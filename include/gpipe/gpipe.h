@@ -3,6 +3,7 @@
 
 #include "gpipe/check.h"
 #include "gpipe/device.h"
+#include "gpipe/engine.h"
 #include "gpipe/executor.h"
 #include "gpipe/io.h"
 #include "gpipe/memory.h"
