@@ -22,9 +22,10 @@ struct BenchOptions {
   std::vector<int> stages{2};
   std::vector<int> micro_batches{32};
   std::vector<std::string> checkpoints{"except_last"};
-  std::string schedule = "gpipe";
+  std::vector<std::string> schedules{"gpipe"};
+  int virtual_stages = 2;  // for the interleaved schedule
   int threads = 1;
-  int steps = 5;
+  int steps = 7;
   int warmup = 2;
   std::vector<std::string> balance_by{"even"};
   std::vector<int> balance;  // an explicit cut, for the one K it fits
@@ -33,73 +34,95 @@ struct BenchOptions {
   std::string results = "bench/results/bench.json";
 };
 
-struct Timing {
+// One configuration of a comparison: the whole batch on one device (unsplit),
+// or a pipeline. Every configuration of a comparison runs one step in turn, so
+// each ratio compares steps taken moments apart on the same noisy machine.
+struct Contender {
+  std::string label;         // for messages
+  int stages = 1;            // K
+  std::string schedule = "gpipe";
+  int virtual_stages = 1;
+  std::string balance_by = "even";
+  bool unsplit = false;      // the whole batch in one piece on the calling thread
+  Workload workload;
+  std::unique_ptr<Pipeline> pipe;
+  std::unique_ptr<torch::optim::SGD> sgd;
+  // Per timed step:
   std::vector<double> step_s;
   std::vector<double> bubbles;
-  std::vector<double> overhead_s;        // the pipeline's own time per step (see overhead_seconds)
-  std::vector<int64_t> peak_bytes;       // per stage, largest over the timed steps
-  std::vector<int64_t> parameter_bytes;  // per stage, parameters and gradients
+  std::vector<double> overhead_s;        // the pipeline's own time (see overhead_seconds)
+  std::vector<double> simulated_s;       // the program simulated with the step's measured action times
+  std::vector<int64_t> peak_bytes;       // per device, largest over the timed steps
+  std::vector<int64_t> parameter_bytes;  // per device, parameters and gradients
 };
 
-// Seconds per training step (SGD step included) of the whole model and batch on one device.
-Timing time_single_device(const std::string& name, const BenchOptions& o) {
-  Workload w = make_workload(name, 0);
-  at::set_num_threads(o.threads);
-  set_blas_threads(o.threads);
-  torch::optim::SGD sgd(w.model->parameters(), 1e-4);
-  Timing t;
-  for (int s = 0; s < o.warmup + o.steps; ++s) {
-    const int64_t begin = now_ns();
-    clear_grads(w.model->parameters());
-    w.loss(w.model->forward(w.input), w.target).backward();
-    sgd.step();
-    if (s >= o.warmup) t.step_s.push_back(static_cast<double>(now_ns() - begin) * 1e-9);
-  }
-  return t;
+// The cut of `w` into K·V stages: explicit, even (BENCHMARKS.md), or by measured cost.
+std::vector<int> cut_for(const Workload& w, int K, int V, int M, const std::string& balance_by, const BenchOptions& o) {
+  if (!o.balance.empty() && K > 1) return o.balance;
+  if (balance_by == "even" || V > 1) return w.balance(K * V);
+  if (balance_by == "params") return balance_by_cost(parameter_costs(w.model), K);
+  // Profile one micro-batch, on one stage's threads for time, as the stages will run it.
+  const torch::Tensor sample = w.input.narrow(0, 0, chunk_sizes(w.input.size(0), M).front());
+  return balance_by_cost(balance_by == "time" ? time_costs(w.model, sample, o.threads) : memory_costs(w.model, sample), K);
 }
 
-Timing time_pipeline(const std::string& name, int K, int M, Checkpoint mode, const std::string& balance_by,
-                     const BenchOptions& o, std::vector<int>* balance) {
-  Workload w = make_workload(name, 0);
-  std::vector<int> cut = w.balance(K);
-  if (!o.balance.empty() && K > 1) {
-    cut = o.balance;
-  } else if (balance_by == "params") {
-    cut = balance_by_cost(parameter_costs(w.model), K);
-  } else if (balance_by != "even") {
-    // Profile one micro-batch, on one stage's threads for time, as the stages will run it.
-    const torch::Tensor sample = w.input.narrow(0, 0, chunk_sizes(w.input.size(0), M).front());
-    cut = balance_by_cost(balance_by == "time" ? time_costs(w.model, sample, o.threads) : memory_costs(w.model, sample), K);
+void build(Contender& c, const std::string& name, int M, Checkpoint mode, const BenchOptions& o) {
+  c.workload = make_workload(name, 0);
+  if (c.unsplit) {
+    c.sgd = std::make_unique<torch::optim::SGD>(c.workload.model->parameters(), 1e-4);
+    return;
   }
-  Pipeline pipe(w.model, PipelineOptions()
-                             .balance(cut)
-                             .chunks(M)
-                             .checkpoint(mode)
-                             .schedule(parse_schedule(o.schedule))
-                             .threads_per_stage(o.threads)
-                             .track_memory(true));
-  *balance = pipe.balance();
-  torch::optim::SGD sgd(pipe.parameters(), 1e-4);
-  Timing t;
-  for (int s = 0; s < o.warmup + o.steps; ++s) {
-    const int64_t begin = now_ns();
-    clear_grads(pipe.parameters());
-    pipe.train_step(w.input, w.target, w.loss);
-    sgd.step();
-    if (s >= o.warmup) {
-      t.step_s.push_back(static_cast<double>(now_ns() - begin) * 1e-9);
-      t.bubbles.push_back(pipe.last_trace().bubble());
-      t.overhead_s.push_back(overhead_seconds(pipe.last_trace(), pipe.schedule()));
-      const auto memory = pipe.memory();
-      t.peak_bytes.resize(memory.size(), 0);
-      t.parameter_bytes.resize(memory.size(), 0);
-      for (size_t j = 0; j < memory.size(); ++j) {
-        t.peak_bytes[j] = std::max(t.peak_bytes[j], memory[j].peak_bytes);
-        t.parameter_bytes[j] = memory[j].parameter_bytes;
-      }
-    }
+  const std::vector<int> cut = cut_for(c.workload, c.stages, c.virtual_stages, M, c.balance_by, o);
+  c.pipe = std::make_unique<Pipeline>(c.workload.model, PipelineOptions()
+                                                            .balance(cut)
+                                                            .chunks(M)
+                                                            .checkpoint(mode)
+                                                            .schedule(parse_schedule(c.schedule))
+                                                            .virtual_stages(c.virtual_stages)
+                                                            .threads_per_stage(o.threads)
+                                                            .track_memory(true));
+  c.sgd = std::make_unique<torch::optim::SGD>(c.pipe->parameters(), 1e-4);
+}
+
+// One training step (SGD step included) of `c`; records it when `timed`.
+void step(Contender& c, bool timed) {
+  Workload& w = c.workload;
+  const int64_t begin = now_ns();
+  if (c.unsplit) {
+    clear_grads(w.model->parameters());
+    w.loss(w.model->forward(w.input), w.target).backward();
+  } else {
+    clear_grads(c.pipe->parameters());
+    c.pipe->train_step(w.input, w.target, w.loss);
   }
-  return t;
+  c.sgd->step();
+  const double seconds = static_cast<double>(now_ns() - begin) * 1e-9;
+  if (!timed) return;
+  c.step_s.push_back(seconds);
+  if (c.unsplit) return;
+  const StepTrace& trace = c.pipe->last_trace();
+  c.bubbles.push_back(trace.bubble());
+  const double overhead = overhead_seconds(trace, c.pipe->schedule());
+  c.overhead_s.push_back(overhead);
+  c.simulated_s.push_back(trace.seconds() - overhead);
+  const auto memory = c.pipe->memory();
+  c.peak_bytes.resize(memory.size(), 0);
+  c.parameter_bytes.resize(memory.size(), 0);
+  for (size_t j = 0; j < memory.size(); ++j) {
+    c.peak_bytes[j] = std::max(c.peak_bytes[j], memory[j].peak_bytes);
+    c.parameter_bytes[j] = memory[j].parameter_bytes;
+  }
+}
+
+// The median, smallest and largest of the per-step ratios a[s] / b[s].
+struct Ratio {
+  double median = 0, min = 0, max = 0;
+};
+Ratio ratio(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> r;
+  for (size_t s = 0; s < std::min(a.size(), b.size()); ++s) r.push_back(a[s] / b[s]);
+  if (r.empty()) return {};
+  return {median(r), *std::min_element(r.begin(), r.end()), *std::max_element(r.begin(), r.end())};
 }
 
 // Keeps `row` for the results file; with --json prints it as a line and
@@ -110,10 +133,10 @@ bool add_row(const BenchOptions& o, nlohmann::json& rows, const nlohmann::json& 
   return !o.json;
 }
 
-// "(lo .. hi)" with one decimal.
-std::string range_text(double lo, double hi) {
+// "(lo .. hi)" with `digits` decimals.
+std::string range_text(double lo, double hi, int digits = 1) {
   std::ostringstream out;
-  out << std::fixed << std::setprecision(1) << "(" << lo << " .. " << hi << ")";
+  out << std::fixed << std::setprecision(digits) << "(" << lo << " .. " << hi << ")";
   return out.str();
 }
 
@@ -193,24 +216,35 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
   nlohmann::json rows = nlohmann::json::array();
   if (w.prints() && !o.json)
     std::cout << std::left << std::setw(12) << "workload" << std::right << std::setw(3) << "K" << std::setw(3) << "D"
-              << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(13) << "samples/s" << std::setw(25)
+              << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(13) << "schedule" << std::setw(13) << "samples/s" << std::setw(25)
               << "(min .. max)" << std::setw(8) << "bubble" << std::setw(7) << "ideal" << std::setw(16)
               << "MiB sent/step" << "  balance\n";
   for (const auto& name : o.workloads) {
     const Workload whole = make_workload(name, 0, LayerRange{0, 0});  // sizes and cut, no layers
     for (int M : o.micro_batches)
       for (const auto& mode_name : o.checkpoints)
-        for (int K : o.stages) {
-          const std::vector<int> cut = !o.balance.empty() ? o.balance : whole.balance(K);
+        for (int K : o.stages)
+          for (const std::string& schedule : o.schedules) {
+          const int V = schedule == "interleaved" ? o.virtual_stages : 1;
+          const std::vector<int> cut = !o.balance.empty() ? o.balance : whole.balance(K * V);
           const mpi::Placement place = mpi::place(w.rank, w.size, K);
-          const auto [first, last] = mpi::stage_layers(cut, place.stage);
-          Workload mine = make_workload(name, 0, LayerRange{first, last});
-          mpi::MpiPipeline pipe(mine.model, mpi::MpiPipelineOptions()
-                                                .balance(cut)
-                                                .chunks(M)
-                                                .checkpoint(parse_checkpoint(mode_name))
-                                                .schedule(parse_schedule(o.schedule))
-                                                .device(Device::cpu(o.threads)));
+          // This rank's stages d, d + K, ..., each built from the same seed.
+          torch::nn::Sequential layers;
+          Workload mine;
+          for (int stage = place.stage; stage < K * V; stage += K) {
+            const auto [first, last] = mpi::stage_layers(cut, stage);
+            mine = make_workload(name, 0, LayerRange{first, last});
+            const auto names = mine.model->named_children().keys();
+            size_t n = 0;
+            for (auto it = mine.model->begin(); it != mine.model->end(); ++it, ++n) layers->push_back(names[n], *it);
+          }
+          mpi::MpiPipeline pipe(layers, mpi::MpiPipelineOptions()
+                                            .balance(cut)
+                                            .chunks(M)
+                                            .checkpoint(parse_checkpoint(mode_name))
+                                            .schedule(parse_schedule(schedule))
+                                            .virtual_stages(V)
+                                            .device(Device::cpu(o.threads)));
           torch::optim::SGD sgd(pipe.parameters(), 1e-4);
           std::vector<double> step_s, bubbles;
           const int64_t sent_before = pipe.transport().bytes_sent();
@@ -239,23 +273,25 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
                                 {"replicas", place.replicas},
                                 {"micro_batches", M},
                                 {"checkpoint", mode_name},
-                                {"schedule", o.schedule},
+                                {"schedule", schedule},
+                                {"virtual_stages", V},
                                 {"threads_per_stage", o.threads},
                                 {"balance", cut},
                                 {"samples_per_s", rate},
                                 {"samples_per_s_min", rmin},
                                 {"samples_per_s_max", rmax},
                                 {"bubble", median(bubbles)},
-                                {"ideal", ideal_speedup(K, M)},
+                                {"ideal", ideal_speedup(pipe.schedule())},
                                 {"bytes_sent_per_step", sent_per_step},
                                 {"steps", o.steps},
                                 {"warmup", o.warmup}};
           if (add_row(o, rows, row)) {
             std::cout << std::left << std::setw(12) << name << std::right << std::setw(3) << K << std::setw(3)
-                      << place.replicas << std::setw(5) << M << std::setw(13) << mode_name << std::fixed
+                      << place.replicas << std::setw(5) << M << std::setw(13) << mode_name << std::setw(13)
+                      << (V > 1 ? schedule + "/" + std::to_string(V) : schedule) << std::fixed
                       << std::setprecision(1) << std::setw(13) << rate << std::setw(25) << range_text(rmin, rmax)
                       << std::setprecision(3) << std::setw(8) << median(bubbles) << std::setw(7)
-                      << ideal_speedup(K, M) << std::setprecision(1) << std::setw(16) << sent_per_step / (1 << 20)
+                      << ideal_speedup(pipe.schedule()) << std::setprecision(1) << std::setw(16) << sent_per_step / (1 << 20)
                       << "  " << nlohmann::json(cut).dump() << std::endl;
           }
         }
@@ -265,89 +301,149 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
 }
 #endif
 
+// The contenders of one comparison (a workload, M and checkpoint mode): the
+// whole batch unsplit, one device running the M micro-batches (the baseline
+// of the ideal K·M/(M+K-1)), and every K × schedule × cost source asked for.
+std::vector<Contender> contenders(const BenchOptions& o) {
+  std::vector<Contender> out(2);
+  out[0].label = "unsplit";
+  out[0].unsplit = true;
+  out[1].label = "K=1";
+  for (int K : o.stages)
+    for (const std::string& schedule : o.schedules)
+      for (const std::string& balance_by : o.balance_by) {
+        Contender c;
+        c.stages = K;
+        c.schedule = schedule;
+        c.virtual_stages = schedule == "interleaved" ? o.virtual_stages : 1;
+        c.balance_by = balance_by;
+        c.label = "K=" + std::to_string(K) + " " + schedule + " " + balance_by;
+        out.push_back(std::move(c));
+      }
+  return out;
+}
+
+// Every configuration is checked before any work: the names, the cuts, and each schedule against K and M.
+void check_sweep(const BenchOptions& o) {
+  for (const auto& n : o.workloads) {
+    const Workload w = make_workload(n, 0, LayerRange{0, 0});
+    for (int K : o.stages) {
+      if (!o.balance.empty() && K > 1) {
+        check_balance(o.balance, w.layers);
+        GPIPE_CHECK(K == static_cast<int>(o.balance.size()), "--balance has ", o.balance.size(),
+                    " stages but --stages asks for ", K, "; give --stages ", o.balance.size());
+      }
+      for (const std::string& schedule : o.schedules) {
+        const int V = schedule == "interleaved" ? o.virtual_stages : 1;
+        GPIPE_CHECK(K * V <= w.layers, "workload ", n, " has ", w.layers, " layers, too few for --stages ", K,
+                    V > 1 ? " x --virtual-stages " + std::to_string(V) : std::string(), "; use fewer stages");
+        for (int M : o.micro_batches) make_schedule(parse_schedule(schedule), K, M, V);
+      }
+    }
+  }
+}
+
 int run(const BenchOptions& o, const std::string& command) {
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
   if (o.transport) return run_transport(o, command);
   if (world().mpi) return run_mpi(o, command);
 #endif
   GPIPE_CHECK(!o.transport, "--transport times MPI messages: build with MPI and start it with mpirun -np 2");
-  for (const auto& n : o.workloads) {  // unknown names and bad cuts fail before any work
-    const Workload w = make_workload(n, 0);
-    if (!o.balance.empty()) {
-      check_balance(o.balance, static_cast<int>(w.model->size()));
-      for (int K : o.stages)
-        GPIPE_CHECK(K == static_cast<int>(o.balance.size()), "--balance has ", o.balance.size(),
-                    " stages but --stages asks for ", K, "; give --stages ", o.balance.size());
-    }
-  }
+  check_sweep(o);
+  keep_freed_memory();  // before the first step, so every contender runs with the same allocator settings
   std::vector<Checkpoint> modes;
   for (const auto& c : o.checkpoints) modes.push_back(parse_checkpoint(c));
 
   nlohmann::json rows = nlohmann::json::array();
   if (!o.json)
-    std::cout << std::left << std::setw(12) << "workload" << std::right << std::setw(3) << "K"
-              << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(13) << "samples/s"
-              << std::setw(25) << "(min .. max)" << std::setw(9) << "speedup" << std::setw(7)
-              << "ideal" << std::setw(11) << "efficiency" << std::setw(8) << "bubble" << std::setw(11)
-              << "vs unsplit" << std::setw(11) << "us/action" << "  peak MiB per stage  balance\n";
-  for (const auto& name : o.workloads) {
-    const int64_t batch = make_workload(name, 0).input.size(0);
-    auto rate_of = [batch](const std::vector<double>& step_s) {
-      return static_cast<double>(batch) / median(step_s);
-    };
-    // The whole batch in one piece on one device: what micro-batching itself costs.
-    const double unsplit_rate = rate_of(time_single_device(name, o).step_s);
+    std::cout << std::left << std::setw(12) << "workload" << std::right << std::setw(3) << "K" << std::setw(5) << "M"
+              << std::setw(13) << "checkpoint" << std::setw(16) << "schedule" << std::setw(11) << "samples/s"
+              << std::setw(9) << "speedup" << std::setw(17) << "(min .. max)" << std::setw(7) << "ideal"
+              << std::setw(6) << "eff" << std::setw(8) << "bubble" << std::setw(9) << "vs unspl" << std::setw(9)
+              << "sim/meas" << "  peak MiB per device  balance\n";
+  for (const auto& name : o.workloads)
     for (int M : o.micro_batches)
       for (Checkpoint mode : modes) {
-        // The ideal K·M/(M+K-1) compares with one device running the same M micro-batches.
-        std::vector<int> balance;
-        const double one_device_rate = rate_of(time_pipeline(name, 1, M, mode, "even", o, &balance).step_s);
-        for (int K : o.stages)
-        for (const std::string& balance_by : o.balance_by) {
-          const Timing t = time_pipeline(name, K, M, mode, balance_by, o, &balance);
-          const double rate = rate_of(t.step_s);
-          const double rmin = static_cast<double>(batch) / *std::max_element(t.step_s.begin(), t.step_s.end());
-          const double rmax = static_cast<double>(batch) / *std::min_element(t.step_s.begin(), t.step_s.end());
-          const double speedup = rate / one_device_rate;
-          const double ideal = ideal_speedup(K, M);
+        std::vector<Contender> all = contenders(o);
+        for (Contender& c : all) build(c, name, M, mode, o);
+        // Round-robin: warm-up rounds, then timed rounds, one step of every contender per round.
+        for (int s = 0; s < o.warmup + o.steps; ++s)
+          for (Contender& c : all) step(c, s >= o.warmup);
+        const Contender& unsplit = all[0];
+        const Contender& one = all[1];
+        const double batch = static_cast<double>(unsplit.workload.input.size(0));
+        for (size_t n = 2; n < all.size(); ++n) {
+          const Contender& c = all[n];
+          const double rate = batch / median(c.step_s);
+          const double rmin = batch / *std::max_element(c.step_s.begin(), c.step_s.end());
+          const double rmax = batch / *std::min_element(c.step_s.begin(), c.step_s.end());
+          const Ratio speedup = ratio(one.step_s, c.step_s);      // per step: one device's time / this one's
+          const Ratio vs_unsplit = ratio(unsplit.step_s, c.step_s);
+          std::vector<double> measured_s;
+          for (size_t s = 0; s < c.simulated_s.size(); ++s) measured_s.push_back(c.simulated_s[s] + c.overhead_s[s]);
+          const Ratio simulated = ratio(c.simulated_s, measured_s);
+          const double ideal = ideal_speedup(c.pipe->schedule());
+          const int actions = static_cast<int>(c.pipe->schedule().actions.front().size());
           nlohmann::json row = {{"workload", name},
-                                {"stages", K},
+                                {"stages", c.stages},
                                 {"micro_batches", M},
                                 {"checkpoint", to_string(mode)},
-                                {"schedule", o.schedule},
+                                {"schedule", c.schedule},
+                                {"virtual_stages", c.virtual_stages},
                                 {"threads_per_stage", o.threads},
-                                {"balance", balance},
-                                {"balance_by", balance_by},
+                                {"balance", c.pipe->balance()},
+                                {"balance_by", c.balance_by},
                                 {"samples_per_s", rate},
                                 {"samples_per_s_min", rmin},
                                 {"samples_per_s_max", rmax},
-                                {"one_device_samples_per_s", one_device_rate},
-                                {"speedup", speedup},
+                                {"one_device_samples_per_s", batch / median(one.step_s)},
+                                {"speedup", speedup.median},
+                                {"speedup_min", speedup.min},
+                                {"speedup_max", speedup.max},
                                 {"ideal", ideal},
-                                {"efficiency", speedup / ideal},
-                                {"bubble", median(t.bubbles)},
-                                // over the 2(M+K-1) actions on the critical path of fill-drain
-                                {"overhead_us_per_action", median(t.overhead_s) * 1e6 / (2.0 * (M + K - 1))},
-                                {"peak_bytes", t.peak_bytes},
-                                {"parameter_bytes", t.parameter_bytes},
-                                {"unsplit_samples_per_s", unsplit_rate},
-                                {"speedup_vs_unsplit", rate / unsplit_rate},
+                                {"efficiency", speedup.median / ideal},
+                                {"bubble", median(c.bubbles)},
+                                {"overhead_us_per_step", median(c.overhead_s) * 1e6},
+                                {"simulated_over_measured", simulated.median},
+                                {"simulated_over_measured_min", simulated.min},
+                                {"simulated_over_measured_max", simulated.max},
+                                {"peak_bytes", c.peak_bytes},
+                                {"parameter_bytes", c.parameter_bytes},
+                                {"unsplit_samples_per_s", batch / median(unsplit.step_s)},
+                                {"speedup_vs_unsplit", vs_unsplit.median},
+                                {"speedup_vs_unsplit_min", vs_unsplit.min},
+                                {"speedup_vs_unsplit_max", vs_unsplit.max},
+                                {"program_actions_per_device", actions},
                                 {"steps", o.steps},
                                 {"warmup", o.warmup}};
-          if (add_row(o, rows, row)) {
-            std::cout << std::left << std::setw(12) << name << std::right << std::setw(3) << K
-                      << std::setw(5) << M << std::setw(13) << to_string(mode) << std::fixed
-                      << std::setprecision(1) << std::setw(13) << rate << std::setw(25) << range_text(rmin, rmax)
-                      << std::setprecision(3) << std::setw(9) << speedup << std::setw(7) << ideal
-                      << std::setw(11) << speedup / ideal << std::setw(8) << median(t.bubbles)
-                      << std::setw(11) << rate / unsplit_rate << std::setprecision(1) << std::setw(11)
-                      << median(t.overhead_s) * 1e6 / (2.0 * (M + K - 1)) << "  " << std::setw(18) << std::left
-                      << mebibytes(t.peak_bytes) << std::right << "  " << balance_by << " "
-                      << nlohmann::json(balance).dump() << std::endl;
-          }
+          // Against the first schedule asked for, at the same K and cut: per-step ratios too.
+          for (size_t m = 2; m < n; ++m)
+            if (all[m].stages == c.stages && all[m].balance_by == c.balance_by && all[m].schedule == o.schedules.front() &&
+                c.schedule != all[m].schedule) {
+              const Ratio r = ratio(all[m].step_s, c.step_s);
+              row["vs_schedule"] = all[m].schedule;
+              row["speedup_vs_schedule"] = r.median;
+              row["speedup_vs_schedule_min"] = r.min;
+              row["speedup_vs_schedule_max"] = r.max;
+              row["bubble_vs_schedule"] = median(c.bubbles) / median(all[m].bubbles);
+              std::vector<double> peak_ratio;
+              for (size_t j = 0; j < c.peak_bytes.size(); ++j)
+                peak_ratio.push_back(static_cast<double>(c.peak_bytes[j]) / static_cast<double>(all[m].peak_bytes[j]));
+              row["peak_bytes_vs_schedule"] = peak_ratio;
+            }
+          if (add_row(o, rows, row))
+            std::cout << std::left << std::setw(12) << name << std::right << std::setw(3) << c.stages << std::setw(5) << M
+                      << std::setw(13) << to_string(mode) << std::setw(16)
+                      << (c.virtual_stages > 1 ? c.schedule + "/" + std::to_string(c.virtual_stages) : c.schedule)
+                      << std::fixed << std::setprecision(1) << std::setw(11) << rate << std::setprecision(3)
+                      << std::setw(9) << speedup.median << std::setw(17) << range_text(speedup.min, speedup.max, 2)
+                      << std::setw(7) << ideal << std::setprecision(2) << std::setw(6) << speedup.median / ideal
+                      << std::setprecision(3) << std::setw(8) << median(c.bubbles) << std::setw(9) << vs_unsplit.median
+                      << std::setw(9) << simulated.median << "  " << std::setw(19) << std::left
+                      << mebibytes(c.peak_bytes) << std::right << "  " << c.balance_by << " "
+                      << nlohmann::json(c.pipe->balance()).dump() << std::endl;
         }
       }
-  }
   write_results(o, rows, command);
   return 0;
 }
@@ -366,8 +462,12 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--checkpoint", o->checkpoints, "always, except_last, never (several sweep)")
       ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
-  sub->add_option("--schedule", o->schedule, "gpipe (fill-drain), 1f1b or zb1p, for every configuration")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "zb1p"}))->capture_default_str();
+  sub->add_option("--schedule", o->schedules,
+                  "schedules to sweep: gpipe (fill-drain), 1f1b, interleaved (with --virtual-stages) or zb1p; "
+                  "each later one is also compared with the first, step by step")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1p"}))->capture_default_str();
+  sub->add_option("--virtual-stages", o->virtual_stages, "V, stages per device of the interleaved schedule")
+      ->check(CLI::Range(2, 64))->capture_default_str();
   sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each stage (and of the one device)")
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--steps", o->steps, "timed steps per configuration (the median is reported)")

@@ -25,6 +25,8 @@ nlohmann::json machine() {
   return {{"cores", std::thread::hardware_concurrency()},
           {"cpu", cpu},
           {"blas", gpipe::blas_info()},
+          {"malloc", gpipe::keep_freed_memory() ? "glibc, freed memory kept (trim 256 MiB, mmap 32 MiB, top pad 64 MiB)"
+                                                : "as the environment or the C library sets it"},
           {"libtorch", TORCH_VERSION},
           {"cuda", torch::cuda::is_available()}};
 }

@@ -33,8 +33,8 @@ struct TrainOptions {
   std::string balance_by;
   int micro_batches = 4;
   std::string checkpoint = "never";
-  std::string schedule = "gpipe";
-  int virtual_stages = 1;
+  std::string schedule = "auto";  // resolved by choose_schedule before anything else
+  int virtual_stages = 0;         // 0: 2 for the interleaved schedule, 1 for the others
   int64_t batch_size = 128;
   int epochs = 8;
   int64_t steps = 0;
@@ -73,7 +73,22 @@ torch::nn::Sequential fashion_cnn(LayerRange keep = {}) {
   return model;
 }
 constexpr int kFashionLayers = 11;
+// The cuts measured best for 2 stages on one core each (docs/benchmarks.md): {3, 8} is the
+// contiguous min-max cut, but its stages differ by 1.5x in time; interleaving the model as
+// 4 stages, {conv1 block, conv2, relu+pool, classifier} on devices 0, 1, 0, 1, evens them out.
 const std::vector<int> kFashionBalance{3, 8};
+const std::vector<int> kFashionInterleavedBalance{3, 1, 2, 5};
+
+// --schedule auto: the built-in CNN on 2 stages runs interleaved, 2 stages per device, with the
+// cut above (measured fastest: bench/train_vs_pytorch.sh); every other model fill-drain.
+void choose_schedule(TrainOptions& o) {
+  if (o.schedule == "auto") {
+    const bool tuned = o.model_file.empty() && o.stages == 2 && o.balance.empty() && o.balance_by.empty() &&
+                       (o.virtual_stages == 0 || o.virtual_stages == 2) && o.micro_batches % 2 == 0;
+    o.schedule = tuned || o.virtual_stages > 1 ? "interleaved" : "gpipe";
+  }
+  if (o.virtual_stages == 0) o.virtual_stages = o.schedule == "interleaved" ? 2 : 1;
+}
 
 // What is trained: the built-in CNN, or a TorchScript model from Python.
 struct Model {
@@ -175,8 +190,9 @@ void check_flags(const TrainOptions& o) {
   if (V > 1 && o.schedule != "interleaved")
     usage_error("--virtual-stages " + std::to_string(V) + " needs --schedule interleaved; the " + o.schedule +
                 " schedule runs one stage per device");
-  if (V > 1 && (!o.balance.empty() || !o.balance_by.empty()))
-    usage_error("--virtual-stages cuts the model evenly into --stages x V stages; leave out --balance and --balance-by");
+  if (V > 1 && !o.balance_by.empty())
+    usage_error("--balance-by cuts the model into contiguous stages, one per device; with --virtual-stages give "
+                "the cut (--stages x V entries) with --balance, or leave it out for an even cut");
 }
 
 // Layers per stage: --balance, --balance-by's min-max cut of measured costs, or an even cut.
@@ -193,9 +209,13 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
   Cut cut;
   if (!o.balance.empty()) {
     or_usage_error("--balance", [&] { check_balance(o.balance, layers); return 0; });
-    if (o.stages_given && o.stages != static_cast<int>(o.balance.size()))
-      usage_error("--stages " + std::to_string(o.stages) + " and --balance (" + std::to_string(o.balance.size()) +
-                  " stages) disagree; give one of them");
+    const int entries = static_cast<int>(o.balance.size());
+    if (entries % V != 0)
+      usage_error("--balance has " + std::to_string(entries) + " stages, not a multiple of --virtual-stages " +
+                  std::to_string(V) + "; give K x V entries (stage s runs on device s mod K)");
+    if (o.stages_given && o.stages * V != entries)
+      usage_error("--stages " + std::to_string(o.stages) + (V > 1 ? " x --virtual-stages " + std::to_string(V) : "") +
+                  " and --balance (" + std::to_string(entries) + " stages) disagree; give one of them");
     cut.balance = o.balance;
     return cut;
   }
@@ -203,7 +223,10 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
     usage_error("--stages " + std::to_string(o.stages) + " is more than the model's " + std::to_string(layers) +
                 " layers; use --stages 1.." + std::to_string(layers));
   if (o.balance_by.empty()) {
-    cut.balance = (o.model_file.empty() && o.stages == 2 && V == 1) ? kFashionBalance : even_balance(layers, o.stages * V);
+    const bool cnn_on_two = o.model_file.empty() && o.stages == 2;
+    cut.balance = cnn_on_two && V == 1   ? kFashionBalance
+                  : cnn_on_two && V == 2 ? kFashionInterleavedBalance
+                                         : even_balance(layers, o.stages * V);
     return cut;
   }
   // --balance-by: per-layer costs on one micro-batch, then the exact min-max cut.
@@ -364,7 +387,11 @@ class Run {
   void print_header() const {
     if (!printing()) return;
     std::cout << "gpipe train: " << model_.name << " on " << (o_.data_file.empty() ? "Fashion-MNIST" : o_.data_file)
-              << ", " << N_ << " training samples; " << K_ << " stages " << nlohmann::json(cut_.balance).dump()
+              << ", " << N_ << " training samples; "
+              << (o_.virtual_stages > 1 ? std::to_string(K_) + " devices x " + std::to_string(o_.virtual_stages) +
+                                              " stages "
+                                        : std::to_string(K_) + " stages ")
+              << nlohmann::json(cut_.balance).dump()
               << ", " << o_.micro_batches << " micro-batches of a batch of " << o_.batch_size << ", schedule "
               << o_.schedule << ", checkpoint " << o_.checkpoint << ", " << o_.optimizer << " lr " << o_.lr
               << (world().mpi ? ", " + engine_->describe() : "")
@@ -411,8 +438,10 @@ class Run {
               << "  bubble         " << std::setprecision(1) << 100 * s["bubble"].get<double>()
               << "% of stage time idle (measured)\n"
               << "  partition      ";
-    for (int j = 0; j < K_; ++j)
-      std::cout << (j ? " | " : "") << "stage " << j << ": " << cut_.balance[static_cast<size_t>(j)] << " layers";
+    for (size_t j = 0; j < cut_.balance.size(); ++j)
+      std::cout << (j ? " | " : "") << "stage " << j
+                << (o_.virtual_stages > 1 ? " (device " + std::to_string(j % static_cast<size_t>(K_)) + ")" : "")
+                << ": " << cut_.balance[j] << (cut_.balance[j] == 1 ? " layer" : " layers");
     std::cout << std::endl;
     if (!o_.save.empty())
       std::cout << "  saved to       "
@@ -476,9 +505,9 @@ class Run {
     const int64_t run_steps = step_ - start_step_;
     const std::string& eval = data_.eval.name;
     nlohmann::json stages = nlohmann::json::array();
-    for (int j = 0; j < K_; ++j) {
-      stages.push_back({{"stage", j}, {"layers", cut_.balance[static_cast<size_t>(j)]}});
-      if (!world().mpi && o_.virtual_stages == 1) {
+    for (int j = 0; j < static_cast<int>(cut_.balance.size()); ++j) {
+      stages.push_back({{"stage", j}, {"device", j % K_}, {"layers", cut_.balance[static_cast<size_t>(j)]}});
+      if (!world().mpi) {
         nlohmann::json names = nlohmann::json::array();
         const int first = stage_offsets(cut_.balance)[static_cast<size_t>(j)];
         const auto children = engine_->layers()->children();
@@ -551,7 +580,8 @@ nlohmann::json settings_of(const TrainOptions& o) {
           {"--trace", o.trace},           {"--json", o.json}};
 }
 
-int run(const TrainOptions& o) {
+int run(TrainOptions o) {
+  choose_schedule(o);
   check_same_settings(settings_of(o));
   check_flags(o);
   const Model model = choose_model(o);
@@ -597,13 +627,15 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "re-materialization: always, except_last or never (the CNN's activations are small)")
       ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
   sub->add_option("--schedule", o->schedule,
-                  "the order of forwards and backwards: gpipe (fill-drain), 1f1b, interleaved (with "
-                  "--virtual-stages V >= 2 and --micro-batches a multiple of K) or zb1p (zero bubble); "
-                  "see gpipe schedule and docs/schedules.md")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1p"}))->capture_default_str();
+                  "the order of forwards and backwards: gpipe (fill-drain), 1f1b, interleaved (V stages per "
+                  "device; --micro-batches a multiple of K) or zb1p (zero bubble); auto: interleaved with the cut "
+                  "{3, 1, 2, 5} for the built-in CNN on 2 stages (measured fastest), gpipe otherwise; see gpipe "
+                  "schedule and docs/schedules.md")
+      ->check(CLI::IsMember({"auto", "gpipe", "1f1b", "interleaved", "zb1p"}))->capture_default_str();
   sub->add_option("--virtual-stages", o->virtual_stages,
-                  "V, stages per device for --schedule interleaved: the model is cut into K·V stages")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+                  "V, stages per device for --schedule interleaved (default 2): the model is cut into K x V stages, "
+                  "stage s on device s mod K")
+      ->check(CLI::PositiveNumber);
   sub->add_option("--batch-size", o->batch_size, "samples per mini-batch (one optimizer step)")
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--epochs", o->epochs, "passes over the training set")->check(CLI::PositiveNumber)

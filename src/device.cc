@@ -6,6 +6,11 @@
 #include <torch/torch.h>
 
 #include <dlfcn.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <cstdlib>
 
 namespace gpipe {
 
@@ -66,6 +71,21 @@ bool set_blas_threads(int threads) {
   if (set == nullptr) return false;
   set(threads);
   return true;
+}
+
+bool keep_freed_memory() {
+#if defined(__GLIBC__)
+  static const bool changed = [] {
+    for (const char* name : {"MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_"})
+      if (std::getenv(name) != nullptr) return false;
+    // All three: setting one alone turns off glibc's dynamic thresholds and is slower than none.
+    return mallopt(M_TRIM_THRESHOLD, 256 << 20) == 1 && mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 &&
+           mallopt(M_TOP_PAD, 64 << 20) == 1;
+  }();
+  return changed;
+#else
+  return false;
+#endif
 }
 
 std::string blas_info() {

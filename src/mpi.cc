@@ -312,6 +312,7 @@ MpiPipeline::MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions option
   transport_ = std::make_unique<MpiTransport>(pipeline_, errors_.get(), rank_of_stage, options_.chunks());
   executor_ = std::make_unique<Executor>(std::move(stages), device, transport_.get());
   if (device.is_cpu()) set_blas_threads(device.threads);
+  keep_freed_memory();
   bind_current_thread(device);
 }
 
@@ -428,7 +429,7 @@ void MpiPipeline::run(const Schedule& program, StepData& step) {
     throw;
   } catch (const std::exception& e) {
     failed_ = true;
-    errors_->raise("rank " + std::to_string(rank_of(world_)) + " (stage " + std::to_string(placement_.stage) +
+    errors_->raise("rank " + std::to_string(rank_of(world_)) + " (device " + std::to_string(placement_.stage) +
                    ", replica " + std::to_string(placement_.replica) + "): " + e.what());
     throw;
   }

@@ -127,6 +127,7 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
   for (const Device& device : devices_)
     if (device.is_cpu()) blas_threads = std::max(blas_threads, device.threads);
   set_blas_threads(blas_threads);
+  keep_freed_memory();
   for (const Device& device : devices_) threads_.push_back(std::make_unique<DeviceThread>(device));
 }
 

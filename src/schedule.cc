@@ -532,6 +532,15 @@ std::string format_grid(const Schedule& schedule) {
   return out.str();
 }
 
+double balanced_cost(const Action& action) {
+  if (!action.is_compute()) return 0.0;
+  return action.kind == ActionKind::kBackward ? 2.0 : 1.0;
+}
+
+double ideal_speedup(const Schedule& schedule) {
+  return static_cast<double>(schedule.devices) * (1.0 - simulate(schedule, balanced_cost).bubble);
+}
+
 double ideal_speedup(int stages, int micro_batches) {
   return static_cast<double>(stages) * micro_batches / (micro_batches + stages - 1);
 }

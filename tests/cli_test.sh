@@ -18,7 +18,8 @@ s = json.load(open(sys.argv[1]))
 assert s["steps"] == 32, s["steps"]
 assert s["final_loss"] < s["first_loss"], (s["first_loss"], s["final_loss"])
 assert s["test_accuracy"] > 0.5, s["test_accuracy"]
-assert len(s["epochs"]) == 2 and s["balance"] == [3, 8] and 0 <= s["bubble"] < 1
+assert len(s["epochs"]) == 2 and s["balance"] == [3, 1, 2, 5] and s["schedule"] == "interleaved"
+assert 0 <= s["bubble"] < 1
 PY
   then pass "trains; --json summary parses; loss falls; accuracy above chance"
   else fail "summary check"; cat "$work/summary.json"; fi

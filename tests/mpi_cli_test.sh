@@ -25,17 +25,18 @@ for case in "2 --stages 2" "3 --stages 3 --checkpoint always --micro-batches 3" 
   else fail "np=$np $args exited non-zero"; tail -5 "$work/mpi.err"; fi
 done
 
-# --trace under MPI: rank 0 gathers every stage's actions of the last step.
+# --trace under MPI: rank 0 gathers every stage's actions of the last step (by default 4 stages
+# interleaved over the 2 ranks: stages 0 and 2 on rank 0, 1 and 3 on rank 1).
 if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 2 --micro-batches 6 --trace "$work/trace.json" \
      >/dev/null 2>&1 &&
    /usr/bin/python3 - "$work/trace.json" <<'PY'
 import json, sys
 events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
-for stage in (0, 1):
-    names = sorted(e["name"] for e in events if e["tid"] == stage)
-    assert names == sorted(f"{stage}{p}{i}" for p in "FB" for i in range(6)), names
+for device in (0, 1):
+    names = sorted(e["name"] for e in events if e["tid"] == device)
+    assert names == sorted(f"{s}{p}{i}" for s in (device, device + 2) for p in "FB" for i in range(6)), names
 PY
-then pass "--trace: rank 0 writes both stages' 12 actions"
+then pass "--trace: rank 0 writes both ranks' 24 actions"
 else fail "--trace under mpirun"; fi
 
 # 2 stages x 2 replicas: trains, one summary from rank 0, which names the layout.
@@ -79,9 +80,9 @@ else fail "settings error on every rank"; cat "$work/err.out"; fi
 
 # Faults (GPIPE_TEST_FAULT is a test-only switch): a stage that throws, a rank that dies.
 expect_error "an exception in rank 1's stage ends every rank, with its message" \
-  "\[rank 1\] gpipe: stage 1 failed in the forward of micro-batch 0 (action 1F0): injected fault" \
+  "\[rank 1\] gpipe: stage 3 failed in the forward of micro-batch 0 (action 3F0): injected fault" \
   env GPIPE_TEST_FAULT=throw:3 bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}"
-if grep -q "\[rank 0\] gpipe: stopped because rank 1 failed: rank 1 (stage 1, replica 0): gpipe: stage 1 failed" \
+if grep -q "\[rank 0\] gpipe: stopped because rank 1 failed: rank 1 (device 1, replica 0): gpipe: stage 3 failed" \
      "$work/err.out"; then pass "rank 0 reports rank 1's message too"
 else fail "rank 0's report"; tail -20 "$work/err.out"; fi
 expect_error "a rank that dies ends the job" "Exit code:    3" \

@@ -689,3 +689,18 @@ TEST(IdealTest, SpeedupAndBubble) {
     for (int M = 1; M <= 9; ++M)
       EXPECT_DOUBLE_EQ(2.0 * K * M / gpipe::simulate(gpipe::fill_drain(K, M)).makespan, gpipe::ideal_speedup(K, M));
 }
+
+// Per schedule: K·(1 - bubble) with B twice F. Fill-drain and 1F1B reach K·M/(M+K-1); the
+// interleaved schedule (K-1)/(V·M+K-1)'s bubble; zb1p beats both once M >= K.
+TEST(IdealTest, SpeedupOfEachSchedule) {
+  EXPECT_DOUBLE_EQ(gpipe::balanced_cost(gpipe::Action::parse("1B0")), 2.0);
+  EXPECT_DOUBLE_EQ(gpipe::balanced_cost(gpipe::Action::parse("1W0")), 1.0);
+  EXPECT_DOUBLE_EQ(gpipe::balanced_cost(gpipe::Action::parse("1SEND_F0>2")), 0.0);
+  for (int K = 1; K <= 4; ++K)
+    for (int M = 1; M <= 8; ++M) {
+      EXPECT_NEAR(gpipe::ideal_speedup(gpipe::fill_drain(K, M)), gpipe::ideal_speedup(K, M), 1e-12) << K << "x" << M;
+      EXPECT_NEAR(gpipe::ideal_speedup(gpipe::one_f_one_b(K, M)), gpipe::ideal_speedup(K, M), 1e-12) << K << "x" << M;
+      if (M >= K && K > 1) EXPECT_GT(gpipe::ideal_speedup(gpipe::zb1p(K, M)), gpipe::ideal_speedup(K, M)) << K << "x" << M;
+    }
+  EXPECT_NEAR(gpipe::ideal_speedup(gpipe::interleaved(2, 4, 2)), 2.0 * (1.0 - 1.0 / 9.0), 1e-12);
+}

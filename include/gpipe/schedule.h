@@ -204,6 +204,15 @@ SimulatedRun simulate(const Schedule& schedule, const CostFn& cost = unit_cost);
 ///   device 1 |  .  1F0 1F1 1B1 1B0  .
 std::string format_grid(const Schedule& schedule);
 
+/// Balanced stages whose backward costs twice their forward: F 1, B 2, I 1,
+/// W 1, sends and receives 0 (B = I + W).
+double balanced_cost(const Action& action);
+
+/// The ideal speedup of `schedule` over one device running the same
+/// micro-batches, for balanced stages (balanced_cost) and free communication:
+/// K·(1 - its simulated bubble). For fill-drain and 1F1B, K·M/(M+K-1).
+double ideal_speedup(const Schedule& schedule);
+
 /// The ideal speedup of a balanced K-stage fill-drain pipeline over one device: K·M/(M+K-1).
 double ideal_speedup(int stages, int micro_batches);
 
