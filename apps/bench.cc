@@ -53,6 +53,7 @@ struct Contender {
   std::vector<double> overhead_s;        // the pipeline's own time (see overhead_seconds)
   std::vector<double> simulated_s;       // the program simulated with the step's measured action times
   std::vector<int64_t> peak_bytes;       // per device, largest over the timed steps
+  std::vector<int64_t> held_bytes;       // per device, peak held between actions, largest over the timed steps
   std::vector<int64_t> parameter_bytes;  // per device, parameters and gradients
 };
 
@@ -107,9 +108,11 @@ void step(Contender& c, bool timed) {
   c.simulated_s.push_back(trace.seconds() - overhead);
   const auto memory = c.pipe->memory();
   c.peak_bytes.resize(memory.size(), 0);
+  c.held_bytes.resize(memory.size(), 0);
   c.parameter_bytes.resize(memory.size(), 0);
   for (size_t j = 0; j < memory.size(); ++j) {
     c.peak_bytes[j] = std::max(c.peak_bytes[j], memory[j].peak_bytes);
+    c.held_bytes[j] = std::max(c.held_bytes[j], memory[j].held_peak_bytes);
     c.parameter_bytes[j] = memory[j].parameter_bytes;
   }
 }
@@ -408,6 +411,7 @@ int run(const BenchOptions& o, const std::string& command) {
                                 {"simulated_over_measured_min", simulated.min},
                                 {"simulated_over_measured_max", simulated.max},
                                 {"peak_bytes", c.peak_bytes},
+                                {"peak_held_bytes", c.held_bytes},
                                 {"parameter_bytes", c.parameter_bytes},
                                 {"unsplit_samples_per_s", batch / median(unsplit.step_s)},
                                 {"speedup_vs_unsplit", vs_unsplit.median},
@@ -426,10 +430,13 @@ int run(const BenchOptions& o, const std::string& command) {
               row["speedup_vs_schedule_min"] = r.min;
               row["speedup_vs_schedule_max"] = r.max;
               row["bubble_vs_schedule"] = median(c.bubbles) / median(all[m].bubbles);
-              std::vector<double> peak_ratio;
-              for (size_t j = 0; j < c.peak_bytes.size(); ++j)
+              std::vector<double> peak_ratio, held_ratio;
+              for (size_t j = 0; j < c.peak_bytes.size() && j < all[m].peak_bytes.size(); ++j) {
                 peak_ratio.push_back(static_cast<double>(c.peak_bytes[j]) / static_cast<double>(all[m].peak_bytes[j]));
+                held_ratio.push_back(static_cast<double>(c.held_bytes[j]) / static_cast<double>(all[m].held_bytes[j]));
+              }
               row["peak_bytes_vs_schedule"] = peak_ratio;
+              row["peak_held_bytes_vs_schedule"] = held_ratio;
             }
           if (add_row(o, rows, row))
             std::cout << std::left << std::setw(12) << name << std::right << std::setw(3) << c.stages << std::setw(5) << M

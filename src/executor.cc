@@ -96,6 +96,7 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
         throw StageError(a, e.what());
       }
       if (trace != nullptr) trace->push_back({a, begin, now_ns()});
+      if (memory_) memory_->note_held();
     }
   } catch (...) {
     clear();

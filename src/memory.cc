@@ -13,7 +13,17 @@ namespace gpipe {
 MemoryCounter::MemoryCounter(std::string name, int64_t cap_bytes)
     : name_(std::move(name)), cap_bytes_(cap_bytes) {}
 
-void MemoryCounter::reset_peak() { peak_.store(current_bytes(), std::memory_order_relaxed); }
+void MemoryCounter::reset_peak() {
+  peak_.store(current_bytes(), std::memory_order_relaxed);
+  held_peak_.store(current_bytes(), std::memory_order_relaxed);
+}
+
+void MemoryCounter::note_held() {
+  const int64_t now = current_bytes();
+  int64_t peak = held_peak_.load(std::memory_order_relaxed);
+  while (now > peak && !held_peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
 
 void MemoryCounter::charge(int64_t bytes) {
   const int64_t now = current_.fetch_add(bytes, std::memory_order_relaxed) + bytes;

@@ -148,6 +148,7 @@ std::vector<Pipeline::StageMemory> Pipeline::memory() const {
       }
     m.peak_bytes = (e->device().is_cpu() ? e->memory()->peak_bytes() : cuda_allocated(e->device(), false).second) -
                    memory_at_start_[j];
+    m.held_peak_bytes = e->device().is_cpu() ? e->memory()->held_peak_bytes() - memory_at_start_[j] : m.peak_bytes;
     out.push_back(m);
   }
   return out;

@@ -2,6 +2,7 @@
 #include "gpipe/stage.h"
 
 #include "gpipe/check.h"
+#include "backward_split.h"
 
 #include <torch/torch.h>
 
@@ -202,50 +203,40 @@ torch::Tensor Stage::input_grad(int i, const torch::Tensor& output_grad, StepDat
     run_layers(i, k.input, true, k, step);
   }
   const size_t L = k.layer_outputs.size();
-  k.output_grads.assign(L, torch::Tensor());
+  k.weight_backward.clear();
   torch::Tensor g;
   if (!last())
     g = output_grad.to(device_.device);
   else if (k.loss.requires_grad())
     g = torch::autograd::grad({k.loss}, {k.output})[0];
   for (size_t l = L; l-- > 0;) {
-    const torch::Tensor& y = k.layer_outputs[l];
+    const torch::Tensor y = std::move(k.layer_outputs[l]);
     const torch::Tensor& a = k.layer_inputs[l];
     if (!g.defined() || !y.requires_grad()) break;  // nothing before this layer needs a gradient
-    k.output_grads[l] = g;
-    const bool weighted = !layer_parameters_[l].empty();
-    if (!a.requires_grad()) {
-      g = torch::Tensor();
-    } else {
-      // Only d/da: autograd skips the weight-gradient products. Keep the graph for W where there are weights.
-      g = torch::autograd::grad({y}, {a}, {g}, /*retain_graph=*/weighted, /*create_graph=*/false,
+    if (!layer_parameters_[l].empty()) {
+      // d/da, and W's share of this layer kept for later (backward_split.h).
+      auto w = std::make_shared<detail::WeightBackward>();
+      g = detail::WeightBackward::input_backward(y, a, g, layer_parameters_[l], *w);
+      k.weight_backward.push_back(std::move(w));
+    } else if (a.requires_grad()) {
+      g = torch::autograd::grad({y}, {a}, {g}, /*retain_graph=*/false, /*create_graph=*/false,
                                 /*allow_unused=*/true)[0];
-      if (!g.defined()) g = torch::zeros_like(a);
+    } else {
+      g = torch::Tensor();
     }
-    if (!weighted) {  // nothing for W to do here: let the layer's graph go
-      k.layer_outputs[l] = torch::Tensor();
-      k.output_grads[l] = torch::Tensor();
-    }
+    if (!g.defined() && a.requires_grad()) g = torch::zeros_like(a);
   }
   torch::Tensor input_grad;
   if (!first()) input_grad = g.defined() ? g : torch::zeros_like(k.input);
   k.layer_inputs.clear();
+  k.layer_outputs.clear();
   k.output = k.loss = torch::Tensor();
   return input_grad;
 }
 
 void Stage::weight_grad(int i) {
   Kept& k = kept(i);
-  std::vector<torch::Tensor> outputs, grads, params;
-  std::unordered_set<const void*> seen;
-  for (size_t l = 0; l < k.output_grads.size(); ++l) {
-    if (!k.output_grads[l].defined()) continue;
-    outputs.push_back(k.layer_outputs[l]);
-    grads.push_back(k.output_grads[l]);
-    for (const auto& p : layer_parameters_[l])
-      if (seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
-  }
-  if (!outputs.empty()) torch::autograd::backward(outputs, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
+  for (const auto& w : k.weight_backward) w->run();
   kept_.erase(i);
 }
 

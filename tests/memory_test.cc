@@ -153,3 +153,20 @@ TEST(PipelineMemoryTest, PeaksLeaveGradientsToTheParametersAndUnusedOnesStayUnde
   EXPECT_TRUE(gpipe::testing::close(half->used.grad(), half_ref->used.grad()));
   EXPECT_TRUE(gpipe::testing::close(model->parameters()[0].grad(), reference->parameters()[0].grad()));
 }
+
+// The held peak counts what is allocated at the moments the executor notes (between actions),
+// not a buffer freed within an action; reset_peak starts both peaks from what is held.
+TEST(MemoryCounterTest, HeldPeakLeavesOutBuffersFreedWithinAnAction) {
+  gpipe::MemoryCounter counter("device 0");
+  counter.charge(100);  // kept for backward
+  counter.note_held();
+  counter.charge(400);  // a buffer inside the next action
+  counter.release(400);
+  counter.note_held();
+  EXPECT_EQ(counter.peak_bytes(), 500);
+  EXPECT_EQ(counter.held_peak_bytes(), 100);
+  counter.release(60);
+  counter.reset_peak();
+  EXPECT_EQ(counter.held_peak_bytes(), 40);
+  EXPECT_EQ(counter.peak_bytes(), 40);
+}

@@ -31,7 +31,13 @@ class MemoryCounter {
   int64_t cap_bytes() const { return cap_bytes_; }
   int64_t current_bytes() const { return current_.load(std::memory_order_relaxed); }
   int64_t peak_bytes() const { return peak_.load(std::memory_order_relaxed); }
-  /// Starts a new peak from the bytes held now.
+  /// The largest of the bytes held at the moments note_held() was called:
+  /// with the executor calling it after every action, the peak of what stays
+  /// allocated between actions (activations kept for backward, tensors in
+  /// transit), without the buffers an action frees before it ends.
+  int64_t held_peak_bytes() const { return held_peak_.load(std::memory_order_relaxed); }
+  void note_held();
+  /// Starts new peaks from the bytes held now.
   void reset_peak();
 
   /// Charges `bytes`; throws OutOfMemory, charging nothing, past the cap.
@@ -43,6 +49,7 @@ class MemoryCounter {
   int64_t cap_bytes_;
   std::atomic<int64_t> current_{0};
   std::atomic<int64_t> peak_{0};
+  std::atomic<int64_t> held_peak_{0};
 };
 
 /// Installs gpipe's tracking allocator as libtorch's CPU allocator, once per

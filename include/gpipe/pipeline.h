@@ -119,6 +119,9 @@ class Pipeline {
                                   ///< recomputed), boundary tensors it sent, backward's buffers.
                                   ///< (With tracking on, a step's gradients are allocated before
                                   ///< it by the calling thread, so they count with the parameters.)
+    int64_t held_peak_bytes = 0;  ///< peak of what stays allocated between actions (CPU stages; see
+                                  ///< MemoryCounter::held_peak_bytes): what the schedule governs,
+                                  ///< without the buffers an action frees before it ends
   };
   /// Per device, for the last train_step or forward; empty without track_memory.
   /// A CPU stage's peak comes from gpipe's tracking allocator (what its thread

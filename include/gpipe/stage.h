@@ -20,19 +20,21 @@
 // The I/W split cuts the graph once more, between the stage's layers: each
 // layer l runs on a detached copy a_l of the previous layer's output, so I can
 // walk the layers backwards computing only d loss / d a_l (autograd skips the
-// weight-gradient products), keeping each layer's output gradient g_{l+1}; W
-// later runs backward from every layer's output with its g_{l+1}, into the
-// parameters only. I then W adds up to exactly B:
+// weight-gradient products), layer by layer; W later accumulates the
+// parameters' gradients. I then W adds up to exactly B:
 //
 //   a_0 ─layer 0─▶ y_0   a_1 = y_0.detach() ─layer 1─▶ y_1 ... ─▶ y_{L-1} ─▶ loss / send
 //   I:   g_{L} = d/dy_{L-1} ... g_1 = d/da_1 = grad(y_0 ← a_1 ...)   (retain each layer's graph)
-//   W:   backward({y_0, ..., y_{L-1}}, {g_1, ..., g_L}, inputs = parameters)
+//   W:   for each layer, the weight-only branches of its graph, from where I left them
 //
-// Cost: I and W together do the work of B (each layer's input gradient in I,
-// its weight gradient in W). A layer that is itself a graph of several weighted
-// operations (a TransformerEncoderLayer) is one unit: its W walks its internal
-// graph again for the weight gradients, so W costs nearly that layer's whole
-// backward.
+// Inside a layer, I records the gradient entering each autograd node where a
+// weight-only branch leaves the input path, and W starts the engine at those
+// nodes (src/backward_split.h has the diagram). Cost: I and W together do the
+// work of B, even for a layer that is many weighted operations (a
+// TransformerEncoderLayer); W's engine calls and the graph kept between I and
+// W are the overhead. A layer that uses one parameter in two branches falls
+// back to W as a backward from the layer's output (its internal graph walked
+// again).
 #pragma once
 
 #include "gpipe/device.h"
@@ -44,11 +46,15 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace gpipe {
+namespace detail {
+class WeightBackward;
+}  // namespace detail
 
 /// A loss: output and target of a micro-batch → a scalar, reduced by the mean
 /// over the batch dimension (so micro-batch i is weighted by bᵢ/N).
@@ -124,7 +130,7 @@ class Stage {
     bool split = false;
     std::vector<torch::Tensor> layer_inputs;   // split: a_l, detached, per layer
     std::vector<torch::Tensor> layer_outputs;  // split: y_l, with layer l's graph
-    std::vector<torch::Tensor> output_grads;   // after I: g_{l+1}, the gradient of y_l
+    std::vector<std::shared_ptr<detail::WeightBackward>> weight_backward;  // after I: W's share, per weighted layer
   };
 
   // Runs the layers on `x` (and the loss on the last stage) into `kept`.

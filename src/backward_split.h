@@ -1,0 +1,62 @@
+// backward_split.h (internal): one layer's backward split into I (the input's gradient) and W (the
+// weights'), with the autograd engine's edges, so that together they do the work of one backward.
+//
+// A layer's backward graph, from its output y back to its input a and its parameters:
+//
+//        y.grad_fn ─▶ n1 ─▶ n2 ─▶ … ─▶ a's accumulator        the input path: I runs these
+//                      │          │
+//                      └▶ [1]     └▶ [1] ─▶ … ─▶ w's accumulator   weight-only branches: W runs these
+//
+//   [1] where a weight-only branch leaves the input path. I runs the input path
+//       with torch::autograd::grad(y, a), which skips every branch (n1 computes
+//       only the gradient towards n2, not the weight's); a pre-hook on each
+//       branching node records the gradient entering it. W then starts the
+//       engine at those nodes with the recorded gradients and the branch's
+//       parameters as outputs, so it runs the branching node again for the
+//       weight's share alone, and the branch.
+//
+// So a layer that is many weighted operations (a TransformerEncoderLayer) costs
+// about one backward in I + W, instead of W walking its whole graph again. When
+// two branches lead to the same parameter (a weight used twice in the layer),
+// W cannot start at both without counting twice; such a layer falls back to W
+// as a backward from y into the parameters (correct, slower).
+#pragma once
+
+#include <torch/csrc/autograd/edge.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/types.h>
+
+#include <vector>
+
+namespace gpipe::detail {
+
+/// The W half of one layer's backward, planned and primed by input_backward.
+class WeightBackward {
+ public:
+  /// I for one layer: returns d loss / d `input` (undefined if `input` does not
+  /// require grad), given `output_grad` = d loss / d `output`, and fills `w` with
+  /// what W needs. `params` are the layer's parameters that take gradients.
+  /// The layer's graph is kept until w runs.
+  static torch::Tensor input_backward(const torch::Tensor& output, const torch::Tensor& input,
+                                      const torch::Tensor& output_grad, const std::vector<torch::Tensor>& params,
+                                      WeightBackward& w);
+
+  /// W: accumulates the parameters' gradients into their grad(). Runs once.
+  void run();
+
+  /// Whether W starts at the branching nodes (false: the fallback, a backward from the output).
+  bool split() const { return !whole_; }
+
+ private:
+  struct Branch {
+    torch::autograd::edge_list roots;       // inputs of a branching node
+    std::vector<torch::Tensor> grads;       // the gradients I saw entering them
+    torch::autograd::edge_list parameters;  // the accumulators the branch ends at
+  };
+  std::vector<Branch> branches_;
+  bool whole_ = false;  // fall back: backward from output_ with output_grad_ into params_
+  torch::Tensor output_, output_grad_;
+  std::vector<torch::Tensor> params_;
+};
+
+}  // namespace gpipe::detail
