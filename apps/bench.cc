@@ -219,7 +219,7 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
   nlohmann::json rows = nlohmann::json::array();
   if (w.prints() && !o.json)
     std::cout << std::left << std::setw(12) << "workload" << std::right << std::setw(3) << "K" << std::setw(3) << "D"
-              << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(13) << "schedule" << std::setw(13) << "samples/s" << std::setw(25)
+              << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(16) << "schedule" << std::setw(13) << "samples/s" << std::setw(25)
               << "(min .. max)" << std::setw(8) << "bubble" << std::setw(7) << "ideal" << std::setw(16)
               << "MiB sent/step" << "  balance\n";
   for (const auto& name : o.workloads) {
@@ -290,7 +290,7 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
                                 {"warmup", o.warmup}};
           if (add_row(o, rows, row)) {
             std::cout << std::left << std::setw(12) << name << std::right << std::setw(3) << K << std::setw(3)
-                      << place.replicas << std::setw(5) << M << std::setw(13) << mode_name << std::setw(13)
+                      << place.replicas << std::setw(5) << M << std::setw(13) << mode_name << std::setw(16)
                       << (V > 1 ? schedule + "/" + std::to_string(V) : schedule) << std::fixed
                       << std::setprecision(1) << std::setw(13) << rate << std::setw(25) << range_text(rmin, rmax)
                       << std::setprecision(3) << std::setw(8) << median(bubbles) << std::setw(7)
