@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -24,15 +25,18 @@ using torch::autograd::variable_list;
 constexpr int kReachesInput = 1;
 constexpr int kReachesParameter = 2;
 
+bool accumulates_a_parameter(const Node* n, const Node* input) {
+  return n != input && dynamic_cast<const torch::autograd::AccumulateGrad*>(n) != nullptr;
+}
+
 // For every node of the graph below `root`: whether it reaches the input's
-// accumulator, a parameter's accumulator, or both (an iterative depth-first
-// walk: the graph is a DAG, so a node's children are done before it is).
-std::unordered_map<const Node*, int> reachability(Node* root, const Node* input,
-                                                  const std::unordered_set<const Node*>& parameters) {
+// accumulator, a parameter's (any other accumulator), or both (an iterative
+// depth-first walk: the graph is a DAG, so a node's children are done before it is).
+std::unordered_map<const Node*, int> reachability(Node* root, const Node* input) {
   std::unordered_map<const Node*, int> reach;
   std::vector<std::pair<Node*, size_t>> stack;  // (node, next child to look at)
   auto enter = [&](Node* n) {
-    reach.emplace(n, (n == input ? kReachesInput : 0) | (parameters.count(n) > 0 ? kReachesParameter : 0));
+    reach.emplace(n, (n == input ? kReachesInput : 0) | (accumulates_a_parameter(n, input) ? kReachesParameter : 0));
     stack.emplace_back(n, 0);
   };
   enter(root);
@@ -54,14 +58,14 @@ std::unordered_map<const Node*, int> reachability(Node* root, const Node* input,
   return reach;
 }
 
-// The parameters' accumulators below `start`.
-std::vector<Node*> parameters_below(Node* start, const std::unordered_set<const Node*>& parameters) {
+// The parameters' accumulators below `start`, which is off the input path.
+std::vector<Node*> parameters_below(Node* start, const Node* input) {
   std::vector<Node*> found, stack{start};
   std::unordered_set<const Node*> seen{start};
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
-    if (parameters.count(n) > 0) found.push_back(n);
+    if (accumulates_a_parameter(n, input)) found.push_back(n);
     for (const Edge& e : n->next_edges())
       if (e.function && seen.insert(e.function.get()).second) stack.push_back(e.function.get());
   }
@@ -112,50 +116,46 @@ class Recording {
 }  // namespace
 
 torch::Tensor WeightBackward::input_backward(const torch::Tensor& output, const torch::Tensor& input,
-                                             const torch::Tensor& output_grad, const std::vector<torch::Tensor>& params,
-                                             WeightBackward& w) {
+                                             const torch::Tensor& output_grad, WeightBackward& w) {
   w = WeightBackward();
   const Edge root = torch::autograd::impl::gradient_edge(output);
-  std::unordered_map<const Node*, std::shared_ptr<Node>> accumulators;  // parameter accumulators by node
-  std::unordered_set<const Node*> parameter_nodes;
-  for (const torch::Tensor& p : params)
-    if (p.requires_grad()) {
-      std::shared_ptr<Node> acc = torch::autograd::impl::grad_accumulator(p);
-      parameter_nodes.insert(acc.get());
-      accumulators.emplace(acc.get(), acc);
-    }
-  const bool wants_input = input.requires_grad();
-  const std::shared_ptr<Node> input_node = wants_input ? torch::autograd::impl::grad_accumulator(input) : nullptr;
-  const auto reach = reachability(root.function.get(), input_node.get(), parameter_nodes);
+  const std::shared_ptr<Node> input_node =
+      input.requires_grad() ? torch::autograd::impl::grad_accumulator(input) : nullptr;
+  const auto reach = reachability(root.function.get(), input_node.get());
   auto bits = [&](const Node* n) { return reach.at(n); };
-  auto edges_to = [&](const std::vector<Node*>& nodes) {
+  auto edges_to = [](const std::vector<Node*>& nodes) {
     edge_list out;
-    for (Node* n : nodes) out.emplace_back(accumulators.at(n), 0);
+    for (Node* n : nodes) out.emplace_back(n->shared_from_this(), 0);
     return out;
   };
 
   // The output does not depend on the input (or the input takes no gradient): W is the whole layer.
   if ((bits(root.function.get()) & kReachesInput) == 0) {
     if (bits(root.function.get()) & kReachesParameter)
-      w.branches_.push_back({{root}, {output_grad}, edges_to(parameters_below(root.function.get(), parameter_nodes))});
+      w.branches_.push_back({{root}, {output_grad}, edges_to(parameters_below(root.function.get(), input_node.get()))});
     return {};
   }
 
-  // The nodes of the input path where a weight-only branch leaves it ([1] in backward_split.h).
+  // The nodes of the input path where a weight-only branch leaves it ([1] in backward_split.h),
+  // in the order the forward made them, so W runs the same way every time.
+  std::vector<Node*> input_path;
+  for (const auto& [node, b] : reach)
+    if (b & kReachesInput) input_path.push_back(const_cast<Node*>(node));
+  std::sort(input_path.begin(), input_path.end(),
+            [](const Node* a, const Node* b) { return a->sequence_nr() < b->sequence_nr(); });
   std::vector<std::shared_ptr<Node>> branching;
   std::vector<edge_list> branch_parameters;
   std::unordered_set<const Node*> claimed;
   bool shared = false;
-  for (const auto& [node, b] : reach) {
-    if ((b & kReachesInput) == 0) continue;
+  for (Node* node : input_path) {
     std::vector<Node*> found;
     for (const Edge& e : node->next_edges())
       if (e.function && (bits(e.function.get()) & (kReachesInput | kReachesParameter)) == kReachesParameter)
-        for (Node* p : parameters_below(e.function.get(), parameter_nodes))
+        for (Node* p : parameters_below(e.function.get(), input_node.get()))
           if (std::find(found.begin(), found.end(), p) == found.end()) found.push_back(p);
     if (found.empty()) continue;
     for (Node* p : found) shared = shared || !claimed.insert(p).second;
-    branching.push_back(const_cast<Node*>(node)->shared_from_this());
+    branching.push_back(node->shared_from_this());
     branch_parameters.push_back(edges_to(found));
   }
 
@@ -163,7 +163,7 @@ torch::Tensor WeightBackward::input_backward(const torch::Tensor& output, const 
     w.whole_ = true;
     w.output_ = output;
     w.output_grad_ = output_grad;
-    w.params_ = params;
+    for (const Node* p : claimed) w.params_.push_back(static_cast<const torch::autograd::AccumulateGrad*>(p)->variable);
     return torch::autograd::grad({output}, {input}, {output_grad}, /*retain_graph=*/true, /*create_graph=*/false,
                                  /*allow_unused=*/true)[0];
   }
@@ -172,9 +172,14 @@ torch::Tensor WeightBackward::input_backward(const torch::Tensor& output, const 
   torch::Tensor input_grad;
   {
     Recording recording(branching, seen);
-    input_grad = torch::autograd::grad({output}, {input}, {output_grad}, /*retain_graph=*/true,
+    input_grad = torch::autograd::grad({output}, {input}, {output_grad}, /*retain_graph=*/!branching.empty(),
                                        /*create_graph=*/false, /*allow_unused=*/true)[0];
   }
+  // W runs the branching nodes and their branches only: the rest of the input path lets go now.
+  for (Node* node : input_path)
+    if (std::find_if(branching.begin(), branching.end(), [node](const auto& b) { return b.get() == node; }) ==
+        branching.end())
+      node->release_variables();
   for (size_t n = 0; n < branching.size(); ++n) {
     Branch branch;
     for (size_t k = 0; k < seen[n].size(); ++k)

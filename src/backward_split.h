@@ -16,10 +16,17 @@
 //       weight's share alone, and the branch.
 //
 // So a layer that is many weighted operations (a TransformerEncoderLayer) costs
-// about one backward in I + W, instead of W walking its whole graph again. When
-// two branches lead to the same parameter (a weight used twice in the layer),
-// W cannot start at both without counting twice; such a layer falls back to W
-// as a backward from y into the parameters (correct, slower).
+// about one backward in I + W, instead of W walking its whole graph again. The
+// parameters are whatever leaves the graph accumulates gradients into (every
+// gradient accumulator but the input's), as for a plain backward. After I, the
+// input-path nodes W does not run let go of their saved tensors. When two
+// branches lead to the same parameter (a weight used twice in the layer), W
+// cannot start at both without counting twice; such a layer falls back to W as
+// a backward from y into the parameters (correct, slower).
+//
+// This uses libtorch's autograd internals (Node pre-hooks, Engine::execute with
+// edges as roots and outputs, AccumulateGrad), which libtorch 1.13 and 2.x
+// share; it assumes the graph holds C++ nodes only (no Python functions).
 #pragma once
 
 #include <torch/csrc/autograd/edge.h>
@@ -35,11 +42,9 @@ class WeightBackward {
  public:
   /// I for one layer: returns d loss / d `input` (undefined if `input` does not
   /// require grad), given `output_grad` = d loss / d `output`, and fills `w` with
-  /// what W needs. `params` are the layer's parameters that take gradients.
-  /// The layer's graph is kept until w runs.
+  /// what W needs. What W runs of the layer's graph is kept until w runs.
   static torch::Tensor input_backward(const torch::Tensor& output, const torch::Tensor& input,
-                                      const torch::Tensor& output_grad, const std::vector<torch::Tensor>& params,
-                                      WeightBackward& w);
+                                      const torch::Tensor& output_grad, WeightBackward& w);
 
   /// W: accumulates the parameters' gradients into their grad(). Runs once.
   void run();

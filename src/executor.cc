@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <tuple>
 
 namespace gpipe {
@@ -59,6 +60,13 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
   try {
     for (const Action& a : program) {
       const int64_t begin = now_ns();
+      std::string operand;  // the shape of what the action was given, for its error message
+      auto name_operand = [&operand](const char* what, const torch::Tensor& t) {
+        if (!t.defined()) return;
+        std::ostringstream out;
+        out << what << ' ' << t.sizes();
+        operand = out.str();
+      };
       try {
         const int i = a.micro_batch;
         const int act = static_cast<int>(Channel::kActivation), grad = static_cast<int>(Channel::kGradient);
@@ -73,8 +81,10 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
             continue;
           }
           case ActionKind::kForward: {
-            torch::Tensor y = stage(a.stage).forward(i, take(inbox, {a.stage, act, i}), a.recompute,
-                                                     split.count({a.stage, i}) > 0, step);
+            Stage& s = stage(a.stage);
+            torch::Tensor x = take(inbox, {a.stage, act, i});
+            name_operand("input", s.first() && static_cast<size_t>(i) < step.inputs.size() ? step.inputs[static_cast<size_t>(i)] : x);
+            torch::Tensor y = s.forward(i, std::move(x), a.recompute, split.count({a.stage, i}) > 0, step);
             if (y.defined()) outbox[{a.stage, act, i}] = std::move(y);
             break;
           }
@@ -82,6 +92,7 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
           case ActionKind::kInputGrad: {
             Stage& s = stage(a.stage);
             torch::Tensor g = take(inbox, {a.stage, grad, i});
+            name_operand("output gradient", g);
             torch::Tensor x = a.kind == ActionKind::kBackward ? s.backward(i, g, step) : s.input_grad(i, g, step);
             if (x.defined()) outbox[{a.stage, grad, i}] = std::move(x);
             break;
@@ -92,8 +103,10 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
         }
       } catch (const Cancelled&) {
         throw;
+      } catch (const c10::Error& e) {  // libtorch's message, its C++ stack kept apart
+        throw StageError(a, e.what_without_backtrace(), operand, e.what());
       } catch (const std::exception& e) {
-        throw StageError(a, e.what());
+        throw StageError(a, e.what(), operand);
       }
       if (trace != nullptr) trace->push_back({a, begin, now_ns()});
       if (memory_) memory_->note_held();

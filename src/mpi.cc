@@ -39,6 +39,20 @@ int size_of(MPI_Comm comm) {
   return size;
 }
 
+// Waits for `request` through `errors`. If another rank fails first, the
+// operation may still write into its buffers later (a collective cannot be
+// cancelled; a matched receive completes), so `buffers` are kept for good:
+// deliberately leaked, as a failed step's pending sends are.
+template <typename Buffers>
+void wait_or_keep(ErrorChannel& errors, MPI_Request& request, std::shared_ptr<Buffers> buffers) {
+  try {
+    errors.wait(request);
+  } catch (...) {
+    new std::shared_ptr<Buffers>(std::move(buffers));
+    throw;
+  }
+}
+
 }  // namespace
 
 bool launched() {
@@ -68,6 +82,48 @@ void abort(int status) {
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, status);
   std::_Exit(status);
+}
+
+Communicator::~Communicator() {
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+Communicator& Communicator::operator=(Communicator&& other) noexcept {
+  if (this != &other) {
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    comm_ = other.comm_;
+    other.comm_ = MPI_COMM_NULL;
+  }
+  return *this;
+}
+
+Communicator Communicator::duplicate(MPI_Comm comm) {
+  Communicator c;
+  check_mpi(MPI_Comm_dup(comm, &c.comm_), "MPI_Comm_dup");
+  return c;
+}
+
+Communicator Communicator::split(MPI_Comm comm, int color, int key) {
+  Communicator c;
+  check_mpi(MPI_Comm_split(comm, color, key, &c.comm_), "MPI_Comm_split");
+  return c;
+}
+
+std::vector<std::string> all_gather(MPI_Comm comm, const std::string& mine) {
+  const int size = size_of(comm);
+  int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(static_cast<size_t>(size)), offsets(static_cast<size_t>(size), 0);
+  check_mpi(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm), "MPI_Allgather");
+  for (int r = 1; r < size; ++r)
+    offsets[static_cast<size_t>(r)] = offsets[static_cast<size_t>(r) - 1] + lengths[static_cast<size_t>(r) - 1];
+  std::string all(static_cast<size_t>(offsets.back() + lengths.back()), '\0');
+  check_mpi(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, comm),
+            "MPI_Allgatherv");
+  std::vector<std::string> out;
+  for (int r = 0; r < size; ++r)
+    out.push_back(all.substr(static_cast<size_t>(offsets[static_cast<size_t>(r)]),
+                             static_cast<size_t>(lengths[static_cast<size_t>(r)])));
+  return out;
 }
 
 Placement place(int world_rank, int world_size, int stages) {
@@ -101,11 +157,11 @@ ErrorChannel::ErrorChannel(MPI_Comm world) : rank_(rank_of(world)), size_(size_o
 }
 
 ErrorChannel::~ErrorChannel() {
-  if (pending_ != MPI_REQUEST_NULL) {
+  if (pending_ != MPI_REQUEST_NULL) {  // before buffer_ goes: a short message, done or cancelled at once
     MPI_Cancel(&pending_);
     MPI_Wait(&pending_, MPI_STATUS_IGNORE);
   }
-  MPI_Comm_free(&comm_);
+  if (!abandoned_) MPI_Comm_free(&comm_);  // see abandon()
 }
 
 void ErrorChannel::post() {
@@ -252,13 +308,14 @@ torch::Tensor MpiTransport::recv(int from, int to, Channel channel, int micro_ba
   receives_.erase(it);
 
   std::vector<int64_t> sizes(h.begin() + 2, h.begin() + 2 + h[1]);
-  torch::Tensor tensor = torch::empty(sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(h[0])));
+  auto tensor = std::make_shared<torch::Tensor>(
+      torch::empty(sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(h[0]))));
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Irecv(tensor.data_ptr(), static_cast<int>(tensor.nbytes()), MPI_BYTE, rank(from), tag(key, true),
+  check_mpi(MPI_Irecv(tensor->data_ptr(), static_cast<int>(tensor->nbytes()), MPI_BYTE, rank(from), tag(key, true),
                       comm_, &request),
             "receiving a tensor");
-  errors_->wait(request);
-  return tensor;
+  wait_or_keep(*errors_, request, tensor);
+  return *tensor;
 }
 
 void MpiTransport::reset() {
@@ -271,45 +328,51 @@ void MpiTransport::reset() {
 
 MpiPipeline::MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions options)
     : layers_(std::move(layers)), options_(std::move(options)) {
-  const std::vector<int>& balance = options_.balance();
-  GPIPE_CHECK(!balance.empty(), "an MPI pipeline needs the balance of the whole model (layers per stage, e.g. {3, 8})");
-  GPIPE_CHECK(options_.virtual_stages() >= 1 && balance.size() % static_cast<size_t>(options_.virtual_stages()) == 0,
-              "the balance has ", balance.size(), " stages, not a multiple of the ", options_.virtual_stages(),
-              " virtual stages per rank; give K·V entries");
-  check_balance(balance, std::accumulate(balance.begin(), balance.end(), 0));
-  GPIPE_CHECK(options_.chunks() >= 1, "the number of micro-batches (chunks) must be at least 1 (got ",
-              options_.chunks(), ")");
   if (layers_.is_empty()) layers_ = torch::nn::Sequential();  // reported by check_agreement on every rank
-  check_device(options_.device());
-
-  check_mpi(MPI_Comm_dup(options_.comm(), &world_), "MPI_Comm_dup");
+  control_ = Communicator::duplicate(options_.comm());
+  // What a rank can judge alone is agreed on, so every rank throws or none does.
+  std::string error;
   try {
-    check_agreement();  // sets placement_
-  } catch (...) {
-    MPI_Comm_free(&world_);
-    throw;
+    const std::vector<int>& balance = options_.balance();
+    GPIPE_CHECK(!balance.empty(), "an MPI pipeline needs the balance of the whole model (layers per stage, e.g. {3, 8})");
+    GPIPE_CHECK(options_.virtual_stages() >= 1 &&
+                    balance.size() % static_cast<size_t>(options_.virtual_stages()) == 0,
+                "the balance has ", balance.size(), " stages, not a multiple of the ", options_.virtual_stages(),
+                " virtual stages per rank; give K·V entries");
+    check_balance(balance, std::accumulate(balance.begin(), balance.end(), 0));
+    GPIPE_CHECK(options_.chunks() >= 1, "the number of micro-batches (chunks) must be at least 1 (got ",
+                options_.chunks(), ")");
+    check_device(options_.device());
+  } catch (const std::invalid_argument& e) {
+    error = e.what();
   }
-  check_mpi(MPI_Comm_split(world_, placement_.replica, placement_.stage, &pipeline_), "MPI_Comm_split");
-  check_mpi(MPI_Comm_split(world_, placement_.stage, placement_.replica, &stage_), "MPI_Comm_split");
-  errors_ = std::make_unique<ErrorChannel>(world_);
+  agree_on(error);
+  check_agreement();  // sets placement_
 
+  const std::vector<int>& balance = options_.balance();
   const Device& device = options_.device();
-  if (!device.is_cpu()) layers_->to(device.device);
   const int K = placement_.stages, V = options_.virtual_stages();
-  train_program_ = lower(make_schedule(options_.schedule(), K, options_.chunks(), V), options_.checkpoint());
-  validate(train_program_);
-  // This rank's stages, cut from its layers in stage order.
   std::vector<std::unique_ptr<Stage>> stages;
-  auto next = layers_->begin();
-  const auto names = layers_->named_children().keys();
-  for (int s : train_program_.stages_of(placement_.stage)) {
-    torch::nn::Sequential part;
-    for (int n = 0; n < balance[static_cast<size_t>(s)]; ++n, ++next)
-      part->push_back(names[static_cast<size_t>(next - layers_->begin())], *next);
-    stages.push_back(std::make_unique<Stage>(s, K * V, part, device));
+  try {
+    train_program_ = lower(make_schedule(options_.schedule(), K, options_.chunks(), V), options_.checkpoint());
+    validate(train_program_);
+    forward_program_ = lower(forward_only(K, options_.chunks(), V), Checkpoint::kNever);
+    if (!device.is_cpu()) layers_->to(device.device);
+    // This rank's stages, cut from its layers in stage order.
+    auto next = layers_->begin();
+    const auto names = layers_->named_children().keys();
+    for (int s : train_program_.stages_of(placement_.stage)) {
+      torch::nn::Sequential part;
+      for (int n = 0; n < balance[static_cast<size_t>(s)]; ++n, ++next)
+        part->push_back(names[static_cast<size_t>(next - layers_->begin())], *next);
+      detail::check_splittable(train_program_, part);
+      stages.push_back(std::make_unique<Stage>(s, K * V, part, device));
+    }
+  } catch (const std::invalid_argument& e) {
+    error = e.what();
   }
-  std::vector<int> rank_of_stage = train_program_.placement;  // in the replica's communicator, rank d is device d
-  transport_ = std::make_unique<MpiTransport>(pipeline_, errors_.get(), rank_of_stage, options_.chunks());
+  agree_on(error);
+  connect();
   executor_ = std::make_unique<Executor>(std::move(stages), device, transport_.get());
   if (device.is_cpu()) set_blas_threads(device.threads);
   keep_freed_memory();
@@ -319,9 +382,58 @@ MpiPipeline::MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions option
 MpiPipeline::~MpiPipeline() {
   executor_.reset();
   transport_.reset();
+  if (failed_) {  // a failed step may have left messages and operations on these that no rank will finish
+    if (errors_) errors_->abandon();
+    world_.abandon();
+    pipeline_.abandon();
+    stage_.abandon();
+  }
+}
+
+// Throws on every rank if any rank's `local_error` is not empty: its own
+// message on that rank, the first failing rank's on the others.
+void MpiPipeline::agree_on(const std::string& local_error) {
+  const std::vector<std::string> errors = all_gather(control_.get(), local_error);
+  if (!local_error.empty()) throw std::invalid_argument(local_error);
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty()) {
+      const std::string prefix = "gpipe: ";
+      const std::string& what = errors[r];
+      throw std::invalid_argument("gpipe: rank " + std::to_string(r) + " refused the configuration: " +
+                                  (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what));
+    }
+}
+
+// Fresh communicators for everything a step does (control_ is used for nothing else).
+void MpiPipeline::connect() {
+  world_ = Communicator::duplicate(control_.get());
+  pipeline_ = Communicator::split(world_.get(), placement_.replica, placement_.stage);
+  stage_ = Communicator::split(world_.get(), placement_.stage, placement_.replica);
+  errors_ = std::make_unique<ErrorChannel>(world_.get());
+  // In the replica's communicator, rank d is device d.
+  transport_ = std::make_unique<MpiTransport>(pipeline_.get(), errors_.get(), train_program_.placement,
+                                              options_.chunks());
+}
+
+// After a failed step every rank has thrown (StageError where it failed,
+// RemoteError elsewhere), but messages of that step may still be in flight, a
+// rank may have heard of more than one failure, and a collective may have been
+// started by some ranks only. Starting over on new communicators leaves all of
+// that behind. The old ones are abandoned, not freed: MPI would give a freed
+// communicator's context to a new one, where the old step's stray messages
+// would then arrive.
+void MpiPipeline::ready() {
+  if (!failed_) return;
+  if (executor_) executor_->set_transport(nullptr);
+  transport_.reset();
+  errors_->abandon();
   errors_.reset();
-  for (MPI_Comm* comm : {&stage_, &pipeline_, &world_})
-    if (*comm != MPI_COMM_NULL) MPI_Comm_free(comm);
+  world_.abandon();
+  pipeline_.abandon();
+  stage_.abandon();
+  connect();
+  if (executor_) executor_->set_transport(transport_.get());
+  failed_ = false;
 }
 
 // Every rank gathers every rank's settings and runs the same checks, so all
@@ -347,9 +459,9 @@ void MpiPipeline::check_agreement() {
   mine[kVirtual] = options_.virtual_stages();
   mine[kGiven] = static_cast<int64_t>(layers_->size());
   mine[kStochastic] = draws_random_numbers(layers_) ? 1 : 0;
-  const int size = size_of(world_);
+  const int size = size_of(control_.get());
   std::vector<int64_t> all(static_cast<size_t>(size) * kFields);
-  check_mpi(MPI_Allgather(mine.data(), kFields, MPI_INT64_T, all.data(), kFields, MPI_INT64_T, world_),
+  check_mpi(MPI_Allgather(mine.data(), kFields, MPI_INT64_T, all.data(), kFields, MPI_INT64_T, control_.get()),
             "exchanging the configuration");
   auto at = [&](int rank, int field) { return all[static_cast<size_t>(rank) * kFields + static_cast<size_t>(field)]; };
   auto describe = [&](int field, int64_t value) -> std::string {
@@ -373,10 +485,10 @@ void MpiPipeline::check_agreement() {
   }
   // K agrees now, so every rank reaches the same verdict on the world size.
   const int V = options_.virtual_stages();
-  placement_ = place(rank_of(world_), size, static_cast<int>(balance.size()) / V);
+  placement_ = place(rank_of(control_.get()), size, static_cast<int>(balance.size()) / V);
   std::vector<int> balances(static_cast<size_t>(size) * balance.size());
   check_mpi(MPI_Allgather(balance.data(), static_cast<int>(balance.size()), MPI_INT, balances.data(),
-                          static_cast<int>(balance.size()), MPI_INT, world_),
+                          static_cast<int>(balance.size()), MPI_INT, control_.get()),
             "exchanging the balance");
   const std::vector<int> first(balances.begin(), balances.begin() + static_cast<int>(balance.size()));
   for (int r = 1; r < size; ++r) {
@@ -400,18 +512,23 @@ void MpiPipeline::check_agreement() {
   for (int r = 0; r < size; ++r) stochastic_ = stochastic_ || at(r, kStochastic) != 0;
 }
 
-void MpiPipeline::check_usable() const {
-  GPIPE_CHECK(!failed_, "an earlier step of this MPI pipeline failed, and MPI ranks cannot resume a broken "
-                        "step; report the error and end the job (gpipe::mpi::abort)");
+std::pair<int64_t, int64_t> MpiPipeline::share(int64_t batch_size) const {
+  // As chunk_sizes: the first batch_size % D replicas take one row more; with fewer rows than
+  // replicas, the last replicas take none.
+  const int64_t D = placement_.replicas, r = placement_.replica;
+  const int64_t base = batch_size / D, extra = batch_size % D;
+  return {r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
 }
 
-std::pair<int64_t, int64_t> MpiPipeline::share(int64_t batch_size) const {
-  const int D = placement_.replicas;
-  GPIPE_CHECK(batch_size >= D, "a batch of ", batch_size, " rows cannot be shared by ", D,
-              " replicas; give every replica at least one row");
-  const std::vector<int64_t> sizes = chunk_sizes(batch_size, D);
-  const int64_t begin = std::accumulate(sizes.begin(), sizes.begin() + placement_.replica, int64_t{0});
-  return {begin, sizes[static_cast<size_t>(placement_.replica)]};
+const Schedule& MpiPipeline::training_program(int micro_batches) {
+  if (micro_batches == options_.chunks()) return train_program_;
+  auto it = short_programs_.find(micro_batches);
+  if (it == short_programs_.end())
+    it = short_programs_
+             .emplace(micro_batches, detail::short_batch_program(options_.schedule(), placement_.stages, micro_batches,
+                                                                 options_.virtual_stages(), options_.checkpoint()))
+             .first;
+  return it->second;
 }
 
 void MpiPipeline::run(const Schedule& program, StepData& step) {
@@ -429,7 +546,7 @@ void MpiPipeline::run(const Schedule& program, StepData& step) {
     throw;
   } catch (const std::exception& e) {
     failed_ = true;
-    errors_->raise("rank " + std::to_string(rank_of(world_)) + " (device " + std::to_string(placement_.stage) +
+    errors_->raise("rank " + std::to_string(rank_of(world_.get())) + " (device " + std::to_string(placement_.stage) +
                    ", replica " + std::to_string(placement_.replica) + "): " + e.what());
     throw;
   }
@@ -446,14 +563,15 @@ void MpiPipeline::allreduce_gradients() {
     all_float = all_float && p.scalar_type() == torch::kFloat;
     flat.push_back((p.grad().defined() ? p.grad() : torch::zeros_like(p)).reshape({-1}).to(torch::kCPU));
   }
-  torch::Tensor buffer = torch::cat(flat).to(all_float ? torch::kFloat : torch::kDouble).contiguous();
+  auto kept = std::make_shared<torch::Tensor>(torch::cat(flat).to(all_float ? torch::kFloat : torch::kDouble).contiguous());
+  const torch::Tensor& buffer = *kept;
   GPIPE_CHECK(buffer.numel() <= INT_MAX, "a stage's gradients have ", buffer.numel(),
               " elements, more than one MPI allreduce carries; use more stages");
   MPI_Request request = MPI_REQUEST_NULL;
   check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer.data_ptr(), static_cast<int>(buffer.numel()),
-                           all_float ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, stage_, &request),
+                           all_float ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, stage_.get(), &request),
             "MPI_Iallreduce");
-  errors_->wait(request);
+  wait_or_keep(*errors_, request, kept);
   int64_t at = 0;
   for (torch::Tensor p : params) {
     p.mutable_grad() = buffer.narrow(0, at, p.numel()).view(p.sizes()).to(p.options(), false, /*copy=*/true);
@@ -462,26 +580,27 @@ void MpiPipeline::allreduce_gradients() {
 }
 
 torch::Tensor MpiPipeline::train_step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss) {
-  check_usable();
+  ready();
   GPIPE_CHECK(static_cast<bool>(loss), "train_step needs a loss function");
   GPIPE_CHECK(input.defined() && input.dim() >= 1 && target.defined() && target.dim() >= 1 &&
                   target.size(0) == input.size(0),
               "train_step needs the whole mini-batch on every rank, input and target with the same number of rows");
-  const int M = options_.chunks();
   const int64_t N = input.size(0);
+  GPIPE_CHECK(N >= 1, "train_step needs at least one row (got an empty batch)");
   const auto [begin, count] = share(N);
-  GPIPE_CHECK(count >= M, "replica ", placement_.replica, " gets ", count, " of the batch's ", N,
-              " rows, fewer than the ", M, " micro-batches; use a larger batch or fewer micro-batches");
+  // A short batch runs one row per micro-batch; a replica without rows only joins the sums.
+  const int M = static_cast<int>(std::min<int64_t>(options_.chunks(), count));
 
   StepData step;
   step.loss = loss;
-  if (placement_.first()) step.inputs = scatter(input.narrow(0, begin, count), M);
-  if (placement_.last()) step.targets = scatter(target.narrow(0, begin, count), M);
+  if (M > 0 && placement_.first()) step.inputs = scatter(input.narrow(0, begin, count), M);
+  if (M > 0 && placement_.last()) step.targets = scatter(target.narrow(0, begin, count), M);
   // Every rank draws the same seed: their default generators have drawn the same numbers.
-  detail::TrainStepScope scope(step, chunk_sizes(count, M), N, stochastic_, parameters());
+  detail::TrainStepScope scope(step, M > 0 ? chunk_sizes(count, M) : std::vector<int64_t>{}, N, stochastic_,
+                               parameters());
   double total = 0;
   try {
-    run(train_program_, step);
+    if (M > 0) run(training_program(M), step);
     if (placement_.replicas > 1) allreduce_gradients();
     total = sum(std::accumulate(step.losses.begin(), step.losses.end(), 0.0));
   } catch (...) {
@@ -493,21 +612,62 @@ torch::Tensor MpiPipeline::train_step(const torch::Tensor& input, const torch::T
 }
 
 torch::Tensor MpiPipeline::forward(const torch::Tensor& input) {
-  check_usable();
+  ready();
   GPIPE_CHECK(input.defined() && input.dim() >= 1, "forward needs the whole batch on every rank");
   const auto [begin, count] = share(input.size(0));
   const int M = static_cast<int>(std::min<int64_t>(options_.chunks(), count));
+  if (M == 0) return {};  // no rows for this replica
   StepData step;
   step.training = false;
   if (placement_.first()) step.inputs = scatter(input.narrow(0, begin, count), M);
   step.outputs.resize(static_cast<size_t>(M));
-  run(lower(forward_only(placement_.stages, M, options_.virtual_stages()), Checkpoint::kNever), step);
-  return placement_.last() ? gather(step.outputs) : torch::Tensor();
+  run(M == options_.chunks() ? forward_program_
+                             : lower(forward_only(placement_.stages, M, options_.virtual_stages()), Checkpoint::kNever),
+      step);
+  return placement_.last() ? gpipe::gather(step.outputs) : torch::Tensor();
 }
 
 double MpiPipeline::sum(double value) {
   reduce(&value, 1, MPI_SUM);
   return value;
+}
+
+std::vector<std::string> MpiPipeline::gather(const std::string& bytes) {
+  ready();
+  const int size = size_of(world_.get()), rank = rank_of(world_.get());
+  struct Buffers {
+    std::string mine;
+    int length = 0;
+    std::vector<int> lengths, offsets;
+    std::string all;
+  };
+  auto b = std::make_shared<Buffers>();
+  b->mine = bytes;
+  b->length = static_cast<int>(bytes.size());
+  b->lengths.assign(static_cast<size_t>(size), 0);
+  b->offsets.assign(static_cast<size_t>(size), 0);
+  MPI_Request request = MPI_REQUEST_NULL;
+  try {
+    check_mpi(MPI_Igather(&b->length, 1, MPI_INT, b->lengths.data(), 1, MPI_INT, 0, world_.get(), &request),
+              "MPI_Igather");
+    wait_or_keep(*errors_, request, b);
+    for (int r = 1; r < size; ++r)
+      b->offsets[static_cast<size_t>(r)] = b->offsets[static_cast<size_t>(r) - 1] + b->lengths[static_cast<size_t>(r) - 1];
+    b->all.assign(rank == 0 ? static_cast<size_t>(b->offsets.back() + b->lengths.back()) : 0, '\0');
+    check_mpi(MPI_Igatherv(b->mine.data(), b->length, MPI_CHAR, b->all.data(), b->lengths.data(), b->offsets.data(),
+                           MPI_CHAR, 0, world_.get(), &request),
+              "MPI_Igatherv");
+    wait_or_keep(*errors_, request, b);
+  } catch (...) {
+    failed_ = true;
+    throw;
+  }
+  std::vector<std::string> out;
+  if (rank == 0)
+    for (int r = 0; r < size; ++r)
+      out.push_back(b->all.substr(static_cast<size_t>(b->offsets[static_cast<size_t>(r)]),
+                                  static_cast<size_t>(b->lengths[static_cast<size_t>(r)])));
+  return out;
 }
 
 double MpiPipeline::max(double value) {
@@ -516,32 +676,37 @@ double MpiPipeline::max(double value) {
 }
 
 StepTrace MpiPipeline::gather_trace() {
-  // Per action: stage, phase, micro-batch, begin and end in ns from this rank's step start.
+  ready();
+  // Per action: stage, kind, micro-batch, recompute flag, begin and end in ns from this rank's step start.
+  constexpr size_t kFields = 6;
   std::vector<int64_t> mine;
   if (!trace_.devices.empty())
     for (const ActionSpan& span : trace_.devices[0])
       mine.insert(mine.end(), {span.action.stage, static_cast<int64_t>(span.action.kind), span.action.micro_batch,
-                               span.begin_ns - trace_.begin_ns, span.end_ns - trace_.begin_ns});
-  const int size = size_of(world_), rank = rank_of(world_);
+                               span.action.recompute ? 1 : 0, span.begin_ns - trace_.begin_ns,
+                               span.end_ns - trace_.begin_ns});
+  const MPI_Comm world = world_.get();
+  const int size = size_of(world), rank = rank_of(world);
   int count = placement_.replica == 0 ? static_cast<int>(mine.size()) : 0;
   std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size), 0);
-  check_mpi(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, world_), "MPI_Gather");
+  check_mpi(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, world), "MPI_Gather");
   for (int r = 1; r < size; ++r)
     offsets[static_cast<size_t>(r)] = offsets[static_cast<size_t>(r) - 1] + counts[static_cast<size_t>(r) - 1];
   std::vector<int64_t> all(rank == 0 ? static_cast<size_t>(offsets.back() + counts.back()) : 0);
   check_mpi(MPI_Gatherv(mine.data(), count, MPI_INT64_T, all.data(), counts.data(), offsets.data(), MPI_INT64_T, 0,
-                        world_),
+                        world),
             "MPI_Gatherv");
   StepTrace out;
   if (rank != 0) return out;
   out.devices.assign(static_cast<size_t>(placement_.stages), {});
-  for (size_t n = 0; n + 5 <= all.size(); n += 5) {
+  for (size_t n = 0; n + kFields <= all.size(); n += kFields) {
     ActionSpan span;
     span.action.stage = static_cast<int>(all[n]);
     span.action.kind = static_cast<ActionKind>(all[n + 1]);
     span.action.micro_batch = static_cast<int>(all[n + 2]);
-    span.begin_ns = all[n + 3];
-    span.end_ns = all[n + 4];
+    span.action.recompute = all[n + 3] != 0;
+    span.begin_ns = all[n + 4];
+    span.end_ns = all[n + 5];
     out.end_ns = std::max(out.end_ns, span.end_ns);
     out.devices[static_cast<size_t>(train_program_.placement[static_cast<size_t>(span.action.stage)])].push_back(span);
   }
@@ -549,14 +714,18 @@ StepTrace MpiPipeline::gather_trace() {
 }
 
 void MpiPipeline::reduce(double* values, int count, MPI_Op op) {
+  ready();
+  auto buffer = std::make_shared<std::vector<double>>(values, values + count);
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values, count, MPI_DOUBLE, op, world_, &request), "MPI_Iallreduce");
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer->data(), count, MPI_DOUBLE, op, world_.get(), &request),
+            "MPI_Iallreduce");
   try {
-    errors_->wait(request);
+    wait_or_keep(*errors_, request, buffer);
   } catch (...) {
     failed_ = true;
     throw;
   }
+  std::copy(buffer->begin(), buffer->end(), values);
 }
 
 double MpiPipeline::bubble() {

@@ -109,6 +109,7 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
                   " and ", j, "; layers that share weights must be in the same stage "
                   "(change the balance)");
     }
+    detail::check_splittable(train_program_, layers);
     const int d = train_program_.placement[static_cast<size_t>(j)];
     const Device& device = devices_[static_cast<size_t>(d)];
     if (!device.is_cpu()) layers->to(device.device);
@@ -162,32 +163,48 @@ torch::nn::Sequential Pipeline::stage(int j) const {
   return {};
 }
 
-std::vector<torch::Tensor> Pipeline::split(const torch::Tensor& tensor, const char* what) const {
+std::vector<torch::Tensor> Pipeline::split(const torch::Tensor& tensor, int micro_batches, const char* what) const {
   GPIPE_CHECK(tensor.defined() && tensor.dim() >= 1, "the ", what,
               " has no batch dimension (shape ", shape_of(tensor),
               "); gpipe splits dim 0 into micro-batches: add one, e.g. x.unsqueeze(0)");
-  return scatter(tensor, options_.chunks());
+  return scatter(tensor, micro_batches);
+}
+
+const Schedule& Pipeline::training_program(int micro_batches) {
+  if (micro_batches == options_.chunks()) return train_program_;
+  auto it = short_programs_.find(micro_batches);
+  if (it == short_programs_.end())
+    it = short_programs_
+             .emplace(micro_batches,
+                      detail::short_batch_program(options_.schedule(), static_cast<int>(devices_.size()),
+                                                  micro_batches, options_.virtual_stages(), options_.checkpoint()))
+             .first;
+  return it->second;
 }
 
 torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tensor& target,
                                    const LossFn& loss) {
   GPIPE_CHECK(static_cast<bool>(loss), "train_step needs a loss function");
-  StepData step;
-  step.training = true;
-  step.inputs = split(input, "input");
+  GPIPE_CHECK(input.defined() && input.dim() >= 1, "the input has no batch dimension (shape ", shape_of(input),
+              "); gpipe splits dim 0 into micro-batches: add one, e.g. x.unsqueeze(0)");
+  GPIPE_CHECK(input.size(0) >= 1, "the input is an empty batch (shape ", shape_of(input), "); give at least one row");
   GPIPE_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == input.size(0),
               "the target's batch size differs from the input's (input ", shape_of(input),
               ", target ", shape_of(target), "); give one target row per input sample");
-  step.targets = split(target, "target");
+  const int64_t N = input.size(0);
+  const int M = static_cast<int>(std::min<int64_t>(options_.chunks(), N));  // a short batch: one row per micro-batch
+  StepData step;
+  step.training = true;
+  step.inputs = split(input, M, "input");
+  step.targets = split(target, M, "target");
   step.loss = loss;
 
-  const int64_t N = input.size(0);
   const bool stochastic = std::any_of(executors_.begin(), executors_.end(),
                                       [](const auto& e) { return e->stochastic(); });
   const bool tracked = executors_.front()->memory() != nullptr;
-  detail::TrainStepScope scope(step, chunk_sizes(N, options_.chunks()), N, stochastic, parameters(),
-                               /*zero_grads=*/tracked);
-  run(train_program_, step);
+  const Schedule& program = training_program(M);
+  detail::TrainStepScope scope(step, chunk_sizes(N, M), N, stochastic, parameters(), /*zero_grads=*/tracked);
+  run(program, step);
   scope.commit();
   return torch::tensor(std::accumulate(step.losses.begin(), step.losses.end(), 0.0),
                        torch::dtype(torch::kFloat64));

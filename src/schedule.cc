@@ -149,13 +149,16 @@ Action compute(int stage, ActionKind kind, int micro_batch) {
 
 }  // namespace
 
-Schedule fill_drain(int devices, int micro_batches) {
-  check_shape(devices, micro_batches);
-  Schedule s = empty_schedule("gpipe", devices, micro_batches, 1, true);
+Schedule fill_drain(int devices, int micro_batches, int virtual_stages) {
+  check_shape(devices, micro_batches, virtual_stages);
+  Schedule s = empty_schedule("gpipe", devices, micro_batches, virtual_stages, true);
   for (int d = 0; d < devices; ++d) {
     auto& row = s.actions[static_cast<size_t>(d)];
-    for (int i = 0; i < micro_batches; ++i) row.push_back(compute(d, ActionKind::kForward, i));
-    for (int i = micro_batches - 1; i >= 0; --i) row.push_back(compute(d, ActionKind::kBackward, i));
+    const std::vector<int> mine = s.stages_of(d);
+    for (int stage : mine)
+      for (int i = 0; i < micro_batches; ++i) row.push_back(compute(stage, ActionKind::kForward, i));
+    for (auto it = mine.rbegin(); it != mine.rend(); ++it)
+      for (int i = micro_batches - 1; i >= 0; --i) row.push_back(compute(*it, ActionKind::kBackward, i));
   }
   return s;
 }

@@ -60,22 +60,43 @@ uint64_t mix(uint64_t x) {  // splitmix64's finalizer
   return x ^ (x >> 31);
 }
 
-// The parameters of `module` that take gradients, each once.
-std::vector<torch::Tensor> trainable(const torch::nn::Module& module) {
-  std::vector<torch::Tensor> out;
-  std::unordered_set<const void*> seen;
-  for (const auto& p : module.parameters())
-    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
-  return out;
+}  // namespace
+
+StageError::StageError(const Action& action, const std::string& what, const std::string& operand,
+                       std::string backtrace)
+    : std::runtime_error("gpipe: stage " + std::to_string(action.stage) + " failed in the " + describe(action.kind) +
+                         " of micro-batch " + std::to_string(action.micro_batch) + " (action " + action.str() +
+                         (operand.empty() ? "" : ", " + operand) + "): " + what),
+      action_(action),
+      backtrace_(std::move(backtrace)) {}
+
+namespace {
+
+template <typename Impl>
+bool in_place(torch::nn::Module& module) {
+  auto* m = module.as<Impl>();
+  return m != nullptr && m->options.inplace();
+}
+
+bool works_in_place(torch::nn::Module& m) {
+  namespace nn = torch::nn;
+  return in_place<nn::ReLUImpl>(m) || in_place<nn::ReLU6Impl>(m) || in_place<nn::LeakyReLUImpl>(m) ||
+         in_place<nn::ELUImpl>(m) || in_place<nn::SELUImpl>(m) || in_place<nn::CELUImpl>(m) ||
+         in_place<nn::HardtanhImpl>(m) || in_place<nn::ThresholdImpl>(m) || in_place<nn::RReLUImpl>(m) ||
+         in_place<nn::DropoutImpl>(m) || in_place<nn::Dropout2dImpl>(m) || in_place<nn::Dropout3dImpl>(m) ||
+         in_place<nn::AlphaDropoutImpl>(m) || in_place<nn::FeatureAlphaDropoutImpl>(m);
 }
 
 }  // namespace
 
-StageError::StageError(const Action& action, const std::string& what)
-    : std::runtime_error("gpipe: stage " + std::to_string(action.stage) + " failed in the " + describe(action.kind) +
-                         " of micro-batch " + std::to_string(action.micro_batch) + " (action " + action.str() +
-                         "): " + what),
-      action_(action) {}
+std::string in_place_layer(const torch::nn::Sequential& layers) {
+  for (const auto& layer : layers->named_children()) {
+    if (works_in_place(*layer.value())) return layer.key();
+    for (const auto& inner : layer.value()->modules(/*include_self=*/false))
+      if (works_in_place(*inner)) return layer.key();
+  }
+  return "";
+}
 
 bool draws_random_numbers(const torch::nn::Sequential& layers) {
   for (const auto& module : layers->modules(/*include_self=*/false)) {
@@ -93,7 +114,6 @@ Stage::Stage(int index, int stages, torch::nn::Sequential layers, Device device)
       layers_(std::move(layers)),
       device_(std::move(device)),
       stochastic_(draws_random_numbers(layers_)) {
-  for (const auto& layer : *layers_) layer_parameters_.push_back(trainable(*layer.ptr()));
 }
 
 uint64_t Stage::seed_of(int i, const StepData& step) const {
@@ -212,18 +232,14 @@ torch::Tensor Stage::input_grad(int i, const torch::Tensor& output_grad, StepDat
   for (size_t l = L; l-- > 0;) {
     const torch::Tensor y = std::move(k.layer_outputs[l]);
     const torch::Tensor& a = k.layer_inputs[l];
-    if (!g.defined() || !y.requires_grad()) break;  // nothing before this layer needs a gradient
-    if (!layer_parameters_[l].empty()) {
-      // d/da, and W's share of this layer kept for later (backward_split.h).
-      auto w = std::make_shared<detail::WeightBackward>();
-      g = detail::WeightBackward::input_backward(y, a, g, layer_parameters_[l], *w);
-      k.weight_backward.push_back(std::move(w));
-    } else if (a.requires_grad()) {
-      g = torch::autograd::grad({y}, {a}, {g}, /*retain_graph=*/false, /*create_graph=*/false,
-                                /*allow_unused=*/true)[0];
-    } else {
+    if (!g.defined() || !y.requires_grad()) {  // nothing before this layer takes a gradient from it
       g = torch::Tensor();
+      break;
     }
+    // d/da, and W's share of this layer kept for later (backward_split.h).
+    auto w = std::make_shared<detail::WeightBackward>();
+    g = detail::WeightBackward::input_backward(y, a, g, *w);
+    k.weight_backward.push_back(std::move(w));
     if (!g.defined() && a.requires_grad()) g = torch::zeros_like(a);
   }
   torch::Tensor input_grad;

@@ -1,11 +1,36 @@
 // train_step.cc: the step scope shared by the one-process and the MPI pipeline.
 #include "train_step.h"
 
+#include "gpipe/check.h"
+
 #include <torch/torch.h>
 
 #include <limits>
 
 namespace gpipe::detail {
+
+void check_splittable(const Schedule& program, const torch::nn::Sequential& layers) {
+  bool split = false;
+  for (const auto& row : program.actions)
+    for (const Action& a : row) split = split || a.kind == ActionKind::kInputGrad;
+  if (!split) return;
+  const std::string name = in_place_layer(layers);
+  GPIPE_CHECK(name.empty(), "layer ", name, " works in place (a module built with inplace(true)), but the ",
+              program.name, " schedule splits each backward into I and W, which keeps every layer's input; build "
+              "it with inplace(false), or use a schedule without I and W (gpipe, 1f1b, interleaved)");
+}
+
+Schedule short_batch_program(ScheduleKind kind, int devices, int micro_batches, int virtual_stages, Checkpoint mode) {
+  Schedule compute;
+  try {
+    compute = make_schedule(kind, devices, micro_batches, virtual_stages);
+  } catch (const std::invalid_argument&) {
+    compute = fill_drain(devices, micro_batches, virtual_stages);
+  }
+  Schedule program = lower(compute, mode);
+  validate(program);
+  return program;
+}
 
 TrainStepScope::TrainStepScope(StepData& step, const std::vector<int64_t>& sizes, int64_t total_rows,
                                bool stochastic, std::vector<torch::Tensor> params,
@@ -18,9 +43,11 @@ TrainStepScope::TrainStepScope(StepData& step, const std::vector<int64_t>& sizes
 
   // Stochastic stages draw from streams seeded by this step's seed.
   if (stochastic) {
+    at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
+    random_state_before_ = generator.get_state();  // a failed step goes back here: its retry draws the same seed
     step.seed = static_cast<uint64_t>(
         torch::randint(std::numeric_limits<int64_t>::max(), {1}, torch::kLong).item<int64_t>());
-    random_state_ = at::globalContext().defaultGenerator(torch::kCPU).get_state();
+    random_state_ = generator.get_state();
   }
   before_.resize(params_.size());
   for (size_t n = 0; n < params_.size(); ++n) {
@@ -30,14 +57,14 @@ TrainStepScope::TrainStepScope(StepData& step, const std::vector<int64_t>& sizes
   }
 }
 
-void TrainStepScope::restore_random_state() {
-  if (!random_state_.defined()) return;
+void TrainStepScope::restore_random_state(const torch::Tensor& state) {
+  if (!state.defined()) return;
   at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
-  generator.set_state(random_state_);
+  generator.set_state(state);
 }
 
 void TrainStepScope::commit() {
-  restore_random_state();
+  restore_random_state(random_state_);
   torch::NoGradGuard no_grad;
   for (size_t n = 0; n < params_.size(); ++n) {
     // A zero gradient that backward never added to: the parameter had no part in the step.
@@ -52,7 +79,7 @@ void TrainStepScope::commit() {
 TrainStepScope::~TrainStepScope() {
   if (committed_) return;
   for (size_t n = 0; n < params_.size(); ++n) params_[n].mutable_grad() = before_[n];
-  restore_random_state();
+  restore_random_state(random_state_before_);
 }
 
 }  // namespace gpipe::detail

@@ -12,13 +12,24 @@
 
 namespace gpipe::detail {
 
+/// Throws std::invalid_argument if `program` splits backwards into I and W
+/// and `layers` (one stage's) hold a module that works in place.
+void check_splittable(const Schedule& program, const torch::nn::Sequential& layers);
+
+/// The lowered program for a batch of fewer rows than M, run in `micro_batches`
+/// (< M) micro-batches: the schedule `kind`, or fill-drain over the same stages
+/// where `kind` cannot take that many (interleaved with M not a multiple of K).
+Schedule short_batch_program(ScheduleKind kind, int devices, int micro_batches, int virtual_stages, Checkpoint mode);
+
 /// Prepares `step` for micro-batches of `sizes` rows out of a mini-batch of
 /// `total_rows`: weights bᵢ/total_rows and loss slots. With `stochastic`, draws the step's seed from the default generator.
 ///
 /// Backward then accumulates into fresh gradients; commit() adds them to the
 /// old ones and puts the default generator back as if only the seed had been
-/// drawn. Without commit() (an exception), the destructor restores both, so a
-/// failed step changes no gradient and no random state.
+/// drawn. Without commit() (an exception), the destructor puts back the
+/// gradients and the generator as they were before the step, seed draw
+/// included, so a failed step changes nothing and its retry draws the same
+/// seed (the same Dropout masks).
 ///
 /// With `zero_grads` the fresh gradients are zeros allocated here, on the
 /// caller's thread, so that memory accounting charges them to no stage: the
@@ -34,12 +45,13 @@ class TrainStepScope {
   void commit();
 
  private:
-  void restore_random_state();
+  static void restore_random_state(const torch::Tensor& state);
 
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> before_;
   std::vector<int64_t> versions_;  // with zero_grads: each fresh gradient's version
-  torch::Tensor random_state_;  // undefined unless stochastic
+  torch::Tensor random_state_before_;  // before the seed was drawn; undefined unless stochastic
+  torch::Tensor random_state_;         // after
   bool committed_ = false;
 };
 

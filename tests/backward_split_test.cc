@@ -9,29 +9,34 @@
 namespace gpipe::testing {
 namespace {
 
-// The identity, counting how often autograd runs its backward.
-int counted_backwards = 0;
-struct Counted : torch::autograd::Function<Counted> {
+// The identity, counting how often autograd runs its backward: once on the input path, once on
+// the second Linear's weight-only branch.
+int input_path_backwards = 0;
+int weight_branch_backwards = 0;
+template <int* Count>
+struct Counted : torch::autograd::Function<Counted<Count>> {
   static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) { return x.clone(); }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
                                                  torch::autograd::variable_list grads) {
-    ++counted_backwards;
+    ++*Count;
     return {grads[0]};
   }
 };
 
-// Linear, then a counted node on the input path, then a second Linear that uses `shared` weights
-// when given (the same Linear in two branches).
+// Linear, then a counted node on the input path, then a second Linear whose weight passes through
+// a counted node of its own; with `twice`, the second Linear is used in two branches.
 torch::Tensor layer(const torch::Tensor& x, torch::nn::Linear first, torch::nn::Linear second, bool twice) {
-  torch::Tensor h = Counted::apply(torch::tanh(first->forward(x)));
-  return twice ? second->forward(h) + second->forward(h * 2) : second->forward(h);
+  const torch::Tensor h = Counted<&input_path_backwards>::apply(torch::tanh(first->forward(x)));
+  const torch::Tensor w = Counted<&weight_branch_backwards>::apply(second->weight);
+  const torch::Tensor y = torch::nn::functional::linear(h, w, second->bias);
+  return twice ? y + second->forward(h * 2) : y;
 }
 
 struct Result {
   torch::Tensor input_grad;
   std::vector<torch::Tensor> grads;
   bool split = false;
-  int backwards = 0;
+  int input_path = 0, weight_branch_after_i = 0, weight_branch = 0;
 };
 
 Result run(bool split, bool twice) {
@@ -40,19 +45,21 @@ Result run(bool split, bool twice) {
   const torch::Tensor x = torch::randn({7, 6}).requires_grad_(true);
   const torch::Tensor g = torch::randn({7, 4});
   const std::vector<torch::Tensor> params = {first->weight, first->bias, second->weight, second->bias};
-  counted_backwards = 0;
+  input_path_backwards = weight_branch_backwards = 0;
   const torch::Tensor y = layer(x, first, second, twice);
   Result r;
   if (split) {
     detail::WeightBackward w;
-    r.input_grad = detail::WeightBackward::input_backward(y, x, g, params, w);
+    r.input_grad = detail::WeightBackward::input_backward(y, x, g, w);
     r.split = w.split();
+    r.weight_branch_after_i = weight_branch_backwards;
     w.run();
   } else {
     y.backward(g);
     r.input_grad = x.grad();
   }
-  r.backwards = counted_backwards;
+  r.input_path = input_path_backwards;
+  r.weight_branch = weight_branch_backwards;
   for (const auto& p : params) r.grads.push_back(p.grad());
   return r;
 }
@@ -62,10 +69,11 @@ TEST(BackwardSplitTest, InputThenWeightsEqualsOneBackwardAndWalksTheInputPathOnc
   EXPECT_TRUE(parts.split);
   EXPECT_TRUE(close(parts.input_grad, whole.input_grad, 1e-6));
   for (size_t n = 0; n < whole.grads.size(); ++n) EXPECT_TRUE(close(parts.grads[n], whole.grads[n], 1e-6)) << n;
-  // The counted node sits on the input path, before the first Linear's weight branch: I runs it,
-  // and W starts below it.
-  EXPECT_EQ(whole.backwards, 1);
-  EXPECT_EQ(parts.backwards, 1);
+  // I runs the input path once and skips the weight branch; W runs the branch and not the path again.
+  EXPECT_EQ(whole.input_path, 1);
+  EXPECT_EQ(parts.input_path, 1);
+  EXPECT_EQ(parts.weight_branch_after_i, 0);
+  EXPECT_EQ(parts.weight_branch, 1);
 }
 
 TEST(BackwardSplitTest, AWeightInTwoBranchesFallsBackToOneBackwardFromTheOutput) {
@@ -82,14 +90,33 @@ TEST(BackwardSplitTest, AnInputWithoutGradientLeavesTheWholeLayerToW) {
   const std::vector<torch::Tensor> params = {first->weight, first->bias, second->weight, second->bias};
   const torch::Tensor g = torch::randn({3, 4});
   detail::WeightBackward w;
-  EXPECT_FALSE(detail::WeightBackward::input_backward(layer(x, first, second, false), x, g, params, w).defined());
-  for (const auto& p : params) EXPECT_FALSE(p.grad().defined()) << "I computes no weight gradient";
+  EXPECT_FALSE(detail::WeightBackward::input_backward(layer(x, first, second, false), x, g, w).defined());
   w.run();
   std::vector<torch::Tensor> split_grads;
   for (const auto& p : params) split_grads.push_back(p.grad().clone());
   for (auto p : params) p.mutable_grad() = torch::Tensor();
   layer(x, first, second, false).backward(g);
   for (size_t n = 0; n < params.size(); ++n) EXPECT_TRUE(close(split_grads[n], params[n].grad(), 1e-6)) << n;
+}
+
+// W finds its parameters in the graph: one frozen when the stage was built and unfrozen later, and a
+// weight that belongs to no module of the layer, get their gradients as in one backward.
+TEST(BackwardSplitTest, ParametersAreFoundInTheGraph) {
+  torch::manual_seed(6);
+  torch::nn::Linear linear(4, 3);
+  const torch::Tensor outside = torch::randn({3}).requires_grad_(true);
+  const torch::Tensor x = torch::randn({5, 4}).requires_grad_(true), g = torch::randn({5, 3});
+  auto y = [&](const torch::Tensor& in) { return linear->forward(in) * outside; };
+  y(x).backward(g);
+  const torch::Tensor expected_w = linear->weight.grad().clone(), expected_o = outside.grad().clone();
+  linear->weight.mutable_grad() = torch::Tensor();
+  outside.mutable_grad() = torch::Tensor();
+  const torch::Tensor x2 = x.detach().requires_grad_(true);
+  detail::WeightBackward w;
+  detail::WeightBackward::input_backward(y(x2), x2, g, w);
+  w.run();
+  EXPECT_TRUE(close(linear->weight.grad(), expected_w, 1e-6));
+  EXPECT_TRUE(close(outside.grad(), expected_o, 1e-6));
 }
 
 // A TransformerEncoderLayer (many weighted operations, layer norms, attention) splits too.
@@ -107,7 +134,7 @@ TEST(BackwardSplitTest, EncoderBlockSplitsExactly) {
 
   const torch::Tensor x2 = x.detach().requires_grad_(true);
   detail::WeightBackward w;
-  const torch::Tensor input_grad = detail::WeightBackward::input_backward(block->forward(x2), x2, g, params, w);
+  const torch::Tensor input_grad = detail::WeightBackward::input_backward(block->forward(x2), x2, g, w);
   EXPECT_TRUE(w.split());
   w.run();
   EXPECT_TRUE(close(input_grad, expected_input, 1e-5));

@@ -1,6 +1,8 @@
 // fault_test.cc: an exception in a stage stops the step, names the stage and micro-batch, and changes nothing.
 #include "helpers.h"
 
+#include <random>
+
 #include <future>
 
 using gpipe::PipelineOptions;
@@ -117,6 +119,17 @@ TEST(FaultTest, ShapeMismatchInALayerNamesStageAndMicroBatch) {
   const std::string what = step_error(
       [&] { pipe.train_step(torch::randn({6, 4}), torch::randn({6, 2}), gpipe::mse_loss); });
   EXPECT_NE(what.find("stage 2 failed in the forward of micro-batch 0 (action 2F0"), std::string::npos) << what;
+  // The shape the stage was given, libtorch's message, and none of its C++ stack frames.
+  EXPECT_NE(what.find("input [2, 8]): mat1 and mat2 shapes cannot be multiplied (2x8 and 9x2)"), std::string::npos)
+      << what;
+  EXPECT_EQ(what.find("Exception raised from"), std::string::npos) << what;
+  EXPECT_EQ(what.find("frame #"), std::string::npos) << what;
+  try {
+    pipe.train_step(torch::randn({6, 4}), torch::randn({6, 2}), gpipe::mse_loss);
+    ADD_FAILURE() << "no error";
+  } catch (const gpipe::StageError& e) {
+    EXPECT_NE(e.backtrace().find("mat1 and mat2"), std::string::npos) << "the full report stays available";
+  }
 }
 
 TEST(FaultTest, LossThatIsNotAScalarIsReported) {
@@ -126,6 +139,67 @@ TEST(FaultTest, LossThatIsNotAScalarIsReported) {
                     [](const torch::Tensor& o, const torch::Tensor& t) { return (o - t).pow(2); });
   });
   EXPECT_NE(what.find("the loss must return a scalar"), std::string::npos) << what;
+}
+
+// Three blocks of [Linear, Tanh, Dropout, FaultPoint] and a head: 13 layers, each fault point
+// able to fail its forward, its input path's backward or its weight's backward.
+torch::nn::Sequential stress_model(const std::shared_ptr<gpipe::testing::FaultPlan>& plan) {
+  torch::manual_seed(21);
+  torch::nn::Sequential m;
+  for (int point = 0; point < 3; ++point) {
+    m->push_back(torch::nn::Linear(8, 8));
+    m->push_back(torch::nn::Tanh());
+    m->push_back(torch::nn::Dropout(0.2));
+    m->push_back(gpipe::testing::FaultPoint(point, 8, plan));
+  }
+  m->push_back(torch::nn::Linear(8, 3));
+  return m;
+}
+
+// Random faults over many steps, at random points, phases and moments; every failed step leaves
+// the gradients as they were and is retried; in the end the parameters equal, bit for bit, those
+// of the same run without faults (Dropout included: a retried step draws the same masks).
+TEST(FaultStressTest, RandomFaultsRetriedEndAsAFaultFreeRun) {
+  using gpipe::testing::FaultPlan;
+  for (gpipe::ScheduleKind kind : {gpipe::ScheduleKind::kZB1P, gpipe::ScheduleKind::k1F1B,
+                                   gpipe::ScheduleKind::kGPipe}) {
+    SCOPED_TRACE(gpipe::to_string(kind));
+    auto plan = std::make_shared<FaultPlan>();
+    auto faulty = stress_model(plan), clean = stress_model(std::make_shared<FaultPlan>());
+    const auto options = PipelineOptions().balance({4, 4, 5}).chunks(4).schedule(kind);
+    gpipe::Pipeline a(faulty, options), b(clean, options);
+    torch::optim::SGD sgd_a(a.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    torch::optim::SGD sgd_b(b.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    std::mt19937 rng(static_cast<unsigned>(kind) + 1);
+    int failures = 0;
+    for (int step = 0; step < 120; ++step) {
+      torch::manual_seed(1000 + step);
+      const torch::Tensor x = torch::randn({10, 8}), y = torch::randn({10, 3});
+      sgd_b.zero_grad();
+      torch::manual_seed(7000 + step);  // the generator each step draws its Dropout seed from
+      b.train_step(x, y, gpipe::mse_loss);
+      sgd_b.step();
+
+      sgd_a.zero_grad();
+      if (rng() % 2 == 0)
+        plan->arm(static_cast<int>(rng() % 3), static_cast<FaultPlan::Phase>(rng() % 3), 1 + static_cast<int>(rng() % 4));
+      torch::manual_seed(7000 + step);
+      try {
+        a.train_step(x, y, gpipe::mse_loss);
+      } catch (const gpipe::StageError& e) {
+        ++failures;
+        for (const auto& p : a.parameters())
+          ASSERT_TRUE(!p.grad().defined() || p.grad().eq(0).all().item<bool>()) << "the failed step changed a gradient";
+        plan->disarm();
+        a.train_step(x, y, gpipe::mse_loss);  // the retry, which must work
+      }
+      plan->disarm();  // a fault whose moment did not come is dropped
+      sgd_a.step();
+    }
+    EXPECT_GT(failures, 20);
+    const auto pa = faulty->parameters(), pb = clean->parameters();
+    for (size_t n = 0; n < pa.size(); ++n) EXPECT_TRUE(torch::equal(pa[n], pb[n])) << "parameter " << n;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, FaultTest,

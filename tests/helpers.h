@@ -4,6 +4,10 @@
 #include <gpipe/gpipe.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <atomic>
+#include <memory>
 
 namespace gpipe::testing {
 
@@ -89,5 +93,65 @@ void expect_invalid(Fn&& fn, const std::string& needle) {
         << "message: " << e.what() << "\nexpected to contain: " << needle;
   }
 }
+
+/// Where and when a FaultPoint throws during the next step: the `countdown`-th
+/// time point `point` runs `phase`. Points of one pipeline share a plan; each
+/// stage's thread reads it, so the countdown is atomic.
+struct FaultPlan {
+  enum Phase { kForward, kInputPath, kWeightBranch };
+  int point = -1;  // -1: no fault
+  Phase phase = kForward;
+  std::atomic<int> countdown{0};
+
+  void arm(int p, Phase ph, int n) {
+    phase = ph;
+    countdown = n;
+    point = p;
+  }
+  void disarm() { point = -1; }
+  // Whether point p throws now in phase ph.
+  bool fires(int p, Phase ph) { return point == p && phase == ph && countdown.fetch_sub(1) == 1; }
+};
+
+/// An identity layer with a weight of ones, y = x * w, that throws as its plan
+/// says: in its forward, in the backward of its input path (B or I), or in the
+/// backward of its weight-only branch (B or W).
+class FaultPointImpl : public torch::nn::Module {
+ public:
+  FaultPointImpl(int index, int64_t width, std::shared_ptr<FaultPlan> plan)
+      : index_(index), plan_(std::move(plan)) {
+    weight_ = register_parameter("weight", torch::ones({width}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (is_training() && plan_->fires(index_, FaultPlan::kForward)) throw std::runtime_error("injected forward fault");
+    return Throwing::apply(x, plan_.get(), index_, FaultPlan::kInputPath) *
+           Throwing::apply(weight_, plan_.get(), index_, FaultPlan::kWeightBranch);
+  }
+
+ private:
+  // The identity, whose backward throws when the plan says so.
+  struct Throwing : torch::autograd::Function<Throwing> {
+    static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, FaultPlan* plan,
+                                 int64_t index, int64_t phase) {
+      ctx->saved_data["plan"] = reinterpret_cast<int64_t>(plan);
+      ctx->saved_data["index"] = index;
+      ctx->saved_data["phase"] = phase;
+      return x.clone();
+    }
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                   torch::autograd::variable_list grads) {
+      auto* plan = reinterpret_cast<FaultPlan*>(ctx->saved_data["plan"].toInt());
+      if (plan->fires(static_cast<int>(ctx->saved_data["index"].toInt()),
+                      static_cast<FaultPlan::Phase>(ctx->saved_data["phase"].toInt())))
+        throw std::runtime_error("injected backward fault");
+      return {grads[0], torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
+  };
+
+  int index_;
+  std::shared_ptr<FaultPlan> plan_;
+  torch::Tensor weight_;
+};
+TORCH_MODULE(FaultPoint);
 
 }  // namespace gpipe::testing

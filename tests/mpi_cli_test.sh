@@ -80,7 +80,7 @@ else fail "settings error on every rank"; cat "$work/err.out"; fi
 
 # Faults (GPIPE_TEST_FAULT is a test-only switch): a stage that throws, a rank that dies.
 expect_error "an exception in rank 1's stage ends every rank, with its message" \
-  "\[rank 1\] gpipe: stage 3 failed in the forward of micro-batch 0 (action 3F0): injected fault" \
+  "\[rank 1\] gpipe: stage 3 failed in the forward of micro-batch 0 (action 3F0, input \[[0-9, ]*\]): injected fault" \
   env GPIPE_TEST_FAULT=throw:3 bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}"
 if grep -q "\[rank 0\] gpipe: stopped because rank 1 failed: rank 1 (device 1, replica 0): gpipe: stage 3 failed" \
      "$work/err.out"; then pass "rank 0 reports rank 1's message too"

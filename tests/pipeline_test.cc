@@ -60,13 +60,73 @@ TEST(PipelineTest, RejectsBadBatchesBeforeAnyWork) {
   auto model = small_mlp(0);
   gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(4));
   const torch::Tensor x = torch::randn({8, 12}), y = torch::randn({8, 4});
-  expect_invalid([&] { pipe.train_step(x.narrow(0, 0, 3), y.narrow(0, 0, 3), mse); },
-                 "number of micro-batches (4) is larger than the batch size (3)");
   expect_invalid([&] { pipe.train_step(torch::tensor(1.0), y, mse); }, "the input has no batch dimension");
+  expect_invalid([&] { pipe.train_step(x.narrow(0, 0, 0), y.narrow(0, 0, 0), mse); }, "the input is an empty batch");
   expect_invalid([&] { pipe.train_step(x, y.narrow(0, 0, 7), mse); },
                  "the target's batch size differs from the input's");
   expect_invalid([&] { pipe.forward(torch::tensor(1.0)); }, "the input has no batch dimension");
   for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());  // no work done
+}
+
+// The last batch of an epoch may have fewer rows than M: it runs one row per micro-batch, by the
+// same schedule or, where that schedule cannot take so few (interleaved), fill-drain, and stays exact.
+TEST(PipelineTest, BatchSmallerThanTheMicroBatchCountTrainsExactly) {
+  for (gpipe::ScheduleKind kind : {gpipe::ScheduleKind::kGPipe, gpipe::ScheduleKind::kZB1P,
+                                   gpipe::ScheduleKind::kInterleaved}) {
+    SCOPED_TRACE(gpipe::to_string(kind));
+    const int V = kind == gpipe::ScheduleKind::kInterleaved ? 2 : 1;
+    auto model = small_mlp(1), reference = small_mlp(1);
+    gpipe::Pipeline pipe(model, PipelineOptions().stages(2).virtual_stages(V).schedule(kind).chunks(4));
+    torch::manual_seed(2);
+    const torch::Tensor x = torch::randn({3, 12}), y = torch::randn({3, 4});
+    const torch::Tensor loss = pipe.train_step(x, y, mse);
+    EXPECT_TRUE(gpipe::testing::close(loss.to(torch::kFloat), gpipe::testing::reference_step(reference, x, y, mse)));
+    EXPECT_TRUE(gpipe::testing::same_parameters(model, reference, /*values=*/false));
+  }
+}
+
+// A layer that cuts the graph (its output takes no gradient) at the end of a middle stage: the
+// stages before it get zero gradients, as one device gets none, under every schedule (a split
+// backward must not hand the stage's output gradient upstream as its input's).
+struct DetachImpl : torch::nn::Module {
+  torch::Tensor forward(const torch::Tensor& x) { return x.detach(); }
+};
+TORCH_MODULE(Detach);
+
+TEST(PipelineTest, AStageWhoseOutputTakesNoGradientSendsZerosUpstream) {
+  for (gpipe::ScheduleKind kind : {gpipe::ScheduleKind::kGPipe, gpipe::ScheduleKind::k1F1B,
+                                   gpipe::ScheduleKind::kZB1P}) {
+    SCOPED_TRACE(gpipe::to_string(kind));
+    auto build = [] {
+      torch::manual_seed(8);
+      return torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::Linear(4, 4), Detach(), torch::nn::Linear(4, 2));
+    };
+    auto model = build(), reference = build();
+    gpipe::Pipeline pipe(model, PipelineOptions().balance({1, 2, 1}).schedule(kind).chunks(2));
+    torch::manual_seed(9);
+    const torch::Tensor x = torch::randn({6, 4}), y = torch::randn({6, 2});
+    pipe.train_step(x, y, mse);
+    gpipe::testing::reference_step(reference, x, y, mse);
+    const auto got = model->parameters(), want = reference->parameters();
+    for (size_t n = 0; n < got.size(); ++n) {
+      const torch::Tensor a = got[n].grad().defined() ? got[n].grad() : torch::zeros_like(got[n]);
+      const torch::Tensor b = want[n].grad().defined() ? want[n].grad() : torch::zeros_like(want[n]);
+      EXPECT_TRUE(gpipe::testing::close(a, b)) << "parameter " << n;
+    }
+  }
+}
+
+// zb1p keeps every layer's input for its split backward, so a layer that overwrites its input is
+// refused up front, naming it; the other schedules run it.
+TEST(PipelineTest, SplitBackwardRefusesInPlaceLayersUpFront) {
+  auto model = [] {
+    return torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)),
+                                 torch::nn::Linear(4, 2));
+  };
+  expect_invalid([&] { gpipe::Pipeline(model(), PipelineOptions().stages(2).schedule(gpipe::ScheduleKind::kZB1P)); },
+                 "layer 1 works in place");
+  gpipe::Pipeline ok(model(), PipelineOptions().stages(2).schedule(gpipe::ScheduleKind::k1F1B));
+  EXPECT_EQ(ok.stages(), 2);
 }
 
 TEST(PipelineTest, ForwardMatchesTheModelAndKeepsNoGraph) {

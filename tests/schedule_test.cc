@@ -135,6 +135,19 @@ TEST(FillDrainTest, TableForThreeStagesFourMicroBatches) {
   EXPECT_EQ(row(s, 2), (std::vector<std::string>{"2F0", "2F1", "2F2", "2F3", "2B3", "2B2", "2B1", "2B0"}));
 }
 
+// Fill-drain with two stages per device (the fallback for a batch interleaved cannot take): each
+// device runs its stages' forwards in stage order, then their backwards in reverse.
+TEST(FillDrainTest, TwoStagesPerDeviceTable) {
+  const Schedule s = gpipe::fill_drain(2, 3, 2);
+  EXPECT_EQ(s.stages, 4);
+  EXPECT_EQ(s.placement, (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(row(s, 0), (std::vector<std::string>{"0F0", "0F1", "0F2", "2F0", "2F1", "2F2", "2B2", "2B1", "2B0",
+                                                 "0B2", "0B1", "0B0"}));
+  EXPECT_EQ(row(s, 1), (std::vector<std::string>{"1F0", "1F1", "1F2", "3F0", "3F1", "3F2", "3B2", "3B1", "3B0",
+                                                 "1B2", "1B1", "1B0"}));
+  gpipe::validate(gpipe::lower(s, Checkpoint::kExceptLast));
+}
+
 // 1F1B, K=3, M=4: device d runs K-1-d warm-up forwards (2, 1, 0), then alternates one forward and one
 // backward, then drains. The last device runs 2Fi 2Bi back to back; the same 12 slots as fill-drain,
 // with at most 3, 2, 1 micro-batches in flight instead of 4 everywhere.

@@ -37,6 +37,10 @@ class Executor {
   /// drop what they kept for this step.
   void run(const std::vector<Action>& program, StepData& step, std::vector<ActionSpan>* trace);
 
+  /// Where sends and receives go from now on (an MPI pipeline starting over
+  /// on new communicators after a failed step).
+  void set_transport(Transport* transport) { transport_ = transport; }
+
   const Device& device() const { return device_; }
   /// The stages on this device, in increasing stage order.
   const std::vector<std::unique_ptr<Stage>>& stages() const { return stages_; }

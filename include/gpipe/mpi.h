@@ -58,8 +58,36 @@ class Environment {
 };
 
 /// Ends the whole job at once with a non-zero status: for a rank that cannot
-/// go on (MpiPipeline cannot continue after a failed step).
+/// go on.
 [[noreturn]] void abort(int status = 1);
+
+/// An MPI communicator, freed when this handle goes, unless abandoned.
+class Communicator {
+ public:
+  Communicator() = default;
+  ~Communicator();
+  Communicator(Communicator&& other) noexcept : comm_(other.comm_) { other.comm_ = MPI_COMM_NULL; }
+  Communicator& operator=(Communicator&& other) noexcept;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  /// A duplicate of `comm` (collective over it).
+  static Communicator duplicate(MPI_Comm comm);
+  /// MPI_Comm_split of `comm` (collective over it).
+  static Communicator split(MPI_Comm comm, int color, int key);
+
+  MPI_Comm get() const { return comm_; }
+  /// Lets the communicator go without freeing it: for one that may hold
+  /// operations no rank will finish (a failed step's), which MPI_Comm_free
+  /// would wait for.
+  void abandon() { comm_ = MPI_COMM_NULL; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+/// Every rank's `mine`, in rank order, on every rank of `comm` (collective).
+std::vector<std::string> all_gather(MPI_Comm comm, const std::string& mine);
 
 /// Where a rank sits in a job of `world_size` ranks cut into `stages` stages.
 struct Placement {
@@ -109,6 +137,11 @@ class ErrorChannel {
   void wait(MPI_Request& request);
   /// Sends `message` to every other rank (their waits throw RemoteError).
   void raise(const std::string& message);
+  /// Makes the destructor leave the channel's communicator (and its pending
+  /// receive) as they are: after a failure, other failing ranks' messages may
+  /// still be on their way to it, and a freed communicator's context is given
+  /// to the next one MPI creates.
+  void abandon() { abandoned_ = true; }
 
  private:
   void post();
@@ -116,6 +149,7 @@ class ErrorChannel {
   int rank_ = 0;
   int size_ = 1;
   MPI_Request pending_ = MPI_REQUEST_NULL;
+  bool abandoned_ = false;
   std::array<char, 2048> buffer_{};
 };
 
@@ -205,10 +239,11 @@ struct MpiPipelineOptions {
 /// of the rows).
 ///
 /// Errors: bad input throws std::invalid_argument on every rank before any
-/// work. A stage that throws makes its rank throw StageError and every other
-/// rank RemoteError with that message; the gradients are then as before the
-/// step, but the job cannot go on: later calls throw, and the program should
-/// report and call mpi::abort().
+/// work, whichever rank found it. A stage that throws makes its rank throw
+/// StageError and every other rank RemoteError with that message; the
+/// gradients are then as before the step. The pipeline can go on: the next
+/// call (on every rank, as always) starts on fresh communicators, leaving the
+/// failed step's messages behind, so the step can be retried.
 class MpiPipeline {
  public:
   /// `layers`: this rank's stages' layers, in stage order (balance[stage] layers
@@ -225,14 +260,19 @@ class MpiPipeline {
   torch::Tensor train_step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss);
 
   /// Pipelined inference of this replica's share of `input`: the output on the
-  /// last stage's rank, an undefined tensor on the others.
+  /// last stage's rank, an undefined tensor on the others (and on every rank
+  /// of a replica whose share is empty).
   torch::Tensor forward(const torch::Tensor& input);
 
-  /// The rows [begin, begin + count) of a batch of `batch_size` that this replica takes.
+  /// The rows [begin, begin + count) of a batch of `batch_size` that this
+  /// replica takes (none, with fewer rows than replicas, for the last ones).
   std::pair<int64_t, int64_t> share(int64_t batch_size) const;
 
   /// The sum of `value` over every rank of the job (collective).
   double sum(double value);
+  /// Every rank's `bytes`, in rank order, on rank 0 of the job; an empty list
+  /// on the others (collective).
+  std::vector<std::string> gather(const std::string& bytes);
   /// The largest `value` over every rank of the job (collective).
   double max(double value);
   /// The last step's timeline of replica 0's K stages, returned on rank 0 of
@@ -260,7 +300,10 @@ class MpiPipeline {
 
  private:
   void check_agreement();
-  void check_usable() const;
+  void agree_on(const std::string& local_error);
+  void connect();
+  void ready();
+  const Schedule& training_program(int micro_batches);
   void run(const Schedule& program, StepData& step);
   void allreduce_gradients();
   void reduce(double* values, int count, MPI_Op op);  // in place, over every rank
@@ -268,13 +311,16 @@ class MpiPipeline {
   torch::nn::Sequential layers_;
   MpiPipelineOptions options_;
   Placement placement_;
-  MPI_Comm world_ = MPI_COMM_NULL;     // a duplicate of options.comm
-  MPI_Comm pipeline_ = MPI_COMM_NULL;  // this replica's K ranks
-  MPI_Comm stage_ = MPI_COMM_NULL;     // the D ranks that run this stage
+  Communicator control_;   // a duplicate of options.comm: setting up, and starting over after a failed step
+  Communicator world_;     // every rank, for the steps' sums and gathers
+  Communicator pipeline_;  // this replica's K ranks
+  Communicator stage_;     // the D ranks that run this device's stages
   std::unique_ptr<ErrorChannel> errors_;
   std::unique_ptr<MpiTransport> transport_;
   std::unique_ptr<Executor> executor_;
   Schedule train_program_;
+  Schedule forward_program_;
+  std::map<int, Schedule> short_programs_;  // by micro-batch count, for batches of fewer rows than M
   bool stochastic_ = false;  // whether any stage of the model draws random numbers
   bool failed_ = false;
   StepTrace trace_;

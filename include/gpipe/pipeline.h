@@ -13,6 +13,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -84,7 +85,9 @@ class Pipeline {
   /// Runs forward and backward of all micro-batches of (input, target) through
   /// the schedule, accumulates the mini-batch gradient into every parameter's
   /// grad(), and returns the mini-batch loss (a detached scalar). `loss` must be
-  /// reduced by the mean over the batch dimension.
+  /// reduced by the mean over the batch dimension. A batch of fewer rows than
+  /// chunks() (the last one of an epoch) runs in one micro-batch per row, by
+  /// the same schedule or, where it cannot take that many, fill-drain.
   torch::Tensor train_step(const torch::Tensor& input, const torch::Tensor& target,
                            const LossFn& loss);
 
@@ -130,7 +133,8 @@ class Pipeline {
   std::vector<StageMemory> memory() const;
 
  private:
-  std::vector<torch::Tensor> split(const torch::Tensor& tensor, const char* what) const;
+  std::vector<torch::Tensor> split(const torch::Tensor& tensor, int micro_batches, const char* what) const;
+  const Schedule& training_program(int micro_batches);
   void run(const Schedule& program, StepData& step);
 
   torch::nn::Sequential model_;
@@ -139,6 +143,7 @@ class Pipeline {
   std::vector<Device> devices_;
   Schedule train_program_;
   Schedule forward_program_;
+  std::map<int, Schedule> short_programs_;  // by micro-batch count, for batches of fewer rows than M
   std::unique_ptr<InProcessTransport> transport_;
   std::vector<std::unique_ptr<Executor>> executors_;  // one per device
   std::vector<std::unique_ptr<DeviceThread>> threads_;

@@ -116,8 +116,12 @@ std::string schedule_names();
 
 /// GPipe's fill-drain: every device runs the forwards of micro-batches 0..M-1,
 /// then their backwards in reverse order. Bubble (K-1)/(M+K-1); every device
-/// keeps all M micro-batches in flight.
-Schedule fill_drain(int devices, int micro_batches);
+/// keeps all M micro-batches in flight. With V stages per device (stage s on
+/// device s mod K), each device runs its stages' forwards in stage order, then
+/// their backwards in reverse: any M, but a bubble that grows with V; it is
+/// what a pipeline falls back to for a batch whose micro-batch count the
+/// interleaved schedule does not take.
+Schedule fill_drain(int devices, int micro_batches, int virtual_stages = 1);
 
 /// 1F1B (PipeDream-Flush): device d runs K-1-d warm-up forwards, then alternates
 /// one forward and one backward, then drains. The same bubble as fill-drain,

@@ -61,13 +61,23 @@ class WeightBackward;
 using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
 
 /// An error raised inside a stage, naming the stage, the action and micro-batch.
+/// The message names the action and the shape of what it was given, e.g.
+/// "gpipe: stage 1 failed in the forward of micro-batch 0 (action 1F0, input
+/// [32, 3136]): mat1 and mat2 shapes cannot be multiplied (32x3136 and 3000x256)".
 class StageError : public std::runtime_error {
  public:
-  StageError(const Action& action, const std::string& what);
+  /// `operand`: the shape of the action's input (a forward's input, a
+  /// backward's output gradient), or empty. `backtrace`: where libtorch raised
+  /// the error (its C++ stack), kept apart from the message.
+  StageError(const Action& action, const std::string& what, const std::string& operand = "",
+             std::string backtrace = "");
   const Action& action() const { return action_; }
+  /// libtorch's full report of the failure, stack frames included (empty if it gave none).
+  const std::string& backtrace() const { return backtrace_; }
 
  private:
   Action action_;
+  std::string backtrace_;
 };
 
 /// Everything one step asks of the stages. The driver fills it before the step
@@ -85,6 +95,12 @@ struct StepData {
 
 /// Whether `layers` draw random numbers in training (Dropout with p > 0).
 bool draws_random_numbers(const torch::nn::Sequential& layers);
+
+/// The name of the first of `layers` that holds a module built to work in
+/// place (ReLU, LeakyReLU, ELU, Dropout, ... with inplace(true)), or "" if none
+/// does. Such a layer overwrites its input, which a split backward (I then W)
+/// keeps: schedules with I and W actions refuse it.
+std::string in_place_layer(const torch::nn::Sequential& layers);
 
 /// One stage: a run of consecutive layers, and what each micro-batch keeps
 /// between its forward and its backward (the input alone when re-materialized,
@@ -144,7 +160,6 @@ class Stage {
   torch::nn::Sequential layers_;
   Device device_;
   bool stochastic_;
-  std::vector<std::vector<torch::Tensor>> layer_parameters_;  // per layer, those that take gradients
   std::map<int, Kept> kept_;               // by micro-batch
 };
 
