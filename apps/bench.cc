@@ -1,4 +1,4 @@
-// bench.cc: `gpipe bench`: the workloads of BENCHMARKS.md against one device and against the ideal.
+// bench.cc: `gpipe bench`: the workloads of docs/benchmarks.md against one device and against the ideal.
 #include "commands.h"
 #include "common.h"
 #include "world.h"
@@ -34,6 +34,11 @@ struct BenchOptions {
   std::string results = "bench/results/bench.json";
 };
 
+// V for `schedule`: --virtual-stages for the interleaved schedule, 1 for the others.
+int virtual_stages(const std::string& schedule, const BenchOptions& o) {
+  return schedule == "interleaved" ? o.virtual_stages : 1;
+}
+
 // One configuration of a comparison: the whole batch on one device (unsplit),
 // or a pipeline. Every configuration of a comparison runs one step in turn, so
 // each ratio compares steps taken moments apart on the same noisy machine.
@@ -57,7 +62,7 @@ struct Contender {
   std::vector<int64_t> parameter_bytes;  // per device, parameters and gradients
 };
 
-// The cut of `w` into K·V stages: explicit, even (BENCHMARKS.md), or by measured cost.
+// The cut of `w` into K·V stages: explicit, even (docs/benchmarks.md), or by measured cost.
 std::vector<int> cut_for(const Workload& w, int K, int V, int M, const std::string& balance_by, const BenchOptions& o) {
   if (!o.balance.empty() && K > 1) return o.balance;
   if (balance_by == "even" || V > 1) return w.balance(K * V);
@@ -126,6 +131,35 @@ Ratio ratio(const std::vector<double>& a, const std::vector<double>& b) {
   for (size_t s = 0; s < std::min(a.size(), b.size()); ++s) r.push_back(a[s] / b[s]);
   if (r.empty()) return {};
   return {median(r), *std::min_element(r.begin(), r.end()), *std::max_element(r.begin(), r.end())};
+}
+
+// Every configuration is checked before any work: the names, the cuts, and each schedule against K and M.
+void check_sweep(const BenchOptions& o) {
+  for (const auto& n : o.workloads) {
+    const Workload w = make_workload(n, 0, LayerRange{0, 0});  // sizes and cut, no layers
+    const int64_t batch = w.input.size(0);
+    for (int M : o.micro_batches)
+      GPIPE_CHECK(M <= batch, "--micro-batches ", M, " is more than workload ", n, "'s batch of ", batch,
+                  " rows; every micro-batch needs a row");
+    for (int K : o.stages)
+      for (const std::string& schedule : o.schedules) {
+        const int V = virtual_stages(schedule, o);
+        if (!o.balance.empty() && K > 1) {
+          check_balance(o.balance, w.layers);
+          GPIPE_CHECK(K * V == static_cast<int>(o.balance.size()), "--balance has ", o.balance.size(),
+                      " stages but --stages ", K, V > 1 ? " x --virtual-stages " + std::to_string(V) : std::string(),
+                      " asks for ", K * V, "; give K x V entries");
+        } else {
+          // The even cut splits the workload's blocks, not its layers.
+          GPIPE_CHECK(K * V <= static_cast<int>(w.block_layers.size()), "workload ", n, " has ",
+                      w.block_layers.size(), " blocks, too few for --stages ", K,
+                      V > 1 ? " x --virtual-stages " + std::to_string(V) : std::string(), "; use fewer stages");
+        }
+        GPIPE_CHECK(V == 1 || o.balance_by.size() == 1, "--balance-by cuts one contiguous stage per device; the ",
+                    "interleaved schedule uses the even cut (or --balance): leave --balance-by out");
+        for (int M : o.micro_batches) make_schedule(parse_schedule(schedule), K, M, V);
+      }
+  }
 }
 
 // Keeps `row` for the results file; with --json prints it as a line and
@@ -216,6 +250,7 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
                 " ranks; start K·D ranks (mpirun -np ", K, " for one pipeline)");
   GPIPE_CHECK(o.balance_by.size() == 1 && o.balance_by.front() == "even",
               "--balance-by profiles the whole model in one process; under mpirun pass a cut with --balance");
+  check_sweep(o);
   nlohmann::json rows = nlohmann::json::array();
   if (w.prints() && !o.json)
     std::cout << std::left << std::setw(12) << "workload" << std::right << std::setw(3) << "K" << std::setw(3) << "D"
@@ -228,19 +263,12 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
       for (const auto& mode_name : o.checkpoints)
         for (int K : o.stages)
           for (const std::string& schedule : o.schedules) {
-          const int V = schedule == "interleaved" ? o.virtual_stages : 1;
+          const int V = virtual_stages(schedule, o);
           const std::vector<int> cut = !o.balance.empty() ? o.balance : whole.balance(K * V);
           const mpi::Placement place = mpi::place(w.rank, w.size, K);
-          // This rank's stages d, d + K, ..., each built from the same seed.
-          torch::nn::Sequential layers;
-          Workload mine;
-          for (int stage = place.stage; stage < K * V; stage += K) {
-            const auto [first, last] = mpi::stage_layers(cut, stage);
-            mine = make_workload(name, 0, LayerRange{first, last});
-            const auto names = mine.model->named_children().keys();
-            size_t n = 0;
-            for (auto it = mine.model->begin(); it != mine.model->end(); ++it, ++n) layers->push_back(names[n], *it);
-          }
+          const Workload mine = make_workload(name, 0, LayerRange{0, 0});  // the batch and loss
+          const torch::nn::Sequential layers = mpi::device_layers(
+              [&name](LayerRange keep) { return make_workload(name, 0, keep).model; }, cut, K, place.stage);
           mpi::MpiPipeline pipe(layers, mpi::MpiPipelineOptions()
                                             .balance(cut)
                                             .chunks(M)
@@ -318,32 +346,12 @@ std::vector<Contender> contenders(const BenchOptions& o) {
         Contender c;
         c.stages = K;
         c.schedule = schedule;
-        c.virtual_stages = schedule == "interleaved" ? o.virtual_stages : 1;
+        c.virtual_stages = virtual_stages(schedule, o);
         c.balance_by = balance_by;
         c.label = "K=" + std::to_string(K) + " " + schedule + " " + balance_by;
         out.push_back(std::move(c));
       }
   return out;
-}
-
-// Every configuration is checked before any work: the names, the cuts, and each schedule against K and M.
-void check_sweep(const BenchOptions& o) {
-  for (const auto& n : o.workloads) {
-    const Workload w = make_workload(n, 0, LayerRange{0, 0});
-    for (int K : o.stages) {
-      if (!o.balance.empty() && K > 1) {
-        check_balance(o.balance, w.layers);
-        GPIPE_CHECK(K == static_cast<int>(o.balance.size()), "--balance has ", o.balance.size(),
-                    " stages but --stages asks for ", K, "; give --stages ", o.balance.size());
-      }
-      for (const std::string& schedule : o.schedules) {
-        const int V = schedule == "interleaved" ? o.virtual_stages : 1;
-        GPIPE_CHECK(K * V <= w.layers, "workload ", n, " has ", w.layers, " layers, too few for --stages ", K,
-                    V > 1 ? " x --virtual-stages " + std::to_string(V) : std::string(), "; use fewer stages");
-        for (int M : o.micro_batches) make_schedule(parse_schedule(schedule), K, M, V);
-      }
-    }
-  }
 }
 
 int run(const BenchOptions& o, const std::string& command) {
@@ -460,33 +468,33 @@ int run(const BenchOptions& o, const std::string& command) {
 void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* sub = app.add_subcommand(
-      "bench", "Time the workloads of BENCHMARKS.md through the pipeline against one device");
-  sub->add_option("--workload", o->workloads, "mlp, transformer, tiny, imbalanced (several sweep)")
-      ->capture_default_str();
-  sub->add_option("--stages", o->stages, "numbers of stages K to sweep")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      "bench", "Time the workloads defined in docs/benchmarks.md through the pipeline against one device");
+  sub->add_option("--workload", o->workloads, "mlp, transformer, tiny, imbalanced (several sweep: mlp,tiny)")
+      ->delimiter(',')->capture_default_str();
+  sub->add_option("--stages", o->stages, "numbers of stages K to sweep (1 2 or 1,2)")
+      ->delimiter(',')->check(at_least(1))->capture_default_str();
   sub->add_option("--micro-batches", o->micro_batches, "numbers of micro-batches M to sweep")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->delimiter(',')->check(at_least(1))->capture_default_str();
   sub->add_option("--checkpoint", o->checkpoints, "always, except_last, never (several sweep)")
-      ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
+      ->delimiter(',')->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
   sub->add_option("--schedule", o->schedules,
                   "schedules to sweep: gpipe (fill-drain), 1f1b, interleaved (with --virtual-stages) or zb1p; "
                   "each later one is also compared with the first, step by step")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1p"}))->capture_default_str();
+      ->delimiter(',')->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1p"}))->capture_default_str();
   sub->add_option("--virtual-stages", o->virtual_stages, "V, stages per device of the interleaved schedule")
       ->check(CLI::Range(2, 64))->capture_default_str();
   sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each stage (and of the one device)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(at_least(1))->capture_default_str();
   sub->add_option("--steps", o->steps, "timed steps per configuration (the median is reported)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  sub->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  sub->add_option("--balance", o->balance, "an explicit cut, layers per stage (then --stages is its length)");
+      ->check(at_least(1))->capture_default_str();
+  sub->add_option("--warmup", o->warmup, "untimed steps first")->check(at_least(0))->capture_default_str();
+  sub->add_option("--balance", o->balance, "an explicit cut, layers per stage: K x V entries (e.g. 3,5)")
+      ->delimiter(',')->check(at_least(1));
   sub->add_option("--balance-by", o->balance_by,
-                  "how stages are cut (several sweep): even (blocks evenly, as BENCHMARKS.md), params (parameter "
+                  "how stages are cut (several sweep): even (blocks evenly, as docs/benchmarks.md), params (parameter "
                   "counts), time (profiled forward+backward per layer) or memory (activations kept plus "
                   "parameters, gradients and momentum); exact min-max partition")
-      ->check(CLI::IsMember({"even", "params", "time", "memory"}))->capture_default_str();
+      ->delimiter(',')->check(CLI::IsMember({"even", "params", "time", "memory"}))->capture_default_str();
   sub->add_flag("--json", o->json, "one JSON object per configuration on standard output (JSON Lines)");
   sub->add_flag("--transport", o->transport,
                 "under mpirun -np 2: latency and bandwidth of the MPI transport per message size (ping-pong)");

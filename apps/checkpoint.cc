@@ -1,118 +1,184 @@
-// checkpoint.cc: a pickled dict of everything a run needs to continue, written whole or not at all.
+// checkpoint.cc: a pickled dict of everything a run needs to continue, keyed by name, written whole
+// or not at all.
 #include "checkpoint.h"
 
 #include <gpipe/io.h>
 #include <torch/torch.h>
 
+#include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 namespace gpipe::cli {
 namespace {
 
-const char* kFormat = "gpipe-checkpoint-1";
+const char* kFormat = "gpipe-checkpoint-2";
 const char* kExtraFile = "gpipe_checkpoint.pkl";  // inside a TorchScript file
 
-torch::Tensor to_bytes_tensor(const std::string& bytes) {
-  return torch::from_blob(const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())}, torch::kUInt8)
-      .clone();
-}
+using Dict = c10::impl::GenericDict;
 
-std::string from_bytes_tensor(const torch::Tensor& t) {
-  return std::string(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()), static_cast<size_t>(t.numel()));
-}
+Dict new_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
 
-std::string shape(const torch::Tensor& t) {
-  std::ostringstream out;
-  out << t.sizes();
-  return out.str();
-}
-
-// The tensors a checkpoint holds: parameters (of the layers, as the optimizer
-// sees them) and buffers (of the script module, or of the layers).
-torch::OrderedDict<std::string, torch::Tensor> buffers_of(const ModelSource& model) {
-  torch::OrderedDict<std::string, torch::Tensor> out;
-  if (model.script) {
-    for (const auto& b : model.script->named_buffers(/*recurse=*/true)) out.insert(b.name, b.value);
+// The optimizer's state of `p`, keyed as libtorch keys it (a string of the
+// TensorImpl's address in 1.13, the address itself in 2.x).
+template <typename States>
+auto state_key(const States&, const torch::Tensor& p) {
+  using Key = typename States::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream out;
+    out << p.unsafeGetTensorImpl();
+    return out.str();
   } else {
-    for (const auto& b : model.layers->named_buffers()) out.insert(b.key(), b.value());
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+// One parameter's optimizer state as a dict of its tensors and step count, or an empty dict.
+Dict encode_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
+  Dict out = new_dict();
+  auto& states = optimizer.state();
+  const auto it = states.find(state_key(states, p));
+  if (it == states.end()) return out;
+  const torch::optim::OptimizerParamState* state = it->second.get();
+  auto put = [&](const char* name, const torch::Tensor& t) {
+    if (t.defined()) out.insert(name, t.detach().clone());
+  };
+  if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+    put("momentum_buffer", s->momentum_buffer());
+  } else if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+    out.insert("step", a->step());
+    put("exp_avg", a->exp_avg());
+    put("exp_avg_sq", a->exp_avg_sq());
+    put("max_exp_avg_sq", a->max_exp_avg_sq());
+  } else if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+    out.insert("step", w->step());
+    put("exp_avg", w->exp_avg());
+    put("exp_avg_sq", w->exp_avg_sq());
+    put("max_exp_avg_sq", w->max_exp_avg_sq());
   }
   return out;
 }
 
-void put(c10::impl::GenericDict& dict, const std::string& prefix,
-         const torch::OrderedDict<std::string, torch::Tensor>& tensors) {
-  c10::List<std::string> names;
-  c10::List<at::Tensor> values;
-  for (const auto& t : tensors) {
-    names.push_back(t.key());
-    values.push_back(t.value().detach());
-  }
-  dict.insert(prefix + "_names", names);
-  dict.insert(prefix + "s", values);
+torch::Tensor tensor_or_none(const Dict& d, const char* name) {
+  return d.contains(name) ? d.at(name).toTensor() : torch::Tensor();
 }
 
-std::string encode(const ModelSource& model, torch::optim::Optimizer& optimizer,
-                   const std::string& optimizer_name, const TrainState& state) {
-  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
-  dict.insert("format", std::string(kFormat));
-  put(dict, "parameter", model.layers->named_parameters());
-  put(dict, "buffer", buffers_of(model));
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream optimizer_bytes;
-  archive.save_to(optimizer_bytes);
-  dict.insert("optimizer_name", optimizer_name);
-  dict.insert("optimizer", to_bytes_tensor(optimizer_bytes.str()));
-  dict.insert("step", state.step);
-  dict.insert("shuffle_state", state.shuffle_state);
-  dict.insert("random_state", state.random_state);
+// Installs `saved` (encode_state's dict) as the optimizer's state of `p`.
+void install_state(torch::optim::Optimizer& optimizer, const std::string& kind, const torch::Tensor& p,
+                   const Dict& saved) {
+  if (saved.size() == 0) return;
+  std::unique_ptr<torch::optim::OptimizerParamState> state;
+  if (kind == "sgd") {
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(tensor_or_none(saved, "momentum_buffer"));
+    state = std::move(s);
+  } else if (kind == "adam") {
+    auto a = std::make_unique<torch::optim::AdamParamState>();
+    a->step(saved.at("step").toInt());
+    a->exp_avg(tensor_or_none(saved, "exp_avg"));
+    a->exp_avg_sq(tensor_or_none(saved, "exp_avg_sq"));
+    a->max_exp_avg_sq(tensor_or_none(saved, "max_exp_avg_sq"));
+    state = std::move(a);
+  } else {
+    auto w = std::make_unique<torch::optim::AdamWParamState>();
+    w->step(saved.at("step").toInt());
+    w->exp_avg(tensor_or_none(saved, "exp_avg"));
+    w->exp_avg_sq(tensor_or_none(saved, "exp_avg_sq"));
+    w->max_exp_avg_sq(tensor_or_none(saved, "max_exp_avg_sq"));
+    state = std::move(w);
+  }
+  auto& states = optimizer.state();
+  states[state_key(states, p)] = std::move(state);
+}
+
+std::string pickle(const Dict& dict) {
   const std::vector<char> bytes = torch::pickle_save(dict);
   return std::string(bytes.begin(), bytes.end());
 }
 
-// Checks that `dict` holds tensors named and shaped as `expected`; returns them in order.
-std::vector<torch::Tensor> matching(const c10::impl::GenericDict& dict, const std::string& prefix,
-                                    const torch::OrderedDict<std::string, torch::Tensor>& expected,
-                                    const std::string& path) {
-  const auto names = dict.at(prefix + "_names").toList();
-  const auto values = dict.at(prefix + "s").toList();
-  if (names.size() != expected.size() || values.size() != expected.size())
-    throw std::runtime_error(path + " is a checkpoint of another model: it has " + std::to_string(names.size()) +
-                             " " + prefix + "s, this model " + std::to_string(expected.size()));
-  std::vector<torch::Tensor> out;
-  size_t n = 0;
-  for (const auto& e : expected) {
-    const std::string name = names.get(n).toStringRef();
-    const torch::Tensor value = values.get(n).toTensor();
-    ++n;
-    if (name != e.key() || value.sizes() != e.value().sizes() || value.dtype() != e.value().dtype())
-      throw std::runtime_error(path + " is a checkpoint of another model: its " + prefix + " " + name + " " +
-                               shape(value) + " is this model's " + e.key() + " " + shape(e.value()));
-    out.push_back(value);
-  }
+Dict unpickle(const std::string& bytes) { return load_torch_save(bytes).toGenericDict(); }
+
+// name → tensor, from lists of names and values under `prefix`.
+std::map<std::string, torch::Tensor> named(const Dict& d, const std::string& prefix) {
+  std::map<std::string, torch::Tensor> out;
+  const auto names = d.at(prefix + "_names").toList();
+  const auto values = d.at(prefix + "s").toList();
+  for (size_t n = 0; n < names.size(); ++n) out.emplace(names.get(n).toStringRef(), values.get(n).toTensor());
   return out;
+}
+
+void put_named(Dict& d, const std::string& prefix, const std::map<std::string, torch::Tensor>& tensors) {
+  c10::List<std::string> names;
+  c10::List<at::Tensor> values;
+  for (const auto& [name, t] : tensors) {
+    names.push_back(name);
+    values.push_back(t);
+  }
+  d.insert(prefix + "_names", names);
+  d.insert(prefix + "s", values);
 }
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const ModelSource& model, torch::optim::Optimizer& optimizer,
-                     const std::string& optimizer_name, const TrainState& state) {
-  const std::string payload = encode(model, optimizer, optimizer_name, state);
-  if (!model.script) {
+std::string encode_part(const torch::nn::Sequential& layers, torch::optim::Optimizer& optimizer) {
+  std::map<std::string, torch::Tensor> parameters, buffers;
+  Dict states = new_dict();
+  for (const auto& p : layers->named_parameters()) {
+    parameters.emplace(p.key(), p.value().detach());
+    states.insert(p.key(), encode_state(optimizer, p.value()));
+  }
+  for (const auto& b : layers->named_buffers()) buffers.emplace(b.key(), b.value().detach());
+  Dict part = new_dict();
+  put_named(part, "parameter", parameters);
+  put_named(part, "buffer", buffers);
+  part.insert("optimizer_states", states);
+  return pickle(part);
+}
+
+void save_checkpoint(const std::string& path, const std::vector<std::string>& parts, const torch::nn::Sequential& layers,
+                     const std::optional<torch::jit::Module>& script, const std::string& optimizer_name,
+                     const TrainState& state) {
+  std::map<std::string, torch::Tensor> parameters, buffers;
+  Dict states = new_dict();
+  for (const std::string& bytes : parts) {
+    if (bytes.empty()) continue;  // a process that holds nothing to save (a replica)
+    const Dict part = unpickle(bytes);
+    for (auto& [name, t] : named(part, "parameter")) parameters.emplace(name, t);
+    for (auto& [name, t] : named(part, "buffer")) buffers.emplace(name, t);
+    for (const auto& entry : part.at("optimizer_states").toGenericDict()) states.insert(entry.key(), entry.value());
+  }
+  Dict dict = new_dict();
+  dict.insert("format", std::string(kFormat));
+  put_named(dict, "parameter", parameters);
+  put_named(dict, "buffer", buffers);
+  dict.insert("optimizer_name", optimizer_name);
+  dict.insert("optimizer_states", states);
+  dict.insert("step", state.step);
+  dict.insert("shuffle_state", state.shuffle_state);
+  dict.insert("random_state", state.random_state);
+  const std::string payload = pickle(dict);
+  if (!script) {
     write_file_atomically(path, payload);
     return;
   }
+  // The script module's own tensors take the saved values (layers share them), then it is written.
+  torch::NoGradGuard no_grad;
+  for (auto& p : layers->named_parameters())
+    if (parameters.count(p.key())) p.value().copy_(parameters.at(p.key()));
+  for (auto& b : layers->named_buffers())
+    if (buffers.count(b.key())) b.value().copy_(buffers.at(b.key()));
   std::ostringstream module_bytes;
-  model.script->save(module_bytes, {{kExtraFile, payload}});
+  script->save(module_bytes, {{kExtraFile, payload}});
   write_file_atomically(path, module_bytes.str());
 }
 
-TrainState load_checkpoint(const std::string& path, const ModelSource& model, torch::optim::Optimizer& optimizer,
-                           const std::string& optimizer_name) {
+Restored load_checkpoint(const std::string& path, const torch::nn::Sequential& layers,
+                         torch::optim::Optimizer& optimizer, const std::string& optimizer_name, bool script) {
   const std::string bytes = read_file(path);
   std::string payload = bytes;
-  if (model.script) {
+  if (script) {
     torch::jit::ExtraFilesMap extra{{kExtraFile, ""}};
     std::istringstream in(bytes);
     try {
@@ -124,42 +190,51 @@ TrainState load_checkpoint(const std::string& path, const ModelSource& model, to
     if (payload.empty())
       throw std::runtime_error(path + " holds no gpipe checkpoint; resume from a file written by gpipe train --save");
   }
-
-  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  Dict dict = new_dict();
+  std::map<std::string, torch::Tensor> parameters, buffers;
   try {
-    const torch::IValue value = torch::pickle_load(std::vector<char>(payload.begin(), payload.end()));
-    dict = value.toGenericDict();
+    dict = unpickle(payload);
     if (!dict.contains("format") || dict.at("format").toStringRef() != kFormat) throw std::runtime_error("format");
     for (const char* key : {"parameter_names", "parameters", "buffer_names", "buffers", "optimizer_name",
-                            "optimizer", "step", "shuffle_state", "random_state"})
+                            "optimizer_states", "step", "shuffle_state", "random_state"})
       if (!dict.contains(key)) throw std::runtime_error(key);
+    parameters = named(dict, "parameter");
+    buffers = named(dict, "buffer");
   } catch (const std::exception&) {
     throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint; resume from a file "
                              "written by gpipe train --save");
   }
-  const std::vector<torch::Tensor> parameters =
-      matching(dict, "parameter", model.layers->named_parameters(), path);
-  const auto buffer_targets = buffers_of(model);
-  const std::vector<torch::Tensor> buffers = matching(dict, "buffer", buffer_targets, path);
+  // Every tensor this process holds must be in the file, with its shape and dtype.
+  auto check = [&](const std::string& what, const std::string& name, const torch::Tensor& mine,
+                   const std::map<std::string, torch::Tensor>& saved) {
+    const auto it = saved.find(name);
+    if (it == saved.end())
+      throw std::runtime_error(path + " is a checkpoint of another model: it has no " + what + " " + name);
+    if (it->second.sizes() != mine.sizes() || it->second.dtype() != mine.dtype())
+      throw std::runtime_error(path + " is a checkpoint of another model: its " + what + " " + name + " is " +
+                               shape_text(it->second) + ", this model's " + shape_text(mine));
+  };
+  for (const auto& p : layers->named_parameters()) check("parameter", p.key(), p.value(), parameters);
+  for (const auto& b : layers->named_buffers()) check("buffer", b.key(), b.value(), buffers);
   if (dict.at("optimizer_name").toStringRef() != optimizer_name)
     throw std::runtime_error(path + " was trained with --optimizer " + dict.at("optimizer_name").toStringRef() +
                              "; resume with the same optimizer");
-  torch::serialize::InputArchive archive;
-  std::istringstream optimizer_bytes(from_bytes_tensor(dict.at("optimizer").toTensor()));
-  archive.load_from(optimizer_bytes);
+  const Dict states = dict.at("optimizer_states").toGenericDict();
 
   // Everything is read and checked: now restore.
+  Restored out;
   torch::NoGradGuard no_grad;
-  size_t n = 0;
-  for (auto& p : model.layers->named_parameters()) p.value().copy_(parameters[n++]);
-  n = 0;
-  for (const auto& b : buffer_targets) b.value().copy_(buffers[n++]);
-  optimizer.load(archive);
-  TrainState state;
-  state.step = dict.at("step").toInt();
-  state.shuffle_state = dict.at("shuffle_state").toTensor();
-  state.random_state = dict.at("random_state").toTensor();
-  return state;
+  for (auto& p : layers->named_parameters()) {
+    p.value().copy_(parameters.at(p.key()));
+    if (states.contains(p.key())) install_state(optimizer, optimizer_name, p.value(), states.at(p.key()).toGenericDict());
+    ++out.parameters_taken;
+  }
+  for (auto& b : layers->named_buffers()) b.value().copy_(buffers.at(b.key()));
+  out.parameters_in_file = static_cast<int64_t>(parameters.size());
+  out.state.step = dict.at("step").toInt();
+  out.state.shuffle_state = dict.at("shuffle_state").toTensor();
+  out.state.random_state = dict.at("random_state").toTensor();
+  return out;
 }
 
 }  // namespace gpipe::cli

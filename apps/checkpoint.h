@@ -1,4 +1,9 @@
-// checkpoint.h: `gpipe train --save/--resume`: model, optimizer, step and random states in one file.
+// checkpoint.h: `gpipe train --save/--resume`: the whole model, its optimizer state and where the
+// run stands, by parameter name, in one file written whole or not at all.
+//
+// Everything is keyed by the parameter's (or buffer's) name in the whole model,
+// so a checkpoint saved by any number of stages, in one process or gathered
+// from MPI ranks, resumes with any other: each process takes what it holds.
 #pragma once
 
 #include "sources.h"
@@ -6,7 +11,9 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace gpipe::cli {
 
@@ -17,19 +24,33 @@ struct TrainState {
   torch::Tensor random_state;     ///< the default generator (dropout seeds)
 };
 
-/// Writes a checkpoint of `model` (its parameters and buffers), `optimizer`
-/// and `state` to `path`, whole or not at all. For a TorchScript model the
-/// file is the script module (loadable with torch.jit.load) with the
-/// checkpoint as an extra file; otherwise a pickle that torch.load reads.
-void save_checkpoint(const std::string& path, const ModelSource& model,
-                     torch::optim::Optimizer& optimizer, const std::string& optimizer_name,
-                     const TrainState& state);
+/// What one process holds of a checkpoint, as bytes: the parameters and
+/// buffers of `layers` and the optimizer's state of each parameter, by name.
+/// The parts of every process merge into one checkpoint.
+std::string encode_part(const torch::nn::Sequential& layers, torch::optim::Optimizer& optimizer);
 
-/// Reads a checkpoint written by save_checkpoint and restores it into `model`,
-/// `optimizer` and the returned state. Everything is checked (readable,
-/// complete, same parameter names and shapes, same optimizer) before anything
-/// changes; a bad file throws std::runtime_error saying what is wrong.
-TrainState load_checkpoint(const std::string& path, const ModelSource& model,
-                           torch::optim::Optimizer& optimizer, const std::string& optimizer_name);
+/// Writes the checkpoint made of `parts` (encode_part of every process, or of
+/// this one) to `path`, whole or not at all. With `script`, the file is that
+/// TorchScript module, which torch.jit.load reads, with the checkpoint inside
+/// as an extra file: `layers` must share the script module's tensors, and get
+/// the parts' values before it is written. Otherwise a pickle.
+void save_checkpoint(const std::string& path, const std::vector<std::string>& parts,
+                     const torch::nn::Sequential& layers, const std::optional<torch::jit::Module>& script,
+                     const std::string& optimizer_name, const TrainState& state);
+
+/// What load_checkpoint restored.
+struct Restored {
+  TrainState state;
+  int64_t parameters_taken = 0;    ///< how many of the file's parameters this process holds
+  int64_t parameters_in_file = 0;  ///< how many the file holds: all processes together must take them all
+};
+
+/// Reads a checkpoint written by save_checkpoint and restores what this
+/// process holds into `layers` and `optimizer`, by name. Everything is
+/// checked (readable, complete, this process's names and shapes present, the
+/// same optimizer) before anything changes; a bad file throws
+/// std::runtime_error saying what is wrong. `script`: the file is TorchScript.
+Restored load_checkpoint(const std::string& path, const torch::nn::Sequential& layers,
+                         torch::optim::Optimizer& optimizer, const std::string& optimizer_name, bool script);
 
 }  // namespace gpipe::cli

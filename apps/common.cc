@@ -7,6 +7,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -25,7 +27,7 @@ nlohmann::json machine() {
   return {{"cores", std::thread::hardware_concurrency()},
           {"cpu", cpu},
           {"blas", gpipe::blas_info()},
-          {"malloc", gpipe::keep_freed_memory() ? "glibc, freed memory kept (trim 256 MiB, mmap 32 MiB, top pad 64 MiB)"
+          {"malloc", gpipe::freed_memory_kept() ? "glibc, freed memory kept (trim 256 MiB, mmap 32 MiB, top pad 64 MiB)"
                                                 : "as the environment or the C library sets it"},
           {"libtorch", TORCH_VERSION},
           {"cuda", torch::cuda::is_available()}};
@@ -49,5 +51,53 @@ void clear_grads(const std::vector<torch::Tensor>& params) {
 }
 
 void usage_error(const std::string& message) { throw UsageError("gpipe: " + message); }
+
+CLI::Validator at_least(int64_t least) {
+  return CLI::Validator(
+      [least](std::string& text) {
+        int64_t value = 0;
+        if (!CLI::detail::lexical_cast(text, value))
+          return "must be one whole number" + std::string(least > 0 ? ", at least " + std::to_string(least) : "") +
+                 " (got " + text + ")";
+        if (value < least) return "must be at least " + std::to_string(least) + " (got " + text + ")";
+        return std::string();
+      },
+      least > 0 ? "INT>=" + std::to_string(least) : "INT>=0");
+}
+
+namespace {
+CLI::Validator number_check(const std::string& rule, const std::string& name, bool (*ok)(double)) {
+  return CLI::Validator(
+      [rule, ok](std::string& text) {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value) || !std::isfinite(value) || !ok(value))
+          return "must be " + rule + " (got " + text + ")";
+        return std::string();
+      },
+      name);
+}
+}  // namespace
+
+CLI::Validator positive_number() {
+  return number_check("a finite number above 0", "NUMBER>0", [](double v) { return v > 0; });
+}
+
+CLI::Validator non_negative_number() {
+  return number_check("a finite number, 0 or more", "NUMBER>=0", [](double v) { return v >= 0; });
+}
+
+CLI::Validator fraction_below_one() {
+  return number_check("a number from 0 up to, not including, 1", "[0,1)", [](double v) { return v >= 0 && v < 1; });
+}
+
+uint64_t parse_seed(const std::string& text) {
+  const std::string rule = "--seed must be a whole number from 0 to 18446744073709551615 (got " + text + ")";
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) usage_error(rule);
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (errno == ERANGE || end != text.c_str() + text.size()) usage_error(rule);
+  return static_cast<uint64_t>(value);
+}
 
 }  // namespace gpipe::cli

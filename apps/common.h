@@ -1,6 +1,7 @@
 // common.h: what the gpipe subcommands share: machine description, statistics, list parsing.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/types.h>
 
@@ -20,6 +21,17 @@ std::string command_line(int argc, char** argv);
 
 /// Drops every parameter's grad (cheaper than zeroing: the next step writes fresh ones).
 void clear_grads(const std::vector<torch::Tensor>& params);
+
+/// Checks for numeric flags, each with a message that names the rule and the
+/// value: a whole number of at least `least` ("must be a whole number, at least
+/// 1 (got 0)"); a finite number above 0, or of at least 0; a number in [0, 1).
+CLI::Validator at_least(int64_t least);
+CLI::Validator positive_number();
+CLI::Validator non_negative_number();
+CLI::Validator fraction_below_one();
+
+/// Parses a seed: a whole number from 0 to 2^64-1; throws UsageError otherwise.
+uint64_t parse_seed(const std::string& text);
 
 /// A mistake in the command line or in the files it names. main() prints its
 /// message and ends with status 2, after everything the run built has been

@@ -1,16 +1,64 @@
 // main.cc: the gpipe program: GPipe pipeline-parallel training from the command line.
 #include "commands.h"
 #include "common.h"
+#include "sources.h"
 #include "world.h"
+
+#include <gpipe/stage.h>
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <stdexcept>
+#include <vector>
+
+namespace {
+
+// The edit distance between two words, for "did you mean".
+size_t distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t next = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = row[j];
+      row[j] = next;
+    }
+  }
+  return row[b.size()];
+}
+
+// The first argument that is not an option: the command the user typed, or "".
+std::string command_word(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (argv[i][0] != '-') return argv[i];
+  return "";
+}
+
+// For a command gpipe does not have: a message with the nearest one.
+std::string unknown_command(const CLI::App& app, const std::string& word) {
+  std::string names, nearest;
+  size_t best = 3;  // suggest only near misses
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+    const size_t d = distance(word, sub->get_name());
+    if (d < best) best = d, nearest = sub->get_name();
+  }
+  return "gpipe: unknown command '" + word + "'" + (nearest.empty() ? "" : "; did you mean '" + nearest + "'?") +
+         " (commands: " + names + ")";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace gpipe::cli;
   CLI::App app{"gpipe: train neural networks with GPipe pipeline parallelism"};
   app.require_subcommand(1);
+  app.fallthrough();  // --verbose after the command too
+  bool& verbose = verbose_errors();
+  app.add_flag("--verbose", verbose, "on errors from libtorch, also print its full report with C++ stack frames");
   const std::string command = command_line(argc, argv);
   int status = 0;
   add_train_command(app, command, status);
@@ -20,10 +68,23 @@ int main(int argc, char** argv) {
   // Under mpirun every rank runs the same command; an error on one ends them all.
   try {
     start_world(&argc, &argv);
+    check_same_settings({{"command", command_word(argc, argv)}});
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (world().size > 1 && e.get_exit_code() != 0) return fail(2, "gpipe: " + std::string(e.what()));
-    return world().prints() ? app.exit(e) : e.get_exit_code();
+    std::string message = e.what();
+    const std::string word = command_word(argc, argv);
+    if (!word.empty() && app.get_subcommands([&word](CLI::App* s) { return s->get_name() == word; }).empty() &&
+        app.get_subcommands().empty())
+      message = unknown_command(app, word);
+    else
+      message = "gpipe: " + message;
+    if (world().size > 1 && e.get_exit_code() != 0) return fail(2, message);
+    if (e.get_exit_code() == 0 || message.rfind("gpipe: unknown command", 0) != 0)
+      return (world().prints() ? app.exit(e) : e.get_exit_code()) == 0 ? 0 : 2;
+    return fail(2, message);
+  } catch (const gpipe::StageError& e) {
+    return fail(1, verbose && !e.backtrace().empty() ? std::string(e.what()) + "\nlibtorch's report:\n" + e.backtrace()
+                                                     : e.what());
   } catch (const std::invalid_argument& e) {
     return fail(2, e.what());
   } catch (const std::exception& e) {

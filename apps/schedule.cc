@@ -71,10 +71,10 @@ void add_schedule_command(CLI::App& app, const std::string& /*command*/, int& st
                                                  "bubble and peak in-flight micro-batches per device");
   sub->add_option("--schedule", o->schedule, "gpipe (fill-drain), 1f1b, interleaved or zb1p")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1p"}))->capture_default_str();
-  sub->add_option("--stages", o->stages, "K, the number of devices")->check(CLI::PositiveNumber)->capture_default_str();
-  sub->add_option("--micro-batches", o->micro_batches, "M")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--stages", o->stages, "K, the number of devices")->check(at_least(1))->capture_default_str();
+  sub->add_option("--micro-batches", o->micro_batches, "M")->check(at_least(1))->capture_default_str();
   sub->add_option("--virtual-stages", o->virtual_stages, "V, stages per device (interleaved)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(at_least(1))->capture_default_str();
   sub->add_option("--checkpoint", o->checkpoint, "always, except_last or never: the recompute flags of --program")
       ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
   sub->add_flag("--program", o->program, "also print each device's lowered program, sends and receives included");

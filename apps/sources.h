@@ -34,14 +34,29 @@ struct ModelSource {
 
 /// Loads a module saved in Python with
 /// `torch.jit.script(torch.nn.Sequential(...)).save(path)`; its top-level
-/// children become the layers. Throws std::runtime_error naming the file and the problem.
+/// children become the layers. Throws std::runtime_error naming the file and
+/// the problem, also for a module that is not an nn.Sequential (its own
+/// forward would not be the chain of its children).
 ModelSource load_script_model(const std::string& path);
 
 /// Reads a dataset saved in Python with `torch.save({'input': X, 'target': Y}, path)`.
-/// Throws std::runtime_error naming the file and the problem.
+/// Throws std::runtime_error naming the file and the problem: missing keys,
+/// different row counts, no rows, NaN or infinite values.
 std::pair<torch::Tensor, torch::Tensor> load_tensor_data(const std::string& path);
 
-/// The file's bytes; throws std::runtime_error naming a missing or unreadable file.
+/// The file's bytes; throws std::runtime_error naming a missing or unreadable file, or a folder.
 std::string read_file(const std::string& path);
+
+/// What torch.save (or torch::pickle_save) wrote into `bytes`.
+torch::IValue load_torch_save(const std::string& bytes);
+
+/// An exception's message, without libtorch's C++ stack frames.
+std::string what_of(const std::exception& e);
+
+/// gpipe --verbose: libtorch's and TorchScript's whole reports in error messages.
+bool& verbose_errors();
+
+/// "[2, 3]".
+std::string shape_text(const torch::Tensor& t);
 
 }  // namespace gpipe::cli

@@ -12,11 +12,15 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
+#include <thread>
 #include <unistd.h>
 
 namespace gpipe::cli {
@@ -36,16 +40,31 @@ struct TrainOptions {
   std::string schedule = "auto";  // resolved by choose_schedule before anything else
   int virtual_stages = 0;         // 0: 2 for the interleaved schedule, 1 for the others
   int64_t batch_size = 128;
+  bool drop_last = false;
+  bool shuffle = true;
   int epochs = 8;
   int64_t steps = 0;
   std::string optimizer = "adam";
   double lr = 1e-3;
+  double momentum = 0;
+  bool nesterov = false;
+  double weight_decay = 0;
+  bool weight_decay_given = false;
+  std::vector<double> betas{0.9, 0.999};
+  bool betas_given = false;
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;
+  int64_t lr_step_size = 0;  // 0: one epoch
+  double lr_gamma = 0.1;
+  double clip_grad_norm = 0;  // 0: no clipping
+  std::string seed_text = "0";
   uint64_t seed = 0;
   int threads = 1;
   int64_t train_samples = 0;
   int64_t test_samples = 0;
   std::string save;
   std::string resume;
+  bool per_stage_files = false;
   std::string trace;
   bool json = false;
 };
@@ -115,7 +134,7 @@ Model choose_model(const TrainOptions& o) {
   m.layers = static_cast<int>(source.layers->size());
   m.script = source.script;
   const torch::nn::Sequential all = source.layers;
-  m.build = [all](LayerRange keep) {
+  m.build = [all](LayerRange keep) {  // the loaded layers themselves: they share the script module's tensors
     torch::nn::Sequential part;
     const auto names = all->named_children().keys();
     for (int n = 0; n < static_cast<int>(names.size()); ++n)
@@ -124,6 +143,22 @@ Model choose_model(const TrainOptions& o) {
   };
   return m;
 }
+
+// Puts the default generator back as it was when this guard was made: building
+// the whole model for a look at it must not change the run's random numbers.
+class RandomStateGuard {
+ public:
+  RandomStateGuard() : state_(at::globalContext().defaultGenerator(torch::kCPU).get_state()) {}
+  ~RandomStateGuard() {
+    at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
+    generator.set_state(state_);
+  }
+  RandomStateGuard(const RandomStateGuard&) = delete;
+  RandomStateGuard& operator=(const RandomStateGuard&) = delete;
+
+ private:
+  torch::Tensor state_;
+};
 
 // ---------------------------------------------------------------- the data
 
@@ -157,21 +192,85 @@ Data load_data(const TrainOptions& o) {
     d.eval = {test.images, test.labels, "test"};
   }
   d.classification = o.loss == "cross_entropy";
-  if (d.classification && d.train.target.is_floating_point())
-    usage_error("--loss cross_entropy needs integer class targets, but the targets are " +
-                std::string(c10::toString(d.train.target.scalar_type())) + "; use --loss mse");
+  if (d.classification) {
+    if (d.train.target.is_floating_point())
+      usage_error("--loss cross_entropy needs integer class targets, but the targets are " +
+                  std::string(c10::toString(d.train.target.scalar_type())) + "; use --loss mse");
+    d.train.target = d.train.target.to(torch::kLong);
+    d.eval.target = d.eval.target.to(torch::kLong);
+  } else if (!d.train.target.is_floating_point()) {
+    usage_error("--loss mse needs real-valued targets, but the targets are " +
+                std::string(c10::toString(d.train.target.scalar_type())) +
+                "; use --loss cross_entropy for class indices, or save the targets as floats");
+  }
   d.loss = d.classification ? LossFn(cross_entropy_loss) : LossFn(mse_loss);
   const int64_t N = d.train.input.size(0);
+  if (N == 0) usage_error("the training data has no samples");
   if (o.micro_batches > N)
-    usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is larger than the " + std::to_string(N) +
-                " training samples");
+    usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is more than the " + std::to_string(N) +
+                " training samples; every micro-batch needs a sample");
   return d;
+}
+
+// The model's output for the first two samples, computed up front, so that a
+// target that does not fit the loss (or a model that does not fit the data)
+// is refused before any training, naming both shapes.
+void check_targets(const Model& model, const Data& data) {
+  const torch::Tensor sample = data.train.input.narrow(0, 0, std::min<int64_t>(2, data.train.input.size(0)));
+  torch::Tensor out;
+  {
+    const RandomStateGuard guard;  // building the whole model draws random numbers
+    torch::NoGradGuard no_grad;
+    torch::nn::Sequential whole = model.build(LayerRange{});
+    whole->eval();
+    const auto names = whole->named_children();
+    out = sample;
+    for (size_t i = 0; i < whole->size(); ++i) {
+      const torch::Tensor in = out;
+      try {
+        out = (whole->begin() + static_cast<std::ptrdiff_t>(i))->forward(in);
+      } catch (const std::exception& e) {
+        whole->train();
+        const std::string index = std::to_string(i);
+        usage_error("layer " + index + (names[i].key() == index ? "" : " ('" + names[i].key() + "')") + " fails on " +
+                    (i == 0 ? "the data's first samples, shape " : "the output of layer " + std::to_string(i - 1) +
+                                                                      ", shape ") +
+                    shape_text(in) + ": " + what_of(e) +
+                    (i == 0 ? "; give the model inputs of the shape its first layer takes"
+                            : "; make each layer take the shape the one before it outputs"));
+      }
+    }
+    whole->train();  // the layers may be the training ones (a TorchScript model's)
+  }
+  const torch::Tensor& target = data.train.target;
+  const auto out_row = out.sizes().slice(1), target_row = target.sizes().slice(1);
+  if (data.classification) {
+    if (out.dim() < 2)
+      usage_error("--loss cross_entropy needs the model to output a score per class (shape [N, classes]), but it "
+                  "outputs " + shape_text(out) + " for 2 samples");
+    const int64_t classes = out.size(-1);
+    if (target_row != out_row.slice(0, out_row.size() - 1))
+      usage_error("--loss cross_entropy: the model outputs " + shape_text(out) + " for 2 samples, so the targets "
+                  "must be class indices of shape [N" + (out.dim() > 2 ? ", ..." : std::string()) + "], but they have "
+                  "shape " + shape_text(target) + (target.dim() == 2 && target.size(1) == 1 ? "; squeeze the last "
+                  "dimension (target.squeeze(1) in Python)" : ""));
+    const int64_t low = target.min().item<int64_t>(), high = target.max().item<int64_t>();
+    if (low < 0 || high >= classes)
+      usage_error("--loss cross_entropy: the targets hold class " + std::to_string(low < 0 ? low : high) +
+                  ", but the model outputs " + std::to_string(classes) + " classes (0 to " +
+                  std::to_string(classes - 1) + ")");
+  } else if (target_row != out_row) {
+    usage_error("--loss mse: the model outputs rows of shape " + shape_text(out.narrow(0, 0, 1).squeeze(0)) +
+                ", but the targets' rows have shape " + shape_text(target.narrow(0, 0, 1).squeeze(0)) +
+                " (targets " + shape_text(target) + "); give targets of the output's shape");
+  }
 }
 
 // ---------------------------------------------------------------- checks and the cut
 
 // Every flag that can be judged without reading a file, before any work.
-void check_flags(const TrainOptions& o) {
+void check_flags(TrainOptions& o) {
+  o.seed = parse_seed(o.seed_text);
   if (world().mpi && !o.balance_by.empty())
     usage_error("--balance-by profiles the whole model in one process; run it once without mpirun and pass "
                 "the cut it prints with --balance");
@@ -180,10 +279,10 @@ void check_flags(const TrainOptions& o) {
                 std::to_string(o.batch_size) + "; every micro-batch needs a sample");
   if (o.data_file.empty() && o.loss != "cross_entropy")
     usage_error("--loss " + o.loss + " needs --data with real-valued targets; Fashion-MNIST has class labels");
-  if (!o.save.empty()) {
-    const auto dir = std::filesystem::absolute(o.save).parent_path();
-    if (!std::filesystem::is_directory(dir)) usage_error("--save: no such folder: " + dir.string());
-  }
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  if (o.threads > static_cast<int>(cores))
+    usage_error("--threads-per-stage " + std::to_string(o.threads) + " is more than this machine's " +
+                std::to_string(cores) + " cores; use 1 to " + std::to_string(cores));
   if (!o.balance.empty() && !o.balance_by.empty())
     usage_error("--balance and --balance-by " + o.balance_by + " both choose the cut; give one of them");
   const int V = o.virtual_stages;
@@ -193,6 +292,23 @@ void check_flags(const TrainOptions& o) {
   if (V > 1 && !o.balance_by.empty())
     usage_error("--balance-by cuts the model into contiguous stages, one per device; with --virtual-stages give "
                 "the cut (--stages x V entries) with --balance, or leave it out for an even cut");
+  // The optimizer's flags, as torch.optim takes them.
+  const bool sgd = o.optimizer == "sgd";
+  if (!sgd && (o.momentum != 0 || o.nesterov))
+    usage_error("--momentum and --nesterov are SGD's (--optimizer sgd); " + o.optimizer + " has --betas");
+  if (sgd && o.betas_given) usage_error("--betas are Adam's and AdamW's; SGD has --momentum");
+  if (o.betas.size() != 2)
+    usage_error("--betas takes two numbers, e.g. --betas 0.9 0.999 (got " + std::to_string(o.betas.size()) + ")");
+  if (o.nesterov && o.momentum <= 0) usage_error("--nesterov needs --momentum above 0 (as torch.optim.SGD)");
+  if (!o.weight_decay_given) o.weight_decay = o.optimizer == "adamw" ? 0.01 : 0.0;  // torch.optim's defaults
+  if (o.lr_schedule != "step" && (o.lr_step_size != 0 || o.lr_gamma != 0.1))
+    usage_error("--lr-step-size and --lr-gamma belong to --lr-schedule step");
+  // Outputs: found unwritable now, not after training.
+  if (o.per_stage_files && !world().mpi)
+    usage_error("--per-stage-files is for mpirun, where each stage writes its own file; in one process --save "
+                "writes the whole model");
+  if (!o.save.empty() && !o.per_stage_files) or_usage_error("--save", [&] { check_writable(o.save); return 0; });
+  if (!o.trace.empty()) or_usage_error("--trace", [&] { check_writable(o.trace); return 0; });
 }
 
 // Layers per stage: --balance, --balance-by's min-max cut of measured costs, or an even cut.
@@ -203,9 +319,6 @@ struct Cut {
 
 Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
   const int layers = model.layers, V = o.virtual_stages;
-  if (V > 1 && o.stages * V > layers)
-    usage_error("--stages " + std::to_string(o.stages) + " x --virtual-stages " + std::to_string(V) +
-                " is more than the model's " + std::to_string(layers) + " layers");
   Cut cut;
   if (!o.balance.empty()) {
     or_usage_error("--balance", [&] { check_balance(o.balance, layers); return 0; });
@@ -219,9 +332,10 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
     cut.balance = o.balance;
     return cut;
   }
-  if (o.stages > layers)
-    usage_error("--stages " + std::to_string(o.stages) + " is more than the model's " + std::to_string(layers) +
-                " layers; use --stages 1.." + std::to_string(layers));
+  if (o.stages * V > layers)
+    usage_error("--stages " + std::to_string(o.stages) + (V > 1 ? " x --virtual-stages " + std::to_string(V) : "") +
+                " is more than the model's " + std::to_string(layers) + " layers; use at most " +
+                std::to_string(layers / V) + " stages");
   if (o.balance_by.empty()) {
     const bool cnn_on_two = o.model_file.empty() && o.stages == 2;
     cut.balance = cnn_on_two && V == 1   ? kFashionBalance
@@ -230,12 +344,16 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
     return cut;
   }
   // --balance-by: per-layer costs on one micro-batch, then the exact min-max cut.
-  const torch::nn::Sequential whole = model.build(LayerRange{});
+  torch::nn::Sequential whole;
+  {
+    const RandomStateGuard guard;
+    whole = model.build(LayerRange{});
+  }
   const int64_t N = data.train.input.size(0);
   const torch::Tensor sample = data.train.input.narrow(0, 0, chunk_sizes(std::min(o.batch_size, N), o.micro_batches).front());
   const std::vector<double> costs = o.balance_by == "params" ? parameter_costs(whole)
                                     : o.balance_by == "time" ? time_costs(whole, sample, o.threads)
-                                                             : memory_costs(whole, sample, o.optimizer == "adam" ? 3.0 : 2.0);
+                                                             : memory_costs(whole, sample, o.optimizer == "sgd" ? 2.0 : 3.0);
   cut.balance = balance_by_cost(costs, o.stages);
   const PartitionPlan plan = plan_partition(costs, cut.balance, o.micro_batches);
   const std::string unit = o.balance_by == "params" ? "parameters" : o.balance_by == "time" ? "s" : "bytes";
@@ -246,17 +364,30 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
   return cut;
 }
 
-std::unique_ptr<Engine> start_engine(const TrainOptions& o, const Model& model, const Cut& cut) {
-  return or_usage_error("--stages", [&] {
-    return make_engine(model.build, model.layers,
-                       PipelineOptions()
-                           .balance(cut.balance)
-                           .chunks(o.micro_batches)
-                           .checkpoint(parse_checkpoint(o.checkpoint))
-                           .schedule(parse_schedule(o.schedule))
-                           .virtual_stages(o.virtual_stages)
-                           .threads_per_stage(o.threads));
-  });
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& o,
+                                                        const std::vector<torch::Tensor>& params) {
+  namespace optim = torch::optim;
+  if (o.optimizer == "sgd")
+    return std::make_unique<optim::SGD>(
+        params, optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
+  const auto betas = std::make_tuple(o.betas[0], o.betas[1]);
+  if (o.optimizer == "adamw")
+    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions(o.lr).betas(betas).weight_decay(o.weight_decay));
+  return std::make_unique<optim::Adam>(params, optim::AdamOptions(o.lr).betas(betas).weight_decay(o.weight_decay));
+}
+
+// The learning rate of optimizer step `step` (0-based) over `total` steps: --lr times a warm-up
+// (step + 1) / W for the first W steps, then the schedule's factor, as LambdaLR applies it.
+double learning_rate(const TrainOptions& o, int64_t step, int64_t total, int64_t step_size) {
+  const int64_t W = o.warmup_steps;
+  if (step < W) return o.lr * static_cast<double>(step + 1) / static_cast<double>(W);
+  const double t = static_cast<double>(step - W);
+  if (o.lr_schedule == "cosine") {
+    const double span = static_cast<double>(std::max<int64_t>(1, total - W));
+    return o.lr * 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, t / span)));
+  }
+  if (o.lr_schedule == "step") return o.lr * std::pow(o.lr_gamma, std::floor(t / static_cast<double>(step_size)));
+  return o.lr;
 }
 
 // ---------------------------------------------------------------- progress
@@ -302,26 +433,6 @@ class Progress {
   bool enabled_;
 };
 
-// ---------------------------------------------------------------- checkpoints
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& o,
-                                                        const std::vector<torch::Tensor>& params) {
-  if (o.optimizer == "sgd")
-    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.lr).momentum(0.9));
-  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr));
-}
-
-torch::Tensor generator_state(const at::Generator& generator) {
-  at::Generator g = generator;
-  return g.get_state();
-}
-
-// Under MPI each stage has its own checkpoint file: PATH.stage<j>-of-<K>.
-std::string stage_file(const std::string& path, int stage, int stages) {
-  if (!world().mpi) return path;
-  return path + ".stage" + std::to_string(stage) + "-of-" + std::to_string(stages);
-}
-
 // ---------------------------------------------------------------- test faults
 
 // A test-only switch, GPIPE_TEST_FAULT: "throw:STEP" makes the loss throw in
@@ -349,51 +460,84 @@ Fault test_fault() {
   return f;
 }
 
+torch::Tensor generator_state(const at::Generator& generator) {
+  at::Generator g = generator;
+  return g.get_state();
+}
+
 // ---------------------------------------------------------------- the run
 
 // One training run: the engine, its optimizer, where the run stands, and what it measured.
 class Run {
  public:
   Run(const TrainOptions& o, const Model& model, const Data& data, const Cut& cut)
-      : o_(o), model_(model), data_(data), cut_(cut), engine_(start_engine(o, model, cut)),
+      : o_(o), model_(model), data_(data), cut_(cut),
+        engine_(make_engine(model.build, model.layers,
+                            PipelineOptions()
+                                .balance(cut.balance)
+                                .chunks(o.micro_batches)
+                                .checkpoint(parse_checkpoint(o.checkpoint))
+                                .schedule(parse_schedule(o.schedule))
+                                .virtual_stages(o.virtual_stages)
+                                .threads_per_stage(o.threads))),
         optimizer_(make_optimizer(o, engine_->parameters())), shuffle_(at::detail::createCPUGenerator(o.seed)) {
-    K_ = static_cast<int>(cut.balance.size()) / o.virtual_stages;
-    stage_ = world().rank % K_;
+    K_ = engine_->schedule().devices;
+    device_ = world().rank % K_;
     N_ = data.train.input.size(0);
-    // A last batch too small to split into M micro-batches is left out of every epoch.
-    steps_per_epoch_ = N_ / o.batch_size + (N_ % o.batch_size >= o.micro_batches ? 1 : 0);
+    // A last batch smaller than --batch-size is kept (as PyTorch's DataLoader), unless --drop-last.
+    steps_per_epoch_ = o.drop_last ? N_ / o.batch_size : (N_ + o.batch_size - 1) / o.batch_size;
+    if (steps_per_epoch_ == 0)
+      usage_error("--drop-last with --batch-size " + std::to_string(o.batch_size) + " and " + std::to_string(N_) +
+                  " training samples leaves no step; use a smaller batch");
     total_steps_ = o.steps > 0 ? std::min(o.steps, steps_per_epoch_ * o.epochs) : steps_per_epoch_ * o.epochs;
+    lr_step_size_ = o.lr_step_size > 0 ? o.lr_step_size : steps_per_epoch_;
   }
 
   void resume() {
     if (o_.resume.empty()) return;
-    for (int j = 0; j < (world().mpi ? K_ : 1); ++j)
-      if (!std::filesystem::is_regular_file(stage_file(o_.resume, j, K_)))
-        usage_error("--resume: no such file: " + stage_file(o_.resume, j, K_) +
-                    (world().mpi ? " (each stage has its own file; resume with the K of the run that saved)" : ""));
-    const TrainState state = or_usage_error("--resume", [&] {
-      return load_checkpoint(stage_file(o_.resume, stage_, K_), saved(), *optimizer_, o_.optimizer);
-    });
-    shuffle_.set_state(state.shuffle_state);
-    at::Generator random = at::globalContext().defaultGenerator(torch::kCPU);
-    random.set_state(state.random_state);
-    if (!engine_->same_everywhere(static_cast<double>(state.step)))
-      usage_error("--resume: the stage files of " + o_.resume + " are from different steps (this rank's, " +
-                  stage_file(o_.resume, stage_, K_) + ", from step " + std::to_string(state.step) +
+    const std::string path = checkpoint_file(o_.resume);
+    if (!std::filesystem::is_regular_file(path))
+      usage_error("--resume: no such file: " + path +
+                  (o_.per_stage_files ? " (each stage has its own file; resume with the K of the run that saved)" : ""));
+    // Every rank reads the checkpoint and takes what it holds; all of them refuse it, or none.
+    std::string error;
+    Restored r;
+    try {
+      r = load_checkpoint(path, engine_->layers(), *optimizer_, o_.optimizer, model_.script.has_value());
+    } catch (const std::exception& e) {
+      error = what_of(e);
+    }
+    const double refusing = engine_->max(error.empty() ? -1.0 : static_cast<double>(world().rank));
+    if (!error.empty()) usage_error("--resume: " + error);
+    if (refusing >= 0)
+      usage_error("--resume: rank " + std::to_string(static_cast<int>(refusing)) + " refused " + path +
+                  " (its message says why)");
+    // Every parameter of the file was taken by some stage: it is this model's, not a larger one's.
+    const double taken = engine_->sum(engine_->replica() == 0 ? static_cast<double>(r.parameters_taken) : 0.0);
+    const int64_t expected = o_.per_stage_files ? r.parameters_taken : static_cast<int64_t>(taken);
+    if (r.parameters_in_file != expected)
+      usage_error("--resume: " + path + " is a checkpoint of another model: it holds " +
+                  std::to_string(r.parameters_in_file) + " parameters, this model " + std::to_string(expected));
+    if (!engine_->same_everywhere(static_cast<double>(r.state.step)))
+      usage_error("--resume: the stage files of " + o_.resume + " are from different steps (this rank's, " + path +
+                  ", from step " + std::to_string(r.state.step) +
                   "); a run stopped while saving: resume from another checkpoint");
-    step_ = start_step_ = state.step;
+    shuffle_.set_state(r.state.shuffle_state);
+    at::Generator random = at::globalContext().defaultGenerator(torch::kCPU);
+    random.set_state(r.state.random_state);
+    step_ = start_step_ = saved_at_ = r.state.step;
   }
 
   void print_header() const {
     if (!printing()) return;
+    const std::string devices = std::to_string(K_) + (K_ == 1 ? " device" : " devices");
     std::cout << "gpipe train: " << model_.name << " on " << (o_.data_file.empty() ? "Fashion-MNIST" : o_.data_file)
               << ", " << N_ << " training samples; "
-              << (o_.virtual_stages > 1 ? std::to_string(K_) + " devices x " + std::to_string(o_.virtual_stages) +
-                                              " stages "
-                                        : std::to_string(K_) + " stages ")
-              << nlohmann::json(cut_.balance).dump()
-              << ", " << o_.micro_batches << " micro-batches of a batch of " << o_.batch_size << ", schedule "
-              << o_.schedule << ", checkpoint " << o_.checkpoint << ", " << o_.optimizer << " lr " << o_.lr
+              << (o_.virtual_stages > 1 ? devices + " x " + std::to_string(o_.virtual_stages) + " stages "
+                                        : std::to_string(K_) + (K_ == 1 ? " stage " : " stages "))
+              << nlohmann::json(cut_.balance).dump() << ", " << o_.micro_batches << " micro-batches of a batch of "
+              << o_.batch_size << ", schedule " << o_.schedule << ", checkpoint " << o_.checkpoint << ", "
+              << o_.optimizer << " lr " << o_.lr << (o_.lr_schedule != "constant" ? " (" + o_.lr_schedule + ")" : "")
               << (world().mpi ? ", " + engine_->describe() : "")
               << (o_.resume.empty() ? "" : ", resumed at step " + std::to_string(start_step_)) << "\n";
   }
@@ -402,9 +546,9 @@ class Run {
     Progress progress(o_.epochs, steps_per_epoch_, world().prints());
     for (int epoch = static_cast<int>(step_ / steps_per_epoch_) + 1; step_ < total_steps_; ++epoch) {
       epoch_start_shuffle_ = generator_state(shuffle_);
-      const torch::Tensor order = torch::randperm(N_, shuffle_, torch::kLong);
+      const torch::Tensor order = o_.shuffle ? torch::randperm(N_, shuffle_, torch::kLong) : torch::arange(N_);
       for (int64_t b = step_ % steps_per_epoch_; b < steps_per_epoch_ && step_ < total_steps_; ++b) {
-        train_step(order.narrow(0, b * o_.batch_size, std::min(o_.batch_size, N_ - b * o_.batch_size)));
+        train_step(order.narrow(0, b * o_.batch_size, std::min(o_.batch_size, N_ - b * o_.batch_size)), epoch);
         progress.update(epoch, b + 1, last_loss_, static_cast<double>(samples_) / train_seconds_,
                         static_cast<double>(total_steps_ - step_) * train_seconds_ /
                             static_cast<double>(step_ - start_step_));
@@ -413,51 +557,52 @@ class Run {
       report(epoch);
       save();
     }
-    if (!o_.trace.empty() && samples_ > 0 && world().prints()) write_trace(last_trace_, o_.trace);
     save();
   }
 
-  void print_summary() {
-    const double checksum = engine_->checksum();
-    if (!world().prints()) return;
-    const nlohmann::json s = summary(checksum);
-    if (o_.json) {
-      std::cout << s.dump(2) << std::endl;
-      return;
+  // The trace, the summary; returns the exit status (1 if an output could not be written).
+  int finish() {
+    if (step_ == start_step_) evaluation_ = evaluate();  // no step ran: say what the restored model does
+    int status = 0;
+    if (!o_.trace.empty() && world().prints()) {
+      if (step_ == start_step_) {
+        print_error_line("gpipe: --trace: no step ran, so there is no timeline to write");
+      } else {
+        try {
+          write_trace(last_trace_, o_.trace);
+        } catch (const std::exception& e) {  // the summary still comes
+          print_error_line("gpipe: --trace: " + std::string(e.what()).substr(std::string("gpipe: ").size()));
+          status = 1;
+        }
+      }
     }
-    const std::string& eval = data_.eval.name;
-    std::cout << "\nsummary\n";
-    if (data_.classification)
-      std::cout << "  " << eval << " accuracy  " << std::fixed << std::setprecision(2) << 100 * evaluation_.accuracy
-                << "%\n";
-    else
-      std::cout << "  " << eval << " loss  " << std::fixed << std::setprecision(6) << evaluation_.loss << "\n";
-    std::cout << "  training time  " << std::fixed << std::setprecision(1) << train_seconds_ << " s ("
-              << step_ - start_step_ << " steps)\n"
-              << "  throughput     " << std::setprecision(0) << s["samples_per_s"].get<double>() << " samples/s\n"
-              << "  bubble         " << std::setprecision(1) << 100 * s["bubble"].get<double>()
-              << "% of stage time idle (measured)\n"
-              << "  partition      ";
-    for (size_t j = 0; j < cut_.balance.size(); ++j)
-      std::cout << (j ? " | " : "") << "stage " << j
-                << (o_.virtual_stages > 1 ? " (device " + std::to_string(j % static_cast<size_t>(K_)) + ")" : "")
-                << ": " << cut_.balance[j] << (cut_.balance[j] == 1 ? " layer" : " layers");
-    std::cout << std::endl;
-    if (!o_.save.empty())
-      std::cout << "  saved to       "
-                << (world().mpi ? stage_file(o_.save, 0, K_) + " .. " + stage_file(o_.save, K_ - 1, K_) : o_.save)
-                << std::endl;
+    const double checksum = engine_->checksum();
+    if (!world().prints()) return status;
+    print_summary(checksum);
+    std::cout.flush();
+    if (!std::cout) {
+      const int error = errno;
+      print_error_line(std::string("gpipe: cannot write to standard output: ") +
+                       (error != 0 ? std::strerror(error) : "write error"));
+      return 1;
+    }
+    return status;
   }
 
  private:
   bool printing() const { return world().prints() && !o_.json; }
 
-  // What --save and --resume hold: the whole model in one process, this rank's stage under MPI.
-  ModelSource saved() const {
-    return world().mpi ? ModelSource{engine_->layers(), std::nullopt} : ModelSource{engine_->layers(), model_.script};
+  // Under MPI with --per-stage-files each device writes PATH.stage<j>-of-<K>; otherwise one file.
+  std::string checkpoint_file(const std::string& path) const {
+    if (!o_.per_stage_files) return path;
+    return path + ".stage" + std::to_string(device_) + "-of-" + std::to_string(K_);
   }
 
-  void train_step(const torch::Tensor& rows) {
+  Evaluation evaluate() {
+    return engine_->evaluate(data_.eval.input, data_.eval.target, data_.loss, data_.classification);
+  }
+
+  void train_step(const torch::Tensor& rows, int epoch) {
     const torch::Tensor x = data_.train.input.index_select(0, rows);
     const torch::Tensor y = data_.train.target.index_select(0, rows);
     if (fault_.kind == "exit" && fault_.rank == world().rank && fault_.step == step_) std::_Exit(3);
@@ -466,11 +611,24 @@ class Run {
     };
     const int64_t begin = now_ns();
     clear_grads(engine_->parameters());
-    last_loss_ = engine_->train_step(x, y, fault_.kind == "throw" && fault_.step == step_ ? faulty : data_.loss)
-                     .item<double>();
+    const double loss =
+        engine_->train_step(x, y, fault_.kind == "throw" && fault_.step == step_ ? faulty : data_.loss).item<double>();
+    // The loss is the same on every rank: all stop together, before the update, the parameters as they were.
+    if (!std::isfinite(loss))
+      throw std::runtime_error("gpipe: the loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") +
+                               " in step " + std::to_string(step_ + 1) + " (epoch " + std::to_string(epoch) +
+                               "): training stops with the parameters of step " + std::to_string(step_) +
+                               (saved_at_ >= 0 ? ", and the last checkpoint (step " + std::to_string(saved_at_) +
+                                                     ") is kept"
+                                               : "") +
+                               "; lower --lr, or add --clip-grad-norm");
+    if (o_.clip_grad_norm > 0) engine_->clip_gradients(o_.clip_grad_norm);
+    const double lr = learning_rate(o_, step_, total_steps_, lr_step_size_);
+    for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
     optimizer_->step();
     train_seconds_ += static_cast<double>(now_ns() - begin) * 1e-9;
-    if (samples_ == 0) first_loss_ = last_loss_;
+    if (samples_ == 0) first_loss_ = loss;
+    last_loss_ = loss;
     bubble_sum_ += engine_->bubble();
     if (!o_.trace.empty() && step_ + 1 == total_steps_) last_trace_ = engine_->trace();
     samples_ += x.size(0);
@@ -478,7 +636,7 @@ class Run {
   }
 
   void report(int epoch) {
-    evaluation_ = engine_->evaluate(data_.eval.input, data_.eval.target, data_.loss, data_.classification);
+    evaluation_ = evaluate();
     const std::string& eval = data_.eval.name;
     epochs_.push_back({{"epoch", epoch}, {"step", step_}, {"loss", last_loss_}, {eval + "_loss", evaluation_.loss}});
     if (data_.classification) epochs_.back()[eval + "_accuracy"] = evaluation_.accuracy;
@@ -491,14 +649,72 @@ class Run {
     std::cout << std::endl;
   }
 
+  // Writes the checkpoint: one file gathered from every stage (the first rank writes it), or with
+  // --per-stage-files one per device. Never one holding NaN or infinite values.
   void save() {
     if (o_.save.empty() || saved_at_ == step_) return;
+    if (!engine_->all_finite())
+      throw std::runtime_error("gpipe: the parameters hold NaN or infinite values at step " + std::to_string(step_) +
+                               ": no checkpoint is written for it" +
+                               (saved_at_ >= 0 ? " (the one of step " + std::to_string(saved_at_) + " is kept)" : "") +
+                               "; lower --lr, or add --clip-grad-norm");
     saved_at_ = step_;
-    if (engine_->replica() != 0) return;  // replicas hold the same parameters
     // The shuffling state from which the epoch of the next step is drawn.
     const TrainState now{step_, step_ % steps_per_epoch_ == 0 ? generator_state(shuffle_) : epoch_start_shuffle_,
                          generator_state(at::globalContext().defaultGenerator(torch::kCPU))};
-    save_checkpoint(stage_file(o_.save, stage_, K_), saved(), *optimizer_, o_.optimizer, now);
+    const bool holds = engine_->replica() == 0;  // replicas hold the same parameters
+    if (o_.per_stage_files) {
+      if (holds)
+        save_checkpoint(checkpoint_file(o_.save), {encode_part(engine_->layers(), *optimizer_)}, engine_->layers(),
+                        std::nullopt, o_.optimizer, now);
+      return;
+    }
+    const std::vector<std::string> parts = engine_->gather(holds ? encode_part(engine_->layers(), *optimizer_) : "");
+    if (!engine_->root()) return;
+    // A TorchScript file is the script module with every stage's values: under MPI the first rank's
+    // copy of the whole model (its layers share that module's tensors) takes them before it is written.
+    torch::nn::Sequential whole = engine_->layers();
+    if (world().mpi && model_.script) {
+      const RandomStateGuard guard;
+      whole = model_.build(LayerRange{});
+    }
+    save_checkpoint(o_.save, parts, whole, model_.script, o_.optimizer, now);
+  }
+
+  void print_summary(double checksum) {
+    const nlohmann::json s = summary(checksum);
+    if (o_.json) {
+      std::cout << s.dump(2) << std::endl;
+      return;
+    }
+    const std::string& eval = data_.eval.name;
+    const int64_t run_steps = step_ - start_step_;
+    std::cout << "\nsummary\n";
+    if (run_steps == 0)
+      std::cout << "  no step ran: the checkpoint is at step " << step_ << ", and the run ends at step "
+                << total_steps_ << "\n";
+    if (data_.classification)
+      std::cout << "  " << eval << " accuracy  " << std::fixed << std::setprecision(2) << 100 * evaluation_.accuracy
+                << "%\n";
+    else
+      std::cout << "  " << eval << " loss  " << std::fixed << std::setprecision(6) << evaluation_.loss << "\n";
+    std::cout << "  training time  " << std::fixed << std::setprecision(1) << train_seconds_ << " s (" << run_steps
+              << " steps)\n"
+              << "  throughput     " << std::setprecision(0) << s["samples_per_s"].get<double>() << " samples/s\n"
+              << "  bubble         " << std::setprecision(1) << 100 * s["bubble"].get<double>()
+              << "% of stage time idle (measured)\n"
+              << "  partition      ";
+    for (size_t j = 0; j < cut_.balance.size(); ++j)
+      std::cout << (j ? " | " : "") << "stage " << j
+                << (o_.virtual_stages > 1 ? " (device " + std::to_string(j % static_cast<size_t>(K_)) + ")" : "")
+                << ": " << cut_.balance[j] << (cut_.balance[j] == 1 ? " layer" : " layers");
+    std::cout << std::endl;
+    if (!o_.save.empty())
+      std::cout << "  saved to       "
+                << (o_.per_stage_files ? o_.save + ".stage0-of-" + std::to_string(K_) + " .. " + o_.save + ".stage" +
+                                             std::to_string(K_ - 1) + "-of-" + std::to_string(K_)
+                                       : o_.save)
+                << std::endl;
   }
 
   nlohmann::json summary(double checksum) const {
@@ -516,14 +732,17 @@ class Run {
         stages.back()["modules"] = names;
       }
     }
+    const nlohmann::json none;  // null: no step ran, so no loss was measured
     nlohmann::json s = {{"evaluated_on", eval},
                         {eval + "_loss", evaluation_.loss},
-                        {"first_loss", first_loss_},
-                        {"final_loss", last_loss_},
+                        {"first_loss", run_steps > 0 ? nlohmann::json(first_loss_) : none},
+                        {"final_loss", run_steps > 0 ? nlohmann::json(last_loss_) : none},
+                        {"no_step_ran", run_steps == 0},
                         {"train_seconds", train_seconds_},
                         {"samples_per_s", train_seconds_ > 0 ? static_cast<double>(samples_) / train_seconds_ : 0.0},
                         {"steps", step_},
                         {"steps_this_run", run_steps},
+                        {"steps_per_epoch", steps_per_epoch_},
                         {"epochs", epochs_},
                         {"stages", K_},
                         {"balance", cut_.balance},
@@ -534,12 +753,24 @@ class Run {
                         {"schedule", o_.schedule},
                         {"virtual_stages", o_.virtual_stages},
                         {"batch_size", o_.batch_size},
+                        {"drop_last", o_.drop_last},
+                        {"shuffle", o_.shuffle},
                         {"optimizer", o_.optimizer},
                         {"lr", o_.lr},
+                        {"lr_schedule", o_.lr_schedule},
+                        {"warmup_steps", o_.warmup_steps},
+                        {"weight_decay", o_.weight_decay},
+                        {"clip_grad_norm", o_.clip_grad_norm},
                         {"seed", o_.seed},
                         {"bubble", run_steps > 0 ? bubble_sum_ / static_cast<double>(run_steps) : 0.0},
                         {"parameter_checksum", checksum},
                         {"machine", machine()}};
+    if (o_.optimizer == "sgd") {
+      s["momentum"] = o_.momentum;
+      s["nesterov"] = o_.nesterov;
+    } else {
+      s["betas"] = o_.betas;
+    }
     if (world().mpi) s["mpi"] = {{"ranks", world().size}, {"replicas", world().size / K_}};
     if (data_.classification) s[eval + "_accuracy"] = evaluation_.accuracy;
     return s;
@@ -554,10 +785,11 @@ class Run {
   torch::Generator shuffle_;
   const Fault fault_ = test_fault();
   int K_ = 1;
-  int stage_ = 0;  // this rank's device under MPI
+  int device_ = 0;  // this rank's device under MPI
   int64_t N_ = 0;
   int64_t steps_per_epoch_ = 1;
   int64_t total_steps_ = 0;
+  int64_t lr_step_size_ = 1;
 
   int64_t start_step_ = 0, step_ = 0, samples_ = 0, saved_at_ = -1;
   double train_seconds_ = 0, bubble_sum_ = 0, first_loss_ = 0, last_loss_ = 0;
@@ -573,11 +805,15 @@ nlohmann::json settings_of(const TrainOptions& o) {
           {"--loss", o.loss},             {"--stages", o.stages},         {"--balance", o.balance},
           {"--balance-by", o.balance_by}, {"--micro-batches", o.micro_batches}, {"--checkpoint", o.checkpoint},
           {"--schedule", o.schedule},     {"--virtual-stages", o.virtual_stages},
-          {"--batch-size", o.batch_size}, {"--epochs", o.epochs},         {"--steps", o.steps},
-          {"--optimizer", o.optimizer},   {"--lr", o.lr},                 {"--seed", o.seed},
+          {"--batch-size", o.batch_size}, {"--drop-last", o.drop_last},   {"--no-shuffle", !o.shuffle},
+          {"--epochs", o.epochs},         {"--steps", o.steps},           {"--optimizer", o.optimizer},
+          {"--lr", o.lr},                 {"--momentum", o.momentum},     {"--nesterov", o.nesterov},
+          {"--weight-decay", o.weight_decay}, {"--betas", o.betas},       {"--lr-schedule", o.lr_schedule},
+          {"--warmup-steps", o.warmup_steps}, {"--lr-step-size", o.lr_step_size}, {"--lr-gamma", o.lr_gamma},
+          {"--clip-grad-norm", o.clip_grad_norm}, {"--seed", o.seed_text},
           {"--threads-per-stage", o.threads}, {"--train-samples", o.train_samples},
           {"--test-samples", o.test_samples}, {"--save", o.save},         {"--resume", o.resume},
-          {"--trace", o.trace},           {"--json", o.json}};
+          {"--per-stage-files", o.per_stage_files}, {"--trace", o.trace}, {"--json", o.json}};
 }
 
 int run(TrainOptions o) {
@@ -586,13 +822,13 @@ int run(TrainOptions o) {
   check_flags(o);
   const Model model = choose_model(o);
   const Data data = load_data(o);
+  check_targets(model, data);
   const Cut cut = choose_cut(o, model, data);
   Run run(o, model, data, cut);
   run.resume();
   run.print_header();
   run.train();
-  run.print_summary();
-  return 0;
+  return run.finish();
 }
 
 }  // namespace
@@ -612,17 +848,19 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--loss", o->loss, "cross_entropy (integer class targets) or mse (mean reduction)")
       ->check(CLI::IsMember({"cross_entropy", "mse"}))->capture_default_str();
   sub->add_option("--stages", o->stages,
-                  "number of pipeline stages K (the built-in CNN is cut {3, 8} for K=2; otherwise evenly); "
-                  "under mpirun -np N, one rank per stage and N/K pipeline replicas")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  sub->add_option("--balance", o->balance, "layers per stage, e.g. --balance 3 8 (overrides the cut)");
+                  "K, the number of devices (with --schedule interleaved each runs V stages); the built-in CNN on "
+                  "2 is cut {3, 1, 2, 5} interleaved, or {3, 8}; otherwise evenly; under mpirun -np N, one rank per "
+                  "device and N/K pipeline replicas")
+      ->check(at_least(1))->capture_default_str();
+  sub->add_option("--balance", o->balance, "layers per stage, K x V entries, e.g. --balance 3,8 (overrides the cut)")
+      ->delimiter(',')->check(at_least(1));
   sub->add_option("--balance-by", o->balance_by,
                   "cut the --stages stages by per-layer cost on one micro-batch: params (parameter counts), "
                   "time (profiled forward+backward) or memory (activations kept, parameters, gradients, "
                   "optimizer state); the exact min-max cut, printed with its predicted step")
       ->check(CLI::IsMember({"params", "time", "memory"}));
   sub->add_option("--micro-batches", o->micro_batches, "micro-batches M per mini-batch")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(at_least(1))->capture_default_str();
   sub->add_option("--checkpoint", o->checkpoint,
                   "re-materialization: always, except_last or never (the CNN's activations are small)")
       ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
@@ -635,42 +873,68 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--virtual-stages", o->virtual_stages,
                   "V, stages per device for --schedule interleaved (default 2): the model is cut into K x V stages, "
                   "stage s on device s mod K")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   sub->add_option("--batch-size", o->batch_size, "samples per mini-batch (one optimizer step)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  sub->add_option("--epochs", o->epochs, "passes over the training set")->check(CLI::PositiveNumber)
-      ->capture_default_str();
+      ->check(at_least(1))->capture_default_str();
+  sub->add_flag("--drop-last", o->drop_last,
+                "leave out each epoch's last batch when it is smaller than --batch-size (kept by default, as "
+                "PyTorch's DataLoader keeps it)");
+  sub->add_flag("--no-shuffle{false}", o->shuffle, "take the samples in their order every epoch, instead of shuffled");
+  sub->add_option("--epochs", o->epochs, "passes over the training set")->check(at_least(1))->capture_default_str();
   sub->add_option("--steps", o->steps, "stop after this many optimizer steps in all, resumed ones included (0: no limit)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  sub->add_option("--optimizer", o->optimizer, "sgd (momentum 0.9) or adam")
-      ->check(CLI::IsMember({"sgd", "adam"}))->capture_default_str();
-  const CLI::Validator positive(
-      [](std::string& text) {
-        double value = 0;
-        if (!CLI::detail::lexical_cast(text, value) || !(value > 0))
-          return "must be a positive number (got " + text + ")";
-        return std::string();
-      },
-      "POSITIVE");
-  sub->add_option("--lr", o->lr, "learning rate")->check(positive)->capture_default_str();
-  sub->add_option("--seed", o->seed, "seed of the model, the shuffling and dropout")->capture_default_str();
-  sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each stage")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(at_least(0))->capture_default_str();
+  sub->add_option("--optimizer", o->optimizer, "sgd, adam or adamw (torch.optim's)")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))->capture_default_str();
+  sub->add_option("--lr", o->lr, "learning rate")->check(positive_number())->capture_default_str();
+  sub->add_option("--momentum", o->momentum, "SGD's momentum (as torch.optim.SGD: default 0)")
+      ->check(non_negative_number())->capture_default_str();
+  sub->add_flag("--nesterov", o->nesterov, "SGD with Nesterov momentum (needs --momentum above 0)");
+  sub->add_option("--weight-decay", o->weight_decay,
+                  "L2 penalty (SGD, Adam) or decoupled weight decay (AdamW); default 0, and 0.01 for adamw, as "
+                  "torch.optim")
+      ->check(non_negative_number());
+  sub->add_option("--betas", o->betas, "Adam's and AdamW's two betas, e.g. --betas 0.9,0.999")
+      ->expected(2)->delimiter(',')->check(fraction_below_one());
+  sub->add_option("--lr-schedule", o->lr_schedule,
+                  "constant; cosine (from --lr down to 0 over the run); step (times --lr-gamma every "
+                  "--lr-step-size steps); after --warmup-steps of linear warm-up")
+      ->check(CLI::IsMember({"constant", "cosine", "step"}))->capture_default_str();
+  sub->add_option("--warmup-steps", o->warmup_steps, "steps of linear warm-up: step t runs at --lr x (t+1)/W")
+      ->check(at_least(0))->capture_default_str();
+  sub->add_option("--lr-step-size", o->lr_step_size, "--lr-schedule step: steps between decays (default: one epoch)")
+      ->check(at_least(1));
+  sub->add_option("--lr-gamma", o->lr_gamma, "--lr-schedule step: the factor of each decay")
+      ->check(positive_number())->capture_default_str();
+  sub->add_option("--clip-grad-norm", o->clip_grad_norm,
+                  "scale the gradient down to this L2 norm when it is larger: the norm of the whole model's "
+                  "gradient, over every stage and rank, as torch.nn.utils.clip_grad_norm_ on one device")
+      ->check(positive_number());
+  sub->add_option("--seed", o->seed_text, "seed of the model, the shuffling and dropout (0 to 2^64-1)")
+      ->capture_default_str();
+  sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each stage (at most the machine's cores)")
+      ->check(at_least(1))->capture_default_str();
   sub->add_option("--train-samples", o->train_samples, "use only the first N training samples (0: all)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(at_least(0))->capture_default_str();
   sub->add_option("--test-samples", o->test_samples, "use only the first N Fashion-MNIST test images (0: all)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(at_least(0))->capture_default_str();
   sub->add_option("--save", o->save,
                   "write a checkpoint (model, optimizer, step, random states) after every epoch and at the end, "
-                  "whole or not at all; with --model it is TorchScript that torch.jit.load reads; under mpirun each "
-                  "stage writes FILE.stage<j>-of-<K> (a pickled dict)");
-  sub->add_option("--resume", o->resume, "continue from a checkpoint written by --save (same model and optimizer; under mpirun the same K)");
+                  "whole or not at all; with --model it is TorchScript that torch.jit.load reads; under mpirun the "
+                  "first rank gathers every stage into this one file");
+  sub->add_option("--resume", o->resume,
+                  "continue from a checkpoint written by --save, with the same model and optimizer and any "
+                  "--stages, schedule or number of ranks");
+  sub->add_flag("--per-stage-files", o->per_stage_files,
+                "under mpirun, --save and --resume use one file per device, FILE.stage<j>-of-<K>, for models "
+                "too large to gather on one host (resume with the same K)");
   sub->add_option("--trace", o->trace,
                   "write the last training step's timeline: an SVG chart if FILE ends in .svg, otherwise "
                   "Chrome-trace JSON (open it in Perfetto)");
   sub->add_flag("--json", o->json, "print the summary as JSON on standard output (progress stays on standard error)");
   sub->callback([o, sub, &status] {
     o->stages_given = sub->count("--stages") > 0;
+    o->weight_decay_given = sub->count("--weight-decay") > 0;
+    o->betas_given = sub->count("--betas") > 0;
     status = run(*o);
   });
 }

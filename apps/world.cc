@@ -49,7 +49,8 @@ void start_world(int* argc, char*** argv) {
   if (!launched_by_mpi()) return;
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
   environment() = std::make_unique<mpi::Environment>(argc, argv);
-  the_world() = World{environment()->rank(), environment()->size(), true};
+  // One rank is one process: it runs as without mpirun (threads, one checkpoint file).
+  the_world() = World{environment()->rank(), environment()->size(), environment()->size() > 1};
   MPI_Comm_dup(MPI_COMM_WORLD, &failure_comm());
 #else
   (void)argc;
@@ -62,19 +63,10 @@ void start_world(int* argc, char*** argv) {
 void check_same_settings(const nlohmann::json& settings) {
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
   if (!world().mpi) return;
-  const std::string mine = settings.dump();
-  const int size = world().size;
-  int length = static_cast<int>(mine.size());
-  std::vector<int> lengths(static_cast<size_t>(size));
-  MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  std::vector<int> offsets(static_cast<size_t>(size), 0);
-  for (int r = 1; r < size; ++r) offsets[static_cast<size_t>(r)] = offsets[static_cast<size_t>(r) - 1] + lengths[static_cast<size_t>(r) - 1];
-  std::string all(static_cast<size_t>(offsets.back() + lengths.back()), '\0');
-  MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, MPI_COMM_WORLD);
-  const nlohmann::json first = nlohmann::json::parse(all.substr(0, static_cast<size_t>(lengths[0])));
-  for (int r = 1; r < size; ++r) {
-    const nlohmann::json theirs =
-        nlohmann::json::parse(all.substr(static_cast<size_t>(offsets[static_cast<size_t>(r)]), static_cast<size_t>(lengths[static_cast<size_t>(r)])));
+  const std::vector<std::string> all = mpi::all_gather(MPI_COMM_WORLD, settings.dump());
+  const nlohmann::json first = nlohmann::json::parse(all[0]);
+  for (int r = 1; r < static_cast<int>(all.size()); ++r) {
+    const nlohmann::json theirs = nlohmann::json::parse(all[static_cast<size_t>(r)]);
     for (const auto& [key, value] : first.items())
       GPIPE_CHECK(theirs.contains(key) && theirs[key] == value, "the ranks were started with different settings: rank 0 has ",
                   key, " = ", value.dump(), ", rank ", r, " has ", theirs.contains(key) ? theirs[key].dump() : "none",

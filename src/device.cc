@@ -10,6 +10,7 @@
 #include <malloc.h>
 #endif
 
+#include <atomic>
 #include <cstdlib>
 
 namespace gpipe {
@@ -73,14 +74,22 @@ bool set_blas_threads(int threads) {
   return true;
 }
 
+namespace {
+std::atomic<bool> memory_kept{false};
+}  // namespace
+
+bool freed_memory_kept() { return memory_kept.load(); }
+
 bool keep_freed_memory() {
 #if defined(__GLIBC__)
   static const bool changed = [] {
     for (const char* name : {"MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_"})
       if (std::getenv(name) != nullptr) return false;
     // All three: setting one alone turns off glibc's dynamic thresholds and is slower than none.
-    return mallopt(M_TRIM_THRESHOLD, 256 << 20) == 1 && mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 &&
-           mallopt(M_TOP_PAD, 64 << 20) == 1;
+    const bool done = mallopt(M_TRIM_THRESHOLD, 256 << 20) == 1 && mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 &&
+                      mallopt(M_TOP_PAD, 64 << 20) == 1;
+    memory_kept = done;
+    return done;
   }();
   return changed;
 #else

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace gpipe {
 namespace {
@@ -39,6 +40,7 @@ class ThreadEngine : public Engine {
   StepTrace trace() override { return pipe_.last_trace(); }
   double sum(double value) override { return value; }
   double max(double value) override { return value; }
+  std::vector<std::string> gather(const std::string& bytes) override { return {bytes}; }
   bool root() const override { return true; }
   int replica() const override { return 0; }
   std::string describe() const override {
@@ -80,6 +82,7 @@ class MpiEngine : public Engine {
   StepTrace trace() override { return pipe_.gather_trace(); }
   double sum(double value) override { return pipe_.sum(value); }
   double max(double value) override { return pipe_.max(value); }
+  std::vector<std::string> gather(const std::string& bytes) override { return pipe_.gather(bytes); }
   bool root() const override { return world_rank() == 0; }
   int replica() const override { return pipe_.placement().replica; }
   std::string describe() const override {
@@ -130,6 +133,39 @@ Evaluation Engine::evaluate(const torch::Tensor& input, const torch::Tensor& tar
 
 double Engine::checksum() { return sum(replica() == 0 ? local_checksum(parameters()) : 0.0); }
 
+double Engine::gradient_norm() {
+  double squares = 0;
+  if (replica() == 0)
+    for (const auto& p : parameters())
+      if (p.grad().defined()) {
+        const double norm = p.grad().detach().norm().item<double>();
+        squares += norm * norm;
+      }
+  return std::sqrt(sum(squares));
+}
+
+double Engine::clip_gradients(double max_norm) {
+  GPIPE_CHECK(max_norm > 0 && std::isfinite(max_norm), "the largest gradient norm must be a positive number (got ",
+              max_norm, ")");
+  const double norm = gradient_norm();
+  const double scale = max_norm / (norm + 1e-6);
+  if (scale < 1) {
+    torch::NoGradGuard no_grad;
+    for (auto p : parameters())
+      if (p.grad().defined()) p.mutable_grad().mul_(scale);
+  }
+  return norm;
+}
+
+bool Engine::all_finite(bool buffers) {
+  bool finite = true;
+  for (const auto& p : parameters()) finite = finite && torch::isfinite(p.detach()).all().item<bool>();
+  if (buffers)
+    for (const auto& b : layers()->buffers())
+      if (b.is_floating_point()) finite = finite && torch::isfinite(b).all().item<bool>();
+  return max(finite ? 0.0 : 1.0) == 0.0;
+}
+
 bool mpi_runtime() {
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
   int initialized = 0, finalized = 0;
@@ -177,17 +213,8 @@ std::unique_ptr<Engine> make_engine(const LayerBuilder& build, int layers, const
                 K, " stages; give one device per stage");
     device = options.devices()[static_cast<size_t>(place.stage)];
   }
-  // This rank's stages, d, d + K, ..., each built on its own so every layer starts as in one process.
-  torch::nn::Sequential mine;
-  for (int s = place.stage; s < static_cast<int>(balance.size()); s += K) {
-    const auto [first, last] = mpi::stage_layers(balance, s);
-    const torch::nn::Sequential part = build(LayerRange{first, last});
-    GPIPE_CHECK(static_cast<int>(part->size()) == last - first, "the layer builder made ", part->size(),
-                " layers for layers ", first, "..", last - 1, "; build the whole model and keep the range (add_layer)");
-    const auto names = part->named_children().keys();
-    size_t n = 0;
-    for (auto it = part->begin(); it != part->end(); ++it, ++n) mine->push_back(names[n], *it);
-  }
+  // This rank's stages, each built on its own so every layer starts as in one process.
+  const torch::nn::Sequential mine = mpi::device_layers(build, balance, K, place.stage);
   return std::make_unique<MpiEngine>(mine, mpi::MpiPipelineOptions()
                                                .balance(balance)
                                                .chunks(options.chunks())

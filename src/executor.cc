@@ -103,10 +103,10 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
         }
       } catch (const Cancelled&) {
         throw;
-      } catch (const c10::Error& e) {  // libtorch's message, its C++ stack kept apart
-        throw StageError(a, e.what_without_backtrace(), operand, e.what());
-      } catch (const std::exception& e) {
-        throw StageError(a, e.what(), operand);
+      } catch (const std::exception& e) {  // libtorch's message; its C++ stack or TorchScript's traceback kept apart
+        std::string report;
+        const std::string what = short_error(e, &report);
+        throw StageError(a, what, operand, report);
       }
       if (trace != nullptr) trace->push_back({a, begin, now_ns()});
       if (memory_) memory_->note_held();

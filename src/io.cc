@@ -1,26 +1,112 @@
-// io.cc: whole-or-nothing file writes (a temporary file, then a rename).
+// io.cc: whole-or-nothing file writes (a synced temporary file, then a rename).
 #include "gpipe/io.h"
 
-#include <cstdio>
-#include <fstream>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <stdexcept>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 namespace gpipe {
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void fail(const std::string& what, const std::string& path, int error) {
+  throw std::runtime_error("gpipe: cannot " + what + " " + path + ": " + std::strerror(error));
+}
+
+// The file a write to `path` lands in: the end of its chain of symbolic links
+// (which may not exist yet).
+std::string resolve(const std::string& path) {
+  fs::path p = path;
+  std::error_code ec;
+  for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+    const fs::path next = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = next.is_absolute() ? next : p.parent_path() / next;
+  }
+  return p.string();
+}
+
+// Whether `path` exists and is something other than a regular file or a folder (a device, a pipe).
+bool is_special(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+}
+
+void write_all(int fd, const std::string& contents, const std::string& path, const std::string& shown) {
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      if (!path.empty()) ::unlink(path.c_str());
+      fail("write", shown, error);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+void check_writable(const std::string& path) {
+  const std::string target = resolve(path);
+  if (fs::is_directory(target)) throw std::runtime_error("gpipe: cannot write " + path + ": it is a folder");
+  if (is_special(target)) {
+    if (::access(target.c_str(), W_OK) != 0) fail("write", path, errno);
+    return;
+  }
+  const fs::path folder = fs::absolute(target).parent_path();
+  if (!fs::is_directory(folder)) fail("write", path, ENOENT);
+  if (::access(folder.c_str(), W_OK | X_OK) != 0) fail("write", path, errno);
+}
 
 void write_file_atomically(const std::string& path, const std::string& contents) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << contents;
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw std::runtime_error("gpipe: cannot write " + tmp);
-    }
+  const std::string target = resolve(path);
+  if (fs::is_directory(target)) throw std::runtime_error("gpipe: cannot write " + path + ": it is a folder");
+  if (is_special(target)) {  // nothing to replace: write through
+    const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) fail("write", path, errno);
+    write_all(fd, contents, "", path);
+    if (::close(fd) != 0) fail("write", path, errno);
+    return;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("gpipe: cannot move " + tmp + " to " + path);
+  std::string tmp = target + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) fail("write", path, errno);
+  // The new file takes the old one's permissions, or those a plain create would give.
+  struct stat old{};
+  mode_t mode = 0;
+  if (::stat(target.c_str(), &old) == 0) {
+    mode = old.st_mode & 07777;
+  } else {
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    mode = 0666 & ~mask;
+  }
+  ::fchmod(fd, mode);
+  write_all(fd, contents, tmp, path);
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int error = errno;
+    ::unlink(tmp.c_str());
+    fail("write", path, error);
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(tmp.c_str());
+    fail("replace", path, error);
+  }
+  // The rename itself is on disk once the folder is synced.
+  const int dir = ::open(fs::absolute(target).parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
   }
 }
 

@@ -146,6 +146,21 @@ std::pair<int, int> stage_layers(const std::vector<int>& balance, int stage) {
   return {first, first + balance[static_cast<size_t>(stage)]};
 }
 
+torch::nn::Sequential device_layers(const LayerBuilder& build, const std::vector<int>& balance, int devices,
+                                    int device) {
+  torch::nn::Sequential mine;
+  for (int s = device; s < static_cast<int>(balance.size()); s += devices) {
+    const auto [first, last] = stage_layers(balance, s);
+    const torch::nn::Sequential part = build(LayerRange{first, last});
+    GPIPE_CHECK(static_cast<int>(part->size()) == last - first, "the layer builder made ", part->size(),
+                " layers for layers ", first, "..", last - 1, "; build the whole model and keep the range (add_layer)");
+    const auto names = part->named_children().keys();
+    size_t n = 0;
+    for (auto it = part->begin(); it != part->end(); ++it, ++n) mine->push_back(names[n], *it);
+  }
+  return mine;
+}
+
 RemoteError::RemoteError(int rank, const std::string& message)
     : Cancelled("gpipe: stopped because rank " + std::to_string(rank) + " failed: " + message), rank_(rank) {}
 

@@ -124,6 +124,13 @@ void check_shape(int devices, int micro_batches, int virtual_stages = 1) {
   GPIPE_CHECK(devices >= 1, "a schedule needs at least 1 device (got ", devices, ")");
   GPIPE_CHECK(micro_batches >= 1, "a schedule needs at least 1 micro-batch (got ", micro_batches, ")");
   GPIPE_CHECK(virtual_stages >= 1, "a schedule needs at least 1 stage per device (got ", virtual_stages, ")");
+  // Every stage has an action per micro-batch and kind, each a few dozen bytes, lowered and simulated.
+  constexpr int64_t kMostStageMicroBatches = int64_t{1} << 21;
+  const int64_t cells = int64_t{devices} * virtual_stages * micro_batches;
+  GPIPE_CHECK(cells <= kMostStageMicroBatches, "a schedule of ", devices, " devices x ", virtual_stages,
+              " stages each x ", micro_batches, " micro-batches has ", cells,
+              " (stage, micro-batch) pairs, more than the ", kMostStageMicroBatches,
+              " gpipe plans in memory; use fewer micro-batches or stages");
 }
 
 // A schedule with stage s on device s mod K and empty rows.

@@ -1,4 +1,4 @@
-// workloads.cc: the benchmark models, built exactly as ../shared/BENCHMARKS.md defines them.
+// workloads.cc: the benchmark models, built exactly as docs/benchmarks.md ("The workloads") defines them.
 #include "gpipe/workloads.h"
 
 #include "gpipe/check.h"

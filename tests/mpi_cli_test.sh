@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # mpi_cli_test.sh: `mpirun -np N gpipe train`, one stage per rank: the same parameters as one
-# process, save/resume per stage, and errors and faults that end every rank quickly.
+# process, one checkpoint file resumed with any K, and errors and faults that end every rank quickly.
 # Usage: mpi_cli_test.sh PATH/TO/gpipe
 set -u
 gpipe="$1"
@@ -48,15 +48,34 @@ if bash "$mpirun_sh" 4 "$gpipe" train --train-samples 1024 --test-samples 200 --
   else fail "np=4 output"; cat "$work/dp.txt"; fi
 else fail "np=4 exited non-zero"; tail -5 "$work/dp.err"; fi
 
-# Save every stage, resume all of them: the same parameters as an unbroken run.
+# --save writes one file, gathered by rank 0; a resume from it equals an unbroken run, with the
+# same K or another one, under mpirun or in one process.
 if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/ckpt.pt" >/dev/null 2>&1 &&
-   [ -s "$work/ckpt.pt.stage0-of-2" ] && [ -s "$work/ckpt.pt.stage1-of-2" ] &&
+   [ -s "$work/ckpt.pt" ] && [ -z "$(ls "$work" | grep -e '\.stage' -e '\.tmp')" ] &&
    bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 --resume "$work/ckpt.pt" >"$work/resumed.json" 2>/dev/null; then
   bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 >"$work/unbroken.json" 2>/dev/null
   a=$(checksum "$work/unbroken.json"); b=$(checksum "$work/resumed.json")
-  if [ "$a" = "$b" ]; then pass "save per stage at step 4, resume to 10: equals 10 unbroken steps"
+  if [ "$a" = "$b" ]; then pass "one file saved at step 4 by 2 ranks, resumed to 10: equals 10 unbroken steps"
   else fail "resume: $b, unbroken: $a"; fi
 else fail "save/resume under mpirun"; fi
+# Another K: 3 ranks resume the 2-rank file; one process resuming it with K=3 gets the same parameters.
+if bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --steps 10 --stages 3 --resume "$work/ckpt.pt" \
+     >"$work/k3-mpi.json" 2>"$work/k3.err" &&
+   "$gpipe" train "${small[@]}" --steps 10 --stages 3 --resume "$work/ckpt.pt" >"$work/k3-one.json" 2>>"$work/k3.err"; then
+  a=$(checksum "$work/k3-one.json"); b=$(checksum "$work/k3-mpi.json")
+  if [ "$a" = "$b" ]; then pass "a 2-rank checkpoint resumed by 3 ranks equals one process resuming it ($a)"
+  else fail "resume with K=3: mpirun $b, one process $a"; fi
+else fail "resume with another K"; tail -5 "$work/k3.err"; fi
+# --per-stage-files: one file per stage, resumed with the same K.
+if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/split.pt" --per-stage-files \
+     >/dev/null 2>&1 &&
+   [ -s "$work/split.pt.stage0-of-2" ] && [ -s "$work/split.pt.stage1-of-2" ] && [ ! -e "$work/split.pt" ] &&
+   bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 --resume "$work/split.pt" --per-stage-files \
+     >"$work/split.json" 2>/dev/null; then
+  a=$(checksum "$work/unbroken.json"); b=$(checksum "$work/split.json")
+  if [ "$a" = "$b" ]; then pass "--per-stage-files: saved at step 4, resumed to 10: equals 10 unbroken steps"
+  else fail "--per-stage-files resume: $b, unbroken: $a"; fi
+else fail "--per-stage-files save/resume"; fi
 
 # Errors: each before any training, on every rank, non-zero exit, well within 30 s.
 expect_error() {  # NAME PATTERN COMMAND...
@@ -68,8 +87,8 @@ expect_error() {  # NAME PATTERN COMMAND...
   if grep -q -- "$pattern" "$work/err.out" && [ "$took" -lt 30 ]; then pass "$name (${took} s)"
   else fail "$name: took ${took} s or no \"$pattern\""; tail -20 "$work/err.out"; fi
 }
-expect_error "a checkpoint saved with another K is refused" "no such file: $work/ckpt.pt.stage0-of-3" \
-  bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3 --resume "$work/ckpt.pt"
+expect_error "per-stage files saved with another K are refused" "no such file: $work/split.pt.stage0-of-3" \
+  bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3 --resume "$work/split.pt" --per-stage-files
 expect_error "np not a multiple of K" "the job has 3 ranks, not a multiple of the 2 stages" \
   bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}"
 expect_error "ranks started with different settings" \

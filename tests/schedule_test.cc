@@ -717,3 +717,11 @@ TEST(IdealTest, SpeedupOfEachSchedule) {
     }
   EXPECT_NEAR(gpipe::ideal_speedup(gpipe::interleaved(2, 4, 2)), 2.0 * (1.0 - 1.0 / 9.0), 1e-12);
 }
+
+TEST(ScheduleSizeTest, AScheduleTooLargeToPlanIsRefusedBeforeItIsBuilt) {
+  EXPECT_NE(error_of([] { gpipe::fill_drain(4096, 1024); }).find("use fewer micro-batches or stages"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { gpipe::interleaved(1024, 2048, 4); }).find("1024 devices x 4 stages each"),
+            std::string::npos);
+  EXPECT_NO_THROW(gpipe::one_f_one_b(128, 512));  // gpipe plan's sizes
+}

@@ -59,6 +59,9 @@ bool set_blas_threads(int threads);
 /// choice wins) and without glibc. Returns whether it changed the settings.
 bool keep_freed_memory();
 
+/// Whether keep_freed_memory() has changed glibc's settings in this process.
+bool freed_memory_kept();
+
 /// A short description of the BLAS in use, e.g. "OpenBLAS 0.3.21 ... MAX_THREADS=64".
 std::string blas_info();
 

@@ -103,6 +103,19 @@ class Engine {
   virtual double max(double value) = 0;
   /// Whether every process holds the same `value`.
   bool same_everywhere(double value) { return max(value) == -max(-value); }
+  /// Every process's `bytes`, in rank order, on the root process; an empty list elsewhere.
+  virtual std::vector<std::string> gather(const std::string& bytes) = 0;
+
+  /// The L2 norm of the whole model's gradient: over every stage and, under
+  /// MPI, every rank (replicas, which hold the same gradients after a step,
+  /// count once), as torch.nn.utils.clip_grad_norm_ computes it on one device.
+  double gradient_norm();
+  /// Scales every gradient by max_norm / (norm + 1e-6) when that is below 1,
+  /// as torch.nn.utils.clip_grad_norm_ does; returns the norm before clipping.
+  double clip_gradients(double max_norm);
+  /// Whether every parameter (and, with `buffers`, every floating-point buffer)
+  /// of the whole model is finite, on every process.
+  bool all_finite(bool buffers = true);
 
   /// Whether this process prints for the job (rank 0; the only process otherwise).
   virtual bool root() const = 0;

@@ -13,6 +13,7 @@
 // MPI is found); the macro GPIPE_HAS_MPI is then 1.
 #pragma once
 
+#include "gpipe/engine.h"
 #include "gpipe/executor.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/schedule.h"
@@ -108,6 +109,13 @@ Placement place(int world_rank, int world_size, int stages);
 /// `stage` runs. With V stages per device, a rank runs the stages d, d+K, ...:
 /// build its layers in that order, one stage_layers range after another.
 std::pair<int, int> stage_layers(const std::vector<int>& balance, int stage);
+
+/// The layers device `device` of `devices` runs for `balance` (K·V entries):
+/// those of its stages device, device + K, ..., in that order, each stage built
+/// by `build` on its own, named as in the whole model. Throws
+/// std::invalid_argument if the builder does not make the range it is asked for.
+torch::nn::Sequential device_layers(const LayerBuilder& build, const std::vector<int>& balance, int devices,
+                                    int device);
 
 /// Thrown on every other rank when one rank's stage fails: the job cannot go
 /// on. what() carries the failing rank's own message. (A Cancelled, so the

@@ -1,4 +1,4 @@
-// workloads.h: the models of ../shared/BENCHMARKS.md (mlp, transformer, tiny, imbalanced) and a batch-first encoder block.
+// workloads.h: the benchmark models of docs/benchmarks.md (mlp, transformer, tiny, imbalanced) and a batch-first encoder block.
 #pragma once
 
 #include "gpipe/stage.h"
@@ -60,7 +60,7 @@ struct Workload {
 /// The names make_workload knows: mlp, transformer, tiny, imbalanced.
 std::vector<std::string> workload_names();
 
-/// Builds workload `name` as ../shared/BENCHMARKS.md defines it, with seed
+/// Builds workload `name` as docs/benchmarks.md ("The workloads") defines it, with seed
 /// `seed` (model, input and target), in float32, keeping the layers in `keep`.
 /// Throws std::invalid_argument for an unknown name.
 Workload make_workload(const std::string& name, uint64_t seed = 0, LayerRange keep = {});

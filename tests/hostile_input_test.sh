@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# hostile_input_test.sh: what careless and hostile users did to `gpipe train`, case by case: each
+# ends with a clear error (or a clear stop) and a non-zero exit, never a hang, a silent change of
+# the data or the model, or a lost file. The numbers are the cases of the hardening work, in order
+# of severity. Cases that need models or data from Python are skipped without python3-torch.
+# Usage: hostile_input_test.sh PATH/TO/gpipe
+set -u
+gpipe="$1"
+python=/usr/bin/python3
+failures=0
+passes=0
+pass() { echo "ok: $1"; passes=$((passes + 1)); }
+fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+tiny=(--train-samples 256 --test-samples 64 --batch-size 64)
+
+# run NAME STATUS PATTERN ARGS...: `gpipe ARGS` exits with STATUS (within 60 s) and its standard
+# error matches PATTERN (grep -E); no epoch was reported unless STATUS is 0.
+run() {
+  local name="$1" status="$2" pattern="$3"
+  shift 3
+  timeout 60 "$gpipe" "$@" >"$work/out.txt" 2>"$work/err.txt"
+  local got=$?
+  if [ "$got" -ne "$status" ]; then fail "$name: exit $got, not $status: $(head -c 300 "$work/err.txt")"; return 1; fi
+  if ! grep -Eq -- "$pattern" "$work/err.txt"; then fail "$name: no /$pattern/ in: $(head -c 400 "$work/err.txt")"; return 1; fi
+  if [ "$status" -ne 0 ] && grep -q "^epoch" "$work/out.txt"; then fail "$name: trained before the error"; return 1; fi
+  if grep -q "frame #\|Exception raised from" "$work/err.txt"; then fail "$name: libtorch's C++ stack shown"; return 1; fi
+  pass "$name: $(grep -E -m1 -- "$pattern" "$work/err.txt" | head -c 160)"
+}
+
+torch=0
+if "$python" - "$work" >"$work/python.err" 2>&1 <<'PY'
+import sys
+import torch
+work = sys.argv[1]
+source = f"{work}/models.py"
+open(source, "w").write('''
+import torch
+class Doubled(torch.nn.Module):  # children a and b, but a forward of its own
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))) * 2
+class Picky(torch.nn.Module):  # fails on micro-batches of 3 rows only
+    def forward(self, x):
+        if x.size(0) == 3:
+            return x.view(-1, 7)
+        return x
+''')
+sys.path.insert(0, work)
+import models
+torch.manual_seed(0)
+torch.jit.script(models.Doubled()).save(f"{work}/doubled.pt")
+linear = lambda: torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+torch.jit.script(linear()).save(f"{work}/model.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(8, 3))).save(
+    f"{work}/mismatched.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), models.Picky(),
+                                     torch.nn.Linear(8, 3))).save(f"{work}/picky.pt")
+x = torch.randn(40, 6)
+save = lambda name, **d: torch.save(d, f"{work}/{name}.pt")
+save("data", input=x, target=torch.randn(40, 3))
+save("classes", input=x, target=torch.randint(0, 3, (40,)))
+save("class-9", input=x, target=torch.full((40,), 9))
+save("classes-n1", input=x, target=torch.randint(0, 3, (40, 1)))
+save("target-n", input=x, target=torch.randn(40))
+save("target-n1", input=x, target=torch.randn(40, 1))
+nan = x.clone()
+nan[7, 2] = float("nan")
+save("nan", input=nan, target=torch.randn(40, 3))
+save("huge", input=x * 1e30, target=torch.randn(40, 3))
+save("no-target", input=x)
+save("typo", input=x, targets=torch.randn(40, 3))
+save("empty", input=x[:0], target=torch.randn(0, 3))
+PY
+then torch=1
+else echo "skipped: the cases with models and data from Python (no python3-torch: $(tail -1 "$work/python.err"))"
+fi
+model=(--model "$work/model.pt" --loss mse)  # with a --data of each case's own
+
+# 1. A refused --resume returns through normal unwinding, every time: 30 refusals, none hangs.
+"$gpipe" train "${tiny[@]}" --steps 2 --save "$work/ckpt.pt" >/dev/null 2>&1
+head -c 20000 "$work/ckpt.pt" >"$work/truncated.pt"
+hung=0 wrong=0
+for i in $(seq 1 30); do
+  case $((i % 3)) in
+    0) args=(--resume "$work/ckpt.pt" --optimizer sgd) ;;
+    1) args=(--resume "$work/truncated.pt") ;;
+    2) args=(--resume "$work/ckpt.pt" --stages 3) ;;  # another K is fine: this one must run
+  esac
+  timeout 60 "$gpipe" train "${tiny[@]}" --steps 3 "${args[@]}" >/dev/null 2>"$work/err.txt"
+  status=$?
+  if [ "$status" -eq 124 ]; then hung=$((hung + 1))
+  elif { [ $((i % 3)) -ne 2 ] && [ "$status" -ne 2 ]; } || { [ $((i % 3)) -eq 2 ] && [ "$status" -ne 0 ]; }; then
+    wrong=$((wrong + 1)); cat "$work/err.txt"
+  fi
+done
+if [ "$hung" -eq 0 ] && [ "$wrong" -eq 0 ]; then pass "1. 30 refused or accepted --resume runs: none hung"
+else fail "1. --resume: $hung of 30 runs hung, $wrong ended wrongly"; fi
+
+if [ "$torch" = 1 ]; then
+  # 2. A module that is not an nn.Sequential is not cut into its children.
+  run "2. a module with its own forward" 2 "holds __torch__\.(models\.)?Doubled, not a torch\.nn\.Sequential" \
+    train --model "$work/doubled.pt" --data "$work/data.pt" --loss mse
+
+  # 3. Targets that do not fit the loss and the model's output: both shapes named.
+  run "3. cross_entropy targets [N, 1]" 2 "outputs \[2, 3\].*shape \[40, 1\]; squeeze" \
+    train --model "$work/model.pt" --data "$work/classes-n1.pt" --loss cross_entropy
+  run "3. mse targets [N] against outputs [N, 3]" 2 "outputs rows of shape \[3\], but the targets' rows have shape \[\]" \
+    train "${model[@]}" --data "$work/target-n.pt"
+  run "3. mse targets [N, 1] against outputs [N, 3]" 2 "rows of shape \[3\].*shape \[1\] \(targets \[40, 1\]\)" \
+    train "${model[@]}" --data "$work/target-n1.pt"
+  run "3. class indices with --loss mse" 2 "--loss mse needs real-valued targets" \
+    train "${model[@]}" --data "$work/classes.pt"
+  run "3. classes the model does not output" 2 "the targets hold class 9, but the model outputs 3 classes" \
+    train --model "$work/model.pt" --data "$work/class-9.pt" --loss cross_entropy
+fi
+
+# 4. Non-finite values: flags and data refused up front; a loss that becomes non-finite stops the
+# run before the update and never replaces a good checkpoint.
+run "4. --lr inf" 2 "--lr: must be a finite number above 0 \(got inf\)" train "${tiny[@]}" --lr inf
+run "4. --lr nan" 2 "--lr: must be a finite number above 0" train "${tiny[@]}" --lr nan
+run "4. --clip-grad-norm inf" 2 "--clip-grad-norm" train "${tiny[@]}" --clip-grad-norm inf
+if [ "$torch" = 1 ]; then
+  run "4. NaN in the data" 2 "'input' holds NaN or infinite values in 1 rows, the first at row 7" \
+    train "${model[@]}" --data "$work/nan.pt"
+  "$gpipe" train "${model[@]}" --data "$work/data.pt" --steps 2 --save "$work/good.pt" >/dev/null 2>&1
+  cp "$work/good.pt" "$work/good.keep"
+  run "4. the loss becomes infinite" 1 "the loss became (infinite|NaN) in step 3 .*the last checkpoint \(step 2\) is kept" \
+    train "${model[@]}" --data "$work/huge.pt" --steps 6 --resume "$work/good.pt" --save "$work/good.pt"
+  if [ -s "$work/good.keep" ] && cmp -s "$work/good.pt" "$work/good.keep"; then pass "4. the good checkpoint is unchanged"
+  else fail "4. the checkpoint was replaced"; fi
+fi
+
+# 5. What the machine cannot run is refused at once.
+run "5. --threads-per-stage 1000" 2 "--threads-per-stage 1000 is more than this machine's [0-9]+ cores" \
+  train "${tiny[@]}" --threads-per-stage 1000
+
+# 6. Outputs checked before training, with the OS's reason; a failed trace keeps the summary; a
+# failed write to standard output is an error.
+run "6. --save into a missing folder" 2 "--save: cannot write $work/no/such/dir/x.pt: No such file or directory" \
+  train "${tiny[@]}" --save "$work/no/such/dir/x.pt"
+run "6. --trace into a missing folder" 2 "--trace: cannot write .*: No such file or directory" \
+  train "${tiny[@]}" --trace "$work/no/such/dir/t.json"
+if [ "$(id -u)" -ne 0 ]; then
+  mkdir "$work/locked" && chmod 500 "$work/locked"
+  run "6. --save into a read-only folder" 2 "Permission denied" train "${tiny[@]}" --save "$work/locked/x.pt"
+fi
+if [ -c /dev/full ] && [ -w /dev/full ]; then
+  timeout 60 "$gpipe" train "${tiny[@]}" --steps 2 --json --trace /dev/full >"$work/out.txt" 2>"$work/err.txt"
+  status=$?
+  if [ "$status" -eq 1 ] && grep -q "No space left on device" "$work/err.txt" &&
+     "$python" -c 'import json,sys; assert json.load(open(sys.argv[1]))["steps"] == 2' "$work/out.txt"; then
+    pass "6. --trace /dev/full: exit 1, 'No space left on device', the JSON summary kept"
+  else fail "6. --trace /dev/full: exit $status: $(cat "$work/err.txt")"; fi
+  [ -c /dev/full ] || fail "6. --trace /dev/full replaced the device with a file (restore it: mknod -m 666 /dev/full c 1 7)"
+  timeout 60 "$gpipe" train "${tiny[@]}" --steps 2 >/dev/full 2>"$work/err.txt"
+  status=$?
+  if [ "$status" -ne 0 ] && grep -q "cannot write to standard output" "$work/err.txt"; then
+    pass "6. standard output on /dev/full: exit $status, said so"
+  else fail "6. standard output on /dev/full: exit $status: $(cat "$work/err.txt")"; fi
+fi
+
+# 7. A resume that runs no step says so; no loss is made up.
+timeout 60 "$gpipe" train "${tiny[@]}" --steps 2 --resume "$work/ckpt.pt" --json >"$work/none.json" 2>/dev/null
+timeout 60 "$gpipe" train "${tiny[@]}" --steps 2 --resume "$work/ckpt.pt" >"$work/none.txt" 2>/dev/null
+if "$python" -c '
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["steps_this_run"] == 0 and s["no_step_ran"] and s["first_loss"] is None and s["final_loss"] is None, s
+' "$work/none.json" && grep -q "no step ran: the checkpoint is at step 2" "$work/none.txt"; then
+  pass "7. --resume at --steps: 'no step ran', null losses in JSON"
+else fail "7. --resume at --steps: $(cat "$work/none.txt")"; fi
+
+if [ "$torch" = 1 ]; then
+  # 8. libtorch's and TorchScript's internals only with --verbose.
+  run "8. layers that do not fit" 2 "layer 2 fails on the output of layer 1, shape \[2, 16\]: mat1 and mat2 shapes cannot be multiplied \(2x16 and 8x3\)" \
+    train --model "$work/mismatched.pt" --data "$work/data.pt" --loss mse
+  if grep -q "Traceback of TorchScript" "$work/err.txt"; then fail "8. TorchScript's traceback without --verbose"; fi
+  run "8. a stage that fails in training" 1 "stage 1 failed in the forward of micro-batch 0 \(action 1F0, input \[3, 8\]\): shape '\[-1, 7\]' is invalid for input of size 24" \
+    train --model "$work/picky.pt" --data "$work/data.pt" --loss mse --stages 2 --batch-size 12 --micro-batches 4
+  timeout 60 "$gpipe" --verbose train --model "$work/picky.pt" --data "$work/data.pt" --loss mse --stages 2 \
+    --batch-size 12 --micro-batches 4 >/dev/null 2>"$work/err.txt"
+  if grep -q "Traceback of TorchScript" "$work/err.txt"; then pass "8. --verbose shows TorchScript's traceback"
+  else fail "8. --verbose: $(cat "$work/err.txt")"; fi
+  head -c 2000 "$work/model.pt" >"$work/broken-model.pt"
+  run "8. a broken model file" 2 "broken-model.pt is not a TorchScript module .*: PytorchStreamReader failed" \
+    train --model "$work/broken-model.pt" --data "$work/data.pt" --loss mse
+
+  # 9. Messages that name the real problem.
+  run "9. a dict of one entry" 2 "no-target.pt holds a dict of one entry" train "${model[@]}" --data "$work/no-target.pt"
+  run "9. a dict without 'target'" 2 "typo.pt has no tensor 'target'" train "${model[@]}" --data "$work/typo.pt"
+  run "9. no rows" 2 "empty.pt holds no samples" train "${model[@]}" --data "$work/empty.pt"
+  run "9. a folder as --model" 2 "--model: $work is a folder, not a file" train --model "$work" --data "$work/data.pt" --loss mse
+fi
+run "9. --stages 0" 2 "--stages: must be at least 1 \(got 0\)" train --stages 0
+run "9. --batch-size 0" 2 "--batch-size: must be at least 1 \(got 0\)" train --batch-size 0
+run "9. --stages 1,2" 2 "--stages: must be one whole number, at least 1 \(got 1,2\)" train --stages 1,2
+run "9. a comma list for --balance" 0 "" train "${tiny[@]}" --steps 1 --stages 2 --schedule gpipe --balance 3,8
+run "9. a misspelt command" 2 "unknown command 'trian'; did you mean 'train'\?" trian --steps 1
+if [ "$(grep -c "" "$work/err.txt")" -eq 1 ]; then pass "9. the misspelt command's error is one line"
+else fail "9. misspelt command: $(cat "$work/err.txt")"; fi
+
+# 10. No silent change of the data: seeds out of range refused, the last partial batch kept.
+run "10. --seed -1" 2 "--seed must be a whole number from 0 to 18446744073709551615 \(got -1\)" train --seed -1
+run "10. --seed 2^64 and more" 2 "\(got 99999999999999999999\)" train --seed 99999999999999999999
+for flags in "" "--drop-last"; do
+  timeout 60 "$gpipe" train --train-samples 200 --test-samples 64 --batch-size 64 --epochs 2 --json $flags \
+    >"$work/epochs.json" 2>/dev/null
+  want=$([ -z "$flags" ] && echo 8 || echo 6)  # 200 rows: 64+64+64+8, or the 8 dropped
+  if "$python" -c 'import json,sys; s = json.load(open(sys.argv[1])); assert s["steps"] == int(sys.argv[2]), s["steps"]' \
+       "$work/epochs.json" "$want"; then pass "10. 200 samples, batches of 64, 2 epochs ${flags:-(default)}: $want steps"
+  else fail "10. steps with ${flags:-no flag}"; fi
+done
+
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]
