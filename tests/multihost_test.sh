@@ -73,7 +73,8 @@ printf '%s slots=1\n%s slots=1\n' "$addr_a" "$addr_b" >"$work/hosts"
 # One rank per host; TCP over the veth subnet only (btl tcp,self: no shared memory between the
 # "hosts"). --bind-to none: each namespace sees all of this machine's cores, so Open MPI's default
 # binding would put both ranks on core 0, where their busy polling costs a scheduler tick (4 ms)
-# per message (docs/mpi.md, "Two hosts on one machine").
+# per message. The eager limit of 4 MiB sends each boundary tensor whole, so it travels while its
+# stage computes (docs/mpi.md, "Two hosts on one machine").
 bounded() {  # bounded SECONDS COMMAND...: COMMAND under timeout (all of them fit in CTest's 300 s)
   local seconds="$1" status
   shift
@@ -90,7 +91,8 @@ across() {  # across SECONDS COMMAND...: mpirun -np 2 from inside host A
   bounded "$seconds" ip netns exec "$host_a" \
     mpirun --allow-run-as-root -np 2 --hostfile "$work/hosts" --map-by node --bind-to none \
       --mca plm rsh --mca plm_rsh_agent "$work/agent.sh" \
-      --mca oob_tcp_if_include "$subnet" --mca btl_tcp_if_include "$subnet" --mca btl tcp,self "$@"
+      --mca oob_tcp_if_include "$subnet" --mca btl_tcp_if_include "$subnet" --mca btl tcp,self \
+      --mca btl_tcp_eager_limit 4194304 --mca btl_tcp_rndv_eager_limit 4194304 --mca btl_tcp_max_send_size 4194304 "$@"
 }
 veth_bytes() { ip netns exec "$host_a" cat "/sys/class/net/$veth_a/statistics/tx_bytes" 2>/dev/null || echo 0; }
 checksum() { /usr/bin/python3 -c 'import json,sys; print(repr(json.load(open(sys.argv[1]))["parameter_checksum"]))' "$1"; }
