@@ -65,6 +65,13 @@ Environment::Environment(int* argc, char*** argv) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   GPIPE_CHECK(!initialized, "MPI is already initialised; create one gpipe::mpi::Environment per process");
+  // Open MPI over TCP: a send above the eager limit (64 KiB) leaves only after the receiver's
+  // answer, handled in the sender's next MPI call, so a boundary tensor waits for its stage's
+  // next action. 4 MiB sends it whole into the socket buffer (docs/mpi.md: 40% across two
+  // hosts). Set before MPI_Init, which reads them; what the user set wins.
+  for (const char* name : {"OMPI_MCA_btl_tcp_eager_limit", "OMPI_MCA_btl_tcp_rndv_eager_limit",
+                           "OMPI_MCA_btl_tcp_max_send_size"})
+    setenv(name, "4194304", /*overwrite=*/0);
   int provided = 0;
   check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
   rank_ = rank_of(MPI_COMM_WORLD);
