@@ -155,8 +155,9 @@ void check_sweep(const BenchOptions& o) {
                       w.block_layers.size(), " blocks, too few for --stages ", K,
                       V > 1 ? " x --virtual-stages " + std::to_string(V) : std::string(), "; use fewer stages");
         }
-        GPIPE_CHECK(V == 1 || o.balance_by.size() == 1, "--balance-by cuts one contiguous stage per device; the ",
-                    "interleaved schedule uses the even cut (or --balance): leave --balance-by out");
+        GPIPE_CHECK(V == 1 || o.balance_by == std::vector<std::string>{"even"},
+                    "--balance-by cuts one contiguous stage per device; the interleaved schedule uses the even cut "
+                    "(or --balance): leave --balance-by out");
         for (int M : o.micro_batches) make_schedule(parse_schedule(schedule), K, M, V);
       }
   }

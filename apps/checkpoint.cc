@@ -1,10 +1,11 @@
-// checkpoint.cc: a pickled dict of everything a run needs to continue, keyed by name, written whole
-// or not at all.
+// checkpoint.cc: a pickled dict of everything a run needs to continue, keyed by name, sealed with
+// a digest, written whole or not at all.
 #include "checkpoint.h"
 
 #include <gpipe/io.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <map>
 #include <set>
 #include <sstream>
@@ -93,6 +94,35 @@ void install_state(torch::optim::Optimizer& optimizer, const std::string& kind, 
   states[state_key(states, p)] = std::move(state);
 }
 
+// A checkpoint ends with a digest of everything before it (FNV-1a, 64 bits, in hex), so a
+// corrupted byte anywhere is found before anything is restored.
+const std::string kDigestTag = "gpipe-fnv1a64:";
+constexpr size_t kDigestDigits = 16;
+
+std::string digest_of(const std::string& bytes, size_t count) {
+  uint64_t hash = 14695981039346656037ull;
+  for (size_t n = 0; n < count; ++n) hash = (hash ^ static_cast<unsigned char>(bytes[n])) * 1099511628211ull;
+  char hex[kDigestDigits + 1];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return hex;
+}
+
+std::string sealed(std::string bytes) {
+  const std::string digest = digest_of(bytes, bytes.size());
+  return bytes + kDigestTag + digest;
+}
+
+// The bytes without their digest; throws if it is missing or does not match.
+std::string unsealed(const std::string& path, std::string bytes) {
+  const size_t trailer = kDigestTag.size() + kDigestDigits, body = bytes.size() - trailer;
+  if (bytes.size() < trailer || bytes.compare(body, kDigestTag.size(), kDigestTag) != 0 ||
+      bytes.compare(body + kDigestTag.size(), kDigestDigits, digest_of(bytes, body)) != 0)
+    throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint (its digest does not match "
+                             "its contents); resume from a file written by gpipe train --save");
+  bytes.resize(body);
+  return bytes;
+}
+
 std::string pickle(const Dict& dict) {
   const std::vector<char> bytes = torch::pickle_save(dict);
   return std::string(bytes.begin(), bytes.end());
@@ -158,7 +188,7 @@ void save_checkpoint(const std::string& path, const std::vector<std::string>& pa
   dict.insert("step", state.step);
   dict.insert("shuffle_state", state.shuffle_state);
   dict.insert("random_state", state.random_state);
-  const std::string payload = pickle(dict);
+  const std::string payload = sealed(pickle(dict));
   if (!script) {
     write_file_atomically(path, payload);
     return;
@@ -176,11 +206,10 @@ void save_checkpoint(const std::string& path, const std::vector<std::string>& pa
 
 Restored load_checkpoint(const std::string& path, const torch::nn::Sequential& layers,
                          torch::optim::Optimizer& optimizer, const std::string& optimizer_name, bool script) {
-  const std::string bytes = read_file(path);
-  std::string payload = bytes;
-  if (script) {
+  std::string payload = read_file(path);
+  if (script) {  // the checkpoint rides in the TorchScript file as an extra file
     torch::jit::ExtraFilesMap extra{{kExtraFile, ""}};
-    std::istringstream in(bytes);
+    std::istringstream in(std::move(payload));
     try {
       torch::jit::load(in, c10::nullopt, extra);
     } catch (const std::exception&) {
@@ -190,6 +219,7 @@ Restored load_checkpoint(const std::string& path, const torch::nn::Sequential& l
     if (payload.empty())
       throw std::runtime_error(path + " holds no gpipe checkpoint; resume from a file written by gpipe train --save");
   }
+  payload = unsealed(path, std::move(payload));
   Dict dict = new_dict();
   std::map<std::string, torch::Tensor> parameters, buffers;
   try {

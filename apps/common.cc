@@ -52,6 +52,11 @@ void clear_grads(const std::vector<torch::Tensor>& params) {
 
 void usage_error(const std::string& message) { throw UsageError("gpipe: " + message); }
 
+std::string without_prefix(const std::string& message) {
+  const std::string prefix = "gpipe: ";
+  return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
+}
+
 CLI::Validator at_least(int64_t least) {
   return CLI::Validator(
       [least](std::string& text) {

@@ -40,6 +40,9 @@ struct UsageError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+/// `message` without a leading "gpipe: ", to put a flag or a context before it.
+std::string without_prefix(const std::string& message);
+
 /// Throws UsageError("gpipe: " + message).
 [[noreturn]] void usage_error(const std::string& message);
 
@@ -50,8 +53,7 @@ auto or_usage_error(const std::string& flag, Fn&& fn) {
   try {
     return fn();
   } catch (const std::exception& e) {
-    const std::string what = e.what(), prefix = "gpipe: ";
-    usage_error(flag + ": " + (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what));
+    usage_error(flag + ": " + without_prefix(e.what()));
   }
 }
 

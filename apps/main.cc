@@ -87,9 +87,9 @@ int main(int argc, char** argv) {
                                                      : e.what());
   } catch (const std::invalid_argument& e) {
     return fail(2, e.what());
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    return fail(1, what.rfind("gpipe: ", 0) == 0 ? what : "gpipe: error: " + what);
+  } catch (const std::exception& e) {  // libtorch's C++ stack only with --verbose (what_of)
+    const std::string what = what_of(e);
+    return fail(1, what == without_prefix(what) ? "gpipe: error: " + what : what);
   }
   return status;
 }

@@ -4,6 +4,8 @@
 #include <gpipe/stage.h>
 
 #include <torch/torch.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/serialization/import_read.h>
 #include <caffe2/serialize/inline_container.h>
@@ -17,7 +19,32 @@
 
 namespace gpipe::cli {
 
+namespace {
+
+// Whether a TorchScript block calls an operator that draws random numbers (dropout,
+// bernoulli, rand*, normal, uniform, multinomial, rrelu), in nested blocks too.
+bool calls_random(const torch::jit::Block* block) {
+  for (const torch::jit::Node* node : block->nodes()) {
+    const std::string kind = node->kind().toQualString();
+    if (kind.rfind("aten::", 0) == 0)
+      for (const char* word : {"dropout", "bernoulli", "rand", "normal", "uniform", "multinomial", "rrelu"})
+        if (kind.find(word) != std::string::npos) return true;
+    for (const torch::jit::Block* inner : node->blocks())
+      if (calls_random(inner)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 ScriptLayerImpl::ScriptLayerImpl(torch::jit::Module module) : module_(std::move(module)) {
+  // Its methods with every function and method they call inlined (torch.nn.functional.dropout
+  // is a call in the graph of a scripted nn.Dropout).
+  for (const auto& method : module_.get_methods()) {
+    const std::shared_ptr<torch::jit::Graph> graph = method.graph()->copy();
+    torch::jit::Inline(*graph);
+    random_ = random_ || calls_random(graph->block());
+  }
   for (const auto& p : module_.named_parameters(/*recurse=*/true)) {
     std::string name = p.name;
     std::replace(name.begin(), name.end(), '.', '_');

@@ -6,6 +6,8 @@
 #include <torch/nn/pimpl.h>
 #include <torch/script.h>
 
+#include <gpipe/stage.h>
+
 #include <optional>
 #include <string>
 
@@ -14,14 +16,17 @@ namespace gpipe::cli {
 /// One top-level child of a TorchScript module, as a layer a pipeline can cut.
 /// Its parameters are the script module's own tensors (registered with '.'
 /// written '_'), so optimizers step what the script module computes with.
-class ScriptLayerImpl : public torch::nn::Module {
+class ScriptLayerImpl : public torch::nn::Module, public gpipe::RandomLayer {
  public:
   explicit ScriptLayerImpl(torch::jit::Module module);
   torch::Tensor forward(const torch::Tensor& x);
   void train(bool on = true) override;
+  /// Whether its code (or its submodules') calls dropout or draws random numbers otherwise.
+  bool draws_random_numbers() const override { return random_; }
 
  private:
   torch::jit::Module module_;
+  bool random_ = false;
 };
 TORCH_MODULE(ScriptLayer);
 

@@ -17,8 +17,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <thread>
 #include <unistd.h>
@@ -52,6 +54,7 @@ struct TrainOptions {
   bool weight_decay_given = false;
   std::vector<double> betas{0.9, 0.999};
   bool betas_given = false;
+  bool step_flags_given = false;  // --lr-step-size or --lr-gamma
   std::string lr_schedule = "constant";
   int64_t warmup_steps = 0;
   int64_t lr_step_size = 0;  // 0: one epoch
@@ -130,6 +133,7 @@ Model choose_model(const TrainOptions& o) {
     return m;
   }
   const ModelSource source = or_usage_error("--model", [&] { return load_script_model(o.model_file); });
+  torch::manual_seed(o.seed);  // the stream each step's Dropout seed is drawn from, as the built-in model's
   m.name = o.model_file;
   m.layers = static_cast<int>(source.layers->size());
   m.script = source.script;
@@ -297,18 +301,31 @@ void check_flags(TrainOptions& o) {
   if (!sgd && (o.momentum != 0 || o.nesterov))
     usage_error("--momentum and --nesterov are SGD's (--optimizer sgd); " + o.optimizer + " has --betas");
   if (sgd && o.betas_given) usage_error("--betas are Adam's and AdamW's; SGD has --momentum");
-  if (o.betas.size() != 2)
-    usage_error("--betas takes two numbers, e.g. --betas 0.9 0.999 (got " + std::to_string(o.betas.size()) + ")");
   if (o.nesterov && o.momentum <= 0) usage_error("--nesterov needs --momentum above 0 (as torch.optim.SGD)");
   if (!o.weight_decay_given) o.weight_decay = o.optimizer == "adamw" ? 0.01 : 0.0;  // torch.optim's defaults
-  if (o.lr_schedule != "step" && (o.lr_step_size != 0 || o.lr_gamma != 0.1))
+  if (o.lr_schedule != "step" && o.step_flags_given)
     usage_error("--lr-step-size and --lr-gamma belong to --lr-schedule step");
   // Outputs: found unwritable now, not after training.
   if (o.per_stage_files && !world().mpi)
     usage_error("--per-stage-files is for mpirun, where each stage writes its own file; in one process --save "
                 "writes the whole model");
-  if (!o.save.empty() && !o.per_stage_files) or_usage_error("--save", [&] { check_writable(o.save); return 0; });
-  if (!o.trace.empty()) or_usage_error("--trace", [&] { check_writable(o.trace); return 0; });
+  // No output may replace an input or the other output (--save may replace --resume's file).
+  auto same_file = [](const std::string& a, const std::string& b) {
+    std::error_code error;
+    return !a.empty() && !b.empty() &&
+           std::filesystem::weakly_canonical(a, error) == std::filesystem::weakly_canonical(b, error);
+  };
+  for (const auto& [output, path] : {std::pair<const char*, std::string>{"--save", o.save}, {"--trace", o.trace}})
+    for (const auto& [input, other] : {std::pair<const char*, std::string>{"--data", o.data_file},
+                                       {"--model", o.model_file}, {"--trace", o.trace}})
+      if (std::string(output) != input && same_file(path, other))
+        usage_error(std::string(output) + " " + path + " is the file of " + input + "; writing it would replace " +
+                    (std::string(input) == "--trace" ? "the trace" : "your input") + ": give another path");
+  // The single checkpoint and the trace are written by the first rank; per-device files are checked
+  // where they are written, once the devices are placed.
+  if (world().rank == 0 && !o.save.empty() && !o.per_stage_files)
+    or_usage_error("--save", [&] { check_writable(o.save); return 0; });
+  if (world().rank == 0 && !o.trace.empty()) or_usage_error("--trace", [&] { check_writable(o.trace); return 0; });
 }
 
 // Layers per stage: --balance, --balance-by's min-max cut of measured costs, or an even cut.
@@ -326,13 +343,13 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
     if (entries % V != 0)
       usage_error("--balance has " + std::to_string(entries) + " stages, not a multiple of --virtual-stages " +
                   std::to_string(V) + "; give K x V entries (stage s runs on device s mod K)");
-    if (o.stages_given && o.stages * V != entries)
+    if (o.stages_given && int64_t{o.stages} * V != entries)
       usage_error("--stages " + std::to_string(o.stages) + (V > 1 ? " x --virtual-stages " + std::to_string(V) : "") +
                   " and --balance (" + std::to_string(entries) + " stages) disagree; give one of them");
     cut.balance = o.balance;
     return cut;
   }
-  if (o.stages * V > layers)
+  if (int64_t{o.stages} * V > layers)
     usage_error("--stages " + std::to_string(o.stages) + (V > 1 ? " x --virtual-stages " + std::to_string(V) : "") +
                 " is more than the model's " + std::to_string(layers) + " layers; use at most " +
                 std::to_string(layers / V) + " stages");
@@ -493,25 +510,30 @@ class Run {
     lr_step_size_ = o.lr_step_size > 0 ? o.lr_step_size : steps_per_epoch_;
   }
 
+  // Per-device checkpoint files are written by replica 0's ranks: checked there, before training.
+  void check_outputs() {
+    if (!o_.per_stage_files || o_.save.empty()) return;
+    on_every_rank([&] {
+      if (engine_->replica() == 0) or_usage_error("--save", [&] { check_writable(checkpoint_file(o_.save)); return 0; });
+    });
+  }
+
   void resume() {
     if (o_.resume.empty()) return;
     const std::string path = checkpoint_file(o_.resume);
-    if (!std::filesystem::is_regular_file(path))
-      usage_error("--resume: no such file: " + path +
-                  (o_.per_stage_files ? " (each stage has its own file; resume with the K of the run that saved)" : ""));
     // Every rank reads the checkpoint and takes what it holds; all of them refuse it, or none.
-    std::string error;
     Restored r;
-    try {
-      r = load_checkpoint(path, engine_->layers(), *optimizer_, o_.optimizer, model_.script.has_value());
-    } catch (const std::exception& e) {
-      error = what_of(e);
-    }
-    const double refusing = engine_->max(error.empty() ? -1.0 : static_cast<double>(world().rank));
-    if (!error.empty()) usage_error("--resume: " + error);
-    if (refusing >= 0)
-      usage_error("--resume: rank " + std::to_string(static_cast<int>(refusing)) + " refused " + path +
-                  " (its message says why)");
+    on_every_rank([&] {
+      if (!std::filesystem::is_regular_file(path))
+        usage_error("--resume: no such file: " + path +
+                    (o_.per_stage_files ? " (each device has its own file; resume with the K of the run that saved)"
+                                        : ""));
+      try {
+        r = load_checkpoint(path, engine_->layers(), *optimizer_, o_.optimizer, model_.script.has_value());
+      } catch (const std::exception& e) {
+        usage_error("--resume: " + what_of(e));
+      }
+    });
     // Every parameter of the file was taken by some stage: it is this model's, not a larger one's.
     const double taken = engine_->sum(engine_->replica() == 0 ? static_cast<double>(r.parameters_taken) : 0.0);
     const int64_t expected = o_.per_stage_files ? r.parameters_taken : static_cast<int64_t>(taken);
@@ -519,13 +541,15 @@ class Run {
       usage_error("--resume: " + path + " is a checkpoint of another model: it holds " +
                   std::to_string(r.parameters_in_file) + " parameters, this model " + std::to_string(expected));
     if (!engine_->same_everywhere(static_cast<double>(r.state.step)))
-      usage_error("--resume: the stage files of " + o_.resume + " are from different steps (this rank's, " + path +
+      usage_error("--resume: the per-device files of " + o_.resume + " are from different steps (this rank's, " + path +
                   ", from step " + std::to_string(r.state.step) +
                   "); a run stopped while saving: resume from another checkpoint");
     shuffle_.set_state(r.state.shuffle_state);
+    epoch_start_shuffle_ = r.state.shuffle_state;  // what a save before any step writes back
     at::Generator random = at::globalContext().defaultGenerator(torch::kCPU);
     random.set_state(r.state.random_state);
-    step_ = start_step_ = saved_at_ = r.state.step;
+    step_ = start_step_ = r.state.step;
+    if (o_.save == o_.resume) saved_at_ = step_;  // --save holds this step already; another file gets it written
   }
 
   void print_header() const {
@@ -571,7 +595,7 @@ class Run {
         try {
           write_trace(last_trace_, o_.trace);
         } catch (const std::exception& e) {  // the summary still comes
-          print_error_line("gpipe: --trace: " + std::string(e.what()).substr(std::string("gpipe: ").size()));
+          print_error_line("gpipe: --trace: " + without_prefix(e.what()));
           status = 1;
         }
       }
@@ -592,10 +616,25 @@ class Run {
  private:
   bool printing() const { return world().prints() && !o_.json; }
 
+  // Runs `check` on this rank; if it refuses on any rank, every rank stops with a usage error
+  // (its own message, or which rank refused), so no rank waits for the others in vain.
+  void on_every_rank(const std::function<void()>& check) {
+    std::string error;
+    try {
+      check();
+    } catch (const std::exception& e) {
+      error = without_prefix(e.what());
+    }
+    const double refusing = engine_->max(error.empty() ? -1.0 : static_cast<double>(world().rank));
+    if (!error.empty()) usage_error(error);
+    if (refusing >= 0)
+      usage_error("rank " + std::to_string(static_cast<int>(refusing)) + " refused the run (its message says why)");
+  }
+
   // Under MPI with --per-stage-files each device writes PATH.stage<j>-of-<K>; otherwise one file.
-  std::string checkpoint_file(const std::string& path) const {
+  std::string checkpoint_file(const std::string& path, int device = -1) const {
     if (!o_.per_stage_files) return path;
-    return path + ".stage" + std::to_string(device_) + "-of-" + std::to_string(K_);
+    return path + ".stage" + std::to_string(device < 0 ? device_ : device) + "-of-" + std::to_string(K_);
   }
 
   Evaluation evaluate() {
@@ -624,6 +663,12 @@ class Run {
                                "; lower --lr, or add --clip-grad-norm");
     if (o_.clip_grad_norm > 0) engine_->clip_gradients(o_.clip_grad_norm);
     const double lr = learning_rate(o_, step_, total_steps_, lr_step_size_);
+    if (!(lr <= std::numeric_limits<float>::max())) {  // the parameters are float: the update would overflow
+      std::ostringstream text;
+      text << "gpipe: the learning rate of step " << step_ + 1 << " is " << lr
+           << ", beyond float's range (3.4e38); lower --lr" << (o_.lr_schedule == "step" ? " or --lr-gamma" : "");
+      throw std::runtime_error(text.str());
+    }
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
     optimizer_->step();
     train_seconds_ += static_cast<double>(now_ns() - begin) * 1e-9;
@@ -669,7 +714,12 @@ class Run {
                         std::nullopt, o_.optimizer, now);
       return;
     }
-    const std::vector<std::string> parts = engine_->gather(holds ? encode_part(engine_->layers(), *optimizer_) : "");
+    std::vector<std::string> parts;
+    try {
+      parts = engine_->gather(holds ? encode_part(engine_->layers(), *optimizer_) : "");
+    } catch (const std::runtime_error& e) {  // too large to gather: every rank is here
+      throw std::runtime_error(std::string(e.what()) + "; save one file per device with --per-stage-files");
+    }
     if (!engine_->root()) return;
     // A TorchScript file is the script module with every stage's values: under MPI the first rank's
     // copy of the whole model (its layers share that module's tensors) takes them before it is written.
@@ -711,8 +761,7 @@ class Run {
     std::cout << std::endl;
     if (!o_.save.empty())
       std::cout << "  saved to       "
-                << (o_.per_stage_files ? o_.save + ".stage0-of-" + std::to_string(K_) + " .. " + o_.save + ".stage" +
-                                             std::to_string(K_ - 1) + "-of-" + std::to_string(K_)
+                << (o_.per_stage_files ? checkpoint_file(o_.save, 0) + " .. " + checkpoint_file(o_.save, K_ - 1)
                                        : o_.save)
                 << std::endl;
   }
@@ -825,6 +874,7 @@ int run(TrainOptions o) {
   check_targets(model, data);
   const Cut cut = choose_cut(o, model, data);
   Run run(o, model, data, cut);
+  run.check_outputs();
   run.resume();
   run.print_header();
   run.train();
@@ -935,6 +985,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
     o->stages_given = sub->count("--stages") > 0;
     o->weight_decay_given = sub->count("--weight-decay") > 0;
     o->betas_given = sub->count("--betas") > 0;
+    o->step_flags_given = sub->count("--lr-step-size") + sub->count("--lr-gamma") > 0;
     status = run(*o);
   });
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""pytorch_compare.py: the workloads of BENCHMARKS.md in Python PyTorch, to set beside `gpipe bench`.
+"""pytorch_compare.py: the workloads of docs/benchmarks.md in Python PyTorch, to set beside `gpipe bench`.
 
 Runs each workload as (a) the plain model on one device with 1 and with 2 intra-op threads, and
 (b) torch.distributed.pipeline.sync.Pipe with the same K, M, checkpoint mode and even cut. Prints a

@@ -105,7 +105,10 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
         throw;
       } catch (const std::exception& e) {  // libtorch's message; its C++ stack or TorchScript's traceback kept apart
         std::string report;
-        const std::string what = short_error(e, &report);
+        std::string what = short_error(e, &report);
+        if (what.find("a leaf Variable that requires grad is being used in an in-place operation") != std::string::npos)
+          what += "; the stage's first layer works in place on the stage's input: build it with inplace=False "
+                  "(or cut the model so that another layer starts the stage)";
         throw StageError(a, what, operand, report);
       }
       if (trace != nullptr) trace->push_back({a, begin, now_ns()});

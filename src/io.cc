@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <string>
 #include <stdexcept>
 
 #include <fcntl.h>
@@ -36,6 +38,16 @@ std::string resolve(const std::string& path) {
 bool is_special(const std::string& path) {
   struct stat st{};
   return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+}
+
+// The process's umask, read without setting it (umask(2) would change it for every thread
+// for a moment); 022 where /proc does not say.
+mode_t process_umask() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("Umask:", 0) == 0) return static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8));
+  return 022;
 }
 
 void write_all(int fd, const std::string& contents, const std::string& path, const std::string& shown) {
@@ -71,8 +83,13 @@ void write_file_atomically(const std::string& path, const std::string& contents)
   const std::string target = resolve(path);
   if (fs::is_directory(target)) throw std::runtime_error("gpipe: cannot write " + path + ": it is a folder");
   if (is_special(target)) {  // nothing to replace: write through
-    const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC);
+    // Non-blocking open: a FIFO without a reader is an error (ENXIO), not a wait without end.
+    const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 && errno == ENXIO)
+      throw std::runtime_error("gpipe: cannot write " + path + ": it is a FIFO that no process reads; start the reader first");
     if (fd < 0) fail("write", path, errno);
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);  // then write all of it
     write_all(fd, contents, "", path);
     if (::close(fd) != 0) fail("write", path, errno);
     return;
@@ -86,16 +103,15 @@ void write_file_atomically(const std::string& path, const std::string& contents)
   if (::stat(target.c_str(), &old) == 0) {
     mode = old.st_mode & 07777;
   } else {
-    const mode_t mask = ::umask(0);
-    ::umask(mask);
-    mode = 0666 & ~mask;
+    mode = 0666 & ~process_umask();
   }
   ::fchmod(fd, mode);
   write_all(fd, contents, tmp, path);
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int error = errno;
+  const int synced = ::fsync(fd) == 0 ? 0 : errno;
+  const int closed = ::close(fd) == 0 ? 0 : errno;
+  if (synced != 0 || closed != 0) {
     ::unlink(tmp.c_str());
-    fail("write", path, error);
+    fail("write", path, synced != 0 ? synced : closed);
   }
   if (::rename(tmp.c_str(), target.c_str()) != 0) {
     const int error = errno;

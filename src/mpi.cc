@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <numeric>
 
 namespace gpipe::mpi {
@@ -116,15 +117,43 @@ Communicator Communicator::split(MPI_Comm comm, int color, int key) {
   return c;
 }
 
+namespace {
+
+// Where each rank's part of a gather lies in the whole.
+struct Layout {
+  std::vector<int> lengths, offsets;
+  int64_t total = 0;
+};
+
+Layout layout_of(const std::vector<int64_t>& sizes) {
+  Layout out;
+  int64_t total = 0;
+  for (int64_t n : sizes) {
+    out.lengths.push_back(static_cast<int>(std::min<int64_t>(n, INT_MAX)));
+    out.offsets.push_back(static_cast<int>(std::min<int64_t>(total, INT_MAX)));
+    total += n;
+  }
+  // Every rank knows every size, so all of them refuse together.
+  if (total > INT_MAX)
+    throw std::runtime_error("gpipe: the ranks' parts add up to " + std::to_string(total) +
+                             " bytes, more than the 2 GiB that one MPI gather carries");
+  out.total = total;
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::string> all_gather(MPI_Comm comm, const std::string& mine) {
   const int size = size_of(comm);
-  int length = static_cast<int>(mine.size());
-  std::vector<int> lengths(static_cast<size_t>(size)), offsets(static_cast<size_t>(size), 0);
-  check_mpi(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm), "MPI_Allgather");
-  for (int r = 1; r < size; ++r)
-    offsets[static_cast<size_t>(r)] = offsets[static_cast<size_t>(r) - 1] + lengths[static_cast<size_t>(r) - 1];
-  std::string all(static_cast<size_t>(offsets.back() + lengths.back()), '\0');
-  check_mpi(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, comm),
+  int64_t length = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> sizes(static_cast<size_t>(size));
+  check_mpi(MPI_Allgather(&length, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm), "MPI_Allgather");
+  const Layout l = layout_of(sizes);
+  const std::vector<int>& lengths = l.lengths;
+  const std::vector<int>& offsets = l.offsets;
+  std::string all(static_cast<size_t>(l.total), '\0');
+  check_mpi(MPI_Allgatherv(mine.data(), static_cast<int>(length), MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                           MPI_CHAR, comm),
             "MPI_Allgatherv");
   std::vector<std::string> out;
   for (int r = 0; r < size; ++r)
@@ -365,7 +394,7 @@ MpiPipeline::MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions option
     GPIPE_CHECK(options_.chunks() >= 1, "the number of micro-batches (chunks) must be at least 1 (got ",
                 options_.chunks(), ")");
     check_device(options_.device());
-  } catch (const std::invalid_argument& e) {
+  } catch (const std::exception& e) {
     error = e.what();
   }
   agree_on(error);
@@ -375,6 +404,7 @@ MpiPipeline::MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions option
   const Device& device = options_.device();
   const int K = placement_.stages, V = options_.virtual_stages();
   std::vector<std::unique_ptr<Stage>> stages;
+  std::exception_ptr failure;
   try {
     train_program_ = lower(make_schedule(options_.schedule(), K, options_.chunks(), V), options_.checkpoint());
     validate(train_program_);
@@ -390,8 +420,16 @@ MpiPipeline::MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions option
       detail::check_splittable(train_program_, part);
       stages.push_back(std::make_unique<Stage>(s, K * V, part, device));
     }
-  } catch (const std::invalid_argument& e) {
+  } catch (const std::exception& e) {  // a bad schedule, or no memory on the device: every rank stops
     error = e.what();
+    failure = std::current_exception();
+  }
+  if (failure) {  // the others hear of it; this rank throws what it caught
+    try {
+      agree_on(error);
+    } catch (const std::invalid_argument&) {
+    }
+    std::rethrow_exception(failure);
   }
   agree_on(error);
   connect();
@@ -657,27 +695,26 @@ double MpiPipeline::sum(double value) {
 std::vector<std::string> MpiPipeline::gather(const std::string& bytes) {
   ready();
   const int size = size_of(world_.get()), rank = rank_of(world_.get());
-  struct Buffers {
+  struct Buffers {  // kept alive by wait_or_keep if the gather is abandoned
     std::string mine;
-    int length = 0;
-    std::vector<int> lengths, offsets;
+    int64_t length = 0;
+    std::vector<int64_t> sizes;
+    Layout layout;
     std::string all;
   };
   auto b = std::make_shared<Buffers>();
   b->mine = bytes;
-  b->length = static_cast<int>(bytes.size());
-  b->lengths.assign(static_cast<size_t>(size), 0);
-  b->offsets.assign(static_cast<size_t>(size), 0);
+  b->length = static_cast<int64_t>(bytes.size());
+  b->sizes.assign(static_cast<size_t>(size), 0);
   MPI_Request request = MPI_REQUEST_NULL;
   try {
-    check_mpi(MPI_Igather(&b->length, 1, MPI_INT, b->lengths.data(), 1, MPI_INT, 0, world_.get(), &request),
-              "MPI_Igather");
+    check_mpi(MPI_Iallgather(&b->length, 1, MPI_INT64_T, b->sizes.data(), 1, MPI_INT64_T, world_.get(), &request),
+              "MPI_Iallgather");
     wait_or_keep(*errors_, request, b);
-    for (int r = 1; r < size; ++r)
-      b->offsets[static_cast<size_t>(r)] = b->offsets[static_cast<size_t>(r) - 1] + b->lengths[static_cast<size_t>(r) - 1];
-    b->all.assign(rank == 0 ? static_cast<size_t>(b->offsets.back() + b->lengths.back()) : 0, '\0');
-    check_mpi(MPI_Igatherv(b->mine.data(), b->length, MPI_CHAR, b->all.data(), b->lengths.data(), b->offsets.data(),
-                           MPI_CHAR, 0, world_.get(), &request),
+    b->layout = layout_of(b->sizes);  // every rank refuses a gather too large, or none
+    b->all.assign(rank == 0 ? static_cast<size_t>(b->layout.total) : 0, '\0');
+    check_mpi(MPI_Igatherv(b->mine.data(), static_cast<int>(b->length), MPI_CHAR, b->all.data(),
+                           b->layout.lengths.data(), b->layout.offsets.data(), MPI_CHAR, 0, world_.get(), &request),
               "MPI_Igatherv");
     wait_or_keep(*errors_, request, b);
   } catch (...) {
@@ -687,8 +724,8 @@ std::vector<std::string> MpiPipeline::gather(const std::string& bytes) {
   std::vector<std::string> out;
   if (rank == 0)
     for (int r = 0; r < size; ++r)
-      out.push_back(b->all.substr(static_cast<size_t>(b->offsets[static_cast<size_t>(r)]),
-                                  static_cast<size_t>(b->lengths[static_cast<size_t>(r)])));
+      out.push_back(b->all.substr(static_cast<size_t>(b->layout.offsets[static_cast<size_t>(r)]),
+                                  static_cast<size_t>(b->layout.lengths[static_cast<size_t>(r)])));
   return out;
 }
 

@@ -87,6 +87,26 @@ std::string short_error(const std::exception& e, std::string* report) {
 
 namespace {
 
+// Keeps a stage's buffers (a BatchNorm's running statistics and batch count) as they are
+// while a forward is recomputed for backward: the first forward updated them already.
+class KeepBuffers {
+ public:
+  explicit KeepBuffers(const torch::nn::Sequential& layers) : buffers_(layers->buffers()) {
+    for (const auto& b : buffers_) saved_.push_back(b.clone());
+  }
+  ~KeepBuffers() {
+    // Without a version bump: the recomputed graph holds the running statistics, which the
+    // backward of a training-mode BatchNorm does not read.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    for (size_t n = 0; n < buffers_.size(); ++n) buffers_[n].copy_(saved_[n]);
+  }
+  KeepBuffers(const KeepBuffers&) = delete;
+  KeepBuffers& operator=(const KeepBuffers&) = delete;
+
+ private:
+  std::vector<torch::Tensor> buffers_, saved_;
+};
+
 template <typename Impl>
 bool in_place(torch::nn::Module& module) {
   auto* m = module.as<Impl>();
@@ -119,6 +139,8 @@ bool draws_random_numbers(const torch::nn::Sequential& layers) {
         drops<torch::nn::Dropout3dImpl>(*module) || drops<torch::nn::AlphaDropoutImpl>(*module) ||
         drops<torch::nn::FeatureAlphaDropoutImpl>(*module))
       return true;
+    const auto* random = dynamic_cast<const RandomLayer*>(module.get());
+    if (random != nullptr && random->draws_random_numbers()) return true;
   }
   return false;
 }
@@ -213,6 +235,7 @@ torch::Tensor Stage::backward(int i, const torch::Tensor& output_grad, StepData&
   Kept& k = kept(i);
   if (k.recompute) {
     RandomStream stream(stochastic_, device_.device, seed_of(i, step));
+    const KeepBuffers keep(layers_);
     run_layers(i, k.input, false, k, step);
   }
   if (last()) {
@@ -235,6 +258,7 @@ torch::Tensor Stage::input_grad(int i, const torch::Tensor& output_grad, StepDat
               " without recording its layers, so its backward cannot be split into I and W");
   if (k.recompute) {
     RandomStream stream(stochastic_, device_.device, seed_of(i, step));
+    const KeepBuffers keep(layers_);
     run_layers(i, k.input, true, k, step);
   }
   const size_t L = k.layer_outputs.size();

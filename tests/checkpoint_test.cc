@@ -80,3 +80,27 @@ TEST(RematerializationTest, StochasticStagesAreDetected) {
   EXPECT_FALSE(first.stochastic());
   EXPECT_TRUE(second.stochastic());
 }
+
+TEST(RematerializationTest, RecomputingLeavesBatchNormStatisticsAsTheForwardLeftThem) {
+  // A recomputed forward must not update running statistics a second time: every mode ends
+  // with the buffers of `never`, which runs each micro-batch's forward once.
+  auto buffers_after_step = [](Checkpoint mode) {
+    torch::manual_seed(3);
+    torch::nn::Sequential model(torch::nn::Linear(12, 16), torch::nn::BatchNorm1d(16), torch::nn::ReLU(),
+                                torch::nn::Linear(16, 16), torch::nn::BatchNorm1d(16), torch::nn::Linear(16, 4));
+    gpipe::Pipeline pipe(model, PipelineOptions().balance({2, 4}).chunks(4).checkpoint(mode));
+    const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
+    pipe.train_step(x, y, gpipe::mse_loss);
+    std::vector<torch::Tensor> out;
+    for (const auto& b : model->buffers()) out.push_back(b.clone());
+    return out;
+  };
+  const auto never = buffers_after_step(Checkpoint::kNever);
+  ASSERT_EQ(never.size(), 6u);
+  EXPECT_EQ(never[2].item<int64_t>(), 4) << "one update per micro-batch's forward";
+  for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast}) {
+    const auto other = buffers_after_step(mode);
+    for (size_t n = 0; n < never.size(); ++n)
+      EXPECT_TRUE(torch::equal(other[n], never[n])) << gpipe::to_string(mode) << " buffer " << n;
+  }
+}

@@ -134,6 +134,9 @@ if [ "$torch" = 1 ]; then
   else fail "4. the checkpoint was replaced"; fi
 fi
 
+run "4. a learning rate beyond float's range" 1 "the learning rate of step 1 is 1e\+39, beyond float's range" \
+  train "${tiny[@]}" --steps 2 --optimizer sgd --lr 1e39
+
 # 5. What the machine cannot run is refused at once.
 run "5. --threads-per-stage 1000" 2 "--threads-per-stage 1000 is more than this machine's [0-9]+ cores" \
   train "${tiny[@]}" --threads-per-stage 1000
@@ -163,6 +166,16 @@ if [ -c /dev/full ] && [ -w /dev/full ]; then
   else fail "6. standard output on /dev/full: exit $status: $(cat "$work/err.txt")"; fi
 fi
 
+run "6. --save onto the training data" 2 "--save .*data.pt is the file of --data; writing it would replace your input" \
+  train --model "$work/model.pt" --data "$work/data.pt" --loss mse --save "$work/data.pt"
+run "6. --save and --trace one file" 2 "--save .*same.json is the file of --trace" \
+  train "${tiny[@]}" --save "$work/same.json" --trace "$work/same.json"
+# A checkpoint with 16 bytes overwritten in its middle: refused by its digest.
+cp "$work/ckpt.pt" "$work/corrupt.pt"
+printf 'XXXXXXXXXXXXXXXX' | dd of="$work/corrupt.pt" bs=1 seek=$(($(stat -c %s "$work/ckpt.pt") / 2)) conv=notrunc 2>/dev/null
+run "6. a corrupted checkpoint" 2 "corrupt.pt is truncated, corrupt or not a gpipe checkpoint \(its digest does not match" \
+  train "${tiny[@]}" --steps 4 --resume "$work/corrupt.pt"
+
 # 7. A resume that runs no step says so; no loss is made up.
 timeout 60 "$gpipe" train "${tiny[@]}" --steps 2 --resume "$work/ckpt.pt" --json >"$work/none.json" 2>/dev/null
 timeout 60 "$gpipe" train "${tiny[@]}" --steps 2 --resume "$work/ckpt.pt" >"$work/none.txt" 2>/dev/null
@@ -173,6 +186,10 @@ assert s["steps_this_run"] == 0 and s["no_step_ran"] and s["first_loss"] is None
 ' "$work/none.json" && grep -q "no step ran: the checkpoint is at step 2" "$work/none.txt"; then
   pass "7. --resume at --steps: 'no step ran', null losses in JSON"
 else fail "7. --resume at --steps: $(cat "$work/none.txt")"; fi
+timeout 60 "$gpipe" train "${tiny[@]}" --steps 2 --resume "$work/ckpt.pt" --save "$work/copy.pt" >"$work/none.txt" 2>&1
+if grep -q "saved to *$work/copy.pt" "$work/none.txt" && [ -s "$work/copy.pt" ]; then
+  pass "7. no step ran, another --save: the file it names is written"
+else fail "7. --save after no step: $(ls "$work")"; fi
 
 if [ "$torch" = 1 ]; then
   # 8. libtorch's and TorchScript's internals only with --verbose.

@@ -224,7 +224,9 @@ TEST(PipelineTest, OverheadIsStepTimeLessTheSimulatedSchedule) {
   gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().stages(2).chunks(4));
   pipe.train_step(torch::randn({8, 12}), torch::randn({8, 4}), mse);
   const double overhead = gpipe::overhead_seconds(pipe.last_trace(), pipe.schedule());
-  EXPECT_LT(overhead, pipe.last_trace().seconds());
+  // A span covers its action's compute alone (not the wait for or the send of a tensor), so the
+  // simulated chain of measured spans fits in the step: spans that overlapped would fail this.
+  EXPECT_GE(overhead, 0.0);
 }
 
 TEST(CheckpointModeTest, TextFormParsesBack) {

@@ -151,6 +151,26 @@ if mpi:
     results.append(ok and compare("mpirun: saved by 2 ranks, resumed by 3", f"{work}/mpi-whole.pt",
                                   reference(9, 10, optimizer="adam", lr=0.01)))
 
+# Dropout and BatchNorm in a TorchScript model: Dropout seeded by --seed and replayed exactly when a
+# forward is recomputed, BatchNorm's statistics updated once per forward of a micro-batch: every
+# checkpoint mode gives the same parameters and buffers; another seed gives other ones.
+noisy = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                            torch.nn.Dropout(0.5), torch.nn.Linear(16, 3))
+torch.jit.script(noisy).save(f"{work}/noisy.pt")
+states = {}
+for mode, seed in [("never", "0"), ("always", "0"), ("except_last", "0"), ("never", "1")]:
+    out = f"{work}/noisy-{mode}-{seed}.pt"
+    run = subprocess.run([gpipe, "train", "--model", f"{work}/noisy.pt", "--data", f"{work}/data.pt", "--loss", "mse",
+                          "--stages", "2", "--micro-batches", "4", "--batch-size", "37", "--steps", "3",
+                          "--checkpoint", mode, "--seed", seed, "--save", out], capture_output=True, text=True)
+    states[mode, seed] = torch.jit.load(out).state_dict() if run.returncode == 0 else None
+same = lambda a, b: a is not None and b is not None and all(torch.equal(a[k], b[k]) for k in a)
+ok = (same(states["never", "0"], states["always", "0"]) and same(states["never", "0"], states["except_last", "0"])
+      and states["never", "1"] is not None and not same(states["never", "0"], states["never", "1"])
+      and states["never", "0"]["1.num_batches_tracked"].item() == 4 * 3)
+print(f"{'ok' if ok else 'FAILED'}: Dropout and BatchNorm: every checkpoint mode equal, another seed differs")
+results.append(ok)
+
 # A checkpoint of another model is refused before any training.
 other = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
 torch.jit.script(other).save(f"{work}/other.pt")

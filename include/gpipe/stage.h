@@ -98,7 +98,19 @@ struct StepData {
   std::vector<double> losses;          ///< written by the last stage: weighted loss per micro-batch
 };
 
-/// Whether `layers` draw random numbers in training (Dropout with p > 0).
+/// A layer that draws random numbers in training without being one of torch::nn's
+/// Dropout modules (a TorchScript module whose code calls dropout, say) derives from
+/// this too, so that its stage seeds its random stream and replays it when it
+/// recomputes the forward.
+class RandomLayer {
+ public:
+  virtual ~RandomLayer() = default;
+  /// Whether the layer draws random numbers in training mode.
+  virtual bool draws_random_numbers() const = 0;
+};
+
+/// Whether `layers` draw random numbers in training: torch::nn's Dropout modules
+/// with p > 0, and RandomLayers that say so.
 bool draws_random_numbers(const torch::nn::Sequential& layers);
 
 /// The name of the first of `layers` that holds a module built to work in
