@@ -73,13 +73,16 @@ void add_schedule_command(CLI::App& app, const std::string& /*command*/, int& st
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1p"}))->capture_default_str();
   sub->add_option("--stages", o->stages, "K, the number of devices")->check(at_least(1))->capture_default_str();
   sub->add_option("--micro-batches", o->micro_batches, "M")->check(at_least(1))->capture_default_str();
-  sub->add_option("--virtual-stages", o->virtual_stages, "V, stages per device (interleaved)")
-      ->check(at_least(1))->capture_default_str();
+  sub->add_option("--virtual-stages", o->virtual_stages, "V, stages per device (interleaved; default 2 there, else 1)")
+      ->check(at_least(1));
   sub->add_option("--checkpoint", o->checkpoint, "always, except_last or never: the recompute flags of --program")
       ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
   sub->add_flag("--program", o->program, "also print each device's lowered program, sends and receives included");
   sub->add_flag("--json", o->json, "one JSON object: the program, its simulated bubble and peaks");
-  sub->callback([o, &status] { status = run(*o); });
+  sub->callback([o, sub, &status] {
+    if (o->schedule == "interleaved" && sub->count("--virtual-stages") == 0) o->virtual_stages = 2;  // as gpipe train
+    status = run(*o);
+  });
 }
 
 }  // namespace gpipe::cli

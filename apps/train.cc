@@ -975,8 +975,8 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "continue from a checkpoint written by --save, with the same model and optimizer and any "
                   "--stages, schedule or number of ranks");
   sub->add_flag("--per-stage-files", o->per_stage_files,
-                "under mpirun, --save and --resume use one file per device, FILE.stage<j>-of-<K>, for models "
-                "too large to gather on one host (resume with the same K)");
+                "under mpirun, --save and --resume use one file per device (its stages), FILE.stage<j>-of-<K>, "
+                "for checkpoints above the 2 GiB one MPI gather carries (resume with the same K)");
   sub->add_option("--trace", o->trace,
                   "write the last training step's timeline: an SVG chart if FILE ends in .svg, otherwise "
                   "Chrome-trace JSON (open it in Perfetto)");
