@@ -46,24 +46,35 @@ Dict encode_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
   auto put = [&](const char* name, const torch::Tensor& t) {
     if (t.defined()) out.insert(name, t.detach().clone());
   };
+  auto put_adam = [&](const auto& a) {  // Adam's and AdamW's states: the same fields, two types
+    out.insert("step", a.step());
+    put("exp_avg", a.exp_avg());
+    put("exp_avg_sq", a.exp_avg_sq());
+    put("max_exp_avg_sq", a.max_exp_avg_sq());
+  };
   if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
     put("momentum_buffer", s->momentum_buffer());
   } else if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
-    out.insert("step", a->step());
-    put("exp_avg", a->exp_avg());
-    put("exp_avg_sq", a->exp_avg_sq());
-    put("max_exp_avg_sq", a->max_exp_avg_sq());
+    put_adam(*a);
   } else if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
-    out.insert("step", w->step());
-    put("exp_avg", w->exp_avg());
-    put("exp_avg_sq", w->exp_avg_sq());
-    put("max_exp_avg_sq", w->max_exp_avg_sq());
+    put_adam(*w);
   }
   return out;
 }
 
 torch::Tensor tensor_or_none(const Dict& d, const char* name) {
   return d.contains(name) ? d.at(name).toTensor() : torch::Tensor();
+}
+
+// An Adam or AdamW state from the fields encode_state wrote.
+template <typename AdamState>
+std::unique_ptr<AdamState> adam_state(const Dict& saved) {
+  auto a = std::make_unique<AdamState>();
+  a->step(saved.at("step").toInt());
+  a->exp_avg(tensor_or_none(saved, "exp_avg"));
+  a->exp_avg_sq(tensor_or_none(saved, "exp_avg_sq"));
+  a->max_exp_avg_sq(tensor_or_none(saved, "max_exp_avg_sq"));
+  return a;
 }
 
 // Installs `saved` (encode_state's dict) as the optimizer's state of `p`.
@@ -76,19 +87,9 @@ void install_state(torch::optim::Optimizer& optimizer, const std::string& kind, 
     s->momentum_buffer(tensor_or_none(saved, "momentum_buffer"));
     state = std::move(s);
   } else if (kind == "adam") {
-    auto a = std::make_unique<torch::optim::AdamParamState>();
-    a->step(saved.at("step").toInt());
-    a->exp_avg(tensor_or_none(saved, "exp_avg"));
-    a->exp_avg_sq(tensor_or_none(saved, "exp_avg_sq"));
-    a->max_exp_avg_sq(tensor_or_none(saved, "max_exp_avg_sq"));
-    state = std::move(a);
+    state = adam_state<torch::optim::AdamParamState>(saved);
   } else {
-    auto w = std::make_unique<torch::optim::AdamWParamState>();
-    w->step(saved.at("step").toInt());
-    w->exp_avg(tensor_or_none(saved, "exp_avg"));
-    w->exp_avg_sq(tensor_or_none(saved, "exp_avg_sq"));
-    w->max_exp_avg_sq(tensor_or_none(saved, "max_exp_avg_sq"));
-    state = std::move(w);
+    state = adam_state<torch::optim::AdamWParamState>(saved);
   }
   auto& states = optimizer.state();
   states[state_key(states, p)] = std::move(state);
@@ -114,7 +115,8 @@ std::string sealed(std::string bytes) {
 
 // The bytes without their digest; throws if it is missing or does not match.
 std::string unsealed(const std::string& path, std::string bytes) {
-  const size_t trailer = kDigestTag.size() + kDigestDigits, body = bytes.size() - trailer;
+  const size_t trailer = kDigestTag.size() + kDigestDigits;
+  const size_t body = bytes.size() >= trailer ? bytes.size() - trailer : 0;
   if (bytes.size() < trailer || bytes.compare(body, kDigestTag.size(), kDigestTag) != 0 ||
       bytes.compare(body + kDigestTag.size(), kDigestDigits, digest_of(bytes, body)) != 0)
     throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint (its digest does not match "
