@@ -168,34 +168,9 @@ TEST(FaultStressTest, RandomFaultsRetriedEndAsAFaultFreeRun) {
     auto faulty = stress_model(plan), clean = stress_model(std::make_shared<FaultPlan>());
     const auto options = PipelineOptions().balance({4, 4, 5}).chunks(4).schedule(kind);
     gpipe::Pipeline a(faulty, options), b(clean, options);
-    torch::optim::SGD sgd_a(a.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    torch::optim::SGD sgd_b(b.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    std::mt19937 rng(static_cast<unsigned>(kind) + 1);
     int failures = 0;
-    for (int step = 0; step < 120; ++step) {
-      torch::manual_seed(1000 + step);
-      const torch::Tensor x = torch::randn({10, 8}), y = torch::randn({10, 3});
-      sgd_b.zero_grad();
-      torch::manual_seed(7000 + step);  // the generator each step draws its Dropout seed from
-      b.train_step(x, y, gpipe::mse_loss);
-      sgd_b.step();
-
-      sgd_a.zero_grad();
-      if (rng() % 2 == 0)
-        plan->arm(static_cast<int>(rng() % 3), static_cast<FaultPlan::Phase>(rng() % 3), 1 + static_cast<int>(rng() % 4));
-      torch::manual_seed(7000 + step);
-      try {
-        a.train_step(x, y, gpipe::mse_loss);
-      } catch (const gpipe::StageError& e) {
-        ++failures;
-        for (const auto& p : a.parameters())
-          ASSERT_TRUE(!p.grad().defined() || p.grad().eq(0).all().item<bool>()) << "the failed step changed a gradient";
-        plan->disarm();
-        a.train_step(x, y, gpipe::mse_loss);  // the retry, which must work
-      }
-      plan->disarm();  // a fault whose moment did not come is dropped
-      sgd_a.step();
-    }
+    ASSERT_NO_FATAL_FAILURE(gpipe::testing::train_with_random_faults<gpipe::StageError>(
+        a, b, *plan, 120, static_cast<unsigned>(kind) + 1, &failures));
     EXPECT_GT(failures, 20);
     const auto pa = faulty->parameters(), pb = clean->parameters();
     for (size_t n = 0; n < pa.size(); ++n) EXPECT_TRUE(torch::equal(pa[n], pb[n])) << "parameter " << n;

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <memory>
+#include <random>
 
 namespace gpipe::testing {
 
@@ -153,5 +154,42 @@ class FaultPointImpl : public torch::nn::Module {
   torch::Tensor weight_;
 };
 TORCH_MODULE(FaultPoint);
+
+/// `steps` SGD steps of `faulty` and `clean` (a Pipeline or an Engine each) on the same batches
+/// and Dropout seeds; before about half of faulty's steps `plan` is armed at a random point (of
+/// 3), phase and moment. A step that throws `Failure` must leave every gradient zero, and its
+/// retry must work. Adds the failed steps to `*failures`.
+template <typename Failure, typename Trainer>
+void train_with_random_faults(Trainer& faulty, Trainer& clean, FaultPlan& plan, int steps, unsigned seed,
+                              int* failures) {
+  torch::optim::SGD sgd_a(faulty.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::SGD sgd_b(clean.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::mt19937 rng(seed);
+  for (int step = 0; step < steps; ++step) {
+    torch::manual_seed(1000 + step);
+    const torch::Tensor x = torch::randn({10, 8}), y = torch::randn({10, 3});
+    sgd_b.zero_grad();
+    torch::manual_seed(7000 + step);  // the generator each step draws its Dropout seed from
+    clean.train_step(x, y, gpipe::mse_loss);
+    sgd_b.step();
+
+    sgd_a.zero_grad();
+    if (rng() % 2 == 0)
+      plan.arm(static_cast<int>(rng() % 3), static_cast<FaultPlan::Phase>(rng() % 3), 1 + static_cast<int>(rng() % 4));
+    torch::manual_seed(7000 + step);
+    try {
+      faulty.train_step(x, y, gpipe::mse_loss);
+    } catch (const Failure&) {
+      ++*failures;
+      for (const torch::Tensor& p : faulty.parameters())
+        ASSERT_TRUE(!p.grad().defined() || p.grad().eq(0).all().template item<bool>())
+            << "the failed step changed a gradient";
+      plan.disarm();
+      faulty.train_step(x, y, gpipe::mse_loss);  // the retry, which must work
+    }
+    plan.disarm();  // a fault whose moment did not come is dropped
+    sgd_a.step();
+  }
+}
 
 }  // namespace gpipe::testing

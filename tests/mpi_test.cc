@@ -366,34 +366,8 @@ TEST(MpiFailure, RandomFaultsRetriedEndAsAFaultFreeRun) {
   const auto options = PipelineOptions().stages(K).chunks(4).schedule(ScheduleKind::kZB1P);
   auto faulty = make_engine(builder(plan), 13, options, Runtime::kMpi);
   auto clean = make_engine(builder(std::make_shared<FaultPlan>()), 13, options, Runtime::kMpi);
-  torch::optim::SGD sgd_a(faulty->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  torch::optim::SGD sgd_b(clean->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  std::mt19937 rng(5);
-  int failures = 0;
-  for (int step = 0; step < 60; ++step) {
-    torch::manual_seed(1000 + step);
-    const torch::Tensor x = torch::randn({10, 8}), y = torch::randn({10, 3});
-    sgd_b.zero_grad();
-    torch::manual_seed(7000 + step);
-    clean->train_step(x, y, mse_loss);
-    sgd_b.step();
-
-    sgd_a.zero_grad();
-    if (rng() % 2 == 0)
-      plan->arm(static_cast<int>(rng() % 3), static_cast<FaultPlan::Phase>(rng() % 3), 1 + static_cast<int>(rng() % 4));
-    torch::manual_seed(7000 + step);
-    try {
-      faulty->train_step(x, y, mse_loss);
-    } catch (const std::exception& e) {  // StageError on the failing rank, RemoteError on the others
-      ++failures;
-      for (const auto& p : faulty->parameters())
-        ASSERT_TRUE(!p.grad().defined() || p.grad().eq(0).all().item<bool>()) << "the failed step changed a gradient";
-      plan->disarm();
-      faulty->train_step(x, y, mse_loss);
-    }
-    plan->disarm();
-    sgd_a.step();
-  }
+  int failures = 0;  // StageError on the failing rank, RemoteError on the others
+  ASSERT_NO_FATAL_FAILURE(train_with_random_faults<std::exception>(*faulty, *clean, *plan, 60, 5, &failures));
   EXPECT_GT(failures, 5);
   const auto pa = faulty->parameters(), pb = clean->parameters();
   for (size_t n = 0; n < pa.size(); ++n) EXPECT_TRUE(torch::equal(pa[n], pb[n])) << "parameter " << n;
