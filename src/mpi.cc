@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <numeric>
 
@@ -735,39 +736,34 @@ double MpiPipeline::max(double value) {
 }
 
 StepTrace MpiPipeline::gather_trace() {
-  ready();
   // Per action: stage, kind, micro-batch, recompute flag, begin and end in ns from this rank's step start.
   constexpr size_t kFields = 6;
   std::vector<int64_t> mine;
-  if (!trace_.devices.empty())
+  if (placement_.replica == 0 && !trace_.devices.empty())
     for (const ActionSpan& span : trace_.devices[0])
       mine.insert(mine.end(), {span.action.stage, static_cast<int64_t>(span.action.kind), span.action.micro_batch,
                                span.action.recompute ? 1 : 0, span.begin_ns - trace_.begin_ns,
                                span.end_ns - trace_.begin_ns});
-  const MPI_Comm world = world_.get();
-  const int size = size_of(world), rank = rank_of(world);
-  int count = placement_.replica == 0 ? static_cast<int>(mine.size()) : 0;
-  std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size), 0);
-  check_mpi(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, world), "MPI_Gather");
-  for (int r = 1; r < size; ++r)
-    offsets[static_cast<size_t>(r)] = offsets[static_cast<size_t>(r) - 1] + counts[static_cast<size_t>(r) - 1];
-  std::vector<int64_t> all(rank == 0 ? static_cast<size_t>(offsets.back() + counts.back()) : 0);
-  check_mpi(MPI_Gatherv(mine.data(), count, MPI_INT64_T, all.data(), counts.data(), offsets.data(), MPI_INT64_T, 0,
-                        world),
-            "MPI_Gatherv");
+  const std::vector<std::string> parts =
+      gather(std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(int64_t)));
   StepTrace out;
-  if (rank != 0) return out;
+  if (parts.empty()) return out;  // not the first rank
   out.devices.assign(static_cast<size_t>(placement_.stages), {});
-  for (size_t n = 0; n + kFields <= all.size(); n += kFields) {
-    ActionSpan span;
-    span.action.stage = static_cast<int>(all[n]);
-    span.action.kind = static_cast<ActionKind>(all[n + 1]);
-    span.action.micro_batch = static_cast<int>(all[n + 2]);
-    span.action.recompute = all[n + 3] != 0;
-    span.begin_ns = all[n + 4];
-    span.end_ns = all[n + 5];
-    out.end_ns = std::max(out.end_ns, span.end_ns);
-    out.devices[static_cast<size_t>(train_program_.placement[static_cast<size_t>(span.action.stage)])].push_back(span);
+  for (const std::string& part : parts) {
+    std::vector<int64_t> all(part.size() / sizeof(int64_t));
+    std::memcpy(all.data(), part.data(), all.size() * sizeof(int64_t));
+    for (size_t n = 0; n + kFields <= all.size(); n += kFields) {
+      ActionSpan span;
+      span.action.stage = static_cast<int>(all[n]);
+      span.action.kind = static_cast<ActionKind>(all[n + 1]);
+      span.action.micro_batch = static_cast<int>(all[n + 2]);
+      span.action.recompute = all[n + 3] != 0;
+      span.begin_ns = all[n + 4];
+      span.end_ns = all[n + 5];
+      out.end_ns = std::max(out.end_ns, span.end_ns);
+      out.devices[static_cast<size_t>(train_program_.placement[static_cast<size_t>(span.action.stage)])].push_back(
+          span);
+    }
   }
   return out;
 }
