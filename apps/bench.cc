@@ -60,6 +60,7 @@ struct Contender {
   std::vector<int64_t> peak_bytes;       // per device, largest over the timed steps
   std::vector<int64_t> held_bytes;       // per device, peak held between actions, largest over the timed steps
   std::vector<int64_t> parameter_bytes;  // per device, parameters and gradients
+  Prediction predicted;                  // the cost model's figures for this configuration (cost_model.h)
 };
 
 // The cut of `w` into K·V stages: explicit, even (docs/benchmarks.md), or by measured cost.
@@ -72,7 +73,17 @@ std::vector<int> cut_for(const Workload& w, int K, int V, int M, const std::stri
   return balance_by_cost(balance_by == "time" ? time_costs(w.model, sample, o.threads) : memory_costs(w.model, sample), K);
 }
 
-void build(Contender& c, const std::string& name, int M, Checkpoint mode, const BenchOptions& o) {
+// The cost model of workload `name` at M micro-batches: its layers profiled on one
+// micro-batch, on one stage's threads, as the stages will run them.
+CostModel profile_workload(const std::string& name, int M, const BenchOptions& o) {
+  const Workload w = make_workload(name, 0);
+  const int64_t rows = chunk_sizes(w.input.size(0), M).front();
+  return profile_layers(w.model, w.input.narrow(0, 0, rows), o.threads, /*state_per_parameter_byte=*/1,  // plain SGD
+                        1, 3, w.loss, w.target.narrow(0, 0, rows));
+}
+
+void build(Contender& c, const std::string& name, int M, Checkpoint mode, const BenchOptions& o,
+           const CostModel& costs) {
   c.workload = make_workload(name, 0);
   if (c.unsplit) {
     c.sgd = std::make_unique<torch::optim::SGD>(c.workload.model->parameters(), 1e-4);
@@ -88,6 +99,7 @@ void build(Contender& c, const std::string& name, int M, Checkpoint mode, const 
                                                             .threads_per_stage(o.threads)
                                                             .track_memory(true));
   c.sgd = std::make_unique<torch::optim::SGD>(c.pipe->parameters(), 1e-4);
+  c.predicted = predict(costs, c.pipe->balance(), c.pipe->schedule(), chunk_sizes(c.workload.input.size(0), M));
 }
 
 // One training step (SGD step included) of `c`; records it when `timed`.
@@ -178,6 +190,16 @@ std::string range_text(double lo, double hi, int digits = 1) {
   return out.str();
 }
 
+// Of the per-device ratios predicted / measured, the one farthest from 1.
+double worst_ratio(const std::vector<int64_t>& predicted, const std::vector<int64_t>& measured) {
+  double worst = 1;
+  for (size_t j = 0; j < predicted.size() && j < measured.size(); ++j) {
+    const double r = static_cast<double>(predicted[j]) / static_cast<double>(std::max<int64_t>(measured[j], 1));
+    if (std::abs(std::log(r)) > std::abs(std::log(worst))) worst = r;
+  }
+  return worst;
+}
+
 std::string mebibytes(const std::vector<int64_t>& bytes) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(1);
@@ -260,7 +282,9 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
               << "MiB sent/step" << "  balance\n";
   for (const auto& name : o.workloads) {
     const Workload whole = make_workload(name, 0, LayerRange{0, 0});  // sizes and cut, no layers
-    for (int M : o.micro_batches)
+    for (int M : o.micro_batches) {
+      // The cost model, on the rank that prints (the whole workload is small enough to hold there).
+      const CostModel costs = w.prints() ? profile_workload(name, M, o) : CostModel{};
       for (const auto& mode_name : o.checkpoints)
         for (int K : o.stages)
           for (const std::string& schedule : o.schedules) {
@@ -297,6 +321,9 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
           if (!w.prints()) continue;
           const double batch = static_cast<double>(mine.input.size(0));
           const double rate = batch / median(step_s);
+          // Replica 0's pipeline, on its share of the rows (the replicas' gradient sum is not modelled).
+          const int64_t share = chunk_sizes(mine.input.size(0), place.replicas).front();
+          const Prediction predicted = predict(costs, cut, pipe.schedule(), chunk_sizes(share, M));
           const double rmin = batch / *std::max_element(step_s.begin(), step_s.end());
           const double rmax = batch / *std::min_element(step_s.begin(), step_s.end());
           nlohmann::json row = {{"workload", name},
@@ -313,6 +340,11 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
                                 {"samples_per_s_min", rmin},
                                 {"samples_per_s_max", rmax},
                                 {"bubble", median(bubbles)},
+                                {"step_s", median(step_s)},
+                                {"predicted_step_s", predicted.step_s},
+                                {"predicted_bubble", predicted.bubble},
+                                {"predicted_peak_bytes", predicted.peak_bytes},
+                                {"predicted_static_bytes", predicted.static_bytes},
                                 {"ideal", ideal_speedup(pipe.schedule())},
                                 {"bytes_sent_per_step", sent_per_step},
                                 {"steps", o.steps},
@@ -327,6 +359,7 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
                       << "  " << nlohmann::json(cut).dump() << std::endl;
           }
         }
+    }
   }
   if (w.prints()) write_results(o, rows, command);
   return 0;
@@ -372,12 +405,14 @@ int run(const BenchOptions& o, const std::string& command) {
               << std::setw(13) << "checkpoint" << std::setw(16) << "schedule" << std::setw(11) << "samples/s"
               << std::setw(9) << "speedup" << std::setw(17) << "(min .. max)" << std::setw(7) << "ideal"
               << std::setw(6) << "eff" << std::setw(8) << "bubble" << std::setw(9) << "vs unspl" << std::setw(9)
-              << "sim/meas" << "  peak MiB per device  balance\n";
+              << "sim/meas" << std::setw(8) << "pred t" << std::setw(9) << "pred mem"
+              << "  peak MiB per device  balance\n";
   for (const auto& name : o.workloads)
     for (int M : o.micro_batches)
       for (Checkpoint mode : modes) {
         std::vector<Contender> all = contenders(o);
-        for (Contender& c : all) build(c, name, M, mode, o);
+        const CostModel costs = profile_workload(name, M, o);
+        for (Contender& c : all) build(c, name, M, mode, o, costs);
         // Round-robin: warm-up rounds, then timed rounds, one step of every contender per round.
         for (int s = 0; s < o.warmup + o.steps; ++s)
           for (Contender& c : all) step(c, s >= o.warmup);
@@ -419,7 +454,12 @@ int run(const BenchOptions& o, const std::string& command) {
                                 {"simulated_over_measured", simulated.median},
                                 {"simulated_over_measured_min", simulated.min},
                                 {"simulated_over_measured_max", simulated.max},
+                                {"step_s", median(c.step_s)},
+                                {"predicted_step_s", c.predicted.step_s},
+                                {"predicted_bubble", c.predicted.bubble},
                                 {"peak_bytes", c.peak_bytes},
+                                {"predicted_peak_bytes", c.predicted.peak_bytes},
+                                {"predicted_static_bytes", c.predicted.static_bytes},
                                 {"peak_held_bytes", c.held_bytes},
                                 {"parameter_bytes", c.parameter_bytes},
                                 {"unsplit_samples_per_s", batch / median(unsplit.step_s)},
@@ -455,7 +495,9 @@ int run(const BenchOptions& o, const std::string& command) {
                       << std::setw(9) << speedup.median << std::setw(17) << range_text(speedup.min, speedup.max, 2)
                       << std::setw(7) << ideal << std::setprecision(2) << std::setw(6) << speedup.median / ideal
                       << std::setprecision(3) << std::setw(8) << median(c.bubbles) << std::setw(9) << vs_unsplit.median
-                      << std::setw(9) << simulated.median << "  " << std::setw(19) << std::left
+                      << std::setw(9) << simulated.median << std::setw(8) << c.predicted.step_s / median(c.step_s)
+                      << std::setw(9) << worst_ratio(c.predicted.peak_bytes, c.peak_bytes) << "  " << std::setw(19)
+                      << std::left
                       << mebibytes(c.peak_bytes) << std::right << "  " << c.balance_by << " "
                       << nlohmann::json(c.pipe->balance()).dump() << std::endl;
         }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "gpipe/check.h"
+#include "gpipe/cost_model.h"
 #include "gpipe/device.h"
 #include "gpipe/engine.h"
 #include "gpipe/executor.h"

@@ -1,0 +1,151 @@
+// cost_model.h: what a configuration costs before it runs: per-layer costs (profiled here, or
+// derived from FLOPs for a device gpipe does not have) fed to the schedule simulator, predicting a
+// step's time and each device's peak bytes.
+//
+//   profile_layers(model, micro-batch) ─┐
+//   transformer_layer_costs(shape, dev) ─┴▶ CostModel ──predict(balance, program, rows)──▶ Prediction
+//                                                                                          step_s, bubble,
+//                                                                                          peak bytes per device
+//
+// Every figure of a layer is per sample (per row of dim 0), so one profile
+// serves any micro-batch size; times are profiled at the micro-batch size the
+// pipeline will run, where the per-sample figure is exact.
+//
+// How peak bytes are predicted. predict() simulates the program (schedule.h)
+// with the layers' times, then replays each device's actions in order and
+// tracks what the device holds, as gpipe's tracking allocator charges it: a
+// tensor counts on the device whose thread allocated it until the last
+// reference to it goes, wherever that is.
+//   F (keeps activations): during it, the stage's forward peak; after it, the
+//       stage keeps what its layers saved for backward and its output, until its
+//       B (or W) ends.
+//   F (re-materialized):  only the output is kept (its input belongs to the
+//       stage before); the output goes when the next stage's B ends (the last
+//       stage keeps nothing: its B computes the output and the loss again).
+//   B:  the forward is run again first if the F was re-materialized; during it,
+//       the stage's backward peak; after it, the gradient of the stage input,
+//       until the previous stage's B ends.
+//   I, W: a forward whose backward is split records every layer's input and
+//       output; I keeps what W needs (the inputs, the gradients of outputs
+//       of layers with weights, what the graph keeps for W), W frees it.
+// The last stage's backward also holds the output's gradient for the loss.
+// A device's predicted peak is the largest held total plus the transient of
+// the action running at that moment; static bytes (parameters, gradients,
+// optimizer state) come on top, as Pipeline::StageMemory reports them apart.
+#pragma once
+
+#include "gpipe/schedule.h"
+#include "gpipe/stage.h"
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpipe {
+
+/// The costs of one layer, per sample (a row of dim 0) unless named otherwise.
+struct LayerCost {
+  double forward_s = 0;       ///< forward, with autograd recording
+  double backward_s = 0;      ///< full backward (input and weight gradients)
+  double input_grad_s = 0;    ///< I: backward to the input only
+  double weight_grad_s = 0;   ///< W: the weights' share, after I
+  int64_t parameter_bytes = 0;  ///< the layer's parameters (whole, not per sample)
+  double kept_bytes = 0;        ///< what its forward keeps for backward, its output included
+  /// What it keeps when the next layer of its stage runs on its output: its output
+  /// counts only if its own graph or the next layer's saves it (a Linear's output
+  /// followed by a ReLU goes once the ReLU has run).
+  double chain_kept_bytes = 0;
+  double output_bytes = 0;      ///< its output (0 if it is a view of its input)
+  double forward_peak_bytes = 0;   ///< peak during its forward, above what it held before
+  double backward_peak_bytes = 0;  ///< peak during its backward above what it held before
+                                   ///< (its kept bytes and the output's gradient), its input's gradient included
+  double weight_kept_bytes = 0;    ///< what its graph keeps after its I until its W, beyond its input and the
+                                   ///< gradient of its output (which W also keeps, for a layer with parameters)
+};
+
+/// A model's layers' costs, and what every parameter byte brings with it.
+struct CostModel {
+  std::vector<LayerCost> layers;
+  double input_bytes = 0;  ///< per sample, the model's input
+  double loss_kept_bytes = 0;      ///< per sample, what the loss keeps for backward (on the last stage)
+  double loss_backward_peak_bytes = 0;  ///< per sample, peak of the loss's backward above that
+  /// Bytes of gradient and optimizer state per parameter byte: 1 for plain SGD,
+  /// 2 for SGD with momentum, 3 for Adam (two moments).
+  double state_per_parameter_byte = 1;
+  /// Seconds of the optimizer's update per parameter byte (0: not counted).
+  double update_s_per_parameter_byte = 0;
+  /// The link between two devices: a boundary tensor of b bytes takes latency + b / bandwidth
+  /// on the sending device (bandwidth 0: sends are free, as between threads).
+  double link_latency_s = 0;
+  double link_bytes_per_s = 0;
+
+  int layer_count() const { return static_cast<int>(layers.size()); }
+};
+
+/// Profiles every layer of `model` on the calling thread with `threads` intra-op
+/// threads: `sample` (a micro-batch) passes through the layers in order,
+/// `warmup` untimed and `repetitions` timed passes, each time the median; bytes
+/// come from gpipe's tracking allocator on the last pass. I and W are timed with
+/// gpipe's split backward. The model's parameters keep no gradients afterwards.
+/// `state_per_parameter_byte` as in CostModel. With a `loss` and the sample's
+/// `target`, the loss's bytes are profiled too (the last stage holds them).
+CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor& sample, int threads = 1,
+                         double state_per_parameter_byte = 1, int warmup = 1, int repetitions = 3,
+                         const LossFn& loss = nullptr, const torch::Tensor& target = {});
+
+/// What predict() expects of a configuration.
+struct Prediction {
+  double step_s = 0;   ///< the simulated step plus the optimizer's update on the slowest device
+  double bubble = 0;   ///< the simulated idle share, as SimulatedRun::bubble
+  /// Per device: peak bytes above what it held before the step (activations,
+  /// boundary tensors, backward buffers), what Pipeline::memory()'s peak_bytes measures.
+  std::vector<int64_t> peak_bytes;
+  /// Per device: parameters, their gradients and the optimizer state.
+  std::vector<int64_t> static_bytes;
+  /// Per device: static_bytes + peak_bytes, what a device of that size needs.
+  std::vector<int64_t> total_bytes() const;
+  /// The device needing the most (total_bytes).
+  int largest_device() const;
+};
+
+/// Predicts `schedule` (a program, lower(); a compute-only schedule runs as Checkpoint::kNever) for the model of `costs` cut
+/// by `balance` (layers per stage, S entries) with micro-batches of
+/// `micro_batch_rows` rows (M entries). Throws std::invalid_argument if the
+/// balance, the program and the rows do not fit together.
+Prediction predict(const CostModel& costs, const std::vector<int>& balance, const Schedule& schedule,
+                   const std::vector<int64_t>& micro_batch_rows);
+
+/// A Transformer as gpipe plan takes it: an embedding, `layers` encoder blocks
+/// (self-attention and a feed-forward of `ffn` with ReLU, post-norm, as
+/// libtorch's TransformerEncoderLayer), and a projection to the vocabulary.
+struct TransformerShape {
+  int64_t layers = 0, width = 0, heads = 0, ffn = 0, vocab = 0, sequence = 0;
+  int64_t bytes_per_value = 4;  ///< 4 for float32, 2 for half precision
+  /// Parameters of one encoder block.
+  int64_t block_parameters() const;
+  /// Parameters of the whole model (embedding, blocks, projection).
+  int64_t parameters() const;
+};
+
+/// A device gpipe has no profile of: how fast it computes.
+struct DeviceSpec {
+  double flops_per_s = 0;  ///< sustained on the model's matrix products
+};
+
+/// Costs of the Transformer `shape` on `device`, from FLOPs (forward 2 per
+/// multiply-add, backward twice the forward, I and W half the backward each)
+/// and from bytes per sample measured on libtorch's TransformerEncoderLayer in
+/// float32 (docs/giant-models.md gives the formula), scaled by bytes_per_value.
+/// Layer 0 is the embedding, layers 1..L the blocks, layer L+1 the projection.
+CostModel transformer_costs(const TransformerShape& shape, const DeviceSpec& device,
+                            double state_per_parameter_byte = 3);
+
+/// Bytes as text for messages: "512 B", "41.2 MiB", "16.0 GiB".
+std::string format_bytes(double bytes);
+
+/// Parses "16GiB", "512MiB", "1.5GB", "4096" (bytes); throws std::invalid_argument naming the text.
+int64_t parse_bytes(const std::string& text);
+
+}  // namespace gpipe

@@ -1,0 +1,491 @@
+// cost_model.cc: per-layer costs (profiled or from FLOPs) and the prediction of a configuration:
+// the program simulated with those costs, then replayed device by device for the bytes it holds.
+#include "gpipe/cost_model.h"
+
+#include "backward_split.h"
+#include "gpipe/check.h"
+#include "gpipe/memory.h"
+#include "gpipe/partition.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <map>
+#include <sstream>
+
+namespace gpipe {
+namespace {
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double seconds_since(std::chrono::steady_clock::time_point begin) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+}
+
+// A stage's costs: its layers' summed, and its peaks from theirs (cost_model.h explains the model).
+struct StageCost {
+  double forward_s = 0, backward_s = 0, input_grad_s = 0, weight_grad_s = 0;
+  double kept = 0, output = 0, input = 0;  // bytes per sample
+  double split_kept = 0;   // kept by a forward whose backward is split into I and W
+  double weight_kept = 0;  // kept from I to W
+  double forward_peak = 0;    // with autograd, above what the stage held before its F
+  double recompute_peak = 0;  // forward without autograd (a re-materialized F)
+  double backward_extra = 0;  // during B, above the stage's kept bytes
+  int64_t parameter_bytes = 0;
+};
+
+std::vector<StageCost> stage_costs_of(const CostModel& costs, const std::vector<int>& balance) {
+  check_balance(balance, costs.layer_count());
+  const std::vector<int> offsets = stage_offsets(balance);
+  std::vector<StageCost> out(balance.size());
+  for (size_t s = 0; s < balance.size(); ++s) {
+    StageCost& c = out[s];
+    const int first = offsets[s], last = offsets[s + 1];
+    c.input = first == 0 ? 0.0 : costs.layers[static_cast<size_t>(first - 1)].output_bytes;  // no gradient for the data
+    double kept_before = 0, backward_abs = 0, previous_output = 0;
+    for (int l = first; l < last; ++l) {
+      const LayerCost& layer = costs.layers[static_cast<size_t>(l)];
+      c.forward_s += layer.forward_s;
+      c.backward_s += layer.backward_s;
+      c.input_grad_s += layer.input_grad_s;
+      c.weight_grad_s += layer.weight_grad_s;
+      c.parameter_bytes += layer.parameter_bytes;
+      c.forward_peak = std::max(c.forward_peak, kept_before + layer.forward_peak_bytes);
+      c.recompute_peak = std::max(c.recompute_peak, previous_output + layer.forward_peak_bytes);
+      kept_before += l + 1 < last ? layer.chain_kept_bytes : layer.kept_bytes;  // the stage keeps its output
+      c.split_kept += layer.kept_bytes;  // a split backward records every layer's output
+      // After I, W keeps the layer's input (recorded), what its graph keeps for W, and, for a layer
+      // with weights, the gradient of its output.
+      c.weight_kept += (l > first ? previous_output : 0.0) + layer.weight_kept_bytes +
+                       (layer.parameter_bytes > 0 ? layer.output_bytes : 0.0);
+      // During layer l's backward: what layers first..l kept, the gradient of l's output (made
+      // by layer l+1's backward on this stage; the last layer's comes from the next stage), and
+      // l's own buffers.
+      const double output_grad = l + 1 < last ? layer.output_bytes : 0.0;
+      backward_abs = std::max(backward_abs, kept_before + output_grad + layer.backward_peak_bytes);
+      previous_output = layer.output_bytes;
+    }
+    if (last == costs.layer_count()) {  // the loss, on the last stage
+      kept_before += costs.loss_kept_bytes;
+      backward_abs = std::max(backward_abs, kept_before + costs.loss_backward_peak_bytes);
+    }
+    c.kept = kept_before;
+    c.output = previous_output;
+    c.backward_extra = std::max(0.0, backward_abs - c.kept);
+  }
+  return out;
+}
+
+// What a device holds over a step: changes at simulated times, and the transient peak of each action.
+struct Ledger {
+  std::vector<std::pair<double, double>> changes;  // (time, bytes): + allocated, - freed
+  std::vector<std::pair<double, double>> peaks;    // (start time, extra bytes during the action)
+};
+
+int64_t peak_of(Ledger ledger) {
+  // Frees before allocations at the same instant: a send waited for is already consumed.
+  std::sort(ledger.changes.begin(), ledger.changes.end(),
+            [](const auto& a, const auto& b) { return a.first != b.first ? a.first < b.first : a.second < b.second; });
+  std::sort(ledger.peaks.begin(), ledger.peaks.end());
+  double held = 0, peak = 0;
+  size_t c = 0;
+  for (const auto& [start, extra] : ledger.peaks) {
+    while (c < ledger.changes.size() && ledger.changes[c].first <= start) {
+      held += ledger.changes[c++].second;
+      peak = std::max(peak, held);
+    }
+    peak = std::max(peak, held + extra);
+  }
+  for (; c < ledger.changes.size(); ++c) {
+    held += ledger.changes[c].second;
+    peak = std::max(peak, held);
+  }
+  return static_cast<int64_t>(std::llround(peak));
+}
+
+}  // namespace
+
+CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor& sample, int threads,
+                         double state_per_parameter_byte, int warmup, int repetitions, const LossFn& loss,
+                         const torch::Tensor& target) {
+  GPIPE_CHECK(repetitions >= 1, "profile_layers needs at least 1 repetition (got ", repetitions, ")");
+  GPIPE_CHECK(threads >= 1, "profile_layers needs at least 1 thread (got ", threads, ")");
+  GPIPE_CHECK(sample.dim() >= 1 && sample.size(0) >= 1, "profile_layers needs a sample of at least one row");
+  GPIPE_CHECK(state_per_parameter_byte >= 0 && std::isfinite(state_per_parameter_byte),
+              "state_per_parameter_byte must be finite and not negative (got ", state_per_parameter_byte,
+              "); use 1 for SGD, 2 for SGD with momentum, 3 for Adam");
+  enable_memory_tracking();
+  const int previous_threads = at::get_num_threads();
+  at::set_num_threads(threads);
+  const double rows = static_cast<double>(sample.size(0));
+  CostModel costs;
+  costs.state_per_parameter_byte = state_per_parameter_byte;
+  costs.input_bytes = static_cast<double>(sample.nbytes()) / rows;
+  auto counter = std::make_shared<MemoryCounter>("profile");
+  std::vector<bool> saves_input, saves_output;  // per layer
+  torch::nn::Sequential layers = model;  // a handle to the same modules, to call them
+  torch::Tensor x = sample;
+  for (auto it = layers->begin(); it != layers->end(); ++it) {
+    LayerCost c;
+    for (const auto& p : it->ptr()->parameters()) c.parameter_bytes += static_cast<int64_t>(p.nbytes());
+    auto input = [&x] {
+      torch::Tensor in = x.detach();
+      if (in.is_floating_point()) in.requires_grad_(true);
+      return in;
+    };
+    std::vector<double> f, b, i, w;
+    torch::Tensor out;
+    for (int rep = 0; rep < warmup + repetitions; ++rep) {
+      torch::Tensor in = input();
+      auto begin = std::chrono::steady_clock::now();
+      out = it->forward(in);
+      const double forward = seconds_since(begin);
+      if (!out.requires_grad()) {
+        if (rep >= warmup) f.push_back(forward);
+        continue;
+      }
+      const torch::Tensor grad = torch::ones_like(out);
+      begin = std::chrono::steady_clock::now();
+      out.backward(grad);
+      const double backward = seconds_since(begin);
+      // The same forward again, its backward split into I and W.
+      torch::Tensor again = it->forward(in);
+      detail::WeightBackward weights;
+      begin = std::chrono::steady_clock::now();
+      detail::WeightBackward::input_backward(again, in, grad, weights);
+      const double input_grad = seconds_since(begin);
+      begin = std::chrono::steady_clock::now();
+      weights.run();
+      const double weight_grad = seconds_since(begin);
+      if (rep >= warmup) {
+        f.push_back(forward);
+        b.push_back(backward);
+        i.push_back(input_grad);
+        w.push_back(weight_grad);
+      }
+    }
+    c.forward_s = median_of(f) / rows;
+    if (!b.empty()) {
+      c.backward_s = median_of(b) / rows;
+      c.input_grad_s = median_of(i) / rows;
+      c.weight_grad_s = median_of(w) / rows;
+    }
+    // Bytes, charged as a stage's thread would be: the parameters' gradients exist already, the
+    // input belongs to the stage before (a non-leaf, so that only a graph saving it holds it).
+    {
+      const torch::Tensor leaf = input();
+      const torch::Tensor in = leaf.requires_grad() ? leaf.clone() : leaf;
+      MemoryScope scope(counter);
+      counter->reset_peak();
+      const int64_t before = counter->current_bytes();
+      out = it->forward(in);
+      c.forward_peak_bytes = static_cast<double>(counter->peak_bytes() - before);
+      c.kept_bytes = static_cast<double>(counter->current_bytes() - before);
+      const bool view = out.storage().is_alias_of(in.storage());
+      c.output_bytes = view ? 0.0 : static_cast<double>(out.nbytes());
+      // A graph that saves a tensor holds a reference to it: to the input's TensorImpl, or to the
+      // output's storage (a saved output is a detached alias).
+      saves_input.push_back(view || in.use_count() > 1);
+      saves_output.push_back(!view && out.storage().use_count() > 1);
+      if (out.requires_grad()) {
+        const torch::Tensor grad = torch::ones_like(out);
+        const int64_t held = counter->current_bytes();
+        counter->reset_peak();
+        out.backward(grad);
+        c.backward_peak_bytes = static_cast<double>(counter->peak_bytes() - held);
+        const torch::Tensor in2 = input();  // I starts from a leaf, as a stage records its layers
+        const int64_t before_split = counter->current_bytes();
+        torch::Tensor again = it->forward(in2);
+        detail::WeightBackward weights;
+        torch::Tensor input_grad = detail::WeightBackward::input_backward(again, in2, grad, weights);
+        again = torch::Tensor();  // the stage lets go of the layer's output after I
+        c.weight_kept_bytes = std::max<double>(
+            0.0, static_cast<double>(counter->current_bytes() - before_split) -
+                     static_cast<double>(input_grad.defined() ? input_grad.nbytes() : 0));
+        weights.run();
+      }
+    }
+    c.kept_bytes /= rows;
+    c.chain_kept_bytes = c.kept_bytes;  // until the next layer is known
+    c.output_bytes /= rows;
+    c.forward_peak_bytes /= rows;
+    c.backward_peak_bytes /= rows;
+    c.weight_kept_bytes /= rows;
+    x = out.detach();
+    costs.layers.push_back(c);
+  }
+  if (loss && x.defined() && x.is_floating_point()) {
+    GPIPE_CHECK(target.defined() && target.size(0) == sample.size(0), "profile_layers needs the sample's target, ",
+                sample.size(0), " rows, to profile the loss");
+    const torch::Tensor output = x.detach().requires_grad_(true);
+    MemoryScope scope(counter);
+    const int64_t before = counter->current_bytes();
+    const torch::Tensor value = loss(output, target);
+    costs.loss_kept_bytes = static_cast<double>(counter->current_bytes() - before) / rows;
+    const int64_t held = counter->current_bytes();
+    counter->reset_peak();
+    value.backward();
+    costs.loss_backward_peak_bytes = static_cast<double>(counter->peak_bytes() - held) / rows;
+  }
+  // A layer's output stays, once the next layer has run, only if one of them saved it.
+  for (size_t l = 0; l + 1 < costs.layers.size(); ++l)
+    if (!saves_output[l] && !saves_input[l + 1]) costs.layers[l].chain_kept_bytes -= costs.layers[l].output_bytes;
+  // The optimizer's update: timed on a plain SGD step over the model's parameters.
+  const auto parameters = model->parameters();
+  int64_t parameter_bytes = 0;
+  for (const auto& p : parameters) parameter_bytes += static_cast<int64_t>(p.nbytes());
+  if (parameter_bytes > 0) {
+    torch::optim::SGD sgd(parameters, torch::optim::SGDOptions(0.0));
+    std::vector<double> update;
+    for (int rep = 0; rep < warmup + repetitions; ++rep) {
+      const auto begin = std::chrono::steady_clock::now();
+      sgd.step();
+      if (rep >= warmup) update.push_back(seconds_since(begin));
+    }
+    costs.update_s_per_parameter_byte = median_of(update) / static_cast<double>(parameter_bytes);
+  }
+  for (const auto& p : parameters) p.mutable_grad() = torch::Tensor();  // profiling leaves no grads
+  at::set_num_threads(previous_threads);
+  return costs;
+}
+
+std::vector<int64_t> Prediction::total_bytes() const {
+  std::vector<int64_t> out;
+  for (size_t d = 0; d < peak_bytes.size(); ++d) out.push_back(peak_bytes[d] + static_bytes[d]);
+  return out;
+}
+
+int Prediction::largest_device() const {
+  const std::vector<int64_t> totals = total_bytes();
+  return static_cast<int>(std::max_element(totals.begin(), totals.end()) - totals.begin());
+}
+
+Prediction predict(const CostModel& costs, const std::vector<int>& balance, const Schedule& schedule,
+                   const std::vector<int64_t>& micro_batch_rows) {
+  GPIPE_CHECK(static_cast<int>(balance.size()) == schedule.stages, "the balance has ", balance.size(),
+              " stages but the program runs ", schedule.stages);
+  GPIPE_CHECK(static_cast<int>(micro_batch_rows.size()) == schedule.micro_batches, "the program runs ",
+              schedule.micro_batches, " micro-batches but ", micro_batch_rows.size(), " row counts were given");
+  const std::vector<StageCost> stage = stage_costs_of(costs, balance);
+  const int S = schedule.stages, K = schedule.devices;
+  auto rows = [&](const Action& a) { return static_cast<double>(micro_batch_rows[static_cast<size_t>(a.micro_batch)]); };
+  auto at = [&](int s) -> const StageCost& { return stage[static_cast<size_t>(s)]; };
+
+  // Which forwards were re-materialized: their B or I runs the forward again.
+  std::map<std::pair<int, int>, bool> recomputed;
+  for (const auto& list : schedule.actions)
+    for (const Action& a : list)
+      if (a.kind == ActionKind::kForward) recomputed[{a.stage, a.micro_batch}] = a.recompute;
+  auto again = [&](const Action& a) { return recomputed[{a.stage, a.micro_batch}]; };
+
+  const CostFn cost = [&](const Action& a) -> double {
+    const StageCost& c = at(a.stage);
+    const double n = rows(a);
+    switch (a.kind) {
+      case ActionKind::kForward: return c.forward_s * n;
+      case ActionKind::kBackward: return (again(a) ? c.forward_s * n : 0.0) + c.backward_s * n;
+      case ActionKind::kInputGrad: return (again(a) ? c.forward_s * n : 0.0) + c.input_grad_s * n;
+      case ActionKind::kWeightGrad: return c.weight_grad_s * n;
+      case ActionKind::kSend: {
+        if (costs.link_bytes_per_s <= 0) return 0.0;
+        const double bytes = (a.channel == Channel::kActivation ? c.output : c.input) * n;
+        return costs.link_latency_s + bytes / costs.link_bytes_per_s;
+      }
+      case ActionKind::kRecv: return 0.0;
+    }
+    return 0.0;
+  };
+  const SimulatedRun run = simulate(schedule, cost);
+  const Schedule& program = run.program;  // lowered
+
+  // When each compute action ends, to free on one device what another's action lets go of.
+  std::map<std::tuple<int, char, int>, double> end_of;  // (stage, kind, micro-batch) -> end
+  for (int d = 0; d < K; ++d)
+    for (size_t n = 0; n < program.actions[static_cast<size_t>(d)].size(); ++n) {
+      const Action& a = program.actions[static_cast<size_t>(d)][n];
+      if (a.is_compute()) end_of[{a.stage, static_cast<char>(a.kind), a.micro_batch}] = run.end[static_cast<size_t>(d)][n];
+    }
+  // The end of (stage, micro-batch)'s B, or of its I when the backward is split.
+  auto backward_end = [&](int s, int i) {
+    auto it = end_of.find({s, static_cast<char>(ActionKind::kBackward), i});
+    if (it == end_of.end()) it = end_of.find({s, static_cast<char>(ActionKind::kInputGrad), i});
+    return it == end_of.end() ? run.makespan : it->second;
+  };
+  auto weights_end = [&](int s, int i) {
+    auto it = end_of.find({s, static_cast<char>(ActionKind::kWeightGrad), i});
+    return it == end_of.end() ? backward_end(s, i) : it->second;
+  };
+
+  std::vector<Ledger> ledger(static_cast<size_t>(K));
+  for (int d = 0; d < K; ++d)
+    for (size_t n = 0; n < program.actions[static_cast<size_t>(d)].size(); ++n) {
+      const Action& a = program.actions[static_cast<size_t>(d)][n];
+      if (!a.is_compute()) continue;
+      const StageCost& c = at(a.stage);
+      const double rows_a = rows(a), start = run.start[static_cast<size_t>(d)][n], end = run.end[static_cast<size_t>(d)][n];
+      Ledger& mine = ledger[static_cast<size_t>(d)];
+      const int i = a.micro_batch;
+      const bool last = a.stage == S - 1;
+      // The gradient of the stage input, sent back, held until the previous stage's backward ends.
+      auto send_input_grad = [&] {
+        if (a.stage == 0 || c.input <= 0) return;
+        mine.changes.push_back({end, c.input * rows_a});
+        mine.changes.push_back({backward_end(a.stage - 1, i), -c.input * rows_a});
+      };
+      switch (a.kind) {
+        case ActionKind::kForward:
+          if (again(a)) {  // the given program's flag (simulate() re-lowers a one-stage program)
+            mine.peaks.push_back({start, c.recompute_peak * rows_a});
+            if (!last) {  // the last stage's output only feeds the loss, which its B computes again
+              mine.changes.push_back({end, c.output * rows_a});
+              mine.changes.push_back({backward_end(a.stage + 1, i), -c.output * rows_a});
+            }
+          } else if (backward_end(a.stage, i) == weights_end(a.stage, i)) {
+            mine.peaks.push_back({start, c.forward_peak * rows_a});
+            mine.changes.push_back({end, c.kept * rows_a});
+            mine.changes.push_back({backward_end(a.stage, i), -c.kept * rows_a});
+          } else {  // split: I frees what W does not need, W the rest
+            mine.peaks.push_back({start, std::max(c.forward_peak, c.split_kept) * rows_a});
+            mine.changes.push_back({end, c.split_kept * rows_a});
+            mine.changes.push_back({backward_end(a.stage, i), -(c.split_kept - c.weight_kept) * rows_a});
+            mine.changes.push_back({weights_end(a.stage, i), -c.weight_kept * rows_a});
+          }
+          break;
+        case ActionKind::kBackward:
+        case ActionKind::kInputGrad:
+          if (again(a)) {
+            mine.peaks.push_back({start, std::max(c.forward_peak, c.kept + c.backward_extra) * rows_a});
+            if (a.kind == ActionKind::kInputGrad) {  // the recomputed forward's W share waits for W
+              mine.changes.push_back({end, c.weight_kept * rows_a});
+              mine.changes.push_back({weights_end(a.stage, i), -c.weight_kept * rows_a});
+            }
+          } else {
+            mine.peaks.push_back({start, c.backward_extra * rows_a});
+          }
+          send_input_grad();
+          break;
+        case ActionKind::kWeightGrad:
+          break;
+        default:
+          break;
+      }
+    }
+
+  Prediction p;
+  p.bubble = run.bubble;
+  double parameter_bytes_all = 0;
+  for (int d = 0; d < K; ++d) {
+    p.peak_bytes.push_back(peak_of(ledger[static_cast<size_t>(d)]));
+    double parameters = 0;
+    for (int s : program.stages_of(d)) parameters += static_cast<double>(at(s).parameter_bytes);
+    parameter_bytes_all += parameters;
+    p.static_bytes.push_back(static_cast<int64_t>(parameters * (1.0 + costs.state_per_parameter_byte)));
+  }
+  p.step_s = run.makespan + costs.update_s_per_parameter_byte * parameter_bytes_all;
+  return p;
+}
+
+int64_t TransformerShape::block_parameters() const {
+  // Attention: in-projection 3·w·w + 3·w, out-projection w·w + w; feed-forward w·f + f + f·w + w; two LayerNorms 4·w.
+  return 4 * width * width + 4 * width + 2 * width * ffn + ffn + width + 4 * width;
+}
+
+int64_t TransformerShape::parameters() const {
+  return vocab * width + layers * block_parameters() + width * vocab + vocab;
+}
+
+CostModel transformer_costs(const TransformerShape& shape, const DeviceSpec& device, double state_per_parameter_byte) {
+  GPIPE_CHECK(shape.layers >= 1 && shape.width >= 1 && shape.heads >= 1 && shape.ffn >= 1 && shape.vocab >= 1 &&
+                  shape.sequence >= 1,
+              "a Transformer needs at least one layer, and a width, heads, feed-forward width, vocabulary and "
+              "sequence length of at least 1");
+  GPIPE_CHECK(shape.width % shape.heads == 0, "the width ", shape.width, " is not a multiple of the ", shape.heads,
+              " heads; each head takes width / heads values");
+  GPIPE_CHECK(device.flops_per_s > 0 && std::isfinite(device.flops_per_s),
+              "a device needs a positive speed in FLOP/s (got ", device.flops_per_s, ")");
+  const double w = static_cast<double>(shape.width), f = static_cast<double>(shape.ffn),
+               h = static_cast<double>(shape.heads), t = static_cast<double>(shape.sequence),
+               v = static_cast<double>(shape.vocab), value = static_cast<double>(shape.bytes_per_value);
+  const double scale = value / 4.0;  // the byte figures below are measured in float32
+  CostModel costs;
+  costs.state_per_parameter_byte = state_per_parameter_byte;
+  costs.input_bytes = t * 8.0;  // token indices (int64)
+  auto layer = [&](double forward_flops, int64_t parameters, double kept, double output, double forward_work,
+                   double backward_peak, double weight_kept) {
+    LayerCost c;
+    c.forward_s = forward_flops / device.flops_per_s;
+    c.backward_s = 2 * c.forward_s;
+    c.input_grad_s = c.forward_s;
+    c.weight_grad_s = c.forward_s;
+    c.parameter_bytes = parameters * shape.bytes_per_value;
+    c.kept_bytes = c.chain_kept_bytes = kept * scale;
+    c.output_bytes = output * scale;
+    c.forward_peak_bytes = (kept + forward_work) * scale;
+    c.backward_peak_bytes = backward_peak * scale;
+    c.weight_kept_bytes = weight_kept * scale;
+    return c;
+  };
+  const double hidden = t * w * 4.0;  // one [sequence, width] float32 tensor per sample
+  // Embedding: a lookup, its output kept.
+  costs.layers.push_back(layer(0.0, shape.vocab * shape.width, hidden, hidden, 0.0, 0.0, 0.0));
+  // A block, per sample: FLOPs are 2 per multiply-add over the projections (2·parameters·t),
+  // plus the attention scores and their use, 2·(2·t·t·w).
+  const double block_flops = 2.0 * static_cast<double>(shape.block_parameters()) * t + 4.0 * t * t * w;
+  // Bytes per sample, float32, measured on libtorch's TransformerEncoderLayer (dropout 0) and
+  // fitted exactly over width, heads, ffn and sequence (docs/giant-models.md): per token it keeps
+  // 8·w + f + h·t + 4 values, its forward needs f more for a moment, its backward about 2·f, and
+  // its W keeps 10·w + 2·f + 4.
+  const double block_kept = 4.0 * t * (8.0 * w + f + h * t + 4.0);
+  for (int64_t l = 0; l < shape.layers; ++l)
+    costs.layers.push_back(layer(block_flops, shape.block_parameters(), block_kept, hidden, 4.0 * t * f,
+                                 4.0 * t * 2.0 * f, 4.0 * t * (10.0 * w + 2.0 * f + 4.0)));
+  // Projection to the vocabulary: its logits kept, for the loss.
+  const double logits = t * v * 4.0;
+  costs.layers.push_back(layer(2.0 * w * v * t, shape.width * shape.vocab + shape.vocab, logits, logits, 0.0,
+                               logits + hidden, hidden));
+  return costs;
+}
+
+std::string format_bytes(double bytes) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1);
+  if (std::abs(bytes) >= 1024.0 * 1024 * 1024)
+    out << bytes / (1024.0 * 1024 * 1024) << " GiB";
+  else if (std::abs(bytes) >= 1024.0 * 1024)
+    out << bytes / (1024.0 * 1024) << " MiB";
+  else if (std::abs(bytes) >= 1024.0)
+    out << bytes / 1024.0 << " KiB";
+  else
+    out << std::setprecision(0) << bytes << " B";
+  return out.str();
+}
+
+int64_t parse_bytes(const std::string& text) {
+  size_t used = 0;
+  double number = 0;
+  try {
+    number = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  unit.erase(0, unit.find_first_not_of(' '));
+  static const std::map<std::string, double> units = {
+      {"", 1.0},          {"B", 1.0},          {"KiB", 1024.0},   {"MiB", 1024.0 * 1024},
+      {"GiB", 1024.0 * 1024 * 1024}, {"TiB", 1024.0 * 1024 * 1024 * 1024}, {"KB", 1e3},
+      {"MB", 1e6},        {"GB", 1e9},         {"TB", 1e12}};
+  const auto it = units.find(unit);
+  GPIPE_CHECK(used > 0 && it != units.end() && std::isfinite(number) && number > 0 &&
+                  number * it->second < 9.0e18,
+              "cannot read \"", text, "\" as a size in bytes; write a positive number with B, KiB, MiB, GiB, TiB, "
+              "KB, MB, GB or TB, e.g. 16GiB");
+  return static_cast<int64_t>(std::llround(number * it->second));
+}
+
+}  // namespace gpipe
