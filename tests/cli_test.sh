@@ -108,5 +108,40 @@ expect_error "--resume: no such file" --resume "$work/missing.pt"
 expect_error "--model: no such file" --model "$work/missing.pt"
 if cmp -s "$work/ckpt.pt" "$work/ckpt.keep"; then pass "a refused checkpoint is left as it was"; else fail "checkpoint changed"; fi
 
+# gpipe plan: the issue's 128-device Transformer is answered in seconds (here: refused, with the need
+# and a way out); a model that fits gets JSON Lines, fastest first, each within the memory asked for.
+start=$(date +%s)
+if ! "$gpipe" plan --layers 128 --width 8192 --heads 64 --ffn 32768 --vocab 32000 --seq 1024 --devices 128 \
+     --memory-per-device 16GiB --batch 512 >"$work/plan.txt" 2>"$work/plan.err" &&
+   grep -q "no configuration fits: .* needs [0-9.]* GiB; the device has 16.0 GiB; try" "$work/plan.err" &&
+   [ $(( $(date +%s) - start )) -le 60 ]; then
+  pass "gpipe plan answers for K up to 128 within a minute, naming the need and the fix"
+else fail "gpipe plan at 128 devices"; cat "$work/plan.err"; fi
+if "$gpipe" plan --layers 64 --width 1024 --heads 16 --ffn 4096 --vocab 32000 --seq 512 --devices 8 \
+     --memory-per-device 16GiB --batch 64 --json --all >"$work/plan.jsonl" 2>"$work/plan.err" &&
+   /usr/bin/python3 - "$work/plan.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert len(rows) > 10, len(rows)
+speeds = [r["predicted_samples_per_s"] for r in rows]
+assert speeds == sorted(speeds, reverse=True), "not fastest first"
+for r in rows:
+    assert r["fits"] and max(r["predicted_peak_bytes"]) <= 16 << 30, r
+    assert r["stages"] * r["replicas"] == 8 and sum(r["balance"]) == 66, r
+    assert len(r["predicted_peak_bytes"]) == r["stages"], r
+assert {r["schedule"] for r in rows} >= {"gpipe", "1f1b", "interleaved"}
+PY
+then pass "gpipe plan --json: configurations that fit, fastest first"
+else fail "gpipe plan --json"; cat "$work/plan.err"; fi
+if "$gpipe" plan --workload mlp --devices 2 --batch 0 2>"$work/plan.err" ||
+   ! grep -q "batch" "$work/plan.err"; then fail "gpipe plan --batch 0 accepted"; cat "$work/plan.err"
+else pass "gpipe plan refuses --batch 0"; fi
+if "$gpipe" plan --devices 2 --batch 8 2>"$work/plan.err" || ! grep -q "give one model" "$work/plan.err"; then
+  fail "gpipe plan without a model"; cat "$work/plan.err"
+else pass "gpipe plan without a model says how to give one"; fi
+if "$gpipe" plan --workload mlp --devices 2 --batch 64 --memory-per-device 16gigs 2>"$work/plan.err" ||
+   ! grep -q "memory-per-device.*16gigs" "$work/plan.err"; then fail "gpipe plan --memory-per-device 16gigs"; cat "$work/plan.err"
+else pass "gpipe plan names a size it cannot read"; fi
+
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]
