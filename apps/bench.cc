@@ -78,8 +78,9 @@ std::vector<int> cut_for(const Workload& w, int K, int V, int M, const std::stri
 CostModel profile_workload(const std::string& name, int M, const BenchOptions& o) {
   const Workload w = make_workload(name, 0);
   const int64_t rows = chunk_sizes(w.input.size(0), M).front();
+  // Three warm-up passes: the first profile of a process runs on pages not yet touched.
   return profile_layers(w.model, w.input.narrow(0, 0, rows), o.threads, /*state_per_parameter_byte=*/1,  // plain SGD
-                        1, 3, w.loss, w.target.narrow(0, 0, rows));
+                        /*warmup=*/3, /*repetitions=*/5, w.loss, w.target.narrow(0, 0, rows));
 }
 
 void build(Contender& c, const std::string& name, int M, Checkpoint mode, const BenchOptions& o,
@@ -408,10 +409,10 @@ int run(const BenchOptions& o, const std::string& command) {
               << "sim/meas" << std::setw(8) << "pred t" << std::setw(9) << "pred mem"
               << "  peak MiB per device  balance\n";
   for (const auto& name : o.workloads)
-    for (int M : o.micro_batches)
+    for (int M : o.micro_batches) {
+      const CostModel costs = profile_workload(name, M, o);
       for (Checkpoint mode : modes) {
         std::vector<Contender> all = contenders(o);
-        const CostModel costs = profile_workload(name, M, o);
         for (Contender& c : all) build(c, name, M, mode, o, costs);
         // Round-robin: warm-up rounds, then timed rounds, one step of every contender per round.
         for (int s = 0; s < o.warmup + o.steps; ++s)
@@ -502,6 +503,7 @@ int run(const BenchOptions& o, const std::string& command) {
                       << nlohmann::json(c.pipe->balance()).dump() << std::endl;
         }
       }
+    }
   write_results(o, rows, command);
   return 0;
 }

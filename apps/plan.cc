@@ -14,6 +14,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <set>
 
 namespace gpipe::cli {
 namespace {
@@ -36,11 +37,17 @@ struct PlanOptions {
   std::vector<std::string> schedules{"gpipe", "1f1b", "interleaved", "zb1p"};
   std::vector<std::string> checkpoints{"never", "except_last", "always"};
   std::vector<int> stages;         // K to consider (empty: every divisor of the devices)
-  std::vector<int> micro_batches;  // M to consider (empty: powers of two up to 4·K and the rows)
+  std::vector<int> micro_batches;  // M to consider (empty: powers of two up to max(8, 4·K) and the rows)
   int top = 10;
   bool all = false;
   bool json = false;
+  std::set<std::string> given;  // the flags on the command line
 };
+
+// Most layers (blocks) gpipe plan takes, and most stage x micro-batch pairs it simulates per
+// configuration unless --micro-batches asks for more: what keeps an answer within seconds.
+constexpr int64_t kMostLayers = 1000000;
+constexpr int64_t kMostPairs = int64_t{1} << 17;
 
 double state_per_parameter_byte(const std::string& optimizer) {
   return optimizer == "sgd" ? 1.0 : optimizer == "momentum" ? 2.0 : 3.0;
@@ -72,25 +79,37 @@ Model transformer_model(const PlanOptions& o) {
   return m;
 }
 
+constexpr int64_t kProfileRows = 8;
+
 Model profiled_model(const PlanOptions& o) {
   Model m;
   torch::nn::Sequential layers;
   torch::Tensor sample;
+  LossFn loss;
+  torch::Tensor target;
   if (!o.workload.empty()) {
     const Workload w = make_workload(o.workload, 0);
     layers = w.model;
-    sample = w.input.narrow(0, 0, 1);
+    const int64_t rows = std::min<int64_t>(kProfileRows, w.input.size(0));
+    sample = w.input.narrow(0, 0, rows);
+    loss = w.loss;
+    target = w.target.narrow(0, 0, rows);
     m.description = "workload " + o.workload;
   } else {
-    layers = load_script_model(o.model).layers;
-    GPIPE_CHECK(!o.input_shape.empty(), "--model needs --input-shape, one sample's shape (e.g. 1,28,28)");
-    std::vector<int64_t> shape{1};
+    if (o.input_shape.empty())
+      usage_error("--model needs --input-shape, one sample's shape without the batch (e.g. 1,28,28); the sample is "
+                  "random floats, so a model that starts with an Embedding is planned with --workload or by shape");
+    layers = or_usage_error("--model", [&] { return load_script_model(o.model).layers; });
+    std::vector<int64_t> shape{kProfileRows};
     shape.insert(shape.end(), o.input_shape.begin(), o.input_shape.end());
     sample = torch::randn(shape);
     m.description = "model " + o.model;
   }
-  // Profiled on one row at a time here; the figures are per sample, divided by the device's speed.
-  m.costs = profile_layers(layers, sample, 1, state_per_parameter_byte(o.optimizer));
+  // Profiled here on a micro-batch of kProfileRows rows (and the loss, for a workload); the figures
+  // are per sample, divided by the device's speed.
+  m.costs = or_usage_error(o.model.empty() ? "--workload" : "--input-shape", [&] {
+    return profile_layers(layers, sample, 1, state_per_parameter_byte(o.optimizer), 1, 3, loss, target);
+  });
   for (LayerCost& c : m.costs.layers) {
     c.forward_s /= o.speed;
     c.backward_s /= o.speed;
@@ -124,11 +143,11 @@ struct Candidate {
   std::vector<int> balance;
   Prediction predicted;
   double step_s = 0, samples_per_s = 0;
-  int64_t peak = 0;  // the largest device's total bytes
+  int64_t largest_total_bytes = 0;  // of the device needing most: static bytes and the step's peak
   bool fits = false;
 };
 
-// "[3, 3, 2]" for short cuts, "[3 ... 2] (128 stages)" for long ones.
+// "{3, 3, 2}" for short cuts, "{5, 4, ..., 5} (16 stages)" for long ones.
 std::string cut_text(const std::vector<int>& balance) {
   if (balance.size() <= 8) return format_balance(balance);
   return "{" + std::to_string(balance.front()) + ", " + std::to_string(balance[1]) + ", ..., " +
@@ -138,12 +157,37 @@ std::string cut_text(const std::vector<int>& balance) {
 int run(const PlanOptions& o) {
   const auto begin = std::chrono::steady_clock::now();
   const int64_t memory = or_usage_error("--memory-per-device", [&] { return parse_bytes(o.memory); });
-  const bool by_shape = o.transformer.layers > 0;
-  const int given = (by_shape ? 1 : 0) + (o.workload.empty() ? 0 : 1) + (o.model.empty() ? 0 : 1);
-  if (given != 1)
-    usage_error("give one model: --workload NAME, --model FILE.pt --input-shape ..., or a Transformer by --layers, "
+  if (memory < 1) usage_error("--memory-per-device: " + o.memory + " is less than one byte");
+  const std::vector<std::string> shape_flags{"--layers", "--width", "--heads", "--ffn", "--vocab", "--seq"};
+  const bool by_shape = std::any_of(shape_flags.begin(), shape_flags.end(), [&](const std::string& f) {
+    return o.given.count(f) > 0;
+  });
+  const int sources = (by_shape ? 1 : 0) + (o.workload.empty() ? 0 : 1) + (o.model.empty() ? 0 : 1);
+  if (sources != 1)
+    usage_error(std::string(sources == 0 ? "no model given" : "more than one model given") +
+                ": give one of --workload NAME, --model FILE.pt --input-shape ..., or a Transformer by --layers, "
                 "--width, --heads, --ffn, --vocab and --seq");
-  const Model m = by_shape ? transformer_model(o) : profiled_model(o);
+  // Flags that belong to the other kind of model would be silently ignored: refuse them.
+  for (const std::string& f : by_shape ? std::vector<std::string>{"--speed", "--input-shape"}
+                                       : std::vector<std::string>{"--flops", "--bytes-per-value"})
+    if (o.given.count(f))
+      usage_error(f + " applies to " + (by_shape ? "a profiled model (--workload or --model)" : "a Transformer given by shape") +
+                  "; leave it out");
+  if (!o.workload.empty() && o.given.count("--input-shape"))
+    usage_error("--input-shape applies to --model; a workload has its own input");
+  if (by_shape) {
+    for (const std::string& f : shape_flags)
+      if (!o.given.count(f)) usage_error("a Transformer given by shape needs " + f + " too");
+    if (o.transformer.layers > kMostLayers)
+      usage_error("--layers " + std::to_string(o.transformer.layers) + " is more than gpipe plan takes (" +
+                  std::to_string(kMostLayers) + ")");
+  }
+  for (int K : o.stages)
+    if (o.devices % K != 0)
+      usage_error("--stages " + std::to_string(K) + " does not divide --devices " + std::to_string(o.devices) +
+                  "; K pipelines' worth of devices must make up the cluster");
+  const Model m = by_shape ? or_usage_error("the Transformer", [&] { return transformer_model(o); })
+                           : profiled_model(o);
   const int L = m.costs.layer_count();
   const int stage_units = m.blocks > 0 ? m.blocks : L;  // what a stage must have at least one of
 
@@ -163,10 +207,15 @@ int run(const PlanOptions& o) {
     const int64_t rows = chunk_sizes(o.batch, D).front();
     std::vector<int> micro;
     if (o.micro_batches.empty()) {
-      for (int64_t M = 1; M <= rows && M <= std::max(8, 4 * K); M *= 2) micro.push_back(static_cast<int>(M));
+      for (int64_t M = 1; M <= rows && M <= std::max(8, 4 * K) && 2 * K * M <= kMostPairs; M *= 2)
+        micro.push_back(static_cast<int>(M));
     } else {
-      for (int M : o.micro_batches)
-        if (M <= rows) micro.push_back(M);
+      for (int M : o.micro_batches) {
+        if (M > rows)
+          usage_error("--micro-batches " + std::to_string(M) + " is more than the " + std::to_string(rows) +
+                      " rows a replica gets at K=" + std::to_string(K) + " (" + std::to_string(D) + " replicas)");
+        micro.push_back(M);
+      }
     }
     for (const std::string& schedule : o.schedules)
       for (int M : micro) {
@@ -191,27 +240,26 @@ int run(const PlanOptions& o) {
           c.balance = balance;
           c.predicted = predict(costs, balance, lower(compute, parse_checkpoint(checkpoint)), chunk_sizes(rows, M));
           // Replicas sum their gradients: a ring all-reduce of the largest stage's gradients.
-          int64_t largest_parameters = 0;
-          for (int64_t s : c.predicted.static_bytes) largest_parameters = std::max(largest_parameters, s);
-          const double gradient_bytes = static_cast<double>(largest_parameters) / (1 + costs.state_per_parameter_byte);
+          int64_t largest_static = 0;
+          for (int64_t s : c.predicted.static_bytes) largest_static = std::max(largest_static, s);
+          const double gradient_bytes = static_cast<double>(largest_static) / (1 + costs.state_per_parameter_byte);
           const double all_reduce =
               D > 1 ? 2.0 * (D - 1) * (costs.link_latency_s + gradient_bytes / D / costs.link_bytes_per_s) : 0.0;
           c.step_s = c.predicted.step_s + all_reduce;
           c.samples_per_s = static_cast<double>(o.batch) / c.step_s;
-          const auto totals = c.predicted.total_bytes();
-          c.peak = *std::max_element(totals.begin(), totals.end());
-          c.fits = c.peak <= memory;
+          c.largest_total_bytes = c.predicted.largest_total_bytes();
+          c.fits = c.largest_total_bytes <= memory;
           found.push_back(std::move(c));
         }
       }
   }
   GPIPE_CHECK(!found.empty(), "no configuration of ", o.devices, " devices takes a batch of ", o.batch, " rows",
               o.stages.empty() ? "" : " with the --stages given", o.micro_batches.empty() ? "" : " and --micro-batches",
-              "; every stage needs a layer (a block) and every replica and micro-batch a row, and K must divide "
-              "the devices");
+              "; every stage needs a layer (a block) and every replica and micro-batch a row, zb1p and interleaved "
+              "need K >= 2, interleaved M a multiple of K, and a schedule at most 2^21 stage x micro-batch pairs");
   std::stable_sort(found.begin(), found.end(), [](const Candidate& a, const Candidate& b) {
     if (a.fits != b.fits) return a.fits;
-    return a.fits ? a.samples_per_s > b.samples_per_s : a.peak < b.peak;
+    return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   const size_t feasible = static_cast<size_t>(std::count_if(found.begin(), found.end(), [](const Candidate& c) { return c.fits; }));
@@ -227,20 +275,30 @@ int run(const PlanOptions& o) {
                           {"predicted_samples_per_s", c.samples_per_s},
                           {"predicted_step_s", c.step_s},
                           {"predicted_bubble", c.predicted.bubble},
-                          {"predicted_peak_bytes", c.predicted.total_bytes()},
+                          {"predicted_peak_bytes", c.predicted.peak_bytes},
+                          {"predicted_static_bytes", c.predicted.static_bytes},
+                          {"predicted_total_bytes", c.predicted.total_bytes()},
                           {"fits", c.fits}};
   };
   if (feasible == 0) {
     const Candidate& least = found.front();  // the smallest need
-    const int stage = least.predicted.largest_device();
-    // Static bytes scale as 1/K: the K at which the largest stage would fit, all else equal.
-    const double over = static_cast<double>(least.peak) / static_cast<double>(memory);
+    const int device = least.predicted.largest_device();
+    // Static bytes scale as 1/K: the K at which the largest device would fit, all else equal.
+    const double over = static_cast<double>(least.largest_total_bytes) / static_cast<double>(memory);
+    const int wanted_k = static_cast<int>(std::ceil(over * least.K));
+    const bool always_tried = std::find(o.checkpoints.begin(), o.checkpoints.end(), "always") != o.checkpoints.end();
     std::ostringstream hint;
     hint << "no configuration fits: the least memory is needed by K=" << least.K << ", M=" << least.M << ", "
-         << least.schedule << ", checkpoint " << least.checkpoint << ", whose device " << stage << " needs "
-         << format_bytes(static_cast<double>(least.peak)) << "; the device has " << format_bytes(static_cast<double>(memory))
-         << "; try " << (least.checkpoint != "always" ? "--checkpoint always, " : "") << "about "
-         << static_cast<int>(std::ceil(over * least.K)) << " or more devices per pipeline, or devices with more memory";
+         << least.schedule << ", checkpoint " << least.checkpoint << ", whose device " << device << " needs "
+         << format_bytes(static_cast<double>(least.largest_total_bytes)) << "; the device has "
+         << format_bytes(static_cast<double>(memory)) << "; try " << (always_tried ? "" : "--checkpoint always, ");
+    if (wanted_k <= stage_units)
+      hint << "about " << wanted_k << " or more devices per pipeline (--devices a multiple of it), ";
+    else
+      hint << "fewer or smaller layers (a stage needs at least one of the " << stage_units << "), "
+           << (by_shape && o.transformer.bytes_per_value == 4 ? "--bytes-per-value 2, " : "")
+           << (o.optimizer != "sgd" ? "a lighter --optimizer, " : "");
+    hint << "or devices with more memory";
     if (o.json) {
       for (size_t n = 0; n < std::min<size_t>(found.size(), static_cast<size_t>(o.top)); ++n)
         std::cout << row_json(found[n]).dump() << "\n";
@@ -268,7 +326,7 @@ int run(const PlanOptions& o) {
               << (c.V > 1 ? c.schedule + "/" + std::to_string(c.V) : c.schedule) << std::setw(13) << c.checkpoint
               << std::setw(12) << std::setprecision(1) << c.samples_per_s << std::setw(11) << std::setprecision(4)
               << c.step_s << std::setw(8) << std::setprecision(3) << c.predicted.bubble << std::setw(13)
-              << format_bytes(static_cast<double>(c.peak)) << "  " << cut_text(c.balance) << "\n";
+              << format_bytes(static_cast<double>(c.largest_total_bytes)) << "  " << cut_text(c.balance) << "\n";
   }
   return 0;
 }
@@ -294,14 +352,14 @@ void add_plan_command(CLI::App& app, const std::string&, int& status) {
       ->check(CLI::IsMember({2, 4}))->capture_default_str();
   sub->add_option("--devices", o->devices, "devices in the cluster")->required()->check(CLI::Range(1, 1 << 16));
   sub->add_option("--memory-per-device", o->memory, "memory of each device, e.g. 16GiB")->capture_default_str();
-  sub->add_option("--flops", o->flops, "FLOP/s of a device on a Transformer given by shape")
-      ->check(positive_number())->capture_default_str();
+  sub->add_option("--flops", o->flops, "FLOP/s of a device on a Transformer given by shape (1e3 to 1e21)")
+      ->check(CLI::Range(1e3, 1e21))->capture_default_str();
   sub->add_option("--speed", o->speed, "a device's speed relative to this machine's core, for a profiled model")
-      ->check(positive_number())->capture_default_str();
+      ->check(CLI::Range(1e-6, 1e9))->capture_default_str();
   sub->add_option("--latency-us", o->latency_us, "latency of a link between devices, microseconds")
-      ->check(non_negative_number())->capture_default_str();
+      ->check(CLI::Range(0.0, 1e9))->capture_default_str();
   sub->add_option("--bandwidth-gb-s", o->bandwidth_gb_s, "bandwidth of a link, GB/s")
-      ->check(positive_number())->capture_default_str();
+      ->check(CLI::Range(1e-6, 1e9))->capture_default_str();
   sub->add_option("--optimizer", o->optimizer, "sgd, momentum or adam: the state kept per parameter")
       ->check(CLI::IsMember({"sgd", "momentum", "adam"}))->capture_default_str();
   sub->add_option("--batch", o->batch, "the global batch, rows per step")->required()->check(at_least(1));
@@ -311,12 +369,16 @@ void add_plan_command(CLI::App& app, const std::string&, int& status) {
       ->delimiter(',')->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
   sub->add_option("--stages", o->stages, "pipeline depths K to consider (default: every divisor of --devices)")
       ->delimiter(',')->check(at_least(1));
-  sub->add_option("--micro-batches", o->micro_batches, "micro-batch counts M to consider (default: 1, 2, 4, ... up "
-                  "to 4·K)")->delimiter(',')->check(at_least(1));
+  sub->add_option("--micro-batches", o->micro_batches, "micro-batch counts M to consider (default: 1, 2, 4, ... up to max(8, 4·K) "
+                  "and the rows per replica)")->delimiter(',')->check(at_least(1));
   sub->add_option("--top", o->top, "configurations shown")->check(at_least(1))->capture_default_str();
   sub->add_flag("--all", o->all, "show every configuration that fits");
   sub->add_flag("--json", o->json, "one JSON object per configuration (JSON Lines)");
-  sub->callback([o, &status] { status = run(*o); });
+  sub->callback([o, sub, &status] {
+    for (const CLI::Option* option : sub->get_options())
+      if (option->count() > 0) o->given.insert(option->get_name());
+    status = run(*o);
+  });
 }
 
 }  // namespace gpipe::cli

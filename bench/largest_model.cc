@@ -16,9 +16,9 @@
 // block) predicts the boundary, then walks by steps of --resolution (default 2%)
 // of L: every "fits" is a real training step (pipeline step and Adam update)
 // that ran; every "does not fit" is the out-of-memory error a stage raised,
-// printed. The row reports the largest L that ran and the smallest that did not.
+// printed. The row reports the largest L that ran and the next L of the walk, which did not.
 //
-// Usage: largest_model [--cap 512MiB] [--stages 1,2,4,8] [--results FILE]
+// Usage: largest_model [--cap 512MiB] [--stages 1,2,4,8] [--resolution 0.02] [--results FILE]
 //        (default bench/results/largest-model.json)
 #include <gpipe/gpipe.h>
 #include <torch/torch.h>
@@ -26,7 +26,10 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <iomanip>
 #include <iostream>
@@ -73,11 +76,12 @@ struct Config {
   gpipe::ScheduleKind schedule = gpipe::ScheduleKind::kGPipe;
 };
 
-// The cost model of `blocks` blocks, from the profile of a model with two.
+// The cost model of `blocks` blocks, from the profile of a model with two: layer 1 is a block
+// followed by a block, layer 2 a block followed by the projection.
 gpipe::CostModel costs_for(const gpipe::CostModel& profile, int blocks) {
   gpipe::CostModel c = profile;
   c.layers = {profile.layers.front()};
-  for (int b = 0; b < blocks; ++b) c.layers.push_back(profile.layers[2]);
+  for (int b = 0; b < blocks; ++b) c.layers.push_back(profile.layers[b + 1 < blocks ? 1 : 2]);
   c.layers.push_back(profile.layers.back());
   return c;
 }
@@ -91,15 +95,14 @@ gpipe::Prediction predicted(const gpipe::CostModel& profile, const Shape& shape,
 
 // The largest L the cost model says fits `cap` on every stage.
 int predicted_blocks(const gpipe::CostModel& profile, const Shape& shape, const Config& c, int64_t cap) {
-  auto fits = [&](int blocks) {
-    const auto totals = predicted(profile, shape, blocks, c).total_bytes();
-    return *std::max_element(totals.begin(), totals.end()) <= cap;
-  };
+  auto fits = [&](int blocks) { return predicted(profile, shape, blocks, c).largest_total_bytes() <= cap; };
+  constexpr int kMost = 1 << 20;  // blocks: far beyond any cap this machine can hold
   int lo = c.K, hi = c.K;  // every stage needs a block
   if (!fits(lo)) return lo;
   while (fits(hi)) {
     lo = hi;
-    hi *= 2;
+    if (hi >= kMost) return hi;
+    hi = std::min(2 * hi, kMost);
   }
   while (hi - lo > 1) {
     const int mid = lo + (hi - lo) / 2;
@@ -164,6 +167,8 @@ Trial run_step(const Shape& shape, int blocks, const Config& c, int64_t cap) {
 
 }  // namespace
 
+int run(const std::string& cap_text, const std::vector<int>& stages, double resolution, const std::string& results);
+
 int main(int argc, char** argv) {
   CLI::App app{"The largest Transformer that trains per K under a memory cap per stage (GPipe's Table 1)"};
   std::string cap_text = "512MiB", results = "bench/results/largest-model.json";
@@ -177,12 +182,33 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--results", results, "JSON file of the table")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  int64_t cap = 0;
   try {
-    cap = gpipe::parse_bytes(cap_text);
-  } catch (const std::exception& e) {
-    std::cerr << "largest_model: --cap: " << e.what() << "\n";
+    return run(cap_text, stages, resolution, results);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << e.what() << "\n";  // "gpipe: --cap ...": names the flag and the fix
     return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "largest_model: error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+int run(const std::string& cap_text, const std::vector<int>& stages, double resolution, const std::string& results) {
+  const int64_t cap = gpipe::parse_bytes(cap_text);
+  GPIPE_CHECK(std::isfinite(resolution), "--resolution must be a number between 0.001 and 0.5");
+  // Every stage may really allocate up to the cap: refuse what this machine cannot hold.
+  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const int most_stages = *std::max_element(stages.begin(), stages.end());
+  GPIPE_CHECK(static_cast<double>(cap) * most_stages * 1.5 < physical, "--cap ", cap_text, " x ", most_stages,
+              " stages (and the model's copy being built) is more than this machine's ",
+              gpipe::format_bytes(physical), " of memory; use a smaller --cap or fewer --stages");
+  // The results file is checked before the minutes of work, not after.
+  {
+    const std::filesystem::path path(results);
+    const std::filesystem::path folder = path.has_parent_path() ? path.parent_path() : ".";
+    GPIPE_CHECK(!results.empty() && std::filesystem::is_directory(folder) && access(folder.c_str(), W_OK) == 0 &&
+                    !std::filesystem::is_directory(path),
+                "--results ", results, ": cannot write there (the folder must exist and be writable); pick another file");
   }
   at::set_num_threads(1);
   gpipe::enable_memory_tracking();
@@ -191,8 +217,9 @@ int main(int argc, char** argv) {
 
   // The cost model: the two-block model profiled on one micro-batch.
   const gpipe::Workload probe = make_model(shape, 2, 0);
-  const torch::Tensor sample = probe.input.narrow(0, 0, gpipe::chunk_sizes(shape.batch, shape.micro_batches).front());
-  const gpipe::CostModel profile = gpipe::profile_layers(probe.model, sample, 1, kAdamState);
+  const int64_t probe_rows = gpipe::chunk_sizes(shape.batch, shape.micro_batches).front();
+  const gpipe::CostModel profile = gpipe::profile_layers(probe.model, probe.input.narrow(0, 0, probe_rows), 1, kAdamState,
+                                                         1, 3, probe.loss, probe.target.narrow(0, 0, probe_rows));
   const int64_t block_parameters = gpipe::TransformerShape{1, shape.width, shape.heads, shape.ffn, shape.vocab,
                                                            shape.sequence}.block_parameters();
 
@@ -251,9 +278,9 @@ int main(int argc, char** argv) {
         }
         const double parameters = static_cast<double>(fit.parameters);
         if (K == 1) one_device[{mode, schedule}] = parameters;
-        auto ratio_to = [&](gpipe::Checkpoint at_one) {
+        auto ratio_to = [&](gpipe::Checkpoint at_one) {  // NaN (JSON null) without a K=1 row before it
           const auto it = one_device.find({at_one, schedule});
-          return it == one_device.end() ? 0.0 : parameters / it->second;
+          return it == one_device.end() ? std::nan("") : parameters / it->second;
         };
         const double ratio = ratio_to(gpipe::Checkpoint::kNever);
         std::ostringstream peaks;
@@ -292,5 +319,9 @@ int main(int argc, char** argv) {
       {"results", rows}};
   gpipe::write_file_atomically(results, doc.dump(2) + "\n");
   std::cerr << "results written to " << results << "\n";
+  if (rows.empty()) {
+    std::cerr << "largest_model: no model fits a cap of " << cap_text << " on any K; raise --cap\n";
+    return 1;
+  }
   return 0;
 }

@@ -4,6 +4,7 @@
 
 #include "backward_split.h"
 #include "gpipe/check.h"
+#include "gpipe/device.h"
 #include "gpipe/memory.h"
 #include "gpipe/partition.h"
 
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <iomanip>
 #include <map>
@@ -27,6 +29,22 @@ double median_of(std::vector<double> v) {
 double seconds_since(std::chrono::steady_clock::time_point begin) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
+
+// Runs the calling thread with `threads` intra-op threads while alive, and OpenBLAS with as many
+// (a stage's setting, which a Pipeline sets again when it is built).
+class IntraOpThreads {
+ public:
+  explicit IntraOpThreads(int threads) : previous_(at::get_num_threads()) {
+    at::set_num_threads(threads);
+    set_blas_threads(threads);
+  }
+  ~IntraOpThreads() { at::set_num_threads(previous_); }
+  IntraOpThreads(const IntraOpThreads&) = delete;
+  IntraOpThreads& operator=(const IntraOpThreads&) = delete;
+
+ private:
+  int previous_;
+};
 
 // A stage's costs: its layers' summed, and its peaks from theirs (cost_model.h explains the model).
 struct StageCost {
@@ -63,7 +81,8 @@ std::vector<StageCost> stage_costs_of(const CostModel& costs, const std::vector<
       // After I, W keeps the layer's input (recorded), what its graph keeps for W, and, for a layer
       // with weights, the gradient of its output.
       c.weight_kept += (l > first ? previous_output : 0.0) + layer.weight_kept_bytes +
-                       (layer.parameter_bytes > 0 ? layer.output_bytes : 0.0);
+                       (layer.parameter_bytes > 0 && l + 1 < last ? layer.output_bytes : 0.0);  // the last
+                       // layer's output gradient comes from the next stage, which counts it
       // During layer l's backward: what layers first..l kept, the gradient of l's output (made
       // by layer l+1's backward on this stage; the last layer's comes from the next stage), and
       // l's own buffers.
@@ -106,7 +125,7 @@ int64_t peak_of(Ledger ledger) {
     held += ledger.changes[c].second;
     peak = std::max(peak, held);
   }
-  return static_cast<int64_t>(std::llround(peak));
+  return static_cast<int64_t>(std::llround(std::min(peak, 4.0e18)));  // beyond any device, and no overflow
 }
 
 }  // namespace
@@ -120,18 +139,64 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
   GPIPE_CHECK(state_per_parameter_byte >= 0 && std::isfinite(state_per_parameter_byte),
               "state_per_parameter_byte must be finite and not negative (got ", state_per_parameter_byte,
               "); use 1 for SGD, 2 for SGD with momentum, 3 for Adam");
+  GPIPE_CHECK(!loss || (target.defined() && target.dim() >= 1 && target.size(0) == sample.size(0)),
+              "profile_layers needs the sample's target, ", sample.size(0), " rows, to profile the loss");
   enable_memory_tracking();
-  const int previous_threads = at::get_num_threads();
-  at::set_num_threads(threads);
+  const IntraOpThreads intra_op(threads);
   const double rows = static_cast<double>(sample.size(0));
   CostModel costs;
   costs.state_per_parameter_byte = state_per_parameter_byte;
   costs.input_bytes = static_cast<double>(sample.nbytes()) / rows;
   auto counter = std::make_shared<MemoryCounter>("profile");
-  std::vector<bool> saves_input, saves_output;  // per layer
+  std::vector<bool> saves_input, saves_output, views;  // per layer
   torch::nn::Sequential layers = model;  // a handle to the same modules, to call them
+  // Times: whole passes through the layers in a stage's order, forwards first, then backwards in
+  // reverse (a layer timed many times in a row, or its backward right after its forward, would find
+  // its weights in cache, which a pass through many layers does not).
+  const size_t L = model->size();
+  std::vector<std::vector<double>> f(L), b(L), i(L), w(L);
+  auto seconds_of = [](const std::function<void()>& work) {
+    const auto begin = std::chrono::steady_clock::now();
+    work();
+    return seconds_since(begin);
+  };
+  for (int rep = 0; rep < warmup + repetitions; ++rep) {
+    const bool timed = rep >= warmup;
+    for (bool split : {false, true}) {
+      std::vector<torch::Tensor> ins(L), outs(L);
+      torch::Tensor h = sample;
+      size_t l = 0;
+      for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
+        ins[l] = h.detach();
+        if (ins[l].is_floating_point()) ins[l].requires_grad_(true);
+        const double forward = seconds_of([&] { outs[l] = it->forward(ins[l]); });
+        if (timed && !split) f[l].push_back(forward);
+        h = outs[l];
+      }
+      std::vector<detail::WeightBackward> weights(L);
+      for (size_t n = L; n-- > 0;) {
+        if (!outs[n].requires_grad()) continue;
+        const torch::Tensor grad = torch::ones_like(outs[n]);
+        if (!split) {
+          const double backward = seconds_of([&] { outs[n].backward(grad); });
+          if (timed) b[n].push_back(backward);
+        } else {
+          const double input_grad =
+              seconds_of([&] { detail::WeightBackward::input_backward(outs[n], ins[n], grad, weights[n]); });
+          if (timed) i[n].push_back(input_grad);
+        }
+      }
+      if (split)
+        for (size_t n = L; n-- > 0;) {
+          if (!outs[n].requires_grad()) continue;
+          const double weight_grad = seconds_of([&] { weights[n].run(); });
+          if (timed) w[n].push_back(weight_grad);
+        }
+    }
+  }
   torch::Tensor x = sample;
-  for (auto it = layers->begin(); it != layers->end(); ++it) {
+  size_t index = 0;
+  for (auto it = layers->begin(); it != layers->end(); ++it, ++index) {
     LayerCost c;
     for (const auto& p : it->ptr()->parameters()) c.parameter_bytes += static_cast<int64_t>(p.nbytes());
     auto input = [&x] {
@@ -139,48 +204,19 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
       if (in.is_floating_point()) in.requires_grad_(true);
       return in;
     };
-    std::vector<double> f, b, i, w;
     torch::Tensor out;
-    for (int rep = 0; rep < warmup + repetitions; ++rep) {
-      torch::Tensor in = input();
-      auto begin = std::chrono::steady_clock::now();
-      out = it->forward(in);
-      const double forward = seconds_since(begin);
-      if (!out.requires_grad()) {
-        if (rep >= warmup) f.push_back(forward);
-        continue;
-      }
-      const torch::Tensor grad = torch::ones_like(out);
-      begin = std::chrono::steady_clock::now();
-      out.backward(grad);
-      const double backward = seconds_since(begin);
-      // The same forward again, its backward split into I and W.
-      torch::Tensor again = it->forward(in);
-      detail::WeightBackward weights;
-      begin = std::chrono::steady_clock::now();
-      detail::WeightBackward::input_backward(again, in, grad, weights);
-      const double input_grad = seconds_since(begin);
-      begin = std::chrono::steady_clock::now();
-      weights.run();
-      const double weight_grad = seconds_since(begin);
-      if (rep >= warmup) {
-        f.push_back(forward);
-        b.push_back(backward);
-        i.push_back(input_grad);
-        w.push_back(weight_grad);
-      }
-    }
-    c.forward_s = median_of(f) / rows;
-    if (!b.empty()) {
-      c.backward_s = median_of(b) / rows;
-      c.input_grad_s = median_of(i) / rows;
-      c.weight_grad_s = median_of(w) / rows;
+    c.forward_s = median_of(f[index]) / rows;
+    if (!b[index].empty() && !i[index].empty() && !w[index].empty()) {
+      c.backward_s = median_of(b[index]) / rows;
+      c.input_grad_s = median_of(i[index]) / rows;
+      c.weight_grad_s = median_of(w[index]) / rows;
     }
     // Bytes, charged as a stage's thread would be: the parameters' gradients exist already, the
     // input belongs to the stage before (a non-leaf, so that only a graph saving it holds it).
     {
       const torch::Tensor leaf = input();
       const torch::Tensor in = leaf.requires_grad() ? leaf.clone() : leaf;
+      const size_t input_uses = in.use_count();
       MemoryScope scope(counter);
       counter->reset_peak();
       const int64_t before = counter->current_bytes();
@@ -188,10 +224,11 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
       c.forward_peak_bytes = static_cast<double>(counter->peak_bytes() - before);
       c.kept_bytes = static_cast<double>(counter->current_bytes() - before);
       const bool view = out.storage().is_alias_of(in.storage());
-      c.output_bytes = view ? 0.0 : static_cast<double>(out.nbytes());
+      c.output_bytes = static_cast<double>(out.nbytes());
+      views.push_back(view);
       // A graph that saves a tensor holds a reference to it: to the input's TensorImpl, or to the
       // output's storage (a saved output is a detached alias).
-      saves_input.push_back(view || in.use_count() > 1);
+      saves_input.push_back(view || in.use_count() > input_uses);
       saves_output.push_back(!view && out.storage().use_count() > 1);
       if (out.requires_grad()) {
         const torch::Tensor grad = torch::ones_like(out);
@@ -220,9 +257,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
     x = out.detach();
     costs.layers.push_back(c);
   }
-  if (loss && x.defined() && x.is_floating_point()) {
-    GPIPE_CHECK(target.defined() && target.size(0) == sample.size(0), "profile_layers needs the sample's target, ",
-                sample.size(0), " rows, to profile the loss");
+  if (loss && x.defined() && x.is_floating_point()) {  // (an integer output takes no gradient)
     const torch::Tensor output = x.detach().requires_grad_(true);
     MemoryScope scope(counter);
     const int64_t before = counter->current_bytes();
@@ -235,7 +270,8 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
   }
   // A layer's output stays, once the next layer has run, only if one of them saved it.
   for (size_t l = 0; l + 1 < costs.layers.size(); ++l)
-    if (!saves_output[l] && !saves_input[l + 1]) costs.layers[l].chain_kept_bytes -= costs.layers[l].output_bytes;
+    if (!views[l] && !saves_output[l] && !saves_input[l + 1])
+      costs.layers[l].chain_kept_bytes -= costs.layers[l].output_bytes;
   // The optimizer's update: timed on a plain SGD step over the model's parameters.
   const auto parameters = model->parameters();
   int64_t parameter_bytes = 0;
@@ -251,7 +287,6 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
     costs.update_s_per_parameter_byte = median_of(update) / static_cast<double>(parameter_bytes);
   }
   for (const auto& p : parameters) p.mutable_grad() = torch::Tensor();  // profiling leaves no grads
-  at::set_num_threads(previous_threads);
   return costs;
 }
 
@@ -263,7 +298,13 @@ std::vector<int64_t> Prediction::total_bytes() const {
 
 int Prediction::largest_device() const {
   const std::vector<int64_t> totals = total_bytes();
+  if (totals.empty()) return -1;
   return static_cast<int>(std::max_element(totals.begin(), totals.end()) - totals.begin());
+}
+
+int64_t Prediction::largest_total_bytes() const {
+  const int d = largest_device();
+  return d < 0 ? 0 : total_bytes()[static_cast<size_t>(d)];
 }
 
 Prediction predict(const CostModel& costs, const std::vector<int>& balance, const Schedule& schedule,
@@ -278,11 +319,15 @@ Prediction predict(const CostModel& costs, const std::vector<int>& balance, cons
   auto at = [&](int s) -> const StageCost& { return stage[static_cast<size_t>(s)]; };
 
   // Which forwards were re-materialized: their B or I runs the forward again.
-  std::map<std::pair<int, int>, bool> recomputed;
+  const int M = schedule.micro_batches;
+  auto slot = [M](int s, int i) { return static_cast<size_t>(s) * static_cast<size_t>(M) + static_cast<size_t>(i); };
+  std::vector<char> recomputed(static_cast<size_t>(S) * static_cast<size_t>(M), 0);
   for (const auto& list : schedule.actions)
     for (const Action& a : list)
-      if (a.kind == ActionKind::kForward) recomputed[{a.stage, a.micro_batch}] = a.recompute;
-  auto again = [&](const Action& a) { return recomputed[{a.stage, a.micro_batch}]; };
+      if (a.kind == ActionKind::kForward) recomputed[slot(a.stage, a.micro_batch)] = a.recompute;
+  auto again = [&](const Action& a) {
+    return recomputed[slot(a.stage, a.micro_batch)] != 0;
+  };
 
   const CostFn cost = [&](const Action& a) -> double {
     const StageCost& c = at(a.stage);
@@ -305,21 +350,22 @@ Prediction predict(const CostModel& costs, const std::vector<int>& balance, cons
   const Schedule& program = run.program;  // lowered
 
   // When each compute action ends, to free on one device what another's action lets go of.
-  std::map<std::tuple<int, char, int>, double> end_of;  // (stage, kind, micro-batch) -> end
+  // When each (stage, micro-batch)'s B or I, and its W, ends (NaN: there is none).
+  std::vector<double> backward_ends(recomputed.size(), std::nan("")), weight_ends(recomputed.size(), std::nan(""));
   for (int d = 0; d < K; ++d)
     for (size_t n = 0; n < program.actions[static_cast<size_t>(d)].size(); ++n) {
       const Action& a = program.actions[static_cast<size_t>(d)][n];
-      if (a.is_compute()) end_of[{a.stage, static_cast<char>(a.kind), a.micro_batch}] = run.end[static_cast<size_t>(d)][n];
+      if (a.is_backward()) backward_ends[slot(a.stage, a.micro_batch)] = run.end[static_cast<size_t>(d)][n];
+      if (a.kind == ActionKind::kWeightGrad) weight_ends[slot(a.stage, a.micro_batch)] = run.end[static_cast<size_t>(d)][n];
     }
   // The end of (stage, micro-batch)'s B, or of its I when the backward is split.
   auto backward_end = [&](int s, int i) {
-    auto it = end_of.find({s, static_cast<char>(ActionKind::kBackward), i});
-    if (it == end_of.end()) it = end_of.find({s, static_cast<char>(ActionKind::kInputGrad), i});
-    return it == end_of.end() ? run.makespan : it->second;
+    const double end = backward_ends[slot(s, i)];
+    return std::isnan(end) ? run.makespan : end;
   };
   auto weights_end = [&](int s, int i) {
-    auto it = end_of.find({s, static_cast<char>(ActionKind::kWeightGrad), i});
-    return it == end_of.end() ? backward_end(s, i) : it->second;
+    const double end = weight_ends[slot(s, i)];
+    return std::isnan(end) ? backward_end(s, i) : end;
   };
 
   std::vector<Ledger> ledger(static_cast<size_t>(K));
@@ -346,7 +392,7 @@ Prediction predict(const CostModel& costs, const std::vector<int>& balance, cons
               mine.changes.push_back({end, c.output * rows_a});
               mine.changes.push_back({backward_end(a.stage + 1, i), -c.output * rows_a});
             }
-          } else if (backward_end(a.stage, i) == weights_end(a.stage, i)) {
+          } else if (std::isnan(weight_ends[slot(a.stage, i)])) {
             mine.peaks.push_back({start, c.forward_peak * rows_a});
             mine.changes.push_back({end, c.kept * rows_a});
             mine.changes.push_back({backward_end(a.stage, i), -c.kept * rows_a});
@@ -385,7 +431,7 @@ Prediction predict(const CostModel& costs, const std::vector<int>& balance, cons
     double parameters = 0;
     for (int s : program.stages_of(d)) parameters += static_cast<double>(at(s).parameter_bytes);
     parameter_bytes_all += parameters;
-    p.static_bytes.push_back(static_cast<int64_t>(parameters * (1.0 + costs.state_per_parameter_byte)));
+    p.static_bytes.push_back(static_cast<int64_t>(std::min(parameters * (1.0 + costs.state_per_parameter_byte), 4.0e18)));
   }
   p.step_s = run.makespan + costs.update_s_per_parameter_byte * parameter_bytes_all;
   return p;
@@ -405,6 +451,10 @@ CostModel transformer_costs(const TransformerShape& shape, const DeviceSpec& dev
                   shape.sequence >= 1,
               "a Transformer needs at least one layer, and a width, heads, feed-forward width, vocabulary and "
               "sequence length of at least 1");
+  const double parameters = static_cast<double>(shape.layers) *
+                                (4.0 * shape.width * shape.width + 2.0 * shape.width * shape.ffn) +
+                            2.0 * static_cast<double>(shape.vocab) * shape.width;
+  GPIPE_CHECK(parameters < 1e15, "a Transformer of about ", parameters, " parameters is beyond what gpipe plans (1e15)");
   GPIPE_CHECK(shape.width % shape.heads == 0, "the width ", shape.width, " is not a multiple of the ", shape.heads,
               " heads; each head takes width / heads values");
   GPIPE_CHECK(device.flops_per_s > 0 && std::isfinite(device.flops_per_s),
@@ -481,7 +531,7 @@ int64_t parse_bytes(const std::string& text) {
       {"GiB", 1024.0 * 1024 * 1024}, {"TiB", 1024.0 * 1024 * 1024 * 1024}, {"KB", 1e3},
       {"MB", 1e6},        {"GB", 1e9},         {"TB", 1e12}};
   const auto it = units.find(unit);
-  GPIPE_CHECK(used > 0 && it != units.end() && std::isfinite(number) && number > 0 &&
+  GPIPE_CHECK(used > 0 && it != units.end() && std::isfinite(number) && number * it->second >= 1 &&
                   number * it->second < 9.0e18,
               "cannot read \"", text, "\" as a size in bytes; write a positive number with B, KiB, MiB, GiB, TiB, "
               "KB, MB, GB or TB, e.g. 16GiB");

@@ -126,7 +126,9 @@ assert len(rows) > 10, len(rows)
 speeds = [r["predicted_samples_per_s"] for r in rows]
 assert speeds == sorted(speeds, reverse=True), "not fastest first"
 for r in rows:
-    assert r["fits"] and max(r["predicted_peak_bytes"]) <= 16 << 30, r
+    assert r["fits"] and max(r["predicted_total_bytes"]) <= 16 << 30, r
+    assert all(t == p + s for t, p, s in zip(r["predicted_total_bytes"], r["predicted_peak_bytes"],
+                                             r["predicted_static_bytes"])), r
     assert r["stages"] * r["replicas"] == 8 and sum(r["balance"]) == 66, r
     assert len(r["predicted_peak_bytes"]) == r["stages"], r
 assert {r["schedule"] for r in rows} >= {"gpipe", "1f1b", "interleaved"}
@@ -136,7 +138,7 @@ else fail "gpipe plan --json"; cat "$work/plan.err"; fi
 if "$gpipe" plan --workload mlp --devices 2 --batch 0 2>"$work/plan.err" ||
    ! grep -q "batch" "$work/plan.err"; then fail "gpipe plan --batch 0 accepted"; cat "$work/plan.err"
 else pass "gpipe plan refuses --batch 0"; fi
-if "$gpipe" plan --devices 2 --batch 8 2>"$work/plan.err" || ! grep -q "give one model" "$work/plan.err"; then
+if "$gpipe" plan --devices 2 --batch 8 2>"$work/plan.err" || ! grep -q "no model given: give one of" "$work/plan.err"; then
   fail "gpipe plan without a model"; cat "$work/plan.err"
 else pass "gpipe plan without a model says how to give one"; fi
 if "$gpipe" plan --workload mlp --devices 2 --batch 64 --memory-per-device 16gigs 2>"$work/plan.err" ||

@@ -34,8 +34,12 @@ std::string name_of(const Case& c) {
 }
 
 // Measured and predicted peak bytes per device for one configuration.
+// Within 15%, and with K > 1 within M boundary tensors more: a boundary tensor counts on the stage
+// that made it until the other stage has used it, and how many are alive at a stage's peak depends
+// on the threads' timing, which the simulation only approximates (here a boundary tensor is 32 KiB
+// against stage peaks of 150-700 KiB; runs differ by up to two).
 void expect_predicted_peaks(const torch::nn::Sequential& model, const torch::Tensor& x, const torch::Tensor& y,
-                            const LossFn& loss, const CostModel& costs, const Case& c, double tolerance) {
+                            const LossFn& loss, const CostModel& costs, const Case& c, double tolerance = 0.15) {
   const std::vector<int> balance = even_balance(static_cast<int>(model->size()), c.K * c.V);
   Pipeline pipe(model, PipelineOptions()
                            .balance(balance)
@@ -62,17 +66,15 @@ void expect_predicted_peaks(const torch::nn::Sequential& model, const torch::Ten
   for (size_t d = 0; d < measured.size(); ++d) {
     const double got = static_cast<double>(measured[d].peak_bytes);
     const double want = static_cast<double>(p.peak_bytes[d]);
-    EXPECT_NEAR(want / got, 1.0, tolerance) << name_of(c) << ", device " << d << ": predicted " << want
-                                            << " bytes, measured " << got;
+    const double boundary = static_cast<double>(x.size(1) * x.element_size()) * static_cast<double>(x.size(0)) / c.M;
+    const double slack = tolerance * got + (c.K > 1 ? c.M * boundary : 0.0);
+    EXPECT_NEAR(want, got, slack) << name_of(c) << ", device " << d << ": predicted " << want << " bytes, measured "
+                                  << got;
     EXPECT_EQ(p.static_bytes[d], measured[d].parameter_bytes) << name_of(c) << ", device " << d
                                                                << ": parameters and gradients (plain SGD)";
   }
 }
 
-// Within 25%: a gradient a stage sends back counts on it until the stage before has used it, and
-// how many pile up depends on the threads' timing, which the simulation only approximates (a
-// boundary tensor here is 32 KiB against stage peaks of 150-700 KiB). The bench workloads, whose
-// stages hold more, are predicted within 15% (docs/giant-models.md).
 TEST(CostModelTest, PredictedPeakBytesMatchTheTrackingAllocatorForEveryScheduleAndMode) {
   const torch::nn::Sequential model = wide_mlp();
   torch::manual_seed(4);
@@ -82,8 +84,8 @@ TEST(CostModelTest, PredictedPeakBytesMatchTheTrackingAllocatorForEveryScheduleA
   for (auto mode : {Checkpoint::kNever, Checkpoint::kExceptLast, Checkpoint::kAlways}) {
     for (int K : {1, 2, 3})
       for (auto schedule : {ScheduleKind::kGPipe, ScheduleKind::k1F1B})
-        expect_predicted_peaks(model, x, y, mse_loss, costs, {K, 4, 1, schedule, mode}, 0.25);
-    expect_predicted_peaks(model, x, y, mse_loss, costs, {2, 4, 2, ScheduleKind::kInterleaved, mode}, 0.25);
+        expect_predicted_peaks(model, x, y, mse_loss, costs, {K, 4, 1, schedule, mode});
+    expect_predicted_peaks(model, x, y, mse_loss, costs, {2, 4, 2, ScheduleKind::kInterleaved, mode});
   }
 }
 
@@ -143,7 +145,7 @@ TEST(CostModelTest, BytesParseAndPrint) {
   EXPECT_EQ(parse_bytes("1.5GB"), 1500000000);
   EXPECT_EQ(parse_bytes("4096"), 4096);
   EXPECT_EQ(parse_bytes("2 KiB"), 2048);
-  for (const char* bad : {"", "GiB", "-1GiB", "16 gigs", "nan", "1e30TB", "0"})
+  for (const char* bad : {"", "GiB", "-1GiB", "16 gigs", "nan", "1e30TB", "0", "0.1"})
     EXPECT_THROW(parse_bytes(bad), std::invalid_argument) << bad;
   EXPECT_EQ(format_bytes(41.2 * (1 << 30)), "41.2 GiB");
   EXPECT_EQ(format_bytes(512), "512 B");

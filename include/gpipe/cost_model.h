@@ -57,7 +57,8 @@ struct LayerCost {
   /// counts only if its own graph or the next layer's saves it (a Linear's output
   /// followed by a ReLU goes once the ReLU has run).
   double chain_kept_bytes = 0;
-  double output_bytes = 0;      ///< its output (0 if it is a view of its input)
+  double output_bytes = 0;      ///< its output (what crosses a stage boundary after it; if the output is a
+                                ///< view of its input, its bytes are the input's, kept by the layer before)
   double forward_peak_bytes = 0;   ///< peak during its forward, above what it held before
   double backward_peak_bytes = 0;  ///< peak during its backward above what it held before
                                    ///< (its kept bytes and the output's gradient), its input's gradient included
@@ -74,7 +75,8 @@ struct CostModel {
   /// Bytes of gradient and optimizer state per parameter byte: 1 for plain SGD,
   /// 2 for SGD with momentum, 3 for Adam (two moments).
   double state_per_parameter_byte = 1;
-  /// Seconds of the optimizer's update per parameter byte (0: not counted).
+  /// Seconds of the optimizer's update per parameter byte (0: not counted); profile_layers
+  /// times a plain SGD step.
   double update_s_per_parameter_byte = 0;
   /// The link between two devices: a boundary tensor of b bytes takes latency + b / bandwidth
   /// on the sending device (bandwidth 0: sends are free, as between threads).
@@ -85,7 +87,7 @@ struct CostModel {
 };
 
 /// Profiles every layer of `model` on the calling thread with `threads` intra-op
-/// threads: `sample` (a micro-batch) passes through the layers in order,
+/// threads (and OpenBLAS threads, as a stage runs): `sample` (a micro-batch) passes through the layers in order,
 /// `warmup` untimed and `repetitions` timed passes, each time the median; bytes
 /// come from gpipe's tracking allocator on the last pass. I and W are timed with
 /// gpipe's split backward. The model's parameters keep no gradients afterwards.
@@ -97,7 +99,8 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
 
 /// What predict() expects of a configuration.
 struct Prediction {
-  double step_s = 0;   ///< the simulated step plus the optimizer's update on the slowest device
+  double step_s = 0;   ///< the simulated step plus one optimizer update of every parameter on one
+                       ///< thread (as a Pipeline user's optimizer runs)
   double bubble = 0;   ///< the simulated idle share, as SimulatedRun::bubble
   /// Per device: peak bytes above what it held before the step (activations,
   /// boundary tensors, backward buffers), what Pipeline::memory()'s peak_bytes measures.
@@ -106,8 +109,10 @@ struct Prediction {
   std::vector<int64_t> static_bytes;
   /// Per device: static_bytes + peak_bytes, what a device of that size needs.
   std::vector<int64_t> total_bytes() const;
-  /// The device needing the most (total_bytes).
+  /// The device needing the most (total_bytes); -1 for an empty prediction.
   int largest_device() const;
+  /// That device's total bytes (0 for an empty prediction).
+  int64_t largest_total_bytes() const;
 };
 
 /// Predicts `schedule` (a program, lower(); a compute-only schedule runs as Checkpoint::kNever) for the model of `costs` cut
