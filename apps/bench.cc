@@ -30,6 +30,7 @@ struct BenchOptions {
   std::vector<std::string> balance_by{"even"};
   std::vector<int> balance;  // an explicit cut, for the one K it fits
   bool json = false;
+  bool tie_embeddings = false;  // the transformer's output layer reads its embedding's weight
   bool transport = false;  // MPI: time the transport alone (ping-pong between ranks 0 and 1)
   std::string results = "bench/results/bench.json";
 };
@@ -76,7 +77,7 @@ std::vector<int> cut_for(const Workload& w, int K, int V, int M, const std::stri
 // The cost model of workload `name` at M micro-batches: its layers profiled on one
 // micro-batch, on one stage's threads, as the stages will run them.
 CostModel profile_workload(const std::string& name, int M, const BenchOptions& o) {
-  const Workload w = make_workload(name, 0);
+  const Workload w = make_workload(name, 0, {}, o.tie_embeddings);
   const int64_t rows = chunk_sizes(w.input.size(0), M).front();
   // Three warm-up passes: the first profile of a process runs on pages not yet touched.
   return profile_layers(w.model, w.input.narrow(0, 0, rows), o.threads, /*state_per_parameter_byte=*/1,  // plain SGD
@@ -85,9 +86,9 @@ CostModel profile_workload(const std::string& name, int M, const BenchOptions& o
 
 void build(Contender& c, const std::string& name, int M, Checkpoint mode, const BenchOptions& o,
            const CostModel& costs) {
-  c.workload = make_workload(name, 0);
+  c.workload = make_workload(name, 0, {}, o.tie_embeddings);
   if (c.unsplit) {
-    c.sgd = std::make_unique<torch::optim::SGD>(c.workload.model->parameters(), 1e-4);
+    c.sgd = std::make_unique<torch::optim::SGD>(unique_parameters(*c.workload.model), 1e-4);
     return;
   }
   const std::vector<int> cut = cut_for(c.workload, c.stages, c.virtual_stages, M, c.balance_by, o);
@@ -98,6 +99,7 @@ void build(Contender& c, const std::string& name, int M, Checkpoint mode, const 
                                                             .schedule(parse_schedule(c.schedule))
                                                             .virtual_stages(c.virtual_stages)
                                                             .threads_per_stage(o.threads)
+                                                            .tied_parameters(c.workload.tied)
                                                             .track_memory(true));
   c.sgd = std::make_unique<torch::optim::SGD>(c.pipe->parameters(), 1e-4);
   c.predicted = predict(costs, c.pipe->balance(), c.pipe->schedule(), chunk_sizes(c.workload.input.size(0), M));
@@ -108,7 +110,7 @@ void step(Contender& c, bool timed) {
   Workload& w = c.workload;
   const int64_t begin = now_ns();
   if (c.unsplit) {
-    clear_grads(w.model->parameters());
+    clear_grads(unique_parameters(*w.model));
     w.loss(w.model->forward(w.input), w.target).backward();
   } else {
     clear_grads(c.pipe->parameters());
@@ -149,7 +151,7 @@ Ratio ratio(const std::vector<double>& a, const std::vector<double>& b) {
 // Every configuration is checked before any work: the names, the cuts, and each schedule against K and M.
 void check_sweep(const BenchOptions& o) {
   for (const auto& n : o.workloads) {
-    const Workload w = make_workload(n, 0, LayerRange{0, 0});  // sizes and cut, no layers
+    const Workload w = make_workload(n, 0, LayerRange{0, 0}, o.tie_embeddings);  // sizes and cut, no layers
     const int64_t batch = w.input.size(0);
     for (int M : o.micro_batches)
       GPIPE_CHECK(M <= batch, "--micro-batches ", M, " is more than workload ", n, "'s batch of ", batch,
@@ -280,9 +282,9 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
     std::cout << std::left << std::setw(12) << "workload" << std::right << std::setw(3) << "K" << std::setw(3) << "D"
               << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(16) << "schedule" << std::setw(13) << "samples/s" << std::setw(25)
               << "(min .. max)" << std::setw(8) << "bubble" << std::setw(7) << "ideal" << std::setw(16)
-              << "MiB sent/step" << "  balance\n";
+              << "MiB sent/step" << std::setw(10) << "skip MiB" << "  balance\n";
   for (const auto& name : o.workloads) {
-    const Workload whole = make_workload(name, 0, LayerRange{0, 0});  // sizes and cut, no layers
+    const Workload whole = make_workload(name, 0, LayerRange{0, 0}, o.tie_embeddings);  // sizes and cut, no layers
     for (int M : o.micro_batches) {
       // The cost model, on the rank that prints (the whole workload is small enough to hold there).
       const CostModel costs = w.prints() ? profile_workload(name, M, o) : CostModel{};
@@ -292,15 +294,17 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
           const int V = virtual_stages(schedule, o);
           const std::vector<int> cut = !o.balance.empty() ? o.balance : whole.balance(K * V);
           const mpi::Placement place = mpi::place(w.rank, w.size, K);
-          const Workload mine = make_workload(name, 0, LayerRange{0, 0});  // the batch and loss
+          const Workload mine = make_workload(name, 0, LayerRange{0, 0}, o.tie_embeddings);  // the batch and loss
           const torch::nn::Sequential layers = mpi::device_layers(
-              [&name](LayerRange keep) { return make_workload(name, 0, keep).model; }, cut, K, place.stage);
+              [&name, &o](LayerRange keep) { return make_workload(name, 0, keep, o.tie_embeddings).model; }, cut, K,
+              place.stage);
           mpi::MpiPipeline pipe(layers, mpi::MpiPipelineOptions()
                                             .balance(cut)
                                             .chunks(M)
                                             .checkpoint(parse_checkpoint(mode_name))
                                             .schedule(parse_schedule(schedule))
                                             .virtual_stages(V)
+                                            .tied_parameters(mine.tied)
                                             .device(Device::cpu(o.threads)));
           torch::optim::SGD sgd(pipe.parameters(), 1e-4);
           std::vector<double> step_s, bubbles;
@@ -319,6 +323,7 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
           }
           const double sent_per_step =
               pipe.sum(static_cast<double>(pipe.transport().bytes_sent() - sent_before)) / (o.warmup + o.steps);
+          const double skip_per_step = pipe.sum(place.replica == 0 ? static_cast<double>(pipe.skip_bytes()) : 0.0);
           if (!w.prints()) continue;
           const double batch = static_cast<double>(mine.input.size(0));
           const double rate = batch / median(step_s);
@@ -327,7 +332,7 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
           const Prediction predicted = predict(costs, cut, pipe.schedule(), chunk_sizes(share, M));
           const double rmin = batch / *std::max_element(step_s.begin(), step_s.end());
           const double rmax = batch / *std::min_element(step_s.begin(), step_s.end());
-          nlohmann::json row = {{"workload", name},
+          nlohmann::json row = {{"workload", name}, {"tie_embeddings", o.tie_embeddings},
                                 {"transport", "mpi"},
                                 {"stages", K},
                                 {"replicas", place.replicas},
@@ -348,6 +353,7 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
                                 {"predicted_static_bytes", predicted.static_bytes},
                                 {"ideal", ideal_speedup(pipe.schedule())},
                                 {"bytes_sent_per_step", sent_per_step},
+                                {"skip_bytes_per_step", skip_per_step},
                                 {"steps", o.steps},
                                 {"warmup", o.warmup}};
           if (add_row(o, rows, row)) {
@@ -357,7 +363,8 @@ int run_mpi(const BenchOptions& o, const std::string& command) {
                       << std::setprecision(1) << std::setw(13) << rate << std::setw(25) << range_text(rmin, rmax)
                       << std::setprecision(3) << std::setw(8) << median(bubbles) << std::setw(7)
                       << ideal_speedup(pipe.schedule()) << std::setprecision(1) << std::setw(16) << sent_per_step / (1 << 20)
-                      << "  " << nlohmann::json(cut).dump() << std::endl;
+                      << std::setprecision(2) << std::setw(10) << skip_per_step / (1 << 20) << "  "
+                      << nlohmann::json(cut).dump() << std::endl;
           }
         }
     }
@@ -406,7 +413,7 @@ int run(const BenchOptions& o, const std::string& command) {
               << std::setw(13) << "checkpoint" << std::setw(16) << "schedule" << std::setw(11) << "samples/s"
               << std::setw(9) << "speedup" << std::setw(17) << "(min .. max)" << std::setw(7) << "ideal"
               << std::setw(6) << "eff" << std::setw(8) << "bubble" << std::setw(9) << "vs unspl" << std::setw(9)
-              << "sim/meas" << std::setw(8) << "pred t" << std::setw(9) << "pred mem"
+              << "sim/meas" << std::setw(8) << "pred t" << std::setw(9) << "pred mem" << std::setw(10) << "skip MiB"
               << "  peak MiB per device  balance\n";
   for (const auto& name : o.workloads)
     for (int M : o.micro_batches) {
@@ -432,7 +439,7 @@ int run(const BenchOptions& o, const std::string& command) {
           const Ratio simulated = ratio(c.simulated_s, measured_s);
           const double ideal = ideal_speedup(c.pipe->schedule());
           const int actions = static_cast<int>(c.pipe->schedule().actions.front().size());
-          nlohmann::json row = {{"workload", name},
+          nlohmann::json row = {{"workload", name}, {"tie_embeddings", o.tie_embeddings},
                                 {"stages", c.stages},
                                 {"micro_batches", M},
                                 {"checkpoint", to_string(mode)},
@@ -468,6 +475,7 @@ int run(const BenchOptions& o, const std::string& command) {
                                 {"speedup_vs_unsplit_min", vs_unsplit.min},
                                 {"speedup_vs_unsplit_max", vs_unsplit.max},
                                 {"program_actions_per_device", actions},
+                                {"skip_bytes_per_step", c.pipe->skip_bytes()},
                                 {"steps", o.steps},
                                 {"warmup", o.warmup}};
           // Against the first schedule asked for, at the same K and cut: per-step ratios too.
@@ -497,7 +505,8 @@ int run(const BenchOptions& o, const std::string& command) {
                       << std::setw(7) << ideal << std::setprecision(2) << std::setw(6) << speedup.median / ideal
                       << std::setprecision(3) << std::setw(8) << median(c.bubbles) << std::setw(9) << vs_unsplit.median
                       << std::setw(9) << simulated.median << std::setw(8) << c.predicted.step_s / median(c.step_s)
-                      << std::setw(9) << worst_ratio(c.predicted.peak_bytes, c.peak_bytes) << "  " << std::setw(19)
+                      << std::setw(9) << worst_ratio(c.predicted.peak_bytes, c.peak_bytes) << std::setprecision(2)
+                      << std::setw(10) << static_cast<double>(c.pipe->skip_bytes()) / (1 << 20) << "  " << std::setw(19)
                       << std::left
                       << mebibytes(c.peak_bytes) << std::right << "  " << c.balance_by << " "
                       << nlohmann::json(c.pipe->balance()).dump() << std::endl;
@@ -514,7 +523,8 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* sub = app.add_subcommand(
       "bench", "Time the workloads defined in docs/benchmarks.md through the pipeline against one device");
-  sub->add_option("--workload", o->workloads, "mlp, transformer, tiny, imbalanced (several sweep: mlp,tiny)")
+  sub->add_option("--workload", o->workloads,
+                  "mlp, transformer, tiny, imbalanced, resnet, unet (several sweep: mlp,tiny)")
       ->delimiter(',')->capture_default_str();
   sub->add_option("--stages", o->stages, "numbers of stages K to sweep (1 2 or 1,2)")
       ->delimiter(',')->check(at_least(1))->capture_default_str();
@@ -541,6 +551,9 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
                   "parameters, gradients and momentum); exact min-max partition")
       ->delimiter(',')->check(CLI::IsMember({"even", "params", "time", "memory"}))->capture_default_str();
   sub->add_flag("--json", o->json, "one JSON object per configuration on standard output (JSON Lines)");
+  sub->add_flag("--tie-embeddings", o->tie_embeddings,
+                "the transformer's output layer reuses its embedding's weight (tied embeddings): one weight on the "
+                "first and the last stage, one gradient, one update");
   sub->add_flag("--transport", o->transport,
                 "under mpirun -np 2: latency and bandwidth of the MPI transport per message size (ping-pong)");
   sub->add_option("--results", o->results, "file the results are written to (empty: none)")

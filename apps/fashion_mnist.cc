@@ -64,8 +64,7 @@ Dataset load_fashion_mnist(const std::string& dir, bool train, int64_t limit) {
     images = images.narrow(0, 0, limit);
     labels = labels.narrow(0, 0, limit);
   }
-  // Fashion-MNIST's training-set mean and standard deviation.
-  images = (images.to(torch::kFloat).div_(255.0f).sub_(0.2860f).div_(0.3530f)).unsqueeze(1).contiguous();
+  images = (images.to(torch::kFloat).div_(255.0f).sub_(kFashionMean).div_(kFashionStd)).unsqueeze(1).contiguous();
   return {images, labels.to(torch::kLong)};
 }
 

@@ -7,6 +7,11 @@
 
 namespace gpipe::cli {
 
+/// Fashion-MNIST's training-set mean and standard deviation of pixel values (0 black, 1 white),
+/// by which the images are normalized.
+constexpr float kFashionMean = 0.2860f;
+constexpr float kFashionStd = 0.3530f;
+
 /// Where Debian's dataset-fashion-mnist installs the data.
 inline const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 

@@ -35,6 +35,12 @@ bool calls_random(const torch::jit::Block* block) {
   return false;
 }
 
+// Whether a TorchScript module was compiled from one of torch.nn's BatchNorm classes.
+bool is_batch_norm(const torch::jit::Module& module) {
+  static const std::regex batch_norm(R"(^__torch__\.torch\.nn\.modules\.batchnorm\.(___torch_mangle_\d+\.)?BatchNorm[123]d$)");
+  return std::regex_match(module.type()->name()->qualifiedName(), batch_norm);
+}
+
 }  // namespace
 
 ScriptLayerImpl::ScriptLayerImpl(torch::jit::Module module) : module_(std::move(module)) {
@@ -56,6 +62,22 @@ ScriptLayerImpl::ScriptLayerImpl(torch::jit::Module module) : module_(std::move(
     std::replace(name.begin(), name.end(), '.', '_');
     register_buffer(name, b.value);
   }
+  for (const auto& inner : module_.named_modules())
+    if (!inner.name.empty() && is_batch_norm(inner.value)) {
+      inner_batch_norm_ = inner.name;
+      break;
+    }
+}
+
+std::optional<gpipe::RunningStatistics> ScriptLayerImpl::running_statistics() {
+  if (!is_batch_norm(module_) || !module_.attr("running_mean").isTensor()) return std::nullopt;  // track_running_stats=False
+  // torch.nn's BatchNorm declares momentum a constant; read it as an attribute where it is one.
+  const torch::IValue momentum = module_.type()->hasConstant("momentum") ? module_.type()->getConstant("momentum")
+                                 : module_.hasattr("momentum")           ? module_.attr("momentum")
+                                                                         : torch::IValue(0.1);
+  return gpipe::RunningStatistics{module_.attr("running_mean").toTensor(), module_.attr("running_var").toTensor(),
+                                  module_.attr("num_batches_tracked").toTensor(),
+                                  momentum.isNone() ? std::nullopt : std::optional<double>(momentum.toDouble())};
 }
 
 torch::Tensor ScriptLayerImpl::forward(const torch::Tensor& x) {

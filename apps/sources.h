@@ -16,17 +16,22 @@ namespace gpipe::cli {
 /// One top-level child of a TorchScript module, as a layer a pipeline can cut.
 /// Its parameters are the script module's own tensors (registered with '.'
 /// written '_'), so optimizers step what the script module computes with.
-class ScriptLayerImpl : public torch::nn::Module, public gpipe::RandomLayer {
+/// A BatchNorm child (torch.nn.BatchNorm1d/2d/3d scripted) shows its running
+/// statistics, so that the pipeline can update them once per mini-batch.
+class ScriptLayerImpl : public torch::nn::Module, public gpipe::RandomLayer, public gpipe::BatchNormLayer {
  public:
   explicit ScriptLayerImpl(torch::jit::Module module);
   torch::Tensor forward(const torch::Tensor& x);
   void train(bool on = true) override;
   /// Whether its code (or its submodules') calls dropout or draws random numbers otherwise.
   bool draws_random_numbers() const override { return random_; }
+  std::optional<gpipe::RunningStatistics> running_statistics() override;
+  std::string inner_batch_norm() const override { return inner_batch_norm_; }
 
  private:
   torch::jit::Module module_;
   bool random_ = false;
+  std::string inner_batch_norm_;  // the first BatchNorm among its submodules
 };
 TORCH_MODULE(ScriptLayer);
 

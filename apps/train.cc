@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "common.h"
 #include "fashion_mnist.h"
+#include "png_image.h"
 #include "sources.h"
 #include "world.h"
 
@@ -33,18 +34,21 @@ struct TrainOptions {
   std::string model_file;
   std::string data_file;
   std::string loss = "cross_entropy";
+  bool loss_given = false;
   int stages = 2;
   bool stages_given = false;  // --stages on the command line, not the default
   std::vector<int> balance;
   std::string balance_by;
   int micro_batches = 4;
   std::string checkpoint = "never";
+  std::string batch_norm = "deferred";
+  std::string augment = "auto";  // resolved by check_flags: flip for --model resnet, none otherwise
   std::string schedule = "auto";  // resolved by choose_schedule before anything else
   int virtual_stages = 0;         // 0: 2 for the interleaved schedule, 1 for the others
   int64_t batch_size = 128;
   bool drop_last = false;
   bool shuffle = true;
-  int epochs = 8;
+  int epochs = 0;  // 0: the model's own default (default_epochs)
   int64_t steps = 0;
   std::string optimizer = "adam";
   double lr = 1e-3;
@@ -56,6 +60,7 @@ struct TrainOptions {
   bool betas_given = false;
   bool step_flags_given = false;  // --lr-step-size or --lr-gamma
   std::string lr_schedule = "constant";
+  bool lr_schedule_given = false;
   int64_t warmup_steps = 0;
   int64_t lr_step_size = 0;  // 0: one epoch
   double lr_gamma = 0.1;
@@ -69,8 +74,22 @@ struct TrainOptions {
   std::string resume;
   bool per_stage_files = false;
   std::string trace;
+  std::string samples;  // --model unet: a PNG of denoised test images
   bool json = false;
 };
+
+// The built-in models: the CNN (no --model), and by name a residual network and a U-Net (models.h).
+bool is_resnet(const TrainOptions& o) { return o.model_file == "resnet"; }
+bool is_unet(const TrainOptions& o) { return o.model_file == "unet"; }
+
+// The built-in models' default runs: each ends within 15 minutes on 2 cores (README).
+constexpr int kResnetEpochs = 14;
+constexpr int kUnetEpochs = 2;
+int default_epochs(const TrainOptions& o) { return is_resnet(o) ? kResnetEpochs : is_unet(o) ? kUnetEpochs : 8; }
+
+// The U-Net's task: Fashion-MNIST images with Gaussian noise of this standard deviation, in
+// pixel values (0 black, 1 white), to be made clean again.
+constexpr double kNoise = 0.3;
 
 // ---------------------------------------------------------------- the model
 
@@ -132,6 +151,17 @@ Model choose_model(const TrainOptions& o) {
     };
     return m;
   }
+  if (is_resnet(o) || is_unet(o)) {
+    const uint64_t seed = o.seed;
+    const bool resnet = is_resnet(o);
+    m.name = resnet ? "ResNet" : "U-Net";
+    m.layers = resnet ? kFashionResnetLayers : kFashionUnetLayers;
+    m.build = [seed, resnet](LayerRange keep) {
+      torch::manual_seed(seed);
+      return resnet ? fashion_resnet(keep) : fashion_unet(keep);
+    };
+    return m;
+  }
   const ModelSource source = or_usage_error("--model", [&] { return load_script_model(o.model_file); });
   torch::manual_seed(o.seed);  // the stream each step's Dropout seed is drawn from, as the built-in model's
   m.name = o.model_file;
@@ -166,6 +196,16 @@ class RandomStateGuard {
 
 // ---------------------------------------------------------------- the data
 
+// --augment flip: training image r is mirrored left to right in epoch e about half the time, as
+// bit 13 of r·2654435761 + e·40503 + (seed mod 1000003) says: a function of (r, e, seed) alone, so a
+// resumed run mirrors the same images as an unbroken one.
+torch::Tensor mirrored(const torch::Tensor& images, const torch::Tensor& rows, int epoch, uint64_t seed) {
+  const torch::Tensor hash = rows * int64_t{2654435761} + int64_t{epoch} * int64_t{40503} +
+                             static_cast<int64_t>(seed % 1000003);
+  const torch::Tensor flip = hash.div(8192, "floor").remainder(2).to(torch::kBool).view({-1, 1, 1, 1});
+  return torch::where(flip, images.flip({3}), images);
+}
+
 struct Split {
   torch::Tensor input;
   torch::Tensor target;
@@ -177,7 +217,21 @@ struct Data {
   Split eval;
   bool classification = true;
   LossFn loss;
+  double noisy_psnr = 0;  // --model unet: the PSNR of the noisy test images; 0 otherwise
 };
+
+// Peak signal-to-noise ratio, in dB, of images with mean squared error `mse` in Fashion-MNIST's
+// normalized units (fashion_mnist.h), pixel values 0..1.
+double psnr(double mse) {
+  const double pixel_mse = mse * kFashionStd * kFashionStd;
+  return 10.0 * std::log10(1.0 / pixel_mse);
+}
+
+// The U-Net's inputs: `clean` images with Gaussian noise of kNoise (in pixel values) drawn from `seed`.
+torch::Tensor add_noise(const torch::Tensor& clean, uint64_t seed) {
+  torch::Generator generator = at::detail::createCPUGenerator(seed);
+  return clean + torch::randn(clean.sizes(), generator, torch::kFloat) * static_cast<float>(kNoise / kFashionStd);
+}
 
 Data load_data(const TrainOptions& o) {
   Data d;
@@ -194,6 +248,11 @@ Data load_data(const TrainOptions& o) {
     const Dataset test = load_fashion_mnist(o.data_dir, false, o.test_samples);
     d.train = {fashion.images, fashion.labels, "training"};
     d.eval = {test.images, test.labels, "test"};
+    if (is_unet(o)) {  // noisy images in, the clean ones out; the noise fixed by --seed
+      d.train = {add_noise(fashion.images, o.seed ^ 0x6e6f697365ull), fashion.images, "training"};
+      d.eval = {add_noise(test.images, o.seed ^ 0x74657374ull), test.images, "test"};
+      d.noisy_psnr = psnr(torch::mse_loss(d.eval.input, d.eval.target).item<double>());
+    }
   }
   d.classification = o.loss == "cross_entropy";
   if (d.classification) {
@@ -281,8 +340,33 @@ void check_flags(TrainOptions& o) {
   if (o.micro_batches > o.batch_size)
     usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is larger than --batch-size " +
                 std::to_string(o.batch_size) + "; every micro-batch needs a sample");
-  if (o.data_file.empty() && o.loss != "cross_entropy")
+  if ((is_resnet(o) || is_unet(o)) && std::filesystem::exists(o.model_file))
+    usage_error("--model " + o.model_file + " names a built-in model, and there is also a file " + o.model_file +
+                " here; for the file, say --model ./" + o.model_file);
+  if ((is_resnet(o) || is_unet(o)) && !o.data_file.empty())
+    usage_error("--model " + o.model_file + " is built to train on Fashion-MNIST; leave out --data (or give a "
+                "TorchScript model file of your own to --model)");
+  if (is_unet(o) && o.loss_given && o.loss != "mse")
+    usage_error("--model unet denoises images: its loss is mse; leave out --loss");
+  if (is_unet(o)) o.loss = "mse";
+  if (o.data_file.empty() && o.loss != "cross_entropy" && !is_unet(o))
     usage_error("--loss " + o.loss + " needs --data with real-valued targets; Fashion-MNIST has class labels");
+  if (!o.samples.empty() && !is_unet(o))
+    usage_error("--samples writes a picture of denoised test images: it is for --model unet");
+  if (!o.samples.empty() && (o.samples.size() < 5 || o.samples.compare(o.samples.size() - 4, 4, ".png") != 0))
+    usage_error("--samples " + o.samples + ": the picture is a PNG file; give a path that ends in .png");
+  if (o.epochs == 0) o.epochs = default_epochs(o);
+  if (o.augment == "auto") o.augment = is_resnet(o) ? "flip" : "none";
+  if (is_resnet(o) && !o.lr_schedule_given) o.lr_schedule = "cosine";
+  if (o.augment == "flip" && (is_unet(o) || !o.data_file.empty()))
+    usage_error("--augment flip mirrors Fashion-MNIST's training images for a classifier; it is not for " +
+                std::string(is_unet(o) ? "--model unet, whose targets are the images themselves" : "--data") +
+                ": use --augment none");
+  // The residual network's blocks differ in time per layer by 10x: cut it by measured time
+  // unless told otherwise (under MPI each rank would profile alone: an even cut there).
+  if (is_resnet(o) && o.balance.empty() && o.balance_by.empty() && o.virtual_stages == 1 && o.stages > 1 &&
+      !world().mpi)
+    o.balance_by = "time";
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   if (o.threads > static_cast<int>(cores))
     usage_error("--threads-per-stage " + std::to_string(o.threads) + " is more than this machine's " +
@@ -315,17 +399,23 @@ void check_flags(TrainOptions& o) {
     return !a.empty() && !b.empty() &&
            std::filesystem::weakly_canonical(a, error) == std::filesystem::weakly_canonical(b, error);
   };
-  for (const auto& [output, path] : {std::pair<const char*, std::string>{"--save", o.save}, {"--trace", o.trace}})
+  for (const auto& [output, path] : {std::pair<const char*, std::string>{"--save", o.save}, {"--trace", o.trace},
+                                     {"--samples", o.samples}})
     for (const auto& [input, other] : {std::pair<const char*, std::string>{"--data", o.data_file},
-                                       {"--model", o.model_file}, {"--trace", o.trace}})
+                                       {"--model", o.model_file}, {"--trace", o.trace},
+                                       {"--samples", o.samples}})
       if (std::string(output) != input && same_file(path, other))
         usage_error(std::string(output) + " " + path + " is the file of " + input + "; writing it would replace " +
-                    (std::string(input) == "--trace" ? "the trace" : "your input") + ": give another path");
+                    (std::string(input) == "--trace" || std::string(input) == "--samples" ? "that output"
+                                                                                           : "your input") +
+                    ": give another path");
   // The single checkpoint and the trace are written by the first rank; per-device files are checked
   // where they are written, once the devices are placed.
   if (world().rank == 0 && !o.save.empty() && !o.per_stage_files)
     or_usage_error("--save", [&] { check_writable(o.save); return 0; });
   if (world().rank == 0 && !o.trace.empty()) or_usage_error("--trace", [&] { check_writable(o.trace); return 0; });
+  if (world().rank == 0 && !o.samples.empty())
+    or_usage_error("--samples", [&] { check_writable(o.samples); return 0; });
 }
 
 // Layers per stage: --balance, --balance-by's min-max cut of measured costs, or an even cut.
@@ -496,6 +586,7 @@ class Run {
                                 .checkpoint(parse_checkpoint(o.checkpoint))
                                 .schedule(parse_schedule(o.schedule))
                                 .virtual_stages(o.virtual_stages)
+                                .deferred_batch_norm(o.batch_norm == "deferred")
                                 .threads_per_stage(o.threads))),
         optimizer_(make_optimizer(o, engine_->parameters())), shuffle_(at::detail::createCPUGenerator(o.seed)) {
     K_ = engine_->schedule().devices;
@@ -600,6 +691,12 @@ class Run {
         }
       }
     }
+    try {
+      write_samples();
+    } catch (const std::exception& e) {  // the summary still comes
+      print_error_line("gpipe: --samples: " + without_prefix(e.what()));
+      status = 1;
+    }
     const double checksum = engine_->checksum();
     if (!world().prints()) return status;
     print_summary(checksum);
@@ -615,6 +712,37 @@ class Run {
 
  private:
   bool printing() const { return world().prints() && !o_.json; }
+  bool denoising() const { return data_.noisy_psnr > 0; }
+
+  // --samples: the first test images, noisy, denoised and clean, one row each, written by the
+  // process that holds the model's output for them (under MPI, the first replica's last stage).
+  void write_samples() {
+    if (o_.samples.empty()) return;
+    const int64_t n = std::min<int64_t>(8, data_.eval.input.size(0));
+    const torch::Tensor noisy = data_.eval.input.narrow(0, 0, n);
+    torch::nn::Sequential layers = engine_->layers();
+    layers->eval();
+    OutputRows out;
+    {
+      torch::NoGradGuard no_grad;
+      out = engine_->forward(noisy);
+    }
+    layers->train();
+    if (!out.output.defined() || out.first != 0) return;
+    auto row = [n](const torch::Tensor& images) {  // [n, 1, 28, 28] normalized -> [58, n * 58] pixels
+      const torch::Tensor pixels = (images.detach().cpu() * kFashionStd + kFashionMean).clamp(0, 1).mul(255).round();
+      const torch::Tensor big = torch::nn::functional::interpolate(
+          pixels, torch::nn::functional::InterpolateFuncOptions().scale_factor(std::vector<double>{2, 2})
+                      .mode(torch::kNearest));
+      const torch::Tensor framed = torch::constant_pad_nd(big, {1, 1, 1, 1}, 255);  // white gaps
+      return framed.squeeze(1).permute({1, 0, 2}).reshape({framed.size(2), n * framed.size(3)});
+    };
+    const torch::Tensor picture =
+        torch::cat({row(noisy), row(out.output.narrow(0, 0, n)), row(data_.eval.target.narrow(0, 0, n))}, 0);
+    write_png(o_.samples, picture.to(torch::kUInt8));
+    if (!o_.json)
+      std::cout << "samples: " << o_.samples << " (rows: noisy, denoised, clean; " << n << " test images)" << std::endl;
+  }
 
   // Runs `check` on this rank; if it refuses on any rank, every rank stops with a usage error
   // (its own message, or which rank refused), so no rank waits for the others in vain.
@@ -642,7 +770,8 @@ class Run {
   }
 
   void train_step(const torch::Tensor& rows, int epoch) {
-    const torch::Tensor x = data_.train.input.index_select(0, rows);
+    torch::Tensor x = data_.train.input.index_select(0, rows);
+    if (o_.augment == "flip") x = mirrored(x, rows, epoch, o_.seed);
     const torch::Tensor y = data_.train.target.index_select(0, rows);
     if (fault_.kind == "exit" && fault_.rank == world().rank && fault_.step == step_) std::_Exit(3);
     const LossFn faulty = [](const torch::Tensor&, const torch::Tensor&) -> torch::Tensor {
@@ -685,10 +814,14 @@ class Run {
     const std::string& eval = data_.eval.name;
     epochs_.push_back({{"epoch", epoch}, {"step", step_}, {"loss", last_loss_}, {eval + "_loss", evaluation_.loss}});
     if (data_.classification) epochs_.back()[eval + "_accuracy"] = evaluation_.accuracy;
+    if (denoising()) epochs_.back()[eval + "_psnr_db"] = psnr(evaluation_.loss);
     if (!printing()) return;
     std::cout << "epoch " << epoch << ": loss " << std::fixed << std::setprecision(4) << last_loss_;
     if (data_.classification)
       std::cout << ", " << eval << " accuracy " << std::setprecision(2) << 100 * evaluation_.accuracy << "%";
+    else if (denoising())
+      std::cout << ", " << eval << " PSNR " << std::setprecision(2) << psnr(evaluation_.loss) << " dB (noisy input "
+                << data_.noisy_psnr << " dB)";
     else
       std::cout << ", " << eval << " loss " << evaluation_.loss;
     std::cout << std::endl;
@@ -746,6 +879,9 @@ class Run {
     if (data_.classification)
       std::cout << "  " << eval << " accuracy  " << std::fixed << std::setprecision(2) << 100 * evaluation_.accuracy
                 << "%\n";
+    else if (denoising())
+      std::cout << "  " << eval << " PSNR      " << std::fixed << std::setprecision(2) << psnr(evaluation_.loss)
+                << " dB (noisy input " << data_.noisy_psnr << " dB)\n";
     else
       std::cout << "  " << eval << " loss  " << std::fixed << std::setprecision(6) << evaluation_.loss << "\n";
     std::cout << "  training time  " << std::fixed << std::setprecision(1) << train_seconds_ << " s (" << run_steps
@@ -807,6 +943,8 @@ class Run {
                         {"optimizer", o_.optimizer},
                         {"lr", o_.lr},
                         {"lr_schedule", o_.lr_schedule},
+                        {"augment", o_.augment},
+                        {"batch_norm", o_.batch_norm},
                         {"warmup_steps", o_.warmup_steps},
                         {"weight_decay", o_.weight_decay},
                         {"clip_grad_norm", o_.clip_grad_norm},
@@ -822,6 +960,10 @@ class Run {
     }
     if (world().mpi) s["mpi"] = {{"ranks", world().size}, {"replicas", world().size / K_}};
     if (data_.classification) s[eval + "_accuracy"] = evaluation_.accuracy;
+    if (denoising()) {
+      s[eval + "_psnr_db"] = psnr(evaluation_.loss);
+      s["noisy_" + eval + "_psnr_db"] = data_.noisy_psnr;
+    }
     return s;
   }
 
@@ -853,7 +995,7 @@ nlohmann::json settings_of(const TrainOptions& o) {
   return {{"--data-dir", o.data_dir},     {"--model", o.model_file},      {"--data", o.data_file},
           {"--loss", o.loss},             {"--stages", o.stages},         {"--balance", o.balance},
           {"--balance-by", o.balance_by}, {"--micro-batches", o.micro_batches}, {"--checkpoint", o.checkpoint},
-          {"--schedule", o.schedule},     {"--virtual-stages", o.virtual_stages},
+          {"--batch-norm", o.batch_norm}, {"--augment", o.augment}, {"--schedule", o.schedule},     {"--virtual-stages", o.virtual_stages},
           {"--batch-size", o.batch_size}, {"--drop-last", o.drop_last},   {"--no-shuffle", !o.shuffle},
           {"--epochs", o.epochs},         {"--steps", o.steps},           {"--optimizer", o.optimizer},
           {"--lr", o.lr},                 {"--momentum", o.momentum},     {"--nesterov", o.nesterov},
@@ -862,7 +1004,8 @@ nlohmann::json settings_of(const TrainOptions& o) {
           {"--clip-grad-norm", o.clip_grad_norm}, {"--seed", o.seed_text},
           {"--threads-per-stage", o.threads}, {"--train-samples", o.train_samples},
           {"--test-samples", o.test_samples}, {"--save", o.save},         {"--resume", o.resume},
-          {"--per-stage-files", o.per_stage_files}, {"--trace", o.trace}, {"--json", o.json}};
+          {"--per-stage-files", o.per_stage_files}, {"--trace", o.trace}, {"--samples", o.samples},
+          {"--json", o.json}};
 }
 
 int run(TrainOptions o) {
@@ -890,8 +1033,10 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--data-dir", o->data_dir, "folder with the gzipped IDX files of Fashion-MNIST")
       ->capture_default_str();
   sub->add_option("--model", o->model_file,
-                  "a TorchScript nn.Sequential saved in Python (torch.jit.script(model).save(FILE)); "
-                  "its top-level children are the layers that are cut into stages");
+                  "resnet (a residual network with BatchNorm, cut by --balance-by time), unet (a U-Net that "
+                  "denoises the images; reports PSNR), or FILE: a TorchScript nn.Sequential saved in Python "
+                  "(torch.jit.script(model).save(FILE)) whose top-level children are the layers cut into stages; "
+                  "default: a small CNN");
   sub->add_option("--data", o->data_file,
                   "a dataset saved in Python with torch.save({'input': X, 'target': Y}, FILE), "
                   "instead of Fashion-MNIST (evaluated on itself)");
@@ -914,6 +1059,16 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--checkpoint", o->checkpoint,
                   "re-materialization: always, except_last or never (the CNN's activations are small)")
       ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
+  sub->add_option("--batch-norm", o->batch_norm,
+                  "BatchNorm layers in training: deferred (as the paper: each micro-batch normalized by its own "
+                  "statistics, the running statistics updated once per step from all its rows) or per-micro-batch "
+                  "(updated by each micro-batch, as M small batches would)")
+      ->check(CLI::IsMember({"deferred", "per-micro-batch"}))->capture_default_str();
+  sub->add_option("--augment", o->augment,
+                  "flip: mirror each training image left to right in about half the epochs (chosen per image and "
+                  "epoch from --seed, so a resumed run mirrors alike); none; auto: flip for --model resnet, none "
+                  "otherwise")
+      ->check(CLI::IsMember({"auto", "none", "flip"}))->capture_default_str();
   sub->add_option("--schedule", o->schedule,
                   "the order of forwards and backwards: gpipe (fill-drain), 1f1b, interleaved (V stages per "
                   "device; --micro-batches a multiple of K) or zb1p (zero bubble); auto: interleaved with the cut "
@@ -930,7 +1085,10 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                 "leave out each epoch's last batch when it is smaller than --batch-size (kept by default, as "
                 "PyTorch's DataLoader keeps it)");
   sub->add_flag("--no-shuffle{false}", o->shuffle, "take the samples in their order every epoch, instead of shuffled");
-  sub->add_option("--epochs", o->epochs, "passes over the training set")->check(at_least(1))->capture_default_str();
+  sub->add_option("--epochs", o->epochs,
+                  "passes over the training set (default: 8 for the CNN, " + std::to_string(kResnetEpochs) +
+                      " for resnet, " + std::to_string(kUnetEpochs) + " for unet)")
+      ->check(at_least(1));
   sub->add_option("--steps", o->steps, "stop after this many optimizer steps in all, resumed ones included (0: no limit)")
       ->check(at_least(0))->capture_default_str();
   sub->add_option("--optimizer", o->optimizer, "sgd, adam or adamw (torch.optim's)")
@@ -946,8 +1104,8 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--betas", o->betas, "Adam's and AdamW's two betas, e.g. --betas 0.9,0.999")
       ->expected(2)->delimiter(',')->check(fraction_below_one());
   sub->add_option("--lr-schedule", o->lr_schedule,
-                  "constant; cosine (from --lr down to 0 over the run); step (times --lr-gamma every "
-                  "--lr-step-size steps); after --warmup-steps of linear warm-up")
+                  "constant (cosine for --model resnet); cosine (from --lr down to 0 over the run); step (times "
+                  "--lr-gamma every --lr-step-size steps); after --warmup-steps of linear warm-up")
       ->check(CLI::IsMember({"constant", "cosine", "step"}))->capture_default_str();
   sub->add_option("--warmup-steps", o->warmup_steps, "steps of linear warm-up: step t runs at --lr x (t+1)/W")
       ->check(at_least(0))->capture_default_str();
@@ -980,9 +1138,14 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--trace", o->trace,
                   "write the last training step's timeline: an SVG chart if FILE ends in .svg, otherwise "
                   "Chrome-trace JSON (open it in Perfetto)");
+  sub->add_option("--samples", o->samples,
+                  "--model unet: write FILE.png, the first 8 test images noisy, denoised and clean, one row each "
+                  "(the noise, of standard deviation 0.3 in pixel values, is drawn once from --seed)");
   sub->add_flag("--json", o->json, "print the summary as JSON on standard output (progress stays on standard error)");
   sub->callback([o, sub, &status] {
     o->stages_given = sub->count("--stages") > 0;
+    o->loss_given = sub->count("--loss") > 0;
+    o->lr_schedule_given = sub->count("--lr-schedule") > 0;
     o->weight_decay_given = sub->count("--weight-decay") > 0;
     o->betas_given = sub->count("--betas") > 0;
     o->step_flags_given = sub->count("--lr-step-size") + sub->count("--lr-gamma") > 0;

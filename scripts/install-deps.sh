@@ -8,6 +8,7 @@ packages=(
   libopenblas0-pthread    # fast system BLAS: without it libtorch's matmuls are ~35x slower
   libgtest-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev zlib1g-dev
+  libpng-dev              # gpipe train --model unet --samples: pictures of denoised images
   libopenmpi-dev openmpi-bin  # MPI: one stage per process, on one machine or many
   dataset-fashion-mnist   # the default training data, under /usr/share/datasets/fashion-mnist
   python3-torch           # Python PyTorch, for interop and comparison tests

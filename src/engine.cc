@@ -75,6 +75,7 @@ class MpiEngine : public Engine {
     return pipe_.train_step(input, target, loss);
   }
   std::vector<torch::Tensor> parameters() const override { return pipe_.parameters(); }
+  std::vector<torch::Tensor> counted_parameters() const override { return pipe_.counted_parameters(); }
   torch::nn::Sequential layers() const override { return pipe_.layers(); }
   const std::vector<int>& balance() const override { return pipe_.balance(); }
   const Schedule& schedule() const override { return pipe_.schedule(); }
@@ -131,12 +132,12 @@ Evaluation Engine::evaluate(const torch::Tensor& input, const torch::Tensor& tar
   return {sum(loss_sum) / rows, classification ? sum(correct) / rows : 0.0};
 }
 
-double Engine::checksum() { return sum(replica() == 0 ? local_checksum(parameters()) : 0.0); }
+double Engine::checksum() { return sum(replica() == 0 ? local_checksum(counted_parameters()) : 0.0); }
 
 double Engine::gradient_norm() {
   double squares = 0;
   if (replica() == 0)
-    for (const auto& p : parameters())
+    for (const auto& p : counted_parameters())
       if (p.grad().defined()) {
         const double norm = p.grad().detach().norm().item<double>();
         squares += norm * norm;
@@ -221,6 +222,8 @@ std::unique_ptr<Engine> make_engine(const LayerBuilder& build, int layers, const
                                                .checkpoint(options.checkpoint())
                                                .schedule(options.schedule())
                                                .virtual_stages(V)
+                                               .deferred_batch_norm(options.deferred_batch_norm())
+                                               .tied_parameters(options.tied_parameters())
                                                .device(device));
 #else
   GPIPE_CHECK(false, "this gpipe was built without MPI; install libopenmpi-dev and rebuild with -DGPIPE_WITH_MPI=ON, "

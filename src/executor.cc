@@ -56,6 +56,7 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
   auto clear = [&] {
     for (const auto& s : stages_) s->clear();
   };
+  for (const auto& s : stages_) s->begin_step();
 
   try {
     for (const Action& a : program) {
@@ -72,10 +73,14 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
         const int act = static_cast<int>(Channel::kActivation), grad = static_cast<int>(Channel::kGradient);
         switch (a.kind) {
           case ActionKind::kRecv:
-            inbox[{a.stage, static_cast<int>(a.channel), i}] = transport_->recv(a.peer, a.stage, a.channel, i);
+            if (skip_of(a.channel) >= 0)  // a skip connection's: the stage keeps it by name
+              stage(a.stage).receive_skip(i, a.channel, transport_->recv(a.peer, a.stage, a.channel, i));
+            else
+              inbox[{a.stage, static_cast<int>(a.channel), i}] = transport_->recv(a.peer, a.stage, a.channel, i);
             continue;
           case ActionKind::kSend: {
-            torch::Tensor t = take(outbox, {a.stage, static_cast<int>(a.channel), i});
+            torch::Tensor t = skip_of(a.channel) >= 0 ? stage(a.stage).take_skip(i, a.channel)
+                                                      : take(outbox, {a.stage, static_cast<int>(a.channel), i});
             GPIPE_CHECK(t.defined(), "nothing to send: no earlier action of this device produced it");
             transport_->send(a.stage, a.peer, a.channel, i, std::move(t));
             continue;

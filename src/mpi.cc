@@ -15,6 +15,7 @@
 #include <cstring>
 #include <exception>
 #include <numeric>
+#include <sstream>
 
 namespace gpipe::mpi {
 namespace {
@@ -53,6 +54,17 @@ void wait_or_keep(ErrorChannel& errors, MPI_Request& request, std::shared_ptr<Bu
     new std::shared_ptr<Buffers>(std::move(buffers));
     throw;
   }
+}
+
+// Sums `buffer` (float32 or float64, on the CPU) over the ranks of `comm`, in place, through `errors`.
+void allreduce_sum(ErrorChannel& errors, MPI_Comm comm, std::shared_ptr<torch::Tensor> buffer, const char* what) {
+  GPIPE_CHECK(buffer->numel() <= INT_MAX, what, " has ", buffer->numel(),
+              " elements, more than one MPI allreduce carries; use more stages");
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer->data_ptr(), static_cast<int>(buffer->numel()),
+                           buffer->scalar_type() == torch::kFloat ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, comm, &request),
+            "MPI_Iallreduce");
+  wait_or_keep(errors, request, std::move(buffer));
 }
 
 }  // namespace
@@ -252,17 +264,19 @@ void ErrorChannel::raise(const std::string& message) {
 
 // ---------------------------------------------------------------- transport
 
-MpiTransport::MpiTransport(MPI_Comm comm, ErrorChannel* errors, std::vector<int> rank_of_stage, int micro_batches)
-    : comm_(comm), errors_(errors), rank_of_stage_(std::move(rank_of_stage)) {
+MpiTransport::MpiTransport(MPI_Comm comm, ErrorChannel* errors, std::vector<int> rank_of_stage, int micro_batches,
+                           int skips)
+    : comm_(comm), errors_(errors), rank_of_stage_(std::move(rank_of_stage)), channels_(2 + 2 * skips) {
   void* value = nullptr;
   int found = 0;
   MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &found);
   const int64_t tag_ub = found ? *static_cast<int*>(value) : 32767;
   const int S = static_cast<int>(rank_of_stage_.size());
-  const int64_t tags = int64_t{4} * S * S * micro_batches;
-  GPIPE_CHECK(tags - 1 <= tag_ub, "M = ", micro_batches, " micro-batches over ", S,
-              " stages need more message tags than this MPI offers (", tag_ub, "); use at most ",
-              (tag_ub + 1) / (4 * S * S), " micro-batches");
+  const int64_t per_micro_batch = int64_t{2} * channels_ * S * S;
+  GPIPE_CHECK(per_micro_batch * micro_batches - 1 <= tag_ub, "M = ", micro_batches, " micro-batches over ", S,
+              " stages", skips > 0 ? " with " + std::to_string(skips) + " skip connections between them" : "",
+              " need more message tags than this MPI offers (", tag_ub, "); use at most ",
+              std::max<int64_t>(1, (tag_ub + 1) / per_micro_batch), " micro-batches");
 }
 
 MpiTransport::~MpiTransport() {
@@ -282,7 +296,7 @@ MpiTransport::~MpiTransport() {
 int MpiTransport::tag(const Key& key, bool data) const {
   const auto [from, to, channel, micro_batch] = key;
   const int S = static_cast<int>(rank_of_stage_.size());
-  return (((micro_batch * S + to) * S + from) * 2 + channel) * 2 + (data ? 1 : 0);
+  return (((micro_batch * S + to) * S + from) * channels_ + channel) * 2 + (data ? 1 : 0);
 }
 
 int MpiTransport::rank(int stage) const {
@@ -400,6 +414,7 @@ MpiPipeline::MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions option
   }
   agree_on(error);
   check_agreement();  // sets placement_
+  const std::vector<SkipUse> uses = all_skip_uses();
 
   const std::vector<int>& balance = options_.balance();
   const Device& device = options_.device();
@@ -407,9 +422,11 @@ MpiPipeline::MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions option
   std::vector<std::unique_ptr<Stage>> stages;
   std::exception_ptr failure;
   try {
-    train_program_ = lower(make_schedule(options_.schedule(), K, options_.chunks(), V), options_.checkpoint());
+    const detail::SkipPlan skips = detail::plan_skips(connect_skips(uses), balance);
+    train_program_ = lower(make_schedule(options_.schedule(), K, options_.chunks(), V), options_.checkpoint(),
+                           skips.routes);
     validate(train_program_);
-    forward_program_ = lower(forward_only(K, options_.chunks(), V), Checkpoint::kNever);
+    forward_program_ = lower(forward_only(K, options_.chunks(), V), Checkpoint::kNever, skips.routes);
     if (!device.is_cpu()) layers_->to(device.device);
     // This rank's stages, cut from its layers in stage order.
     auto next = layers_->begin();
@@ -419,7 +436,9 @@ MpiPipeline::MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions option
       for (int n = 0; n < balance[static_cast<size_t>(s)]; ++n, ++next)
         part->push_back(names[static_cast<size_t>(next - layers_->begin())], *next);
       detail::check_splittable(train_program_, part);
-      stages.push_back(std::make_unique<Stage>(s, K * V, part, device));
+      detail::check_batch_norm(part, options_.deferred_batch_norm());
+      stages.push_back(std::make_unique<Stage>(s, K * V, part, device, options_.deferred_batch_norm()));
+      skips.connect(*stages.back());
     }
   } catch (const std::exception& e) {  // a bad schedule, or no memory on the device: every rank stops
     error = e.what();
@@ -433,7 +452,20 @@ MpiPipeline::MpiPipeline(torch::nn::Sequential layers, MpiPipelineOptions option
     std::rethrow_exception(failure);
   }
   agree_on(error);
+  find_tied_copies();
   connect();
+  // Every copy of a tied weight starts as the first stage's.
+  for (Tie& tie : ties_) {
+    if (tie.copies.empty()) continue;
+    torch::NoGradGuard no_grad;
+    torch::Tensor first = tie.copies.front().detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    GPIPE_CHECK(first.numel() * first.element_size() <= INT_MAX, "a tied parameter has ",
+                first.numel() * first.element_size(), " bytes, more than one MPI broadcast carries");
+    check_mpi(MPI_Bcast(first.data_ptr(), static_cast<int>(first.numel() * first.element_size()), MPI_BYTE, 0,
+                        tie.comm.get()),
+              "MPI_Bcast");
+    for (torch::Tensor& copy : tie.copies) copy.copy_(first);
+  }
   executor_ = std::make_unique<Executor>(std::move(stages), device, transport_.get());
   if (device.is_cpu()) set_blas_threads(device.threads);
   keep_freed_memory();
@@ -448,6 +480,7 @@ MpiPipeline::~MpiPipeline() {
     world_.abandon();
     pipeline_.abandon();
     stage_.abandon();
+    for (Tie& tie : ties_) tie.comm.abandon();
   }
 }
 
@@ -470,10 +503,12 @@ void MpiPipeline::connect() {
   world_ = Communicator::duplicate(control_.get());
   pipeline_ = Communicator::split(world_.get(), placement_.replica, placement_.stage);
   stage_ = Communicator::split(world_.get(), placement_.stage, placement_.replica);
+  for (Tie& tie : ties_)
+    tie.comm = Communicator::split(pipeline_.get(), tie.copies.empty() ? MPI_UNDEFINED : 0, placement_.stage);
   errors_ = std::make_unique<ErrorChannel>(world_.get());
   // In the replica's communicator, rank d is device d.
   transport_ = std::make_unique<MpiTransport>(pipeline_.get(), errors_.get(), train_program_.placement,
-                                              options_.chunks());
+                                              options_.chunks(), static_cast<int>(train_program_.skips.size()));
 }
 
 // After a failed step every rank has thrown (StageError where it failed,
@@ -492,6 +527,7 @@ void MpiPipeline::ready() {
   world_.abandon();
   pipeline_.abandon();
   stage_.abandon();
+  for (Tie& tie : ties_) tie.comm.abandon();
   connect();
   if (executor_) executor_->set_transport(transport_.get());
   failed_ = false;
@@ -500,10 +536,11 @@ void MpiPipeline::ready() {
 // Every rank gathers every rank's settings and runs the same checks, so all
 // ranks throw the same error or none does.
 void MpiPipeline::check_agreement() {
-  enum Field { kLayers, kStages, kChunks, kCheckpoint, kDtype, kSchedule, kVirtual, kGiven, kStochastic, kFields };
+  enum Field { kLayers, kStages, kChunks, kCheckpoint, kDtype, kSchedule, kVirtual, kBatchNorm, kGiven, kStochastic,
+               kFields };
   const char* names[] = {"the model's layer count", "the number of stages K·V", "the number of micro-batches M",
                          "the checkpoint mode", "the parameters' dtype", "the schedule",
-                         "the number of virtual stages V"};
+                         "the number of virtual stages V", "deferred BatchNorm statistics (deferred_batch_norm)"};
   const std::vector<int>& balance = options_.balance();
   std::array<int64_t, kFields> mine{};
   mine[kLayers] = std::accumulate(balance.begin(), balance.end(), 0);
@@ -518,6 +555,7 @@ void MpiPipeline::check_agreement() {
     }
   mine[kSchedule] = static_cast<int64_t>(options_.schedule());
   mine[kVirtual] = options_.virtual_stages();
+  mine[kBatchNorm] = options_.deferred_batch_norm() ? 1 : 0;
   mine[kGiven] = static_cast<int64_t>(layers_->size());
   mine[kStochastic] = draws_random_numbers(layers_) ? 1 : 0;
   const int size = size_of(control_.get());
@@ -531,7 +569,7 @@ void MpiPipeline::check_agreement() {
     if (field == kSchedule) return to_string(static_cast<ScheduleKind>(value));
     return std::to_string(value);
   };
-  for (int field : {kStages, kVirtual, kLayers, kChunks, kCheckpoint, kDtype, kSchedule}) {
+  for (int field : {kStages, kVirtual, kLayers, kChunks, kCheckpoint, kDtype, kSchedule, kBatchNorm}) {
     int reference = -1;
     for (int r = 0; r < size; ++r) {
       if (field == kDtype && at(r, field) < 0) continue;  // a stage without parameters
@@ -587,7 +625,8 @@ const Schedule& MpiPipeline::training_program(int micro_batches) {
   if (it == short_programs_.end())
     it = short_programs_
              .emplace(micro_batches, detail::short_batch_program(options_.schedule(), placement_.stages, micro_batches,
-                                                                 options_.virtual_stages(), options_.checkpoint()))
+                                                                 options_.virtual_stages(), options_.checkpoint(),
+                                                                 train_program_.skips))
              .first;
   return it->second;
 }
@@ -614,6 +653,105 @@ void MpiPipeline::run(const Schedule& program, StepData& step) {
   trace_.end_ns = now_ns();
 }
 
+std::vector<SkipUse> MpiPipeline::all_skip_uses() {
+  // A line "pop|stash <layer> <name>" per use; the layers are named by their index in the whole model.
+  std::string mine, error;
+  try {
+    for (const SkipUse& u : skip_uses(layers_, /*named_by_index=*/true))
+      mine += std::string(u.pop ? "pop " : "stash ") + std::to_string(u.layer) + " " + u.name + "\n";
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_on(error);
+  const std::vector<std::string> all = all_gather(control_.get(), mine);
+  std::vector<SkipUse> uses;
+  for (int r = 0; r < placement_.stages; ++r) {  // replica 0's ranks hold the whole model
+    std::istringstream lines(all[static_cast<size_t>(r)]);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream fields(line);
+      std::string kind;
+      SkipUse use;
+      fields >> kind >> use.layer;
+      fields.get();  // the space before the name
+      std::getline(fields, use.name);
+      use.pop = kind == "pop";
+      uses.push_back(use);
+    }
+  }
+  return uses;
+}
+
+void MpiPipeline::find_tied_copies() {
+  const auto named = layers_->named_parameters();
+  // What each rank holds of each group, a line "group name numel dtype" per copy; every rank
+  // judges the same lines alike, so all throw the same error or none does.
+  std::string mine;
+  const auto& groups = options_.tied_parameters();
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (const std::string& name : groups[g])
+      if (named.contains(name)) {
+        std::ostringstream line;
+        line << g << " " << name << " " << named[name].sizes() << " " << c10::toString(named[name].scalar_type());
+        mine += line.str() + "\n";
+      }
+  const std::vector<std::string> held = all_gather(control_.get(), mine);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    GPIPE_CHECK(groups[g].size() >= 2, "a group of tied parameters needs at least two names (got ", groups[g].size(),
+                ")");
+    std::string shape;  // "[sizes] dtype" of the group's first copy
+    for (const std::string& name : groups[g]) {
+      const std::string key = std::to_string(g) + " " + name + " ";
+      std::string found;
+      for (int r = 0; r < placement_.stages && found.empty(); ++r) {  // replica 0's ranks hold the whole model
+        std::istringstream lines(held[static_cast<size_t>(r)]);
+        for (std::string line; std::getline(lines, line);)
+          if (line.rfind(key, 0) == 0) found = line.substr(key.size());
+      }
+      GPIPE_CHECK(!found.empty(), "tied_parameters: no rank holds a parameter ", name, "; name parameters as in the "
+                  "whole model (the layer's index in it, then the parameter's name, e.g. 0.weight)");
+      if (shape.empty()) shape = found;
+      GPIPE_CHECK(found == shape, "tied parameters ", groups[g].front(), " and ", name, " differ: ", shape, " against ",
+                  found, "; tie parameters of one shape and dtype");
+      GPIPE_CHECK(found.find(" Float") != std::string::npos || found.find(" Double") != std::string::npos,
+                  "tied parameter ", name, " is ", found, "; tied parameters are float32 or float64");
+    }
+    Tie tie;
+    for (const std::string& name : groups[g]) {
+      if (!named.contains(name)) continue;
+      const torch::Tensor& p = named[name];
+      bool seen = false;
+      for (const auto& c : tie.copies) seen = seen || c.is_same(p);
+      if (!seen) tie.copies.push_back(p);
+    }
+    // Sums over the whole model count the group once: the first copy of the lowest device holding one.
+    int owner = -1;
+    for (int r = 0; r < placement_.stages && owner < 0; ++r) {
+      std::istringstream lines(held[static_cast<size_t>(r)]);
+      for (std::string line; std::getline(lines, line);)
+        if (line.rfind(std::to_string(g) + " ", 0) == 0) owner = r;
+    }
+    for (size_t c = 0; c < tie.copies.size(); ++c)
+      if (placement_.stage != owner || c > 0) uncounted_.insert(tie.copies[c].unsafeGetTensorImpl());
+    ties_.push_back(std::move(tie));
+  }
+}
+
+void MpiPipeline::sum_tied_gradients() {
+  torch::NoGradGuard no_grad;
+  for (Tie& tie : ties_) {
+    if (tie.copies.empty()) continue;
+    torch::Tensor sum;
+    for (const torch::Tensor& p : tie.copies) {
+      const torch::Tensor g = p.grad().defined() ? p.grad() : torch::zeros_like(p);
+      sum = sum.defined() ? sum + g : g.clone();
+    }
+    auto kept = std::make_shared<torch::Tensor>(sum.to(torch::kCPU).contiguous());
+    const torch::Tensor total = *kept;
+    allreduce_sum(*errors_, tie.comm.get(), kept, "a tied parameter");
+    for (torch::Tensor p : tie.copies) p.mutable_grad() = total.to(p.device(), /*non_blocking=*/false, /*copy=*/true);
+  }
+}
+
 void MpiPipeline::allreduce_gradients() {
   const std::vector<torch::Tensor> params = parameters();
   if (params.empty()) return;
@@ -625,19 +763,37 @@ void MpiPipeline::allreduce_gradients() {
     flat.push_back((p.grad().defined() ? p.grad() : torch::zeros_like(p)).reshape({-1}).to(torch::kCPU));
   }
   auto kept = std::make_shared<torch::Tensor>(torch::cat(flat).to(all_float ? torch::kFloat : torch::kDouble).contiguous());
-  const torch::Tensor& buffer = *kept;
-  GPIPE_CHECK(buffer.numel() <= INT_MAX, "a stage's gradients have ", buffer.numel(),
-              " elements, more than one MPI allreduce carries; use more stages");
-  MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer.data_ptr(), static_cast<int>(buffer.numel()),
-                           all_float ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, stage_.get(), &request),
-            "MPI_Iallreduce");
-  wait_or_keep(*errors_, request, kept);
+  const torch::Tensor buffer = *kept;
+  allreduce_sum(*errors_, stage_.get(), kept, "a stage's gradients");
   int64_t at = 0;
   for (torch::Tensor p : params) {
     p.mutable_grad() = buffer.narrow(0, at, p.numel()).view(p.sizes()).to(p.options(), false, /*copy=*/true);
     at += p.numel();
   }
+}
+
+std::vector<torch::Tensor> MpiPipeline::counted_parameters() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : parameters())
+    if (uncounted_.count(p.unsafeGetTensorImpl()) == 0) out.push_back(p);
+  return out;
+}
+
+int64_t MpiPipeline::skip_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& stage : executor_->stages()) bytes += stage->skip_bytes();
+  return bytes;
+}
+
+torch::Tensor MpiPipeline::batch_norm_statistics() {
+  std::vector<torch::Tensor> parts;
+  for (const auto& stage : executor_->stages())
+    if (torch::Tensor s = stage->batch_norm_statistics(); s.defined()) parts.push_back(s);
+  if (parts.empty()) return {};
+  auto kept = std::make_shared<torch::Tensor>(torch::cat(parts).contiguous());
+  const torch::Tensor statistics = *kept;
+  if (placement_.replicas > 1) allreduce_sum(*errors_, stage_.get(), kept, "a stage's BatchNorm statistics");
+  return statistics;
 }
 
 torch::Tensor MpiPipeline::train_step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss) {
@@ -660,15 +816,26 @@ torch::Tensor MpiPipeline::train_step(const torch::Tensor& input, const torch::T
   detail::TrainStepScope scope(step, M > 0 ? chunk_sizes(count, M) : std::vector<int64_t>{}, N, stochastic_,
                                parameters());
   double total = 0;
+  torch::Tensor statistics;
+  for (const auto& stage : executor_->stages()) stage->begin_step();  // a replica without rows runs nothing
   try {
     if (M > 0) run(training_program(M), step);
     if (placement_.replicas > 1) allreduce_gradients();
+    sum_tied_gradients();
+    statistics = batch_norm_statistics();
     total = sum(std::accumulate(step.losses.begin(), step.losses.end(), 0.0));
   } catch (...) {
     failed_ = true;
     throw;
   }
   scope.commit();
+  int64_t at = 0;  // each stage's share of the summed statistics, in stage order
+  for (const auto& stage : executor_->stages()) {
+    const torch::Tensor mine = stage->batch_norm_statistics();
+    const int64_t n = mine.defined() ? mine.numel() : 0;
+    if (n > 0) stage->update_batch_norm(statistics.narrow(0, at, n));
+    at += n;
+  }
   return torch::tensor(total, torch::dtype(torch::kFloat64));
 }
 
@@ -683,7 +850,8 @@ torch::Tensor MpiPipeline::forward(const torch::Tensor& input) {
   if (placement_.first()) step.inputs = scatter(input.narrow(0, begin, count), M);
   step.outputs.resize(static_cast<size_t>(M));
   run(M == options_.chunks() ? forward_program_
-                             : lower(forward_only(placement_.stages, M, options_.virtual_stages()), Checkpoint::kNever),
+                             : lower(forward_only(placement_.stages, M, options_.virtual_stages()), Checkpoint::kNever,
+                                     train_program_.skips),
       step);
   return placement_.last() ? gpipe::gather(step.outputs) : torch::Tensor();
 }

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <numeric>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace gpipe {
 
@@ -75,9 +76,12 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
   GPIPE_CHECK(options_.chunks() >= 1, "the number of micro-batches (chunks) must be at least 1 (got ",
               options_.chunks(), "); set chunks(M) with M >= 1");
   // The schedule first: a configuration it cannot run is refused before anything is built.
-  train_program_ = lower(make_schedule(options_.schedule(), K, options_.chunks(), V), options_.checkpoint());
+  const detail::SkipPlan skips = detail::plan_skips(skip_connections(model_), balance_);
+  skip_routes_ = skips.routes;
+  train_program_ = lower(make_schedule(options_.schedule(), K, options_.chunks(), V), options_.checkpoint(),
+                         skip_routes_);
   validate(train_program_);
-  forward_program_ = lower(forward_only(K, options_.chunks(), V), Checkpoint::kNever);
+  forward_program_ = lower(forward_only(K, options_.chunks(), V), Checkpoint::kNever, skip_routes_);
 
   devices_ = options_.devices();
   if (devices_.empty()) {
@@ -89,6 +93,19 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
               V > 1 ? " (" + std::to_string(K) + " devices × " + std::to_string(V) + " virtual stages)" : "",
               "; give ", K, " devices");
   for (const Device& device : devices_) check_device(device);
+
+  const auto named = model_->named_parameters();
+  for (const auto& group : options_.tied_parameters()) {
+    GPIPE_CHECK(group.size() >= 2, "a group of tied parameters needs at least two names (got ", group.size(), ")");
+    for (const std::string& name : group) {
+      GPIPE_CHECK(named.contains(name), "tied_parameters: the model has no parameter ", name,
+                  "; name parameters as model->named_parameters() does, e.g. ",
+                  named.is_empty() ? std::string("0.weight") : named.keys().front());
+      GPIPE_CHECK(named[name].is_same(named[group.front()]), "tied_parameters: ", group.front(), " and ", name,
+                  " are different tensors; in one process tied layers share one tensor: register the first "
+                  "layer's parameter in the other layer");
+    }
+  }
 
   // Cut the model: stage s gets layers [offsets[s], offsets[s+1]), sharing the modules.
   const std::vector<int> offsets = stage_offsets(balance_);
@@ -103,17 +120,24 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
     torch::nn::Sequential layers;
     for (int n = offsets[static_cast<size_t>(j)]; n < offsets[static_cast<size_t>(j) + 1]; ++n)
       layers->push_back(names[static_cast<size_t>(n)], *(model_->begin() + n));
+    const int d = train_program_.placement[static_cast<size_t>(j)];
     for (const torch::Tensor& p : layers->parameters()) {
+      // A tied weight stays one tensor: the stages' backwards add to its one gradient (autograd
+      // serializes the additions), and the optimizer steps it once. One tensor lives on one device.
       auto [it, fresh] = owner.emplace(p.unsafeGetTensorImpl(), j);
-      GPIPE_CHECK(fresh || it->second == j, "a parameter is shared by stages ", it->second,
-                  " and ", j, "; layers that share weights must be in the same stage "
-                  "(change the balance)");
+      const Device& mine = devices_[static_cast<size_t>(d)];
+      const Device& theirs = devices_[static_cast<size_t>(train_program_.placement[static_cast<size_t>(it->second)])];
+      GPIPE_CHECK(fresh || mine.device == theirs.device, "a parameter is used by stage ", it->second, " on ",
+                  theirs.str(), " and stage ", j, " on ", mine.str(), "; in one process a tied weight is one tensor "
+                  "on one device: place both stages on one device, or run one stage per MPI rank with "
+                  "tied_parameters");
     }
     detail::check_splittable(train_program_, layers);
-    const int d = train_program_.placement[static_cast<size_t>(j)];
+    detail::check_batch_norm(layers, options_.deferred_batch_norm());
     const Device& device = devices_[static_cast<size_t>(d)];
     if (!device.is_cpu()) layers->to(device.device);
-    placed[static_cast<size_t>(d)].push_back(std::make_unique<Stage>(j, S, layers, device));
+    placed[static_cast<size_t>(d)].push_back(std::make_unique<Stage>(j, S, layers, device, options_.deferred_batch_norm()));
+    skips.connect(*placed[static_cast<size_t>(d)].back());
   }
   for (int d = 0; d < K; ++d) {
     const Device& device = devices_[static_cast<size_t>(d)];
@@ -134,7 +158,7 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
 
 Pipeline::~Pipeline() = default;
 
-std::vector<torch::Tensor> Pipeline::parameters() const { return model_->parameters(); }
+std::vector<torch::Tensor> Pipeline::parameters() const { return unique_parameters(*model_); }
 
 std::vector<Pipeline::StageMemory> Pipeline::memory() const {
   std::vector<StageMemory> out;
@@ -153,6 +177,13 @@ std::vector<Pipeline::StageMemory> Pipeline::memory() const {
     out.push_back(m);
   }
   return out;
+}
+
+int64_t Pipeline::skip_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& e : executors_)
+    for (const auto& stage : e->stages()) bytes += stage->skip_bytes();
+  return bytes;
 }
 
 torch::nn::Sequential Pipeline::stage(int j) const {
@@ -177,7 +208,8 @@ const Schedule& Pipeline::training_program(int micro_batches) {
     it = short_programs_
              .emplace(micro_batches,
                       detail::short_batch_program(options_.schedule(), static_cast<int>(devices_.size()),
-                                                  micro_batches, options_.virtual_stages(), options_.checkpoint()))
+                                                  micro_batches, options_.virtual_stages(), options_.checkpoint(),
+                                                  skip_routes_))
              .first;
   return it->second;
 }
@@ -206,6 +238,8 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tens
   detail::TrainStepScope scope(step, chunk_sizes(N, M), N, stochastic, parameters(), /*zero_grads=*/tracked);
   run(program, step);
   scope.commit();
+  for (const auto& executor : executors_)
+    for (const auto& stage : executor->stages()) stage->update_batch_norm(stage->batch_norm_statistics());
   return torch::tensor(std::accumulate(step.losses.begin(), step.losses.end(), 0.0),
                        torch::dtype(torch::kFloat64));
 }
@@ -222,7 +256,7 @@ torch::Tensor Pipeline::forward(const torch::Tensor& input) {
   step.outputs.resize(static_cast<size_t>(M));
   const int K = static_cast<int>(devices_.size());
   run(M == options_.chunks() ? forward_program_
-                             : lower(forward_only(K, M, options_.virtual_stages()), Checkpoint::kNever),
+                             : lower(forward_only(K, M, options_.virtual_stages()), Checkpoint::kNever, skip_routes_),
       step);
   return gather(step.outputs);
 }

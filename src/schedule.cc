@@ -36,9 +36,20 @@ Checkpoint parse_checkpoint(const std::string& text) {
 
 // ---------------------------------------------------------------- actions
 
+Channel skip_channel(int skip, bool gradient) { return static_cast<Channel>(2 + 2 * skip + (gradient ? 1 : 0)); }
+
+int skip_of(Channel channel) {
+  const int c = static_cast<int>(channel);
+  return c >= 2 ? (c - 2) / 2 : -1;
+}
+
+bool carries_gradient(Channel channel) { return static_cast<int>(channel) % 2 == 1; }
+
 std::string Action::str() const {
   const std::string s = std::to_string(stage), i = std::to_string(micro_batch);
-  const char what = channel == Channel::kActivation ? 'F' : 'B';
+  const int skip = skip_of(channel);
+  const std::string what = skip < 0 ? (channel == Channel::kActivation ? "F" : "B")
+                                    : (carries_gradient(channel) ? "G" : "S") + std::to_string(skip) + ".";
   switch (kind) {
     case ActionKind::kSend: return s + "SEND_" + what + i + ">" + std::to_string(peer);
     case ActionKind::kRecv: return s + "RECV_" + what + i + "<" + std::to_string(peer);
@@ -55,7 +66,7 @@ bool Action::operator==(const Action& other) const {
 
 Action Action::parse(const std::string& text) {
   static const std::regex compute(R"((\d{1,9})([FBIW])(\d{1,9})(r?))");
-  static const std::regex comm(R"((\d{1,9})(SEND|RECV)_([FB])(\d{1,9})([<>])(\d{1,9}))");
+  static const std::regex comm(R"((\d{1,9})(SEND|RECV)_([FB]|[SG]\d{1,6}\.)(\d{1,9})([<>])(\d{1,9}))");
   std::smatch m;
   Action a;
   if (std::regex_match(text, m, compute)) {
@@ -70,7 +81,11 @@ Action Action::parse(const std::string& text) {
   if (std::regex_match(text, m, comm)) {
     a.stage = std::stoi(m[1]);
     a.kind = m[2] == "SEND" ? ActionKind::kSend : ActionKind::kRecv;
-    a.channel = m[3] == "F" ? Channel::kActivation : Channel::kGradient;
+    const std::string what = m[3];
+    if (what == "F" || what == "B")
+      a.channel = what == "F" ? Channel::kActivation : Channel::kGradient;
+    else
+      a.channel = skip_channel(std::stoi(what.substr(1)), what[0] == 'G');
     a.micro_batch = std::stoi(m[4]);
     GPIPE_CHECK((m[5] == ">") == (a.kind == ActionKind::kSend), "cannot parse action \"", text,
                 "\": a send is written SEND_F0>2 (to stage 2), a receive RECV_F0<1 (from stage 1)");
@@ -79,7 +94,7 @@ Action Action::parse(const std::string& text) {
   }
   GPIPE_CHECK(false, "cannot parse action \"", text,
               "\": expected <stage><F|B|I|W><micro-batch>[r] such as \"1F0\", or a send or receive such as "
-              "\"1SEND_F0>2\" / \"2RECV_F0<1\"");
+              "\"1SEND_F0>2\" / \"2RECV_F0<1\" (a skip connection's: \"0SEND_S1.0>2\", \"2SEND_G1.0>0\")");
   return a;
 }
 
@@ -284,10 +299,15 @@ Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int vi
 
 // ---------------------------------------------------------------- lowering
 
-Schedule lower(const Schedule& schedule, Checkpoint mode) {
+Schedule lower(const Schedule& schedule, Checkpoint mode, const std::vector<SkipRoute>& skips) {
   GPIPE_CHECK(!schedule.lowered(), "the ", schedule.name, " schedule is already lowered");
   Schedule program = schedule;
+  program.skips = skips;
   const int S = schedule.stages;
+  for (size_t k = 0; k < skips.size(); ++k)
+    GPIPE_CHECK(skips[k].from >= 0 && skips[k].from < skips[k].to && skips[k].to < S, "skip connection ", k,
+                " goes from stage ", skips[k].from, " to stage ", skips[k].to,
+                "; it must go forward, between two stages of 0..", S - 1);
   for (auto& row : program.actions) {
     std::vector<Action> out;
     for (size_t n = 0; n < row.size(); ++n) {
@@ -298,6 +318,14 @@ Schedule lower(const Schedule& schedule, Checkpoint mode) {
         c.peer = peer;
         out.push_back(c);
       };
+      // The skip connections this stage pops (stashed upstream) and stashes (popped downstream).
+      auto skip_comm = [&](ActionKind kind, bool popped_here, bool gradient) {
+        for (size_t k = 0; k < skips.size(); ++k) {
+          const SkipRoute& r = skips[k];
+          if ((popped_here ? r.to : r.from) == a.stage)
+            comm(kind, skip_channel(static_cast<int>(k), gradient), popped_here ? r.from : r.to);
+        }
+      };
       if (a.kind == ActionKind::kForward) {
         if (schedule.backward) {
           // The next compute action of this device after the forward.
@@ -307,12 +335,16 @@ Schedule lower(const Schedule& schedule, Checkpoint mode) {
           a.recompute = mode == Checkpoint::kAlways || (mode == Checkpoint::kExceptLast && !follows);
         }
         if (a.stage > 0) comm(ActionKind::kRecv, Channel::kActivation, a.stage - 1);
+        skip_comm(ActionKind::kRecv, /*popped_here=*/true, /*gradient=*/false);
         out.push_back(a);
         if (a.stage < S - 1) comm(ActionKind::kSend, Channel::kActivation, a.stage + 1);
+        skip_comm(ActionKind::kSend, /*popped_here=*/false, /*gradient=*/false);
       } else if (a.is_backward()) {
         if (a.stage < S - 1) comm(ActionKind::kRecv, Channel::kGradient, a.stage + 1);
+        skip_comm(ActionKind::kRecv, /*popped_here=*/false, /*gradient=*/true);
         out.push_back(a);
         if (a.stage > 0) comm(ActionKind::kSend, Channel::kGradient, a.stage - 1);
+        skip_comm(ActionKind::kSend, /*popped_here=*/true, /*gradient=*/true);
       } else {
         out.push_back(a);
       }
@@ -381,11 +413,25 @@ void check_structure(const Schedule& schedule) {
         fail(schedule, d, a.str() + " names a micro-batch outside 0.." + std::to_string(M - 1));
       if (!a.is_compute()) {
         if (a.peer < 0 || a.peer >= S) fail(schedule, d, a.str() + " names a stage outside 0.." + std::to_string(S - 1));
-        // Activations go to the next stage, gradients to the previous one.
-        const bool towards_next = (a.kind == ActionKind::kSend) == (a.channel == Channel::kActivation);
-        if (a.peer != a.stage + (towards_next ? 1 : -1))
-          fail(schedule, d, a.str() + (a.channel == Channel::kActivation ? " moves an activation" : " moves a gradient") +
-                                " the wrong way: activations go from stage s to s+1, gradients from s+1 to s");
+        const int skip = skip_of(a.channel);
+        if (skip < 0) {
+          // Activations go to the next stage, gradients to the previous one.
+          const bool towards_next = (a.kind == ActionKind::kSend) == (a.channel == Channel::kActivation);
+          if (a.peer != a.stage + (towards_next ? 1 : -1))
+            fail(schedule, d, a.str() + (a.channel == Channel::kActivation ? " moves an activation" : " moves a gradient") +
+                                  " the wrong way: activations go from stage s to s+1, gradients from s+1 to s");
+        } else {
+          // A skip connection's tensor goes from its stash to its pop, its gradient back.
+          if (skip >= static_cast<int>(schedule.skips.size()))
+            fail(schedule, d, a.str() + " names skip connection " + std::to_string(skip) + ", but the program has " +
+                                  std::to_string(schedule.skips.size()));
+          const SkipRoute& r = schedule.skips[static_cast<size_t>(skip)];
+          const bool towards_pop = (a.kind == ActionKind::kSend) != carries_gradient(a.channel);
+          if (a.stage != (towards_pop ? r.from : r.to) || a.peer != (towards_pop ? r.to : r.from))
+            fail(schedule, d, a.str() + " moves skip connection " + std::to_string(skip) + " the wrong way: it goes from "
+                                  "stage " + std::to_string(r.from) + " to stage " + std::to_string(r.to) +
+                                  ", its gradient back");
+        }
         ++(a.kind == ActionKind::kSend ? sends : recvs)[comm_key(a)];
         if (a.kind == ActionKind::kRecv) received.insert({a.stage, static_cast<int>(a.channel), a.micro_batch});
         continue;

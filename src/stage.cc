@@ -2,7 +2,9 @@
 #include "gpipe/stage.h"
 
 #include "gpipe/check.h"
+#include "gpipe/skip.h"
 #include "backward_split.h"
+#include "train_step.h"
 
 #include <torch/torch.h>
 
@@ -87,25 +89,30 @@ std::string short_error(const std::exception& e, std::string* report) {
 
 namespace {
 
-// Keeps a stage's buffers (a BatchNorm's running statistics and batch count) as they are
-// while a forward is recomputed for backward: the first forward updated them already.
-class KeepBuffers {
- public:
-  explicit KeepBuffers(const torch::nn::Sequential& layers) : buffers_(layers->buffers()) {
-    for (const auto& b : buffers_) saved_.push_back(b.clone());
-  }
-  ~KeepBuffers() {
-    // Without a version bump: the recomputed graph holds the running statistics, which the
-    // backward of a training-mode BatchNorm does not read.
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    for (size_t n = 0; n < buffers_.size(); ++n) buffers_[n].copy_(saved_[n]);
-  }
-  KeepBuffers(const KeepBuffers&) = delete;
-  KeepBuffers& operator=(const KeepBuffers&) = delete;
+template <typename Impl>
+std::optional<RunningStatistics> statistics_of(torch::nn::Module& module) {
+  auto* norm = module.as<Impl>();
+  if (norm == nullptr || !norm->options.track_running_stats()) return std::nullopt;
+  const auto momentum = norm->options.momentum();  // c10::optional in libtorch 1.x
+  return RunningStatistics{norm->running_mean, norm->running_var, norm->num_batches_tracked,
+                           momentum.has_value() ? std::optional<double>(*momentum) : std::nullopt};
+}
 
- private:
-  std::vector<torch::Tensor> buffers_, saved_;
-};
+// Adds what `input` holds to a deferred BatchNorm's statistics: its rows and positions, and per
+// channel (dim 1) the sum and the sum of squares, from the input's own mean and variance.
+void gather_statistics(torch::Tensor& count, torch::Tensor& sum, torch::Tensor& squares, const torch::Tensor& input) {
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < input.dim(); ++d)
+    if (d != 1) dims.push_back(d);
+  const double n = static_cast<double>(input.numel() / input.size(1));
+  auto [var, mean] = torch::var_mean(input.detach(), at::IntArrayRef(dims), /*unbiased=*/false, /*keepdim=*/false);
+  mean = mean.to(torch::kDouble);  // on the layer's device: no wait for it here
+  var = var.to(torch::kDouble);
+  count += n;
+  sum += mean * n;
+  squares += (var + mean * mean) * n;
+}
 
 template <typename Impl>
 bool in_place(torch::nn::Module& module) {
@@ -123,6 +130,32 @@ bool works_in_place(torch::nn::Module& m) {
 }
 
 }  // namespace
+
+std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& model) {
+  std::vector<torch::Tensor> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& p : model.parameters())
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  return out;
+}
+
+std::optional<RunningStatistics> running_statistics(torch::nn::Module& layer) {
+  if (auto s = statistics_of<torch::nn::BatchNorm1dImpl>(layer)) return s;
+  if (auto s = statistics_of<torch::nn::BatchNorm2dImpl>(layer)) return s;
+  if (auto s = statistics_of<torch::nn::BatchNorm3dImpl>(layer)) return s;
+  if (auto* norm = dynamic_cast<BatchNormLayer*>(&layer)) return norm->running_statistics();
+  return std::nullopt;
+}
+
+std::string nested_batch_norm(const torch::nn::Sequential& layers) {
+  for (const auto& layer : layers->named_children()) {
+    if (const auto* norm = dynamic_cast<const BatchNormLayer*>(layer.value().get()))
+      if (!norm->inner_batch_norm().empty()) return layer.key() + "." + norm->inner_batch_norm();
+    for (const auto& inner : layer.value()->named_modules("", /*include_self=*/false))
+      if (running_statistics(*inner.value())) return layer.key() + "." + inner.key();
+  }
+  return "";
+}
 
 std::string in_place_layer(const torch::nn::Sequential& layers) {
   for (const auto& layer : layers->named_children()) {
@@ -145,12 +178,69 @@ bool draws_random_numbers(const torch::nn::Sequential& layers) {
   return false;
 }
 
-Stage::Stage(int index, int stages, torch::nn::Sequential layers, Device device)
+Stage::Stage(int index, int stages, torch::nn::Sequential layers, Device device, bool deferred_batch_norm)
     : index_(index),
       stages_(stages),
       layers_(std::move(layers)),
       device_(std::move(device)),
-      stochastic_(draws_random_numbers(layers_)) {
+      stochastic_(draws_random_numbers(layers_)),
+      skips_inside_(!skip_uses(layers_).empty()) {
+  if (!deferred_batch_norm) return;
+  size_t n = 0;
+  for (const auto& layer : layers_->children()) {
+    if (auto running = running_statistics(*layer)) {
+      const int64_t channels = running->mean.numel();
+      const auto f64 = torch::dtype(torch::kDouble).device(running->mean.device());
+      norms_.push_back({n, *running, torch::zeros({1}, f64), torch::zeros({channels}, f64),
+                        torch::zeros({channels}, f64)});
+    }
+    ++n;
+  }
+}
+
+torch::Tensor Stage::batch_norm_statistics() const {
+  if (norms_.empty()) return {};
+  std::vector<torch::Tensor> parts;
+  for (const DeferredNorm& norm : norms_) parts.insert(parts.end(), {norm.count, norm.sum, norm.squares});
+  return torch::cat(parts).to(torch::kCPU);
+}
+
+void Stage::update_batch_norm(const torch::Tensor& statistics) {
+  if (norms_.empty()) return;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor all = statistics.to(torch::kCPU, torch::kDouble);
+  int64_t at = 0;
+  for (DeferredNorm& norm : norms_) {
+    const int64_t C = norm.sum.numel();
+    GPIPE_CHECK(at + 1 + 2 * C <= all.numel(), "stage ", index_, " got BatchNorm statistics of ", all.numel(),
+                " values, fewer than its layers hold");
+    const double n = all[at].item<double>();
+    const torch::Tensor sum = all.narrow(0, at + 1, C), squares = all.narrow(0, at + 1 + C, C);
+    at += 1 + 2 * C;
+    if (n <= 0) continue;  // not run in training mode this step
+    // The mean and the unbiased variance of every row: Σ(x - μ)² = Σx² - μ·Σx.
+    const torch::Tensor mean = sum / n;
+    const torch::Tensor var = ((squares - mean * sum) / std::max(n - 1, 1.0)).clamp_min(0);
+    RunningStatistics& r = norm.running;
+    r.batches += 1;
+    const double factor = r.momentum ? *r.momentum : 1.0 / r.batches.item<double>();
+    r.mean.mul_(1 - factor).add_(mean.to(r.mean.options()), factor);
+    r.var.mul_(1 - factor).add_(var.to(r.var.options()), factor);
+  }
+  reset_batch_statistics();
+}
+
+void Stage::begin_step() {
+  reset_batch_statistics();
+  skip_bytes_ = 0;
+}
+
+void Stage::reset_batch_statistics() {
+  for (DeferredNorm& norm : norms_) {
+    norm.count.zero_();
+    norm.sum.zero_();
+    norm.squares.zero_();
+  }
 }
 
 uint64_t Stage::seed_of(int i, const StepData& step) const {
@@ -172,59 +262,162 @@ torch::Tensor Stage::weighted_loss(const torch::Tensor& output, int i, const Ste
   return loss.reshape({}) * step.weights[static_cast<size_t>(i)];
 }
 
-torch::Tensor Stage::run_layers(int i, const torch::Tensor& x, bool split, Kept& kept, StepData& step) {
-  torch::Tensor y;
-  if (!split) {
-    y = layers_->forward(x);
-    kept.output = y;
-  } else {
-    // Each layer on a detached copy of the previous output, so I and W can treat layers one by one.
-    kept.layer_inputs.clear();
-    kept.layer_outputs.clear();
-    torch::Tensor a = x;
-    for (auto& layer : *layers_) {
-      if (!kept.layer_inputs.empty()) {
+torch::Tensor Stage::run_chain(int i, const torch::Tensor& x, bool split, bool gather, Kept& kept, StepData& step) {
+  // With `split`, each layer runs on a detached copy of the previous output, so I and W can treat
+  // layers one by one.
+  kept.layer_inputs.clear();
+  kept.layer_outputs.clear();
+  torch::Tensor a = x;
+  auto norm = norms_.begin();
+  size_t n = 0;
+  for (auto layer = layers_->begin(); layer != layers_->end(); ++layer, ++n) {
+    if (split) {
+      if (n > 0) {
         const bool upstream = a.requires_grad();
         a = a.detach();
         if (upstream && a.is_floating_point()) a.requires_grad_(true);
       }
       kept.layer_inputs.push_back(a);
-      a = layer.forward(a);
-      kept.layer_outputs.push_back(a);
     }
-    // The loss's own graph starts at a leaf, so I starts from d loss / d output.
-    y = a;
+    if (norm != norms_.end() && norm->layer == n && step.training && layer->ptr()->is_training()) {
+      // Deferred BatchNorm: this micro-batch's statistics normalize it; the running ones wait for the step's end.
+      const torch::Tensor input = a;
+      {
+        const detail::KeepBuffers keep({norm->running.mean, norm->running.var, norm->running.batches});
+        a = layer->forward(a);
+      }
+      if (gather) gather_statistics(norm->count, norm->sum, norm->squares, input);
+    } else {
+      a = layer->forward(a);
+    }
+    if (norm != norms_.end() && norm->layer == n) ++norm;
+    if (split) kept.layer_outputs.push_back(a);
+  }
+  torch::Tensor y = a;
+  kept.output = y;
+  if (split) {  // the loss's own graph starts at a leaf, so I starts from d loss / d output
     kept.output = a.detach();
     if (a.requires_grad() && kept.output.is_floating_point()) kept.output.requires_grad_(true);
   }
-  if (last()) kept.loss = weighted_loss(kept.output, i, step);
+  if (last() && step.training) kept.loss = weighted_loss(kept.output, i, step);
   return y;
+}
+
+void Stage::clear() {
+  kept_.clear();
+  skip_inbox_.clear();
+  skip_outbox_.clear();
+}
+
+void Stage::set_skips(std::vector<std::pair<int, std::string>> stashed, std::vector<std::pair<int, std::string>> popped) {
+  stashed_ = std::move(stashed);
+  popped_ = std::move(popped);
+}
+
+void Stage::receive_skip(int i, Channel channel, torch::Tensor tensor) { skip_inbox_[{i, static_cast<int>(channel)}] = std::move(tensor); }
+
+torch::Tensor Stage::take_skip(int i, Channel channel) {
+  auto it = skip_outbox_.find({i, static_cast<int>(channel)});
+  GPIPE_CHECK(it != skip_outbox_.end(), "stage ", index_, " has nothing to send for skip connection ", skip_of(channel),
+              " of micro-batch ", i);
+  torch::Tensor t = std::move(it->second);
+  skip_outbox_.erase(it);
+  skip_bytes_ += t.numel() * static_cast<int64_t>(t.element_size());
+  return t;
+}
+
+torch::Tensor Stage::run_layers(int i, const torch::Tensor& x, bool split, bool gather, Kept& kept, StepData& step) {
+  if (stashed_.empty() && popped_.empty() && !skips_inside_) return run_chain(i, x, split, gather, kept, step);
+  // The tray the layers' Stash and Pop meet in: what other stages stashed, and what these layers stash.
+  std::map<std::string, torch::Tensor> tray;
+  for (const auto& [k, name] : popped_) tray[name] = kept.skip_inputs.at(k);
+  torch::Tensor y;
+  {
+    const detail::SkipTrayScope scope(tray);
+    y = run_chain(i, x, split, gather, kept, step);
+  }
+  kept.stashed.clear();
+  for (const auto& [k, name] : stashed_) {
+    auto it = tray.find(name);
+    GPIPE_CHECK(it != tray.end(), "stage ", index_, " ran its layers without stashing \"", name,
+                "\", which a later stage pops");
+    kept.stashed[k] = std::move(it->second);
+  }
+  return y;
+}
+
+void Stage::backward_roots(int i, const torch::Tensor& output_grad, Kept& k, std::vector<torch::Tensor>& roots,
+                           std::vector<torch::Tensor>& grads) {
+  if (last()) {
+    if (k.loss.requires_grad()) {
+      roots.push_back(k.loss);
+      grads.push_back(torch::ones_like(k.loss));
+    }
+  } else if (k.output.requires_grad()) {
+    roots.push_back(k.output);
+    grads.push_back(output_grad.to(device_.device));  // [3]
+  }
+  for (const auto& [skip, name] : stashed_) {
+    auto it = skip_inbox_.find({i, static_cast<int>(skip_channel(skip, true))});
+    GPIPE_CHECK(it != skip_inbox_.end(), "stage ", index_, " got no gradient for \"", name,
+                "\", which it stashed in micro-batch ", i);
+    const torch::Tensor& stashed = k.stashed.at(skip);
+    if (stashed.requires_grad()) {
+      roots.push_back(stashed);
+      grads.push_back(it->second.to(device_.device));
+    }
+    skip_inbox_.erase(it);
+  }
+}
+
+void Stage::send_skip_gradients(int i, Kept& k, const std::vector<torch::Tensor>& grads) {
+  size_t n = 0;
+  for (const auto& [skip, name] : popped_) {
+    const torch::Tensor& leaf = k.skip_inputs.at(skip);
+    torch::Tensor g = n < grads.size() ? grads[n] : leaf.grad();
+    ++n;
+    skip_outbox_[{i, static_cast<int>(skip_channel(skip, true))}] = g.defined() ? g : torch::zeros_like(leaf);
+  }
 }
 
 torch::Tensor Stage::forward(int i, torch::Tensor input, bool recompute, bool split, StepData& step) {
   torch::Tensor x = (first() ? step.inputs[static_cast<size_t>(i)] : input).to(device_.device).detach();
-  if (!step.training) {
-    torch::Tensor y = layers_->forward(x);
-    if (!last()) return y;
-    step.outputs[static_cast<size_t>(i)] = y;
-    return {};
-  }
-  if (!first() && x.is_floating_point()) x.requires_grad_(true);  // [1]
+  if (!first() && step.training && x.is_floating_point()) x.requires_grad_(true);  // [1]
   Kept& k = kept_[i] = Kept{};
   k.input = x;
   k.recompute = recompute;
   k.split = split;
+  for (const auto& [skip, name] : popped_) {  // what other stages stashed: leaves, as the input is
+    auto it = skip_inbox_.find({i, static_cast<int>(skip_channel(skip, false))});
+    GPIPE_CHECK(it != skip_inbox_.end(), "stage ", index_, " got no tensor for \"", name, "\" in micro-batch ", i);
+    torch::Tensor t = it->second.to(device_.device).detach();
+    if (step.training && t.is_floating_point()) t.requires_grad_(true);
+    k.skip_inputs[skip] = t;
+    skip_inbox_.erase(it);
+  }
   torch::Tensor y, loss;
-  {
+  if (!step.training) {
+    y = run_layers(i, x, false, /*gather=*/false, k, step);
+  } else {
     RandomStream stream(stochastic_, device_.device, seed_of(i, step));
     torch::AutoGradMode keep_graph(!recompute);
-    y = run_layers(i, x, split && !recompute, k, step);
+    // A stage with skip connections inside splits its backward in one piece: its whole graph is kept.
+    y = run_layers(i, x, split && !recompute && !skips_inside_, /*gather=*/true, k, step);
     loss = k.loss;
   }
-  if (recompute) {  // keep the input alone
+  for (const auto& [skip, name] : stashed_)  // [2], for each skip connection
+    skip_outbox_[{i, static_cast<int>(skip_channel(skip, false))}] = k.stashed.at(skip).detach();
+  if (!step.training) {
+    kept_.erase(i);
+    if (!last()) return y;
+    step.outputs[static_cast<size_t>(i)] = y;
+    return {};
+  }
+  if (recompute) {  // keep the inputs alone
     k.output = k.loss = torch::Tensor();
     k.layer_inputs.clear();
     k.layer_outputs.clear();
+    k.stashed.clear();
   }
   if (!last()) return y.detach();  // [2]
   step.losses[static_cast<size_t>(i)] = loss.item<double>();
@@ -235,19 +428,18 @@ torch::Tensor Stage::backward(int i, const torch::Tensor& output_grad, StepData&
   Kept& k = kept(i);
   if (k.recompute) {
     RandomStream stream(stochastic_, device_.device, seed_of(i, step));
-    const KeepBuffers keep(layers_);
-    run_layers(i, k.input, false, k, step);
+    const detail::KeepBuffers keep(layers_->buffers());
+    run_layers(i, k.input, false, /*gather=*/false, k, step);
   }
-  if (last()) {
-    if (k.loss.requires_grad()) k.loss.backward();
-  } else if (k.output.requires_grad()) {
-    k.output.backward(output_grad.to(device_.device));  // [3]
-  }
+  std::vector<torch::Tensor> roots, grads;
+  backward_roots(i, output_grad, k, roots, grads);
+  if (!roots.empty()) torch::autograd::backward(roots, grads);
   torch::Tensor input_grad;
   if (!first()) {  // [4]
     input_grad = k.input.grad();
     if (!input_grad.defined()) input_grad = torch::zeros_like(k.input);
   }
+  send_skip_gradients(i, k);
   kept_.erase(i);
   return input_grad;
 }
@@ -258,8 +450,31 @@ torch::Tensor Stage::input_grad(int i, const torch::Tensor& output_grad, StepDat
               " without recording its layers, so its backward cannot be split into I and W");
   if (k.recompute) {
     RandomStream stream(stochastic_, device_.device, seed_of(i, step));
-    const KeepBuffers keep(layers_);
-    run_layers(i, k.input, true, k, step);
+    const detail::KeepBuffers keep(layers_->buffers());
+    run_layers(i, k.input, !skips_inside_, /*gather=*/false, k, step);
+  }
+  if (skips_inside_) {
+    // In one piece: I is the gradients of the stage's input and skip tensors, from the whole graph,
+    // which W then walks again into the parameters.
+    backward_roots(i, output_grad, k, k.roots, k.root_grads);
+    std::vector<torch::Tensor> inputs;
+    const bool input_takes_grad = !first() && k.input.requires_grad();
+    if (input_takes_grad) inputs.push_back(k.input);
+    for (const auto& [skip, name] : popped_) inputs.push_back(k.skip_inputs.at(skip));
+    std::vector<torch::Tensor> grads(inputs.size());
+    std::vector<torch::Tensor> wanted;  // torch::autograd::grad takes only inputs that require grad
+    for (const auto& t : inputs)
+      if (t.requires_grad()) wanted.push_back(t);
+    if (!k.roots.empty() && !wanted.empty()) {
+      const auto got = torch::autograd::grad(k.roots, wanted, k.root_grads, /*retain_graph=*/true,
+                                             /*create_graph=*/false, /*allow_unused=*/true);
+      for (size_t n = 0, w = 0; n < inputs.size(); ++n)
+        if (inputs[n].requires_grad()) grads[n] = got[w++];
+    }
+    torch::Tensor input_grad;
+    if (!first()) input_grad = input_takes_grad && grads.front().defined() ? grads.front() : torch::zeros_like(k.input);
+    send_skip_gradients(i, k, std::vector<torch::Tensor>(grads.begin() + (input_takes_grad ? 1 : 0), grads.end()));
+    return input_grad;
   }
   const size_t L = k.layer_outputs.size();
   k.weight_backward.clear();
@@ -292,6 +507,12 @@ torch::Tensor Stage::input_grad(int i, const torch::Tensor& output_grad, StepDat
 void Stage::weight_grad(int i) {
   Kept& k = kept(i);
   for (const auto& w : k.weight_backward) w->run();
+  if (!k.roots.empty()) {  // a split backward in one piece: into the parameters alone
+    std::vector<torch::Tensor> params;
+    for (const auto& p : unique_parameters(*layers_))
+      if (p.requires_grad()) params.push_back(p);
+    if (!params.empty()) torch::autograd::backward(k.roots, k.root_grads, /*retain_graph=*/false, false, params);
+  }
   kept_.erase(i);
 }
 

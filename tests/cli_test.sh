@@ -107,6 +107,37 @@ expect_error "belong to --lr-schedule step" --resume "$work/ckpt.pt" --lr-gamma 
 expect_error "--resume: no such file" --resume "$work/missing.pt"
 expect_error "--model: no such file" --model "$work/missing.pt"
 if cmp -s "$work/ckpt.pt" "$work/ckpt.keep"; then pass "a refused checkpoint is left as it was"; else fail "checkpoint changed"; fi
+expect_error "is for --model unet" --samples "$work/s.png"
+expect_error "its loss is mse" --model unet --loss cross_entropy
+expect_error "ends in .png" --model unet --samples "$work/s.jpg"
+expect_error "leave out --data" --model resnet --data "$work/junk.pt"
+expect_error "--batch-norm" --batch-norm sometimes
+
+# The built-in ResNet (BatchNorm once per step, residual skips across stages, cut by measured time)
+# and U-Net (long skips across 3 stages; PSNR; a PNG of samples) train a few steps.
+if "$gpipe" train --model resnet --train-samples 256 --test-samples 100 --steps 4 --batch-size 64 --json \
+     >"$work/resnet.json" 2>/dev/null &&
+   /usr/bin/python3 - "$work/resnet.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["plan"]["balance_by"] == "time" and sum(s["balance"]) == 30, s["plan"]
+assert s["final_loss"] < s["first_loss"] and 0 <= s["test_accuracy"] <= 1, s
+PY
+then pass "--model resnet: cut by time, trains"
+else fail "--model resnet"; cat "$work/resnet.json"; fi
+if "$gpipe" train --model unet --stages 3 --train-samples 256 --test-samples 64 --steps 6 --batch-size 32 \
+     --samples "$work/samples.png" --json >"$work/unet.json" 2>"$work/unet.err" &&
+   /usr/bin/python3 - "$work/unet.json" "$work/samples.png" <<'PY'
+import json, struct, sys
+s = json.load(open(sys.argv[1]))
+assert s["test_psnr_db"] > s["noisy_test_psnr_db"] > 5, s
+png = open(sys.argv[2], "rb").read()
+assert png[:8] == b"\x89PNG\r\n\x1a\n", png[:8]
+width, height = struct.unpack(">II", png[16:24])
+assert (width, height) == (8 * 58, 3 * 58), (width, height)
+PY
+then pass "--model unet on 3 stages: PSNR above the noisy input's; --samples writes a 3 x 8 PNG"
+else fail "--model unet"; cat "$work/unet.json" "$work/unet.err"; fi
 
 # gpipe plan: the issue's 128-device Transformer is answered in seconds (here: refused, with the need
 # and a way out); a model that fits gets JSON Lines, fastest first, each within the memory asked for.

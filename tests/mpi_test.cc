@@ -8,6 +8,7 @@
 #include <gpipe/mpi.h>
 
 #include <chrono>
+#include <map>
 #include <random>
 
 namespace gpipe::testing {
@@ -159,6 +160,174 @@ TEST(MpiPipeline, DropoutMasksEqualOneProcessPipeline) {
     EXPECT_DOUBLE_EQ(l_mine, l_local);
   }
   expect_stage_matches(mine, local, true, "dropout, two steps", 1e-6);
+}
+
+// Deferred BatchNorm over D replicas: every replica's rows count in the running statistics, so
+// they equal a one-process pipeline's that runs all D·M micro-batches, and the replicas' copies
+// stay identical to the bit.
+TEST(MpiPipeline, BatchNormStatisticsCoverEveryReplicasRows) {
+  auto build = [](LayerRange keep) {
+    torch::manual_seed(13);
+    namespace nn = torch::nn;
+    std::vector<nn::AnyModule> layers{nn::AnyModule(nn::Linear(12, 16)), nn::AnyModule(nn::BatchNorm1d(16)),
+                                      nn::AnyModule(nn::ReLU()), nn::AnyModule(nn::Linear(16, 16)),
+                                      nn::AnyModule(nn::BatchNorm1d(nn::BatchNormOptions(16).momentum(c10::nullopt))),
+                                      nn::AnyModule(nn::Tanh()), nn::AnyModule(nn::Linear(16, 4))};
+    torch::nn::Sequential model;
+    for (size_t n = 0; n < layers.size(); ++n) add_layer(model, layers[n], static_cast<int>(n), keep);
+    return model;
+  };
+  const std::map<int, std::vector<int>> cuts{{1, {7}}, {2, {3, 4}}, {3, {2, 3, 2}}, {4, {2, 2, 2, 1}}};
+  for (int K : {1, 2, 3, 4}) {
+    if (world_size() % K != 0) continue;
+    const int D = world_size() / K, M = 3;
+    SCOPED_TRACE("K=" + std::to_string(K) + " D=" + std::to_string(D));
+    const std::vector<int>& balance = cuts.at(K);
+    const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
+    const auto [first, last] = mpi::stage_layers(balance, place.stage);
+    torch::nn::Sequential local = build({}), mine = build({first, last});
+    // 72 rows: each replica's M micro-batches are the one-process pipeline's D·M micro-batches.
+    Pipeline pipe(local, PipelineOptions().balance(balance).chunks(D * M));
+    mpi::MpiPipeline mpi_pipe(mine, mpi::MpiPipelineOptions().balance(balance).chunks(M));
+    torch::optim::SGD opt_local(pipe.parameters(), 0.05), opt_mine(mpi_pipe.parameters(), 0.05);
+    for (int s = 0; s < 2; ++s) {
+      torch::manual_seed(60 + s);
+      const torch::Tensor x = torch::randn({72, 12}) * 3 - 1, y = torch::randn({72, 4});
+      opt_local.zero_grad();
+      opt_mine.zero_grad();
+      pipe.train_step(x, y, mse_loss);
+      mpi_pipe.train_step(x, y, mse_loss);
+      opt_local.step();
+      opt_mine.step();
+    }
+    expect_stage_matches(mine, local, false, "after 2 steps");
+    const auto all = local->named_buffers();
+    MPI_Comm stage_ranks;
+    MPI_Comm_split(MPI_COMM_WORLD, place.stage, world_rank(), &stage_ranks);
+    for (const auto& b : mine->named_buffers()) {
+      EXPECT_TRUE(close(b.value(), all[b.key()])) << "rank " << world_rank() << ": buffer " << b.key();
+      if (b.key().find("num_batches_tracked") != std::string::npos) EXPECT_EQ(b.value().item<int64_t>(), 2);
+      // Every replica's copy, to the bit: the largest and the smallest over the replicas agree.
+      torch::Tensor values = b.value().to(torch::kDouble).contiguous(), most = values.clone(), least = values.clone();
+      MPI_Allreduce(MPI_IN_PLACE, most.data_ptr(), static_cast<int>(most.numel()), MPI_DOUBLE, MPI_MAX, stage_ranks);
+      MPI_Allreduce(MPI_IN_PLACE, least.data_ptr(), static_cast<int>(least.numel()), MPI_DOUBLE, MPI_MIN, stage_ranks);
+      EXPECT_TRUE(torch::equal(most, least)) << "rank " << world_rank() << ": replicas differ in " << b.key();
+    }
+    MPI_Comm_free(&stage_ranks);
+  }
+}
+
+// Tied embeddings: the first and the last stage each hold a copy of one weight; the copies get
+// the sum of both uses' gradients, equal the one-process pipeline (one shared tensor), and stay
+// identical to the bit on every rank, replicas included.
+TEST(MpiPipeline, TiedWeightsEqualOneProcessAndStayIdentical) {
+  auto build = [](LayerRange keep) {
+    torch::manual_seed(17);
+    torch::nn::Embedding embedding(kVocab, 16);
+    torch::nn::Sequential model;
+    add_layer(model, torch::nn::AnyModule(embedding), 0, keep);
+    for (int b = 1; b <= 4; ++b) add_layer(model, torch::nn::AnyModule(EncoderBlock(16, 2, 32, 0.0)), b, keep);
+    add_layer(model, torch::nn::AnyModule(TiedProjection(embedding->weight)), 5, keep);
+    return model;
+  };
+  const std::vector<std::vector<std::string>> tied{{"0.weight", "5.weight"}};
+  for (int K : {1, 2, 3}) {
+    if (world_size() % K != 0) continue;
+    const int D = world_size() / K;
+    SCOPED_TRACE("K=" + std::to_string(K) + " D=" + std::to_string(D));
+    const std::vector<int> balance = K == 1 ? std::vector<int>{6} : K == 2 ? std::vector<int>{3, 3}
+                                                                          : std::vector<int>{2, 2, 2};
+    const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
+    const auto [first, last] = mpi::stage_layers(balance, place.stage);
+    torch::nn::Sequential local = build({}), mine = build({first, last});
+    Pipeline pipe(local, PipelineOptions().balance(balance).chunks(2 * D));
+    mpi::MpiPipeline mpi_pipe(mine, mpi::MpiPipelineOptions().balance(balance).chunks(2).tied_parameters(tied));
+    // SGD: Adam would turn the key bias's gradient, zero up to rounding, into whole steps.
+    torch::optim::SGD opt_local(pipe.parameters(), 0.05), opt_mine(mpi_pipe.parameters(), 0.05);
+    for (int s = 0; s < 3; ++s) {
+      torch::manual_seed(70 + s);
+      const torch::Tensor x = torch::randint(kVocab, {8, 5}, torch::kLong), y = torch::randint(kVocab, {8, 5}, torch::kLong);
+      opt_local.zero_grad();
+      opt_mine.zero_grad();
+      const double a = pipe.train_step(x, y, cross_entropy_loss).item<double>();
+      const double b = mpi_pipe.train_step(x, y, cross_entropy_loss).item<double>();
+      EXPECT_NEAR(b, a, 1e-5 * std::abs(a));
+      opt_local.step();
+      opt_mine.step();
+    }
+    expect_stage_matches(mine, local, false, "after 3 steps", 1e-4);
+    // Every copy of the tied weight, on every rank that holds one, to the bit.
+    const auto named = mine->named_parameters();
+    const bool holds = named.contains("0.weight") || named.contains("5.weight");
+    MPI_Comm holders;
+    MPI_Comm_split(MPI_COMM_WORLD, holds ? 0 : MPI_UNDEFINED, world_rank(), &holders);
+    if (holds) {
+      const torch::Tensor copy = named.contains("0.weight") ? named["0.weight"] : named["5.weight"];
+      torch::Tensor most = copy.detach().to(torch::kDouble).contiguous(), least = most.clone();
+      MPI_Allreduce(MPI_IN_PLACE, most.data_ptr(), static_cast<int>(most.numel()), MPI_DOUBLE, MPI_MAX, holders);
+      MPI_Allreduce(MPI_IN_PLACE, least.data_ptr(), static_cast<int>(least.numel()), MPI_DOUBLE, MPI_MIN, holders);
+      EXPECT_TRUE(torch::equal(most, least)) << "rank " << world_rank() << ": the copies of the tied weight differ";
+      MPI_Comm_free(&holders);
+    }
+  }
+}
+
+TEST(MpiPipeline, TiedParametersNoRankHoldsAreRefusedOnEveryRank) {
+  const int K = world_size() >= 2 ? 2 : 1;
+  if (world_size() % K != 0) GTEST_SKIP();
+  const std::vector<int> balance = K == 1 ? std::vector<int>{8} : cut(2);
+  const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
+  const auto [first, last] = mpi::stage_layers(balance, place.stage);
+  try {
+    mpi::MpiPipeline pipe(model_layers(1, {first, last}),
+                          mpi::MpiPipelineOptions().balance(balance).tied_parameters({{"0.weight", "1.weight"}}));
+    ADD_FAILURE() << "accepted a tie of a parameter no rank holds";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("no rank holds a parameter 1.weight"), std::string::npos) << e.what();
+  }
+}
+
+// Skip connections under MPI: each stashed tensor goes straight to the rank that pops it; the
+// training equals the one-process pipeline's, every schedule.
+TEST(MpiPipeline, SkipConnectionsEqualOneProcessPipeline) {
+  auto build = [](LayerRange keep) {
+    torch::manual_seed(19);
+    namespace nn = torch::nn;
+    std::vector<nn::AnyModule> layers{
+        nn::AnyModule(nn::Linear(12, 16)), nn::AnyModule(Stash("u")),         nn::AnyModule(nn::Tanh()),
+        nn::AnyModule(nn::Linear(16, 16)), nn::AnyModule(Stash("r")),         nn::AnyModule(nn::ReLU()),
+        nn::AnyModule(nn::Linear(16, 16)), nn::AnyModule(Pop("r")),           nn::AnyModule(nn::Linear(16, 8)),
+        nn::AnyModule(Pop("u", concat_skip)), nn::AnyModule(nn::Linear(24, 4))};
+    torch::nn::Sequential model;
+    for (size_t n = 0; n < layers.size(); ++n) add_layer(model, layers[n], static_cast<int>(n), keep);
+    return model;
+  };
+  const std::map<int, std::vector<int>> cuts{{1, {11}}, {2, {2, 9}}, {3, {2, 6, 3}}, {4, {2, 3, 3, 3}}};
+  for (int K : {1, 2, 3, 4})
+    for (ScheduleKind schedule : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZB1P}) {
+      if (world_size() % K != 0) continue;
+      const int D = world_size() / K;
+      SCOPED_TRACE("K=" + std::to_string(K) + " D=" + std::to_string(D) + " " + to_string(schedule));
+      const std::vector<int>& balance = cuts.at(K);
+      const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
+      const auto [first, last] = mpi::stage_layers(balance, place.stage);
+      torch::nn::Sequential local = build({}), mine = build({first, last});
+      Pipeline pipe(local, PipelineOptions().balance(balance).chunks(3 * D).schedule(schedule));
+      mpi::MpiPipeline mpi_pipe(mine, mpi::MpiPipelineOptions().balance(balance).chunks(3).schedule(schedule));
+      torch::optim::SGD opt_local(pipe.parameters(), 0.05), opt_mine(mpi_pipe.parameters(), 0.05);
+      for (int s = 0; s < 2; ++s) {
+        torch::manual_seed(80 + s);
+        const torch::Tensor x = torch::randn({24, 12}), y = torch::randn({24, 4});
+        opt_local.zero_grad();
+        opt_mine.zero_grad();
+        const double a = pipe.train_step(x, y, mse_loss).item<double>();
+        const double b = mpi_pipe.train_step(x, y, mse_loss).item<double>();
+        EXPECT_NEAR(b, a, 1e-5 * std::abs(a));
+        opt_local.step();
+        opt_mine.step();
+      }
+      expect_stage_matches(mine, local, false, "after 2 steps");
+    }
 }
 
 // make_engine under MPI: each rank builds its own stages (two per rank, interleaved) and trains

@@ -85,6 +85,10 @@ class Engine {
   /// The parameters this process holds (all of them in one process): build
   /// the optimizer on these.
   virtual std::vector<torch::Tensor> parameters() const = 0;
+  /// The parameters this process counts in sums over the whole model (the
+  /// gradient norm, the checksum): parameters(), but under MPI a tied weight's
+  /// copies once in all.
+  virtual std::vector<torch::Tensor> counted_parameters() const { return parameters(); }
   /// The layers this process holds, named by their index in the whole model.
   virtual torch::nn::Sequential layers() const = 0;
   /// Layers per stage, K·V entries.

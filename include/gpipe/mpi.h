@@ -17,6 +17,7 @@
 #include "gpipe/executor.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/schedule.h"
+#include "gpipe/skip.h"
 #include "gpipe/stage.h"
 #include "gpipe/trace.h"
 #include "gpipe/transport.h"
@@ -30,6 +31,7 @@
 #include <array>
 #include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -168,8 +170,10 @@ class ErrorChannel {
 /// shape; CUDA tensors travel through host memory.
 class MpiTransport : public Transport {
  public:
-  /// `comm`: the replica's communicator; `rank_of_stage[s]`: the rank in it that runs stage s.
-  MpiTransport(MPI_Comm comm, ErrorChannel* errors, std::vector<int> rank_of_stage, int micro_batches);
+  /// `comm`: the replica's communicator; `rank_of_stage[s]`: the rank in it that runs stage s;
+  /// `skips`: the skip connections between stages, each with a channel of its own.
+  MpiTransport(MPI_Comm comm, ErrorChannel* errors, std::vector<int> rank_of_stage, int micro_batches,
+               int skips = 0);
   ~MpiTransport() override;
 
   /// Posts ahead the header receives of the receive actions in `program`
@@ -208,6 +212,7 @@ class MpiTransport : public Transport {
   MPI_Comm comm_;
   ErrorChannel* errors_;
   std::vector<int> rank_of_stage_;
+  int channels_;  // kActivation, kGradient, and two per skip connection
   std::vector<PendingSend> sends_;
   std::map<Key, PendingRecv> receives_;
   int64_t messages_sent_ = 0;
@@ -225,6 +230,14 @@ struct MpiPipelineOptions {
   /// M, micro-batches per replica per mini-batch.
   TORCH_ARG(int, chunks) = 1;
   TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::kExceptLast;
+  /// BatchNorm's running statistics updated once per mini-batch from all its
+  /// rows, every replica's included (PipelineOptions::deferred_batch_norm).
+  TORCH_ARG(bool, deferred_batch_norm) = true;
+  /// Parameters tied across stages, by name in the whole model, e.g. {{"0.weight", "9.weight"}}
+  /// for an input embedding and an output projection that share their weight. Each rank that
+  /// holds one keeps a copy: the copies start as the lowest-numbered device's, their gradients
+  /// are summed over the copies before the update, so one update keeps them identical to the bit.
+  TORCH_ARG(std::vector<std::vector<std::string>>, tied_parameters) = {};
   /// This rank's device: a CPU core group or a CUDA device.
   TORCH_ARG(Device, device) = Device::cpu(1);
   /// The ranks of the job (np = K·D). gpipe duplicates it, so its messages
@@ -300,8 +313,14 @@ class MpiPipeline {
   torch::nn::Sequential layers() const { return layers_; }
   /// The lowered training program of the whole pipeline; this rank runs row placement().stage.
   const Schedule& schedule() const { return train_program_; }
-  /// This rank's parameters: build the optimizer on these.
-  std::vector<torch::Tensor> parameters() const { return layers_->parameters(); }
+  /// This rank's parameters, each tensor once: build the optimizer on these.
+  std::vector<torch::Tensor> parameters() const { return unique_parameters(*layers_); }
+  /// The parameters this rank counts in sums over the whole model (a gradient
+  /// norm, a checksum): all but the copies of a tied weight that another rank
+  /// (the lowest device holding one) counts.
+  std::vector<torch::Tensor> counted_parameters() const;
+  /// Bytes this rank's stages sent through skip connections in the last step (Pipeline::skip_bytes).
+  int64_t skip_bytes() const;
   /// This stage's row of the last step's timeline.
   const StepTrace& last_trace() const { return trace_; }
   const MpiTransport& transport() const { return *transport_; }
@@ -314,6 +333,14 @@ class MpiPipeline {
   const Schedule& training_program(int micro_batches);
   void run(const Schedule& program, StepData& step);
   void allreduce_gradients();
+  // Each tied group's gradient: the sum over its copies, on every rank that holds one.
+  void sum_tied_gradients();
+  // This rank's copies of each tied group, checked against every rank's.
+  void find_tied_copies();
+  // Every Stash and Pop of the whole model, from replica 0's ranks (collective).
+  std::vector<SkipUse> all_skip_uses();
+  // This rank's stages' BatchNorm statistics, summed over the replicas; undefined without any.
+  torch::Tensor batch_norm_statistics();
   void reduce(double* values, int count, MPI_Op op);  // in place, over every rank
 
   torch::nn::Sequential layers_;
@@ -323,6 +350,12 @@ class MpiPipeline {
   Communicator world_;     // every rank, for the steps' sums and gathers
   Communicator pipeline_;  // this replica's K ranks
   Communicator stage_;     // the D ranks that run this device's stages
+  struct Tie {
+    std::vector<torch::Tensor> copies;  // this rank's, one per distinct tensor; maybe none
+    Communicator comm;                  // the replica's ranks that hold a copy (null if this rank holds none)
+  };
+  std::vector<Tie> ties_;  // one per group of tied_parameters
+  std::set<const void*> uncounted_;  // tied copies another rank counts (counted_parameters)
   std::unique_ptr<ErrorChannel> errors_;
   std::unique_ptr<MpiTransport> transport_;
   std::unique_ptr<Executor> executor_;

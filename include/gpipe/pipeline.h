@@ -44,6 +44,19 @@ struct PipelineOptions {
   TORCH_ARG(std::vector<Device>, devices) = {};
   /// Intra-op threads of each CPU stage when `devices` is empty.
   TORCH_ARG(int, threads_per_stage) = 1;
+  /// BatchNorm as in the paper: each micro-batch is normalized by its own
+  /// statistics, and the running statistics are updated once per mini-batch,
+  /// from the mean and unbiased variance of all its rows, with the layer's
+  /// momentum (num_batches_tracked grows by one per step). For BatchNorm layers
+  /// of the Sequential itself (one inside a layer is refused). false: each
+  /// micro-batch's forward updates them, as M small batches would.
+  TORCH_ARG(bool, deferred_batch_norm) = true;
+  /// Parameters tied across stages, by name in the model, e.g. {{"0.weight", "9.weight"}} for an
+  /// input embedding and an output projection that share their weight. In one process tied
+  /// layers hold one tensor, which is what ties them (found without being declared); a
+  /// declared group that is not one tensor is refused. (Under MPI each owning rank holds a copy,
+  /// and the declaration is what ties them: mpi::MpiPipelineOptions::tied_parameters.)
+  TORCH_ARG(std::vector<std::vector<std::string>>, tied_parameters) = {};
   /// Account CPU memory per stage (installs gpipe's tracking allocator for the
   /// process; see memory.h). On by itself when a device has a memory cap.
   TORCH_ARG(bool, track_memory) = false;
@@ -54,7 +67,10 @@ struct PipelineOptions {
 /// schedule (GPipe's fill-drain by default; 1F1B, interleaved or zero-bubble).
 ///
 /// The pipeline shares the model's parameters: an optimizer built on
-/// `model->parameters()` (or `pipe.parameters()`) steps what the stages use.
+/// `pipe.parameters()` steps what the stages use. A parameter that layers on
+/// two stages use (tied weights) stays one tensor: each stage's backward adds
+/// its share to the one gradient, so it gets the sum of its uses, as on one
+/// device, and one update.
 /// After train_step every parameter's grad() holds exactly the gradient of the
 /// whole mini-batch's mean loss (added to what it held, like backward()).
 ///
@@ -95,7 +111,7 @@ class Pipeline {
   /// activations for backward. Uses the modules' current train/eval mode.
   torch::Tensor forward(const torch::Tensor& input);
 
-  /// All parameters of the model, in the model's order.
+  /// All parameters of the model, in the model's order, each tensor once (unique_parameters).
   std::vector<torch::Tensor> parameters() const;
   torch::nn::Sequential model() const { return model_; }
   /// Stage j's layers (sharing the model's modules).
@@ -110,6 +126,10 @@ class Pipeline {
   Checkpoint checkpoint() const { return options_.checkpoint(); }
   /// The lowered training program the devices run (schedule.h).
   const Schedule& schedule() const { return train_program_; }
+
+  /// Bytes the skip connections (skip.h) carried between stages in the last
+  /// train_step or forward: stashed tensors and their gradients.
+  int64_t skip_bytes() const;
 
   /// The timeline of the last train_step or forward.
   const StepTrace& last_trace() const { return trace_; }
@@ -144,6 +164,7 @@ class Pipeline {
   Schedule train_program_;
   Schedule forward_program_;
   std::map<int, Schedule> short_programs_;  // by micro-batch count, for batches of fewer rows than M
+  std::vector<SkipRoute> skip_routes_;      // skip connections between stages (skip.h)
   std::unique_ptr<InProcessTransport> transport_;
   std::vector<std::unique_ptr<Executor>> executors_;  // one per device
   std::vector<std::unique_ptr<DeviceThread>> threads_;

@@ -19,6 +19,8 @@
 //   1SEND_F0>2  stage 1 sends micro-batch 0's activation to stage 2
 //   2RECV_F0<1  stage 2 receives it from stage 1
 //   2SEND_B0>1  stage 2 sends the gradient of its input back to stage 1 (1RECV_B0<2 receives it)
+//   0SEND_S1.0>2  stage 0 sends what it stashed for skip connection 1 in micro-batch 0 to stage 2
+//   2SEND_G1.0>0  stage 2 sends that tensor's gradient back (skip.h)
 #pragma once
 
 #include <cstdint>
@@ -39,10 +41,24 @@ enum class ActionKind : char {
   kRecv = 'R',        ///< take a boundary tensor from another stage
 };
 
-/// Which way a boundary tensor goes.
+/// What a message carries. Skip connections (skip.h) have channels of their
+/// own beyond these two: skip_channel(k, gradient) for connection k.
 enum class Channel : int {
   kActivation = 0,  ///< a stage's output, to the next stage
   kGradient = 1,    ///< the gradient of a stage's input, to the previous stage
+};
+/// The channel of skip connection `skip`'s stashed tensor (from the stage that
+/// stashes it to the one that pops it) or, with `gradient`, of its gradient (back).
+Channel skip_channel(int skip, bool gradient);
+/// The skip connection a channel belongs to, or -1 for kActivation and kGradient.
+int skip_of(Channel channel);
+/// Whether a channel carries a gradient (kGradient or a skip connection's gradient).
+bool carries_gradient(Channel channel);
+
+/// A skip connection between two stages: `from` stashes, `to` (a later stage) pops.
+struct SkipRoute {
+  int from = 0;
+  int to = 0;
 };
 
 /// Which micro-batches re-materialize (keep only the stage input in forward and
@@ -92,6 +108,8 @@ struct Schedule {
   bool backward = true;                      ///< false for inference (forwards only)
   std::vector<int> placement;                ///< placement[s]: the device that runs stage s
   std::vector<std::vector<Action>> actions;  ///< actions[d]: device d's list
+  /// Skip connections between stages (index k: channel skip_channel(k, ...)), added by lower().
+  std::vector<SkipRoute> skips;
 
   /// Stages per device (V).
   int virtual_stages() const { return devices > 0 ? stages / devices : 0; }
@@ -165,8 +183,11 @@ Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int vi
 /// forwards, back again backwards, whatever devices they are on); and each
 /// forward's recompute flag from `mode` (except_last: a forward keeps its
 /// activations when the next compute action of its device is its own B or I).
+/// With `skips`, each skip connection's tensor goes straight from its stashing
+/// stage's forward to its popping stage's, and its gradient straight back from
+/// the popping stage's B or I to the stashing stage's.
 /// The only place in gpipe that decides who talks to whom.
-Schedule lower(const Schedule& schedule, Checkpoint mode);
+Schedule lower(const Schedule& schedule, Checkpoint mode, const std::vector<SkipRoute>& skips = {});
 
 /// Checks that `schedule` (compute-only or lowered) can run: placement, one F per
 /// stage and micro-batch and then one B or one I and one W after it, every

@@ -47,6 +47,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -113,6 +114,42 @@ class RandomLayer {
 /// with p > 0, and RandomLayers that say so.
 bool draws_random_numbers(const torch::nn::Sequential& layers);
 
+/// The parameters of `model`, each tensor once, in the model's order: a tied
+/// weight that two layers register is listed once (Module::parameters() lists it
+/// twice, so an optimizer built on that would step it twice).
+std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& model);
+
+/// The running statistics of a BatchNorm layer: the buffers it normalizes by in evaluation.
+struct RunningStatistics {
+  torch::Tensor mean;                ///< running_mean, one per channel
+  torch::Tensor var;                 ///< running_var (unbiased), one per channel
+  torch::Tensor batches;             ///< num_batches_tracked
+  std::optional<double> momentum;    ///< std::nullopt: a cumulative average (factor 1/batches)
+};
+
+/// A layer that normalizes by batch statistics and keeps running ones without
+/// being one of torch::nn's BatchNorm modules (a TorchScript BatchNorm, say)
+/// derives from this too, so that its stage can update its running statistics
+/// once per mini-batch (PipelineOptions::deferred_batch_norm).
+class BatchNormLayer {
+ public:
+  virtual ~BatchNormLayer() = default;
+  /// Its running statistics, if it is a BatchNorm that tracks them; std::nullopt otherwise.
+  virtual std::optional<RunningStatistics> running_statistics() = 0;
+  /// The name of a BatchNorm inside it (not itself), or "" if it holds none.
+  virtual std::string inner_batch_norm() const = 0;
+};
+
+/// `layer`'s running statistics if it is a BatchNorm that tracks them:
+/// torch::nn::BatchNorm1d, 2d or 3d built with track_running_stats, or a
+/// BatchNormLayer that says so.
+std::optional<RunningStatistics> running_statistics(torch::nn::Module& layer);
+
+/// "layer.inner" for the first BatchNorm that sits inside one of `layers`
+/// rather than being one of them, or "" if none does. Its stage cannot see
+/// its input, so it cannot defer its running statistics.
+std::string nested_batch_norm(const torch::nn::Sequential& layers);
+
 /// The name of the first of `layers` that holds a module built to work in
 /// place (ReLU, LeakyReLU, ELU, Dropout, ... with inplace(true)), or "" if none
 /// does. Such a layer overwrites its input, which a split backward (I then W)
@@ -126,8 +163,12 @@ std::string in_place_layer(const torch::nn::Sequential& layers);
 /// Thread: used by one thread at a time (the executor of the device it is placed on).
 class Stage {
  public:
-  /// Stage `index` of `stages`, running `layers` on `device`.
-  Stage(int index, int stages, torch::nn::Sequential layers, Device device);
+  /// Stage `index` of `stages`, running `layers` on `device`. With
+  /// `deferred_batch_norm`, its BatchNorm layers normalize each micro-batch by
+  /// its own statistics but leave their running statistics alone; the stage
+  /// gathers the statistics of every row they see in a step instead, for
+  /// update_batch_norm (see batch_norm_statistics).
+  Stage(int index, int stages, torch::nn::Sequential layers, Device device, bool deferred_batch_norm = false);
 
   /// Forward of micro-batch i of `input` (an undefined tensor: the step's input).
   /// Keeps what backward needs; with `recompute`, only the input. With
@@ -143,7 +184,39 @@ class Stage {
   /// The weight-gradient half: accumulates the parameters' gradients of micro-batch i.
   void weight_grad(int i);
   /// Drops everything kept for the step.
-  void clear() { kept_.clear(); }
+  void clear();
+
+  /// The skip connections (skip.h) that cross this stage's edges, each as
+  /// (k, name), k its index in the program's skips: `stashed`, stashed in these
+  /// layers and popped on a later stage; `popped`, popped here and stashed on
+  /// an earlier one. A stage with a Stash or Pop among its layers runs a split
+  /// backward as one piece (I the gradients of its inputs, W then a backward
+  /// into its parameters), since a skip connection crosses its layers' cuts.
+  void set_skips(std::vector<std::pair<int, std::string>> stashed, std::vector<std::pair<int, std::string>> popped);
+  /// A skip connection's tensor (before the forward of micro-batch i) or its
+  /// gradient (before the backward), from another stage.
+  void receive_skip(int i, Channel channel, torch::Tensor tensor);
+  /// What the forward of micro-batch i stashed for another stage, or what its
+  /// backward computed as the gradient of a tensor another stage stashed.
+  torch::Tensor take_skip(int i, Channel channel);
+
+  /// What the stage's BatchNorm layers saw in training forwards since the
+  /// last reset_batch_statistics (recomputed forwards not counted): per layer,
+  /// in layer order, [rows·positions, Σx per channel, Σx² per channel], in
+  /// float64 on the CPU, to be summed over replicas. Undefined without
+  /// deferred BatchNorm layers.
+  torch::Tensor batch_norm_statistics() const;
+  /// Updates each BatchNorm layer's running statistics once, from the mean and
+  /// unbiased variance of all the rows in `statistics` (batch_norm_statistics,
+  /// maybe summed over replicas) with its momentum, and its batch count by one.
+  /// Layers that saw no rows are left alone.
+  void update_batch_norm(const torch::Tensor& statistics);
+  /// Forgets the statistics gathered so far.
+  void reset_batch_statistics();
+  /// A new step: forgets the BatchNorm statistics and the skip bytes counted so far.
+  void begin_step();
+  /// Bytes of skip connections' tensors and gradients this stage sent to other stages since the step began.
+  int64_t skip_bytes() const { return skip_bytes_; }
 
   int index() const { return index_; }
   bool first() const { return index_ == 0; }
@@ -164,10 +237,29 @@ class Stage {
     std::vector<torch::Tensor> layer_inputs;   // split: a_l, detached, per layer
     std::vector<torch::Tensor> layer_outputs;  // split: y_l, with layer l's graph
     std::vector<std::shared_ptr<detail::WeightBackward>> weight_backward;  // after I: W's share, per weighted layer
+    std::map<int, torch::Tensor> skip_inputs;  // by skip connection: what other stages stashed, as leaves
+    std::map<int, torch::Tensor> stashed;      // by skip connection: what these layers stashed for other stages
+    std::vector<torch::Tensor> roots, root_grads;  // a split backward in one piece: what W runs backward from
   };
 
-  // Runs the layers on `x` (and the loss on the last stage) into `kept`.
-  torch::Tensor run_layers(int i, const torch::Tensor& x, bool split, Kept& kept, StepData& step);
+  // A BatchNorm layer whose running statistics wait for the end of the step.
+  struct DeferredNorm {
+    size_t layer;  // its position in the stage
+    RunningStatistics running;
+    torch::Tensor count, sum, squares;  // float64, on the layer's device
+  };
+
+  // Runs the layers on `x` (and the loss on the last stage) into `kept`; with
+  // `gather`, adds the BatchNorm layers' inputs to their statistics. The skip
+  // connections popped here read kept.skip_inputs; those stashed here land in kept.stashed.
+  torch::Tensor run_layers(int i, const torch::Tensor& x, bool split, bool gather, Kept& kept, StepData& step);
+  torch::Tensor run_chain(int i, const torch::Tensor& x, bool split, bool gather, Kept& kept, StepData& step);
+  // What backward starts from: the loss or the output with its gradient, and the stashed
+  // tensors with theirs (received from the stages that popped them).
+  void backward_roots(int i, const torch::Tensor& output_grad, Kept& kept, std::vector<torch::Tensor>& roots,
+                      std::vector<torch::Tensor>& grads);
+  // After a backward: the gradients of the skip connections' tensors popped here, for their stages.
+  void send_skip_gradients(int i, Kept& kept, const std::vector<torch::Tensor>& grads = {});
   torch::Tensor weighted_loss(const torch::Tensor& output, int i, const StepData& step) const;
   uint64_t seed_of(int i, const StepData& step) const;
   Kept& kept(int i);
@@ -178,6 +270,11 @@ class Stage {
   Device device_;
   bool stochastic_;
   std::map<int, Kept> kept_;               // by micro-batch
+  std::vector<DeferredNorm> norms_;        // with deferred BatchNorm, in layer order
+  std::vector<std::pair<int, std::string>> stashed_, popped_;  // skip connections across edges: (k, name)
+  bool skips_inside_ = false;              // a Stash or Pop among the layers: split backwards in one piece
+  std::map<std::pair<int, int>, torch::Tensor> skip_inbox_, skip_outbox_;  // by (micro-batch, channel)
+  int64_t skip_bytes_ = 0;
 };
 
 }  // namespace gpipe

@@ -1,4 +1,5 @@
-// workloads.h: the benchmark models of docs/benchmarks.md (mlp, transformer, tiny, imbalanced) and a batch-first encoder block.
+// workloads.h: the benchmark models of docs/benchmarks.md (mlp, transformer, tiny, imbalanced, resnet, unet),
+// a batch-first encoder block and a tied output projection.
 #pragma once
 
 #include "gpipe/stage.h"
@@ -26,6 +27,21 @@ class EncoderBlockImpl : public torch::nn::Module {
   torch::nn::TransformerEncoderLayer layer_{nullptr};
 };
 TORCH_MODULE(EncoderBlock);
+
+/// An output projection that reads another layer's weight: y = x·Wᵀ + b, with W
+/// (out × in) registered here as the same tensor, e.g. a language model's input
+/// embedding [vocab, d_model] reused as its output layer (tied embeddings). On
+/// one stage or two in one process, W stays one tensor (Pipeline); across MPI
+/// ranks, declare the pair in MpiPipelineOptions::tied_parameters.
+class TiedProjectionImpl : public torch::nn::Module {
+ public:
+  /// With `bias`, a bias of W.size(0) values drawn as torch::nn::Linear draws its own.
+  explicit TiedProjectionImpl(torch::Tensor weight, bool bias = true);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+  torch::Tensor bias;
+};
+TORCH_MODULE(TiedProjection);
 
 /// The layers [first, last) of a model that a builder keeps. An MPI rank keeps
 /// only its stage's: the builder still creates every layer in order, so each
@@ -55,15 +71,19 @@ struct Workload {
   std::vector<int> block_layers;  ///< layers in each block, in order
   int lead_layers = 0;            ///< layers before the first block
   int tail_layers = 0;            ///< layers after the last block
+  /// Parameters tied across layers, by name (mpi::MpiPipelineOptions::tied_parameters).
+  std::vector<std::vector<std::string>> tied;
 };
 
-/// The names make_workload knows: mlp, transformer, tiny, imbalanced.
+/// The names make_workload knows: mlp, transformer, tiny, imbalanced, resnet, unet.
 std::vector<std::string> workload_names();
 
 /// Builds workload `name` as docs/benchmarks.md ("The workloads") defines it, with seed
 /// `seed` (model, input and target), in float32, keeping the layers in `keep`.
-/// Throws std::invalid_argument for an unknown name.
-Workload make_workload(const std::string& name, uint64_t seed = 0, LayerRange keep = {});
+/// With `tie_embeddings` (the transformer only), its output layer is a
+/// TiedProjection of the embedding's weight. Throws std::invalid_argument for
+/// an unknown name, or tie_embeddings for a workload without embeddings.
+Workload make_workload(const std::string& name, uint64_t seed = 0, LayerRange keep = {}, bool tie_embeddings = false);
 
 /// Mean squared error and mean cross-entropy (over every leading position), as LossFn.
 torch::Tensor mse_loss(const torch::Tensor& output, const torch::Tensor& target);

@@ -1,0 +1,112 @@
+// skip.cc: Stash and Pop, the tray they meet in, and the check that a model's skip connections connect.
+#include "gpipe/skip.h"
+
+#include "gpipe/check.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cctype>
+
+namespace gpipe {
+namespace {
+
+// The tray of the thread: a stage's while it runs a micro-batch, else the thread's own.
+thread_local std::map<std::string, torch::Tensor> own_tray;
+thread_local std::map<std::string, torch::Tensor>* current_tray = nullptr;
+
+std::map<std::string, torch::Tensor>& tray() { return current_tray != nullptr ? *current_tray : own_tray; }
+
+std::string quoted(const std::string& name) { return "\"" + name + "\""; }
+
+}  // namespace
+
+torch::Tensor add_skip(const torch::Tensor& x, const torch::Tensor& skip) { return x + skip; }
+
+torch::Tensor concat_skip(const torch::Tensor& x, const torch::Tensor& skip) { return torch::cat({x, skip}, 1); }
+
+StashImpl::StashImpl(std::string name) : name_(std::move(name)) {
+  GPIPE_CHECK(!name_.empty(), "a Stash needs a name, the one its Pop takes");
+}
+
+torch::Tensor StashImpl::forward(const torch::Tensor& x) {
+  tray()[name_] = x;
+  return x;
+}
+
+PopImpl::PopImpl(std::string name, SkipMerge merge) : name_(std::move(name)), merge_(std::move(merge)) {
+  GPIPE_CHECK(!name_.empty(), "a Pop needs a name, the one its Stash took");
+  GPIPE_CHECK(static_cast<bool>(merge_), "Pop(", quoted(name_), ") needs a merge function, e.g. gpipe::add_skip");
+}
+
+torch::Tensor PopImpl::forward(const torch::Tensor& x) {
+  auto& t = tray();
+  auto it = t.find(name_);
+  GPIPE_CHECK(it != t.end(), "Pop(", quoted(name_), ") found nothing stashed under that name: a Stash(",
+              quoted(name_), ") must run before it in the same forward");
+  const torch::Tensor skip = std::move(it->second);
+  t.erase(it);
+  return merge_(x, skip);
+}
+
+namespace detail {
+
+SkipTrayScope::SkipTrayScope(std::map<std::string, torch::Tensor>& tray) : previous_(current_tray) {
+  current_tray = &tray;
+}
+
+SkipTrayScope::~SkipTrayScope() { current_tray = previous_; }
+
+}  // namespace detail
+
+std::vector<SkipUse> skip_uses(const torch::nn::Sequential& layers, bool named_by_index) {
+  std::vector<SkipUse> uses;
+  int index = 0;
+  for (const auto& layer : layers->named_children()) {
+    const std::string& key = layer.key();
+    const bool numbered = !key.empty() && key.size() < 10 &&
+                          std::all_of(key.begin(), key.end(), [](unsigned char c) { return std::isdigit(c); });
+    GPIPE_CHECK(!named_by_index || numbered, "layer ", index, " is named \"", key, "\", not by its index in the whole "
+                "model; build each rank's layers with gpipe::add_layer (or mpi::device_layers), which names them so");
+    const int at = named_by_index ? std::stoi(key) : index;
+    for (const auto& m : layer.value()->modules(/*include_self=*/true)) {
+      if (const auto* stash = m->as<StashImpl>()) uses.push_back({stash->name(), false, at});
+      if (const auto* pop = m->as<PopImpl>()) uses.push_back({pop->name(), true, at});
+    }
+    ++index;
+  }
+  return uses;
+}
+
+std::vector<SkipConnection> connect_skips(const std::vector<SkipUse>& uses) {
+  std::map<std::string, const SkipUse*> stashes, pops;
+  std::vector<SkipConnection> out;
+  for (const SkipUse& use : uses) {
+    auto& seen = use.pop ? pops : stashes;
+    const auto [it, fresh] = seen.emplace(use.name, &use);
+    GPIPE_CHECK(fresh, "the name ", quoted(use.name), " is ", use.pop ? "popped" : "stashed", " twice, by layers ",
+                it->second->layer, " and ", use.layer, "; give each skip connection its own name");
+  }
+  for (const auto& [name, stash] : stashes) {
+    auto pop = pops.find(name);
+    GPIPE_CHECK(pop != pops.end(), "Stash(", quoted(name), ") at layer ", stash->layer,
+                " is never popped; add a Pop(", quoted(name), ") to a later layer, or remove the Stash");
+    GPIPE_CHECK(pop->second->layer >= stash->layer, "Pop(", quoted(name), ") at layer ", pop->second->layer,
+                " comes before its Stash(", quoted(name), ") at layer ", stash->layer,
+                "; a skip connection goes forward: pop after the stash");
+    out.push_back({name, stash->layer, pop->second->layer});
+  }
+  for (const auto& [name, pop] : pops)
+    GPIPE_CHECK(stashes.count(name) > 0, "Pop(", quoted(name), ") at layer ", pop->layer, " has no Stash(",
+                quoted(name), ") before it; stash the tensor under that name in an earlier layer");
+  std::sort(out.begin(), out.end(), [](const SkipConnection& a, const SkipConnection& b) {
+    return a.stash_layer != b.stash_layer ? a.stash_layer < b.stash_layer : a.name < b.name;
+  });
+  return out;
+}
+
+std::vector<SkipConnection> skip_connections(const torch::nn::Sequential& model) {
+  return connect_skips(skip_uses(model));
+}
+
+}  // namespace gpipe
