@@ -63,7 +63,7 @@ ScriptLayerImpl::ScriptLayerImpl(torch::jit::Module module) : module_(std::move(
     register_buffer(name, b.value);
   }
   for (const auto& inner : module_.named_modules())
-    if (!inner.name.empty() && is_batch_norm(inner.value)) {
+    if (!inner.name.empty() && is_batch_norm(inner.value) && inner.value.attr("running_mean").isTensor()) {
       inner_batch_norm_ = inner.name;
       break;
     }

@@ -137,6 +137,7 @@ struct Model {
   int layers = 0;
   LayerBuilder build;
   std::optional<torch::jit::Module> script;  // with --model: what --save writes
+  std::vector<std::vector<std::string>> tied;  // parameters two layers share (a module used twice)
 };
 
 Model choose_model(const TrainOptions& o) {
@@ -168,6 +169,14 @@ Model choose_model(const TrainOptions& o) {
   m.layers = static_cast<int>(source.layers->size());
   m.script = source.script;
   const torch::nn::Sequential all = source.layers;
+  // A module used at two places of the Sequential shares its tensors: under mpirun its
+  // parameters are tied across ranks; its buffers would drift apart, so that is refused.
+  m.tied = shared_tensors(all);
+  const auto shared_buffers = shared_tensors(all, /*buffers=*/true);
+  if (world().mpi && !shared_buffers.empty())
+    usage_error("--model: " + shared_buffers.front().front() + " and " + shared_buffers.front().back() +
+                " are one buffer (a module used twice in the Sequential); under mpirun each rank would keep a copy "
+                "of its own: train this model in one process, or give each use its own module");
   m.build = [all](LayerRange keep) {  // the loaded layers themselves: they share the script module's tensors
     torch::nn::Sequential part;
     const auto names = all->named_children().keys();
@@ -587,6 +596,7 @@ class Run {
                                 .schedule(parse_schedule(o.schedule))
                                 .virtual_stages(o.virtual_stages)
                                 .deferred_batch_norm(o.batch_norm == "deferred")
+                                .tied_parameters(model.tied)
                                 .threads_per_stage(o.threads))),
         optimizer_(make_optimizer(o, engine_->parameters())), shuffle_(at::detail::createCPUGenerator(o.seed)) {
     K_ = engine_->schedule().devices;
@@ -729,19 +739,21 @@ class Run {
     }
     layers->train();
     if (!out.output.defined() || out.first != 0) return;
-    auto row = [n](const torch::Tensor& images) {  // [n, 1, 28, 28] normalized -> [58, n * 58] pixels
+    const int64_t shown = out.output.size(0);  // under MPI with replicas, the first replica's share
+    auto row = [shown](const torch::Tensor& images) {  // [n, 1, 28, 28] normalized -> [58, n * 58] pixels
       const torch::Tensor pixels = (images.detach().cpu() * kFashionStd + kFashionMean).clamp(0, 1).mul(255).round();
       const torch::Tensor big = torch::nn::functional::interpolate(
           pixels, torch::nn::functional::InterpolateFuncOptions().scale_factor(std::vector<double>{2, 2})
                       .mode(torch::kNearest));
       const torch::Tensor framed = torch::constant_pad_nd(big, {1, 1, 1, 1}, 255);  // white gaps
-      return framed.squeeze(1).permute({1, 0, 2}).reshape({framed.size(2), n * framed.size(3)});
+      return framed.squeeze(1).permute({1, 0, 2}).reshape({framed.size(2), shown * framed.size(3)});
     };
-    const torch::Tensor picture =
-        torch::cat({row(noisy), row(out.output.narrow(0, 0, n)), row(data_.eval.target.narrow(0, 0, n))}, 0);
+    const torch::Tensor picture = torch::cat(
+        {row(noisy.narrow(0, 0, shown)), row(out.output), row(data_.eval.target.narrow(0, 0, shown))}, 0);
     write_png(o_.samples, picture.to(torch::kUInt8));
     if (!o_.json)
-      std::cout << "samples: " << o_.samples << " (rows: noisy, denoised, clean; " << n << " test images)" << std::endl;
+      std::cout << "samples: " << o_.samples << " (rows: noisy, denoised, clean; " << shown << " test images)"
+                << std::endl;
   }
 
   // Runs `check` on this rank; if it refuses on any rank, every rank stops with a usage error

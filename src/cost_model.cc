@@ -7,12 +7,14 @@
 #include "gpipe/device.h"
 #include "gpipe/memory.h"
 #include "gpipe/partition.h"
+#include "gpipe/skip.h"
 
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <cmath>
 #include <iomanip>
 #include <map>
@@ -149,6 +151,9 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
   costs.input_bytes = static_cast<double>(sample.nbytes()) / rows;
   auto counter = std::make_shared<MemoryCounter>("profile");
   std::vector<bool> saves_input, saves_output, views;  // per layer
+  // Where the model's Stash and Pop layers meet (skip.h) while it is profiled here.
+  std::map<std::string, torch::Tensor> tray;
+  const detail::SkipTrayScope tray_scope(tray);
   torch::nn::Sequential layers = model;  // a handle to the same modules, to call them
   // Times: whole passes through the layers in a stage's order, forwards first, then backwards in
   // reverse (a layer timed many times in a row, or its backward right after its forward, would find
@@ -214,6 +219,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
     // Bytes, charged as a stage's thread would be: the parameters' gradients exist already, the
     // input belongs to the stage before (a non-leaf, so that only a graph saving it holds it).
     {
+      const std::map<std::string, torch::Tensor> tray_before = tray;  // the layer runs twice: a Pop takes twice
       const torch::Tensor leaf = input();
       const torch::Tensor in = leaf.requires_grad() ? leaf.clone() : leaf;
       const size_t input_uses = in.use_count();
@@ -237,6 +243,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
         out.backward(grad);
         c.backward_peak_bytes = static_cast<double>(counter->peak_bytes() - held);
         const torch::Tensor in2 = input();  // I starts from a leaf, as a stage records its layers
+        tray = tray_before;
         const int64_t before_split = counter->current_bytes();
         torch::Tensor again = it->forward(in2);
         detail::WeightBackward weights;

@@ -110,7 +110,8 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
   // Cut the model: stage s gets layers [offsets[s], offsets[s+1]), sharing the modules.
   const std::vector<int> offsets = stage_offsets(balance_);
   const auto names = model_->named_children().keys();
-  std::unordered_map<const void*, int> owner;  // parameter → stage that holds it
+  std::unordered_map<const void*, int> owner;         // parameter → first stage that uses it
+  std::unordered_map<const void*, int> buffer_owner;  // buffer → stage that holds it
   transport_ = std::make_unique<InProcessTransport>(S);
   const bool track = options_.track_memory() ||
                      std::any_of(devices_.begin(), devices_.end(), [](const Device& d) { return d.memory_cap_bytes > 0; });
@@ -131,6 +132,12 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
                   theirs.str(), " and stage ", j, " on ", mine.str(), "; in one process a tied weight is one tensor "
                   "on one device: place both stages on one device, or run one stage per MPI rank with "
                   "tied_parameters");
+    }
+    for (const auto& b : layers->named_buffers()) {
+      auto [it, fresh] = buffer_owner.emplace(b.value().unsafeGetTensorImpl(), j);
+      GPIPE_CHECK(fresh || it->second == j, "buffer ", b.key(), " (a BatchNorm's running statistics, say) is used by "
+                  "stages ", it->second, " and ", j, ", whose threads would update it at once; put the layers that "
+                  "share it on one stage (change the balance), or give each its own");
     }
     detail::check_splittable(train_program_, layers);
     detail::check_batch_norm(layers, options_.deferred_batch_norm());

@@ -10,6 +10,7 @@
 
 #include <cctype>
 #include <mutex>
+#include <set>
 #include <unordered_set>
 
 namespace gpipe {
@@ -137,6 +138,26 @@ std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& model) {
   for (const auto& p : model.parameters())
     if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
   return out;
+}
+
+std::vector<std::vector<std::string>> shared_tensors(const torch::nn::Sequential& model, bool buffers) {
+  std::map<const void*, std::vector<std::string>> names;  // tensor → its names, one per layer using it
+  std::vector<const void*> order;
+  for (const auto& layer : model->named_children()) {
+    std::set<const void*> here;  // a layer that registers a tensor twice uses it once
+    const auto tensors = buffers ? layer.value()->named_buffers() : layer.value()->named_parameters();
+    for (const auto& t : tensors) {
+      const void* impl = t.value().unsafeGetTensorImpl();
+      if (!here.insert(impl).second) continue;
+      auto& list = names[impl];
+      if (list.empty()) order.push_back(impl);
+      list.push_back(layer.key() + "." + t.key());
+    }
+  }
+  std::vector<std::vector<std::string>> groups;
+  for (const void* impl : order)
+    if (names[impl].size() > 1) groups.push_back(names[impl]);
+  return groups;
 }
 
 std::optional<RunningStatistics> running_statistics(torch::nn::Module& layer) {

@@ -182,4 +182,33 @@ TEST(DeferredBatchNormTest, ABatchNormInsideALayerIsRefusedWithTheFix) {
   EXPECT_EQ(per_micro_batch.stages(), 2);
 }
 
+// One BatchNorm module at two places of the model, on two stages: two threads would update one
+// set of running statistics at once, so the pipeline refuses it; on one stage it trains.
+TEST(DeferredBatchNormTest, ABatchNormSharedByTwoStagesIsRefused) {
+  torch::nn::BatchNorm1d norm(8);
+  torch::nn::Sequential model(torch::nn::Linear(4, 8), norm, torch::nn::Linear(8, 8), norm, torch::nn::Linear(8, 2));
+  try {
+    gpipe::Pipeline pipe(model, PipelineOptions().balance({2, 3}).chunks(2));
+    FAIL() << "a BatchNorm shared by two stages was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("is used by stages 0 and 1"), std::string::npos) << e.what();
+  }
+  gpipe::Pipeline one_stage(model, PipelineOptions().balance({5}).chunks(2));
+  one_stage.train_step(torch::randn({6, 4}), torch::randn({6, 2}), gpipe::mse_loss);
+  EXPECT_EQ(norm->num_batches_tracked.item<int64_t>(), 2) << "used twice in the step, updated twice";
+  EXPECT_EQ(gpipe::shared_tensors(model, /*buffers=*/true).size(), 3u);
+}
+
+// A micro-batch of one row cannot be normalized by its own statistics: the error says what to change.
+TEST(DeferredBatchNormTest, AOneRowMicroBatchNamesTheFix) {
+  torch::nn::Sequential model = normed_model();
+  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(4));
+  try {
+    pipe.train_step(torch::randn({4, 2, 4, 4}), torch::randn({4, 3}), gpipe::mse_loss);
+    FAIL() << "one row per micro-batch was accepted";
+  } catch (const gpipe::StageError& e) {
+    EXPECT_NE(std::string(e.what()).find("use fewer micro-batches or larger batches"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace

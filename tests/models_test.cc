@@ -20,6 +20,15 @@ TEST(ModelsTest, ShapesAndLayerCounts) {
   EXPECT_EQ(gpipe::skip_connections(unet).size(), 2u);
 }
 
+// The cost model profiles layer by layer; a Pop finds what its Stash put, on every pass.
+TEST(ModelsTest, TheCostModelProfilesModelsWithSkips) {
+  for (const auto& m : {gpipe::fashion_resnet(), gpipe::fashion_unet()}) {
+    const torch::Tensor x = torch::randn({2, 1, 28, 28});
+    const gpipe::CostModel costs = gpipe::profile_layers(m, x, 1, 1, 0, 1);
+    EXPECT_EQ(costs.layers.size(), m->size());
+  }
+}
+
 // The gradient of one step on one device, each micro-batch normalized by its own statistics.
 void micro_batch_reference(torch::nn::Sequential model, const torch::Tensor& x, const torch::Tensor& y, int M,
                            const gpipe::LossFn& loss) {

@@ -119,6 +119,11 @@ bool draws_random_numbers(const torch::nn::Sequential& layers);
 /// twice, so an optimizer built on that would step it twice).
 std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& model);
 
+/// The names of the parameters (or, with `buffers`, the buffers) that two or
+/// more layers of `model` share, one group per tensor, e.g. {{"0.weight",
+/// "9.weight"}}: what PipelineOptions::tied_parameters declares.
+std::vector<std::vector<std::string>> shared_tensors(const torch::nn::Sequential& model, bool buffers = false);
+
 /// The running statistics of a BatchNorm layer: the buffers it normalizes by in evaluation.
 struct RunningStatistics {
   torch::Tensor mean;                ///< running_mean, one per channel
