@@ -67,6 +67,18 @@ void allreduce_sum(ErrorChannel& errors, MPI_Comm comm, std::shared_ptr<torch::T
   wait_or_keep(errors, request, std::move(buffer));
 }
 
+// Every rank's `mine`, a line per entry, as the lines of each of the first `stages` ranks: replica
+// 0's, which hold the whole model between them (collective over `comm`).
+std::vector<std::vector<std::string>> replica_zero_lines(MPI_Comm comm, const std::string& mine, int stages) {
+  const std::vector<std::string> all = all_gather(comm, mine);
+  std::vector<std::vector<std::string>> lines(static_cast<size_t>(stages));
+  for (int r = 0; r < stages; ++r) {
+    std::istringstream text(all[static_cast<size_t>(r)]);
+    for (std::string line; std::getline(text, line);) lines[static_cast<size_t>(r)].push_back(line);
+  }
+  return lines;
+}
+
 }  // namespace
 
 bool launched() {
@@ -663,11 +675,9 @@ std::vector<SkipUse> MpiPipeline::all_skip_uses() {
     error = e.what();
   }
   agree_on(error);
-  const std::vector<std::string> all = all_gather(control_.get(), mine);
   std::vector<SkipUse> uses;
-  for (int r = 0; r < placement_.stages; ++r) {  // replica 0's ranks hold the whole model
-    std::istringstream lines(all[static_cast<size_t>(r)]);
-    for (std::string line; std::getline(lines, line);) {
+  for (const auto& lines : replica_zero_lines(control_.get(), mine, placement_.stages))
+    for (const std::string& line : lines) {
       std::istringstream fields(line);
       std::string kind;
       SkipUse use;
@@ -677,7 +687,6 @@ std::vector<SkipUse> MpiPipeline::all_skip_uses() {
       use.pop = kind == "pop";
       uses.push_back(use);
     }
-  }
   return uses;
 }
 
@@ -694,7 +703,7 @@ void MpiPipeline::find_tied_copies() {
         line << g << " " << name << " " << named[name].sizes() << " " << c10::toString(named[name].scalar_type());
         mine += line.str() + "\n";
       }
-  const std::vector<std::string> held = all_gather(control_.get(), mine);
+  const auto held = replica_zero_lines(control_.get(), mine, placement_.stages);
   for (size_t g = 0; g < groups.size(); ++g) {
     GPIPE_CHECK(groups[g].size() >= 2, "a group of tied parameters needs at least two names (got ", groups[g].size(),
                 ")");
@@ -702,11 +711,9 @@ void MpiPipeline::find_tied_copies() {
     for (const std::string& name : groups[g]) {
       const std::string key = std::to_string(g) + " " + name + " ";
       std::string found;
-      for (int r = 0; r < placement_.stages && found.empty(); ++r) {  // replica 0's ranks hold the whole model
-        std::istringstream lines(held[static_cast<size_t>(r)]);
-        for (std::string line; std::getline(lines, line);)
-          if (line.rfind(key, 0) == 0) found = line.substr(key.size());
-      }
+      for (const auto& lines : held)
+        for (const std::string& line : lines)
+          if (found.empty() && line.rfind(key, 0) == 0) found = line.substr(key.size());
       GPIPE_CHECK(!found.empty(), "tied_parameters: no rank holds a parameter ", name, "; name parameters as in the "
                   "whole model (the layer's index in it, then the parameter's name, e.g. 0.weight)");
       if (shape.empty()) shape = found;
@@ -725,11 +732,9 @@ void MpiPipeline::find_tied_copies() {
     }
     // Sums over the whole model count the group once: the first copy of the lowest device holding one.
     int owner = -1;
-    for (int r = 0; r < placement_.stages && owner < 0; ++r) {
-      std::istringstream lines(held[static_cast<size_t>(r)]);
-      for (std::string line; std::getline(lines, line);)
+    for (int r = 0; r < placement_.stages && owner < 0; ++r)
+      for (const std::string& line : held[static_cast<size_t>(r)])
         if (line.rfind(std::to_string(g) + " ", 0) == 0) owner = r;
-    }
     for (size_t c = 0; c < tie.copies.size(); ++c)
       if (placement_.stage != owner || c > 0) uncounted_.insert(tie.copies[c].unsafeGetTensorImpl());
     ties_.push_back(std::move(tie));
