@@ -1,7 +1,7 @@
 // main.cc: the gpipe program: GPipe pipeline-parallel training from the command line.
 #include "commands.h"
 #include "common.h"
-#include "sources.h"
+#include <gpipe/gpipe.h>
 #include "world.h"
 
 #include <gpipe/stage.h>
@@ -54,6 +54,8 @@ std::string unknown_command(const CLI::App& app, const std::string& word) {
 
 int main(int argc, char** argv) {
   using namespace gpipe::cli;
+  using gpipe::verbose_errors;
+  using gpipe::what_of;
   CLI::App app{"gpipe: train neural networks with GPipe pipeline parallelism"};
   app.require_subcommand(1);
   app.fallthrough();  // --verbose after the command too

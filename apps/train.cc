@@ -1,11 +1,8 @@
 // train.cc: `gpipe train`: pipelined training (a CNN on Fashion-MNIST by default, or a model and data
 // saved from Python), with progress, evaluation, a summary, checkpoints and a timeline.
-#include "checkpoint.h"
 #include "commands.h"
 #include "common.h"
-#include "fashion_mnist.h"
 #include "png_image.h"
-#include "sources.h"
 #include "world.h"
 
 #include <gpipe/gpipe.h>
@@ -93,27 +90,6 @@ constexpr double kNoise = 0.3;
 
 // ---------------------------------------------------------------- the model
 
-// Two convolution blocks and a classifier: 11 layers. With one core per stage
-// the cut {3, 8} gives the two stages about the same time per micro-batch.
-torch::nn::Sequential fashion_cnn(LayerRange keep = {}) {
-  namespace nn = torch::nn;
-  nn::Sequential model;
-  int n = 0;
-  auto add = [&](auto layer) { add_layer(model, nn::AnyModule(layer), n++, keep); };  // built, then kept or dropped
-  add(nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)));
-  add(nn::ReLU());
-  add(nn::MaxPool2d(2));
-  add(nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
-  add(nn::ReLU());
-  add(nn::MaxPool2d(2));
-  add(nn::Flatten());
-  add(nn::Linear(64 * 7 * 7, 256));
-  add(nn::ReLU());
-  add(nn::Dropout(0.3));
-  add(nn::Linear(256, 10));
-  return model;
-}
-constexpr int kFashionLayers = 11;
 // The cuts measured best for 2 stages on one core each (docs/benchmarks.md): {3, 8} is the
 // contiguous min-max cut, but its stages differ by 1.5x in time; interleaving the model as
 // 4 stages, {conv1 block, conv2, relu+pool, classifier} on devices 0, 1, 0, 1, evens them out.
@@ -131,77 +107,24 @@ void choose_schedule(TrainOptions& o) {
   if (o.virtual_stages == 0) o.virtual_stages = o.schedule == "interleaved" ? 2 : 1;
 }
 
-// What is trained: the built-in CNN, or a TorchScript model from Python.
-struct Model {
-  std::string name;  // for the header line
-  int layers = 0;
-  LayerBuilder build;
-  std::optional<torch::jit::Module> script;  // with --model: what --save writes
-  std::vector<std::vector<std::string>> tied;  // parameters two layers share (a module used twice)
-};
-
+// What is trained: the built-in CNN, ResNet or U-Net, or a TorchScript model from Python.
 Model choose_model(const TrainOptions& o) {
-  Model m;
-  if (o.model_file.empty()) {
+  if (o.model_file.empty() || is_resnet(o) || is_unet(o)) {
     const uint64_t seed = o.seed;
-    m.name = "CNN";
-    m.layers = kFashionLayers;
-    m.build = [seed](LayerRange keep) {
-      torch::manual_seed(seed);  // every range starts from the same draws: a rank's layers equal one process's
-      return fashion_cnn(keep);
-    };
-    return m;
+    const bool resnet = is_resnet(o), unet = is_unet(o);
+    return Model::of(resnet ? "ResNet" : unet ? "U-Net" : "CNN",
+                     resnet ? kFashionResnetLayers : unet ? kFashionUnetLayers : kFashionCnnLayers,
+                     [seed, resnet, unet](LayerRange keep) {
+                       torch::manual_seed(seed);  // every range starts from the same draws: a rank's layers equal one process's
+                       return resnet ? fashion_resnet(keep) : unet ? fashion_unet(keep) : fashion_cnn(keep);
+                     });
   }
-  if (is_resnet(o) || is_unet(o)) {
-    const uint64_t seed = o.seed;
-    const bool resnet = is_resnet(o);
-    m.name = resnet ? "ResNet" : "U-Net";
-    m.layers = resnet ? kFashionResnetLayers : kFashionUnetLayers;
-    m.build = [seed, resnet](LayerRange keep) {
-      torch::manual_seed(seed);
-      return resnet ? fashion_resnet(keep) : fashion_unet(keep);
-    };
-    return m;
-  }
-  const ModelSource source = or_usage_error("--model", [&] { return load_script_model(o.model_file); });
-  torch::manual_seed(o.seed);  // the stream each step's Dropout seed is drawn from, as the built-in model's
-  m.name = o.model_file;
-  m.layers = static_cast<int>(source.layers->size());
-  m.script = source.script;
-  const torch::nn::Sequential all = source.layers;
-  // A module used at two places of the Sequential shares its tensors: under mpirun its
-  // parameters are tied across ranks; its buffers would drift apart, so that is refused.
-  m.tied = shared_tensors(all);
-  const auto shared_buffers = shared_tensors(all, /*buffers=*/true);
-  if (world().mpi && !shared_buffers.empty())
-    usage_error("--model: " + shared_buffers.front().front() + " and " + shared_buffers.front().back() +
-                " are one buffer (a module used twice in the Sequential); under mpirun each rank would keep a copy "
-                "of its own: train this model in one process, or give each use its own module");
-  m.build = [all](LayerRange keep) {  // the loaded layers themselves: they share the script module's tensors
-    torch::nn::Sequential part;
-    const auto names = all->named_children().keys();
-    for (int n = 0; n < static_cast<int>(names.size()); ++n)
-      if (keep.contains(n)) part->push_back(names[static_cast<size_t>(n)], *(all->begin() + n));
-    return part;
-  };
-  return m;
+  return or_usage_error("--model", [&] {
+    const ScriptModel source = load_script_model(o.model_file);
+    torch::manual_seed(o.seed);  // the stream each step's Dropout seed is drawn from, as the built-in model's
+    return Model::of(o.model_file, source);
+  });
 }
-
-// Puts the default generator back as it was when this guard was made: building
-// the whole model for a look at it must not change the run's random numbers.
-class RandomStateGuard {
- public:
-  RandomStateGuard() : state_(at::globalContext().defaultGenerator(torch::kCPU).get_state()) {}
-  ~RandomStateGuard() {
-    at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
-    generator.set_state(state_);
-  }
-  RandomStateGuard(const RandomStateGuard&) = delete;
-  RandomStateGuard& operator=(const RandomStateGuard&) = delete;
-
- private:
-  torch::Tensor state_;
-};
 
 // ---------------------------------------------------------------- the data
 
@@ -215,9 +138,7 @@ torch::Tensor mirrored(const torch::Tensor& images, const torch::Tensor& rows, i
   return torch::where(flip, images.flip({3}), images);
 }
 
-struct Split {
-  torch::Tensor input;
-  torch::Tensor target;
+struct Split : Dataset {
   std::string name;  // "test" or "training"
 };
 
@@ -245,21 +166,17 @@ torch::Tensor add_noise(const torch::Tensor& clean, uint64_t seed) {
 Data load_data(const TrainOptions& o) {
   Data d;
   if (!o.data_file.empty()) {
-    std::tie(d.train.input, d.train.target) = or_usage_error("--data", [&] { return load_tensor_data(o.data_file); });
-    if (o.train_samples > 0 && o.train_samples < d.train.input.size(0)) {
-      d.train.input = d.train.input.narrow(0, 0, o.train_samples);
-      d.train.target = d.train.target.narrow(0, 0, o.train_samples);
-    }
-    d.train.name = "training";
+    d.train = {or_usage_error("--data", [&] { return load_tensor_data(o.data_file); }).first(o.train_samples),
+               "training"};
     d.eval = d.train;
   } else {
     const Dataset fashion = load_fashion_mnist(o.data_dir, true, o.train_samples);
     const Dataset test = load_fashion_mnist(o.data_dir, false, o.test_samples);
-    d.train = {fashion.images, fashion.labels, "training"};
-    d.eval = {test.images, test.labels, "test"};
+    d.train = {fashion, "training"};
+    d.eval = {test, "test"};
     if (is_unet(o)) {  // noisy images in, the clean ones out; the noise fixed by --seed
-      d.train = {add_noise(fashion.images, o.seed ^ 0x6e6f697365ull), fashion.images, "training"};
-      d.eval = {add_noise(test.images, o.seed ^ 0x74657374ull), test.images, "test"};
+      d.train = {{add_noise(fashion.input, o.seed ^ 0x6e6f697365ull), fashion.input}, "training"};
+      d.eval = {{add_noise(test.input, o.seed ^ 0x74657374ull), test.input}, "test"};
       d.noisy_psnr = psnr(torch::mse_loss(d.eval.input, d.eval.target).item<double>());
     }
   }
@@ -340,6 +257,15 @@ void check_targets(const Model& model, const Data& data) {
 
 // ---------------------------------------------------------------- checks and the cut
 
+// The optimizer the flags describe.
+OptimizerOptions optimizer_options(const TrainOptions& o) {
+  OptimizerOptions options;
+  options.kind(parse_optimizer(o.optimizer)).lr(o.lr).momentum(o.momentum).nesterov(o.nesterov);
+  if (o.weight_decay_given) options.weight_decay(o.weight_decay);
+  if (o.betas_given) options.betas(std::make_tuple(o.betas[0], o.betas[1]));
+  return options;
+}
+
 // Every flag that can be judged without reading a file, before any work.
 void check_flags(TrainOptions& o) {
   o.seed = parse_seed(o.seed_text);
@@ -390,12 +316,8 @@ void check_flags(TrainOptions& o) {
     usage_error("--balance-by cuts the model into contiguous stages, one per device; with --virtual-stages give "
                 "the cut (--stages x V entries) with --balance, or leave it out for an even cut");
   // The optimizer's flags, as torch.optim takes them.
-  const bool sgd = o.optimizer == "sgd";
-  if (!sgd && (o.momentum != 0 || o.nesterov))
-    usage_error("--momentum and --nesterov are SGD's (--optimizer sgd); " + o.optimizer + " has --betas");
-  if (sgd && o.betas_given) usage_error("--betas are Adam's and AdamW's; SGD has --momentum");
-  if (o.nesterov && o.momentum <= 0) usage_error("--nesterov needs --momentum above 0 (as torch.optim.SGD)");
-  if (!o.weight_decay_given) o.weight_decay = o.optimizer == "adamw" ? 0.01 : 0.0;  // torch.optim's defaults
+  optimizer_options(o).check();
+  o.weight_decay = optimizer_options(o).decay();
   if (o.lr_schedule != "step" && o.step_flags_given)
     usage_error("--lr-step-size and --lr-gamma belong to --lr-schedule step");
   // Outputs: found unwritable now, not after training.
@@ -480,32 +402,6 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
   return cut;
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& o,
-                                                        const std::vector<torch::Tensor>& params) {
-  namespace optim = torch::optim;
-  if (o.optimizer == "sgd")
-    return std::make_unique<optim::SGD>(
-        params, optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
-  const auto betas = std::make_tuple(o.betas[0], o.betas[1]);
-  if (o.optimizer == "adamw")
-    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions(o.lr).betas(betas).weight_decay(o.weight_decay));
-  return std::make_unique<optim::Adam>(params, optim::AdamOptions(o.lr).betas(betas).weight_decay(o.weight_decay));
-}
-
-// The learning rate of optimizer step `step` (0-based) over `total` steps: --lr times a warm-up
-// (step + 1) / W for the first W steps, then the schedule's factor, as LambdaLR applies it.
-double learning_rate(const TrainOptions& o, int64_t step, int64_t total, int64_t step_size) {
-  const int64_t W = o.warmup_steps;
-  if (step < W) return o.lr * static_cast<double>(step + 1) / static_cast<double>(W);
-  const double t = static_cast<double>(step - W);
-  if (o.lr_schedule == "cosine") {
-    const double span = static_cast<double>(std::max<int64_t>(1, total - W));
-    return o.lr * 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, t / span)));
-  }
-  if (o.lr_schedule == "step") return o.lr * std::pow(o.lr_gamma, std::floor(t / static_cast<double>(step_size)));
-  return o.lr;
-}
-
 // ---------------------------------------------------------------- progress
 
 // Progress on standard error: a bar on a terminal, a plain line every tenth of an epoch otherwise.
@@ -576,121 +472,103 @@ Fault test_fault() {
   return f;
 }
 
-torch::Tensor generator_state(const at::Generator& generator) {
-  at::Generator g = generator;
-  return g.get_state();
-}
-
 // ---------------------------------------------------------------- the run
+
+// How the library's trainer runs the flags' training.
+TrainerOptions trainer_options(const TrainOptions& o, LossFn loss) {
+  const LrSchedule schedule = o.lr_schedule == "cosine" ? LrSchedule::kCosine
+                              : o.lr_schedule == "step" ? LrSchedule::kStep
+                                                        : LrSchedule::kConstant;
+  TrainerOptions options;
+  options.optimizer(optimizer_options(o))
+      .lr_schedule(LrScheduleOptions()
+                       .kind(schedule)
+                       .warmup_steps(o.warmup_steps)
+                       .step_size(o.lr_step_size)
+                       .gamma(o.lr_gamma))
+      .clip_grad_norm(o.clip_grad_norm)
+      .batch_size(o.batch_size)
+      .drop_last(o.drop_last)
+      .shuffle(o.shuffle)
+      .seed(o.seed)
+      .epochs(o.epochs)
+      .steps(o.steps)
+      .loss(std::move(loss))
+      .classification(o.loss == "cross_entropy")
+      .save(o.save)
+      .per_device_files(o.per_stage_files);
+  if (o.augment == "flip") {
+    const uint64_t seed = o.seed;
+    options.augment([seed](const torch::Tensor& x, const torch::Tensor& rows, int epoch) {
+      return mirrored(x, rows, epoch, seed);
+    });
+  }
+  return options;
+}
 
 // One training run: the engine, its optimizer, where the run stands, and what it measured.
 class Run {
  public:
   Run(const TrainOptions& o, const Model& model, const Data& data, const Cut& cut)
       : o_(o), model_(model), data_(data), cut_(cut),
-        engine_(make_engine(model.build, model.layers,
-                            PipelineOptions()
-                                .balance(cut.balance)
-                                .chunks(o.micro_batches)
-                                .checkpoint(parse_checkpoint(o.checkpoint))
-                                .schedule(parse_schedule(o.schedule))
-                                .virtual_stages(o.virtual_stages)
-                                .deferred_batch_norm(o.batch_norm == "deferred")
-                                .tied_parameters(model.tied)
-                                .threads_per_stage(o.threads))),
-        optimizer_(make_optimizer(o, engine_->parameters())), shuffle_(at::detail::createCPUGenerator(o.seed)) {
-    K_ = engine_->schedule().devices;
-    device_ = world().rank % K_;
-    N_ = data.train.input.size(0);
-    // A last batch smaller than --batch-size is kept (as PyTorch's DataLoader), unless --drop-last.
-    steps_per_epoch_ = o.drop_last ? N_ / o.batch_size : (N_ + o.batch_size - 1) / o.batch_size;
-    if (steps_per_epoch_ == 0)
-      usage_error("--drop-last with --batch-size " + std::to_string(o.batch_size) + " and " + std::to_string(N_) +
-                  " training samples leaves no step; use a smaller batch");
-    total_steps_ = o.steps > 0 ? std::min(o.steps, steps_per_epoch_ * o.epochs) : steps_per_epoch_ * o.epochs;
-    lr_step_size_ = o.lr_step_size > 0 ? o.lr_step_size : steps_per_epoch_;
-  }
-
-  // Per-device checkpoint files are written by replica 0's ranks: checked there, before training.
-  void check_outputs() {
-    if (!o_.per_stage_files || o_.save.empty()) return;
-    on_every_rank([&] {
-      if (engine_->replica() == 0) or_usage_error("--save", [&] { check_writable(checkpoint_file(o_.save)); return 0; });
-    });
-  }
+        trainer_(model,
+                 PipelineOptions()
+                     .balance(cut.balance)
+                     .chunks(o.micro_batches)
+                     .checkpoint(parse_checkpoint(o.checkpoint))
+                     .schedule(parse_schedule(o.schedule))
+                     .virtual_stages(o.virtual_stages)
+                     .deferred_batch_norm(o.batch_norm == "deferred")
+                     .threads_per_stage(o.threads),
+                 trainer_options(o, loss()), data.train),
+        engine_(trainer_.engine()), K_(engine_.schedule().devices) {}
 
   void resume() {
-    if (o_.resume.empty()) return;
-    const std::string path = checkpoint_file(o_.resume);
-    // Every rank reads the checkpoint and takes what it holds; all of them refuse it, or none.
-    Restored r;
-    on_every_rank([&] {
-      if (!std::filesystem::is_regular_file(path))
-        usage_error("--resume: no such file: " + path +
-                    (o_.per_stage_files ? " (each device has its own file; resume with the K of the run that saved)"
-                                        : ""));
-      try {
-        r = load_checkpoint(path, engine_->layers(), *optimizer_, o_.optimizer, model_.script.has_value());
-      } catch (const std::exception& e) {
-        usage_error("--resume: " + what_of(e));
-      }
-    });
-    // Every parameter of the file was taken by some stage: it is this model's, not a larger one's.
-    const double taken = engine_->sum(engine_->replica() == 0 ? static_cast<double>(r.parameters_taken) : 0.0);
-    const int64_t expected = o_.per_stage_files ? r.parameters_taken : static_cast<int64_t>(taken);
-    if (r.parameters_in_file != expected)
-      usage_error("--resume: " + path + " is a checkpoint of another model: it holds " +
-                  std::to_string(r.parameters_in_file) + " parameters, this model " + std::to_string(expected));
-    if (!engine_->same_everywhere(static_cast<double>(r.state.step)))
-      usage_error("--resume: the per-device files of " + o_.resume + " are from different steps (this rank's, " + path +
-                  ", from step " + std::to_string(r.state.step) +
-                  "); a run stopped while saving: resume from another checkpoint");
-    shuffle_.set_state(r.state.shuffle_state);
-    epoch_start_shuffle_ = r.state.shuffle_state;  // what a save before any step writes back
-    at::Generator random = at::globalContext().defaultGenerator(torch::kCPU);
-    random.set_state(r.state.random_state);
-    step_ = start_step_ = r.state.step;
-    if (o_.save == o_.resume) saved_at_ = step_;  // --save holds this step already; another file gets it written
+    if (!o_.resume.empty()) or_usage_error("--resume", [&] { trainer_.resume(o_.resume); return 0; });
   }
 
-  void print_header() const {
+  void print_header() {
     if (!printing()) return;
     const std::string devices = std::to_string(K_) + (K_ == 1 ? " device" : " devices");
     std::cout << "gpipe train: " << model_.name << " on " << (o_.data_file.empty() ? "Fashion-MNIST" : o_.data_file)
-              << ", " << N_ << " training samples; "
+              << ", " << trainer_.samples() << " training samples; "
               << (o_.virtual_stages > 1 ? devices + " x " + std::to_string(o_.virtual_stages) + " stages "
                                         : std::to_string(K_) + (K_ == 1 ? " stage " : " stages "))
               << nlohmann::json(cut_.balance).dump() << ", " << o_.micro_batches << " micro-batches of a batch of "
               << o_.batch_size << ", schedule " << o_.schedule << ", checkpoint " << o_.checkpoint << ", "
               << o_.optimizer << " lr " << o_.lr << (o_.lr_schedule != "constant" ? " (" + o_.lr_schedule + ")" : "")
-              << (world().mpi ? ", " + engine_->describe() : "")
-              << (o_.resume.empty() ? "" : ", resumed at step " + std::to_string(start_step_)) << "\n";
+              << (world().mpi ? ", " + engine_.describe() : "")
+              << (o_.resume.empty() ? "" : ", resumed at step " + std::to_string(trainer_.start_step())) << "\n";
   }
 
+  // Trains with progress on standard error, the evaluation after every epoch, and the test faults.
   void train() {
-    Progress progress(o_.epochs, steps_per_epoch_, world().prints());
-    for (int epoch = static_cast<int>(step_ / steps_per_epoch_) + 1; step_ < total_steps_; ++epoch) {
-      epoch_start_shuffle_ = generator_state(shuffle_);
-      const torch::Tensor order = o_.shuffle ? torch::randperm(N_, shuffle_, torch::kLong) : torch::arange(N_);
-      for (int64_t b = step_ % steps_per_epoch_; b < steps_per_epoch_ && step_ < total_steps_; ++b) {
-        train_step(order.narrow(0, b * o_.batch_size, std::min(o_.batch_size, N_ - b * o_.batch_size)), epoch);
-        progress.update(epoch, b + 1, last_loss_, static_cast<double>(samples_) / train_seconds_,
-                        static_cast<double>(total_steps_ - step_) * train_seconds_ /
-                            static_cast<double>(step_ - start_step_));
-      }
+    Progress progress(o_.epochs, trainer_.steps_per_epoch(), world().prints());
+    TrainerCallbacks callbacks;
+    callbacks.before_step = [this](int64_t step) {
+      if (fault_.kind == "exit" && fault_.rank == world().rank && fault_.step == step) std::_Exit(3);
+      fault_now_ = fault_.kind == "throw" && fault_.step == step;
+    };
+    callbacks.after_step = [&](int epoch, int64_t batch) {
+      if (!o_.trace.empty() && trainer_.step() == trainer_.total_steps()) last_trace_ = engine_.trace();
+      const TrainStats& t = trainer_.stats();
+      progress.update(epoch, batch, t.last_loss, static_cast<double>(t.samples) / t.train_seconds,
+                      static_cast<double>(trainer_.total_steps() - trainer_.step()) * t.train_seconds /
+                          static_cast<double>(trainer_.step() - trainer_.start_step()));
+    };
+    callbacks.after_epoch = [&](int epoch) {
       progress.end_epoch();
       report(epoch);
-      save();
-    }
-    save();
+    };
+    trainer_.fit(callbacks);
   }
 
   // The trace, the summary; returns the exit status (1 if an output could not be written).
   int finish() {
-    if (step_ == start_step_) evaluation_ = evaluate();  // no step ran: say what the restored model does
+    if (trainer_.step() == trainer_.start_step()) evaluation_ = evaluate();  // no step ran: say what the restored model does
     int status = 0;
     if (!o_.trace.empty() && world().prints()) {
-      if (step_ == start_step_) {
+      if (trainer_.step() == trainer_.start_step()) {
         print_error_line("gpipe: --trace: no step ran, so there is no timeline to write");
       } else {
         try {
@@ -707,7 +585,7 @@ class Run {
       print_error_line("gpipe: --samples: " + without_prefix(e.what()));
       status = 1;
     }
-    const double checksum = engine_->checksum();
+    const double checksum = engine_.checksum();
     if (!world().prints()) return status;
     print_summary(checksum);
     std::cout.flush();
@@ -730,12 +608,12 @@ class Run {
     if (o_.samples.empty()) return;
     const int64_t n = std::min<int64_t>(8, data_.eval.input.size(0));
     const torch::Tensor noisy = data_.eval.input.narrow(0, 0, n);
-    torch::nn::Sequential layers = engine_->layers();
+    torch::nn::Sequential layers = engine_.layers();
     layers->eval();
     OutputRows out;
     {
       torch::NoGradGuard no_grad;
-      out = engine_->forward(noisy);
+      out = engine_.forward(noisy);
     }
     layers->train();
     if (!out.output.defined() || out.first != 0) return;
@@ -756,79 +634,16 @@ class Run {
                 << std::endl;
   }
 
-  // Runs `check` on this rank; if it refuses on any rank, every rank stops with a usage error
-  // (its own message, or which rank refused), so no rank waits for the others in vain.
-  void on_every_rank(const std::function<void()>& check) {
-    std::string error;
-    try {
-      check();
-    } catch (const std::exception& e) {
-      error = without_prefix(e.what());
-    }
-    const double refusing = engine_->max(error.empty() ? -1.0 : static_cast<double>(world().rank));
-    if (!error.empty()) usage_error(error);
-    if (refusing >= 0)
-      usage_error("rank " + std::to_string(static_cast<int>(refusing)) + " refused the run (its message says why)");
-  }
-
-  // Under MPI with --per-stage-files each device writes PATH.stage<j>-of-<K>; otherwise one file.
-  std::string checkpoint_file(const std::string& path, int device = -1) const {
-    if (!o_.per_stage_files) return path;
-    return path + ".stage" + std::to_string(device < 0 ? device_ : device) + "-of-" + std::to_string(K_);
-  }
-
-  Evaluation evaluate() {
-    return engine_->evaluate(data_.eval.input, data_.eval.target, data_.loss, data_.classification);
-  }
-
-  void train_step(const torch::Tensor& rows, int epoch) {
-    torch::Tensor x = data_.train.input.index_select(0, rows);
-    if (o_.augment == "flip") x = mirrored(x, rows, epoch, o_.seed);
-    const torch::Tensor y = data_.train.target.index_select(0, rows);
-    if (fault_.kind == "exit" && fault_.rank == world().rank && fault_.step == step_) std::_Exit(3);
-    const LossFn faulty = [](const torch::Tensor&, const torch::Tensor&) -> torch::Tensor {
-      throw std::runtime_error("injected fault in the loss (GPIPE_TEST_FAULT)");
-    };
-    const int64_t begin = now_ns();
-    clear_grads(engine_->parameters());
-    const double loss =
-        engine_->train_step(x, y, fault_.kind == "throw" && fault_.step == step_ ? faulty : data_.loss).item<double>();
-    // The loss is the same on every rank: all stop together, before the update, the parameters as they were.
-    if (!std::isfinite(loss))
-      throw std::runtime_error("gpipe: the loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") +
-                               " in step " + std::to_string(step_ + 1) + " (epoch " + std::to_string(epoch) +
-                               "): training stops with the parameters of step " + std::to_string(step_) +
-                               (saved_at_ >= 0 ? ", and the last checkpoint (step " + std::to_string(saved_at_) +
-                                                     ") is kept"
-                                               : "") +
-                               "; lower --lr, or add --clip-grad-norm");
-    if (o_.clip_grad_norm > 0) engine_->clip_gradients(o_.clip_grad_norm);
-    const double lr = learning_rate(o_, step_, total_steps_, lr_step_size_);
-    if (!(lr <= std::numeric_limits<float>::max())) {  // the parameters are float: the update would overflow
-      std::ostringstream text;
-      text << "gpipe: the learning rate of step " << step_ + 1 << " is " << lr
-           << ", beyond float's range (3.4e38); lower --lr" << (o_.lr_schedule == "step" ? " or --lr-gamma" : "");
-      throw std::runtime_error(text.str());
-    }
-    for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
-    optimizer_->step();
-    train_seconds_ += static_cast<double>(now_ns() - begin) * 1e-9;
-    if (samples_ == 0) first_loss_ = loss;
-    last_loss_ = loss;
-    bubble_sum_ += engine_->bubble();
-    if (!o_.trace.empty() && step_ + 1 == total_steps_) last_trace_ = engine_->trace();
-    samples_ += x.size(0);
-    ++step_;
-  }
+  Evaluation evaluate() { return trainer_.evaluate(data_.eval); }
 
   void report(int epoch) {
     evaluation_ = evaluate();
     const std::string& eval = data_.eval.name;
-    epochs_.push_back({{"epoch", epoch}, {"step", step_}, {"loss", last_loss_}, {eval + "_loss", evaluation_.loss}});
+    epochs_.push_back({{"epoch", epoch}, {"step", trainer_.step()}, {"loss", trainer_.stats().last_loss}, {eval + "_loss", evaluation_.loss}});
     if (data_.classification) epochs_.back()[eval + "_accuracy"] = evaluation_.accuracy;
     if (denoising()) epochs_.back()[eval + "_psnr_db"] = psnr(evaluation_.loss);
     if (!printing()) return;
-    std::cout << "epoch " << epoch << ": loss " << std::fixed << std::setprecision(4) << last_loss_;
+    std::cout << "epoch " << epoch << ": loss " << std::fixed << std::setprecision(4) << trainer_.stats().last_loss;
     if (data_.classification)
       std::cout << ", " << eval << " accuracy " << std::setprecision(2) << 100 * evaluation_.accuracy << "%";
     else if (denoising())
@@ -839,43 +654,6 @@ class Run {
     std::cout << std::endl;
   }
 
-  // Writes the checkpoint: one file gathered from every stage (the first rank writes it), or with
-  // --per-stage-files one per device. Never one holding NaN or infinite values.
-  void save() {
-    if (o_.save.empty() || saved_at_ == step_) return;
-    if (!engine_->all_finite())
-      throw std::runtime_error("gpipe: the parameters hold NaN or infinite values at step " + std::to_string(step_) +
-                               ": no checkpoint is written for it" +
-                               (saved_at_ >= 0 ? " (the one of step " + std::to_string(saved_at_) + " is kept)" : "") +
-                               "; lower --lr, or add --clip-grad-norm");
-    saved_at_ = step_;
-    // The shuffling state from which the epoch of the next step is drawn.
-    const TrainState now{step_, step_ % steps_per_epoch_ == 0 ? generator_state(shuffle_) : epoch_start_shuffle_,
-                         generator_state(at::globalContext().defaultGenerator(torch::kCPU))};
-    const bool holds = engine_->replica() == 0;  // replicas hold the same parameters
-    if (o_.per_stage_files) {
-      if (holds)
-        save_checkpoint(checkpoint_file(o_.save), {encode_part(engine_->layers(), *optimizer_)}, engine_->layers(),
-                        std::nullopt, o_.optimizer, now);
-      return;
-    }
-    std::vector<std::string> parts;
-    try {
-      parts = engine_->gather(holds ? encode_part(engine_->layers(), *optimizer_) : "");
-    } catch (const std::runtime_error& e) {  // too large to gather: every rank is here
-      throw std::runtime_error(std::string(e.what()) + "; save one file per device with --per-stage-files");
-    }
-    if (!engine_->root()) return;
-    // A TorchScript file is the script module with every stage's values: under MPI the first rank's
-    // copy of the whole model (its layers share that module's tensors) takes them before it is written.
-    torch::nn::Sequential whole = engine_->layers();
-    if (world().mpi && model_.script) {
-      const RandomStateGuard guard;
-      whole = model_.build(LayerRange{});
-    }
-    save_checkpoint(o_.save, parts, whole, model_.script, o_.optimizer, now);
-  }
-
   void print_summary(double checksum) {
     const nlohmann::json s = summary(checksum);
     if (o_.json) {
@@ -883,11 +661,11 @@ class Run {
       return;
     }
     const std::string& eval = data_.eval.name;
-    const int64_t run_steps = step_ - start_step_;
+    const int64_t run_steps = trainer_.step() - trainer_.start_step();
     std::cout << "\nsummary\n";
     if (run_steps == 0)
-      std::cout << "  no step ran: the checkpoint is at step " << step_ << ", and the run ends at step "
-                << total_steps_ << "\n";
+      std::cout << "  no step ran: the checkpoint is at step " << trainer_.step() << ", and the run ends at step "
+                << trainer_.total_steps() << "\n";
     if (data_.classification)
       std::cout << "  " << eval << " accuracy  " << std::fixed << std::setprecision(2) << 100 * evaluation_.accuracy
                 << "%\n";
@@ -896,9 +674,9 @@ class Run {
                 << " dB (noisy input " << data_.noisy_psnr << " dB)\n";
     else
       std::cout << "  " << eval << " loss  " << std::fixed << std::setprecision(6) << evaluation_.loss << "\n";
-    std::cout << "  training time  " << std::fixed << std::setprecision(1) << train_seconds_ << " s (" << run_steps
+    std::cout << "  training time  " << std::fixed << std::setprecision(1) << trainer_.stats().train_seconds << " s (" << run_steps
               << " steps)\n"
-              << "  throughput     " << std::setprecision(0) << s["samples_per_s"].get<double>() << " samples/s\n"
+              << "  throughput     " << std::setprecision(0) << s["trainer_.stats().samplesper_s"].get<double>() << " samples/s\n"
               << "  bubble         " << std::setprecision(1) << 100 * s["bubble"].get<double>()
               << "% of stage time idle (measured)\n"
               << "  partition      ";
@@ -909,13 +687,13 @@ class Run {
     std::cout << std::endl;
     if (!o_.save.empty())
       std::cout << "  saved to       "
-                << (o_.per_stage_files ? checkpoint_file(o_.save, 0) + " .. " + checkpoint_file(o_.save, K_ - 1)
+                << (o_.per_stage_files ? trainer_.snapshot_file(o_.save, 0) + " .. " + trainer_.snapshot_file(o_.save, K_ - 1)
                                        : o_.save)
                 << std::endl;
   }
 
   nlohmann::json summary(double checksum) const {
-    const int64_t run_steps = step_ - start_step_;
+    const int64_t run_steps = trainer_.step() - trainer_.start_step();
     const std::string& eval = data_.eval.name;
     nlohmann::json stages = nlohmann::json::array();
     for (int j = 0; j < static_cast<int>(cut_.balance.size()); ++j) {
@@ -923,7 +701,7 @@ class Run {
       if (!world().mpi) {
         nlohmann::json names = nlohmann::json::array();
         const int first = stage_offsets(cut_.balance)[static_cast<size_t>(j)];
-        const auto children = engine_->layers()->children();
+        const auto children = engine_.layers()->children();
         for (int n = first; n < first + cut_.balance[static_cast<size_t>(j)]; ++n)
           names.push_back(children[static_cast<size_t>(n)]->name());
         stages.back()["modules"] = names;
@@ -932,14 +710,14 @@ class Run {
     const nlohmann::json none;  // null: no step ran, so no loss was measured
     nlohmann::json s = {{"evaluated_on", eval},
                         {eval + "_loss", evaluation_.loss},
-                        {"first_loss", run_steps > 0 ? nlohmann::json(first_loss_) : none},
-                        {"final_loss", run_steps > 0 ? nlohmann::json(last_loss_) : none},
+                        {"first_loss", run_steps > 0 ? nlohmann::json(trainer_.stats().first_loss) : none},
+                        {"final_loss", run_steps > 0 ? nlohmann::json(trainer_.stats().last_loss) : none},
                         {"no_step_ran", run_steps == 0},
-                        {"train_seconds", train_seconds_},
-                        {"samples_per_s", train_seconds_ > 0 ? static_cast<double>(samples_) / train_seconds_ : 0.0},
-                        {"steps", step_},
+                        {"train_seconds", trainer_.stats().train_seconds},
+                        {"trainer_.stats().samplesper_s", trainer_.stats().train_seconds > 0 ? static_cast<double>(trainer_.stats().samples) / trainer_.stats().train_seconds : 0.0},
+                        {"steps", trainer_.step()},
                         {"steps_this_run", run_steps},
-                        {"steps_per_epoch", steps_per_epoch_},
+                        {"steps_per_epoch", trainer_.steps_per_epoch()},
                         {"epochs", epochs_},
                         {"stages", K_},
                         {"balance", cut_.balance},
@@ -961,7 +739,7 @@ class Run {
                         {"weight_decay", o_.weight_decay},
                         {"clip_grad_norm", o_.clip_grad_norm},
                         {"seed", o_.seed},
-                        {"bubble", run_steps > 0 ? bubble_sum_ / static_cast<double>(run_steps) : 0.0},
+                        {"bubble", run_steps > 0 ? trainer_.stats().bubble_sum / static_cast<double>(run_steps) : 0.0},
                         {"parameter_checksum", checksum},
                         {"machine", machine()}};
     if (o_.optimizer == "sgd") {
@@ -979,27 +757,26 @@ class Run {
     return s;
   }
 
+  // The loss, or with GPIPE_TEST_FAULT=throw:STEP one that throws in that step.
+  LossFn loss() const {
+    return [this](const torch::Tensor& output, const torch::Tensor& target) {
+      if (fault_now_) throw std::runtime_error("injected fault in the loss (GPIPE_TEST_FAULT)");
+      return data_.loss(output, target);
+    };
+  }
+
   const TrainOptions& o_;
   const Model& model_;
   const Data& data_;
   const Cut& cut_;
-  std::unique_ptr<Engine> engine_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  torch::Generator shuffle_;
   const Fault fault_ = test_fault();
-  int K_ = 1;
-  int device_ = 0;  // this rank's device under MPI
-  int64_t N_ = 0;
-  int64_t steps_per_epoch_ = 1;
-  int64_t total_steps_ = 0;
-  int64_t lr_step_size_ = 1;
-
-  int64_t start_step_ = 0, step_ = 0, samples_ = 0, saved_at_ = -1;
-  double train_seconds_ = 0, bubble_sum_ = 0, first_loss_ = 0, last_loss_ = 0;
+  bool fault_now_ = false;
+  Trainer trainer_;
+  Engine& engine_;
+  const int K_;
   Evaluation evaluation_;
   nlohmann::json epochs_ = nlohmann::json::array();
   StepTrace last_trace_;  // of the last training step, for --trace
-  torch::Tensor epoch_start_shuffle_;
 };
 
 // The settings every rank of an MPI job must share.
@@ -1029,7 +806,6 @@ int run(TrainOptions o) {
   check_targets(model, data);
   const Cut cut = choose_cut(o, model, data);
   Run run(o, model, data, cut);
-  run.check_outputs();
   run.resume();
   run.print_header();
   run.train();

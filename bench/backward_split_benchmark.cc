@@ -2,7 +2,7 @@
 // work zero-bubble schedules divide: the benchmark workloads' layers, one micro-batch each.
 //
 //   build/bench/backward_split_benchmark --benchmark_out=bench/results/backward-split.json --benchmark_out_format=json
-#include "../src/backward_split.h"
+#include "runtime/backward_split.h"
 
 #include <gpipe/gpipe.h>
 #include <torch/torch.h>

@@ -4,6 +4,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake git
+  ccache                  # a rebuild (a clean build, another branch) reuses what an earlier build compiled
   libtorch-dev            # PyTorch's C++ API (libtorch)
   libopenblas0-pthread    # fast system BLAS: without it libtorch's matmuls are ~35x slower
   libgtest-dev libbenchmark-dev

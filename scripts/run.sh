@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-bash scripts/build.sh build
+BUILD_TARGET=gpipe_cli bash scripts/build.sh build  # the library and the program, no tests
 exec ./build/apps/gpipe train "$@"

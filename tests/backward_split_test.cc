@@ -2,7 +2,7 @@
 // weight-only branches (the input path is not walked twice), or falls back when a weight is shared.
 #include "helpers.h"
 
-#include "../src/backward_split.h"
+#include "runtime/backward_split.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 

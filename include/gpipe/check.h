@@ -1,12 +1,29 @@
 // check.h: one way to report bad input: a std::invalid_argument naming the value and the fix.
 #pragma once
 
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
+namespace at {
+class Tensor;
+}  // namespace at
+
 namespace gpipe {
+
+/// Whether error messages carry libtorch's and TorchScript's whole reports
+/// (`gpipe --verbose`); off by default.
+bool& verbose_errors();
+
+/// An exception's message for a person: short_error's, or with
+/// verbose_errors() the whole report; notes a TorchScript traceback left out.
+std::string what_of(const std::exception& e);
+
+/// A tensor's shape as text: "[2, 3]".
+std::string shape_text(const at::Tensor& t);
+
 namespace detail {
 
 template <typename... Args>

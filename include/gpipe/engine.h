@@ -125,6 +125,11 @@ class Engine {
   virtual bool root() const = 0;
   /// Which pipeline replica this process belongs to (0 in one process).
   virtual int replica() const = 0;
+  /// Which device of its pipeline this process runs under MPI (0..K-1); -1 in
+  /// one process, which runs them all.
+  virtual int device() const = 0;
+  /// This process's rank in the MPI job (0 in one process).
+  virtual int rank() const = 0;
   /// "one process, 2 threads" or "MPI: 4 ranks = 2 stages x 2 replicas".
   virtual std::string describe() const = 0;
 

@@ -3,6 +3,7 @@
 
 #include "gpipe/check.h"
 #include "gpipe/cost_model.h"
+#include "gpipe/data.h"
 #include "gpipe/device.h"
 #include "gpipe/engine.h"
 #include "gpipe/executor.h"
@@ -13,9 +14,12 @@
 #include "gpipe/partition.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/schedule.h"
+#include "gpipe/script_model.h"
 #include "gpipe/skip.h"
+#include "gpipe/snapshot.h"
 #include "gpipe/stage.h"
 #include "gpipe/trace.h"
+#include "gpipe/train.h"
 #include "gpipe/transport.h"
 #include "gpipe/workloads.h"
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI

@@ -21,4 +21,8 @@ void write_file_atomically(const std::string& path, const std::string& contents)
 /// output paths before long work.
 void check_writable(const std::string& path);
 
+/// The bytes of the file at `path`; throws std::runtime_error naming a
+/// missing or unreadable file, or a folder.
+std::string read_file(const std::string& path);
+
 }  // namespace gpipe

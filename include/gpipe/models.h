@@ -1,5 +1,6 @@
-// models.h: two models of 28x28 grayscale images (Fashion-MNIST) whose skip connections cross
-// stages: a residual network that classifies and a U-Net that denoises. Each is one flat
+// models.h: the built-in models of 28x28 grayscale images (Fashion-MNIST): a small CNN (gpipe
+// train's default), and two whose skip connections cross stages: a residual network that
+// classifies and a U-Net that denoises. Each is one flat
 // Sequential: every BatchNorm a layer of its own (its running statistics deferred to the end
 // of the step), every skip connection a Stash and a Pop (skip.h), so a pipeline may cut it
 // anywhere, even inside a residual block.
@@ -10,6 +11,16 @@
 #include <torch/nn/modules/container/sequential.h>
 
 namespace gpipe {
+
+/// A small CNN for [N, 1, 28, 28] images, scores for 10 classes: two
+/// convolution blocks and a classifier, 11 layers:
+///
+///   conv 3x3 (32) · ReLU · pool · conv 3x3 (64) · ReLU · pool · Flatten ·
+///   Linear(3136, 256) · ReLU · Dropout(0.3) · Linear(256, 10)
+///
+/// Built as LayerBuilder wants: every layer created in order, those in `keep` kept.
+torch::nn::Sequential fashion_cnn(LayerRange keep = {});
+constexpr int kFashionCnnLayers = 11;
 
 /// A residual network for [N, 1, 28, 28] images, scores for 10 classes:
 ///

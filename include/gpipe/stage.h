@@ -29,7 +29,7 @@
 //
 // Inside a layer, I records the gradient entering each autograd node where a
 // weight-only branch leaves the input path, and W starts the engine at those
-// nodes (src/backward_split.h has the diagram). Cost: I and W together do the
+// nodes (src/runtime/backward_split.h has the diagram). Cost: I and W together do the
 // work of B, even for a layer that is many weighted operations (a
 // TransformerEncoderLayer); W's engine calls and the graph kept between I and
 // W are the overhead. A layer that uses one parameter in two branches falls

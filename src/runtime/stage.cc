@@ -3,8 +3,8 @@
 
 #include "gpipe/check.h"
 #include "gpipe/skip.h"
-#include "backward_split.h"
-#include "train_step.h"
+#include "runtime/backward_split.h"
+#include "runtime/train_step.h"
 
 #include <torch/torch.h>
 

@@ -1,5 +1,5 @@
 // train_step.cc: the step scope shared by the one-process and the MPI pipeline.
-#include "train_step.h"
+#include "runtime/train_step.h"
 
 #include "gpipe/check.h"
 #include "gpipe/partition.h"

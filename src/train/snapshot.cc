@@ -1,8 +1,11 @@
-// checkpoint.cc: a pickled dict of everything a run needs to continue, keyed by name, sealed with
+// snapshot.cc: a pickled dict of everything a run needs to continue, keyed by name, sealed with
 // a digest, written whole or not at all.
-#include "checkpoint.h"
+#include "gpipe/snapshot.h"
 
-#include <gpipe/io.h>
+#include "gpipe/check.h"
+#include "gpipe/data.h"
+#include "gpipe/io.h"
+
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -12,7 +15,7 @@
 #include <stdexcept>
 #include <type_traits>
 
-namespace gpipe::cli {
+namespace gpipe {
 namespace {
 
 const char* kFormat = "gpipe-checkpoint-2";
@@ -154,7 +157,7 @@ void put_named(Dict& d, const std::string& prefix, const std::map<std::string, t
 
 }  // namespace
 
-std::string encode_part(const torch::nn::Sequential& layers, torch::optim::Optimizer& optimizer) {
+std::string encode_snapshot_part(const torch::nn::Sequential& layers, torch::optim::Optimizer& optimizer) {
   std::map<std::string, torch::Tensor> parameters, buffers;
   Dict states = new_dict();
   for (const auto& p : layers->named_parameters()) {
@@ -169,7 +172,7 @@ std::string encode_part(const torch::nn::Sequential& layers, torch::optim::Optim
   return pickle(part);
 }
 
-void save_checkpoint(const std::string& path, const std::vector<std::string>& parts, const torch::nn::Sequential& layers,
+void save_snapshot(const std::string& path, const std::vector<std::string>& parts, const torch::nn::Sequential& layers,
                      const std::optional<torch::jit::Module>& script, const std::string& optimizer_name,
                      const TrainState& state) {
   std::map<std::string, torch::Tensor> parameters, buffers;
@@ -206,7 +209,7 @@ void save_checkpoint(const std::string& path, const std::vector<std::string>& pa
   write_file_atomically(path, module_bytes.str());
 }
 
-Restored load_checkpoint(const std::string& path, const torch::nn::Sequential& layers,
+Restored load_snapshot(const std::string& path, const torch::nn::Sequential& layers,
                          torch::optim::Optimizer& optimizer, const std::string& optimizer_name, bool script) {
   std::string payload = read_file(path);
   if (script) {  // the checkpoint rides in the TorchScript file as an extra file
@@ -269,4 +272,4 @@ Restored load_checkpoint(const std::string& path, const torch::nn::Sequential& l
   return out;
 }
 
-}  // namespace gpipe::cli
+}  // namespace gpipe

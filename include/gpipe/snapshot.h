@@ -1,12 +1,14 @@
-// checkpoint.h: `gpipe train --save/--resume`: the whole model, its optimizer state and where the
-// run stands, by parameter name, in one file written whole or not at all.
+// snapshot.h: a training run's saved state (what `gpipe train --save` writes and `--resume` reads):
+// the whole model, its optimizer state and where the run stands, by parameter name, in one file
+// written whole or not at all. (Re-materialization, PipelineOptions::checkpoint, is another thing.)
 //
 // Everything is keyed by the parameter's (or buffer's) name in the whole model,
-// so a checkpoint saved by any number of stages, in one process or gathered
+// so a snapshot saved by any number of stages, in one process or gathered
 // from MPI ranks, resumes with any other: each process takes what it holds.
 #pragma once
 
-#include "sources.h"
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/script.h>
 
 #include <torch/optim/optimizer.h>
 
@@ -15,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace gpipe::cli {
+namespace gpipe {
 
 /// What a training run needs to continue exactly where it stopped.
 struct TrainState {
@@ -24,33 +26,33 @@ struct TrainState {
   torch::Tensor random_state;     ///< the default generator (dropout seeds)
 };
 
-/// What one process holds of a checkpoint, as bytes: the parameters and
+/// What one process holds of a snapshot, as bytes: the parameters and
 /// buffers of `layers` and the optimizer's state of each parameter, by name.
-/// The parts of every process merge into one checkpoint.
-std::string encode_part(const torch::nn::Sequential& layers, torch::optim::Optimizer& optimizer);
+/// The parts of every process merge into one snapshot.
+std::string encode_snapshot_part(const torch::nn::Sequential& layers, torch::optim::Optimizer& optimizer);
 
-/// Writes the checkpoint made of `parts` (encode_part of every process, or of
+/// Writes the snapshot made of `parts` (encode_snapshot_part of every process, or of
 /// this one) to `path`, whole or not at all. With `script`, the file is that
-/// TorchScript module, which torch.jit.load reads, with the checkpoint inside
+/// TorchScript module, which torch.jit.load reads, with the snapshot inside
 /// as an extra file: `layers` must share the script module's tensors, and get
 /// the parts' values before it is written. Otherwise a pickle.
-void save_checkpoint(const std::string& path, const std::vector<std::string>& parts,
+void save_snapshot(const std::string& path, const std::vector<std::string>& parts,
                      const torch::nn::Sequential& layers, const std::optional<torch::jit::Module>& script,
                      const std::string& optimizer_name, const TrainState& state);
 
-/// What load_checkpoint restored.
+/// What load_snapshot restored.
 struct Restored {
   TrainState state;
   int64_t parameters_taken = 0;    ///< how many of the file's parameters this process holds
   int64_t parameters_in_file = 0;  ///< how many the file holds: all processes together must take them all
 };
 
-/// Reads a checkpoint written by save_checkpoint and restores what this
+/// Reads a snapshot written by save_snapshot and restores what this
 /// process holds into `layers` and `optimizer`, by name. Everything is
 /// checked (readable, complete, this process's names and shapes present, the
 /// same optimizer) before anything changes; a bad file throws
 /// std::runtime_error saying what is wrong. `script`: the file is TorchScript.
-Restored load_checkpoint(const std::string& path, const torch::nn::Sequential& layers,
+Restored load_snapshot(const std::string& path, const torch::nn::Sequential& layers,
                          torch::optim::Optimizer& optimizer, const std::string& optimizer_name, bool script);
 
-}  // namespace gpipe::cli
+}  // namespace gpipe

@@ -43,6 +43,8 @@ class ThreadEngine : public Engine {
   std::vector<std::string> gather(const std::string& bytes) override { return {bytes}; }
   bool root() const override { return true; }
   int replica() const override { return 0; }
+  int device() const override { return -1; }
+  int rank() const override { return 0; }
   std::string describe() const override {
     const size_t K = pipe_.devices().size();
     return "one process, " + std::to_string(K) + (K == 1 ? " device thread" : " device threads");
@@ -86,6 +88,8 @@ class MpiEngine : public Engine {
   std::vector<std::string> gather(const std::string& bytes) override { return pipe_.gather(bytes); }
   bool root() const override { return world_rank() == 0; }
   int replica() const override { return pipe_.placement().replica; }
+  int device() const override { return pipe_.placement().stage; }
+  int rank() const override { return world_rank(); }
   std::string describe() const override {
     const mpi::Placement& p = pipe_.placement();
     return "MPI: " + std::to_string(p.stages * p.replicas) + " ranks = " + std::to_string(p.stages) +

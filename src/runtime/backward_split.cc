@@ -1,6 +1,6 @@
 // backward_split.cc: I runs the input path of a layer's graph and records the gradients entering
 // the nodes where weight-only branches leave it; W starts the engine there.
-#include "backward_split.h"
+#include "runtime/backward_split.h"
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/engine.h>

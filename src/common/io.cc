@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <stdexcept>
 
@@ -124,6 +125,16 @@ void write_file_atomically(const std::string& path, const std::string& contents)
     ::fsync(dir);
     ::close(dir);
   }
+}
+
+std::string read_file(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw std::runtime_error(path + " is a folder, not a file");
+  if (!std::filesystem::is_regular_file(path)) throw std::runtime_error("no such file: " + path);
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (!in && !in.eof()) throw std::runtime_error("cannot read " + path);
+  return bytes.str();
 }
 
 }  // namespace gpipe

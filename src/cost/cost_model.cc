@@ -2,7 +2,7 @@
 // the program simulated with those costs, then replayed device by device for the bytes it holds.
 #include "gpipe/cost_model.h"
 
-#include "backward_split.h"
+#include "runtime/backward_split.h"
 #include "gpipe/check.h"
 #include "gpipe/device.h"
 #include "gpipe/memory.h"

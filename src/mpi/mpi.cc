@@ -5,7 +5,7 @@
 #include "gpipe/check.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/partition.h"
-#include "train_step.h"
+#include "runtime/train_step.h"
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-// models.cc: the residual network and the U-Net of models.h, as flat Sequentials with Stash and Pop.
+// models.cc: the CNN, the residual network and the U-Net of models.h, as flat Sequentials with Stash and Pop.
 #include "gpipe/models.h"
 
 #include "gpipe/skip.h"
@@ -31,6 +31,22 @@ struct Builder {
 };
 
 }  // namespace
+
+nn::Sequential fashion_cnn(LayerRange keep) {
+  Builder b(keep);
+  b.add(nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)));
+  b.add(nn::ReLU());
+  b.add(nn::MaxPool2d(2));
+  b.add(nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
+  b.add(nn::ReLU());
+  b.add(nn::MaxPool2d(2));
+  b.add(nn::Flatten());
+  b.add(nn::Linear(64 * 7 * 7, 256));
+  b.add(nn::ReLU());
+  b.add(nn::Dropout(0.3));
+  b.add(nn::Linear(256, 10));
+  return b.model;
+}
 
 torch::nn::Sequential fashion_resnet(LayerRange keep) {
   Builder b(keep);

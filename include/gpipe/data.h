@@ -1,0 +1,45 @@
+// data.h: training data in memory, and the readers that fill it: Fashion-MNIST's gzipped IDX files,
+// and a dict of tensors saved in Python with torch.save.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace gpipe {
+
+/// Samples to train or evaluate on: row n of `input` goes with row n of `target`.
+struct Dataset {
+  torch::Tensor input;
+  torch::Tensor target;
+  /// Rows in the data set.
+  int64_t size() const { return input.defined() ? input.size(0) : 0; }
+  /// The first `count` rows (all of them when count is 0 or more than there are).
+  Dataset first(int64_t count) const;
+};
+
+/// Fashion-MNIST's training-set mean and standard deviation of pixel values (0 black, 1 white),
+/// by which the images are normalized.
+constexpr float kFashionMean = 0.2860f;
+constexpr float kFashionStd = 0.3530f;
+
+/// Where Debian's dataset-fashion-mnist installs the data.
+inline const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+/// Reads the training (60000) or test (10000) split of Fashion-MNIST from
+/// `dir`: input float32 [N, 1, 28, 28] normalized to mean 0 and standard
+/// deviation 1, target int64 [N] classes 0..9; the first `limit` samples when
+/// limit > 0. Throws std::runtime_error naming the missing file and the
+/// package that provides it, or what is wrong with a file.
+Dataset load_fashion_mnist(const std::string& dir, bool train, int64_t limit = 0);
+
+/// Reads a dataset saved in Python with `torch.save({'input': X, 'target': Y}, path)`.
+/// Throws std::runtime_error naming the file and the problem: missing keys,
+/// different row counts, no rows, NaN or infinite values.
+Dataset load_tensor_data(const std::string& path);
+
+/// What torch.save (or torch::pickle_save) wrote into `bytes`.
+torch::IValue load_torch_save(const std::string& bytes);
+
+}  // namespace gpipe

@@ -1,0 +1,249 @@
+// train.h: the training loop as library API: the optimizer as torch.optim sets it up, the learning
+// rate schedule, gradient clipping, the non-finite guard, steps and epochs, evaluation, and saving
+// and resuming the run, the same in one process and under MPI.
+//
+//   gpipe::Trainer trainer(gpipe::Model::of("CNN", 11, build),
+//                          gpipe::PipelineOptions().stages(2).chunks(4),
+//                          gpipe::TrainerOptions().epochs(2).save("run.pt"), train_data);
+//   trainer.resume("run.pt");   // optional: continue a run saved before
+//   trainer.fit();              // trains, saving after every epoch and at the end
+//   gpipe::Evaluation e = trainer.evaluate(test_data);
+//
+// Under MPI (one rank per device) every call is collective: every rank makes
+// it, in the same order, with the same data.
+#pragma once
+
+#include "gpipe/data.h"
+#include "gpipe/engine.h"
+#include "gpipe/pipeline.h"
+#include "gpipe/script_model.h"
+#include "gpipe/snapshot.h"
+#include "gpipe/stage.h"
+#include "gpipe/trace.h"
+
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+#include <torch/script.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace gpipe {
+
+/// torch.optim's SGD, Adam and AdamW.
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+
+/// "sgd", "adam", "adamw": the names the command line and snapshots use.
+std::string optimizer_name(OptimizerKind kind);
+/// The kind named by optimizer_name; throws std::invalid_argument for another name.
+OptimizerKind parse_optimizer(const std::string& name);
+
+/// An optimizer's settings with torch.optim's defaults.
+struct OptimizerOptions {
+  TORCH_ARG(OptimizerKind, kind) = OptimizerKind::kAdam;
+  TORCH_ARG(double, lr) = 1e-3;
+  /// SGD's momentum (0: none) and Nesterov's variant of it.
+  TORCH_ARG(double, momentum) = 0;
+  TORCH_ARG(bool, nesterov) = false;
+  /// L2 penalty (SGD, Adam) or decoupled weight decay (AdamW); unset: 0, and 0.01 for AdamW.
+  TORCH_ARG(std::optional<double>, weight_decay) = std::nullopt;
+  /// Adam's and AdamW's betas.
+  using Betas = std::tuple<double, double>;
+  TORCH_ARG(std::optional<Betas>, betas) = std::nullopt;
+
+ public:
+  /// The weight decay in effect: the one given, or torch.optim's default for the kind.
+  double decay() const;
+  /// Throws std::invalid_argument for settings torch.optim would refuse or that
+  /// belong to another optimizer (momentum for Adam, betas for SGD, ...).
+  void check() const;
+};
+
+/// The optimizer `options` describe, over `parameters`.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& options,
+                                                        const std::vector<torch::Tensor>& parameters);
+
+/// How the learning rate changes over a run.
+enum class LrSchedule {
+  kConstant,  ///< the optimizer's lr throughout
+  kCosine,    ///< from lr down to 0 over the run, as CosineAnnealingLR
+  kStep,      ///< times gamma every step_size steps, as StepLR
+};
+
+struct LrScheduleOptions {
+  TORCH_ARG(LrSchedule, kind) = LrSchedule::kConstant;
+  /// Steps of linear warm-up first: step t (0-based) runs at lr·(t+1)/W.
+  TORCH_ARG(int64_t, warmup_steps) = 0;
+  /// kStep: steps between decays; 0: one epoch.
+  TORCH_ARG(int64_t, step_size) = 0;
+  /// kStep: the factor of each decay.
+  TORCH_ARG(double, gamma) = 0.1;
+};
+
+/// The learning rate of optimizer step `step` (0-based) of `total`, for a base
+/// rate `lr`: the warm-up, then the schedule's factor, as LambdaLR applies it.
+/// `step_size`: kStep's steps between decays (the options' own, resolved).
+double learning_rate(double lr, const LrScheduleOptions& schedule, int64_t step, int64_t total, int64_t step_size);
+
+/// A transformation of a training batch: the rows' input, which rows of the
+/// data set they are, and the epoch (1-based); a function of those alone, so
+/// a resumed run sees the batches an unbroken one would.
+using Augment = std::function<torch::Tensor(const torch::Tensor& input, const torch::Tensor& rows, int epoch)>;
+
+/// How a Trainer trains.
+struct TrainerOptions {
+  TORCH_ARG(OptimizerOptions, optimizer) = {};
+  TORCH_ARG(LrScheduleOptions, lr_schedule) = {};
+  /// Scale the whole model's gradient down to this L2 norm when it is larger
+  /// (over every stage and rank, as torch.nn.utils.clip_grad_norm_); 0: never.
+  TORCH_ARG(double, clip_grad_norm) = 0;
+  /// Samples per optimizer step; a last smaller batch is kept unless drop_last (as DataLoader).
+  TORCH_ARG(int64_t, batch_size) = 128;
+  TORCH_ARG(bool, drop_last) = false;
+  /// Draw a new order of the samples every epoch (from `seed`), or keep theirs.
+  TORCH_ARG(bool, shuffle) = true;
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// Passes over the training data, and a limit on the optimizer steps of the
+  /// whole run, resumed ones included (0: none).
+  TORCH_ARG(int, epochs) = 1;
+  TORCH_ARG(int64_t, steps) = 0;
+  /// The loss, and whether evaluate() also counts correct classes (argmax).
+  TORCH_ARG(LossFn, loss) = cross_entropy_loss;
+  TORCH_ARG(bool, classification) = true;
+  TORCH_ARG(Augment, augment) = nullptr;
+  /// Where fit() saves the run after every epoch and at the end (empty: nowhere).
+  TORCH_ARG(std::string, save) = "";
+  /// Under MPI: each device saves and resumes its own file, PATH.stage<j>-of-<K>
+  /// (for models above the 2 GiB one MPI gather carries); resume with the same K.
+  TORCH_ARG(bool, per_device_files) = false;
+};
+
+/// Puts the default generator back as it was when the guard was made: building
+/// a whole model for a look at it (a check, a profile) leaves the run's random
+/// numbers as they were.
+class RandomStateGuard {
+ public:
+  RandomStateGuard();
+  ~RandomStateGuard();
+  RandomStateGuard(const RandomStateGuard&) = delete;
+  RandomStateGuard& operator=(const RandomStateGuard&) = delete;
+
+ private:
+  torch::Tensor state_;
+};
+
+/// A model to train: how to build its layers (all of them, or those a rank
+/// keeps), and the TorchScript module they come from, if any.
+struct Model {
+  std::string name;
+  int layers = 0;
+  LayerBuilder build;
+  /// A TorchScript model: what a snapshot writes (torch.jit.load reads it).
+  std::optional<torch::jit::Module> script;
+  /// Parameters two layers share (a module used twice): tied across MPI ranks.
+  std::vector<std::vector<std::string>> tied;
+
+  /// A model that `build` makes, `layers` layers in all (see LayerBuilder).
+  static Model of(std::string name, int layers, LayerBuilder build);
+  /// A TorchScript nn.Sequential's layers. Under MPI, a buffer that two layers
+  /// share (a module used twice) is refused: each rank would keep its own copy.
+  static Model of(std::string name, const ScriptModel& source);
+};
+
+/// Where a run stands and what it measured.
+struct TrainStats {
+  int64_t samples = 0;        ///< samples trained on in this process's run (not resumed ones)
+  double train_seconds = 0;   ///< wall time inside training steps
+  double bubble_sum = 0;      ///< the measured bubble, summed over steps
+  double first_loss = 0;      ///< the first step's mean loss in this run
+  double last_loss = 0;       ///< the last step's
+};
+
+/// What fit() tells its caller as it goes.
+struct TrainerCallbacks {
+  /// Before each step; `step` counts the steps taken so far.
+  std::function<void(int64_t step)> before_step;
+  /// After each step: the epoch (1-based) and the batch in it (1-based).
+  std::function<void(int epoch, int64_t batch)> after_step;
+  /// After each epoch, before it is saved.
+  std::function<void(int epoch)> after_epoch;
+};
+
+/// A training run of a pipeline: the engine, its optimizer, the data order,
+/// and where the run stands.
+///
+/// Errors: bad options throw std::invalid_argument before any work; a failed
+/// step (an error in a stage, a NaN or infinite loss) throws with the
+/// parameters as they were before it, and no snapshot holding NaN or infinite
+/// values is ever written.
+class Trainer {
+ public:
+  Trainer(const Model& model, const PipelineOptions& pipeline, const TrainerOptions& options, Dataset train,
+          Runtime runtime = Runtime::kAuto);
+
+  /// Restores a run saved by save() (any K, in one process or under MPI):
+  /// parameters, buffers, optimizer state, step, the shuffling and the
+  /// default generator. Throws std::invalid_argument, on every rank, for a
+  /// missing, corrupt or other model's file, before anything changes.
+  void resume(const std::string& path);
+
+  /// Trains until options.epochs are done (or options.steps in all), saving
+  /// to options.save after every epoch and at the end.
+  void fit(const TrainerCallbacks& callbacks = {});
+
+  /// One optimizer step on the training rows `rows` in `epoch`: gradients,
+  /// clipping, the learning rate of this step, the update. Returns the mean loss.
+  double train_step(const torch::Tensor& rows, int epoch);
+
+  /// Writes the run to options.save unless it was saved (or resumed from
+  /// there) at this step: one file gathered from every stage (the first rank
+  /// writes it), or one per device with per_device_files. Refuses (throws
+  /// std::runtime_error) to write parameters that are NaN or infinite.
+  void save();
+
+  /// Mean loss (and accuracy when classifying) on `data`, by pipelined inference.
+  Evaluation evaluate(const Dataset& data);
+
+  Engine& engine() { return *engine_; }
+  const Model& model() const { return model_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  const TrainerOptions& options() const { return options_; }
+  const TrainStats& stats() const { return stats_; }
+  /// Optimizer steps taken, resumed ones included; the step this run started at; where it ends.
+  int64_t step() const { return step_; }
+  int64_t start_step() const { return start_step_; }
+  int64_t total_steps() const { return total_steps_; }
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  /// Training samples.
+  int64_t samples() const { return train_.size(); }
+  /// The step of the last snapshot written to (or read from) options.save (-1: none).
+  int64_t saved_at() const { return saved_at_; }
+  /// The file save() writes for `path`: itself, or with per_device_files
+  /// device `device`'s (this process's when -1).
+  std::string snapshot_file(const std::string& path, int device = -1) const;
+
+ private:
+  void on_every_rank(const std::function<void()>& check);
+
+  Model model_;
+  TrainerOptions options_;
+  Dataset train_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  torch::Generator shuffle_;
+  torch::Tensor epoch_start_shuffle_;
+  int64_t steps_per_epoch_ = 1;
+  int64_t total_steps_ = 0;
+  int64_t lr_step_size_ = 1;
+  int64_t start_step_ = 0;
+  int64_t step_ = 0;
+  int64_t saved_at_ = -1;
+  TrainStats stats_;
+};
+
+}  // namespace gpipe

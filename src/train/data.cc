@@ -1,0 +1,135 @@
+// data.cc: the data readers: gzipped IDX files (Fashion-MNIST's images and labels), and dicts of
+// tensors written by torch.save.
+#include "gpipe/data.h"
+
+#include "gpipe/check.h"
+#include "gpipe/io.h"
+#include "gpipe/stage.h"
+
+#include <torch/torch.h>
+#include <torch/csrc/jit/serialization/import_read.h>
+#include <caffe2/serialize/inline_container.h>
+
+#include <zlib.h>
+
+#include <filesystem>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+namespace gpipe {
+namespace {
+
+std::vector<uint8_t> read_gzip(const std::string& path) {
+  if (!std::filesystem::exists(path))
+    throw std::runtime_error("missing " + path +
+                             ": install Fashion-MNIST with `apt-get install dataset-fashion-mnist` "
+                             "(scripts/install-deps.sh does), or pass --data-dir");
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (file == nullptr) throw std::runtime_error("cannot open " + path);
+  std::vector<uint8_t> bytes;
+  uint8_t buffer[1 << 16];
+  int n = 0;
+  while ((n = gzread(file, buffer, sizeof buffer)) > 0) bytes.insert(bytes.end(), buffer, buffer + n);
+  const bool failed = n < 0;
+  gzclose(file);
+  if (failed) throw std::runtime_error(path + " is not a readable gzip file");
+  return bytes;
+}
+
+uint32_t big_endian(const std::vector<uint8_t>& b, size_t at) {
+  return (uint32_t{b[at]} << 24) | (uint32_t{b[at + 1]} << 16) | (uint32_t{b[at + 2]} << 8) | b[at + 3];
+}
+
+// An IDX file of unsigned bytes: magic 0x0000 08 <dims>, then the sizes, then the data.
+torch::Tensor read_idx(const std::string& path, int dims) {
+  std::vector<uint8_t> b = read_gzip(path);
+  const size_t header = 4 + 4 * static_cast<size_t>(dims);
+  if (b.size() < header || big_endian(b, 0) != (0x0800u | static_cast<uint32_t>(dims)))
+    throw std::runtime_error(path + " is not an IDX file of " + std::to_string(dims) + "-d bytes");
+  std::vector<int64_t> sizes;
+  int64_t count = 1;
+  for (int d = 0; d < dims; ++d) {
+    sizes.push_back(big_endian(b, 4 + 4 * static_cast<size_t>(d)));
+    count *= sizes.back();
+  }
+  if (b.size() != header + static_cast<size_t>(count))
+    throw std::runtime_error(path + " is truncated or corrupt: expected " + std::to_string(count) +
+                             " data bytes, found " + std::to_string(b.size() - header));
+  return torch::from_blob(b.data() + header, sizes, torch::kUInt8).clone();
+}
+
+}  // namespace
+
+Dataset Dataset::first(int64_t count) const {
+  if (count <= 0 || count >= size()) return *this;
+  return {input.narrow(0, 0, count), target.narrow(0, 0, count)};
+}
+
+Dataset load_fashion_mnist(const std::string& dir, bool train, int64_t limit) {
+  const std::string prefix = dir + "/" + (train ? "train" : "t10k");
+  torch::Tensor images = read_idx(prefix + "-images-idx3-ubyte.gz", 3);
+  torch::Tensor labels = read_idx(prefix + "-labels-idx1-ubyte.gz", 1);
+  if (images.size(0) != labels.size(0))
+    throw std::runtime_error(prefix + ": " + std::to_string(images.size(0)) + " images but " +
+                             std::to_string(labels.size(0)) + " labels");
+  if (limit > 0 && limit < images.size(0)) {
+    images = images.narrow(0, 0, limit);
+    labels = labels.narrow(0, 0, limit);
+  }
+  images = (images.to(torch::kFloat).div_(255.0f).sub_(kFashionMean).div_(kFashionStd)).unsqueeze(1).contiguous();
+  return {images, labels.to(torch::kLong)};
+}
+
+torch::IValue load_torch_save(const std::string& bytes) {
+  // torch.save writes a zip archive; torch::pickle_load of libtorch 1.13 fails on one that holds
+  // a single tensor, so the archive is read as torch::jit does.
+  if (bytes.rfind("PK", 0) == 0) {
+    std::istringstream in(bytes);
+    caffe2::serialize::PyTorchStreamReader reader(&in);
+    return torch::jit::readArchiveAndTensors("data", "", "", c10::nullopt, c10::nullopt, torch::Device(torch::kCPU),
+                                             reader);
+  }
+  return torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));  // the legacy format
+}
+
+Dataset load_tensor_data(const std::string& path) {
+  const std::string bytes = read_file(path);
+  torch::IValue value;
+  try {
+    value = load_torch_save(bytes);
+  } catch (const std::exception& e) {
+    const std::string what = what_of(e);
+    // libtorch's unpickler has no SETITEM, which Python writes for a dict of one entry.
+    if (what.find("Unknown opcode for unpickling at 0x73") != std::string::npos)
+      throw std::runtime_error(path + " holds a dict of one entry; gpipe needs both: save it with "
+                               "torch.save({'input': X, 'target': Y}, path)");
+    throw std::runtime_error(path + " is not a file written by torch.save: " + what.substr(0, 300));
+  }
+  if (!value.isGenericDict())
+    throw std::runtime_error(path + " holds no dict; save it with torch.save({'input': X, 'target': Y}, path)");
+  auto dict = value.toGenericDict();
+  auto get = [&](const char* key) {
+    if (!dict.contains(key) || !dict.at(key).isTensor())
+      throw std::runtime_error(path + " has no tensor '" + key +
+                               "'; save it with torch.save({'input': X, 'target': Y}, path)");
+    return dict.at(key).toTensor();
+  };
+  torch::Tensor input = get("input"), target = get("target");
+  if (input.dim() < 1 || target.dim() < 1 || input.size(0) != target.size(0))
+    throw std::runtime_error(path + ": 'input' and 'target' need the same number of rows (dim 0); they have shapes " +
+                             shape_text(input) + " and " + shape_text(target));
+  if (input.size(0) == 0) throw std::runtime_error(path + " holds no samples ('input' has 0 rows)");
+  for (const auto& [name, t] : {std::pair<const char*, torch::Tensor>{"input", input}, {"target", target}})
+    if (t.is_floating_point()) {
+      const torch::Tensor bad = torch::logical_not(torch::isfinite(t)).reshape({t.size(0), -1}).any(1);
+      const int64_t rows = bad.sum().item<int64_t>();
+      if (rows > 0)
+        throw std::runtime_error(path + ": '" + name + "' holds NaN or infinite values in " + std::to_string(rows) +
+                                 " rows, the first at row " + std::to_string(bad.nonzero()[0].item<int64_t>()) +
+                                 "; clean the data before training");
+    }
+  return {input, target};
+}
+
+}  // namespace gpipe

@@ -1,0 +1,303 @@
+// trainer.cc: the training loop: optimizer, learning rate, clipping, the non-finite guard, epochs,
+// and the run saved and resumed through snapshots, in one process and under MPI.
+#include "gpipe/train.h"
+
+#include "gpipe/check.h"
+#include "gpipe/io.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <sstream>
+
+namespace gpipe {
+namespace {
+
+torch::Tensor generator_state(const at::Generator& generator) {
+  at::Generator g = generator;
+  return g.get_state();
+}
+
+at::Generator default_generator() { return at::globalContext().defaultGenerator(torch::kCPU); }
+
+// "gpipe: " + text, as every error of the library begins.
+std::string prefixed(const std::string& text) { return text.rfind("gpipe: ", 0) == 0 ? text : "gpipe: " + text; }
+
+}  // namespace
+
+RandomStateGuard::RandomStateGuard() : state_(generator_state(default_generator())) {}
+
+RandomStateGuard::~RandomStateGuard() {
+  at::Generator generator = default_generator();
+  generator.set_state(state_);
+}
+
+// ---------------------------------------------------------------- optimizer and learning rate
+
+std::string optimizer_name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd: return "sgd";
+    case OptimizerKind::kAdam: return "adam";
+    case OptimizerKind::kAdamW: return "adamw";
+  }
+  return "?";
+}
+
+OptimizerKind parse_optimizer(const std::string& name) {
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW})
+    if (optimizer_name(kind) == name) return kind;
+  GPIPE_CHECK(false, "unknown optimizer '", name, "'; use sgd, adam or adamw");
+  return OptimizerKind::kAdam;
+}
+
+double OptimizerOptions::decay() const {
+  return weight_decay().value_or(kind() == OptimizerKind::kAdamW ? 0.01 : 0.0);  // torch.optim's defaults
+}
+
+void OptimizerOptions::check() const {
+  const bool sgd = kind() == OptimizerKind::kSgd;
+  GPIPE_CHECK(std::isfinite(lr()) && lr() > 0, "the learning rate must be a finite number above 0 (got ", lr(), ")");
+  GPIPE_CHECK(sgd || (momentum() == 0 && !nesterov()), "--momentum and --nesterov are SGD's (--optimizer sgd); ",
+              optimizer_name(kind()), " has --betas");
+  GPIPE_CHECK(!sgd || !betas(), "--betas are Adam's and AdamW's; SGD has --momentum");
+  GPIPE_CHECK(!nesterov() || momentum() > 0, "--nesterov needs --momentum above 0 (as torch.optim.SGD)");
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& o,
+                                                        const std::vector<torch::Tensor>& params) {
+  o.check();
+  namespace optim = torch::optim;
+  if (o.kind() == OptimizerKind::kSgd)
+    return std::make_unique<optim::SGD>(
+        params, optim::SGDOptions(o.lr()).momentum(o.momentum()).nesterov(o.nesterov()).weight_decay(o.decay()));
+  const auto betas = o.betas().value_or(std::make_tuple(0.9, 0.999));
+  if (o.kind() == OptimizerKind::kAdamW)
+    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions(o.lr()).betas(betas).weight_decay(o.decay()));
+  return std::make_unique<optim::Adam>(params, optim::AdamOptions(o.lr()).betas(betas).weight_decay(o.decay()));
+}
+
+double learning_rate(double lr, const LrScheduleOptions& schedule, int64_t step, int64_t total, int64_t step_size) {
+  const int64_t W = schedule.warmup_steps();
+  if (step < W) return lr * static_cast<double>(step + 1) / static_cast<double>(W);
+  const double t = static_cast<double>(step - W);
+  if (schedule.kind() == LrSchedule::kCosine) {
+    const double span = static_cast<double>(std::max<int64_t>(1, total - W));
+    return lr * 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, t / span)));
+  }
+  if (schedule.kind() == LrSchedule::kStep)
+    return lr * std::pow(schedule.gamma(), std::floor(t / static_cast<double>(step_size)));
+  return lr;
+}
+
+// ---------------------------------------------------------------- models
+
+Model Model::of(std::string name, int layers, LayerBuilder build) {
+  Model m;
+  m.name = std::move(name);
+  m.layers = layers;
+  m.build = std::move(build);
+  return m;
+}
+
+Model Model::of(std::string name, const ScriptModel& source) {
+  Model m;
+  m.name = std::move(name);
+  m.layers = static_cast<int>(source.layers->size());
+  m.script = source.script;
+  const torch::nn::Sequential all = source.layers;
+  // A module used at two places of the Sequential shares its tensors: under MPI its parameters are
+  // tied across ranks; its buffers would drift apart, so that is refused.
+  m.tied = shared_tensors(all);
+  const auto shared_buffers = shared_tensors(all, /*buffers=*/true);
+  GPIPE_CHECK(!mpi_runtime() || shared_buffers.empty(), shared_buffers.empty() ? "" : shared_buffers.front().front(),
+              " and ", shared_buffers.empty() ? "" : shared_buffers.front().back(),
+              " are one buffer (a module used twice in the Sequential); under mpirun each rank would keep a copy of "
+              "its own: train this model in one process, or give each use its own module");
+  m.build = [all](LayerRange keep) {  // the loaded layers themselves: they share the script module's tensors
+    torch::nn::Sequential part;
+    const auto names = all->named_children().keys();
+    for (int n = 0; n < static_cast<int>(names.size()); ++n)
+      if (keep.contains(n)) part->push_back(names[static_cast<size_t>(n)], *(all->begin() + n));
+    return part;
+  };
+  return m;
+}
+
+// ---------------------------------------------------------------- the trainer
+
+Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const TrainerOptions& options, Dataset train,
+                 Runtime runtime)
+    : model_(model), options_(options), train_(std::move(train)), shuffle_(at::detail::createCPUGenerator(options.seed())) {
+  const int64_t N = train_.size();
+  GPIPE_CHECK(N > 0, "the training data has no samples");
+  GPIPE_CHECK(options_.batch_size() >= 1, "the batch size must be at least 1 (got ", options_.batch_size(), ")");
+  GPIPE_CHECK(options_.epochs() >= 1, "the run needs at least 1 epoch (got ", options_.epochs(), ")");
+  GPIPE_CHECK(options_.steps() >= 0, "the step limit must be 0 (none) or more (got ", options_.steps(), ")");
+  GPIPE_CHECK(options_.loss() != nullptr, "the trainer needs a loss function");
+  options_.optimizer().check();
+  // A last batch smaller than the batch size is kept (as PyTorch's DataLoader), unless drop_last.
+  const int64_t B = options_.batch_size();
+  steps_per_epoch_ = options_.drop_last() ? N / B : (N + B - 1) / B;
+  GPIPE_CHECK(steps_per_epoch_ > 0, "--drop-last with --batch-size ", B, " and ", N,
+              " training samples leaves no step; use a smaller batch");
+  const int64_t all = steps_per_epoch_ * options_.epochs();
+  total_steps_ = options_.steps() > 0 ? std::min(options_.steps(), all) : all;
+  lr_step_size_ = options_.lr_schedule().step_size() > 0 ? options_.lr_schedule().step_size() : steps_per_epoch_;
+  engine_ = make_engine(model_.build, model_.layers, PipelineOptions(pipeline).tied_parameters(model_.tied), runtime);
+  optimizer_ = make_optimizer(options_.optimizer(), engine_->parameters());
+  GPIPE_CHECK(!options_.per_device_files() || engine_->device() >= 0,
+              "--per-stage-files is for mpirun, where each stage writes its own file; in one process --save "
+              "writes the whole model");
+  // Per-device files are written by replica 0's ranks: checked there, before training.
+  if (options_.per_device_files() && !options_.save().empty())
+    on_every_rank([&] {
+      if (engine_->replica() == 0) check_writable(snapshot_file(options_.save()));
+    });
+}
+
+void Trainer::on_every_rank(const std::function<void()>& check) {
+  std::string error;
+  try {
+    check();
+  } catch (const std::exception& e) {
+    error = prefixed(what_of(e));
+  }
+  const double refusing = engine_->max(error.empty() ? -1.0 : static_cast<double>(engine_->rank()));
+  if (!error.empty()) throw std::invalid_argument(error);
+  if (refusing >= 0)
+    throw std::invalid_argument("gpipe: rank " + std::to_string(static_cast<int>(refusing)) +
+                                " refused the run (its message says why)");
+}
+
+std::string Trainer::snapshot_file(const std::string& path, int device) const {
+  if (!options_.per_device_files()) return path;
+  const int K = engine_->schedule().devices;
+  return path + ".stage" + std::to_string(device < 0 ? engine_->device() : device) + "-of-" + std::to_string(K);
+}
+
+void Trainer::resume(const std::string& resume_path) {
+  const std::string path = snapshot_file(resume_path);
+  const std::string optimizer = optimizer_name(options_.optimizer().kind());
+  // Every rank reads the file and takes what it holds: all of them refuse it, or none.
+  Restored r;
+  on_every_rank([&] {
+    if (!std::filesystem::is_regular_file(path))
+      throw std::invalid_argument(
+          "no such file: " + path +
+          (options_.per_device_files() ? " (each device has its own file; resume with the K of the run that saved)"
+                                       : ""));
+    r = load_snapshot(path, engine_->layers(), *optimizer_, optimizer, model_.script.has_value());
+  });
+  // Every parameter of the file was taken by some stage: it is this model's, not a larger one's.
+  const double taken = engine_->sum(engine_->replica() == 0 ? static_cast<double>(r.parameters_taken) : 0.0);
+  const int64_t expected = options_.per_device_files() ? r.parameters_taken : static_cast<int64_t>(taken);
+  GPIPE_CHECK(r.parameters_in_file == expected, path, " is a checkpoint of another model: it holds ",
+              r.parameters_in_file, " parameters, this model ", expected);
+  GPIPE_CHECK(engine_->same_everywhere(static_cast<double>(r.state.step)), "the per-device files of ", resume_path,
+              " are from different steps (this rank's, ", path, ", from step ", r.state.step,
+              "); a run stopped while saving: resume from another checkpoint");
+  shuffle_.set_state(r.state.shuffle_state);
+  epoch_start_shuffle_ = r.state.shuffle_state;  // what a save before any step writes back
+  at::Generator random = default_generator();
+  random.set_state(r.state.random_state);
+  step_ = start_step_ = r.state.step;
+  if (options_.save() == resume_path) saved_at_ = step_;  // the save path holds this step already
+}
+
+void Trainer::fit(const TrainerCallbacks& callbacks) {
+  const int64_t N = train_.size(), B = options_.batch_size();
+  for (int epoch = static_cast<int>(step_ / steps_per_epoch_) + 1; step_ < total_steps_; ++epoch) {
+    epoch_start_shuffle_ = generator_state(shuffle_);
+    const torch::Tensor order = options_.shuffle() ? torch::randperm(N, shuffle_, torch::kLong) : torch::arange(N);
+    for (int64_t b = step_ % steps_per_epoch_; b < steps_per_epoch_ && step_ < total_steps_; ++b) {
+      if (callbacks.before_step) callbacks.before_step(step_);
+      train_step(order.narrow(0, b * B, std::min(B, N - b * B)), epoch);
+      if (callbacks.after_step) callbacks.after_step(epoch, b + 1);
+    }
+    if (callbacks.after_epoch) callbacks.after_epoch(epoch);
+    save();
+  }
+  save();
+}
+
+double Trainer::train_step(const torch::Tensor& rows, int epoch) {
+  torch::Tensor x = train_.input.index_select(0, rows);
+  if (options_.augment()) x = options_.augment()(x, rows, epoch);
+  const torch::Tensor y = train_.target.index_select(0, rows);
+  const int64_t begin = now_ns();
+  for (auto p : engine_->parameters()) p.mutable_grad() = torch::Tensor();  // the step writes fresh ones
+  const double loss = engine_->train_step(x, y, options_.loss()).item<double>();
+  // The loss is the same on every rank: all stop together, before the update, the parameters as they were.
+  if (!std::isfinite(loss))
+    throw std::runtime_error("gpipe: the loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") +
+                             " in step " + std::to_string(step_ + 1) + " (epoch " + std::to_string(epoch) +
+                             "): training stops with the parameters of step " + std::to_string(step_) +
+                             (saved_at_ >= 0 ? ", and the last checkpoint (step " + std::to_string(saved_at_) +
+                                                   ") is kept"
+                                             : "") +
+                             "; lower --lr, or add --clip-grad-norm");
+  if (options_.clip_grad_norm() > 0) engine_->clip_gradients(options_.clip_grad_norm());
+  const double lr =
+      learning_rate(options_.optimizer().lr(), options_.lr_schedule(), step_, total_steps_, lr_step_size_);
+  if (!(lr <= std::numeric_limits<float>::max())) {  // the parameters are float: the update would overflow
+    std::ostringstream text;
+    text << "gpipe: the learning rate of step " << step_ + 1 << " is " << lr
+         << ", beyond float's range (3.4e38); lower --lr"
+         << (options_.lr_schedule().kind() == LrSchedule::kStep ? " or --lr-gamma" : "");
+    throw std::runtime_error(text.str());
+  }
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+  optimizer_->step();
+  stats_.train_seconds += static_cast<double>(now_ns() - begin) * 1e-9;
+  if (stats_.samples == 0) stats_.first_loss = loss;
+  stats_.last_loss = loss;
+  stats_.bubble_sum += engine_->bubble();
+  stats_.samples += x.size(0);
+  ++step_;
+  return loss;
+}
+
+void Trainer::save() {
+  const std::string& path = options_.save();
+  if (path.empty() || saved_at_ == step_) return;
+  if (!engine_->all_finite())
+    throw std::runtime_error("gpipe: the parameters hold NaN or infinite values at step " + std::to_string(step_) +
+                             ": no checkpoint is written for it" +
+                             (saved_at_ >= 0 ? " (the one of step " + std::to_string(saved_at_) + " is kept)" : "") +
+                             "; lower --lr, or add --clip-grad-norm");
+  saved_at_ = step_;
+  // The shuffling state from which the epoch of the next step is drawn.
+  const TrainState now{step_, step_ % steps_per_epoch_ == 0 ? generator_state(shuffle_) : epoch_start_shuffle_,
+                       generator_state(default_generator())};
+  const std::string optimizer = optimizer_name(options_.optimizer().kind());
+  const bool holds = engine_->replica() == 0;  // replicas hold the same parameters
+  if (options_.per_device_files()) {
+    if (holds)
+      save_snapshot(snapshot_file(path), {encode_snapshot_part(engine_->layers(), *optimizer_)}, engine_->layers(),
+                    std::nullopt, optimizer, now);
+    return;
+  }
+  std::vector<std::string> parts;
+  try {
+    parts = engine_->gather(holds ? encode_snapshot_part(engine_->layers(), *optimizer_) : "");
+  } catch (const std::runtime_error& e) {  // too large to gather: every rank is here
+    throw std::runtime_error(std::string(e.what()) + "; save one file per device with --per-stage-files");
+  }
+  if (!engine_->root()) return;
+  // A TorchScript file is the script module with every stage's values: under MPI the first rank's
+  // copy of the whole model (its layers share that module's tensors) takes them before it is written.
+  torch::nn::Sequential whole = engine_->layers();
+  if (engine_->device() >= 0 && model_.script) {
+    const RandomStateGuard guard;
+    whole = model_.build(LayerRange{});
+  }
+  save_snapshot(path, parts, whole, model_.script, optimizer, now);
+}
+
+Evaluation Trainer::evaluate(const Dataset& data) {
+  return engine_->evaluate(data.input, data.target, options_.loss(), options_.classification());
+}
+
+}  // namespace gpipe

@@ -1,0 +1,249 @@
+// train_test.cc: the library's training loop (train.h) and its saved state (snapshot.h): the same
+// parameters as a plain libtorch loop on one device, a resumed run equal to an unbroken one, and
+// every refusal before anything changes.
+#include "helpers.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+
+using gpipe::LrSchedule;
+using gpipe::LrScheduleOptions;
+using gpipe::OptimizerKind;
+using gpipe::OptimizerOptions;
+using gpipe::PipelineOptions;
+using gpipe::Trainer;
+using gpipe::TrainerOptions;
+
+namespace {
+
+// 7 layers (gpipe::testing::small_mlp's), built the LayerBuilder way from `seed`; with `dropout`, a
+// Dropout after the first ReLU (8 layers).
+gpipe::Model mlp(uint64_t seed = 3, double dropout = 0.0) {
+  return gpipe::Model::of("mlp", dropout > 0 ? 8 : 7, [seed, dropout](gpipe::LayerRange keep) {
+    torch::nn::Sequential whole = gpipe::testing::small_mlp(seed);
+    torch::nn::Sequential model;
+    int n = 0;
+    for (const auto& layer : *whole) {
+      gpipe::add_layer(model, layer, n++, keep);
+      if (dropout > 0 && n == 2) gpipe::add_layer(model, torch::nn::AnyModule(torch::nn::Dropout(dropout)), n++, keep);
+    }
+    return model;
+  });
+}
+
+// 50 rows: batches of 16 leave a last batch of 2.
+gpipe::Dataset regression_data() {
+  torch::manual_seed(7);
+  return {torch::randn({50, 12}), torch::randn({50, 4})};
+}
+
+TrainerOptions sgd_options() {
+  return TrainerOptions()
+      .optimizer(OptimizerOptions().kind(OptimizerKind::kSgd).lr(0.05).momentum(0.9).nesterov(true).weight_decay(1e-3))
+      .lr_schedule(LrScheduleOptions().kind(LrSchedule::kCosine).warmup_steps(2))
+      .clip_grad_norm(0.5)
+      .batch_size(16)
+      .epochs(3)
+      .seed(5)
+      .loss(gpipe::mse_loss)
+      .classification(false);
+}
+
+std::string temp_path(const std::string& name) { return ::testing::TempDir() + "gpipe_train_test_" + name; }
+
+std::vector<torch::Tensor> values(Trainer& trainer) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : trainer.engine().layers()->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+void expect_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b, double tol = 0) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t n = 0; n < a.size(); ++n) {
+    if (tol == 0)
+      EXPECT_TRUE(torch::equal(a[n], b[n])) << "parameter " << n;
+    else
+      EXPECT_TRUE(gpipe::testing::close(a[n], b[n], tol)) << "parameter " << n;
+  }
+}
+
+}  // namespace
+
+TEST(LearningRateTest, WarmUpThenTheSchedule) {
+  const LrScheduleOptions warm = LrScheduleOptions().warmup_steps(4);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, warm, 0, 100, 10), 0.1 * 1 / 4);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, warm, 3, 100, 10), 0.1);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, warm, 50, 100, 10), 0.1);
+  const LrScheduleOptions cosine = LrScheduleOptions(warm).kind(LrSchedule::kCosine);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, cosine, 4, 104, 10), 0.1);           // the top, after warm-up
+  EXPECT_NEAR(gpipe::learning_rate(0.1, cosine, 54, 104, 10), 0.05, 1e-12);       // half way down
+  EXPECT_NEAR(gpipe::learning_rate(0.1, cosine, 104, 104, 10), 0.0, 1e-12);       // the end
+  const LrScheduleOptions step = LrScheduleOptions().kind(LrSchedule::kStep).gamma(0.5);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, step, 9, 100, 10), 0.1);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, step, 10, 100, 10), 0.05);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, step, 25, 100, 10), 0.025);
+}
+
+TEST(OptimizerOptionsTest, RefusesAnotherOptimizersSettings) {
+  using gpipe::testing::expect_invalid;
+  expect_invalid([] { OptimizerOptions().kind(OptimizerKind::kAdam).momentum(0.9).check(); }, "SGD's");
+  expect_invalid([] { OptimizerOptions().kind(OptimizerKind::kSgd).betas(std::make_tuple(0.9, 0.99)).check(); },
+                 "Adam's and AdamW's");
+  expect_invalid([] { OptimizerOptions().kind(OptimizerKind::kSgd).nesterov(true).check(); }, "--momentum above 0");
+  expect_invalid([] { OptimizerOptions().lr(0).check(); }, "learning rate");
+  expect_invalid([] { gpipe::parse_optimizer("lamb"); }, "sgd, adam or adamw");
+  EXPECT_EQ(OptimizerOptions().kind(OptimizerKind::kAdamW).decay(), 0.01);  // torch.optim's default
+  EXPECT_EQ(OptimizerOptions().kind(OptimizerKind::kAdam).decay(), 0.0);
+}
+
+// The trainer over 2 stages, 3 micro-batches, against the loop a PyTorch user writes on one device:
+// the same shuffled batches, clip_grad_norm_, the learning rate of each step, SGD with Nesterov.
+TEST(TrainerTest, EqualsAPlainLoopOnOneDevice) {
+  const gpipe::Dataset data = regression_data();
+  const TrainerOptions options = sgd_options();
+  Trainer trainer(mlp(), PipelineOptions().stages(2).chunks(3), options, data);
+  trainer.fit();
+  EXPECT_EQ(trainer.step(), 4 * 3);  // 4 batches per epoch (the last of 2 rows), 3 epochs
+
+  torch::nn::Sequential model = mlp().build(gpipe::LayerRange{});
+  torch::optim::SGD sgd(model->parameters(),
+                        torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-3));
+  torch::Generator order = at::detail::createCPUGenerator(5);
+  int64_t step = 0;
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    const torch::Tensor perm = torch::randperm(50, order, torch::kLong);
+    for (int64_t first = 0; first < 50; first += 16) {
+      const torch::Tensor rows = perm.narrow(0, first, std::min<int64_t>(16, 50 - first));
+      sgd.zero_grad();
+      gpipe::mse_loss(model->forward(data.input.index_select(0, rows)), data.target.index_select(0, rows)).backward();
+      torch::nn::utils::clip_grad_norm_(model->parameters(), 0.5);
+      const double warm = step < 2 ? 0.05 * static_cast<double>(step + 1) / 2 : 0.0;
+      const double lr = step < 2 ? warm : 0.05 * 0.5 * (1 + std::cos(M_PI * static_cast<double>(step - 2) / 10.0));
+      for (auto& group : sgd.param_groups()) group.options().set_lr(lr);
+      sgd.step();
+      ++step;
+    }
+  }
+  EXPECT_TRUE(gpipe::testing::same_parameters(trainer.engine().layers(), model, /*values=*/true, 1e-5));
+}
+
+// Saved after its first epoch and resumed by a new trainer, a run with Dropout and Adam ends as an
+// unbroken one, bit for bit; another K resumes it too. (The learning rate is constant after its
+// warm-up: a cosine's depends on where the run ends, which the first part changes.)
+TEST(TrainerTest, ResumedRunEndsAsAnUnbrokenOne) {
+  const gpipe::Dataset data = regression_data();
+  const TrainerOptions options = TrainerOptions(sgd_options())
+                                     .optimizer(OptimizerOptions().lr(1e-2))
+                                     .lr_schedule(LrScheduleOptions().warmup_steps(2));
+  const PipelineOptions two = PipelineOptions().stages(2).chunks(3).checkpoint(gpipe::Checkpoint::kAlways);
+  Trainer unbroken(mlp(3, 0.3), two, options, data);
+  unbroken.fit();
+
+  const std::string path = temp_path("resume.pt");
+  Trainer first(mlp(3, 0.3), two, TrainerOptions(options).epochs(1).save(path), data);
+  first.fit();
+  EXPECT_EQ(first.saved_at(), 4);
+  Trainer resumed(mlp(3, 0.3), two, TrainerOptions(options).save(path), data);
+  resumed.resume(path);
+  EXPECT_EQ(resumed.start_step(), 4);
+  resumed.fit();
+  expect_equal(values(resumed), values(unbroken));
+
+  // Without Dropout (whose masks are seeded per stage) one device resumes 2 stages' file.
+  Trainer plain(mlp(), two, options, data);
+  plain.fit();
+  Trainer half(mlp(), two, TrainerOptions(options).epochs(1).save(path), data);
+  half.fit();
+  Trainer one(mlp(), PipelineOptions().stages(1).chunks(3), options, data);
+  one.resume(path);
+  one.fit();
+  expect_equal(values(one), values(plain), 1e-6);
+  std::remove(path.c_str());
+}
+
+// A missing, corrupt or other model's file is refused before anything changes.
+TEST(TrainerTest, RefusesABadSnapshotAndChangesNothing) {
+  using gpipe::testing::expect_invalid;
+  const gpipe::Dataset data = regression_data();
+  const std::string path = temp_path("bad.pt");
+  Trainer saver(mlp(), PipelineOptions().stages(2).chunks(2), TrainerOptions(sgd_options()).epochs(1).save(path),
+                data);
+  saver.fit();
+
+  Trainer trainer(mlp(9), PipelineOptions().stages(2).chunks(2), sgd_options(), data);
+  const std::vector<torch::Tensor> before = values(trainer);
+  expect_invalid([&] { trainer.resume(path + ".missing"); }, "no such file");
+
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::string corrupt = bytes;
+  corrupt[corrupt.size() / 2] = static_cast<char>(corrupt[corrupt.size() / 2] ^ 1);
+  std::ofstream(path + ".corrupt", std::ios::binary) << corrupt;
+  expect_invalid([&] { trainer.resume(path + ".corrupt"); }, "truncated, corrupt");
+  std::ofstream(path + ".short", std::ios::binary) << bytes.substr(0, bytes.size() / 3);
+  expect_invalid([&] { trainer.resume(path + ".short"); }, "truncated, corrupt");
+
+  // A wider model's file: its first layer is [16, 10], not [16, 12].
+  const gpipe::Model wider = gpipe::Model::of("wider", 2, [](gpipe::LayerRange keep) {
+    torch::manual_seed(0);
+    torch::nn::Sequential m;
+    gpipe::add_layer(m, torch::nn::AnyModule(torch::nn::Linear(10, 16)), 0, keep);
+    gpipe::add_layer(m, torch::nn::AnyModule(torch::nn::ReLU()), 1, keep);
+    return m;
+  });
+  Trainer other(wider, PipelineOptions().stages(1), TrainerOptions(sgd_options()).epochs(1).save(path + ".other"),
+                {torch::randn({8, 10}), torch::randn({8, 16})});
+  other.fit();
+  expect_invalid([&] { trainer.resume(path + ".other"); }, "checkpoint of another model");
+  // Adam's file for an SGD run.
+  expect_invalid([&] {
+    Trainer adam(mlp(), PipelineOptions().stages(2).chunks(2), TrainerOptions(sgd_options()).optimizer(OptimizerOptions()),
+                 data);
+    adam.resume(path);
+  }, "resume with the same optimizer");
+  expect_equal(values(trainer), before);
+  EXPECT_EQ(trainer.step(), 0);
+  for (const std::string suffix : {"", ".corrupt", ".short", ".other"}) std::remove((path + suffix).c_str());
+}
+
+// A step whose loss is NaN throws before the update: the parameters and the step count stay; and
+// no snapshot of NaN parameters is written.
+TEST(TrainerTest, NonFiniteLossLeavesTheParametersAsTheyWere) {
+  const gpipe::Dataset data = regression_data();
+  const std::string path = temp_path("nan.pt");
+  std::remove(path.c_str());
+  Trainer trainer(mlp(), PipelineOptions().stages(2).chunks(2),
+                  TrainerOptions(sgd_options()).save(path).loss([](const torch::Tensor& out, const torch::Tensor& y) {
+                    return gpipe::mse_loss(out, y) * std::numeric_limits<float>::quiet_NaN();
+                  }),
+                  data);
+  const std::vector<torch::Tensor> before = values(trainer);
+  EXPECT_THROW(trainer.train_step(torch::arange(16), 1), std::runtime_error);
+  EXPECT_EQ(trainer.step(), 0);
+  expect_equal(values(trainer), before);
+
+  torch::NoGradGuard no_grad;
+  trainer.engine().parameters().front().view(-1)[0] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(trainer.save(), std::runtime_error);
+  EXPECT_FALSE(std::ifstream(path).good());
+}
+
+TEST(TrainerTest, RefusesOptionsThatLeaveNoStep) {
+  using gpipe::testing::expect_invalid;
+  const gpipe::Dataset data = regression_data();
+  expect_invalid([&] { Trainer(mlp(), PipelineOptions().stages(2), TrainerOptions(sgd_options()).batch_size(0), data); },
+                 "batch size");
+  expect_invalid([&] {
+    Trainer(mlp(), PipelineOptions().stages(2), TrainerOptions(sgd_options()).batch_size(64).drop_last(true), data);
+  }, "leaves no step");
+  expect_invalid([&] { Trainer(mlp(), PipelineOptions().stages(2), sgd_options(), gpipe::Dataset{}); },
+                 "no samples");
+  expect_invalid([&] {
+    Trainer(mlp(), PipelineOptions().stages(2), TrainerOptions(sgd_options()).per_device_files(true), data);
+  }, "for mpirun");
+}
