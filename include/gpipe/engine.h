@@ -7,6 +7,7 @@
 // rank; each rank reads what its stages need).
 #pragma once
 
+#include "gpipe/layers.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/schedule.h"
 #include "gpipe/stage.h"
@@ -23,21 +24,6 @@
 #include <vector>
 
 namespace gpipe {
-
-/// Builds the layers of a model that `keep` holds, each named by its index in
-/// the whole model (add_layer does both). It is called once for the whole
-/// model in one process, and once per stage on an MPI rank, so it must build
-/// the same layers with the same initial values whatever range it is asked
-/// for: seed the generator first, create every layer in order, keep the range.
-///
-///   gpipe::LayerBuilder build = [](gpipe::LayerRange keep) {
-///     torch::manual_seed(0);
-///     torch::nn::Sequential model;
-///     gpipe::add_layer(model, torch::nn::AnyModule(torch::nn::Linear(8, 8)), 0, keep);
-///     gpipe::add_layer(model, torch::nn::AnyModule(torch::nn::ReLU()), 1, keep);
-///     return model;
-///   };
-using LayerBuilder = std::function<torch::nn::Sequential(LayerRange keep)>;
 
 /// Where the stages of an engine run.
 enum class Runtime {

@@ -8,6 +8,7 @@
 #include "gpipe/engine.h"
 #include "gpipe/executor.h"
 #include "gpipe/io.h"
+#include "gpipe/layers.h"
 #include "gpipe/memory.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/models.h"

@@ -6,7 +6,7 @@
 // anywhere, even inside a residual block.
 #pragma once
 
-#include "gpipe/workloads.h"
+#include "gpipe/layers.h"
 
 #include <torch/nn/modules/container/sequential.h>
 

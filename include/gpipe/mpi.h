@@ -13,8 +13,8 @@
 // MPI is found); the macro GPIPE_HAS_MPI is then 1.
 #pragma once
 
-#include "gpipe/engine.h"
 #include "gpipe/executor.h"
+#include "gpipe/layers.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/schedule.h"
 #include "gpipe/skip.h"

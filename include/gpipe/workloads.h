@@ -2,6 +2,7 @@
 // a batch-first encoder block and a tied output projection.
 #pragma once
 
+#include "gpipe/layers.h"
 #include "gpipe/stage.h"
 
 #include <torch/nn/module.h>
@@ -42,19 +43,6 @@ class TiedProjectionImpl : public torch::nn::Module {
   torch::Tensor bias;
 };
 TORCH_MODULE(TiedProjection);
-
-/// The layers [first, last) of a model that a builder keeps. An MPI rank keeps
-/// only its stage's: the builder still creates every layer in order, so each
-/// draws the same random numbers as in the whole model, but drops the others
-/// at once, so a rank never holds more than its stage and one layer.
-struct LayerRange {
-  int first = 0;
-  int last = std::numeric_limits<int>::max();
-  bool contains(int layer) const { return layer >= first && layer < last; }
-};
-
-/// Appends `layer` (the model's layer number `index`) to `model` if `keep` holds it.
-void add_layer(torch::nn::Sequential& model, const torch::nn::AnyModule& layer, int index, LayerRange keep);
 
 /// A model with a mini-batch and a loss to train it on.
 struct Workload {

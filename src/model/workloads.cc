@@ -48,10 +48,6 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tenso
                                               target.reshape({-1}));
 }
 
-void add_layer(torch::nn::Sequential& model, const torch::nn::AnyModule& layer, int index, LayerRange keep) {
-  if (keep.contains(index)) model->push_back(std::to_string(index), layer);
-}
-
 namespace {
 
 // widths.size()-1 blocks of [Linear(w_i, w_{i+1}), ReLU].

@@ -2,7 +2,6 @@
 // the micro-batch plan, the step's random seed, and gradients kept aside until the step succeeds.
 #pragma once
 
-#include "gpipe/pipeline.h"
 #include "gpipe/skip.h"
 #include "gpipe/stage.h"
 
