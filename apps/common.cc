@@ -11,8 +11,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
+#include <sstream>
 #include <thread>
+#include <unistd.h>
 
 namespace gpipe::cli {
 
@@ -103,6 +106,34 @@ uint64_t parse_seed(const std::string& text) {
   const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
   if (errno == ERANGE || end != text.c_str() + text.size()) usage_error(rule);
   return static_cast<uint64_t>(value);
+}
+
+Progress::Progress(int epochs, int64_t steps_per_epoch, bool enabled)
+    : epochs_(epochs), steps_(steps_per_epoch), tty_(isatty(fileno(stderr)) != 0), enabled_(enabled) {}
+
+void Progress::update(int epoch, int64_t step, double loss, double samples_per_s, double eta_s) {
+  if (!enabled_) return;
+  const bool every_tenth = steps_ < 10 || step % (steps_ / 10) == 0 || step == steps_;
+  if (!tty_ && !every_tenth) return;
+  std::ostringstream line;
+  line << "epoch " << epoch << "/" << epochs_ << " ";
+  if (tty_) {
+    const int width = 24, filled = static_cast<int>(width * step / steps_);
+    line << "[" << std::string(static_cast<size_t>(filled), '#')
+         << std::string(static_cast<size_t>(width - filled), '.') << "] ";
+  }
+  const int eta = static_cast<int>(eta_s + 0.5);
+  line << "step " << step << "/" << steps_ << "  loss " << std::fixed << std::setprecision(4) << loss << "  "
+       << std::setprecision(0) << samples_per_s << " samples/s  ETA " << eta / 60 << "m" << std::setw(2)
+       << std::setfill('0') << eta % 60 << "s";
+  if (tty_)
+    std::cerr << "\r" << line.str() << "\x1b[K" << std::flush;
+  else
+    std::cerr << line.str() << "\n";
+}
+
+void Progress::end_epoch() {
+  if (tty_ && enabled_) std::cerr << "\n";
 }
 
 }  // namespace gpipe::cli

@@ -57,4 +57,20 @@ auto or_usage_error(const std::string& flag, Fn&& fn) {
   }
 }
 
+/// Progress of a training run on standard error: a bar on a terminal, a plain line every tenth
+/// of an epoch otherwise; nothing when not `enabled`.
+class Progress {
+ public:
+  Progress(int epochs, int64_t steps_per_epoch, bool enabled);
+  /// After step `step` (1-based) of epoch `epoch`.
+  void update(int epoch, int64_t step, double loss, double samples_per_s, double eta_s);
+  void end_epoch();
+
+ private:
+  int epochs_;
+  int64_t steps_;
+  bool tty_;
+  bool enabled_;
+};
+
 }  // namespace gpipe::cli

@@ -69,7 +69,6 @@ struct LayerCost {
 /// A model's layers' costs, and what every parameter byte brings with it.
 struct CostModel {
   std::vector<LayerCost> layers;
-  double input_bytes = 0;  ///< per sample, the model's input
   double loss_kept_bytes = 0;      ///< per sample, what the loss keeps for backward (on the last stage)
   double loss_backward_peak_bytes = 0;  ///< per sample, peak of the loss's backward above that
   /// Bytes of gradient and optimizer state per parameter byte: 1 for plain SGD,

@@ -34,6 +34,21 @@ inline const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 /// package that provides it, or what is wrong with a file.
 Dataset load_fashion_mnist(const std::string& dir, bool train, int64_t limit = 0);
 
+/// `images` (normalized Fashion-MNIST, [N, 1, H, W]) mirrored left to right
+/// where the hash of (row, epoch, seed) says, about half of them: image row r
+/// in epoch e when bit 13 of r·2654435761 + e·40503 + (seed mod 1000003) is
+/// set. `rows` are the images' rows in the data set; a function of (r, e,
+/// seed) alone, so a resumed run mirrors the same images as an unbroken one.
+torch::Tensor mirrored(const torch::Tensor& images, const torch::Tensor& rows, int epoch, uint64_t seed);
+
+/// `clean` normalized Fashion-MNIST images with Gaussian noise of standard
+/// deviation `sigma` in pixel values (0 black, 1 white), drawn from `seed`.
+torch::Tensor add_noise(const torch::Tensor& clean, double sigma, uint64_t seed);
+
+/// Peak signal-to-noise ratio, in dB, of images with mean squared error `mse`
+/// in normalized Fashion-MNIST units (pixel values 0..1).
+double psnr_db(double mse);
+
 /// Reads a dataset saved in Python with `torch.save({'input': X, 'target': Y}, path)`.
 /// Throws std::runtime_error naming the file and the problem: missing keys,
 /// different row counts, no rows, NaN or infinite values.

@@ -1,6 +1,6 @@
-// mpi.h: GPipe across processes: one stage per MPI rank, on one machine or many, times D
-// data-parallel pipeline replicas. The stage executor and the schedule are the
-// ones of a one-process Pipeline; only the transport differs.
+// mpi.h: GPipe across processes: one device per MPI rank (one stage, or V with the interleaved
+// schedule), on one machine or many, times D data-parallel pipeline replicas. The stage executor
+// and the program are the ones of a one-process Pipeline; only the transport differs.
 //
 //   world rank r = replica · K + stage        (K stages, D replicas, np = K·D)
 //

@@ -186,7 +186,8 @@ Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int vi
 /// With `skips`, each skip connection's tensor goes straight from its stashing
 /// stage's forward to its popping stage's, and its gradient straight back from
 /// the popping stage's B or I to the stashing stage's.
-/// The only place in gpipe that decides who talks to whom.
+/// Who talks to whom is decided here; the executors and the transports only
+/// follow the program (the MPI runtime maps each stage to its rank).
 Schedule lower(const Schedule& schedule, Checkpoint mode, const std::vector<SkipRoute>& skips = {});
 
 /// Checks that `schedule` (compute-only or lowered) can run: placement, one F per

@@ -15,6 +15,7 @@
 
 #include "gpipe/data.h"
 #include "gpipe/engine.h"
+#include "gpipe/partition.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/script_model.h"
 #include "gpipe/snapshot.h"
@@ -154,6 +155,29 @@ struct Model {
   /// share (a module used twice) is refused: each rank would keep its own copy.
   static Model of(std::string name, const ScriptModel& source);
 };
+
+/// Runs the whole model (in eval mode, without gradients) on the first two
+/// samples of `data` and checks its output against the targets and the loss,
+/// so that a model that does not fit the data, or targets that do not fit the
+/// loss, are refused before any training. Throws std::invalid_argument naming
+/// the layer that fails and both shapes, or the targets' problem. The run's
+/// random numbers are left as they were.
+void check_model_and_data(const Model& model, const Dataset& data, bool classification);
+
+/// A cut by per-layer cost: the exact min-max partition, and its plan.
+struct CostBalance {
+  std::vector<int> balance;  ///< layers per stage
+  PartitionPlan plan;        ///< stage costs, bottleneck, predicted step (fill-drain)
+  std::string unit;          ///< "parameters", "s" or "bytes"
+};
+
+/// Cuts `model` into `stages` contiguous stages by per-layer cost on one
+/// micro-batch `sample`: `method` "params" (parameter counts), "time"
+/// (forward+backward profiled with `threads` intra-op threads) or "memory"
+/// (activations kept, parameters, gradients and `optimizer_copies` copies of
+/// optimizer state). The run's random numbers are left as they were.
+CostBalance balance_by(const std::string& method, const Model& model, const torch::Tensor& sample, int stages,
+                       int micro_batches, int threads = 1, double optimizer_copies = 2.0);
 
 /// Where a run stands and what it measured.
 struct TrainStats {

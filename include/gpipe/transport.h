@@ -1,8 +1,9 @@
 // transport.h: how boundary tensors travel between stages: activations forward, gradients backward.
 //
 // One message per micro-batch per boundary per direction (the paper's
-// communication pattern). A message is addressed by (from, to, channel,
-// micro-batch), so messages never mix and may arrive in any order.
+// communication pattern), and one per skip connection that crosses stages and
+// per direction. A message is addressed by (from, to, channel, micro-batch),
+// so messages never mix and may arrive in any order.
 #pragma once
 
 #include "gpipe/schedule.h"

@@ -148,7 +148,6 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
   const double rows = static_cast<double>(sample.size(0));
   CostModel costs;
   costs.state_per_parameter_byte = state_per_parameter_byte;
-  costs.input_bytes = static_cast<double>(sample.nbytes()) / rows;
   auto counter = std::make_shared<MemoryCounter>("profile");
   std::vector<bool> saves_input, saves_output, views;  // per layer
   // Where the model's Stash and Pop layers meet (skip.h) while it is profiled here.
@@ -472,7 +471,6 @@ CostModel transformer_costs(const TransformerShape& shape, const DeviceSpec& dev
   const double scale = value / 4.0;  // the byte figures below are measured in float32
   CostModel costs;
   costs.state_per_parameter_byte = state_per_parameter_byte;
-  costs.input_bytes = t * 8.0;  // token indices (int64)
   auto layer = [&](double forward_flops, int64_t parameters, double kept, double output, double forward_work,
                    double backward_peak, double weight_kept) {
     LayerCost c;

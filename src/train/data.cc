@@ -12,6 +12,7 @@
 
 #include <zlib.h>
 
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 #include <stdexcept>
@@ -91,6 +92,23 @@ torch::IValue load_torch_save(const std::string& bytes) {
                                              reader);
   }
   return torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));  // the legacy format
+}
+
+torch::Tensor mirrored(const torch::Tensor& images, const torch::Tensor& rows, int epoch, uint64_t seed) {
+  const torch::Tensor hash = rows * int64_t{2654435761} + int64_t{epoch} * int64_t{40503} +
+                             static_cast<int64_t>(seed % 1000003);
+  const torch::Tensor flip = hash.div(8192, "floor").remainder(2).to(torch::kBool).view({-1, 1, 1, 1});
+  return torch::where(flip, images.flip({3}), images);
+}
+
+torch::Tensor add_noise(const torch::Tensor& clean, double sigma, uint64_t seed) {
+  torch::Generator generator = at::detail::createCPUGenerator(seed);
+  return clean + torch::randn(clean.sizes(), generator, torch::kFloat) * static_cast<float>(sigma / kFashionStd);
+}
+
+double psnr_db(double mse) {
+  const double pixel_mse = mse * kFashionStd * kFashionStd;
+  return 10.0 * std::log10(1.0 / pixel_mse);
 }
 
 Dataset load_tensor_data(const std::string& path) {

@@ -22,6 +22,8 @@ torch::Tensor generator_state(const at::Generator& generator) {
 
 at::Generator default_generator() { return at::globalContext().defaultGenerator(torch::kCPU); }
 
+[[noreturn]] void refuse(const std::string& message) { throw std::invalid_argument("gpipe: " + message); }
+
 // "gpipe: " + text, as every error of the library begins.
 std::string prefixed(const std::string& text) { return text.rfind("gpipe: ", 0) == 0 ? text : "gpipe: " + text; }
 
@@ -123,6 +125,79 @@ Model Model::of(std::string name, const ScriptModel& source) {
     return part;
   };
   return m;
+}
+
+// ---------------------------------------------------------------- checks and the cut
+
+void check_model_and_data(const Model& model, const Dataset& data, bool classification) {
+  GPIPE_CHECK(data.size() > 0, "the training data has no samples");
+  const torch::Tensor sample = data.input.narrow(0, 0, std::min<int64_t>(2, data.input.size(0)));
+  torch::Tensor out;
+  {
+    const RandomStateGuard guard;  // building the whole model draws random numbers
+    torch::NoGradGuard no_grad;
+    torch::nn::Sequential whole = model.build(LayerRange{});
+    whole->eval();
+    const auto names = whole->named_children();
+    out = sample;
+    for (size_t i = 0; i < whole->size(); ++i) {
+      const torch::Tensor in = out;
+      try {
+        out = (whole->begin() + static_cast<std::ptrdiff_t>(i))->forward(in);
+      } catch (const std::exception& e) {
+        whole->train();
+        const std::string index = std::to_string(i);
+        refuse("layer " + index + (names[i].key() == index ? "" : " ('" + names[i].key() + "')") + " fails on " +
+                    (i == 0 ? "the data's first samples, shape " : "the output of layer " + std::to_string(i - 1) +
+                                                                      ", shape ") +
+                    shape_text(in) + ": " + what_of(e) +
+                    (i == 0 ? "; give the model inputs of the shape its first layer takes"
+                            : "; make each layer take the shape the one before it outputs"));
+      }
+    }
+    whole->train();  // the layers may be the training ones (a TorchScript model's)
+  }
+  const torch::Tensor& target = data.target;
+  const auto out_row = out.sizes().slice(1), target_row = target.sizes().slice(1);
+  if (classification) {
+    if (out.dim() < 2)
+      refuse("--loss cross_entropy needs the model to output a score per class (shape [N, classes]), but it "
+                  "outputs " + shape_text(out) + " for 2 samples");
+    const int64_t classes = out.size(-1);
+    if (target_row != out_row.slice(0, out_row.size() - 1))
+      refuse("--loss cross_entropy: the model outputs " + shape_text(out) + " for 2 samples, so the targets "
+                  "must be class indices of shape [N" + (out.dim() > 2 ? ", ..." : std::string()) + "], but they have "
+                  "shape " + shape_text(target) + (target.dim() == 2 && target.size(1) == 1 ? "; squeeze the last "
+                  "dimension (target.squeeze(1) in Python)" : ""));
+    const int64_t low = target.min().item<int64_t>(), high = target.max().item<int64_t>();
+    if (low < 0 || high >= classes)
+      refuse("--loss cross_entropy: the targets hold class " + std::to_string(low < 0 ? low : high) +
+                  ", but the model outputs " + std::to_string(classes) + " classes (0 to " +
+                  std::to_string(classes - 1) + ")");
+  } else if (target_row != out_row) {
+    refuse("--loss mse: the model outputs rows of shape " + shape_text(out.narrow(0, 0, 1).squeeze(0)) +
+                ", but the targets' rows have shape " + shape_text(target.narrow(0, 0, 1).squeeze(0)) +
+                " (targets " + shape_text(target) + "); give targets of the output's shape");
+  }
+}
+
+CostBalance balance_by(const std::string& method, const Model& model, const torch::Tensor& sample, int stages,
+                       int micro_batches, int threads, double optimizer_copies) {
+  GPIPE_CHECK(method == "params" || method == "time" || method == "memory", "unknown cost '", method,
+              "' to balance by; use params, time or memory");
+  torch::nn::Sequential whole;
+  {
+    const RandomStateGuard guard;  // building the whole model draws random numbers
+    whole = model.build(LayerRange{});
+  }
+  const std::vector<double> costs = method == "params" ? parameter_costs(whole)
+                                    : method == "time" ? time_costs(whole, sample, threads)
+                                                       : memory_costs(whole, sample, optimizer_copies);
+  CostBalance out;
+  out.balance = balance_by_cost(costs, stages);
+  out.plan = plan_partition(costs, out.balance, micro_batches);
+  out.unit = method == "params" ? "parameters" : method == "time" ? "s" : "bytes";
+  return out;
 }
 
 // ---------------------------------------------------------------- the trainer

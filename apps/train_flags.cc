@@ -1,0 +1,140 @@
+// train_flags.cc: `gpipe train`'s flags, their help and their checks that need no file.
+#include "commands.h"
+#include "common.h"
+#include "train.h"
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+
+namespace gpipe::cli {
+
+void add_train_command(CLI::App& app, const std::string&, int& status) {
+  auto o = std::make_shared<TrainOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "train", "Train through a GPipe pipeline: a CNN on Fashion-MNIST by default, or --model/--data from Python");
+  sub->add_option("--data-dir", o->data_dir, "folder with the gzipped IDX files of Fashion-MNIST")
+      ->capture_default_str();
+  sub->add_option("--model", o->model_file,
+                  "resnet (a residual network with BatchNorm, cut by --balance-by time), unet (a U-Net that "
+                  "denoises the images; reports PSNR), or FILE: a TorchScript nn.Sequential saved in Python "
+                  "(torch.jit.script(model).save(FILE)) whose top-level children are the layers cut into stages; "
+                  "default: a small CNN");
+  sub->add_option("--data", o->data_file,
+                  "a dataset saved in Python with torch.save({'input': X, 'target': Y}, FILE), "
+                  "instead of Fashion-MNIST (evaluated on itself)");
+  sub->add_option("--loss", o->loss, "cross_entropy (integer class targets) or mse (mean reduction)")
+      ->check(CLI::IsMember({"cross_entropy", "mse"}))->capture_default_str();
+  sub->add_option("--stages", o->stages,
+                  "K, the number of devices (with --schedule interleaved each runs V stages); the built-in CNN on "
+                  "2 is cut {3, 1, 2, 5} interleaved, or {3, 8}; otherwise evenly; under mpirun -np N, one rank per "
+                  "device and N/K pipeline replicas")
+      ->check(at_least(1))->capture_default_str();
+  sub->add_option("--balance", o->balance, "layers per stage, K x V entries, e.g. --balance 3,8 (overrides the cut)")
+      ->delimiter(',')->check(at_least(1));
+  sub->add_option("--balance-by", o->balance_by,
+                  "cut the --stages stages by per-layer cost on one micro-batch: params (parameter counts), "
+                  "time (profiled forward+backward) or memory (activations kept, parameters, gradients, "
+                  "optimizer state); the exact min-max cut, printed with its predicted step")
+      ->check(CLI::IsMember({"params", "time", "memory"}));
+  sub->add_option("--micro-batches", o->micro_batches, "micro-batches M per mini-batch")
+      ->check(at_least(1))->capture_default_str();
+  sub->add_option("--checkpoint", o->checkpoint,
+                  "re-materialization: always, except_last or never (the CNN's activations are small)")
+      ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
+  sub->add_option("--batch-norm", o->batch_norm,
+                  "BatchNorm layers in training: deferred (as the paper: each micro-batch normalized by its own "
+                  "statistics, the running statistics updated once per step from all its rows) or per-micro-batch "
+                  "(updated by each micro-batch, as M small batches would)")
+      ->check(CLI::IsMember({"deferred", "per-micro-batch"}))->capture_default_str();
+  sub->add_option("--augment", o->augment,
+                  "flip: mirror each training image left to right in about half the epochs (chosen per image and "
+                  "epoch from --seed, so a resumed run mirrors alike); none; auto: flip for --model resnet, none "
+                  "otherwise")
+      ->check(CLI::IsMember({"auto", "none", "flip"}))->capture_default_str();
+  sub->add_option("--schedule", o->schedule,
+                  "the order of forwards and backwards: gpipe (fill-drain), 1f1b, interleaved (V stages per "
+                  "device; --micro-batches a multiple of K) or zb1p (zero bubble); auto: interleaved with the cut "
+                  "{3, 1, 2, 5} for the built-in CNN on 2 stages (measured fastest), gpipe otherwise; see gpipe "
+                  "schedule and docs/schedules.md")
+      ->check(CLI::IsMember({"auto", "gpipe", "1f1b", "interleaved", "zb1p"}))->capture_default_str();
+  sub->add_option("--virtual-stages", o->virtual_stages,
+                  "V, stages per device for --schedule interleaved (default 2): the model is cut into K x V stages, "
+                  "stage s on device s mod K")
+      ->check(at_least(1));
+  sub->add_option("--batch-size", o->batch_size, "samples per mini-batch (one optimizer step)")
+      ->check(at_least(1))->capture_default_str();
+  sub->add_flag("--drop-last", o->drop_last,
+                "leave out each epoch's last batch when it is smaller than --batch-size (kept by default, as "
+                "PyTorch's DataLoader keeps it)");
+  sub->add_flag("--no-shuffle{false}", o->shuffle, "take the samples in their order every epoch, instead of shuffled");
+  sub->add_option("--epochs", o->epochs,
+                  "passes over the training set (default: 8 for the CNN, " + std::to_string(kResnetEpochs) +
+                      " for resnet, " + std::to_string(kUnetEpochs) + " for unet)")
+      ->check(at_least(1));
+  sub->add_option("--steps", o->steps, "stop after this many optimizer steps in all, resumed ones included (0: no limit)")
+      ->check(at_least(0))->capture_default_str();
+  sub->add_option("--optimizer", o->optimizer, "sgd, adam or adamw (torch.optim's)")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))->capture_default_str();
+  sub->add_option("--lr", o->lr, "learning rate")->check(positive_number())->capture_default_str();
+  sub->add_option("--momentum", o->momentum, "SGD's momentum (as torch.optim.SGD: default 0)")
+      ->check(non_negative_number())->capture_default_str();
+  sub->add_flag("--nesterov", o->nesterov, "SGD with Nesterov momentum (needs --momentum above 0)");
+  sub->add_option("--weight-decay", o->weight_decay,
+                  "L2 penalty (SGD, Adam) or decoupled weight decay (AdamW); default 0, and 0.01 for adamw, as "
+                  "torch.optim")
+      ->check(non_negative_number());
+  sub->add_option("--betas", o->betas, "Adam's and AdamW's two betas, e.g. --betas 0.9,0.999")
+      ->expected(2)->delimiter(',')->check(fraction_below_one());
+  sub->add_option("--lr-schedule", o->lr_schedule,
+                  "constant (cosine for --model resnet); cosine (from --lr down to 0 over the run); step (times "
+                  "--lr-gamma every --lr-step-size steps); after --warmup-steps of linear warm-up")
+      ->check(CLI::IsMember({"constant", "cosine", "step"}))->capture_default_str();
+  sub->add_option("--warmup-steps", o->warmup_steps, "steps of linear warm-up: step t runs at --lr x (t+1)/W")
+      ->check(at_least(0))->capture_default_str();
+  sub->add_option("--lr-step-size", o->lr_step_size, "--lr-schedule step: steps between decays (default: one epoch)")
+      ->check(at_least(1));
+  sub->add_option("--lr-gamma", o->lr_gamma, "--lr-schedule step: the factor of each decay")
+      ->check(positive_number())->capture_default_str();
+  sub->add_option("--clip-grad-norm", o->clip_grad_norm,
+                  "scale the gradient down to this L2 norm when it is larger: the norm of the whole model's "
+                  "gradient, over every stage and rank, as torch.nn.utils.clip_grad_norm_ on one device")
+      ->check(positive_number());
+  sub->add_option("--seed", o->seed_text, "seed of the model, the shuffling and dropout (0 to 2^64-1)")
+      ->capture_default_str();
+  sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each stage (at most the machine's cores)")
+      ->check(at_least(1))->capture_default_str();
+  sub->add_option("--train-samples", o->train_samples, "use only the first N training samples (0: all)")
+      ->check(at_least(0))->capture_default_str();
+  sub->add_option("--test-samples", o->test_samples, "use only the first N Fashion-MNIST test images (0: all)")
+      ->check(at_least(0))->capture_default_str();
+  sub->add_option("--save", o->save,
+                  "write a checkpoint (model, optimizer, step, random states) after every epoch and at the end, "
+                  "whole or not at all; with --model it is TorchScript that torch.jit.load reads; under mpirun the "
+                  "first rank gathers every stage into this one file");
+  sub->add_option("--resume", o->resume,
+                  "continue from a checkpoint written by --save, with the same model and optimizer and any "
+                  "--stages, schedule or number of ranks");
+  sub->add_flag("--per-stage-files", o->per_stage_files,
+                "under mpirun, --save and --resume use one file per device (its stages), FILE.stage<j>-of-<K>, "
+                "for checkpoints above the 2 GiB one MPI gather carries (resume with the same K)");
+  sub->add_option("--trace", o->trace,
+                  "write the last training step's timeline: an SVG chart if FILE ends in .svg, otherwise "
+                  "Chrome-trace JSON (open it in Perfetto)");
+  sub->add_option("--samples", o->samples,
+                  "--model unet: write FILE.png, the first 8 test images noisy, denoised and clean, one row each "
+                  "(the noise, of standard deviation 0.3 in pixel values, is drawn once from --seed)");
+  sub->add_flag("--json", o->json, "print the summary as JSON on standard output (progress stays on standard error)");
+  sub->callback([o, sub, &status] {
+    o->stages_given = sub->count("--stages") > 0;
+    o->loss_given = sub->count("--loss") > 0;
+    o->lr_schedule_given = sub->count("--lr-schedule") > 0;
+    o->weight_decay_given = sub->count("--weight-decay") > 0;
+    o->betas_given = sub->count("--betas") > 0;
+    o->step_flags_given = sub->count("--lr-step-size") + sub->count("--lr-gamma") > 0;
+    status = run_train(*o);
+  });
+}
+
+}  // namespace gpipe::cli

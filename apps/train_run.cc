@@ -1,0 +1,367 @@
+// train_run.cc: `gpipe train`'s run: the library's trainer with progress, the evaluation after
+// every epoch, the test faults, the timeline, --samples and the summary.
+#include "common.h"
+#include "png_image.h"
+#include "train.h"
+#include "world.h"
+
+#include <gpipe/gpipe.h>
+#include <torch/torch.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <unistd.h>
+
+namespace gpipe::cli {
+namespace {
+
+// ---------------------------------------------------------------- test faults
+
+// A test-only switch, GPIPE_TEST_FAULT: "throw:STEP" makes the loss throw in
+// step STEP (on the last stage); "exit:RANK:STEP" ends rank RANK abruptly before
+// step STEP, as a crash would.
+struct Fault {
+  std::string kind;
+  int rank = -1;
+  int64_t step = -1;
+};
+
+Fault test_fault() {
+  Fault f;
+  const char* text = std::getenv("GPIPE_TEST_FAULT");
+  if (text == nullptr) return f;
+  std::string s(text);
+  const size_t colon = s.find(':');
+  f.kind = s.substr(0, colon);
+  s = colon == std::string::npos ? "" : s.substr(colon + 1);
+  if (f.kind == "exit") {
+    f.rank = std::stoi(s.substr(0, s.find(':')));
+    s = s.substr(s.find(':') + 1);
+  }
+  f.step = s.empty() ? -1 : std::stoll(s);
+  return f;
+}
+
+// ---------------------------------------------------------------- the run
+
+// How the library's trainer runs the flags' training.
+TrainerOptions trainer_options(const TrainOptions& o, LossFn loss) {
+  const LrSchedule schedule = o.lr_schedule == "cosine" ? LrSchedule::kCosine
+                              : o.lr_schedule == "step" ? LrSchedule::kStep
+                                                        : LrSchedule::kConstant;
+  TrainerOptions options;
+  options.optimizer(optimizer_options(o))
+      .lr_schedule(LrScheduleOptions()
+                       .kind(schedule)
+                       .warmup_steps(o.warmup_steps)
+                       .step_size(o.lr_step_size)
+                       .gamma(o.lr_gamma))
+      .clip_grad_norm(o.clip_grad_norm)
+      .batch_size(o.batch_size)
+      .drop_last(o.drop_last)
+      .shuffle(o.shuffle)
+      .seed(o.seed)
+      .epochs(o.epochs)
+      .steps(o.steps)
+      .loss(std::move(loss))
+      .classification(o.loss == "cross_entropy")
+      .save(o.save)
+      .per_device_files(o.per_stage_files);
+  if (o.augment == "flip") {
+    const uint64_t seed = o.seed;
+    options.augment([seed](const torch::Tensor& x, const torch::Tensor& rows, int epoch) {
+      return mirrored(x, rows, epoch, seed);
+    });
+  }
+  return options;
+}
+
+// One training run: the engine, its optimizer, where the run stands, and what it measured.
+class Run {
+ public:
+  Run(const TrainOptions& o, const Model& model, const Data& data, const Cut& cut)
+      : o_(o), model_(model), data_(data), cut_(cut),
+        trainer_(model,
+                 PipelineOptions()
+                     .balance(cut.balance)
+                     .chunks(o.micro_batches)
+                     .checkpoint(parse_checkpoint(o.checkpoint))
+                     .schedule(parse_schedule(o.schedule))
+                     .virtual_stages(o.virtual_stages)
+                     .deferred_batch_norm(o.batch_norm == "deferred")
+                     .threads_per_stage(o.threads),
+                 trainer_options(o, loss()), data.train),
+        engine_(trainer_.engine()), K_(engine_.schedule().devices) {}
+
+  void resume() {
+    if (!o_.resume.empty()) or_usage_error("--resume", [&] { trainer_.resume(o_.resume); return 0; });
+  }
+
+  void print_header() {
+    if (!printing()) return;
+    const std::string devices = std::to_string(K_) + (K_ == 1 ? " device" : " devices");
+    std::cout << "gpipe train: " << model_.name << " on " << (o_.data_file.empty() ? "Fashion-MNIST" : o_.data_file)
+              << ", " << trainer_.samples() << " training samples; "
+              << (o_.virtual_stages > 1 ? devices + " x " + std::to_string(o_.virtual_stages) + " stages "
+                                        : std::to_string(K_) + (K_ == 1 ? " stage " : " stages "))
+              << nlohmann::json(cut_.balance).dump() << ", " << o_.micro_batches << " micro-batches of a batch of "
+              << o_.batch_size << ", schedule " << o_.schedule << ", checkpoint " << o_.checkpoint << ", "
+              << o_.optimizer << " lr " << o_.lr << (o_.lr_schedule != "constant" ? " (" + o_.lr_schedule + ")" : "")
+              << (world().mpi ? ", " + engine_.describe() : "")
+              << (o_.resume.empty() ? "" : ", resumed at step " + std::to_string(trainer_.start_step())) << "\n";
+  }
+
+  // Trains with progress on standard error, the evaluation after every epoch, and the test faults.
+  void train() {
+    Progress progress(o_.epochs, trainer_.steps_per_epoch(), world().prints());
+    TrainerCallbacks callbacks;
+    callbacks.before_step = [this](int64_t step) {
+      if (fault_.kind == "exit" && fault_.rank == world().rank && fault_.step == step) std::_Exit(3);
+      fault_now_ = fault_.kind == "throw" && fault_.step == step;
+    };
+    callbacks.after_step = [&](int epoch, int64_t batch) {
+      if (!o_.trace.empty() && trainer_.step() == trainer_.total_steps()) last_trace_ = engine_.trace();
+      const TrainStats& t = trainer_.stats();
+      progress.update(epoch, batch, t.last_loss, static_cast<double>(t.samples) / t.train_seconds,
+                      static_cast<double>(trainer_.total_steps() - trainer_.step()) * t.train_seconds /
+                          static_cast<double>(trainer_.step() - trainer_.start_step()));
+    };
+    callbacks.after_epoch = [&](int epoch) {
+      progress.end_epoch();
+      report(epoch);
+    };
+    trainer_.fit(callbacks);
+  }
+
+  // The trace, the summary; returns the exit status (1 if an output could not be written).
+  int finish() {
+    if (trainer_.step() == trainer_.start_step()) evaluation_ = evaluate();  // no step ran: say what the restored model does
+    int status = 0;
+    if (!o_.trace.empty() && world().prints()) {
+      if (trainer_.step() == trainer_.start_step()) {
+        print_error_line("gpipe: --trace: no step ran, so there is no timeline to write");
+      } else {
+        try {
+          write_trace(last_trace_, o_.trace);
+        } catch (const std::exception& e) {  // the summary still comes
+          print_error_line("gpipe: --trace: " + without_prefix(e.what()));
+          status = 1;
+        }
+      }
+    }
+    try {
+      write_samples();
+    } catch (const std::exception& e) {  // the summary still comes
+      print_error_line("gpipe: --samples: " + without_prefix(e.what()));
+      status = 1;
+    }
+    const double checksum = engine_.checksum();
+    if (!world().prints()) return status;
+    print_summary(checksum);
+    std::cout.flush();
+    if (!std::cout) {
+      const int error = errno;
+      print_error_line(std::string("gpipe: cannot write to standard output: ") +
+                       (error != 0 ? std::strerror(error) : "write error"));
+      return 1;
+    }
+    return status;
+  }
+
+ private:
+  bool printing() const { return world().prints() && !o_.json; }
+  bool denoising() const { return data_.noisy_psnr > 0; }
+
+  // --samples: the first test images, noisy, denoised and clean, one row each, written by the
+  // process that holds the model's output for them (under MPI, the first replica's last stage).
+  void write_samples() {
+    if (o_.samples.empty()) return;
+    const int64_t n = std::min<int64_t>(8, data_.eval.input.size(0));
+    const torch::Tensor noisy = data_.eval.input.narrow(0, 0, n);
+    torch::nn::Sequential layers = engine_.layers();
+    layers->eval();
+    OutputRows out;
+    {
+      torch::NoGradGuard no_grad;
+      out = engine_.forward(noisy);
+    }
+    layers->train();
+    if (!out.output.defined() || out.first != 0) return;
+    const int64_t shown = out.output.size(0);  // under MPI with replicas, the first replica's share
+    auto row = [shown](const torch::Tensor& images) {  // [n, 1, 28, 28] normalized -> [58, n * 58] pixels
+      const torch::Tensor pixels = (images.detach().cpu() * kFashionStd + kFashionMean).clamp(0, 1).mul(255).round();
+      const torch::Tensor big = torch::nn::functional::interpolate(
+          pixels, torch::nn::functional::InterpolateFuncOptions().scale_factor(std::vector<double>{2, 2})
+                      .mode(torch::kNearest));
+      const torch::Tensor framed = torch::constant_pad_nd(big, {1, 1, 1, 1}, 255);  // white gaps
+      return framed.squeeze(1).permute({1, 0, 2}).reshape({framed.size(2), shown * framed.size(3)});
+    };
+    const torch::Tensor picture = torch::cat(
+        {row(noisy.narrow(0, 0, shown)), row(out.output), row(data_.eval.target.narrow(0, 0, shown))}, 0);
+    write_png(o_.samples, picture.to(torch::kUInt8));
+    if (!o_.json)
+      std::cout << "samples: " << o_.samples << " (rows: noisy, denoised, clean; " << shown << " test images)"
+                << std::endl;
+  }
+
+  Evaluation evaluate() { return trainer_.evaluate(data_.eval); }
+
+  void report(int epoch) {
+    evaluation_ = evaluate();
+    const std::string& eval = data_.eval.name;
+    epochs_.push_back({{"epoch", epoch}, {"step", trainer_.step()}, {"loss", trainer_.stats().last_loss}, {eval + "_loss", evaluation_.loss}});
+    if (data_.classification) epochs_.back()[eval + "_accuracy"] = evaluation_.accuracy;
+    if (denoising()) epochs_.back()[eval + "_psnr_db"] = psnr_db(evaluation_.loss);
+    if (!printing()) return;
+    std::cout << "epoch " << epoch << ": loss " << std::fixed << std::setprecision(4) << trainer_.stats().last_loss;
+    if (data_.classification)
+      std::cout << ", " << eval << " accuracy " << std::setprecision(2) << 100 * evaluation_.accuracy << "%";
+    else if (denoising())
+      std::cout << ", " << eval << " PSNR " << std::setprecision(2) << psnr_db(evaluation_.loss) << " dB (noisy input "
+                << data_.noisy_psnr << " dB)";
+    else
+      std::cout << ", " << eval << " loss " << evaluation_.loss;
+    std::cout << std::endl;
+  }
+
+  void print_summary(double checksum) {
+    const nlohmann::json s = summary(checksum);
+    if (o_.json) {
+      std::cout << s.dump(2) << std::endl;
+      return;
+    }
+    const std::string& eval = data_.eval.name;
+    const int64_t run_steps = trainer_.step() - trainer_.start_step();
+    std::cout << "\nsummary\n";
+    if (run_steps == 0)
+      std::cout << "  no step ran: the checkpoint is at step " << trainer_.step() << ", and the run ends at step "
+                << trainer_.total_steps() << "\n";
+    if (data_.classification)
+      std::cout << "  " << eval << " accuracy  " << std::fixed << std::setprecision(2) << 100 * evaluation_.accuracy
+                << "%\n";
+    else if (denoising())
+      std::cout << "  " << eval << " PSNR      " << std::fixed << std::setprecision(2) << psnr_db(evaluation_.loss)
+                << " dB (noisy input " << data_.noisy_psnr << " dB)\n";
+    else
+      std::cout << "  " << eval << " loss  " << std::fixed << std::setprecision(6) << evaluation_.loss << "\n";
+    std::cout << "  training time  " << std::fixed << std::setprecision(1) << trainer_.stats().train_seconds << " s (" << run_steps
+              << " steps)\n"
+              << "  throughput     " << std::setprecision(0) << s["trainer_.stats().samplesper_s"].get<double>() << " samples/s\n"
+              << "  bubble         " << std::setprecision(1) << 100 * s["bubble"].get<double>()
+              << "% of stage time idle (measured)\n"
+              << "  partition      ";
+    for (size_t j = 0; j < cut_.balance.size(); ++j)
+      std::cout << (j ? " | " : "") << "stage " << j
+                << (o_.virtual_stages > 1 ? " (device " + std::to_string(j % static_cast<size_t>(K_)) + ")" : "")
+                << ": " << cut_.balance[j] << (cut_.balance[j] == 1 ? " layer" : " layers");
+    std::cout << std::endl;
+    if (!o_.save.empty())
+      std::cout << "  saved to       "
+                << (o_.per_stage_files ? trainer_.snapshot_file(o_.save, 0) + " .. " + trainer_.snapshot_file(o_.save, K_ - 1)
+                                       : o_.save)
+                << std::endl;
+  }
+
+  nlohmann::json summary(double checksum) const {
+    const int64_t run_steps = trainer_.step() - trainer_.start_step();
+    const std::string& eval = data_.eval.name;
+    nlohmann::json stages = nlohmann::json::array();
+    for (int j = 0; j < static_cast<int>(cut_.balance.size()); ++j) {
+      stages.push_back({{"stage", j}, {"device", j % K_}, {"layers", cut_.balance[static_cast<size_t>(j)]}});
+      if (!world().mpi) {
+        nlohmann::json names = nlohmann::json::array();
+        const int first = stage_offsets(cut_.balance)[static_cast<size_t>(j)];
+        const auto children = engine_.layers()->children();
+        for (int n = first; n < first + cut_.balance[static_cast<size_t>(j)]; ++n)
+          names.push_back(children[static_cast<size_t>(n)]->name());
+        stages.back()["modules"] = names;
+      }
+    }
+    const nlohmann::json none;  // null: no step ran, so no loss was measured
+    nlohmann::json s = {{"evaluated_on", eval},
+                        {eval + "_loss", evaluation_.loss},
+                        {"first_loss", run_steps > 0 ? nlohmann::json(trainer_.stats().first_loss) : none},
+                        {"final_loss", run_steps > 0 ? nlohmann::json(trainer_.stats().last_loss) : none},
+                        {"no_step_ran", run_steps == 0},
+                        {"train_seconds", trainer_.stats().train_seconds},
+                        {"trainer_.stats().samplesper_s", trainer_.stats().train_seconds > 0 ? static_cast<double>(trainer_.stats().samples) / trainer_.stats().train_seconds : 0.0},
+                        {"steps", trainer_.step()},
+                        {"steps_this_run", run_steps},
+                        {"steps_per_epoch", trainer_.steps_per_epoch()},
+                        {"epochs", epochs_},
+                        {"stages", K_},
+                        {"balance", cut_.balance},
+                        {"partition", stages},
+                        {"plan", cut_.plan},
+                        {"micro_batches", o_.micro_batches},
+                        {"checkpoint", o_.checkpoint},
+                        {"schedule", o_.schedule},
+                        {"virtual_stages", o_.virtual_stages},
+                        {"batch_size", o_.batch_size},
+                        {"drop_last", o_.drop_last},
+                        {"shuffle", o_.shuffle},
+                        {"optimizer", o_.optimizer},
+                        {"lr", o_.lr},
+                        {"lr_schedule", o_.lr_schedule},
+                        {"augment", o_.augment},
+                        {"batch_norm", o_.batch_norm},
+                        {"warmup_steps", o_.warmup_steps},
+                        {"weight_decay", o_.weight_decay},
+                        {"clip_grad_norm", o_.clip_grad_norm},
+                        {"seed", o_.seed},
+                        {"bubble", run_steps > 0 ? trainer_.stats().bubble_sum / static_cast<double>(run_steps) : 0.0},
+                        {"parameter_checksum", checksum},
+                        {"machine", machine()}};
+    if (o_.optimizer == "sgd") {
+      s["momentum"] = o_.momentum;
+      s["nesterov"] = o_.nesterov;
+    } else {
+      s["betas"] = o_.betas;
+    }
+    if (world().mpi) s["mpi"] = {{"ranks", world().size}, {"replicas", world().size / K_}};
+    if (data_.classification) s[eval + "_accuracy"] = evaluation_.accuracy;
+    if (denoising()) {
+      s[eval + "_psnr_db"] = psnr_db(evaluation_.loss);
+      s["noisy_" + eval + "_psnr_db"] = data_.noisy_psnr;
+    }
+    return s;
+  }
+
+  // The loss, or with GPIPE_TEST_FAULT=throw:STEP one that throws in that step.
+  LossFn loss() const {
+    return [this](const torch::Tensor& output, const torch::Tensor& target) {
+      if (fault_now_) throw std::runtime_error("injected fault in the loss (GPIPE_TEST_FAULT)");
+      return data_.loss(output, target);
+    };
+  }
+
+  const TrainOptions& o_;
+  const Model& model_;
+  const Data& data_;
+  const Cut& cut_;
+  const Fault fault_ = test_fault();
+  bool fault_now_ = false;
+  Trainer trainer_;
+  Engine& engine_;
+  const int K_;
+  Evaluation evaluation_;
+  nlohmann::json epochs_ = nlohmann::json::array();
+  StepTrace last_trace_;  // of the last training step, for --trace
+};
+
+}  // namespace
+
+int train_and_report(const TrainOptions& o, const Model& model, const Data& data, const Cut& cut) {
+  Run run(o, model, data, cut);
+  run.resume();
+  run.print_header();
+  run.train();
+  return run.finish();
+}
+
+}  // namespace gpipe::cli
