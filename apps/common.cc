@@ -49,10 +49,6 @@ std::string command_line(int argc, char** argv) {
   return out;
 }
 
-void clear_grads(const std::vector<torch::Tensor>& params) {
-  for (auto p : params) p.mutable_grad() = torch::Tensor();
-}
-
 void usage_error(const std::string& message) { throw UsageError("gpipe: " + message); }
 
 std::string without_prefix(const std::string& message) {

@@ -1,4 +1,5 @@
-// common.h: what the gpipe subcommands share: machine description, statistics, list parsing.
+// common.h: what the gpipe subcommands share: usage errors, machine description, statistics,
+// list parsing, progress on standard error.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -18,9 +19,6 @@ double median(std::vector<double> values);
 
 /// The command line as one string, for result files.
 std::string command_line(int argc, char** argv);
-
-/// Drops every parameter's grad (cheaper than zeroing: the next step writes fresh ones).
-void clear_grads(const std::vector<torch::Tensor>& params);
 
 /// Checks for numeric flags, each with a message that names the rule and the
 /// value: a whole number of at least `least` ("must be a whole number, at least

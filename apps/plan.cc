@@ -2,7 +2,6 @@
 // the cost model (cost_model.h) and the schedule simulator, before anything runs.
 #include "commands.h"
 #include "common.h"
-#include <gpipe/gpipe.h>
 
 #include <gpipe/gpipe.h>
 

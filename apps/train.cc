@@ -9,18 +9,9 @@
 
 #include <CLI/CLI.hpp>
 
-#include <cerrno>
-#include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <functional>
-#include <iomanip>
 #include <iostream>
-#include <limits>
-#include <sstream>
 #include <thread>
-#include <unistd.h>
 
 namespace gpipe::cli {
 OptimizerOptions optimizer_options(const TrainOptions& o) {
@@ -73,7 +64,6 @@ Model choose_model(const TrainOptions& o) {
 
 // ---------------------------------------------------------------- the data
 
-
 Data load_data(const TrainOptions& o) {
   Data d;
   if (!o.data_file.empty()) {
@@ -113,7 +103,6 @@ Data load_data(const TrainOptions& o) {
 }
 
 // ---------------------------------------------------------------- checks and the cut
-
 
 // Every flag that can be judged without reading a file, before any work.
 void check_flags(TrainOptions& o) {
@@ -257,7 +246,6 @@ nlohmann::json settings_of(const TrainOptions& o) {
           {"--per-stage-files", o.per_stage_files}, {"--trace", o.trace}, {"--samples", o.samples},
           {"--json", o.json}};
 }
-
 
 }  // namespace
 

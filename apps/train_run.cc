@@ -9,13 +9,9 @@
 #include <torch/torch.h>
 
 #include <cerrno>
-#include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <iomanip>
 #include <iostream>
-#include <sstream>
-#include <unistd.h>
 
 namespace gpipe::cli {
 namespace {
@@ -50,14 +46,11 @@ Fault test_fault() {
 // ---------------------------------------------------------------- the run
 
 // How the library's trainer runs the flags' training.
-TrainerOptions trainer_options(const TrainOptions& o, LossFn loss) {
-  const LrSchedule schedule = o.lr_schedule == "cosine" ? LrSchedule::kCosine
-                              : o.lr_schedule == "step" ? LrSchedule::kStep
-                                                        : LrSchedule::kConstant;
+TrainerOptions trainer_options(const TrainOptions& o, const Data& data, LossFn loss) {
   TrainerOptions options;
   options.optimizer(optimizer_options(o))
       .lr_schedule(LrScheduleOptions()
-                       .kind(schedule)
+                       .kind(parse_lr_schedule(o.lr_schedule))
                        .warmup_steps(o.warmup_steps)
                        .step_size(o.lr_step_size)
                        .gamma(o.lr_gamma))
@@ -69,7 +62,7 @@ TrainerOptions trainer_options(const TrainOptions& o, LossFn loss) {
       .epochs(o.epochs)
       .steps(o.steps)
       .loss(std::move(loss))
-      .classification(o.loss == "cross_entropy")
+      .classification(data.classification)
       .save(o.save)
       .per_device_files(o.per_stage_files);
   if (o.augment == "flip") {
@@ -81,7 +74,8 @@ TrainerOptions trainer_options(const TrainOptions& o, LossFn loss) {
   return options;
 }
 
-// One training run: the engine, its optimizer, where the run stands, and what it measured.
+// One run of `gpipe train`: the library's trainer, the fault the tests inject, and the report
+// of what the trainer measured.
 class Run {
  public:
   Run(const TrainOptions& o, const Model& model, const Data& data, const Cut& cut)
@@ -95,11 +89,16 @@ class Run {
                      .virtual_stages(o.virtual_stages)
                      .deferred_batch_norm(o.batch_norm == "deferred")
                      .threads_per_stage(o.threads),
-                 trainer_options(o, loss()), data.train),
+                 trainer_options(o, data, loss()), data.train),
         engine_(trainer_.engine()), K_(engine_.schedule().devices) {}
 
   void resume() {
-    if (!o_.resume.empty()) or_usage_error("--resume", [&] { trainer_.resume(o_.resume); return 0; });
+    if (o_.resume.empty()) return;
+    try {
+      trainer_.resume(o_.resume);
+    } catch (const std::invalid_argument& e) {  // a refused file; a failed rank is not a usage error
+      usage_error("--resume: " + without_prefix(e.what()));
+    }
   }
 
   void print_header() {
@@ -127,7 +126,7 @@ class Run {
     callbacks.after_step = [&](int epoch, int64_t batch) {
       if (!o_.trace.empty() && trainer_.step() == trainer_.total_steps()) last_trace_ = engine_.trace();
       const TrainStats& t = trainer_.stats();
-      progress.update(epoch, batch, t.last_loss, static_cast<double>(t.samples) / t.train_seconds,
+      progress.update(epoch, batch, t.last_loss, t.samples_per_s(),
                       static_cast<double>(trainer_.total_steps() - trainer_.step()) * t.train_seconds /
                           static_cast<double>(trainer_.step() - trainer_.start_step()));
     };
@@ -251,7 +250,7 @@ class Run {
       std::cout << "  " << eval << " loss  " << std::fixed << std::setprecision(6) << evaluation_.loss << "\n";
     std::cout << "  training time  " << std::fixed << std::setprecision(1) << trainer_.stats().train_seconds << " s (" << run_steps
               << " steps)\n"
-              << "  throughput     " << std::setprecision(0) << s["trainer_.stats().samplesper_s"].get<double>() << " samples/s\n"
+              << "  throughput     " << std::setprecision(0) << s["samples_per_s"].get<double>() << " samples/s\n"
               << "  bubble         " << std::setprecision(1) << 100 * s["bubble"].get<double>()
               << "% of stage time idle (measured)\n"
               << "  partition      ";
@@ -289,7 +288,7 @@ class Run {
                         {"final_loss", run_steps > 0 ? nlohmann::json(trainer_.stats().last_loss) : none},
                         {"no_step_ran", run_steps == 0},
                         {"train_seconds", trainer_.stats().train_seconds},
-                        {"trainer_.stats().samplesper_s", trainer_.stats().train_seconds > 0 ? static_cast<double>(trainer_.stats().samples) / trainer_.stats().train_seconds : 0.0},
+                        {"samples_per_s", trainer_.stats().samples_per_s()},
                         {"steps", trainer_.step()},
                         {"steps_this_run", run_steps},
                         {"steps_per_epoch", trainer_.steps_per_epoch()},

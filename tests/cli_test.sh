@@ -21,6 +21,7 @@ assert s["final_loss"] < s["first_loss"], (s["first_loss"], s["final_loss"])
 assert s["test_accuracy"] > 0.5, s["test_accuracy"]
 assert len(s["epochs"]) == 2 and s["balance"] == [3, 1, 2, 5] and s["schedule"] == "interleaved"
 assert 0 <= s["bubble"] < 1
+assert s["samples_per_s"] > 0, s["samples_per_s"]
 PY
   then pass "trains; --json summary parses; loss falls; accuracy above chance"
   else fail "summary check"; cat "$work/summary.json"; fi

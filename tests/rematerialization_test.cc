@@ -1,4 +1,4 @@
-// checkpoint_test.cc: re-materialization replays the random stream: Dropout gives the same gradients in every mode.
+// rematerialization_test.cc: re-materialization replays the random stream: Dropout gives the same gradients in every mode.
 #include "helpers.h"
 
 using gpipe::Checkpoint;

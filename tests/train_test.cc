@@ -73,17 +73,26 @@ void expect_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::
 
 TEST(LearningRateTest, WarmUpThenTheSchedule) {
   const LrScheduleOptions warm = LrScheduleOptions().warmup_steps(4);
-  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, warm, 0, 100, 10), 0.1 * 1 / 4);
-  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, warm, 3, 100, 10), 0.1);
-  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, warm, 50, 100, 10), 0.1);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, warm, 0, 100), 0.1 * 1 / 4);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, warm, 3, 100), 0.1);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, warm, 50, 100), 0.1);
   const LrScheduleOptions cosine = LrScheduleOptions(warm).kind(LrSchedule::kCosine);
-  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, cosine, 4, 104, 10), 0.1);           // the top, after warm-up
-  EXPECT_NEAR(gpipe::learning_rate(0.1, cosine, 54, 104, 10), 0.05, 1e-12);       // half way down
-  EXPECT_NEAR(gpipe::learning_rate(0.1, cosine, 104, 104, 10), 0.0, 1e-12);       // the end
-  const LrScheduleOptions step = LrScheduleOptions().kind(LrSchedule::kStep).gamma(0.5);
-  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, step, 9, 100, 10), 0.1);
-  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, step, 10, 100, 10), 0.05);
-  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, step, 25, 100, 10), 0.025);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, cosine, 4, 104), 0.1);           // the top, after warm-up
+  EXPECT_NEAR(gpipe::learning_rate(0.1, cosine, 54, 104), 0.05, 1e-12);       // half way down
+  EXPECT_NEAR(gpipe::learning_rate(0.1, cosine, 104, 104), 0.0, 1e-12);       // the end
+  const LrScheduleOptions step = LrScheduleOptions().kind(LrSchedule::kStep).gamma(0.5).step_size(10);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, step, 9, 100), 0.1);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, step, 10, 100), 0.05);
+  EXPECT_DOUBLE_EQ(gpipe::learning_rate(0.1, step, 25, 100), 0.025);
+}
+
+TEST(LearningRateTest, RefusesMeaninglessSchedules) {
+  using gpipe::testing::expect_invalid;
+  expect_invalid([] { LrScheduleOptions().warmup_steps(-1).check(); }, "warm-up");
+  expect_invalid([] { LrScheduleOptions().step_size(-5).check(); }, "step size");
+  expect_invalid([] { LrScheduleOptions().gamma(0).check(); }, "gamma");
+  expect_invalid([] { LrScheduleOptions().gamma(std::nan("")).check(); }, "gamma");
+  expect_invalid([] { gpipe::learning_rate(0.1, LrScheduleOptions().kind(LrSchedule::kStep), 3, 10); }, "step size");
 }
 
 TEST(OptimizerOptionsTest, RefusesAnotherOptimizersSettings) {
@@ -200,6 +209,17 @@ TEST(TrainerTest, RefusesABadSnapshotAndChangesNothing) {
                 {torch::randn({8, 10}), torch::randn({8, 16})});
   other.fit();
   expect_invalid([&] { trainer.resume(path + ".other"); }, "checkpoint of another model");
+  // A deeper model's file: every parameter of this model is in it, and two more. Refused by the
+  // count that all stages agree on, still before any parameter changes.
+  const gpipe::Model deeper = gpipe::Model::of("deeper", 8, [](gpipe::LayerRange keep) {
+    torch::nn::Sequential m = mlp().build(keep);
+    gpipe::add_layer(m, torch::nn::AnyModule(torch::nn::Linear(4, 4)), 7, keep);
+    return m;
+  });
+  Trainer longer(deeper, PipelineOptions().stages(1), TrainerOptions(sgd_options()).epochs(1).save(path + ".deeper"),
+                 data);
+  longer.fit();
+  expect_invalid([&] { trainer.resume(path + ".deeper"); }, "it holds");
   // Adam's file for an SGD run.
   expect_invalid([&] {
     Trainer adam(mlp(), PipelineOptions().stages(2).chunks(2), TrainerOptions(sgd_options()).optimizer(OptimizerOptions()),
@@ -208,7 +228,7 @@ TEST(TrainerTest, RefusesABadSnapshotAndChangesNothing) {
   }, "resume with the same optimizer");
   expect_equal(values(trainer), before);
   EXPECT_EQ(trainer.step(), 0);
-  for (const std::string suffix : {"", ".corrupt", ".short", ".other"}) std::remove((path + suffix).c_str());
+  for (const std::string suffix : {"", ".corrupt", ".short", ".other", ".deeper"}) std::remove((path + suffix).c_str());
 }
 
 // A step whose loss is NaN throws before the update: the parameters and the step count stay; and
@@ -245,5 +265,7 @@ TEST(TrainerTest, RefusesOptionsThatLeaveNoStep) {
                  "no samples");
   expect_invalid([&] {
     Trainer(mlp(), PipelineOptions().stages(2), TrainerOptions(sgd_options()).per_device_files(true), data);
-  }, "for mpirun");
+  }, "for MPI runs");
+  expect_invalid([&] { Trainer(mlp(), PipelineOptions().stages(2), TrainerOptions(sgd_options()).clip_grad_norm(-1), data); },
+                 "gradient norm");
 }

@@ -25,7 +25,7 @@ constexpr float kFashionMean = 0.2860f;
 constexpr float kFashionStd = 0.3530f;
 
 /// Where Debian's dataset-fashion-mnist installs the data.
-inline const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 
 /// Reads the training (60000) or test (10000) split of Fashion-MNIST from
 /// `dir`: input float32 [N, 1, 28, 28] normalized to mean 0 and standard

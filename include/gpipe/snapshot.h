@@ -13,6 +13,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,19 +41,27 @@ void save_snapshot(const std::string& path, const std::vector<std::string>& part
                      const torch::nn::Sequential& layers, const std::optional<torch::jit::Module>& script,
                      const std::string& optimizer_name, const TrainState& state);
 
-/// What load_snapshot restored.
-struct Restored {
+/// A snapshot read from its file and checked against what this process
+/// holds, not yet restored: read_snapshot makes one, restore_snapshot applies it.
+struct Snapshot {
   TrainState state;
   int64_t parameters_taken = 0;    ///< how many of the file's parameters this process holds
   int64_t parameters_in_file = 0;  ///< how many the file holds: all processes together must take them all
+  std::map<std::string, torch::Tensor> parameters, buffers;  ///< by name in the whole model
+  c10::impl::GenericDict optimizer_states{c10::StringType::get(), c10::AnyType::get()};  ///< by parameter name
+  std::string optimizer_name;
 };
 
-/// Reads a snapshot written by save_snapshot and restores what this
-/// process holds into `layers` and `optimizer`, by name. Everything is
-/// checked (readable, complete, this process's names and shapes present, the
-/// same optimizer) before anything changes; a bad file throws
-/// std::runtime_error saying what is wrong. `script`: the file is TorchScript.
-Restored load_snapshot(const std::string& path, const torch::nn::Sequential& layers,
-                         torch::optim::Optimizer& optimizer, const std::string& optimizer_name, bool script);
+/// Reads a snapshot written by save_snapshot and checks it against `layers`:
+/// readable, complete, this process's names and shapes present, the same
+/// optimizer. Changes nothing; a bad file throws std::runtime_error saying
+/// what is wrong. `script`: the file is TorchScript.
+Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& layers,
+                       const std::string& optimizer_name, bool script);
+
+/// Restores what this process holds of `snapshot` into `layers` and
+/// `optimizer`, by name: the layers read_snapshot checked it against.
+void restore_snapshot(const Snapshot& snapshot, const torch::nn::Sequential& layers,
+                      torch::optim::Optimizer& optimizer);
 
 }  // namespace gpipe

@@ -119,6 +119,9 @@ bool draws_random_numbers(const torch::nn::Sequential& layers);
 /// twice, so an optimizer built on that would step it twice).
 std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& model);
 
+/// Drops the gradients of `params` (undefined, as zero_grad(set_to_none=true)).
+void clear_grads(const std::vector<torch::Tensor>& params);
+
 /// The names of the parameters (or, with `buffers`, the buffers) that two or
 /// more layers of `model` share, one group per tensor, e.g. {{"0.weight",
 /// "9.weight"}}: what PipelineOptions::tied_parameters declares.

@@ -76,6 +76,11 @@ enum class LrSchedule {
   kStep,      ///< times gamma every step_size steps, as StepLR
 };
 
+/// "constant", "cosine", "step": the names the command line uses.
+std::string lr_schedule_name(LrSchedule kind);
+/// The kind named by lr_schedule_name; throws std::invalid_argument for another name.
+LrSchedule parse_lr_schedule(const std::string& name);
+
 struct LrScheduleOptions {
   TORCH_ARG(LrSchedule, kind) = LrSchedule::kConstant;
   /// Steps of linear warm-up first: step t (0-based) runs at lr·(t+1)/W.
@@ -84,12 +89,17 @@ struct LrScheduleOptions {
   TORCH_ARG(int64_t, step_size) = 0;
   /// kStep: the factor of each decay.
   TORCH_ARG(double, gamma) = 0.1;
+
+ public:
+  /// Throws std::invalid_argument for negative warm-up or step size, or a
+  /// gamma that is not a finite number above 0.
+  void check() const;
 };
 
 /// The learning rate of optimizer step `step` (0-based) of `total`, for a base
 /// rate `lr`: the warm-up, then the schedule's factor, as LambdaLR applies it.
-/// `step_size`: kStep's steps between decays (the options' own, resolved).
-double learning_rate(double lr, const LrScheduleOptions& schedule, int64_t step, int64_t total, int64_t step_size);
+/// kStep needs a step_size above 0 here (the Trainer turns 0 into one epoch).
+double learning_rate(double lr, const LrScheduleOptions& schedule, int64_t step, int64_t total);
 
 /// A transformation of a training batch: the rows' input, which rows of the
 /// data set they are, and the epoch (1-based); a function of those alone, so
@@ -186,6 +196,9 @@ struct TrainStats {
   double bubble_sum = 0;      ///< the measured bubble, summed over steps
   double first_loss = 0;      ///< the first step's mean loss in this run
   double last_loss = 0;       ///< the last step's
+
+  /// Samples per second of training-step time; 0 before any step.
+  double samples_per_s() const { return train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0.0; }
 };
 
 /// What fit() tells its caller as it goes.
@@ -263,7 +276,7 @@ class Trainer {
   torch::Tensor epoch_start_shuffle_;
   int64_t steps_per_epoch_ = 1;
   int64_t total_steps_ = 0;
-  int64_t lr_step_size_ = 1;
+  LrScheduleOptions lr_schedule_;  // the options' schedule, its step size resolved
   int64_t start_step_ = 0;
   int64_t step_ = 0;
   int64_t saved_at_ = -1;

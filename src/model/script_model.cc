@@ -3,7 +3,6 @@
 
 #include "gpipe/check.h"
 #include "gpipe/io.h"
-#include "gpipe/stage.h"
 
 #include <torch/torch.h>
 #include <torch/csrc/jit/ir/ir.h>

@@ -140,6 +140,10 @@ std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& model) {
   return out;
 }
 
+void clear_grads(const std::vector<torch::Tensor>& params) {
+  for (auto p : params) p.mutable_grad() = torch::Tensor();
+}
+
 std::vector<std::vector<std::string>> shared_tensors(const torch::nn::Sequential& model, bool buffers) {
   std::map<const void*, std::vector<std::string>> names;  // tensor → its names, one per layer using it
   std::vector<const void*> order;

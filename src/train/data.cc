@@ -4,7 +4,6 @@
 
 #include "gpipe/check.h"
 #include "gpipe/io.h"
-#include "gpipe/stage.h"
 
 #include <torch/torch.h>
 #include <torch/csrc/jit/serialization/import_read.h>

@@ -10,7 +10,6 @@
 
 #include <cstdio>
 #include <map>
-#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <type_traits>
@@ -209,8 +208,8 @@ void save_snapshot(const std::string& path, const std::vector<std::string>& part
   write_file_atomically(path, module_bytes.str());
 }
 
-Restored load_snapshot(const std::string& path, const torch::nn::Sequential& layers,
-                         torch::optim::Optimizer& optimizer, const std::string& optimizer_name, bool script) {
+Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& layers,
+                       const std::string& optimizer_name, bool script) {
   std::string payload = read_file(path);
   if (script) {  // the checkpoint rides in the TorchScript file as an extra file
     torch::jit::ExtraFilesMap extra{{kExtraFile, ""}};
@@ -226,15 +225,20 @@ Restored load_snapshot(const std::string& path, const torch::nn::Sequential& lay
   }
   payload = unsealed(path, std::move(payload));
   Dict dict = new_dict();
-  std::map<std::string, torch::Tensor> parameters, buffers;
+  Snapshot out;
   try {
     dict = unpickle(payload);
     if (!dict.contains("format") || dict.at("format").toStringRef() != kFormat) throw std::runtime_error("format");
     for (const char* key : {"parameter_names", "parameters", "buffer_names", "buffers", "optimizer_name",
                             "optimizer_states", "step", "shuffle_state", "random_state"})
       if (!dict.contains(key)) throw std::runtime_error(key);
-    parameters = named(dict, "parameter");
-    buffers = named(dict, "buffer");
+    out.parameters = named(dict, "parameter");
+    out.buffers = named(dict, "buffer");
+    out.optimizer_name = dict.at("optimizer_name").toStringRef();
+    out.optimizer_states = dict.at("optimizer_states").toGenericDict();
+    out.state.step = dict.at("step").toInt();
+    out.state.shuffle_state = dict.at("shuffle_state").toTensor();
+    out.state.random_state = dict.at("random_state").toTensor();
   } catch (const std::exception&) {
     throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint; resume from a file "
                              "written by gpipe train --save");
@@ -249,27 +253,26 @@ Restored load_snapshot(const std::string& path, const torch::nn::Sequential& lay
       throw std::runtime_error(path + " is a checkpoint of another model: its " + what + " " + name + " is " +
                                shape_text(it->second) + ", this model's " + shape_text(mine));
   };
-  for (const auto& p : layers->named_parameters()) check("parameter", p.key(), p.value(), parameters);
-  for (const auto& b : layers->named_buffers()) check("buffer", b.key(), b.value(), buffers);
-  if (dict.at("optimizer_name").toStringRef() != optimizer_name)
-    throw std::runtime_error(path + " was trained with --optimizer " + dict.at("optimizer_name").toStringRef() +
+  for (const auto& p : layers->named_parameters()) check("parameter", p.key(), p.value(), out.parameters);
+  for (const auto& b : layers->named_buffers()) check("buffer", b.key(), b.value(), out.buffers);
+  if (out.optimizer_name != optimizer_name)
+    throw std::runtime_error(path + " was trained with --optimizer " + out.optimizer_name +
                              "; resume with the same optimizer");
-  const Dict states = dict.at("optimizer_states").toGenericDict();
+  out.parameters_taken = static_cast<int64_t>(layers->named_parameters().size());
+  out.parameters_in_file = static_cast<int64_t>(out.parameters.size());
+  return out;
+}
 
-  // Everything is read and checked: now restore.
-  Restored out;
+void restore_snapshot(const Snapshot& snapshot, const torch::nn::Sequential& layers,
+                      torch::optim::Optimizer& optimizer) {
   torch::NoGradGuard no_grad;
   for (auto& p : layers->named_parameters()) {
-    p.value().copy_(parameters.at(p.key()));
-    if (states.contains(p.key())) install_state(optimizer, optimizer_name, p.value(), states.at(p.key()).toGenericDict());
-    ++out.parameters_taken;
+    p.value().copy_(snapshot.parameters.at(p.key()));
+    if (snapshot.optimizer_states.contains(p.key()))
+      install_state(optimizer, snapshot.optimizer_name, p.value(),
+                    snapshot.optimizer_states.at(p.key()).toGenericDict());
   }
-  for (auto& b : layers->named_buffers()) b.value().copy_(buffers.at(b.key()));
-  out.parameters_in_file = static_cast<int64_t>(parameters.size());
-  out.state.step = dict.at("step").toInt();
-  out.state.shuffle_state = dict.at("shuffle_state").toTensor();
-  out.state.random_state = dict.at("random_state").toTensor();
-  return out;
+  for (auto& b : layers->named_buffers()) b.value().copy_(snapshot.buffers.at(b.key()));
 }
 
 }  // namespace gpipe

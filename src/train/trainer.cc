@@ -54,6 +54,22 @@ OptimizerKind parse_optimizer(const std::string& name) {
   return OptimizerKind::kAdam;
 }
 
+std::string lr_schedule_name(LrSchedule kind) {
+  switch (kind) {
+    case LrSchedule::kConstant: return "constant";
+    case LrSchedule::kCosine: return "cosine";
+    case LrSchedule::kStep: return "step";
+  }
+  return "?";
+}
+
+LrSchedule parse_lr_schedule(const std::string& name) {
+  for (LrSchedule kind : {LrSchedule::kConstant, LrSchedule::kCosine, LrSchedule::kStep})
+    if (lr_schedule_name(kind) == name) return kind;
+  GPIPE_CHECK(false, "unknown learning-rate schedule '", name, "'; use constant, cosine or step");
+  return LrSchedule::kConstant;
+}
+
 double OptimizerOptions::decay() const {
   return weight_decay().value_or(kind() == OptimizerKind::kAdamW ? 0.01 : 0.0);  // torch.optim's defaults
 }
@@ -80,7 +96,16 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& 
   return std::make_unique<optim::Adam>(params, optim::AdamOptions(o.lr()).betas(betas).weight_decay(o.decay()));
 }
 
-double learning_rate(double lr, const LrScheduleOptions& schedule, int64_t step, int64_t total, int64_t step_size) {
+void LrScheduleOptions::check() const {
+  GPIPE_CHECK(warmup_steps() >= 0, "the warm-up must be 0 steps or more (got ", warmup_steps(), ")");
+  GPIPE_CHECK(step_size() >= 0, "the LR step size must be 0 (one epoch) or more steps (got ", step_size(), ")");
+  GPIPE_CHECK(std::isfinite(gamma()) && gamma() > 0, "the LR decay factor gamma must be a finite number above 0 (got ",
+              gamma(), ")");
+}
+
+double learning_rate(double lr, const LrScheduleOptions& schedule, int64_t step, int64_t total) {
+  GPIPE_CHECK(schedule.kind() != LrSchedule::kStep || schedule.step_size() > 0,
+              "the step schedule needs a step size above 0 (got ", schedule.step_size(), ")");
   const int64_t W = schedule.warmup_steps();
   if (step < W) return lr * static_cast<double>(step + 1) / static_cast<double>(W);
   const double t = static_cast<double>(step - W);
@@ -89,7 +114,7 @@ double learning_rate(double lr, const LrScheduleOptions& schedule, int64_t step,
     return lr * 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, t / span)));
   }
   if (schedule.kind() == LrSchedule::kStep)
-    return lr * std::pow(schedule.gamma(), std::floor(t / static_cast<double>(step_size)));
+    return lr * std::pow(schedule.gamma(), std::floor(t / static_cast<double>(schedule.step_size())));
   return lr;
 }
 
@@ -212,6 +237,10 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
   GPIPE_CHECK(options_.steps() >= 0, "the step limit must be 0 (none) or more (got ", options_.steps(), ")");
   GPIPE_CHECK(options_.loss() != nullptr, "the trainer needs a loss function");
   options_.optimizer().check();
+  options_.lr_schedule().check();
+  GPIPE_CHECK(std::isfinite(options_.clip_grad_norm()) && options_.clip_grad_norm() >= 0,
+              "the gradient norm to clip to must be 0 (never) or a finite number above 0 (got ",
+              options_.clip_grad_norm(), ")");
   // A last batch smaller than the batch size is kept (as PyTorch's DataLoader), unless drop_last.
   const int64_t B = options_.batch_size();
   steps_per_epoch_ = options_.drop_last() ? N / B : (N + B - 1) / B;
@@ -219,12 +248,16 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
               " training samples leaves no step; use a smaller batch");
   const int64_t all = steps_per_epoch_ * options_.epochs();
   total_steps_ = options_.steps() > 0 ? std::min(options_.steps(), all) : all;
-  lr_step_size_ = options_.lr_schedule().step_size() > 0 ? options_.lr_schedule().step_size() : steps_per_epoch_;
-  engine_ = make_engine(model_.build, model_.layers, PipelineOptions(pipeline).tied_parameters(model_.tied), runtime);
+  lr_schedule_ = options_.lr_schedule();
+  if (lr_schedule_.step_size() == 0) lr_schedule_.step_size(steps_per_epoch_);
+  // The model's own ties join any the caller declared.
+  PipelineOptions with_ties = pipeline;
+  with_ties.tied_parameters().insert(with_ties.tied_parameters().end(), model_.tied.begin(), model_.tied.end());
+  engine_ = make_engine(model_.build, model_.layers, with_ties, runtime);
   optimizer_ = make_optimizer(options_.optimizer(), engine_->parameters());
   GPIPE_CHECK(!options_.per_device_files() || engine_->device() >= 0,
-              "--per-stage-files is for mpirun, where each stage writes its own file; in one process --save "
-              "writes the whole model");
+              "per-device files are for MPI runs, where each device writes its own; in one process the "
+              "trainer saves the whole model to one file");
   // Per-device files are written by replica 0's ranks: checked there, before training.
   if (options_.per_device_files() && !options_.save().empty())
     on_every_rank([&] {
@@ -255,17 +288,17 @@ std::string Trainer::snapshot_file(const std::string& path, int device) const {
 void Trainer::resume(const std::string& resume_path) {
   const std::string path = snapshot_file(resume_path);
   const std::string optimizer = optimizer_name(options_.optimizer().kind());
-  // Every rank reads the file and takes what it holds: all of them refuse it, or none.
-  Restored r;
+  // Every rank reads and checks the file: all of them refuse it, or none, before any restores it.
+  Snapshot r;
   on_every_rank([&] {
     if (!std::filesystem::is_regular_file(path))
       throw std::invalid_argument(
           "no such file: " + path +
           (options_.per_device_files() ? " (each device has its own file; resume with the K of the run that saved)"
                                        : ""));
-    r = load_snapshot(path, engine_->layers(), *optimizer_, optimizer, model_.script.has_value());
+    r = read_snapshot(path, engine_->layers(), optimizer, model_.script.has_value());
   });
-  // Every parameter of the file was taken by some stage: it is this model's, not a larger one's.
+  // Every parameter of the file is taken by some stage: it is this model's, not a larger one's.
   const double taken = engine_->sum(engine_->replica() == 0 ? static_cast<double>(r.parameters_taken) : 0.0);
   const int64_t expected = options_.per_device_files() ? r.parameters_taken : static_cast<int64_t>(taken);
   GPIPE_CHECK(r.parameters_in_file == expected, path, " is a checkpoint of another model: it holds ",
@@ -273,6 +306,7 @@ void Trainer::resume(const std::string& resume_path) {
   GPIPE_CHECK(engine_->same_everywhere(static_cast<double>(r.state.step)), "the per-device files of ", resume_path,
               " are from different steps (this rank's, ", path, ", from step ", r.state.step,
               "); a run stopped while saving: resume from another checkpoint");
+  restore_snapshot(r, engine_->layers(), *optimizer_);
   shuffle_.set_state(r.state.shuffle_state);
   epoch_start_shuffle_ = r.state.shuffle_state;  // what a save before any step writes back
   at::Generator random = default_generator();
@@ -302,7 +336,7 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
   if (options_.augment()) x = options_.augment()(x, rows, epoch);
   const torch::Tensor y = train_.target.index_select(0, rows);
   const int64_t begin = now_ns();
-  for (auto p : engine_->parameters()) p.mutable_grad() = torch::Tensor();  // the step writes fresh ones
+  clear_grads(engine_->parameters());  // the step writes fresh ones
   const double loss = engine_->train_step(x, y, options_.loss()).item<double>();
   // The loss is the same on every rank: all stop together, before the update, the parameters as they were.
   if (!std::isfinite(loss))
@@ -315,7 +349,7 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
                              "; lower --lr, or add --clip-grad-norm");
   if (options_.clip_grad_norm() > 0) engine_->clip_gradients(options_.clip_grad_norm());
   const double lr =
-      learning_rate(options_.optimizer().lr(), options_.lr_schedule(), step_, total_steps_, lr_step_size_);
+      learning_rate(options_.optimizer().lr(), lr_schedule_, step_, total_steps_);
   if (!(lr <= std::numeric_limits<float>::max())) {  // the parameters are float: the update would overflow
     std::ostringstream text;
     text << "gpipe: the learning rate of step " << step_ + 1 << " is " << lr
