@@ -4,12 +4,16 @@
 #include "world.h"
 
 #include <gpipe/device.h>
+#include <gpipe/io.h>
+#include <gpipe/schedule.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -18,6 +22,16 @@
 #include <unistd.h>
 
 namespace gpipe::cli {
+
+std::vector<std::string> schedule_choices() {
+  std::vector<std::string> names;
+  for (ScheduleKind kind : all_schedules()) names.push_back(to_string(kind));
+  return names;
+}
+
+std::vector<std::string> checkpoint_choices() {
+  return {to_string(Checkpoint::kAlways), to_string(Checkpoint::kExceptLast), to_string(Checkpoint::kNever)};
+}
 
 nlohmann::json machine() {
   std::string cpu = "unknown";
@@ -41,6 +55,24 @@ double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+std::string fixed(double value, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << value;
+  return out.str();
+}
+
+void write_results(const std::string& path, const nlohmann::json& rows, const std::string& command) {
+  if (path.empty()) return;
+  const std::filesystem::path file(path);
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  const nlohmann::json doc = {{"command", command}, {"date", date}, {"machine", machine()}, {"results", rows}};
+  write_file_atomically(path, doc.dump(2) + "\n");
+  std::cerr << "results written to " << path << "\n";
 }
 
 std::string command_line(int argc, char** argv) {

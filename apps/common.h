@@ -17,6 +17,13 @@ nlohmann::json machine();
 
 double median(std::vector<double> values);
 
+/// `value` with `digits` decimals.
+std::string fixed(double value, int digits);
+
+/// Writes a benchmark's `rows` to `path` (nothing when it is empty), whole or not at all, with the
+/// command, the date and the machine; says so on standard error.
+void write_results(const std::string& path, const nlohmann::json& rows, const std::string& command);
+
 /// The command line as one string, for result files.
 std::string command_line(int argc, char** argv);
 
@@ -27,6 +34,11 @@ CLI::Validator at_least(int64_t least);
 CLI::Validator positive_number();
 CLI::Validator non_negative_number();
 CLI::Validator fraction_below_one();
+
+/// The names of the library's schedules ("gpipe", "1f1b", ...) and re-materialization modes
+/// ("always", "except_last", "never"), for flags that take them.
+std::vector<std::string> schedule_choices();
+std::vector<std::string> checkpoint_choices();
 
 /// Parses a seed: a whole number from 0 to 2^64-1; throws UsageError otherwise.
 uint64_t parse_seed(const std::string& text);

@@ -33,7 +33,7 @@ struct PlanOptions {
   double bandwidth_gb_s = 25.0;
   std::string optimizer = "adam";
   int64_t batch = 0;
-  std::vector<std::string> schedules{"gpipe", "1f1b", "interleaved", "zb1p"};
+  std::vector<std::string> schedules = schedule_choices();
   std::vector<std::string> checkpoints{"never", "except_last", "always"};
   std::vector<int> stages;         // K to consider (empty: every divisor of the devices)
   std::vector<int> micro_batches;  // M to consider (empty: powers of two up to max(8, 4·K) and the rows)
@@ -218,17 +218,18 @@ int run(const PlanOptions& o) {
     }
     for (const std::string& schedule : o.schedules)
       for (int M : micro) {
-        const int V = schedule == "interleaved" ? 2 : 1;
-        if (V > 1 && (K == 1 || M % K != 0 || K * V > stage_units)) continue;
-        if (schedule == "zb1p" && K == 1) continue;  // one device: nothing to fill
-        const std::vector<int> balance = cut_of(m, K * V);
-        Schedule compute;
-        try {
-          compute = make_schedule(parse_schedule(schedule), K, M, V);
-        } catch (const std::invalid_argument&) {
-          continue;  // a shape this schedule does not take
-        }
+        const ScheduleKind kind = parse_schedule(schedule);
+        const int V = default_virtual_stages(kind);
+        if (K * V > stage_units) continue;
+        if (kind == ScheduleKind::kZB1P && K == 1) continue;  // one device: nothing to fill
         for (const std::string& checkpoint : o.checkpoints) {
+          PipelinePlan plan;
+          try {
+            plan = make_plan(L, PipelineOptions().balance(cut_of(m, K * V)).micro_batches(M).schedule(kind)
+                                    .checkpoint(parse_checkpoint(checkpoint)));
+          } catch (const std::invalid_argument&) {
+            break;  // a shape this schedule does not take (interleaved with M not a multiple of K, say)
+          }
           Candidate c;
           c.K = K;
           c.D = D;
@@ -236,8 +237,8 @@ int run(const PlanOptions& o) {
           c.V = V;
           c.schedule = schedule;
           c.checkpoint = checkpoint;
-          c.balance = balance;
-          c.predicted = predict(costs, balance, lower(compute, parse_checkpoint(checkpoint)), chunk_sizes(rows, M));
+          c.balance = plan.balance;
+          c.predicted = predict(costs, plan, chunk_sizes(rows, M));
           // Replicas sum their gradients: a ring all-reduce of the largest stage's gradients.
           int64_t largest_static = 0;
           for (int64_t s : c.predicted.static_bytes) largest_static = std::max(largest_static, s);
@@ -363,9 +364,9 @@ void add_plan_command(CLI::App& app, const std::string&, int& status) {
       ->check(CLI::IsMember({"sgd", "momentum", "adam"}))->capture_default_str();
   sub->add_option("--batch", o->batch, "the global batch, rows per step")->required()->check(at_least(1));
   sub->add_option("--schedule", o->schedules, "schedules to consider")
-      ->delimiter(',')->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1p"}))->capture_default_str();
+      ->delimiter(',')->check(CLI::IsMember(schedule_choices()))->capture_default_str();
   sub->add_option("--checkpoint", o->checkpoints, "checkpoint modes to consider")
-      ->delimiter(',')->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
+      ->delimiter(',')->check(CLI::IsMember(checkpoint_choices()))->capture_default_str();
   sub->add_option("--stages", o->stages, "pipeline depths K to consider (default: every divisor of --devices)")
       ->delimiter(',')->check(at_least(1));
   sub->add_option("--micro-batches", o->micro_batches, "micro-batch counts M to consider (default: 1, 2, 4, ... up to max(8, 4·K) "

@@ -18,13 +18,14 @@ struct ScheduleOptions {
   std::string schedule = "gpipe";
   int stages = 2;
   int micro_batches = 4;
-  int virtual_stages = 1;
+  int virtual_stages = 0;  // 0: the schedule's own (default_virtual_stages)
   std::string checkpoint = "never";
   bool program = false;
   bool json = false;
 };
 
-int run(const ScheduleOptions& o) {
+int run(ScheduleOptions o) {
+  if (o.virtual_stages == 0) o.virtual_stages = default_virtual_stages(parse_schedule(o.schedule));
   const Schedule compute = make_schedule(parse_schedule(o.schedule), o.stages, o.micro_batches, o.virtual_stages);
   const Schedule program = lower(compute, parse_checkpoint(o.checkpoint));
   validate(program);
@@ -70,19 +71,16 @@ void add_schedule_command(CLI::App& app, const std::string& /*command*/, int& st
   CLI::App* sub = app.add_subcommand("schedule", "print a schedule's step program as a grid, with its simulated "
                                                  "bubble and peak in-flight micro-batches per device");
   sub->add_option("--schedule", o->schedule, "gpipe (fill-drain), 1f1b, interleaved or zb1p")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb1p"}))->capture_default_str();
+      ->check(CLI::IsMember(schedule_choices()))->capture_default_str();
   sub->add_option("--stages", o->stages, "K, the number of devices")->check(at_least(1))->capture_default_str();
   sub->add_option("--micro-batches", o->micro_batches, "M")->check(at_least(1))->capture_default_str();
   sub->add_option("--virtual-stages", o->virtual_stages, "V, stages per device (interleaved; default 2 there, else 1)")
       ->check(at_least(1));
   sub->add_option("--checkpoint", o->checkpoint, "always, except_last or never: the recompute flags of --program")
-      ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
+      ->check(CLI::IsMember(checkpoint_choices()))->capture_default_str();
   sub->add_flag("--program", o->program, "also print each device's lowered program, sends and receives included");
   sub->add_flag("--json", o->json, "one JSON object: the program, its simulated bubble and peaks");
-  sub->callback([o, sub, &status] {
-    if (o->schedule == "interleaved" && sub->count("--virtual-stages") == 0) o->virtual_stages = 2;  // as gpipe train
-    status = run(*o);
-  });
+  sub->callback([o, &status] { status = run(*o); });
 }
 
 }  // namespace gpipe::cli

@@ -14,6 +14,17 @@
 #include <thread>
 
 namespace gpipe::cli {
+
+PipelineOptions pipeline_options(const TrainOptions& o) {
+  return PipelineOptions()
+      .micro_batches(o.micro_batches)
+      .checkpoint(parse_checkpoint(o.checkpoint))
+      .schedule(parse_schedule(o.schedule))
+      .virtual_stages(o.virtual_stages)
+      .deferred_batch_norm(o.batch_norm == "deferred")
+      .threads_per_device(o.threads);
+}
+
 OptimizerOptions optimizer_options(const TrainOptions& o) {
   OptimizerOptions options;
   options.kind(parse_optimizer(o.optimizer)).lr(o.lr).momentum(o.momentum).nesterov(o.nesterov);
@@ -40,7 +51,7 @@ void choose_schedule(TrainOptions& o) {
                        (o.virtual_stages == 0 || o.virtual_stages == 2) && o.micro_batches % 2 == 0;
     o.schedule = tuned || o.virtual_stages > 1 ? "interleaved" : "gpipe";
   }
-  if (o.virtual_stages == 0) o.virtual_stages = o.schedule == "interleaved" ? 2 : 1;
+  if (o.virtual_stages == 0) o.virtual_stages = default_virtual_stages(parse_schedule(o.schedule));
 }
 
 // What is trained: the built-in CNN, ResNet or U-Net, or a TorchScript model from Python.
@@ -192,40 +203,37 @@ void check_flags(TrainOptions& o) {
 Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
   const int layers = model.layers, V = o.virtual_stages;
   Cut cut;
+  // The plan checks K, V, M, the balance and the schedule; its errors name the flag they concern.
+  PipelineOptions options = pipeline_options(o);
+  options.devices(o.balance.empty() || o.stages_given ? o.stages : 0).balance(o.balance);
+  const std::string flag = !o.balance.empty() ? "--balance" : "--stages " + std::to_string(o.stages);
+  const PipelinePlan plan = or_usage_error(flag, [&] { return make_plan(layers, options); });
   if (!o.balance.empty()) {
-    or_usage_error("--balance", [&] { check_balance(o.balance, layers); return 0; });
-    const int entries = static_cast<int>(o.balance.size());
-    if (entries % V != 0)
-      usage_error("--balance has " + std::to_string(entries) + " stages, not a multiple of --virtual-stages " +
-                  std::to_string(V) + "; give K x V entries (stage s runs on device s mod K)");
-    if (o.stages_given && int64_t{o.stages} * V != entries)
-      usage_error("--stages " + std::to_string(o.stages) + (V > 1 ? " x --virtual-stages " + std::to_string(V) : "") +
-                  " and --balance (" + std::to_string(entries) + " stages) disagree; give one of them");
-    cut.balance = o.balance;
+    cut.balance = plan.balance;
     return cut;
   }
-  if (int64_t{o.stages} * V > layers)
-    usage_error("--stages " + std::to_string(o.stages) + (V > 1 ? " x --virtual-stages " + std::to_string(V) : "") +
-                " is more than the model's " + std::to_string(layers) + " layers; use at most " +
-                std::to_string(layers / V) + " stages");
   if (o.balance_by.empty()) {
     const bool cnn_on_two = o.model_file.empty() && o.stages == 2;
     cut.balance = cnn_on_two && V == 1   ? kFashionBalance
                   : cnn_on_two && V == 2 ? kFashionInterleavedBalance
-                                         : even_balance(layers, o.stages * V);
+                                         : plan.balance;
     return cut;
   }
   // --balance-by: per-layer costs on one micro-batch, then the exact min-max cut.
   const int64_t N = data.train.size();
   const torch::Tensor sample = data.train.input.narrow(0, 0, chunk_sizes(std::min(o.batch_size, N), o.micro_batches).front());
   const CostBalance by = balance_by(o.balance_by, model, sample, o.stages, o.micro_batches, o.threads,
-                                    o.optimizer == "sgd" ? 2.0 : 3.0);
+                                    o.optimizer == "sgd" ? 2.0 : 3.0, parse_schedule(o.schedule));
   cut.balance = by.balance;
-  const PartitionPlan& plan = by.plan;
-  if (!o.json && world().prints()) std::cout << "balance by " << o.balance_by << ":\n" << format_plan(plan, by.unit);
-  cut.plan = {{"balance_by", o.balance_by},         {"unit", by.unit},
-              {"stage_costs", plan.stage_costs},    {"bottleneck_stage", plan.bottleneck_stage},
-              {"predicted_step", plan.predicted_step}, {"predicted_efficiency", plan.predicted_efficiency}};
+  const PartitionPlan& by_cost = by.plan;
+  if (!o.json && world().prints())
+    std::cout << "balance by " << o.balance_by << ":\n" << format_plan(by_cost, by.unit);
+  cut.plan = {{"balance_by", o.balance_by},
+              {"unit", by.unit},
+              {"stage_costs", by_cost.stage_costs},
+              {"bottleneck_stage", by_cost.bottleneck_stage},
+              {"predicted_step", by_cost.predicted_step},
+              {"predicted_efficiency", by_cost.predicted_efficiency}};
   return cut;
 }
 

@@ -92,6 +92,9 @@ struct Cut {
   nlohmann::json plan;  // --balance-by's plan, for the summary
 };
 
+/// The pipeline the flags describe, without its cut (train.cc).
+PipelineOptions pipeline_options(const TrainOptions& o);
+
 /// The optimizer the flags describe (train.cc).
 OptimizerOptions optimizer_options(const TrainOptions& o);
 

@@ -42,7 +42,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
       ->check(at_least(1))->capture_default_str();
   sub->add_option("--checkpoint", o->checkpoint,
                   "re-materialization: always, except_last or never (the CNN's activations are small)")
-      ->check(CLI::IsMember({"always", "except_last", "never"}))->capture_default_str();
+      ->check(CLI::IsMember(checkpoint_choices()))->capture_default_str();
   sub->add_option("--batch-norm", o->batch_norm,
                   "BatchNorm layers in training: deferred (as the paper: each micro-batch normalized by its own "
                   "statistics, the running statistics updated once per step from all its rows) or per-micro-batch "
@@ -58,7 +58,12 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "device; --micro-batches a multiple of K) or zb1p (zero bubble); auto: interleaved with the cut "
                   "{3, 1, 2, 5} for the built-in CNN on 2 stages (measured fastest), gpipe otherwise; see gpipe "
                   "schedule and docs/schedules.md")
-      ->check(CLI::IsMember({"auto", "gpipe", "1f1b", "interleaved", "zb1p"}))->capture_default_str();
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> names = schedule_choices();
+        names.insert(names.begin(), "auto");
+        return names;
+      }()))
+      ->capture_default_str();
   sub->add_option("--virtual-stages", o->virtual_stages,
                   "V, stages per device for --schedule interleaved (default 2): the model is cut into K x V stages, "
                   "stage s on device s mod K")

@@ -80,17 +80,8 @@ class Run {
  public:
   Run(const TrainOptions& o, const Model& model, const Data& data, const Cut& cut)
       : o_(o), model_(model), data_(data), cut_(cut),
-        trainer_(model,
-                 PipelineOptions()
-                     .balance(cut.balance)
-                     .chunks(o.micro_batches)
-                     .checkpoint(parse_checkpoint(o.checkpoint))
-                     .schedule(parse_schedule(o.schedule))
-                     .virtual_stages(o.virtual_stages)
-                     .deferred_batch_norm(o.batch_norm == "deferred")
-                     .threads_per_stage(o.threads),
-                 trainer_options(o, data, loss()), data.train),
-        engine_(trainer_.engine()), K_(engine_.schedule().devices) {}
+        trainer_(model, pipeline_options(o).balance(cut.balance), trainer_options(o, data, loss()), data.train),
+        pipeline_(trainer_.pipeline()), K_(pipeline_.devices()) {}
 
   void resume() {
     if (o_.resume.empty()) return;
@@ -111,7 +102,7 @@ class Run {
               << nlohmann::json(cut_.balance).dump() << ", " << o_.micro_batches << " micro-batches of a batch of "
               << o_.batch_size << ", schedule " << o_.schedule << ", checkpoint " << o_.checkpoint << ", "
               << o_.optimizer << " lr " << o_.lr << (o_.lr_schedule != "constant" ? " (" + o_.lr_schedule + ")" : "")
-              << (world().mpi ? ", " + engine_.describe() : "")
+              << (world().mpi ? ", " + pipeline_.describe() : "")
               << (o_.resume.empty() ? "" : ", resumed at step " + std::to_string(trainer_.start_step())) << "\n";
   }
 
@@ -124,7 +115,7 @@ class Run {
       fault_now_ = fault_.kind == "throw" && fault_.step == step;
     };
     callbacks.after_step = [&](int epoch, int64_t batch) {
-      if (!o_.trace.empty() && trainer_.step() == trainer_.total_steps()) last_trace_ = engine_.trace();
+      if (!o_.trace.empty() && trainer_.step() == trainer_.total_steps()) last_trace_ = pipeline_.trace();
       const TrainStats& t = trainer_.stats();
       progress.update(epoch, batch, t.last_loss, t.samples_per_s(),
                       static_cast<double>(trainer_.total_steps() - trainer_.step()) * t.train_seconds /
@@ -159,7 +150,7 @@ class Run {
       print_error_line("gpipe: --samples: " + without_prefix(e.what()));
       status = 1;
     }
-    const double checksum = engine_.checksum();
+    const double checksum = pipeline_.checksum();
     if (!world().prints()) return status;
     print_summary(checksum);
     std::cout.flush();
@@ -182,16 +173,16 @@ class Run {
     if (o_.samples.empty()) return;
     const int64_t n = std::min<int64_t>(8, data_.eval.input.size(0));
     const torch::Tensor noisy = data_.eval.input.narrow(0, 0, n);
-    torch::nn::Sequential layers = engine_.layers();
+    torch::nn::Sequential layers = pipeline_.layers();
     layers->eval();
-    OutputRows out;
+    torch::Tensor out;
     {
       torch::NoGradGuard no_grad;
-      out = engine_.forward(noisy);
+      out = pipeline_.forward(noisy);
     }
     layers->train();
-    if (!out.output.defined() || out.first != 0) return;
-    const int64_t shown = out.output.size(0);  // under MPI with replicas, the first replica's share
+    if (!out.defined() || pipeline_.output_rows(n).first != 0) return;
+    const int64_t shown = out.size(0);  // under MPI with replicas, the first replica's share
     auto row = [shown](const torch::Tensor& images) {  // [n, 1, 28, 28] normalized -> [58, n * 58] pixels
       const torch::Tensor pixels = (images.detach().cpu() * kFashionStd + kFashionMean).clamp(0, 1).mul(255).round();
       const torch::Tensor big = torch::nn::functional::interpolate(
@@ -201,7 +192,7 @@ class Run {
       return framed.squeeze(1).permute({1, 0, 2}).reshape({framed.size(2), shown * framed.size(3)});
     };
     const torch::Tensor picture = torch::cat(
-        {row(noisy.narrow(0, 0, shown)), row(out.output), row(data_.eval.target.narrow(0, 0, shown))}, 0);
+        {row(noisy.narrow(0, 0, shown)), row(out), row(data_.eval.target.narrow(0, 0, shown))}, 0);
     write_png(o_.samples, picture.to(torch::kUInt8));
     if (!o_.json)
       std::cout << "samples: " << o_.samples << " (rows: noisy, denoised, clean; " << shown << " test images)"
@@ -256,7 +247,7 @@ class Run {
               << "  partition      ";
     for (size_t j = 0; j < cut_.balance.size(); ++j)
       std::cout << (j ? " | " : "") << "stage " << j
-                << (o_.virtual_stages > 1 ? " (device " + std::to_string(j % static_cast<size_t>(K_)) + ")" : "")
+                << (o_.virtual_stages > 1 ? " (device " + std::to_string(pipeline_.plan().placement[j]) + ")" : "")
                 << ": " << cut_.balance[j] << (cut_.balance[j] == 1 ? " layer" : " layers");
     std::cout << std::endl;
     if (!o_.save.empty())
@@ -271,11 +262,13 @@ class Run {
     const std::string& eval = data_.eval.name;
     nlohmann::json stages = nlohmann::json::array();
     for (int j = 0; j < static_cast<int>(cut_.balance.size()); ++j) {
-      stages.push_back({{"stage", j}, {"device", j % K_}, {"layers", cut_.balance[static_cast<size_t>(j)]}});
+      stages.push_back({{"stage", j},
+                        {"device", pipeline_.plan().placement[static_cast<size_t>(j)]},
+                        {"layers", cut_.balance[static_cast<size_t>(j)]}});
       if (!world().mpi) {
         nlohmann::json names = nlohmann::json::array();
         const int first = stage_offsets(cut_.balance)[static_cast<size_t>(j)];
-        const auto children = engine_.layers()->children();
+        const auto children = pipeline_.layers()->children();
         for (int n = first; n < first + cut_.balance[static_cast<size_t>(j)]; ++n)
           names.push_back(children[static_cast<size_t>(n)]->name());
         stages.back()["modules"] = names;
@@ -346,7 +339,7 @@ class Run {
   const Fault fault_ = test_fault();
   bool fault_now_ = false;
   Trainer trainer_;
-  Engine& engine_;
+  Pipeline& pipeline_;
   const int K_;
   Evaluation evaluation_;
   nlohmann::json epochs_ = nlohmann::json::array();

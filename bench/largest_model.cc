@@ -87,10 +87,12 @@ gpipe::CostModel costs_for(const gpipe::CostModel& profile, int blocks) {
 }
 
 gpipe::Prediction predicted(const gpipe::CostModel& profile, const Shape& shape, int blocks, const Config& c) {
-  const gpipe::Schedule program =
-      gpipe::lower(gpipe::make_schedule(c.schedule, c.K, shape.micro_batches), c.mode);
-  return gpipe::predict(costs_for(profile, blocks), cut(blocks, c.K), program,
-                        gpipe::chunk_sizes(shape.batch, shape.micro_batches));
+  const gpipe::PipelinePlan plan = gpipe::make_plan(blocks + 2, gpipe::PipelineOptions()
+                                                                    .balance(cut(blocks, c.K))
+                                                                    .micro_batches(shape.micro_batches)
+                                                                    .checkpoint(c.mode)
+                                                                    .schedule(c.schedule));
+  return gpipe::predict(costs_for(profile, blocks), plan, gpipe::chunk_sizes(shape.batch, shape.micro_batches));
 }
 
 // The largest L the cost model says fits `cap` on every stage.
@@ -144,8 +146,8 @@ Trial run_step(const Shape& shape, int blocks, const Config& c, int64_t cap) {
   }
   gpipe::Pipeline pipe(w.model, gpipe::PipelineOptions()
                                     .balance(balance)
-                                    .devices(devices)
-                                    .chunks(shape.micro_batches)
+                                    .device_list(devices)
+                                    .micro_batches(shape.micro_batches)
                                     .checkpoint(c.mode)
                                     .schedule(c.schedule));
   torch::optim::Adam adam(pipe.parameters(), torch::optim::AdamOptions(1e-4));

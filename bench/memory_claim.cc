@@ -7,7 +7,7 @@
 //
 // This program measures, with gpipe's tracking allocator, the peak bytes each
 // stage allocates in a training step (gradients are allocated before the step
-// and count with the parameters; see Pipeline::StageMemory), and compares the largest stage with the formula, whose
+// and count with the parameters; see Pipeline::DeviceMemory), and compares the largest stage with the formula, whose
 // constants are measured once per stage on a probe of 64 samples:
 //
 //   always: out·N·[not last stage] + a_stage · ⌈N/M⌉
@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
         const gpipe::Checkpoint mode = gpipe::parse_checkpoint(mode_name);
         if (mode == gpipe::Checkpoint::kNever && M != 1 && M != 16) continue;  // never does not depend on M
         torch::nn::Sequential model = make_model();
-        gpipe::Pipeline pipe(model, gpipe::PipelineOptions().stages(K).chunks(M).checkpoint(mode).track_memory(true));
+        gpipe::Pipeline pipe(model, gpipe::PipelineOptions().devices(K).micro_batches(M).checkpoint(mode).track_memory(true));
         double measured = 0, predicted = 0, n_term = 0, lk_term = 0;
         for (int step = 0; step < 2; ++step) {  // the second step is measured
           for (auto p : pipe.parameters()) p.mutable_grad() = torch::Tensor();

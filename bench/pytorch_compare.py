@@ -113,7 +113,7 @@ def main():
                         loss(pipe(x).local_value(), y).backward()
                         sgd.step()
                     report(f"Pipe K={K} M={M} {mode}", time_steps(pipe_step, args.steps, args.warmup), x.size(0),
-                           stages=K, micro_batches=M, checkpoint=mode, threads_per_stage=1)
+                           stages=K, micro_batches=M, checkpoint=mode, threads_per_device=1)
     rpc.shutdown()
 
     doc = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

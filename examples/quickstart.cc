@@ -11,7 +11,7 @@ int main() {
 
   // 2 stages (one CPU core each), every mini-batch split into 4 micro-batches,
   // activations re-materialized in backward except for the last micro-batch.
-  gpipe::Pipeline pipe(model, gpipe::PipelineOptions().stages(2).chunks(4).checkpoint(
+  gpipe::Pipeline pipe(model, gpipe::PipelineOptions().devices(2).micro_batches(4).checkpoint(
                                   gpipe::Checkpoint::kExceptLast));
   torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
 

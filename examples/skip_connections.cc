@@ -19,7 +19,7 @@ int main() {
                       gpipe::Pop("full", gpipe::concat_skip),                   //   8 + 8 channels
                       nn::Conv2d(nn::Conv2dOptions(16, 1, 1)));
 
-  gpipe::Pipeline pipe(unet, gpipe::PipelineOptions().balance({3, 4, 4}).chunks(4));
+  gpipe::Pipeline pipe(unet, gpipe::PipelineOptions().balance({3, 4, 4}).micro_batches(4));
   std::cout << "skip connections between stages (from -> to):";
   for (const gpipe::SkipRoute& r : pipe.schedule().skips) std::cout << " " << r.from << " -> " << r.to;
   std::cout << "\n";

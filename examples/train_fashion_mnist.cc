@@ -21,7 +21,7 @@ torch::nn::Sequential train(const gpipe::TrainerOptions& options, const gpipe::D
     return gpipe::fashion_cnn(keep);
   });
   // 2 devices (a thread and a core each), layers {0-2} and {3-10}, 4 micro-batches per batch.
-  const auto pipeline = gpipe::PipelineOptions().balance({3, 8}).chunks(4).checkpoint(gpipe::Checkpoint::kNever);
+  const auto pipeline = gpipe::PipelineOptions().balance({3, 8}).micro_batches(4).checkpoint(gpipe::Checkpoint::kNever);
   gpipe::Trainer trainer(cnn, pipeline, options, data);
   if (!resume.empty()) {
     trainer.resume(resume);
@@ -34,7 +34,7 @@ torch::nn::Sequential train(const gpipe::TrainerOptions& options, const gpipe::D
                 100 * e.accuracy);
   };
   trainer.fit(callbacks);
-  return trainer.engine().layers();
+  return trainer.pipeline().layers();
 }
 
 }  // namespace

@@ -92,7 +92,7 @@ std::string name_of(const Config& c) {
 void expect_as_reference(const Config& c) {
   SCOPED_TRACE(name_of(c));
   torch::nn::Sequential piped = normed_model(), reference = normed_model();
-  gpipe::Pipeline pipe(piped, PipelineOptions().stages(c.K).virtual_stages(c.V).chunks(c.M).checkpoint(c.mode)
+  gpipe::Pipeline pipe(piped, PipelineOptions().devices(c.K).virtual_stages(c.V).micro_batches(c.M).checkpoint(c.mode)
                                   .schedule(c.schedule));
   torch::optim::SGD sgd_piped(pipe.parameters(), 0.1), sgd_reference(reference->parameters(), 0.1);
   torch::manual_seed(5);
@@ -127,7 +127,7 @@ TEST(DeferredBatchNormTest, InterleavedStagesMatchTheOneDeviceReference) {
 
 TEST(DeferredBatchNormTest, PerMicroBatchUpdatesOncePerMicroBatchAsBefore) {
   torch::nn::Sequential model = normed_model();
-  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(4).deferred_batch_norm(false));
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(2).micro_batches(4).deferred_batch_norm(false));
   torch::manual_seed(5);
   pipe.train_step(torch::randn({10, 2, 4, 4}), torch::randn({10, 3}), gpipe::mse_loss);
   EXPECT_EQ(model->named_buffers()["1.num_batches_tracked"].item<int64_t>(), 4);
@@ -135,7 +135,7 @@ TEST(DeferredBatchNormTest, PerMicroBatchUpdatesOncePerMicroBatchAsBefore) {
 
 TEST(DeferredBatchNormTest, AFailedStepLeavesTheRunningStatisticsAsTheyWere) {
   torch::nn::Sequential model = normed_model();
-  gpipe::Pipeline pipe(model, PipelineOptions().stages(3).chunks(4));
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(3).micro_batches(4));
   std::vector<torch::Tensor> before;
   for (const auto& b : model->buffers()) before.push_back(b.clone());
   int calls = 0;
@@ -152,7 +152,7 @@ TEST(DeferredBatchNormTest, AFailedStepLeavesTheRunningStatisticsAsTheyWere) {
 TEST(DeferredBatchNormTest, ABatchNormInEvalModeIsLeftAlone) {
   torch::nn::Sequential model = normed_model();
   (*(model->children().begin() + 1))->eval();  // a frozen BatchNorm2d normalizes by its running statistics
-  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(3));
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(2).micro_batches(3));
   const torch::Tensor mean = model->named_buffers()["1.running_mean"].clone();
   torch::manual_seed(5);
   pipe.train_step(torch::randn({10, 2, 4, 4}), torch::randn({10, 3}), gpipe::mse_loss);
@@ -171,14 +171,14 @@ struct Block : torch::nn::Module {
 TEST(DeferredBatchNormTest, ABatchNormInsideALayerIsRefusedWithTheFix) {
   torch::nn::Sequential model(torch::nn::Linear(4, 8), std::make_shared<Block>(), torch::nn::Linear(8, 2));
   try {
-    gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(2));
+    gpipe::Pipeline pipe(model, PipelineOptions().devices(2).micro_batches(2));
     FAIL() << "a nested BatchNorm was accepted";
   } catch (const std::invalid_argument& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("1.norm"), std::string::npos) << what;
     EXPECT_NE(what.find("deferred_batch_norm(false)"), std::string::npos) << what;
   }
-  gpipe::Pipeline per_micro_batch(model, PipelineOptions().stages(2).chunks(2).deferred_batch_norm(false));
+  gpipe::Pipeline per_micro_batch(model, PipelineOptions().devices(2).micro_batches(2).deferred_batch_norm(false));
   EXPECT_EQ(per_micro_batch.stages(), 2);
 }
 
@@ -188,12 +188,12 @@ TEST(DeferredBatchNormTest, ABatchNormSharedByTwoStagesIsRefused) {
   torch::nn::BatchNorm1d norm(8);
   torch::nn::Sequential model(torch::nn::Linear(4, 8), norm, torch::nn::Linear(8, 8), norm, torch::nn::Linear(8, 2));
   try {
-    gpipe::Pipeline pipe(model, PipelineOptions().balance({2, 3}).chunks(2));
+    gpipe::Pipeline pipe(model, PipelineOptions().balance({2, 3}).micro_batches(2));
     FAIL() << "a BatchNorm shared by two stages was accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("is used by stages 0 and 1"), std::string::npos) << e.what();
   }
-  gpipe::Pipeline one_stage(model, PipelineOptions().balance({5}).chunks(2));
+  gpipe::Pipeline one_stage(model, PipelineOptions().balance({5}).micro_batches(2));
   one_stage.train_step(torch::randn({6, 4}), torch::randn({6, 2}), gpipe::mse_loss);
   EXPECT_EQ(norm->num_batches_tracked.item<int64_t>(), 2) << "used twice in the step, updated twice";
   EXPECT_EQ(gpipe::shared_tensors(model, /*buffers=*/true).size(), 3u);
@@ -202,7 +202,7 @@ TEST(DeferredBatchNormTest, ABatchNormSharedByTwoStagesIsRefused) {
 // A micro-batch of one row cannot be normalized by its own statistics: the error says what to change.
 TEST(DeferredBatchNormTest, AOneRowMicroBatchNamesTheFix) {
   torch::nn::Sequential model = normed_model();
-  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(4));
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(2).micro_batches(4));
   try {
     pipe.train_step(torch::randn({4, 2, 4, 4}), torch::randn({4, 3}), gpipe::mse_loss);
     FAIL() << "one row per micro-batch was accepted";

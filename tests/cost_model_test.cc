@@ -33,26 +33,39 @@ std::string name_of(const Case& c) {
          to_string(c.mode);
 }
 
-// Measured and predicted peak bytes per device for one configuration.
-// Within 15%, and with K > 1 within M boundary tensors more: a boundary tensor counts on the stage
-// that made it until the other stage has used it, and how many are alive at a stage's peak depends
-// on the threads' timing, which the simulation only approximates (here a boundary tensor is 32 KiB
-// against stage peaks of 150-700 KiB; runs differ by up to two).
+// The most bytes one micro-batch of `rows` rows sends from a stage to later ones: its output and
+// what it stashes for them (their gradients come back as large).
+double largest_send(const CostModel& costs, const PipelinePlan& plan, int64_t rows) {
+  double most = 0;
+  for (int s = 0; s + 1 < plan.stages(); ++s) {
+    const LayerRange stage = plan.layers_of(s);
+    double bytes = costs.layers[static_cast<size_t>(stage.last - 1)].output_bytes;
+    for (const SkipCost& skip : costs.skips)
+      if (stage.contains(skip.connection.stash_layer) && skip.connection.pop_layer >= stage.last) bytes += skip.bytes;
+    most = std::max(most, bytes);
+  }
+  return most * static_cast<double>(rows);
+}
+
+// Measured and predicted peak bytes per device for one configuration: within `tolerance`, and with
+// K > 1 within `in_flight` micro-batches' sends more. What a device sends counts on it until the
+// receiving stage is done with it, and how many are alive at a device's peak depends on the
+// threads' timing, which the simulation only approximates (runs differ by one or two).
 void expect_predicted_peaks(const torch::nn::Sequential& model, const torch::Tensor& x, const torch::Tensor& y,
-                            const LossFn& loss, const CostModel& costs, const Case& c, double tolerance = 0.15) {
+                            const LossFn& loss, const CostModel& costs, const Case& c, double tolerance = 0.15,
+                            int in_flight = 0) {
   const std::vector<int> balance = even_balance(static_cast<int>(model->size()), c.K * c.V);
   Pipeline pipe(model, PipelineOptions()
                            .balance(balance)
-                           .chunks(c.M)
+                           .micro_batches(c.M)
                            .checkpoint(c.mode)
                            .schedule(c.schedule)
                            .virtual_stages(c.V)
                            .track_memory(true));
-  // The largest of three steps after the first (which allocates the gradients): which device frees a
-  // boundary tensor first depends on the threads' timing, so one step may hold a tensor more.
+  // The largest of five steps after the first (which allocates the gradients).
   pipe.train_step(x, y, loss);
-  std::vector<Pipeline::StageMemory> measured;
-  for (int step = 0; step < 3; ++step) {
+  std::vector<Pipeline::DeviceMemory> measured;
+  for (int step = 0; step < 5; ++step) {
     pipe.train_step(x, y, loss);
     const auto now = pipe.memory();
     measured.resize(now.size());
@@ -61,15 +74,15 @@ void expect_predicted_peaks(const torch::nn::Sequential& model, const torch::Ten
       measured[d].parameter_bytes = now[d].parameter_bytes;
     }
   }
-  const Prediction p = predict(costs, balance, pipe.schedule(), chunk_sizes(x.size(0), c.M));
+  const std::vector<int64_t> rows = chunk_sizes(x.size(0), c.M);
+  const Prediction p = predict(costs, pipe.plan(), rows);
   ASSERT_EQ(p.peak_bytes.size(), measured.size()) << name_of(c);
+  const double sends = c.K > 1 ? in_flight * largest_send(costs, pipe.plan(), rows.front()) : 0.0;
   for (size_t d = 0; d < measured.size(); ++d) {
     const double got = static_cast<double>(measured[d].peak_bytes);
     const double want = static_cast<double>(p.peak_bytes[d]);
-    const double boundary = static_cast<double>(x.size(1) * x.element_size()) * static_cast<double>(x.size(0)) / c.M;
-    const double slack = tolerance * got + (c.K > 1 ? c.M * boundary : 0.0);
-    EXPECT_NEAR(want, got, slack) << name_of(c) << ", device " << d << ": predicted " << want << " bytes, measured "
-                                  << got;
+    EXPECT_NEAR(want, got, tolerance * got + sends) << name_of(c) << ", device " << d << ": predicted " << want
+                                                     << " bytes, measured " << got;
     EXPECT_EQ(p.static_bytes[d], measured[d].parameter_bytes) << name_of(c) << ", device " << d
                                                                << ": parameters and gradients (plain SGD)";
   }
@@ -84,8 +97,8 @@ TEST(CostModelTest, PredictedPeakBytesMatchTheTrackingAllocatorForEveryScheduleA
   for (auto mode : {Checkpoint::kNever, Checkpoint::kExceptLast, Checkpoint::kAlways}) {
     for (int K : {1, 2, 3})
       for (auto schedule : {ScheduleKind::kGPipe, ScheduleKind::k1F1B})
-        expect_predicted_peaks(model, x, y, mse_loss, costs, {K, 4, 1, schedule, mode});
-    expect_predicted_peaks(model, x, y, mse_loss, costs, {2, 4, 2, ScheduleKind::kInterleaved, mode});
+        expect_predicted_peaks(model, x, y, mse_loss, costs, {K, 4, 1, schedule, mode}, 0.15, 4);
+    expect_predicted_peaks(model, x, y, mse_loss, costs, {2, 4, 2, ScheduleKind::kInterleaved, mode}, 0.15, 4);
   }
 }
 
@@ -97,7 +110,27 @@ TEST(CostModelTest, TheBackwardSplitsMemoryIsPredictedWithinAThird) {
   const torch::Tensor x = torch::randn({4 * kRows, kWidth}), y = torch::randn({4 * kRows, kWidth});
   const CostModel costs = profile_layers(model, x.narrow(0, 0, kRows), 1, 1);
   for (auto mode : {Checkpoint::kNever, Checkpoint::kAlways})
-    expect_predicted_peaks(model, x, y, mse_loss, costs, {2, 4, 1, ScheduleKind::kZB1P, mode}, 0.35);
+    expect_predicted_peaks(model, x, y, mse_loss, costs, {2, 4, 1, ScheduleKind::kZB1P, mode}, 0.35, 4);
+}
+
+TEST(CostModelTest, SkipConnectionsAcrossStagesArePredictedWithin15Percent) {
+  // A ResNet whose middle block's shortcut crosses the cut, and a U-Net whose two long skips both
+  // do: a stashed tensor stays on the stashing device until the popping stage is done with it, and
+  // its gradient on the popping device until the stashing stage's backward is. (Before the replay
+  // followed the program's sends, the U-Net's first device was predicted at 0.54 of its peak.)
+  for (const std::string name : {"resnet", "unet"}) {
+    SCOPED_TRACE(name);
+    const Workload w = make_workload(name);
+    const int64_t rows = 32;
+    const torch::Tensor x = w.input.narrow(0, 0, rows), y = w.target.narrow(0, 0, rows);
+    const CostModel costs = profile_layers(w.model, x.narrow(0, 0, rows / 4), 1, 1, 1, 3, w.loss,
+                                           y.narrow(0, 0, rows / 4));
+    for (const Case& c : {Case{2, 4, 1, ScheduleKind::kGPipe, Checkpoint::kNever},
+                          Case{2, 4, 1, ScheduleKind::kGPipe, Checkpoint::kExceptLast},
+                          Case{2, 4, 1, ScheduleKind::k1F1B, Checkpoint::kAlways},
+                          Case{2, 4, 1, ScheduleKind::k1F1B, Checkpoint::kExceptLast}})
+      expect_predicted_peaks(w.model, x, y, w.loss, costs, c, 0.15, 1);
+  }
 }
 
 TEST(CostModelTest, FillDrainHoldsEveryMicroBatchAndOneFOneBOnlyKMinusD) {
@@ -107,11 +140,33 @@ TEST(CostModelTest, FillDrainHoldsEveryMicroBatchAndOneFOneBOnlyKMinusD) {
   torch::manual_seed(4);
   const CostModel costs = profile_layers(model, torch::randn({kRows, kWidth}), 1, 1);
   const std::vector<int64_t> rows(8, kRows);
-  const Prediction fill = predict(costs, {32}, lower(fill_drain(1, 8), Checkpoint::kNever), rows);
-  const Prediction one = predict(costs, {32}, lower(one_f_one_b(1, 8), Checkpoint::kNever), rows);
+  auto plan = [](ScheduleKind schedule, Checkpoint mode) {
+    return make_plan(32, PipelineOptions().devices(1).micro_batches(8).schedule(schedule).checkpoint(mode));
+  };
+  const Prediction fill = predict(costs, plan(ScheduleKind::kGPipe, Checkpoint::kNever), rows);
+  const Prediction one = predict(costs, plan(ScheduleKind::k1F1B, Checkpoint::kNever), rows);
   EXPECT_GT(fill.peak_bytes[0], 5 * one.peak_bytes[0]);
-  const Prediction always = predict(costs, {32}, lower(fill_drain(1, 8), Checkpoint::kAlways), rows);
+  const Prediction always = predict(costs, plan(ScheduleKind::kGPipe, Checkpoint::kAlways), rows);
   EXPECT_LT(always.peak_bytes[0], fill.peak_bytes[0] / 3);
+}
+
+TEST(CostModelTest, LayerCostsForThePartitionerComeFromTheProfile) {
+  torch::manual_seed(0);
+  torch::nn::Sequential m(torch::nn::Linear(100, 200), torch::nn::ReLU(), torch::nn::Linear(200, 10));
+  const CostModel profile = profile_layers(m, torch::randn({50, 100}), 1, /*state_per_parameter_byte=*/3.0);
+  const std::vector<double> bytes = layer_memory(profile, 50);
+  ASSERT_EQ(bytes.size(), 3u);
+  // Linear(100, 200): its output (50x200 floats) at least, plus 4x its 20200 parameters.
+  EXPECT_GE(bytes[0], 50 * 200 * 4 + 4.0 * 20200 * 4);
+  // ReLU keeps its output (50x200 floats), has no parameters.
+  EXPECT_GE(bytes[1], 50 * 200 * 4);
+  EXPECT_LT(bytes[1], 3 * 50 * 200 * 4);
+  EXPECT_GT(bytes[0], bytes[2]);
+  const std::vector<double> seconds = layer_times(profile, 50);
+  ASSERT_EQ(seconds.size(), 3u);
+  for (size_t l = 0; l < 3; ++l)
+    EXPECT_DOUBLE_EQ(seconds[l], (profile.layers[l].forward_s + profile.layers[l].backward_s) * 50);
+  expect_invalid([&] { profile_layers(m, torch::randn({5, 100}), 1, -1); }, "state_per_parameter_byte");
 }
 
 TEST(CostModelTest, TransformerFormulasMatchLibtorchsLayer) {
@@ -154,9 +209,14 @@ TEST(CostModelTest, BytesParseAndPrint) {
 TEST(CostModelTest, MismatchedInputsAreRefused) {
   const CostModel costs = profile_layers(wide_mlp(), torch::randn({4, kWidth}), 1, 1);
   const std::vector<int64_t> rows(4, 4);
-  EXPECT_THROW(predict(costs, {16, 16}, lower(fill_drain(3, 4), Checkpoint::kNever), rows), std::invalid_argument);
-  EXPECT_THROW(predict(costs, {16, 15}, lower(fill_drain(2, 4), Checkpoint::kNever), rows), std::invalid_argument);
-  EXPECT_THROW(predict(costs, {16, 16}, lower(fill_drain(2, 3), Checkpoint::kNever), rows), std::invalid_argument);
+  EXPECT_NO_THROW(predict(costs, make_plan(32, PipelineOptions().devices(2).micro_batches(4)), rows));
+  EXPECT_THROW(predict(costs, make_plan(31, PipelineOptions().devices(2).micro_batches(4)), rows),
+               std::invalid_argument);
+  EXPECT_THROW(predict(costs, make_plan(32, PipelineOptions().devices(2).micro_batches(3)), rows),
+               std::invalid_argument);
+  // A skip connection the profiled model does not have.
+  const PipelinePlan skipping = make_plan(32, PipelineOptions().devices(2).micro_batches(4), {{"e1", 3, 20}});
+  expect_invalid([&] { predict(costs, skipping, rows); }, "skip connection \"e1\" is not in the cost model");
 }
 
 }  // namespace

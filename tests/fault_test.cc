@@ -65,7 +65,7 @@ class FaultTest : public ::testing::TestWithParam<gpipe::Checkpoint> {};
 
 TEST_P(FaultTest, ForwardFaultIsReportedAndChangesNothing) {
   FaultyModel s = make(1);
-  gpipe::Pipeline pipe(s.model, PipelineOptions().stages(3).chunks(4).checkpoint(GetParam()));
+  gpipe::Pipeline pipe(s.model, PipelineOptions().devices(3).micro_batches(4).checkpoint(GetParam()));
   for (auto& p : s.model->parameters()) p.mutable_grad() = torch::full_like(p, 0.25);
   std::vector<torch::Tensor> values;
   for (auto& p : s.model->parameters()) values.push_back(p.detach().clone());
@@ -93,7 +93,7 @@ TEST_P(FaultTest, ForwardFaultIsReportedAndChangesNothing) {
 
 TEST_P(FaultTest, BackwardFaultIsReportedAndChangesNothing) {
   FaultyModel s = make(2);
-  gpipe::Pipeline pipe(s.model, PipelineOptions().stages(3).chunks(4).checkpoint(GetParam()));
+  gpipe::Pipeline pipe(s.model, PipelineOptions().devices(3).micro_batches(4).checkpoint(GetParam()));
   const torch::Tensor x = torch::randn({8, 6}), y = torch::randn({8, 3});
 
   s.fault->fail_backward = true;
@@ -115,7 +115,7 @@ TEST(FaultTest, ShapeMismatchInALayerNamesStageAndMicroBatch) {
   // Layer 5 expects 9 features but gets 8.
   auto model = torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 8),
                                      torch::nn::ReLU(), torch::nn::Linear(8, 8), torch::nn::Linear(9, 2));
-  gpipe::Pipeline pipe(model, PipelineOptions().balance({2, 2, 2}).chunks(3));
+  gpipe::Pipeline pipe(model, PipelineOptions().balance({2, 2, 2}).micro_batches(3));
   const std::string what = step_error(
       [&] { pipe.train_step(torch::randn({6, 4}), torch::randn({6, 2}), gpipe::mse_loss); });
   EXPECT_NE(what.find("stage 2 failed in the forward of micro-batch 0 (action 2F0"), std::string::npos) << what;
@@ -133,7 +133,7 @@ TEST(FaultTest, ShapeMismatchInALayerNamesStageAndMicroBatch) {
 }
 
 TEST(FaultTest, LossThatIsNotAScalarIsReported) {
-  gpipe::Pipeline pipe(gpipe::testing::small_mlp(0), PipelineOptions().stages(2).chunks(2));
+  gpipe::Pipeline pipe(gpipe::testing::small_mlp(0), PipelineOptions().devices(2).micro_batches(2));
   const std::string what = step_error([&] {
     pipe.train_step(torch::randn({4, 12}), torch::randn({4, 4}),
                     [](const torch::Tensor& o, const torch::Tensor& t) { return (o - t).pow(2); });
@@ -166,7 +166,7 @@ TEST(FaultStressTest, RandomFaultsRetriedEndAsAFaultFreeRun) {
     SCOPED_TRACE(gpipe::to_string(kind));
     auto plan = std::make_shared<FaultPlan>();
     auto faulty = stress_model(plan), clean = stress_model(std::make_shared<FaultPlan>());
-    const auto options = PipelineOptions().balance({4, 4, 5}).chunks(4).schedule(kind);
+    const auto options = PipelineOptions().balance({4, 4, 5}).micro_batches(4).schedule(kind);
     gpipe::Pipeline a(faulty, options), b(clean, options);
     int failures = 0;
     ASSERT_NO_FATAL_FAILURE(gpipe::testing::train_with_random_faults<gpipe::StageError>(

@@ -155,7 +155,7 @@ class FaultPointImpl : public torch::nn::Module {
 };
 TORCH_MODULE(FaultPoint);
 
-/// `steps` SGD steps of `faulty` and `clean` (a Pipeline or an Engine each) on the same batches
+/// `steps` SGD steps of `faulty` and `clean` (two Pipelines) on the same batches
 /// and Dropout seeds; before about half of faulty's steps `plan` is armed at a random point (of
 /// 3), phase and moment. A step that throws `Failure` must leave every gradient zero, and its
 /// retry must work. Adds the failed steps to `*failures`.

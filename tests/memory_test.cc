@@ -70,7 +70,7 @@ std::vector<int64_t> peaks(gpipe::Checkpoint mode) {
     model->push_back(torch::nn::Linear(64, 64));
     model->push_back(torch::nn::ReLU());
   }
-  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(8).checkpoint(mode).track_memory(true));
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(2).micro_batches(8).checkpoint(mode).track_memory(true));
   pipe.train_step(torch::randn({1024, 64}), torch::randn({1024, 64}), gpipe::mse_loss);
   std::vector<int64_t> out;
   for (const auto& m : pipe.memory()) {
@@ -93,7 +93,7 @@ TEST(PipelineMemoryTest, RematerializationLowersThePeakOfEveryStage) {
 
 TEST(PipelineMemoryTest, CapNamesStageMicroBatchBytesAndCapAndChangesNothing) {
   auto model = gpipe::testing::small_mlp(0);
-  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(2).devices(
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(2).micro_batches(2).device_list(
                                   {gpipe::Device::cpu(), gpipe::Device::cpu().with_memory_cap(2000)}));
   const torch::Tensor x = torch::randn({64, 12}), y = torch::randn({64, 4});
   try {
@@ -110,7 +110,7 @@ TEST(PipelineMemoryTest, CapNamesStageMicroBatchBytesAndCapAndChangesNothing) {
 }
 
 TEST(PipelineMemoryTest, NoTrackingNoReport) {
-  gpipe::Pipeline pipe(gpipe::testing::small_mlp(0), PipelineOptions().stages(2));
+  gpipe::Pipeline pipe(gpipe::testing::small_mlp(0), PipelineOptions().devices(2));
   EXPECT_TRUE(pipe.memory().empty());
 }
 
@@ -139,7 +139,7 @@ TEST(PipelineMemoryTest, PeaksLeaveGradientsToTheParametersAndUnusedOnesStayUnde
     torch::NoGradGuard no_grad;
     reference->parameters()[n].copy_(model->parameters()[n]);
   }
-  gpipe::Pipeline pipe(model, PipelineOptions().balance({5, 1}).chunks(2).track_memory(true));
+  gpipe::Pipeline pipe(model, PipelineOptions().balance({5, 1}).micro_batches(2).track_memory(true));
   // Two rows: the activations are a few KiB; stage 0's gradients 771 KiB, stage 1's 256 KiB.
   // Backward holds one weight's gradient at a time before adding it to the stage's.
   const torch::Tensor x = torch::randn({2, 256}), y = torch::randn({2, 256});

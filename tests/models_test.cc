@@ -50,7 +50,7 @@ TEST(ModelsTest, ResNetOnThreeStagesHasOneDevicesGradients) {
     torch::manual_seed(1);
     torch::nn::Sequential reference = gpipe::fashion_resnet();
     // Cuts inside blocks: a residual connection crosses from stage 0 to 1 and from 1 to 2.
-    gpipe::Pipeline pipe(piped, PipelineOptions().balance({5, 12, 13}).chunks(3).schedule(schedule)
+    gpipe::Pipeline pipe(piped, PipelineOptions().balance({5, 12, 13}).micro_batches(3).schedule(schedule)
                                     .checkpoint(gpipe::Checkpoint::kExceptLast));
     EXPECT_GE(pipe.schedule().skips.size(), 2u);
     const torch::Tensor x = torch::randn({9, 1, 28, 28}), y = torch::randint(10, {9}, torch::kLong);
@@ -67,7 +67,7 @@ TEST(ModelsTest, UNetOnThreeStagesHasOneDevicesGradients) {
   torch::manual_seed(2);
   torch::nn::Sequential reference = gpipe::fashion_unet();
   // Cut so that both long skips cross: "28" from stage 0 to 2, "14" from stage 1 to 2.
-  gpipe::Pipeline pipe(piped, PipelineOptions().balance({5, 10, 14}).chunks(2).checkpoint(gpipe::Checkpoint::kAlways));
+  gpipe::Pipeline pipe(piped, PipelineOptions().balance({5, 10, 14}).micro_batches(2).checkpoint(gpipe::Checkpoint::kAlways));
   const torch::Tensor x = torch::randn({4, 1, 28, 28}), y = torch::randn({4, 1, 28, 28});
   const double loss = pipe.train_step(x, y, gpipe::mse_loss).item<double>();
   const double expected = gpipe::testing::reference_step(reference, x, y, gpipe::mse_loss).item<double>();

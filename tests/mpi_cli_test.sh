@@ -42,9 +42,9 @@ else fail "--trace under mpirun"; fi
 # 2 stages x 2 replicas: trains, one summary from rank 0, which names the layout.
 if bash "$mpirun_sh" 4 "$gpipe" train --train-samples 1024 --test-samples 200 --epochs 1 \
      >"$work/dp.txt" 2>"$work/dp.err"; then
-  if [ "$(grep -c '^summary' "$work/dp.txt")" = 1 ] && grep -q "4 ranks = 2 stages x 2 replicas" "$work/dp.txt" &&
+  if [ "$(grep -c '^summary' "$work/dp.txt")" = 1 ] && grep -q "4 ranks = 2 devices x 2 replicas" "$work/dp.txt" &&
      [ "$(grep -c 'step 8/8' "$work/dp.err")" = 1 ]; then
-    pass "np=4: 2 stages x 2 replicas; rank 0 alone prints progress and the summary"
+    pass "np=4: 2 devices x 2 replicas; rank 0 alone prints progress and the summary"
   else fail "np=4 output"; cat "$work/dp.txt"; fi
 else fail "np=4 exited non-zero"; tail -5 "$work/dp.err"; fi
 
@@ -89,7 +89,7 @@ expect_error() {  # NAME PATTERN COMMAND...
 }
 expect_error "per-stage files saved with another K are refused" "no such file: $work/split.pt.stage0-of-3" \
   bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3 --resume "$work/split.pt" --per-stage-files
-expect_error "np not a multiple of K" "the job has 3 ranks, not a multiple of the 2 stages" \
+expect_error "np not a multiple of K" "the job has 3 ranks, not a multiple of the 2 devices" \
   bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}"
 expect_error "ranks started with different settings" \
   "rank 0 has --micro-batches = 4, rank 1 has 8" \

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <map>
+#include <numeric>
 #include <random>
 
 namespace gpipe::testing {
@@ -39,6 +40,11 @@ torch::nn::Sequential model_layers(uint64_t seed, LayerRange keep = {}, double d
   return model;
 }
 
+// The layers of stage `stage` of `balance`, as the plan cuts them.
+LayerRange stage_range(const std::vector<int>& balance, int stage) {
+  return make_plan(std::accumulate(balance.begin(), balance.end(), 0), PipelineOptions().balance(balance)).layers_of(stage);
+}
+
 std::vector<int> cut(int stages) {
   if (stages == 1) return {8};
   if (stages == 2) return {3, 5};
@@ -48,7 +54,7 @@ std::vector<int> cut(int stages) {
 
 struct Config {
   int stages;
-  int chunks;
+  int micro_batches;
   Checkpoint checkpoint;
   int64_t batch;
   gpipe::ScheduleKind schedule = gpipe::ScheduleKind::kGPipe;
@@ -56,7 +62,7 @@ struct Config {
 
 std::string name(const Config& c) {
   return "K=" + std::to_string(c.stages) + " D=" + std::to_string(world_size() / c.stages) +
-         " M=" + std::to_string(c.chunks) + " " + to_string(c.checkpoint) + " N=" + std::to_string(c.batch) + " " +
+         " M=" + std::to_string(c.micro_batches) + " " + to_string(c.checkpoint) + " N=" + std::to_string(c.batch) + " " +
          gpipe::to_string(c.schedule);
 }
 
@@ -102,13 +108,13 @@ TEST(MpiPipeline, EqualsOneDeviceAndOneProcessPipeline) {
     SCOPED_TRACE(name(c));
     const std::vector<int> balance = cut(c.stages);
     const mpi::Placement place = mpi::place(world_rank(), world_size(), c.stages);
-    const auto [first, last] = mpi::stage_layers(balance, place.stage);
+    const auto [first, last] = stage_range(balance, place.device);
 
     torch::nn::Sequential single = model_layers(7);
     torch::nn::Sequential local = model_layers(7);
     torch::nn::Sequential mine = model_layers(7, {first, last});
-    Pipeline pipe(local, PipelineOptions().balance(balance).chunks(c.chunks).checkpoint(c.checkpoint).schedule(c.schedule));
-    mpi::MpiPipeline mpi_pipe(mine, mpi::MpiPipelineOptions().balance(balance).chunks(c.chunks).checkpoint(c.checkpoint)
+    Pipeline pipe(local, PipelineOptions().balance(balance).micro_batches(c.micro_batches).checkpoint(c.checkpoint).schedule(c.schedule));
+    mpi::MpiPipeline mpi_pipe(mine, PipelineOptions().balance(balance).micro_batches(c.micro_batches).checkpoint(c.checkpoint)
                                         .schedule(c.schedule));
     EXPECT_EQ(mine->size(), static_cast<size_t>(last - first));
 
@@ -145,11 +151,11 @@ TEST(MpiPipeline, DropoutMasksEqualOneProcessPipeline) {
   if (world_size() % K != 0) GTEST_SKIP();
   const std::vector<int> balance = cut(K);
   const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
-  const auto [first, last] = mpi::stage_layers(balance, place.stage);
+  const auto [first, last] = stage_range(balance, place.device);
   torch::nn::Sequential local = model_layers(3, {}, 0.5);
   torch::nn::Sequential mine = model_layers(3, {first, last}, 0.5);
-  Pipeline pipe(local, PipelineOptions().balance(balance).chunks(4).checkpoint(Checkpoint::kAlways));
-  mpi::MpiPipeline mpi_pipe(mine, mpi::MpiPipelineOptions().balance(balance).chunks(4).checkpoint(Checkpoint::kAlways));
+  Pipeline pipe(local, PipelineOptions().balance(balance).micro_batches(4).checkpoint(Checkpoint::kAlways));
+  mpi::MpiPipeline mpi_pipe(mine, PipelineOptions().balance(balance).micro_batches(4).checkpoint(Checkpoint::kAlways));
   for (int s = 0; s < 2; ++s) {
     torch::manual_seed(200 + s);
     const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
@@ -184,11 +190,11 @@ TEST(MpiPipeline, BatchNormStatisticsCoverEveryReplicasRows) {
     SCOPED_TRACE("K=" + std::to_string(K) + " D=" + std::to_string(D));
     const std::vector<int>& balance = cuts.at(K);
     const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
-    const auto [first, last] = mpi::stage_layers(balance, place.stage);
+    const auto [first, last] = stage_range(balance, place.device);
     torch::nn::Sequential local = build({}), mine = build({first, last});
     // 72 rows: each replica's M micro-batches are the one-process pipeline's D·M micro-batches.
-    Pipeline pipe(local, PipelineOptions().balance(balance).chunks(D * M));
-    mpi::MpiPipeline mpi_pipe(mine, mpi::MpiPipelineOptions().balance(balance).chunks(M));
+    Pipeline pipe(local, PipelineOptions().balance(balance).micro_batches(D * M));
+    mpi::MpiPipeline mpi_pipe(mine, PipelineOptions().balance(balance).micro_batches(M));
     torch::optim::SGD opt_local(pipe.parameters(), 0.05), opt_mine(mpi_pipe.parameters(), 0.05);
     for (int s = 0; s < 2; ++s) {
       torch::manual_seed(60 + s);
@@ -203,7 +209,7 @@ TEST(MpiPipeline, BatchNormStatisticsCoverEveryReplicasRows) {
     expect_stage_matches(mine, local, false, "after 2 steps");
     const auto all = local->named_buffers();
     MPI_Comm stage_ranks;
-    MPI_Comm_split(MPI_COMM_WORLD, place.stage, world_rank(), &stage_ranks);
+    MPI_Comm_split(MPI_COMM_WORLD, place.device, world_rank(), &stage_ranks);
     for (const auto& b : mine->named_buffers()) {
       EXPECT_TRUE(close(b.value(), all[b.key()])) << "rank " << world_rank() << ": buffer " << b.key();
       if (b.key().find("num_batches_tracked") != std::string::npos) EXPECT_EQ(b.value().item<int64_t>(), 2);
@@ -238,10 +244,10 @@ TEST(MpiPipeline, TiedWeightsEqualOneProcessAndStayIdentical) {
     const std::vector<int> balance = K == 1 ? std::vector<int>{6} : K == 2 ? std::vector<int>{3, 3}
                                                                           : std::vector<int>{2, 2, 2};
     const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
-    const auto [first, last] = mpi::stage_layers(balance, place.stage);
+    const auto [first, last] = stage_range(balance, place.device);
     torch::nn::Sequential local = build({}), mine = build({first, last});
-    Pipeline pipe(local, PipelineOptions().balance(balance).chunks(2 * D));
-    mpi::MpiPipeline mpi_pipe(mine, mpi::MpiPipelineOptions().balance(balance).chunks(2).tied_parameters(tied));
+    Pipeline pipe(local, PipelineOptions().balance(balance).micro_batches(2 * D));
+    mpi::MpiPipeline mpi_pipe(mine, PipelineOptions().balance(balance).micro_batches(2).tied_parameters(tied));
     // SGD: Adam would turn the key bias's gradient, zero up to rounding, into whole steps.
     torch::optim::SGD opt_local(pipe.parameters(), 0.05), opt_mine(mpi_pipe.parameters(), 0.05);
     for (int s = 0; s < 3; ++s) {
@@ -277,10 +283,10 @@ TEST(MpiPipeline, TiedParametersNoRankHoldsAreRefusedOnEveryRank) {
   if (world_size() % K != 0) GTEST_SKIP();
   const std::vector<int> balance = K == 1 ? std::vector<int>{8} : cut(2);
   const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
-  const auto [first, last] = mpi::stage_layers(balance, place.stage);
+  const auto [first, last] = stage_range(balance, place.device);
   try {
     mpi::MpiPipeline pipe(model_layers(1, {first, last}),
-                          mpi::MpiPipelineOptions().balance(balance).tied_parameters({{"0.weight", "1.weight"}}));
+                          PipelineOptions().balance(balance).tied_parameters({{"0.weight", "1.weight"}}));
     ADD_FAILURE() << "accepted a tie of a parameter no rank holds";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("no rank holds a parameter 1.weight"), std::string::npos) << e.what();
@@ -310,10 +316,10 @@ TEST(MpiPipeline, SkipConnectionsEqualOneProcessPipeline) {
       SCOPED_TRACE("K=" + std::to_string(K) + " D=" + std::to_string(D) + " " + to_string(schedule));
       const std::vector<int>& balance = cuts.at(K);
       const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
-      const auto [first, last] = mpi::stage_layers(balance, place.stage);
+      const auto [first, last] = stage_range(balance, place.device);
       torch::nn::Sequential local = build({}), mine = build({first, last});
-      Pipeline pipe(local, PipelineOptions().balance(balance).chunks(3 * D).schedule(schedule));
-      mpi::MpiPipeline mpi_pipe(mine, mpi::MpiPipelineOptions().balance(balance).chunks(3).schedule(schedule));
+      Pipeline pipe(local, PipelineOptions().balance(balance).micro_batches(3 * D).schedule(schedule));
+      mpi::MpiPipeline mpi_pipe(mine, PipelineOptions().balance(balance).micro_batches(3).schedule(schedule));
       torch::optim::SGD opt_local(pipe.parameters(), 0.05), opt_mine(mpi_pipe.parameters(), 0.05);
       for (int s = 0; s < 2; ++s) {
         torch::manual_seed(80 + s);
@@ -330,19 +336,19 @@ TEST(MpiPipeline, SkipConnectionsEqualOneProcessPipeline) {
     }
 }
 
-// make_engine under MPI: each rank builds its own stages (two per rank, interleaved) and trains
-// and evaluates as the same engine on threads in one process.
-TEST(MpiEngine, EachRankBuildsItsStagesAndTrainsAsThreads) {
+// make_pipeline under MPI: each rank builds its own stages (two per rank, interleaved) and trains
+// and evaluates as the same pipeline on threads in one process.
+TEST(MakePipeline, EachRankBuildsItsStagesAndTrainsAsThreads) {
   for (int K : {1, 2, 4}) {
     if (world_size() % K != 0 || 2 * K > 8) continue;
     SCOPED_TRACE("K=" + std::to_string(K) + " V=2");
     const LayerBuilder build = [](LayerRange keep) { return model_layers(5, keep); };
-    const auto options = PipelineOptions().stages(K).virtual_stages(2).chunks(K).schedule(ScheduleKind::kInterleaved);
-    auto ranks = make_engine(build, 8, options, Runtime::kMpi);
-    auto threads = make_engine(build, 8, options, Runtime::kThreads);
+    const auto options = PipelineOptions().devices(K).virtual_stages(2).micro_batches(K).schedule(ScheduleKind::kInterleaved);
+    auto ranks = make_pipeline(build, 8, options, Runtime::kMpi);
+    auto threads = make_pipeline(build, 8, options, Runtime::kThreads);
     EXPECT_EQ(ranks->balance(), threads->balance());
     EXPECT_EQ(ranks->describe(), "MPI: " + std::to_string(world_size()) + " ranks = " + std::to_string(K) +
-                                     " stages x " + std::to_string(world_size() / K) + " replicas");
+                                     " devices x " + std::to_string(world_size() / K) + " replicas");
     torch::optim::SGD opt_ranks(ranks->parameters(), 0.05), opt_threads(threads->parameters(), 0.05);
     for (int s = 0; s < 2; ++s) {
       torch::manual_seed(40 + s);
@@ -388,7 +394,7 @@ TEST(MpiTransport, CarriesAnyDtypeAndShape) {
       for (size_t i = 0; i < sent.size(); ++i) transport.send(0, 1, Channel::kActivation, static_cast<int>(i), sent[i]);
       transport.send(0, 1, Channel::kGradient, 0, sent[0] * 2);
       transport.send(2, 3, Channel::kActivation, 0, sent[0] * 3);  // same ranks, micro-batch and channel
-      transport.finish_sends();
+      transport.finish();
       EXPECT_EQ(transport.messages_sent(), static_cast<int64_t>(sent.size()) + 2);
     } else if (world_rank() == 1) {
       // Out of order, and the gradient channel before the activations: tags keep them apart.
@@ -405,16 +411,42 @@ TEST(MpiTransport, CarriesAnyDtypeAndShape) {
   MPI_Comm_free(&pair);
 }
 
+// A cancel on one rank (its stage failed) wakes the other rank's blocked recv with the reason; a
+// later recv on the cancelling rank throws too.
+TEST(MpiTransport, CancelStopsTheOtherRanksReceive) {
+  MPI_Comm pair;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < 2 ? 0 : 1, world_rank(), &pair);
+  if (world_rank() < 2) {
+    mpi::ErrorChannel errors(pair);
+    mpi::MpiTransport transport(pair, &errors, {0, 1}, 2);
+    transport.begin({});
+    if (world_rank() == 0) {
+      transport.cancel("gpipe: stage 0 failed on purpose");
+      EXPECT_THROW(transport.recv(1, 0, Channel::kGradient, 0), Cancelled);
+      EXPECT_THROW(transport.begin({}), std::invalid_argument) << "a cancelled transport is not used again";
+    } else {
+      try {
+        transport.recv(0, 1, Channel::kActivation, 1);  // never sent
+        ADD_FAILURE() << "the receive returned";
+      } catch (const mpi::RemoteError& e) {
+        EXPECT_EQ(e.rank(), 0);
+        EXPECT_NE(std::string(e.what()).find("stage 0 failed on purpose"), std::string::npos) << e.what();
+      }
+    }
+  }
+  MPI_Comm_free(&pair);
+}
+
 // Settings that differ between ranks: the same clear error on every rank, no hang.
 TEST(MpiPipeline, DetectsConfigurationThatDiffersBetweenRanks) {
   const int K = world_size() >= 2 && world_size() % 2 == 0 ? 2 : world_size();
   const std::vector<int> balance = cut(K);
   const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
-  const auto [first, last] = mpi::stage_layers(balance, place.stage);
+  const auto [first, last] = stage_range(balance, place.device);
   const bool odd_one = world_rank() == 1;
-  auto options = [&] { return mpi::MpiPipelineOptions().balance(balance).chunks(2); };
+  auto options = [&] { return PipelineOptions().balance(balance).micro_batches(2); };
 
-  expect_invalid([&] { mpi::MpiPipeline p(model_layers(1, {first, last}), options().chunks(odd_one ? 3 : 2)); },
+  expect_invalid([&] { mpi::MpiPipeline p(model_layers(1, {first, last}), options().micro_batches(odd_one ? 3 : 2)); },
                  "the ranks disagree on the number of micro-batches M: rank 0 has 2, rank 1 has 3");
   expect_invalid([&] {
     mpi::MpiPipeline p(model_layers(1, {first, last}),
@@ -446,7 +478,7 @@ TEST(MpiPipeline, DetectsConfigurationThatDiffersBetweenRanks) {
   }
   if (world_size() % 3 != 0)
     expect_invalid([&] { mpi::MpiPipeline p(model_layers(1), options().balance({2, 4, 2})); },
-                   "not a multiple of the 3 stages");
+                   "not a multiple of the 3 devices");
   // Afterwards the ranks still work together.
   mpi::MpiPipeline good(model_layers(1, {first, last}), options());
   torch::manual_seed(9);
@@ -474,10 +506,10 @@ TEST(MpiFailure, OneRankFailingStopsEveryRank) {
   std::vector<int> balance = cut(K);
   balance.back() += 1;  // layer 8: a fault, armed on the last stage
   const int failing_stage = K - 1;
-  const auto [first, last] = mpi::stage_layers(balance, world_rank());
+  const auto [first, last] = stage_range(balance, world_rank());
   torch::nn::Sequential layers = model_layers(4, {first, last});
   add_layer(layers, torch::nn::AnyModule(std::make_shared<Faulty>(world_rank() == failing_stage)), 8, {first, last});
-  mpi::MpiPipeline pipe(layers, mpi::MpiPipelineOptions().balance(balance).chunks(4));
+  mpi::MpiPipeline pipe(layers, PipelineOptions().balance(balance).micro_batches(4));
   for (auto& p : pipe.parameters()) p.mutable_grad() = torch::full_like(p, 0.25);
 
   torch::manual_seed(11);
@@ -532,9 +564,9 @@ TEST(MpiFailure, RandomFaultsRetriedEndAsAFaultFreeRun) {
       return m;
     });
   };
-  const auto options = PipelineOptions().stages(K).chunks(4).schedule(ScheduleKind::kZB1P);
-  auto faulty = make_engine(builder(plan), 13, options, Runtime::kMpi);
-  auto clean = make_engine(builder(std::make_shared<FaultPlan>()), 13, options, Runtime::kMpi);
+  const auto options = PipelineOptions().devices(K).micro_batches(4).schedule(ScheduleKind::kZB1P);
+  auto faulty = make_pipeline(builder(plan), 13, options, Runtime::kMpi);
+  auto clean = make_pipeline(builder(std::make_shared<FaultPlan>()), 13, options, Runtime::kMpi);
   int failures = 0;  // StageError on the failing rank, RemoteError on the others
   ASSERT_NO_FATAL_FAILURE(train_with_random_faults<std::exception>(*faulty, *clean, *plan, 60, 5, &failures));
   EXPECT_GT(failures, 5);

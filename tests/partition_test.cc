@@ -132,20 +132,6 @@ TEST(ParameterCostsTest, CountsEachLayersParameters) {
   EXPECT_EQ(gpipe::parameter_costs(m), (std::vector<double>{15, 0, 8}));
 }
 
-TEST(MemoryCostsTest, ActivationsKeptPlusParameterState) {
-  torch::manual_seed(0);
-  torch::nn::Sequential m(torch::nn::Linear(100, 200), torch::nn::ReLU(), torch::nn::Linear(200, 10));
-  const auto costs = gpipe::memory_costs(m, torch::randn({50, 100}), /*state_scale=*/3.0);
-  ASSERT_EQ(costs.size(), 3u);
-  // Linear(100, 200): its output (50x200 floats) at least, plus 4x its 20200 parameters.
-  EXPECT_GE(costs[0], 50 * 200 * 4 + 4.0 * 20200 * 4);
-  // ReLU keeps its output (50x200 floats), has no parameters.
-  EXPECT_GE(costs[1], 50 * 200 * 4);
-  EXPECT_LT(costs[1], 3 * 50 * 200 * 4);
-  EXPECT_GT(costs[0], costs[2]);
-  gpipe::testing::expect_invalid([&] { gpipe::memory_costs(m, torch::randn({5, 100}), -1); }, "state_scale");
-}
-
 TEST(CostsFromTest, AsksForEveryLayerInOrder) {
   torch::nn::Sequential m(torch::nn::Linear(4, 3), torch::nn::ReLU(), torch::nn::Linear(3, 2));
   const auto costs = gpipe::costs_from(m, [](size_t i, torch::nn::Module& layer) {
@@ -155,22 +141,46 @@ TEST(CostsFromTest, AsksForEveryLayerInOrder) {
   EXPECT_EQ(gpipe::balance_by_cost(costs, 2), (std::vector<int>{2, 1}));
 }
 
-TEST(PlanPartitionTest, PredictsStepAndEfficiency) {
-  const auto plan = gpipe::plan_partition({1, 2, 3, 4}, {3, 1}, 4);
+TEST(PlanPartitionTest, PredictsStepAndEfficiencyBySimulatingTheSchedule) {
+  // Fill-drain over balanced stages: (M+K-1) slots of the bottleneck, exactly.
+  const auto even = gpipe::plan_partition({3, 3, 2, 4}, {2, 2}, gpipe::fill_drain(2, 4));
+  EXPECT_EQ(even.stage_costs, (std::vector<double>{6, 6}));
+  EXPECT_DOUBLE_EQ(even.predicted_step, (4 + 2 - 1) * 6.0);
+  EXPECT_DOUBLE_EQ(even.predicted_efficiency, 4.0 / 5);  // M/(M+K-1)
+  EXPECT_DOUBLE_EQ(even.balanced_efficiency, 4.0 / 5);
+  // Uneven stages: the slow stage's M slots and one pass through the other, less than (M+K-1) x 6.
+  const auto plan = gpipe::plan_partition({1, 2, 3, 4}, {3, 1}, gpipe::fill_drain(2, 4));
   EXPECT_EQ(plan.stage_costs, (std::vector<double>{6, 4}));
   EXPECT_EQ(plan.bottleneck_stage, 0);
   EXPECT_EQ(plan.bottleneck, 6);
-  EXPECT_DOUBLE_EQ(plan.predicted_step, 5 * 6.0);                  // (M+K-1) slots of 6
-  EXPECT_DOUBLE_EQ(plan.predicted_efficiency, 4 * 10.0 / (2 * 30));  // M·Σ / (K·step)
-  EXPECT_EQ(gpipe::format_plan(gpipe::plan_partition({0.002, 0.002, 0.001}, {2, 1}, 3), "s"),
+  EXPECT_EQ(plan.schedule, "gpipe");
+  EXPECT_DOUBLE_EQ(plan.predicted_step, 4 * 6.0 + 4);
+  EXPECT_DOUBLE_EQ(plan.predicted_efficiency, 4 * 10.0 / (2 * 28));  // M·Σ / (K·step)
+  EXPECT_EQ(gpipe::format_plan(gpipe::plan_partition({0.002, 0.002, 0.001}, {2, 1}, gpipe::fill_drain(2, 3)), "s"),
             "stage  layers              cost    share\n"
             "    0  0-1 (2)          4.00 ms    80.0%  <- bottleneck\n"
             "    1  2-2 (1)          1.00 ms    20.0%\n"
             "bottleneck: stage 0, 4.00 ms per micro-batch\n"
-            "predicted step: 16.00 ms for M=3 ((M+K-1) x bottleneck), pipeline efficiency 46.9% (balanced stages: 75.0%)\n");
-  EXPECT_EQ(gpipe::format_plan(gpipe::plan_partition({3 << 20, 1 << 20}, {1, 1}, 2), "bytes"),
+            "predicted step: 13.00 ms for M=3 (gpipe simulated, F 1/3 and B 2/3 of a stage), pipeline efficiency "
+            "57.7% (balanced stages: 75.0%)\n");
+  EXPECT_EQ(gpipe::format_plan(gpipe::plan_partition({3 << 20, 1 << 20}, {1, 1}, gpipe::fill_drain(2, 2)), "bytes"),
             "stage  layers              cost    share\n"
             "    0  0-0 (1)         3.00 MiB    75.0%  <- bottleneck\n"
             "    1  1-1 (1)         1.00 MiB    25.0%\n"
             "bottleneck: stage 0, 3.00 MiB\n");
+  gpipe::testing::expect_invalid([] { gpipe::plan_partition({1, 2, 3}, {2, 1}, gpipe::fill_drain(3, 4)); },
+                                 "the balance {2, 1} has 2 stages but the schedule runs 3");
+}
+
+TEST(PlanPartitionTest, EachScheduleHasItsOwnStep) {
+  auto step = [](const std::vector<int>& balance, gpipe::ScheduleKind kind) {
+    return gpipe::plan_partition({3, 3, 2, 4}, balance, gpipe::make_schedule(kind, 2, 4)).predicted_step;
+  };
+  // Balanced stages: 1F1B has fill-drain's bubble; zero bubble fills it with W's, (K-1)/(3M+K-1) idle.
+  EXPECT_DOUBLE_EQ(step({2, 2}, gpipe::ScheduleKind::k1F1B), 30);
+  EXPECT_DOUBLE_EQ(step({2, 2}, gpipe::ScheduleKind::kZB1P), 4 * 6.0 * 13 / 12);
+  // Uneven stages (8 and 4): fill-drain idles the slow stage between its forwards and backwards,
+  // 1F1B fills that gap with backwards.
+  EXPECT_DOUBLE_EQ(step({3, 1}, gpipe::ScheduleKind::kGPipe), 4 * 8.0 + 4);
+  EXPECT_LT(step({3, 1}, gpipe::ScheduleKind::k1F1B), 4 * 8.0 + 4);
 }

@@ -12,17 +12,17 @@ torch::Tensor mse(const torch::Tensor& out, const torch::Tensor& t) { return tor
 }  // namespace
 
 TEST(PipelineTest, CutsEvenlyOrByBalance) {
-  gpipe::Pipeline even(small_mlp(0), PipelineOptions().stages(3));
+  gpipe::Pipeline even(small_mlp(0), PipelineOptions().devices(3));
   EXPECT_EQ(even.balance(), (std::vector<int>{3, 2, 2}));
   EXPECT_EQ(even.stage(1)->size(), 2u);
-  gpipe::Pipeline given(small_mlp(0), PipelineOptions().balance({1, 6}).chunks(2));
+  gpipe::Pipeline given(small_mlp(0), PipelineOptions().balance({1, 6}).micro_batches(2));
   EXPECT_EQ(given.stages(), 2);
   EXPECT_EQ(given.stage(0)->size(), 1u);
 }
 
 TEST(PipelineTest, StagesShareTheModelsParameters) {
   auto model = small_mlp(0);
-  gpipe::Pipeline pipe(model, PipelineOptions().stages(2));
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(2));
   auto from_stages = pipe.stage(0)->parameters();
   for (const auto& p : pipe.stage(1)->parameters()) from_stages.push_back(p);
   auto from_model = model->parameters();
@@ -32,33 +32,33 @@ TEST(PipelineTest, StagesShareTheModelsParameters) {
 }
 
 TEST(PipelineTest, RejectsBadConfigurationBeforeAnyWork) {
-  expect_invalid([] { gpipe::Pipeline(torch::nn::Sequential(), PipelineOptions().stages(1)); },
+  expect_invalid([] { gpipe::Pipeline(torch::nn::Sequential(), PipelineOptions().devices(1)); },
                  "the model is empty");
-  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().stages(0)); },
-                 "number of stages must be at least 1 (got 0)");
-  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().stages(8)); },
-                 "cannot cut 7 layers into 8 stages");
+  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().devices(0)); },
+                 "the number of devices is not set; set devices(K)");
+  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().devices(8)); },
+                 "cannot cut 7 layers into 8 devices");
   expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().balance({3, 3})); },
                  "sum of balance {3, 3}: 6");
   expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().balance({7, 0})); },
                  "has 0 layers");
-  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().balance({3, 4}).stages(3)); },
+  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().balance({3, 4}).devices(3)); },
                  "disagree");
-  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().stages(2).chunks(0)); },
-                 "micro-batches (chunks) must be at least 1 (got 0)");
+  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().devices(2).micro_batches(0)); },
+                 "micro-batches must be at least 1 (got 0)");
   expect_invalid(
       [] {
         gpipe::Pipeline(small_mlp(0),
-                        PipelineOptions().stages(2).devices({gpipe::Device::cpu(1)}));
+                        PipelineOptions().devices(2).device_list({gpipe::Device::cpu(1)}));
       },
-      "got 1 devices for 2 stages");
-  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().stages(2).threads_per_stage(0)); },
-                 "threads_per_stage must be at least 1");
+      "got 1 devices in the device list for 2 devices");
+  expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().devices(2).threads_per_device(0)); },
+                 "threads_per_device must be at least 1");
 }
 
 TEST(PipelineTest, RejectsBadBatchesBeforeAnyWork) {
   auto model = small_mlp(0);
-  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(4));
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(2).micro_batches(4));
   const torch::Tensor x = torch::randn({8, 12}), y = torch::randn({8, 4});
   expect_invalid([&] { pipe.train_step(torch::tensor(1.0), y, mse); }, "the input has no batch dimension");
   expect_invalid([&] { pipe.train_step(x.narrow(0, 0, 0), y.narrow(0, 0, 0), mse); }, "the input is an empty batch");
@@ -76,7 +76,7 @@ TEST(PipelineTest, BatchSmallerThanTheMicroBatchCountTrainsExactly) {
     SCOPED_TRACE(gpipe::to_string(kind));
     const int V = kind == gpipe::ScheduleKind::kInterleaved ? 2 : 1;
     auto model = small_mlp(1), reference = small_mlp(1);
-    gpipe::Pipeline pipe(model, PipelineOptions().stages(2).virtual_stages(V).schedule(kind).chunks(4));
+    gpipe::Pipeline pipe(model, PipelineOptions().devices(2).virtual_stages(V).schedule(kind).micro_batches(4));
     torch::manual_seed(2);
     const torch::Tensor x = torch::randn({3, 12}), y = torch::randn({3, 4});
     const torch::Tensor loss = pipe.train_step(x, y, mse);
@@ -102,7 +102,7 @@ TEST(PipelineTest, AStageWhoseOutputTakesNoGradientSendsZerosUpstream) {
       return torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::Linear(4, 4), Detach(), torch::nn::Linear(4, 2));
     };
     auto model = build(), reference = build();
-    gpipe::Pipeline pipe(model, PipelineOptions().balance({1, 2, 1}).schedule(kind).chunks(2));
+    gpipe::Pipeline pipe(model, PipelineOptions().balance({1, 2, 1}).schedule(kind).micro_batches(2));
     torch::manual_seed(9);
     const torch::Tensor x = torch::randn({6, 4}), y = torch::randn({6, 2});
     pipe.train_step(x, y, mse);
@@ -123,15 +123,15 @@ TEST(PipelineTest, SplitBackwardRefusesInPlaceLayersUpFront) {
     return torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)),
                                  torch::nn::Linear(4, 2));
   };
-  expect_invalid([&] { gpipe::Pipeline(model(), PipelineOptions().stages(2).schedule(gpipe::ScheduleKind::kZB1P)); },
+  expect_invalid([&] { gpipe::Pipeline(model(), PipelineOptions().devices(2).schedule(gpipe::ScheduleKind::kZB1P)); },
                  "layer 1 works in place");
-  gpipe::Pipeline ok(model(), PipelineOptions().stages(2).schedule(gpipe::ScheduleKind::k1F1B));
+  gpipe::Pipeline ok(model(), PipelineOptions().devices(2).schedule(gpipe::ScheduleKind::k1F1B));
   EXPECT_EQ(ok.stages(), 2);
 }
 
 TEST(PipelineTest, ForwardMatchesTheModelAndKeepsNoGraph) {
   auto model = small_mlp(0);
-  gpipe::Pipeline pipe(model, PipelineOptions().stages(3).chunks(4));
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(3).micro_batches(4));
   const torch::Tensor x = torch::randn({10, 12});
   torch::Tensor out = pipe.forward(x);
   EXPECT_FALSE(out.requires_grad());
@@ -141,7 +141,7 @@ TEST(PipelineTest, ForwardMatchesTheModelAndKeepsNoGraph) {
 }
 
 TEST(PipelineTest, TraceRecordsEveryAction) {
-  gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().stages(2).chunks(3));
+  gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().devices(2).micro_batches(3));
   pipe.train_step(torch::randn({6, 12}), torch::randn({6, 4}), mse);
   const gpipe::StepTrace& trace = pipe.last_trace();
   ASSERT_EQ(trace.devices.size(), 2u);
@@ -164,7 +164,7 @@ TEST(PipelineTest, TraceRecordsEveryAction) {
 }
 
 TEST(PipelineTest, ChromeTraceHasOneEventPerActionOnItsDevicesRow) {
-  gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().stages(2).chunks(2).checkpoint(gpipe::Checkpoint::kNever));
+  gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().devices(2).micro_batches(2).checkpoint(gpipe::Checkpoint::kNever));
   pipe.train_step(torch::randn({4, 12}), torch::randn({4, 4}), mse);
   const std::string json = gpipe::chrome_trace_json(pipe.last_trace());
   for (const char* action : {"0F0", "0F1", "0B1", "0B0", "1F0", "1F1", "1B1", "1B0"})
@@ -180,7 +180,7 @@ TEST(PipelineTest, ChromeTraceHasOneEventPerActionOnItsDevicesRow) {
 }
 
 TEST(PipelineTest, SvgTimelineDrawsEveryActionOnItsDevicesRow) {
-  gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().stages(3).chunks(2).checkpoint(gpipe::Checkpoint::kNever));
+  gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().devices(3).micro_batches(2).checkpoint(gpipe::Checkpoint::kNever));
   pipe.train_step(torch::randn({4, 12}), torch::randn({4, 4}), mse);
   const std::string svg = gpipe::timeline_svg(pipe.last_trace());
   EXPECT_EQ(svg.rfind("<svg ", 0), 0u);
@@ -221,7 +221,7 @@ TEST(PipelineTest, OverheadIsStepTimeLessTheSimulatedSchedule) {
   trace.devices[1][0] = span(1, gpipe::ActionKind::kForward, 10);
   trace.devices[1][1] = span(1, gpipe::ActionKind::kBackward, 20);
   EXPECT_NEAR(gpipe::overhead_seconds(trace, gpipe::fill_drain(2, 1)), 0.0, 1e-15);
-  gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().stages(2).chunks(4));
+  gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().devices(2).micro_batches(4));
   pipe.train_step(torch::randn({8, 12}), torch::randn({8, 4}), mse);
   const double overhead = gpipe::overhead_seconds(pipe.last_trace(), pipe.schedule());
   // A span covers its action's compute alone (not the wait for or the send of a tensor), so the

@@ -14,7 +14,7 @@ struct StepResult {
 // One training step of an MLP with Dropout(0.5), from a fixed seed.
 StepResult dropout_step(Checkpoint mode, int K, int M, uint64_t seed = 42) {
   auto model = gpipe::testing::small_mlp(7, /*dropout=*/0.5);
-  gpipe::Pipeline pipe(model, PipelineOptions().stages(K).chunks(M).checkpoint(mode));
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(K).micro_batches(M).checkpoint(mode));
   torch::manual_seed(11);
   const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
   torch::manual_seed(seed);
@@ -53,7 +53,7 @@ TEST(RematerializationTest, SameSeedSameStepDifferentSeedDifferentStep) {
   const StepResult b = dropout_step(Checkpoint::kAlways, 2, 4);
   EXPECT_EQ(a.loss, b.loss);
   auto model = gpipe::testing::small_mlp(7, 0.5);
-  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(4));
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(2).micro_batches(4));
   torch::manual_seed(11);
   const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
   torch::manual_seed(43);
@@ -62,7 +62,7 @@ TEST(RematerializationTest, SameSeedSameStepDifferentSeedDifferentStep) {
 
 TEST(RematerializationTest, TheCallersRandomStreamAdvancesByOneDraw) {
   auto model = gpipe::testing::small_mlp(7, 0.5);
-  gpipe::Pipeline pipe(model, PipelineOptions().stages(2).chunks(4));
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(2).micro_batches(4));
   const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
   torch::manual_seed(5);
   pipe.train_step(x, y, gpipe::mse_loss);
@@ -88,7 +88,7 @@ TEST(RematerializationTest, RecomputingLeavesBatchNormStatisticsAsTheForwardLeft
     torch::manual_seed(3);
     torch::nn::Sequential model(torch::nn::Linear(12, 16), torch::nn::BatchNorm1d(16), torch::nn::ReLU(),
                                 torch::nn::Linear(16, 16), torch::nn::BatchNorm1d(16), torch::nn::Linear(16, 4));
-    gpipe::Pipeline pipe(model, PipelineOptions().balance({2, 4}).chunks(4).checkpoint(mode).deferred_batch_norm(false));
+    gpipe::Pipeline pipe(model, PipelineOptions().balance({2, 4}).micro_batches(4).checkpoint(mode).deferred_batch_norm(false));
     const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
     pipe.train_step(x, y, gpipe::mse_loss);
     std::vector<torch::Tensor> out;

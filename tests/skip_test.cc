@@ -55,7 +55,7 @@ void expect_as_one_device(const Config& c) {
   SCOPED_TRACE("K=" + std::to_string(c.K) + " V=" + std::to_string(c.V) + " M=" + std::to_string(c.M) + " " +
                gpipe::to_string(c.schedule) + " " + gpipe::to_string(c.mode));
   torch::nn::Sequential piped = skipped_model(3), reference = skipped_model(3);
-  gpipe::Pipeline pipe(piped, PipelineOptions().stages(c.K).virtual_stages(c.V).chunks(c.M).checkpoint(c.mode)
+  gpipe::Pipeline pipe(piped, PipelineOptions().devices(c.K).virtual_stages(c.V).micro_batches(c.M).checkpoint(c.mode)
                                   .schedule(c.schedule));
   torch::optim::SGD sgd_piped(pipe.parameters(), 0.05), sgd_reference(reference->parameters(), 0.05);
   for (int step = 0; step < 3; ++step) {
@@ -87,7 +87,7 @@ TEST(SkipTest, EveryStageCountModeAndScheduleMatchesOneDevice) {
 
 // Stage 0 stashes "u" and stage 2 pops it: the message goes from 0 to 2, and stage 1 never sees it.
 TEST(SkipTest, AStashedTensorGoesStraightToThePoppingStage) {
-  gpipe::Pipeline pipe(skipped_model(1), PipelineOptions().balance({2, 6, 4}).chunks(2));
+  gpipe::Pipeline pipe(skipped_model(1), PipelineOptions().balance({2, 6, 4}).micro_batches(2));
   const gpipe::Schedule& program = pipe.schedule();
   ASSERT_EQ(program.skips.size(), 1u);
   EXPECT_EQ(program.skips[0].from, 0);
@@ -109,7 +109,7 @@ TEST(SkipTest, SkipsThatDoNotConnectAreRefusedNamingLayersAndName) {
   namespace nn = torch::nn;
   const auto refused = [](nn::Sequential model, const std::string& words) {
     try {
-      gpipe::Pipeline pipe(model, PipelineOptions().stages(2));
+      gpipe::Pipeline pipe(model, PipelineOptions().devices(2));
       ADD_FAILURE() << "accepted: " << words;
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();

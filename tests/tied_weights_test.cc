@@ -23,7 +23,7 @@ TEST(TiedWeightsTest, TheProjectionSharesTheEmbeddingsTensor) {
   const torch::nn::Sequential m = tied_transformer(1);
   const auto params = m->named_parameters();
   EXPECT_TRUE(params["0.weight"].is_same(params["5.weight"]));
-  gpipe::Pipeline pipe(m, PipelineOptions().stages(2).chunks(2));
+  gpipe::Pipeline pipe(m, PipelineOptions().devices(2).micro_batches(2));
   const auto unique = pipe.parameters();
   EXPECT_EQ(unique.size() + 1, m->parameters().size()) << "the pipeline's parameters list the tied tensor once";
   int seen = 0;
@@ -50,7 +50,7 @@ TEST(TiedWeightsTest, EveryStageCountModeAndScheduleMatchesOneDevice) {
     SCOPED_TRACE("K=" + std::to_string(c.K) + " V=" + std::to_string(c.V) + " " + gpipe::to_string(c.schedule) +
                  " " + gpipe::to_string(c.mode));
     torch::nn::Sequential piped = tied_transformer(3), reference = tied_transformer(3);
-    gpipe::Pipeline pipe(piped, PipelineOptions().stages(c.K).virtual_stages(c.V).chunks(c.M).checkpoint(c.mode)
+    gpipe::Pipeline pipe(piped, PipelineOptions().devices(c.K).virtual_stages(c.V).micro_batches(c.M).checkpoint(c.mode)
                                     .schedule(c.schedule));
     // SGD: Adam would turn the key bias's gradient, zero up to rounding (softmax ignores a shift), into whole steps.
     torch::optim::SGD sgd_piped(pipe.parameters(), 0.05), sgd_reference(gpipe::unique_parameters(*reference), 0.05);
@@ -79,7 +79,7 @@ TEST(TiedWeightsTest, TheTiedBenchmarkTransformerMatchesOneDevice) {
   ASSERT_EQ(piped.tied.size(), 1u);
   const auto named = piped.model->named_parameters();
   EXPECT_TRUE(named[piped.tied[0][0]].is_same(named[piped.tied[0][1]]));
-  gpipe::Pipeline pipe(piped.model, PipelineOptions().balance(piped.balance(2)).chunks(4).tied_parameters(piped.tied));
+  gpipe::Pipeline pipe(piped.model, PipelineOptions().balance(piped.balance(2)).micro_batches(4).tied_parameters(piped.tied));
   const torch::Tensor x = piped.input.narrow(0, 0, 8), y = piped.target.narrow(0, 0, 8);
   const double loss = pipe.train_step(x, y, piped.loss).item<double>();
   const double expected = gpipe::testing::reference_step(reference.model, x, y, reference.loss).item<double>();
@@ -92,7 +92,7 @@ TEST(TiedWeightsTest, DeclaredTiesMustBeOneTensorInOneProcess) {
   torch::nn::Sequential untied(torch::nn::Linear(4, 4), torch::nn::ReLU(), torch::nn::Linear(4, 4));
   const auto refused = [&](std::vector<std::vector<std::string>> tied, const std::string& words) {
     try {
-      gpipe::Pipeline pipe(untied, PipelineOptions().stages(2).tied_parameters(std::move(tied)));
+      gpipe::Pipeline pipe(untied, PipelineOptions().devices(2).tied_parameters(std::move(tied)));
       ADD_FAILURE() << "accepted";
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
@@ -102,7 +102,7 @@ TEST(TiedWeightsTest, DeclaredTiesMustBeOneTensorInOneProcess) {
   refused({{"0.weight", "9.weight"}}, "no parameter 9.weight");
   refused({{"0.weight"}}, "at least two");
   torch::nn::Sequential tied = tied_transformer(1);
-  gpipe::Pipeline pipe(tied, PipelineOptions().stages(2).tied_parameters({{"0.weight", "5.weight"}}));
+  gpipe::Pipeline pipe(tied, PipelineOptions().devices(2).tied_parameters({{"0.weight", "5.weight"}}));
   EXPECT_EQ(pipe.stages(), 2);
 }
 

@@ -55,7 +55,7 @@ std::string temp_path(const std::string& name) { return ::testing::TempDir() + "
 
 std::vector<torch::Tensor> values(Trainer& trainer) {
   std::vector<torch::Tensor> out;
-  for (const auto& p : trainer.engine().layers()->parameters()) out.push_back(p.detach().clone());
+  for (const auto& p : trainer.pipeline().layers()->parameters()) out.push_back(p.detach().clone());
   return out;
 }
 
@@ -112,7 +112,7 @@ TEST(OptimizerOptionsTest, RefusesAnotherOptimizersSettings) {
 TEST(TrainerTest, EqualsAPlainLoopOnOneDevice) {
   const gpipe::Dataset data = regression_data();
   const TrainerOptions options = sgd_options();
-  Trainer trainer(mlp(), PipelineOptions().stages(2).chunks(3), options, data);
+  Trainer trainer(mlp(), PipelineOptions().devices(2).micro_batches(3), options, data);
   trainer.fit();
   EXPECT_EQ(trainer.step(), 4 * 3);  // 4 batches per epoch (the last of 2 rows), 3 epochs
 
@@ -135,7 +135,7 @@ TEST(TrainerTest, EqualsAPlainLoopOnOneDevice) {
       ++step;
     }
   }
-  EXPECT_TRUE(gpipe::testing::same_parameters(trainer.engine().layers(), model, /*values=*/true, 1e-5));
+  EXPECT_TRUE(gpipe::testing::same_parameters(trainer.pipeline().layers(), model, /*values=*/true, 1e-5));
 }
 
 // Saved after its first epoch and resumed by a new trainer, a run with Dropout and Adam ends as an
@@ -146,7 +146,7 @@ TEST(TrainerTest, ResumedRunEndsAsAnUnbrokenOne) {
   const TrainerOptions options = TrainerOptions(sgd_options())
                                      .optimizer(OptimizerOptions().lr(1e-2))
                                      .lr_schedule(LrScheduleOptions().warmup_steps(2));
-  const PipelineOptions two = PipelineOptions().stages(2).chunks(3).checkpoint(gpipe::Checkpoint::kAlways);
+  const PipelineOptions two = PipelineOptions().devices(2).micro_batches(3).checkpoint(gpipe::Checkpoint::kAlways);
   Trainer unbroken(mlp(3, 0.3), two, options, data);
   unbroken.fit();
 
@@ -165,7 +165,7 @@ TEST(TrainerTest, ResumedRunEndsAsAnUnbrokenOne) {
   plain.fit();
   Trainer half(mlp(), two, TrainerOptions(options).epochs(1).save(path), data);
   half.fit();
-  Trainer one(mlp(), PipelineOptions().stages(1).chunks(3), options, data);
+  Trainer one(mlp(), PipelineOptions().devices(1).micro_batches(3), options, data);
   one.resume(path);
   one.fit();
   expect_equal(values(one), values(plain), 1e-6);
@@ -177,11 +177,11 @@ TEST(TrainerTest, RefusesABadSnapshotAndChangesNothing) {
   using gpipe::testing::expect_invalid;
   const gpipe::Dataset data = regression_data();
   const std::string path = temp_path("bad.pt");
-  Trainer saver(mlp(), PipelineOptions().stages(2).chunks(2), TrainerOptions(sgd_options()).epochs(1).save(path),
+  Trainer saver(mlp(), PipelineOptions().devices(2).micro_batches(2), TrainerOptions(sgd_options()).epochs(1).save(path),
                 data);
   saver.fit();
 
-  Trainer trainer(mlp(9), PipelineOptions().stages(2).chunks(2), sgd_options(), data);
+  Trainer trainer(mlp(9), PipelineOptions().devices(2).micro_batches(2), sgd_options(), data);
   const std::vector<torch::Tensor> before = values(trainer);
   expect_invalid([&] { trainer.resume(path + ".missing"); }, "no such file");
 
@@ -205,7 +205,7 @@ TEST(TrainerTest, RefusesABadSnapshotAndChangesNothing) {
     gpipe::add_layer(m, torch::nn::AnyModule(torch::nn::ReLU()), 1, keep);
     return m;
   });
-  Trainer other(wider, PipelineOptions().stages(1), TrainerOptions(sgd_options()).epochs(1).save(path + ".other"),
+  Trainer other(wider, PipelineOptions().devices(1), TrainerOptions(sgd_options()).epochs(1).save(path + ".other"),
                 {torch::randn({8, 10}), torch::randn({8, 16})});
   other.fit();
   expect_invalid([&] { trainer.resume(path + ".other"); }, "checkpoint of another model");
@@ -216,13 +216,13 @@ TEST(TrainerTest, RefusesABadSnapshotAndChangesNothing) {
     gpipe::add_layer(m, torch::nn::AnyModule(torch::nn::Linear(4, 4)), 7, keep);
     return m;
   });
-  Trainer longer(deeper, PipelineOptions().stages(1), TrainerOptions(sgd_options()).epochs(1).save(path + ".deeper"),
+  Trainer longer(deeper, PipelineOptions().devices(1), TrainerOptions(sgd_options()).epochs(1).save(path + ".deeper"),
                  data);
   longer.fit();
   expect_invalid([&] { trainer.resume(path + ".deeper"); }, "it holds");
   // Adam's file for an SGD run.
   expect_invalid([&] {
-    Trainer adam(mlp(), PipelineOptions().stages(2).chunks(2), TrainerOptions(sgd_options()).optimizer(OptimizerOptions()),
+    Trainer adam(mlp(), PipelineOptions().devices(2).micro_batches(2), TrainerOptions(sgd_options()).optimizer(OptimizerOptions()),
                  data);
     adam.resume(path);
   }, "resume with the same optimizer");
@@ -237,7 +237,7 @@ TEST(TrainerTest, NonFiniteLossLeavesTheParametersAsTheyWere) {
   const gpipe::Dataset data = regression_data();
   const std::string path = temp_path("nan.pt");
   std::remove(path.c_str());
-  Trainer trainer(mlp(), PipelineOptions().stages(2).chunks(2),
+  Trainer trainer(mlp(), PipelineOptions().devices(2).micro_batches(2),
                   TrainerOptions(sgd_options()).save(path).loss([](const torch::Tensor& out, const torch::Tensor& y) {
                     return gpipe::mse_loss(out, y) * std::numeric_limits<float>::quiet_NaN();
                   }),
@@ -248,7 +248,7 @@ TEST(TrainerTest, NonFiniteLossLeavesTheParametersAsTheyWere) {
   expect_equal(values(trainer), before);
 
   torch::NoGradGuard no_grad;
-  trainer.engine().parameters().front().view(-1)[0] = std::numeric_limits<float>::infinity();
+  trainer.pipeline().parameters().front().view(-1)[0] = std::numeric_limits<float>::infinity();
   EXPECT_THROW(trainer.save(), std::runtime_error);
   EXPECT_FALSE(std::ifstream(path).good());
 }
@@ -256,16 +256,16 @@ TEST(TrainerTest, NonFiniteLossLeavesTheParametersAsTheyWere) {
 TEST(TrainerTest, RefusesOptionsThatLeaveNoStep) {
   using gpipe::testing::expect_invalid;
   const gpipe::Dataset data = regression_data();
-  expect_invalid([&] { Trainer(mlp(), PipelineOptions().stages(2), TrainerOptions(sgd_options()).batch_size(0), data); },
+  expect_invalid([&] { Trainer(mlp(), PipelineOptions().devices(2), TrainerOptions(sgd_options()).batch_size(0), data); },
                  "batch size");
   expect_invalid([&] {
-    Trainer(mlp(), PipelineOptions().stages(2), TrainerOptions(sgd_options()).batch_size(64).drop_last(true), data);
+    Trainer(mlp(), PipelineOptions().devices(2), TrainerOptions(sgd_options()).batch_size(64).drop_last(true), data);
   }, "leaves no step");
-  expect_invalid([&] { Trainer(mlp(), PipelineOptions().stages(2), sgd_options(), gpipe::Dataset{}); },
+  expect_invalid([&] { Trainer(mlp(), PipelineOptions().devices(2), sgd_options(), gpipe::Dataset{}); },
                  "no samples");
   expect_invalid([&] {
-    Trainer(mlp(), PipelineOptions().stages(2), TrainerOptions(sgd_options()).per_device_files(true), data);
+    Trainer(mlp(), PipelineOptions().devices(2), TrainerOptions(sgd_options()).per_device_files(true), data);
   }, "for MPI runs");
-  expect_invalid([&] { Trainer(mlp(), PipelineOptions().stages(2), TrainerOptions(sgd_options()).clip_grad_norm(-1), data); },
+  expect_invalid([&] { Trainer(mlp(), PipelineOptions().devices(2), TrainerOptions(sgd_options()).clip_grad_norm(-1), data); },
                  "gradient norm");
 }

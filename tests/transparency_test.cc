@@ -52,7 +52,7 @@ TEST_P(TransparencyTest, LossAndGradientsEqualOneDevice) {
   const torch::Tensor expected = gpipe::testing::reference_step(reference, x, y, m.loss);
 
   auto piped = m.build(1);
-  gpipe::Pipeline pipe(piped, gpipe::PipelineOptions().stages(K).chunks(M).checkpoint(mode).schedule(schedule)
+  gpipe::Pipeline pipe(piped, gpipe::PipelineOptions().devices(K).micro_batches(M).checkpoint(mode).schedule(schedule)
                                   .virtual_stages(virtual_stages(schedule)));
   const torch::Tensor loss = pipe.train_step(x, y, m.loss);
 
@@ -94,7 +94,7 @@ TEST(TransparencyScheduleTest, DropoutGradientsEqualFillDrainsInEverySchedule) {
   const torch::Tensor x = torch::randn({24, 12}), y = torch::randn({24, 4});
   auto grads = [&](gpipe::ScheduleKind schedule, int K, Checkpoint mode) {
     auto model = gpipe::testing::small_mlp(5, 0.3);  // 10 layers
-    gpipe::Pipeline pipe(model, gpipe::PipelineOptions().stages(K).chunks(4).checkpoint(mode).schedule(schedule)
+    gpipe::Pipeline pipe(model, gpipe::PipelineOptions().devices(K).micro_batches(4).checkpoint(mode).schedule(schedule)
                                     .virtual_stages(virtual_stages(schedule)));
     torch::manual_seed(11);
     pipe.train_step(x, y, gpipe::mse_loss);
@@ -120,7 +120,7 @@ TEST(TransparencyTrainingTest, ParametersMatchAfterSeveralSgdSteps) {
   for (const Model& m : {mlp(), transformer()}) {
     auto reference = m.build(2);
     auto piped = m.build(2);
-    gpipe::Pipeline pipe(piped, gpipe::PipelineOptions().stages(3).chunks(5)
+    gpipe::Pipeline pipe(piped, gpipe::PipelineOptions().devices(3).micro_batches(5)
                                     .checkpoint(Checkpoint::kExceptLast).schedule(gpipe::ScheduleKind::kZB1P));
     torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     torch::optim::SGD pipe_opt(pipe.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -143,7 +143,7 @@ TEST(TransparencyTrainingTest, StepsAccumulateIntoExistingGradients) {
   const Model m = mlp();
   auto reference = m.build(3);
   auto piped = m.build(3);
-  gpipe::Pipeline pipe(piped, gpipe::PipelineOptions().stages(2).chunks(3));
+  gpipe::Pipeline pipe(piped, gpipe::PipelineOptions().devices(2).micro_batches(3));
   for (int step = 0; step < 2; ++step) {
     torch::manual_seed(300 + step);
     const torch::Tensor x = m.input(9), y = m.target(9);

@@ -23,13 +23,26 @@ TEST(InProcessTransportTest, RecvWaitsForTheSender) {
   EXPECT_EQ(got.get().sum().item<float>(), 4.0f);
 }
 
-TEST(InProcessTransportTest, CancelWakesABlockedRecvAndResetClears) {
+TEST(InProcessTransportTest, CancelWakesABlockedRecvWithItsReasonUntilBegin) {
   gpipe::InProcessTransport t(2);
   auto got = std::async(std::launch::async, [&] { return t.recv(1, 0, Channel::kGradient, 0); });
-  t.cancel();
+  t.cancel("gpipe: stage 1 failed");
   ASSERT_EQ(got.wait_for(std::chrono::seconds(30)), std::future_status::ready);
-  EXPECT_THROW(got.get(), gpipe::Cancelled);
-  t.reset();
+  try {
+    got.get();
+    ADD_FAILURE() << "recv returned after cancel";
+  } catch (const gpipe::Cancelled& e) {
+    EXPECT_STREQ(e.what(), "gpipe: stage 1 failed");
+  }
+  EXPECT_THROW(t.recv(0, 1, Channel::kActivation, 0), gpipe::Cancelled) << "a later recv is cancelled too";
+  t.begin({});
   t.send(1, 0, Channel::kGradient, 0, torch::ones({1}));
   EXPECT_EQ(t.recv(1, 0, Channel::kGradient, 0).item<float>(), 1.0f);
+}
+
+TEST(InProcessTransportTest, CountsTheBytesSent) {
+  gpipe::InProcessTransport t(2);
+  t.send(0, 1, Channel::kActivation, 0, torch::ones({3}, torch::kFloat64));
+  t.send(1, 0, Channel::kGradient, 0, torch::ones({2}));
+  EXPECT_EQ(t.bytes_sent(), 3 * 8 + 2 * 4);
 }

@@ -42,7 +42,7 @@ std::string concat(Args&&... args) {
 /// The message is built from all the arguments, streamed in order, and should
 /// name the offending value and say how to fix it:
 ///
-///   GPIPE_CHECK(chunks >= 1, "chunks must be at least 1 (got ", chunks, ")");
+///   GPIPE_CHECK(micro_batches >= 1, "micro_batches must be at least 1 (got ", micro_batches, ")");
 #define GPIPE_CHECK(cond, ...)                                              \
   do {                                                                      \
     if (!(cond)) {                                                          \

@@ -3,38 +3,51 @@
 // step's time and each device's peak bytes.
 //
 //   profile_layers(model, micro-batch) ─┐
-//   transformer_layer_costs(shape, dev) ─┴▶ CostModel ──predict(balance, program, rows)──▶ Prediction
-//                                                                                          step_s, bubble,
-//                                                                                          peak bytes per device
+//   transformer_costs(shape, device) ───┴▶ CostModel ──predict(plan, rows)──▶ Prediction
+//                                                                              step_s, bubble,
+//                                                                              peak bytes per device
 //
 // Every figure of a layer is per sample (per row of dim 0), so one profile
 // serves any micro-batch size; times are profiled at the micro-batch size the
 // pipeline will run, where the per-sample figure is exact.
 //
-// How peak bytes are predicted. predict() simulates the program (schedule.h)
-// with the layers' times, then replays each device's actions in order and
+// How peak bytes are predicted. predict() simulates the plan's training program
+// (schedule.h) with the layers' times, then replays each device's actions and
 // tracks what the device holds, as gpipe's tracking allocator charges it: a
 // tensor counts on the device whose thread allocated it until the last
-// reference to it goes, wherever that is.
-//   F (keeps activations): during it, the stage's forward peak; after it, the
-//       stage keeps what its layers saved for backward and its output, until its
-//       B (or W) ends.
-//   F (re-materialized):  only the output is kept (its input belongs to the
-//       stage before); the output goes when the next stage's B ends (the last
-//       stage keeps nothing: its B computes the output and the loss again).
-//   B:  the forward is run again first if the F was re-materialized; during it,
-//       the stage's backward peak; after it, the gradient of the stage input,
-//       until the previous stage's B ends.
+// reference to it goes, wherever that is. What a stage keeps for itself:
+//   F (keeps activations): during it, the stage's forward peak; after it, what
+//       its layers saved for backward and its output, until its B ends.
+//   F (re-materialized): during it, the forward peak without autograd (skip
+//       tensors stashed on the stage stay until popped); after it, nothing of
+//       its own: its input belongs to the stage that sent it.
+//   B:  the forward again first if the F was re-materialized; during it, the
+//       stage's backward peak (with the gradients of skip tensors it popped,
+//       alive until the backward reaches the stash or the stage's input; on the
+//       last stage, the loss's backward).
 //   I, W: a forward whose backward is split records every layer's input and
-//       output; I keeps what W needs (the inputs, the gradients of outputs
-//       of layers with weights, what the graph keeps for W), W frees it.
-// The last stage's backward also holds the output's gradient for the loss.
+//       output; I keeps what W needs (the inputs, the gradients of outputs of
+//       layers with weights, what the graph keeps for W), W frees it. A stage
+//       holding a Stash or Pop splits in one piece: W keeps its whole graph.
+// What crosses stages follows the program's SEND actions: each tensor sent stays
+// on the sending device until the receiving stage is done with it.
+//   activation, stashed skip tensor (skip_channel): made by the sender's F; the
+//       receiver holds it as its input, or as the tensor it pops, until it lets
+//       go of the micro-batch (the end of its B, or of its W when split). A
+//       sender whose F kept its activations holds it among them until its B.
+//   gradient of a stage input or of a popped skip tensor: made by the sender's B
+//       or I; the receiver's B or I uses it, and its W keeps it when the stage
+//       splits in one piece or its last layer has weights.
 // A device's predicted peak is the largest held total plus the transient of
 // the action running at that moment; static bytes (parameters, gradients,
-// optimizer state) come on top, as Pipeline::StageMemory reports them apart.
+// optimizer state) come on top, as Pipeline::DeviceMemory reports them apart.
+// Timing decides how many sent tensors are still held at a device's peak: the
+// simulation's order, not the threads', may hold one micro-batch's more or less.
 #pragma once
 
+#include "gpipe/plan.h"
 #include "gpipe/schedule.h"
+#include "gpipe/skip.h"
 #include "gpipe/stage.h"
 
 #include <torch/nn/modules/container/sequential.h>
@@ -66,9 +79,16 @@ struct LayerCost {
                                    ///< gradient of its output (which W also keeps, for a layer with parameters)
 };
 
+/// A skip connection of the model (skip.h) and the bytes per sample of the tensor it stashes.
+struct SkipCost {
+  SkipConnection connection;
+  double bytes = 0;
+};
+
 /// A model's layers' costs, and what every parameter byte brings with it.
 struct CostModel {
   std::vector<LayerCost> layers;
+  std::vector<SkipCost> skips;     ///< the model's skip connections, in skip_connections' order
   double loss_kept_bytes = 0;      ///< per sample, what the loss keeps for backward (on the last stage)
   double loss_backward_peak_bytes = 0;  ///< per sample, peak of the loss's backward above that
   /// Bytes of gradient and optimizer state per parameter byte: 1 for plain SGD,
@@ -88,13 +108,22 @@ struct CostModel {
 /// Profiles every layer of `model` on the calling thread with `threads` intra-op
 /// threads (and OpenBLAS threads, as a stage runs): `sample` (a micro-batch) passes through the layers in order,
 /// `warmup` untimed and `repetitions` timed passes, each time the median; bytes
-/// come from gpipe's tracking allocator on the last pass. I and W are timed with
+/// come from gpipe's tracking allocator on the last pass, with what each skip
+/// connection (skip.h) stashes. I and W are timed with
 /// gpipe's split backward. The model's parameters keep no gradients afterwards.
 /// `state_per_parameter_byte` as in CostModel. With a `loss` and the sample's
 /// `target`, the loss's bytes are profiled too (the last stage holds them).
 CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor& sample, int threads = 1,
                          double state_per_parameter_byte = 1, int warmup = 1, int repetitions = 3,
                          const LossFn& loss = nullptr, const torch::Tensor& target = {});
+
+/// Per-layer costs for balance_by_cost on micro-batches of `rows` rows: each
+/// layer's forward plus backward time, in seconds.
+std::vector<double> layer_times(const CostModel& costs, int64_t rows);
+/// Per-layer costs for balance_by_cost on micro-batches of `rows` rows: the
+/// bytes each layer keeps for backward plus its parameters with their
+/// gradients and optimizer state (CostModel::state_per_parameter_byte).
+std::vector<double> layer_memory(const CostModel& costs, int64_t rows);
 
 /// What predict() expects of a configuration.
 struct Prediction {
@@ -114,12 +143,11 @@ struct Prediction {
   int64_t largest_total_bytes() const;
 };
 
-/// Predicts `schedule` (a program, lower(); a compute-only schedule runs as Checkpoint::kNever) for the model of `costs` cut
-/// by `balance` (layers per stage, S entries) with micro-batches of
-/// `micro_batch_rows` rows (M entries). Throws std::invalid_argument if the
-/// balance, the program and the rows do not fit together.
-Prediction predict(const CostModel& costs, const std::vector<int>& balance, const Schedule& schedule,
-                   const std::vector<int64_t>& micro_batch_rows);
+/// Predicts a step of `plan` (its cut and its training program) for the
+/// model of `costs` with micro-batches of `micro_batch_rows` rows (M entries).
+/// Throws std::invalid_argument if the plan, the costs and the rows do not fit
+/// together (the layers, M, a skip connection the costs do not have).
+Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::vector<int64_t>& micro_batch_rows);
 
 /// A Transformer as gpipe plan takes it: an embedding, `layers` encoder blocks
 /// (self-attention and a feed-forward of `ffn` with ReLU, post-norm, as

@@ -1,9 +1,16 @@
 // partition.h: how a model's L layers are cut into K consecutive stages (a "balance").
+//
+// Per-layer costs come from parameter_costs, costs_from, or the cost model's one profiler
+// (cost_model.h): layer_times(profile_layers(model, micro-batch), rows) for time,
+// layer_memory(...) for bytes.
 #pragma once
+
+#include "gpipe/schedule.h"
 
 #include <torch/nn/modules/container/sequential.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace gpipe {
@@ -39,22 +46,31 @@ std::vector<int> balance_by_cost(const std::vector<double>& costs, int stages);
 /// The cost of each stage of `balance` for per-layer `costs`.
 std::vector<double> stage_costs(const std::vector<double>& costs, const std::vector<int>& balance);
 
-/// What a balance means for a pipeline of M micro-batches, given per-layer costs.
+/// What a balance means for a schedule of M micro-batches, given per-layer costs.
 struct PartitionPlan {
   std::vector<int> balance;
   std::vector<double> stage_costs;
   int bottleneck_stage = 0;  ///< the slowest stage, which paces the step
   double bottleneck = 0;     ///< its cost
+  std::string schedule;      ///< the schedule simulated, e.g. "gpipe"
   int micro_batches = 1;
-  /// Fill-drain takes M+K-1 slots of the slowest stage: (M+K-1)·bottleneck.
+  /// The schedule simulated with each stage's F taking a third of its cost and B two thirds (I
+  /// and W a third each). Fill-drain over balanced stages: (M+K-1)·bottleneck.
   double predicted_step = 0;
-  /// Work done over K·step time: M·Σcost / (K·(M+K-1)·bottleneck); at most the ideal M/(M+K-1).
+  /// Work done over K·step time: M·Σcost / (K·predicted_step), 1 minus the simulated bubble.
   double predicted_efficiency = 0;
+  /// The same for balanced stages (fill-drain and 1F1B: M/(M+K-1)), the most a cut can reach.
+  double balanced_efficiency = 0;
 };
 
 /// The plan of `balance` for per-layer `costs` (time per micro-batch, for the
-/// step prediction to be a time) and `micro_batches` M.
-PartitionPlan plan_partition(const std::vector<double>& costs, const std::vector<int>& balance, int micro_batches);
+/// step prediction to be a time) under `schedule`, a compute schedule of
+/// balance.size() stages (make_schedule). Throws std::invalid_argument if they
+/// disagree on the number of stages.
+///
+///   plan_partition(costs, balance, make_schedule(ScheduleKind::k1F1B, K, M))
+PartitionPlan plan_partition(const std::vector<double>& costs, const std::vector<int>& balance,
+                             const Schedule& schedule);
 
 /// The plan as a table: layers and cost of each stage, the bottleneck marked;
 /// then, for costs in time, the predicted step and efficiency. `unit` is "s" (shown in ms),
@@ -67,21 +83,6 @@ std::string format_plan(const PartitionPlan& plan, const std::string& unit);
 
 /// Cost source: the number of parameters of each layer (as DeepSpeed balances).
 std::vector<double> parameter_costs(const torch::nn::Sequential& model);
-
-/// Cost source: measured time of each layer, forward plus backward, in
-/// seconds: `sample` (a micro-batch) is passed through the layers in order on
-/// the calling thread with `threads` intra-op threads, `warmup` untimed and
-/// `repetitions` timed passes, and each layer's median is taken.
-std::vector<double> time_costs(const torch::nn::Sequential& model, const torch::Tensor& sample,
-                               int threads = 1, int warmup = 1, int repetitions = 5);
-
-/// Cost source: memory of each layer in bytes: the activations it keeps for
-/// backward, measured by passing `sample` (a micro-batch) through the layers
-/// with gpipe's tracking allocator, plus its parameter bytes times
-/// (1 + `state_scale`), where `state_scale` counts gradients and optimizer state
-/// per parameter byte: 1 for plain SGD, 2 for SGD with momentum, 3 for Adam.
-std::vector<double> memory_costs(const torch::nn::Sequential& model, const torch::Tensor& sample,
-                                 double state_scale = 2.0);
 
 /// Cost source: the user's estimate for each layer, like the paper's cost
 /// estimator: `cost(index, layer)` for every layer in order.

@@ -1,76 +1,69 @@
-// pipeline.h: the facade: a torch::nn::Sequential trained with GPipe over K pipelined stages.
+// pipeline.h: a torch::nn::Sequential trained with GPipe: the one runtime, whose devices are threads
+// of this process or ranks of an MPI job (mpi::MpiPipeline); make_pipeline chooses.
+//
+//   Pipeline ── plan (plan.h) ──▶ an Executor per device held here ──▶ Transport
+//      │          K, V, M, cut,       runs its device's program           in-process mailboxes,
+//      │          placement,          over its stages (stage.h)           or MPI messages
+//      └── Group (internal): what differs between one process and an MPI job:
+//          which devices run here, which rows, sums over ranks and replicas, tied copies
+//
+// A training loop written against Pipeline runs unchanged in one process and
+// under mpirun. Under MPI every call is collective: every rank calls it, in
+// the same order, with the same arguments (the whole mini-batch on every
+// rank; each rank reads what its stages need).
 #pragma once
 
 #include "gpipe/device.h"
 #include "gpipe/executor.h"
-#include "gpipe/memory.h"
+#include "gpipe/layers.h"
+#include "gpipe/plan.h"
 #include "gpipe/schedule.h"
 #include "gpipe/stage.h"
 #include "gpipe/trace.h"
-#include "gpipe/transport.h"
 
-#include <torch/arg.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gpipe {
+namespace detail {
+class Group;
+}  // namespace detail
 
-/// Options of a Pipeline, set with chainable setters:
-///
-///   gpipe::Pipeline pipe(model, gpipe::PipelineOptions().stages(2).chunks(8));
-///   gpipe::Pipeline pipe(model, gpipe::PipelineOptions().balance({3, 5}).chunks(4)
-///                                   .checkpoint(gpipe::Checkpoint::kAlways));
-///   gpipe::Pipeline pipe(model, gpipe::PipelineOptions().stages(2).chunks(8)
-///                                   .schedule(gpipe::ScheduleKind::kInterleaved).virtual_stages(2));
-struct PipelineOptions {
-  /// K, the number of devices, cutting the layers evenly into K·V stages. 0: take it from balance.
-  TORCH_ARG(int, stages) = 0;
-  /// Layers per stage, e.g. {3, 5}: K·V entries. Empty: cut evenly.
-  TORCH_ARG(std::vector<int>, balance) = {};
-  /// The order in which the devices run forwards and backwards (schedule.h).
-  TORCH_ARG(ScheduleKind, schedule) = ScheduleKind::kGPipe;
-  /// V, stages per device (the interleaved schedule; 1 otherwise). Stage s runs on device s mod K.
-  TORCH_ARG(int, virtual_stages) = 1;
-  /// M, the number of micro-batches each mini-batch is split into.
-  TORCH_ARG(int, chunks) = 1;
-  /// Which micro-batches re-materialize in backward.
-  TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::kExceptLast;
-  /// K devices. Empty: a CPU core group of `threads_per_stage` per device.
-  TORCH_ARG(std::vector<Device>, devices) = {};
-  /// Intra-op threads of each CPU stage when `devices` is empty.
-  TORCH_ARG(int, threads_per_stage) = 1;
-  /// BatchNorm as in the paper: each micro-batch is normalized by its own
-  /// statistics, and the running statistics are updated once per mini-batch,
-  /// from the mean and unbiased variance of all its rows, with the layer's
-  /// momentum (num_batches_tracked grows by one per step). For BatchNorm layers
-  /// of the Sequential itself (one inside a layer is refused). false: each
-  /// micro-batch's forward updates them, as M small batches would.
-  TORCH_ARG(bool, deferred_batch_norm) = true;
-  /// Parameters tied across stages, by name in the model, e.g. {{"0.weight", "9.weight"}} for an
-  /// input embedding and an output projection that share their weight. In one process tied
-  /// layers hold one tensor, which is what ties them (found without being declared); a
-  /// declared group that is not one tensor is refused. (Under MPI each owning rank holds a copy,
-  /// and the declaration is what ties them: mpi::MpiPipelineOptions::tied_parameters.)
-  TORCH_ARG(std::vector<std::vector<std::string>>, tied_parameters) = {};
-  /// Account CPU memory per stage (installs gpipe's tracking allocator for the
-  /// process; see memory.h). On by itself when a device has a memory cap.
-  TORCH_ARG(bool, track_memory) = false;
+/// Where the devices of a pipeline run.
+enum class Runtime {
+  kAuto,     ///< MPI ranks when this process was started by an MPI launcher with more than one rank, else threads
+  kThreads,  ///< a thread per device in this process
+  kMpi,      ///< a rank per device; MPI must be initialised (mpi::Environment)
 };
 
-/// A torch::nn::Sequential cut into consecutive stages over K devices, each
-/// device with its own worker thread, trained over M micro-batches by a
-/// schedule (GPipe's fill-drain by default; 1F1B, interleaved or zero-bubble).
+/// Mean loss and share of correct predictions over a data set.
+struct Evaluation {
+  double loss = 0;
+  double accuracy = 0;  ///< argmax of the output against integer targets; 0 when not classifying
+};
+
+/// Thrown by a step that Pipeline::set_interrupt stopped; the parameters and
+/// gradients are as they were before the step.
+struct Interrupted : Cancelled {
+  Interrupted() : Cancelled("gpipe: the step was interrupted") {}
+};
+
+/// A torch::nn::Sequential cut into consecutive stages over K devices, trained
+/// over M micro-batches by a schedule (GPipe's fill-drain by default; 1F1B,
+/// interleaved or zero-bubble).
 ///
-/// The pipeline shares the model's parameters: an optimizer built on
-/// `pipe.parameters()` steps what the stages use. A parameter that layers on
-/// two stages use (tied weights) stays one tensor: each stage's backward adds
-/// its share to the one gradient, so it gets the sum of its uses, as on one
-/// device, and one update.
+/// In one process each device has its own worker thread, and the pipeline
+/// shares the model's parameters: an optimizer built on `pipe.parameters()`
+/// steps what the stages use. A parameter that layers on two stages use (tied
+/// weights) stays one tensor: each stage's backward adds its share to the one
+/// gradient, so it gets the sum of its uses, as on one device, and one update.
 /// After train_step every parameter's grad() holds exactly the gradient of the
 /// whole mini-batch's mean loss (added to what it held, like backward()).
 ///
@@ -78,64 +71,92 @@ struct PipelineOptions {
 /// constructor or from train_step/forward before any work. An exception inside
 /// a stage stops every stage of the step and is rethrown as StageError naming
 /// the stage and micro-batch; the gradients are then as they were before the
-/// step, and the next step works.
+/// step, and the next step works. Under MPI the other ranks throw
+/// mpi::RemoteError with that message.
 ///
 /// Thread: call train_step and forward from one thread at a time.
 ///
 ///   auto model = torch::nn::Sequential(torch::nn::Linear(784, 256), torch::nn::ReLU(),
 ///                                      torch::nn::Linear(256, 10));
-///   gpipe::Pipeline pipe(model, gpipe::PipelineOptions().stages(2).chunks(4));
+///   gpipe::Pipeline pipe(model, gpipe::PipelineOptions().devices(2).micro_batches(4));
 ///   torch::optim::SGD sgd(pipe.parameters(), 0.1);
 ///   sgd.zero_grad();
-///   torch::Tensor loss = pipe.train_step(x, y, [](const torch::Tensor& out, const torch::Tensor& t) {
-///     return torch::nn::functional::cross_entropy(out, t);
-///   });
+///   torch::Tensor loss = pipe.train_step(x, y, gpipe::cross_entropy_loss);
 ///   sgd.step();
 class Pipeline {
  public:
+  /// One process: `model` cut as `options` say, a thread per device.
   Pipeline(torch::nn::Sequential model, PipelineOptions options);
-  ~Pipeline();
+  virtual ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
-  /// Runs forward and backward of all micro-batches of (input, target) through
-  /// the schedule, accumulates the mini-batch gradient into every parameter's
-  /// grad(), and returns the mini-batch loss (a detached scalar). `loss` must be
-  /// reduced by the mean over the batch dimension. A batch of fewer rows than
-  /// chunks() (the last one of an epoch) runs in one micro-batch per row, by
-  /// the same schedule or, where it cannot take that many, fill-drain.
-  torch::Tensor train_step(const torch::Tensor& input, const torch::Tensor& target,
-                           const LossFn& loss);
+  /// Runs forward and backward of all micro-batches of (input, target)
+  /// through the schedule, adds the mini-batch gradient to every parameter's
+  /// grad(), and returns the mini-batch loss (a detached float64 scalar, on
+  /// every rank). `loss` must be reduced by the mean over the batch dimension.
+  /// A batch of fewer rows than M (the last one of an epoch) runs in one
+  /// micro-batch per row. Under MPI each replica runs its share of the rows,
+  /// and the gradients are summed over the replicas.
+  torch::Tensor train_step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss);
 
-  /// Pipelined inference: the model's output for `input`, keeping no
-  /// activations for backward. Uses the modules' current train/eval mode.
+  /// Pipelined inference with the layers' current train/eval mode, keeping no
+  /// activations: the output rows this process holds: all of them in one
+  /// process; under MPI, on the rank of each replica's last stage, its
+  /// replica's rows (output_rows), and an undefined tensor elsewhere.
   torch::Tensor forward(const torch::Tensor& input);
+  /// The rows [first, first + count) of a batch of `rows` that forward returns here.
+  std::pair<int64_t, int64_t> output_rows(int64_t rows) const;
 
-  /// All parameters of the model, in the model's order, each tensor once (unique_parameters).
+  /// Mean loss (and, with `classification`, accuracy) of the model on
+  /// (input, target), by pipelined inference in batches of `batch` rows, with
+  /// the layers in eval mode; they are put back in train mode after.
+  Evaluation evaluate(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss,
+                      bool classification, int64_t batch = 1000);
+
+  /// The parameters this process holds, each tensor once, in the model's
+  /// order (all of them in one process): build the optimizer on these.
   std::vector<torch::Tensor> parameters() const;
-  torch::nn::Sequential model() const { return model_; }
-  /// Stage j's layers (sharing the model's modules).
-  torch::nn::Sequential stage(int j) const;
+  /// The parameters this process counts in sums over the whole model (the
+  /// gradient norm, the checksum): parameters(), but under MPI a tied weight's
+  /// copies once in all.
+  std::vector<torch::Tensor> counted_parameters() const;
+  /// The layers this process holds, named as in the whole model (the whole model in one process).
+  torch::nn::Sequential layers() const { return layers_; }
+  /// Stage `stage`'s layers, sharing the model's modules; throws if this process does not run it.
+  torch::nn::Sequential stage(int stage) const;
 
+  /// The plan: K, V, M, the cut, the placement and the programs.
+  const PipelinePlan& plan() const { return plan_; }
   /// S, the number of stages (K·V).
-  int stages() const { return static_cast<int>(balance_.size()); }
-  int chunks() const { return options_.chunks(); }
-  const std::vector<int>& balance() const { return balance_; }
-  /// The K devices.
-  const std::vector<Device>& devices() const { return devices_; }
-  Checkpoint checkpoint() const { return options_.checkpoint(); }
-  /// The lowered training program the devices run (schedule.h).
-  const Schedule& schedule() const { return train_program_; }
+  int stages() const { return plan_.stages(); }
+  /// K, the number of devices.
+  int devices() const { return plan_.devices; }
+  int micro_batches() const { return plan_.micro_batches; }
+  const std::vector<int>& balance() const { return plan_.balance; }
+  Checkpoint checkpoint() const { return plan_.checkpoint; }
+  /// The lowered training program of a full batch (plan().training).
+  const Schedule& schedule() const { return plan_.training; }
 
-  /// Bytes the skip connections (skip.h) carried between stages in the last
-  /// train_step or forward: stashed tensors and their gradients.
+  /// Bytes the skip connections (skip.h) of this process's stages carried in
+  /// the last train_step or forward: stashed tensors and their gradients.
   int64_t skip_bytes() const;
-
-  /// The timeline of the last train_step or forward.
+  /// Bytes of boundary tensors (and skip connections' tensors) this process's
+  /// devices sent through the transport since the pipeline was built (under
+  /// MPI, since the last failed step).
+  int64_t bytes_sent() const;
+  /// This process's rows of the last train_step's or forward's timeline
+  /// (devices[d] for each device d held here).
   const StepTrace& last_trace() const { return trace_; }
+  /// The last step's timeline of every device, on the root process (an empty
+  /// trace elsewhere). Collective.
+  StepTrace trace();
+  /// The measured bubble of the last step over every device (and every
+  /// replica): 1 - Σ busy / Σ step time. Collective.
+  double bubble();
 
   /// Memory of one device (of its stages), with track_memory on.
-  struct StageMemory {
+  struct DeviceMemory {
     int64_t parameter_bytes = 0;  ///< its parameters and their gradients
     int64_t peak_bytes = 0;       ///< peak, above what it held before the last step, of the
                                   ///< activations it allocated: those kept for backward (or
@@ -146,30 +167,85 @@ class Pipeline {
                                   ///< MemoryCounter::held_peak_bytes): what the schedule governs,
                                   ///< without the buffers an action frees before it ends
   };
-  /// Per device, for the last train_step or forward; empty without track_memory.
-  /// A CPU stage's peak comes from gpipe's tracking allocator (what its thread
-  /// allocated); a CUDA stage's from the CUDA caching allocator's statistics of
-  /// its device (shared by stages on the same GPU).
-  std::vector<StageMemory> memory() const;
+  /// Per device held here, for the last train_step or forward; empty without
+  /// track_memory. A CPU device's peak comes from gpipe's tracking allocator
+  /// (what its thread allocated); a CUDA device's from the CUDA caching
+  /// allocator's statistics (shared by stages on the same GPU).
+  std::vector<DeviceMemory> memory() const;
+
+  /// The sum and the largest of `value` over every process (collective).
+  double sum(double value);
+  double max(double value);
+  /// Whether every process holds the same `value`.
+  bool same_everywhere(double value) { return max(value) == -max(-value); }
+  /// Every process's `bytes`, in rank order, on the root process; an empty list elsewhere (collective).
+  std::vector<std::string> gather(const std::string& bytes);
+
+  /// The L2 norm of the whole model's gradient: over every stage and, under
+  /// MPI, every rank (replicas, which hold the same gradients after a step,
+  /// count once), as torch.nn.utils.clip_grad_norm_ computes it on one device.
+  double gradient_norm();
+  /// Scales every gradient by max_norm / (norm + 1e-6) when that is below 1,
+  /// as torch.nn.utils.clip_grad_norm_ does; returns the norm before clipping.
+  double clip_gradients(double max_norm);
+  /// Whether every parameter (and, with `buffers`, every floating-point buffer)
+  /// of the whole model is finite, on every process.
+  bool all_finite(bool buffers = true);
+  /// A fingerprint of the whole model's parameters, the same on every process:
+  /// Σ over parameters of Σ_k x_k·(k mod 7 + 1). Equal parameters give equal sums.
+  double checksum();
+
+  /// Whether this process prints for the job (rank 0; the only process otherwise).
+  bool root() const;
+  /// Which pipeline replica this process belongs to (0 in one process).
+  int replica() const;
+  /// The device this process runs under MPI (0..K-1); -1 in one process, which runs them all.
+  int device() const;
+  /// This process's rank in the MPI job (0 in one process).
+  int rank() const;
+  /// "one process, 2 device threads" or "MPI: 4 ranks = 2 devices x 2 replicas".
+  std::string describe() const;
+
+  /// `interrupted` is called about every 100 ms while a step waits for its
+  /// device threads (in one process); when it returns true the step is
+  /// cancelled and throws Interrupted, with every gradient as before the step.
+  /// For a front end that must react to Ctrl-C during a step.
+  void set_interrupt(std::function<bool()> interrupted) { interrupted_ = std::move(interrupted); }
+
+ protected:
+  /// The runtime over `group` (one process, or an MPI job) for this process's `layers`.
+  Pipeline(std::unique_ptr<detail::Group> group, torch::nn::Sequential layers, PipelineOptions options);
+  const detail::Group& group() const { return *group_; }
 
  private:
-  std::vector<torch::Tensor> split(const torch::Tensor& tensor, int micro_batches, const char* what) const;
   const Schedule& training_program(int micro_batches);
+  const Schedule& inference_program(int micro_batches);
   void run(const Schedule& program, StepData& step);
+  void reset_memory_peaks();
 
-  torch::nn::Sequential model_;
+  std::unique_ptr<detail::Group> group_;
+  torch::nn::Sequential layers_;
   PipelineOptions options_;
-  std::vector<int> balance_;
-  std::vector<Device> devices_;
-  Schedule train_program_;
-  Schedule forward_program_;
-  std::map<int, Schedule> short_programs_;  // by micro-batch count, for batches of fewer rows than M
-  std::vector<SkipRoute> skip_routes_;      // skip connections between stages (skip.h)
-  std::unique_ptr<InProcessTransport> transport_;
-  std::vector<std::unique_ptr<Executor>> executors_;  // one per device
-  std::vector<std::unique_ptr<DeviceThread>> threads_;
+  PipelinePlan plan_;
+  std::vector<int> local_;                            // the devices held here, in increasing order
+  std::vector<std::unique_ptr<Executor>> executors_;  // one per device held here
+  std::vector<std::unique_ptr<DeviceThread>> threads_;  // one per device held here; none under MPI
+  std::map<int, Schedule> training_programs_;         // by micro-batch count, for batches of fewer rows than M
+  std::map<int, Schedule> inference_programs_;
+  bool stochastic_ = false;                           // whether any stage of the model draws random numbers
   StepTrace trace_;
-  std::vector<int64_t> memory_at_start_;  // each device's tracked bytes when the last step began
+  std::vector<int64_t> memory_at_start_;  // each local device's tracked bytes when the last step began
+  std::function<bool()> interrupted_;
 };
+
+/// A pipeline of the model that `build` makes (`layers` layers in all) with
+/// `options`, run as `runtime` says. Threads: the whole model is built and
+/// cut. MPI: each rank builds only its device's layers (the plan's
+/// device_layers; the rank count a multiple of K, the rest are replicas).
+std::unique_ptr<Pipeline> make_pipeline(const LayerBuilder& build, int layers, const PipelineOptions& options,
+                                        Runtime runtime = Runtime::kAuto);
+
+/// Whether make_pipeline with Runtime::kAuto would run MPI ranks.
+bool mpi_runtime();
 
 }  // namespace gpipe

@@ -129,8 +129,13 @@ enum class ScheduleKind {
 std::string to_string(ScheduleKind kind);
 /// Parses "gpipe", "1f1b", "interleaved" or "zb1p"; throws std::invalid_argument otherwise.
 ScheduleKind parse_schedule(const std::string& text);
+/// Every schedule gpipe generates, in the order help texts list them.
+std::vector<ScheduleKind> all_schedules();
 /// Every schedule's name, for help texts: "gpipe|1f1b|interleaved|zb1p".
 std::string schedule_names();
+/// V, stages per device, that `kind` runs when none is asked for: 2 for the
+/// interleaved schedule, 1 for the others (which take no other).
+int default_virtual_stages(ScheduleKind kind);
 
 /// GPipe's fill-drain: every device runs the forwards of micro-batches 0..M-1,
 /// then their backwards in reverse order. Bubble (K-1)/(M+K-1); every device

@@ -45,6 +45,14 @@ torch::Tensor add_skip(const torch::Tensor& x, const torch::Tensor& skip);
 /// The channels (dim 1) of x, then of skip: a U-Net's long skip.
 torch::Tensor concat_skip(const torch::Tensor& x, const torch::Tensor& skip);
 
+/// What a Stash does: keeps `x` under `name` for the Pop of that name (on this
+/// thread, or on the stage that pops it), and returns it. For layers that are
+/// not StashImpl (gpipe's Python Stash calls it as torch.ops.gpipe.stash).
+torch::Tensor stash_tensor(const std::string& name, const torch::Tensor& x);
+/// What a Pop takes: the tensor stashed under `name`, removed. Throws
+/// std::invalid_argument if nothing was stashed under it.
+torch::Tensor pop_tensor(const std::string& name);
+
 /// A layer that passes its input on unchanged and stashes it under `name`.
 class StashImpl : public torch::nn::Module {
  public:

@@ -61,6 +61,11 @@ class WeightBackward;
 /// over the batch dimension (so micro-batch i is weighted by bᵢ/N).
 using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
 
+/// Mean squared error and mean cross-entropy (over every leading position: a
+/// classifier's [N, classes], a language model's [N, sequence, vocabulary]), as LossFn.
+torch::Tensor mse_loss(const torch::Tensor& output, const torch::Tensor& target);
+torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tensor& target);
+
 /// An error raised inside a stage, naming the stage, the action and micro-batch.
 /// The message names the action and the shape of what it was given, e.g.
 /// "gpipe: stage 1 failed in the forward of micro-batch 0 (action 1F0, input

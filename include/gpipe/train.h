@@ -3,7 +3,7 @@
 // and resuming the run, the same in one process and under MPI.
 //
 //   gpipe::Trainer trainer(gpipe::Model::of("CNN", 11, build),
-//                          gpipe::PipelineOptions().stages(2).chunks(4),
+//                          gpipe::PipelineOptions().devices(2).micro_batches(4),
 //                          gpipe::TrainerOptions().epochs(2).save("run.pt"), train_data);
 //   trainer.resume("run.pt");   // optional: continue a run saved before
 //   trainer.fit();              // trains, saving after every epoch and at the end
@@ -14,7 +14,6 @@
 #pragma once
 
 #include "gpipe/data.h"
-#include "gpipe/engine.h"
 #include "gpipe/partition.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/script_model.h"
@@ -177,17 +176,28 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
 /// A cut by per-layer cost: the exact min-max partition, and its plan.
 struct CostBalance {
   std::vector<int> balance;  ///< layers per stage
-  PartitionPlan plan;        ///< stage costs, bottleneck, predicted step (fill-drain)
+  PartitionPlan plan;        ///< stage costs, bottleneck, predicted step (the schedule simulated)
   std::string unit;          ///< "parameters", "s" or "bytes"
 };
 
 /// Cuts `model` into `stages` contiguous stages by per-layer cost on one
 /// micro-batch `sample`: `method` "params" (parameter counts), "time"
-/// (forward+backward profiled with `threads` intra-op threads) or "memory"
-/// (activations kept, parameters, gradients and `optimizer_copies` copies of
-/// optimizer state). The run's random numbers are left as they were.
+/// (forward+backward, profile_layers with `threads` intra-op threads) or
+/// "memory" (activations kept, and parameters with `optimizer_copies` bytes of
+/// gradient and optimizer state per parameter byte: layer_memory). The plan
+/// predicts the step of `schedule` over `micro_batches` micro-batches. The
+/// run's random numbers are left as they were.
 CostBalance balance_by(const std::string& method, const Model& model, const torch::Tensor& sample, int stages,
-                       int micro_batches, int threads = 1, double optimizer_copies = 2.0);
+                       int micro_batches, int threads = 1, double optimizer_copies = 2.0,
+                       ScheduleKind schedule = ScheduleKind::kGPipe);
+
+/// Writes the snapshot of a whole run to `path` in one file: every process's part (its layers and
+/// `optimizer`'s state of them, named `optimizer_name`) gathered on the root, which writes it
+/// whole or not at all, as TorchScript when the model is a TorchScript model (torch.jit.load reads
+/// it; under MPI the root's copy of the model takes every rank's values first). Collective. Throws
+/// std::length_error when the parts are more than one MPI gather carries.
+void save_whole_snapshot(Pipeline& pipeline, const Model& model, torch::optim::Optimizer& optimizer,
+                         const std::string& optimizer_name, const TrainState& state, const std::string& path);
 
 /// Where a run stands and what it measured.
 struct TrainStats {
@@ -211,7 +221,7 @@ struct TrainerCallbacks {
   std::function<void(int epoch)> after_epoch;
 };
 
-/// A training run of a pipeline: the engine, its optimizer, the data order,
+/// A training run of a pipeline: the pipeline, its optimizer, the data order,
 /// and where the run stands.
 ///
 /// Errors: bad options throw std::invalid_argument before any work; a failed
@@ -246,7 +256,7 @@ class Trainer {
   /// Mean loss (and accuracy when classifying) on `data`, by pipelined inference.
   Evaluation evaluate(const Dataset& data);
 
-  Engine& engine() { return *engine_; }
+  Pipeline& pipeline() { return *pipeline_; }
   const Model& model() const { return model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const TrainerOptions& options() const { return options_; }
@@ -270,7 +280,7 @@ class Trainer {
   Model model_;
   TrainerOptions options_;
   Dataset train_;
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   torch::Generator shuffle_;
   torch::Tensor epoch_start_shuffle_;

@@ -10,7 +10,9 @@
 
 #include <torch/types.h>
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <map>
 #include <memory>
@@ -25,27 +27,42 @@ namespace gpipe {
 /// Thrown out of a blocked Transport::recv when the step is cancelled (another
 /// stage failed). Executors pass it on as it is, not as their own failure.
 struct Cancelled : std::runtime_error {
-  explicit Cancelled(const std::string& why = "gpipe: step cancelled") : std::runtime_error(why) {}
+  explicit Cancelled(const std::string& why = "") : std::runtime_error(why.empty() ? "gpipe: step cancelled" : why) {}
 };
 
 /// The interface between stage executors: in one process, mailboxes; across
 /// processes, MPI. Each stage calls send/recv only from its own thread.
+///
+/// A step: begin() with the programs this process runs, the executors' send
+/// and recv, then finish() once they have all run; or, when an action fails,
+/// cancel(), which stops the step on every stage.
 class Transport {
  public:
   virtual ~Transport() = default;
+
+  /// Ready for a new step whose devices held here run `programs` (their rows
+  /// of a lowered schedule): drops what an earlier step left, clears a
+  /// cancellation, and posts the programs' receives ahead where that helps.
+  virtual void begin(const std::vector<const std::vector<Action>*>& programs) = 0;
 
   /// Delivers `tensor` to stage `to`. Does not block on the receiver.
   virtual void send(int from, int to, Channel channel, int micro_batch, torch::Tensor tensor) = 0;
 
   /// Blocks until the message (from, to, channel, micro_batch) arrives and
-  /// returns it. Throws Cancelled once cancel() has been called.
+  /// returns it. Throws Cancelled once the step is cancelled.
   virtual torch::Tensor recv(int from, int to, Channel channel, int micro_batch) = 0;
 
-  /// Wakes every blocked recv with Cancelled, now and until reset().
-  virtual void cancel() = 0;
+  /// After this process's programs have run: waits until every message it
+  /// sent has left its buffers.
+  virtual void finish() = 0;
 
-  /// Drops undelivered messages and clears cancellation, ready for a new step.
-  virtual void reset() = 0;
+  /// Stops the step: every blocked or later recv, on every stage of the
+  /// pipeline, throws Cancelled (carrying `why` to other processes), until the
+  /// next begin(). Safe to call from any thread, more than once.
+  virtual void cancel(const std::string& why) = 0;
+
+  /// Bytes of tensor data this process has sent through the transport since it was made.
+  virtual int64_t bytes_sent() const = 0;
 };
 
 /// Transport between stages of one process: a mailbox per receiving stage
@@ -55,10 +72,12 @@ class InProcessTransport : public Transport {
  public:
   explicit InProcessTransport(int stages);
 
+  void begin(const std::vector<const std::vector<Action>*>& programs) override;
   void send(int from, int to, Channel channel, int micro_batch, torch::Tensor tensor) override;
   torch::Tensor recv(int from, int to, Channel channel, int micro_batch) override;
-  void cancel() override;
-  void reset() override;
+  void finish() override {}  // a send hands the tensor over: nothing is left to wait for
+  void cancel(const std::string& why) override;
+  int64_t bytes_sent() const override { return bytes_sent_; }
 
  private:
   using Key = std::tuple<int, int, int>;  // (from, channel, micro_batch)
@@ -67,10 +86,12 @@ class InProcessTransport : public Transport {
     std::condition_variable arrived;
     std::map<Key, torch::Tensor> messages;
     bool cancelled = false;
+    std::string why;
   };
   Mailbox& mailbox(int stage);
 
   std::vector<std::unique_ptr<Mailbox>> mailboxes_;
+  std::atomic<int64_t> bytes_sent_{0};
 };
 
 }  // namespace gpipe

@@ -33,7 +33,7 @@ TORCH_MODULE(EncoderBlock);
 /// (out × in) registered here as the same tensor, e.g. a language model's input
 /// embedding [vocab, d_model] reused as its output layer (tied embeddings). On
 /// one stage or two in one process, W stays one tensor (Pipeline); across MPI
-/// ranks, declare the pair in MpiPipelineOptions::tied_parameters.
+/// ranks, declare the pair in PipelineOptions::tied_parameters.
 class TiedProjectionImpl : public torch::nn::Module {
  public:
   /// With `bias`, a bias of W.size(0) values drawn as torch::nn::Linear draws its own.
@@ -59,7 +59,7 @@ struct Workload {
   std::vector<int> block_layers;  ///< layers in each block, in order
   int lead_layers = 0;            ///< layers before the first block
   int tail_layers = 0;            ///< layers after the last block
-  /// Parameters tied across layers, by name (mpi::MpiPipelineOptions::tied_parameters).
+  /// Parameters tied across layers, by name (PipelineOptions::tied_parameters).
   std::vector<std::vector<std::string>> tied;
 };
 
@@ -72,9 +72,5 @@ std::vector<std::string> workload_names();
 /// TiedProjection of the embedding's weight. Throws std::invalid_argument for
 /// an unknown name, or tie_embeddings for a workload without embeddings.
 Workload make_workload(const std::string& name, uint64_t seed = 0, LayerRange keep = {}, bool tie_embeddings = false);
-
-/// Mean squared error and mean cross-entropy (over every leading position), as LossFn.
-torch::Tensor mse_loss(const torch::Tensor& output, const torch::Tensor& target);
-torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tensor& target);
 
 }  // namespace gpipe

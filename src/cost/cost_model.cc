@@ -13,9 +13,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
-#include <map>
 #include <cmath>
+#include <functional>
 #include <iomanip>
 #include <map>
 #include <sstream>
@@ -58,6 +57,11 @@ struct StageCost {
   double recompute_peak = 0;  // forward without autograd (a re-materialized F)
   double backward_extra = 0;  // during B, above the stage's kept bytes
   int64_t parameter_bytes = 0;
+  // The stage holds a Stash or Pop: a split backward runs in one piece, its W keeping the whole
+  // graph and the gradients the stage received until it ends.
+  bool whole = false;
+  // A split backward's W keeps the gradient of the stage's output (whole, or weights in the last layer).
+  bool weight_keeps_output_grad = false;
 };
 
 std::vector<StageCost> stage_costs_of(const CostModel& costs, const std::vector<int>& balance) {
@@ -71,13 +75,22 @@ std::vector<StageCost> stage_costs_of(const CostModel& costs, const std::vector<
     double kept_before = 0, backward_abs = 0, previous_output = 0;
     for (int l = first; l < last; ++l) {
       const LayerCost& layer = costs.layers[static_cast<size_t>(l)];
+      // Skip tensors this stage stashed before layer l and has not popped (without autograd nothing
+      // else keeps them), and the gradients of those it pops after l, alive until the backward
+      // reaches the stash or the stage's input.
+      double stashed = 0, popped_grads = 0;
+      for (const SkipCost& skip : costs.skips) {
+        const int stash = skip.connection.stash_layer, pop = skip.connection.pop_layer;
+        if (stash >= first && stash < l && l <= pop) stashed += skip.bytes;
+        if (pop < last && stash <= l && l < pop) popped_grads += skip.bytes;
+      }
       c.forward_s += layer.forward_s;
       c.backward_s += layer.backward_s;
       c.input_grad_s += layer.input_grad_s;
       c.weight_grad_s += layer.weight_grad_s;
       c.parameter_bytes += layer.parameter_bytes;
       c.forward_peak = std::max(c.forward_peak, kept_before + layer.forward_peak_bytes);
-      c.recompute_peak = std::max(c.recompute_peak, previous_output + layer.forward_peak_bytes);
+      c.recompute_peak = std::max(c.recompute_peak, previous_output + stashed + layer.forward_peak_bytes);
       kept_before += l + 1 < last ? layer.chain_kept_bytes : layer.kept_bytes;  // the stage keeps its output
       c.split_kept += layer.kept_bytes;  // a split backward records every layer's output
       // After I, W keeps the layer's input (recorded), what its graph keeps for W, and, for a layer
@@ -86,10 +99,10 @@ std::vector<StageCost> stage_costs_of(const CostModel& costs, const std::vector<
                        (layer.parameter_bytes > 0 && l + 1 < last ? layer.output_bytes : 0.0);  // the last
                        // layer's output gradient comes from the next stage, which counts it
       // During layer l's backward: what layers first..l kept, the gradient of l's output (made
-      // by layer l+1's backward on this stage; the last layer's comes from the next stage), and
-      // l's own buffers.
+      // by layer l+1's backward on this stage; the last layer's comes from the next stage), the
+      // popped skip tensors' gradients, and l's own buffers.
       const double output_grad = l + 1 < last ? layer.output_bytes : 0.0;
-      backward_abs = std::max(backward_abs, kept_before + output_grad + layer.backward_peak_bytes);
+      backward_abs = std::max(backward_abs, kept_before + output_grad + popped_grads + layer.backward_peak_bytes);
       previous_output = layer.output_bytes;
     }
     if (last == costs.layer_count()) {  // the loss, on the last stage
@@ -99,6 +112,12 @@ std::vector<StageCost> stage_costs_of(const CostModel& costs, const std::vector<
     c.kept = kept_before;
     c.output = previous_output;
     c.backward_extra = std::max(0.0, backward_abs - c.kept);
+    c.whole = std::any_of(costs.skips.begin(), costs.skips.end(), [&](const SkipCost& skip) {
+      const auto inside = [&](int layer) { return layer >= first && layer < last; };
+      return inside(skip.connection.stash_layer) || inside(skip.connection.pop_layer);
+    });
+    if (c.whole) c.split_kept = c.weight_kept = c.kept;  // the whole graph, from F until W
+    c.weight_keeps_output_grad = c.whole || costs.layers[static_cast<size_t>(last - 1)].parameter_bytes > 0;
   }
   return out;
 }
@@ -148,6 +167,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
   const double rows = static_cast<double>(sample.size(0));
   CostModel costs;
   costs.state_per_parameter_byte = state_per_parameter_byte;
+  for (const SkipConnection& connection : skip_connections(model)) costs.skips.push_back({connection, 0.0});
   auto counter = std::make_shared<MemoryCounter>("profile");
   std::vector<bool> saves_input, saves_output, views;  // per layer
   // Where the model's Stash and Pop layers meet (skip.h) while it is profiled here.
@@ -226,6 +246,9 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
       counter->reset_peak();
       const int64_t before = counter->current_bytes();
       out = it->forward(in);
+      for (SkipCost& skip : costs.skips)  // what the layer stashed
+        if (tray.count(skip.connection.name) > tray_before.count(skip.connection.name))
+          skip.bytes = static_cast<double>(tray[skip.connection.name].nbytes()) / rows;
       c.forward_peak_bytes = static_cast<double>(counter->peak_bytes() - before);
       c.kept_bytes = static_cast<double>(counter->current_bytes() - before);
       const bool view = out.storage().is_alias_of(in.storage());
@@ -313,10 +336,25 @@ int64_t Prediction::largest_total_bytes() const {
   return d < 0 ? 0 : total_bytes()[static_cast<size_t>(d)];
 }
 
-Prediction predict(const CostModel& costs, const std::vector<int>& balance, const Schedule& schedule,
-                   const std::vector<int64_t>& micro_batch_rows) {
-  GPIPE_CHECK(static_cast<int>(balance.size()) == schedule.stages, "the balance has ", balance.size(),
-              " stages but the program runs ", schedule.stages);
+std::vector<double> layer_times(const CostModel& costs, int64_t rows) {
+  std::vector<double> out;
+  for (const LayerCost& l : costs.layers) out.push_back((l.forward_s + l.backward_s) * static_cast<double>(rows));
+  return out;
+}
+
+std::vector<double> layer_memory(const CostModel& costs, int64_t rows) {
+  std::vector<double> out;
+  for (const LayerCost& l : costs.layers)
+    out.push_back(l.kept_bytes * static_cast<double>(rows) +
+                  static_cast<double>(l.parameter_bytes) * (1 + costs.state_per_parameter_byte));
+  return out;
+}
+
+Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::vector<int64_t>& micro_batch_rows) {
+  const std::vector<int>& balance = plan.balance;
+  const Schedule& schedule = plan.training;
+  GPIPE_CHECK(plan.layers == costs.layer_count(), "the plan cuts ", plan.layers, " layers but the cost model has ",
+              costs.layer_count());
   GPIPE_CHECK(static_cast<int>(micro_batch_rows.size()) == schedule.micro_batches, "the program runs ",
               schedule.micro_batches, " micro-batches but ", micro_batch_rows.size(), " row counts were given");
   const std::vector<StageCost> stage = stage_costs_of(costs, balance);
@@ -335,6 +373,24 @@ Prediction predict(const CostModel& costs, const std::vector<int>& balance, cons
     return recomputed[slot(a.stage, a.micro_batch)] != 0;
   };
 
+  // The bytes per sample of the tensor skip route k carries, and of its gradient.
+  std::vector<double> skip_bytes;
+  for (const std::string& name : plan.skip_names) {
+    const auto it = std::find_if(costs.skips.begin(), costs.skips.end(),
+                                 [&](const SkipCost& skip) { return skip.connection.name == name; });
+    GPIPE_CHECK(it != costs.skips.end(), "the plan's skip connection \"", name,
+                "\" is not in the cost model; profile the model that has it");
+    skip_bytes.push_back(it->bytes);
+  }
+
+  // The bytes per sample a send carries: a skip tensor or its gradient, the stage's output, or the
+  // gradient of its input.
+  auto sent = [&](const Action& a) {
+    const int k = skip_of(a.channel);
+    if (k >= 0) return skip_bytes[static_cast<size_t>(k)];
+    return carries_gradient(a.channel) ? at(a.stage).input : at(a.stage).output;
+  };
+
   const CostFn cost = [&](const Action& a) -> double {
     const StageCost& c = at(a.stage);
     const double n = rows(a);
@@ -343,88 +399,86 @@ Prediction predict(const CostModel& costs, const std::vector<int>& balance, cons
       case ActionKind::kBackward: return (again(a) ? c.forward_s * n : 0.0) + c.backward_s * n;
       case ActionKind::kInputGrad: return (again(a) ? c.forward_s * n : 0.0) + c.input_grad_s * n;
       case ActionKind::kWeightGrad: return c.weight_grad_s * n;
-      case ActionKind::kSend: {
-        if (costs.link_bytes_per_s <= 0) return 0.0;
-        const double bytes = (a.channel == Channel::kActivation ? c.output : c.input) * n;
-        return costs.link_latency_s + bytes / costs.link_bytes_per_s;
-      }
+      case ActionKind::kSend:
+        return costs.link_bytes_per_s > 0 ? costs.link_latency_s + sent(a) * n / costs.link_bytes_per_s : 0.0;
       case ActionKind::kRecv: return 0.0;
     }
     return 0.0;
   };
   const SimulatedRun run = simulate(schedule, cost);
   const Schedule& program = run.program;  // lowered
+  const double nan = std::nan("");
 
-  // When each compute action ends, to free on one device what another's action lets go of.
-  // When each (stage, micro-batch)'s B or I, and its W, ends (NaN: there is none).
-  std::vector<double> backward_ends(recomputed.size(), std::nan("")), weight_ends(recomputed.size(), std::nan(""));
+  // When each (stage, micro-batch)'s F, its B or I, and its W end (NaN: there is none).
+  std::vector<double> forward_end(recomputed.size(), nan), backward_end(recomputed.size(), nan),
+      weight_end(recomputed.size(), nan);
   for (int d = 0; d < K; ++d)
     for (size_t n = 0; n < program.actions[static_cast<size_t>(d)].size(); ++n) {
       const Action& a = program.actions[static_cast<size_t>(d)][n];
-      if (a.is_backward()) backward_ends[slot(a.stage, a.micro_batch)] = run.end[static_cast<size_t>(d)][n];
-      if (a.kind == ActionKind::kWeightGrad) weight_ends[slot(a.stage, a.micro_batch)] = run.end[static_cast<size_t>(d)][n];
+      const double end = run.end[static_cast<size_t>(d)][n];
+      if (a.kind == ActionKind::kForward) forward_end[slot(a.stage, a.micro_batch)] = end;
+      if (a.is_backward()) backward_end[slot(a.stage, a.micro_batch)] = end;
+      if (a.kind == ActionKind::kWeightGrad) weight_end[slot(a.stage, a.micro_batch)] = end;
     }
-  // The end of (stage, micro-batch)'s B, or of its I when the backward is split.
-  auto backward_end = [&](int s, int i) {
-    const double end = backward_ends[slot(s, i)];
-    return std::isnan(end) ? run.makespan : end;
-  };
-  auto weights_end = [&](int s, int i) {
-    const double end = weight_ends[slot(s, i)];
-    return std::isnan(end) ? backward_end(s, i) : end;
-  };
+  auto split = [&](int s, int i) { return !std::isnan(weight_end[slot(s, i)]); };
+  // When stage s lets go of micro-batch i (its input, its skip tensors): at the end of its W, or of its B.
+  auto released = [&](int s, int i) { return split(s, i) ? weight_end[slot(s, i)] : backward_end[slot(s, i)]; };
 
   std::vector<Ledger> ledger(static_cast<size_t>(K));
+  auto hold = [&](int d, double bytes, double from, double until) {
+    if (bytes <= 0 || !(until > from)) return;
+    ledger[static_cast<size_t>(d)].changes.push_back({from, bytes});
+    ledger[static_cast<size_t>(d)].changes.push_back({until, -bytes});
+  };
   for (int d = 0; d < K; ++d)
     for (size_t n = 0; n < program.actions[static_cast<size_t>(d)].size(); ++n) {
       const Action& a = program.actions[static_cast<size_t>(d)][n];
-      if (!a.is_compute()) continue;
       const StageCost& c = at(a.stage);
+      const int s = a.stage, i = a.micro_batch;
       const double rows_a = rows(a), start = run.start[static_cast<size_t>(d)][n], end = run.end[static_cast<size_t>(d)][n];
-      Ledger& mine = ledger[static_cast<size_t>(d)];
-      const int i = a.micro_batch;
-      const bool last = a.stage == S - 1;
-      // The gradient of the stage input, sent back, held until the previous stage's backward ends.
-      auto send_input_grad = [&] {
-        if (a.stage == 0 || c.input <= 0) return;
-        mine.changes.push_back({end, c.input * rows_a});
-        mine.changes.push_back({backward_end(a.stage - 1, i), -c.input * rows_a});
-      };
+      auto peak = [&](double bytes) { ledger[static_cast<size_t>(d)].peaks.push_back({start, bytes * rows_a}); };
       switch (a.kind) {
         case ActionKind::kForward:
           if (again(a)) {  // the given program's flag (simulate() re-lowers a one-stage program)
-            mine.peaks.push_back({start, c.recompute_peak * rows_a});
-            if (!last) {  // the last stage's output only feeds the loss, which its B computes again
-              mine.changes.push_back({end, c.output * rows_a});
-              mine.changes.push_back({backward_end(a.stage + 1, i), -c.output * rows_a});
-            }
-          } else if (std::isnan(weight_ends[slot(a.stage, i)])) {
-            mine.peaks.push_back({start, c.forward_peak * rows_a});
-            mine.changes.push_back({end, c.kept * rows_a});
-            mine.changes.push_back({backward_end(a.stage, i), -c.kept * rows_a});
-          } else {  // split: I frees what W does not need, W the rest
-            mine.peaks.push_back({start, std::max(c.forward_peak, c.split_kept) * rows_a});
-            mine.changes.push_back({end, c.split_kept * rows_a});
-            mine.changes.push_back({backward_end(a.stage, i), -(c.split_kept - c.weight_kept) * rows_a});
-            mine.changes.push_back({weights_end(a.stage, i), -c.weight_kept * rows_a});
+            peak(c.recompute_peak);
+          } else if (!split(s, i)) {
+            peak(c.forward_peak);
+            hold(d, c.kept * rows_a, end, backward_end[slot(s, i)]);
+          } else {  // I frees what W does not need, W the rest
+            peak(std::max(c.forward_peak, c.split_kept));
+            hold(d, (c.split_kept - c.weight_kept) * rows_a, end, backward_end[slot(s, i)]);
+            hold(d, c.weight_kept * rows_a, end, weight_end[slot(s, i)]);
           }
           break;
         case ActionKind::kBackward:
         case ActionKind::kInputGrad:
           if (again(a)) {
-            mine.peaks.push_back({start, std::max(c.forward_peak, c.kept + c.backward_extra) * rows_a});
-            if (a.kind == ActionKind::kInputGrad) {  // the recomputed forward's W share waits for W
-              mine.changes.push_back({end, c.weight_kept * rows_a});
-              mine.changes.push_back({weights_end(a.stage, i), -c.weight_kept * rows_a});
-            }
+            peak(std::max(c.forward_peak, c.kept + c.backward_extra));
+            if (a.kind == ActionKind::kInputGrad)  // the recomputed forward's W share waits for W
+              hold(d, c.weight_kept * rows_a, end, weight_end[slot(s, i)]);
           } else {
-            mine.peaks.push_back({start, c.backward_extra * rows_a});
+            peak(c.backward_extra);
           }
-          send_input_grad();
           break;
+        case ActionKind::kSend: {
+          // What a device sends stays charged to it (its thread allocated it) until the receiving stage
+          // t is done with it.
+          const int t = a.peer;
+          if (!carries_gradient(a.channel)) {
+            // A stage output or a stashed tensor, made by s's F: t holds it until it lets go of the
+            // micro-batch; a forward that kept its activations holds it among them until its B (W).
+            const double kept_until = c.whole ? released(s, i) : backward_end[slot(s, i)];
+            hold(d, sent(a) * rows_a, again(a) ? forward_end[slot(s, i)] : kept_until, released(t, i));
+          } else {
+            // The gradient of s's input or of a tensor it popped, made by its B or I: t's B or I uses
+            // it, and a split W keeps it when it starts there (weight_keeps_output_grad).
+            const double until = at(t).weight_keeps_output_grad ? released(t, i) : backward_end[slot(t, i)];
+            hold(d, sent(a) * rows_a, backward_end[slot(s, i)], until);
+          }
+          break;
+        }
         case ActionKind::kWeightGrad:
-          break;
-        default:
+        case ActionKind::kRecv:
           break;
       }
     }

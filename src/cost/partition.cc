@@ -1,13 +1,12 @@
-// partition.cc: even cuts and the checks every balance must pass.
+// partition.cc: even cuts and the checks every balance must pass, the exact min-max cut by
+// per-layer cost, and what a cut means for a schedule's step.
 #include "gpipe/partition.h"
 
 #include "gpipe/check.h"
-#include "gpipe/memory.h"
 
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <iomanip>
 #include <limits>
@@ -123,19 +122,34 @@ std::vector<double> stage_costs(const std::vector<double>& costs, const std::vec
   return out;
 }
 
-PartitionPlan plan_partition(const std::vector<double>& costs, const std::vector<int>& balance, int micro_batches) {
-  GPIPE_CHECK(micro_batches >= 1, "micro_batches must be at least 1 (got ", micro_batches, ")");
+PartitionPlan plan_partition(const std::vector<double>& costs, const std::vector<int>& balance,
+                             const Schedule& schedule) {
+  GPIPE_CHECK(static_cast<int>(balance.size()) == schedule.stages, "the balance ", format_balance(balance), " has ",
+              balance.size(), " stages but the schedule runs ", schedule.stages);
   PartitionPlan plan;
   plan.balance = balance;
   plan.stage_costs = stage_costs(costs, balance);
-  plan.micro_batches = micro_batches;
+  plan.schedule = schedule.name;
+  plan.micro_batches = schedule.micro_batches;
   const auto slowest = std::max_element(plan.stage_costs.begin(), plan.stage_costs.end());
   plan.bottleneck_stage = static_cast<int>(slowest - plan.stage_costs.begin());
   plan.bottleneck = *slowest;
-  const double K = static_cast<double>(balance.size()), M = micro_batches;
+  // A stage's F takes a third of its cost and its B the rest (I and W a third each), as balanced_cost.
+  const CostFn cost = [&](const Action& a) {
+    const double c = plan.stage_costs[static_cast<size_t>(a.stage)], third = c / 3;
+    switch (a.kind) {
+      case ActionKind::kForward: return third;
+      case ActionKind::kBackward: return c - third;
+      case ActionKind::kInputGrad: return third;
+      case ActionKind::kWeightGrad: return c - 2 * third;
+      default: return 0.0;
+    }
+  };
+  plan.predicted_step = simulate(schedule, cost).makespan;
+  const double K = schedule.devices, M = schedule.micro_batches;
   const double total = std::accumulate(plan.stage_costs.begin(), plan.stage_costs.end(), 0.0);
-  plan.predicted_step = (M + K - 1) * plan.bottleneck;
   plan.predicted_efficiency = plan.predicted_step > 0 ? M * total / (K * plan.predicted_step) : 0.0;
+  plan.balanced_efficiency = ideal_speedup(schedule) / K;
   return plan;
 }
 
@@ -166,12 +180,12 @@ std::string format_plan(const PartitionPlan& plan, const std::string& unit) {
         << (static_cast<int>(j) == plan.bottleneck_stage ? "  <- bottleneck" : "") << "\n";
     first += n;
   }
-  const int K = static_cast<int>(plan.balance.size()), M = plan.micro_batches;
   out << "bottleneck: stage " << plan.bottleneck_stage << ", " << show(plan.bottleneck);
   if (unit != "s") return out.str() + "\n";  // a step prediction needs costs in time
-  out << " per micro-batch\npredicted step: " << show(plan.predicted_step) << " for M=" << M
-      << " ((M+K-1) x bottleneck), pipeline efficiency " << std::fixed << std::setprecision(1)
-      << 100 * plan.predicted_efficiency << "% (balanced stages: " << 100.0 * M / (M + K - 1) << "%)\n";
+  out << " per micro-batch\npredicted step: " << show(plan.predicted_step) << " for M=" << plan.micro_batches
+      << " (" << plan.schedule << " simulated, F 1/3 and B 2/3 of a stage), pipeline efficiency " << std::fixed
+      << std::setprecision(1) << 100 * plan.predicted_efficiency << "% (balanced stages: "
+      << 100 * plan.balanced_efficiency << "%)\n";
   return out.str();
 }
 
@@ -181,68 +195,6 @@ std::vector<double> parameter_costs(const torch::nn::Sequential& model) {
     int64_t count = 0;
     for (const auto& p : layer->parameters()) count += p.numel();
     costs.push_back(static_cast<double>(count));
-  }
-  return costs;
-}
-
-std::vector<double> time_costs(const torch::nn::Sequential& model, const torch::Tensor& sample,
-                               int threads, int warmup, int repetitions) {
-  GPIPE_CHECK(repetitions >= 1, "time_costs needs at least 1 repetition (got ", repetitions, ")");
-  GPIPE_CHECK(threads >= 1, "time_costs needs at least 1 thread (got ", threads, ")");
-  const int previous_threads = at::get_num_threads();
-  at::set_num_threads(threads);
-  const size_t L = model->size();
-  std::vector<std::vector<double>> seconds(L);
-  using clock = std::chrono::steady_clock;
-  torch::nn::Sequential layers = model;  // a handle to the same modules, to call them
-  for (int rep = 0; rep < warmup + repetitions; ++rep) {
-    torch::Tensor x = sample;
-    size_t l = 0;
-    for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
-      torch::Tensor in = x.detach();
-      if (in.is_floating_point()) in.requires_grad_(true);
-      const auto begin = clock::now();
-      torch::Tensor out = it->forward(in);
-      if (out.requires_grad()) out.backward(torch::ones_like(out));
-      const auto end = clock::now();
-      if (rep >= warmup) seconds[l].push_back(std::chrono::duration<double>(end - begin).count());
-      x = out.detach();
-    }
-  }
-  for (const auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();  // profiling leaves no grads
-  at::set_num_threads(previous_threads);
-  std::vector<double> costs;
-  for (auto& s : seconds) {
-    std::sort(s.begin(), s.end());
-    costs.push_back(s[s.size() / 2]);
-  }
-  return costs;
-}
-
-std::vector<double> memory_costs(const torch::nn::Sequential& model, const torch::Tensor& sample,
-                                 double state_scale) {
-  GPIPE_CHECK(state_scale >= 0 && std::isfinite(state_scale), "state_scale must be finite and not negative (got ",
-              state_scale, "); use 1 for SGD, 2 for SGD with momentum, 3 for Adam");
-  enable_memory_tracking();
-  auto counter = std::make_shared<MemoryCounter>("memory_costs");
-  std::vector<double> costs;
-  torch::Tensor x = sample;
-  torch::nn::Sequential layers = model;  // a handle to the same modules, to call them
-  for (auto it = layers->begin(); it != layers->end(); ++it) {
-    torch::Tensor in = x.detach();
-    if (in.is_floating_point()) in.requires_grad_(true);
-    int64_t kept = 0;
-    {
-      MemoryScope scope(counter);
-      const int64_t before = counter->current_bytes();
-      torch::Tensor out = it->forward(in);
-      kept = counter->current_bytes() - before;  // the output and what its graph saved
-      x = out.detach();
-    }
-    int64_t parameter_bytes = 0;
-    for (const auto& p : it->ptr()->parameters())
-      parameter_bytes += p.numel() * static_cast<int64_t>(p.element_size());
-    costs.push_back(static_cast<double>(kept) + static_cast<double>(parameter_bytes) * (1.0 + state_scale));
   }
   return costs;
 }

@@ -3,6 +3,7 @@
 
 #include "gpipe/check.h"
 #include "gpipe/io.h"
+#include "gpipe/skip.h"
 
 #include <torch/torch.h>
 #include <torch/csrc/jit/ir/ir.h>
@@ -124,8 +125,28 @@ ScriptModel script_model(torch::jit::Module module, const std::string& origin) {
                              "function than its forward; save a torch.nn.Sequential of the layers instead");
   // Plain autograd, as Python's eager modules run: no graph rewrites between runs.
   torch::jit::setGraphExecutorOptimize(false);
-  for (const auto& child : source.script.named_children())
-    source.layers->push_back(child.name, torch::nn::AnyModule(ScriptLayer(child.value)));
+  for (const auto& child : source.script.named_children()) {
+    // gpipe's Python Stash and Pop (python/gpipe/skip.py) become the native layers, so that the
+    // pipeline routes their skip connections between stages.
+    const std::string kind = unmangled(child.value.type()->name()->qualifiedName());
+    if (kind == "__torch__.gpipe.skip.Stash") {
+      source.layers->push_back(child.name, torch::nn::AnyModule(Stash(child.value.attr("name").toStringRef())));
+    } else if (kind == "__torch__.gpipe.skip.Pop") {
+      torch::jit::Module merger = child.value.attr("merger").toModule();
+      const std::string merge = unmangled(merger.type()->name()->qualifiedName());
+      GPIPE_CHECK(merger.parameters().size() == 0, "the merge module of Pop(\"", child.value.attr("name").toStringRef(),
+                  "\") has parameters; put them in a layer of the Sequential after the Pop");
+      const SkipMerge by_module = [merger](const torch::Tensor& x, const torch::Tensor& skip) mutable {
+        return merger.forward({x, skip}).toTensor();
+      };
+      source.layers->push_back(child.name, torch::nn::AnyModule(Pop(child.value.attr("name").toStringRef(),
+                                                                     merge == "__torch__.gpipe.skip.Add"      ? add_skip
+                                                                     : merge == "__torch__.gpipe.skip.Concat" ? concat_skip
+                                                                                                              : by_module)));
+    } else {
+      source.layers->push_back(child.name, torch::nn::AnyModule(ScriptLayer(child.value)));
+    }
+  }
   if (source.layers->size() == 0)
     throw std::runtime_error(origin + " has no top-level children to use as layers; save a "
                              "torch.nn.Sequential of layers");

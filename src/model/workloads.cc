@@ -39,15 +39,6 @@ std::vector<int> Workload::balance(int stages) const {
 
 std::vector<std::string> workload_names() { return {"mlp", "transformer", "tiny", "imbalanced", "resnet", "unet"}; }
 
-torch::Tensor mse_loss(const torch::Tensor& output, const torch::Tensor& target) {
-  return torch::mse_loss(output, target);
-}
-
-torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tensor& target) {
-  return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}),
-                                              target.reshape({-1}));
-}
-
 namespace {
 
 // widths.size()-1 blocks of [Linear(w_i, w_{i+1}), ReLU].

@@ -7,28 +7,28 @@
 
 namespace gpipe {
 
-std::vector<int64_t> chunk_sizes(int64_t batch, int chunks) {
-  GPIPE_CHECK(chunks >= 1, "the number of micro-batches must be at least 1 (got ", chunks,
-              "); pass chunks >= 1");
-  GPIPE_CHECK(chunks <= batch, "the number of micro-batches (", chunks,
+std::vector<int64_t> chunk_sizes(int64_t batch, int micro_batches) {
+  GPIPE_CHECK(micro_batches >= 1, "the number of micro-batches must be at least 1 (got ", micro_batches,
+              "); give M >= 1");
+  GPIPE_CHECK(micro_batches <= batch, "the number of micro-batches (", micro_batches,
               ") is larger than the batch size (", batch,
               "): every micro-batch needs at least one sample; use at most ", batch,
               " micro-batches or a larger batch");
-  std::vector<int64_t> sizes(static_cast<size_t>(chunks), batch / chunks);
-  for (int64_t i = 0; i < batch % chunks; ++i) sizes[static_cast<size_t>(i)] += 1;
+  std::vector<int64_t> sizes(static_cast<size_t>(micro_batches), batch / micro_batches);
+  for (int64_t i = 0; i < batch % micro_batches; ++i) sizes[static_cast<size_t>(i)] += 1;
   return sizes;
 }
 
-std::vector<torch::Tensor> scatter(const torch::Tensor& batch, int chunks) {
+std::vector<torch::Tensor> scatter(const torch::Tensor& batch, int micro_batches) {
   GPIPE_CHECK(batch.defined() && batch.dim() >= 1,
               "a batch must be a tensor with a batch dimension (dim 0); got ",
               batch.defined() ? std::to_string(batch.dim()) + "-dimensional tensor"
                               : std::string("an undefined tensor"),
               "; add a batch dimension, e.g. x.unsqueeze(0)");
   std::vector<torch::Tensor> pieces;
-  pieces.reserve(static_cast<size_t>(chunks));
+  pieces.reserve(static_cast<size_t>(micro_batches));
   int64_t offset = 0;
-  for (int64_t size : chunk_sizes(batch.size(0), chunks)) {
+  for (int64_t size : chunk_sizes(batch.size(0), micro_batches)) {
     pieces.push_back(batch.narrow(0, offset, size));
     offset += size;
   }

@@ -1,9 +1,11 @@
-// pipeline.cc: the facade: builds the stages, runs a schedule over their threads, keeps steps atomic.
+// pipeline.cc: the one step driver: builds this process's stages from the plan, runs their
+// devices' programs over the transport, keeps steps atomic; the same in one process and under MPI.
 #include "gpipe/pipeline.h"
 
 #include "gpipe/check.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/partition.h"
+#include "runtime/group.h"
 #include "runtime/train_step.h"
 
 #include <torch/torch.h>
@@ -13,17 +15,18 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace gpipe {
 
 namespace {
 
-// A CUDA stage's memory comes from the caching allocator's own statistics of
+// A CUDA device's memory comes from the caching allocator's own statistics of
 // its device (index 0 of allocated_bytes is the aggregate over pools): bytes
 // allocated now, and at the peak since `reset`. Zeros without CUDA.
 std::pair<int64_t, int64_t> cuda_allocated(const Device& device, bool reset) {
@@ -38,149 +41,153 @@ std::pair<int64_t, int64_t> cuda_allocated(const Device& device, bool reset) {
 #endif
 }
 
-std::string shape_of(const torch::Tensor& t) {
-  if (!t.defined()) return "undefined";
-  std::ostringstream out;
-  out << t.sizes();
-  return out.str();
+// Σ x_k·(k mod 7 + 1) over the parameters, restarting k at each parameter's first element.
+double local_checksum(const std::vector<torch::Tensor>& params) {
+  double sum = 0;
+  for (const auto& p : params) {
+    const torch::Tensor flat = p.detach().to(torch::kDouble).flatten();
+    sum += (flat * (torch::arange(flat.numel(), torch::kDouble).remainder(7) + 1)).sum().item<double>();
+  }
+  return sum;
+}
+
+void check_batch(const torch::Tensor& tensor, const char* what) {
+  GPIPE_CHECK(tensor.defined() && tensor.dim() >= 1, "the ", what, " has no batch dimension (shape ",
+              shape_text(tensor), "); gpipe splits dim 0 into micro-batches: add one, e.g. x.unsqueeze(0)");
+  GPIPE_CHECK(tensor.size(0) >= 1, "the ", what, " is an empty batch (shape ", shape_text(tensor),
+              "); give at least one row");
 }
 
 }  // namespace
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
-    : model_(std::move(model)), options_(std::move(options)) {
-  GPIPE_CHECK(!model_.is_empty() && model_->size() > 0,
-              "the model is empty (0 layers); give the pipeline a torch::nn::Sequential with at "
-              "least one layer");
-  const int layers = static_cast<int>(model_->size());
+    : Pipeline(detail::local_group(), std::move(model), std::move(options)) {}
 
-  const int V = options_.virtual_stages();
-  GPIPE_CHECK(V >= 1, "virtual_stages must be at least 1 (got ", V, ")");
-  if (!options_.balance().empty()) {
-    check_balance(options_.balance(), layers);
-    GPIPE_CHECK(options_.stages() == 0 ||
-                    options_.stages() * V == static_cast<int>(options_.balance().size()),
-                "stages (", options_.stages(), V > 1 ? " devices × " + std::to_string(V) + " virtual stages" : "",
-                ") and the balance (", options_.balance().size(), " stages) disagree; set only one of them");
-    balance_ = options_.balance();
-  } else {
-    GPIPE_CHECK(options_.stages() >= 1, "the number of stages must be at least 1 (got ",
-                options_.stages(), "); set stages(K) with 1 <= K·V <= ", layers,
-                " or give a balance");
-    balance_ = even_balance(layers, options_.stages() * V);
-  }
-  const int S = stages();
-  GPIPE_CHECK(S % V == 0, "the balance has ", S, " stages, not a multiple of the ", V,
-              " virtual stages per device; give K·V entries, or set stages(K) and let gpipe cut evenly");
-  const int K = S / V;
-  GPIPE_CHECK(options_.chunks() >= 1, "the number of micro-batches (chunks) must be at least 1 (got ",
-              options_.chunks(), "); set chunks(M) with M >= 1");
-  // The schedule first: a configuration it cannot run is refused before anything is built.
-  const detail::SkipPlan skips = detail::plan_skips(skip_connections(model_), balance_);
-  skip_routes_ = skips.routes;
-  train_program_ = lower(make_schedule(options_.schedule(), K, options_.chunks(), V), options_.checkpoint(),
-                         skip_routes_);
-  validate(train_program_);
-  forward_program_ = lower(forward_only(K, options_.chunks(), V), Checkpoint::kNever, skip_routes_);
+Pipeline::Pipeline(std::unique_ptr<detail::Group> group, torch::nn::Sequential layers, PipelineOptions options)
+    : group_(std::move(group)), layers_(std::move(layers)), options_(std::move(options)) {
+  if (layers_.is_empty()) layers_ = torch::nn::Sequential();
+  plan_ = group_->plan(layers_, options_);
+  local_ = group_->local_devices();
+  const int S = plan_.stages();
 
-  devices_ = options_.devices();
-  if (devices_.empty()) {
-    GPIPE_CHECK(options_.threads_per_stage() >= 1, "threads_per_stage must be at least 1 (got ",
-                options_.threads_per_stage(), ")");
-    devices_.assign(static_cast<size_t>(K), Device::cpu(options_.threads_per_stage()));
-  }
-  GPIPE_CHECK(static_cast<int>(devices_.size()) == K, "got ", devices_.size(), " devices for ", S, " stages",
-              V > 1 ? " (" + std::to_string(K) + " devices × " + std::to_string(V) + " virtual stages)" : "",
-              "; give ", K, " devices");
-  for (const Device& device : devices_) check_device(device);
-
-  const auto named = model_->named_parameters();
-  for (const auto& group : options_.tied_parameters()) {
-    GPIPE_CHECK(group.size() >= 2, "a group of tied parameters needs at least two names (got ", group.size(), ")");
-    for (const std::string& name : group) {
-      GPIPE_CHECK(named.contains(name), "tied_parameters: the model has no parameter ", name,
-                  "; name parameters as model->named_parameters() does, e.g. ",
-                  named.is_empty() ? std::string("0.weight") : named.keys().front());
-      GPIPE_CHECK(named[name].is_same(named[group.front()]), "tied_parameters: ", group.front(), " and ", name,
-                  " are different tensors; in one process tied layers share one tensor: register the first "
-                  "layer's parameter in the other layer");
-    }
-  }
-
-  // Cut the model: stage s gets layers [offsets[s], offsets[s+1]), sharing the modules.
-  const std::vector<int> offsets = stage_offsets(balance_);
-  const auto names = model_->named_children().keys();
-  std::unordered_map<const void*, int> owner;         // parameter → first stage that uses it
-  std::unordered_map<const void*, int> buffer_owner;  // buffer → stage that holds it
-  transport_ = std::make_unique<InProcessTransport>(S);
+  // This process's stages, cut from its layers: those of its devices' stages, in stage order.
+  std::vector<int> mine;
+  for (int d : local_)
+    for (int s : plan_.stages_of(d)) mine.push_back(s);
+  std::sort(mine.begin(), mine.end());
   const bool track = options_.track_memory() ||
-                     std::any_of(devices_.begin(), devices_.end(), [](const Device& d) { return d.memory_cap_bytes > 0; });
-  if (track) enable_memory_tracking();
-  std::vector<std::vector<std::unique_ptr<Stage>>> placed(static_cast<size_t>(K));
-  for (int j = 0; j < S; ++j) {
-    torch::nn::Sequential layers;
-    for (int n = offsets[static_cast<size_t>(j)]; n < offsets[static_cast<size_t>(j) + 1]; ++n)
-      layers->push_back(names[static_cast<size_t>(n)], *(model_->begin() + n));
-    const int d = train_program_.placement[static_cast<size_t>(j)];
-    for (const torch::Tensor& p : layers->parameters()) {
-      // A tied weight stays one tensor: the stages' backwards add to its one gradient (autograd
-      // serializes the additions), and the optimizer steps it once. One tensor lives on one device.
-      auto [it, fresh] = owner.emplace(p.unsafeGetTensorImpl(), j);
-      const Device& mine = devices_[static_cast<size_t>(d)];
-      const Device& theirs = devices_[static_cast<size_t>(train_program_.placement[static_cast<size_t>(it->second)])];
-      GPIPE_CHECK(fresh || mine.device == theirs.device, "a parameter is used by stage ", it->second, " on ",
-                  theirs.str(), " and stage ", j, " on ", mine.str(), "; in one process a tied weight is one tensor "
-                  "on one device: place both stages on one device, or run one stage per MPI rank with "
-                  "tied_parameters");
+                     std::any_of(plan_.device_list.begin(), plan_.device_list.end(),
+                                 [](const Device& d) { return d.memory_cap_bytes > 0; });
+  std::exception_ptr failure;
+  try {
+    std::map<int, std::vector<std::unique_ptr<Stage>>> placed;  // by device
+    std::unordered_map<const void*, int> owner;                 // parameter → first stage that uses it
+    std::unordered_map<const void*, int> buffer_owner;          // buffer → stage that holds it
+    const auto names = layers_->named_children().keys();
+    size_t next = 0;
+    for (int s : mine) {
+      torch::nn::Sequential part;
+      const LayerRange range = plan_.layers_of(s);
+      for (int n = range.first; n < range.last; ++n, ++next)
+        part->push_back(names[next], *(layers_->begin() + static_cast<std::ptrdiff_t>(next)));
+      const int d = plan_.placement[static_cast<size_t>(s)];
+      const Device& device = plan_.device_list[static_cast<size_t>(d)];
+      for (const torch::Tensor& p : part->parameters()) {
+        // A tied weight stays one tensor: the stages' backwards add to its one gradient (autograd
+        // serializes the additions), and the optimizer steps it once. One tensor lives on one device.
+        auto [it, fresh] = owner.emplace(p.unsafeGetTensorImpl(), s);
+        const Device& theirs = plan_.device_list[static_cast<size_t>(plan_.placement[static_cast<size_t>(it->second)])];
+        GPIPE_CHECK(fresh || device.device == theirs.device, "a parameter is used by stage ", it->second, " on ",
+                    theirs.str(), " and stage ", s, " on ", device.str(), "; in one process a tied weight is one "
+                    "tensor on one device: place both stages on one device, or run one stage per MPI rank with "
+                    "tied_parameters");
+      }
+      for (const auto& b : part->named_buffers()) {
+        auto [it, fresh] = buffer_owner.emplace(b.value().unsafeGetTensorImpl(), s);
+        GPIPE_CHECK(fresh || it->second == s, "buffer ", b.key(), " (a BatchNorm's running statistics, say) is used "
+                    "by stages ", it->second, " and ", s, ", which would update it at once; put the layers that share "
+                    "it on one stage (change the balance), or give each its own");
+      }
+      detail::check_splittable(plan_.training, part);
+      detail::check_batch_norm(part, options_.deferred_batch_norm());
+      if (!device.is_cpu()) part->to(device.device);
+      auto stage = std::make_unique<Stage>(s, S, part, device, options_.deferred_batch_norm());
+      std::vector<std::pair<int, std::string>> stashed, popped;  // the skip routes that leave or enter it
+      for (size_t k = 0; k < plan_.skip_routes.size(); ++k) {
+        if (plan_.skip_routes[k].from == s) stashed.emplace_back(static_cast<int>(k), plan_.skip_names[k]);
+        if (plan_.skip_routes[k].to == s) popped.emplace_back(static_cast<int>(k), plan_.skip_names[k]);
+      }
+      stage->set_skips(std::move(stashed), std::move(popped));
+      placed[d].push_back(std::move(stage));
     }
-    for (const auto& b : layers->named_buffers()) {
-      auto [it, fresh] = buffer_owner.emplace(b.value().unsafeGetTensorImpl(), j);
-      GPIPE_CHECK(fresh || it->second == j, "buffer ", b.key(), " (a BatchNorm's running statistics, say) is used by "
-                  "stages ", it->second, " and ", j, ", whose threads would update it at once; put the layers that "
-                  "share it on one stage (change the balance), or give each its own");
+    GPIPE_CHECK(next == layers_->size(), "this process was given ", layers_->size(), " layers, but its stages hold ",
+                next, "; give each process the layers of its devices' stages (plan().device_layers)");
+    if (track) enable_memory_tracking();
+    for (int d : local_) {
+      const Device& device = plan_.device_list[static_cast<size_t>(d)];
+      auto memory = track ? std::make_shared<MemoryCounter>("device " + std::to_string(d) + " (" + device.str() + ")",
+                                                            device.memory_cap_bytes)
+                          : nullptr;
+      executors_.push_back(std::make_unique<Executor>(std::move(placed[d]), device, nullptr, memory));
     }
-    detail::check_splittable(train_program_, layers);
-    detail::check_batch_norm(layers, options_.deferred_batch_norm());
-    const Device& device = devices_[static_cast<size_t>(d)];
-    if (!device.is_cpu()) layers->to(device.device);
-    placed[static_cast<size_t>(d)].push_back(std::make_unique<Stage>(j, S, layers, device, options_.deferred_batch_norm()));
-    skips.connect(*placed[static_cast<size_t>(d)].back());
+  } catch (...) {  // a bad layer, or no memory on the device: every process stops
+    failure = std::current_exception();
   }
-  for (int d = 0; d < K; ++d) {
-    const Device& device = devices_[static_cast<size_t>(d)];
-    auto memory = track ? std::make_shared<MemoryCounter>("device " + std::to_string(d) + " (" + device.str() + ")",
-                                                          device.memory_cap_bytes)
-                        : nullptr;
-    executors_.push_back(std::make_unique<Executor>(std::move(placed[static_cast<size_t>(d)]), device,
-                                                    transport_.get(), memory));
-  }
+  group_->agree(failure);
+  group_->connect(plan_, layers_, options_);
+  double stochastic = draws_random_numbers(layers_) ? 1 : 0;  // whether any stage of the whole model draws
+  group_->reduce(&stochastic, 1, /*largest=*/true);
+  stochastic_ = stochastic > 0;
 
   int blas_threads = 1;
-  for (const Device& device : devices_)
+  for (int d : local_) {
+    const Device& device = plan_.device_list[static_cast<size_t>(d)];
     if (device.is_cpu()) blas_threads = std::max(blas_threads, device.threads);
+  }
   set_blas_threads(blas_threads);
   keep_freed_memory();
-  for (const Device& device : devices_) threads_.push_back(std::make_unique<DeviceThread>(device));
+  if (group_->on_caller_thread())
+    bind_current_thread(plan_.device_list[static_cast<size_t>(local_.front())]);
+  else
+    for (int d : local_) threads_.push_back(std::make_unique<DeviceThread>(plan_.device_list[static_cast<size_t>(d)]));
 }
 
-Pipeline::~Pipeline() = default;
+Pipeline::~Pipeline() = default;  // the device threads end first, then the stages, then the group and its transport
 
-std::vector<torch::Tensor> Pipeline::parameters() const { return unique_parameters(*model_); }
+std::vector<torch::Tensor> Pipeline::parameters() const { return unique_parameters(*layers_); }
 
-std::vector<Pipeline::StageMemory> Pipeline::memory() const {
-  std::vector<StageMemory> out;
+std::vector<torch::Tensor> Pipeline::counted_parameters() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : parameters())
+    if (group_->counts(p)) out.push_back(p);
+  return out;
+}
+
+torch::nn::Sequential Pipeline::stage(int j) const {
+  GPIPE_CHECK(j >= 0 && j < stages(), "stage ", j, " does not exist; stages are 0..", stages() - 1);
+  for (const auto& e : executors_)
+    for (const auto& stage : e->stages())
+      if (stage->index() == j) return stage->layers();
+  GPIPE_CHECK(false, "stage ", j, " runs on device ", plan_.placement[static_cast<size_t>(j)],
+              ", which another process holds");
+  return {};
+}
+
+std::vector<Pipeline::DeviceMemory> Pipeline::memory() const {
+  std::vector<DeviceMemory> out;
   for (size_t j = 0; j < executors_.size(); ++j) {
     const auto& e = executors_[j];
     if (!e->memory()) return {};
-    StageMemory m;
+    DeviceMemory m;
     for (const auto& stage : e->stages())
       for (const auto& p : stage->layers()->parameters()) {
         m.parameter_bytes += p.numel() * static_cast<int64_t>(p.element_size());
         if (p.grad().defined()) m.parameter_bytes += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
       }
+    const int64_t at_start = j < memory_at_start_.size() ? memory_at_start_[j] : 0;
     m.peak_bytes = (e->device().is_cpu() ? e->memory()->peak_bytes() : cuda_allocated(e->device(), false).second) -
-                   memory_at_start_[j];
-    m.held_peak_bytes = e->device().is_cpu() ? e->memory()->held_peak_bytes() - memory_at_start_[j] : m.peak_bytes;
+                   at_start;
+    m.held_peak_bytes = e->device().is_cpu() ? e->memory()->held_peak_bytes() - at_start : m.peak_bytes;
     out.push_back(m);
   }
   return out;
@@ -193,125 +200,302 @@ int64_t Pipeline::skip_bytes() const {
   return bytes;
 }
 
-torch::nn::Sequential Pipeline::stage(int j) const {
-  GPIPE_CHECK(j >= 0 && j < stages(), "stage ", j, " does not exist; stages are 0..", stages() - 1);
-  const int d = train_program_.placement[static_cast<size_t>(j)];
-  for (const auto& stage : executors_[static_cast<size_t>(d)]->stages())
-    if (stage->index() == j) return stage->layers();
-  return {};
-}
+int64_t Pipeline::bytes_sent() const { return group_->transport().bytes_sent(); }
 
-std::vector<torch::Tensor> Pipeline::split(const torch::Tensor& tensor, int micro_batches, const char* what) const {
-  GPIPE_CHECK(tensor.defined() && tensor.dim() >= 1, "the ", what,
-              " has no batch dimension (shape ", shape_of(tensor),
-              "); gpipe splits dim 0 into micro-batches: add one, e.g. x.unsqueeze(0)");
-  return scatter(tensor, micro_batches);
-}
-
-const Schedule& Pipeline::training_program(int micro_batches) {
-  if (micro_batches == options_.chunks()) return train_program_;
-  auto it = short_programs_.find(micro_batches);
-  if (it == short_programs_.end())
-    it = short_programs_
-             .emplace(micro_batches,
-                      detail::short_batch_program(options_.schedule(), static_cast<int>(devices_.size()),
-                                                  micro_batches, options_.virtual_stages(), options_.checkpoint(),
-                                                  skip_routes_))
-             .first;
+const Schedule& Pipeline::training_program(int m) {
+  if (m == plan_.micro_batches) return plan_.training;
+  auto it = training_programs_.find(m);
+  if (it == training_programs_.end()) it = training_programs_.emplace(m, plan_.training_program(m)).first;
   return it->second;
 }
 
-torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tensor& target,
-                                   const LossFn& loss) {
-  GPIPE_CHECK(static_cast<bool>(loss), "train_step needs a loss function");
-  GPIPE_CHECK(input.defined() && input.dim() >= 1, "the input has no batch dimension (shape ", shape_of(input),
-              "); gpipe splits dim 0 into micro-batches: add one, e.g. x.unsqueeze(0)");
-  GPIPE_CHECK(input.size(0) >= 1, "the input is an empty batch (shape ", shape_of(input), "); give at least one row");
-  GPIPE_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == input.size(0),
-              "the target's batch size differs from the input's (input ", shape_of(input),
-              ", target ", shape_of(target), "); give one target row per input sample");
-  const int64_t N = input.size(0);
-  const int M = static_cast<int>(std::min<int64_t>(options_.chunks(), N));  // a short batch: one row per micro-batch
-  StepData step;
-  step.training = true;
-  step.inputs = split(input, M, "input");
-  step.targets = split(target, M, "target");
-  step.loss = loss;
+const Schedule& Pipeline::inference_program(int m) {
+  if (m == plan_.micro_batches) return plan_.inference;
+  auto it = inference_programs_.find(m);
+  if (it == inference_programs_.end()) it = inference_programs_.emplace(m, plan_.inference_program(m)).first;
+  return it->second;
+}
 
-  const bool stochastic = std::any_of(executors_.begin(), executors_.end(),
-                                      [](const auto& e) { return e->stochastic(); });
-  const bool tracked = executors_.front()->memory() != nullptr;
-  const Schedule& program = training_program(M);
-  detail::TrainStepScope scope(step, chunk_sizes(N, M), N, stochastic, parameters(), /*zero_grads=*/tracked);
-  run(program, step);
+std::pair<int64_t, int64_t> Pipeline::output_rows(int64_t rows) const {
+  for (int d : local_)
+    if (d == plan_.last_device()) return group_->share(rows);
+  return {0, 0};
+}
+
+torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss) {
+  group_->begin_call();
+  GPIPE_CHECK(static_cast<bool>(loss), "train_step needs a loss function");
+  check_batch(input, "input");
+  GPIPE_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == input.size(0),
+              "the target's batch size differs from the input's (input ", shape_text(input), ", target ",
+              shape_text(target), "); give one target row per input sample");
+  const int64_t N = input.size(0);
+  const auto [first, count] = group_->share(N);
+  // A short batch runs one row per micro-batch; a replica without rows only joins the sums.
+  const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));
+  const bool has_first = std::count(local_.begin(), local_.end(), plan_.first_device()) > 0;
+  const bool has_last = std::count(local_.begin(), local_.end(), plan_.last_device()) > 0;
+  StepData step;
+  step.loss = loss;
+  if (M > 0 && has_first) step.inputs = scatter(input.narrow(0, first, count), M);
+  if (M > 0 && has_last) step.targets = scatter(target.narrow(0, first, count), M);
+  const bool tracked = !executors_.empty() && executors_.front()->memory() != nullptr;
+  // Every process draws the same seed: their default generators have drawn the same numbers.
+  detail::TrainStepScope scope(step, M > 0 ? chunk_sizes(count, M) : std::vector<int64_t>{}, N, stochastic_,
+                               parameters(), /*zero_grads=*/tracked);
+  for (const auto& e : executors_)
+    for (const auto& stage : e->stages()) stage->begin_step();  // a replica without rows runs nothing
+  torch::Tensor statistics;
+  double total = 0;
+  try {
+    if (M > 0) run(training_program(M), step);
+    group_->reduce_gradients(parameters());
+    // BatchNorm's statistics of every stage here, in stage order, summed over the replicas.
+    std::vector<torch::Tensor> parts;
+    for (const auto& e : executors_)
+      for (const auto& stage : e->stages())
+        if (torch::Tensor s = stage->batch_norm_statistics(); s.defined()) parts.push_back(s);
+    if (!parts.empty()) {
+      auto summed = std::make_shared<torch::Tensor>(torch::cat(parts).contiguous());
+      group_->sum_over_replicas(summed);
+      statistics = *summed;
+    }
+    total = sum(std::accumulate(step.losses.begin(), step.losses.end(), 0.0));
+  } catch (...) {
+    group_->fail();
+    throw;
+  }
   scope.commit();
-  for (const auto& executor : executors_)
-    for (const auto& stage : executor->stages()) stage->update_batch_norm(stage->batch_norm_statistics());
-  return torch::tensor(std::accumulate(step.losses.begin(), step.losses.end(), 0.0),
-                       torch::dtype(torch::kFloat64));
+  int64_t at = 0;  // each stage's share of the summed statistics, in stage order
+  for (const auto& e : executors_)
+    for (const auto& stage : e->stages()) {
+      const torch::Tensor own = stage->batch_norm_statistics();
+      const int64_t n = own.defined() ? own.numel() : 0;
+      if (n > 0) stage->update_batch_norm(statistics.narrow(0, at, n));
+      at += n;
+    }
+  return torch::tensor(total, torch::dtype(torch::kFloat64));
 }
 
 torch::Tensor Pipeline::forward(const torch::Tensor& input) {
-  GPIPE_CHECK(input.defined() && input.dim() >= 1, "the input has no batch dimension (shape ",
-              shape_of(input), "); add one, e.g. x.unsqueeze(0)");
+  group_->begin_call();
+  check_batch(input, "input");
+  const auto [first, count] = group_->share(input.size(0));
   // A batch smaller than M (say the last one of a test set) runs in fewer micro-batches.
-  const int M = static_cast<int>(std::min<int64_t>(options_.chunks(), input.size(0)));
-  GPIPE_CHECK(M >= 1, "the input is an empty batch (shape ", shape_of(input), ")");
+  const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));
+  if (M == 0) return {};  // no rows for this replica
   StepData step;
   step.training = false;
-  step.inputs = scatter(input, M);
+  if (std::count(local_.begin(), local_.end(), plan_.first_device()) > 0)
+    step.inputs = scatter(input.narrow(0, first, count), M);
   step.outputs.resize(static_cast<size_t>(M));
-  const int K = static_cast<int>(devices_.size());
-  run(M == options_.chunks() ? forward_program_
-                             : lower(forward_only(K, M, options_.virtual_stages()), Checkpoint::kNever, skip_routes_),
-      step);
-  return gather(step.outputs);
+  try {
+    run(inference_program(M), step);
+  } catch (...) {
+    group_->fail();
+    throw;
+  }
+  return std::count(local_.begin(), local_.end(), plan_.last_device()) > 0 ? gpipe::gather(step.outputs)
+                                                                          : torch::Tensor();
 }
 
-void Pipeline::run(const Schedule& program, StepData& step) {
-  const size_t K = executors_.size();
-  transport_->reset();
-  memory_at_start_.assign(K, 0);
-  for (size_t j = 0; j < K; ++j)
+void Pipeline::reset_memory_peaks() {
+  memory_at_start_.assign(executors_.size(), 0);
+  for (size_t j = 0; j < executors_.size(); ++j)
     if (const auto& memory = executors_[j]->memory()) {
       memory->reset_peak();
       memory_at_start_[j] = executors_[j]->device().is_cpu() ? memory->current_bytes()
                                                               : cuda_allocated(executors_[j]->device(), true).first;
     }
+}
+
+void Pipeline::run(const Schedule& program, StepData& step) {
+  Transport& transport = group_->transport();
+  std::vector<const std::vector<Action>*> rows;
+  for (int d : local_) rows.push_back(&program.actions[static_cast<size_t>(d)]);
+  transport.begin(rows);
+  for (const auto& e : executors_) e->set_transport(&transport);  // under MPI a fresh one after a failed step
+  reset_memory_peaks();
   trace_ = StepTrace{};
-  trace_.devices.assign(K, {});
+  trace_.devices.assign(static_cast<size_t>(plan_.devices), {});
 
   std::mutex mutex;
   std::condition_variable finished;
-  size_t pending = K;
-  std::exception_ptr first_error;
+  size_t pending = local_.size();
+  std::exception_ptr first_error;  // the first failure of a stage here
+  std::exception_ptr cancelled;    // else the first cancellation (another process's failure, an interrupt)
+  auto run_device = [&](size_t j) {
+    try {
+      const int d = local_[j];
+      executors_[j]->run(program.actions[static_cast<size_t>(d)], step, &trace_.devices[static_cast<size_t>(d)]);
+    } catch (const Cancelled&) {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!cancelled) cancelled = std::current_exception();
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!first_error) first_error = std::current_exception();
+      }
+      transport.cancel(group_->who() + e.what());  // wakes every stage blocked in recv, here and elsewhere
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!first_error) first_error = std::current_exception();
+      }
+      transport.cancel(group_->who() + "an unknown exception");
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    --pending;
+    finished.notify_all();  // under the lock: the driver cannot return before this ends
+  };
 
   trace_.begin_ns = now_ns();
-  for (size_t j = 0; j < K; ++j) {
-    threads_[j]->post([&, j] {
-      try {
-        executors_[j]->run(program.actions[j], step, &trace_.devices[j]);
-      } catch (const Cancelled&) {
-        // another stage failed first; its error is the one reported
-      } catch (...) {
-        {
-          std::lock_guard<std::mutex> lock(mutex);
-          if (!first_error) first_error = std::current_exception();
-        }
-        transport_->cancel();  // wakes every stage blocked in recv
-      }
-      std::lock_guard<std::mutex> lock(mutex);
-      --pending;
-      finished.notify_all();  // under the lock: the driver cannot return before this ends
-    });
-  }
-  {
+  if (threads_.empty()) {
+    for (size_t j = 0; j < local_.size(); ++j) run_device(j);
+  } else {
+    for (size_t j = 0; j < local_.size(); ++j) threads_[j]->post([&run_device, j] { run_device(j); });
+    bool interrupted = false;
     std::unique_lock<std::mutex> lock(mutex);
-    finished.wait(lock, [&] { return pending == 0; });
+    while (!finished.wait_for(lock, std::chrono::milliseconds(100), [&] { return pending == 0; })) {
+      if (!interrupted_ || interrupted) continue;
+      lock.unlock();  // the check may take a front end's lock (Python's GIL), which no device thread holds
+      interrupted = interrupted_();
+      if (interrupted) transport.cancel("gpipe: the step was interrupted");
+      lock.lock();
+    }
+    if (interrupted && !first_error) cancelled = std::make_exception_ptr(Interrupted());
   }
   trace_.end_ns = now_ns();
-  transport_->reset();
   if (first_error) std::rethrow_exception(first_error);
+  if (cancelled) std::rethrow_exception(cancelled);
+  transport.finish();
 }
+
+Evaluation Pipeline::evaluate(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss,
+                              bool classification, int64_t batch) {
+  GPIPE_CHECK(batch >= 1, "evaluate needs a batch of at least 1 row (got ", batch, ")");
+  GPIPE_CHECK(input.defined() && target.defined() && input.dim() >= 1 && target.dim() >= 1 &&
+                  input.size(0) == target.size(0) && input.size(0) >= 1,
+              "evaluate needs input and target with the same number of rows, at least one");
+  layers_->eval();
+  double loss_sum = 0, correct = 0;
+  const int64_t N = input.size(0);
+  try {
+    for (int64_t at = 0; at < N; at += batch) {
+      const int64_t n = std::min(batch, N - at);
+      // Each process scores the rows whose output it holds (under MPI: the last stage of each replica).
+      const torch::Tensor out = forward(input.narrow(0, at, n));
+      if (!out.defined()) continue;
+      const torch::Tensor rows = target.narrow(0, at + output_rows(n).first, out.size(0));
+      loss_sum += loss(out, rows).item<double>() * static_cast<double>(out.size(0));
+      if (classification) correct += static_cast<double>(out.argmax(-1).eq(rows).sum().item<int64_t>());
+    }
+  } catch (...) {
+    layers_->train();
+    throw;
+  }
+  layers_->train();
+  const double rows = static_cast<double>(N);
+  return {sum(loss_sum) / rows, classification ? sum(correct) / rows : 0.0};
+}
+
+StepTrace Pipeline::trace() {
+  group_->begin_call();
+  try {
+    return group_->gather_trace(trace_, plan_);
+  } catch (...) {
+    group_->fail();
+    throw;
+  }
+}
+
+double Pipeline::bubble() {
+  double busy_and_span[2] = {0, 0};  // Σ busy and Σ step time over the devices held here
+  for (int d : local_) {
+    busy_and_span[0] += trace_.busy_seconds(d);
+    busy_and_span[1] += trace_.seconds();
+  }
+  group_->begin_call();
+  try {
+    group_->reduce(busy_and_span, 2, /*largest=*/false);
+  } catch (...) {
+    group_->fail();
+    throw;
+  }
+  return busy_and_span[1] > 0 ? 1.0 - busy_and_span[0] / busy_and_span[1] : 0.0;
+}
+
+double Pipeline::sum(double value) {
+  group_->begin_call();
+  try {
+    group_->reduce(&value, 1, /*largest=*/false);
+  } catch (...) {
+    group_->fail();
+    throw;
+  }
+  return value;
+}
+
+double Pipeline::max(double value) {
+  group_->begin_call();
+  try {
+    group_->reduce(&value, 1, /*largest=*/true);
+  } catch (...) {
+    group_->fail();
+    throw;
+  }
+  return value;
+}
+
+std::vector<std::string> Pipeline::gather(const std::string& bytes) {
+  group_->begin_call();
+  try {
+    return group_->gather(bytes);
+  } catch (...) {
+    group_->fail();
+    throw;
+  }
+}
+
+double Pipeline::checksum() { return sum(replica() == 0 ? local_checksum(counted_parameters()) : 0.0); }
+
+double Pipeline::gradient_norm() {
+  double squares = 0;
+  if (replica() == 0)
+    for (const auto& p : counted_parameters())
+      if (p.grad().defined()) {
+        const double norm = p.grad().detach().norm().item<double>();
+        squares += norm * norm;
+      }
+  return std::sqrt(sum(squares));
+}
+
+double Pipeline::clip_gradients(double max_norm) {
+  GPIPE_CHECK(max_norm > 0 && std::isfinite(max_norm), "the largest gradient norm must be a positive number (got ",
+              max_norm, ")");
+  const double norm = gradient_norm();
+  const double scale = max_norm / (norm + 1e-6);
+  if (scale < 1) {
+    torch::NoGradGuard no_grad;
+    for (auto p : parameters())
+      if (p.grad().defined()) p.mutable_grad().mul_(scale);
+  }
+  return norm;
+}
+
+bool Pipeline::all_finite(bool buffers) {
+  bool finite = true;
+  for (const auto& p : parameters()) finite = finite && torch::isfinite(p.detach()).all().item<bool>();
+  if (buffers)
+    for (const auto& b : layers_->buffers())
+      if (b.is_floating_point()) finite = finite && torch::isfinite(b).all().item<bool>();
+  return max(finite ? 0.0 : 1.0) == 0.0;
+}
+
+bool Pipeline::root() const { return group_->rank() == 0; }
+int Pipeline::replica() const { return group_->replica(); }
+int Pipeline::device() const { return group_->device(); }
+int Pipeline::rank() const { return group_->rank(); }
+std::string Pipeline::describe() const { return group_->describe(); }
 
 }  // namespace gpipe

@@ -29,25 +29,29 @@ StashImpl::StashImpl(std::string name) : name_(std::move(name)) {
   GPIPE_CHECK(!name_.empty(), "a Stash needs a name, the one its Pop takes");
 }
 
-torch::Tensor StashImpl::forward(const torch::Tensor& x) {
-  tray()[name_] = x;
+torch::Tensor stash_tensor(const std::string& name, const torch::Tensor& x) {
+  tray()[name] = x;
   return x;
 }
+
+torch::Tensor pop_tensor(const std::string& name) {
+  auto& t = tray();
+  auto it = t.find(name);
+  GPIPE_CHECK(it != t.end(), "Pop(", quoted(name), ") found nothing stashed under that name: a Stash(",
+              quoted(name), ") must run before it in the same forward");
+  const torch::Tensor skip = std::move(it->second);
+  t.erase(it);
+  return skip;
+}
+
+torch::Tensor StashImpl::forward(const torch::Tensor& x) { return stash_tensor(name_, x); }
 
 PopImpl::PopImpl(std::string name, SkipMerge merge) : name_(std::move(name)), merge_(std::move(merge)) {
   GPIPE_CHECK(!name_.empty(), "a Pop needs a name, the one its Stash took");
   GPIPE_CHECK(static_cast<bool>(merge_), "Pop(", quoted(name_), ") needs a merge function, e.g. gpipe::add_skip");
 }
 
-torch::Tensor PopImpl::forward(const torch::Tensor& x) {
-  auto& t = tray();
-  auto it = t.find(name_);
-  GPIPE_CHECK(it != t.end(), "Pop(", quoted(name_), ") found nothing stashed under that name: a Stash(",
-              quoted(name_), ") must run before it in the same forward");
-  const torch::Tensor skip = std::move(it->second);
-  t.erase(it);
-  return merge_(x, skip);
-}
+torch::Tensor PopImpl::forward(const torch::Tensor& x) { return merge_(x, pop_tensor(name_)); }
 
 namespace detail {
 

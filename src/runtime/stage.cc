@@ -4,7 +4,6 @@
 #include "gpipe/check.h"
 #include "gpipe/skip.h"
 #include "runtime/backward_split.h"
-#include "runtime/train_step.h"
 
 #include <torch/torch.h>
 
@@ -15,6 +14,30 @@
 
 namespace gpipe {
 namespace {
+
+// Keeps `buffers` (a BatchNorm's running statistics and batch count) as they
+// are for its lifetime: what a forward does to them is undone when it ends.
+class KeepBuffers {
+ public:
+  explicit KeepBuffers(std::vector<torch::Tensor> buffers) {
+    for (auto& b : buffers)
+      if (b.defined()) {
+        saved_.push_back(b.clone());
+        buffers_.push_back(std::move(b));
+      }
+  }
+  ~KeepBuffers() {
+    // Without a version bump: a training-mode BatchNorm's graph holds its running statistics, which
+    // its backward does not read.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    for (size_t n = 0; n < buffers_.size(); ++n) buffers_[n].copy_(saved_[n]);
+  }
+  KeepBuffers(const KeepBuffers&) = delete;
+  KeepBuffers& operator=(const KeepBuffers&) = delete;
+
+ private:
+  std::vector<torch::Tensor> buffers_, saved_;
+};
 
 const char* describe(ActionKind kind) {
   switch (kind) {
@@ -308,7 +331,7 @@ torch::Tensor Stage::run_chain(int i, const torch::Tensor& x, bool split, bool g
       // Deferred BatchNorm: this micro-batch's statistics normalize it; the running ones wait for the step's end.
       const torch::Tensor input = a;
       {
-        const detail::KeepBuffers keep({norm->running.mean, norm->running.var, norm->running.batches});
+        const KeepBuffers keep({norm->running.mean, norm->running.var, norm->running.batches});
         a = layer->forward(a);
       }
       if (gather) gather_statistics(norm->count, norm->sum, norm->squares, input);
@@ -453,7 +476,7 @@ torch::Tensor Stage::backward(int i, const torch::Tensor& output_grad, StepData&
   Kept& k = kept(i);
   if (k.recompute) {
     RandomStream stream(stochastic_, device_.device, seed_of(i, step));
-    const detail::KeepBuffers keep(layers_->buffers());
+    const KeepBuffers keep(layers_->buffers());
     run_layers(i, k.input, false, /*gather=*/false, k, step);
   }
   std::vector<torch::Tensor> roots, grads;
@@ -475,7 +498,7 @@ torch::Tensor Stage::input_grad(int i, const torch::Tensor& output_grad, StepDat
               " without recording its layers, so its backward cannot be split into I and W");
   if (k.recompute) {
     RandomStream stream(stochastic_, device_.device, seed_of(i, step));
-    const detail::KeepBuffers keep(layers_->buffers());
+    const KeepBuffers keep(layers_->buffers());
     run_layers(i, k.input, !skips_inside_, /*gather=*/false, k, step);
   }
   if (skips_inside_) {
@@ -539,6 +562,14 @@ void Stage::weight_grad(int i) {
     if (!params.empty()) torch::autograd::backward(k.roots, k.root_grads, /*retain_graph=*/false, false, params);
   }
   kept_.erase(i);
+}
+
+torch::Tensor mse_loss(const torch::Tensor& output, const torch::Tensor& target) {
+  return torch::mse_loss(output, target);
+}
+
+torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tensor& target) {
+  return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}));
 }
 
 }  // namespace gpipe

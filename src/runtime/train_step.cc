@@ -1,4 +1,4 @@
-// train_step.cc: the step scope shared by the one-process and the MPI pipeline.
+// train_step.cc: the checks of a stage's layers, and the scope that keeps a training step atomic.
 #include "runtime/train_step.h"
 
 #include "gpipe/check.h"
@@ -29,58 +29,6 @@ void check_batch_norm(const torch::nn::Sequential& layers, bool deferred) {
               "its input, so it cannot update its running statistics once per mini-batch from every row; make each "
               "BatchNorm a layer of the Sequential itself, or set deferred_batch_norm(false) (gpipe train: --batch-norm per-micro-batch) to update them "
               "from each micro-batch");
-}
-
-KeepBuffers::KeepBuffers(std::vector<torch::Tensor> buffers) {
-  for (auto& b : buffers)
-    if (b.defined()) {
-      saved_.push_back(b.clone());
-      buffers_.push_back(std::move(b));
-    }
-}
-
-KeepBuffers::~KeepBuffers() {
-  // Without a version bump: a training-mode BatchNorm's graph holds its running statistics, which
-  // its backward does not read.
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  for (size_t n = 0; n < buffers_.size(); ++n) buffers_[n].copy_(saved_[n]);
-}
-
-SkipPlan plan_skips(const std::vector<SkipConnection>& connections, const std::vector<int>& balance) {
-  const std::vector<int> offsets = stage_offsets(balance);
-  auto stage_of = [&](int layer) {
-    return static_cast<int>(std::upper_bound(offsets.begin(), offsets.end(), layer) - offsets.begin()) - 1;
-  };
-  SkipPlan plan;
-  for (const SkipConnection& c : connections) {
-    const int from = stage_of(c.stash_layer), to = stage_of(c.pop_layer);
-    if (from == to) continue;  // the stage's own layers meet in its tray
-    plan.routes.push_back({from, to});
-    plan.names.push_back(c.name);
-  }
-  return plan;
-}
-
-void SkipPlan::connect(Stage& stage) const {
-  std::vector<std::pair<int, std::string>> stashed, popped;
-  for (size_t k = 0; k < routes.size(); ++k) {
-    if (routes[k].from == stage.index()) stashed.emplace_back(static_cast<int>(k), names[k]);
-    if (routes[k].to == stage.index()) popped.emplace_back(static_cast<int>(k), names[k]);
-  }
-  stage.set_skips(std::move(stashed), std::move(popped));
-}
-
-Schedule short_batch_program(ScheduleKind kind, int devices, int micro_batches, int virtual_stages, Checkpoint mode,
-                             const std::vector<SkipRoute>& skips) {
-  Schedule compute;
-  try {
-    compute = make_schedule(kind, devices, micro_batches, virtual_stages);
-  } catch (const std::invalid_argument&) {
-    compute = fill_drain(devices, micro_batches, virtual_stages);
-  }
-  Schedule program = lower(compute, mode, skips);
-  validate(program);
-  return program;
 }
 
 TrainStepScope::TrainStepScope(StepData& step, const std::vector<int64_t>& sizes, int64_t total_rows,

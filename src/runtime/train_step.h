@@ -1,8 +1,8 @@
-// train_step.h (internal): what Pipeline and mpi::MpiPipeline share around a training step:
-// the micro-batch plan, the step's random seed, and gradients kept aside until the step succeeds.
+// train_step.h (internal): the checks a stage's layers pass before a pipeline runs them, and the
+// scope of a training step: the micro-batch weights, the step's random seed, and gradients kept aside
+// until the step succeeds.
 #pragma once
 
-#include "gpipe/skip.h"
 #include "gpipe/stage.h"
 
 #include <torch/types.h>
@@ -19,34 +19,6 @@ void check_splittable(const Schedule& program, const torch::nn::Sequential& laye
 /// With `deferred`, throws std::invalid_argument if a BatchNorm sits inside
 /// one of `layers` (one stage's) rather than being one of them.
 void check_batch_norm(const torch::nn::Sequential& layers, bool deferred);
-
-/// Keeps `buffers` (a BatchNorm's running statistics and batch count) as they
-/// are for its lifetime: what a forward does to them is undone when it ends.
-class KeepBuffers {
- public:
-  explicit KeepBuffers(std::vector<torch::Tensor> buffers);
-  ~KeepBuffers();
-  KeepBuffers(const KeepBuffers&) = delete;
-  KeepBuffers& operator=(const KeepBuffers&) = delete;
-
- private:
-  std::vector<torch::Tensor> buffers_, saved_;
-};
-
-/// The skip connections of a model cut by a balance that cross from one stage to another.
-struct SkipPlan {
-  std::vector<SkipRoute> routes;   ///< index k: skip_channel(k, ...)
-  std::vector<std::string> names;  ///< the name of route k
-  /// Tells stage `stage` which of them it stashes for later stages and which it pops.
-  void connect(Stage& stage) const;
-};
-SkipPlan plan_skips(const std::vector<SkipConnection>& connections, const std::vector<int>& balance);
-
-/// The lowered program for a batch of fewer rows than M, run in `micro_batches`
-/// (< M) micro-batches: the schedule `kind`, or fill-drain over the same stages
-/// where `kind` cannot take that many (interleaved with M not a multiple of K).
-Schedule short_batch_program(ScheduleKind kind, int devices, int micro_batches, int virtual_stages, Checkpoint mode,
-                             const std::vector<SkipRoute>& skips);
 
 /// Prepares `step` for micro-batches of `sizes` rows out of a mini-batch of
 /// `total_rows`: weights bᵢ/total_rows and loss slots. With `stochastic`, draws the step's seed from the default generator.

@@ -124,10 +124,20 @@ std::string to_string(ScheduleKind kind) {
   return "?";
 }
 
-std::string schedule_names() { return "gpipe|1f1b|interleaved|zb1p"; }
+std::vector<ScheduleKind> all_schedules() {
+  return {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZB1P};
+}
+
+std::string schedule_names() {
+  std::string names;
+  for (ScheduleKind kind : all_schedules()) names += (names.empty() ? "" : "|") + to_string(kind);
+  return names;
+}
+
+int default_virtual_stages(ScheduleKind kind) { return kind == ScheduleKind::kInterleaved ? 2 : 1; }
 
 ScheduleKind parse_schedule(const std::string& text) {
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZB1P})
+  for (ScheduleKind kind : all_schedules())
     if (text == to_string(kind)) return kind;
   GPIPE_CHECK(false, "unknown schedule \"", text, "\"; use one of ", schedule_names());
   return ScheduleKind::kGPipe;

@@ -3,6 +3,7 @@
 #include "gpipe/train.h"
 
 #include "gpipe/check.h"
+#include "gpipe/cost_model.h"
 #include "gpipe/io.h"
 
 #include <torch/torch.h>
@@ -207,20 +208,21 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
 }
 
 CostBalance balance_by(const std::string& method, const Model& model, const torch::Tensor& sample, int stages,
-                       int micro_batches, int threads, double optimizer_copies) {
+                       int micro_batches, int threads, double optimizer_copies, ScheduleKind schedule) {
   GPIPE_CHECK(method == "params" || method == "time" || method == "memory", "unknown cost '", method,
               "' to balance by; use params, time or memory");
-  torch::nn::Sequential whole;
-  {
-    const RandomStateGuard guard;  // building the whole model draws random numbers
-    whole = model.build(LayerRange{});
+  const RandomStateGuard guard;  // building the whole model and running it draw random numbers
+  const torch::nn::Sequential whole = model.build(LayerRange{});
+  std::vector<double> costs;
+  if (method == "params") {
+    costs = parameter_costs(whole);
+  } else {
+    const CostModel profile = profile_layers(whole, sample, threads, optimizer_copies);
+    costs = method == "time" ? layer_times(profile, sample.size(0)) : layer_memory(profile, sample.size(0));
   }
-  const std::vector<double> costs = method == "params" ? parameter_costs(whole)
-                                    : method == "time" ? time_costs(whole, sample, threads)
-                                                       : memory_costs(whole, sample, optimizer_copies);
   CostBalance out;
   out.balance = balance_by_cost(costs, stages);
-  out.plan = plan_partition(costs, out.balance, micro_batches);
+  out.plan = plan_partition(costs, out.balance, make_schedule(schedule, stages, micro_batches));
   out.unit = method == "params" ? "parameters" : method == "time" ? "s" : "bytes";
   return out;
 }
@@ -253,15 +255,15 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
   // The model's own ties join any the caller declared.
   PipelineOptions with_ties = pipeline;
   with_ties.tied_parameters().insert(with_ties.tied_parameters().end(), model_.tied.begin(), model_.tied.end());
-  engine_ = make_engine(model_.build, model_.layers, with_ties, runtime);
-  optimizer_ = make_optimizer(options_.optimizer(), engine_->parameters());
-  GPIPE_CHECK(!options_.per_device_files() || engine_->device() >= 0,
+  pipeline_ = make_pipeline(model_.build, model_.layers, with_ties, runtime);
+  optimizer_ = make_optimizer(options_.optimizer(), pipeline_->parameters());
+  GPIPE_CHECK(!options_.per_device_files() || pipeline_->device() >= 0,
               "per-device files are for MPI runs, where each device writes its own; in one process the "
               "trainer saves the whole model to one file");
   // Per-device files are written by replica 0's ranks: checked there, before training.
   if (options_.per_device_files() && !options_.save().empty())
     on_every_rank([&] {
-      if (engine_->replica() == 0) check_writable(snapshot_file(options_.save()));
+      if (pipeline_->replica() == 0) check_writable(snapshot_file(options_.save()));
     });
 }
 
@@ -272,7 +274,7 @@ void Trainer::on_every_rank(const std::function<void()>& check) {
   } catch (const std::exception& e) {
     error = prefixed(what_of(e));
   }
-  const double refusing = engine_->max(error.empty() ? -1.0 : static_cast<double>(engine_->rank()));
+  const double refusing = pipeline_->max(error.empty() ? -1.0 : static_cast<double>(pipeline_->rank()));
   if (!error.empty()) throw std::invalid_argument(error);
   if (refusing >= 0)
     throw std::invalid_argument("gpipe: rank " + std::to_string(static_cast<int>(refusing)) +
@@ -281,8 +283,8 @@ void Trainer::on_every_rank(const std::function<void()>& check) {
 
 std::string Trainer::snapshot_file(const std::string& path, int device) const {
   if (!options_.per_device_files()) return path;
-  const int K = engine_->schedule().devices;
-  return path + ".stage" + std::to_string(device < 0 ? engine_->device() : device) + "-of-" + std::to_string(K);
+  const int K = pipeline_->devices();
+  return path + ".stage" + std::to_string(device < 0 ? pipeline_->device() : device) + "-of-" + std::to_string(K);
 }
 
 void Trainer::resume(const std::string& resume_path) {
@@ -296,17 +298,17 @@ void Trainer::resume(const std::string& resume_path) {
           "no such file: " + path +
           (options_.per_device_files() ? " (each device has its own file; resume with the K of the run that saved)"
                                        : ""));
-    r = read_snapshot(path, engine_->layers(), optimizer, model_.script.has_value());
+    r = read_snapshot(path, pipeline_->layers(), optimizer, model_.script.has_value());
   });
   // Every parameter of the file is taken by some stage: it is this model's, not a larger one's.
-  const double taken = engine_->sum(engine_->replica() == 0 ? static_cast<double>(r.parameters_taken) : 0.0);
+  const double taken = pipeline_->sum(pipeline_->replica() == 0 ? static_cast<double>(r.parameters_taken) : 0.0);
   const int64_t expected = options_.per_device_files() ? r.parameters_taken : static_cast<int64_t>(taken);
   GPIPE_CHECK(r.parameters_in_file == expected, path, " is a checkpoint of another model: it holds ",
               r.parameters_in_file, " parameters, this model ", expected);
-  GPIPE_CHECK(engine_->same_everywhere(static_cast<double>(r.state.step)), "the per-device files of ", resume_path,
+  GPIPE_CHECK(pipeline_->same_everywhere(static_cast<double>(r.state.step)), "the per-device files of ", resume_path,
               " are from different steps (this rank's, ", path, ", from step ", r.state.step,
               "); a run stopped while saving: resume from another checkpoint");
-  restore_snapshot(r, engine_->layers(), *optimizer_);
+  restore_snapshot(r, pipeline_->layers(), *optimizer_);
   shuffle_.set_state(r.state.shuffle_state);
   epoch_start_shuffle_ = r.state.shuffle_state;  // what a save before any step writes back
   at::Generator random = default_generator();
@@ -336,8 +338,8 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
   if (options_.augment()) x = options_.augment()(x, rows, epoch);
   const torch::Tensor y = train_.target.index_select(0, rows);
   const int64_t begin = now_ns();
-  clear_grads(engine_->parameters());  // the step writes fresh ones
-  const double loss = engine_->train_step(x, y, options_.loss()).item<double>();
+  clear_grads(pipeline_->parameters());  // the step writes fresh ones
+  const double loss = pipeline_->train_step(x, y, options_.loss()).item<double>();
   // The loss is the same on every rank: all stop together, before the update, the parameters as they were.
   if (!std::isfinite(loss))
     throw std::runtime_error("gpipe: the loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") +
@@ -347,7 +349,7 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
                                                    ") is kept"
                                              : "") +
                              "; lower --lr, or add --clip-grad-norm");
-  if (options_.clip_grad_norm() > 0) engine_->clip_gradients(options_.clip_grad_norm());
+  if (options_.clip_grad_norm() > 0) pipeline_->clip_gradients(options_.clip_grad_norm());
   const double lr =
       learning_rate(options_.optimizer().lr(), lr_schedule_, step_, total_steps_);
   if (!(lr <= std::numeric_limits<float>::max())) {  // the parameters are float: the update would overflow
@@ -362,7 +364,7 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
   stats_.train_seconds += static_cast<double>(now_ns() - begin) * 1e-9;
   if (stats_.samples == 0) stats_.first_loss = loss;
   stats_.last_loss = loss;
-  stats_.bubble_sum += engine_->bubble();
+  stats_.bubble_sum += pipeline_->bubble();
   stats_.samples += x.size(0);
   ++step_;
   return loss;
@@ -371,7 +373,7 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
 void Trainer::save() {
   const std::string& path = options_.save();
   if (path.empty() || saved_at_ == step_) return;
-  if (!engine_->all_finite())
+  if (!pipeline_->all_finite())
     throw std::runtime_error("gpipe: the parameters hold NaN or infinite values at step " + std::to_string(step_) +
                              ": no checkpoint is written for it" +
                              (saved_at_ >= 0 ? " (the one of step " + std::to_string(saved_at_) + " is kept)" : "") +
@@ -381,32 +383,38 @@ void Trainer::save() {
   const TrainState now{step_, step_ % steps_per_epoch_ == 0 ? generator_state(shuffle_) : epoch_start_shuffle_,
                        generator_state(default_generator())};
   const std::string optimizer = optimizer_name(options_.optimizer().kind());
-  const bool holds = engine_->replica() == 0;  // replicas hold the same parameters
+  const bool holds = pipeline_->replica() == 0;  // replicas hold the same parameters
   if (options_.per_device_files()) {
     if (holds)
-      save_snapshot(snapshot_file(path), {encode_snapshot_part(engine_->layers(), *optimizer_)}, engine_->layers(),
+      save_snapshot(snapshot_file(path), {encode_snapshot_part(pipeline_->layers(), *optimizer_)}, pipeline_->layers(),
                     std::nullopt, optimizer, now);
     return;
   }
-  std::vector<std::string> parts;
   try {
-    parts = engine_->gather(holds ? encode_snapshot_part(engine_->layers(), *optimizer_) : "");
-  } catch (const std::runtime_error& e) {  // too large to gather: every rank is here
+    save_whole_snapshot(*pipeline_, model_, *optimizer_, optimizer, now, path);
+  } catch (const std::length_error& e) {  // too large to gather: every rank is here
     throw std::runtime_error(std::string(e.what()) + "; save one file per device with --per-stage-files");
   }
-  if (!engine_->root()) return;
+}
+
+void save_whole_snapshot(Pipeline& pipeline, const Model& model, torch::optim::Optimizer& optimizer,
+                         const std::string& optimizer_name, const TrainState& state, const std::string& path) {
+  // Replicas hold the same parameters: replica 0's are gathered.
+  const std::vector<std::string> parts =
+      pipeline.gather(pipeline.replica() == 0 ? encode_snapshot_part(pipeline.layers(), optimizer) : "");
+  if (!pipeline.root()) return;
   // A TorchScript file is the script module with every stage's values: under MPI the first rank's
   // copy of the whole model (its layers share that module's tensors) takes them before it is written.
-  torch::nn::Sequential whole = engine_->layers();
-  if (engine_->device() >= 0 && model_.script) {
+  torch::nn::Sequential whole = pipeline.layers();
+  if (pipeline.device() >= 0 && model.script) {
     const RandomStateGuard guard;
-    whole = model_.build(LayerRange{});
+    whole = model.build(LayerRange{});
   }
-  save_snapshot(path, parts, whole, model_.script, optimizer, now);
+  save_snapshot(path, parts, whole, model.script, optimizer_name, state);
 }
 
 Evaluation Trainer::evaluate(const Dataset& data) {
-  return engine_->evaluate(data.input, data.target, options_.loss(), options_.classification());
+  return pipeline_->evaluate(data.input, data.target, options_.loss(), options_.classification());
 }
 
 }  // namespace gpipe

@@ -1,4 +1,4 @@
-// transport.cc: the in-process transport: one mailbox per receiving stage.
+// inproc.cc: the in-process transport: one mailbox per receiving stage.
 #include "gpipe/transport.h"
 
 #include "gpipe/check.h"
@@ -19,6 +19,7 @@ InProcessTransport::Mailbox& InProcessTransport::mailbox(int stage) {
 void InProcessTransport::send(int from, int to, Channel channel, int micro_batch,
                               torch::Tensor tensor) {
   Mailbox& box = mailbox(to);
+  bytes_sent_ += static_cast<int64_t>(tensor.nbytes());
   {
     std::lock_guard<std::mutex> lock(box.mutex);
     box.messages[Key{from, static_cast<int>(channel), micro_batch}] = std::move(tensor);
@@ -31,28 +32,30 @@ torch::Tensor InProcessTransport::recv(int from, int to, Channel channel, int mi
   const Key key{from, static_cast<int>(channel), micro_batch};
   std::unique_lock<std::mutex> lock(box.mutex);
   box.arrived.wait(lock, [&] { return box.cancelled || box.messages.count(key) > 0; });
-  if (box.cancelled) throw Cancelled();
+  if (box.cancelled) throw Cancelled(box.why);
   auto it = box.messages.find(key);
   torch::Tensor tensor = std::move(it->second);
   box.messages.erase(it);
   return tensor;
 }
 
-void InProcessTransport::cancel() {
+void InProcessTransport::cancel(const std::string& why) {
   for (auto& box : mailboxes_) {
     {
       std::lock_guard<std::mutex> lock(box->mutex);
+      if (!box->cancelled) box->why = why;
       box->cancelled = true;
     }
     box->arrived.notify_all();
   }
 }
 
-void InProcessTransport::reset() {
+void InProcessTransport::begin(const std::vector<const std::vector<Action>*>& /*programs*/) {
   for (auto& box : mailboxes_) {
     std::lock_guard<std::mutex> lock(box->mutex);
     box->messages.clear();
     box->cancelled = false;
+    box->why.clear();
   }
 }
 

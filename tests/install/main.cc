@@ -6,7 +6,7 @@
 
 int main() {
   auto model = torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
-  gpipe::Pipeline pipe(model, gpipe::PipelineOptions().stages(2).chunks(2));
+  gpipe::Pipeline pipe(model, gpipe::PipelineOptions().devices(2).micro_batches(2));
   auto loss = pipe.train_step(torch::randn({4, 4}), torch::randn({4, 2}), gpipe::mse_loss);
   std::cout << "installed gpipe ran a step, loss " << loss.item<double>() << "\n";
   return 0;

@@ -1,0 +1,114 @@
+// plan.h: a pipeline's plan: how many devices and stages, the cut, where each stage runs, the skip
+// routes and the lowered programs, built and checked by one function before any tensor moves.
+//
+//   PipelineOptions ──make_plan(L layers, skip connections)──▶ PipelinePlan ──▶ Pipeline (threads or MPI ranks),
+//     K, V, M, balance,                                         balance, placement,    the cost model's prediction,
+//     schedule, checkpoint                                      skip routes, programs  gpipe bench, plan and train
+//
+// Every check of K, V, M and the balance lives in make_plan; everything else
+// reads the plan: which device runs a stage, which stages a device runs, which
+// layers a stage holds.
+#pragma once
+
+#include "gpipe/device.h"
+#include "gpipe/layers.h"
+#include "gpipe/schedule.h"
+#include "gpipe/skip.h"
+
+#include <torch/arg.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gpipe {
+
+/// What a pipeline is asked to be, set with chainable setters:
+///
+///   gpipe::PipelineOptions().devices(2).micro_batches(8)
+///   gpipe::PipelineOptions().balance({3, 5}).micro_batches(4).checkpoint(gpipe::Checkpoint::kAlways)
+///   gpipe::PipelineOptions().devices(2).micro_batches(8).schedule(gpipe::ScheduleKind::kInterleaved)
+struct PipelineOptions {
+  /// K, the number of devices. 0: the balance's length divided by V.
+  TORCH_ARG(int, devices) = 0;
+  /// Layers per stage, e.g. {3, 5}: K·V entries. Empty: the layers cut evenly into K·V stages.
+  TORCH_ARG(std::vector<int>, balance) = {};
+  /// The order in which the devices run forwards and backwards (schedule.h).
+  TORCH_ARG(ScheduleKind, schedule) = ScheduleKind::kGPipe;
+  /// V, stages per device; stage s runs on device s mod K. 0: the schedule's
+  /// own (default_virtual_stages: 2 for interleaved, 1 for the others).
+  TORCH_ARG(int, virtual_stages) = 0;
+  /// M, the number of micro-batches each mini-batch is split into.
+  TORCH_ARG(int, micro_batches) = 1;
+  /// Which micro-batches re-materialize in backward.
+  TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::kExceptLast;
+  /// What each of the K devices is. Empty: a CPU core group of `threads_per_device` threads each.
+  TORCH_ARG(std::vector<Device>, device_list) = {};
+  /// Intra-op threads of each CPU device when `device_list` is empty.
+  TORCH_ARG(int, threads_per_device) = 1;
+  /// BatchNorm as in the paper: each micro-batch is normalized by its own
+  /// statistics, and the running statistics are updated once per mini-batch,
+  /// from the mean and unbiased variance of all its rows, with the layer's
+  /// momentum (num_batches_tracked grows by one per step). For BatchNorm layers
+  /// of the Sequential itself (one inside a layer is refused). false: each
+  /// micro-batch's forward updates them, as M small batches would.
+  TORCH_ARG(bool, deferred_batch_norm) = true;
+  /// Parameters tied across stages, by name in the model, e.g. {{"0.weight", "9.weight"}} for an
+  /// input embedding and an output projection that share their weight. In one process tied
+  /// layers hold one tensor, which is what ties them (found without being declared); a
+  /// declared group that is not one tensor is refused. Under MPI each rank that holds one keeps
+  /// a copy: the copies start as the lowest device's, their gradients are summed over the copies
+  /// before the update, so one update keeps them identical to the bit.
+  TORCH_ARG(std::vector<std::vector<std::string>>, tied_parameters) = {};
+  /// Account CPU memory per device (installs gpipe's tracking allocator for the
+  /// process; see memory.h). On by itself when a device has a memory cap.
+  TORCH_ARG(bool, track_memory) = false;
+};
+
+/// A pipeline's plan: the shape of the pipeline and the programs its devices run.
+/// Made by make_plan, which checks it; a value, cheap to copy.
+struct PipelinePlan {
+  int layers = 0;          ///< L, the model's layers
+  int devices = 0;         ///< K
+  int virtual_stages = 1;  ///< V, stages per device
+  int micro_batches = 1;   ///< M
+  ScheduleKind schedule = ScheduleKind::kGPipe;
+  Checkpoint checkpoint = Checkpoint::kExceptLast;
+  std::vector<int> balance;                ///< layers per stage, S = K·V entries
+  std::vector<int> placement;              ///< placement[s]: the device that runs stage s
+  std::vector<SkipRoute> skip_routes;      ///< the skip connections that cross stages, route k on skip_channel(k, ...)
+  std::vector<std::string> skip_names;     ///< the name of route k
+  std::vector<Device> device_list;         ///< what each device is (K entries)
+  Schedule training;                       ///< the lowered, validated program of a step of M micro-batches
+  Schedule inference;                      ///< the lowered program of pipelined inference of M micro-batches
+
+  /// S, the number of stages (K·V).
+  int stages() const { return static_cast<int>(balance.size()); }
+  /// The stages device `device` runs, in increasing order.
+  std::vector<int> stages_of(int device) const;
+  /// The device that runs the first stage, and the one that runs the last.
+  int first_device() const { return placement.front(); }
+  int last_device() const { return placement.back(); }
+  /// The layers of stage `stage`, [first, last) in the whole model.
+  LayerRange layers_of(int stage) const;
+  /// The layers device `device` holds, one range per stage it runs, in stage order.
+  std::vector<LayerRange> device_layers(int device) const;
+
+  /// The training program for a batch run in `micro_batches` micro-batches:
+  /// `training` for M; for fewer (a batch of fewer rows than M), the same
+  /// schedule or, where it cannot take that many, fill-drain over the same stages.
+  Schedule training_program(int micro_batches) const;
+  /// The inference program for `micro_batches` micro-batches.
+  Schedule inference_program(int micro_batches) const;
+  /// The K·V·M figures as text: "K=2 devices x V=2 stages, M=4 micro-batches".
+  std::string describe() const;
+};
+
+/// The plan of a model of `layers` layers with `skips` (skip_connections) for
+/// `options`. Throws std::invalid_argument, naming the value and the fix,
+/// for a plan that cannot run: K, V or M below 1, a balance that is not a cut
+/// of the layers or disagrees with K·V, more stages than layers, a schedule
+/// that cannot take K, M and V, a device list that is not K long, an unusable device.
+PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::vector<SkipConnection>& skips = {});
+
+}  // namespace gpipe

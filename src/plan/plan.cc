@@ -1,0 +1,126 @@
+// plan.cc: make_plan, the one place where a pipeline's K, V, M, cut, placement and programs are
+// decided and checked.
+#include "gpipe/plan.h"
+
+#include "gpipe/check.h"
+#include "gpipe/partition.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace gpipe {
+
+std::vector<int> PipelinePlan::stages_of(int device) const {
+  std::vector<int> out;
+  for (int s = 0; s < stages(); ++s)
+    if (placement[static_cast<size_t>(s)] == device) out.push_back(s);
+  return out;
+}
+
+LayerRange PipelinePlan::layers_of(int stage) const {
+  GPIPE_CHECK(stage >= 0 && stage < stages(), "stage ", stage, " does not exist; the balance ",
+              format_balance(balance), " has stages 0..", stages() - 1);
+  const std::vector<int> offsets = stage_offsets(balance);
+  return {offsets[static_cast<size_t>(stage)], offsets[static_cast<size_t>(stage) + 1]};
+}
+
+std::vector<LayerRange> PipelinePlan::device_layers(int device) const {
+  std::vector<LayerRange> out;
+  for (int s : stages_of(device)) out.push_back(layers_of(s));
+  return out;
+}
+
+Schedule PipelinePlan::training_program(int m) const {
+  if (m == micro_batches) return training;
+  Schedule compute;
+  try {
+    compute = make_schedule(schedule, devices, m, virtual_stages);
+  } catch (const std::invalid_argument&) {  // interleaved with m not a multiple of K, say
+    compute = fill_drain(devices, m, virtual_stages);
+  }
+  Schedule program = lower(compute, checkpoint, skip_routes);
+  validate(program);
+  return program;
+}
+
+Schedule PipelinePlan::inference_program(int m) const {
+  if (m == micro_batches) return inference;
+  return lower(forward_only(devices, m, virtual_stages), Checkpoint::kNever, skip_routes);
+}
+
+std::string PipelinePlan::describe() const {
+  std::ostringstream out;
+  out << "K=" << devices << (devices == 1 ? " device" : " devices");
+  if (virtual_stages > 1) out << " x V=" << virtual_stages << " stages";
+  out << ", M=" << micro_batches << (micro_batches == 1 ? " micro-batch" : " micro-batches");
+  return out.str();
+}
+
+PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::vector<SkipConnection>& skips) {
+  GPIPE_CHECK(layers >= 1, "the model is empty (0 layers); give the pipeline a torch::nn::Sequential with at least "
+              "one layer");
+  PipelinePlan plan;
+  plan.layers = layers;
+  plan.schedule = options.schedule();
+  plan.checkpoint = options.checkpoint();
+  plan.micro_batches = options.micro_batches();
+  GPIPE_CHECK(options.virtual_stages() >= 0, "virtual_stages must be at least 1, or 0 for the schedule's own (got ",
+              options.virtual_stages(), ")");
+  const int V = options.virtual_stages() > 0 ? options.virtual_stages() : default_virtual_stages(options.schedule());
+  plan.virtual_stages = V;
+  GPIPE_CHECK(options.devices() >= 0, "the number of devices must be at least 1 (got ", options.devices(), ")");
+  const std::string per_device = V > 1 ? " x " + std::to_string(V) + " stages per device" : "";
+  if (!options.balance().empty()) {
+    check_balance(options.balance(), layers);
+    plan.balance = options.balance();
+    const int S = plan.stages();
+    GPIPE_CHECK(S % V == 0, "the balance ", format_balance(plan.balance), " has ", S, " stages, not a multiple of V = ",
+                V, " stages per device; give K·V entries, or set devices(K) and let gpipe cut evenly");
+    GPIPE_CHECK(options.devices() == 0 || options.devices() * V == S, "devices (", options.devices(), per_device,
+                ") and the balance (", S, " stages) disagree; set only one of them");
+  } else {
+    GPIPE_CHECK(options.devices() >= 1, "the number of devices is not set; set devices(K) with 1 <= K·V <= ", layers,
+                ", or give a balance");
+    GPIPE_CHECK(options.devices() * V <= layers, "cannot cut ", layers, " layers into ", options.devices(), " devices",
+                per_device, ": every stage needs at least one layer; use at most ", std::max(1, layers / V),
+                " devices");
+    plan.balance = even_balance(layers, options.devices() * V);
+  }
+  plan.devices = plan.stages() / V;
+  const int K = plan.devices;
+  GPIPE_CHECK(plan.micro_batches >= 1, "the number of micro-batches must be at least 1 (got ", plan.micro_batches,
+              "); set micro_batches(M) with M >= 1");
+
+  // The skip connections that cross stages; those inside a stage meet in its tray.
+  const std::vector<int> offsets = stage_offsets(plan.balance);
+  auto stage_of = [&](int layer) {
+    return static_cast<int>(std::upper_bound(offsets.begin(), offsets.end(), layer) - offsets.begin()) - 1;
+  };
+  for (const SkipConnection& c : skips) {
+    GPIPE_CHECK(c.stash_layer >= 0 && c.pop_layer < layers, "skip connection \"", c.name, "\" joins layers ",
+                c.stash_layer, " and ", c.pop_layer, ", outside the model's 0..", layers - 1);
+    const int from = stage_of(c.stash_layer), to = stage_of(c.pop_layer);
+    if (from == to) continue;
+    plan.skip_routes.push_back({from, to});
+    plan.skip_names.push_back(c.name);
+  }
+
+  // The programs: a schedule that cannot take K, M and V is refused here, before anything is built.
+  plan.training = lower(make_schedule(plan.schedule, K, plan.micro_batches, V), plan.checkpoint, plan.skip_routes);
+  validate(plan.training);
+  plan.inference = lower(forward_only(K, plan.micro_batches, V), Checkpoint::kNever, plan.skip_routes);
+  plan.placement = plan.training.placement;
+
+  plan.device_list = options.device_list();
+  if (plan.device_list.empty()) {
+    GPIPE_CHECK(options.threads_per_device() >= 1, "threads_per_device must be at least 1 (got ",
+                options.threads_per_device(), ")");
+    plan.device_list.assign(static_cast<size_t>(K), Device::cpu(options.threads_per_device()));
+  }
+  GPIPE_CHECK(static_cast<int>(plan.device_list.size()) == K, "got ", plan.device_list.size(), " devices in the "
+              "device list for ", K, " devices (", plan.stages(), " stages", per_device, "); give ", K);
+  for (const Device& device : plan.device_list) check_device(device);
+  return plan;
+}
+
+}  // namespace gpipe

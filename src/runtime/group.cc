@@ -1,0 +1,66 @@
+// group.cc: one process running every device of a pipeline, a thread each.
+#include "runtime/group.h"
+
+#include "gpipe/check.h"
+
+#include <torch/torch.h>
+
+namespace gpipe::detail {
+namespace {
+
+class LocalGroup : public Group {
+ public:
+  PipelinePlan plan(const torch::nn::Sequential& layers, const PipelineOptions& options) override {
+    GPIPE_CHECK(!layers.is_empty() && layers->size() > 0, "the model is empty (0 layers); give the pipeline a "
+                "torch::nn::Sequential with at least one layer");
+    plan_ = make_plan(static_cast<int>(layers->size()), options, skip_connections(layers));
+    return plan_;
+  }
+
+  std::vector<int> local_devices() const override {
+    std::vector<int> all;
+    for (int d = 0; d < plan_.devices; ++d) all.push_back(d);
+    return all;
+  }
+
+  bool on_caller_thread() const override { return false; }
+
+  void agree(std::exception_ptr failure) override {
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  void connect(const PipelinePlan& plan, const torch::nn::Sequential& layers,
+               const PipelineOptions& options) override {
+    // In one process a tied weight is one tensor, which is what ties it: a declared group must be one.
+    const auto named = layers->named_parameters();
+    for (const auto& group : options.tied_parameters()) {
+      GPIPE_CHECK(group.size() >= 2, "a group of tied parameters needs at least two names (got ", group.size(), ")");
+      for (const std::string& name : group) {
+        GPIPE_CHECK(named.contains(name), "tied_parameters: the model has no parameter ", name,
+                    "; name parameters as model->named_parameters() does, e.g. ",
+                    named.is_empty() ? std::string("0.weight") : named.keys().front());
+        GPIPE_CHECK(named[name].is_same(named[group.front()]), "tied_parameters: ", group.front(), " and ", name,
+                    " are different tensors; in one process tied layers share one tensor: register the first "
+                    "layer's parameter in the other layer");
+      }
+    }
+    transport_ = std::make_unique<InProcessTransport>(plan.stages());
+  }
+
+  Transport& transport() override { return *transport_; }
+
+  std::string describe() const override {
+    const int K = plan_.devices;
+    return "one process, " + std::to_string(K) + (K == 1 ? " device thread" : " device threads");
+  }
+
+ private:
+  PipelinePlan plan_;
+  std::unique_ptr<InProcessTransport> transport_;
+};
+
+}  // namespace
+
+std::unique_ptr<Group> local_group() { return std::make_unique<LocalGroup>(); }
+
+}  // namespace gpipe::detail

@@ -1,0 +1,150 @@
+// transport.cc: MpiTransport: each boundary tensor a header message and a data message between the
+// ranks of one replica, tagged by (from stage, to stage, channel, micro-batch).
+#include "transport/mpi/group.h"
+
+#include "gpipe/check.h"
+
+#include <torch/torch.h>
+
+#include <climits>
+
+namespace gpipe::mpi {
+
+MpiTransport::MpiTransport(MPI_Comm comm, ErrorChannel* errors, std::vector<int> rank_of_stage, int micro_batches,
+                           int skips)
+    : comm_(comm), errors_(errors), rank_of_stage_(std::move(rank_of_stage)), channels_(2 + 2 * skips) {
+  void* value = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(comm_, MPI_TAG_UB, &value, &found);
+  const int64_t tag_ub = found ? *static_cast<int*>(value) : 32767;
+  const int S = static_cast<int>(rank_of_stage_.size());
+  const int64_t per_micro_batch = int64_t{2} * channels_ * S * S;
+  GPIPE_CHECK(per_micro_batch * micro_batches - 1 <= tag_ub, "M = ", micro_batches, " micro-batches over ", S,
+              " stages", skips > 0 ? " with " + std::to_string(skips) + " skip connections between them" : "",
+              " need more message tags than this MPI offers (", tag_ub, "); use at most ",
+              std::max<int64_t>(1, (tag_ub + 1) / per_micro_batch), " micro-batches");
+}
+
+MpiTransport::~MpiTransport() {
+  for (auto& [key, pending] : receives_) {
+    MPI_Cancel(&pending.request);
+    MPI_Wait(&pending.request, MPI_STATUS_IGNORE);
+  }
+  // Sends still pending after a failed step may finish later: their buffers
+  // must outlive them, so they are handed to MPI and deliberately kept.
+  for (auto& pending : sends_)
+    for (MPI_Request& request : pending.requests)
+      if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
+  if (!sends_.empty()) new std::vector<PendingSend>(std::move(sends_));
+}
+
+// A message's tag names both stages, so messages between two ranks that hold several stages never mix.
+int MpiTransport::tag(const Key& key, bool data) const {
+  const auto [from, to, channel, micro_batch] = key;
+  const int S = static_cast<int>(rank_of_stage_.size());
+  return (((micro_batch * S + to) * S + from) * channels_ + channel) * 2 + (data ? 1 : 0);
+}
+
+int MpiTransport::rank(int stage) const {
+  GPIPE_CHECK(stage >= 0 && stage < static_cast<int>(rank_of_stage_.size()), "stage ", stage,
+              " does not exist; this pipeline has stages 0..", rank_of_stage_.size() - 1);
+  return rank_of_stage_[static_cast<size_t>(stage)];
+}
+
+MpiTransport::PendingRecv MpiTransport::post_header(const Key& key) {
+  PendingRecv pending;
+  pending.header = std::make_unique<Header>();
+  detail::check_mpi(MPI_Irecv(pending.header->data(), static_cast<int>(pending.header->size()), MPI_INT64_T,
+                      rank(std::get<0>(key)), tag(key, false), comm_, &pending.request),
+            "posting a receive");
+  return pending;
+}
+
+
+void MpiTransport::send(int from, int to, Channel channel, int micro_batch, torch::Tensor tensor) {
+  check_cancelled();
+  const Key key{from, to, static_cast<int>(channel), micro_batch};
+  PendingSend pending;
+  pending.data = tensor.detach().to(torch::kCPU).contiguous();
+  const torch::Tensor& data = pending.data;
+  GPIPE_CHECK(data.dim() <= kMaxDims, "a boundary tensor has ", data.dim(), " dimensions; MPI messages carry at most ",
+              kMaxDims);
+  GPIPE_CHECK(data.nbytes() <= static_cast<size_t>(INT_MAX), "a boundary tensor of ", data.nbytes(),
+              " bytes is larger than one MPI message (2 GiB); use more micro-batches");
+  pending.header = std::make_unique<Header>();
+  Header& h = *pending.header;
+  h.fill(0);
+  h[0] = static_cast<int64_t>(data.scalar_type());
+  h[1] = data.dim();
+  for (int64_t d = 0; d < data.dim(); ++d) h[static_cast<size_t>(2 + d)] = data.size(d);
+  detail::check_mpi(MPI_Isend(h.data(), static_cast<int>(h.size()), MPI_INT64_T, rank(to), tag(key, false), comm_,
+                      &pending.requests[0]),
+            "sending a header");
+  detail::check_mpi(MPI_Isend(data.data_ptr(), static_cast<int>(data.nbytes()), MPI_BYTE, rank(to), tag(key, true), comm_,
+                      &pending.requests[1]),
+            "sending a tensor");
+  messages_sent_ += 1;
+  bytes_sent_ += static_cast<int64_t>(data.nbytes());
+  sends_.push_back(std::move(pending));
+  reap_sends();
+}
+
+void MpiTransport::reap_sends() {
+  size_t kept = 0;
+  for (size_t n = 0; n < sends_.size(); ++n) {
+    int done = 0;
+    MPI_Testall(2, sends_[n].requests.data(), &done, MPI_STATUSES_IGNORE);
+    if (!done) sends_[kept++] = std::move(sends_[n]);
+  }
+  sends_.resize(kept);
+}
+
+void MpiTransport::finish() {
+  for (PendingSend& pending : sends_)
+    for (MPI_Request& request : pending.requests) errors_->wait(request);
+  sends_.clear();
+}
+
+void MpiTransport::cancel(const std::string& why) {
+  if (!cancelled_.empty()) return;
+  cancelled_ = why.empty() ? "gpipe: step cancelled" : why;
+  errors_->raise(cancelled_);
+}
+
+void MpiTransport::check_cancelled() const {
+  if (!cancelled_.empty()) throw Cancelled(cancelled_);
+}
+
+torch::Tensor MpiTransport::recv(int from, int to, Channel channel, int micro_batch) {
+  check_cancelled();
+  const Key key{from, to, static_cast<int>(channel), micro_batch};
+  auto it = receives_.find(key);
+  if (it == receives_.end()) it = receives_.emplace(key, post_header(key)).first;
+  errors_->wait(it->second.request);
+  const Header h = *it->second.header;
+  receives_.erase(it);
+
+  std::vector<int64_t> sizes(h.begin() + 2, h.begin() + 2 + h[1]);
+  auto tensor = std::make_shared<torch::Tensor>(
+      torch::empty(sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(h[0]))));
+  MPI_Request request = MPI_REQUEST_NULL;
+  detail::check_mpi(MPI_Irecv(tensor->data_ptr(), static_cast<int>(tensor->nbytes()), MPI_BYTE, rank(from), tag(key, true),
+                      comm_, &request),
+            "receiving a tensor");
+  detail::wait_or_keep(*errors_, request, tensor);
+  return *tensor;
+}
+
+void MpiTransport::begin(const std::vector<const std::vector<Action>*>& programs) {
+  GPIPE_CHECK(receives_.empty() && cancelled_.empty(), "the MPI transport still expects ", receives_.size(),
+              " messages from a failed step; a failed step is followed by a transport of its own");
+  reap_sends();
+  for (const std::vector<Action>* program : programs)
+    for (const Action& a : *program) {
+      if (a.kind != ActionKind::kRecv) continue;
+      const Key key{a.peer, a.stage, static_cast<int>(a.channel), a.micro_batch};
+      if (receives_.count(key) == 0) receives_.emplace(key, post_header(key));
+    }
+}
+
+}  // namespace gpipe::mpi

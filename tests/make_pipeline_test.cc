@@ -1,0 +1,81 @@
+// make_pipeline_test.cc: make_pipeline in one process: the builder contract, training equal to one device,
+// evaluation equal to the model's own, and the errors.
+#include "helpers.h"
+
+namespace gpipe::testing {
+namespace {
+
+// The 7-layer MLP of helpers.h, as a builder: every range draws the same initial values.
+torch::nn::Sequential build_mlp(LayerRange keep) {
+  const torch::nn::Sequential whole = small_mlp(3);
+  torch::nn::Sequential part;
+  int n = 0;
+  for (auto it = whole->begin(); it != whole->end(); ++it, ++n) add_layer(part, *it, n, keep);
+  return part;
+}
+
+TEST(MakePipelineTest, ThreadsTrainAsOneDevice) {
+  auto pipe = make_pipeline(build_mlp, 7, PipelineOptions().devices(3).micro_batches(4), Runtime::kThreads);
+  const torch::nn::Sequential reference = build_mlp({});
+  torch::manual_seed(1);
+  const torch::Tensor x = torch::randn({22, 12}), y = torch::randn({22, 4});
+  const torch::Tensor loss = pipe->train_step(x, y, mse_loss);
+  const torch::Tensor expected = reference_step(reference, x, y, mse_loss);
+  EXPECT_TRUE(close(loss.to(torch::kFloat), expected));
+  EXPECT_TRUE(same_parameters(pipe->layers(), reference, /*values=*/false));
+  EXPECT_EQ(pipe->balance(), (std::vector<int>{3, 2, 2}));
+  EXPECT_TRUE(pipe->root());
+  EXPECT_EQ(pipe->replica(), 0);
+  EXPECT_DOUBLE_EQ(pipe->sum(2.5), 2.5);
+  EXPECT_TRUE(pipe->same_everywhere(4.0));
+}
+
+TEST(MakePipelineTest, EvaluateEqualsTheModelInEvalMode) {
+  auto pipe = make_pipeline(build_mlp, 7, PipelineOptions().devices(2).micro_batches(3), Runtime::kThreads);
+  torch::manual_seed(2);
+  const torch::Tensor x = torch::randn({25, 12});
+  const torch::Tensor labels = torch::randint(4, {25}, torch::kLong);
+  // Batches of 10 rows: 10, 10 and 5, the last one smaller than M... and larger.
+  const Evaluation e = pipe->evaluate(x, labels, cross_entropy_loss, /*classification=*/true, 10);
+  torch::nn::Sequential reference = build_mlp({});
+  reference->eval();
+  torch::NoGradGuard no_grad;
+  const torch::Tensor out = reference->forward(x);
+  EXPECT_NEAR(e.loss, gpipe::cross_entropy_loss(out, labels).item<double>(), 1e-6);
+  EXPECT_DOUBLE_EQ(e.accuracy, out.argmax(-1).eq(labels).to(torch::kDouble).mean().item<double>());
+  EXPECT_TRUE(pipe->layers()->is_training()) << "evaluate puts the layers back in train mode";
+  EXPECT_DOUBLE_EQ(pipe->evaluate(x, torch::randn({25, 4}), mse_loss, false, 10).accuracy, 0.0);
+}
+
+TEST(MakePipelineTest, ChecksumIsTheWeightedSumOfTheParameters) {
+  auto pipe = make_pipeline(build_mlp, 7, PipelineOptions().devices(2).micro_batches(1), Runtime::kThreads);
+  double expected = 0;
+  for (const auto& p : pipe->parameters()) {
+    const torch::Tensor flat = p.detach().to(torch::kDouble).flatten();
+    for (int64_t k = 0; k < flat.numel(); ++k) expected += flat[k].item<double>() * static_cast<double>(k % 7 + 1);
+  }
+  EXPECT_NEAR(pipe->checksum(), expected, 1e-9 * std::abs(expected));
+}
+
+TEST(MakePipelineTest, RefusesABuilderThatDoesNotKeepItsPromise) {
+  expect_invalid([] { make_pipeline(build_mlp, 8, PipelineOptions().devices(2), Runtime::kThreads); },
+                 "the layer builder made 7 layers, but the model was said to have 8");
+  expect_invalid([] { make_pipeline(LayerBuilder(), 7, PipelineOptions().devices(2), Runtime::kThreads); },
+                 "needs a layer builder");
+  expect_invalid([] { make_pipeline(build_mlp, 7, PipelineOptions().devices(9), Runtime::kThreads); }, "into 9 devices");
+}
+
+TEST(MakePipelineTest, MpiRuntimeNeedsMpi) {
+  EXPECT_FALSE(mpi_runtime());  // not started by mpirun: Runtime::kAuto runs threads
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  expect_invalid([] { make_pipeline(build_mlp, 7, PipelineOptions().devices(2), Runtime::kMpi); },
+                 "create a gpipe::mpi::Environment");
+#else
+  expect_invalid([] { make_pipeline(build_mlp, 7, PipelineOptions().devices(2), Runtime::kMpi); }, "built without MPI");
+#endif
+  auto pipe = make_pipeline(build_mlp, 7, PipelineOptions().devices(2));
+  EXPECT_EQ(pipe->describe(), "one process, 2 device threads");
+}
+
+}  // namespace
+}  // namespace gpipe::testing
