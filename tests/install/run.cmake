@@ -18,3 +18,12 @@ execute_process(COMMAND ${WORK_DIR}/build/uses_gpipe RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the outside program failed (${rc})")
 endif()
+# The Python package, installed beside the library, imports from there and runs a step.
+if(PYTHON)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${WORK_DIR}/prefix/${PYTHON_DIR}
+                  ${PYTHON} -c "import torch, gpipe, os; assert gpipe.__file__.startswith(os.environ['PYTHONPATH']), gpipe.__file__; m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)); print('installed gpipe (Python) ran a step, loss', gpipe.GPipe(m, balance=[1, 1], chunks=2).train_step(torch.randn(4, 4), torch.randn(4, 2), loss='mse'))"
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "the installed Python package failed (${rc})")
+  endif()
+endif()

@@ -1,0 +1,304 @@
+// bindings.cc: the `gpipe._gpipe` extension: a TorchScript nn.Sequential from Python run by gpipe's
+// pipeline, its devices C++ threads (or MPI ranks) that never take the GIL. The Python layer
+// (python/gpipe/pipe.py) checks the arguments and scripts the model; this file only translates.
+#include <gpipe/gpipe.h>
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+#include <gpipe/mpi.h>
+#endif
+
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/optim/sgd.h>
+#include <torch/python.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace gpipe::python {
+namespace {
+
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+// MPI for the process's lifetime, once it is asked for (mpirun -np K python3 train.py).
+std::unique_ptr<mpi::Environment>& environment() {
+  static std::unique_ptr<mpi::Environment> env;
+  return env;
+}
+#endif
+
+bool launched_by_mpi() {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  return mpi::launched();
+#else
+  return false;
+#endif
+}
+
+// MPI initialised if this process was started by an MPI launcher (or `required`); returns whether it is.
+bool start_mpi(bool required) {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  if (!environment() && (required || mpi::launched())) environment() = std::make_unique<mpi::Environment>(nullptr, nullptr);
+  return environment() != nullptr;
+#else
+  GPIPE_CHECK(!required, "this gpipe was built without MPI; install libopenmpi-dev and rebuild, or use runtime=\"threads\"");
+  return false;
+#endif
+}
+
+Runtime parse_runtime(const std::string& name) {
+  if (name == "auto") return Runtime::kAuto;
+  if (name == "threads") return Runtime::kThreads;
+  if (name == "mpi") return Runtime::kMpi;
+  GPIPE_CHECK(false, "runtime must be \"auto\", \"threads\" or \"mpi\" (got \"", name, "\")");
+  return Runtime::kAuto;
+}
+
+// A loss: "cross_entropy", "mse", or a torch.jit.script-ed function (output, target) -> scalar.
+LossFn loss_of(const py::object& loss) {
+  if (py::isinstance<py::str>(loss)) {
+    const std::string name = loss.cast<std::string>();
+    if (name == "cross_entropy") return cross_entropy_loss;
+    if (name == "mse") return mse_loss;
+    GPIPE_CHECK(false, "loss must be \"cross_entropy\", \"mse\" or a torch.jit.script-ed function (got \"", name,
+                "\")");
+  }
+  const auto function = loss.cast<torch::jit::StrongFunctionPtr>();
+  return [function](const torch::Tensor& output, const torch::Tensor& target) {
+    const torch::IValue value = (*function.function_)({output, target});
+    GPIPE_CHECK(value.isTensor() && value.toTensor().numel() == 1,
+                "the loss function must return a scalar tensor, the mean over the batch");
+    return value.toTensor();
+  };
+}
+
+// What the Python GPipe object asks for (its keyword arguments, checked for type there).
+struct Settings {
+  std::vector<int> balance;  // empty: an even cut into `devices` x V stages
+  int micro_batches = 1;
+  std::string checkpoint = "except_last";
+  std::string schedule = "gpipe";
+  int devices = 2;
+  int virtual_stages = 0;
+  bool deferred_batch_norm = true;
+  int threads = 1;
+  std::string runtime = "auto";
+
+  PipelineOptions options() const {
+    return PipelineOptions()
+        .devices(devices)
+        .balance(balance)
+        .micro_batches(micro_batches)
+        .checkpoint(parse_checkpoint(checkpoint))
+        .schedule(parse_schedule(schedule))
+        .virtual_stages(virtual_stages)
+        .deferred_batch_norm(deferred_batch_norm)
+        .threads_per_device(threads);
+  }
+};
+
+// The plan `settings` make for a model of `layers` layers: throws (ValueError) what make_plan refuses.
+PipelinePlan check_plan(int layers, const Settings& settings) {
+  parse_runtime(settings.runtime);
+  return make_plan(layers, settings.options());
+}
+
+// A pipeline of a scripted nn.Sequential, owned by the Python GPipe object.
+class PythonPipeline {
+ public:
+  PythonPipeline(const py::object& scripted, const Settings& settings)
+      : source_(script_model(scripted.attr("_c").cast<torch::jit::Module>(), "the scripted model")) {
+    const Runtime kind = parse_runtime(settings.runtime);
+    start_mpi(kind == Runtime::kMpi);
+    model_ = Model::of("model", source_);
+    PipelineOptions options = settings.options();
+    options.tied_parameters(model_.tied);
+    pipe_ = make_pipeline(model_.build, model_.layers, options, kind);
+    // Ctrl-C while the devices work: Python's handler runs on this (the calling) thread.
+    pipe_->set_interrupt([this] {
+      const int64_t begin = now_ns();
+      py::gil_scoped_acquire gil;
+      const bool interrupted = PyErr_CheckSignals() != 0;
+      gil_held_ns_ += now_ns() - begin;
+      return interrupted;
+    });
+  }
+
+  double train_step(const torch::Tensor& input, const torch::Tensor& target, const py::object& loss) {
+    const LossFn fn = loss_of(loss);
+    torch::Tensor value;
+    gil_held_ns_ = 0;
+    const int64_t begin = now_ns();
+    {
+      py::gil_scoped_release free;
+      value = released([&] { return pipe_->train_step(input, target, fn); });
+    }
+    gil_free_s_ = static_cast<double>(now_ns() - begin - gil_held_ns_) * 1e-9;
+    return value.item<double>();
+  }
+
+  /// Seconds of the last train_step during which this process did not hold the GIL.
+  double gil_free_seconds() const { return gil_free_s_; }
+
+  std::optional<torch::Tensor> forward(const torch::Tensor& input) {
+    torch::Tensor out;
+    {
+      py::gil_scoped_release free;
+      out = released([&] {
+        torch::NoGradGuard no_grad;
+        return pipe_->forward(input);
+      });
+    }
+    if (!out.defined()) return std::nullopt;
+    return out;
+  }
+
+  // The whole model's parameters and buffers in one TorchScript file, gathered from every rank
+  // (collective; rank 0 writes it), in the library's snapshot format, without optimizer state.
+  void save(const std::string& path) {
+    torch::optim::SGD no_optimizer(std::vector<torch::Tensor>{}, torch::optim::SGDOptions(0.1));
+    at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
+    const TrainState state{0, generator.get_state(), generator.get_state()};
+    py::gil_scoped_release free;
+    save_whole_snapshot(*pipe_, model_, no_optimizer, "none", state, path);
+  }
+
+  Pipeline& pipe() { return *pipe_; }
+
+ private:
+  // Runs `work` with the GIL released; a step that Ctrl-C interrupted raises the KeyboardInterrupt
+  // Python's handler left pending.
+  template <typename Work>
+  torch::Tensor released(Work&& work) {
+    try {
+      return work();
+    } catch (const Interrupted&) {
+      py::gil_scoped_acquire gil;
+      if (PyErr_Occurred()) throw py::error_already_set();
+      throw;
+    }
+  }
+
+  ScriptModel source_;
+  Model model_;
+  std::unique_ptr<Pipeline> pipe_;
+  int64_t gil_held_ns_ = 0;  // in the last step's interrupt checks
+  double gil_free_s_ = 0;
+};
+
+// The per-layer forward+backward times of a scripted nn.Sequential on one micro-batch `sample`, and
+// the exact min-max cut into `devices` stages by them.
+std::vector<int> balance_by_time(const py::object& scripted, const torch::Tensor& sample, int devices, int threads) {
+  const ScriptModel source = script_model(scripted.attr("_c").cast<torch::jit::Module>(), "the scripted model");
+  py::gil_scoped_release free;
+  return balance_by_cost(layer_times(profile_layers(source.layers, sample, threads), sample.size(0)), devices);
+}
+
+// Rank 0's `values` on every rank of an MPI job; `values` itself in one process.
+std::vector<int> first_rank_list(const std::vector<int>& values) {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  if (mpi_runtime()) {
+    const std::string mine(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int));
+    const std::string first = mpi::all_gather(MPI_COMM_WORLD, mine).front();
+    std::vector<int> out(first.size() / sizeof(int));
+    std::memcpy(out.data(), first.data(), first.size());
+    return out;
+  }
+#endif
+  return values;
+}
+
+}  // namespace
+}  // namespace gpipe::python
+
+// gpipe's Python Stash and Pop (python/gpipe/skip.py) call these, so that TorchScript compiles them;
+// in a pipeline they are replaced by the native layers (script_model).
+TORCH_LIBRARY(gpipe, ops) {
+  ops.def("stash(str name, Tensor x) -> Tensor",
+          [](std::string name, torch::Tensor x) { return gpipe::stash_tensor(name, x); });
+  ops.def("pop(str name) -> Tensor", [](std::string name) { return gpipe::pop_tensor(name); });
+}
+
+PYBIND11_MODULE(_gpipe, m) {
+  using namespace gpipe;
+  using gpipe::python::PythonPipeline;
+  m.doc() = "gpipe's C++ pipeline (use the gpipe package: gpipe.GPipe)";
+
+  // Errors as Python sees them: bad arguments are ValueError (pybind11 maps std::invalid_argument);
+  // a failure inside a stage a RuntimeError naming the stage, micro-batch and action; libtorch's own
+  // errors without their C++ stack.
+  py::register_exception_translator([](std::exception_ptr failure) {
+    try {
+      if (failure) std::rethrow_exception(failure);
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, short_error(e).c_str());
+    }
+  });
+
+  using gpipe::python::Settings;
+  py::class_<Settings>(m, "Settings")
+      .def(py::init<>())
+      .def_readwrite("balance", &Settings::balance)
+      .def_readwrite("micro_batches", &Settings::micro_batches)
+      .def_readwrite("checkpoint", &Settings::checkpoint)
+      .def_readwrite("schedule", &Settings::schedule)
+      .def_readwrite("devices", &Settings::devices)
+      .def_readwrite("virtual_stages", &Settings::virtual_stages)
+      .def_readwrite("deferred_batch_norm", &Settings::deferred_batch_norm)
+      .def_readwrite("threads", &Settings::threads)
+      .def_readwrite("runtime", &Settings::runtime);
+  m.def("check_plan", [](int layers, const Settings& settings) { gpipe::python::check_plan(layers, settings); },
+        py::arg("layers"), py::arg("settings"));
+
+  py::class_<PythonPipeline>(m, "Pipeline")
+      .def(py::init<const py::object&, const Settings&>(), py::arg("scripted"), py::arg("settings"))
+      .def("parameters", [](PythonPipeline& p) { return p.pipe().parameters(); })
+      .def("train_step", &PythonPipeline::train_step, py::arg("input"), py::arg("target"), py::arg("loss"))
+      .def("forward", &PythonPipeline::forward, py::arg("input"))
+      .def("save", &PythonPipeline::save, py::arg("path"))
+      .def_property_readonly("gil_free_seconds", &PythonPipeline::gil_free_seconds)
+      .def("output_rows", [](PythonPipeline& p, int64_t rows) { return p.pipe().output_rows(rows); })
+      .def_property_readonly("balance", [](PythonPipeline& p) { return p.pipe().balance(); })
+      .def_property_readonly("devices", [](PythonPipeline& p) { return p.pipe().devices(); })
+      .def_property_readonly("virtual_stages", [](PythonPipeline& p) { return p.pipe().plan().virtual_stages; })
+      .def_property_readonly("placement", [](PythonPipeline& p) { return p.pipe().plan().placement; })
+      .def("bubble", [](PythonPipeline& p) { return p.pipe().bubble(); })
+      .def("write_trace",
+           [](PythonPipeline& p, const std::string& path) {
+             const StepTrace trace = p.pipe().trace();
+             if (p.pipe().root()) write_trace(trace, path);
+           })
+      .def("schedule_text", [](PythonPipeline& p) { return format_grid(p.pipe().schedule()); })
+      .def("describe", [](PythonPipeline& p) { return p.pipe().describe(); })
+      .def("parameter_names",
+           [](PythonPipeline& p) {
+             std::vector<std::string> names;
+             for (const auto& named : p.pipe().layers()->named_parameters()) names.push_back(named.key());
+             return names;
+           })
+      .def("sum", [](PythonPipeline& p, double value) { return p.pipe().sum(value); })
+      .def("max", [](PythonPipeline& p, double value) { return p.pipe().max(value); })
+      .def_property_readonly("rank", [](PythonPipeline& p) { return p.pipe().rank(); })
+      .def_property_readonly("replica", [](PythonPipeline& p) { return p.pipe().replica(); })
+      .def_property_readonly("device", [](PythonPipeline& p) { return p.pipe().device(); })
+      .def_property_readonly("root", [](PythonPipeline& p) { return p.pipe().root(); })
+      .def("checksum", [](PythonPipeline& p) { return p.pipe().checksum(); });
+
+  m.def("balance_by_time", &gpipe::python::balance_by_time, py::arg("scripted"), py::arg("sample"),
+        py::arg("devices"), py::arg("threads"));
+  m.def("launched_by_mpi", &gpipe::python::launched_by_mpi);
+  m.def("first_rank_list", &gpipe::python::first_rank_list, py::arg("values"));
+  m.def("default_virtual_stages", [](const std::string& schedule) { return default_virtual_stages(parse_schedule(schedule)); });
+  m.def("start_mpi", &gpipe::python::start_mpi, py::arg("required") = false);
+  m.def("schedule_names", [] {
+    std::vector<std::string> names;
+    for (ScheduleKind kind : all_schedules()) names.push_back(to_string(kind));
+    return names;
+  });
+}

@@ -1,0 +1,50 @@
+"""Trains a small model with a skip connection (and with --tied, an output layer tied to the
+embedding) through gpipe.GPipe for a few steps and saves what this process trained: run by
+test_mpi.py in one process and under `mpirun -np 2`.
+
+    python3 mpi_train.py OUT_DIR [--tied]
+"""
+import sys
+
+import torch
+
+import gpipe
+
+
+class TiedHead(torch.nn.Module):
+    def __init__(self, embedding):
+        super().__init__()
+        self.weight = embedding.weight
+
+    def forward(self, x):
+        return x @ self.weight.t()
+
+
+def model(tied):
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(24, 16)
+    return torch.nn.Sequential(
+        embedding, gpipe.Stash("e"), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16),
+        gpipe.Pop("e"), torch.nn.LayerNorm(16), torch.nn.Linear(16, 16),
+        TiedHead(embedding) if tied else torch.nn.Linear(16, 24))
+
+
+def main():
+    out, tied = sys.argv[1], "--tied" in sys.argv
+    m = model(tied)
+    pipe = gpipe.GPipe(m, balance=[3, 3, 2, 1], chunks=4, schedule="interleaved")
+    opt = torch.optim.Adam(pipe.parameters(), lr=0.01)  # this rank's stages' parameters
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(3):
+        x, y = torch.randint(24, (10, 5), generator=g), torch.randint(24, (10, 5), generator=g)
+        opt.zero_grad()
+        losses.append(pipe.train_step(x, y, loss="cross_entropy"))
+        opt.step()
+    held = {name: p.detach().clone() for name, p in m.named_parameters() if any(p is q for q in pipe.parameters())}
+    torch.save({"losses": losses, "parameters": held, "describe": pipe.describe()}, f"{out}/rank{pipe.rank}.pt")
+    pipe.save(f"{out}/model.pt")
+
+
+if __name__ == "__main__":
+    main()

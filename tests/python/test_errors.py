@@ -1,0 +1,107 @@
+"""Every way gpipe.GPipe refuses: ValueError for bad arguments before any work, RuntimeError naming
+the stage, micro-batch and action for a failure inside a stage, and the step leaves nothing changed."""
+import pytest
+import torch
+
+import gpipe
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.Linear(8, 3))
+
+
+def refused(match, **kwargs):
+    with pytest.raises(ValueError, match=match):
+        gpipe.GPipe(kwargs.pop("model") if "model" in kwargs else mlp(), **kwargs)
+
+
+def test_bad_arguments_are_value_errors_that_name_the_fix():
+    refused("must be a torch.nn.Sequential", model=torch.nn.Linear(3, 3))
+    refused("empty torch.nn.Sequential", model=torch.nn.Sequential())
+    refused("chunks must be a whole number of at least 1", chunks=0)
+    refused("chunks must be a whole number", chunks=2.5)
+    refused("checkpoint must be one of", checkpoint="sometimes")
+    refused("schedule must be one of", schedule="fastest")
+    refused("batch_norm must be one of", batch_norm="later")
+    refused("threads must be a whole number of at least 1", threads=0)
+    refused("runtime must be one of", runtime="cloud")
+    refused("devices must be a whole number of at least 1", devices=0)
+    refused("balance must be a list", balance="2,2")
+    refused("every entry of balance must be a whole number of at least 1", balance=[4, 0])
+    refused("the model and the sum of the balance differ", balance=[2, 3])
+    refused("disagree", balance=[2, 2], devices=3)
+    refused("cannot cut 4 layers into 5 devices", devices=5)
+    refused("micro-batches must be a multiple of K|multiple of", schedule="interleaved", chunks=3, devices=2)
+
+
+def test_a_model_torchscript_cannot_compile_is_refused_with_its_reason():
+    class Untyped(torch.nn.Module):
+        def forward(self, x):
+            return {"a": x}["a"] if isinstance(x, list) else x.numpy()  # Python-only
+
+    with pytest.raises(ValueError, match="cannot be compiled by TorchScript.*TorchScript says") as e:
+        gpipe.GPipe(torch.nn.Sequential(torch.nn.Linear(2, 2), Untyped()), balance=[1, 1])
+    assert "Make each layer scriptable" in str(e.value)
+
+
+def test_bad_batches_and_losses_before_any_work():
+    model = mlp()
+    pipe = gpipe.GPipe(model, balance=[2, 2], chunks=2)
+    x, y = torch.randn(4, 6), torch.randint(3, (4,))
+    with pytest.raises(ValueError, match="input must be a torch.Tensor"):
+        pipe.train_step([1, 2], y)
+    with pytest.raises(ValueError, match="no batch dimension"):
+        pipe.train_step(torch.tensor(1.0), y)
+    with pytest.raises(ValueError, match="target's batch size differs"):
+        pipe.train_step(x, y[:3])
+    with pytest.raises(ValueError, match="loss must be"):
+        pipe.train_step(x, y, loss="hinge")
+    with pytest.raises(ValueError, match="torch.jit.script"):
+        pipe.train_step(x, y, loss=lambda o, t: (o - t).mean())
+    with pytest.raises(ValueError, match="empty batch"):
+        pipe.train_step(x[:0], y[:0])
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_failure_inside_a_stage_names_it_and_leaves_the_gradients():
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(7, 3))  # 8 != 7
+    pipe = gpipe.GPipe(model, balance=[2, 1], chunks=2)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.25)
+    with pytest.raises(RuntimeError, match=r"stage 1 failed in the forward of micro-batch 0 \(action 1F0") as e:
+        pipe.train_step(torch.randn(4, 6), torch.randint(3, (4,)))
+    assert "frame #" not in str(e.value), "no C++ stack in the message"
+    assert all(torch.equal(p.grad, torch.full_like(p, 0.25)) for p in model.parameters())
+
+
+def test_a_loss_that_is_not_a_scalar_is_named():
+    @torch.jit.script
+    def per_row(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (output - target).pow(2).mean(1)
+
+    pipe = gpipe.GPipe(mlp(), balance=[2, 2])
+    with pytest.raises(RuntimeError, match="must return a scalar"):
+        pipe.train_step(torch.randn(4, 6), torch.randn(4, 3), loss=per_row)
+
+
+def test_nothing_to_trace_before_a_step():
+    pipe = gpipe.GPipe(mlp(), chunks=2)
+    with pytest.raises(ValueError, match="no step has run"):
+        pipe.trace("never.json")
+    with pytest.raises(ValueError, match="decided with the cut"):
+        pipe.schedule_text()
+
+
+def test_trace_and_schedule_after_a_step(tmp_path):
+    pipe = gpipe.GPipe(mlp(), balance=[2, 2], chunks=2)
+    pipe.train_step(torch.randn(4, 6), torch.randint(3, (4,)))
+    pipe.trace(tmp_path / "step.json")
+    pipe.trace(tmp_path / "step.svg")
+    assert '"traceEvents"' in (tmp_path / "step.json").read_text()
+    assert (tmp_path / "step.svg").read_text().startswith("<svg")
+    assert "device 0 |" in pipe.schedule_text() and "device 1 |" in pipe.schedule_text()
+    assert 0.0 <= pipe.bubble < 1.0
+    with pytest.raises(RuntimeError, match="nowhere"):
+        pipe.trace(tmp_path / "nowhere" / "step.json")

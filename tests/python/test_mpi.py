@@ -1,0 +1,73 @@
+"""`mpirun -np 2 python3 train.py`: each rank holds its stages; the results equal one process bit for
+bit, and pipe.save writes one file with the whole model."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gpipe  # noqa: F401  (a saved model with Stash and Pop layers needs gpipe's operators to load)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def mpirun():
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun is not installed (openmpi-bin)")
+    flags = ["--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        flags.append("--allow-run-as-root")
+    return ["mpirun", *flags]
+
+
+def run(command, out, *flags):
+    result = subprocess.run(command + [sys.executable, os.path.join(HERE, "mpi_train.py"), str(out), *flags],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def test_two_ranks_equal_one_process_bit_for_bit(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    run([], one)
+    run(mpirun() + ["-np", "2"], two)
+    alone = torch.load(one / "rank0.pt")
+    ranks = [torch.load(two / f"rank{r}.pt") for r in range(2)]
+    assert alone["describe"] == "one process, 2 device threads"
+    assert ranks[0]["describe"] == "MPI: 2 ranks = 2 devices x 1 replicas"
+    assert ranks[0]["losses"] == alone["losses"] == ranks[1]["losses"]
+    # Each rank trained its stages' parameters (device 0: stages 0 and 2; the tied weight's copy on
+    # both), which together are the whole model's.
+    names = set(ranks[0]["parameters"]) | set(ranks[1]["parameters"])
+    assert names == set(alone["parameters"])
+    assert set(ranks[0]["parameters"]) != set(ranks[1]["parameters"])
+    for rank in ranks:
+        for name, value in rank["parameters"].items():
+            assert torch.equal(value, alone["parameters"][name]), name
+    # One file holds the whole model, the same from both runs.
+    a = torch.jit.load(str(one / "model.pt")).state_dict()
+    b = torch.jit.load(str(two / "model.pt")).state_dict()
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_a_weight_tied_across_ranks_gets_the_sum_of_its_gradients(tmp_path):
+    """The tied copies' gradients are summed across the ranks (in another order than one process's
+    autograd adds them, so equal within rounding), and the copies stay identical to the bit."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    run([], one, "--tied")
+    run(mpirun() + ["-np", "2"], two, "--tied")
+    alone = torch.load(one / "rank0.pt")
+    ranks = [torch.load(two / f"rank{r}.pt") for r in range(2)]
+    assert ranks[0]["losses"] == pytest.approx(alone["losses"], rel=1e-5)
+    assert torch.equal(ranks[0]["parameters"]["0.weight"], ranks[1]["parameters"]["0.weight"])  # both hold a copy
+    for rank in ranks:
+        for name, value in rank["parameters"].items():
+            assert torch.allclose(value, alone["parameters"][name], rtol=1e-5, atol=1e-6), name

@@ -1,0 +1,76 @@
+"""The GIL is released for the whole step, so other Python threads run; Ctrl-C during a step raises
+KeyboardInterrupt within a second, with parameters and gradients as they were before the step."""
+import os
+import signal
+import threading
+import time
+
+import torch
+
+import gpipe
+
+
+def heavy():
+    """A model whose step takes seconds on one core per device."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(1536, 1536) for _ in range(6)])
+
+
+def test_another_python_thread_runs_during_the_step():
+    model = heavy()
+    pipe = gpipe.GPipe(model, balance=[3, 3], chunks=4)
+    x, y = torch.randn(512, 1536), torch.randn(512, 1536)
+    pipe.train_step(x[:8], y[:8], loss="mse")  # warm up
+    counts = []
+    stop = threading.Event()
+
+    def count():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            if n % 1000 == 0:
+                counts.append(time.perf_counter())
+
+    worker = threading.Thread(target=count)
+    worker.start()
+    time.sleep(0.05)
+    begin = time.perf_counter()
+    pipe.train_step(x, y, loss="mse")
+    end = time.perf_counter()
+    stop.set()
+    worker.join()
+    during = [t for t in counts if begin < t < end]
+    assert end - begin > 0.1
+    # With the GIL held for the step the counter could not advance at all while it ran.
+    assert len(during) > 10, f"the other thread advanced {len(during)} times in a {end - begin:.2f} s step"
+
+
+def test_ctrl_c_during_a_step_raises_keyboard_interrupt_within_a_second_and_changes_nothing():
+    model = heavy()
+    pipe = gpipe.GPipe(model, balance=[3, 3], chunks=8, checkpoint="always")
+    x, y = torch.randn(2048, 1536), torch.randn(2048, 1536)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.5)
+    before = [p.detach().clone() for p in model.parameters()]
+    sent = []
+
+    def interrupt():
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(0.5, interrupt)
+    begin = time.perf_counter()
+    timer.start()
+    try:
+        pipe.train_step(x, y, loss="mse")
+        raised = None
+    except KeyboardInterrupt:
+        raised = time.perf_counter()
+    timer.join()
+    assert raised is not None, f"the step ({time.perf_counter() - begin:.1f} s) ended without KeyboardInterrupt"
+    assert raised - sent[0] < 1.0, f"KeyboardInterrupt came {raised - sent[0]:.2f} s after Ctrl-C"
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p.detach(), b)
+        assert torch.equal(p.grad, torch.full_like(p, 0.5))
+    # The pipeline works on after the interrupt.
+    assert isinstance(pipe.train_step(x[:16], y[:16], loss="mse"), float)

@@ -1,0 +1,298 @@
+"""gpipe.GPipe trains as plain PyTorch on one device: parameters compared after several optimizer
+steps, for every schedule and checkpoint mode, uneven micro-batches, skips, tied weights, BatchNorm,
+Dropout."""
+import copy
+
+import pytest
+import torch
+
+import gpipe
+
+RTOL = 1e-5
+
+
+def mlp(seed=0, dropout=0.0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
+        torch.nn.Dropout(dropout), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
+
+
+def batches(steps, rows, classes=5, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(rows, 12, generator=g), torch.randint(classes, (rows,), generator=g)) for _ in range(steps)]
+
+
+def assert_same_parameters(model, reference, rtol=RTOL):
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        scale = q.detach().abs().max().item() + 1e-12
+        assert (p.detach() - q.detach()).abs().max().item() <= rtol * scale + 1e-7, name
+
+
+def train_reference(reference, data, loss_fn, make_opt):
+    opt = make_opt(reference.parameters())
+    for x, y in data:
+        opt.zero_grad()
+        loss_fn(reference(x), y).backward()
+        opt.step()
+
+
+def train_gpipe(pipe, model, data, loss, make_opt):
+    opt = make_opt(model.parameters())
+    losses = []
+    for x, y in data:
+        opt.zero_grad()
+        losses.append(pipe.train_step(x, y, loss=loss))
+        opt.step()
+    return losses
+
+
+SCHEDULES = [("gpipe", [3, 5], None), ("1f1b", [3, 5], None), ("zb1p", [3, 5], None),
+             ("interleaved", [2, 2, 2, 2], 2)]
+
+
+@pytest.mark.parametrize("schedule,balance,V", SCHEDULES)
+@pytest.mark.parametrize("checkpoint", ["always", "except_last", "never"])
+def test_every_schedule_and_checkpoint_mode_trains_as_one_device(schedule, balance, V, checkpoint):
+    model, reference = mlp(), mlp()
+    data = batches(3, 22)  # 22 rows in 4 micro-batches: 6, 6, 5, 5
+    make_opt = lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9)  # noqa: E731
+    pipe = gpipe.GPipe(model, balance=balance, chunks=4, checkpoint=checkpoint, schedule=schedule, virtual_stages=V)
+    losses = train_gpipe(pipe, model, data, "cross_entropy", make_opt)
+    train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
+    assert all(isinstance(l, float) for l in losses)
+    assert_same_parameters(model, reference)
+
+
+def test_loss_equals_one_device_and_grads_are_added_like_backward():
+    model, reference = mlp(), mlp()
+    x, y = batches(1, 13)[0]
+    pipe = gpipe.GPipe(model, balance=[4, 4], chunks=5)  # 13 rows in 5 micro-batches
+    loss = pipe.train_step(x, y)
+    expected = torch.nn.functional.cross_entropy(reference(x), y)
+    expected.backward()
+    assert loss == pytest.approx(expected.item(), rel=RTOL)
+    # A second step without zero_grad adds to .grad, as a second backward() would.
+    pipe.train_step(x, y)
+    torch.nn.functional.cross_entropy(reference(x), y).backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=RTOL, atol=1e-7)
+
+
+def test_adam_clipping_and_lr_scheduler_work_unchanged():
+    model, reference = mlp(), mlp()
+    data = batches(4, 16)
+    pipe = gpipe.GPipe(model, balance=[3, 5], chunks=4)
+
+    def run(forward_backward, params):
+        opt = torch.optim.Adam(params, lr=0.01)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        for x, y in data:
+            opt.zero_grad()
+            forward_backward(x, y)
+            torch.nn.utils.clip_grad_norm_(params, 0.5)
+            opt.step()
+            sched.step()
+
+    run(lambda x, y: pipe.train_step(x, y), list(model.parameters()))
+    run(lambda x, y: torch.nn.functional.cross_entropy(reference(x), y).backward(), list(reference.parameters()))
+    assert_same_parameters(model, reference)
+
+
+@torch.jit.script
+def half_mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return 0.5 * ((output - target) ** 2).mean()
+
+
+@pytest.mark.parametrize("loss,loss_fn", [("mse", torch.nn.functional.mse_loss), (half_mse, half_mse)])
+def test_mse_and_a_scripted_loss(loss, loss_fn):
+    model, reference = mlp(), mlp()
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randn(10, 12, generator=g), torch.randn(10, 5, generator=g)) for _ in range(2)]
+    make_opt = lambda params: torch.optim.SGD(params, lr=0.05)  # noqa: E731
+    pipe = gpipe.GPipe(model, balance=[5, 3], chunks=3, schedule="1f1b")
+    train_gpipe(pipe, model, data, loss, make_opt)
+    train_reference(reference, data, loss_fn, make_opt)
+    assert_same_parameters(model, reference)
+
+
+def test_balance_none_cuts_by_measured_time_on_the_first_batch():
+    model, reference = mlp(), mlp()
+    data = batches(2, 16)
+    pipe = gpipe.GPipe(model, chunks=4, devices=2)
+    assert pipe.balance is None
+    make_opt = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    train_gpipe(pipe, model, data, "cross_entropy", make_opt)
+    assert len(pipe.balance) == 2 and sum(pipe.balance) == len(model)
+    train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
+    assert_same_parameters(model, reference)
+
+
+def test_skip_connections_across_stages():
+    def unet_like():
+        torch.manual_seed(4)
+        return torch.nn.Sequential(
+            torch.nn.Linear(12, 16), gpipe.Stash("a"), torch.nn.ReLU(), torch.nn.Linear(16, 16), gpipe.Stash("b"),
+            torch.nn.Tanh(), torch.nn.Linear(16, 16), gpipe.Pop("b", "concat"), torch.nn.Linear(32, 16),
+            gpipe.Pop("a"), torch.nn.Linear(16, 5))
+
+    model, reference = unet_like(), unet_like()
+    data = batches(3, 14)
+    make_opt = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    for schedule in ("gpipe", "zb1p"):
+        pipe = gpipe.GPipe(model, balance=[3, 3, 3, 2], chunks=3, schedule=schedule)
+        train_gpipe(pipe, model, data, "cross_entropy", make_opt)
+        train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
+        assert_same_parameters(model, reference)
+
+
+class TiedHead(torch.nn.Module):
+    """An output projection reading the embedding's weight."""
+
+    def __init__(self, embedding):
+        super().__init__()
+        self.weight = embedding.weight
+
+    def forward(self, x):
+        return x @ self.weight.t()
+
+
+def test_a_weight_tied_across_stages_gets_one_gradient_and_one_update():
+    def tied():
+        torch.manual_seed(5)
+        embedding = torch.nn.Embedding(20, 16)
+        return torch.nn.Sequential(embedding, torch.nn.Linear(16, 16), torch.nn.Tanh(), TiedHead(embedding))
+
+    model, reference = tied(), tied()
+    g = torch.Generator().manual_seed(6)
+    data = [(torch.randint(20, (8, 4), generator=g), torch.randint(20, (8, 4), generator=g)) for _ in range(3)]
+
+    def loss_fn(out, y):
+        return torch.nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+
+    make_opt = lambda params: torch.optim.Adam(params, lr=0.01)  # noqa: E731
+    pipe = gpipe.GPipe(model, balance=[2, 2], chunks=2)
+    train_gpipe(pipe, model, data, "cross_entropy", make_opt)
+    train_reference(reference, data, loss_fn, make_opt)
+    assert model[0].weight is model[3].weight
+    assert_same_parameters(model, reference)
+
+
+def bn_model(seed=7):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 5))
+
+
+def test_batch_norm_deferred_follows_the_papers_rule():
+    """Each micro-batch normalized by its own statistics; the running statistics updated once per
+    step from all the step's rows (their mean and unbiased variance), with the layer's momentum."""
+    model, reference = bn_model(), bn_model()
+    data = batches(2, 18)
+    M = 3
+    pipe = gpipe.GPipe(model, balance=[2, 4], chunks=M)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    norms = [m for m in reference if isinstance(m, torch.nn.BatchNorm1d)]
+    for x, y in data:
+        opt.zero_grad()
+        pipe.train_step(x, y)
+        opt.step()
+        # The reference: micro-batches one by one, the running statistics frozen, then updated once.
+        inputs = {id(n): [] for n in norms}
+        hooks = [n.register_forward_pre_hook(lambda m, a: inputs[id(m)].append(a[0].detach())) for n in norms]
+        frozen = [(n.running_mean.clone(), n.running_var.clone(), n.num_batches_tracked.clone()) for n in norms]
+        ref_opt.zero_grad()
+        for xm, ym in zip(x.chunk(M), y.chunk(M)):
+            (torch.nn.functional.cross_entropy(reference(xm), ym) * len(xm) / len(x)).backward()
+        for h in hooks:
+            h.remove()
+        for n, (mean, var, count) in zip(norms, frozen):
+            rows = torch.cat(inputs[id(n)])
+            n.running_mean.copy_((1 - n.momentum) * mean + n.momentum * rows.mean(0))
+            n.running_var.copy_((1 - n.momentum) * var + n.momentum * rows.var(0, unbiased=True))
+            n.num_batches_tracked.copy_(count + 1)
+        ref_opt.step()
+    assert_same_parameters(model, reference)
+    for a, b in zip(model.buffers(), reference.buffers()):
+        assert torch.allclose(a.float(), b.float(), rtol=RTOL, atol=1e-6)
+
+
+def test_dropout_masks_are_the_same_whatever_the_schedule_and_checkpoint_mode():
+    """Against gpipe's own reference: the masks follow (step, stage, micro-batch), so every schedule
+    and re-materialization mode over the same cut gives the same parameters; and they do drop."""
+    data = batches(2, 16)
+    make_opt = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    results = []
+    for schedule, checkpoint in [("gpipe", "never"), ("gpipe", "always"), ("1f1b", "except_last"),
+                                 ("zb1p", "always")]:
+        model = mlp(dropout=0.5)
+        torch.manual_seed(11)  # the stream each step's seed is drawn from
+        pipe = gpipe.GPipe(model, balance=[4, 4], chunks=4, schedule=schedule, checkpoint=checkpoint)
+        train_gpipe(pipe, model, data, "cross_entropy", make_opt)
+        results.append(model)
+    for other in results[1:]:
+        assert_same_parameters(other, results[0], rtol=1e-6)
+    without = mlp(dropout=0.0)
+    torch.manual_seed(11)
+    train_gpipe(gpipe.GPipe(without, balance=[4, 4], chunks=4), without, data, "cross_entropy", make_opt)
+    assert any(not torch.allclose(p, q) for p, q in zip(without.parameters(), results[0].parameters()))
+
+
+def test_inference_equals_the_model_and_keeps_no_graph():
+    model = mlp()
+    pipe = gpipe.GPipe(model, balance=[4, 4], chunks=3)
+    x = torch.randn(7, 12)
+    out = pipe(x)
+    assert not out.requires_grad
+    assert torch.allclose(out, model(x), rtol=RTOL, atol=1e-6)
+
+
+def test_parameters_are_the_models_own():
+    model = mlp()
+    pipe = gpipe.GPipe(model, balance=[4, 4])
+    assert all(any(p is q for q in model.parameters()) for p in pipe.parameters())
+    assert len(pipe.parameters()) == len(list(model.parameters()))
+
+
+def test_state_dict_round_trip():
+    model, reference = mlp(), mlp()
+    pipe = gpipe.GPipe(model, balance=[4, 4], chunks=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batches(1, 8)[0]
+    opt.zero_grad()
+    pipe.train_step(x, y)
+    opt.step()
+    reference.load_state_dict(copy.deepcopy(model.state_dict()))
+    assert_same_parameters(reference, model, rtol=0)
+
+
+class Shortcut(torch.nn.Module):
+    """A ResNet block's shortcut to half the pixels and twice the channels: every other pixel,
+    the new channels zeros."""
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        sampled = skip[:, :, ::2, ::2]
+        return x + torch.nn.functional.pad(sampled, [0, 0, 0, 0, 0, x.size(1) - skip.size(1)])
+
+
+def test_a_pop_with_a_merge_module_of_its_own():
+    def resnet_like():
+        torch.manual_seed(8)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(1, 4, 3, padding=1), gpipe.Stash("block"), torch.nn.Conv2d(4, 8, 3, stride=2, padding=1),
+            torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1), gpipe.Pop("block", Shortcut()), torch.nn.ReLU(),
+            torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 5))
+
+    model, reference = resnet_like(), resnet_like()
+    g = torch.Generator().manual_seed(9)
+    data = [(torch.randn(6, 1, 8, 8, generator=g), torch.randint(5, (6,), generator=g)) for _ in range(2)]
+    make_opt = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    pipe = gpipe.GPipe(model, balance=[3, 3, 3], chunks=2)
+    train_gpipe(pipe, model, data, "cross_entropy", make_opt)
+    train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
+    assert_same_parameters(model, reference)
+    with pytest.raises(ValueError, match="merge module has parameters"):
+        gpipe.Pop("block", torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="merges by"):
+        gpipe.Pop("block", "multiply")
