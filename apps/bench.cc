@@ -15,8 +15,6 @@
 
 namespace gpipe::cli {
 
-int run_transport(int warmup, bool json, const std::string& results, const std::string& command);  // bench_transport.cc
-
 namespace {
 
 struct BenchOptions {
@@ -64,7 +62,7 @@ struct Contender {
 // device's threads, as the devices will run them. Three warm-up passes: a first profile runs on fresh pages.
 CostModel profile_workload(const std::string& name, int M, const BenchOptions& o) {
   const Workload w = make_workload(name, 0, {}, o.tie_embeddings);
-  const int64_t rows = chunk_sizes(w.input.size(0), M).front();
+  const int64_t rows = micro_batch_sizes(w.input.size(0), M).front();
   return profile_layers(w.model, w.input.narrow(0, 0, rows), o.threads, /*state_per_parameter_byte=*/1,  // plain SGD
                         /*warmup=*/3, /*repetitions=*/5, w.loss, w.target.narrow(0, 0, rows));
 }
@@ -75,7 +73,7 @@ std::vector<int> cut_for(const Workload& w, const Contender& c, int M, const Cos
   if (!o.balance.empty() && K > 1) return o.balance;
   if (c.balance_by == "even" || V > 1) return w.balance(K * V);
   if (c.balance_by == "params") return balance_by_cost(parameter_costs(w.model), K);
-  const int64_t rows = chunk_sizes(w.input.size(0), M).front();
+  const int64_t rows = micro_batch_sizes(w.input.size(0), M).front();
   return balance_by_cost(c.balance_by == "time" ? layer_times(costs, rows) : layer_memory(costs, rows), K);
 }
 
@@ -91,7 +89,7 @@ void check_sweep(const BenchOptions& o) {
     for (int K : o.stages)
       for (const std::string& schedule : o.schedules) {
         const int V = virtual_stages(schedule, o);
-        GPIPE_CHECK(world().size % K == 0, "--stages ", K, " does not divide the ", world().size,
+        GPIPE_CHECK(!world().mpi || world().size % K == 0, "--stages ", K, " does not divide the ", world().size,
                     " ranks; start K·D ranks (mpirun -np ", K, " for one pipeline)");
         GPIPE_CHECK(V == 1 || o.balance_by == std::vector<std::string>{"even"},
                     "--balance-by cuts one contiguous stage per device; the interleaved schedule uses the even cut "
@@ -101,7 +99,9 @@ void check_sweep(const BenchOptions& o) {
                     w.block_layers.size(), " blocks, too few for --stages ", K,
                     V > 1 ? " x --virtual-stages " + std::to_string(V) : std::string(), "; use fewer stages");
         for (int M : o.micro_batches)
-          or_usage_error(given ? "--balance" : "--stages " + std::to_string(K), [&] {
+          or_usage_error("--stages " + std::to_string(K) + " --micro-batches " + std::to_string(M) + " --schedule " +
+                             schedule + (given ? " --balance" : ""),
+                         [&] {
             return make_plan(w.layers, PipelineOptions().devices(K).balance(given ? o.balance : std::vector<int>{})
                                            .schedule(parse_schedule(schedule)).virtual_stages(V).micro_batches(M));
           });
@@ -152,8 +152,8 @@ void build(Contender& c, const std::string& name, int M, Checkpoint mode, const 
                          w.layers, options);
   c.sgd = std::make_unique<torch::optim::SGD>(c.pipe->parameters(), 1e-4);
   // Replica 0's pipeline on its share of the rows (the replicas' gradient sum is not modelled).
-  const int64_t share = chunk_sizes(w.input.size(0), world().size / c.devices).front();
-  if (world().prints()) c.predicted = predict(costs, c.pipe->plan(), chunk_sizes(share, M));
+  const int64_t share = micro_batch_sizes(w.input.size(0), world().size / c.devices).front();
+  if (world().prints()) c.predicted = predict(costs, c.pipe->plan(), micro_batch_sizes(share, M));
 }
 
 template <typename T>
@@ -351,11 +351,11 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   sub->add_option("--micro-batches", o->micro_batches, "numbers of micro-batches M to sweep")
       ->delimiter(',')->check(at_least(1))->capture_default_str();
   sub->add_option("--checkpoint", o->checkpoints, "always, except_last, never (several sweep)")
-      ->delimiter(',')->check(CLI::IsMember(checkpoint_choices()))->capture_default_str();
+      ->delimiter(',')->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
   sub->add_option("--schedule", o->schedules,
                   "schedules to sweep: gpipe (fill-drain), 1f1b, interleaved (with --virtual-stages) or zb1p; "
                   "each later one is also compared with the first, step by step")
-      ->delimiter(',')->check(CLI::IsMember(schedule_choices()))->capture_default_str();
+      ->delimiter(',')->check(CLI::IsMember(schedule_names()))->capture_default_str();
   sub->add_option("--virtual-stages", o->virtual_stages, "V, stages per device of the interleaved schedule (default 2)")
       ->check(CLI::Range(2, 64));
   sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each device (and of the one device)")

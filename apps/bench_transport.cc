@@ -1,5 +1,6 @@
 // bench_transport.cc: `gpipe bench --transport`: latency and bandwidth of the MPI transport between two
 // ranks, by ping-pong per message size (header and data messages, as a pipeline sends them).
+#include "commands.h"
 #include "common.h"
 #include "world.h"
 

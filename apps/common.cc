@@ -5,7 +5,6 @@
 
 #include <gpipe/device.h>
 #include <gpipe/io.h>
-#include <gpipe/schedule.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -22,16 +21,6 @@
 #include <unistd.h>
 
 namespace gpipe::cli {
-
-std::vector<std::string> schedule_choices() {
-  std::vector<std::string> names;
-  for (ScheduleKind kind : all_schedules()) names.push_back(to_string(kind));
-  return names;
-}
-
-std::vector<std::string> checkpoint_choices() {
-  return {to_string(Checkpoint::kAlways), to_string(Checkpoint::kExceptLast), to_string(Checkpoint::kNever)};
-}
 
 nlohmann::json machine() {
   std::string cpu = "unknown";

@@ -35,11 +35,6 @@ CLI::Validator positive_number();
 CLI::Validator non_negative_number();
 CLI::Validator fraction_below_one();
 
-/// The names of the library's schedules ("gpipe", "1f1b", ...) and re-materialization modes
-/// ("always", "except_last", "never"), for flags that take them.
-std::vector<std::string> schedule_choices();
-std::vector<std::string> checkpoint_choices();
-
 /// Parses a seed: a whole number from 0 to 2^64-1; throws UsageError otherwise.
 uint64_t parse_seed(const std::string& text);
 

@@ -33,7 +33,7 @@ struct PlanOptions {
   double bandwidth_gb_s = 25.0;
   std::string optimizer = "adam";
   int64_t batch = 0;
-  std::vector<std::string> schedules = schedule_choices();
+  std::vector<std::string> schedules = schedule_names();
   std::vector<std::string> checkpoints{"never", "except_last", "always"};
   std::vector<int> stages;         // K to consider (empty: every divisor of the devices)
   std::vector<int> micro_batches;  // M to consider (empty: powers of two up to max(8, 4·K) and the rows)
@@ -203,7 +203,7 @@ int run(const PlanOptions& o) {
     if (o.devices % K != 0 || K > stage_units || !wanted(o.stages, K)) continue;
     const int D = o.devices / K;
     if (o.batch < D) continue;  // every replica needs a row
-    const int64_t rows = chunk_sizes(o.batch, D).front();
+    const int64_t rows = micro_batch_sizes(o.batch, D).front();
     std::vector<int> micro;
     if (o.micro_batches.empty()) {
       for (int64_t M = 1; M <= rows && M <= std::max(8, 4 * K) && 2 * K * M <= kMostPairs; M *= 2)
@@ -238,7 +238,7 @@ int run(const PlanOptions& o) {
           c.schedule = schedule;
           c.checkpoint = checkpoint;
           c.balance = plan.balance;
-          c.predicted = predict(costs, plan, chunk_sizes(rows, M));
+          c.predicted = predict(costs, plan, micro_batch_sizes(rows, M));
           // Replicas sum their gradients: a ring all-reduce of the largest stage's gradients.
           int64_t largest_static = 0;
           for (int64_t s : c.predicted.static_bytes) largest_static = std::max(largest_static, s);
@@ -364,9 +364,9 @@ void add_plan_command(CLI::App& app, const std::string&, int& status) {
       ->check(CLI::IsMember({"sgd", "momentum", "adam"}))->capture_default_str();
   sub->add_option("--batch", o->batch, "the global batch, rows per step")->required()->check(at_least(1));
   sub->add_option("--schedule", o->schedules, "schedules to consider")
-      ->delimiter(',')->check(CLI::IsMember(schedule_choices()))->capture_default_str();
+      ->delimiter(',')->check(CLI::IsMember(schedule_names()))->capture_default_str();
   sub->add_option("--checkpoint", o->checkpoints, "checkpoint modes to consider")
-      ->delimiter(',')->check(CLI::IsMember(checkpoint_choices()))->capture_default_str();
+      ->delimiter(',')->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
   sub->add_option("--stages", o->stages, "pipeline depths K to consider (default: every divisor of --devices)")
       ->delimiter(',')->check(at_least(1));
   sub->add_option("--micro-batches", o->micro_batches, "micro-batch counts M to consider (default: 1, 2, 4, ... up to max(8, 4·K) "

@@ -71,13 +71,13 @@ void add_schedule_command(CLI::App& app, const std::string& /*command*/, int& st
   CLI::App* sub = app.add_subcommand("schedule", "print a schedule's step program as a grid, with its simulated "
                                                  "bubble and peak in-flight micro-batches per device");
   sub->add_option("--schedule", o->schedule, "gpipe (fill-drain), 1f1b, interleaved or zb1p")
-      ->check(CLI::IsMember(schedule_choices()))->capture_default_str();
+      ->check(CLI::IsMember(schedule_names()))->capture_default_str();
   sub->add_option("--stages", o->stages, "K, the number of devices")->check(at_least(1))->capture_default_str();
   sub->add_option("--micro-batches", o->micro_batches, "M")->check(at_least(1))->capture_default_str();
   sub->add_option("--virtual-stages", o->virtual_stages, "V, stages per device (interleaved; default 2 there, else 1)")
       ->check(at_least(1));
   sub->add_option("--checkpoint", o->checkpoint, "always, except_last or never: the recompute flags of --program")
-      ->check(CLI::IsMember(checkpoint_choices()))->capture_default_str();
+      ->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
   sub->add_flag("--program", o->program, "also print each device's lowered program, sends and receives included");
   sub->add_flag("--json", o->json, "one JSON object: the program, its simulated bubble and peaks");
   sub->callback([o, &status] { status = run(*o); });

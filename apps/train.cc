@@ -206,8 +206,12 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
   // The plan checks K, V, M, the balance and the schedule; its errors name the flag they concern.
   PipelineOptions options = pipeline_options(o);
   options.devices(o.balance.empty() || o.stages_given ? o.stages : 0).balance(o.balance);
-  const std::string flag = !o.balance.empty() ? "--balance" : "--stages " + std::to_string(o.stages);
-  const PipelinePlan plan = or_usage_error(flag, [&] { return make_plan(layers, options); });
+  // Every flag the plan is made of, with its value, before what the plan says is wrong with them.
+  std::string flags = o.balance.empty() || o.stages_given ? "--stages " + std::to_string(o.stages) : "";
+  if (!o.balance.empty()) flags += std::string(flags.empty() ? "" : " ") + "--balance " + format_balance(o.balance);
+  flags += " --micro-batches " + std::to_string(o.micro_batches) + " --schedule " + o.schedule +
+           (V > 1 ? " --virtual-stages " + std::to_string(V) : "");
+  const PipelinePlan plan = or_usage_error(flags, [&] { return make_plan(layers, options); });
   if (!o.balance.empty()) {
     cut.balance = plan.balance;
     return cut;
@@ -221,7 +225,7 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
   }
   // --balance-by: per-layer costs on one micro-batch, then the exact min-max cut.
   const int64_t N = data.train.size();
-  const torch::Tensor sample = data.train.input.narrow(0, 0, chunk_sizes(std::min(o.batch_size, N), o.micro_batches).front());
+  const torch::Tensor sample = data.train.input.narrow(0, 0, micro_batch_sizes(std::min(o.batch_size, N), o.micro_batches).front());
   const CostBalance by = balance_by(o.balance_by, model, sample, o.stages, o.micro_batches, o.threads,
                                     o.optimizer == "sgd" ? 2.0 : 3.0, parse_schedule(o.schedule));
   cut.balance = by.balance;

@@ -42,7 +42,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
       ->check(at_least(1))->capture_default_str();
   sub->add_option("--checkpoint", o->checkpoint,
                   "re-materialization: always, except_last or never (the CNN's activations are small)")
-      ->check(CLI::IsMember(checkpoint_choices()))->capture_default_str();
+      ->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
   sub->add_option("--batch-norm", o->batch_norm,
                   "BatchNorm layers in training: deferred (as the paper: each micro-batch normalized by its own "
                   "statistics, the running statistics updated once per step from all its rows) or per-micro-batch "
@@ -59,7 +59,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "{3, 1, 2, 5} for the built-in CNN on 2 stages (measured fastest), gpipe otherwise; see gpipe "
                   "schedule and docs/schedules.md")
       ->check(CLI::IsMember([] {
-        std::vector<std::string> names = schedule_choices();
+        std::vector<std::string> names = schedule_names();
         names.insert(names.begin(), "auto");
         return names;
       }()))

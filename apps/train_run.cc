@@ -175,11 +175,7 @@ class Run {
     const torch::Tensor noisy = data_.eval.input.narrow(0, 0, n);
     torch::nn::Sequential layers = pipeline_.layers();
     layers->eval();
-    torch::Tensor out;
-    {
-      torch::NoGradGuard no_grad;
-      out = pipeline_.forward(noisy);
-    }
+    const torch::Tensor out = pipeline_.forward(noisy);  // inference keeps no graph
     layers->train();
     if (!out.defined() || pipeline_.output_rows(n).first != 0) return;
     const int64_t shown = out.size(0);  // under MPI with replicas, the first replica's share
@@ -243,7 +239,7 @@ class Run {
               << " steps)\n"
               << "  throughput     " << std::setprecision(0) << s["samples_per_s"].get<double>() << " samples/s\n"
               << "  bubble         " << std::setprecision(1) << 100 * s["bubble"].get<double>()
-              << "% of stage time idle (measured)\n"
+              << "% of device time idle (measured)\n"
               << "  partition      ";
     for (size_t j = 0; j < cut_.balance.size(); ++j)
       std::cout << (j ? " | " : "") << "stage " << j

@@ -27,11 +27,6 @@ World& the_world() {
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
 bool launched_by_mpi() { return mpi::launched(); }
 
-std::unique_ptr<mpi::Environment>& environment() {
-  static std::unique_ptr<mpi::Environment> env;  // destroyed at exit: MPI_Finalize
-  return env;
-}
-
 // A communicator only fail() uses, so its barrier can meet no other collective.
 MPI_Comm& failure_comm() {
   static MPI_Comm comm = MPI_COMM_NULL;
@@ -48,9 +43,9 @@ const World& world() { return the_world(); }
 void start_world(int* argc, char*** argv) {
   if (!launched_by_mpi()) return;
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-  environment() = std::make_unique<mpi::Environment>(argc, argv);
+  const mpi::Environment& environment = mpi::process_environment(argc, argv);
   // One rank is one process: it runs as without mpirun (threads, one checkpoint file).
-  the_world() = World{environment()->rank(), environment()->size(), environment()->size() > 1};
+  the_world() = World{environment.rank(), environment.size(), environment.size() > 1};
   MPI_Comm_dup(MPI_COMM_WORLD, &failure_comm());
 #else
   (void)argc;

@@ -92,7 +92,7 @@ gpipe::Prediction predicted(const gpipe::CostModel& profile, const Shape& shape,
                                                                     .micro_batches(shape.micro_batches)
                                                                     .checkpoint(c.mode)
                                                                     .schedule(c.schedule));
-  return gpipe::predict(costs_for(profile, blocks), plan, gpipe::chunk_sizes(shape.batch, shape.micro_batches));
+  return gpipe::predict(costs_for(profile, blocks), plan, gpipe::micro_batch_sizes(shape.batch, shape.micro_batches));
 }
 
 // The largest L the cost model says fits `cap` on every stage.
@@ -219,7 +219,7 @@ int run(const std::string& cap_text, const std::vector<int>& stages, double reso
 
   // The cost model: the two-block model profiled on one micro-batch.
   const gpipe::Workload probe = make_model(shape, 2, 0);
-  const int64_t probe_rows = gpipe::chunk_sizes(shape.batch, shape.micro_batches).front();
+  const int64_t probe_rows = gpipe::micro_batch_sizes(shape.batch, shape.micro_batches).front();
   const gpipe::CostModel profile = gpipe::profile_layers(probe.model, probe.input.narrow(0, 0, probe_rows), 1, kAdamState,
                                                          1, 3, probe.loss, probe.target.narrow(0, 0, probe_rows));
   const int64_t block_parameters = gpipe::TransformerShape{1, shape.width, shape.heads, shape.ffn, shape.vocab,

@@ -9,7 +9,7 @@ int main() {
   auto model = torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 64),
                                      torch::nn::ReLU(), torch::nn::Linear(64, 1));
 
-  // 2 stages (one CPU core each), every mini-batch split into 4 micro-batches,
+  // 2 devices (one CPU core each, a stage each), every mini-batch split into 4 micro-batches,
   // activations re-materialized in backward except for the last micro-batch.
   gpipe::Pipeline pipe(model, gpipe::PipelineOptions().devices(2).micro_batches(4).checkpoint(
                                   gpipe::Checkpoint::kExceptLast));

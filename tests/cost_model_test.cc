@@ -74,7 +74,7 @@ void expect_predicted_peaks(const torch::nn::Sequential& model, const torch::Ten
       measured[d].parameter_bytes = now[d].parameter_bytes;
     }
   }
-  const std::vector<int64_t> rows = chunk_sizes(x.size(0), c.M);
+  const std::vector<int64_t> rows = micro_batch_sizes(x.size(0), c.M);
   const Prediction p = predict(costs, pipe.plan(), rows);
   ASSERT_EQ(p.peak_bytes.size(), measured.size()) << name_of(c);
   const double sends = c.K > 1 ? in_flight * largest_send(costs, pipe.plan(), rows.front()) : 0.0;

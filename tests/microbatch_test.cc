@@ -3,18 +3,18 @@
 
 using gpipe::testing::expect_invalid;
 
-TEST(ChunkSizesTest, EvenWhenDivisible) {
-  EXPECT_EQ(gpipe::chunk_sizes(12, 4), (std::vector<int64_t>{3, 3, 3, 3}));
+TEST(MicroBatchSizesTest, EvenWhenDivisible) {
+  EXPECT_EQ(gpipe::micro_batch_sizes(12, 4), (std::vector<int64_t>{3, 3, 3, 3}));
 }
 
-TEST(ChunkSizesTest, FirstChunksTakeTheRemainder) {
-  EXPECT_EQ(gpipe::chunk_sizes(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));
-  EXPECT_EQ(gpipe::chunk_sizes(13, 8), (std::vector<int64_t>{2, 2, 2, 2, 2, 1, 1, 1}));
+TEST(MicroBatchSizesTest, FirstChunksTakeTheRemainder) {
+  EXPECT_EQ(gpipe::micro_batch_sizes(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));
+  EXPECT_EQ(gpipe::micro_batch_sizes(13, 8), (std::vector<int64_t>{2, 2, 2, 2, 2, 1, 1, 1}));
 }
 
-TEST(ChunkSizesTest, RejectsMoreChunksThanSamples) {
-  expect_invalid([] { gpipe::chunk_sizes(4, 8); }, "larger than the batch size (4)");
-  expect_invalid([] { gpipe::chunk_sizes(4, 0); }, "at least 1 (got 0)");
+TEST(MicroBatchSizesTest, RejectsMoreChunksThanSamples) {
+  expect_invalid([] { gpipe::micro_batch_sizes(4, 8); }, "larger than the batch size (4)");
+  expect_invalid([] { gpipe::micro_batch_sizes(4, 0); }, "at least 1 (got 0)");
 }
 
 TEST(ScatterTest, PiecesAreViewsThatGatherBack) {

@@ -501,6 +501,35 @@ class Faulty : public torch::nn::Module {
 
 // The failing rank throws StageError, every other rank RemoteError with its
 // message, at once; the gradients are as they were, and the next step works.
+// A failure outside a stage's actions (here, evaluate's loss on the rank of the last stage) ends
+// the call on every rank too, and the next call works.
+TEST(MpiFailure, AFailureOutsideTheStagesStopsEveryRank) {
+  const int K = world_size();
+  const std::vector<int> balance = cut(K);
+  const auto [first, last] = stage_range(balance, world_rank());
+  mpi::MpiPipeline pipe(model_layers(6, {first, last}), PipelineOptions().balance(balance).micro_batches(2));
+  torch::manual_seed(12);
+  const torch::Tensor x = torch::randn({6, 12}), y = torch::randn({6, 4});
+  const LossFn failing = [](const torch::Tensor&, const torch::Tensor&) -> torch::Tensor {
+    throw std::runtime_error("the loss failed on purpose");
+  };
+  const auto begin = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    pipe.evaluate(x, y, failing, /*classification=*/false, 3);
+    ADD_FAILURE() << "rank " << world_rank() << ": evaluate did not fail";
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count(), 30.0);
+  EXPECT_NE(message.find("the loss failed on purpose"), std::string::npos) << "rank " << world_rank() << ": " << message;
+  const Evaluation e = pipe.evaluate(x, y, mse_loss, false, 3);
+  torch::nn::Sequential single = model_layers(6);
+  single->eval();
+  torch::NoGradGuard no_grad;
+  EXPECT_NEAR(e.loss, gpipe::mse_loss(single->forward(x), y).item<double>(), 1e-5);
+}
+
 TEST(MpiFailure, OneRankFailingStopsEveryRank) {
   const int K = world_size();
   std::vector<int> balance = cut(K);

@@ -35,7 +35,7 @@ TEST(PipelineTest, RejectsBadConfigurationBeforeAnyWork) {
   expect_invalid([] { gpipe::Pipeline(torch::nn::Sequential(), PipelineOptions().devices(1)); },
                  "the model is empty");
   expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().devices(0)); },
-                 "the number of devices is not set; set devices(K)");
+                 "the number of devices K is not given");
   expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().devices(8)); },
                  "cannot cut 7 layers into 8 devices");
   expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().balance({3, 3})); },
@@ -45,7 +45,7 @@ TEST(PipelineTest, RejectsBadConfigurationBeforeAnyWork) {
   expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().balance({3, 4}).devices(3)); },
                  "disagree");
   expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().devices(2).micro_batches(0)); },
-                 "micro-batches must be at least 1 (got 0)");
+                 "micro-batches M must be at least 1 (got 0)");
   expect_invalid(
       [] {
         gpipe::Pipeline(small_mlp(0),
@@ -53,7 +53,7 @@ TEST(PipelineTest, RejectsBadConfigurationBeforeAnyWork) {
       },
       "got 1 devices in the device list for 2 devices");
   expect_invalid([] { gpipe::Pipeline(small_mlp(0), PipelineOptions().devices(2).threads_per_device(0)); },
-                 "threads_per_device must be at least 1");
+                 "intra-op threads per device must be at least 1");
 }
 
 TEST(PipelineTest, RejectsBadBatchesBeforeAnyWork) {

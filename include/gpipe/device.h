@@ -23,7 +23,7 @@ struct Device {
 
   /// A CPU core group of `threads` cores.
   static Device cpu(int threads = 1);
-  /// CUDA device `index`; its stage thread uses one CPU thread.
+  /// CUDA device `index`; its device thread uses one CPU thread.
   static Device cuda(int index);
   /// This device with a memory cap of `bytes`.
   Device with_memory_cap(int64_t bytes) const;
@@ -48,7 +48,7 @@ void bind_current_thread(const Device& device);
 bool set_blas_threads(int threads);
 
 /// Keeps freed memory in the process for reuse instead of returning it to the
-/// system at once. glibc gives each stage thread its own arena, and by default
+/// system at once. glibc gives each device thread its own arena, and by default
 /// trims (or unmaps) an arena's free memory as soon as a step's activations and
 /// gradients are freed, so the next step faults every page in again: measured
 /// here, the default CNN ran at 1310 samples/s against 3100 with this setting.

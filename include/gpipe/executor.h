@@ -26,8 +26,8 @@ namespace gpipe {
 class Executor {
  public:
   /// With `memory` set, the device's CPU allocations are charged to it (see memory.h).
-  Executor(std::vector<std::unique_ptr<Stage>> stages, Device device, Transport* transport,
-           std::shared_ptr<MemoryCounter> memory = nullptr);
+  /// set_transport gives it the transport before it runs.
+  Executor(std::vector<std::unique_ptr<Stage>> stages, Device device, std::shared_ptr<MemoryCounter> memory = nullptr);
 
   /// Runs `program` (this device's row of a lowered schedule) for `step`,
   /// appending each compute action's timespan to `trace` when given (its inputs
@@ -37,15 +37,13 @@ class Executor {
   /// drop what they kept for this step.
   void run(const std::vector<Action>& program, StepData& step, std::vector<ActionSpan>* trace);
 
-  /// Where sends and receives go from now on (an MPI pipeline starting over
-  /// on new communicators after a failed step).
+  /// Where sends and receives go from now on (under MPI a new transport after
+  /// a failed step).
   void set_transport(Transport* transport) { transport_ = transport; }
 
   const Device& device() const { return device_; }
   /// The stages on this device, in increasing stage order.
   const std::vector<std::unique_ptr<Stage>>& stages() const { return stages_; }
-  /// Whether any stage here draws random numbers in training.
-  bool stochastic() const;
   /// The device's memory counter, or null when memory is not tracked.
   const std::shared_ptr<MemoryCounter>& memory() const { return memory_; }
 
@@ -54,7 +52,7 @@ class Executor {
 
   std::vector<std::unique_ptr<Stage>> stages_;
   Device device_;
-  Transport* transport_;
+  Transport* transport_ = nullptr;
   std::shared_ptr<MemoryCounter> memory_;
 };
 

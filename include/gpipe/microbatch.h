@@ -12,10 +12,10 @@ namespace gpipe {
 /// as possible: the first `batch % micro_batches` hold one sample more.
 /// Requires 1 <= micro_batches <= batch (throws std::invalid_argument otherwise).
 ///
-///   chunk_sizes(10, 4) == {3, 3, 2, 2}
-std::vector<int64_t> chunk_sizes(int64_t batch, int micro_batches);
+///   micro_batch_sizes(10, 4) == {3, 3, 2, 2}
+std::vector<int64_t> micro_batch_sizes(int64_t batch, int micro_batches);
 
-/// Splits `batch` along dim 0 into micro-batches of chunk_sizes(batch.size(0), micro_batches).
+/// Splits `batch` along dim 0 into micro-batches of micro_batch_sizes(batch.size(0), micro_batches).
 /// The pieces are views: no data is copied.
 std::vector<torch::Tensor> scatter(const torch::Tensor& batch, int micro_batches);
 

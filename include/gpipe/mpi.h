@@ -1,14 +1,14 @@
 // mpi.h: GPipe across processes: one device per MPI rank (one stage, or V with the interleaved
 // schedule), on one machine or many, times D data-parallel pipeline replicas. The step driver, the
-// stage executor and the program are those of a one-process Pipeline; the transport and the sums
-// over ranks (src/transport/mpi/) differ.
+// executors and the program are those of a one-process Pipeline; the transport and the sums over
+// ranks (src/transport/mpi/) differ.
 //
-//   world rank r = replica · K + stage        (K stages, D replicas, np = K·D)
+//   world rank r = replica · K + device        (K devices, D replicas, np = K·D)
 //
 //        replica 0:  rank 0 ──▶ rank 1 ──▶ … ──▶ rank K-1     pipeline communicator
 //        replica 1:  rank K ──▶ rank K+1 ─▶ … ──▶ rank 2K-1
 //                      │          │                 │
-//                      └── stage communicators: gradients allreduced across replicas
+//                      └── replica communicators (one per device): gradients summed across replicas
 //
 // Available when gpipe is built with GPIPE_WITH_MPI (the CMake option, on when
 // MPI is found); the macro GPIPE_HAS_MPI is then 1.
@@ -29,7 +29,6 @@
 #include <array>
 #include <map>
 #include <memory>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -57,6 +56,12 @@ class Environment {
   int rank_ = 0;
   int size_ = 1;
 };
+
+/// MPI for the rest of the process: initialised on the first call (with
+/// `argc` and `argv` when given), finalised when the process exits. For front
+/// ends that start MPI when an MPI launcher started them (gpipe train, the
+/// Python package).
+Environment& process_environment(int* argc = nullptr, char*** argv = nullptr);
 
 /// Ends the whole job at once with a non-zero status: for a rank that cannot
 /// go on.
@@ -176,6 +181,7 @@ class MpiTransport : public Transport {
   /// RemoteError with `why`); a later recv here throws Cancelled. MPI is
   /// called only from the thread that runs this rank's program.
   void cancel(const std::string& why) override;
+  bool cancelled() const override { return !cancelled_.empty(); }
 
   /// Messages sent and bytes of tensor data sent since construction.
   int64_t messages_sent() const { return messages_sent_; }
@@ -242,7 +248,6 @@ class MpiPipeline : public Pipeline {
   MpiPipeline(torch::nn::Sequential layers, PipelineOptions options, MPI_Comm comm = MPI_COMM_WORLD);
 
   const Placement& placement() const;
-  const MpiTransport& transport() const;
 };
 
 }  // namespace gpipe::mpi

@@ -1,4 +1,4 @@
-// partition.h: how a model's L layers are cut into K consecutive stages (a "balance").
+// partition.h: how a model's L layers are cut into S consecutive stages (a "balance": S = K·V).
 //
 // Per-layer costs come from parameter_costs, costs_from, or the cost model's one profiler
 // (cost_model.h): layer_times(profile_layers(model, micro-batch), rows) for time,

@@ -218,6 +218,11 @@ class Pipeline {
   const detail::Group& group() const { return *group_; }
 
  private:
+  // Runs `work` as a collective call: after a failed call it starts over; if `work` throws, the
+  // other processes hear of it (under MPI) and the next call starts over.
+  template <typename Work>
+  auto collective(Work&& work);
+  bool holds(int device) const;
   const Schedule& training_program(int micro_batches);
   const Schedule& inference_program(int micro_batches);
   void run(const Schedule& program, StepData& step);
@@ -225,7 +230,6 @@ class Pipeline {
 
   std::unique_ptr<detail::Group> group_;
   torch::nn::Sequential layers_;
-  PipelineOptions options_;
   PipelinePlan plan_;
   std::vector<int> local_;                            // the devices held here, in increasing order
   std::vector<std::unique_ptr<Executor>> executors_;  // one per device held here

@@ -108,7 +108,8 @@ struct PipelinePlan {
 /// `options`. Throws std::invalid_argument, naming the value and the fix,
 /// for a plan that cannot run: K, V or M below 1, a balance that is not a cut
 /// of the layers or disagrees with K·V, more stages than layers, a schedule
-/// that cannot take K, M and V, a device list that is not K long, an unusable device.
+/// that cannot take K, M and V, a device list that is not K long, an unusable
+/// device, a group of tied parameters of fewer than two names.
 PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::vector<SkipConnection>& skips = {});
 
 }  // namespace gpipe

@@ -73,6 +73,8 @@ enum class Checkpoint {
 std::string to_string(Checkpoint mode);
 /// Parses "always", "except_last" or "never"; throws std::invalid_argument otherwise.
 Checkpoint parse_checkpoint(const std::string& text);
+/// Every mode's name: "always", "except_last", "never".
+std::vector<std::string> checkpoint_names();
 
 /// One action of one stage; a compute action or, in a lowered program, a send or receive.
 struct Action {
@@ -131,8 +133,8 @@ std::string to_string(ScheduleKind kind);
 ScheduleKind parse_schedule(const std::string& text);
 /// Every schedule gpipe generates, in the order help texts list them.
 std::vector<ScheduleKind> all_schedules();
-/// Every schedule's name, for help texts: "gpipe|1f1b|interleaved|zb1p".
-std::string schedule_names();
+/// Every schedule's name, in that order: "gpipe", "1f1b", "interleaved", "zb1p".
+std::vector<std::string> schedule_names();
 /// V, stages per device, that `kind` runs when none is asked for: 2 for the
 /// interleaved schedule, 1 for the others (which take no other).
 int default_virtual_stages(ScheduleKind kind);

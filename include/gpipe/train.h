@@ -180,14 +180,15 @@ struct CostBalance {
   std::string unit;          ///< "parameters", "s" or "bytes"
 };
 
-/// Cuts `model` into `stages` contiguous stages by per-layer cost on one
+/// Cuts `model` into contiguous stages, V for each of `devices` devices (V the
+/// schedule's own: 2 for interleaved, else 1), by per-layer cost on one
 /// micro-batch `sample`: `method` "params" (parameter counts), "time"
 /// (forward+backward, profile_layers with `threads` intra-op threads) or
 /// "memory" (activations kept, and parameters with `optimizer_copies` bytes of
 /// gradient and optimizer state per parameter byte: layer_memory). The plan
 /// predicts the step of `schedule` over `micro_batches` micro-batches. The
 /// run's random numbers are left as they were.
-CostBalance balance_by(const std::string& method, const Model& model, const torch::Tensor& sample, int stages,
+CostBalance balance_by(const std::string& method, const Model& model, const torch::Tensor& sample, int devices,
                        int micro_batches, int threads = 1, double optimizer_copies = 2.0,
                        ScheduleKind schedule = ScheduleKind::kGPipe);
 

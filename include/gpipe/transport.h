@@ -30,8 +30,8 @@ struct Cancelled : std::runtime_error {
   explicit Cancelled(const std::string& why = "") : std::runtime_error(why.empty() ? "gpipe: step cancelled" : why) {}
 };
 
-/// The interface between stage executors: in one process, mailboxes; across
-/// processes, MPI. Each stage calls send/recv only from its own thread.
+/// The interface between the devices' executors: in one process, mailboxes;
+/// across processes, MPI. Each device calls send/recv only from its own thread.
 ///
 /// A step: begin() with the programs this process runs, the executors' send
 /// and recv, then finish() once they have all run; or, when an action fails,
@@ -56,10 +56,14 @@ class Transport {
   /// sent has left its buffers.
   virtual void finish() = 0;
 
-  /// Stops the step: every blocked or later recv, on every stage of the
-  /// pipeline, throws Cancelled (carrying `why` to other processes), until the
-  /// next begin(). Safe to call from any thread, more than once.
+  /// Stops the step: every blocked or later recv (and, in one process, send),
+  /// on every device of the pipeline, throws Cancelled carrying `why`, until
+  /// the next begin(). More than once is as once. In one process any thread may
+  /// call it; under MPI the thread that runs the rank's program.
   virtual void cancel(const std::string& why) = 0;
+  /// Whether this process's side of the step was cancelled (a cancellation by
+  /// another process shows only at a recv).
+  virtual bool cancelled() const = 0;
 
   /// Bytes of tensor data this process has sent through the transport since it was made.
   virtual int64_t bytes_sent() const = 0;
@@ -77,6 +81,7 @@ class InProcessTransport : public Transport {
   torch::Tensor recv(int from, int to, Channel channel, int micro_batch) override;
   void finish() override {}  // a send hands the tensor over: nothing is left to wait for
   void cancel(const std::string& why) override;
+  bool cancelled() const override { return cancelled_; }
   int64_t bytes_sent() const override { return bytes_sent_; }
 
  private:
@@ -92,6 +97,7 @@ class InProcessTransport : public Transport {
 
   std::vector<std::unique_ptr<Mailbox>> mailboxes_;
   std::atomic<int64_t> bytes_sent_{0};
+  std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace gpipe

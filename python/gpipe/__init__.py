@@ -1,4 +1,4 @@
-"""gpipe: GPipe pipeline parallelism for PyTorch models, with stages that run as C++ threads.
+"""gpipe: GPipe pipeline parallelism for PyTorch models, its devices C++ threads that never take the GIL.
 
     import torch, gpipe
     pipe = gpipe.GPipe(torch.nn.Sequential(...), chunks=4, devices=2)

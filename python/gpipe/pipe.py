@@ -7,19 +7,15 @@ import torch
 
 from . import _gpipe
 
-_CHECKPOINTS = ("always", "except_last", "never")
-_BATCH_NORM = ("deferred", "per-micro-batch")
-_RUNTIMES = ("auto", "threads", "mpi")
-
 
 def schedule_names():
     """The schedules gpipe runs: gpipe (fill-drain), 1f1b, interleaved, zb1p."""
     return list(_gpipe.schedule_names())
 
 
-def _whole(value, name, least=1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-        raise ValueError(f"gpipe: {name} must be a whole number of at least {least} (got {value!r})")
+def _whole(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"gpipe: {name} must be a whole number (got {value!r})")
     return int(value)
 
 
@@ -43,7 +39,7 @@ def _script(model):
             "https://pytorch.org/docs/stable/jit_language_reference.html), or replace the layer it names.") from None
 
 
-def _tensor(value, name):
+def _batch(value, name):
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"gpipe: {name} must be a torch.Tensor (got {type(value).__name__})")
     return value
@@ -55,8 +51,9 @@ class GPipe:
     threads that run at the same time and never hold the GIL (or, under mpirun, one rank each).
 
     The model's own parameters are trained in place: train_step adds to each parameter's .grad
-    exactly what loss.backward() on one device would, so any torch.optim optimizer, LR scheduler,
-    torch.nn.utils.clip_grad_norm_ and model.state_dict() work unchanged.
+    exactly what loss.backward() on one device would, so torch.optim optimizers, LR schedulers and
+    model.state_dict() work unchanged, and so does torch.nn.utils.clip_grad_norm_ in one process
+    (under MPI each rank holds only its stages' gradients: use pipe.clip_grad_norm_).
 
     model          a torch.nn.Sequential that torch.jit.script accepts; its children are the layers
     balance        layers per stage (K·V entries), or None: cut by the layers' measured time on the
@@ -79,75 +76,69 @@ class GPipe:
             raise ValueError(f"gpipe: the model must be a torch.nn.Sequential, whose forward is the chain of its "
                              f"children that gpipe cuts into stages (got {type(model).__name__}); wrap the layers in "
                              f"torch.nn.Sequential(...)")
-        if len(model) == 0:
-            raise ValueError("gpipe: the model is an empty torch.nn.Sequential; give it at least one layer")
-        self.chunks = _whole(chunks, "chunks")
-        self.checkpoint = _one_of(checkpoint, "checkpoint", _CHECKPOINTS)
-        self.schedule = _one_of(schedule, "schedule", tuple(schedule_names()))
-        self.batch_norm = _one_of(batch_norm, "batch_norm", _BATCH_NORM)
-        self.threads = _whole(threads, "threads")
-        self.runtime = _one_of(runtime, "runtime", _RUNTIMES)
-        self.virtual_stages = 0 if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
-        if balance is not None:
-            if isinstance(balance, (str, bytes)) or not hasattr(balance, "__iter__"):
-                raise ValueError(f"gpipe: balance must be a list of layers per stage, e.g. [3, 8] (got {balance!r})")
-            balance = [_whole(b, "every entry of balance") for b in balance]
-        V = self.virtual_stages or _gpipe.default_virtual_stages(self.schedule)
-        if devices is None:
-            devices = len(balance) // V if balance else 2
-        self.devices = _whole(devices, "devices")
-        # The plan (K, V, M, the cut, the schedule) checked now, before any work, whatever the balance.
-        _gpipe.check_plan(len(model), self._settings(balance or []))
+        if balance is not None and (isinstance(balance, (str, bytes)) or not hasattr(balance, "__iter__")):
+            raise ValueError(f"gpipe: balance must be a list of layers per stage, e.g. [3, 8] (got {balance!r})")
+        settings = _gpipe.Settings()
+        settings.balance = [] if balance is None else [_whole(b, "every entry of balance") for b in balance]
+        settings.micro_batches = _whole(chunks, "chunks")
+        settings.checkpoint = _one_of(checkpoint, "checkpoint", tuple(_gpipe.checkpoint_names()))
+        settings.schedule = _one_of(schedule, "schedule", tuple(schedule_names()))
+        settings.devices = 0 if devices is None and balance is not None else 2 if devices is None \
+            else _whole(devices, "devices")
+        settings.virtual_stages = 0 if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
+        settings.deferred_batch_norm = _one_of(batch_norm, "batch_norm", ("deferred", "per-micro-batch")) == "deferred"
+        settings.threads = _whole(threads, "threads")
+        settings.runtime = _one_of(runtime, "runtime", ("auto", "threads", "mpi"))
+        # The plan (K, V, M, the cut, the schedule) is checked now, before any work, whatever the balance.
+        try:
+            self.devices, self.virtual_stages = _gpipe.check_plan(len(model), settings)
+        except ValueError as e:
+            raise ValueError(f"{e} (GPipe(balance={balance!r}, chunks={chunks!r}, devices={devices!r}, "
+                             f"schedule={schedule!r}, virtual_stages={virtual_stages!r}, threads={threads!r}): "
+                             f"K is devices, M chunks, V virtual_stages)") from None
+        settings.devices = self.devices
+        self.chunks = settings.micro_batches
         self.model = model
+        self._settings = settings
         self._scripted = _script(model)
         self._pipe = None
         self._step_seconds = 0.0
         if balance is not None:
-            self._build(balance)
+            self._pipe = _gpipe.Pipeline(self._scripted, settings, None)
 
-    def _settings(self, balance):
-        s = _gpipe.Settings()
-        s.balance = list(balance)
-        s.micro_batches = self.chunks
-        s.checkpoint = self.checkpoint
-        s.schedule = self.schedule
-        s.devices = self.devices
-        s.virtual_stages = self.virtual_stages
-        s.deferred_batch_norm = self.batch_norm == "deferred"
-        s.threads = self.threads
-        s.runtime = self.runtime
-        return s
-
-    def _build(self, balance):
-        self._pipe = _gpipe.Pipeline(self._scripted, self._settings(balance))
-
-    def _ready(self, sample):
-        """The pipeline, cut by measured time on `sample`'s first micro-batch if no balance was given."""
+    def _ready(self, input):
+        """The pipeline; without a balance it is cut by measured time on `input`'s first micro-batch."""
+        _batch(input, "input")
         if self._pipe is None:
-            rows = -(-sample.size(0) // self.chunks) if sample.dim() > 0 else 1
-            balance = _gpipe.balance_by_time(self._scripted, sample[:rows], self.devices, self.threads)
-            self._build(_gpipe.first_rank_list(balance))  # under MPI every rank takes rank 0's cut
+            if input.dim() == 0 or input.size(0) == 0:
+                raise ValueError("gpipe: the first batch has no rows to measure the layers on; give at least one")
+            self._pipe = _gpipe.Pipeline(self._scripted, self._settings, input[:-(-input.size(0) // self.chunks)])
         return self._pipe
 
     def train_step(self, input, target, loss="cross_entropy"):
         """Forward and backward of the mini-batch (input, target) through the pipeline: adds the
         gradient of the mini-batch's mean loss to every parameter's .grad and returns that loss as
         a float. `loss`: "cross_entropy" (integer class targets), "mse", or a torch.jit.script-ed
-        function (output, target) -> the mean over the batch. The GIL is released for the whole
-        step; Ctrl-C raises KeyboardInterrupt with parameters and gradients as they were."""
-        _tensor(input, "input")
-        _tensor(target, "target")
+        function (output, target) -> the mean over the batch. The layers run in the model's mode
+        (model.train(), model.eval()). The GIL is released for the whole step; Ctrl-C raises
+        KeyboardInterrupt with parameters and gradients as they were."""
+        _batch(target, "target")
         if not isinstance(loss, (str, torch.jit.ScriptFunction)):
             raise ValueError("gpipe: loss must be \"cross_entropy\", \"mse\" or a torch.jit.script-ed function "
                              "(output, target) -> scalar; decorate yours with @torch.jit.script")
-        if isinstance(loss, str):
-            _one_of(loss, "loss", ("cross_entropy", "mse"))
-        if input.dim() == 0:
-            raise ValueError("gpipe: the input has no batch dimension; gpipe splits dim 0 into micro-batches")
+        pipe = self._ready(input)
         begin = time.perf_counter()
-        value = self._ready(input).train_step(input, target, loss)
+        value = pipe.train_step(input, target, loss, self.model.training)
         self._step_seconds = time.perf_counter() - begin
         return value
+
+    def __call__(self, input):
+        """Pipelined inference in the model's current train/eval mode, keeping no autograd graph:
+        the output (under MPI: on the rank of each replica's last stage, its replica's rows; None on
+        the other ranks)."""
+        return self._ready(input).forward(input, self.model.training)
+
+    forward = __call__
 
     @property
     def gil_share(self):
@@ -157,21 +148,15 @@ class GPipe:
             return 0.0
         return max(0.0, 1.0 - self._pipe.gil_free_seconds / self._step_seconds)
 
-    def __call__(self, input):
-        """Pipelined inference with the model's current train/eval mode, keeping no autograd graph:
-        the output (under MPI: on the rank of each replica's last stage, its replica's rows; None on
-        the other ranks)."""
-        _tensor(input, "input")
-        if input.dim() == 0:
-            raise ValueError("gpipe: the input has no batch dimension; gpipe splits dim 0 into micro-batches")
-        return self._ready(input).forward(input)
-
-    forward = __call__
-
     @property
     def balance(self):
         """Layers per stage; None until the first batch when the pipeline balances by time."""
         return None if self._pipe is None else list(self._pipe.balance)
+
+    @property
+    def placement(self):
+        """The device of each stage (stage s on device s mod K); None until the pipeline is built."""
+        return None if self._pipe is None else list(self._pipe.placement)
 
     @property
     def bubble(self):
@@ -181,7 +166,7 @@ class GPipe:
     def trace(self, path):
         """Writes the last step's timeline: an SVG chart if `path` ends in .svg, else Chrome-trace JSON
         (open it in Perfetto). Under MPI every rank calls it; rank 0 writes."""
-        if self._pipe is None:
+        if self._pipe is None or not self._pipe.has_trace:
             raise ValueError("gpipe: no step has run yet, so there is no timeline to write")
         self._pipe.write_trace(str(path))
 
@@ -191,19 +176,32 @@ class GPipe:
             raise ValueError("gpipe: the schedule is decided with the cut, on the first batch (balance=None)")
         return self._pipe.schedule_text()
 
+    def clip_grad_norm_(self, max_norm):
+        """torch.nn.utils.clip_grad_norm_ over the whole model: the norm over every stage (every rank
+        under MPI); scales the gradients down to `max_norm` if above it. Returns the norm before."""
+        if self._pipe is None:
+            return 0.0
+        return self._pipe.clip_grad_norm(float(max_norm))
+
     def save(self, path):
         """Writes the whole model to one file, gathered from every rank under MPI (every rank calls
         it; rank 0 writes, and its model then holds every rank's values): TorchScript, which
         torch.jit.load reads (model.load_state_dict(torch.jit.load(path).state_dict()) takes it
-        back), written whole or not at all. Optimizer state is not in it: torch.save(opt.state_dict())."""
+        back; `import gpipe` first if the model has Stash and Pop layers), written whole or not at
+        all. Optimizer state is not in it: torch.save(opt.state_dict()) saves that."""
         if self._pipe is None:
             raise ValueError("gpipe: the pipeline is built on the first batch (balance=None); train a step first")
         self._pipe.save(str(path))
 
     def parameters(self):
         """The parameters this process trains (all of them in one process; under MPI this rank's
-        stages'): the model's own Parameter objects."""
-        return [] if self._pipe is None else list(self._pipe.parameters())
+        stages'): the model's own Parameter objects. An optimizer may as well take
+        model.parameters(): under MPI the other ranks' parameters get no gradient, and torch.optim
+        leaves them alone."""
+        if self._pipe is None:
+            raise ValueError("gpipe: with balance=None the pipeline is cut on the first batch, so which parameters "
+                             "this process trains is not known yet; build the optimizer on model.parameters()")
+        return list(self._pipe.parameters())
 
     def describe(self):
         """Where the devices run: "one process, 2 device threads" or "MPI: 4 ranks = 2 devices x 2 replicas"."""

@@ -44,13 +44,13 @@ class Summary:
             lines.append(f"  {evaluated_on} loss  {loss:.6f}")
         bubble = self.bubble_sum / self.steps if self.steps else 0.0
         balance = self.pipe.balance or []
-        placement = self.pipe._pipe.placement if self.pipe._pipe is not None else []
+        placement = self.pipe.placement or []
         stages = " | ".join(
             f"stage {j}" + (f" (device {placement[j]})" if len(balance) > self.pipe.devices else "")
             + f": {n} layer{'s' if n != 1 else ''}" for j, n in enumerate(balance))
         lines += [f"  training time  {self.seconds:.1f} s ({self.steps} steps)",
                   f"  throughput     {self.samples_per_s:.0f} samples/s",
-                  f"  bubble         {100 * bubble:.1f}% of stage time idle (measured)",
+                  f"  bubble         {100 * bubble:.1f}% of device time idle (measured)",
                   f"  partition      {stages}"]
         return "\n".join(lines)
 

@@ -57,9 +57,6 @@ class Pop(torch.nn.Module):
         if not isinstance(merge, torch.nn.Module):
             raise ValueError(f"gpipe: Pop({name!r}): merge must be \"add\", \"concat\" or a torch.nn.Module with "
                              f"forward(x, skip) (got {type(merge).__name__})")
-        if any(True for _ in merge.parameters()):
-            raise ValueError(f"gpipe: Pop({name!r}): the merge module has parameters; put them in a layer of the "
-                             f"Sequential after the Pop instead")
         self.name = name
         self.merger = merge
 

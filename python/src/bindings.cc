@@ -13,7 +13,6 @@
 #include <torch/optim/sgd.h>
 #include <torch/python.h>
 
-#include <chrono>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -25,27 +24,12 @@ namespace py = pybind11;
 namespace gpipe::python {
 namespace {
 
-#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-// MPI for the process's lifetime, once it is asked for (mpirun -np K python3 train.py).
-std::unique_ptr<mpi::Environment>& environment() {
-  static std::unique_ptr<mpi::Environment> env;
-  return env;
-}
-#endif
-
-bool launched_by_mpi() {
-#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-  return mpi::launched();
-#else
-  return false;
-#endif
-}
-
-// MPI initialised if this process was started by an MPI launcher (or `required`); returns whether it is.
+// MPI initialised, for the rest of the process, if an MPI launcher started it or `required`
+// (mpirun -np K python3 train.py); returns whether it is.
 bool start_mpi(bool required) {
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-  if (!environment() && (required || mpi::launched())) environment() = std::make_unique<mpi::Environment>(nullptr, nullptr);
-  return environment() != nullptr;
+  if (required || mpi::launched()) mpi::process_environment();
+  return required || mpi::launched();
 #else
   GPIPE_CHECK(!required, "this gpipe was built without MPI; install libopenmpi-dev and rebuild, or use runtime=\"threads\"");
   return false;
@@ -109,97 +93,6 @@ PipelinePlan check_plan(int layers, const Settings& settings) {
   return make_plan(layers, settings.options());
 }
 
-// A pipeline of a scripted nn.Sequential, owned by the Python GPipe object.
-class PythonPipeline {
- public:
-  PythonPipeline(const py::object& scripted, const Settings& settings)
-      : source_(script_model(scripted.attr("_c").cast<torch::jit::Module>(), "the scripted model")) {
-    const Runtime kind = parse_runtime(settings.runtime);
-    start_mpi(kind == Runtime::kMpi);
-    model_ = Model::of("model", source_);
-    PipelineOptions options = settings.options();
-    options.tied_parameters(model_.tied);
-    pipe_ = make_pipeline(model_.build, model_.layers, options, kind);
-    // Ctrl-C while the devices work: Python's handler runs on this (the calling) thread.
-    pipe_->set_interrupt([this] {
-      const int64_t begin = now_ns();
-      py::gil_scoped_acquire gil;
-      const bool interrupted = PyErr_CheckSignals() != 0;
-      gil_held_ns_ += now_ns() - begin;
-      return interrupted;
-    });
-  }
-
-  double train_step(const torch::Tensor& input, const torch::Tensor& target, const py::object& loss) {
-    const LossFn fn = loss_of(loss);
-    torch::Tensor value;
-    gil_held_ns_ = 0;
-    const int64_t begin = now_ns();
-    {
-      py::gil_scoped_release free;
-      value = released([&] { return pipe_->train_step(input, target, fn); });
-    }
-    gil_free_s_ = static_cast<double>(now_ns() - begin - gil_held_ns_) * 1e-9;
-    return value.item<double>();
-  }
-
-  /// Seconds of the last train_step during which this process did not hold the GIL.
-  double gil_free_seconds() const { return gil_free_s_; }
-
-  std::optional<torch::Tensor> forward(const torch::Tensor& input) {
-    torch::Tensor out;
-    {
-      py::gil_scoped_release free;
-      out = released([&] {
-        torch::NoGradGuard no_grad;
-        return pipe_->forward(input);
-      });
-    }
-    if (!out.defined()) return std::nullopt;
-    return out;
-  }
-
-  // The whole model's parameters and buffers in one TorchScript file, gathered from every rank
-  // (collective; rank 0 writes it), in the library's snapshot format, without optimizer state.
-  void save(const std::string& path) {
-    torch::optim::SGD no_optimizer(std::vector<torch::Tensor>{}, torch::optim::SGDOptions(0.1));
-    at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
-    const TrainState state{0, generator.get_state(), generator.get_state()};
-    py::gil_scoped_release free;
-    save_whole_snapshot(*pipe_, model_, no_optimizer, "none", state, path);
-  }
-
-  Pipeline& pipe() { return *pipe_; }
-
- private:
-  // Runs `work` with the GIL released; a step that Ctrl-C interrupted raises the KeyboardInterrupt
-  // Python's handler left pending.
-  template <typename Work>
-  torch::Tensor released(Work&& work) {
-    try {
-      return work();
-    } catch (const Interrupted&) {
-      py::gil_scoped_acquire gil;
-      if (PyErr_Occurred()) throw py::error_already_set();
-      throw;
-    }
-  }
-
-  ScriptModel source_;
-  Model model_;
-  std::unique_ptr<Pipeline> pipe_;
-  int64_t gil_held_ns_ = 0;  // in the last step's interrupt checks
-  double gil_free_s_ = 0;
-};
-
-// The per-layer forward+backward times of a scripted nn.Sequential on one micro-batch `sample`, and
-// the exact min-max cut into `devices` stages by them.
-std::vector<int> balance_by_time(const py::object& scripted, const torch::Tensor& sample, int devices, int threads) {
-  const ScriptModel source = script_model(scripted.attr("_c").cast<torch::jit::Module>(), "the scripted model");
-  py::gil_scoped_release free;
-  return balance_by_cost(layer_times(profile_layers(source.layers, sample, threads), sample.size(0)), devices);
-}
-
 // Rank 0's `values` on every rank of an MPI job; `values` itself in one process.
 std::vector<int> first_rank_list(const std::vector<int>& values) {
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
@@ -213,6 +106,97 @@ std::vector<int> first_rank_list(const std::vector<int>& values) {
 #endif
   return values;
 }
+
+// A pipeline of a scripted nn.Sequential, owned by the Python GPipe object.
+class PythonPipeline {
+ public:
+  // Runs `work` with the GIL released. If Ctrl-C came meanwhile, the KeyboardInterrupt that Python's
+  // handler left pending is raised, whatever else stopped the step.
+  template <typename Work>
+  auto released(Work&& work) {
+    try {
+      py::gil_scoped_release free;
+      return work();
+    } catch (...) {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      throw;
+    }
+  }
+
+  // Without a balance in `settings`, the model is cut by its layers' measured time on `sample` (one
+  // micro-batch); under MPI every rank takes rank 0's cut.
+  PythonPipeline(const py::object& scripted, const Settings& settings, const std::optional<torch::Tensor>& sample)
+      : model_(Model::of("model", script_model(scripted.attr("_c").cast<torch::jit::Module>(), "the scripted model"))) {
+    const Runtime kind = parse_runtime(settings.runtime);
+    PipelineOptions options = settings.options();
+    options.tied_parameters(model_.tied);
+    py::gil_scoped_release free;
+    start_mpi(kind == Runtime::kMpi);
+    if (options.balance().empty() && sample) {
+      const CostBalance by = balance_by("time", model_, *sample, settings.devices, settings.micro_batches,
+                                        settings.threads, 2.0, options.schedule());
+      options.balance(first_rank_list(by.balance));
+    }
+    pipe_ = make_pipeline(model_.build, model_.layers, options, kind);
+    // Ctrl-C while the devices work: Python's handler runs on this (the calling) thread.
+    pipe_->set_interrupt([this] {
+      const int64_t begin = now_ns();
+      py::gil_scoped_acquire gil;
+      const bool interrupted = PyErr_CheckSignals() != 0;
+      gil_held_ns_ += now_ns() - begin;
+      return interrupted;
+    });
+  }
+
+  double train_step(const torch::Tensor& input, const torch::Tensor& target, const py::object& loss, bool training) {
+    const LossFn fn = loss_of(loss);
+    gil_held_ns_ = 0;
+    const int64_t begin = now_ns();
+    const double value = released([&] {
+      set_training(training);
+      return pipe_->train_step(input, target, fn).item<double>();
+    });
+    gil_free_s_ = static_cast<double>(now_ns() - begin - gil_held_ns_) * 1e-9;
+    return value;
+  }
+
+  /// Seconds of the last train_step during which this process did not hold the GIL.
+  double gil_free_seconds() const { return gil_free_s_; }
+
+  std::optional<torch::Tensor> forward(const torch::Tensor& input, bool training) {
+    const torch::Tensor out = released([&] {
+      set_training(training);
+      return pipe_->forward(input);
+    });
+    if (!out.defined()) return std::nullopt;
+    return out;
+  }
+
+  // The whole model's parameters and buffers in one TorchScript file, gathered from every rank
+  // (collective; rank 0 writes it), in the library's snapshot format, without optimizer state.
+  void save(const std::string& path) {
+    torch::optim::SGD no_optimizer(std::vector<torch::Tensor>{}, torch::optim::SGDOptions(0.1));
+    at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
+    const TrainState state{0, generator.get_state(), generator.get_state()};
+    released([&] {
+      save_whole_snapshot(*pipe_, model_, no_optimizer, "none", state, path);
+      return 0;
+    });
+  }
+
+  Pipeline& pipe() { return *pipe_; }
+
+ private:
+  // The layers in the mode of the Python model (model.train() / model.eval()), as its forward would run.
+  void set_training(bool training) {
+    if (pipe_->layers()->is_training() != training) pipe_->layers()->train(training);
+  }
+
+  Model model_;
+  std::unique_ptr<Pipeline> pipe_;
+  int64_t gil_held_ns_ = 0;  // in the last step's interrupt checks
+  double gil_free_s_ = 0;
+};
 
 }  // namespace
 }  // namespace gpipe::python
@@ -232,12 +216,17 @@ PYBIND11_MODULE(_gpipe, m) {
 
   // Errors as Python sees them: bad arguments are ValueError (pybind11 maps std::invalid_argument);
   // a failure inside a stage a RuntimeError naming the stage, micro-batch and action; libtorch's own
-  // errors without their C++ stack.
-  py::register_exception_translator([](std::exception_ptr failure) {
+  // errors as torch raises them, without their C++ stack. Local: other modules keep their own mapping.
+  py::register_local_exception_translator([](std::exception_ptr failure) {
     try {
       if (failure) std::rethrow_exception(failure);
     } catch (const c10::Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, short_error(e).c_str());
+      PyObject* kind = dynamic_cast<const c10::ValueError*>(&e)            ? PyExc_ValueError
+                       : dynamic_cast<const c10::IndexError*>(&e)          ? PyExc_IndexError
+                       : dynamic_cast<const c10::TypeError*>(&e)           ? PyExc_TypeError
+                       : dynamic_cast<const c10::NotImplementedError*>(&e) ? PyExc_NotImplementedError
+                                                                           : PyExc_RuntimeError;
+      PyErr_SetString(kind, short_error(e).c_str());
     }
   });
 
@@ -253,52 +242,45 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_readwrite("deferred_batch_norm", &Settings::deferred_batch_norm)
       .def_readwrite("threads", &Settings::threads)
       .def_readwrite("runtime", &Settings::runtime);
-  m.def("check_plan", [](int layers, const Settings& settings) { gpipe::python::check_plan(layers, settings); },
+  // The plan's K and V, or ValueError naming what the settings get wrong.
+  m.def("check_plan",
+        [](int layers, const Settings& settings) {
+          const PipelinePlan plan = gpipe::python::check_plan(layers, settings);
+          return std::make_pair(plan.devices, plan.virtual_stages);
+        },
         py::arg("layers"), py::arg("settings"));
 
+  // Calls that wait for the devices or for other ranks release the GIL, so that other Python threads run.
+  using release = py::call_guard<py::gil_scoped_release>;
   py::class_<PythonPipeline>(m, "Pipeline")
-      .def(py::init<const py::object&, const Settings&>(), py::arg("scripted"), py::arg("settings"))
+      .def(py::init<const py::object&, const Settings&, const std::optional<torch::Tensor>&>(), py::arg("scripted"),
+           py::arg("settings"), py::arg("sample"))
       .def("parameters", [](PythonPipeline& p) { return p.pipe().parameters(); })
-      .def("train_step", &PythonPipeline::train_step, py::arg("input"), py::arg("target"), py::arg("loss"))
-      .def("forward", &PythonPipeline::forward, py::arg("input"))
+      .def("train_step", &PythonPipeline::train_step, py::arg("input"), py::arg("target"), py::arg("loss"),
+           py::arg("training"))
+      .def("forward", &PythonPipeline::forward, py::arg("input"), py::arg("training"))
       .def("save", &PythonPipeline::save, py::arg("path"))
       .def_property_readonly("gil_free_seconds", &PythonPipeline::gil_free_seconds)
-      .def("output_rows", [](PythonPipeline& p, int64_t rows) { return p.pipe().output_rows(rows); })
       .def_property_readonly("balance", [](PythonPipeline& p) { return p.pipe().balance(); })
-      .def_property_readonly("devices", [](PythonPipeline& p) { return p.pipe().devices(); })
-      .def_property_readonly("virtual_stages", [](PythonPipeline& p) { return p.pipe().plan().virtual_stages; })
       .def_property_readonly("placement", [](PythonPipeline& p) { return p.pipe().plan().placement; })
-      .def("bubble", [](PythonPipeline& p) { return p.pipe().bubble(); })
+      .def("bubble", [](PythonPipeline& p) { return p.pipe().bubble(); }, release())
       .def("write_trace",
            [](PythonPipeline& p, const std::string& path) {
              const StepTrace trace = p.pipe().trace();
              if (p.pipe().root()) write_trace(trace, path);
-           })
+           },
+           release())
       .def("schedule_text", [](PythonPipeline& p) { return format_grid(p.pipe().schedule()); })
       .def("describe", [](PythonPipeline& p) { return p.pipe().describe(); })
-      .def("parameter_names",
-           [](PythonPipeline& p) {
-             std::vector<std::string> names;
-             for (const auto& named : p.pipe().layers()->named_parameters()) names.push_back(named.key());
-             return names;
-           })
-      .def("sum", [](PythonPipeline& p, double value) { return p.pipe().sum(value); })
-      .def("max", [](PythonPipeline& p, double value) { return p.pipe().max(value); })
+      .def("sum", [](PythonPipeline& p, double value) { return p.pipe().sum(value); }, release())
+      .def("clip_grad_norm", [](PythonPipeline& p, double max_norm) { return p.pipe().clip_gradients(max_norm); },
+           release())
+      .def("checksum", [](PythonPipeline& p) { return p.pipe().checksum(); }, release())
       .def_property_readonly("rank", [](PythonPipeline& p) { return p.pipe().rank(); })
-      .def_property_readonly("replica", [](PythonPipeline& p) { return p.pipe().replica(); })
-      .def_property_readonly("device", [](PythonPipeline& p) { return p.pipe().device(); })
-      .def_property_readonly("root", [](PythonPipeline& p) { return p.pipe().root(); })
-      .def("checksum", [](PythonPipeline& p) { return p.pipe().checksum(); });
+      .def_property_readonly("has_trace", [](PythonPipeline& p) { return p.pipe().last_trace().end_ns > 0; });
 
-  m.def("balance_by_time", &gpipe::python::balance_by_time, py::arg("scripted"), py::arg("sample"),
-        py::arg("devices"), py::arg("threads"));
-  m.def("launched_by_mpi", &gpipe::python::launched_by_mpi);
-  m.def("first_rank_list", &gpipe::python::first_rank_list, py::arg("values"));
   m.def("default_virtual_stages", [](const std::string& schedule) { return default_virtual_stages(parse_schedule(schedule)); });
-  m.def("start_mpi", &gpipe::python::start_mpi, py::arg("required") = false);
-  m.def("schedule_names", [] {
-    std::vector<std::string> names;
-    for (ScheduleKind kind : all_schedules()) names.push_back(to_string(kind));
-    return names;
-  });
+  m.def("start_mpi", &gpipe::python::start_mpi, py::arg("required") = false, release());
+  m.def("schedule_names", &schedule_names);
+  m.def("checkpoint_names", &checkpoint_names);
 }

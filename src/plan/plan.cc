@@ -64,23 +64,24 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
   plan.schedule = options.schedule();
   plan.checkpoint = options.checkpoint();
   plan.micro_batches = options.micro_batches();
-  GPIPE_CHECK(options.virtual_stages() >= 0, "virtual_stages must be at least 1, or 0 for the schedule's own (got ",
-              options.virtual_stages(), ")");
+  GPIPE_CHECK(options.virtual_stages() >= 0, "the number of stages per device V must be at least 1, or 0 for the "
+              "schedule's own (got ", options.virtual_stages(), ")");
   const int V = options.virtual_stages() > 0 ? options.virtual_stages() : default_virtual_stages(options.schedule());
   plan.virtual_stages = V;
-  GPIPE_CHECK(options.devices() >= 0, "the number of devices must be at least 1 (got ", options.devices(), ")");
+  GPIPE_CHECK(options.devices() >= 0, "the number of devices K must be at least 1, or 0 to take it from the balance "
+              "(got ", options.devices(), ")");
   const std::string per_device = V > 1 ? " x " + std::to_string(V) + " stages per device" : "";
   if (!options.balance().empty()) {
     check_balance(options.balance(), layers);
     plan.balance = options.balance();
     const int S = plan.stages();
     GPIPE_CHECK(S % V == 0, "the balance ", format_balance(plan.balance), " has ", S, " stages, not a multiple of V = ",
-                V, " stages per device; give K·V entries, or set devices(K) and let gpipe cut evenly");
-    GPIPE_CHECK(options.devices() == 0 || options.devices() * V == S, "devices (", options.devices(), per_device,
-                ") and the balance (", S, " stages) disagree; set only one of them");
+                V, " stages per device; give K·V entries, or give K alone and let gpipe cut evenly");
+    GPIPE_CHECK(options.devices() == 0 || options.devices() * V == S, "K = ", options.devices(), " devices", per_device,
+                " and the balance's ", S, " stages disagree; give one of them");
   } else {
-    GPIPE_CHECK(options.devices() >= 1, "the number of devices is not set; set devices(K) with 1 <= K·V <= ", layers,
-                ", or give a balance");
+    GPIPE_CHECK(options.devices() >= 1, "the number of devices K is not given; give K (1 <= K·V <= ", layers,
+                ") or a balance");
     GPIPE_CHECK(options.devices() * V <= layers, "cannot cut ", layers, " layers into ", options.devices(), " devices",
                 per_device, ": every stage needs at least one layer; use at most ", std::max(1, layers / V),
                 " devices");
@@ -88,8 +89,8 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
   }
   plan.devices = plan.stages() / V;
   const int K = plan.devices;
-  GPIPE_CHECK(plan.micro_batches >= 1, "the number of micro-batches must be at least 1 (got ", plan.micro_batches,
-              "); set micro_batches(M) with M >= 1");
+  GPIPE_CHECK(plan.micro_batches >= 1, "the number of micro-batches M must be at least 1 (got ", plan.micro_batches,
+              ")");
 
   // The skip connections that cross stages; those inside a stage meet in its tray.
   const std::vector<int> offsets = stage_offsets(plan.balance);
@@ -113,13 +114,15 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
 
   plan.device_list = options.device_list();
   if (plan.device_list.empty()) {
-    GPIPE_CHECK(options.threads_per_device() >= 1, "threads_per_device must be at least 1 (got ",
+    GPIPE_CHECK(options.threads_per_device() >= 1, "the intra-op threads per device must be at least 1 (got ",
                 options.threads_per_device(), ")");
     plan.device_list.assign(static_cast<size_t>(K), Device::cpu(options.threads_per_device()));
   }
   GPIPE_CHECK(static_cast<int>(plan.device_list.size()) == K, "got ", plan.device_list.size(), " devices in the "
               "device list for ", K, " devices (", plan.stages(), " stages", per_device, "); give ", K);
   for (const Device& device : plan.device_list) check_device(device);
+  for (const auto& group : options.tied_parameters())
+    GPIPE_CHECK(group.size() >= 2, "a group of tied parameters needs at least two names (got ", group.size(), ")");
   return plan;
 }
 

@@ -15,15 +15,8 @@
 
 namespace gpipe {
 
-Executor::Executor(std::vector<std::unique_ptr<Stage>> stages, Device device, Transport* transport,
-                   std::shared_ptr<MemoryCounter> memory)
-    : stages_(std::move(stages)), device_(std::move(device)), transport_(transport), memory_(std::move(memory)) {}
-
-bool Executor::stochastic() const {
-  for (const auto& s : stages_)
-    if (s->stochastic()) return true;
-  return false;
-}
+Executor::Executor(std::vector<std::unique_ptr<Stage>> stages, Device device, std::shared_ptr<MemoryCounter> memory)
+    : stages_(std::move(stages)), device_(std::move(device)), memory_(std::move(memory)) {}
 
 Stage& Executor::stage(int index) {
   for (const auto& s : stages_)
@@ -59,7 +52,10 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
   for (const auto& s : stages_) s->begin_step();
 
   try {
+    GPIPE_CHECK(transport_ != nullptr, "the executor of ", device_.str(), " has no transport");
     for (const Action& a : program) {
+      // Another device failed (or the step was interrupted): stop before the next piece of work.
+      if (a.is_compute() && transport_->cancelled()) throw Cancelled("gpipe: the step was cancelled");
       const int64_t begin = now_ns();
       std::string operand;  // the shape of what the action was given, for its error message
       auto name_operand = [&operand](const char* what, const torch::Tensor& t) {

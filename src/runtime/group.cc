@@ -11,8 +11,6 @@ namespace {
 class LocalGroup : public Group {
  public:
   PipelinePlan plan(const torch::nn::Sequential& layers, const PipelineOptions& options) override {
-    GPIPE_CHECK(!layers.is_empty() && layers->size() > 0, "the model is empty (0 layers); give the pipeline a "
-                "torch::nn::Sequential with at least one layer");
     plan_ = make_plan(static_cast<int>(layers->size()), options, skip_connections(layers));
     return plan_;
   }
@@ -34,7 +32,6 @@ class LocalGroup : public Group {
     // In one process a tied weight is one tensor, which is what ties it: a declared group must be one.
     const auto named = layers->named_parameters();
     for (const auto& group : options.tied_parameters()) {
-      GPIPE_CHECK(group.size() >= 2, "a group of tied parameters needs at least two names (got ", group.size(), ")");
       for (const std::string& name : group) {
         GPIPE_CHECK(named.contains(name), "tied_parameters: the model has no parameter ", name,
                     "; name parameters as model->named_parameters() does, e.g. ",

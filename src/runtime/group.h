@@ -44,8 +44,9 @@ class Group {
 
   /// Before every call: after a failed one, starts over (MPI: on fresh communicators).
   virtual void begin_call() {}
-  /// A call failed on this process: the next one starts over.
-  virtual void fail() {}
+  /// A call failed on this process (`why`; empty when another process's failure or an interrupt
+  /// stopped it): the others hear of it, and the next call starts over.
+  virtual void fail(const std::string& /*why*/) {}
   /// What the step's sends and receives go through.
   virtual Transport& transport() = 0;
   /// How this process names itself to the others in an error: "rank 1 (device 1, replica 0): ".

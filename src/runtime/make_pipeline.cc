@@ -26,7 +26,6 @@ bool mpi_runtime() {
 std::unique_ptr<Pipeline> make_pipeline(const LayerBuilder& build, int layers, const PipelineOptions& options,
                                         Runtime runtime) {
   GPIPE_CHECK(static_cast<bool>(build), "make_pipeline needs a layer builder");
-  GPIPE_CHECK(layers >= 1, "the model needs at least 1 layer (got ", layers, ")");
   if (runtime == Runtime::kAuto) runtime = mpi_runtime() ? Runtime::kMpi : Runtime::kThreads;
   if (runtime == Runtime::kThreads) {
     torch::nn::Sequential model = build(LayerRange{});

@@ -7,7 +7,7 @@
 
 namespace gpipe {
 
-std::vector<int64_t> chunk_sizes(int64_t batch, int micro_batches) {
+std::vector<int64_t> micro_batch_sizes(int64_t batch, int micro_batches) {
   GPIPE_CHECK(micro_batches >= 1, "the number of micro-batches must be at least 1 (got ", micro_batches,
               "); give M >= 1");
   GPIPE_CHECK(micro_batches <= batch, "the number of micro-batches (", micro_batches,
@@ -28,7 +28,7 @@ std::vector<torch::Tensor> scatter(const torch::Tensor& batch, int micro_batches
   std::vector<torch::Tensor> pieces;
   pieces.reserve(static_cast<size_t>(micro_batches));
   int64_t offset = 0;
-  for (int64_t size : chunk_sizes(batch.size(0), micro_batches)) {
+  for (int64_t size : micro_batch_sizes(batch.size(0), micro_batches)) {
     pieces.push_back(batch.narrow(0, offset, size));
     offset += size;
   }

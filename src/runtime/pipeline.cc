@@ -4,7 +4,6 @@
 
 #include "gpipe/check.h"
 #include "gpipe/microbatch.h"
-#include "gpipe/partition.h"
 #include "runtime/group.h"
 #include "runtime/train_step.h"
 
@@ -64,9 +63,9 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
     : Pipeline(detail::local_group(), std::move(model), std::move(options)) {}
 
 Pipeline::Pipeline(std::unique_ptr<detail::Group> group, torch::nn::Sequential layers, PipelineOptions options)
-    : group_(std::move(group)), layers_(std::move(layers)), options_(std::move(options)) {
+    : group_(std::move(group)), layers_(std::move(layers)) {
   if (layers_.is_empty()) layers_ = torch::nn::Sequential();
-  plan_ = group_->plan(layers_, options_);
+  plan_ = group_->plan(layers_, options);
   local_ = group_->local_devices();
   const int S = plan_.stages();
 
@@ -75,7 +74,7 @@ Pipeline::Pipeline(std::unique_ptr<detail::Group> group, torch::nn::Sequential l
   for (int d : local_)
     for (int s : plan_.stages_of(d)) mine.push_back(s);
   std::sort(mine.begin(), mine.end());
-  const bool track = options_.track_memory() ||
+  const bool track = options.track_memory() ||
                      std::any_of(plan_.device_list.begin(), plan_.device_list.end(),
                                  [](const Device& d) { return d.memory_cap_bytes > 0; });
   std::exception_ptr failure;
@@ -99,7 +98,7 @@ Pipeline::Pipeline(std::unique_ptr<detail::Group> group, torch::nn::Sequential l
         const Device& theirs = plan_.device_list[static_cast<size_t>(plan_.placement[static_cast<size_t>(it->second)])];
         GPIPE_CHECK(fresh || device.device == theirs.device, "a parameter is used by stage ", it->second, " on ",
                     theirs.str(), " and stage ", s, " on ", device.str(), "; in one process a tied weight is one "
-                    "tensor on one device: place both stages on one device, or run one stage per MPI rank with "
+                    "tensor on one device: place both stages on one device, or run one device per MPI rank with "
                     "tied_parameters");
       }
       for (const auto& b : part->named_buffers()) {
@@ -109,9 +108,9 @@ Pipeline::Pipeline(std::unique_ptr<detail::Group> group, torch::nn::Sequential l
                     "it on one stage (change the balance), or give each its own");
       }
       detail::check_splittable(plan_.training, part);
-      detail::check_batch_norm(part, options_.deferred_batch_norm());
+      detail::check_batch_norm(part, options.deferred_batch_norm());
       if (!device.is_cpu()) part->to(device.device);
-      auto stage = std::make_unique<Stage>(s, S, part, device, options_.deferred_batch_norm());
+      auto stage = std::make_unique<Stage>(s, S, part, device, options.deferred_batch_norm());
       std::vector<std::pair<int, std::string>> stashed, popped;  // the skip routes that leave or enter it
       for (size_t k = 0; k < plan_.skip_routes.size(); ++k) {
         if (plan_.skip_routes[k].from == s) stashed.emplace_back(static_cast<int>(k), plan_.skip_names[k]);
@@ -128,13 +127,13 @@ Pipeline::Pipeline(std::unique_ptr<detail::Group> group, torch::nn::Sequential l
       auto memory = track ? std::make_shared<MemoryCounter>("device " + std::to_string(d) + " (" + device.str() + ")",
                                                             device.memory_cap_bytes)
                           : nullptr;
-      executors_.push_back(std::make_unique<Executor>(std::move(placed[d]), device, nullptr, memory));
+      executors_.push_back(std::make_unique<Executor>(std::move(placed[d]), device, memory));
     }
   } catch (...) {  // a bad layer, or no memory on the device: every process stops
     failure = std::current_exception();
   }
   group_->agree(failure);
-  group_->connect(plan_, layers_, options_);
+  group_->connect(plan_, layers_, options);
   double stochastic = draws_random_numbers(layers_) ? 1 : 0;  // whether any stage of the whole model draws
   group_->reduce(&stochastic, 1, /*largest=*/true);
   stochastic_ = stochastic > 0;
@@ -217,37 +216,47 @@ const Schedule& Pipeline::inference_program(int m) {
 }
 
 std::pair<int64_t, int64_t> Pipeline::output_rows(int64_t rows) const {
-  for (int d : local_)
-    if (d == plan_.last_device()) return group_->share(rows);
-  return {0, 0};
+  return holds(plan_.last_device()) ? group_->share(rows) : std::pair<int64_t, int64_t>{0, 0};
+}
+
+template <typename Work>
+auto Pipeline::collective(Work&& work) {
+  group_->begin_call();
+  try {
+    return work();
+  } catch (const Cancelled&) {  // another process's failure, or an interrupt: nothing to tell the others
+    group_->fail("");
+    throw;
+  } catch (const std::exception& e) {
+    group_->fail(e.what());
+    throw;
+  } catch (...) {
+    group_->fail("an unknown exception");
+    throw;
+  }
 }
 
 torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss) {
-  group_->begin_call();
-  GPIPE_CHECK(static_cast<bool>(loss), "train_step needs a loss function");
-  check_batch(input, "input");
-  GPIPE_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == input.size(0),
-              "the target's batch size differs from the input's (input ", shape_text(input), ", target ",
-              shape_text(target), "); give one target row per input sample");
-  const int64_t N = input.size(0);
-  const auto [first, count] = group_->share(N);
-  // A short batch runs one row per micro-batch; a replica without rows only joins the sums.
-  const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));
-  const bool has_first = std::count(local_.begin(), local_.end(), plan_.first_device()) > 0;
-  const bool has_last = std::count(local_.begin(), local_.end(), plan_.last_device()) > 0;
-  StepData step;
-  step.loss = loss;
-  if (M > 0 && has_first) step.inputs = scatter(input.narrow(0, first, count), M);
-  if (M > 0 && has_last) step.targets = scatter(target.narrow(0, first, count), M);
-  const bool tracked = !executors_.empty() && executors_.front()->memory() != nullptr;
-  // Every process draws the same seed: their default generators have drawn the same numbers.
-  detail::TrainStepScope scope(step, M > 0 ? chunk_sizes(count, M) : std::vector<int64_t>{}, N, stochastic_,
-                               parameters(), /*zero_grads=*/tracked);
-  for (const auto& e : executors_)
-    for (const auto& stage : e->stages()) stage->begin_step();  // a replica without rows runs nothing
-  torch::Tensor statistics;
-  double total = 0;
-  try {
+  return collective([&] {
+    GPIPE_CHECK(static_cast<bool>(loss), "train_step needs a loss function");
+    check_batch(input, "input");
+    GPIPE_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == input.size(0),
+                "the target's batch size differs from the input's (input ", shape_text(input), ", target ",
+                shape_text(target), "); give one target row per input sample");
+    const int64_t N = input.size(0);
+    const auto [first, count] = group_->share(N);
+    // A short batch runs one row per micro-batch; a replica without rows only joins the sums.
+    const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));
+    StepData step;
+    step.loss = loss;
+    if (M > 0 && holds(plan_.first_device())) step.inputs = scatter(input.narrow(0, first, count), M);
+    if (M > 0 && holds(plan_.last_device())) step.targets = scatter(target.narrow(0, first, count), M);
+    const bool tracked = !executors_.empty() && executors_.front()->memory() != nullptr;
+    // Every process draws the same seed: their default generators have drawn the same numbers.
+    detail::TrainStepScope scope(step, M > 0 ? micro_batch_sizes(count, M) : std::vector<int64_t>{}, N, stochastic_,
+                                 parameters(), /*zero_grads=*/tracked);
+    for (const auto& e : executors_)
+      for (const auto& stage : e->stages()) stage->begin_step();  // a replica without rows runs nothing
     if (M > 0) run(training_program(M), step);
     group_->reduce_gradients(parameters());
     // BatchNorm's statistics of every stage here, in stage order, summed over the replicas.
@@ -255,49 +264,44 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tens
     for (const auto& e : executors_)
       for (const auto& stage : e->stages())
         if (torch::Tensor s = stage->batch_norm_statistics(); s.defined()) parts.push_back(s);
+    torch::Tensor statistics;
     if (!parts.empty()) {
       auto summed = std::make_shared<torch::Tensor>(torch::cat(parts).contiguous());
       group_->sum_over_replicas(summed);
       statistics = *summed;
     }
-    total = sum(std::accumulate(step.losses.begin(), step.losses.end(), 0.0));
-  } catch (...) {
-    group_->fail();
-    throw;
-  }
-  scope.commit();
-  int64_t at = 0;  // each stage's share of the summed statistics, in stage order
-  for (const auto& e : executors_)
-    for (const auto& stage : e->stages()) {
-      const torch::Tensor own = stage->batch_norm_statistics();
-      const int64_t n = own.defined() ? own.numel() : 0;
-      if (n > 0) stage->update_batch_norm(statistics.narrow(0, at, n));
-      at += n;
-    }
-  return torch::tensor(total, torch::dtype(torch::kFloat64));
+    double total = std::accumulate(step.losses.begin(), step.losses.end(), 0.0);
+    group_->reduce(&total, 1, /*largest=*/false);
+    scope.commit();
+    int64_t at = 0;  // each stage's share of the summed statistics, in stage order
+    for (const auto& e : executors_)
+      for (const auto& stage : e->stages()) {
+        const torch::Tensor own = stage->batch_norm_statistics();
+        const int64_t n = own.defined() ? own.numel() : 0;
+        if (n > 0) stage->update_batch_norm(statistics.narrow(0, at, n));
+        at += n;
+      }
+    return torch::tensor(total, torch::dtype(torch::kFloat64));
+  });
 }
 
 torch::Tensor Pipeline::forward(const torch::Tensor& input) {
-  group_->begin_call();
-  check_batch(input, "input");
-  const auto [first, count] = group_->share(input.size(0));
-  // A batch smaller than M (say the last one of a test set) runs in fewer micro-batches.
-  const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));
-  if (M == 0) return {};  // no rows for this replica
-  StepData step;
-  step.training = false;
-  if (std::count(local_.begin(), local_.end(), plan_.first_device()) > 0)
-    step.inputs = scatter(input.narrow(0, first, count), M);
-  step.outputs.resize(static_cast<size_t>(M));
-  try {
+  return collective([&] {
+    check_batch(input, "input");
+    const auto [first, count] = group_->share(input.size(0));
+    // A batch smaller than M (say the last one of a test set) runs in fewer micro-batches.
+    const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));
+    if (M == 0) return torch::Tensor();  // no rows for this replica
+    StepData step;
+    step.training = false;
+    if (holds(plan_.first_device())) step.inputs = scatter(input.narrow(0, first, count), M);
+    step.outputs.resize(static_cast<size_t>(M));
     run(inference_program(M), step);
-  } catch (...) {
-    group_->fail();
-    throw;
-  }
-  return std::count(local_.begin(), local_.end(), plan_.last_device()) > 0 ? gpipe::gather(step.outputs)
-                                                                          : torch::Tensor();
+    return holds(plan_.last_device()) ? gpipe::gather(step.outputs) : torch::Tensor();
+  });
 }
+
+bool Pipeline::holds(int device) const { return std::count(local_.begin(), local_.end(), device) > 0; }
 
 void Pipeline::reset_memory_peaks() {
   memory_at_start_.assign(executors_.size(), 0);
@@ -353,16 +357,34 @@ void Pipeline::run(const Schedule& program, StepData& step) {
   if (threads_.empty()) {
     for (size_t j = 0; j < local_.size(); ++j) run_device(j);
   } else {
-    for (size_t j = 0; j < local_.size(); ++j) threads_[j]->post([&run_device, j] { run_device(j); });
     bool interrupted = false;
+    std::exception_ptr own_error;  // a failure here, on the calling thread: rethrown once every device has stopped
+    for (size_t j = 0; j < local_.size(); ++j) {
+      try {
+        threads_[j]->post([&run_device, j] { run_device(j); });
+      } catch (...) {  // not posted: those devices will not count down
+        own_error = std::current_exception();
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          pending -= local_.size() - j;
+        }
+        transport.cancel("gpipe: a device's program could not be started");
+        break;
+      }
+    }
     std::unique_lock<std::mutex> lock(mutex);
     while (!finished.wait_for(lock, std::chrono::milliseconds(100), [&] { return pending == 0; })) {
-      if (!interrupted_ || interrupted) continue;
+      if (!interrupted_ || interrupted || own_error) continue;
       lock.unlock();  // the check may take a front end's lock (Python's GIL), which no device thread holds
-      interrupted = interrupted_();
-      if (interrupted) transport.cancel("gpipe: the step was interrupted");
+      try {
+        interrupted = interrupted_();
+      } catch (...) {
+        own_error = std::current_exception();
+      }
+      if (interrupted || own_error) transport.cancel("gpipe: the step was interrupted");
       lock.lock();
     }
+    if (own_error) std::rethrow_exception(own_error);
     if (interrupted && !first_error) cancelled = std::make_exception_ptr(Interrupted());
   }
   trace_.end_ns = now_ns();
@@ -386,9 +408,12 @@ Evaluation Pipeline::evaluate(const torch::Tensor& input, const torch::Tensor& t
       // Each process scores the rows whose output it holds (under MPI: the last stage of each replica).
       const torch::Tensor out = forward(input.narrow(0, at, n));
       if (!out.defined()) continue;
-      const torch::Tensor rows = target.narrow(0, at + output_rows(n).first, out.size(0));
-      loss_sum += loss(out, rows).item<double>() * static_cast<double>(out.size(0));
-      if (classification) correct += static_cast<double>(out.argmax(-1).eq(rows).sum().item<int64_t>());
+      collective([&] {  // a loss that fails here stops the other processes too
+        const torch::Tensor rows = target.narrow(0, at + output_rows(n).first, out.size(0));
+        loss_sum += loss(out, rows).item<double>() * static_cast<double>(out.size(0));
+        if (classification) correct += static_cast<double>(out.argmax(-1).eq(rows).sum().item<int64_t>());
+        return 0;
+      });
     }
   } catch (...) {
     layers_->train();
@@ -400,13 +425,7 @@ Evaluation Pipeline::evaluate(const torch::Tensor& input, const torch::Tensor& t
 }
 
 StepTrace Pipeline::trace() {
-  group_->begin_call();
-  try {
-    return group_->gather_trace(trace_, plan_);
-  } catch (...) {
-    group_->fail();
-    throw;
-  }
+  return collective([&] { return group_->gather_trace(trace_, plan_); });
 }
 
 double Pipeline::bubble() {
@@ -415,46 +434,31 @@ double Pipeline::bubble() {
     busy_and_span[0] += trace_.busy_seconds(d);
     busy_and_span[1] += trace_.seconds();
   }
-  group_->begin_call();
-  try {
+  collective([&] {
     group_->reduce(busy_and_span, 2, /*largest=*/false);
-  } catch (...) {
-    group_->fail();
-    throw;
-  }
+    return 0;
+  });
   return busy_and_span[1] > 0 ? 1.0 - busy_and_span[0] / busy_and_span[1] : 0.0;
 }
 
 double Pipeline::sum(double value) {
-  group_->begin_call();
-  try {
+  collective([&] {
     group_->reduce(&value, 1, /*largest=*/false);
-  } catch (...) {
-    group_->fail();
-    throw;
-  }
+    return 0;
+  });
   return value;
 }
 
 double Pipeline::max(double value) {
-  group_->begin_call();
-  try {
+  collective([&] {
     group_->reduce(&value, 1, /*largest=*/true);
-  } catch (...) {
-    group_->fail();
-    throw;
-  }
+    return 0;
+  });
   return value;
 }
 
 std::vector<std::string> Pipeline::gather(const std::string& bytes) {
-  group_->begin_call();
-  try {
-    return group_->gather(bytes);
-  } catch (...) {
-    group_->fail();
-    throw;
-  }
+  return collective([&] { return group_->gather(bytes); });
 }
 
 double Pipeline::checksum() { return sum(replica() == 0 ? local_checksum(counted_parameters()) : 0.0); }

@@ -27,11 +27,14 @@ std::string to_string(Checkpoint mode) {
 }
 
 Checkpoint parse_checkpoint(const std::string& text) {
-  if (text == "always") return Checkpoint::kAlways;
-  if (text == "except_last") return Checkpoint::kExceptLast;
-  if (text == "never") return Checkpoint::kNever;
+  for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever})
+    if (text == to_string(mode)) return mode;
   GPIPE_CHECK(false, "unknown checkpoint mode \"", text, "\"; use always, except_last or never");
   return Checkpoint::kNever;
+}
+
+std::vector<std::string> checkpoint_names() {
+  return {to_string(Checkpoint::kAlways), to_string(Checkpoint::kExceptLast), to_string(Checkpoint::kNever)};
 }
 
 // ---------------------------------------------------------------- actions
@@ -128,9 +131,9 @@ std::vector<ScheduleKind> all_schedules() {
   return {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZB1P};
 }
 
-std::string schedule_names() {
-  std::string names;
-  for (ScheduleKind kind : all_schedules()) names += (names.empty() ? "" : "|") + to_string(kind);
+std::vector<std::string> schedule_names() {
+  std::vector<std::string> names;
+  for (ScheduleKind kind : all_schedules()) names.push_back(to_string(kind));
   return names;
 }
 
@@ -139,7 +142,9 @@ int default_virtual_stages(ScheduleKind kind) { return kind == ScheduleKind::kIn
 ScheduleKind parse_schedule(const std::string& text) {
   for (ScheduleKind kind : all_schedules())
     if (text == to_string(kind)) return kind;
-  GPIPE_CHECK(false, "unknown schedule \"", text, "\"; use one of ", schedule_names());
+  std::string names;
+  for (const std::string& name : schedule_names()) names += (names.empty() ? "" : "|") + name;
+  GPIPE_CHECK(false, "unknown schedule \"", text, "\"; use one of ", names);
   return ScheduleKind::kGPipe;
 }
 
@@ -220,16 +225,16 @@ Schedule interleaved(int devices, int micro_batches, int virtual_stages) {
   GPIPE_CHECK(M % K == 0, "the interleaved schedule takes micro-batches ", K, " at a time, one per device, so M (",
               M, ") must be a multiple of K (", K, "); use M = ", K * std::max(1, (M + K - 1) / K), " or another schedule");
   Schedule s = empty_schedule("interleaved", K, M, V, true);
-  // The k-th forward (backward) of a device: its chunk c (stage c·K + d) and micro-batch,
-  // taking K micro-batches through chunk 0, then through chunk 1, ... (Megatron-LM's order).
+  // The k-th forward (backward) of a device: its v-th stage (stage v·K + d) and micro-batch,
+  // taking K micro-batches through its stage 0, then through its stage 1, ... (Megatron-LM's order).
   auto micro_batch = [&](int k) { return (k / (K * V)) * K + k % K; };
-  auto forward_chunk = [&](int k) { return (k / K) % V; };
-  auto backward_chunk = [&](int k) { return V - 1 - (k / K) % V; };
+  auto forward_stage = [&](int k) { return (k / K) % V; };
+  auto backward_stage = [&](int k) { return V - 1 - (k / K) % V; };
   const int total = M * V;
   for (int d = 0; d < K; ++d) {
     auto& row = s.actions[static_cast<size_t>(d)];
-    auto forward = [&](int k) { row.push_back(compute(forward_chunk(k) * K + d, ActionKind::kForward, micro_batch(k))); };
-    auto backward = [&](int k) { row.push_back(compute(backward_chunk(k) * K + d, ActionKind::kBackward, micro_batch(k))); };
+    auto forward = [&](int k) { row.push_back(compute(forward_stage(k) * K + d, ActionKind::kForward, micro_batch(k))); };
+    auto backward = [&](int k) { row.push_back(compute(backward_stage(k) * K + d, ActionKind::kBackward, micro_batch(k))); };
     const int warmup = std::min(2 * (K - 1 - d) + (V - 1) * K, total);
     for (int k = 0; k < warmup; ++k) forward(k);
     for (int k = 0; k < total - warmup; ++k) {

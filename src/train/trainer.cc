@@ -207,7 +207,7 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
   }
 }
 
-CostBalance balance_by(const std::string& method, const Model& model, const torch::Tensor& sample, int stages,
+CostBalance balance_by(const std::string& method, const Model& model, const torch::Tensor& sample, int devices,
                        int micro_batches, int threads, double optimizer_copies, ScheduleKind schedule) {
   GPIPE_CHECK(method == "params" || method == "time" || method == "memory", "unknown cost '", method,
               "' to balance by; use params, time or memory");
@@ -220,9 +220,10 @@ CostBalance balance_by(const std::string& method, const Model& model, const torc
     const CostModel profile = profile_layers(whole, sample, threads, optimizer_copies);
     costs = method == "time" ? layer_times(profile, sample.size(0)) : layer_memory(profile, sample.size(0));
   }
+  const int V = default_virtual_stages(schedule);
   CostBalance out;
-  out.balance = balance_by_cost(costs, stages);
-  out.plan = plan_partition(costs, out.balance, make_schedule(schedule, stages, micro_batches));
+  out.balance = balance_by_cost(costs, devices * V);
+  out.plan = plan_partition(costs, out.balance, make_schedule(schedule, devices, micro_batches, V));
   out.unit = method == "params" ? "parameters" : method == "time" ? "s" : "bytes";
   return out;
 }
@@ -393,7 +394,8 @@ void Trainer::save() {
   try {
     save_whole_snapshot(*pipeline_, model_, *optimizer_, optimizer, now, path);
   } catch (const std::length_error& e) {  // too large to gather: every rank is here
-    throw std::runtime_error(std::string(e.what()) + "; save one file per device with --per-stage-files");
+    throw std::runtime_error(std::string(e.what()) + "; save one file per device (TrainerOptions::per_device_files, "
+                             "gpipe train --per-stage-files)");
   }
 }
 

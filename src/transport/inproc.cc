@@ -22,6 +22,7 @@ void InProcessTransport::send(int from, int to, Channel channel, int micro_batch
   bytes_sent_ += static_cast<int64_t>(tensor.nbytes());
   {
     std::lock_guard<std::mutex> lock(box.mutex);
+    if (box.cancelled) throw Cancelled(box.why);
     box.messages[Key{from, static_cast<int>(channel), micro_batch}] = std::move(tensor);
   }
   box.arrived.notify_all();
@@ -40,6 +41,7 @@ torch::Tensor InProcessTransport::recv(int from, int to, Channel channel, int mi
 }
 
 void InProcessTransport::cancel(const std::string& why) {
+  cancelled_ = true;
   for (auto& box : mailboxes_) {
     {
       std::lock_guard<std::mutex> lock(box->mutex);
@@ -51,6 +53,7 @@ void InProcessTransport::cancel(const std::string& why) {
 }
 
 void InProcessTransport::begin(const std::vector<const std::vector<Action>*>& /*programs*/) {
+  cancelled_ = false;
   for (auto& box : mailboxes_) {
     std::lock_guard<std::mutex> lock(box->mutex);
     box->messages.clear();

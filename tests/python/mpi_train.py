@@ -2,7 +2,9 @@
 embedding) through gpipe.GPipe for a few steps and saves what this process trained: run by
 test_mpi.py in one process and under `mpirun -np 2`.
 
-    python3 mpi_train.py OUT_DIR [--tied]
+    python3 mpi_train.py OUT_DIR [--tied] [--by-time]
+
+With --by-time the model is cut by measured time (balance=None): under MPI every rank takes rank 0's cut.
 """
 import sys
 
@@ -32,8 +34,10 @@ def model(tied):
 def main():
     out, tied = sys.argv[1], "--tied" in sys.argv
     m = model(tied)
-    pipe = gpipe.GPipe(m, balance=[3, 3, 2, 1], chunks=4, schedule="interleaved")
-    opt = torch.optim.Adam(pipe.parameters(), lr=0.01)  # this rank's stages' parameters
+    balance = None if "--by-time" in sys.argv else [3, 3, 2, 1]
+    pipe = gpipe.GPipe(m, balance=balance, chunks=4, schedule="interleaved", devices=2)
+    # This rank's stages' parameters; model.parameters() would do too (the others get no gradient).
+    opt = torch.optim.Adam(m.parameters() if balance is None else pipe.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(1)
     losses = []
     for _ in range(3):
@@ -42,7 +46,8 @@ def main():
         losses.append(pipe.train_step(x, y, loss="cross_entropy"))
         opt.step()
     held = {name: p.detach().clone() for name, p in m.named_parameters() if any(p is q for q in pipe.parameters())}
-    torch.save({"losses": losses, "parameters": held, "describe": pipe.describe()}, f"{out}/rank{pipe.rank}.pt")
+    torch.save({"losses": losses, "parameters": held, "describe": pipe.describe(), "balance": pipe.balance},
+               f"{out}/rank{pipe.rank}.pt")
     pipe.save(f"{out}/model.pt")
 
 

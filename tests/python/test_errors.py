@@ -18,21 +18,23 @@ def refused(match, **kwargs):
 
 def test_bad_arguments_are_value_errors_that_name_the_fix():
     refused("must be a torch.nn.Sequential", model=torch.nn.Linear(3, 3))
-    refused("empty torch.nn.Sequential", model=torch.nn.Sequential())
-    refused("chunks must be a whole number of at least 1", chunks=0)
+    refused("the model is empty", model=torch.nn.Sequential())
+    refused("micro-batches M must be at least 1 .got 0.*M chunks", chunks=0)
     refused("chunks must be a whole number", chunks=2.5)
     refused("checkpoint must be one of", checkpoint="sometimes")
     refused("schedule must be one of", schedule="fastest")
     refused("batch_norm must be one of", batch_norm="later")
-    refused("threads must be a whole number of at least 1", threads=0)
+    refused("intra-op threads per device must be at least 1", threads=0)
     refused("runtime must be one of", runtime="cloud")
-    refused("devices must be a whole number of at least 1", devices=0)
+    refused("number of devices K must be at least 1.*K is devices", devices=-1)
     refused("balance must be a list", balance="2,2")
-    refused("every entry of balance must be a whole number of at least 1", balance=[4, 0])
+    refused("every entry of balance must be a whole number", balance=[2, 2.0])
+    refused("stage 1 of balance \\{4, 0\\} has 0 layers", balance=[4, 0])
     refused("the model and the sum of the balance differ", balance=[2, 3])
     refused("disagree", balance=[2, 2], devices=3)
     refused("cannot cut 4 layers into 5 devices", devices=5)
-    refused("micro-batches must be a multiple of K|multiple of", schedule="interleaved", chunks=3, devices=2)
+    refused("must be a multiple of K", schedule="interleaved", chunks=3, devices=2)
+    refused("stages per device V must be at least 1", virtual_stages=-1)
 
 
 def test_a_model_torchscript_cannot_compile_is_refused_with_its_reason():
@@ -92,6 +94,10 @@ def test_nothing_to_trace_before_a_step():
         pipe.trace("never.json")
     with pytest.raises(ValueError, match="decided with the cut"):
         pipe.schedule_text()
+    with pytest.raises(ValueError, match="no rows to measure"):
+        pipe.train_step(torch.randn(0, 6), torch.randint(3, (0,)))
+    with pytest.raises(ValueError, match="no step has run"):
+        gpipe.GPipe(mlp(), balance=[2, 2]).trace("never.json")
 
 
 def test_trace_and_schedule_after_a_step(tmp_path):

@@ -71,3 +71,10 @@ def test_a_weight_tied_across_ranks_gets_the_sum_of_its_gradients(tmp_path):
     for rank in ranks:
         for name, value in rank["parameters"].items():
             assert torch.allclose(value, alone["parameters"][name], rtol=1e-5, atol=1e-6), name
+
+
+def test_balance_none_under_mpi_every_rank_takes_rank_0s_cut(tmp_path):
+    run(mpirun() + ["-np", "2"], tmp_path, "--by-time")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert ranks[0]["balance"] == ranks[1]["balance"] and len(ranks[0]["balance"]) == 4
+    assert ranks[0]["losses"] == ranks[1]["losses"]

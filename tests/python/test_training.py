@@ -267,6 +267,17 @@ def test_state_dict_round_trip():
     assert_same_parameters(reference, model, rtol=0)
 
 
+class Bilinear(torch.nn.Module):
+    """A merge with a parameter of its own, which a Pop refuses."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        return x + self.scale * skip
+
+
 class Shortcut(torch.nn.Module):
     """A ResNet block's shortcut to half the pixels and twice the channels: every other pixel,
     the new channels zeros."""
@@ -292,7 +303,29 @@ def test_a_pop_with_a_merge_module_of_its_own():
     train_gpipe(pipe, model, data, "cross_entropy", make_opt)
     train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
     assert_same_parameters(model, reference)
-    with pytest.raises(ValueError, match="merge module has parameters"):
-        gpipe.Pop("block", torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="merge module of Pop.*has parameters"):
+        bad = torch.nn.Sequential(torch.nn.Linear(2, 2), gpipe.Stash("s"), gpipe.Pop("s", Bilinear()))
+        gpipe.GPipe(bad, balance=[1, 2])
     with pytest.raises(ValueError, match="merges by"):
         gpipe.Pop("block", "multiply")
+
+
+def test_the_layers_run_in_the_models_train_or_eval_mode():
+    model = mlp(dropout=0.5)
+    pipe = gpipe.GPipe(model, balance=[4, 4], chunks=2)
+    x = torch.randn(6, 12)
+    model.eval()
+    assert torch.allclose(pipe(x), model(x), rtol=RTOL, atol=1e-6), "eval: no dropout, as the model itself"
+    model.train()
+    assert not torch.allclose(pipe(x), model.eval()(x)), "train: dropout drops"
+
+
+def test_balance_none_with_the_interleaved_schedule_cuts_k_times_v_stages():
+    model, reference = mlp(), mlp()
+    data = batches(2, 16)
+    pipe = gpipe.GPipe(model, chunks=4, devices=2, schedule="interleaved")
+    make_opt = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    train_gpipe(pipe, model, data, "cross_entropy", make_opt)
+    assert len(pipe.balance) == 4 and pipe.placement == [0, 1, 0, 1]
+    train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
+    assert_same_parameters(model, reference)

@@ -91,6 +91,11 @@ Environment::~Environment() {
   if (!finalized) MPI_Finalize();
 }
 
+Environment& process_environment(int* argc, char*** argv) {
+  static Environment environment(argc, argv);  // destroyed at exit: MPI_Finalize
+  return environment;
+}
+
 void abort(int status) {
   std::fflush(stdout);
   std::fflush(stderr);

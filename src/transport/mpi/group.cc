@@ -139,7 +139,7 @@ void MpiGroup::check_agreement(const torch::nn::Sequential& layers, const Pipeli
                 " has ", format_balance(theirs), "; start every rank with the same cut");
   }
   for (int r = 0; r < size; ++r) {
-    const int device = r % plan.devices;
+    const int device = place(r, size, plan.devices).device;
     int expected = 0;
     std::string which;
     for (int s : plan.stages_of(device)) {
@@ -188,7 +188,7 @@ void MpiGroup::connect(const PipelinePlan& plan, const torch::nn::Sequential& la
 void MpiGroup::open() {
   world_ = Communicator::duplicate(control_.get());
   pipeline_ = Communicator::split(world_.get(), placement_.replica, placement_.device);
-  stage_ = Communicator::split(world_.get(), placement_.device, placement_.replica);
+  replicas_ = Communicator::split(world_.get(), placement_.device, placement_.replica);
   for (Tie& tie : ties_)
     tie.comm = Communicator::split(pipeline_.get(), tie.copies.empty() ? MPI_UNDEFINED : 0, placement_.device);
   errors_ = std::make_unique<ErrorChannel>(world_.get());
@@ -203,7 +203,7 @@ void MpiGroup::abandon() {
   errors_.reset();
   world_.abandon();
   pipeline_.abandon();
-  stage_.abandon();
+  replicas_.abandon();
   for (Tie& tie : ties_) tie.comm.abandon();
 }
 
@@ -221,6 +221,13 @@ void MpiGroup::begin_call() {
   failed_ = false;
 }
 
+void MpiGroup::fail(const std::string& why) {
+  // A failure outside the transport's steps (a sum, the gradients' reduction, a loss in evaluation)
+  // is told here; one the transport cancelled was told already.
+  if (!failed_ && !why.empty() && errors_ && transport_ && !transport_->cancelled()) errors_->raise(who() + why);
+  failed_ = true;
+}
+
 std::string MpiGroup::who() const {
   return "rank " + std::to_string(rank()) + " (device " + std::to_string(placement_.device) + ", replica " +
          std::to_string(placement_.replica) + "): ";
@@ -232,7 +239,7 @@ std::string MpiGroup::describe() const {
 }
 
 std::pair<int64_t, int64_t> MpiGroup::share(int64_t rows) const {
-  // As chunk_sizes: the first rows % D replicas take one row more; with fewer rows than
+  // As micro_batch_sizes: the first rows % D replicas take one row more; with fewer rows than
   // replicas, the last replicas take none.
   const int64_t D = placement_.replicas, r = placement_.replica;
   const int64_t base = rows / D, extra = rows % D;
@@ -287,10 +294,6 @@ MpiPipeline::MpiPipeline(torch::nn::Sequential layers, PipelineOptions options, 
 
 const Placement& MpiPipeline::placement() const {
   return static_cast<const detail::MpiGroup&>(group()).placement();
-}
-
-const MpiTransport& MpiPipeline::transport() const {
-  return static_cast<const detail::MpiGroup&>(group()).mpi_transport();
 }
 
 }  // namespace gpipe::mpi

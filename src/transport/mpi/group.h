@@ -69,7 +69,7 @@ class MpiGroup : public gpipe::detail::Group {
   void connect(const PipelinePlan& plan, const torch::nn::Sequential& layers, const PipelineOptions& options) override;
 
   void begin_call() override;
-  void fail() override { failed_ = true; }
+  void fail(const std::string& why) override;
   Transport& transport() override { return *transport_; }
   std::string who() const override;
   std::pair<int64_t, int64_t> share(int64_t rows) const override;
@@ -86,7 +86,6 @@ class MpiGroup : public gpipe::detail::Group {
   std::string describe() const override;
 
   const Placement& placement() const { return placement_; }
-  const MpiTransport& mpi_transport() const { return *transport_; }
 
  private:
   // Throws on every rank if any rank's `local_error` is not empty.
@@ -109,7 +108,7 @@ class MpiGroup : public gpipe::detail::Group {
   Communicator control_;   // a duplicate of the caller's: setting up, and starting over after a failed step
   Communicator world_;     // every rank, for the steps' sums and gathers
   Communicator pipeline_;  // this replica's K ranks
-  Communicator stage_;     // the D ranks that run this device
+  Communicator replicas_;  // the D ranks that run this device, one per replica
   Placement placement_;
   PipelinePlan plan_;
   struct Tie {

@@ -32,7 +32,7 @@ void MpiGroup::reduce_gradients(const std::vector<torch::Tensor>& params) {
     auto kept =
         std::make_shared<torch::Tensor>(torch::cat(flat).to(all_float ? torch::kFloat : torch::kDouble).contiguous());
     const torch::Tensor buffer = *kept;
-    allreduce_sum(*errors_, stage_.get(), kept, "a device's gradients");
+    allreduce_sum(*errors_, replicas_.get(), kept, "a device's gradients");
     int64_t at = 0;
     for (torch::Tensor p : params) {
       p.mutable_grad() = buffer.narrow(0, at, p.numel()).view(p.sizes()).to(p.options(), false, /*copy=*/true);
@@ -43,7 +43,7 @@ void MpiGroup::reduce_gradients(const std::vector<torch::Tensor>& params) {
 }
 
 void MpiGroup::sum_over_replicas(const std::shared_ptr<torch::Tensor>& values) {
-  if (placement_.replicas > 1) allreduce_sum(*errors_, stage_.get(), values, "a device's BatchNorm statistics");
+  if (placement_.replicas > 1) allreduce_sum(*errors_, replicas_.get(), values, "a device's BatchNorm statistics");
 }
 
 }  // namespace gpipe::mpi::detail

@@ -26,8 +26,6 @@ void MpiGroup::find_tied_copies(const torch::nn::Sequential& layers, const Pipel
       }
   const auto held = first_ranks_lines(control_.get(), mine, placement_.devices);
   for (size_t g = 0; g < groups.size(); ++g) {
-    GPIPE_CHECK(groups[g].size() >= 2, "a group of tied parameters needs at least two names (got ", groups[g].size(),
-                ")");
     std::string shape;  // "[sizes] dtype" of the group's first copy
     for (const std::string& name : groups[g]) {
       const std::string key = std::to_string(g) + " " + name + " ";

@@ -60,7 +60,6 @@ MpiTransport::PendingRecv MpiTransport::post_header(const Key& key) {
   return pending;
 }
 
-
 void MpiTransport::send(int from, int to, Channel channel, int micro_batch, torch::Tensor tensor) {
   check_cancelled();
   const Key key{from, to, static_cast<int>(channel), micro_batch};
