@@ -40,6 +40,9 @@ int virtual_stages(const std::string& schedule, const BenchOptions& o) {
                                                             : default_virtual_stages(parse_schedule(schedule));
 }
 
+// D, the pipeline replicas of K devices: the ranks' share under mpirun, 1 in one process.
+int replicas(int devices) { return world().mpi ? world().size / devices : 1; }
+
 // One configuration of a comparison: the whole batch on one device (unsplit), or a pipeline. Every
 // configuration of a comparison runs one step in turn, so each ratio compares steps taken moments
 // apart on the same noisy machine.
@@ -152,7 +155,7 @@ void build(Contender& c, const std::string& name, int M, Checkpoint mode, const 
                          w.layers, options);
   c.sgd = std::make_unique<torch::optim::SGD>(c.pipe->parameters(), 1e-4);
   // Replica 0's pipeline on its share of the rows (the replicas' gradient sum is not modelled).
-  const int64_t share = micro_batch_sizes(w.input.size(0), world().size / c.devices).front();
+  const int64_t share = micro_batch_sizes(w.input.size(0), replicas(c.devices)).front();
   if (world().prints()) c.predicted = predict(costs, c.pipe->plan(), micro_batch_sizes(share, M));
 }
 
@@ -230,7 +233,7 @@ nlohmann::json row_of(const Contender& c, const Contender* unsplit, const Conten
   const double ideal = ideal_speedup(c.pipe->schedule());
   nlohmann::json row = {
       {"workload", name}, {"tie_embeddings", o.tie_embeddings}, {"transport", world().mpi ? "mpi" : "threads"},
-      {"stages", c.devices}, {"replicas", world().size / c.devices}, {"micro_batches", M},
+      {"stages", c.devices}, {"replicas", replicas(c.devices)}, {"micro_batches", M},
       {"checkpoint", to_string(mode)}, {"schedule", c.schedule}, {"virtual_stages", c.virtual_stages},
       {"threads_per_device", o.threads}, {"balance", c.pipe->balance()}, {"balance_by", c.balance_by},
       {"samples_per_s", batch / median(c.step_s)},

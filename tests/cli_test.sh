@@ -140,6 +140,22 @@ PY
 then pass "--model unet on 3 stages: PSNR above the noisy input's; --samples writes a 3 x 8 PNG"
 else fail "--model unet"; cat "$work/unet.json" "$work/unet.err"; fi
 
+# gpipe bench: a row per configuration, against one device and the ideal, written to --results.
+if "$gpipe" bench --workload tiny --stages 1 2 --micro-batches 4 --schedule gpipe zb1p --steps 2 --warmup 1 --json \
+     --results "$work/bench.json" >"$work/bench.jsonl" 2>"$work/bench.err" &&
+   /usr/bin/python3 - "$work/bench.jsonl" "$work/bench.json" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert [(r["stages"], r["schedule"]) for r in rows] == [(1, "gpipe"), (1, "zb1p"), (2, "gpipe"), (2, "zb1p")], rows
+for r in rows:
+    assert r["transport"] == "threads" and r["replicas"] == 1 and r["samples_per_s"] > 0 and r["speedup"] > 0
+    assert r["ideal"] >= 1 and 0 <= r["bubble"] < 1 and len(r["peak_bytes"]) == r["stages"]
+assert rows[3]["bytes_sent_per_step"] > 0 and rows[3]["vs_schedule"] == "gpipe"
+assert json.load(open(sys.argv[2]))["results"] == rows
+PY
+then pass "gpipe bench: a row per K and schedule, with speedup, bubble, memory and bytes sent"
+else fail "gpipe bench"; cat "$work/bench.err"; fi
+
 # gpipe plan: the issue's 128-device Transformer is answered in seconds (here: refused, with the need
 # and a way out); a model that fits gets JSON Lines, fastest first, each within the memory asked for.
 start=$(date +%s)

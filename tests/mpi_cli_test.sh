@@ -25,6 +25,20 @@ for case in "2 --stages 2" "3 --stages 3 --checkpoint always --micro-batches 3" 
   else fail "np=$np $args exited non-zero"; tail -5 "$work/mpi.err"; fi
 done
 
+# gpipe bench under mpirun: the same sweep, a rank per device.
+if bash "$mpirun_sh" 2 "$gpipe" bench --workload tiny --stages 2 --micro-batches 4 --steps 2 --warmup 1 --json \
+     --results "" >"$work/bench.jsonl" 2>"$work/bench.err" &&
+   /usr/bin/python3 - "$work/bench.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert len(rows) == 1, rows
+r = rows[0]
+assert r["transport"] == "mpi" and r["stages"] == 2 and r["replicas"] == 1 and r["samples_per_s"] > 0
+assert r["bytes_sent_per_step"] > 0 and "speedup" not in r
+PY
+then pass "gpipe bench under mpirun: one row, over MPI"
+else fail "gpipe bench under mpirun"; cat "$work/bench.err"; fi
+
 # --trace under MPI: rank 0 gathers every stage's actions of the last step (by default 4 stages
 # interleaved over the 2 ranks: stages 0 and 2 on rank 0, 1 and 3 on rank 1).
 if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 2 --micro-batches 6 --trace "$work/trace.json" \
