@@ -21,16 +21,53 @@ namespace gpipe {
 
 namespace {
 
-// Whether a TorchScript block calls an operator that draws random numbers (dropout,
-// bernoulli, rand*, normal, uniform, multinomial, rrelu), in nested blocks too.
-bool calls_random(const torch::jit::Block* block) {
+// What `value` is, when the module's code fixes it: a constant, an attribute of `self` (the
+// graph's first input) or of its submodules; std::nullopt when it is computed.
+std::optional<torch::IValue> known_value(const torch::jit::Value* value, const torch::jit::Module& self) {
+  const torch::jit::Node* node = value->node();
+  if (node->kind() == torch::jit::prim::Param && value->offset() == 0) return torch::IValue(self._ivalue());
+  if (node->kind() == torch::jit::prim::Constant) return torch::jit::toIValue(value);
+  if (node->kind() == torch::jit::prim::GetAttr) {
+    const std::optional<torch::IValue> owner = known_value(node->input(0), self);
+    if (owner && owner->isObject()) return owner->toObject()->getAttr(node->s(torch::jit::attr::name));
+  }
+  return std::nullopt;
+}
+
+// The largest number `value` can be: known_value, or for the result of an if, the larger of its
+// branches' (MultiheadAttention's dropout_p is 0.0 outside training, its attribute inside).
+std::optional<double> largest_number(const torch::jit::Value* value, const torch::jit::Module& self) {
+  const torch::jit::Node* node = value->node();
+  if (node->kind() == torch::jit::prim::If) {
+    std::optional<double> largest;
+    for (const torch::jit::Block* branch : node->blocks()) {
+      const std::optional<double> v = largest_number(branch->outputs()[value->offset()], self);
+      if (!v) return std::nullopt;
+      largest = std::max(largest.value_or(*v), *v);
+    }
+    return largest;
+  }
+  const std::optional<torch::IValue> known = known_value(value, self);
+  if (known && (known->isDouble() || known->isInt())) return known->toDouble();
+  return std::nullopt;
+}
+
+// Whether a TorchScript block of `self`'s code draws random numbers in training: a dropout whose
+// probability is not known to be 0 (torch.nn's Dropout(0.0), a TransformerEncoderLayer built with
+// dropout=0.0 draw none), bernoulli, rand*, normal, uniform, multinomial, rrelu; in nested blocks too.
+bool calls_random(const torch::jit::Block* block, const torch::jit::Module& self) {
   for (const torch::jit::Node* node : block->nodes()) {
     const std::string kind = node->kind().toQualString();
-    if (kind.rfind("aten::", 0) == 0)
-      for (const char* word : {"dropout", "bernoulli", "rand", "normal", "uniform", "multinomial", "rrelu"})
+    if (kind.rfind("aten::", 0) == 0) {
+      if (kind.find("dropout") != std::string::npos) {
+        const std::optional<double> p = node->inputs().size() > 1 ? largest_number(node->input(1), self) : std::nullopt;
+        if (!p || *p > 0) return true;
+      }
+      for (const char* word : {"bernoulli", "rand", "normal", "uniform", "multinomial", "rrelu"})
         if (kind.find(word) != std::string::npos) return true;
+    }
     for (const torch::jit::Block* inner : node->blocks())
-      if (calls_random(inner)) return true;
+      if (calls_random(inner, self)) return true;
   }
   return false;
 }
@@ -49,7 +86,7 @@ ScriptLayerImpl::ScriptLayerImpl(torch::jit::Module module) : module_(std::move(
   for (const auto& method : module_.get_methods()) {
     const std::shared_ptr<torch::jit::Graph> graph = method.graph()->copy();
     torch::jit::Inline(*graph);
-    random_ = random_ || calls_random(graph->block());
+    random_ = random_ || calls_random(graph->block(), module_);
   }
   for (const auto& p : module_.named_parameters(/*recurse=*/true)) {
     std::string name = p.name;

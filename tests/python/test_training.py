@@ -329,3 +329,20 @@ def test_balance_none_with_the_interleaved_schedule_cuts_k_times_v_stages():
     assert len(pipe.balance) == 4 and pipe.placement == [0, 1, 0, 1]
     train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
     assert_same_parameters(model, reference)
+
+
+def transformer(dropout):
+    torch.manual_seed(10)
+    blocks = [torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=dropout, batch_first=True) for _ in range(2)]
+    return torch.nn.Sequential(torch.nn.Embedding(20, 16), *blocks, torch.nn.Linear(16, 20))
+
+
+def test_layers_whose_dropout_is_zero_draw_no_random_numbers():
+    """A TransformerEncoderLayer built with dropout=0.0 calls dropout with p = 0: it draws nothing,
+    so its stages need no seeded random stream (and their forwards overlap); with p > 0 they draw."""
+    x, y = torch.randint(20, (8, 5)), torch.randint(20, (8, 5))
+    for dropout, draws in ((0.0, False), (0.1, True)):
+        pipe = gpipe.GPipe(transformer(dropout), balance=[2, 2], chunks=2)
+        before = torch.get_rng_state()
+        pipe.train_step(x, y)
+        assert (not torch.equal(before, torch.get_rng_state())) == draws, f"dropout={dropout}"

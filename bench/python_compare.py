@@ -1,0 +1,271 @@
+#!/usr/bin/python3
+"""python_compare.py: gpipe's Python package against plain PyTorch, torch's Pipe and `gpipe train`.
+
+Each contender runs in a process of its own (so that no thread pool, allocator arena or spinning
+worker of one slows another), and the driver alternates them step by step: one training step of
+each in turn, every ratio a per-step ratio of steps taken moments apart on a noisy machine; the
+median of the ratios is reported with its min and max. Results: bench/results/python-compare.json.
+
+  cnn          the main job's CNN (Fashion-MNIST, batches of 128, Adam): gpipe.GPipe at K=2 as
+               `gpipe train` runs it by default (interleaved, cut {3, 1, 2, 5}, M=4), against the
+               same model in plain PyTorch on 2 threads and on 1.
+  cli          gpipe.GPipe's samples/s against `gpipe train`'s own for the same configuration: one
+               epoch each per round (the CLI cannot be stepped from outside, so rounds).
+  transformer  docs/benchmarks.md's transformer at K=2, M=8, checkpoint except_last: gpipe.GPipe
+               against torch.distributed.pipeline.sync.Pipe; and the share of gpipe's step time
+               spent holding the GIL. Pipe needs torch's RPC, whose TensorPipe agent keeps a core
+               busy polling even while it waits (measured here: 100% of a core, and gpipe 13.4 ->
+               11.7 samples/s beside an idle one), so the two cannot wait beside each other: they
+               alternate in rounds, one process at a time, and the ratio is per round.
+
+The PyTorch contenders run with the malloc settings gpipe gives itself (gpipe::keep_freed_memory).
+Needs Debian's python3-torch and the built package:
+
+    PYTHONPATH=build/python /usr/bin/python3 bench/python_compare.py [--steps 100] [--rounds 5]
+"""
+import argparse, ctypes, json, os, platform, statistics, subprocess, sys, tempfile, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KEPT_MALLOC = {"MALLOC_TRIM_THRESHOLD_": "268435456", "MALLOC_MMAP_THRESHOLD_": "33554432",
+               "MALLOC_TOP_PAD_": "67108864"}
+
+
+def set_threads(n):
+    """This thread's intra-op threads and OpenBLAS' pool, as a contender runs."""
+    import torch
+    torch.set_num_threads(n)
+    blas = getattr(ctypes.CDLL("libblas.so.3"), "openblas_set_num_threads", None)  # the one torch loaded
+    if blas is not None:
+        blas(n)
+
+
+def contender(name, args):
+    """The contender `name`: a function that runs one training step, and one that tells the GIL share."""
+    import torch
+    from torch import nn
+    import gpipe
+    sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
+    if name.startswith("cnn"):
+        from fashion_mnist import FashionMNIST, cnn
+        torch.manual_seed(0)
+        data = FashionMNIST(args.data_dir, train=True, limit=args.samples)
+        batches = list(torch.utils.data.DataLoader(data, batch_size=128, shuffle=True, drop_last=True))
+        model = cnn()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        pipe = None
+        if name == "cnn gpipe":
+            pipe = gpipe.GPipe(model, balance=[3, 1, 2, 5], chunks=4, schedule="interleaved", checkpoint="never",
+                               devices=2)
+        else:
+            set_threads(int(name.split()[-1]))
+        at = [0]
+
+        def step():
+            x, y = batches[at[0] % len(batches)]
+            at[0] += 1
+            opt.zero_grad()
+            if pipe is not None:
+                pipe.train_step(x, y)
+            else:
+                nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return step, (lambda: pipe.gil_share) if pipe else None
+
+    torch.manual_seed(0)
+    layers = [nn.Embedding(2048, 256), *[nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, batch_first=True)
+                                         for _ in range(8)], nn.Linear(256, 2048)]
+    x, y = torch.randint(2048, (32, 64)), torch.randint(2048, (32, 64))
+    set_threads(1)
+    if name == "transformer gpipe":
+        model = nn.Sequential(*layers)
+        pipe = gpipe.GPipe(model, balance=[5, 5], chunks=8, checkpoint="except_last", devices=2)
+        sgd = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+        def step():
+            sgd.zero_grad()
+            pipe.train_step(x, y)
+            sgd.step()
+        return step, lambda: pipe.gil_share
+    from torch.distributed import rpc
+    from torch.distributed.pipeline.sync import Pipe
+    rpc.init_rpc("worker", rank=0, world_size=1, rpc_backend_options=rpc.TensorPipeRpcBackendOptions(
+        init_method="file://" + tempfile.mktemp()))
+    pipe = Pipe(nn.Sequential(nn.Sequential(*layers[:5]), nn.Sequential(*layers[5:])), chunks=8,
+                checkpoint="except_last")
+    sgd = torch.optim.SGD(pipe.parameters(), lr=1e-4)
+
+    def step():
+        sgd.zero_grad()
+        out = pipe(x).local_value()
+        nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1)).backward()
+        sgd.step()
+    return step, None
+
+
+def worker(name, args):
+    """Runs contender `name` one step per "step" line on standard input; answers the step's seconds."""
+    step, gil = contender(name, args)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
+        begin = time.perf_counter()
+        step()
+        seconds = time.perf_counter() - begin
+        print(json.dumps({"seconds": seconds, "gil_share": gil() if gil else None}), flush=True)
+
+
+def alternate(names, steps, warmup, args):
+    """Steps of every contender in turn, each in its process; per contender its timed steps."""
+    procs = {}
+    for name in names:
+        env = dict(os.environ, **({} if "gpipe" in name else KEPT_MALLOC))
+        procs[name] = subprocess.Popen([sys.executable, __file__, "--worker", name, "--samples", str(args.samples),
+                                        "--data-dir", args.data_dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       env=env, text=True)
+        line = procs[name].stdout.readline()
+        assert line.strip() == "ready", f"{name}: {line!r}"
+    results = {name: [] for name in names}
+    for s in range(warmup + steps):
+        for name, p in procs.items():
+            p.stdin.write("step\n")
+            p.stdin.flush()
+            answer = json.loads(p.stdout.readline())
+            if s >= warmup:
+                results[name].append(answer)
+    for p in procs.values():
+        p.stdin.close()
+        p.wait()
+    return results
+
+
+def rounds(names, steps, warmup, count, args):
+    """`count` rounds of `steps` steps of each contender in turn, one process at a time; per contender,
+    the median step of each round."""
+    medians = {name: [] for name in names}
+    answers = {name: [] for name in names}
+    for _ in range(count):
+        for name in names:
+            result = alternate([name], steps, warmup, args)[name]
+            medians[name].append(statistics.median(r["seconds"] for r in result))
+            answers[name] += result
+    return medians, answers
+
+
+def ratios(a, b):
+    r = [x / y for x, y in zip(a, b)]
+    return {"median": statistics.median(r), "min": min(r), "max": max(r)}
+
+
+def span(r):
+    return f"x{r['median']:.3f} ({r['min']:.3f} .. {r['max']:.3f})"
+
+
+def cnn(args):
+    names = ["cnn gpipe", "cnn pytorch 2", "cnn pytorch 1"]
+    results = alternate(names, args.steps, args.warmup, args)
+    seconds = {n: [r["seconds"] for r in results[n]] for n in names}
+    rows = []
+    for name in names:
+        row = {"comparison": "cnn", "contender": name, "samples_per_s": 128 / statistics.median(seconds[name]),
+               "steps": len(seconds[name]), "gpipe_speedup_per_step": ratios(seconds[name], seconds["cnn gpipe"])}
+        rows.append(row)
+        print(f"cnn  {name:15s} {row['samples_per_s']:7.0f} samples/s   gpipe.GPipe K=2 "
+              f"{span(row['gpipe_speedup_per_step'])} per step", flush=True)
+    return rows
+
+
+def cli(args):
+    import_path = os.environ.get("PYTHONPATH", "")
+    cli_rates, python_rates = [], []
+    for r in range(args.rounds):
+        out = subprocess.run([args.gpipe, "train", "--train-samples", str(args.samples), "--test-samples", "500",
+                              "--epochs", "1", "--json"], capture_output=True, text=True, check=True).stdout
+        cli_rates.append(json.loads(out)["samples_per_s"])
+        out = subprocess.run([sys.executable, __file__, "--epoch", "--samples", str(args.samples), "--data-dir",
+                              args.data_dir], capture_output=True, text=True, check=True,
+                             env=dict(os.environ, PYTHONPATH=import_path)).stdout
+        python_rates.append(json.loads(out.strip().splitlines()[-1])["samples_per_s"])
+        print(f"cli  round {r + 1}: gpipe train {cli_rates[-1]:.0f}, gpipe.GPipe {python_rates[-1]:.0f} samples/s",
+              flush=True)
+    row = {"comparison": "cli", "gpipe_train_samples_per_s": statistics.median(cli_rates),
+           "python_samples_per_s": statistics.median(python_rates),
+           "python_over_gpipe_train": ratios(python_rates, cli_rates), "rounds": args.rounds,
+           "per_round": {"gpipe_train": cli_rates, "python": python_rates}}
+    print(f"cli  gpipe.GPipe / gpipe train {span(row['python_over_gpipe_train'])} per round")
+    return [row]
+
+
+def epoch(args):
+    """One epoch of the CNN through gpipe.GPipe, its steps timed as `gpipe train` times them; prints JSON."""
+    import torch
+    import gpipe
+    sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
+    from fashion_mnist import FashionMNIST, cnn as make_cnn
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(FashionMNIST(args.data_dir, train=True, limit=args.samples), batch_size=128,
+                                         shuffle=True)
+    model = make_cnn()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    pipe = gpipe.GPipe(model, balance=[3, 1, 2, 5], chunks=4, schedule="interleaved", checkpoint="never", devices=2)
+    summary = gpipe.Summary(pipe)
+    for x, y in loader:
+        with summary.step(len(x)):
+            opt.zero_grad()
+            pipe.train_step(x, y)
+            opt.step()
+    print(json.dumps({"samples_per_s": summary.samples_per_s}))
+
+
+def transformer(args):
+    names = ["transformer gpipe", "transformer Pipe"]
+    medians, answers = rounds(names, args.transformer_steps, args.warmup, args.rounds, args)
+    row = {"comparison": "transformer", "stages": 2, "micro_batches": 8, "checkpoint": "except_last",
+           "gpipe_samples_per_s": 32 / statistics.median(medians[names[0]]),
+           "pipe_samples_per_s": 32 / statistics.median(medians[names[1]]),
+           "gpipe_over_pipe_per_round": ratios(medians[names[1]], medians[names[0]]),
+           "rounds": args.rounds, "steps_per_round": args.transformer_steps,
+           "gil_share_of_step": statistics.median(r["gil_share"] for r in answers[names[0]])}
+    print(f"transformer K=2 M=8: gpipe.GPipe {row['gpipe_samples_per_s']:.2f}, Pipe {row['pipe_samples_per_s']:.2f} "
+          f"samples/s: {span(row['gpipe_over_pipe_per_round'])} per round; gpipe held the GIL "
+          f"{100 * row['gil_share_of_step']:.3f}% of a step")
+    return [row]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    parser.add_argument("--samples", type=int, default=12800, help="training samples (cnn, cli)")
+    parser.add_argument("--steps", type=int, default=100, help="cnn: timed steps of each contender")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="cli and transformer: rounds")
+    parser.add_argument("--transformer-steps", type=int, default=6, help="transformer: timed steps per round")
+    parser.add_argument("--gpipe", default=os.path.join(HERE, "..", "build", "apps", "gpipe"))
+    parser.add_argument("--only", choices=["cnn", "cli", "transformer"], action="append")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--epoch", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--results", default=os.path.join(HERE, "results", "python-compare.json"))
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args.worker, args)
+    if args.epoch:
+        return epoch(args)
+    rows = []
+    for part, run in (("cnn", cnn), ("cli", cli), ("transformer", transformer)):
+        if part in (args.only or ["cnn", "cli", "transformer"]):
+            rows += run(args)
+    import torch
+    doc = {"command": " ".join(["bench/python_compare.py"] + sys.argv[1:]),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "machine": {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+                       "torch": torch.__version__},
+           "results": rows}
+    os.makedirs(os.path.dirname(args.results), exist_ok=True)
+    with open(args.results + ".tmp", "w") as out:
+        json.dump(doc, out, indent=2)
+    os.replace(args.results + ".tmp", args.results)  # whole or not at all
+    print(f"results written to {args.results}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
