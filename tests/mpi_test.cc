@@ -501,6 +501,21 @@ class Faulty : public torch::nn::Module {
 
 // The failing rank throws StageError, every other rank RemoteError with its
 // message, at once; the gradients are as they were, and the next step works.
+// Every call takes the same whole batch on every rank; a rank given another is refused on every rank.
+TEST(MpiPipeline, RefusesBatchesThatDifferBetweenRanks) {
+  const int K = world_size();
+  const std::vector<int> balance = cut(K);
+  const auto [first, last] = stage_range(balance, world_rank());
+  mpi::MpiPipeline pipe(model_layers(3, {first, last}), PipelineOptions().balance(balance).micro_batches(2));
+  torch::manual_seed(20);
+  const torch::Tensor x = torch::randn({6, 12}), y = torch::randn({6, 4});
+  const torch::Tensor mine = world_rank() == 1 ? x * 2 : x;
+  expect_invalid([&] { pipe.train_step(mine, y, mse_loss); }, "the ranks were given different batches");
+  expect_invalid([&] { pipe.forward(world_rank() == 1 ? x.narrow(0, 0, 5) : x); }, "sizes of the input differ");
+  for (const auto& p : pipe.parameters()) EXPECT_FALSE(p.grad().defined()) << "no work done";
+  EXPECT_TRUE(pipe.train_step(x, y, mse_loss).defined()) << "the same batch works";
+}
+
 // A failure outside a stage's actions (here, evaluate's loss on the rank of the last stage) ends
 // the call on every rank too, and the next call works.
 TEST(MpiFailure, AFailureOutsideTheStagesStopsEveryRank) {

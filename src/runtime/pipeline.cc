@@ -243,6 +243,7 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tens
     GPIPE_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == input.size(0),
                 "the target's batch size differs from the input's (input ", shape_text(input), ", target ",
                 shape_text(target), "); give one target row per input sample");
+    group_->check_same_batch({input, target});
     const int64_t N = input.size(0);
     const auto [first, count] = group_->share(N);
     // A short batch runs one row per micro-batch; a replica without rows only joins the sums.
@@ -288,6 +289,7 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tens
 torch::Tensor Pipeline::forward(const torch::Tensor& input) {
   return collective([&] {
     check_batch(input, "input");
+    group_->check_same_batch({input});
     const auto [first, count] = group_->share(input.size(0));
     // A batch smaller than M (say the last one of a test set) runs in fewer micro-batches.
     const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));

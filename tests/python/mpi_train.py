@@ -2,9 +2,10 @@
 embedding) through gpipe.GPipe for a few steps and saves what this process trained: run by
 test_mpi.py in one process and under `mpirun -np 2`.
 
-    python3 mpi_train.py OUT_DIR [--tied] [--by-time]
+    python3 mpi_train.py OUT_DIR [--tied] [--by-time] [--unseeded]
 
 With --by-time the model is cut by measured time (balance=None): under MPI every rank takes rank 0's cut.
+With --unseeded each rank draws its own batches: every rank refuses the first step.
 """
 import sys
 
@@ -39,6 +40,13 @@ def main():
     # This rank's stages' parameters; model.parameters() would do too (the others get no gradient).
     opt = torch.optim.Adam(m.parameters() if balance is None else pipe.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(1)
+    if "--unseeded" in sys.argv:
+        g.seed()  # each rank its own batches
+        try:
+            pipe.train_step(torch.randint(24, (10, 5), generator=g), torch.randint(24, (10, 5), generator=g))
+        except ValueError as e:
+            torch.save({"refused": str(e)}, f"{out}/rank{pipe.rank}.pt")
+        return
     losses = []
     for _ in range(3):
         x, y = torch.randint(24, (10, 5), generator=g), torch.randint(24, (10, 5), generator=g)

@@ -78,3 +78,9 @@ def test_balance_none_under_mpi_every_rank_takes_rank_0s_cut(tmp_path):
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert ranks[0]["balance"] == ranks[1]["balance"] and len(ranks[0]["balance"]) == 4
     assert ranks[0]["losses"] == ranks[1]["losses"]
+
+
+def test_ranks_given_different_batches_are_refused_on_every_rank(tmp_path):
+    run(mpirun() + ["-np", "2"], tmp_path, "--unseeded")
+    for r in range(2):
+        assert "the ranks were given different batches" in torch.load(tmp_path / f"rank{r}.pt")["refused"]

@@ -8,6 +8,8 @@
 #include <torch/torch.h>
 
 #include <array>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
@@ -236,6 +238,28 @@ std::string MpiGroup::who() const {
 std::string MpiGroup::describe() const {
   return "MPI: " + std::to_string(placement_.devices * placement_.replicas) + " ranks = " +
          std::to_string(placement_.devices) + " devices x " + std::to_string(placement_.replicas) + " replicas";
+}
+
+void MpiGroup::check_same_batch(const std::vector<torch::Tensor>& tensors) {
+  // Per tensor its size and the sum of its values, each with its negation: one maximum gives both
+  // the largest and the smallest over the ranks.
+  std::vector<double> values;
+  for (const torch::Tensor& t : tensors) {
+    const double size = static_cast<double>(t.numel());
+    double sum = t.numel() > 0 ? t.detach().to(torch::kDouble).sum().item<double>() : 0.0;
+    if (!std::isfinite(sum)) sum = std::numeric_limits<double>::max();  // NaN compares with nothing
+    values.insert(values.end(), {size, -size, sum, -sum});
+  }
+  reduce(values.data(), static_cast<int>(values.size()), /*largest=*/true);
+  for (size_t n = 0; n < values.size(); n += 2) {
+    // Every rank reaches the same verdict from the same sums, so nothing is told: a rank told first
+    // would stop the others with its message before they reach their own.
+    if (values[n] != -values[n + 1]) failed_ = true;
+    GPIPE_CHECK(values[n] == -values[n + 1], "the ranks were given different batches (", n % 4 == 0 ? "sizes" : "values",
+                " of the ", n < 4 ? "input" : "target", " differ); every rank calls with the same whole mini-batch: "
+                "draw the data in the same order on every rank (seed the generator that shuffles it, e.g. "
+                "torch.manual_seed before building a DataLoader)");
+  }
 }
 
 std::pair<int64_t, int64_t> MpiGroup::share(int64_t rows) const {
