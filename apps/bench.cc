@@ -74,10 +74,10 @@ CostModel profile_workload(const std::string& name, int M, const BenchOptions& o
 std::vector<int> cut_for(const Workload& w, const Contender& c, int M, const CostModel& costs, const BenchOptions& o) {
   const int K = c.devices, V = c.virtual_stages;
   if (!o.balance.empty() && K > 1) return o.balance;
-  if (c.balance_by == "even" || V > 1) return w.balance(K * V);
-  if (c.balance_by == "params") return balance_by_cost(parameter_costs(w.model), K);
+  if (c.balance_by == "even") return w.balance(K * V);
+  if (c.balance_by == "params") return balance_by_cost(parameter_costs(w.model), K * V);
   const int64_t rows = micro_batch_sizes(w.input.size(0), M).front();
-  return balance_by_cost(c.balance_by == "time" ? layer_times(costs, rows) : layer_memory(costs, rows), K);
+  return balance_by_cost(c.balance_by == "time" ? layer_times(costs, rows) : layer_memory(costs, rows), K * V);
 }
 
 // Every configuration is checked before any work, by the plan each will run.
@@ -94,9 +94,6 @@ void check_sweep(const BenchOptions& o) {
         const int V = virtual_stages(schedule, o);
         GPIPE_CHECK(!world().mpi || world().size % K == 0, "--stages ", K, " does not divide the ", world().size,
                     " ranks; start K·D ranks (mpirun -np ", K, " for one pipeline)");
-        GPIPE_CHECK(V == 1 || o.balance_by == std::vector<std::string>{"even"},
-                    "--balance-by cuts one contiguous stage per device; the interleaved schedule uses the even cut "
-                    "(or --balance): leave --balance-by out");
         const bool given = !o.balance.empty() && K > 1;
         GPIPE_CHECK(given || K * V <= static_cast<int>(w.block_layers.size()), "workload ", name, " has ",
                     w.block_layers.size(), " blocks, too few for --stages ", K,

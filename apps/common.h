@@ -40,7 +40,7 @@ uint64_t parse_seed(const std::string& text);
 
 /// A mistake in the command line or in the files it names. main() prints its
 /// message and ends with status 2, after everything the run built has been
-/// torn down (stage threads joined), so no error leaves a thread running.
+/// torn down (device threads joined), so no error leaves a thread running.
 struct UsageError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };

@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   add_bench_command(app, command, status);
   add_schedule_command(app, command, status);
   add_plan_command(app, command, status);
-  // Errors come here after the run has unwound (its stage threads joined).
+  // Errors come here after the run has unwound (its device threads joined).
   // Under mpirun every rank runs the same command; an error on one ends them all.
   try {
     start_world(&argc, &argv);

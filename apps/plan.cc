@@ -221,7 +221,7 @@ int run(const PlanOptions& o) {
         const ScheduleKind kind = parse_schedule(schedule);
         const int V = default_virtual_stages(kind);
         if (K * V > stage_units) continue;
-        if (kind == ScheduleKind::kZB1P && K == 1) continue;  // one device: nothing to fill
+        if (K == 1 && (kind == ScheduleKind::kZB1P || V > 1)) continue;  // one device: nothing to fill
         for (const std::string& checkpoint : o.checkpoints) {
           PipelinePlan plan;
           try {

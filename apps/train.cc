@@ -161,9 +161,6 @@ void check_flags(TrainOptions& o) {
   if (V > 1 && o.schedule != "interleaved")
     usage_error("--virtual-stages " + std::to_string(V) + " needs --schedule interleaved; the " + o.schedule +
                 " schedule runs one stage per device");
-  if (V > 1 && !o.balance_by.empty())
-    usage_error("--balance-by cuts the model into contiguous stages, one per device; with --virtual-stages give "
-                "the cut (--stages x V entries) with --balance, or leave it out for an even cut");
   // The optimizer's flags, as torch.optim takes them.
   optimizer_options(o).check();
   o.weight_decay = optimizer_options(o).decay();
@@ -227,7 +224,7 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
   const int64_t N = data.train.size();
   const torch::Tensor sample = data.train.input.narrow(0, 0, micro_batch_sizes(std::min(o.batch_size, N), o.micro_batches).front());
   const CostBalance by = balance_by(o.balance_by, model, sample, o.stages, o.micro_batches, o.threads,
-                                    o.optimizer == "sgd" ? 2.0 : 3.0, parse_schedule(o.schedule));
+                                    o.optimizer == "sgd" ? 2.0 : 3.0, parse_schedule(o.schedule), o.virtual_stages);
   cut.balance = by.balance;
   const PartitionPlan& by_cost = by.plan;
   if (!o.json && world().prints())

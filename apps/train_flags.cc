@@ -108,7 +108,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
       ->check(positive_number());
   sub->add_option("--seed", o->seed_text, "seed of the model, the shuffling and dropout (0 to 2^64-1)")
       ->capture_default_str();
-  sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each stage (at most the machine's cores)")
+  sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each device (at most the machine's cores)")
       ->check(at_least(1))->capture_default_str();
   sub->add_option("--train-samples", o->train_samples, "use only the first N training samples (0: all)")
       ->check(at_least(0))->capture_default_str();

@@ -173,10 +173,11 @@ class Run {
     if (o_.samples.empty()) return;
     const int64_t n = std::min<int64_t>(8, data_.eval.input.size(0));
     const torch::Tensor noisy = data_.eval.input.narrow(0, 0, n);
-    torch::nn::Sequential layers = pipeline_.layers();
-    layers->eval();
-    const torch::Tensor out = pipeline_.forward(noisy);  // inference keeps no graph
-    layers->train();
+    torch::Tensor out;
+    {
+      const EvalScope eval(pipeline_.layers());
+      out = pipeline_.forward(noisy);  // inference keeps no graph
+    }
     if (!out.defined() || pipeline_.output_rows(n).first != 0) return;
     const int64_t shown = out.size(0);  // under MPI with replicas, the first replica's share
     auto row = [shown](const torch::Tensor& images) {  // [n, 1, 28, 28] normalized -> [58, n * 58] pixels
@@ -235,17 +236,9 @@ class Run {
                 << " dB (noisy input " << data_.noisy_psnr << " dB)\n";
     else
       std::cout << "  " << eval << " loss  " << std::fixed << std::setprecision(6) << evaluation_.loss << "\n";
-    std::cout << "  training time  " << std::fixed << std::setprecision(1) << trainer_.stats().train_seconds << " s (" << run_steps
-              << " steps)\n"
-              << "  throughput     " << std::setprecision(0) << s["samples_per_s"].get<double>() << " samples/s\n"
-              << "  bubble         " << std::setprecision(1) << 100 * s["bubble"].get<double>()
-              << "% of device time idle (measured)\n"
-              << "  partition      ";
-    for (size_t j = 0; j < cut_.balance.size(); ++j)
-      std::cout << (j ? " | " : "") << "stage " << j
-                << (o_.virtual_stages > 1 ? " (device " + std::to_string(pipeline_.plan().placement[j]) + ")" : "")
-                << ": " << cut_.balance[j] << (cut_.balance[j] == 1 ? " layer" : " layers");
-    std::cout << std::endl;
+    std::cout << format_run_figures({trainer_.stats().train_seconds, run_steps, s["samples_per_s"].get<double>(),
+                                     s["bubble"].get<double>(), cut_.balance, pipeline_.plan().placement, K_})
+              << std::flush;
     if (!o_.save.empty())
       std::cout << "  saved to       "
                 << (o_.per_stage_files ? trainer_.snapshot_file(o_.save, 0) + " .. " + trainer_.snapshot_file(o_.save, K_ - 1)

@@ -10,7 +10,7 @@ namespace gpipe::cli {
 struct World {
   int rank = 0;
   int size = 1;
-  bool mpi = false;  ///< started by mpirun, in a build with the MPI engine
+  bool mpi = false;  ///< started by mpirun, in a build with the MPI runtime
   /// Whether this rank prints progress, tables and summaries (rank 0 does).
   bool prints() const { return rank == 0; }
 };

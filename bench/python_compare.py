@@ -23,20 +23,13 @@ Needs Debian's python3-torch and the built package:
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python_compare.py [--steps 100] [--rounds 5]
 """
-import argparse, ctypes, json, os, platform, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, platform, statistics, subprocess, sys, tempfile, time
+
+from torch_threads import set_threads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KEPT_MALLOC = {"MALLOC_TRIM_THRESHOLD_": "268435456", "MALLOC_MMAP_THRESHOLD_": "33554432",
                "MALLOC_TOP_PAD_": "67108864"}
-
-
-def set_threads(n):
-    """This thread's intra-op threads and OpenBLAS' pool, as a contender runs."""
-    import torch
-    torch.set_num_threads(n)
-    blas = getattr(ctypes.CDLL("libblas.so.3"), "openblas_set_num_threads", None)  # the one torch loaded
-    if blas is not None:
-        blas(n)
 
 
 def contender(name, args):

@@ -8,10 +8,12 @@ table and writes bench/results/pytorch.json. Needs Debian's python3-torch (run i
 
     /usr/bin/python3 bench/pytorch_compare.py --workload mlp transformer --stages 2 --micro-batches 32
 """
-import argparse, ctypes, json, os, platform, statistics, sys, tempfile, time
+import argparse, json, os, platform, statistics, sys, tempfile, time
 
 import torch
 from torch import nn
+
+from torch_threads import set_threads
 
 
 def workload(name):
@@ -43,14 +45,6 @@ def even_cut(blocks, head, tail, stages):
         parts.append(nn.Sequential(*layers))
         at += n
     return nn.Sequential(*parts)
-
-
-def set_threads(n):
-    """Intra-op threads and OpenBLAS threads alike, as gpipe sets them (OpenBLAS' pool ignores torch's)."""
-    torch.set_num_threads(n)
-    blas = getattr(ctypes.CDLL("libblas.so.3"), "openblas_set_num_threads", None)  # the one torch loaded
-    if blas is not None:
-        blas(n)
 
 
 def time_steps(step, steps, warmup):

@@ -10,11 +10,13 @@ Debian's python3-torch: run it with /usr/bin/python3.
 
     /usr/bin/python3 bench/pytorch_train.py --threads 2 --train-samples 12800
 """
-import argparse, ctypes, gzip, json, os, statistics, time
+import argparse, gzip, json, os, statistics, time
 
 import numpy as np
 import torch
 from torch import nn
+
+from torch_threads import set_threads
 
 
 def read_idx(path, dims):
@@ -37,14 +39,6 @@ def cnn():
         nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(64 * 7 * 7, 256), nn.ReLU(), nn.Dropout(0.3), nn.Linear(256, 10))
-
-
-def set_threads(n):
-    """Intra-op threads and OpenBLAS threads alike, as gpipe sets them (OpenBLAS' pool ignores torch's)."""
-    torch.set_num_threads(n)
-    blas = getattr(ctypes.CDLL("libblas.so.3"), "openblas_set_num_threads", None)  # the one torch loaded
-    if blas is not None:
-        blas(n)
 
 
 def main():

@@ -61,6 +61,17 @@ PY
 then pass "--balance-by memory with 3 stages: plan in the summary"
 else fail "--balance-by"; fi
 
+# With the interleaved schedule --balance-by cuts K·V stages (2 devices x 3 stages here).
+if "$gpipe" train --train-samples 256 --test-samples 100 --steps 1 --schedule interleaved --virtual-stages 3 \
+     --micro-batches 4 --balance-by params --json >"$work/plan_v.json" 2>/dev/null &&
+   /usr/bin/python3 - "$work/plan_v.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert len(s["balance"]) == 6 and sum(s["balance"]) == 11 and len(s["plan"]["stage_costs"]) == 6, s["balance"]
+PY
+then pass "--balance-by params with --virtual-stages 3: 6 stages"
+else fail "--balance-by with --virtual-stages"; fi
+
 # Save and resume: a run stopped at step 14 and resumed ends where an unbroken run of 25 steps ends
 # (Adam state, shuffling, dropout streams and all); bad checkpoints fail clearly and change nothing.
 small=(--train-samples 700 --test-samples 200 --batch-size 64 --epochs 3 --json)
@@ -180,6 +191,8 @@ for r in rows:
     assert r["stages"] * r["replicas"] == 8 and sum(r["balance"]) == 66, r
     assert len(r["predicted_peak_bytes"]) == r["stages"], r
 assert {r["schedule"] for r in rows} >= {"gpipe", "1f1b", "interleaved"}
+assert any(r["stages"] == 1 for r in rows), "one device per pipeline (8 replicas) is a configuration"
+assert all(r["stages"] > 1 for r in rows if r["schedule"] in ("interleaved", "zb1p")), "nothing to fill on one device"
 PY
 then pass "gpipe plan --json: configurations that fit, fastest first"
 else fail "gpipe plan --json"; cat "$work/plan.err"; fi

@@ -44,6 +44,10 @@ TEST(MakePipelineTest, EvaluateEqualsTheModelInEvalMode) {
   EXPECT_NEAR(e.loss, gpipe::cross_entropy_loss(out, labels).item<double>(), 1e-6);
   EXPECT_DOUBLE_EQ(e.accuracy, out.argmax(-1).eq(labels).to(torch::kDouble).mean().item<double>());
   EXPECT_TRUE(pipe->layers()->is_training()) << "evaluate puts the layers back in train mode";
+  pipe->layers()->eval();
+  pipe->evaluate(x, labels, cross_entropy_loss, /*classification=*/true, 10);
+  EXPECT_FALSE(pipe->layers()->is_training()) << "and layers in eval mode back in eval mode";
+  pipe->layers()->train();
   EXPECT_DOUBLE_EQ(pipe->evaluate(x, torch::randn({25, 4}), mse_loss, false, 10).accuracy, 0.0);
 }
 

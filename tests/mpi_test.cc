@@ -423,7 +423,7 @@ TEST(MpiTransport, CancelStopsTheOtherRanksReceive) {
     if (world_rank() == 0) {
       transport.cancel("gpipe: stage 0 failed on purpose");
       EXPECT_THROW(transport.recv(1, 0, Channel::kGradient, 0), Cancelled);
-      EXPECT_THROW(transport.begin({}), std::invalid_argument) << "a cancelled transport is not used again";
+      EXPECT_THROW(transport.begin({}), std::logic_error) << "a cancelled transport is not used again";
     } else {
       try {
         transport.recv(0, 1, Channel::kActivation, 1);  // never sent
@@ -499,8 +499,6 @@ class Faulty : public torch::nn::Module {
   int calls_ = 0;
 };
 
-// The failing rank throws StageError, every other rank RemoteError with its
-// message, at once; the gradients are as they were, and the next step works.
 // Every call takes the same whole batch on every rank; a rank given another is refused on every rank.
 TEST(MpiPipeline, RefusesBatchesThatDifferBetweenRanks) {
   const int K = world_size();
@@ -545,6 +543,8 @@ TEST(MpiFailure, AFailureOutsideTheStagesStopsEveryRank) {
   EXPECT_NEAR(e.loss, gpipe::mse_loss(single->forward(x), y).item<double>(), 1e-5);
 }
 
+// The failing rank throws StageError, every other rank RemoteError with its
+// message, at once; the gradients are as they were, and the next step works.
 TEST(MpiFailure, OneRankFailingStopsEveryRank) {
   const int K = world_size();
   std::vector<int> balance = cut(K);

@@ -58,9 +58,9 @@ def accuracy(pipe, model, loader):
     model.eval()
     correct = 0
     for x, y in loader:
-        out = pipe(x)  # under MPI: the last device's rank holds the output, the others None
+        out = pipe(x)  # under MPI: each replica's last rank holds its replica's rows, the others None
         if out is not None:
-            correct += (out.argmax(1) == y).sum().item()
+            correct += (out.argmax(1) == y[pipe.output_rows(len(y))]).sum().item()
     model.train()
     return pipe.sum(correct) / len(loader.dataset)
 

@@ -87,23 +87,24 @@ def main():
             with summary.step(len(xb)):
                 opt.zero_grad()
                 loss = pipe.train_step(xb, yb, loss="cross_entropy")  # over every position
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                pipe.clip_grad_norm_(1.0)  # the norm over every rank's gradients under mpirun
                 opt.step()
         model.eval()
-        out = pipe(held_x)
-        held = pipe.sum(0.0 if out is None else
-                        torch.nn.functional.cross_entropy(out.reshape(-1, len(chars)), held_y.reshape(-1)).item())
+        out = pipe(held_x)  # under mpirun: on each replica's last rank, that replica's rows
+        rows = held_y[pipe.output_rows(len(held_y))]
+        held = pipe.sum(0.0 if out is None else torch.nn.functional.cross_entropy(
+            out.reshape(-1, len(chars)), rows.reshape(-1), reduction="sum").item()) / held_y.numel()
         model.train()
         if pipe.rank == 0:
             print(f"epoch {epoch}: loss {loss:.4f}, held-out loss {held:.4f} ({math.exp(held):.2f} perplexity)",
                   flush=True)
-    # Greedy continuation of the text's first words, on the model itself (trained in place).
+    # Greedy continuation of the text's first words, through the pipeline (under mpirun every rank
+    # takes the next character from the rank that holds the output).
     model.eval()
     context = ids[:args.length // 2].tolist()
-    with torch.no_grad():
-        for _ in range(80):
-            logits = model(torch.tensor([context[-args.length:]]))
-            context.append(int(logits[0, -1].argmax()))
+    for _ in range(80):
+        out = pipe(torch.tensor([context[-args.length:]]))
+        context.append(int(pipe.sum(0 if out is None else int(out[0, -1].argmax()))))
     if pipe.rank == 0:
         print("sample: " + repr("".join(chars[i] for i in context)))
     summary.print(loss=held, evaluated_on="held-out")

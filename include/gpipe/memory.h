@@ -1,4 +1,4 @@
-// memory.h: CPU memory accounting per stage (a tracking allocator), with an optional cap per device.
+// memory.h: CPU memory accounting per device (a tracking allocator), with an optional cap per device.
 //
 // While a MemoryScope is alive on a thread, every CPU allocation that thread
 // makes through libtorch is charged to the scope's counter until it is freed,

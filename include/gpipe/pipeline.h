@@ -55,6 +55,22 @@ struct Interrupted : Cancelled {
   Interrupted() : Cancelled("gpipe: the step was interrupted") {}
 };
 
+/// Puts `layers` in eval mode while it lives, then back in the mode they had
+/// (also when an exception leaves the scope).
+class EvalScope {
+ public:
+  explicit EvalScope(torch::nn::Sequential layers) : layers_(std::move(layers)), training_(layers_->is_training()) {
+    layers_->eval();
+  }
+  ~EvalScope() { layers_->train(training_); }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  torch::nn::Sequential layers_;
+  bool training_;
+};
+
 /// A torch::nn::Sequential cut into consecutive stages over K devices, trained
 /// over M micro-batches by a schedule (GPipe's fill-drain by default; 1F1B,
 /// interleaved or zero-bubble).
@@ -110,7 +126,7 @@ class Pipeline {
 
   /// Mean loss (and, with `classification`, accuracy) of the model on
   /// (input, target), by pipelined inference in batches of `batch` rows, with
-  /// the layers in eval mode; they are put back in train mode after.
+  /// the layers in eval mode; they are put back in the mode they had after.
   Evaluation evaluate(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss,
                       bool classification, int64_t batch = 1000);
 

@@ -5,9 +5,10 @@
 //     K, V, M, balance,                                         balance, placement,    the cost model's prediction,
 //     schedule, checkpoint                                      skip routes, programs  gpipe bench, plan and train
 //
-// Every check of K, V, M and the balance lives in make_plan; everything else
-// reads the plan: which device runs a stage, which stages a device runs, which
-// layers a stage holds.
+// Every check of K, V, M and the balance against each other and the model lives
+// in make_plan (the MPI transport adds its tag-space limit on M, and the front
+// ends check their flags' own ranges); everything else reads the plan: which
+// device runs a stage, which stages a device runs, which layers a stage holds.
 #pragma once
 
 #include "gpipe/device.h"
@@ -100,8 +101,6 @@ struct PipelinePlan {
   Schedule training_program(int micro_batches) const;
   /// The inference program for `micro_batches` micro-batches.
   Schedule inference_program(int micro_batches) const;
-  /// The K·V·M figures as text: "K=2 devices x V=2 stages, M=4 micro-batches".
-  std::string describe() const;
 };
 
 /// The plan of a model of `layers` layers with `skips` (skip_connections) for

@@ -173,6 +173,22 @@ struct Model {
 /// random numbers are left as they were.
 void check_model_and_data(const Model& model, const Dataset& data, bool classification);
 
+/// What a run did, as the end of `gpipe train`'s summary reports it (Python's
+/// gpipe.Summary prints the same lines).
+struct RunFigures {
+  double train_seconds = 0;
+  int64_t steps = 0;
+  double samples_per_s = 0;
+  double bubble = 0;            ///< the measured share of device time idle, 0 to 1
+  std::vector<int> balance;     ///< layers per stage
+  std::vector<int> placement;   ///< the device of each stage
+  int devices = 1;              ///< K: with more stages than devices each stage names its device
+};
+
+/// The lines "  training time ...", "  throughput ...", "  bubble ..." and
+/// "  partition ...", each ending in a newline.
+std::string format_run_figures(const RunFigures& figures);
+
 /// A cut by per-layer cost: the exact min-max partition, and its plan.
 struct CostBalance {
   std::vector<int> balance;  ///< layers per stage
@@ -180,8 +196,8 @@ struct CostBalance {
   std::string unit;          ///< "parameters", "s" or "bytes"
 };
 
-/// Cuts `model` into contiguous stages, V for each of `devices` devices (V the
-/// schedule's own: 2 for interleaved, else 1), by per-layer cost on one
+/// Cuts `model` into contiguous stages, V for each of `devices` devices (V =
+/// `virtual_stages`, 0 for the schedule's own: 2 for interleaved, else 1), by per-layer cost on one
 /// micro-batch `sample`: `method` "params" (parameter counts), "time"
 /// (forward+backward, profile_layers with `threads` intra-op threads) or
 /// "memory" (activations kept, and parameters with `optimizer_copies` bytes of
@@ -190,7 +206,7 @@ struct CostBalance {
 /// run's random numbers are left as they were.
 CostBalance balance_by(const std::string& method, const Model& model, const torch::Tensor& sample, int devices,
                        int micro_batches, int threads = 1, double optimizer_copies = 2.0,
-                       ScheduleKind schedule = ScheduleKind::kGPipe);
+                       ScheduleKind schedule = ScheduleKind::kGPipe, int virtual_stages = 0);
 
 /// Writes the snapshot of a whole run to `path` in one file: every process's part (its layers and
 /// `optimizer`'s state of them, named `optimizer_name`) gathered on the root, which writes it

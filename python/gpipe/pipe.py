@@ -140,6 +140,13 @@ class GPipe:
 
     forward = __call__
 
+    def output_rows(self, rows):
+        """The rows of a batch of `rows` that pipe(x) returns here, as a slice of the batch: all of
+        them in one process; under MPI with replicas, this rank's replica's share (empty where the
+        rank returns None). E.g. correct = (pipe(x).argmax(1) == y[pipe.output_rows(len(y))]).sum()."""
+        first, count = (0, rows) if self._pipe is None else self._pipe.output_rows(_whole(rows, "rows"))
+        return slice(first, first + count)
+
     @property
     def gil_share(self):
         """The share of the last train_step's wall time in which gpipe held the GIL (the rest, the

@@ -2,6 +2,8 @@
 import contextlib
 import time
 
+from . import _gpipe
+
 
 class Summary:
     """Times the steps of a training loop and prints `gpipe train`'s summary:
@@ -42,17 +44,12 @@ class Summary:
             lines.append(f"  {evaluated_on} accuracy  {100 * accuracy:.2f}%")
         if loss is not None:
             lines.append(f"  {evaluated_on} loss  {loss:.6f}")
-        bubble = self.bubble_sum / self.steps if self.steps else 0.0
-        balance = self.pipe.balance or []
-        placement = self.pipe.placement or []
-        stages = " | ".join(
-            f"stage {j}" + (f" (device {placement[j]})" if len(balance) > self.pipe.devices else "")
-            + f": {n} layer{'s' if n != 1 else ''}" for j, n in enumerate(balance))
-        lines += [f"  training time  {self.seconds:.1f} s ({self.steps} steps)",
-                  f"  throughput     {self.samples_per_s:.0f} samples/s",
-                  f"  bubble         {100 * bubble:.1f}% of device time idle (measured)",
-                  f"  partition      {stages}"]
-        return "\n".join(lines)
+        figures = _gpipe.RunFigures()  # the lines gpipe train prints, from the same code
+        figures.train_seconds, figures.steps, figures.samples_per_s = self.seconds, self.steps, self.samples_per_s
+        figures.bubble = self.bubble_sum / self.steps if self.steps else 0.0
+        figures.balance, figures.placement = self.pipe.balance or [], self.pipe.placement or []
+        figures.devices = self.pipe.devices
+        return "\n".join(lines) + "\n" + _gpipe.format_run_figures(figures).rstrip("\n")
 
     def print(self, accuracy=None, loss=None, evaluated_on="test"):
         """Prints the summary on rank 0 (the only process outside MPI)."""

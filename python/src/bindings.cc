@@ -15,6 +15,7 @@
 
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -110,12 +111,14 @@ std::vector<int> first_rank_list(const std::vector<int>& values) {
 // A pipeline of a scripted nn.Sequential, owned by the Python GPipe object.
 class PythonPipeline {
  public:
-  // Runs `work` with the GIL released. If Ctrl-C came meanwhile, the KeyboardInterrupt that Python's
-  // handler left pending is raised, whatever else stopped the step.
+  // Runs `work` with the GIL released, one call at a time (another Python thread's call waits its
+  // turn: the pipeline takes one call at a time). If Ctrl-C came meanwhile, the KeyboardInterrupt
+  // that Python's handler left pending is raised, whatever else stopped the step.
   template <typename Work>
   auto released(Work&& work) {
     try {
       py::gil_scoped_release free;
+      const std::lock_guard<std::mutex> one_call(calling_);
       return work();
     } catch (...) {
       if (PyErr_Occurred()) throw py::error_already_set();
@@ -134,7 +137,7 @@ class PythonPipeline {
     start_mpi(kind == Runtime::kMpi);
     if (options.balance().empty() && sample) {
       const CostBalance by = balance_by("time", model_, *sample, settings.devices, settings.micro_batches,
-                                        settings.threads, 2.0, options.schedule());
+                                        settings.threads, 2.0, options.schedule(), settings.virtual_stages);
       options.balance(first_rank_list(by.balance));
     }
     pipe_ = make_pipeline(model_.build, model_.layers, options, kind);
@@ -194,20 +197,13 @@ class PythonPipeline {
 
   Model model_;
   std::unique_ptr<Pipeline> pipe_;
+  std::mutex calling_;
   int64_t gil_held_ns_ = 0;  // in the last step's interrupt checks
   double gil_free_s_ = 0;
 };
 
 }  // namespace
 }  // namespace gpipe::python
-
-// gpipe's Python Stash and Pop (python/gpipe/skip.py) call these, so that TorchScript compiles them;
-// in a pipeline they are replaced by the native layers (script_model).
-TORCH_LIBRARY(gpipe, ops) {
-  ops.def("stash(str name, Tensor x) -> Tensor",
-          [](std::string name, torch::Tensor x) { return gpipe::stash_tensor(name, x); });
-  ops.def("pop(str name) -> Tensor", [](std::string name) { return gpipe::pop_tensor(name); });
-}
 
 PYBIND11_MODULE(_gpipe, m) {
   using namespace gpipe;
@@ -250,8 +246,8 @@ PYBIND11_MODULE(_gpipe, m) {
         },
         py::arg("layers"), py::arg("settings"));
 
-  // Calls that wait for the devices or for other ranks release the GIL, so that other Python threads run.
-  using release = py::call_guard<py::gil_scoped_release>;
+  // Calls that wait for the devices or for other ranks release the GIL (PythonPipeline::released),
+  // so that other Python threads run.
   py::class_<PythonPipeline>(m, "Pipeline")
       .def(py::init<const py::object&, const Settings&, const std::optional<torch::Tensor>&>(), py::arg("scripted"),
            py::arg("settings"), py::arg("sample"))
@@ -263,24 +259,36 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_property_readonly("gil_free_seconds", &PythonPipeline::gil_free_seconds)
       .def_property_readonly("balance", [](PythonPipeline& p) { return p.pipe().balance(); })
       .def_property_readonly("placement", [](PythonPipeline& p) { return p.pipe().plan().placement; })
-      .def("bubble", [](PythonPipeline& p) { return p.pipe().bubble(); }, release())
+      .def("bubble", [](PythonPipeline& p) { return p.released([&] { return p.pipe().bubble(); }); })
       .def("write_trace",
            [](PythonPipeline& p, const std::string& path) {
-             const StepTrace trace = p.pipe().trace();
-             if (p.pipe().root()) write_trace(trace, path);
-           },
-           release())
+             p.released([&] {
+               const StepTrace trace = p.pipe().trace();
+               if (p.pipe().root()) write_trace(trace, path);
+               return 0;
+             });
+           })
       .def("schedule_text", [](PythonPipeline& p) { return format_grid(p.pipe().schedule()); })
       .def("describe", [](PythonPipeline& p) { return p.pipe().describe(); })
-      .def("sum", [](PythonPipeline& p, double value) { return p.pipe().sum(value); }, release())
-      .def("clip_grad_norm", [](PythonPipeline& p, double max_norm) { return p.pipe().clip_gradients(max_norm); },
-           release())
-      .def("checksum", [](PythonPipeline& p) { return p.pipe().checksum(); }, release())
+      .def("sum", [](PythonPipeline& p, double value) { return p.released([&] { return p.pipe().sum(value); }); })
+      .def("clip_grad_norm",
+           [](PythonPipeline& p, double max_norm) {
+             return p.released([&] { return p.pipe().clip_gradients(max_norm); });
+           })
+      .def("output_rows", [](PythonPipeline& p, int64_t rows) { return p.pipe().output_rows(rows); }, py::arg("rows"))
       .def_property_readonly("rank", [](PythonPipeline& p) { return p.pipe().rank(); })
       .def_property_readonly("has_trace", [](PythonPipeline& p) { return p.pipe().last_trace().end_ns > 0; });
 
-  m.def("default_virtual_stages", [](const std::string& schedule) { return default_virtual_stages(parse_schedule(schedule)); });
-  m.def("start_mpi", &gpipe::python::start_mpi, py::arg("required") = false, release());
+  py::class_<RunFigures>(m, "RunFigures")
+      .def(py::init<>())
+      .def_readwrite("train_seconds", &RunFigures::train_seconds)
+      .def_readwrite("steps", &RunFigures::steps)
+      .def_readwrite("samples_per_s", &RunFigures::samples_per_s)
+      .def_readwrite("bubble", &RunFigures::bubble)
+      .def_readwrite("balance", &RunFigures::balance)
+      .def_readwrite("placement", &RunFigures::placement)
+      .def_readwrite("devices", &RunFigures::devices);
+  m.def("format_run_figures", &format_run_figures, py::arg("figures"));
   m.def("schedule_names", &schedule_names);
   m.def("checkpoint_names", &checkpoint_names);
 }

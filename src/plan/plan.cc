@@ -6,7 +6,6 @@
 #include "gpipe/partition.h"
 
 #include <algorithm>
-#include <sstream>
 
 namespace gpipe {
 
@@ -46,14 +45,6 @@ Schedule PipelinePlan::training_program(int m) const {
 Schedule PipelinePlan::inference_program(int m) const {
   if (m == micro_batches) return inference;
   return lower(forward_only(devices, m, virtual_stages), Checkpoint::kNever, skip_routes);
-}
-
-std::string PipelinePlan::describe() const {
-  std::ostringstream out;
-  out << "K=" << devices << (devices == 1 ? " device" : " devices");
-  if (virtual_stages > 1) out << " x V=" << virtual_stages << " stages";
-  out << ", M=" << micro_batches << (micro_batches == 1 ? " micro-batch" : " micro-batches");
-  return out.str();
 }
 
 PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::vector<SkipConnection>& skips) {

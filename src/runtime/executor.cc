@@ -52,10 +52,10 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
   for (const auto& s : stages_) s->begin_step();
 
   try {
-    GPIPE_CHECK(transport_ != nullptr, "the executor of ", device_.str(), " has no transport");
+    if (transport_ == nullptr) throw std::logic_error("gpipe: the executor of " + device_.str() + " has no transport");
     for (const Action& a : program) {
       // Another device failed (or the step was interrupted): stop before the next piece of work.
-      if (a.is_compute() && transport_->cancelled()) throw Cancelled("gpipe: the step was cancelled");
+      if (a.is_compute() && transport_->cancelled()) throw Cancelled();
       const int64_t begin = now_ns();
       std::string operand;  // the shape of what the action was given, for its error message
       auto name_operand = [&operand](const char* what, const torch::Tensor& t) {

@@ -401,10 +401,10 @@ Evaluation Pipeline::evaluate(const torch::Tensor& input, const torch::Tensor& t
   GPIPE_CHECK(input.defined() && target.defined() && input.dim() >= 1 && target.dim() >= 1 &&
                   input.size(0) == target.size(0) && input.size(0) >= 1,
               "evaluate needs input and target with the same number of rows, at least one");
-  layers_->eval();
   double loss_sum = 0, correct = 0;
   const int64_t N = input.size(0);
-  try {
+  {
+    const EvalScope eval(layers_);
     for (int64_t at = 0; at < N; at += batch) {
       const int64_t n = std::min(batch, N - at);
       // Each process scores the rows whose output it holds (under MPI: the last stage of each replica).
@@ -417,11 +417,7 @@ Evaluation Pipeline::evaluate(const torch::Tensor& input, const torch::Tensor& t
         return 0;
       });
     }
-  } catch (...) {
-    layers_->train();
-    throw;
   }
-  layers_->train();
   const double rows = static_cast<double>(N);
   return {sum(loss_sum) / rows, classification ? sum(correct) / rows : 0.0};
 }

@@ -3,6 +3,7 @@
 
 #include "gpipe/check.h"
 
+#include <torch/library.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -114,3 +115,12 @@ std::vector<SkipConnection> skip_connections(const torch::nn::Sequential& model)
 }
 
 }  // namespace gpipe
+
+// gpipe's Python Stash and Pop (python/gpipe/skip.py) call these ops, so that TorchScript compiles
+// them, and a TorchScript file holding them (a model saved from Python) loads wherever the library
+// is linked; in a pipeline they are replaced by the native layers (script_model).
+TORCH_LIBRARY(gpipe, ops) {
+  ops.def("stash(str name, Tensor x) -> Tensor",
+          [](std::string name, torch::Tensor x) { return gpipe::stash_tensor(name, x); });
+  ops.def("pop(str name) -> Tensor", [](std::string name) { return gpipe::pop_tensor(name); });
+}

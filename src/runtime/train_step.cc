@@ -2,11 +2,9 @@
 #include "runtime/train_step.h"
 
 #include "gpipe/check.h"
-#include "gpipe/partition.h"
 
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <limits>
 
 namespace gpipe::detail {
@@ -27,8 +25,9 @@ void check_batch_norm(const torch::nn::Sequential& layers, bool deferred) {
   const std::string name = nested_batch_norm(layers);
   GPIPE_CHECK(name.empty(), "the BatchNorm ", name, " sits inside a layer of the model, where its stage cannot see "
               "its input, so it cannot update its running statistics once per mini-batch from every row; make each "
-              "BatchNorm a layer of the Sequential itself, or set deferred_batch_norm(false) (gpipe train: --batch-norm per-micro-batch) to update them "
-              "from each micro-batch");
+              "BatchNorm a layer of the Sequential itself, or update them from each micro-batch instead "
+              "(PipelineOptions::deferred_batch_norm(false); gpipe train --batch-norm per-micro-batch; Python "
+              "batch_norm=\"per-micro-batch\")");
 }
 
 TrainStepScope::TrainStepScope(StepData& step, const std::vector<int64_t>& sizes, int64_t total_rows,

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <iomanip>
 #include <limits>
 #include <sstream>
 
@@ -208,7 +209,8 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
 }
 
 CostBalance balance_by(const std::string& method, const Model& model, const torch::Tensor& sample, int devices,
-                       int micro_batches, int threads, double optimizer_copies, ScheduleKind schedule) {
+                       int micro_batches, int threads, double optimizer_copies, ScheduleKind schedule,
+                       int virtual_stages) {
   GPIPE_CHECK(method == "params" || method == "time" || method == "memory", "unknown cost '", method,
               "' to balance by; use params, time or memory");
   const RandomStateGuard guard;  // building the whole model and running it draw random numbers
@@ -220,12 +222,28 @@ CostBalance balance_by(const std::string& method, const Model& model, const torc
     const CostModel profile = profile_layers(whole, sample, threads, optimizer_copies);
     costs = method == "time" ? layer_times(profile, sample.size(0)) : layer_memory(profile, sample.size(0));
   }
-  const int V = default_virtual_stages(schedule);
+  const int V = virtual_stages > 0 ? virtual_stages : default_virtual_stages(schedule);
   CostBalance out;
   out.balance = balance_by_cost(costs, devices * V);
   out.plan = plan_partition(costs, out.balance, make_schedule(schedule, devices, micro_batches, V));
   out.unit = method == "params" ? "parameters" : method == "time" ? "s" : "bytes";
   return out;
+}
+
+std::string format_run_figures(const RunFigures& f) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1) << "  training time  " << f.train_seconds << " s (" << f.steps
+      << " steps)\n"
+      << std::setprecision(0) << "  throughput     " << f.samples_per_s << " samples/s\n"
+      << std::setprecision(1) << "  bubble         " << 100 * f.bubble << "% of device time idle (measured)\n"
+      << "  partition      ";
+  const bool name_devices = static_cast<int>(f.balance.size()) > f.devices;
+  for (size_t j = 0; j < f.balance.size(); ++j)
+    out << (j ? " | " : "") << "stage " << j
+        << (name_devices && j < f.placement.size() ? " (device " + std::to_string(f.placement[j]) + ")" : "")
+        << ": " << f.balance[j] << (f.balance[j] == 1 ? " layer" : " layers");
+  out << "\n";
+  return out.str();
 }
 
 // ---------------------------------------------------------------- the trainer

@@ -19,10 +19,10 @@ InProcessTransport::Mailbox& InProcessTransport::mailbox(int stage) {
 void InProcessTransport::send(int from, int to, Channel channel, int micro_batch,
                               torch::Tensor tensor) {
   Mailbox& box = mailbox(to);
-  bytes_sent_ += static_cast<int64_t>(tensor.nbytes());
   {
     std::lock_guard<std::mutex> lock(box.mutex);
     if (box.cancelled) throw Cancelled(box.why);
+    bytes_sent_ += static_cast<int64_t>(tensor.nbytes());
     box.messages[Key{from, static_cast<int>(channel), micro_batch}] = std::move(tensor);
   }
   box.arrived.notify_all();

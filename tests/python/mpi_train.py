@@ -15,6 +15,7 @@ import gpipe
 
 
 class TiedHead(torch.nn.Module):
+    """An output projection reading the embedding's weight."""
     def __init__(self, embedding):
         super().__init__()
         self.weight = embedding.weight

@@ -74,3 +74,38 @@ def test_ctrl_c_during_a_step_raises_keyboard_interrupt_within_a_second_and_chan
         assert torch.equal(p.grad, torch.full_like(p, 0.5))
     # The pipeline works on after the interrupt.
     assert isinstance(pipe.train_step(x[:16], y[:16], loss="mse"), float)
+
+
+def test_calls_from_two_python_threads_take_turns():
+    """The pipeline runs one call at a time: steps from two threads at once wait for each other, and
+    the gradients are those of the same steps run one after another."""
+    def small():
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+                                   torch.nn.Tanh(), torch.nn.Linear(64, 8))
+
+    x, y = torch.randn(96, 64), torch.randn(96, 8)
+    model, reference = small(), small()
+    pipe = gpipe.GPipe(model, balance=[2, 3], chunks=4)
+    failures = []
+
+    def steps():
+        try:
+            for _ in range(6):
+                pipe.train_step(x, y, loss="mse")
+                pipe(x)
+        except Exception as e:  # noqa: BLE001  (reported below)
+            failures.append(e)
+
+    workers = [threading.Thread(target=steps) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not failures, failures
+    # Every step adds the same gradient (no optimizer step between them): 12 of them, in any order.
+    alone = gpipe.GPipe(reference, balance=[2, 3], chunks=4)
+    for _ in range(12):
+        alone.train_step(x, y, loss="mse")
+    for p, r in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p.grad, r.grad)

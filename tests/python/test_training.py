@@ -2,11 +2,14 @@
 steps, for every schedule and checkpoint mode, uneven micro-batches, skips, tied weights, BatchNorm,
 Dropout."""
 import copy
+import os
+import subprocess
 
 import pytest
 import torch
 
 import gpipe
+from mpi_train import TiedHead  # an output projection reading the embedding's weight
 
 RTOL = 1e-5
 
@@ -128,14 +131,15 @@ def test_balance_none_cuts_by_measured_time_on_the_first_batch():
     assert_same_parameters(model, reference)
 
 
-def test_skip_connections_across_stages():
-    def unet_like():
-        torch.manual_seed(4)
-        return torch.nn.Sequential(
-            torch.nn.Linear(12, 16), gpipe.Stash("a"), torch.nn.ReLU(), torch.nn.Linear(16, 16), gpipe.Stash("b"),
-            torch.nn.Tanh(), torch.nn.Linear(16, 16), gpipe.Pop("b", "concat"), torch.nn.Linear(32, 16),
-            gpipe.Pop("a"), torch.nn.Linear(16, 5))
+def unet_like():
+    torch.manual_seed(4)
+    return torch.nn.Sequential(
+        torch.nn.Linear(12, 16), gpipe.Stash("a"), torch.nn.ReLU(), torch.nn.Linear(16, 16), gpipe.Stash("b"),
+        torch.nn.Tanh(), torch.nn.Linear(16, 16), gpipe.Pop("b", "concat"), torch.nn.Linear(32, 16),
+        gpipe.Pop("a"), torch.nn.Linear(16, 5))
 
+
+def test_skip_connections_across_stages():
     model, reference = unet_like(), unet_like()
     data = batches(3, 14)
     make_opt = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
@@ -146,15 +150,23 @@ def test_skip_connections_across_stages():
         assert_same_parameters(model, reference)
 
 
-class TiedHead(torch.nn.Module):
-    """An output projection reading the embedding's weight."""
-
-    def __init__(self, embedding):
-        super().__init__()
-        self.weight = embedding.weight
-
-    def forward(self, x):
-        return x @ self.weight.t()
+@pytest.mark.skipif(not os.environ.get("GPIPE_CLI"), reason="GPIPE_CLI names the gpipe program (ctest sets it)")
+def test_a_model_with_skips_saved_from_python_trains_in_gpipe_train(tmp_path):
+    """The TorchScript file of a model with gpipe.Stash and gpipe.Pop loads in the C++ program (the
+    library registers their ops), which trains it as PyTorch does."""
+    model, reference = unet_like(), unet_like()
+    torch.jit.script(model).save(str(tmp_path / "model.pt"))
+    (x, y), = batches(1, 14)
+    torch.save({"input": x, "target": y}, str(tmp_path / "data.pt"))
+    done = subprocess.run([os.environ["GPIPE_CLI"], "train", "--model", str(tmp_path / "model.pt"), "--data",
+                           str(tmp_path / "data.pt"), "--optimizer", "sgd", "--lr", "0.1", "--batch-size", "14",
+                           "--steps", "1", "--stages", "2", "--micro-batches", "2", "--balance", "5,6", "--save",
+                           str(tmp_path / "trained.pt")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trained = torch.jit.load(str(tmp_path / "trained.pt"))
+    train_reference(reference, [(x, y)], torch.nn.functional.cross_entropy,
+                    lambda params: torch.optim.SGD(params, lr=0.1))
+    assert_same_parameters(trained, reference)
 
 
 def test_a_weight_tied_across_stages_gets_one_gradient_and_one_update():
@@ -329,6 +341,13 @@ def test_balance_none_with_the_interleaved_schedule_cuts_k_times_v_stages():
     assert len(pipe.balance) == 4 and pipe.placement == [0, 1, 0, 1]
     train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
     assert_same_parameters(model, reference)
+    # V given: K·V stages.
+    model, reference = mlp(), mlp()
+    pipe = gpipe.GPipe(model, chunks=4, devices=2, schedule="interleaved", virtual_stages=3)
+    train_gpipe(pipe, model, data, "cross_entropy", make_opt)
+    assert len(pipe.balance) == 6 and pipe.placement == [0, 1, 0, 1, 0, 1]
+    train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
+    assert_same_parameters(model, reference)
 
 
 def transformer(dropout):
@@ -346,3 +365,20 @@ def test_layers_whose_dropout_is_zero_draw_no_random_numbers():
         before = torch.get_rng_state()
         pipe.train_step(x, y)
         assert (not torch.equal(before, torch.get_rng_state())) == draws, f"dropout={dropout}"
+
+
+def test_summary_prints_the_lines_gpipe_train_prints():
+    model = mlp()
+    pipe = gpipe.GPipe(model, balance=[2, 2, 2, 2], chunks=2, schedule="interleaved", devices=2)
+    summary = gpipe.Summary(pipe)
+    for x, y in batches(2, 8):
+        with summary.step(len(x)):
+            pipe.train_step(x, y)
+    lines = summary.text(accuracy=0.5).splitlines()
+    assert lines[:3] == ["", "summary", "  test accuracy  50.00%"]
+    assert lines[3].startswith("  training time  ") and lines[3].endswith(" s (2 steps)")
+    assert lines[4].startswith("  throughput     ") and lines[4].endswith(" samples/s")
+    assert lines[5].endswith("% of device time idle (measured)")
+    assert lines[6] == ("  partition      stage 0 (device 0): 2 layers | stage 1 (device 1): 2 layers | "
+                        "stage 2 (device 0): 2 layers | stage 3 (device 1): 2 layers")
+    assert len(lines) == 7

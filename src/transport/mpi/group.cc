@@ -246,8 +246,9 @@ void MpiGroup::check_same_batch(const std::vector<torch::Tensor>& tensors) {
   std::vector<double> values;
   for (const torch::Tensor& t : tensors) {
     const double size = static_cast<double>(t.numel());
-    double sum = t.numel() > 0 ? t.detach().to(torch::kDouble).sum().item<double>() : 0.0;
-    if (!std::isfinite(sum)) sum = std::numeric_limits<double>::max();  // NaN compares with nothing
+    double sum = t.numel() > 0 ? t.detach().sum(torch::kDouble).item<double>() : 0.0;
+    if (std::isnan(sum)) sum = std::numeric_limits<double>::max();  // NaN compares with nothing
+    if (std::isinf(sum)) sum = sum > 0 ? std::numeric_limits<double>::max() : std::numeric_limits<double>::lowest();
     values.insert(values.end(), {size, -size, sum, -sum});
   }
   reduce(values.data(), static_cast<int>(values.size()), /*largest=*/true);

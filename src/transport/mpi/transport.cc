@@ -106,7 +106,7 @@ void MpiTransport::finish() {
 
 void MpiTransport::cancel(const std::string& why) {
   if (!cancelled_.empty()) return;
-  cancelled_ = why.empty() ? "gpipe: step cancelled" : why;
+  cancelled_ = Cancelled(why).what();
   errors_->raise(cancelled_);
 }
 
@@ -135,8 +135,9 @@ torch::Tensor MpiTransport::recv(int from, int to, Channel channel, int micro_ba
 }
 
 void MpiTransport::begin(const std::vector<const std::vector<Action>*>& programs) {
-  GPIPE_CHECK(receives_.empty() && cancelled_.empty(), "the MPI transport still expects ", receives_.size(),
-              " messages from a failed step; a failed step is followed by a transport of its own");
+  if (!receives_.empty() || !cancelled_.empty())  // the runtime's mistake, not the caller's
+    throw std::logic_error("gpipe: the MPI transport still expects " + std::to_string(receives_.size()) +
+                           " messages from a failed step; a failed step is followed by a transport of its own");
   reap_sends();
   for (const std::vector<Action>* program : programs)
     for (const Action& a : *program) {
