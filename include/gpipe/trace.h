@@ -29,7 +29,7 @@ struct StepTrace {
 
   /// Wall time of the step, in seconds.
   double seconds() const;
-  /// Time device d spent inside compute actions, in seconds.
+  /// Time device d spent inside compute actions, in seconds (0 before any step).
   double busy_seconds(int device) const;
   /// The measured bubble: the share of device-time in which devices were idle,
   /// 1 - Σ_d busy_d / (K · step time). 0 for an empty trace.

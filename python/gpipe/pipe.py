@@ -1,5 +1,7 @@
 """GPipe: a torch.nn.Sequential trained through gpipe's C++ pipeline."""
 import numbers
+import os
+import sys
 import time
 import warnings
 
@@ -16,6 +18,8 @@ def schedule_names():
 def _whole(value, name):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"gpipe: {name} must be a whole number (got {value!r})")
+    if not -2**31 <= value < 2**31:
+        raise ValueError(f"gpipe: {name} is out of range (got {value}); give a whole number below 2^31")
     return int(value)
 
 
@@ -37,6 +41,35 @@ def _script(model):
             "threads without the GIL. TorchScript says:\n" + reason + "\nMake each layer scriptable "
             "(type-annotate its forward, avoid Python-only constructs; see "
             "https://pytorch.org/docs/stable/jit_language_reference.html), or replace the layer it names.") from None
+
+
+def _path(value, name):
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"gpipe: {name} must be a file path, a str or os.PathLike (got {type(value).__name__})")
+    path = os.fspath(value)
+    if not path:
+        raise ValueError(f"gpipe: {name} is empty; give a file path")
+    return path
+
+
+_hook_installed = False
+
+
+def _end_the_job_on_an_uncaught_exception():
+    """Under MPI, an exception that ends one rank's script ends the job: the other ranks would wait
+    for that rank in their next call. (In one process it changes nothing.)"""
+    global _hook_installed
+    if _hook_installed:
+        return
+    _hook_installed = True
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        previous(kind, value, traceback)
+        sys.stderr.flush()
+        _gpipe.abort_job(1)
+
+    sys.excepthook = hook
 
 
 def _batch(value, name):
@@ -72,6 +105,11 @@ class GPipe:
 
     def __init__(self, model, balance=None, chunks=1, checkpoint="except_last", schedule="gpipe", devices=None,
                  virtual_stages=None, batch_norm="deferred", threads=1, runtime="auto"):
+        _end_the_job_on_an_uncaught_exception()
+        if isinstance(model, torch.nn.Sequential) and type(model).forward is not torch.nn.Sequential.forward:
+            raise ValueError(f"gpipe: the model's class {type(model).__name__} overrides Sequential's forward; gpipe "
+                             f"runs the chain of its children, so give a torch.nn.Sequential of the layers whose "
+                             f"forward is that chain")
         if not isinstance(model, torch.nn.Sequential):
             raise ValueError(f"gpipe: the model must be a torch.nn.Sequential, whose forward is the chain of its "
                              f"children that gpipe cuts into stages (got {type(model).__name__}); wrap the layers in "
@@ -88,6 +126,10 @@ class GPipe:
         settings.virtual_stages = 0 if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
         settings.deferred_batch_norm = _one_of(batch_norm, "batch_norm", ("deferred", "per-micro-batch")) == "deferred"
         settings.threads = _whole(threads, "threads")
+        cores = os.cpu_count() or 1
+        if settings.threads > cores:
+            raise ValueError(f"gpipe: threads={threads} is more than this machine's {cores} cores; use 1 to {cores} "
+                             f"(intra-op threads of each device)")
         settings.runtime = _one_of(runtime, "runtime", ("auto", "threads", "mpi"))
         # The plan (K, V, M, the cut, the schedule) is checked now, before any work, whatever the balance.
         try:
@@ -173,9 +215,10 @@ class GPipe:
     def trace(self, path):
         """Writes the last step's timeline: an SVG chart if `path` ends in .svg, else Chrome-trace JSON
         (open it in Perfetto). Under MPI every rank calls it; rank 0 writes."""
+        path = _path(path, "the trace's path")
         if self._pipe is None or not self._pipe.has_trace:
             raise ValueError("gpipe: no step has run yet, so there is no timeline to write")
-        self._pipe.write_trace(str(path))
+        self._pipe.write_trace(path)
 
     def schedule_text(self):
         """The schedule as a grid: one row per device, one column per time slot."""
@@ -196,9 +239,10 @@ class GPipe:
         torch.jit.load reads (model.load_state_dict(torch.jit.load(path).state_dict()) takes it
         back; `import gpipe` first if the model has Stash and Pop layers), written whole or not at
         all. Optimizer state is not in it: torch.save(opt.state_dict()) saves that."""
+        path = _path(path, "the model's path")
         if self._pipe is None:
             raise ValueError("gpipe: the pipeline is built on the first batch (balance=None); train a step first")
-        self._pipe.save(str(path))
+        self._pipe.save(path)
 
     def parameters(self):
         """The parameters this process trains (all of them in one process; under MPI this rank's

@@ -13,7 +13,13 @@
 #include <torch/optim/sgd.h>
 #include <torch/python.h>
 
+#include <unistd.h>
+
+
+#include <array>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -108,6 +114,30 @@ std::vector<int> first_rank_list(const std::vector<int>& values) {
   return values;
 }
 
+// Under MPI, refuses on every rank a model that is not the same on every rank (its parameters'
+// shapes and values, by a fingerprint): each rank trains its stages of what it was given.
+void check_same_model(const torch::jit::Module& module) {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  if (!mpi_runtime()) return;
+  std::array<double, 4> mine{0, 0, 0, 0};  // parameters, elements, Σ sums, Σ position·sum
+  for (const torch::Tensor& p : module.parameters()) {
+    const double sum = p.detach().sum(torch::kDouble).item<double>();
+    mine[0] += 1;
+    mine[1] += static_cast<double>(p.numel());
+    mine[2] += sum;
+    mine[3] += mine[0] * sum;
+  }
+  const std::vector<std::string> all =
+      mpi::all_gather(MPI_COMM_WORLD, std::string(reinterpret_cast<const char*>(mine.data()), sizeof(mine)));
+  for (size_t r = 1; r < all.size(); ++r)
+    GPIPE_CHECK(all[r] == all[0], "rank ", r, "'s model differs from rank 0's (the shapes or the initial values of "
+                "its parameters); every rank builds the same model: seed its initialisation (torch.manual_seed "
+                "before building it) and give every rank the same layers");
+#else
+  (void)module;
+#endif
+}
+
 // A pipeline of a scripted nn.Sequential, owned by the Python GPipe object.
 class PythonPipeline {
  public:
@@ -116,14 +146,26 @@ class PythonPipeline {
   // that Python's handler left pending is raised, whatever else stopped the step.
   template <typename Work>
   auto released(Work&& work) {
-    try {
+    std::optional<decltype(work())> result;
+    std::exception_ptr failure;
+    {
       py::gil_scoped_release free;
-      const std::lock_guard<std::mutex> one_call(calling_);
-      return work();
-    } catch (...) {
-      if (PyErr_Occurred()) throw py::error_already_set();
-      throw;
+      try {
+        const std::lock_guard<std::mutex> one_call(calling_);
+        result.emplace(work());
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      // The interpreter exited meanwhile (this is a daemon thread's call): taking the GIL back would
+      // end this thread inside C++ frames, so it waits here for the process to end.
+      if (_Py_IsFinalizing())
+        for (;;) ::pause();
     }
+    if (failure) {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      std::rethrow_exception(failure);
+    }
+    return std::move(*result);
   }
 
   // Without a balance in `settings`, the model is cut by its layers' measured time on `sample` (one
@@ -135,6 +177,7 @@ class PythonPipeline {
     options.tied_parameters(model_.tied);
     py::gil_scoped_release free;
     start_mpi(kind == Runtime::kMpi);
+    check_same_model(*model_.script);
     if (options.balance().empty() && sample) {
       const CostBalance by = balance_by("time", model_, *sample, settings.devices, settings.micro_batches,
                                         settings.threads, 2.0, options.schedule(), settings.virtual_stages);
@@ -143,6 +186,9 @@ class PythonPipeline {
     pipe_ = make_pipeline(model_.build, model_.layers, options, kind);
     // Ctrl-C while the devices work: Python's handler runs on this (the calling) thread.
     pipe_->set_interrupt([this] {
+      // An interpreter that is exiting (a daemon thread's step outliving the main thread) ends the
+      // step: taking the GIL then would end this thread inside the pipeline.
+      if (_Py_IsFinalizing()) return true;
       const int64_t begin = now_ns();
       py::gil_scoped_acquire gil;
       const bool interrupted = PyErr_CheckSignals() != 0;
@@ -182,7 +228,18 @@ class PythonPipeline {
     at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
     const TrainState state{0, generator.get_state(), generator.get_state()};
     released([&] {
-      save_whole_snapshot(*pipe_, model_, no_optimizer, "none", state, path);
+      on_every_rank(path, [&] { save_whole_snapshot(*pipe_, model_, no_optimizer, "none", state, path); });
+      return 0;
+    });
+  }
+
+  // The last step's timeline, gathered from every rank, written by rank 0.
+  void write_step_trace(const std::string& path) {
+    released([&] {
+      on_every_rank(path, [&] {
+        const StepTrace trace = pipe_->trace();
+        if (pipe_->root()) write_trace(trace, path);
+      });
       return 0;
     });
   }
@@ -190,6 +247,21 @@ class PythonPipeline {
   Pipeline& pipe() { return *pipe_; }
 
  private:
+  // Runs `write` (collective, rank 0 writing `path`); if it fails on any rank it raises on every
+  // rank: the failing rank its own error, the others one that points to it.
+  void on_every_rank(const std::string& path, const std::function<void()>& write) {
+    std::exception_ptr failure;
+    try {
+      write();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const double failed = pipe_->sum(failure ? 1.0 : 0.0);
+    if (failure) std::rethrow_exception(failure);
+    if (failed > 0)
+      throw std::runtime_error("gpipe: writing " + path + " failed on another rank; its error says why");
+  }
+
   // The layers in the mode of the Python model (model.train() / model.eval()), as its forward would run.
   void set_training(bool training) {
     if (pipe_->layers()->is_training() != training) pipe_->layers()->train(training);
@@ -260,14 +332,7 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_property_readonly("balance", [](PythonPipeline& p) { return p.pipe().balance(); })
       .def_property_readonly("placement", [](PythonPipeline& p) { return p.pipe().plan().placement; })
       .def("bubble", [](PythonPipeline& p) { return p.released([&] { return p.pipe().bubble(); }); })
-      .def("write_trace",
-           [](PythonPipeline& p, const std::string& path) {
-             p.released([&] {
-               const StepTrace trace = p.pipe().trace();
-               if (p.pipe().root()) write_trace(trace, path);
-               return 0;
-             });
-           })
+      .def("write_trace", &PythonPipeline::write_step_trace, py::arg("path"))
       .def("schedule_text", [](PythonPipeline& p) { return format_grid(p.pipe().schedule()); })
       .def("describe", [](PythonPipeline& p) { return p.pipe().describe(); })
       .def("sum", [](PythonPipeline& p, double value) { return p.released([&] { return p.pipe().sum(value); }); })
@@ -277,7 +342,9 @@ PYBIND11_MODULE(_gpipe, m) {
            })
       .def("output_rows", [](PythonPipeline& p, int64_t rows) { return p.pipe().output_rows(rows); }, py::arg("rows"))
       .def_property_readonly("rank", [](PythonPipeline& p) { return p.pipe().rank(); })
-      .def_property_readonly("has_trace", [](PythonPipeline& p) { return p.pipe().last_trace().end_ns > 0; });
+      .def_property_readonly("has_trace", [](PythonPipeline& p) {
+        return p.released([&] { return p.pipe().last_trace().end_ns > 0; });
+      });
 
   py::class_<RunFigures>(m, "RunFigures")
       .def(py::init<>())
@@ -289,6 +356,12 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_readwrite("placement", &RunFigures::placement)
       .def_readwrite("devices", &RunFigures::devices);
   m.def("format_run_figures", &format_run_figures, py::arg("figures"));
+  // An uncaught exception on one rank of an MPI job ends the job (the others would wait for it).
+  m.def("abort_job", [](int status) {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+    if (mpi_runtime()) mpi::abort(status);
+#endif
+  }, py::arg("status"));
   m.def("schedule_names", &schedule_names);
   m.def("checkpoint_names", &checkpoint_names);
 }

@@ -22,6 +22,7 @@ double StepTrace::seconds() const { return static_cast<double>(end_ns - begin_ns
 
 double StepTrace::busy_seconds(int device) const {
   int64_t busy = 0;
+  if (device < 0 || static_cast<size_t>(device) >= devices.size()) return 0;  // no step recorded yet
   for (const ActionSpan& span : devices[static_cast<size_t>(device)]) busy += span.end_ns - span.begin_ns;
   return static_cast<double>(busy) * 1e-9;
 }

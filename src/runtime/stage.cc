@@ -307,6 +307,9 @@ torch::Tensor Stage::weighted_loss(const torch::Tensor& output, int i, const Ste
   TORCH_CHECK(loss.defined() && loss.numel() == 1,
               "the loss must return a scalar reduced by the mean over the batch; it returned ",
               loss.defined() ? loss.sizes() : c10::IntArrayRef{});
+  TORCH_CHECK(!output.requires_grad() || loss.requires_grad(),
+              "the loss has no gradient with respect to the model's output (it detaches the output or does not "
+              "use it); compute the loss from the output, as loss.backward() on one device would need");
   return loss.reshape({}) * step.weights[static_cast<size_t>(i)];
 }
 

@@ -215,6 +215,18 @@ CostBalance balance_by(const std::string& method, const Model& model, const torc
               "' to balance by; use params, time or memory");
   const RandomStateGuard guard;  // building the whole model and running it draw random numbers
   const torch::nn::Sequential whole = model.build(LayerRange{});
+  // Timing runs backward through the layers, whose parameters may be the caller's own (a TorchScript
+  // model's are): their gradients are put back as they were, also when the profile fails.
+  struct KeptGradients {
+    std::vector<torch::Tensor> params, grads;
+    ~KeptGradients() {
+      for (size_t n = 0; n < params.size(); ++n) params[n].mutable_grad() = grads[n];
+    }
+  } kept;
+  for (const torch::Tensor& p : whole->parameters()) {
+    kept.params.push_back(p);
+    kept.grads.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+  }
   std::vector<double> costs;
   if (method == "params") {
     costs = parameter_costs(whole);

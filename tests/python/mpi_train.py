@@ -2,11 +2,15 @@
 embedding) through gpipe.GPipe for a few steps and saves what this process trained: run by
 test_mpi.py in one process and under `mpirun -np 2`.
 
-    python3 mpi_train.py OUT_DIR [--tied] [--by-time] [--unseeded]
+    python3 mpi_train.py OUT_DIR [--tied] [--by-time] [--unseeded] [--unseeded-model] [--raise-on-rank-1]
 
 With --by-time the model is cut by measured time (balance=None): under MPI every rank takes rank 0's cut.
 With --unseeded each rank draws its own batches: every rank refuses the first step.
+With --unseeded-model each rank initialises its own model: every rank refuses it.
+With --raise-on-rank-1 rank 1's script raises after a step and a trace to a path rank 0 cannot write:
+the trace fails on every rank, and the uncaught exception ends the job.
 """
+import os
 import sys
 
 import torch
@@ -37,6 +41,14 @@ def main():
     out, tied = sys.argv[1], "--tied" in sys.argv
     m = model(tied)
     balance = None if "--by-time" in sys.argv else [3, 3, 2, 1]
+    if "--unseeded-model" in sys.argv:
+        with torch.no_grad():
+            m[2].weight.add_(torch.randn(16, 16, generator=torch.Generator().manual_seed(torch.seed())))
+        try:
+            gpipe.GPipe(m, balance=balance, chunks=4, schedule="interleaved", devices=2)
+        except ValueError as e:
+            torch.save({"refused": str(e)}, f"{out}/rank{os.environ.get('OMPI_COMM_WORLD_RANK', '0')}.pt")
+        return
     pipe = gpipe.GPipe(m, balance=balance, chunks=4, schedule="interleaved", devices=2)
     # This rank's stages' parameters; model.parameters() would do too (the others get no gradient).
     opt = torch.optim.Adam(m.parameters() if balance is None else pipe.parameters(), lr=0.01)
@@ -47,6 +59,16 @@ def main():
             pipe.train_step(torch.randint(24, (10, 5), generator=g), torch.randint(24, (10, 5), generator=g))
         except ValueError as e:
             torch.save({"refused": str(e)}, f"{out}/rank{pipe.rank}.pt")
+        return
+    if "--raise-on-rank-1" in sys.argv:
+        pipe.train_step(torch.randint(24, (10, 5), generator=g), torch.randint(24, (10, 5), generator=g))
+        try:
+            pipe.trace("/proc/no/such/folder/step.json")
+        except Exception as e:  # noqa: BLE001  (every rank must get here)
+            print(f"rank {pipe.rank}: trace refused: {e}", flush=True)
+        if pipe.rank == 1:
+            raise RuntimeError("rank 1 stops here")
+        pipe.train_step(torch.randint(24, (10, 5), generator=g), torch.randint(24, (10, 5), generator=g))
         return
     losses = []
     for _ in range(3):

@@ -35,6 +35,14 @@ def test_bad_arguments_are_value_errors_that_name_the_fix():
     refused("cannot cut 4 layers into 5 devices", devices=5)
     refused("must be a multiple of K", schedule="interleaved", chunks=3, devices=2)
     refused("stages per device V must be at least 1", virtual_stages=-1)
+    refused("chunks is out of range .got 2147483648", chunks=2**31)
+    refused("threads=100000 is more than this machine's", threads=100000)
+
+    class Residual(torch.nn.Sequential):
+        def forward(self, x):
+            return x + super().forward(x)
+
+    refused("overrides Sequential's forward", model=Residual(torch.nn.Linear(6, 6)))
 
 
 def test_a_model_torchscript_cannot_compile_is_refused_with_its_reason():
@@ -86,6 +94,19 @@ def test_a_loss_that_is_not_a_scalar_is_named():
     pipe = gpipe.GPipe(mlp(), balance=[2, 2])
     with pytest.raises(RuntimeError, match="must return a scalar"):
         pipe.train_step(torch.randn(4, 6), torch.randn(4, 3), loss=per_row)
+
+
+def test_a_loss_without_a_gradient_is_named_and_changes_nothing():
+    @torch.jit.script
+    def detached(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (output.detach() - target).pow(2).mean()
+
+    model = mlp()
+    for checkpoint in ("never", "always"):
+        pipe = gpipe.GPipe(model, balance=[2, 2], chunks=2, checkpoint=checkpoint)
+        with pytest.raises(RuntimeError, match="the loss has no gradient with respect to the model's output"):
+            pipe.train_step(torch.randn(4, 6), torch.randn(4, 3), loss=detached)
+        assert all(p.grad is None for p in model.parameters())
 
 
 def test_nothing_to_trace_before_a_step():

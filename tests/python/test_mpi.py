@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -78,6 +79,23 @@ def test_balance_none_under_mpi_every_rank_takes_rank_0s_cut(tmp_path):
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert ranks[0]["balance"] == ranks[1]["balance"] and len(ranks[0]["balance"]) == 4
     assert ranks[0]["losses"] == ranks[1]["losses"]
+
+
+def test_a_failed_trace_fails_on_every_rank_and_an_uncaught_exception_ends_the_job(tmp_path):
+    begin = time.monotonic()
+    result = subprocess.run(mpirun() + ["-np", "2", sys.executable, os.path.join(HERE, "mpi_train.py"), str(tmp_path),
+                                        "--raise-on-rank-1"], capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert time.monotonic() - begin < 60, output
+    assert "rank 0: trace refused" in output and "rank 1: trace refused: gpipe: writing" in output, output
+    assert "RuntimeError: rank 1 stops here" in output
+
+
+def test_ranks_given_different_models_are_refused_on_every_rank(tmp_path):
+    run(mpirun() + ["-np", "2"], tmp_path, "--unseeded-model")
+    for r in range(2):
+        assert "rank 1's model differs from rank 0's" in torch.load(tmp_path / f"rank{r}.pt")["refused"]
 
 
 def test_ranks_given_different_batches_are_refused_on_every_rank(tmp_path):

@@ -1,6 +1,8 @@
 """The GIL is released for the whole step, so other Python threads run; Ctrl-C during a step raises
 KeyboardInterrupt within a second, with parameters and gradients as they were before the step."""
 import os
+import subprocess
+import sys
 import signal
 import threading
 import time
@@ -109,3 +111,17 @@ def test_calls_from_two_python_threads_take_turns():
         alone.train_step(x, y, loss="mse")
     for p, r in zip(model.parameters(), reference.parameters()):
         assert torch.equal(p.grad, r.grad)
+
+
+def test_the_interpreter_exits_cleanly_while_a_daemon_thread_is_inside_a_step():
+    script = """
+import sys, threading, time, torch, gpipe
+model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(6)])
+pipe = gpipe.GPipe(model, balance=[3, 3], chunks=8)
+x = torch.randn(4096, 1024)
+threading.Thread(target=lambda: pipe.train_step(x, x, loss="mse"), daemon=True).start()
+time.sleep(0.5)
+sys.exit(3)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]

@@ -371,6 +371,7 @@ def test_summary_prints_the_lines_gpipe_train_prints():
     model = mlp()
     pipe = gpipe.GPipe(model, balance=[2, 2, 2, 2], chunks=2, schedule="interleaved", devices=2)
     summary = gpipe.Summary(pipe)
+    assert pipe.bubble == 0.0, "no step yet"
     for x, y in batches(2, 8):
         with summary.step(len(x)):
             pipe.train_step(x, y)
@@ -382,3 +383,17 @@ def test_summary_prints_the_lines_gpipe_train_prints():
     assert lines[6] == ("  partition      stage 0 (device 0): 2 layers | stage 1 (device 1): 2 layers | "
                         "stage 2 (device 0): 2 layers | stage 3 (device 1): 2 layers")
     assert len(lines) == 7
+
+
+def test_balance_none_keeps_the_gradients_already_there():
+    """Timing the layers for the cut runs backward through the model's parameters: the gradients
+    they held before are kept, and the first step adds to them as loss.backward() would."""
+    model, reference = mlp(), mlp()
+    for m in (model, reference):
+        for p in m.parameters():
+            p.grad = torch.ones_like(p)
+    (x, y), = batches(1, 16)
+    gpipe.GPipe(model, chunks=4, devices=2).train_step(x, y)
+    torch.nn.functional.cross_entropy(reference(x), y).backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=RTOL, atol=1e-7)
