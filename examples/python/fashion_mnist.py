@@ -65,20 +65,30 @@ def accuracy(pipe, model, loader):
     return pipe.sum(correct) / len(loader.dataset)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(description, epochs):
+    """The examples' flags: where the data is, how long to train, the batch and M."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=epochs)
     parser.add_argument("--train-samples", type=int, default=0, help="0: all 60000")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--chunks", type=int, default=4)
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    torch.manual_seed(0)
+
+def loaders(args, drop_last=False):
+    """The training set (shuffled, the same order on every rank: seed first) and the test set."""
     train = FashionMNIST(args.data_dir, train=True, limit=args.train_samples)
     test = FashionMNIST(args.data_dir, train=False)
-    loader = torch.utils.data.DataLoader(train, batch_size=args.batch_size, shuffle=True)
-    test_loader = torch.utils.data.DataLoader(test, batch_size=1000)
+    return (torch.utils.data.DataLoader(train, batch_size=args.batch_size, shuffle=True, drop_last=drop_last),
+            torch.utils.data.DataLoader(test, batch_size=1000))
+
+
+def main():
+    args = arguments(__doc__.split("\n")[0], epochs=2)
+    torch.manual_seed(0)
+    loader, test_loader = loaders(args)
+    train = loader.dataset
 
     model = cnn()
     # gpipe train's default: 2 devices, the model as 4 interleaved stages cut {3, 1, 2, 5}, no re-materialization.

@@ -6,7 +6,6 @@ left-right flips. Prints the test accuracy after every epoch and gpipe train's s
 
     PYTHONPATH=build/python /usr/bin/python3 examples/python/resnet.py [--epochs 1]
 """
-import argparse
 import os
 import sys
 
@@ -15,7 +14,7 @@ import torch
 import gpipe
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fashion_mnist import FashionMNIST, accuracy  # noqa: E402
+from fashion_mnist import accuracy, arguments, loaders  # noqa: E402
 
 
 class Shortcut(torch.nn.Module):
@@ -41,19 +40,9 @@ def resnet():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--train-samples", type=int, default=0, help="0: all 60000")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--chunks", type=int, default=4)
-    args = parser.parse_args()
-
+    args = arguments(__doc__.split("\n")[0], epochs=1)
     torch.manual_seed(0)
-    train = FashionMNIST(args.data_dir, train=True, limit=args.train_samples)
-    test = FashionMNIST(args.data_dir, train=False)
-    loader = torch.utils.data.DataLoader(train, batch_size=args.batch_size, shuffle=True, drop_last=True)
-    test_loader = torch.utils.data.DataLoader(test, batch_size=1000)
+    loader, test_loader = loaders(args, drop_last=True)
 
     model = resnet()
     # No balance: cut by each layer's measured time on the first micro-batch (the blocks differ 10x).
