@@ -31,6 +31,15 @@ namespace py = pybind11;
 namespace gpipe::python {
 namespace {
 
+// Whether the interpreter is shutting down (Python 3.13 made the call public).
+bool interpreter_exiting() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
 // MPI initialised, for the rest of the process, if an MPI launcher started it or `required`
 // (mpirun -np K python3 train.py); returns whether it is.
 bool start_mpi(bool required) {
@@ -158,7 +167,7 @@ class PythonPipeline {
       }
       // The interpreter exited meanwhile (this is a daemon thread's call): taking the GIL back would
       // end this thread inside C++ frames, so it waits here for the process to end.
-      if (_Py_IsFinalizing())
+      if (interpreter_exiting())
         for (;;) ::pause();
     }
     if (failure) {
@@ -188,7 +197,7 @@ class PythonPipeline {
     pipe_->set_interrupt([this] {
       // An interpreter that is exiting (a daemon thread's step outliving the main thread) ends the
       // step: taking the GIL then would end this thread inside the pipeline.
-      if (_Py_IsFinalizing()) return true;
+      if (interpreter_exiting()) return true;
       const int64_t begin = now_ns();
       py::gil_scoped_acquire gil;
       const bool interrupted = PyErr_CheckSignals() != 0;
