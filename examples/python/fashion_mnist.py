@@ -71,6 +71,7 @@ def arguments(description, epochs):
     parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     parser.add_argument("--epochs", type=int, default=epochs)
     parser.add_argument("--train-samples", type=int, default=0, help="0: all 60000")
+    parser.add_argument("--test-samples", type=int, default=0, help="0: all 10000")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--chunks", type=int, default=4)
     return parser.parse_args()
@@ -79,7 +80,7 @@ def arguments(description, epochs):
 def loaders(args, drop_last=False):
     """The training set (shuffled, the same order on every rank: seed first) and the test set."""
     train = FashionMNIST(args.data_dir, train=True, limit=args.train_samples)
-    test = FashionMNIST(args.data_dir, train=False)
+    test = FashionMNIST(args.data_dir, train=False, limit=args.test_samples)
     return (torch.utils.data.DataLoader(train, batch_size=args.batch_size, shuffle=True, drop_last=drop_last),
             torch.utils.data.DataLoader(test, batch_size=1000))
 

@@ -2,7 +2,11 @@
 embedding) through gpipe.GPipe for a few steps and saves what this process trained: run by
 test_mpi.py in one process and under `mpirun -np 2`.
 
-    python3 mpi_train.py OUT_DIR [--tied] [--by-time] [--unseeded] [--unseeded-model] [--raise-on-rank-1]
+    python3 mpi_train.py OUT_DIR [--tied] [--by-time] [--schedule NAME] [--checkpoint MODE]
+                         [--unseeded] [--unseeded-model] [--raise-on-rank-1]
+
+--schedule and --checkpoint pick the step program (default: interleaved over 4 stages, except_last);
+a schedule of one stage per device cuts the model in 2 stages.
 
 With --by-time the model is cut by measured time (balance=None): under MPI every rank takes rank 0's cut.
 With --unseeded each rank draws its own batches: every rank refuses the first step.
@@ -37,10 +41,15 @@ def model(tied):
         TiedHead(embedding) if tied else torch.nn.Linear(16, 24))
 
 
+def flag(name, default):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
 def main():
     out, tied = sys.argv[1], "--tied" in sys.argv
+    schedule, checkpoint = flag("--schedule", "interleaved"), flag("--checkpoint", "except_last")
     m = model(tied)
-    balance = None if "--by-time" in sys.argv else [3, 3, 2, 1]
+    balance = None if "--by-time" in sys.argv else [3, 3, 2, 1] if schedule == "interleaved" else [5, 4]
     if "--unseeded-model" in sys.argv:
         with torch.no_grad():
             m[2].weight.add_(torch.randn(16, 16, generator=torch.Generator().manual_seed(torch.seed())))
@@ -49,7 +58,7 @@ def main():
         except ValueError as e:
             torch.save({"refused": str(e)}, f"{out}/rank{os.environ.get('OMPI_COMM_WORLD_RANK', '0')}.pt")
         return
-    pipe = gpipe.GPipe(m, balance=balance, chunks=4, schedule="interleaved", devices=2)
+    pipe = gpipe.GPipe(m, balance=balance, chunks=4, schedule=schedule, checkpoint=checkpoint, devices=2)
     # This rank's stages' parameters; model.parameters() would do too (the others get no gradient).
     opt = torch.optim.Adam(m.parameters() if balance is None else pipe.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(1)

@@ -57,6 +57,24 @@ def test_two_ranks_equal_one_process_bit_for_bit(tmp_path):
         assert torch.equal(a[name], b[name]), name
 
 
+@pytest.mark.parametrize("schedule,checkpoint", [("gpipe", "always"), ("1f1b", "never"), ("zb1p", "except_last")])
+def test_every_schedule_under_two_ranks_equals_one_process_bit_for_bit(tmp_path, schedule, checkpoint):
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    flags = ["--schedule", schedule, "--checkpoint", checkpoint]
+    run([], one, *flags)
+    run(mpirun() + ["-np", "2"], two, *flags)
+    alone = torch.load(one / "rank0.pt")
+    ranks = [torch.load(two / f"rank{r}.pt") for r in range(2)]
+    assert ranks[0]["balance"] == alone["balance"] == [5, 4]
+    assert ranks[0]["losses"] == alone["losses"] == ranks[1]["losses"]
+    assert set(ranks[0]["parameters"]) | set(ranks[1]["parameters"]) == set(alone["parameters"])
+    for rank in ranks:
+        for name, value in rank["parameters"].items():
+            assert torch.equal(value, alone["parameters"][name]), name
+
+
 def test_a_weight_tied_across_ranks_gets_the_sum_of_its_gradients(tmp_path):
     """The tied copies' gradients are summed across the ranks (in another order than one process's
     autograd adds them, so equal within rounding), and the copies stay identical to the bit."""

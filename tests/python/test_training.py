@@ -251,6 +251,53 @@ def test_dropout_masks_are_the_same_whatever_the_schedule_and_checkpoint_mode():
     assert any(not torch.allclose(p, q) for p, q in zip(without.parameters(), results[0].parameters()))
 
 
+def splitmix64_finalizer(x):
+    mask = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+def train_reference_with_gpipe_masks(reference, balance, chunks, data, make_opt):
+    """One device, plain autograd, drawing Dropout's masks as gpipe's rule says: a step draws one
+    seed from the default generator; stage s seeds it with mix(seed ^ mix(s << 32 | i)) before
+    its layers run micro-batch i; afterwards the generator is where the seed draw left it."""
+    opt = make_opt(reference.parameters())
+    cuts = [sum(balance[:s]) for s in range(len(balance) + 1)]
+    for x, y in data:
+        opt.zero_grad()
+        seed = torch.randint(2**63 - 1, (1,)).item()
+        after_draw = torch.get_rng_state()
+        rows = x.size(0)
+        for i, (xi, yi) in enumerate(zip(x.chunk(chunks), y.chunk(chunks))):
+            h = xi
+            for s in range(len(balance)):
+                torch.manual_seed(splitmix64_finalizer(seed ^ splitmix64_finalizer((s << 32) | i)))
+                h = reference[cuts[s]:cuts[s + 1]](h)
+            (torch.nn.functional.cross_entropy(h, yi) * (xi.size(0) / rows)).backward()
+        torch.set_rng_state(after_draw)
+        opt.step()
+
+
+@pytest.mark.parametrize("schedule,checkpoint", [("gpipe", "never"), ("1f1b", "always"), ("zb1p", "except_last")])
+def test_dropout_trains_as_gpipes_one_device_reference(schedule, checkpoint):
+    model, reference = mlp(dropout=0.5), mlp(dropout=0.5)
+    data = batches(3, 16)
+    make_opt = lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9)  # noqa: E731
+    torch.manual_seed(5)
+    train_gpipe(gpipe.GPipe(model, balance=[4, 4], chunks=4, schedule=schedule, checkpoint=checkpoint),
+                model, data, "cross_entropy", make_opt)
+    torch.manual_seed(5)
+    train_reference_with_gpipe_masks(reference, [4, 4], 4, data, make_opt)
+    assert_same_parameters(model, reference)
+    # The reference is not vacuous: other seeds give other masks, and other parameters.
+    other = mlp(dropout=0.5)
+    torch.manual_seed(6)
+    train_reference_with_gpipe_masks(other, [4, 4], 4, data, make_opt)
+    assert any(not torch.allclose(p, q) for p, q in zip(other.parameters(), reference.parameters()))
+
+
 def test_inference_equals_the_model_and_keeps_no_graph():
     model = mlp()
     pipe = gpipe.GPipe(model, balance=[4, 4], chunks=3)
