@@ -164,7 +164,7 @@ void check_flags(TrainOptions& o) {
     usage_error("--lr-step-size and --lr-gamma belong to --lr-schedule step");
   // Outputs: found unwritable now, not after training.
   if (o.per_stage_files && !world().mpi)
-    usage_error("--per-stage-files is for mpirun, where each stage writes its own file; in one process --save "
+    usage_error("--per-device-files is for mpirun, where each device writes its own file; in one process --save "
                 "writes the whole model");
   // No output may replace an input or the other output (--save may replace --resume's file).
   auto same_file = [](const std::string& a, const std::string& b) {
@@ -182,7 +182,7 @@ void check_flags(TrainOptions& o) {
                     (std::string(input) == "--trace" || std::string(input) == "--samples" ? "that output"
                                                                                            : "your input") +
                     ": give another path");
-  // The single checkpoint and the trace are written by the first rank; per-device files are checked
+  // The single checkpoint file and the trace are written by the first rank; per-device files are checked
   // where they are written, once the devices are placed.
   if (world().rank == 0 && !o.save.empty() && !o.per_stage_files)
     or_usage_error("--save", [&] { check_writable(o.save); return 0; });
@@ -248,7 +248,7 @@ nlohmann::json settings_of(const TrainOptions& o) {
           {"--clip-grad-norm", o.clip_grad_norm}, {"--seed", o.seed_text},
           {"--threads-per-stage", o.threads}, {"--train-samples", o.train_samples},
           {"--test-samples", o.test_samples}, {"--save", o.save},         {"--resume", o.resume},
-          {"--per-stage-files", o.per_stage_files}, {"--trace", o.trace}, {"--samples", o.samples},
+          {"--per-device-files", o.per_stage_files}, {"--trace", o.trace}, {"--samples", o.samples},
           {"--json", o.json}};
 }
 

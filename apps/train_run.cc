@@ -195,7 +195,7 @@ class Run {
     const int64_t run_steps = trainer_.step() - trainer_.start_step();
     std::cout << "\nsummary\n";
     if (run_steps == 0)
-      std::cout << "  no step ran: the checkpoint is at step " << trainer_.step() << ", and the run ends at step "
+      std::cout << "  no step ran: the checkpoint file is at step " << trainer_.step() << ", and the run ends at step "
                 << trainer_.total_steps() << "\n";
     if (data_.classification)
       std::cout << "  " << eval << " accuracy  " << std::fixed << std::setprecision(2) << 100 * evaluation_.accuracy

@@ -209,7 +209,7 @@ TEST(TrainerTest, RefusesABadSnapshotAndChangesNothing) {
   Trainer other(wider, PipelineOptions().devices(1), TrainerOptions(sgd_options()).epochs(1).save(path + ".other"),
                 {torch::randn({8, 10}), torch::randn({8, 16})});
   other.fit();
-  expect_invalid([&] { trainer.resume(path + ".other"); }, "checkpoint of another model");
+  expect_invalid([&] { trainer.resume(path + ".other"); }, "checkpoint file of another model");
   // A deeper model's file: every parameter of this model is in it, and two more. Refused by the
   // count that all stages agree on, still before any parameter changes.
   const gpipe::Model deeper = gpipe::Model::of("deeper", 8, [](gpipe::LayerRange keep) {

@@ -368,11 +368,11 @@ void Trainer::resume(const std::string& resume_path) {
   // Every parameter of the file is taken by some stage: it is this model's, not a larger one's.
   const double taken = pipeline_->sum(pipeline_->replica() == 0 ? static_cast<double>(r.parameters_taken) : 0.0);
   const int64_t expected = options_.per_device_files() ? r.parameters_taken : static_cast<int64_t>(taken);
-  GPIPE_CHECK(r.parameters_in_file == expected, path, " is a checkpoint of another model: it holds ",
+  GPIPE_CHECK(r.parameters_in_file == expected, path, " is a checkpoint file of another model: it holds ",
               r.parameters_in_file, " parameters, this model ", expected);
   GPIPE_CHECK(pipeline_->same_everywhere(static_cast<double>(r.state.step)), "the per-device files of ", resume_path,
               " are from different steps (this rank's, ", path, ", from step ", r.state.step,
-              "); a run stopped while saving: resume from another checkpoint");
+              "); a run stopped while saving: resume from another checkpoint file");
   restore_snapshot(r, pipeline_->layers(), *optimizer_);
   shuffle_.set_state(r.state.shuffle_state);
   epoch_start_shuffle_ = r.state.shuffle_state;  // what a save before any step writes back
@@ -415,7 +415,7 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
     throw std::runtime_error("gpipe: the loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") +
                              " in step " + std::to_string(step_ + 1) + " (epoch " + std::to_string(epoch) +
                              "): training stops with the parameters of step " + std::to_string(step_) +
-                             (saved_at_ >= 0 ? ", and the last checkpoint (step " + std::to_string(saved_at_) +
+                             (saved_at_ >= 0 ? ", and the last checkpoint file (step " + std::to_string(saved_at_) +
                                                    ") is kept"
                                              : "") +
                              "; lower --lr, or add --clip-grad-norm");
@@ -445,7 +445,7 @@ void Trainer::save() {
   if (path.empty() || saved_at_ == step_) return;
   if (!pipeline_->all_finite())
     throw std::runtime_error("gpipe: the parameters hold NaN or infinite values at step " + std::to_string(step_) +
-                             ": no checkpoint is written for it" +
+                             ": no checkpoint file is written for it" +
                              (saved_at_ >= 0 ? " (the one of step " + std::to_string(saved_at_) + " is kept)" : "") +
                              "; lower --lr, or add --clip-grad-norm");
   saved_at_ = step_;
@@ -464,7 +464,7 @@ void Trainer::save() {
     save_whole_snapshot(*pipeline_, model_, *optimizer_, optimizer, now, path);
   } catch (const std::length_error& e) {  // too large to gather: every rank is here
     throw std::runtime_error(std::string(e.what()) + "; save one file per device (TrainerOptions::per_device_files, "
-                             "gpipe train --per-stage-files)");
+                             "gpipe train --per-device-files)");
   }
 }
 
