@@ -40,8 +40,6 @@ int virtual_stages(const std::string& schedule, const BenchOptions& o) {
                                                             : default_virtual_stages(parse_schedule(schedule));
 }
 
-// D, the pipeline replicas of K devices: the ranks' share under mpirun, 1 in one process.
-int replicas(int devices) { return world().mpi ? world().size / devices : 1; }
 
 // One configuration of a comparison: the whole batch on one device (unsplit), or a pipeline. Every
 // configuration of a comparison runs one step in turn, so each ratio compares steps taken moments
@@ -54,19 +52,22 @@ struct Contender {
   bool unsplit = false;  // the whole batch in one piece on the calling thread
   Workload workload;     // the batch and the loss (and, unsplit, the model)
   std::unique_ptr<Pipeline> pipe;
-  std::unique_ptr<torch::optim::SGD> sgd;
+  std::unique_ptr<torch::optim::Optimizer> sgd;
   Prediction predicted;  // the cost model's figures (cost_model.h)
   // Per timed step:
   std::vector<double> step_s, bubbles, overhead_s, simulated_s, sent_bytes;
   std::vector<int64_t> peak_bytes, held_bytes, parameter_bytes;  // per device held here, largest over the steps
 };
 
+// Every contender's optimizer: plain SGD (no momentum), a small step.
+const OptimizerOptions kBenchOptimizer = OptimizerOptions().kind(OptimizerKind::kSgd).lr(1e-4);
+
 // The cost model of workload `name` at M micro-batches: its layers profiled on one micro-batch, on one
 // device's threads, as the devices will run them. Three warm-up passes: a first profile runs on fresh pages.
 CostModel profile_workload(const std::string& name, int M, const BenchOptions& o) {
   const Workload w = make_workload(name, 0, {}, o.tie_embeddings);
   const int64_t rows = micro_batch_sizes(w.input.size(0), M).front();
-  return profile_layers(w.model, w.input.narrow(0, 0, rows), o.threads, /*state_per_parameter_byte=*/1,  // plain SGD
+  return profile_layers(w.model, w.input.narrow(0, 0, rows), o.threads, state_per_parameter_byte(kBenchOptimizer),
                         /*warmup=*/3, /*repetitions=*/5, w.loss, w.target.narrow(0, 0, rows));
 }
 
@@ -75,9 +76,8 @@ std::vector<int> cut_for(const Workload& w, const Contender& c, int M, const Cos
   const int K = c.devices, V = c.virtual_stages;
   if (!o.balance.empty() && K > 1) return o.balance;
   if (c.balance_by == "even") return w.balance(K * V);
-  if (c.balance_by == "params") return balance_by_cost(parameter_costs(w.model), K * V);
   const int64_t rows = micro_batch_sizes(w.input.size(0), M).front();
-  return balance_by_cost(c.balance_by == "time" ? layer_times(costs, rows) : layer_memory(costs, rows), K * V);
+  return balance_by_cost(layer_costs_by(c.balance_by, w.model, costs, rows), K * V);
 }
 
 // Every configuration is checked before any work, by the plan each will run.
@@ -92,8 +92,7 @@ void check_sweep(const BenchOptions& o) {
     for (int K : o.stages)
       for (const std::string& schedule : o.schedules) {
         const int V = virtual_stages(schedule, o);
-        GPIPE_CHECK(!world().mpi || world().size % K == 0, "--stages ", K, " does not divide the ", world().size,
-                    " ranks; start K·D ranks (mpirun -np ", K, " for one pipeline)");
+        or_usage_error("--stages " + std::to_string(K), [&] { return replicas_of(K); });  // whole pipelines of ranks
         const bool given = !o.balance.empty() && K > 1;
         GPIPE_CHECK(given || K * V <= static_cast<int>(w.block_layers.size()), "workload ", name, " has ",
                     w.block_layers.size(), " blocks, too few for --stages ", K,
@@ -136,7 +135,7 @@ void build(Contender& c, const std::string& name, int M, Checkpoint mode, const 
   c.workload = make_workload(name, 0, whole ? LayerRange{} : LayerRange{0, 0}, o.tie_embeddings);
   const Workload& w = c.workload;
   if (c.unsplit) {
-    c.sgd = std::make_unique<torch::optim::SGD>(unique_parameters(*w.model), 1e-4);
+    c.sgd = make_optimizer(kBenchOptimizer, unique_parameters(*w.model));
     return;
   }
   const PipelineOptions options = PipelineOptions()
@@ -150,9 +149,9 @@ void build(Contender& c, const std::string& name, int M, Checkpoint mode, const 
                                       .track_memory(!world().mpi);
   c.pipe = make_pipeline([&name, &o](LayerRange keep) { return make_workload(name, 0, keep, o.tie_embeddings).model; },
                          w.layers, options);
-  c.sgd = std::make_unique<torch::optim::SGD>(c.pipe->parameters(), 1e-4);
+  c.sgd = make_optimizer(kBenchOptimizer, c.pipe->parameters());
   // Replica 0's pipeline on its share of the rows (the replicas' gradient sum is not modelled).
-  const int64_t share = micro_batch_sizes(w.input.size(0), replicas(c.devices)).front();
+  const int64_t share = micro_batch_sizes(w.input.size(0), replicas_of(c.devices)).front();
   if (world().prints()) c.predicted = predict(costs, c.pipe->plan(), micro_batch_sizes(share, M));
 }
 
@@ -230,7 +229,7 @@ nlohmann::json row_of(const Contender& c, const Contender* unsplit, const Conten
   const double ideal = ideal_speedup(c.pipe->schedule());
   nlohmann::json row = {
       {"workload", name}, {"tie_embeddings", o.tie_embeddings}, {"transport", world().mpi ? "mpi" : "threads"},
-      {"stages", c.devices}, {"replicas", replicas(c.devices)}, {"micro_batches", M},
+      {"stages", c.devices}, {"replicas", replicas_of(c.devices)}, {"micro_batches", M},
       {"checkpoint", to_string(mode)}, {"schedule", c.schedule}, {"virtual_stages", c.virtual_stages},
       {"threads_per_device", o.threads}, {"balance", c.pipe->balance()}, {"balance_by", c.balance_by},
       {"samples_per_s", batch / median(c.step_s)},

@@ -43,13 +43,15 @@ struct PlanOptions {
   std::set<std::string> given;  // the flags on the command line
 };
 
-// Most layers (blocks) gpipe plan takes, and most stage x micro-batch pairs it simulates per
-// configuration unless --micro-batches asks for more: what keeps an answer within seconds.
+// Most layers (blocks) gpipe plan takes: what keeps an answer within seconds.
 constexpr int64_t kMostLayers = 1000000;
-constexpr int64_t kMostPairs = int64_t{1} << 17;
 
-double state_per_parameter_byte(const std::string& optimizer) {
-  return optimizer == "sgd" ? 1.0 : optimizer == "momentum" ? 2.0 : 3.0;
+// --optimizer: the state the optimizer keeps per parameter (state_per_parameter_byte, train.h).
+double optimizer_state(const std::string& optimizer) {
+  OptimizerOptions options;
+  options.kind(optimizer == "adam" ? OptimizerKind::kAdam : OptimizerKind::kSgd)
+      .momentum(optimizer == "momentum" ? 0.9 : 0);
+  return state_per_parameter_byte(options);
 }
 
 // The model's costs, layer by layer, and the cut rule: blocks split evenly (lead layers with the
@@ -64,7 +66,7 @@ struct Model {
 Model transformer_model(const PlanOptions& o) {
   Model m;
   const TransformerShape& t = o.transformer;
-  m.costs = transformer_costs(t, DeviceSpec{o.flops}, state_per_parameter_byte(o.optimizer));
+  m.costs = transformer_costs(t, DeviceSpec{o.flops}, optimizer_state(o.optimizer));
   m.lead = 1;
   m.blocks = static_cast<int>(t.layers);
   m.tail = 1;
@@ -107,7 +109,7 @@ Model profiled_model(const PlanOptions& o) {
   // Profiled here on a micro-batch of kProfileRows rows (and the loss, for a workload); the figures
   // are per sample, divided by the device's speed.
   m.costs = or_usage_error(o.model.empty() ? "--workload" : "--input-shape", [&] {
-    return profile_layers(layers, sample, 1, state_per_parameter_byte(o.optimizer), 1, 3, loss, target);
+    return profile_layers(layers, sample, 1, optimizer_state(o.optimizer), 1, 3, loss, target);
   });
   for (LayerCost& c : m.costs.layers) {
     c.forward_s /= o.speed;
@@ -122,29 +124,6 @@ Model profiled_model(const PlanOptions& o) {
   m.description = d.str();
   return m;
 }
-
-// The cut of the model into S stages.
-std::vector<int> cut_of(const Model& m, int S) {
-  if (m.blocks > 0) {
-    std::vector<int> out = even_balance(m.blocks, S);
-    out.front() += m.lead;
-    out.back() += m.tail;
-    return out;
-  }
-  std::vector<double> time;
-  for (const LayerCost& c : m.costs.layers) time.push_back(c.forward_s + c.backward_s);
-  return balance_by_cost(time, S);
-}
-
-struct Candidate {
-  int K = 1, D = 1, M = 1, V = 1;
-  std::string schedule, checkpoint;
-  std::vector<int> balance;
-  Prediction predicted;
-  double step_s = 0, samples_per_s = 0;
-  int64_t largest_total_bytes = 0;  // of the device needing most: static bytes and the step's peak
-  bool fits = false;
-};
 
 // "{3, 3, 2}" for short cuts, "{5, 4, ..., 5} (16 stages)" for long ones.
 std::string cut_text(const std::vector<int>& balance) {
@@ -181,96 +160,39 @@ int run(const PlanOptions& o) {
       usage_error("--layers " + std::to_string(o.transformer.layers) + " is more than gpipe plan takes (" +
                   std::to_string(kMostLayers) + ")");
   }
-  for (int K : o.stages)
-    if (o.devices % K != 0)
-      usage_error("--stages " + std::to_string(K) + " does not divide --devices " + std::to_string(o.devices) +
-                  "; K pipelines' worth of devices must make up the cluster");
+  PlanSearch search;
+  search.devices = o.devices;
+  search.memory_per_device = memory;
+  search.batch = o.batch;
+  search.schedules.clear();
+  for (const std::string& schedule : o.schedules) search.schedules.push_back(parse_schedule(schedule));
+  search.checkpoints.clear();
+  for (const std::string& checkpoint : o.checkpoints) search.checkpoints.push_back(parse_checkpoint(checkpoint));
+  search.stages = o.stages;
+  search.micro_batches = o.micro_batches;
+  or_usage_error("--stages", [&] { search.check(); return 0; });
   const Model m = by_shape ? or_usage_error("the Transformer", [&] { return transformer_model(o); })
                            : profiled_model(o);
-  const int L = m.costs.layer_count();
-  const int stage_units = m.blocks > 0 ? m.blocks : L;  // what a stage must have at least one of
+  search.lead = m.lead;
+  search.blocks = m.blocks;
+  search.tail = m.tail;
+  const int stage_units = m.blocks > 0 ? m.blocks : m.costs.layer_count();  // what a stage must have at least one of
 
   CostModel costs = m.costs;
   costs.link_latency_s = o.latency_us * 1e-6;
   costs.link_bytes_per_s = o.bandwidth_gb_s * 1e9;
   costs.update_s_per_parameter_byte = 0;
-
-  std::vector<Candidate> found;
-  auto wanted = [](const std::vector<int>& list, int value) {
-    return list.empty() || std::find(list.begin(), list.end(), value) != list.end();
-  };
-  for (int K = 1; K <= o.devices; ++K) {
-    if (o.devices % K != 0 || K > stage_units || !wanted(o.stages, K)) continue;
-    const int D = o.devices / K;
-    if (o.batch < D) continue;  // every replica needs a row
-    const int64_t rows = micro_batch_sizes(o.batch, D).front();
-    std::vector<int> micro;
-    if (o.micro_batches.empty()) {
-      for (int64_t M = 1; M <= rows && M <= std::max(8, 4 * K) && 2 * K * M <= kMostPairs; M *= 2)
-        micro.push_back(static_cast<int>(M));
-    } else {
-      for (int M : o.micro_batches) {
-        if (M > rows)
-          usage_error("--micro-batches " + std::to_string(M) + " is more than the " + std::to_string(rows) +
-                      " rows a replica gets at K=" + std::to_string(K) + " (" + std::to_string(D) + " replicas)");
-        micro.push_back(M);
-      }
-    }
-    for (const std::string& schedule : o.schedules)
-      for (int M : micro) {
-        const ScheduleKind kind = parse_schedule(schedule);
-        const int V = default_virtual_stages(kind);
-        if (K * V > stage_units) continue;
-        if (K == 1 && (kind == ScheduleKind::kZB1P || V > 1)) continue;  // one device: nothing to fill
-        for (const std::string& checkpoint : o.checkpoints) {
-          PipelinePlan plan;
-          try {
-            plan = make_plan(L, PipelineOptions().balance(cut_of(m, K * V)).micro_batches(M).schedule(kind)
-                                    .checkpoint(parse_checkpoint(checkpoint)));
-          } catch (const std::invalid_argument&) {
-            break;  // a shape this schedule does not take (interleaved with M not a multiple of K, say)
-          }
-          Candidate c;
-          c.K = K;
-          c.D = D;
-          c.M = M;
-          c.V = V;
-          c.schedule = schedule;
-          c.checkpoint = checkpoint;
-          c.balance = plan.balance;
-          c.predicted = predict(costs, plan, micro_batch_sizes(rows, M));
-          // Replicas sum their gradients: a ring all-reduce of the largest stage's gradients.
-          int64_t largest_static = 0;
-          for (int64_t s : c.predicted.static_bytes) largest_static = std::max(largest_static, s);
-          const double gradient_bytes = static_cast<double>(largest_static) / (1 + costs.state_per_parameter_byte);
-          const double all_reduce =
-              D > 1 ? 2.0 * (D - 1) * (costs.link_latency_s + gradient_bytes / D / costs.link_bytes_per_s) : 0.0;
-          c.step_s = c.predicted.step_s + all_reduce;
-          c.samples_per_s = static_cast<double>(o.batch) / c.step_s;
-          c.largest_total_bytes = c.predicted.largest_total_bytes();
-          c.fits = c.largest_total_bytes <= memory;
-          found.push_back(std::move(c));
-        }
-      }
-  }
-  GPIPE_CHECK(!found.empty(), "no configuration of ", o.devices, " devices takes a batch of ", o.batch, " rows",
-              o.stages.empty() ? "" : " with the --stages given", o.micro_batches.empty() ? "" : " and --micro-batches",
-              "; every stage needs a layer (a block) and every replica and micro-batch a row, zb1p and interleaved "
-              "need K >= 2, interleaved M a multiple of K, and a schedule at most 2^21 stage x micro-batch pairs");
-  std::stable_sort(found.begin(), found.end(), [](const Candidate& a, const Candidate& b) {
-    if (a.fits != b.fits) return a.fits;
-    return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;
-  });
+  const std::vector<PlanCandidate> found = search_plans(costs, search);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  const size_t feasible = static_cast<size_t>(std::count_if(found.begin(), found.end(), [](const Candidate& c) { return c.fits; }));
+  const size_t feasible = static_cast<size_t>(std::count_if(found.begin(), found.end(), [](const PlanCandidate& c) { return c.fits; }));
 
-  auto row_json = [&](const Candidate& c) {
-    return nlohmann::json{{"stages", c.K},
-                          {"replicas", c.D},
-                          {"micro_batches", c.M},
-                          {"schedule", c.schedule},
-                          {"virtual_stages", c.V},
-                          {"checkpoint", c.checkpoint},
+  auto row_json = [&](const PlanCandidate& c) {
+    return nlohmann::json{{"stages", c.devices},
+                          {"replicas", c.replicas},
+                          {"micro_batches", c.micro_batches},
+                          {"schedule", to_string(c.schedule)},
+                          {"virtual_stages", c.virtual_stages},
+                          {"checkpoint", to_string(c.checkpoint)},
                           {"balance", c.balance},
                           {"predicted_samples_per_s", c.samples_per_s},
                           {"predicted_step_s", c.step_s},
@@ -281,15 +203,16 @@ int run(const PlanOptions& o) {
                           {"fits", c.fits}};
   };
   if (feasible == 0) {
-    const Candidate& least = found.front();  // the smallest need
+    const PlanCandidate& least = found.front();  // the smallest need
     const int device = least.predicted.largest_device();
     // Static bytes scale as 1/K: the K at which the largest device would fit, all else equal.
     const double over = static_cast<double>(least.largest_total_bytes) / static_cast<double>(memory);
-    const int wanted_k = static_cast<int>(std::ceil(over * least.K));
+    const int wanted_k = static_cast<int>(std::ceil(over * least.devices));
     const bool always_tried = std::find(o.checkpoints.begin(), o.checkpoints.end(), "always") != o.checkpoints.end();
     std::ostringstream hint;
-    hint << "no configuration fits: the least memory is needed by K=" << least.K << ", M=" << least.M << ", "
-         << least.schedule << ", checkpoint " << least.checkpoint << ", whose device " << device << " needs "
+    hint << "no configuration fits: the least memory is needed by K=" << least.devices << ", M=" << least.micro_batches
+         << ", " << to_string(least.schedule) << ", checkpoint " << to_string(least.checkpoint) << ", whose device "
+         << device << " needs "
          << format_bytes(static_cast<double>(least.largest_total_bytes)) << "; the device has "
          << format_bytes(static_cast<double>(memory)) << "; try " << (always_tried ? "" : "--checkpoint always, ");
     if (wanted_k <= stage_units)
@@ -321,9 +244,12 @@ int run(const PlanOptions& o) {
             << std::setw(13) << "checkpoint" << std::setw(12) << "samples/s" << std::setw(11) << "step s"
             << std::setw(8) << "bubble" << std::setw(13) << "peak/device" << "  cut\n";
   for (size_t n = 0; n < shown; ++n) {
-    const Candidate& c = found[n];
-    std::cout << std::setw(4) << c.K << std::setw(5) << c.D << std::setw(5) << c.M << std::setw(14)
-              << (c.V > 1 ? c.schedule + "/" + std::to_string(c.V) : c.schedule) << std::setw(13) << c.checkpoint
+    const PlanCandidate& c = found[n];
+    const std::string schedule = to_string(c.schedule);
+    std::cout << std::setw(4) << c.devices << std::setw(5) << c.replicas << std::setw(5) << c.micro_batches
+              << std::setw(14)
+              << (c.virtual_stages > 1 ? schedule + "/" + std::to_string(c.virtual_stages) : schedule)
+              << std::setw(13) << to_string(c.checkpoint)
               << std::setw(12) << std::setprecision(1) << c.samples_per_s << std::setw(11) << std::setprecision(4)
               << c.step_s << std::setw(8) << std::setprecision(3) << c.predicted.bubble << std::setw(13)
               << format_bytes(static_cast<double>(c.largest_total_bytes)) << "  " << cut_text(c.balance) << "\n";

@@ -11,7 +11,6 @@
 
 #include <filesystem>
 #include <iostream>
-#include <thread>
 
 namespace gpipe::cli {
 
@@ -151,10 +150,7 @@ void check_flags(TrainOptions& o) {
   if (is_resnet(o) && o.balance.empty() && o.balance_by.empty() && o.virtual_stages == 1 && o.stages > 1 &&
       !world().mpi)
     o.balance_by = "time";
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  if (o.threads > static_cast<int>(cores))
-    usage_error("--threads-per-stage " + std::to_string(o.threads) + " is more than this machine's " +
-                std::to_string(cores) + " cores; use 1 to " + std::to_string(cores));
+  check_threads_per_device(o.threads, "--threads-per-stage ");  // std::invalid_argument: a usage error
   if (!o.balance.empty() && !o.balance_by.empty())
     usage_error("--balance and --balance-by " + o.balance_by + " both choose the cut; give one of them");
   const int V = o.virtual_stages;
@@ -168,7 +164,7 @@ void check_flags(TrainOptions& o) {
     usage_error("--lr-step-size and --lr-gamma belong to --lr-schedule step");
   // Outputs: found unwritable now, not after training.
   if (o.per_stage_files && !world().mpi)
-    usage_error("--per-stage-files is for mpirun, where each stage writes its own file; in one process --save "
+    usage_error("--per-device-files is for mpirun, where each device writes its own file; in one process --save "
                 "writes the whole model");
   // No output may replace an input or the other output (--save may replace --resume's file).
   auto same_file = [](const std::string& a, const std::string& b) {
@@ -186,7 +182,7 @@ void check_flags(TrainOptions& o) {
                     (std::string(input) == "--trace" || std::string(input) == "--samples" ? "that output"
                                                                                            : "your input") +
                     ": give another path");
-  // The single checkpoint and the trace are written by the first rank; per-device files are checked
+  // The single checkpoint file and the trace are written by the first rank; per-device files are checked
   // where they are written, once the devices are placed.
   if (world().rank == 0 && !o.save.empty() && !o.per_stage_files)
     or_usage_error("--save", [&] { check_writable(o.save); return 0; });
@@ -224,7 +220,7 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
   const int64_t N = data.train.size();
   const torch::Tensor sample = data.train.input.narrow(0, 0, micro_batch_sizes(std::min(o.batch_size, N), o.micro_batches).front());
   const CostBalance by = balance_by(o.balance_by, model, sample, o.stages, o.micro_batches, o.threads,
-                                    o.optimizer == "sgd" ? 2.0 : 3.0, parse_schedule(o.schedule), o.virtual_stages);
+                                    state_per_parameter_byte(optimizer_options(o)), parse_schedule(o.schedule), o.virtual_stages);
   cut.balance = by.balance;
   const PartitionPlan& by_cost = by.plan;
   if (!o.json && world().prints())
@@ -252,7 +248,7 @@ nlohmann::json settings_of(const TrainOptions& o) {
           {"--clip-grad-norm", o.clip_grad_norm}, {"--seed", o.seed_text},
           {"--threads-per-stage", o.threads}, {"--train-samples", o.train_samples},
           {"--test-samples", o.test_samples}, {"--save", o.save},         {"--resume", o.resume},
-          {"--per-stage-files", o.per_stage_files}, {"--trace", o.trace}, {"--samples", o.samples},
+          {"--per-device-files", o.per_stage_files}, {"--trace", o.trace}, {"--samples", o.samples},
           {"--json", o.json}};
 }
 

@@ -54,7 +54,7 @@ struct TrainOptions {
   int64_t test_samples = 0;
   std::string save;
   std::string resume;
-  bool per_stage_files = false;
+  bool per_stage_files = false;  // --per-device-files (--per-stage-files, its old name)
   std::string trace;
   std::string samples;  // --model unet: a PNG of denoised test images
   bool json = false;

@@ -115,15 +115,16 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--test-samples", o->test_samples, "use only the first N Fashion-MNIST test images (0: all)")
       ->check(at_least(0))->capture_default_str();
   sub->add_option("--save", o->save,
-                  "write a checkpoint (model, optimizer, step, random states) after every epoch and at the end, "
+                  "write a checkpoint file (model, optimizer, step, random states) after every epoch and at the end, "
                   "whole or not at all; with --model it is TorchScript that torch.jit.load reads; under mpirun the "
                   "first rank gathers every stage into this one file");
   sub->add_option("--resume", o->resume,
-                  "continue from a checkpoint written by --save, with the same model and optimizer and any "
+                  "continue from a checkpoint file written by --save, with the same model and optimizer and any "
                   "--stages, schedule or number of ranks");
-  sub->add_flag("--per-stage-files", o->per_stage_files,
+  sub->add_flag("--per-device-files,--per-stage-files", o->per_stage_files,
                 "under mpirun, --save and --resume use one file per device (its stages), FILE.stage<j>-of-<K>, "
-                "for checkpoints above the 2 GiB one MPI gather carries (resume with the same K)");
+                "for checkpoint files above the 2 GiB one MPI gather carries (resume with the same K); "
+                "--per-stage-files is its old name");
   sub->add_option("--trace", o->trace,
                   "write the last training step's timeline: an SVG chart if FILE ends in .svg, otherwise "
                   "Chrome-trace JSON (open it in Perfetto)");

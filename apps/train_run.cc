@@ -1,5 +1,5 @@
 // train_run.cc: `gpipe train`'s run: the library's trainer with progress, the evaluation after
-// every epoch, the test faults, the timeline, --samples and the summary.
+// every epoch, the timeline, --samples and the summary.
 #include "common.h"
 #include "png_image.h"
 #include "train.h"
@@ -15,33 +15,6 @@
 
 namespace gpipe::cli {
 namespace {
-
-// ---------------------------------------------------------------- test faults
-
-// A test-only switch, GPIPE_TEST_FAULT: "throw:STEP" makes the loss throw in
-// step STEP (on the last stage); "exit:RANK:STEP" ends rank RANK abruptly before
-// step STEP, as a crash would.
-struct Fault {
-  std::string kind;
-  int rank = -1;
-  int64_t step = -1;
-};
-
-Fault test_fault() {
-  Fault f;
-  const char* text = std::getenv("GPIPE_TEST_FAULT");
-  if (text == nullptr) return f;
-  std::string s(text);
-  const size_t colon = s.find(':');
-  f.kind = s.substr(0, colon);
-  s = colon == std::string::npos ? "" : s.substr(colon + 1);
-  if (f.kind == "exit") {
-    f.rank = std::stoi(s.substr(0, s.find(':')));
-    s = s.substr(s.find(':') + 1);
-  }
-  f.step = s.empty() ? -1 : std::stoll(s);
-  return f;
-}
 
 // ---------------------------------------------------------------- the run
 
@@ -74,13 +47,13 @@ TrainerOptions trainer_options(const TrainOptions& o, const Data& data, LossFn l
   return options;
 }
 
-// One run of `gpipe train`: the library's trainer, the fault the tests inject, and the report
-// of what the trainer measured.
+// One run of `gpipe train`: the library's trainer (whose test hook GPIPE_TEST_FAULT injects faults,
+// train.h), and the report of what the trainer measured.
 class Run {
  public:
   Run(const TrainOptions& o, const Model& model, const Data& data, const Cut& cut)
       : o_(o), model_(model), data_(data), cut_(cut),
-        trainer_(model, pipeline_options(o).balance(cut.balance), trainer_options(o, data, loss()), data.train),
+        trainer_(model, pipeline_options(o).balance(cut.balance), trainer_options(o, data, data.loss), data.train),
         pipeline_(trainer_.pipeline()), K_(pipeline_.devices()) {}
 
   void resume() {
@@ -106,14 +79,10 @@ class Run {
               << (o_.resume.empty() ? "" : ", resumed at step " + std::to_string(trainer_.start_step())) << "\n";
   }
 
-  // Trains with progress on standard error, the evaluation after every epoch, and the test faults.
+  // Trains with progress on standard error, and the evaluation after every epoch.
   void train() {
     Progress progress(o_.epochs, trainer_.steps_per_epoch(), world().prints());
     TrainerCallbacks callbacks;
-    callbacks.before_step = [this](int64_t step) {
-      if (fault_.kind == "exit" && fault_.rank == world().rank && fault_.step == step) std::_Exit(3);
-      fault_now_ = fault_.kind == "throw" && fault_.step == step;
-    };
     callbacks.after_step = [&](int epoch, int64_t batch) {
       if (!o_.trace.empty() && trainer_.step() == trainer_.total_steps()) last_trace_ = pipeline_.trace();
       const TrainStats& t = trainer_.stats();
@@ -226,7 +195,7 @@ class Run {
     const int64_t run_steps = trainer_.step() - trainer_.start_step();
     std::cout << "\nsummary\n";
     if (run_steps == 0)
-      std::cout << "  no step ran: the checkpoint is at step " << trainer_.step() << ", and the run ends at step "
+      std::cout << "  no step ran: the checkpoint file is at step " << trainer_.step() << ", and the run ends at step "
                 << trainer_.total_steps() << "\n";
     if (data_.classification)
       std::cout << "  " << eval << " accuracy  " << std::fixed << std::setprecision(2) << 100 * evaluation_.accuracy
@@ -313,20 +282,10 @@ class Run {
     return s;
   }
 
-  // The loss, or with GPIPE_TEST_FAULT=throw:STEP one that throws in that step.
-  LossFn loss() const {
-    return [this](const torch::Tensor& output, const torch::Tensor& target) {
-      if (fault_now_) throw std::runtime_error("injected fault in the loss (GPIPE_TEST_FAULT)");
-      return data_.loss(output, target);
-    };
-  }
-
   const TrainOptions& o_;
   const Model& model_;
   const Data& data_;
   const Cut& cut_;
-  const Fault fault_ = test_fault();
-  bool fault_now_ = false;
   Trainer trainer_;
   Pipeline& pipeline_;
   const int K_;

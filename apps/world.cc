@@ -55,6 +55,13 @@ void start_world(int* argc, char*** argv) {
 #endif
 }
 
+int replicas_of(int devices) {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  if (world().mpi) return mpi::place(world().rank, world().size, devices).replicas;
+#endif
+  return 1;
+}
+
 void check_same_settings(const nlohmann::json& settings) {
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
   if (!world().mpi) return;

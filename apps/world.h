@@ -23,6 +23,10 @@ const World& world();
 /// std::runtime_error when started by a launcher in a build without MPI.
 void start_world(int* argc, char*** argv);
 
+/// D, the replicas of a pipeline of K `devices` in this job: the MPI placement's (mpi::place,
+/// which throws std::invalid_argument unless the ranks are a multiple of K), 1 without mpirun.
+int replicas_of(int devices);
+
 /// Compares `settings` across the ranks of an MPI job; every rank throws the
 /// same std::invalid_argument naming the first setting that differs. A world
 /// of one has nothing to compare.

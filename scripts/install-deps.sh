@@ -10,7 +10,7 @@ packages=(
   libgtest-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   libpng-dev              # gpipe train --model unet --samples: pictures of denoised images
-  libopenmpi-dev openmpi-bin  # MPI: one stage per process, on one machine or many
+  libopenmpi-dev openmpi-bin  # MPI: one device (its stages) per process, on one machine or many
   dataset-fashion-mnist   # the default training data, under /usr/share/datasets/fashion-mnist
   python3-torch           # Python PyTorch: the gpipe Python package, interop and comparison tests
   python3-dev pybind11-dev  # the gpipe Python package (a pybind11 extension)

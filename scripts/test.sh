@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 
 echo "== build and test (Release) =="
-bash scripts/build.sh build
+bash scripts/build.sh build -DGPIPE_REQUIRE_PYTHON=ON  # the Python package and its tests, or a configure error
 (cd build && ctest --output-on-failure -j "$(nproc)")

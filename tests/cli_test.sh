@@ -112,8 +112,8 @@ expect_error "disagree" --stages 2 --balance 1 2 8
 expect_error "give one of them" --balance 3 8 --balance-by time
 expect_error "dataset-fashion-mnist" --data-dir "$work/nowhere"
 # Refused checkpoints: each run also asks to --save over the good one, which must survive.
-expect_error "truncated, corrupt or not a gpipe checkpoint" --resume "$work/truncated.pt" --save "$work/ckpt.pt"
-expect_error "truncated, corrupt or not a gpipe checkpoint" --resume "$work/junk.pt" --save "$work/ckpt.pt"
+expect_error "truncated, corrupt or not a gpipe checkpoint file" --resume "$work/truncated.pt" --save "$work/ckpt.pt"
+expect_error "truncated, corrupt or not a gpipe checkpoint file" --resume "$work/junk.pt" --save "$work/ckpt.pt"
 expect_error "resume with the same optimizer" --resume "$work/ckpt.pt" --optimizer sgd --save "$work/ckpt.pt"
 expect_error "belong to --lr-schedule step" --resume "$work/ckpt.pt" --lr-gamma 0.5 --save "$work/ckpt.pt"
 expect_error "--resume: no such file" --resume "$work/missing.pt"

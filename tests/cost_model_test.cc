@@ -129,6 +129,10 @@ TEST(CostModelTest, SkipConnectionsAcrossStagesArePredictedWithin15Percent) {
                           Case{2, 4, 1, ScheduleKind::kGPipe, Checkpoint::kExceptLast},
                           Case{2, 4, 1, ScheduleKind::k1F1B, Checkpoint::kAlways},
                           Case{2, 4, 1, ScheduleKind::k1F1B, Checkpoint::kExceptLast}})
+      // The slack of one micro-batch's largest send is needed: whether a boundary tensor or a
+      // stashed one is still held at a device's peak depends on the threads' timing, which the
+      // simulation only approximates. Without it, 2 of 3 runs failed here (resnet, K=2 M=4 gpipe
+      // except_last, device 1: predicted 2412032 bytes, measured 2045768 in that run).
       expect_predicted_peaks(w.model, x, y, w.loss, costs, c, 0.15, 1);
   }
 }

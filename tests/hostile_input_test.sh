@@ -128,7 +128,7 @@ if [ "$torch" = 1 ]; then
     train "${model[@]}" --data "$work/nan.pt"
   "$gpipe" train "${model[@]}" --data "$work/data.pt" --steps 2 --save "$work/good.pt" >/dev/null 2>&1
   cp "$work/good.pt" "$work/good.keep"
-  run "4. the loss becomes infinite" 1 "the loss became (infinite|NaN) in step 3 .*the last checkpoint \(step 2\) is kept" \
+  run "4. the loss becomes infinite" 1 "the loss became (infinite|NaN) in step 3 .*the last checkpoint file \(step 2\) is kept" \
     train "${model[@]}" --data "$work/huge.pt" --steps 6 --resume "$work/good.pt" --save "$work/good.pt"
   if [ -s "$work/good.keep" ] && cmp -s "$work/good.pt" "$work/good.keep"; then pass "4. the good checkpoint is unchanged"
   else fail "4. the checkpoint was replaced"; fi
@@ -173,7 +173,7 @@ run "6. --save and --trace one file" 2 "--save .*same.json is the file of --trac
 # A checkpoint with 16 bytes overwritten in its middle: refused by its digest.
 cp "$work/ckpt.pt" "$work/corrupt.pt"
 printf 'XXXXXXXXXXXXXXXX' | dd of="$work/corrupt.pt" bs=1 seek=$(($(stat -c %s "$work/ckpt.pt") / 2)) conv=notrunc 2>/dev/null
-run "6. a corrupted checkpoint" 2 "corrupt.pt is truncated, corrupt or not a gpipe checkpoint \(its digest does not match" \
+run "6. a corrupted checkpoint" 2 "corrupt.pt is truncated, corrupt or not a gpipe checkpoint file \(its digest does not match" \
   train "${tiny[@]}" --steps 4 --resume "$work/corrupt.pt"
 
 # 7. A resume that runs no step says so; no loss is made up.
@@ -183,7 +183,7 @@ if "$python" -c '
 import json, sys
 s = json.load(open(sys.argv[1]))
 assert s["steps_this_run"] == 0 and s["no_step_ran"] and s["first_loss"] is None and s["final_loss"] is None, s
-' "$work/none.json" && grep -q "no step ran: the checkpoint is at step 2" "$work/none.txt"; then
+' "$work/none.json" && grep -q "no step ran: the checkpoint file is at step 2" "$work/none.txt"; then
   pass "7. --resume at --steps: 'no step ran', null losses in JSON"
 else fail "7. --resume at --steps: $(cat "$work/none.txt")"; fi
 timeout 60 "$gpipe" train "${tiny[@]}" --steps 2 --resume "$work/ckpt.pt" --save "$work/copy.pt" >"$work/none.txt" 2>&1

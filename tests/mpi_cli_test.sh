@@ -80,16 +80,17 @@ if bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --steps 10 --stages 3 --resu
   if [ "$a" = "$b" ]; then pass "a 2-rank checkpoint resumed by 3 ranks equals one process resuming it ($a)"
   else fail "resume with K=3: mpirun $b, one process $a"; fi
 else fail "resume with another K"; tail -5 "$work/k3.err"; fi
-# --per-stage-files: one file per stage, resumed with the same K.
-if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/split.pt" --per-stage-files \
+# --per-device-files: one file per device, resumed with the same K (by the flag's old name,
+# --per-stage-files, which is kept).
+if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/split.pt" --per-device-files \
      >/dev/null 2>&1 &&
    [ -s "$work/split.pt.stage0-of-2" ] && [ -s "$work/split.pt.stage1-of-2" ] && [ ! -e "$work/split.pt" ] &&
    bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 --resume "$work/split.pt" --per-stage-files \
      >"$work/split.json" 2>/dev/null; then
   a=$(checksum "$work/unbroken.json"); b=$(checksum "$work/split.json")
-  if [ "$a" = "$b" ]; then pass "--per-stage-files: saved at step 4, resumed to 10: equals 10 unbroken steps"
-  else fail "--per-stage-files resume: $b, unbroken: $a"; fi
-else fail "--per-stage-files save/resume"; fi
+  if [ "$a" = "$b" ]; then pass "--per-device-files: saved at step 4, resumed to 10: equals 10 unbroken steps"
+  else fail "--per-device-files resume: $b, unbroken: $a"; fi
+else fail "--per-device-files save/resume"; fi
 
 # Errors: each before any training, on every rank, non-zero exit, well within 30 s.
 expect_error() {  # NAME PATTERN COMMAND...

@@ -423,7 +423,10 @@ TEST(MpiTransport, CancelStopsTheOtherRanksReceive) {
     if (world_rank() == 0) {
       transport.cancel("gpipe: stage 0 failed on purpose");
       EXPECT_THROW(transport.recv(1, 0, Channel::kGradient, 0), Cancelled);
-      EXPECT_THROW(transport.begin({}), std::logic_error) << "a cancelled transport is not used again";
+      EXPECT_THROW(transport.send(0, 1, Channel::kActivation, 0, torch::ones({1})), Cancelled) << "and a later send";
+      // The Transport contract (transport.h), as InProcessTransport keeps it (transport_test.cc).
+      EXPECT_THROW(transport.begin({}), std::logic_error) << "a cancelled transport takes no further step";
+      EXPECT_TRUE(transport.cancelled());
     } else {
       try {
         transport.recv(0, 1, Channel::kActivation, 1);  // never sent

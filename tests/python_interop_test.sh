@@ -229,7 +229,7 @@ torch.jit.script(other).save(f"{work}/other.pt")
 run = subprocess.run([gpipe, "train", "--model", f"{work}/other.pt", "--data", f"{work}/data.pt", "--loss", "mse",
                       "--optimizer", "sgd", "--resume", f"{work}/half.pt", "--stages", "2"],
                      capture_output=True, text=True)
-ok = run.returncode != 0 and "checkpoint of another model" in run.stderr and "epoch" not in run.stdout
+ok = run.returncode != 0 and "checkpoint file of another model" in run.stderr and "epoch" not in run.stdout
 print(f"{'ok' if ok else 'FAILED'}: resuming another model's checkpoint: {run.stderr.strip()[:150]}")
 results.append(ok)
 failures = results.count(False)

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 
@@ -208,7 +209,7 @@ TEST(TrainerTest, RefusesABadSnapshotAndChangesNothing) {
   Trainer other(wider, PipelineOptions().devices(1), TrainerOptions(sgd_options()).epochs(1).save(path + ".other"),
                 {torch::randn({8, 10}), torch::randn({8, 16})});
   other.fit();
-  expect_invalid([&] { trainer.resume(path + ".other"); }, "checkpoint of another model");
+  expect_invalid([&] { trainer.resume(path + ".other"); }, "checkpoint file of another model");
   // A deeper model's file: every parameter of this model is in it, and two more. Refused by the
   // count that all stages agree on, still before any parameter changes.
   const gpipe::Model deeper = gpipe::Model::of("deeper", 8, [](gpipe::LayerRange keep) {
@@ -268,4 +269,62 @@ TEST(TrainerTest, RefusesOptionsThatLeaveNoStep) {
   }, "for MPI runs");
   expect_invalid([&] { Trainer(mlp(), PipelineOptions().devices(2), TrainerOptions(sgd_options()).clip_grad_norm(-1), data); },
                  "gradient norm");
+}
+
+// The test hook GPIPE_TEST_FAULT (train.h): a library user's run fails as gpipe train's does.
+class TestFaultEnvironment {
+ public:
+  explicit TestFaultEnvironment(const char* value) { setenv("GPIPE_TEST_FAULT", value, 1); }
+  ~TestFaultEnvironment() { unsetenv("GPIPE_TEST_FAULT"); }
+};
+
+TEST(TrainerTest, TestFaultThrowsInTheLossOfItsStepAndChangesNothing) {
+  const gpipe::Dataset data = regression_data();
+  const TestFaultEnvironment fault("throw:2");
+  Trainer trainer(mlp(), PipelineOptions().devices(2).micro_batches(2), sgd_options(), data);
+  std::vector<torch::Tensor> before;  // after the last step that ran
+  try {
+    trainer.fit({nullptr, [&](int, int64_t) { before = values(trainer); }, nullptr});
+    ADD_FAILURE() << "the run did not fail";
+  } catch (const gpipe::StageError& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 1 failed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("injected fault in the loss (GPIPE_TEST_FAULT)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(trainer.step(), 2) << "steps 0 and 1 ran, step 2 failed";
+  expect_equal(values(trainer), before);
+  // Those two steps are a one-device run's, which fails in the same step.
+  Trainer reference(mlp(), PipelineOptions().devices(1), sgd_options(), data);
+  EXPECT_THROW(reference.fit(), gpipe::StageError);
+  EXPECT_EQ(reference.step(), 2);
+  expect_equal(values(trainer), values(reference), 1e-5);
+}
+
+TEST(TrainerTest, TestFaultRefusesAValueItDoesNotKnow) {
+  using gpipe::testing::expect_invalid;
+  const gpipe::Dataset data = regression_data();
+  for (const char* value : {"throw", "throw:x", "exit:1", "crash:3", "throw:-1"}) {
+    const TestFaultEnvironment fault(value);
+    expect_invalid([&] { Trainer(mlp(), PipelineOptions().devices(2), sgd_options(), data); }, "GPIPE_TEST_FAULT");
+  }
+}
+
+TEST(TrainerTest, TestFaultEndsTheProcessBeforeItsStep) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const gpipe::Dataset data = regression_data();
+  EXPECT_EXIT(
+      {
+        const TestFaultEnvironment fault("exit:0:1");
+        Trainer trainer(mlp(), PipelineOptions().devices(2).micro_batches(2), sgd_options(), data);
+        trainer.fit({[](int64_t step) { std::fprintf(stderr, "step %lld\n", static_cast<long long>(step)); }, nullptr,
+                     nullptr});
+      },
+      ::testing::ExitedWithCode(3), "step 1");
+}
+
+TEST(OptimizerOptionsTest, StateBytesPerParameterByte) {
+  EXPECT_EQ(gpipe::state_per_parameter_byte(OptimizerOptions().kind(OptimizerKind::kSgd)), 1.0);
+  EXPECT_EQ(gpipe::state_per_parameter_byte(OptimizerOptions().kind(OptimizerKind::kSgd).momentum(0.9)), 2.0);
+  EXPECT_EQ(gpipe::state_per_parameter_byte(OptimizerOptions().kind(OptimizerKind::kAdam)), 3.0);
+  EXPECT_EQ(gpipe::state_per_parameter_byte(OptimizerOptions().kind(OptimizerKind::kAdamW)), 3.0);
 }

@@ -23,7 +23,11 @@ TEST(InProcessTransportTest, RecvWaitsForTheSender) {
   EXPECT_EQ(got.get().sum().item<float>(), 4.0f);
 }
 
-TEST(InProcessTransportTest, CancelWakesABlockedRecvWithItsReasonUntilBegin) {
+// The Transport contract (transport.h), as MpiTransport keeps it too (mpi_test.cc): a cancel wakes
+// a blocked recv with its reason, later sends and recvs throw Cancelled, and the transport takes no
+// further step: begin() throws std::logic_error; the runtime replaces it (a step after a failed one
+// runs exactly: FaultTest.ForwardFaultIsReportedAndChangesNothing).
+TEST(InProcessTransportTest, CancelWakesABlockedRecvWithItsReasonAndEndsTheTransport) {
   gpipe::InProcessTransport t(2);
   auto got = std::async(std::launch::async, [&] { return t.recv(1, 0, Channel::kGradient, 0); });
   t.cancel("gpipe: stage 1 failed");
@@ -35,6 +39,23 @@ TEST(InProcessTransportTest, CancelWakesABlockedRecvWithItsReasonUntilBegin) {
     EXPECT_STREQ(e.what(), "gpipe: stage 1 failed");
   }
   EXPECT_THROW(t.recv(0, 1, Channel::kActivation, 0), gpipe::Cancelled) << "a later recv is cancelled too";
+  EXPECT_THROW(t.send(1, 0, Channel::kGradient, 0, torch::ones({1})), gpipe::Cancelled) << "and a later send";
+  EXPECT_THROW(t.begin({}), std::logic_error) << "a cancelled transport takes no further step";
+  EXPECT_TRUE(t.cancelled());
+  // A new transport carries the next step's messages.
+  gpipe::InProcessTransport next(2);
+  next.begin({});
+  next.send(1, 0, Channel::kGradient, 0, torch::ones({1}));
+  EXPECT_EQ(next.recv(1, 0, Channel::kGradient, 0).item<float>(), 1.0f);
+}
+
+// begin() after a step that ended normally starts the next one on the same transport.
+TEST(InProcessTransportTest, BeginAfterAFinishedStepReusesTheTransport) {
+  gpipe::InProcessTransport t(2);
+  t.begin({});
+  t.send(0, 1, Channel::kActivation, 0, torch::ones({2}));
+  EXPECT_EQ(t.recv(0, 1, Channel::kActivation, 0).sum().item<float>(), 2.0f);
+  t.finish();
   t.begin({});
   t.send(1, 0, Channel::kGradient, 0, torch::ones({1}));
   EXPECT_EQ(t.recv(1, 0, Channel::kGradient, 0).item<float>(), 1.0f);

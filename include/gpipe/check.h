@@ -17,6 +17,11 @@ namespace gpipe {
 /// (`gpipe --verbose`); off by default.
 bool& verbose_errors();
 
+/// An exception's message as a user should first see it: without libtorch's C++
+/// stack frames and without the code traceback that TorchScript puts above its
+/// message. `report`, when given, receives the whole text (empty if nothing was left out).
+std::string short_error(const std::exception& e, std::string* report = nullptr);
+
 /// An exception's message for a person: short_error's, or with
 /// verbose_errors() the whole report; notes a TorchScript traceback left out.
 std::string what_of(const std::exception& e);

@@ -125,6 +125,16 @@ std::vector<double> layer_times(const CostModel& costs, int64_t rows);
 /// gradients and optimizer state (CostModel::state_per_parameter_byte).
 std::vector<double> layer_memory(const CostModel& costs, int64_t rows);
 
+/// The per-layer costs a cut by `method` balances (balance_by_cost), on micro-batches of `rows`
+/// rows: "params", parameter_costs(model); "time", layer_times(profile, rows); "memory",
+/// layer_memory(profile, rows). `profile` is profile_layers' of `model` (not read for "params").
+/// Throws std::invalid_argument for another method.
+std::vector<double> layer_costs_by(const std::string& method, const torch::nn::Sequential& model,
+                                   const CostModel& profile, int64_t rows);
+/// The unit of those costs: "parameters", "s" or "bytes"; throws std::invalid_argument for
+/// another method.
+std::string cost_unit(const std::string& method);
+
 /// What predict() expects of a configuration.
 struct Prediction {
   double step_s = 0;   ///< the simulated step plus one optimizer update of every parameter on one

@@ -12,6 +12,7 @@
 #include "gpipe/microbatch.h"
 #include "gpipe/models.h"
 #include "gpipe/partition.h"
+#include "gpipe/planner.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/plan.h"
 #include "gpipe/schedule.h"

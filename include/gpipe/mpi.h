@@ -171,15 +171,17 @@ class MpiTransport : public Transport {
   ~MpiTransport() override;
 
   /// Checks that the last step left nothing behind and posts ahead the header
-  /// receives of the programs' receive actions.
+  /// receives of the programs' receive actions; after cancel(), or a step that
+  /// left receives behind, throws std::logic_error (the Transport contract).
   void begin(const std::vector<const std::vector<Action>*>& programs) override;
   void send(int from, int to, Channel channel, int micro_batch, torch::Tensor tensor) override;
   torch::Tensor recv(int from, int to, Channel channel, int micro_batch) override;
   /// Waits until every send has left this rank's buffers.
   void finish() override;
   /// Tells every other rank through the error channel (their waits throw
-  /// RemoteError with `why`); a later recv here throws Cancelled. MPI is
-  /// called only from the thread that runs this rank's program.
+  /// RemoteError with `why`); a later send or recv here throws Cancelled, and
+  /// begin() std::logic_error. MPI is called only from the thread that runs
+  /// this rank's program.
   void cancel(const std::string& why) override;
   bool cancelled() const override { return !cancelled_.empty(); }
 

@@ -158,8 +158,8 @@ class Pipeline {
   /// the last train_step or forward: stashed tensors and their gradients.
   int64_t skip_bytes() const;
   /// Bytes of boundary tensors (and skip connections' tensors) this process's
-  /// devices sent through the transport since the pipeline was built (under
-  /// MPI, since the last failed step).
+  /// devices sent through the transport since the pipeline was built, or
+  /// since the last failed step (whose transport is replaced).
   int64_t bytes_sent() const;
   /// This process's rows of the last train_step's or forward's timeline
   /// (devices[d] for each device d held here).

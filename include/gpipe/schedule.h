@@ -246,10 +246,11 @@ double balanced_cost(const Action& action);
 /// K·(1 - its simulated bubble). For fill-drain and 1F1B, K·M/(M+K-1).
 double ideal_speedup(const Schedule& schedule);
 
-/// The ideal speedup of a balanced K-stage fill-drain pipeline over one device: K·M/(M+K-1).
-double ideal_speedup(int stages, int micro_batches);
+/// The ideal speedup of a balanced fill-drain pipeline of K `devices` (one stage each) over one
+/// device: K·M/(M+K-1).
+double ideal_speedup(int devices, int micro_batches);
 
-/// The ideal idle fraction of a fill-drain step: (K-1)/(M+K-1).
-double ideal_bubble(int stages, int micro_batches);
+/// The ideal idle fraction of a fill-drain step on K `devices`: (K-1)/(M+K-1).
+double ideal_bubble(int devices, int micro_batches);
 
 }  // namespace gpipe

@@ -86,11 +86,6 @@ class StageError : public std::runtime_error {
   std::string backtrace_;
 };
 
-/// An exception's message as a user should first see it: without libtorch's C++
-/// stack frames and without the code traceback that TorchScript puts above its
-/// message. `report`, when given, receives the whole text (empty if nothing was left out).
-std::string short_error(const std::exception& e, std::string* report = nullptr);
-
 /// Everything one step asks of the stages. The driver fills it before the step
 /// and reads it after; during the step each stage touches only its own parts.
 struct StepData {

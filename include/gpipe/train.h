@@ -64,6 +64,11 @@ struct OptimizerOptions {
   void check() const;
 };
 
+/// Bytes of gradient and optimizer state the optimizer `options` describe keep per parameter byte
+/// (CostModel::state_per_parameter_byte): 1 for SGD without momentum (the gradient), 2 for SGD with
+/// momentum (and its buffer), 3 for Adam and AdamW (their two moments).
+double state_per_parameter_byte(const OptimizerOptions& options);
+
 /// The optimizer `options` describe, over `parameters`.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& options,
                                                         const std::vector<torch::Tensor>& parameters);
@@ -245,6 +250,15 @@ struct TrainerCallbacks {
 /// step (an error in a stage, a NaN or infinite loss) throws with the
 /// parameters as they were before it, and no snapshot holding NaN or infinite
 /// values is ever written.
+///
+/// Test hook: the environment variable GPIPE_TEST_FAULT, read when the trainer
+/// is made, injects a fault into a run, so that a program's (gpipe train's, or
+/// any library user's) handling of failures can be tested: "throw:STEP" makes
+/// the loss throw in step STEP (0-based, counting resumed steps; the stage
+/// holding the loss fails, under MPI on the last rank of a pipeline);
+/// "exit:RANK:STEP" ends MPI rank RANK (0 in one process) abruptly with
+/// status 3 before step STEP, as a crash would. Unset or empty: no fault;
+/// another value: std::invalid_argument.
 class Trainer {
  public:
   Trainer(const Model& model, const PipelineOptions& pipeline, const TrainerOptions& options, Dataset train,
@@ -308,6 +322,12 @@ class Trainer {
   int64_t step_ = 0;
   int64_t saved_at_ = -1;
   TrainStats stats_;
+  struct TestFault {  // GPIPE_TEST_FAULT, as the class comment describes it
+    std::string kind;  // "", "throw" or "exit"
+    int rank = -1;
+    int64_t step = -1;
+  };
+  TestFault fault_;
 };
 
 }  // namespace gpipe

@@ -41,8 +41,11 @@ class Transport {
   virtual ~Transport() = default;
 
   /// Ready for a new step whose devices held here run `programs` (their rows
-  /// of a lowered schedule): drops what an earlier step left, clears a
-  /// cancellation, and posts the programs' receives ahead where that helps.
+  /// of a lowered schedule), and posts the programs' receives ahead where that
+  /// helps. A cancelled transport takes no further step: begin() after
+  /// cancel() throws std::logic_error, and the next step needs a new transport
+  /// (the runtime makes one; under MPI on fresh communicators, which a failed
+  /// step's messages still in flight cannot reach).
   virtual void begin(const std::vector<const std::vector<Action>*>& programs) = 0;
 
   /// Delivers `tensor` to stage `to`. Does not block on the receiver.
@@ -56,10 +59,11 @@ class Transport {
   /// sent has left its buffers.
   virtual void finish() = 0;
 
-  /// Stops the step: every blocked or later recv (and, in one process, send),
-  /// on every device of the pipeline, throws Cancelled carrying `why`, until
-  /// the next begin(). More than once is as once. In one process any thread may
-  /// call it; under MPI the thread that runs the rank's program.
+  /// Stops the step, and with it the transport: every blocked or later recv
+  /// (and, in one process, send), on every device of the pipeline, throws
+  /// Cancelled carrying `why`, and begin() throws std::logic_error. More than
+  /// once is as once. In one process any thread may call it; under MPI the
+  /// thread that runs the rank's program.
   virtual void cancel(const std::string& why) = 0;
   /// Whether this process's side of the step was cancelled (a cancellation by
   /// another process shows only at a recv).

@@ -126,10 +126,7 @@ class GPipe:
         settings.virtual_stages = 0 if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
         settings.deferred_batch_norm = _one_of(batch_norm, "batch_norm", ("deferred", "per-micro-batch")) == "deferred"
         settings.threads = _whole(threads, "threads")
-        cores = os.cpu_count() or 1
-        if settings.threads > cores:
-            raise ValueError(f"gpipe: threads={threads} is more than this machine's {cores} cores; use 1 to {cores} "
-                             f"(intra-op threads of each device)")
+        _gpipe.check_threads_per_device(settings.threads)
         settings.runtime = _one_of(runtime, "runtime", ("auto", "threads", "mpi"))
         # The plan (K, V, M, the cut, the schedule) is checked now, before any work, whatever the balance.
         try:

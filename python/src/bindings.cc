@@ -320,6 +320,8 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_readwrite("threads", &Settings::threads)
       .def_readwrite("runtime", &Settings::runtime);
   // The plan's K and V, or ValueError naming what the settings get wrong.
+  m.def("check_threads_per_device", [](int threads) { gpipe::check_threads_per_device(threads, "threads="); },
+        py::arg("threads"));
   m.def("check_plan",
         [](int layers, const Settings& settings) {
           const PipelinePlan plan = gpipe::python::check_plan(layers, settings);

@@ -1,10 +1,10 @@
 // check.cc: the one place that throws gpipe's configuration errors, and how errors read.
 #include "gpipe/check.h"
 
-#include "gpipe/stage.h"
-
+#include <c10/util/Exception.h>
 #include <torch/types.h>
 
+#include <cctype>
 #include <sstream>
 
 namespace gpipe {
@@ -25,6 +25,20 @@ std::string shape_text(const torch::Tensor& t) {
 bool& verbose_errors() {
   static bool verbose = false;
   return verbose;
+}
+
+std::string short_error(const std::exception& e, std::string* report) {
+  const auto* error = dynamic_cast<const c10::Error*>(&e);
+  std::string what = error ? error->what_without_backtrace() : e.what();
+  if (report != nullptr) *report = error ? e.what() : "";
+  // TorchScript's interpreter: the serialized and the Python code, then the message on the last line.
+  if (what.find("Traceback of TorchScript") == std::string::npos) return what;
+  if (report != nullptr && report->empty()) *report = what;
+  while (!what.empty() && std::isspace(static_cast<unsigned char>(what.back()))) what.pop_back();
+  std::string last = what.substr(what.find_last_of('\n') + 1);
+  for (const std::string prefix : {"RuntimeError: ", "Exception: "})
+    if (last.rfind(prefix, 0) == 0) last = last.substr(prefix.size());
+  return last;
 }
 
 std::string what_of(const std::exception& e) {

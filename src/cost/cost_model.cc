@@ -350,6 +350,19 @@ std::vector<double> layer_memory(const CostModel& costs, int64_t rows) {
   return out;
 }
 
+std::string cost_unit(const std::string& method) {
+  GPIPE_CHECK(method == "params" || method == "time" || method == "memory", "unknown cost '", method,
+              "' to balance by; use params, time or memory");
+  return method == "params" ? "parameters" : method == "time" ? "s" : "bytes";
+}
+
+std::vector<double> layer_costs_by(const std::string& method, const torch::nn::Sequential& model,
+                                   const CostModel& profile, int64_t rows) {
+  cost_unit(method);  // throws for another method
+  if (method == "params") return parameter_costs(model);
+  return method == "time" ? layer_times(profile, rows) : layer_memory(profile, rows);
+}
+
 Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::vector<int64_t>& micro_batch_rows) {
   const std::vector<int>& balance = plan.balance;
   const Schedule& schedule = plan.training;

@@ -36,14 +36,14 @@ std::vector<int> even_balance(int layers, int stages) {
 
 void check_balance(const std::vector<int>& balance, int layers) {
   GPIPE_CHECK(!balance.empty(), "the balance is empty; give the number of layers of each stage, "
-              "e.g. {", layers - layers / 2, ", ", layers / 2, "}, or set stages instead");
+              "e.g. {", layers - layers / 2, ", ", layers / 2, "}, or give the devices (K) instead for an even cut");
   for (size_t j = 0; j < balance.size(); ++j)
     GPIPE_CHECK(balance[j] >= 1, "stage ", j, " of balance ", format_balance(balance), " has ", balance[j],
                 " layers; every stage needs at least one layer");
   const int sum = std::accumulate(balance.begin(), balance.end(), 0);
   GPIPE_CHECK(sum == layers, "the model and the sum of the balance differ (model: ", layers,
               " layers, sum of balance ", format_balance(balance), ": ", sum,
-              "); make the balance add up to ", layers, " or set stages to split evenly");
+              "); make the balance add up to ", layers, " or give the devices (K) instead for an even cut");
 }
 
 std::vector<int> balance_by_cost(const std::vector<double>& costs, int stages) {

@@ -10,6 +10,7 @@
 #include <malloc.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 
@@ -54,6 +55,12 @@ void check_device(const Device& device) {
     GPIPE_CHECK(device.device.is_cpu(), "unsupported device type ", device.device.str(),
                 "; gpipe runs stages on cpu or cuda");
   }
+}
+
+void check_threads_per_device(int threads, const std::string& name) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  GPIPE_CHECK(threads <= cores, name, threads, " is more than this machine's ", cores, " cores; use 1 to ", cores,
+              " (intra-op threads of each device)");
 }
 
 void bind_current_thread(const Device& device) {

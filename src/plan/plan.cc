@@ -107,6 +107,7 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
   if (plan.device_list.empty()) {
     GPIPE_CHECK(options.threads_per_device() >= 1, "the intra-op threads per device must be at least 1 (got ",
                 options.threads_per_device(), ")");
+    check_threads_per_device(options.threads_per_device());
     plan.device_list.assign(static_cast<size_t>(K), Device::cpu(options.threads_per_device()));
   }
   GPIPE_CHECK(static_cast<int>(plan.device_list.size()) == K, "got ", plan.device_list.size(), " devices in the "

@@ -41,7 +41,13 @@ class LocalGroup : public Group {
                     "layer's parameter in the other layer");
       }
     }
-    transport_ = std::make_unique<InProcessTransport>(plan.stages());
+    stages_ = plan.stages();
+    transport_ = std::make_unique<InProcessTransport>(stages_);
+  }
+
+  // A cancelled transport takes no further step (transport.h): the call after a failed step gets a new one.
+  void begin_call() override {
+    if (transport_ && transport_->cancelled()) transport_ = std::make_unique<InProcessTransport>(stages_);
   }
 
   Transport& transport() override { return *transport_; }
@@ -53,6 +59,7 @@ class LocalGroup : public Group {
 
  private:
   PipelinePlan plan_;
+  int stages_ = 1;
   std::unique_ptr<InProcessTransport> transport_;
 };
 

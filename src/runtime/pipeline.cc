@@ -320,7 +320,7 @@ void Pipeline::run(const Schedule& program, StepData& step) {
   std::vector<const std::vector<Action>*> rows;
   for (int d : local_) rows.push_back(&program.actions[static_cast<size_t>(d)]);
   transport.begin(rows);
-  for (const auto& e : executors_) e->set_transport(&transport);  // under MPI a fresh one after a failed step
+  for (const auto& e : executors_) e->set_transport(&transport);  // a fresh one after a failed step
   reset_memory_peaks();
   trace_ = StepTrace{};
   trace_.devices.assign(static_cast<size_t>(plan_.devices), {});

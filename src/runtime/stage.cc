@@ -7,7 +7,6 @@
 
 #include <torch/torch.h>
 
-#include <cctype>
 #include <mutex>
 #include <set>
 #include <unordered_set>
@@ -96,20 +95,6 @@ StageError::StageError(const Action& action, const std::string& what, const std:
                          (operand.empty() ? "" : ", " + operand) + "): " + what),
       action_(action),
       backtrace_(std::move(backtrace)) {}
-
-std::string short_error(const std::exception& e, std::string* report) {
-  const auto* error = dynamic_cast<const c10::Error*>(&e);
-  std::string what = error ? error->what_without_backtrace() : e.what();
-  if (report != nullptr) *report = error ? e.what() : "";
-  // TorchScript's interpreter: the serialized and the Python code, then the message on the last line.
-  if (what.find("Traceback of TorchScript") == std::string::npos) return what;
-  if (report != nullptr && report->empty()) *report = what;
-  while (!what.empty() && std::isspace(static_cast<unsigned char>(what.back()))) what.pop_back();
-  std::string last = what.substr(what.find_last_of('\n') + 1);
-  for (const std::string prefix : {"RuntimeError: ", "Exception: "})
-    if (last.rfind(prefix, 0) == 0) last = last.substr(prefix.size());
-  return last;
-}
 
 namespace {
 

@@ -612,12 +612,12 @@ double ideal_speedup(const Schedule& schedule) {
   return static_cast<double>(schedule.devices) * (1.0 - simulate(schedule, balanced_cost).bubble);
 }
 
-double ideal_speedup(int stages, int micro_batches) {
-  return static_cast<double>(stages) * micro_batches / (micro_batches + stages - 1);
+double ideal_speedup(int devices, int micro_batches) {
+  return static_cast<double>(devices) * micro_batches / (micro_batches + devices - 1);
 }
 
-double ideal_bubble(int stages, int micro_batches) {
-  return static_cast<double>(stages - 1) / (micro_batches + stages - 1);
+double ideal_bubble(int devices, int micro_batches) {
+  return static_cast<double>(devices - 1) / (micro_batches + devices - 1);
 }
 
 }  // namespace gpipe

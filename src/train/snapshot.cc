@@ -97,7 +97,7 @@ void install_state(torch::optim::Optimizer& optimizer, const std::string& kind, 
   states[state_key(states, p)] = std::move(state);
 }
 
-// A checkpoint ends with a digest of everything before it (FNV-1a, 64 bits, in hex), so a
+// A checkpoint file ends with a digest of everything before it (FNV-1a, 64 bits, in hex), so a
 // corrupted byte anywhere is found before anything is restored.
 const std::string kDigestTag = "gpipe-fnv1a64:";
 constexpr size_t kDigestDigits = 16;
@@ -121,7 +121,7 @@ std::string unsealed(const std::string& path, std::string bytes) {
   const size_t body = bytes.size() >= trailer ? bytes.size() - trailer : 0;
   if (bytes.size() < trailer || bytes.compare(body, kDigestTag.size(), kDigestTag) != 0 ||
       bytes.compare(body + kDigestTag.size(), kDigestDigits, digest_of(bytes, body)) != 0)
-    throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint (its digest does not match "
+    throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint file (its digest does not match "
                              "its contents); resume from a file written by gpipe train --save");
   bytes.resize(body);
   return bytes;
@@ -211,17 +211,17 @@ void save_snapshot(const std::string& path, const std::vector<std::string>& part
 Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& layers,
                        const std::string& optimizer_name, bool script) {
   std::string payload = read_file(path);
-  if (script) {  // the checkpoint rides in the TorchScript file as an extra file
+  if (script) {  // the saved state rides in the TorchScript file as an extra file
     torch::jit::ExtraFilesMap extra{{kExtraFile, ""}};
     std::istringstream in(std::move(payload));
     try {
       torch::jit::load(in, c10::nullopt, extra);
     } catch (const std::exception&) {
-      throw std::runtime_error(path + " is truncated or not a TorchScript checkpoint written by gpipe train --save");
+      throw std::runtime_error(path + " is truncated or not a TorchScript checkpoint file written by gpipe train --save");
     }
     payload = extra[kExtraFile];
     if (payload.empty())
-      throw std::runtime_error(path + " holds no gpipe checkpoint; resume from a file written by gpipe train --save");
+      throw std::runtime_error(path + " holds no gpipe checkpoint file; resume from a file written by gpipe train --save");
   }
   payload = unsealed(path, std::move(payload));
   Dict dict = new_dict();
@@ -240,7 +240,7 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
     out.state.shuffle_state = dict.at("shuffle_state").toTensor();
     out.state.random_state = dict.at("random_state").toTensor();
   } catch (const std::exception&) {
-    throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint; resume from a file "
+    throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint file; resume from a file "
                              "written by gpipe train --save");
   }
   // Every tensor this process holds must be in the file, with its shape and dtype.
@@ -248,9 +248,9 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
                    const std::map<std::string, torch::Tensor>& saved) {
     const auto it = saved.find(name);
     if (it == saved.end())
-      throw std::runtime_error(path + " is a checkpoint of another model: it has no " + what + " " + name);
+      throw std::runtime_error(path + " is a checkpoint file of another model: it has no " + what + " " + name);
     if (it->second.sizes() != mine.sizes() || it->second.dtype() != mine.dtype())
-      throw std::runtime_error(path + " is a checkpoint of another model: its " + what + " " + name + " is " +
+      throw std::runtime_error(path + " is a checkpoint file of another model: its " + what + " " + name + " is " +
                                shape_text(it->second) + ", this model's " + shape_text(mine));
   };
   for (const auto& p : layers->named_parameters()) check("parameter", p.key(), p.value(), out.parameters);

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <limits>
@@ -83,6 +84,11 @@ void OptimizerOptions::check() const {
               optimizer_name(kind()), " has --betas");
   GPIPE_CHECK(!sgd || !betas(), "--betas are Adam's and AdamW's; SGD has --momentum");
   GPIPE_CHECK(!nesterov() || momentum() > 0, "--nesterov needs --momentum above 0 (as torch.optim.SGD)");
+}
+
+double state_per_parameter_byte(const OptimizerOptions& options) {
+  if (options.kind() == OptimizerKind::kSgd) return options.momentum() > 0 ? 2.0 : 1.0;
+  return 3.0;  // Adam, AdamW: two moments
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& o,
@@ -211,8 +217,7 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
 CostBalance balance_by(const std::string& method, const Model& model, const torch::Tensor& sample, int devices,
                        int micro_batches, int threads, double optimizer_copies, ScheduleKind schedule,
                        int virtual_stages) {
-  GPIPE_CHECK(method == "params" || method == "time" || method == "memory", "unknown cost '", method,
-              "' to balance by; use params, time or memory");
+  const std::string unit = cost_unit(method);  // throws for an unknown method, before any work
   const RandomStateGuard guard;  // building the whole model and running it draw random numbers
   const torch::nn::Sequential whole = model.build(LayerRange{});
   // Timing runs backward through the layers, whose parameters may be the caller's own (a TorchScript
@@ -227,18 +232,13 @@ CostBalance balance_by(const std::string& method, const Model& model, const torc
     kept.params.push_back(p);
     kept.grads.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
   }
-  std::vector<double> costs;
-  if (method == "params") {
-    costs = parameter_costs(whole);
-  } else {
-    const CostModel profile = profile_layers(whole, sample, threads, optimizer_copies);
-    costs = method == "time" ? layer_times(profile, sample.size(0)) : layer_memory(profile, sample.size(0));
-  }
+  const CostModel profile = method == "params" ? CostModel{} : profile_layers(whole, sample, threads, optimizer_copies);
+  const std::vector<double> costs = layer_costs_by(method, whole, profile, sample.size(0));
   const int V = virtual_stages > 0 ? virtual_stages : default_virtual_stages(schedule);
   CostBalance out;
   out.balance = balance_by_cost(costs, devices * V);
   out.plan = plan_partition(costs, out.balance, make_schedule(schedule, devices, micro_batches, V));
-  out.unit = method == "params" ? "parameters" : method == "time" ? "s" : "bytes";
+  out.unit = unit;
   return out;
 }
 
@@ -259,6 +259,24 @@ std::string format_run_figures(const RunFigures& f) {
 }
 
 // ---------------------------------------------------------------- the trainer
+
+namespace {
+
+// A whole number of the test hook GPIPE_TEST_FAULT (`text` in full), or an error naming the value.
+int64_t fault_number(const std::string& part, const std::string& text) {
+  size_t end = 0;
+  int64_t value = -1;
+  try {
+    value = std::stoll(part, &end);
+  } catch (const std::exception&) {
+    end = std::string::npos;
+  }
+  GPIPE_CHECK(!part.empty() && end == part.size() && value >= 0, "GPIPE_TEST_FAULT=", text,
+              ": expected throw:STEP or exit:RANK:STEP with whole numbers of at least 0 (a test hook; unset it)");
+  return value;
+}
+
+}  // namespace
 
 Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const TrainerOptions& options, Dataset train,
                  Runtime runtime)
@@ -283,6 +301,22 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
   total_steps_ = options_.steps() > 0 ? std::min(options_.steps(), all) : all;
   lr_schedule_ = options_.lr_schedule();
   if (lr_schedule_.step_size() == 0) lr_schedule_.step_size(steps_per_epoch_);
+  // The test hook (train.h).
+  if (const char* text = std::getenv("GPIPE_TEST_FAULT"); text != nullptr && *text != '\0') {
+    const std::string hook(text);
+    const size_t colon = hook.find(':');
+    fault_.kind = hook.substr(0, colon);
+    const std::string rest = colon == std::string::npos ? "" : hook.substr(colon + 1);
+    GPIPE_CHECK(fault_.kind == "throw" || fault_.kind == "exit", "GPIPE_TEST_FAULT=", hook,
+                ": expected throw:STEP or exit:RANK:STEP (a test hook; unset it)");
+    if (fault_.kind == "exit") {
+      const size_t second = rest.find(':');
+      fault_.rank = static_cast<int>(fault_number(rest.substr(0, second), hook));
+      fault_.step = fault_number(second == std::string::npos ? "" : rest.substr(second + 1), hook);
+    } else {
+      fault_.step = fault_number(rest, hook);
+    }
+  }
   // The model's own ties join any the caller declared.
   PipelineOptions with_ties = pipeline;
   with_ties.tied_parameters().insert(with_ties.tied_parameters().end(), model_.tied.begin(), model_.tied.end());
@@ -334,11 +368,11 @@ void Trainer::resume(const std::string& resume_path) {
   // Every parameter of the file is taken by some stage: it is this model's, not a larger one's.
   const double taken = pipeline_->sum(pipeline_->replica() == 0 ? static_cast<double>(r.parameters_taken) : 0.0);
   const int64_t expected = options_.per_device_files() ? r.parameters_taken : static_cast<int64_t>(taken);
-  GPIPE_CHECK(r.parameters_in_file == expected, path, " is a checkpoint of another model: it holds ",
+  GPIPE_CHECK(r.parameters_in_file == expected, path, " is a checkpoint file of another model: it holds ",
               r.parameters_in_file, " parameters, this model ", expected);
   GPIPE_CHECK(pipeline_->same_everywhere(static_cast<double>(r.state.step)), "the per-device files of ", resume_path,
               " are from different steps (this rank's, ", path, ", from step ", r.state.step,
-              "); a run stopped while saving: resume from another checkpoint");
+              "); a run stopped while saving: resume from another checkpoint file");
   restore_snapshot(r, pipeline_->layers(), *optimizer_);
   shuffle_.set_state(r.state.shuffle_state);
   epoch_start_shuffle_ = r.state.shuffle_state;  // what a save before any step writes back
@@ -370,13 +404,18 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
   const torch::Tensor y = train_.target.index_select(0, rows);
   const int64_t begin = now_ns();
   clear_grads(pipeline_->parameters());  // the step writes fresh ones
-  const double loss = pipeline_->train_step(x, y, options_.loss()).item<double>();
+  if (fault_.kind == "exit" && fault_.rank == pipeline_->rank() && fault_.step == step_) std::_Exit(3);
+  const LossFn injected = [](const torch::Tensor&, const torch::Tensor&) -> torch::Tensor {
+    throw std::runtime_error("injected fault in the loss (GPIPE_TEST_FAULT)");
+  };
+  const bool inject = fault_.kind == "throw" && fault_.step == step_;
+  const double loss = pipeline_->train_step(x, y, inject ? injected : options_.loss()).item<double>();
   // The loss is the same on every rank: all stop together, before the update, the parameters as they were.
   if (!std::isfinite(loss))
     throw std::runtime_error("gpipe: the loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") +
                              " in step " + std::to_string(step_ + 1) + " (epoch " + std::to_string(epoch) +
                              "): training stops with the parameters of step " + std::to_string(step_) +
-                             (saved_at_ >= 0 ? ", and the last checkpoint (step " + std::to_string(saved_at_) +
+                             (saved_at_ >= 0 ? ", and the last checkpoint file (step " + std::to_string(saved_at_) +
                                                    ") is kept"
                                              : "") +
                              "; lower --lr, or add --clip-grad-norm");
@@ -406,7 +445,7 @@ void Trainer::save() {
   if (path.empty() || saved_at_ == step_) return;
   if (!pipeline_->all_finite())
     throw std::runtime_error("gpipe: the parameters hold NaN or infinite values at step " + std::to_string(step_) +
-                             ": no checkpoint is written for it" +
+                             ": no checkpoint file is written for it" +
                              (saved_at_ >= 0 ? " (the one of step " + std::to_string(saved_at_) + " is kept)" : "") +
                              "; lower --lr, or add --clip-grad-norm");
   saved_at_ = step_;
@@ -425,7 +464,7 @@ void Trainer::save() {
     save_whole_snapshot(*pipeline_, model_, *optimizer_, optimizer, now, path);
   } catch (const std::length_error& e) {  // too large to gather: every rank is here
     throw std::runtime_error(std::string(e.what()) + "; save one file per device (TrainerOptions::per_device_files, "
-                             "gpipe train --per-stage-files)");
+                             "gpipe train --per-device-files)");
   }
 }
 

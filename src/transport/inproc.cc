@@ -53,12 +53,12 @@ void InProcessTransport::cancel(const std::string& why) {
 }
 
 void InProcessTransport::begin(const std::vector<const std::vector<Action>*>& /*programs*/) {
-  cancelled_ = false;
+  if (cancelled_)  // the runtime's mistake, not the caller's
+    throw std::logic_error("gpipe: the in-process transport was cancelled; a failed step is followed by a transport "
+                           "of its own");
   for (auto& box : mailboxes_) {
     std::lock_guard<std::mutex> lock(box->mutex);
-    box->messages.clear();
-    box->cancelled = false;
-    box->why.clear();
+    box->messages.clear();  // a step that ended with finish() left none; a caller's stray sends go
   }
 }
 

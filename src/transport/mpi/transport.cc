@@ -135,7 +135,10 @@ torch::Tensor MpiTransport::recv(int from, int to, Channel channel, int micro_ba
 }
 
 void MpiTransport::begin(const std::vector<const std::vector<Action>*>& programs) {
-  if (!receives_.empty() || !cancelled_.empty())  // the runtime's mistake, not the caller's
+  if (!cancelled_.empty())  // the runtime's mistake, not the caller's
+    throw std::logic_error("gpipe: the MPI transport was cancelled; a failed step is followed by a transport of "
+                           "its own");
+  if (!receives_.empty())
     throw std::logic_error("gpipe: the MPI transport still expects " + std::to_string(receives_.size()) +
                            " messages from a failed step; a failed step is followed by a transport of its own");
   reap_sends();

@@ -1,0 +1,118 @@
+// planner.cc: search_plans: every configuration of a cluster, cut, planned, predicted and sorted.
+#include "gpipe/planner.h"
+
+#include "gpipe/check.h"
+#include "gpipe/microbatch.h"
+#include "gpipe/partition.h"
+#include "gpipe/plan.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace gpipe {
+namespace {
+
+// The cut of the model into S stages: blocks evenly (lead layers with the first stage, tail layers
+// with the last), or the min-max cut of layer times.
+std::vector<int> search_cut(const CostModel& costs, const PlanSearch& search, int S) {
+  if (search.blocks > 0) {
+    std::vector<int> out = even_balance(search.blocks, S);
+    out.front() += search.lead;
+    out.back() += search.tail;
+    return out;
+  }
+  std::vector<double> time;
+  for (const LayerCost& c : costs.layers) time.push_back(c.forward_s + c.backward_s);
+  return balance_by_cost(time, S);
+}
+
+bool considered(const std::vector<int>& list, int value) {
+  return list.empty() || std::find(list.begin(), list.end(), value) != list.end();
+}
+
+}  // namespace
+
+void PlanSearch::check() const {
+  GPIPE_CHECK(devices >= 1, "the cluster needs at least 1 device (got ", devices, ")");
+  GPIPE_CHECK(memory_per_device >= 1, "a device needs at least 1 byte of memory (got ", memory_per_device, ")");
+  GPIPE_CHECK(batch >= 1, "the batch needs at least 1 row (got ", batch, ")");
+  GPIPE_CHECK(blocks >= 0 && lead >= 0 && tail >= 0, "lead, blocks and tail must be 0 or more (got ", lead, ", ",
+              blocks, ", ", tail, ")");
+  for (int K : stages)
+    GPIPE_CHECK(K >= 1 && devices % K == 0, "K = ", K, " devices per pipeline does not divide the ", devices,
+                " devices; K pipelines' worth of devices must make up the cluster");
+  for (int M : micro_batches) GPIPE_CHECK(M >= 1, "M must be at least 1 (got ", M, ")");
+}
+
+std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch& search) {
+  search.check();
+  const int L = costs.layer_count();
+  GPIPE_CHECK(search.blocks == 0 || search.lead + search.blocks + search.tail == L, "the cut's ", search.lead,
+              " + ", search.blocks, " + ", search.tail, " layers are not the model's ", L);
+  const int stage_units = search.blocks > 0 ? search.blocks : L;  // what a stage must have at least one of
+  std::vector<PlanCandidate> found;
+  for (int K = 1; K <= search.devices; ++K) {
+    if (search.devices % K != 0 || K > stage_units || !considered(search.stages, K)) continue;
+    const int D = search.devices / K;
+    if (search.batch < D) continue;  // every replica needs a row
+    const int64_t rows = micro_batch_sizes(search.batch, D).front();
+    std::vector<int> micro;
+    if (search.micro_batches.empty()) {
+      for (int64_t M = 1; M <= rows && M <= std::max(8, 4 * K) && 2 * K * M <= kMostPlannedPairs; M *= 2)
+        micro.push_back(static_cast<int>(M));
+    } else {
+      for (int M : search.micro_batches) {
+        GPIPE_CHECK(M <= rows, "M = ", M, " micro-batches is more than the ", rows, " rows a replica gets at K=", K,
+                    " (", D, " replicas); every micro-batch needs a row");
+        micro.push_back(M);
+      }
+    }
+    for (ScheduleKind kind : search.schedules)
+      for (int M : micro) {
+        const int V = default_virtual_stages(kind);
+        if (K * V > stage_units) continue;
+        if (K == 1 && (kind == ScheduleKind::kZB1P || V > 1)) continue;  // one device: nothing to fill
+        for (Checkpoint checkpoint : search.checkpoints) {
+          PipelinePlan plan;
+          try {
+            plan = make_plan(L, PipelineOptions().balance(search_cut(costs, search, K * V)).micro_batches(M).schedule(kind)
+                                    .checkpoint(checkpoint));
+          } catch (const std::invalid_argument&) {
+            break;  // a shape this schedule does not take (interleaved with M not a multiple of K, say)
+          }
+          PlanCandidate c;
+          c.devices = K;
+          c.replicas = D;
+          c.micro_batches = M;
+          c.virtual_stages = V;
+          c.schedule = kind;
+          c.checkpoint = checkpoint;
+          c.balance = plan.balance;
+          c.predicted = predict(costs, plan, micro_batch_sizes(rows, M));
+          // Replicas sum their gradients: a ring all-reduce of the largest stage's gradients.
+          int64_t largest_static = 0;
+          for (int64_t s : c.predicted.static_bytes) largest_static = std::max(largest_static, s);
+          const double gradient_bytes = static_cast<double>(largest_static) / (1 + costs.state_per_parameter_byte);
+          const double send_s = costs.link_bytes_per_s > 0 ? gradient_bytes / D / costs.link_bytes_per_s : 0.0;
+          const double all_reduce = D > 1 ? 2.0 * (D - 1) * (costs.link_latency_s + send_s) : 0.0;
+          c.step_s = c.predicted.step_s + all_reduce;
+          c.samples_per_s = static_cast<double>(search.batch) / c.step_s;
+          c.largest_total_bytes = c.predicted.largest_total_bytes();
+          c.fits = c.largest_total_bytes <= search.memory_per_device;
+          found.push_back(std::move(c));
+        }
+      }
+  }
+  GPIPE_CHECK(!found.empty(), "no configuration of ", search.devices, " devices takes a batch of ", search.batch,
+              " rows", search.stages.empty() ? "" : " with the K given",
+              search.micro_batches.empty() ? "" : " and the M given",
+              "; every stage needs a layer (a block) and every replica and micro-batch a row, zb1p and interleaved "
+              "need K >= 2, interleaved M a multiple of K, and a schedule at most 2^21 stage x micro-batch pairs");
+  std::stable_sort(found.begin(), found.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;
+  });
+  return found;
+}
+
+}  // namespace gpipe

@@ -1,0 +1,131 @@
+// planner_test.cc: search_plans (planner.h), the search gpipe plan prints: every configuration of the
+// cluster, each predicted as predict() predicts its plan, those that fit first and fastest first.
+#include "helpers.h"
+
+#include <gpipe/planner.h>
+
+#include <algorithm>
+
+namespace gpipe::testing {
+namespace {
+
+// A small Transformer by shape: 12 blocks, an embedding before them and a projection after.
+CostModel small_transformer() {
+  TransformerShape t;
+  t.layers = 12;
+  t.width = 256;
+  t.heads = 4;
+  t.ffn = 1024;
+  t.vocab = 1000;
+  t.sequence = 64;
+  CostModel costs = transformer_costs(t, DeviceSpec{1e12}, 3);
+  costs.link_latency_s = 5e-6;
+  costs.link_bytes_per_s = 25e9;
+  return costs;
+}
+
+PlanSearch search_of(int64_t memory) {
+  PlanSearch s;
+  s.devices = 8;
+  s.memory_per_device = memory;
+  s.batch = 64;
+  s.lead = 1;
+  s.blocks = 12;
+  s.tail = 1;
+  return s;
+}
+
+TEST(PlannerTest, EveryConfigurationIsPredictedAsPredictDoesAndSortedFastestFirst) {
+  const CostModel costs = small_transformer();
+  const PlanSearch search = search_of(int64_t{1} << 40);
+  const std::vector<PlanCandidate> found = search_plans(costs, search);
+  ASSERT_FALSE(found.empty());
+  for (size_t n = 0; n < found.size(); ++n) {
+    const PlanCandidate& c = found[n];
+    SCOPED_TRACE("candidate " + std::to_string(n) + ": K=" + std::to_string(c.devices) + " M=" +
+                 std::to_string(c.micro_batches) + " " + to_string(c.schedule) + " " + to_string(c.checkpoint));
+    EXPECT_TRUE(c.fits);
+    EXPECT_EQ(c.devices * c.replicas, 8);
+    EXPECT_EQ(c.virtual_stages, default_virtual_stages(c.schedule));
+    // The cut: the blocks evenly, the embedding with the first stage and the projection with the last.
+    std::vector<int> cut = even_balance(12, c.devices * c.virtual_stages);
+    cut.front() += 1;
+    cut.back() += 1;
+    EXPECT_EQ(c.balance, cut);
+    // The prediction is predict()'s of the same plan on a replica's rows.
+    const PipelinePlan plan = make_plan(costs.layer_count(), PipelineOptions().balance(c.balance)
+                                                                 .micro_batches(c.micro_batches)
+                                                                 .schedule(c.schedule)
+                                                                 .checkpoint(c.checkpoint));
+    const int64_t rows = micro_batch_sizes(search.batch, c.replicas).front();
+    const Prediction p = predict(costs, plan, micro_batch_sizes(rows, c.micro_batches));
+    EXPECT_EQ(c.predicted.peak_bytes, p.peak_bytes);
+    EXPECT_EQ(c.predicted.static_bytes, p.static_bytes);
+    EXPECT_EQ(c.largest_total_bytes, p.largest_total_bytes());
+    EXPECT_GE(c.step_s, p.step_s) << "the replicas' all-reduce comes on top";
+    if (c.replicas == 1) EXPECT_EQ(c.step_s, p.step_s);
+    EXPECT_DOUBLE_EQ(c.samples_per_s, static_cast<double>(search.batch) / c.step_s);
+    if (n > 0) EXPECT_GE(found[n - 1].samples_per_s, c.samples_per_s);
+  }
+}
+
+TEST(PlannerTest, WhatDoesNotFitComesAfterWhatDoesLeastMemoryFirst) {
+  const CostModel costs = small_transformer();
+  const std::vector<PlanCandidate> all = search_plans(costs, search_of(int64_t{1} << 40));
+  // A device of the median need: some fit, some do not.
+  std::vector<int64_t> needs;
+  for (const PlanCandidate& c : all) needs.push_back(c.largest_total_bytes);
+  std::sort(needs.begin(), needs.end());
+  const int64_t memory = needs[needs.size() / 2];
+  const std::vector<PlanCandidate> found = search_plans(costs, search_of(memory));
+  ASSERT_EQ(found.size(), all.size());
+  size_t n = 0;
+  for (; n < found.size() && found[n].fits; ++n) EXPECT_LE(found[n].largest_total_bytes, memory);
+  EXPECT_GT(n, 0u);
+  EXPECT_LT(n, found.size());
+  for (size_t m = n; m < found.size(); ++m) {
+    EXPECT_FALSE(found[m].fits) << "a configuration that fits after one that does not";
+    EXPECT_GT(found[m].largest_total_bytes, memory);
+    if (m > n) EXPECT_LE(found[m - 1].largest_total_bytes, found[m].largest_total_bytes);
+  }
+}
+
+TEST(PlannerTest, OnlyTheDepthsAndMicroBatchesAskedFor) {
+  const CostModel costs = small_transformer();
+  PlanSearch search = search_of(int64_t{1} << 40);
+  search.stages = {2, 4};
+  search.micro_batches = {4};
+  search.schedules = {ScheduleKind::k1F1B};
+  search.checkpoints = {Checkpoint::kAlways};
+  const std::vector<PlanCandidate> found = search_plans(costs, search);
+  ASSERT_EQ(found.size(), 2u);
+  for (const PlanCandidate& c : found) {
+    EXPECT_TRUE(c.devices == 2 || c.devices == 4);
+    EXPECT_EQ(c.micro_batches, 4);
+    EXPECT_EQ(c.schedule, ScheduleKind::k1F1B);
+    EXPECT_EQ(c.checkpoint, Checkpoint::kAlways);
+  }
+}
+
+TEST(PlannerTest, RefusesWhatNoConfigurationCanRun) {
+  const CostModel costs = small_transformer();
+  PlanSearch search = search_of(int64_t{1} << 30);
+  search.stages = {3};
+  expect_invalid([&] { search_plans(costs, search); }, "K = 3 devices per pipeline does not divide the 8 devices");
+  search.stages = {2};
+  search.micro_batches = {32};  // 4 replicas of 16 rows
+  expect_invalid([&] { search_plans(costs, search); }, "M = 32 micro-batches is more than the 16 rows");
+  search = search_of(int64_t{1} << 30);
+  search.batch = 0;
+  expect_invalid([&] { search_plans(costs, search); }, "at least 1 row");
+  search = search_of(int64_t{1} << 30);
+  search.blocks = 11;  // 1 + 11 + 1 layers, but the model has 14
+  expect_invalid([&] { search_plans(costs, search); }, "not the model's 14");
+  search = search_of(int64_t{1} << 30);
+  search.stages = {8};
+  search.schedules = {ScheduleKind::kInterleaved};  // 16 stages of 12 blocks
+  expect_invalid([&] { search_plans(costs, search); }, "no configuration of 8 devices");
+}
+
+}  // namespace
+}  // namespace gpipe::testing
