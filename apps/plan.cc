@@ -255,7 +255,7 @@ int run(const PlanOptions& o) {
   }
   GPIPE_CHECK(!found.empty(), "no configuration of ", o.devices, " devices takes a batch of ", o.batch, " rows",
               o.stages.empty() ? "" : " with the --stages given", o.micro_batches.empty() ? "" : " and --micro-batches",
-              "; every stage needs a layer (a block) and every replica and micro-batch a row, zb1p and interleaved "
+              "; every stage needs a layer (a block) and every replica and micro-batch a row, zb1p, interleaved and zbv "
               "need K >= 2, interleaved M a multiple of K, and a schedule at most 2^21 stage x micro-batch pairs");
   std::stable_sort(found.begin(), found.end(), [](const Candidate& a, const Candidate& b) {
     if (a.fits != b.fits) return a.fits;

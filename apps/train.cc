@@ -158,9 +158,7 @@ void check_flags(TrainOptions& o) {
   if (!o.balance.empty() && !o.balance_by.empty())
     usage_error("--balance and --balance-by " + o.balance_by + " both choose the cut; give one of them");
   const int V = o.virtual_stages;
-  if (V > 1 && o.schedule != "interleaved")
-    usage_error("--virtual-stages " + std::to_string(V) + " needs --schedule interleaved; the " + o.schedule +
-                " schedule runs one stage per device");
+  or_usage_error("--virtual-stages " + std::to_string(V), [&] { check_virtual_stages(parse_schedule(o.schedule), V); });
   // The optimizer's flags, as torch.optim takes them.
   optimizer_options(o).check();
   o.weight_decay = optimizer_options(o).decay();
