@@ -213,9 +213,11 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
   }
   if (o.balance_by.empty()) {
     const bool cnn_on_two = o.model_file.empty() && o.stages == 2;
-    cut.balance = cnn_on_two && V == 1   ? kFashionBalance
-                  : cnn_on_two && V == 2 ? kFashionInterleavedBalance
-                                         : plan.balance;
+    // The interleaved cut is for its placement (stages on devices 0, 1, 0, 1); zbv's V takes the even one.
+    const bool interleaved = parse_schedule(o.schedule) == ScheduleKind::kInterleaved;
+    cut.balance = cnn_on_two && V == 1                  ? kFashionBalance
+                  : cnn_on_two && V == 2 && interleaved ? kFashionInterleavedBalance
+                                                        : plan.balance;
     return cut;
   }
   // --balance-by: per-layer costs on one micro-batch, then the exact min-max cut.
