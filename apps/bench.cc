@@ -23,7 +23,7 @@ struct BenchOptions {
   std::vector<int> micro_batches{32};
   std::vector<std::string> checkpoints{"except_last"};
   std::vector<std::string> schedules{"gpipe"};
-  int virtual_stages = 0;  // 0: each schedule's own (2 for interleaved)
+  int virtual_stages = 0;  // 0: each schedule's own (2 for interleaved and zbv)
   int threads = 1;
   int steps = 7;
   int warmup = 2;
@@ -35,9 +35,11 @@ struct BenchOptions {
   std::string results = "bench/results/bench.json";
 };
 
+// --virtual-stages applies to the schedules that take that V (takes_virtual_stages); the others run their own.
 int virtual_stages(const std::string& schedule, const BenchOptions& o) {
-  return o.virtual_stages > 0 && schedule == "interleaved" ? o.virtual_stages
-                                                            : default_virtual_stages(parse_schedule(schedule));
+  const ScheduleKind kind = parse_schedule(schedule);
+  return o.virtual_stages > 0 && takes_virtual_stages(kind, o.virtual_stages) ? o.virtual_stages
+                                                                              : default_virtual_stages(kind);
 }
 
 
@@ -352,10 +354,11 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   sub->add_option("--checkpoint", o->checkpoints, "always, except_last, never (several sweep)")
       ->delimiter(',')->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
   sub->add_option("--schedule", o->schedules,
-                  "schedules to sweep: gpipe (fill-drain), 1f1b, interleaved (with --virtual-stages) or zb1p; "
+                  "schedules to sweep: gpipe (fill-drain), 1f1b, interleaved (with --virtual-stages), zb1p or zbv; "
                   "each later one is also compared with the first, step by step")
       ->delimiter(',')->check(CLI::IsMember(schedule_names()))->capture_default_str();
-  sub->add_option("--virtual-stages", o->virtual_stages, "V, stages per device of the interleaved schedule (default 2)")
+  sub->add_option("--virtual-stages", o->virtual_stages,
+                  "V, stages per device of the interleaved schedule (default 2; zbv always runs 2)")
       ->check(CLI::Range(2, 64));
   sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each device (and of the one device)")
       ->check(at_least(1))->capture_default_str();

@@ -154,9 +154,7 @@ void check_flags(TrainOptions& o) {
   if (!o.balance.empty() && !o.balance_by.empty())
     usage_error("--balance and --balance-by " + o.balance_by + " both choose the cut; give one of them");
   const int V = o.virtual_stages;
-  if (V > 1 && o.schedule != "interleaved")
-    usage_error("--virtual-stages " + std::to_string(V) + " needs --schedule interleaved; the " + o.schedule +
-                " schedule runs one stage per device");
+  or_usage_error("--virtual-stages " + std::to_string(V), [&] { check_virtual_stages(parse_schedule(o.schedule), V); });
   // The optimizer's flags, as torch.optim takes them.
   optimizer_options(o).check();
   o.weight_decay = optimizer_options(o).decay();
@@ -211,9 +209,11 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
   }
   if (o.balance_by.empty()) {
     const bool cnn_on_two = o.model_file.empty() && o.stages == 2;
-    cut.balance = cnn_on_two && V == 1   ? kFashionBalance
-                  : cnn_on_two && V == 2 ? kFashionInterleavedBalance
-                                         : plan.balance;
+    // The interleaved cut is for its placement (stages on devices 0, 1, 0, 1); zbv's V takes the even one.
+    const bool interleaved = parse_schedule(o.schedule) == ScheduleKind::kInterleaved;
+    cut.balance = cnn_on_two && V == 1                  ? kFashionBalance
+                  : cnn_on_two && V == 2 && interleaved ? kFashionInterleavedBalance
+                                                        : plan.balance;
     return cut;
   }
   // --balance-by: per-layer costs on one micro-batch, then the exact min-max cut.

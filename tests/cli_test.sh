@@ -111,6 +111,8 @@ expect_error "--balance" --balance 3 3
 expect_error "disagree" --stages 2 --balance 1 2 8
 expect_error "give one of them" --balance 3 8 --balance-by time
 expect_error "dataset-fashion-mnist" --data-dir "$work/nowhere"
+expect_error "the zbv schedule runs 2 stages per device" --schedule zbv --virtual-stages 3
+expect_error "the 1f1b schedule runs one stage per device" --schedule 1f1b --virtual-stages 2
 # Refused checkpoints: each run also asks to --save over the good one, which must survive.
 expect_error "truncated, corrupt or not a gpipe checkpoint file" --resume "$work/truncated.pt" --save "$work/ckpt.pt"
 expect_error "truncated, corrupt or not a gpipe checkpoint file" --resume "$work/junk.pt" --save "$work/ckpt.pt"
@@ -150,6 +152,24 @@ assert (width, height) == (8 * 58, 3 * 58), (width, height)
 PY
 then pass "--model unet on 3 stages: PSNR above the noisy input's; --samples writes a 3 x 8 PNG"
 else fail "--model unet"; cat "$work/unet.json" "$work/unet.err"; fi
+
+# gpipe schedule: each schedule's own V (zbv and interleaved 2), the V placement and zbv's bubble.
+if "$gpipe" schedule --schedule zbv --stages 2 --micro-batches 4 --json >"$work/zbv.json" &&
+   "$gpipe" schedule --schedule interleaved --stages 2 --micro-batches 4 --json >"$work/inter.json" &&
+   /usr/bin/python3 - "$work/zbv.json" "$work/inter.json" <<'PY'
+import json, sys
+z, i = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert z["virtual_stages"] == 2 and i["virtual_stages"] == 2, (z, i)
+assert abs(z["bubble"] - 1 / 25) < 1e-9 and z["makespan_slots"] == 25 and z["peak_in_flight"] == [4, 4], z
+assert "3SEND_F0>" not in " ".join(z["program"][0]), "the last stage sends no activation"
+assert "2RECV_F0<1" in z["program"][1], "the V's turn, stage 1 to 2, on device 1"
+PY
+then pass "gpipe schedule --schedule zbv: V = 2, placed as a V, bubble 1/25"
+else fail "gpipe schedule --schedule zbv"; fi
+if "$gpipe" schedule --schedule zbv --virtual-stages 3 >/dev/null 2>"$work/err.txt" ||
+   ! grep -q "the zbv schedule runs 2 stages per device" "$work/err.txt"; then
+  fail "gpipe schedule --schedule zbv --virtual-stages 3"; cat "$work/err.txt"
+else pass "gpipe schedule --schedule zbv --virtual-stages 3 is refused with the rule"; fi
 
 # gpipe bench: a row per configuration, against one device and the ideal, written to --results.
 if "$gpipe" bench --workload tiny --stages 1 2 --micro-batches 4 --schedule gpipe zb1p --steps 2 --warmup 1 --json \

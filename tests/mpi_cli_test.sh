@@ -15,7 +15,8 @@ checksum() { /usr/bin/python3 -c 'import json,sys; print(repr(json.load(open(sys
 
 # One stage per rank gives the parameters of one process, bit for bit (Dropout included).
 for case in "2 --stages 2" "3 --stages 3 --checkpoint always --micro-batches 3" \
-            "2 --stages 2 --virtual-stages 2 --schedule interleaved --micro-batches 4"; do
+            "2 --stages 2 --virtual-stages 2 --schedule interleaved --micro-batches 4" \
+            "2 --stages 2 --schedule zbv --micro-batches 4 --checkpoint except_last"; do
   read -r np args <<<"$case"
   if "$gpipe" train "${small[@]}" --steps 10 $args >"$work/one.json" 2>/dev/null &&
      bash "$mpirun_sh" "$np" "$gpipe" train "${small[@]}" --steps 10 $args >"$work/mpi.json" 2>"$work/mpi.err"; then

@@ -72,9 +72,9 @@ TEST(PipelineTest, RejectsBadBatchesBeforeAnyWork) {
 // same schedule or, where that schedule cannot take so few (interleaved), fill-drain, and stays exact.
 TEST(PipelineTest, BatchSmallerThanTheMicroBatchCountTrainsExactly) {
   for (gpipe::ScheduleKind kind : {gpipe::ScheduleKind::kGPipe, gpipe::ScheduleKind::kZB1P,
-                                   gpipe::ScheduleKind::kInterleaved}) {
+                                   gpipe::ScheduleKind::kInterleaved, gpipe::ScheduleKind::kZBV}) {
     SCOPED_TRACE(gpipe::to_string(kind));
-    const int V = kind == gpipe::ScheduleKind::kInterleaved ? 2 : 1;
+    const int V = gpipe::default_virtual_stages(kind);
     auto model = small_mlp(1), reference = small_mlp(1);
     gpipe::Pipeline pipe(model, PipelineOptions().devices(2).virtual_stages(V).schedule(kind).micro_batches(4));
     torch::manual_seed(2);
@@ -83,6 +83,31 @@ TEST(PipelineTest, BatchSmallerThanTheMicroBatchCountTrainsExactly) {
     EXPECT_TRUE(gpipe::testing::close(loss.to(torch::kFloat), gpipe::testing::reference_step(reference, x, y, mse)));
     EXPECT_TRUE(gpipe::testing::same_parameters(model, reference, /*values=*/false));
   }
+}
+
+// Between two stages of one device the executor hands the tensor over itself: the transport carries
+// nothing there. small_mlp cut into 4 stages has 3 boundaries of 16 floats a row. Fill-drain over 4
+// devices sends an activation and a gradient across each; zbv over 2 devices (stages 0 and 3 on device
+// 0, 1 and 2 on device 1) across 2 of them, the V's turn (1 -> 2) staying on device 1; on one device
+// (zbv or interleaved, 2 stages) nothing travels. Each still trains exactly.
+TEST(PipelineTest, StagesOfOneDeviceSendNoTransportMessage) {
+  torch::manual_seed(4);
+  const torch::Tensor x = torch::randn({8, 12}), y = torch::randn({8, 4});
+  auto bytes = [&](gpipe::ScheduleKind kind, int K) {
+    auto model = small_mlp(1), reference = small_mlp(1);
+    gpipe::Pipeline pipe(model, PipelineOptions().devices(K).schedule(kind).micro_batches(4));
+    const int64_t before = pipe.bytes_sent();
+    const torch::Tensor loss = pipe.train_step(x, y, mse);
+    EXPECT_TRUE(gpipe::testing::close(loss.to(torch::kFloat), gpipe::testing::reference_step(reference, x, y, mse)));
+    EXPECT_TRUE(gpipe::testing::same_parameters(model, reference, /*values=*/false));
+    return pipe.bytes_sent() - before;
+  };
+  const int64_t boundary = 8 * 16 * 4 * 2;  // a step's activations and gradients across one boundary
+  EXPECT_EQ(bytes(gpipe::ScheduleKind::kGPipe, 4), 3 * boundary);
+  EXPECT_EQ(bytes(gpipe::ScheduleKind::kZBV, 2), 2 * boundary);
+  EXPECT_EQ(bytes(gpipe::ScheduleKind::kZBV, 1), 0);
+  EXPECT_EQ(bytes(gpipe::ScheduleKind::kInterleaved, 1), 0);
+  EXPECT_EQ(bytes(gpipe::ScheduleKind::kInterleaved, 2), 3 * boundary);  // stages alternate devices
 }
 
 // A layer that cuts the graph (its output takes no gradient) at the end of a middle stage: the

@@ -12,9 +12,10 @@ struct StepResult {
 };
 
 // One training step of an MLP with Dropout(0.5), from a fixed seed.
-StepResult dropout_step(Checkpoint mode, int K, int M, uint64_t seed = 42) {
+StepResult dropout_step(Checkpoint mode, int K, int M, uint64_t seed = 42,
+                        gpipe::ScheduleKind schedule = gpipe::ScheduleKind::kGPipe) {
   auto model = gpipe::testing::small_mlp(7, /*dropout=*/0.5);
-  gpipe::Pipeline pipe(model, PipelineOptions().devices(K).micro_batches(M).checkpoint(mode));
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(K).micro_batches(M).checkpoint(mode).schedule(schedule));
   torch::manual_seed(11);
   const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
   torch::manual_seed(seed);
@@ -31,6 +32,20 @@ TEST(RematerializationTest, DropoutGradientsAreIdenticalInEveryMode) {
     const StepResult never = dropout_step(Checkpoint::kNever, K, 4);
     for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast}) {
       const StepResult other = dropout_step(mode, K, 4);
+      EXPECT_EQ(other.loss, never.loss) << gpipe::to_string(mode) << " K=" << K;
+      for (size_t n = 0; n < never.grads.size(); ++n)
+        EXPECT_TRUE(torch::equal(other.grads[n], never.grads[n]))
+            << gpipe::to_string(mode) << " K=" << K << " parameter " << n;
+    }
+  }
+}
+
+// ZB-V (I/W split, V placement): re-materialized or not, the same masks and the same gradients, bit for bit.
+TEST(RematerializationTest, DropoutGradientsAreIdenticalInEveryModeWithZBV) {
+  for (int K : {1, 2, 3}) {
+    const StepResult never = dropout_step(Checkpoint::kNever, K, 4, 42, gpipe::ScheduleKind::kZBV);
+    for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast}) {
+      const StepResult other = dropout_step(mode, K, 4, 42, gpipe::ScheduleKind::kZBV);
       EXPECT_EQ(other.loss, never.loss) << gpipe::to_string(mode) << " K=" << K;
       for (size_t n = 0; n < never.grads.size(); ++n)
         EXPECT_TRUE(torch::equal(other.grads[n], never.grads[n]))

@@ -86,7 +86,8 @@ void swap_actions(Schedule& s, int d, const std::string& a, const std::string& b
   std::iter_swap(ia, ib);
 }
 
-// Every schedule the generators make for K in 1..6, M in 1..12 (interleaved: V in 2..3, M a multiple of K).
+// Every schedule the generators make for K in 1..6, M in 1..12 (interleaved: V in 2..3, M a multiple of K;
+// fill-drain and forwards also over zbv's V placement).
 std::vector<Schedule> all_generated() {
   std::vector<Schedule> out;
   for (int K = 1; K <= 6; ++K)
@@ -94,8 +95,11 @@ std::vector<Schedule> all_generated() {
       out.push_back(gpipe::fill_drain(K, M));
       out.push_back(gpipe::one_f_one_b(K, M));
       out.push_back(gpipe::zb1p(K, M));
+      out.push_back(gpipe::zbv(K, M));
       out.push_back(gpipe::forward_only(K, M));
       out.push_back(gpipe::forward_only(K, M, 2));
+      out.push_back(gpipe::fill_drain(K, M, 2, gpipe::zbv(K, 1).placement));
+      out.push_back(gpipe::forward_only(K, M, 2, gpipe::zbv(K, 1).placement));
       if (M % K == 0)
         for (int V = 2; V <= 3; ++V) out.push_back(gpipe::interleaved(K, M, V));
     }
@@ -232,6 +236,68 @@ TEST(InterleavedTest, StageSRunsOnDeviceSModK) {
     EXPECT_EQ(s.actions[static_cast<size_t>(d)].size(), 2u * 6u * 2u);  // V·M forwards and backwards
     for (const Action& a : s.actions[static_cast<size_t>(d)]) EXPECT_EQ(a.stage % 3, d) << a;
   }
+}
+
+// ZB-V, K=2, M=4: stages 0 and 3 on device 0, 1 and 2 on device 1 (a V: down 0, 1, back up 2, 3).
+// Each device prefers an I (of its stage on the way down, then of the one on the way up), then an
+// F (up, then down), then a W; an F only while fewer than 2K = 4 stage-micro-batches are held. So
+// device 0 runs 3 forwards of stage 0 and one of stage 3, then must run 3W0 before 3F1. Every action
+// takes a slot: 6M+K-1 = 25 slots, the least possible (device 1 starts at slot 1), bubble
+// (K-1)/(6M+K-1) = 1/25, fill-drain's 1/5 with B = I + W.
+TEST(ZBVTest, GridShowsTheVAndNoBubbleInTheSteadyState) {
+  EXPECT_EQ(gpipe::format_grid(gpipe::zbv(2, 4)),
+            "device 0 | 0F0 0F1 0F2 3F0 3I0 3W0 3F1 0I0 3I1 0W0 0F3 0I1 3W1 3F2 3I2 0W1 3W2 0I2 0W2 3F3 3I3 3W3  .  0I3 0W3\n"
+            "device 1 |  .  1F0 2F0 1F1 2F1 2I0 1I0 2W0 1F2 2I1 1I1 1W0 2F2 2W1 1F3 2I2 1I2 1W1 2F3 2W2 1W2 2I3 1I3 2W3 1W3\n");
+}
+
+// K=4, M=8: 6M+K-1 = 51 slots; device d starts at slot d and idles K-1 = 3 slots in all.
+TEST(ZBVTest, GridAtFourDevices) {
+  EXPECT_EQ(gpipe::format_grid(gpipe::zbv(4, 8)),
+            "device 0 | 0F0 0F1 0F2 0F3 0F4 0F5 0F6 7F0 7I0 7W0 7F1 7I1 7W1 7F2 7I2 0I0 7W2 7F3 7I3 0I1 0W0 0I2 0F7 7W3 7F4 0I3 7I4 0W1 0W2 0W3 7F5 7I5 7W4 0I4 7W5 7F6 7I6 0W4 7W6 0I5 0W5 7F7 7I7 0I6 7W7 0W6  .   .   .  0I7 0W7\n"
+            "device 1 |  .  1F0 1F1 1F2 1F3 1F4 6F0 1F5 6F1 6I0 6W0 6F2 6I1 6W1 1I0 6I2 6F3 1W0 1I1 6I3 1I2 1F6 6W2 6F4 1I3 1W1 1F7 6I4 6W3 6F5 1W2 1W3 1I4 6I5 6F6 6W4 1W4 6I6 1I5 6W5 6F7 6W6 1I6 6I7 1W5 1W6 6W7  .  1I7 1W7  . \n"
+            "device 2 |  .   .  2F0 2F1 2F2 5F0 2F3 5F1 2F4 5F2 5I0 5W0 5F3 2I0 5I1 2W0 5I2 2I1 2F5 2I2 5I3 5W1 5F4 2I3 5W2 2F6 2W1 5F5 5I4 2W2 2F7 2I4 5W3 5F6 5I5 2W3 5W4 2I5 5I6 5F7 2W4 2I6 5W5 2W5 5I7 5W6 2W6 2I7 5W7 2W7  . \n"
+            "device 3 |  .   .   .  3F0 4F0 3F1 4F1 3F2 4F2 3F3 4F3 4I0 3I0 4W0 3F4 4I1 3I1 4I2 3I2 3W0 4F4 4I3 3I3 4W1 3F5 3W1 4F5 4W2 3F6 4I4 3I4 3W2 4F6 4W3 3F7 4I5 3I5 3W3 4F7 4I6 3I6 4W4 3W4 4W5 3W5 4I7 3I7 4W6 3W6 4W7 3W7\n");
+}
+
+TEST(ZBVTest, StagesArePlacedAsAV) {
+  const Schedule s = gpipe::zbv(3, 6);
+  EXPECT_EQ(s.name, "zbv");
+  EXPECT_EQ(s.stages, 6);
+  EXPECT_EQ(s.virtual_stages(), 2);
+  EXPECT_EQ(s.placement, (std::vector<int>{0, 1, 2, 2, 1, 0}));
+  EXPECT_EQ(s.stages_of(0), (std::vector<int>{0, 5}));
+  EXPECT_EQ(s.stages_of(2), (std::vector<int>{2, 3}));
+  for (int d = 0; d < 3; ++d) {
+    EXPECT_EQ(s.actions[static_cast<size_t>(d)].size(), 2u * 6u * 3u);  // F, I and W of 2 stages x M
+    for (const Action& a : s.actions[static_cast<size_t>(d)]) {
+      EXPECT_TRUE(a.stage == d || a.stage == 5 - d) << a;
+      EXPECT_NE(a.kind, ActionKind::kBackward) << a;
+    }
+  }
+  // The lowered program: the first and last stage on device 0, the V's turn (2 -> 3) inside device 2.
+  const Schedule p = gpipe::lower(s, Checkpoint::kNever);
+  EXPECT_TRUE(contains(line(p, 2), "2SEND_F0>3")) << line(p, 2);
+  EXPECT_TRUE(contains(line(p, 2), "3RECV_F0<2")) << line(p, 2);
+  EXPECT_TRUE(contains(line(p, 2), "3SEND_B0>2")) << line(p, 2);
+  EXPECT_TRUE(contains(line(p, 0), "5RECV_F0<4")) << line(p, 0);
+  EXPECT_FALSE(contains(line(p, 0), "0RECV_F")) << line(p, 0);  // the first stage receives no activation
+  EXPECT_FALSE(contains(line(p, 0), "5SEND_F")) << line(p, 0);  // the last sends none
+}
+
+// The memory bound: at most 2K stage-micro-batches held per device from the start of an F to the end
+// of its W, each half a device's layers: K micro-batches, 1F1B's peak (device 0's K - 0).
+TEST(ZBVTest, HoldsAtMostOneFOneBsPeak) {
+  for (int K = 1; K <= 6; ++K)
+    for (int M = 1; M <= 12; ++M) {
+      const auto zb = gpipe::simulate(gpipe::zbv(K, M)).peak_in_flight;
+      const auto one = gpipe::simulate(gpipe::one_f_one_b(K, M)).peak_in_flight;
+      const int one_peak = *std::max_element(one.begin(), one.end());
+      for (int d = 0; d < K; ++d) {
+        EXPECT_LE(zb[static_cast<size_t>(d)], 2 * K) << K << "x" << M << " d" << d;
+        EXPECT_LE(zb[static_cast<size_t>(d)], 2 * one_peak) << K << "x" << M << " d" << d;  // in half-size stages
+      }
+      if (M >= 2 * K) EXPECT_EQ(zb[0], 2 * K) << K << "x" << M;
+    }
 }
 
 TEST(ForwardOnlyTest, EveryStageRunsEveryForward) {
@@ -549,11 +615,34 @@ TEST(MakeScheduleTest, BuildsEachKind) {
   EXPECT_EQ(row(gpipe::make_schedule(ScheduleKind::k1F1B, 3, 4), 0), row(gpipe::one_f_one_b(3, 4), 0));
   EXPECT_EQ(row(gpipe::make_schedule(ScheduleKind::kZB1P, 3, 4), 0), row(gpipe::zb1p(3, 4), 0));
   EXPECT_EQ(row(gpipe::make_schedule(ScheduleKind::kInterleaved, 2, 4, 2), 1), row(gpipe::interleaved(2, 4, 2), 1));
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZB1P}) {
-    const Schedule s = gpipe::make_schedule(kind, 2, 4, kind == ScheduleKind::kInterleaved ? 3 : 1);
+  EXPECT_EQ(row(gpipe::make_schedule(ScheduleKind::kZBV, 2, 4, 2), 1), row(gpipe::zbv(2, 4), 1));
+  for (ScheduleKind kind : gpipe::all_schedules()) {
+    const int V = kind == ScheduleKind::kInterleaved ? 3 : gpipe::default_virtual_stages(kind);
+    const Schedule s = gpipe::make_schedule(kind, 2, 4, V);
     EXPECT_EQ(s.name, gpipe::to_string(kind));
-    EXPECT_EQ(s.virtual_stages(), kind == ScheduleKind::kInterleaved ? 3 : 1);
+    EXPECT_EQ(s.virtual_stages(), V);
   }
+}
+
+// Which V each schedule takes, and its own: the one rule the front ends and make_plan ask.
+TEST(MakeScheduleTest, EachScheduleTakesItsVirtualStages) {
+  EXPECT_EQ(gpipe::default_virtual_stages(ScheduleKind::kInterleaved), 2);
+  EXPECT_EQ(gpipe::default_virtual_stages(ScheduleKind::kZBV), 2);
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZB1P}) {
+    EXPECT_EQ(gpipe::default_virtual_stages(kind), 1);
+    EXPECT_TRUE(gpipe::takes_virtual_stages(kind, 1));
+    EXPECT_FALSE(gpipe::takes_virtual_stages(kind, 2));
+  }
+  EXPECT_FALSE(gpipe::takes_virtual_stages(ScheduleKind::kInterleaved, 1));
+  EXPECT_TRUE(gpipe::takes_virtual_stages(ScheduleKind::kInterleaved, 3));
+  EXPECT_TRUE(gpipe::takes_virtual_stages(ScheduleKind::kZBV, 2));
+  EXPECT_FALSE(gpipe::takes_virtual_stages(ScheduleKind::kZBV, 3));
+  for (ScheduleKind kind : gpipe::all_schedules())
+    EXPECT_NO_THROW(gpipe::check_virtual_stages(kind, gpipe::default_virtual_stages(kind))) << gpipe::to_string(kind);
+  const std::string what = error_of([] { gpipe::make_schedule(ScheduleKind::kZBV, 2, 4, 3); });
+  EXPECT_TRUE(contains(what, "the zbv schedule runs 2 stages per device")) << what;
+  EXPECT_TRUE(contains(what, "use interleaved for another V")) << what;
+  EXPECT_TRUE(contains(error_of([] { gpipe::check_virtual_stages(ScheduleKind::kZBV, 1); }), "(got 1)"));
 }
 
 TEST(MakeScheduleTest, RefusesWhatCannotRun) {
@@ -581,15 +670,14 @@ TEST(MakeScheduleTest, RefusesWhatCannotRun) {
 }
 
 TEST(MakeScheduleTest, NamesParseBack) {
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZB1P})
-    EXPECT_EQ(gpipe::parse_schedule(gpipe::to_string(kind)), kind);
+  for (ScheduleKind kind : gpipe::all_schedules()) EXPECT_EQ(gpipe::parse_schedule(gpipe::to_string(kind)), kind);
   EXPECT_EQ(gpipe::parse_schedule("gpipe"), ScheduleKind::kGPipe);
   EXPECT_EQ(gpipe::to_string(ScheduleKind::k1F1B), "1f1b");
-  EXPECT_EQ(gpipe::schedule_names(), (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb1p"}));
+  EXPECT_EQ(gpipe::schedule_names(), (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb1p", "zbv"}));
   EXPECT_EQ(gpipe::checkpoint_names(), (std::vector<std::string>{"always", "except_last", "never"}));
   const std::string what = error_of([] { gpipe::parse_schedule("zb"); });
   EXPECT_TRUE(contains(what, "unknown schedule \"zb\"")) << what;
-  EXPECT_TRUE(contains(what, "gpipe|1f1b|interleaved|zb1p")) << what;
+  EXPECT_TRUE(contains(what, "gpipe|1f1b|interleaved|zb1p|zbv")) << what;
   EXPECT_THROW(gpipe::parse_schedule("GPipe"), std::invalid_argument);
 }
 
@@ -659,6 +747,32 @@ TEST(SimulateTest, ZB1PBubbleIsAThirdOfOneFOneBs) {
               1e-12);
 }
 
+// ZB-V with F = I = W (unit or balanced cost): 6M+K-1 slots, the least possible, for M >= K and K <= 4,
+// so its bubble is (K-1)/(6M+K-1); a few slots more at some larger shapes; any M runs.
+TEST(SimulateTest, ZBVHasNoBubbleInTheSteadyState) {
+  for (int K = 1; K <= 4; ++K)
+    for (int M = K; M <= 16; ++M) {
+      const gpipe::SimulatedRun run = gpipe::simulate(gpipe::zbv(K, M), gpipe::balanced_cost);
+      EXPECT_EQ(run.makespan, 6 * M + K - 1) << K << "x" << M;
+      EXPECT_NEAR(run.bubble, static_cast<double>(K - 1) / (6 * M + K - 1), 1e-12) << K << "x" << M;
+      EXPECT_EQ(gpipe::simulate(gpipe::zbv(K, M)).makespan, run.makespan) << K << "x" << M;
+    }
+  for (int K = 2; K <= 6; ++K)
+    for (int M = 1; M <= 12; ++M) {
+      const gpipe::SimulatedRun run = gpipe::simulate(gpipe::zbv(K, M));
+      EXPECT_GE(run.makespan, 6 * M + K - 1) << K << "x" << M;
+      if (M >= K) {
+        EXPECT_LE(run.makespan, 6 * M + 2 * K - 1) << K << "x" << M;
+        EXPECT_LT(run.bubble, gpipe::simulate(gpipe::zb1p(K, M)).bubble) << K << "x" << M;
+        EXPECT_LT(run.bubble, 0.5 * gpipe::simulate(gpipe::fill_drain(K, M), gpipe::balanced_cost).bubble)
+            << K << "x" << M;
+      }
+    }
+  // At the shapes: K=2, M=4 and 8, a fifth or less of fill-drain's bubble.
+  EXPECT_NEAR(gpipe::simulate(gpipe::zbv(2, 4)).bubble, 1.0 / 25, 1e-12);
+  EXPECT_NEAR(gpipe::simulate(gpipe::zbv(2, 8)).bubble, 1.0 / 49, 1e-12);
+}
+
 TEST(SimulateTest, InterleavedBubbleIsAboutVTimesSmaller) {
   for (int K = 1; K <= 6; ++K)
     for (int V = 2; V <= 3; ++V)
@@ -717,6 +831,7 @@ TEST(IdealTest, SpeedupOfEachSchedule) {
       if (M >= K && K > 1) EXPECT_GT(gpipe::ideal_speedup(gpipe::zb1p(K, M)), gpipe::ideal_speedup(K, M)) << K << "x" << M;
     }
   EXPECT_NEAR(gpipe::ideal_speedup(gpipe::interleaved(2, 4, 2)), 2.0 * (1.0 - 1.0 / 9.0), 1e-12);
+  EXPECT_NEAR(gpipe::ideal_speedup(gpipe::zbv(2, 4)), 2.0 * (1.0 - 1.0 / 25.0), 1e-12);
 }
 
 TEST(ScheduleSizeTest, AScheduleTooLargeToPlanIsRefusedBeforeItIsBuilt) {

@@ -38,8 +38,8 @@ class TransparencyTest : public ::testing::TestWithParam<Config> {
   Model model() const { return std::get<0>(GetParam()) == 0 ? mlp() : transformer(); }
 };
 
-// The interleaved schedule runs 2 stages per device; the others one.
-int virtual_stages(gpipe::ScheduleKind kind) { return kind == gpipe::ScheduleKind::kInterleaved ? 2 : 1; }
+// The interleaved schedule and zbv run 2 stages per device; the others one.
+int virtual_stages(gpipe::ScheduleKind kind) { return gpipe::default_virtual_stages(kind); }
 
 TEST_P(TransparencyTest, LossAndGradientsEqualOneDevice) {
   const auto [which, schedule, K, M, mode, N] = GetParam();
@@ -77,6 +77,15 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(int64_t{120}, int64_t{13})),
     name);
 
+// ZB-V: 2K stages placed as a V, the last beside the first on device 0; K <= 3 as for interleaved.
+INSTANTIATE_TEST_SUITE_P(
+    ZBV, TransparencyTest,
+    ::testing::Combine(::testing::Values(0, 1), ::testing::Values(gpipe::ScheduleKind::kZBV),
+                       ::testing::Values(1, 2, 3), ::testing::Values(1, 2, 3, 5, 8),
+                       ::testing::Values(Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever),
+                       ::testing::Values(int64_t{120}, int64_t{13})),
+    name);
+
 // Interleaved: K·V stages must fit the 6-7 layers of the test models, so K <= 3.
 INSTANTIATE_TEST_SUITE_P(
     Interleaved, TransparencyTest,
@@ -105,10 +114,10 @@ TEST(TransparencyScheduleTest, DropoutGradientsEqualFillDrainsInEverySchedule) {
   const auto two_stages = grads(gpipe::ScheduleKind::kGPipe, 2, Checkpoint::kNever);
   const auto four_stages = grads(gpipe::ScheduleKind::kGPipe, 4, Checkpoint::kNever);  // interleaved's cut
   for (auto schedule : {gpipe::ScheduleKind::kGPipe, gpipe::ScheduleKind::k1F1B, gpipe::ScheduleKind::kInterleaved,
-                        gpipe::ScheduleKind::kZB1P})
+                        gpipe::ScheduleKind::kZB1P, gpipe::ScheduleKind::kZBV})
     for (auto mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever}) {
       const auto got = grads(schedule, 2, mode);
-      const auto& expected = schedule == gpipe::ScheduleKind::kInterleaved ? four_stages : two_stages;
+      const auto& expected = virtual_stages(schedule) == 2 ? four_stages : two_stages;
       for (size_t n = 0; n < got.size(); ++n)
         EXPECT_TRUE(gpipe::testing::close(got[n], expected[n], 1e-6))
             << gpipe::to_string(schedule) << " " << gpipe::to_string(mode) << " parameter " << n;

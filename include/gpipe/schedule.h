@@ -2,8 +2,9 @@
 // sends and receives; generators, the lowering pass, the validator, the simulator and the grid printer.
 //
 // Index names used throughout gpipe: K devices (d = 0..K-1), S stages (s = 0..S-1;
-// S = K·V with V stages per device when interleaved, S = K otherwise), M
-// micro-batches (i = 0..M-1).
+// S = K·V with V stages per device (interleaved, zbv), S = K otherwise), M
+// micro-batches (i = 0..M-1). Where each stage runs is the schedule's placement:
+// stage s on device s mod K (a loop), or as a V for zbv (stage s and 2K-1-s on device s).
 //
 // A step is built in three passes, all before any tensor moves:
 //
@@ -127,17 +128,24 @@ enum class ScheduleKind {
   k1F1B,         ///< "1f1b": one forward, one backward (PipeDream-Flush)
   kInterleaved,  ///< "interleaved": 1F1B over V stages per device (Megatron-LM)
   kZB1P,         ///< "zb1p": zero bubble ZB-H1, backward split into I and W
+  kZBV,          ///< "zbv": zero bubble ZB-V, 2 stages per device placed as a V, I/W split
 };
 std::string to_string(ScheduleKind kind);
-/// Parses "gpipe", "1f1b", "interleaved" or "zb1p"; throws std::invalid_argument otherwise.
+/// Parses "gpipe", "1f1b", "interleaved", "zb1p" or "zbv"; throws std::invalid_argument otherwise.
 ScheduleKind parse_schedule(const std::string& text);
 /// Every schedule gpipe generates, in the order help texts list them.
 std::vector<ScheduleKind> all_schedules();
-/// Every schedule's name, in that order: "gpipe", "1f1b", "interleaved", "zb1p".
+/// Every schedule's name, in that order: "gpipe", "1f1b", "interleaved", "zb1p", "zbv".
 std::vector<std::string> schedule_names();
 /// V, stages per device, that `kind` runs when none is asked for: 2 for the
-/// interleaved schedule, 1 for the others (which take no other).
+/// interleaved schedule and zbv, 1 for the others.
 int default_virtual_stages(ScheduleKind kind);
+/// Whether `kind` runs V stages per device: interleaved any V >= 2, zbv V = 2,
+/// the others V = 1. The one home of that rule: make_schedule, make_plan and the
+/// front ends ask here.
+bool takes_virtual_stages(ScheduleKind kind, int virtual_stages);
+/// Throws std::invalid_argument naming the rule and the fix unless `kind` takes V stages per device.
+void check_virtual_stages(ScheduleKind kind, int virtual_stages);
 
 /// GPipe's fill-drain: every device runs the forwards of micro-batches 0..M-1,
 /// then their backwards in reverse order. Bubble (K-1)/(M+K-1); every device
@@ -145,8 +153,10 @@ int default_virtual_stages(ScheduleKind kind);
 /// device s mod K), each device runs its stages' forwards in stage order, then
 /// their backwards in reverse: any M, but a bubble that grows with V; it is
 /// what a pipeline falls back to for a batch whose micro-batch count the
-/// interleaved schedule does not take.
-Schedule fill_drain(int devices, int micro_batches, int virtual_stages = 1);
+/// interleaved schedule does not take. With `placement` (K·V entries), stage s
+/// runs on device placement[s] instead (each device still takes its stages in
+/// increasing order).
+Schedule fill_drain(int devices, int micro_batches, int virtual_stages = 1, const std::vector<int>& placement = {});
 
 /// 1F1B (PipeDream-Flush): device d runs K-1-d warm-up forwards, then alternates
 /// one forward and one backward, then drains. The same bubble as fill-drain,
@@ -174,14 +184,32 @@ Schedule interleaved(int devices, int micro_batches, int virtual_stages);
 /// M=4 in simulation).
 Schedule zb1p(int devices, int micro_batches);
 
+/// ZB-V (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"; PyTorch's
+/// ScheduleZBVZeroBubble): 2K stages, device d running stage d and stage 2K-1-d,
+/// so a micro-batch goes down the devices and back up (a V) and the first and the
+/// last stage (the loss) share device 0; at the V's turn, stage K-1 to K on device
+/// K-1, the tensor stays on the device. Each backward is split into I and W. A
+/// unit-time list schedule: when free, device d runs the first ready of: the next
+/// I of its stage d, the next I of its stage 2K-1-d, the next F of stage 2K-1-d,
+/// the next F of stage d, the oldest W waiting; an F only while fewer than 2K
+/// stage-micro-batches are held on the device (from the start of their F to the
+/// end of their W). A stage holds half a device's layers, so that is K whole
+/// micro-batches' activations: 1F1B's peak (device 0's K), on every device.
+/// With F, I and W of equal time, the steady state has no bubble: for M >= K
+/// and K <= 4 a step takes 6M+K-1 slots, the least possible (device K-1 cannot
+/// start before slot K-1), so its bubble is (K-1)/(6M+K-1) against fill-drain's
+/// (K-1)/(M+K-1) (a few slots more at some larger K and M). Any K, M.
+Schedule zbv(int devices, int micro_batches);
+
 /// Inference: every device runs the forwards of micro-batches 0..M-1 of its
-/// stages (stage s on device s mod K).
-Schedule forward_only(int devices, int micro_batches, int virtual_stages = 1);
+/// stages, in increasing stage order (stage s on device s mod K, or on
+/// placement[s] when given).
+Schedule forward_only(int devices, int micro_batches, int virtual_stages = 1, const std::vector<int>& placement = {});
 
 /// The schedule `kind` for K devices, M micro-batches and V stages per device.
 /// Throws std::invalid_argument naming the rule and the fix if the schedule
 /// cannot run that configuration (interleaved with M not a multiple of K, a
-/// schedule other than interleaved with V > 1, ...).
+/// V the schedule does not take (takes_virtual_stages), ...).
 Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int virtual_stages = 1);
 
 /// Turns a compute schedule into a program: before each action that needs a
@@ -194,7 +222,9 @@ Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int vi
 /// stage's forward to its popping stage's, and its gradient straight back from
 /// the popping stage's B or I to the stashing stage's.
 /// Who talks to whom is decided here; the executors and the transports only
-/// follow the program (the MPI runtime maps each stage to its rank).
+/// follow the program (the MPI runtime maps each stage to its rank). A send and
+/// its receive between two stages of one device stay in the program, but the
+/// executor hands the tensor over itself: no transport message.
 Schedule lower(const Schedule& schedule, Checkpoint mode, const std::vector<SkipRoute>& skips = {});
 
 /// Checks that `schedule` (compute-only or lowered) can run: placement, one F per

@@ -412,7 +412,8 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
       case ActionKind::kBackward: return (again(a) ? c.forward_s * n : 0.0) + c.backward_s * n;
       case ActionKind::kInputGrad: return (again(a) ? c.forward_s * n : 0.0) + c.input_grad_s * n;
       case ActionKind::kWeightGrad: return c.weight_grad_s * n;
-      case ActionKind::kSend:
+      case ActionKind::kSend:  // between two stages of one device the executor hands it over: free
+        if (schedule.placement[static_cast<size_t>(a.stage)] == schedule.placement[static_cast<size_t>(a.peer)]) return 0.0;
         return costs.link_bytes_per_s > 0 ? costs.link_latency_s + sent(a) * n / costs.link_bytes_per_s : 0.0;
       case ActionKind::kRecv: return 0.0;
     }

@@ -106,7 +106,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
   GPIPE_CHECK(!found.empty(), "no configuration of ", search.devices, " devices takes a batch of ", search.batch,
               " rows", search.stages.empty() ? "" : " with the K given",
               search.micro_batches.empty() ? "" : " and the M given",
-              "; every stage needs a layer (a block) and every replica and micro-batch a row, zb1p and interleaved "
+              "; every stage needs a layer (a block) and every replica and micro-batch a row, zb1p, interleaved and zbv "
               "need K >= 2, interleaved M a multiple of K, and a schedule at most 2^21 stage x micro-batch pairs");
   std::stable_sort(found.begin(), found.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
     if (a.fits != b.fits) return a.fits;

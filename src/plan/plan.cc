@@ -35,7 +35,7 @@ Schedule PipelinePlan::training_program(int m) const {
   try {
     compute = make_schedule(schedule, devices, m, virtual_stages);
   } catch (const std::invalid_argument&) {  // interleaved with m not a multiple of K, say
-    compute = fill_drain(devices, m, virtual_stages);
+    compute = fill_drain(devices, m, virtual_stages, placement);
   }
   Schedule program = lower(compute, checkpoint, skip_routes);
   validate(program);
@@ -44,7 +44,7 @@ Schedule PipelinePlan::training_program(int m) const {
 
 Schedule PipelinePlan::inference_program(int m) const {
   if (m == micro_batches) return inference;
-  return lower(forward_only(devices, m, virtual_stages), Checkpoint::kNever, skip_routes);
+  return lower(forward_only(devices, m, virtual_stages, placement), Checkpoint::kNever, skip_routes);
 }
 
 PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::vector<SkipConnection>& skips) {
@@ -58,6 +58,7 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
   GPIPE_CHECK(options.virtual_stages() >= 0, "the number of stages per device V must be at least 1, or 0 for the "
               "schedule's own (got ", options.virtual_stages(), ")");
   const int V = options.virtual_stages() > 0 ? options.virtual_stages() : default_virtual_stages(options.schedule());
+  check_virtual_stages(options.schedule(), V);
   plan.virtual_stages = V;
   GPIPE_CHECK(options.devices() >= 0, "the number of devices K must be at least 1, or 0 to take it from the balance "
               "(got ", options.devices(), ")");
@@ -100,8 +101,8 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
   // The programs: a schedule that cannot take K, M and V is refused here, before anything is built.
   plan.training = lower(make_schedule(plan.schedule, K, plan.micro_batches, V), plan.checkpoint, plan.skip_routes);
   validate(plan.training);
-  plan.inference = lower(forward_only(K, plan.micro_batches, V), Checkpoint::kNever, plan.skip_routes);
-  plan.placement = plan.training.placement;
+  plan.placement = plan.training.placement;  // where the schedule puts each stage: every reader takes it from here
+  plan.inference = lower(forward_only(K, plan.micro_batches, V, plan.placement), Checkpoint::kNever, plan.skip_routes);
 
   plan.device_list = options.device_list();
   if (plan.device_list.empty()) {

@@ -39,6 +39,14 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
 
   using Key = std::tuple<int, int, int>;  // (stage, channel, micro-batch)
   std::map<Key, torch::Tensor> inbox, outbox;
+  // A send to a stage of this device (the V's turn, or interleaving on one device) is handed over
+  // here, not through the transport: (receiving stage, channel, micro-batch) -> tensor.
+  std::map<Key, torch::Tensor> local;
+  auto holds = [&](int index) {
+    for (const auto& s : stages_)
+      if (s->index() == index) return true;
+    return false;
+  };
   auto take = [](std::map<Key, torch::Tensor>& box, const Key& key) {
     auto it = box.find(key);
     if (it == box.end()) return torch::Tensor();
@@ -68,17 +76,28 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
         const int i = a.micro_batch;
         const int act = static_cast<int>(Channel::kActivation), grad = static_cast<int>(Channel::kGradient);
         switch (a.kind) {
-          case ActionKind::kRecv:
+          case ActionKind::kRecv: {
+            torch::Tensor t;
+            if (holds(a.peer)) {
+              t = take(local, {a.stage, static_cast<int>(a.channel), i});
+              GPIPE_CHECK(t.defined(), "nothing to receive: stage ", a.peer, " of this device has not sent it yet");
+            } else {
+              t = transport_->recv(a.peer, a.stage, a.channel, i);
+            }
             if (skip_of(a.channel) >= 0)  // a skip connection's: the stage keeps it by name
-              stage(a.stage).receive_skip(i, a.channel, transport_->recv(a.peer, a.stage, a.channel, i));
+              stage(a.stage).receive_skip(i, a.channel, std::move(t));
             else
-              inbox[{a.stage, static_cast<int>(a.channel), i}] = transport_->recv(a.peer, a.stage, a.channel, i);
+              inbox[{a.stage, static_cast<int>(a.channel), i}] = std::move(t);
             continue;
+          }
           case ActionKind::kSend: {
             torch::Tensor t = skip_of(a.channel) >= 0 ? stage(a.stage).take_skip(i, a.channel)
                                                       : take(outbox, {a.stage, static_cast<int>(a.channel), i});
             GPIPE_CHECK(t.defined(), "nothing to send: no earlier action of this device produced it");
-            transport_->send(a.stage, a.peer, a.channel, i, std::move(t));
+            if (holds(a.peer))
+              local[{a.peer, static_cast<int>(a.channel), i}] = std::move(t);
+            else
+              transport_->send(a.stage, a.peer, a.channel, i, std::move(t));
             continue;
           }
           case ActionKind::kForward: {

@@ -123,12 +123,14 @@ std::string to_string(ScheduleKind kind) {
     case ScheduleKind::k1F1B: return "1f1b";
     case ScheduleKind::kInterleaved: return "interleaved";
     case ScheduleKind::kZB1P: return "zb1p";
+    case ScheduleKind::kZBV: return "zbv";
   }
   return "?";
 }
 
 std::vector<ScheduleKind> all_schedules() {
-  return {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZB1P};
+  return {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZB1P,
+          ScheduleKind::kZBV};
 }
 
 std::vector<std::string> schedule_names() {
@@ -137,7 +139,35 @@ std::vector<std::string> schedule_names() {
   return names;
 }
 
-int default_virtual_stages(ScheduleKind kind) { return kind == ScheduleKind::kInterleaved ? 2 : 1; }
+int default_virtual_stages(ScheduleKind kind) {
+  return kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZBV ? 2 : 1;
+}
+
+bool takes_virtual_stages(ScheduleKind kind, int virtual_stages) {
+  switch (kind) {
+    case ScheduleKind::kInterleaved: return virtual_stages >= 2;
+    case ScheduleKind::kZBV: return virtual_stages == 2;
+    default: return virtual_stages == 1;
+  }
+}
+
+void check_virtual_stages(ScheduleKind kind, int virtual_stages) {
+  if (takes_virtual_stages(kind, virtual_stages)) return;
+  switch (kind) {
+    case ScheduleKind::kInterleaved:
+      GPIPE_CHECK(false, "the interleaved schedule needs at least 2 stages per device (got ", virtual_stages,
+                  "); set virtual stages V >= 2, or use 1f1b for one stage per device");
+      break;
+    case ScheduleKind::kZBV:
+      GPIPE_CHECK(false, "the zbv schedule runs 2 stages per device, placed as a V (got ", virtual_stages,
+                  "); leave V to the schedule (2), or use interleaved for another V");
+      break;
+    default:
+      GPIPE_CHECK(false, "the ", to_string(kind), " schedule runs one stage per device, but ", virtual_stages,
+                  " stages per device were asked for; use the interleaved schedule (or zbv for 2), or 1 stage per "
+                  "device");
+  }
+}
 
 ScheduleKind parse_schedule(const std::string& text) {
   for (ScheduleKind kind : all_schedules())
@@ -163,15 +193,24 @@ void check_shape(int devices, int micro_batches, int virtual_stages = 1) {
               " gpipe plans in memory; use fewer micro-batches or stages");
 }
 
-// A schedule with stage s on device s mod K and empty rows.
-Schedule empty_schedule(const std::string& name, int devices, int micro_batches, int virtual_stages, bool backward) {
+// A schedule with empty rows and stage s on device placement[s], or s mod K when `placement` is empty.
+Schedule empty_schedule(const std::string& name, int devices, int micro_batches, int virtual_stages, bool backward,
+                        const std::vector<int>& placement = {}) {
   Schedule s;
   s.name = name;
   s.devices = devices;
   s.stages = devices * virtual_stages;
   s.micro_batches = micro_batches;
   s.backward = backward;
-  for (int stage = 0; stage < s.stages; ++stage) s.placement.push_back(stage % devices);
+  if (placement.empty()) {
+    for (int stage = 0; stage < s.stages; ++stage) s.placement.push_back(stage % devices);
+  } else {
+    GPIPE_CHECK(static_cast<int>(placement.size()) == s.stages, "a placement of ", placement.size(),
+                " stages for ", devices, " devices x ", virtual_stages, " stages each; give ", s.stages);
+    for (int d : placement)
+      GPIPE_CHECK(d >= 0 && d < devices, "the placement puts a stage on device ", d, ", outside 0..", devices - 1);
+    s.placement = placement;
+  }
   s.actions.resize(static_cast<size_t>(devices));
   return s;
 }
@@ -186,9 +225,9 @@ Action compute(int stage, ActionKind kind, int micro_batch) {
 
 }  // namespace
 
-Schedule fill_drain(int devices, int micro_batches, int virtual_stages) {
+Schedule fill_drain(int devices, int micro_batches, int virtual_stages, const std::vector<int>& placement) {
   check_shape(devices, micro_batches, virtual_stages);
-  Schedule s = empty_schedule("gpipe", devices, micro_batches, virtual_stages, true);
+  Schedule s = empty_schedule("gpipe", devices, micro_batches, virtual_stages, true, placement);
   for (int d = 0; d < devices; ++d) {
     auto& row = s.actions[static_cast<size_t>(d)];
     const std::vector<int> mine = s.stages_of(d);
@@ -220,8 +259,7 @@ Schedule one_f_one_b(int devices, int micro_batches) {
 Schedule interleaved(int devices, int micro_batches, int virtual_stages) {
   check_shape(devices, micro_batches, virtual_stages);
   const int K = devices, M = micro_batches, V = virtual_stages;
-  GPIPE_CHECK(V >= 2, "the interleaved schedule needs at least 2 stages per device (got ", V,
-              "); set virtual stages V >= 2, or use 1f1b for one stage per device");
+  check_virtual_stages(ScheduleKind::kInterleaved, V);
   GPIPE_CHECK(M % K == 0, "the interleaved schedule takes micro-batches ", K, " at a time, one per device, so M (",
               M, ") must be a multiple of K (", K, "); use M = ", K * std::max(1, (M + K - 1) / K), " or another schedule");
   Schedule s = empty_schedule("interleaved", K, M, V, true);
@@ -289,25 +327,92 @@ Schedule zb1p(int devices, int micro_batches) {
   return s;
 }
 
-Schedule forward_only(int devices, int micro_batches, int virtual_stages) {
+Schedule zbv(int devices, int micro_batches) {
+  check_shape(devices, micro_batches, 2);
+  const int K = devices, M = micro_batches, S = 2 * K;
+  std::vector<int> placement;
+  for (int stage = 0; stage < S; ++stage) placement.push_back(stage < K ? stage : S - 1 - stage);
+  Schedule s = empty_schedule("zbv", K, M, 2, true, placement);
+  // A unit-time list schedule (schedule.h). Per stage: when its F's and I's end (by micro-batch),
+  // and the next F and I to run, each in micro-batch order.
+  constexpr int kNever = std::numeric_limits<int>::max();
+  std::vector<std::vector<int>> f_end(static_cast<size_t>(S), std::vector<int>(static_cast<size_t>(M), kNever));
+  auto i_end = f_end;
+  std::vector<int> next_f(static_cast<size_t>(S), 0), next_i(static_cast<size_t>(S), 0);
+  std::vector<std::deque<std::pair<int, int>>> waiting_w(static_cast<size_t>(K));  // (stage, micro-batch)
+  std::vector<int> held(static_cast<size_t>(K), 0);  // stage-micro-batches from the start of F to the end of W
+  auto ended = [&](const std::vector<std::vector<int>>& end, int stage, int i, int t) {
+    return end[static_cast<size_t>(stage)][static_cast<size_t>(i)] <= t;
+  };
+  int remaining = 3 * S * M;
+  for (int t = 0; remaining > 0; ++t) {
+    for (int d = 0; d < K; ++d) {
+      const size_t dd = static_cast<size_t>(d);
+      auto& row = s.actions[dd];
+      // The I of `stage` is ready when its F has ended and the next stage's I has (the last stage: its F alone).
+      auto i_ready = [&](int stage) {
+        const int i = next_i[static_cast<size_t>(stage)];
+        return i < next_f[static_cast<size_t>(stage)] && ended(f_end, stage, i, t) &&
+               (stage == S - 1 || ended(i_end, stage + 1, i, t));
+      };
+      auto f_ready = [&](int stage) {
+        const int i = next_f[static_cast<size_t>(stage)];
+        return i < M && held[dd] < 2 * K && (stage == 0 || ended(f_end, stage - 1, i, t));
+      };
+      auto run = [&](int stage, ActionKind kind) {
+        const size_t ss = static_cast<size_t>(stage);
+        if (kind == ActionKind::kForward) {
+          row.push_back(compute(stage, kind, next_f[ss]));
+          f_end[ss][static_cast<size_t>(next_f[ss]++)] = t + 1;
+          ++held[dd];
+        } else {
+          row.push_back(compute(stage, kind, next_i[ss]));
+          i_end[ss][static_cast<size_t>(next_i[ss])] = t + 1;
+          waiting_w[dd].push_back({stage, next_i[ss]++});
+        }
+      };
+      const int down = d, up = S - 1 - d;  // the device's stage on the way down, and on the way back up
+      if (i_ready(down)) {
+        run(down, ActionKind::kInputGrad);
+      } else if (i_ready(up)) {
+        run(up, ActionKind::kInputGrad);
+      } else if (f_ready(up)) {
+        run(up, ActionKind::kForward);
+      } else if (f_ready(down)) {
+        run(down, ActionKind::kForward);
+      } else if (!waiting_w[dd].empty()) {
+        const auto [stage, i] = waiting_w[dd].front();
+        waiting_w[dd].pop_front();
+        row.push_back(compute(stage, ActionKind::kWeightGrad, i));
+        --held[dd];
+      } else {
+        continue;  // idle this slot
+      }
+      --remaining;
+    }
+  }
+  return s;
+}
+
+Schedule forward_only(int devices, int micro_batches, int virtual_stages, const std::vector<int>& placement) {
   check_shape(devices, micro_batches, virtual_stages);
-  Schedule s = empty_schedule("forward", devices, micro_batches, virtual_stages, false);
+  Schedule s = empty_schedule("forward", devices, micro_batches, virtual_stages, false, placement);
   for (int stage = 0; stage < s.stages; ++stage)
     for (int i = 0; i < micro_batches; ++i)
-      s.actions[static_cast<size_t>(stage % devices)].push_back(compute(stage, ActionKind::kForward, i));
+      s.actions[static_cast<size_t>(s.placement[static_cast<size_t>(stage)])].push_back(
+          compute(stage, ActionKind::kForward, i));
   return s;
 }
 
 Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int virtual_stages) {
   check_shape(devices, micro_batches, virtual_stages);
-  GPIPE_CHECK(kind == ScheduleKind::kInterleaved || virtual_stages == 1, "the ", to_string(kind),
-              " schedule runs one stage per device, but ", virtual_stages,
-              " stages per device were asked for; use the interleaved schedule, or 1 stage per device");
+  check_virtual_stages(kind, virtual_stages);
   switch (kind) {
     case ScheduleKind::kGPipe: return fill_drain(devices, micro_batches);
     case ScheduleKind::k1F1B: return one_f_one_b(devices, micro_batches);
     case ScheduleKind::kInterleaved: return interleaved(devices, micro_batches, virtual_stages);
     case ScheduleKind::kZB1P: return zb1p(devices, micro_batches);
+    case ScheduleKind::kZBV: return zbv(devices, micro_batches);
   }
   return fill_drain(devices, micro_batches);
 }

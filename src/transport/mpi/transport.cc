@@ -142,9 +142,11 @@ void MpiTransport::begin(const std::vector<const std::vector<Action>*>& programs
     throw std::logic_error("gpipe: the MPI transport still expects " + std::to_string(receives_.size()) +
                            " messages from a failed step; a failed step is followed by a transport of its own");
   reap_sends();
+  const int self = detail::rank_of(comm_);
   for (const std::vector<Action>* program : programs)
     for (const Action& a : *program) {
-      if (a.kind != ActionKind::kRecv) continue;
+      // A receive from a stage of this rank is the executor's own hand-over: no message to post.
+      if (a.kind != ActionKind::kRecv || rank(a.peer) == self) continue;
       const Key key{a.peer, a.stage, static_cast<int>(a.channel), a.micro_batch};
       if (receives_.count(key) == 0) receives_.emplace(key, post_header(key));
     }
