@@ -52,6 +52,7 @@ long_unbroken=$(checksum "$work/long.json")
 for trial in 1 2 3; do
   step=$((RANDOM % 10 + 1))
   rm -f "$work/run.pt"
+  rm -f "$work/err.txt"  # the new run's lines only: wait_for reads it at once
   bash "$mpirun_sh" 2 --mca odls_base_sigkill_timeout 5 "$gpipe" "${long[@]}" --save "$work/run.pt" \
     >/dev/null 2>"$work/err.txt" &
   pid=$!
@@ -91,6 +92,7 @@ else fail "mpirun ... | head -1 lost the file"; cat "$work/err.txt"; fi
 # unbroken parameters.
 for victim in 1 0; do
   rm -f "$work/run.pt"
+  rm -f "$work/err.txt"  # the new run's lines only: wait_for reads it at once
   bash "$mpirun_sh" 2 "$gpipe" "${run[@]}" --save "$work/run.pt" --save-every 3 >/dev/null 2>"$work/err.txt" &
   pid=$!
   pids+=("$pid")
@@ -138,6 +140,7 @@ PY
   # resumes to the unbroken parameters.
   for trial in 1 2 3; do
     rm -f "$work"/split.pt*
+    rm -f "$work/err.txt"  # the new run's lines only: wait_for reads it at once
     bash "$mpirun_sh" 2 "$gpipe" "${script[@]}" --save "$work/split.pt" --per-stage-files --save-every 1 \
       >/dev/null 2>"$work/err.txt" &
     pid=$!

@@ -39,6 +39,7 @@ for trial in 1 2 3 4; do
   epoch=$((RANDOM % 2 + 1)) step=$((RANDOM % 10 + 1))
   [ "$trial" = 1 ] && epoch=1 step=10  # on an epoch's last step
   rm -f "$work/run.pt"
+  rm -f "$work/err.txt"  # the new run's lines only: wait_for reads it at once
   "$gpipe" "${run[@]}" --save "$work/run.pt" >"$work/out.txt" 2>"$work/err.txt" &
   pid=$!
   pids+=("$pid")
@@ -67,6 +68,7 @@ done
 # ends at once, the file on disk whole (it resumes to the unbroken parameters), no temporary file.
 for trial in 1 2 3 4; do
   rm -f "$work/run.pt"
+  rm -f "$work/err.txt"  # the new run's lines only: wait_for reads it at once
   "$gpipe" "${run[@]}" --save "$work/run.pt" --save-every 1 >/dev/null 2>"$work/err.txt" &
   pid=$!
   pids+=("$pid")
@@ -102,6 +104,7 @@ for bad in "--save-every 0 --save $work/x.pt|--save-every" "--save-every 3|needs
   else pass "$args refused: $(head -n 1 "$work/err.txt")"; fi
 done
 rm -f "$work/run.pt"
+rm -f "$work/err.txt"  # the new run's lines only: wait_for reads it at once
 "$gpipe" "${run[@]}" --save "$work/run.pt" --save-every 4 >/dev/null 2>"$work/err.txt" &
 pid=$!
 pids+=("$pid")
@@ -119,6 +122,7 @@ PY
 else fail "--save-every: no step line"; fi
 
 # 5. Without --save a signal ends the run at once, killed by it, as before.
+rm -f "$work/err.txt"  # the new run's lines only: wait_for reads it at once
 "$gpipe" "${run[@]}" >/dev/null 2>"$work/err.txt" &
 pid=$!
 pids+=("$pid")
