@@ -240,7 +240,7 @@ class Run {
   void check_stdout() {
     std::cout.flush();
     if (std::cout || stdout_closed_) return;
-    stdout_error_ = errno;
+    if (stdout_error_ == 0) stdout_error_ = errno;  // that of the first failed write
     pollfd out{STDOUT_FILENO, POLLOUT, 0};  // a pipe whose reader has gone polls as an error
     if (stdout_error_ != EPIPE && !(::poll(&out, 1, 0) == 1 && (out.revents & POLLERR))) return;
     stdout_closed_ = true;
