@@ -247,7 +247,7 @@ nlohmann::json settings_of(const TrainOptions& o) {
           {"--warmup-steps", o.warmup_steps}, {"--lr-step-size", o.lr_step_size}, {"--lr-gamma", o.lr_gamma},
           {"--clip-grad-norm", o.clip_grad_norm}, {"--seed", o.seed_text},
           {"--threads-per-stage", o.threads}, {"--train-samples", o.train_samples},
-          {"--test-samples", o.test_samples}, {"--save", o.save},         {"--resume", o.resume},
+          {"--test-samples", o.test_samples}, {"--save", o.save},         {"--save-every", o.save_every}, {"--resume", o.resume},
           {"--per-device-files", o.per_stage_files}, {"--trace", o.trace}, {"--samples", o.samples},
           {"--json", o.json}};
 }

@@ -53,6 +53,7 @@ struct TrainOptions {
   int64_t train_samples = 0;
   int64_t test_samples = 0;
   std::string save;
+  int64_t save_every = 0;  // 0: after every epoch and at the end only
   std::string resume;
   bool per_stage_files = false;  // --per-device-files (--per-stage-files, its old name)
   std::string trace;

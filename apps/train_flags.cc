@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <csignal>
 #include <memory>
 #include <string>
 
@@ -118,7 +119,14 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--save", o->save,
                   "write a checkpoint file (model, optimizer, step, random states) after every epoch and at the end, "
                   "whole or not at all; with --model it is TorchScript that torch.jit.load reads; under mpirun the "
-                  "first rank gathers every stage into this one file");
+                  "first rank gathers every stage into this one file. With --save, SIGINT (Ctrl-C) or SIGTERM "
+                  "lets the step in progress finish (one abandoned after 10 s is undone), saves, prints the command "
+                  "that resumes, and exits 130 or 143; a second signal ends at once, the file saved before intact. "
+                  "Without --save they end the run at once");
+  sub->add_option("--save-every", o->save_every,
+                  "with --save: also save every STEPS optimizer steps (counted over the whole run), so that a "
+                  "killed run or a dead MPI rank loses at most STEPS steps")
+      ->check(at_least(1));
   sub->add_option("--resume", o->resume,
                   "continue from a checkpoint file written by --save, with the same model and optimizer and any "
                   "--stages, schedule or number of ranks");
@@ -134,6 +142,12 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "(the noise, of standard deviation 0.3 in pixel values, is drawn once from --seed)");
   sub->add_flag("--json", o->json, "print the summary as JSON on standard output (progress stays on standard error)");
   sub->callback([o, sub, &status] {
+    if (o->save_every > 0 && o->save.empty())
+      usage_error("--save-every " + std::to_string(o->save_every) + " needs --save FILE: the file to save to");
+    // A closed standard output (gpipe train ... | head) stops the printing, not the training; SIGINT
+    // and SIGTERM end the run, no half-written file left (with --save, train_run.cc stops it saved).
+    std::signal(SIGPIPE, SIG_IGN);
+    install_signal_handlers(OnSignal::kEndNow);
     o->stages_given = sub->count("--stages") > 0;
     o->loss_given = sub->count("--loss") > 0;
     o->lr_schedule_given = sub->count("--lr-schedule") > 0;

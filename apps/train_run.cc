@@ -1,5 +1,6 @@
 // train_run.cc: `gpipe train`'s run: the library's trainer with progress, the evaluation after
-// every epoch, the timeline, --samples and the summary.
+// every epoch, the timeline, --samples and the summary; a stop on SIGINT or SIGTERM, saved, with
+// the command that resumes; a closed standard output.
 #include "common.h"
 #include "png_image.h"
 #include "train.h"
@@ -9,12 +10,57 @@
 #include <torch/torch.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <iterator>
+
+#include <poll.h>
+#include <unistd.h>
 
 namespace gpipe::cli {
 namespace {
+
+// ---------------------------------------------------------------- stopping on a signal
+
+// `word` as a shell reads it back: itself, or in single quotes.
+std::string shell_quoted(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                             "0123456789_-+=./:,@%") == std::string::npos;
+  if (plain) return word;
+  std::string out = "'";
+  for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// The command that continues this run from `file`: this process's command line (as the kernel
+// has it) with --resume FILE in place of any --resume; under mpirun, after mpirun -np N.
+std::string resume_command(const std::string& file) {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  for (size_t at = 0; at < all.size();) {
+    const size_t end = all.find('\0', at);
+    args.push_back(all.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    at = end == std::string::npos ? all.size() : end + 1;
+  }
+  std::string out = world().mpi ? "mpirun -np " + std::to_string(world().size) : "";
+  for (size_t n = 0; n < args.size(); ++n) {
+    if (args[n] == "--resume") {  // and its value
+      ++n;
+      continue;
+    }
+    if (args[n].rfind("--resume=", 0) == 0) continue;
+    out += (out.empty() ? "" : " ") + shell_quoted(args[n]);
+  }
+  return out + " --resume " + shell_quoted(file);
+}
+
+std::string signal_name(int signal) {
+  return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "signal " + std::to_string(signal);
+}
 
 // ---------------------------------------------------------------- the run
 
@@ -37,6 +83,7 @@ TrainerOptions trainer_options(const TrainOptions& o, const Data& data, LossFn l
       .loss(std::move(loss))
       .classification(data.classification)
       .save(o.save)
+      .save_every(o.save_every)
       .per_device_files(o.per_stage_files);
   if (o.augment == "flip") {
     const uint64_t seed = o.seed;
@@ -65,6 +112,27 @@ class Run {
     }
   }
 
+  // After a stop request (SIGINT, SIGTERM with --save): where the run stopped, what holds it, and
+  // the command that continues it; returns the exit status, 128 + the signal.
+  int stopped() {
+    const int signal = trainer_.stopped_by();
+    if (world().prints()) {
+      const int64_t step = trainer_.step(), per_epoch = trainer_.steps_per_epoch();
+      print_error_line("gpipe: stopped by " + signal_name(signal) + " at step " + std::to_string(step) + " of " +
+                       std::to_string(trainer_.total_steps()) + " (epoch " + std::to_string(step / per_epoch + 1) +
+                       ", " + std::to_string(step % per_epoch) + " of its " + std::to_string(per_epoch) +
+                       " steps done); the run is saved in " +
+                       (o_.per_stage_files ? trainer_.snapshot_file(o_.save, 0) + " .. " +
+                                                 trainer_.snapshot_file(o_.save, K_ - 1) + " and " +
+                                                 trainer_.manifest_file(o_.save)
+                                           : o_.save));
+      print_error_line("gpipe: resume with: " + resume_command(o_.save));
+    }
+    return 128 + signal;
+  }
+
+  int stopped_by() const { return trainer_.stopped_by(); }
+
   void print_header() {
     if (!printing()) return;
     const std::string devices = std::to_string(K_) + (K_ == 1 ? " device" : " devices");
@@ -77,6 +145,7 @@ class Run {
               << o_.optimizer << " lr " << o_.lr << (o_.lr_schedule != "constant" ? " (" + o_.lr_schedule + ")" : "")
               << (world().mpi ? ", " + pipeline_.describe() : "")
               << (o_.resume.empty() ? "" : ", resumed at step " + std::to_string(trainer_.start_step())) << "\n";
+    check_stdout();
   }
 
   // Trains with progress on standard error, and the evaluation after every epoch.
@@ -120,11 +189,11 @@ class Run {
       status = 1;
     }
     const double checksum = pipeline_.checksum();
-    if (!world().prints()) return status;
+    if (!world().prints() || stdout_closed_) return status;
     print_summary(checksum);
-    std::cout.flush();
-    if (!std::cout) {
-      const int error = errno;
+    check_stdout();
+    if (!std::cout && !stdout_closed_) {
+      const int error = stdout_error_;
       print_error_line(std::string("gpipe: cannot write to standard output: ") +
                        (error != 0 ? std::strerror(error) : "write error"));
       return 1;
@@ -133,7 +202,20 @@ class Run {
   }
 
  private:
-  bool printing() const { return world().prints() && !o_.json; }
+  bool printing() const { return world().prints() && !o_.json && !stdout_closed_; }
+
+  // A closed standard output (gpipe train ... | head; SIGPIPE is ignored) stops the printing,
+  // not the training: said once on standard error. Other write errors are reported by finish().
+  void check_stdout() {
+    std::cout.flush();
+    if (std::cout || stdout_closed_) return;
+    if (stdout_error_ == 0) stdout_error_ = errno;  // that of the first failed write
+    pollfd out{STDOUT_FILENO, POLLOUT, 0};  // a pipe whose reader has gone polls as an error
+    if (stdout_error_ != EPIPE && !(::poll(&out, 1, 0) == 1 && (out.revents & POLLERR))) return;
+    stdout_closed_ = true;
+    print_error_line("gpipe: standard output is closed (its reader has gone): training goes on, without printing "
+                     "to it");
+  }
   bool denoising() const { return data_.noisy_psnr > 0; }
 
   // --samples: the first test images, noisy, denoised and clean, one row each, written by the
@@ -163,6 +245,7 @@ class Run {
     if (!o_.json)
       std::cout << "samples: " << o_.samples << " (rows: noisy, denoised, clean; " << shown << " test images)"
                 << std::endl;
+    check_stdout();
   }
 
   Evaluation evaluate() { return trainer_.evaluate(data_.eval); }
@@ -183,6 +266,7 @@ class Run {
     else
       std::cout << ", " << eval << " loss " << evaluation_.loss;
     std::cout << std::endl;
+    check_stdout();
   }
 
   void print_summary(double checksum) {
@@ -286,6 +370,8 @@ class Run {
   const Model& model_;
   const Data& data_;
   const Cut& cut_;
+  bool stdout_closed_ = false;
+  int stdout_error_ = 0;
   Trainer trainer_;
   Pipeline& pipeline_;
   const int K_;
@@ -300,7 +386,11 @@ int train_and_report(const TrainOptions& o, const Model& model, const Data& data
   Run run(o, model, data, cut);
   run.resume();
   run.print_header();
+  // With --save, SIGINT and SIGTERM stop at the next step boundary, saved (a second one ends at
+  // once); without it they end the run as they always did (train_flags.cc installed that).
+  if (!o.save.empty()) install_signal_handlers(OnSignal::kStopAtStep);
   run.train();
+  if (run.stopped_by() != 0) return run.stopped();
   return run.finish();
 }
 

@@ -2,12 +2,16 @@
 // with the system's reason.
 #include "helpers.h"
 
+#include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace {
@@ -91,3 +95,63 @@ TEST_F(IoTest, SaysWhyItCannotAndLeavesNothingBehind) {
 }
 
 }  // namespace
+
+namespace {
+
+// A temporary file of `target`'s in `dir` (PATH.tmp.*), or "".
+std::string temporary_of(const fs::path& dir, const std::string& target) {
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind(target + ".tmp.", 0) == 0) return e.path().filename().string();
+  return "";
+}
+
+}  // namespace
+
+// A signal that ends the process while it writes (gpipe train's handlers) removes the temporary
+// file first: a child writing 32 MB files without end is sent SIGTERM once its temporary file exists.
+TEST_F(IoTest, ASignalThatEndsTheWriterLeavesNoTemporaryFile) {
+  const fs::path path = dir_ / "big.bin";
+  for (int trial = 0; trial < 5; ++trial) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      gpipe::install_signal_handlers(trial % 2 ? gpipe::OnSignal::kEndNow : gpipe::OnSignal::kStopAtStep);
+      if (trial % 2 == 0) gpipe::request_stop(SIGINT);  // so SIGTERM is the second signal: it ends at once
+      const std::string bytes(32 << 20, static_cast<char>('a' + trial));
+      for (;;) gpipe::write_file_atomically(path.string(), bytes);
+    }
+    // Waits on the folder (what the child does), bounded: the temporary file appears.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (temporary_of(dir_, "big.bin").empty() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    ASSERT_FALSE(temporary_of(dir_, "big.bin").empty());
+    ::kill(child, SIGTERM);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    if (trial % 2)
+      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << status;
+    else
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM) << status;
+    EXPECT_EQ(temporary_of(dir_, "big.bin"), "") << "trial " << trial;
+    if (fs::exists(path)) EXPECT_EQ(fs::file_size(path), size_t{32} << 20);
+  }
+}
+
+// A writer killed outright (SIGKILL) leaves its temporary file; the next write of the same file
+// removes it, and keeps those of a process that still runs and of other files.
+TEST_F(IoTest, RemovesTheTemporaryFilesOfWritersThatNoLongerRun) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // a process id that no longer runs
+  const std::string dead = "out.txt.tmp." + std::to_string(child) + ".abcdef";
+  const std::string live = "out.txt.tmp." + std::to_string(::getppid()) + ".abcdef";
+  for (const std::string& name : {dead, live, std::string("out.txt.tmp.XYZ123"), std::string("other.txt.tmp.1.abcdef")})
+    std::ofstream(dir_ / name) << "partial";
+  gpipe::write_file_atomically((dir_ / "out.txt").string(), "whole");
+  EXPECT_EQ(read(dir_ / "out.txt"), "whole");
+  EXPECT_FALSE(fs::exists(dir_ / dead));
+  EXPECT_FALSE(fs::exists(dir_ / "out.txt.tmp.XYZ123"));  // the name gpipe gave its files before
+  EXPECT_TRUE(fs::exists(dir_ / live));
+  EXPECT_TRUE(fs::exists(dir_ / "other.txt.tmp.1.abcdef"));
+}

@@ -3,11 +3,15 @@
 // every refusal before anything changes.
 #include "helpers.h"
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <thread>
 
 using gpipe::LrSchedule;
 using gpipe::LrScheduleOptions;
@@ -170,6 +174,84 @@ TEST(TrainerTest, ResumedRunEndsAsAnUnbrokenOne) {
   one.resume(path);
   one.fit();
   expect_equal(values(one), values(plain), 1e-6);
+  std::remove(path.c_str());
+}
+
+// A stop request (what gpipe train's SIGINT and SIGTERM handlers make) at any step: fit() stops at
+// the next step boundary with that step saved; a new trainer resumed from the file, or this one
+// continued, ends as an unbroken run, bit for bit. Saving every few steps changes nothing.
+TEST(TrainerTest, StopRequestStopsAtAStepBoundarySaved) {
+  const gpipe::Dataset data = regression_data();  // 4 steps an epoch, 12 in all
+  const TrainerOptions options = TrainerOptions(sgd_options())
+                                     .optimizer(OptimizerOptions().lr(1e-2))
+                                     .lr_schedule(LrScheduleOptions().warmup_steps(2));
+  const PipelineOptions two = PipelineOptions().devices(2).micro_batches(3);
+  Trainer unbroken(mlp(3, 0.3), two, options, data);
+  unbroken.fit();
+  const std::string path = temp_path("stop.pt");
+  for (const int64_t stop_at : {0, 1, 4, 5, 11, 12}) {
+    std::remove(path.c_str());
+    Trainer first(mlp(3, 0.3), two, TrainerOptions(options).save(path).save_every(3), data);
+    gpipe::TrainerCallbacks callbacks;
+    callbacks.before_step = [&](int64_t step) {
+      if (step == stop_at) gpipe::request_stop(SIGTERM);
+    };
+    if (stop_at == 12) gpipe::request_stop(SIGINT);  // before fit(): it stops before the first step
+    first.fit(callbacks);
+    EXPECT_EQ(first.stopped_by(), stop_at == 12 ? SIGINT : SIGTERM) << "stop at " << stop_at;
+    EXPECT_EQ(first.step(), stop_at == 12 ? 0 : stop_at + 1);
+    EXPECT_EQ(first.saved_at(), first.step());
+    gpipe::clear_stop_request();
+    std::filesystem::copy_file(path, path + ".stopped", std::filesystem::copy_options::overwrite_existing);
+    first.fit();  // the same trainer goes on (before another builds its layers, which reseeds)
+    SCOPED_TRACE("stopped after step " + std::to_string(stop_at));
+    EXPECT_EQ(first.stopped_by(), 0);
+    expect_equal(values(first), values(unbroken));
+    Trainer resumed(mlp(3, 0.3), two, options, data);
+    resumed.resume(path + ".stopped");
+    EXPECT_EQ(resumed.start_step(), stop_at == 12 ? 0 : stop_at + 1);
+    resumed.fit();
+    SCOPED_TRACE("resumed");
+    expect_equal(values(resumed), values(unbroken));
+  }
+  std::remove(path.c_str());
+  std::remove((path + ".stopped").c_str());
+}
+
+// A step still running stop_timeout seconds after the request is abandoned with the parameters as
+// they were (here its loss takes 0.5 s); the file holds the step before, and resumes to an unbroken run.
+TEST(TrainerTest, StopRequestAbandonsAStepThatRunsTooLong) {
+  const gpipe::Dataset data = regression_data();
+  const TrainerOptions options = TrainerOptions(sgd_options()).optimizer(OptimizerOptions().lr(1e-2)).lr_schedule({});
+  const PipelineOptions two = PipelineOptions().devices(2).micro_batches(2);
+  Trainer unbroken(mlp(), two, options, data);
+  unbroken.fit();
+  const std::string path = temp_path("abandon.pt");
+  std::atomic<bool> slow{false};
+  TrainerOptions slow_options = TrainerOptions(options).save(path).stop_timeout(0.05);
+  slow_options.loss([&slow](const torch::Tensor& out, const torch::Tensor& target) {
+    if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a step that takes long
+    return gpipe::mse_loss(out, target);
+  });
+  Trainer first(mlp(), two, slow_options, data);
+  std::vector<torch::Tensor> before;
+  gpipe::TrainerCallbacks callbacks;
+  callbacks.before_step = [&](int64_t step) {
+    if (step != 6) return;
+    before = values(first);
+    slow = true;
+    gpipe::request_stop(SIGINT);
+  };
+  first.fit(callbacks);
+  gpipe::clear_stop_request();
+  EXPECT_EQ(first.stopped_by(), SIGINT);
+  EXPECT_EQ(first.step(), 6);
+  EXPECT_EQ(first.saved_at(), 6);
+  expect_equal(values(first), before);
+  Trainer resumed(mlp(), two, options, data);
+  resumed.resume(path);
+  resumed.fit();
+  expect_equal(values(resumed), values(unbroken));
   std::remove(path.c_str());
 }
 

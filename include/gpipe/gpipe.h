@@ -20,6 +20,7 @@
 #include "gpipe/skip.h"
 #include "gpipe/snapshot.h"
 #include "gpipe/stage.h"
+#include "gpipe/stop.h"
 #include "gpipe/trace.h"
 #include "gpipe/train.h"
 #include "gpipe/transport.h"

@@ -13,7 +13,21 @@ namespace gpipe {
 /// its permissions. Throws std::runtime_error naming the path and the system's
 /// reason ("No such file or directory", "Permission denied", "No space left on
 /// device") if it cannot, leaving no temporary file and the old file as it was.
+///
+/// The temporary file is named PATH.tmp.<pid>.XXXXXX. While it is written,
+/// remove_partial_files() (from a signal handler) deletes it; and each write
+/// first deletes the PATH.tmp.* files that a process that no longer runs left
+/// behind (one killed with SIGKILL midway).
 void write_file_atomically(const std::string& path, const std::string& contents);
+
+/// Deletes the temporary files that write_file_atomically is writing now, in
+/// any thread. Async-signal-safe: for a signal handler that then ends the
+/// process (_exit), so that no PATH.tmp.* file outlives it.
+void remove_partial_files();
+
+/// Deletes the PATH.tmp.* files beside `path` that write_file_atomically left
+/// in a process that no longer runs (or in this one). Errors are ignored.
+void remove_stale_temporaries(const std::string& path);
 
 /// Throws std::runtime_error with the system's reason unless a file can be
 /// written at `path` by write_file_atomically (its folder exists and takes new

@@ -7,6 +7,7 @@
 //                          gpipe::TrainerOptions().epochs(2).save("run.pt"), train_data);
 //   trainer.resume("run.pt");   // optional: continue a run saved before
 //   trainer.fit();              // trains, saving after every epoch and at the end
+//                               // (and stopping, saved, on gpipe::request_stop: stop.h)
 //   gpipe::Evaluation e = trainer.evaluate(test_data);
 //
 // Under MPI (one rank per device) every call is collective: every rank makes
@@ -19,6 +20,7 @@
 #include "gpipe/script_model.h"
 #include "gpipe/snapshot.h"
 #include "gpipe/stage.h"
+#include "gpipe/stop.h"
 #include "gpipe/trace.h"
 
 #include <torch/arg.h>
@@ -133,8 +135,18 @@ struct TrainerOptions {
   TORCH_ARG(Augment, augment) = nullptr;
   /// Where fit() saves the run after every epoch and at the end (empty: nowhere).
   TORCH_ARG(std::string, save) = "";
+  /// Also save every this many steps (counted from step 0 of the run, resumed ones included;
+  /// 0: only after every epoch and at the end).
+  TORCH_ARG(int64_t, save_every) = 0;
+  /// After a stop request (request_stop, stop.h), a step still running this many seconds later is
+  /// abandoned, its parameters as they were, and the run saved at the step before it. In one
+  /// process; under MPI the ranks cannot abandon a step singly, and it runs to its end.
+  TORCH_ARG(double, stop_timeout) = 10;
   /// Under MPI: each device saves and resumes its own file, PATH.stage<j>-of-<K>
   /// (for models above the 2 GiB one MPI gather carries); resume with the same K.
+  /// A manifest, PATH.manifest, written last, names their step; while a save
+  /// runs each device keeps its file of the step before (PATH.stage<j>-of-<K>.prev),
+  /// so a run killed while saving resumes from the last whole set.
   TORCH_ARG(bool, per_device_files) = false;
 };
 
@@ -271,7 +283,10 @@ class Trainer {
   void resume(const std::string& path);
 
   /// Trains until options.epochs are done (or options.steps in all), saving
-  /// to options.save after every epoch and at the end.
+  /// to options.save after every epoch, every options.save_every steps and at
+  /// the end. After a stop request (request_stop, stop.h; under MPI on any
+  /// rank) it stops at the next step boundary, saves, and returns early with
+  /// stopped_by() set: the run resumed from that file ends as an unbroken one.
   void fit(const TrainerCallbacks& callbacks = {});
 
   /// One optimizer step on the training rows `rows` in `epoch`: gradients,
@@ -301,12 +316,20 @@ class Trainer {
   int64_t samples() const { return train_.size(); }
   /// The step of the last snapshot written to (or read from) options.save (-1: none).
   int64_t saved_at() const { return saved_at_; }
+  /// The signal whose stop request ended fit() early (0: it ran to its end).
+  int stopped_by() const { return stopped_by_; }
   /// The file save() writes for `path`: itself, or with per_device_files
   /// device `device`'s (this process's when -1).
   std::string snapshot_file(const std::string& path, int device = -1) const;
+  /// With per_device_files: the manifest the first rank writes once every device's file of a
+  /// step is whole, PATH.manifest; resume() takes the files of its step (or refuses them).
+  std::string manifest_file(const std::string& path) const;
 
  private:
   void on_every_rank(const std::function<void()>& check);
+  // The stop request of any rank (its signal), agreed on by every rank; 0: none.
+  int agreed_stop();
+  void save_per_device_files(const std::string& path, const TrainState& now, const std::string& optimizer);
 
   Model model_;
   TrainerOptions options_;
@@ -321,6 +344,8 @@ class Trainer {
   int64_t start_step_ = 0;
   int64_t step_ = 0;
   int64_t saved_at_ = -1;
+  int64_t drawn_epoch_ = -1;  // the epoch (0-based) whose order of samples fit() has drawn
+  int stopped_by_ = 0;
   TrainStats stats_;
   struct TestFault {  // GPIPE_TEST_FAULT, as the class comment describes it
     std::string kind;  // "", "throw" or "exit"

@@ -1,6 +1,8 @@
-// io.cc: whole-or-nothing file writes (a synced temporary file, then a rename).
+// io.cc: whole-or-nothing file writes (a synced temporary file, then a rename), and the temporary
+// files a signal or a killed process would leave behind removed.
 #include "gpipe/io.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +12,7 @@
 #include <stdexcept>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,6 +53,32 @@ mode_t process_umask() {
     if (line.rfind("Umask:", 0) == 0) return static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8));
   return 022;
 }
+
+// The temporary files being written, for remove_partial_files() in a signal handler: a slot's
+// name is mkstemp's own buffer, so the handler sees the file's name from the moment it exists.
+// state: 0 free, 1 taken (being filled), 2 holds a name to remove.
+struct PartialFile {
+  std::atomic<int> state{0};
+  char name[4096];
+};
+constexpr int kPartialSlots = 8;
+PartialFile partial_files[kPartialSlots];
+
+// A slot holding `name_template`, or nullptr when all are taken or the name is too long.
+PartialFile* claim_partial(const std::string& name_template) {
+  if (name_template.size() >= sizeof(PartialFile::name)) return nullptr;
+  for (PartialFile& slot : partial_files) {
+    int expected = 0;
+    if (!slot.state.compare_exchange_strong(expected, 1)) continue;
+    std::memcpy(slot.name, name_template.c_str(), name_template.size() + 1);
+    slot.state.store(2);
+    return &slot;
+  }
+  return nullptr;
+}
+
+// Whether a process with this id runs (on this machine).
+bool process_runs(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH); }
 
 void write_all(int fd, const std::string& contents, const std::string& path, const std::string& shown) {
   size_t done = 0;
@@ -95,9 +124,21 @@ void write_file_atomically(const std::string& path, const std::string& contents)
     if (::close(fd) != 0) fail("write", path, errno);
     return;
   }
-  std::string tmp = target + ".tmp.XXXXXX";
-  const int fd = ::mkstemp(tmp.data());
+  remove_stale_temporaries(target);
+  // Named by the process, so that a later write knows whether its writer still runs.
+  std::string tmp = target + ".tmp." + std::to_string(::getpid()) + ".XXXXXX";
+  // Registered before it exists: a signal handler that ends the process removes it (mkstemp
+  // writes the name into the slot itself).
+  PartialFile* slot = claim_partial(tmp);
+  struct Release {  // the slot is freed once the file is renamed or removed
+    PartialFile* slot;
+    ~Release() {
+      if (slot) slot->state.store(0);
+    }
+  } release{slot};
+  const int fd = ::mkstemp(slot ? slot->name : tmp.data());
   if (fd < 0) fail("write", path, errno);
+  if (slot) tmp = slot->name;
   // The new file takes the old one's permissions, or those a plain create would give.
   struct stat old{};
   mode_t mode = 0;
@@ -124,6 +165,45 @@ void write_file_atomically(const std::string& path, const std::string& contents)
   if (dir >= 0) {
     ::fsync(dir);
     ::close(dir);
+  }
+}
+
+void remove_partial_files() {
+  for (PartialFile& slot : partial_files)
+    if (slot.state.load() == 2) ::unlink(slot.name);
+}
+
+void remove_stale_temporaries(const std::string& path) {
+  const fs::path target = resolve(path);
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::error_code ec;
+  fs::path folder = target.parent_path();
+  if (folder.empty()) folder = ".";
+  for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    // PATH.tmp.<pid>.XXXXXX; PATH.tmp.XXXXXX from gpipe before it named the writer.
+    const std::string rest = name.substr(prefix.size());
+    const size_t dot = rest.find('.');
+    long pid = 0;
+    if (dot != std::string::npos) {
+      const std::string digits = rest.substr(0, dot);
+      if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos ||
+          rest.size() - dot - 1 != 6)
+        continue;
+      pid = std::stol(digits);
+      if (pid != ::getpid() && process_runs(pid)) continue;  // another process is writing it now
+      if (pid == ::getpid()) {  // this process's: stale unless it is being written now
+        bool live = false;
+        for (const PartialFile& slot : partial_files)
+          live = live || (slot.state.load() == 2 && fs::path(slot.name).filename() == name);
+        if (live) continue;
+      }
+    } else if (rest.size() != 6) {
+      continue;
+    }
+    std::error_code ignored;
+    if (it->is_regular_file(ignored)) fs::remove(it->path(), ignored);
   }
 }
 

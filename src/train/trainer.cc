@@ -10,7 +10,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <limits>
 #include <sstream>
@@ -286,6 +288,13 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
   GPIPE_CHECK(options_.batch_size() >= 1, "the batch size must be at least 1 (got ", options_.batch_size(), ")");
   GPIPE_CHECK(options_.epochs() >= 1, "the run needs at least 1 epoch (got ", options_.epochs(), ")");
   GPIPE_CHECK(options_.steps() >= 0, "the step limit must be 0 (none) or more (got ", options_.steps(), ")");
+  GPIPE_CHECK(options_.save_every() >= 0, "the steps between saves must be 0 (only after every epoch) or more (got ",
+              options_.save_every(), ")");
+  GPIPE_CHECK(options_.save_every() == 0 || !options_.save().empty(),
+              "saving every ", options_.save_every(), " steps needs a file to save to (TrainerOptions::save)");
+  GPIPE_CHECK(std::isfinite(options_.stop_timeout()) && options_.stop_timeout() >= 0,
+              "the time a step may take after a stop request must be a finite number of seconds, 0 or more (got ",
+              options_.stop_timeout(), ")");
   GPIPE_CHECK(options_.loss() != nullptr, "the trainer needs a loss function");
   options_.optimizer().check();
   options_.lr_schedule().check();
@@ -322,6 +331,9 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
   with_ties.tied_parameters().insert(with_ties.tied_parameters().end(), model_.tied.begin(), model_.tied.end());
   pipeline_ = make_pipeline(model_.build, model_.layers, with_ties, runtime);
   optimizer_ = make_optimizer(options_.optimizer(), pipeline_->parameters());
+  // A step still running stop_timeout seconds after a stop request is abandoned (in one process).
+  const double timeout = options_.stop_timeout();
+  pipeline_->set_interrupt([timeout] { return stop_requested() != 0 && seconds_since_stop_request() >= timeout; });
   GPIPE_CHECK(!options_.per_device_files() || pipeline_->device() >= 0,
               "per-device files are for MPI runs, where each device writes its own; in one process the "
               "trainer saves the whole model to one file");
@@ -346,6 +358,41 @@ void Trainer::on_every_rank(const std::function<void()>& check) {
                                 " refused the run (its message says why)");
 }
 
+int Trainer::agreed_stop() { return static_cast<int>(pipeline_->max(static_cast<double>(stop_requested()))); }
+
+namespace {
+
+// Per-device files: the manifest, written by the first rank once every device's file is whole,
+// names their step; until then each device keeps its file of the step before as FILE.prev.
+const char* kManifestFormat = "gpipe-per-device-snapshot-1";
+
+std::string manifest_text(int64_t step, int devices) {
+  return std::string(kManifestFormat) + "\nstep " + std::to_string(step) + "\ndevices " + std::to_string(devices) +
+         "\n";
+}
+
+// The step a manifest names, or -1 when there is no manifest; throws for a file that is not one.
+int64_t manifest_step(const std::string& manifest, int devices) {
+  if (!std::filesystem::exists(manifest)) return -1;
+  std::istringstream in(read_file(manifest));
+  std::string format, step_word, devices_word;
+  int64_t step = -1;
+  int saved_devices = 0;
+  if (!(in >> format >> step_word >> step >> devices_word >> saved_devices) || format != kManifestFormat ||
+      step_word != "step" || devices_word != "devices" || step < 0)
+    throw std::invalid_argument(manifest + " is not a manifest of per-device files written by gpipe train "
+                                "--per-stage-files; resume from the files of a run that saved them");
+  if (saved_devices != devices)
+    throw std::invalid_argument(manifest + " is of a run with " + std::to_string(saved_devices) +
+                                " devices; resume with the same number of devices (--stages " +
+                                std::to_string(saved_devices) + ")");
+  return step;
+}
+
+}  // namespace
+
+std::string Trainer::manifest_file(const std::string& path) const { return path + ".manifest"; }
+
 std::string Trainer::snapshot_file(const std::string& path, int device) const {
   if (!options_.per_device_files()) return path;
   const int K = pipeline_->devices();
@@ -357,13 +404,34 @@ void Trainer::resume(const std::string& resume_path) {
   const std::string optimizer = optimizer_name(options_.optimizer().kind());
   // Every rank reads and checks the file: all of them refuse it, or none, before any restores it.
   Snapshot r;
+  // Per-device files are plain snapshots, also of a TorchScript model.
+  const bool script = model_.script.has_value() && !options_.per_device_files();
   on_every_rank([&] {
-    if (!std::filesystem::is_regular_file(path))
+    const std::string previous = path + ".prev";
+    const bool per_device = options_.per_device_files();
+    if (!std::filesystem::is_regular_file(path) && !(per_device && std::filesystem::is_regular_file(previous)))
       throw std::invalid_argument(
           "no such file: " + path +
-          (options_.per_device_files() ? " (each device has its own file; resume with the K of the run that saved)"
-                                       : ""));
-    r = read_snapshot(path, pipeline_->layers(), optimizer, model_.script.has_value());
+          (per_device ? " (each device has its own file; resume with the K of the run that saved)" : ""));
+    const int64_t step = per_device ? manifest_step(manifest_file(resume_path), pipeline_->devices()) : -1;
+    if (step < 0) {  // one file, or per-device files of a gpipe without manifests
+      r = read_snapshot(path, pipeline_->layers(), optimizer, script);
+      return;
+    }
+    // The file of the manifest's step: the device's file, or the one it kept while a save that did
+    // not end was writing the next.
+    std::string steps;
+    for (const std::string& file : {path, previous}) {
+      if (!std::filesystem::is_regular_file(file)) continue;
+      Snapshot candidate = read_snapshot(file, pipeline_->layers(), optimizer, script);
+      if (candidate.state.step == step) {
+        r = std::move(candidate);
+        return;
+      }
+      steps += (steps.empty() ? "" : " and ") + file + " is of step " + std::to_string(candidate.state.step);
+    }
+    throw std::invalid_argument(manifest_file(resume_path) + " names step " + std::to_string(step) + ", but " + steps +
+                                ": the files are of different runs; resume from a whole set of per-device files");
   });
   // Every parameter of the file is taken by some stage: it is this model's, not a larger one's.
   const double taken = pipeline_->sum(pipeline_->replica() == 0 ? static_cast<double>(r.parameters_taken) : 0.0);
@@ -384,13 +452,33 @@ void Trainer::resume(const std::string& resume_path) {
 
 void Trainer::fit(const TrainerCallbacks& callbacks) {
   const int64_t N = train_.size(), B = options_.batch_size();
+  stopped_by_ = 0;
+  // A stop request is honoured at a step boundary that every rank reaches: saved, then return.
+  auto stop_here = [this] {
+    stopped_by_ = agreed_stop();
+    if (stopped_by_ != 0) save();
+    return stopped_by_ != 0;
+  };
+  if (stop_here()) return;
   for (int epoch = static_cast<int>(step_ / steps_per_epoch_) + 1; step_ < total_steps_; ++epoch) {
+    // A fit() after one that stopped draws the epoch it stopped in again, from its start.
+    if (drawn_epoch_ == epoch - 1) shuffle_.set_state(epoch_start_shuffle_);
     epoch_start_shuffle_ = generator_state(shuffle_);
     const torch::Tensor order = options_.shuffle() ? torch::randperm(N, shuffle_, torch::kLong) : torch::arange(N);
+    drawn_epoch_ = epoch - 1;
     for (int64_t b = step_ % steps_per_epoch_; b < steps_per_epoch_ && step_ < total_steps_; ++b) {
       if (callbacks.before_step) callbacks.before_step(step_);
-      train_step(order.narrow(0, b * B, std::min(B, N - b * B)), epoch);
+      try {
+        train_step(order.narrow(0, b * B, std::min(B, N - b * B)), epoch);
+      } catch (const Interrupted&) {  // abandoned after a stop request: the parameters are as they were
+        if (stop_requested() == 0) throw;
+        stopped_by_ = stop_requested();
+        save();
+        return;
+      }
       if (callbacks.after_step) callbacks.after_step(epoch, b + 1);
+      if (options_.save_every() > 0 && step_ % options_.save_every() == 0) save();
+      if (stop_here()) return;
     }
     if (callbacks.after_epoch) callbacks.after_epoch(epoch);
     save();
@@ -449,15 +537,14 @@ void Trainer::save() {
                              (saved_at_ >= 0 ? " (the one of step " + std::to_string(saved_at_) + " is kept)" : "") +
                              "; lower --lr, or add --clip-grad-norm");
   saved_at_ = step_;
-  // The shuffling state from which the epoch of the next step is drawn.
-  const TrainState now{step_, step_ % steps_per_epoch_ == 0 ? generator_state(shuffle_) : epoch_start_shuffle_,
+  // The shuffling state from which the epoch of the next step is drawn: that epoch's start when
+  // its order was drawn already, else the generator as it is.
+  const bool drawn = drawn_epoch_ == step_ / steps_per_epoch_;
+  const TrainState now{step_, drawn ? epoch_start_shuffle_ : generator_state(shuffle_),
                        generator_state(default_generator())};
   const std::string optimizer = optimizer_name(options_.optimizer().kind());
-  const bool holds = pipeline_->replica() == 0;  // replicas hold the same parameters
   if (options_.per_device_files()) {
-    if (holds)
-      save_snapshot(snapshot_file(path), {encode_snapshot_part(pipeline_->layers(), *optimizer_)}, pipeline_->layers(),
-                    std::nullopt, optimizer, now);
+    save_per_device_files(path, now, optimizer);
     return;
   }
   try {
@@ -465,6 +552,43 @@ void Trainer::save() {
   } catch (const std::length_error& e) {  // too large to gather: every rank is here
     throw std::runtime_error(std::string(e.what()) + "; save one file per device (TrainerOptions::per_device_files, "
                              "gpipe train --per-device-files)");
+  }
+}
+
+void Trainer::save_per_device_files(const std::string& path, const TrainState& now, const std::string& optimizer) {
+  // Every rank learns whether every other wrote its part (a collective that all of them reach).
+  auto on_all = [this](const std::function<void()>& work) {
+    std::string error;
+    try {
+      work();
+    } catch (const std::exception& e) {
+      error = prefixed(what_of(e));
+    }
+    const double failed = pipeline_->max(error.empty() ? -1.0 : static_cast<double>(pipeline_->rank()));
+    if (!error.empty()) throw std::runtime_error(error);
+    if (failed >= 0)
+      throw std::runtime_error("gpipe: rank " + std::to_string(static_cast<int>(failed)) +
+                               " could not save its per-device file (its message says why)");
+  };
+  const bool holds = pipeline_->replica() == 0;  // replicas hold the same parameters
+  const std::string file = snapshot_file(path), previous = file + ".prev";
+  // 1. Each device's file, the one of the step before kept aside until the manifest names this step.
+  on_all([&] {
+    if (!holds) return;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(file)) std::filesystem::rename(file, previous, ec);
+    if (ec) throw std::runtime_error("gpipe: cannot keep " + file + " as " + previous + ": " + ec.message());
+    save_snapshot(file, {encode_snapshot_part(pipeline_->layers(), *optimizer_)}, pipeline_->layers(), std::nullopt,
+                  optimizer, now);
+  });
+  // 2. The manifest, last: the files it names are all whole.
+  on_all([&] {
+    if (pipeline_->root()) write_file_atomically(manifest_file(path), manifest_text(now.step, pipeline_->devices()));
+  });
+  // 3. The files of the step before are no longer needed.
+  if (holds) {
+    std::error_code ignored;
+    std::filesystem::remove(previous, ignored);
   }
 }
 

@@ -1,0 +1,44 @@
+// stop.h: asking a training run to stop at its next step boundary, saved, from a signal handler;
+// and the signal handlers gpipe train installs (SIGINT, SIGTERM).
+//
+//   gpipe::install_signal_handlers(gpipe::OnSignal::kStopAtStep);  // before Trainer::fit
+//   trainer.fit();                                                 // returns early after a signal
+//   if (trainer.stopped_by() != 0) return 128 + trainer.stopped_by();
+//
+// Trainer::fit checks for a request after every step (under MPI all ranks agree on the step),
+// saves the run to TrainerOptions::save and returns; a step still running
+// TrainerOptions::stop_timeout seconds after the request is abandoned with the parameters as
+// they were (in one process; under MPI the step runs to its end).
+#pragma once
+
+namespace gpipe {
+
+/// Asks every Trainer of this process to stop at its next step boundary; `signal` (above 0) is
+/// the reason, as stopped_by() reports it. Async-signal-safe: a signal handler may call it. The
+/// first request since clear_stop_request() counts; later ones change nothing.
+void request_stop(int signal);
+
+/// The signal of the pending stop request, or 0 when there is none.
+int stop_requested();
+
+/// Seconds since the pending stop request was made (0 when there is none).
+double seconds_since_stop_request();
+
+/// Forgets the pending stop request (a run that stopped can then be continued by fit()).
+void clear_stop_request();
+
+/// What the handlers of SIGINT and SIGTERM that install_signal_handlers() sets do.
+enum class OnSignal {
+  /// The first signal calls request_stop(); a second one removes the temporary file being
+  /// written (remove_partial_files) and ends the process at once with status 128 + signal,
+  /// every file that was whole before still whole.
+  kStopAtStep,
+  /// The first signal removes the temporary file being written and ends the process as the
+  /// signal's default action would (killed by the signal).
+  kEndNow,
+};
+
+/// Installs handlers of SIGINT and SIGTERM that do what `mode` says.
+void install_signal_handlers(OnSignal mode);
+
+}  // namespace gpipe
