@@ -78,16 +78,24 @@ inline bool is_builtin(const TrainOptions& o) { return is_resnet(o) || is_unet(o
 // The built-in models' default runs: each ends within 15 minutes on 2 cores (README).
 constexpr int kResnetEpochs = 14;
 constexpr int kUnetEpochs = 2;
-constexpr int kGptEpochs = 3;
+constexpr int kGptEpochs = 1;
 inline int default_epochs(const TrainOptions& o) {
   return is_resnet(o) ? kResnetEpochs : is_unet(o) ? kUnetEpochs : is_gpt(o) ? kGptEpochs : 8;
 }
 
 // --model gpt: the language model's shape, and its run's defaults where they differ from the CNN's
 // (chosen by measurement on 2 cores: docs/models.md).
-inline GptOptions gpt_shape() { return GptOptions(); }
-constexpr int64_t kGptBatch = 32;
-constexpr double kGptLr = 1e-3;
+inline GptOptions gpt_shape() {
+  GptOptions shape;
+  shape.context = 128;
+  shape.width = 64;
+  shape.heads = 4;
+  shape.blocks = 4;
+  shape.feed_forward = 256;
+  return shape;
+}
+constexpr int64_t kGptBatch = 16;
+constexpr double kGptLr = 2e-3;
 
 // The U-Net's task: Fashion-MNIST images with Gaussian noise of this standard deviation, in
 // pixel values (0 black, 1 white), to be made clean again.

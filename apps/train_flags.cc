@@ -10,6 +10,8 @@
 
 namespace gpipe::cli {
 
+static_assert(kGptLr == 0.002, "--lr's help names --model gpt's rate");
+
 void add_train_command(CLI::App& app, const std::string&, int& status) {
   auto o = std::make_shared<TrainOptions>();
   CLI::App* sub = app.add_subcommand(
@@ -89,7 +91,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
       ->check(at_least(0))->capture_default_str();
   sub->add_option("--optimizer", o->optimizer, "sgd, adam or adamw (torch.optim's)")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))->capture_default_str();
-  sub->add_option("--lr", o->lr, "learning rate")->check(positive_number())->capture_default_str();
+  sub->add_option("--lr", o->lr, "learning rate (--model gpt: 0.002)")->check(positive_number())->capture_default_str();
   sub->add_option("--momentum", o->momentum, "SGD's momentum (as torch.optim.SGD: default 0)")
       ->check(non_negative_number())->capture_default_str();
   sub->add_flag("--nesterov", o->nesterov, "SGD with Nesterov momentum (needs --momentum above 0)");
@@ -100,7 +102,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--betas", o->betas, "Adam's and AdamW's two betas, e.g. --betas 0.9,0.999")
       ->expected(2)->delimiter(',')->check(fraction_below_one());
   sub->add_option("--lr-schedule", o->lr_schedule,
-                  "constant (cosine for --model resnet); cosine (from --lr down to 0 over the run); step (times "
+                  "constant (cosine for --model resnet and gpt); cosine (from --lr down to 0 over the run); step (times "
                   "--lr-gamma every --lr-step-size steps); after --warmup-steps of linear warm-up")
       ->check(CLI::IsMember({"constant", "cosine", "step"}))->capture_default_str();
   sub->add_option("--warmup-steps", o->warmup_steps, "steps of linear warm-up: step t runs at --lr x (t+1)/W")
