@@ -9,7 +9,7 @@
 # gpipe::keep_freed_memory), the fair comparison, as bench/train_vs_pytorch.sh. The fraction of
 # the 2-core limit is gpipe's samples/s over twice PyTorch's on one thread, per round.
 #
-# Usage: bench/gpt_vs_pytorch.sh [ROUNDS] [-- extra gpipe flags, quoted as one]
+# Usage: [GPIPE=path/to/gpipe] [STEPS=30] bench/gpt_vs_pytorch.sh [ROUNDS] [-- extra gpipe flags, quoted as one]
 #   e.g. bench/gpt_vs_pytorch.sh 5 -- "--micro-batches 8"
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ rounds="${1:-5}"
 shift || true
 [ "${1:-}" != "--" ] || shift
 extra="${1:-}"
-gpipe=build/apps/gpipe
+gpipe="${GPIPE:-build/apps/gpipe}"
 python=/usr/bin/python3
 steps="${STEPS:-30}"
 out=bench/results/gpt-vs-pytorch.json
