@@ -156,7 +156,7 @@ else fail "--model unet"; cat "$work/unet.json" "$work/unet.err"; fi
 # training and, the same bytes again, from the saved model with --resume FILE --epochs 0.
 if [ -d /usr/share/games/fortunes ]; then
   gpt=(--model gpt --train-samples 64 --test-samples 8 --batch-size 16 --micro-batches 4 --lr 3e-3 --json)
-  if "$gpipe" train "${gpt[@]}" --steps 6 --save "$work/gpt.pt" --generate 24 --prompt 'Q: ' >"$work/gpt.json" \
+  if "$gpipe" train "${gpt[@]}" --epochs 2 --steps 6 --save "$work/gpt.pt" --generate 24 --prompt 'Q: ' >"$work/gpt.json" \
        2>"$work/gpt.err" &&
      "$gpipe" train "${gpt[@]}" --resume "$work/gpt.pt" --epochs 0 --generate 24 --prompt 'Q: ' \
        >"$work/gpt-again.json" 2>"$work/gpt.err" &&
