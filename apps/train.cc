@@ -53,8 +53,18 @@ void choose_schedule(TrainOptions& o) {
   if (o.virtual_stages == 0) o.virtual_stages = default_virtual_stages(parse_schedule(o.schedule));
 }
 
-// What is trained: the built-in CNN, ResNet or U-Net, or a TorchScript model from Python.
+// What is trained: the built-in CNN, ResNet, U-Net or GPT, or a TorchScript model from Python.
 Model choose_model(const TrainOptions& o) {
+  if (is_gpt(o)) {
+    const uint64_t seed = o.seed;
+    const GptOptions shape = gpt_shape();
+    Model model = Model::of("GPT", shape.layers(), [seed, shape](LayerRange keep) {
+      torch::manual_seed(seed);  // every range starts from the same draws: a rank's layers equal one process's
+      return byte_gpt(shape, keep);
+    });
+    model.tied = shape.tied();  // the head reads the embedding's bytes: one tensor, or copies summed under MPI
+    return model;
+  }
   if (o.model_file.empty() || is_resnet(o) || is_unet(o)) {
     const uint64_t seed = o.seed;
     const bool resnet = is_resnet(o), unet = is_unet(o);
@@ -74,7 +84,31 @@ Model choose_model(const TrainOptions& o) {
 
 // ---------------------------------------------------------------- the data
 
+// --model gpt: the fortunes as windows of bytes, and the two references on the test bytes.
+Data load_text(const TrainOptions& o) {
+  const TextCorpus text = or_usage_error("--data-dir", [&] { return load_fortunes(o.data_dir); });
+  const int64_t T = gpt_shape().context;
+  Data d;
+  d.language_model = true;
+  d.classification = false;  // scored in bits per byte, not by argmax
+  d.loss = cross_entropy_loss;
+  d.train = {or_usage_error("--data-dir", [&] { return byte_windows(text.train, T); }).first(o.train_samples),
+             "training"};
+  d.eval = {or_usage_error("--data-dir", [&] { return byte_windows(text.test, T); }).first(o.test_samples), "test"};
+  d.train_bytes = static_cast<int64_t>(text.train.size());
+  d.test_bytes = static_cast<int64_t>(text.test.size());
+  // The references see the test bytes the model is scored on (all of them, or --test-samples' windows).
+  const std::string test = text.test.substr(0, static_cast<size_t>(d.eval.size() * T + 1));
+  d.bigram_bits_per_byte = bigram_bits_per_byte(text.train, test);
+  d.gzip_bits_per_byte = gzip_bits_per_byte(test);
+  if (o.micro_batches > d.train.size())
+    usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is more than the " +
+                std::to_string(d.train.size()) + " training windows; every micro-batch needs a sample");
+  return d;
+}
+
 Data load_data(const TrainOptions& o) {
+  if (is_gpt(o)) return load_text(o);
   Data d;
   if (!o.data_file.empty()) {
     d.train = {or_usage_error("--data", [&] { return load_tensor_data(o.data_file); }).first(o.train_samples),
@@ -114,6 +148,23 @@ Data load_data(const TrainOptions& o) {
 
 // ---------------------------------------------------------------- checks and the cut
 
+// --model gpt's own flags: where its text is, and what --generate samples.
+void check_language_model_flags(TrainOptions& o) {
+  if (is_gpt(o) && !o.data_dir_given) o.data_dir = kFortunesDir;
+  if (o.generate > 0 && !is_gpt(o))
+    usage_error("--generate samples bytes from a language model: it is for --model gpt" +
+                std::string(o.model_file.empty() ? " (the default model is an image classifier)"
+                                                 : " (--model " + o.model_file + " is not one)"));
+  if ((o.prompt_given || o.temperature_given) && o.generate == 0)
+    usage_error(std::string(o.prompt_given ? "--prompt" : "--temperature") +
+                " belongs to --generate N, the bytes to sample; add --generate 200, say");
+  if (o.generate > 0 && world().mpi)
+    usage_error("--generate samples byte by byte in one process; train under mpirun with --save FILE, then run "
+                "gpipe train --model gpt --resume FILE --epochs 0 --generate N without mpirun");
+  if (o.epochs_given && o.epochs == 0 && !o.save.empty())
+    usage_error("--epochs 0 trains nothing, so --save would write the checkpoint it resumed; leave out --save");
+}
+
 // Every flag that can be judged without reading a file, before any work.
 void check_flags(TrainOptions& o) {
   o.seed = parse_seed(o.seed_text);
@@ -123,12 +174,16 @@ void check_flags(TrainOptions& o) {
   if (o.micro_batches > o.batch_size)
     usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is larger than --batch-size " +
                 std::to_string(o.batch_size) + "; every micro-batch needs a sample");
-  if ((is_resnet(o) || is_unet(o)) && std::filesystem::exists(o.model_file))
+  if (is_builtin(o) && std::filesystem::exists(o.model_file))
     usage_error("--model " + o.model_file + " names a built-in model, and there is also a file " + o.model_file +
                 " here; for the file, say --model ./" + o.model_file);
-  if ((is_resnet(o) || is_unet(o)) && !o.data_file.empty())
-    usage_error("--model " + o.model_file + " is built to train on Fashion-MNIST; leave out --data (or give a "
-                "TorchScript model file of your own to --model)");
+  if (is_builtin(o) && !o.data_file.empty())
+    usage_error("--model " + o.model_file + " is built to train on " +
+                (is_gpt(o) ? "the fortune files; give their folder with --data-dir" : "Fashion-MNIST") +
+                "; leave out --data (or give a TorchScript model file of your own to --model)");
+  if (is_gpt(o) && o.loss_given && o.loss != "cross_entropy")
+    usage_error("--model gpt predicts bytes: its loss is cross_entropy; leave out --loss");
+  check_language_model_flags(o);
   if (is_unet(o) && o.loss_given && o.loss != "mse")
     usage_error("--model unet denoises images: its loss is mse; leave out --loss");
   if (is_unet(o)) o.loss = "mse";
@@ -138,12 +193,19 @@ void check_flags(TrainOptions& o) {
     usage_error("--samples writes a picture of denoised test images: it is for --model unet");
   if (!o.samples.empty() && (o.samples.size() < 5 || o.samples.compare(o.samples.size() - 4, 4, ".png") != 0))
     usage_error("--samples " + o.samples + ": the picture is a PNG file; give a path that ends in .png");
-  if (o.epochs == 0) o.epochs = default_epochs(o);
+  if (o.epochs_given && o.epochs == 0 && o.resume.empty())
+    usage_error("--epochs 0 trains nothing: it evaluates the model of a checkpoint; give it with --resume FILE, "
+                "or ask for 1 or more epochs");
+  if (o.epochs == 0 && !o.epochs_given) o.epochs = default_epochs(o);
   if (o.augment == "auto") o.augment = is_resnet(o) ? "flip" : "none";
-  if (is_resnet(o) && !o.lr_schedule_given) o.lr_schedule = "cosine";
-  if (o.augment == "flip" && (is_unet(o) || !o.data_file.empty()))
+  if ((is_resnet(o) || is_gpt(o)) && !o.lr_schedule_given) o.lr_schedule = "cosine";
+  if (is_gpt(o) && !o.batch_size_given) o.batch_size = kGptBatch;
+  if (is_gpt(o) && !o.lr_given) o.lr = kGptLr;
+  if (o.augment == "flip" && (is_unet(o) || is_gpt(o) || !o.data_file.empty()))
     usage_error("--augment flip mirrors Fashion-MNIST's training images for a classifier; it is not for " +
-                std::string(is_unet(o) ? "--model unet, whose targets are the images themselves" : "--data") +
+                std::string(is_unet(o) ? "--model unet, whose targets are the images themselves"
+                            : is_gpt(o) ? "--model gpt, which reads text"
+                                        : "--data") +
                 ": use --augment none");
   // The residual network's blocks differ in time per layer by 10x: cut it by measured time
   // unless told otherwise (under MPI each rank would profile alone: an even cut there).
@@ -214,6 +276,14 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
     cut.balance = cnn_on_two && V == 1                  ? kFashionBalance
                   : cnn_on_two && V == 2 && interleaved ? kFashionInterleavedBalance
                                                         : plan.balance;
+    // The GPT's blocks split evenly, the embedding with the first, the last LayerNorm and the head
+    // with the last stage (an even cut of its layers would give the first stage one block more).
+    const int blocks = static_cast<int>(gpt_shape().blocks), S = static_cast<int>(plan.balance.size());
+    if (is_gpt(o) && S > 1 && S <= blocks) {
+      cut.balance = even_balance(blocks, S);
+      cut.balance.front() += 1;
+      cut.balance.back() += 2;
+    }
     return cut;
   }
   // --balance-by: per-layer costs on one micro-batch, then the exact min-max cut.
@@ -249,6 +319,7 @@ nlohmann::json settings_of(const TrainOptions& o) {
           {"--threads-per-stage", o.threads}, {"--train-samples", o.train_samples},
           {"--test-samples", o.test_samples}, {"--save", o.save},         {"--save-every", o.save_every}, {"--resume", o.resume},
           {"--per-device-files", o.per_stage_files}, {"--trace", o.trace}, {"--samples", o.samples},
+          {"--generate", o.generate},     {"--prompt", o.prompt},         {"--temperature", o.temperature},
           {"--json", o.json}};
 }
 
@@ -260,7 +331,7 @@ int run_train(TrainOptions o) {
   check_flags(o);
   const Model model = choose_model(o);
   const Data data = load_data(o);
-  check_model_and_data(model, data.train, data.classification);
+  check_model_and_data(model, data.train, data.classification || data.language_model);
   const Cut cut = choose_cut(o, model, data);
   return train_and_report(o, model, data, cut);
 }

@@ -13,6 +13,7 @@ namespace gpipe::cli {
 
 struct TrainOptions {
   std::string data_dir = kFashionMnistDir;
+  bool data_dir_given = false;
   std::string model_file;
   std::string data_file;
   std::string loss = "cross_entropy";
@@ -28,12 +29,15 @@ struct TrainOptions {
   std::string schedule = "auto";  // resolved by choose_schedule before anything else
   int virtual_stages = 0;         // 0: 2 for the interleaved schedule, 1 for the others
   int64_t batch_size = 128;
+  bool batch_size_given = false;
   bool drop_last = false;
   bool shuffle = true;
-  int epochs = 0;  // 0: the model's own default (default_epochs)
+  int epochs = 0;  // 0: the model's own default (default_epochs); given as 0 with --resume: no training
+  bool epochs_given = false;
   int64_t steps = 0;
   std::string optimizer = "adam";
   double lr = 1e-3;
+  bool lr_given = false;
   double momentum = 0;
   bool nesterov = false;
   double weight_decay = 0;
@@ -58,17 +62,41 @@ struct TrainOptions {
   bool per_stage_files = false;  // --per-device-files (--per-stage-files, its old name)
   std::string trace;
   std::string samples;  // --model unet: a PNG of denoised test images
+  int64_t generate = 0;     // --model gpt: bytes to sample after training
+  std::string prompt;       // what the sample continues
+  bool prompt_given = false;
+  double temperature = 0.8;
+  bool temperature_given = false;
   bool json = false;
 };
 
 // The built-in models: the CNN (no --model), and by name a residual network and a U-Net (models.h).
 inline bool is_resnet(const TrainOptions& o) { return o.model_file == "resnet"; }
 inline bool is_unet(const TrainOptions& o) { return o.model_file == "unet"; }
+inline bool is_gpt(const TrainOptions& o) { return o.model_file == "gpt"; }
+inline bool is_builtin(const TrainOptions& o) { return is_resnet(o) || is_unet(o) || is_gpt(o); }
 
 // The built-in models' default runs: each ends within 15 minutes on 2 cores (README).
 constexpr int kResnetEpochs = 14;
 constexpr int kUnetEpochs = 2;
-inline int default_epochs(const TrainOptions& o) { return is_resnet(o) ? kResnetEpochs : is_unet(o) ? kUnetEpochs : 8; }
+constexpr int kGptEpochs = 1;
+inline int default_epochs(const TrainOptions& o) {
+  return is_resnet(o) ? kResnetEpochs : is_unet(o) ? kUnetEpochs : is_gpt(o) ? kGptEpochs : 8;
+}
+
+// --model gpt: the language model's shape, and its run's defaults where they differ from the CNN's
+// (chosen by measurement on 2 cores: docs/models.md).
+inline GptOptions gpt_shape() {
+  GptOptions shape;
+  shape.context = 128;
+  shape.width = 64;
+  shape.heads = 4;
+  shape.blocks = 4;
+  shape.feed_forward = 256;
+  return shape;
+}
+constexpr int64_t kGptBatch = 16;
+constexpr double kGptLr = 2e-3;
 
 // The U-Net's task: Fashion-MNIST images with Gaussian noise of this standard deviation, in
 // pixel values (0 black, 1 white), to be made clean again.
@@ -85,6 +113,12 @@ struct Data {
   bool classification = true;
   LossFn loss;
   double noisy_psnr = 0;  // --model unet: the PSNR of the noisy test images; 0 otherwise
+  // --model gpt: bytes of text; the loss is cross-entropy per byte, reported in bits per byte
+  // beside a bigram model's and gzip -9's on the same test bytes.
+  bool language_model = false;
+  int64_t train_bytes = 0, test_bytes = 0;
+  double bigram_bits_per_byte = 0;
+  double gzip_bits_per_byte = 0;
 };
 
 // Layers per stage: --balance, --balance-by's min-max cut of measured costs, or an even cut.

@@ -11,15 +11,20 @@
 
 namespace gpipe::cli {
 
+static_assert(kGptLr == 0.002, "--lr's help names --model gpt's rate");
+
 void add_train_command(CLI::App& app, const std::string&, int& status) {
   auto o = std::make_shared<TrainOptions>();
   CLI::App* sub = app.add_subcommand(
       "train", "Train through a GPipe pipeline: a CNN on Fashion-MNIST by default, or --model/--data from Python");
-  sub->add_option("--data-dir", o->data_dir, "folder with the gzipped IDX files of Fashion-MNIST")
+  sub->add_option("--data-dir", o->data_dir,
+                  "folder with the gzipped IDX files of Fashion-MNIST; with --model gpt, the folder of fortune "
+                  "files (default " + std::string(kFortunesDir) + ")")
       ->capture_default_str();
   sub->add_option("--model", o->model_file,
                   "resnet (a residual network with BatchNorm, cut by --balance-by time), unet (a U-Net that "
-                  "denoises the images; reports PSNR), or FILE: a TorchScript nn.Sequential saved in Python "
+                  "denoises the images; reports PSNR), gpt (a byte-level Transformer language model on Debian's "
+                  "fortunes; reports bits per byte), or FILE: a TorchScript nn.Sequential saved in Python "
                   "(torch.jit.script(model).save(FILE)) whose top-level children are the layers cut into stages; "
                   "default: a small CNN");
   sub->add_option("--data", o->data_file,
@@ -70,7 +75,9 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "V, stages per device for --schedule interleaved (default 2): the model is cut into K x V stages, "
                   "stage s on device s mod K (zbv: V = 2, stages d and 2K-1-d on device d)")
       ->check(at_least(1));
-  sub->add_option("--batch-size", o->batch_size, "samples per mini-batch (one optimizer step)")
+  sub->add_option("--batch-size", o->batch_size,
+                  "samples per mini-batch (one optimizer step); --model gpt: " + std::to_string(kGptBatch) +
+                      " windows of bytes by default")
       ->check(at_least(1))->capture_default_str();
   sub->add_flag("--drop-last", o->drop_last,
                 "leave out each epoch's last batch when it is smaller than --batch-size (kept by default, as "
@@ -78,13 +85,15 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_flag("--no-shuffle{false}", o->shuffle, "take the samples in their order every epoch, instead of shuffled");
   sub->add_option("--epochs", o->epochs,
                   "passes over the training set (default: 8 for the CNN, " + std::to_string(kResnetEpochs) +
-                      " for resnet, " + std::to_string(kUnetEpochs) + " for unet)")
-      ->check(at_least(1));
+                      " for resnet, " + std::to_string(kUnetEpochs) + " for unet, " + std::to_string(kGptEpochs) +
+                      " for gpt); 0 with --resume: no training, only the evaluation (and --generate) of the "
+                      "checkpoint's model")
+      ->check(at_least(0));
   sub->add_option("--steps", o->steps, "stop after this many optimizer steps in all, resumed ones included (0: no limit)")
       ->check(at_least(0))->capture_default_str();
   sub->add_option("--optimizer", o->optimizer, "sgd, adam or adamw (torch.optim's)")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))->capture_default_str();
-  sub->add_option("--lr", o->lr, "learning rate")->check(positive_number())->capture_default_str();
+  sub->add_option("--lr", o->lr, "learning rate (--model gpt: 0.002)")->check(positive_number())->capture_default_str();
   sub->add_option("--momentum", o->momentum, "SGD's momentum (as torch.optim.SGD: default 0)")
       ->check(non_negative_number())->capture_default_str();
   sub->add_flag("--nesterov", o->nesterov, "SGD with Nesterov momentum (needs --momentum above 0)");
@@ -95,7 +104,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--betas", o->betas, "Adam's and AdamW's two betas, e.g. --betas 0.9,0.999")
       ->expected(2)->delimiter(',')->check(fraction_below_one());
   sub->add_option("--lr-schedule", o->lr_schedule,
-                  "constant (cosine for --model resnet); cosine (from --lr down to 0 over the run); step (times "
+                  "constant (cosine for --model resnet and gpt); cosine (from --lr down to 0 over the run); step (times "
                   "--lr-gamma every --lr-step-size steps); after --warmup-steps of linear warm-up")
       ->check(CLI::IsMember({"constant", "cosine", "step"}))->capture_default_str();
   sub->add_option("--warmup-steps", o->warmup_steps, "steps of linear warm-up: step t runs at --lr x (t+1)/W")
@@ -140,6 +149,16 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--samples", o->samples,
                   "--model unet: write FILE.png, the first 8 test images noisy, denoised and clean, one row each "
                   "(the noise, of standard deviation 0.3 in pixel values, is drawn once from --seed)");
+  sub->add_option("--generate", o->generate,
+                  "--model gpt: after training (or with --resume FILE --epochs 0), print this many bytes sampled "
+                  "from the model, continuing --prompt as a new fortune; bytes other than printable ASCII, "
+                  "newline and tab are shown as \\xNN")
+      ->check(at_least(0));
+  sub->add_option("--prompt", o->prompt, "--generate: the text the sample continues (default: none)");
+  sub->add_option("--temperature", o->temperature,
+                  "--generate: the scores are divided by this before sampling (lower: more likely bytes; seeded "
+                  "by --seed)")
+      ->check(positive_number())->capture_default_str();
   sub->add_flag("--json", o->json, "print the summary as JSON on standard output (progress stays on standard error)");
   sub->callback([o, sub, &status] {
     if (o->save_every > 0 && o->save.empty())
@@ -149,6 +168,12 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
     std::signal(SIGPIPE, SIG_IGN);
     install_signal_handlers(OnSignal::kEndNow);
     o->stages_given = sub->count("--stages") > 0;
+    o->data_dir_given = sub->count("--data-dir") > 0;
+    o->batch_size_given = sub->count("--batch-size") > 0;
+    o->epochs_given = sub->count("--epochs") > 0;
+    o->lr_given = sub->count("--lr") > 0;
+    o->prompt_given = sub->count("--prompt") > 0;
+    o->temperature_given = sub->count("--temperature") > 0;
     o->loss_given = sub->count("--loss") > 0;
     o->lr_schedule_given = sub->count("--lr-schedule") > 0;
     o->weight_decay_given = sub->count("--weight-decay") > 0;

@@ -1,6 +1,6 @@
 // train_run.cc: `gpipe train`'s run: the library's trainer with progress, the evaluation after
-// every epoch, the timeline, --samples and the summary; a stop on SIGINT or SIGTERM, saved, with
-// the command that resumes; a closed standard output.
+// every epoch, the timeline, --samples, --generate and the summary; a stop on SIGINT or SIGTERM,
+// saved, with the command that resumes; a closed standard output.
 #include "common.h"
 #include "png_image.h"
 #include "train.h"
@@ -10,12 +10,14 @@
 #include <torch/torch.h>
 
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <iterator>
+#include <sstream>
 
 #include <poll.h>
 #include <unistd.h>
@@ -78,7 +80,7 @@ TrainerOptions trainer_options(const TrainOptions& o, const Data& data, LossFn l
       .drop_last(o.drop_last)
       .shuffle(o.shuffle)
       .seed(o.seed)
-      .epochs(o.epochs)
+      .epochs(std::max(1, o.epochs))  // --epochs 0: no fit(), only the evaluation
       .steps(o.steps)
       .loss(std::move(loss))
       .classification(data.classification)
@@ -136,8 +138,14 @@ class Run {
   void print_header() {
     if (!printing()) return;
     const std::string devices = std::to_string(K_) + (K_ == 1 ? " device" : " devices");
-    std::cout << "gpipe train: " << model_.name << " on " << (o_.data_file.empty() ? "Fashion-MNIST" : o_.data_file)
-              << ", " << trainer_.samples() << " training samples; "
+    const std::string data = data_.language_model ? "fortunes (" + o_.data_dir + ", " +
+                                                        std::to_string(data_.train_bytes) + " training bytes, " +
+                                                        std::to_string(data_.test_bytes) + " test bytes)"
+                             : o_.data_file.empty() ? "Fashion-MNIST"
+                                                    : o_.data_file;
+    std::cout << "gpipe train: " << model_.name << " on " << data << ", " << trainer_.samples()
+              << (data_.language_model ? " training windows of " + std::to_string(data_.train.input.size(1)) + " bytes; "
+                                       : " training samples; ")
               << (o_.virtual_stages > 1 ? devices + " x " + std::to_string(o_.virtual_stages) + " stages "
                                         : std::to_string(K_) + (K_ == 1 ? " stage " : " stages "))
               << nlohmann::json(cut_.balance).dump() << ", " << o_.micro_batches << " micro-batches of a batch of "
@@ -150,6 +158,7 @@ class Run {
 
   // Trains with progress on standard error, and the evaluation after every epoch.
   void train() {
+    if (o_.epochs == 0) return;  // --resume FILE --epochs 0: the checkpoint's model, evaluated
     Progress progress(o_.epochs, trainer_.steps_per_epoch(), world().prints());
     TrainerCallbacks callbacks;
     callbacks.after_step = [&](int epoch, int64_t batch) {
@@ -188,6 +197,7 @@ class Run {
       print_error_line("gpipe: --samples: " + without_prefix(e.what()));
       status = 1;
     }
+    generate();
     const double checksum = pipeline_.checksum();
     if (!world().prints() || stdout_closed_) return status;
     print_summary(checksum);
@@ -217,6 +227,49 @@ class Run {
                      "to it");
   }
   bool denoising() const { return data_.noisy_psnr > 0; }
+  static double bits_per_byte(double loss) { return loss / std::log(2.0); }
+
+  // --generate: bytes sampled one at a time from the model's scores for the byte after the last
+  // `context` ones, divided by --temperature, from a generator seeded by --seed; the context
+  // starts as a fortune does, after a line "%".
+  void generate() {
+    if (o_.generate == 0) return;
+    const int64_t T = data_.train.input.size(1);
+    std::string text = "%\n" + o_.prompt;
+    torch::Generator random = at::detail::createCPUGenerator(o_.seed);
+    {
+      const EvalScope eval(pipeline_.layers());
+      for (int64_t n = 0; n < o_.generate; ++n) {
+        const size_t from = text.size() > static_cast<size_t>(T) ? text.size() - static_cast<size_t>(T) : 0;
+        std::vector<int64_t> context;
+        for (size_t k = from; k < text.size(); ++k) context.push_back(static_cast<uint8_t>(text[k]));
+        const torch::Tensor x = torch::tensor(context, torch::kLong).view({1, -1});
+        const torch::Tensor scores = pipeline_.forward(x).select(1, x.size(1) - 1).squeeze(0);
+        const torch::Tensor p = torch::softmax(scores.to(torch::kDouble) / o_.temperature, -1);
+        text += static_cast<char>(torch::multinomial(p, 1, false, random).item<int64_t>());
+      }
+    }
+    generated_ = shown(text.substr(2));
+    if (printing()) std::cout << "\ngenerated (" << o_.generate << " bytes after the prompt, temperature " << o_.temperature
+                              << ", seed " << o_.seed << "):\n" << generated_ << "\n";
+  }
+
+  // `bytes` as text that any terminal and JSON show: printable ASCII, newlines and tabs as they
+  // are, every other byte as \xNN.
+  static std::string shown(const std::string& bytes) {
+    std::ostringstream out;
+    for (const char c : bytes) {
+      const auto b = static_cast<uint8_t>(c);
+      if ((b >= 0x20 && b < 0x7f && b != '\\') || b == '\n' || b == '\t') {
+        out << c;
+      } else if (b == '\\') {
+        out << "\\\\";
+      } else {
+        out << "\\x" << std::hex << std::setw(2) << std::setfill('0') << static_cast<int>(b) << std::dec;
+      }
+    }
+    return out.str();
+  }
 
   // --samples: the first test images, noisy, denoised and clean, one row each, written by the
   // process that holds the model's output for them (under MPI, the first replica's last stage).
@@ -256,6 +309,7 @@ class Run {
     epochs_.push_back({{"epoch", epoch}, {"step", trainer_.step()}, {"loss", trainer_.stats().last_loss}, {eval + "_loss", evaluation_.loss}});
     if (data_.classification) epochs_.back()[eval + "_accuracy"] = evaluation_.accuracy;
     if (denoising()) epochs_.back()[eval + "_psnr_db"] = psnr_db(evaluation_.loss);
+    if (data_.language_model) epochs_.back()[eval + "_bits_per_byte"] = bits_per_byte(evaluation_.loss);
     if (!printing()) return;
     std::cout << "epoch " << epoch << ": loss " << std::fixed << std::setprecision(4) << trainer_.stats().last_loss;
     if (data_.classification)
@@ -263,6 +317,10 @@ class Run {
     else if (denoising())
       std::cout << ", " << eval << " PSNR " << std::setprecision(2) << psnr_db(evaluation_.loss) << " dB (noisy input "
                 << data_.noisy_psnr << " dB)";
+    else if (data_.language_model)
+      std::cout << ", " << eval << " " << std::setprecision(3) << bits_per_byte(evaluation_.loss)
+                << " bits per byte (bigram " << data_.bigram_bits_per_byte << ", gzip -9 " << data_.gzip_bits_per_byte
+                << ")";
     else
       std::cout << ", " << eval << " loss " << evaluation_.loss;
     std::cout << std::endl;
@@ -278,7 +336,9 @@ class Run {
     const std::string& eval = data_.eval.name;
     const int64_t run_steps = trainer_.step() - trainer_.start_step();
     std::cout << "\nsummary\n";
-    if (run_steps == 0)
+    if (run_steps == 0 && o_.epochs == 0)
+      std::cout << "  no step ran (--epochs 0): the checkpoint file's model, at step " << trainer_.step() << "\n";
+    else if (run_steps == 0)
       std::cout << "  no step ran: the checkpoint file is at step " << trainer_.step() << ", and the run ends at step "
                 << trainer_.total_steps() << "\n";
     if (data_.classification)
@@ -287,6 +347,10 @@ class Run {
     else if (denoising())
       std::cout << "  " << eval << " PSNR      " << std::fixed << std::setprecision(2) << psnr_db(evaluation_.loss)
                 << " dB (noisy input " << data_.noisy_psnr << " dB)\n";
+    else if (data_.language_model)
+      std::cout << "  " << eval << " bits per byte  " << std::fixed << std::setprecision(3)
+                << bits_per_byte(evaluation_.loss) << " (bigram " << data_.bigram_bits_per_byte << ", gzip -9 "
+                << data_.gzip_bits_per_byte << ")\n";
     else
       std::cout << "  " << eval << " loss  " << std::fixed << std::setprecision(6) << evaluation_.loss << "\n";
     std::cout << format_run_figures({trainer_.stats().train_seconds, run_steps, s["samples_per_s"].get<double>(),
@@ -363,6 +427,19 @@ class Run {
       s[eval + "_psnr_db"] = psnr_db(evaluation_.loss);
       s["noisy_" + eval + "_psnr_db"] = data_.noisy_psnr;
     }
+    if (data_.language_model) {
+      s[eval + "_bits_per_byte"] = bits_per_byte(evaluation_.loss);
+      s["bigram_bits_per_byte"] = data_.bigram_bits_per_byte;
+      s["gzip_bits_per_byte"] = data_.gzip_bits_per_byte;
+      s["train_bytes"] = data_.train_bytes;
+      s["test_bytes"] = data_.test_bytes;
+      s["context"] = data_.train.input.size(1);
+    }
+    if (o_.generate > 0) {
+      s["generated"] = generated_;
+      s["prompt"] = shown(o_.prompt);
+      s["temperature"] = o_.temperature;
+    }
     return s;
   }
 
@@ -378,6 +455,7 @@ class Run {
   Evaluation evaluation_;
   nlohmann::json epochs_ = nlohmann::json::array();
   StepTrace last_trace_;  // of the last training step, for --trace
+  std::string generated_;  // --generate: the prompt and the sample, as shown()
 };
 
 }  // namespace

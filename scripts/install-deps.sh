@@ -12,6 +12,7 @@ packages=(
   libpng-dev              # gpipe train --model unet --samples: pictures of denoised images
   libopenmpi-dev openmpi-bin  # MPI: one device (its stages) per process, on one machine or many
   dataset-fashion-mnist   # the default training data, under /usr/share/datasets/fashion-mnist
+  fortunes                # gpipe train --model gpt's text, under /usr/share/games/fortunes
   python3-torch           # Python PyTorch: the gpipe Python package, interop and comparison tests
   python3-dev pybind11-dev  # the gpipe Python package (a pybind11 extension)
   python3-pytest          # the Python package's tests

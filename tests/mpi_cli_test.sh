@@ -26,6 +26,23 @@ for case in "2 --stages 2" "3 --stages 3 --checkpoint always --micro-batches 3" 
   else fail "np=$np $args exited non-zero"; tail -5 "$work/mpi.err"; fi
 done
 
+# The GPT with its embedding on rank 0 and the head tied to it on rank 1 (the copies' gradients
+# summed): the parameters of one process, up to the order of that sum's additions.
+if [ -d /usr/share/games/fortunes ]; then
+  gpt=(--model gpt --train-samples 32 --test-samples 4 --batch-size 8 --steps 3 --json)
+  if "$gpipe" train "${gpt[@]}" >"$work/gpt-one.json" 2>/dev/null &&
+     bash "$mpirun_sh" 2 "$gpipe" train "${gpt[@]}" >"$work/gpt-mpi.json" 2>"$work/mpi.err" &&
+     /usr/bin/python3 - "$work/gpt-one.json" "$work/gpt-mpi.json" <<'PY'
+import json, sys
+one, mpi = (json.load(open(f)) for f in sys.argv[1:3])
+assert mpi["mpi"]["ranks"] == 2 and mpi["balance"] == [3, 4], mpi
+assert abs(one["parameter_checksum"] - mpi["parameter_checksum"]) <= 1e-5 * abs(one["parameter_checksum"]), (one, mpi)
+assert abs(one["test_bits_per_byte"] - mpi["test_bits_per_byte"]) <= 1e-4, (one["test_bits_per_byte"], mpi["test_bits_per_byte"])
+PY
+  then pass "np=2 --model gpt: embedding and tied head on two ranks, as one process"
+  else fail "np=2 --model gpt"; tail -5 "$work/mpi.err"; fi
+fi
+
 # gpipe bench under mpirun: the same sweep, a rank per device.
 if bash "$mpirun_sh" 2 "$gpipe" bench --workload tiny --stages 2 --micro-batches 4 --steps 2 --warmup 1 --json \
      --results "" >"$work/bench.jsonl" 2>"$work/bench.err" &&

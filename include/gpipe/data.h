@@ -1,11 +1,13 @@
 // data.h: training data in memory, and the readers that fill it: Fashion-MNIST's gzipped IDX files,
-// and a dict of tensors saved in Python with torch.save.
+// a dict of tensors saved in Python with torch.save, and text (Debian's fortunes) as bytes for a
+// language model, with the two references its bits per byte are read against.
 #pragma once
 
 #include <torch/types.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace gpipe {
 
@@ -56,5 +58,37 @@ Dataset load_tensor_data(const std::string& path);
 
 /// What torch.save (or torch::pickle_save) wrote into `bytes`.
 torch::IValue load_torch_save(const std::string& bytes);
+
+/// Where Debian's fortunes package installs its text files (quotations, jokes, poems).
+inline constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
+
+/// Text split into a training and a test part, as bytes.
+struct TextCorpus {
+  std::string train;
+  std::string test;
+  std::vector<std::string> files;  ///< the files read, in the order their bytes were joined
+};
+
+/// Reads the fortune files of `dir`: every regular file whose name has no dot (not the .dat and
+/// .u8 indexes, not links), in byte order of their names. Each file is split at the start of its
+/// first fortune (a line after a "%" line) at or after 90% of its bytes: what comes before goes to
+/// the training part, the rest to the test part; the parts are joined in file order. Throws
+/// std::runtime_error naming the folder and the package to install when there is no such folder or
+/// no text in it.
+TextCorpus load_fortunes(const std::string& dir);
+
+/// `text` as samples for a language model: the non-overlapping windows of `length` bytes, input
+/// int64 [N, length] bytes text[k·length .. (k+1)·length) and target the same shifted by one byte,
+/// N = (size - 1) / length (what is left at the end is dropped). Throws std::invalid_argument when
+/// the text holds no window.
+Dataset byte_windows(const std::string& text, int64_t length);
+
+/// Bits per byte of a bigram model on `test`: each byte after the first predicted from the one
+/// before it, with the pair counts of `train` and add-one smoothing,
+/// P(b | a) = (count(a, b) + 1) / (count(a) + 256); the mean of -log2 P over the test bytes.
+double bigram_bits_per_byte(const std::string& train, const std::string& test);
+
+/// What zlib at level 9 (gzip -9's compression) makes of `text`: compressed bytes x 8 / bytes.
+double gzip_bits_per_byte(const std::string& text);
 
 }  // namespace gpipe

@@ -1,10 +1,15 @@
-// models.cc: the CNN, the residual network and the U-Net of models.h, as flat Sequentials with Stash and Pop.
+// models.cc: the CNN, the residual network and the U-Net of models.h, as flat Sequentials with Stash and Pop;
+// the byte-level GPT, its head tied to its embedding.
 #include "gpipe/models.h"
 
+#include "gpipe/check.h"
 #include "gpipe/skip.h"
+#include "gpipe/workloads.h"
 
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 namespace gpipe {
@@ -105,6 +110,107 @@ torch::nn::Sequential fashion_unet(LayerRange keep) {
   b.add(Pop("28", concat_skip));
   conv(32, 16);
   b.add(nn::Conv2d(nn::Conv2dOptions(16, 1, 1)));
+  return b.model;
+}
+
+// ---------------------------------------------------------------- the byte-level GPT
+
+namespace {
+
+// Layer 0: a byte's vector plus its position's.
+class GptEmbeddingImpl : public nn::Module {
+ public:
+  GptEmbeddingImpl(int64_t context, int64_t width) {
+    bytes = register_module("bytes", nn::Embedding(256, width));
+    positions = register_parameter("positions", torch::empty({context, width}));
+    torch::NoGradGuard no_grad;
+    nn::init::normal_(bytes->weight, 0.0, 0.02);
+    nn::init::normal_(positions, 0.0, 0.02);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    GPIPE_CHECK(x.dim() == 2 && x.size(1) <= positions.size(0), "the GPT takes bytes [N, t] with t at most its ",
+                "context of ", positions.size(0), " (got ", x.sizes(), ")");
+    return bytes->forward(x) + positions.narrow(0, 0, x.size(1));
+  }
+  nn::Embedding bytes{nullptr};
+  torch::Tensor positions;
+};
+TORCH_MODULE(GptEmbedding);
+
+nn::Linear gpt_linear(int64_t in, int64_t out, double stddev) {
+  nn::Linear l(in, out);
+  torch::NoGradGuard no_grad;
+  nn::init::normal_(l->weight, 0.0, stddev);
+  nn::init::zeros_(l->bias);
+  return l;
+}
+
+// A pre-LayerNorm block: x + attention(LN(x)), then x + MLP(LN(x)).
+class GptBlockImpl : public nn::Module {
+ public:
+  explicit GptBlockImpl(const GptOptions& o) : heads_(o.heads), dropout_(o.dropout) {
+    const double residual = 0.02 / std::sqrt(2.0 * static_cast<double>(o.blocks));
+    ln1_ = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({o.width})));
+    qkv_ = register_module("qkv", gpt_linear(o.width, 3 * o.width, 0.02));
+    proj_ = register_module("proj", gpt_linear(o.width, o.width, residual));
+    ln2_ = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({o.width})));
+    up_ = register_module("up", gpt_linear(o.width, o.feed_forward, 0.02));
+    down_ = register_module("down", gpt_linear(o.feed_forward, o.width, residual));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t N = x.size(0), t = x.size(1), d = x.size(2), h = heads_;
+    // [N, t, 3d] -> q, k, v of [N, h, t, d/h]
+    const auto qkv = qkv_->forward(ln1_->forward(x)).view({N, t, 3, h, d / h}).permute({2, 0, 3, 1, 4});
+    const torch::Tensor q = qkv[0], k = qkv[1], v = qkv[2];
+    torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d / h));
+    const torch::Tensor future = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+    torch::Tensor weights = torch::softmax(scores, -1);
+    weights = nn::functional::dropout(weights, nn::functional::DropoutFuncOptions().p(dropout_).training(is_training()));
+    const torch::Tensor heads = torch::matmul(weights, v).transpose(1, 2).reshape({N, t, d});
+    torch::Tensor y = x + drop(proj_->forward(heads));
+    return y + drop(down_->forward(torch::gelu(up_->forward(ln2_->forward(y)))));
+  }
+
+ private:
+  torch::Tensor drop(const torch::Tensor& x) {
+    return dropout_ > 0 ? nn::functional::dropout(x, nn::functional::DropoutFuncOptions().p(dropout_).training(is_training()))
+                        : x;
+  }
+  int64_t heads_;
+  double dropout_;
+  nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  nn::Linear qkv_{nullptr}, proj_{nullptr}, up_{nullptr}, down_{nullptr};
+};
+TORCH_MODULE(GptBlock);
+
+}  // namespace
+
+void GptOptions::check() const {
+  GPIPE_CHECK(context >= 1 && width >= 1 && heads >= 1 && blocks >= 1 && feed_forward >= 1,
+              "the GPT's sizes must be at least 1 (context ", context, ", width ", width, ", heads ", heads,
+              ", blocks ", blocks, ", feed-forward ", feed_forward, ")");
+  GPIPE_CHECK(width % heads == 0, "the GPT's width ", width, " is not a multiple of its ", heads, " heads");
+  GPIPE_CHECK(dropout >= 0 && dropout < 1, "the GPT's dropout must be in [0, 1) (got ", dropout, ")");
+}
+
+std::vector<std::vector<std::string>> GptOptions::tied() const {
+  return {{"0.bytes.weight", std::to_string(layers() - 1) + ".weight"}};
+}
+
+torch::nn::Sequential byte_gpt(const GptOptions& o, LayerRange keep) {
+  o.check();
+  Builder b(keep);
+  const GptEmbedding embedding(o.context, o.width);
+  b.add(embedding);
+  for (int64_t n = 0; n < o.blocks; ++n) b.add(GptBlock(o));
+  b.add(nn::LayerNorm(nn::LayerNormOptions({o.width})));
+  const TiedProjection head(embedding->bytes->weight);
+  {
+    torch::NoGradGuard no_grad;
+    head->bias.zero_();
+  }
+  b.add(head);
   return b.model;
 }
 

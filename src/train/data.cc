@@ -1,5 +1,5 @@
-// data.cc: the data readers: gzipped IDX files (Fashion-MNIST's images and labels), and dicts of
-// tensors written by torch.save.
+// data.cc: the data readers: gzipped IDX files (Fashion-MNIST's images and labels), dicts of
+// tensors written by torch.save, and the fortune files as bytes, with the bigram and gzip references.
 #include "gpipe/data.h"
 
 #include "gpipe/check.h"
@@ -11,6 +11,8 @@
 
 #include <zlib.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -147,6 +149,73 @@ Dataset load_tensor_data(const std::string& path) {
                                  "; clean the data before training");
     }
   return {input, target};
+}
+
+TextCorpus load_fortunes(const std::string& dir) {
+  const std::string install = "install Debian's fortunes with `apt-get install fortunes` (scripts/install-deps.sh "
+                              "does), or give the folder of the fortune files with --data-dir";
+  std::error_code error;
+  if (!std::filesystem::is_directory(dir, error))
+    throw std::runtime_error("no folder " + dir + " of fortune files: " + install);
+  TextCorpus corpus;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find('.') == std::string::npos && !entry.is_symlink() && entry.is_regular_file())
+      corpus.files.push_back(name);
+  }
+  if (error) throw std::runtime_error("cannot list " + dir + ": " + error.message());
+  std::sort(corpus.files.begin(), corpus.files.end());
+  for (const std::string& name : corpus.files) {
+    const std::string text = read_file(dir + "/" + name);
+    // The test part starts at the first fortune that begins at or after 90% of the file.
+    const size_t tenth = text.size() - text.size() / 10;
+    const size_t mark = tenth < 3 ? std::string::npos : text.find("\n%\n", tenth - 3);
+    const size_t cut = mark == std::string::npos ? text.size() : mark + 3;
+    corpus.train += text.substr(0, cut);
+    corpus.test += text.substr(cut);
+  }
+  if (corpus.train.size() < 2 || corpus.test.size() < 2)
+    throw std::runtime_error(dir + " holds no fortune files with text to train and test on (files without a dot "
+                             "in their name, fortunes separated by lines of %): " + install);
+  return corpus;
+}
+
+Dataset byte_windows(const std::string& text, int64_t length) {
+  GPIPE_CHECK(length >= 1, "a window needs at least 1 byte (got ", length, ")");
+  const int64_t n = (static_cast<int64_t>(text.size()) - 1) / length;
+  GPIPE_CHECK(n >= 1, "a text of ", text.size(), " bytes holds no window of ", length, " bytes and the byte after it");
+  const torch::Tensor bytes =
+      torch::from_blob(const_cast<char*>(text.data()), {static_cast<int64_t>(text.size())}, torch::kUInt8)
+          .to(torch::kLong);
+  return {bytes.narrow(0, 0, n * length).view({n, length}).clone(),
+          bytes.narrow(0, 1, n * length).view({n, length}).clone()};
+}
+
+double bigram_bits_per_byte(const std::string& train, const std::string& test) {
+  GPIPE_CHECK(test.size() >= 2, "the bigram model needs a test text of at least 2 bytes");
+  std::vector<double> pairs(256 * 256, 0.0);
+  std::array<double, 256> firsts{};
+  for (size_t n = 0; n + 1 < train.size(); ++n) {
+    const auto a = static_cast<uint8_t>(train[n]), b = static_cast<uint8_t>(train[n + 1]);
+    pairs[a * 256u + b] += 1;
+    firsts[a] += 1;
+  }
+  double bits = 0;
+  for (size_t n = 0; n + 1 < test.size(); ++n) {
+    const auto a = static_cast<uint8_t>(test[n]), b = static_cast<uint8_t>(test[n + 1]);
+    bits -= std::log2((pairs[a * 256u + b] + 1) / (firsts[a] + 256));
+  }
+  return bits / static_cast<double>(test.size() - 1);
+}
+
+double gzip_bits_per_byte(const std::string& text) {
+  GPIPE_CHECK(!text.empty(), "gzip's bits per byte need a text of at least 1 byte");
+  uLongf size = compressBound(static_cast<uLong>(text.size()));
+  std::vector<Bytef> out(size);
+  const int status = compress2(out.data(), &size, reinterpret_cast<const Bytef*>(text.data()),
+                               static_cast<uLong>(text.size()), 9);
+  if (status != Z_OK) throw std::runtime_error("zlib failed to compress the test text (error " + std::to_string(status) + ")");
+  return 8.0 * static_cast<double>(size) / static_cast<double>(text.size());
 }
 
 }  // namespace gpipe
