@@ -16,17 +16,9 @@ fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
 work=$(mktemp -d -t gpipe-mpi-signal-test.XXXXXX)
 pids=()
 trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
-checksum() { /usr/bin/python3 -c 'import json,sys; print(repr(json.load(open(sys.argv[1]))["parameter_checksum"]))' "$1"; }
+source "$(dirname "$0")/signal_lib.sh"
 run=(train --train-samples 640 --test-samples 100 --batch-size 64 --epochs 3 --json)  # 10 steps an epoch
 
-wait_for() {  # FILE PATTERN PID: until FILE has a line matching PATTERN, while PID runs (120 s at most)
-  local deadline=$((SECONDS + 120))
-  until grep -q -- "$2" "$1" 2>/dev/null; do
-    kill -0 "$3" 2>/dev/null || return 1
-    [ $SECONDS -lt $deadline ] || return 1
-    sleep 0.005
-  done
-}
 rank_pid() {  # MPIRUN_PID RANK: the pid of that rank (mpirun starts the ranks here as its children)
   local p try
   for try in 1 2 3 4 5 6 7 8 9 10; do
@@ -36,7 +28,6 @@ rank_pid() {  # MPIRUN_PID RANK: the pid of that rank (mpirun starts the ranks h
     sleep 0.1
   done
 }
-no_temporaries() { [ -z "$(find "$work" -name '*.tmp.*' -print -quit)" ]; }
 
 "$gpipe" "${run[@]}" >"$work/unbroken.json" 2>/dev/null || fail "the unbroken run failed"
 unbroken=$(checksum "$work/unbroken.json")

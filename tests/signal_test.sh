@@ -13,21 +13,9 @@ fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
 work=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
-checksum() { /usr/bin/python3 -c 'import json,sys; print(repr(json.load(open(sys.argv[1]))["parameter_checksum"]))' "$1"; }
+source "$(dirname "$0")/signal_lib.sh"
 # 10 steps an epoch, 30 in all; a progress line after every step.
 run=(train --train-samples 640 --test-samples 100 --batch-size 64 --epochs 3 --json)
-
-# wait_for FILE PATTERN PID: waits until FILE has a line matching PATTERN (the program's own output)
-# while PID runs; fails after 120 s.
-wait_for() {
-  local deadline=$((SECONDS + 120))
-  until grep -q -- "$2" "$1" 2>/dev/null; do
-    kill -0 "$3" 2>/dev/null || return 1
-    [ $SECONDS -lt $deadline ] || return 1
-    sleep 0.005
-  done
-}
-no_temporaries() { [ -z "$(find "$work" -name '*.tmp.*' -print -quit)" ]; }
 
 "$gpipe" "${run[@]}" >"$work/unbroken.json" 2>/dev/null || fail "the unbroken run failed"
 unbroken=$(checksum "$work/unbroken.json")

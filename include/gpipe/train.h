@@ -344,6 +344,9 @@ class Trainer {
   int64_t start_step_ = 0;
   int64_t step_ = 0;
   int64_t saved_at_ = -1;
+  // Per-device files: the whole set the manifest names is this device's PATH.prev (resumed from
+  // the file a save that did not end had kept aside), not PATH; the next save keeps it there.
+  bool whole_in_previous_ = false;
   int64_t drawn_epoch_ = -1;  // the epoch (0-based) whose order of samples fit() has drawn
   int stopped_by_ = 0;
   TrainStats stats_;

@@ -57,11 +57,15 @@ void request_stop(int signal) {
 int stop_requested() { return requested.load(); }
 
 double seconds_since_stop_request() {
-  if (requested.load() == 0) return 0;
-  return static_cast<double>(monotonic_ns() - requested_at_ns.load()) * 1e-9;
+  const int64_t at = requested_at_ns.load();
+  if (requested.load() == 0 || at == 0) return 0;  // no request, or its time not yet stored: just now
+  return static_cast<double>(monotonic_ns() - at) * 1e-9;
 }
 
-void clear_stop_request() { requested.store(0); }
+void clear_stop_request() {
+  requested_at_ns.store(0);
+  requested.store(0);
+}
 
 void install_signal_handlers(OnSignal mode) {
   mode_of_handlers.store(static_cast<int>(mode));

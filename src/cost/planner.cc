@@ -40,7 +40,7 @@ void PlanSearch::check() const {
               blocks, ", ", tail, ")");
   for (int K : stages)
     GPIPE_CHECK(K >= 1 && devices % K == 0, "K = ", K, " devices per pipeline does not divide the ", devices,
-                " devices; K pipelines' worth of devices must make up the cluster");
+                " devices; the cluster must be a whole number of K-device pipelines");
   for (int M : micro_batches) GPIPE_CHECK(M >= 1, "M must be at least 1 (got ", M, ")");
 }
 

@@ -10,9 +10,7 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <limits>
 #include <sstream>
@@ -381,7 +379,7 @@ int64_t manifest_step(const std::string& manifest, int devices) {
   if (!(in >> format >> step_word >> step >> devices_word >> saved_devices) || format != kManifestFormat ||
       step_word != "step" || devices_word != "devices" || step < 0)
     throw std::invalid_argument(manifest + " is not a manifest of per-device files written by gpipe train "
-                                "--per-stage-files; resume from the files of a run that saved them");
+                                "--per-device-files; resume from the files of a run that saved them");
   if (saved_devices != devices)
     throw std::invalid_argument(manifest + " is of a run with " + std::to_string(saved_devices) +
                                 " devices; resume with the same number of devices (--stages " +
@@ -426,6 +424,7 @@ void Trainer::resume(const std::string& resume_path) {
       Snapshot candidate = read_snapshot(file, pipeline_->layers(), optimizer, script);
       if (candidate.state.step == step) {
         r = std::move(candidate);
+        whole_in_previous_ = file == previous;
         return;
       }
       steps += (steps.empty() ? "" : " and ") + file + " is of step " + std::to_string(candidate.state.step);
@@ -572,11 +571,12 @@ void Trainer::save_per_device_files(const std::string& path, const TrainState& n
   };
   const bool holds = pipeline_->replica() == 0;  // replicas hold the same parameters
   const std::string file = snapshot_file(path), previous = file + ".prev";
-  // 1. Each device's file, the one of the step before kept aside until the manifest names this step.
+  // 1. Each device's file, the one the manifest names kept aside until the manifest names this step
+  //    (already aside when a save that did not end left it there: then PATH is not whole and goes).
   on_all([&] {
     if (!holds) return;
     std::error_code ec;
-    if (std::filesystem::is_regular_file(file)) std::filesystem::rename(file, previous, ec);
+    if (!whole_in_previous_ && std::filesystem::is_regular_file(file)) std::filesystem::rename(file, previous, ec);
     if (ec) throw std::runtime_error("gpipe: cannot keep " + file + " as " + previous + ": " + ec.message());
     save_snapshot(file, {encode_snapshot_part(pipeline_->layers(), *optimizer_)}, pipeline_->layers(), std::nullopt,
                   optimizer, now);
@@ -586,6 +586,7 @@ void Trainer::save_per_device_files(const std::string& path, const TrainState& n
     if (pipeline_->root()) write_file_atomically(manifest_file(path), manifest_text(now.step, pipeline_->devices()));
   });
   // 3. The files of the step before are no longer needed.
+  whole_in_previous_ = false;
   if (holds) {
     std::error_code ignored;
     std::filesystem::remove(previous, ignored);

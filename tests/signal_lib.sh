@@ -1,0 +1,18 @@
+# signal_lib.sh: what signal_test.sh and mpi_signal_test.sh share; sourced after $work is set.
+
+# The parameter checksum of a --json summary, exactly as written.
+checksum() { /usr/bin/python3 -c 'import json,sys; print(repr(json.load(open(sys.argv[1]))["parameter_checksum"]))' "$1"; }
+
+# wait_for FILE PATTERN PID: waits until FILE has a line matching PATTERN (the program's own output)
+# while PID runs; fails when PID has ended or after 120 s.
+wait_for() {
+  local deadline=$((SECONDS + 120))
+  until grep -q -- "$2" "$1" 2>/dev/null; do
+    kill -0 "$3" 2>/dev/null || return 1
+    [ $SECONDS -lt $deadline ] || return 1
+    sleep 0.005
+  done
+}
+
+# Whether no FILE.tmp.* is left under $work.
+no_temporaries() { [ -z "$(find "$work" -name '*.tmp.*' -print -quit)" ]; }
