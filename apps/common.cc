@@ -115,6 +115,12 @@ CLI::Validator fraction_below_one() {
   return number_check("a number from 0 up to, not including, 1", "[0,1)", [](double v) { return v >= 0 && v < 1; });
 }
 
+CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& text) { return text.empty() ? std::string("needs a name: it is empty") : std::string(); },
+      "PATH");
+}
+
 uint64_t parse_seed(const std::string& text) {
   const std::string rule = "--seed must be a whole number from 0 to 18446744073709551615 (got " + text + ")";
   if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) usage_error(rule);

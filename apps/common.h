@@ -34,6 +34,8 @@ CLI::Validator at_least(int64_t least);
 CLI::Validator positive_number();
 CLI::Validator non_negative_number();
 CLI::Validator fraction_below_one();
+/// A file or folder name that is not empty ("--save \"\"" would silently write nothing).
+CLI::Validator non_empty();
 
 /// Parses a seed: a whole number from 0 to 2^64-1; throws UsageError otherwise.
 uint64_t parse_seed(const std::string& text);

@@ -20,16 +20,16 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--data-dir", o->data_dir,
                   "folder with the gzipped IDX files of Fashion-MNIST; with --model gpt, the folder of fortune "
                   "files (default " + std::string(kFortunesDir) + ")")
-      ->capture_default_str();
+      ->check(non_empty())->capture_default_str();
   sub->add_option("--model", o->model_file,
                   "resnet (a residual network with BatchNorm, cut by --balance-by time), unet (a U-Net that "
                   "denoises the images; reports PSNR), gpt (a byte-level Transformer language model on Debian's "
                   "fortunes; reports bits per byte), or FILE: a TorchScript nn.Sequential saved in Python "
                   "(torch.jit.script(model).save(FILE)) whose top-level children are the layers cut into stages; "
-                  "default: a small CNN");
+                  "default: a small CNN")->check(non_empty());
   sub->add_option("--data", o->data_file,
                   "a dataset saved in Python with torch.save({'input': X, 'target': Y}, FILE), "
-                  "instead of Fashion-MNIST (evaluated on itself)");
+                  "instead of Fashion-MNIST (evaluated on itself)")->check(non_empty());
   sub->add_option("--loss", o->loss, "cross_entropy (integer class targets) or mse (mean reduction)")
       ->check(CLI::IsMember({"cross_entropy", "mse"}))->capture_default_str();
   sub->add_option("--stages", o->stages,
@@ -131,24 +131,24 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "first rank gathers every stage into this one file. With --save, SIGINT (Ctrl-C) or SIGTERM "
                   "lets the step in progress finish (one abandoned after 10 s is undone), saves, prints the command "
                   "that resumes, and exits 130 or 143; a second signal ends at once, the file saved before intact. "
-                  "Without --save they end the run at once");
+                  "Without --save they end the run at once")->check(non_empty());
   sub->add_option("--save-every", o->save_every,
                   "with --save: also save every STEPS optimizer steps (counted over the whole run), so that a "
                   "killed run or a dead MPI rank loses at most STEPS steps")
       ->check(at_least(1));
   sub->add_option("--resume", o->resume,
                   "continue from a checkpoint file written by --save, with the same model and optimizer and any "
-                  "--stages, schedule or number of ranks");
+                  "--stages, schedule or number of ranks")->check(non_empty());
   sub->add_flag("--per-device-files,--per-stage-files", o->per_stage_files,
                 "under mpirun, --save and --resume use one file per device (its stages), FILE.stage<j>-of-<K>, "
                 "for checkpoint files above the 2 GiB one MPI gather carries (resume with the same K); "
                 "--per-stage-files is its old name");
   sub->add_option("--trace", o->trace,
                   "write the last training step's timeline: an SVG chart if FILE ends in .svg, otherwise "
-                  "Chrome-trace JSON (open it in Perfetto)");
+                  "Chrome-trace JSON (open it in Perfetto)")->check(non_empty());
   sub->add_option("--samples", o->samples,
                   "--model unet: write FILE.png, the first 8 test images noisy, denoised and clean, one row each "
-                  "(the noise, of standard deviation 0.3 in pixel values, is drawn once from --seed)");
+                  "(the noise, of standard deviation 0.3 in pixel values, is drawn once from --seed)")->check(non_empty());
   sub->add_option("--generate", o->generate,
                   "--model gpt: after training (or with --resume FILE --epochs 0), print this many bytes sampled "
                   "from the model, continuing --prompt as a new fortune; bytes other than printable ASCII, "
