@@ -113,6 +113,7 @@ expect_error "give one of them" --balance 3 8 --balance-by time
 expect_error "dataset-fashion-mnist" --data-dir "$work/nowhere"
 expect_error "the zbv schedule runs 2 stages per device" --schedule zbv --virtual-stages 3
 expect_error "the 1f1b schedule runs one stage per device" --schedule 1f1b --virtual-stages 2
+expect_error "give --save FILE or --resume FILE with it" --per-device-files
 for flag in --save --resume --trace --samples --model --data --data-dir; do  # an empty name is not ignored
   expect_error "$flag: needs a name: it is empty" "$flag" ""
 done
