@@ -30,6 +30,24 @@ at::Generator default_generator() { return at::globalContext().defaultGenerator(
 // "gpipe: " + text, as every error of the library begins.
 std::string prefixed(const std::string& text) { return text.rfind("gpipe: ", 0) == 0 ? text : "gpipe: " + text; }
 
+// Runs `work` on this rank, then every rank learns whether every other's succeeded (a collective
+// that all of them reach): this rank rethrows its own error as Error; the others throw Error
+// naming the highest failed rank and `what_it_did` ("refused the run").
+template <class Error>
+void on_all_ranks(Pipeline& pipeline, const std::function<void()>& work, const std::string& what_it_did) {
+  std::string error;
+  try {
+    work();
+  } catch (const std::exception& e) {
+    error = prefixed(what_of(e));
+  }
+  const double failed = pipeline.max(error.empty() ? -1.0 : static_cast<double>(pipeline.rank()));
+  if (!error.empty()) throw Error(error);
+  if (failed >= 0)
+    throw Error("gpipe: rank " + std::to_string(static_cast<int>(failed)) + " " + what_it_did +
+                " (its message says why)");
+}
+
 }  // namespace
 
 RandomStateGuard::RandomStateGuard() : state_(generator_state(default_generator())) {}
@@ -343,17 +361,7 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
 }
 
 void Trainer::on_every_rank(const std::function<void()>& check) {
-  std::string error;
-  try {
-    check();
-  } catch (const std::exception& e) {
-    error = prefixed(what_of(e));
-  }
-  const double refusing = pipeline_->max(error.empty() ? -1.0 : static_cast<double>(pipeline_->rank()));
-  if (!error.empty()) throw std::invalid_argument(error);
-  if (refusing >= 0)
-    throw std::invalid_argument("gpipe: rank " + std::to_string(static_cast<int>(refusing)) +
-                                " refused the run (its message says why)");
+  on_all_ranks<std::invalid_argument>(*pipeline_, check, "refused the run");
 }
 
 int Trainer::agreed_stop() { return static_cast<int>(pipeline_->max(static_cast<double>(stop_requested()))); }
@@ -555,19 +563,9 @@ void Trainer::save() {
 }
 
 void Trainer::save_per_device_files(const std::string& path, const TrainState& now, const std::string& optimizer) {
-  // Every rank learns whether every other wrote its part (a collective that all of them reach).
+  // Every rank learns whether every other wrote its part.
   auto on_all = [this](const std::function<void()>& work) {
-    std::string error;
-    try {
-      work();
-    } catch (const std::exception& e) {
-      error = prefixed(what_of(e));
-    }
-    const double failed = pipeline_->max(error.empty() ? -1.0 : static_cast<double>(pipeline_->rank()));
-    if (!error.empty()) throw std::runtime_error(error);
-    if (failed >= 0)
-      throw std::runtime_error("gpipe: rank " + std::to_string(static_cast<int>(failed)) +
-                               " could not save its per-device file (its message says why)");
+    on_all_ranks<std::runtime_error>(*pipeline_, work, "could not save its per-device file");
   };
   const bool holds = pipeline_->replica() == 0;  // replicas hold the same parameters
   const std::string file = snapshot_file(path), previous = file + ".prev";
