@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages gpipe needs, only those that are missing.
+#   scripts/install-deps.sh [PACKAGE...]   also these (scripts/sanitize.sh adds clang for the fuzzers)
 set -euo pipefail
 
 packages=(
@@ -17,6 +18,7 @@ packages=(
   python3-dev pybind11-dev  # the gpipe Python package (a pybind11 extension)
   python3-pytest          # the Python package's tests
   librsvg2-bin            # rsvg-convert, to look at timeline charts
+  "$@"
 )
 
 missing=()

@@ -485,37 +485,37 @@ TEST(MpiPipeline, DetectsConfigurationThatDiffersBetweenRanks) {
   const int K = world_size() >= 2 && world_size() % 2 == 0 ? 2 : world_size();
   const std::vector<int> balance = cut(K);
   const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
-  const auto [first, last] = stage_range(balance, place.device);
+  const LayerRange range = stage_range(balance, place.device);  // not a structured binding: lambdas capture it
   const bool odd_one = world_rank() == 1;
   auto options = [&] { return PipelineOptions().balance(balance).micro_batches(2); };
 
-  expect_invalid([&] { mpi::MpiPipeline p(model_layers(1, {first, last}), options().micro_batches(odd_one ? 3 : 2)); },
+  expect_invalid([&] { mpi::MpiPipeline p(model_layers(1, range), options().micro_batches(odd_one ? 3 : 2)); },
                  "the ranks disagree on the number of micro-batches M: rank 0 has 2, rank 1 has 3");
   expect_invalid([&] {
-    mpi::MpiPipeline p(model_layers(1, {first, last}),
+    mpi::MpiPipeline p(model_layers(1, range),
                        options().checkpoint(odd_one ? Checkpoint::kAlways : Checkpoint::kExceptLast));
   }, "the ranks disagree on the checkpoint mode");
   expect_invalid([&] {
-    torch::nn::Sequential layers = model_layers(1, {first, last});
+    torch::nn::Sequential layers = model_layers(1, range);
     if (odd_one) layers->to(torch::kDouble);
     mpi::MpiPipeline p(layers, options());
   }, "the ranks disagree on the parameters' dtype");
   expect_invalid([&] {
-    torch::nn::Sequential layers = model_layers(1, {first, last});
+    torch::nn::Sequential layers = model_layers(1, range);
     if (odd_one) layers->push_back("extra", torch::nn::ReLU());
     mpi::MpiPipeline p(layers, options());
   }, "rank 1 runs stage 1, which the balance");
   if (K == 2) {
     expect_invalid([&] {
-      mpi::MpiPipeline p(model_layers(1, {first, last}), options().balance(odd_one ? std::vector<int>{2, 2, 4}
+      mpi::MpiPipeline p(model_layers(1, range), options().balance(odd_one ? std::vector<int>{2, 2, 4}
                                                                                    : balance));
     }, "the ranks disagree on the number of stages K");
     expect_invalid([&] {
-      mpi::MpiPipeline p(model_layers(1, {first, last}),
+      mpi::MpiPipeline p(model_layers(1, range),
                          options().balance(odd_one ? std::vector<int>{4, 5} : balance));
     }, "the ranks disagree on the model's layer count: rank 0 has 8, rank 1 has 9");
     expect_invalid([&] {
-      mpi::MpiPipeline p(model_layers(1, {first, last}),
+      mpi::MpiPipeline p(model_layers(1, range),
                          options().balance(odd_one ? std::vector<int>{4, 4} : balance));
     }, "the ranks disagree on the balance: rank 0 has {3, 5}, rank 1 has {4, 4}");
   }
@@ -523,7 +523,7 @@ TEST(MpiPipeline, DetectsConfigurationThatDiffersBetweenRanks) {
     expect_invalid([&] { mpi::MpiPipeline p(model_layers(1), options().balance({2, 4, 2})); },
                    "not a multiple of the 3 devices");
   // Afterwards the ranks still work together.
-  mpi::MpiPipeline good(model_layers(1, {first, last}), options());
+  mpi::MpiPipeline good(model_layers(1, range), options());
   torch::manual_seed(9);
   const torch::Tensor x = torch::randn({8, 12}), y = torch::randn({8, 4});
   EXPECT_TRUE(std::isfinite(good.train_step(x, y, mse_loss).item<double>()));

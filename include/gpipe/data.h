@@ -36,6 +36,11 @@ inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mni
 /// package that provides it, or what is wrong with a file.
 Dataset load_fashion_mnist(const std::string& dir, bool train, int64_t limit = 0);
 
+/// Reads an IDX file of unsigned bytes with `dims` dimensions (Fashion-MNIST's format), gzipped
+/// or not, as a uint8 tensor of the sizes its header gives. Throws std::runtime_error naming the
+/// file and what is wrong with it.
+torch::Tensor read_idx(const std::string& path, int dims);
+
 /// `images` (normalized Fashion-MNIST, [N, 1, H, W]) mirrored left to right
 /// where the hash of (row, epoch, seed) says, about half of them: image row r
 /// in epoch e when bit 13 of r·2654435761 + e·40503 + (seed mod 1000003) is

@@ -59,6 +59,11 @@ struct Snapshot {
 Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& layers,
                        const std::string& optimizer_name, bool script);
 
+/// `payload` followed by the digest that ends a checkpoint file (save_snapshot seals the pickled
+/// dict with it; read_snapshot refuses a file whose digest does not match). For tools that write
+/// checkpoint files, and the checkpoint fuzzer.
+std::string seal_snapshot(std::string payload);
+
 /// Restores what this process holds of `snapshot` into `layers` and
 /// `optimizer`, by name: the layers read_snapshot checked it against.
 void restore_snapshot(const Snapshot& snapshot, const torch::nn::Sequential& layers,

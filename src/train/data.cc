@@ -43,25 +43,31 @@ uint32_t big_endian(const std::vector<uint8_t>& b, size_t at) {
   return (uint32_t{b[at]} << 24) | (uint32_t{b[at + 1]} << 16) | (uint32_t{b[at + 2]} << 8) | b[at + 3];
 }
 
+}  // namespace
+
 // An IDX file of unsigned bytes: magic 0x0000 08 <dims>, then the sizes, then the data.
 torch::Tensor read_idx(const std::string& path, int dims) {
   std::vector<uint8_t> b = read_gzip(path);
   const size_t header = 4 + 4 * static_cast<size_t>(dims);
   if (b.size() < header || big_endian(b, 0) != (0x0800u | static_cast<uint32_t>(dims)))
     throw std::runtime_error(path + " is not an IDX file of " + std::to_string(dims) + "-d bytes");
+  // The sizes' product, computed only while it can still match the data (3 sizes of up to 2^32-1
+  // would overflow 64 bits).
   std::vector<int64_t> sizes;
-  int64_t count = 1;
+  uint64_t count = 1;
+  bool more_than_data = false;
   for (int d = 0; d < dims; ++d) {
     sizes.push_back(big_endian(b, 4 + 4 * static_cast<size_t>(d)));
-    count *= sizes.back();
+    const uint64_t size = static_cast<uint64_t>(sizes.back());
+    if (size != 0 && count > (b.size() - header) / size) more_than_data = true;
+    count *= more_than_data ? 1 : size;
   }
-  if (b.size() != header + static_cast<size_t>(count))
-    throw std::runtime_error(path + " is truncated or corrupt: expected " + std::to_string(count) +
-                             " data bytes, found " + std::to_string(b.size() - header));
+  if (more_than_data || b.size() != header + count)
+    throw std::runtime_error(path + " is truncated or corrupt: its header gives sizes " +
+                             c10::str(c10::IntArrayRef(sizes)) + ", found " + std::to_string(b.size() - header) +
+                             " data bytes");
   return torch::from_blob(b.data() + header, sizes, torch::kUInt8).clone();
 }
-
-}  // namespace
 
 Dataset Dataset::first(int64_t count) const {
   if (count <= 0 || count >= size()) return *this;

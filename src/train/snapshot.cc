@@ -110,11 +110,6 @@ std::string digest_of(const std::string& bytes, size_t count) {
   return hex;
 }
 
-std::string sealed(std::string bytes) {
-  const std::string digest = digest_of(bytes, bytes.size());
-  return bytes + kDigestTag + digest;
-}
-
 // The bytes without their digest; throws if it is missing or does not match.
 std::string unsealed(const std::string& path, std::string bytes) {
   const size_t trailer = kDigestTag.size() + kDigestDigits;
@@ -154,7 +149,47 @@ void put_named(Dict& d, const std::string& prefix, const std::map<std::string, t
   d.insert(prefix + "s", values);
 }
 
+// What restore_snapshot will install as `p`'s optimizer state, checked: a dict of the fields
+// encode_state writes for `kind`, each a tensor of p's shape and dtype (and Adam's step a count),
+// so that a file read_snapshot accepts restores and steps. Throws std::runtime_error naming the
+// parameter and the field.
+void check_state(const std::string& name, const torch::Tensor& p, const std::string& kind, const torch::IValue& saved) {
+  if (!saved.isGenericDict()) throw std::runtime_error("the optimizer state of " + name + " is not a dict");
+  const bool sgd = kind == "sgd";
+  for (const auto& field : saved.toGenericDict()) {
+    const std::string key = field.key().isString() ? field.key().toStringRef() : "?";
+    if (key == "step" && !sgd) {
+      if (!field.value().isInt() || field.value().toInt() < 0)
+        throw std::runtime_error("the optimizer state of " + name + " has a step that is not a count");
+      continue;
+    }
+    const bool known = sgd ? key == "momentum_buffer" : key == "exp_avg" || key == "exp_avg_sq" || key == "max_exp_avg_sq";
+    if (!known) throw std::runtime_error("the optimizer state of " + name + " has a field '" + key + "' --optimizer " +
+                                         kind + " does not have");
+    if (!field.value().isTensor() || field.value().toTensor().sizes() != p.sizes() ||
+        field.value().toTensor().dtype() != p.dtype())
+      throw std::runtime_error("the optimizer state " + key + " of " + name + " is not a tensor of its shape " +
+                               shape_text(p));
+  }
+  if (!sgd && saved.toGenericDict().size() > 0 && !saved.toGenericDict().contains("step"))
+    throw std::runtime_error("the optimizer state of " + name + " has no step");
+}
+
+// A generator state saved by a run: one the CPU generator takes.
+void check_generator_state(const char* what, const torch::Tensor& state) {
+  try {
+    at::detail::createCPUGenerator().set_state(state);
+  } catch (const std::exception&) {
+    throw std::runtime_error(std::string("its ") + what + " is not a generator's state");
+  }
+}
+
 }  // namespace
+
+std::string seal_snapshot(std::string bytes) {
+  const std::string digest = digest_of(bytes, bytes.size());
+  return bytes + kDigestTag + digest;
+}
 
 std::string encode_snapshot_part(const torch::nn::Sequential& layers, torch::optim::Optimizer& optimizer) {
   std::map<std::string, torch::Tensor> parameters, buffers;
@@ -192,7 +227,7 @@ void save_snapshot(const std::string& path, const std::vector<std::string>& part
   dict.insert("step", state.step);
   dict.insert("shuffle_state", state.shuffle_state);
   dict.insert("random_state", state.random_state);
-  const std::string payload = sealed(pickle(dict));
+  const std::string payload = seal_snapshot(pickle(dict));
   if (!script) {
     write_file_atomically(path, payload);
     return;
@@ -239,6 +274,9 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
     out.state.step = dict.at("step").toInt();
     out.state.shuffle_state = dict.at("shuffle_state").toTensor();
     out.state.random_state = dict.at("random_state").toTensor();
+    if (out.state.step < 0) throw std::runtime_error("step");
+    check_generator_state("shuffling", out.state.shuffle_state);
+    check_generator_state("random", out.state.random_state);
   } catch (const std::exception&) {
     throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint file; resume from a file "
                              "written by gpipe train --save");
@@ -258,6 +296,13 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
   if (out.optimizer_name != optimizer_name)
     throw std::runtime_error(path + " was trained with --optimizer " + out.optimizer_name +
                              "; resume with the same optimizer");
+  try {
+    for (const auto& p : layers->named_parameters())
+      if (out.optimizer_states.contains(p.key()))
+        check_state(p.key(), p.value(), optimizer_name, out.optimizer_states.at(p.key()));
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(path + " is corrupt: " + e.what() + "; resume from a file written by gpipe train --save");
+  }
   out.parameters_taken = static_cast<int64_t>(layers->named_parameters().size());
   out.parameters_in_file = static_cast<int64_t>(out.parameters.size());
   return out;
