@@ -280,6 +280,21 @@ TEST(TrainerTest, RefusesABadSnapshotAndChangesNothing) {
   std::ofstream(path + ".short", std::ios::binary) << bytes.substr(0, bytes.size() / 3);
   expect_invalid([&] { trainer.resume(path + ".short"); }, "truncated, corrupt");
 
+  // A whole file (its digest matches) whose optimizer state does not fit the parameter: refused by
+  // read_snapshot, not by the first step after the restore.
+  {
+    const size_t trailer = gpipe::seal_snapshot("").size();
+    c10::impl::GenericDict dict = gpipe::load_torch_save(bytes.substr(0, bytes.size() - trailer)).toGenericDict();
+    c10::impl::GenericDict states = dict.at("optimizer_states").toGenericDict();
+    const std::string name = states.begin()->key().toStringRef();
+    c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+    state.insert("momentum_buffer", torch::zeros({3}));
+    states.insert_or_assign(name, state);
+    const std::vector<char> pickled = torch::pickle_save(dict);
+    std::ofstream(path + ".state", std::ios::binary) << gpipe::seal_snapshot(std::string(pickled.begin(), pickled.end()));
+    expect_invalid([&] { trainer.resume(path + ".state"); }, "optimizer state momentum_buffer of " + name);
+  }
+
   // A wider model's file: its first layer is [16, 10], not [16, 12].
   const gpipe::Model wider = gpipe::Model::of("wider", 2, [](gpipe::LayerRange keep) {
     torch::manual_seed(0);
@@ -311,7 +326,7 @@ TEST(TrainerTest, RefusesABadSnapshotAndChangesNothing) {
   }, "resume with the same optimizer");
   expect_equal(values(trainer), before);
   EXPECT_EQ(trainer.step(), 0);
-  for (const std::string suffix : {"", ".corrupt", ".short", ".other", ".deeper"}) std::remove((path + suffix).c_str());
+  for (const std::string suffix : {"", ".corrupt", ".short", ".state", ".other", ".deeper"}) std::remove((path + suffix).c_str());
 }
 
 // A step whose loss is NaN throws before the update: the parameters and the step count stay; and
