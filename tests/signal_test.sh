@@ -74,6 +74,23 @@ for trial in 1 2 3 4; do
   else fail "double signal after step $step: the file left does not resume to unbroken"; cat "$work/resumed.err"; fi
 done
 
+# 2b. The same signal twice at once, as `timeout` and batch systems send it (to the process, then to
+# its group), without --save-every: one request, so the run stops at a step boundary, saved.
+rm -f "$work/run.pt" "$work/err.txt"
+"$gpipe" "${run[@]}" --save "$work/run.pt" >/dev/null 2>"$work/err.txt" &
+pid=$!
+pids+=("$pid")
+if wait_for "$work/err.txt" "epoch 1/3 step 4/10" "$pid"; then
+  kill -TERM "$pid"; kill -TERM "$pid"
+  wait "$pid"
+  rc=$?
+  if [ "$rc" = 143 ] && grep -q "stopped by SIGTERM at step" "$work/err.txt" &&
+     "$gpipe" "${run[@]}" --resume "$work/run.pt" >"$work/resumed.json" 2>"$work/resumed.err" &&
+     [ "$(checksum "$work/resumed.json")" = "$unbroken" ]; then
+    pass "SIGTERM twice at once: one request, stopped at a step boundary, saved, resumes to unbroken"
+  else fail "SIGTERM twice at once: exit $rc: $(tail -3 "$work/err.txt")"; fi
+else fail "SIGTERM twice: no step line"; fi
+
 # 3. A stale temporary file of the same FILE (a writer killed with SIGKILL) is removed by the next save.
 : >"$work/run.pt.tmp.999999999.abcdef"
 : >"$work/run.pt.tmp.$$.ghijkl"  # this shell runs: its file is kept

@@ -31,7 +31,8 @@ void clear_stop_request();
 enum class OnSignal {
   /// The first signal calls request_stop(); a second one removes the temporary file being
   /// written (remove_partial_files) and ends the process at once with status 128 + signal,
-  /// every file that was whole before still whole.
+  /// every file that was whole before still whole. The same signal again within 0.1 s of the
+  /// first is not a second one: `timeout` and batch systems signal the process, then its group.
   kStopAtStep,
   /// The first signal removes the temporary file being written and ends the process as the
   /// signal's default action would (killed by the signal).

@@ -21,6 +21,8 @@ std::atomic<int> requested{0};
 std::atomic<int64_t> requested_at_ns{0};
 std::atomic<int> mode_of_handlers{static_cast<int>(OnSignal::kStopAtStep)};
 
+constexpr int64_t kSameRequestNs = 100000000;  // 0.1 s: far below two presses of Ctrl-C
+
 int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
   timespec t{};
   ::clock_gettime(CLOCK_MONOTONIC, &t);
@@ -39,7 +41,15 @@ void on_signal(int signal) {
     ::raise(signal);
     ::_exit(128 + signal);  // not reached
   }
-  if (requested.load() != 0) {  // the second signal: at once, no half-written file left
+  // The same signal again within kSameRequestNs is the same request delivered twice: `timeout`,
+  // and a batch system ending a job, signal the process and then its process group.
+  const int first = requested.load();
+  const int64_t first_at = requested_at_ns.load();  // 0: the first is being handled on another thread
+  if (first == signal && (first_at == 0 || monotonic_ns() - first_at < kSameRequestNs)) {
+    errno = saved_errno;
+    return;
+  }
+  if (first != 0) {  // the second signal: at once, no half-written file left
     remove_partial_files();
     ::_exit(128 + signal);
   }
