@@ -18,6 +18,7 @@
 #include <iostream>
 #include <iterator>
 #include <sstream>
+#include <vector>
 
 #include <poll.h>
 #include <unistd.h>
@@ -37,10 +38,9 @@ std::string shell_quoted(const std::string& word) {
   return out + "'";
 }
 
-// The command that continues this run from `file`: this process's command line (as the kernel
-// has it) with --resume FILE in place of any --resume; under mpirun, after mpirun -np N.
-std::string resume_command(const std::string& file) {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+// A process's arguments as the kernel has them (/proc/PID/cmdline); none when it cannot be read.
+std::vector<std::string> arguments_of(const std::string& pid) {
+  std::ifstream in("/proc/" + pid + "/cmdline", std::ios::binary);
   const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<std::string> args;
   for (size_t at = 0; at < all.size();) {
@@ -48,7 +48,31 @@ std::string resume_command(const std::string& file) {
     args.push_back(all.substr(at, end == std::string::npos ? std::string::npos : end - at));
     at = end == std::string::npos ? all.size() : end + 1;
   }
-  std::string out = world().mpi ? "mpirun -np " + std::to_string(world().size) : "";
+  return args;
+}
+
+// Under mpirun, the launcher's words before `program`: the parent's own (mpirun and every flag the
+// user gave it, a hostfile, --allow-run-as-root) when the parent is mpirun, as it is for the ranks
+// on its host; "mpirun -np N" otherwise.
+std::string launcher_words(const std::string& program) {
+  const std::vector<std::string> parent = arguments_of(std::to_string(getppid()));
+  const std::string name = parent.empty() ? "" : parent[0].substr(parent[0].find_last_of('/') + 1);
+  if (name == "mpirun" || name == "mpiexec" || name == "orterun" || name == "prterun") {
+    for (size_t n = 1; n < parent.size(); ++n) {
+      if (parent[n] != program) continue;
+      std::string out;
+      for (size_t k = 0; k < n; ++k) out += (k == 0 ? "" : " ") + shell_quoted(parent[k]);
+      return out;
+    }
+  }
+  return "mpirun -np " + std::to_string(world().size);
+}
+
+// The command that continues this run from `file`: this process's command line (as the kernel
+// has it) with --resume FILE in place of any --resume; under mpirun, after the launcher's words.
+std::string resume_command(const std::string& file) {
+  const std::vector<std::string> args = arguments_of("self");
+  std::string out = world().mpi && !args.empty() ? launcher_words(args[0]) : "";
   for (size_t n = 0; n < args.size(); ++n) {
     if (args[n] == "--resume") {  // and its value
       ++n;
