@@ -3,9 +3,10 @@
 # ends with a clear error (or a clear stop) and a non-zero exit, never a hang, a silent change of
 # the data or the model, or a lost file. The numbers are the cases of the hardening work, in order
 # of severity. Cases that need models or data from Python are skipped without python3-torch.
-# Usage: hostile_input_test.sh PATH/TO/gpipe
+# Usage: hostile_input_test.sh PATH/TO/gpipe [PATH/TO/largest_model]
 set -u
 gpipe="$1"
+largest_model="${2:-}"
 python=/usr/bin/python3
 failures=0
 passes=0
@@ -314,6 +315,14 @@ run "14. --speed out of its range" 2 "--speed: must be a number from 1e-06 to 1e
   plan --workload mlp --devices 2 --batch 8 --speed 0
 run "14. --virtual-stages 16" 2 "cannot cut 11 layers into 2 devices x 16 stages per device \(32 stages\).*with 2 devices use at most 5 stages per device" \
   train --virtual-stages 16
+
+if [ -n "$largest_model" ]; then  # bench/largest_model's flags: named, with the rule, status 2 (CLI11's 105 before)
+  timeout 60 "$largest_model" --stages 0 >/dev/null 2>"$work/err.txt"
+  status=$?
+  if [ "$status" -eq 2 ] && grep -q "largest_model: --stages: must be a whole number from 1 to 64 (got 0)" "$work/err.txt"; then
+    pass "14. largest_model --stages 0: exit 2, the flag and its range named"
+  else fail "14. largest_model --stages 0: exit $status: $(cat "$work/err.txt")"; fi
+fi
 
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]
