@@ -156,7 +156,17 @@ then
     bash "$mpirun_sh" 1 --wdir "$work/rank0" "$gpipe" "${own[@]}" --model model.pt : -np 1 --wdir "$work/rank1" "$gpipe" "${own[@]}" --model model.pt
   expect_error "ranks reading other --data bytes" "rank 1 read other bytes than rank 0 behind --data data.pt" \
     bash "$mpirun_sh" 1 --wdir "$work/rank0" "$gpipe" "${own[@]}" --model same.pt : -np 1 --wdir "$work/rank1" "$gpipe" "${own[@]}" --model same.pt
-else echo "skipped: ranks reading other bytes (no python3-torch)"; fi
+  # --per-device-files of a TorchScript model at np 4 (2 devices x 2 replicas): saved at step 3,
+  # resumed by the same command with --resume, equal to 10 unbroken steps.
+  script=(train --model "$work/rank0/same.pt" --data "$work/rank0/data.pt" --loss mse --stages 2 --batch-size 8
+          --epochs 2 --optimizer sgd --lr 0.05 --json)
+  if bash "$mpirun_sh" 4 "$gpipe" "${script[@]}" >"$work/s4-unbroken.json" 2>/dev/null &&
+     bash "$mpirun_sh" 4 "$gpipe" "${script[@]}" --steps 3 --save "$work/s4.pt" --per-device-files >/dev/null 2>&1 &&
+     bash "$mpirun_sh" 4 "$gpipe" "${script[@]}" --resume "$work/s4.pt" --per-device-files >"$work/s4-resumed.json" \
+       2>"$work/err.out" && [ "$(checksum "$work/s4-resumed.json")" = "$(checksum "$work/s4-unbroken.json")" ]; then
+    pass "--per-device-files of a TorchScript model at np 4: saved at step 3, resumed: equals unbroken"
+  else fail "--per-device-files of a TorchScript model at np 4"; tail -3 "$work/err.out"; fi
+else echo "skipped: ranks reading other bytes, TorchScript per-device files (no python3-torch)"; fi
 
 # --samples under mpirun with 2 replicas: 8 test images in the picture, as in one process.
 if bash "$mpirun_sh" 4 "$gpipe" train --model unet --stages 2 --train-samples 64 --test-samples 64 --batch-size 16 \
