@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <thread>
 #include <unistd.h>
@@ -130,6 +131,10 @@ CLI::Validator at_least(int64_t least) {
           return "must be one whole number" + std::string(least > 0 ? ", at least " + std::to_string(least) : "") +
                  " (got " + text + ")";
         if (value < least) return "must be at least " + std::to_string(least) + " (got " + text + ")";
+        // Every such flag is read into an int (or a count no larger): CLI11 would say "Could not convert".
+        if (value > std::numeric_limits<int32_t>::max())
+          return "must be a whole number from " + std::to_string(least) + " to " +
+                 std::to_string(std::numeric_limits<int32_t>::max()) + " (got " + text + ")";
         return std::string();
       },
       least > 0 ? "INT>=" + std::to_string(least) : "INT>=0");

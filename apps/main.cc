@@ -56,7 +56,11 @@ std::string unknown_command(const CLI::App& app, const std::string& word) {
 // Other messages are returned as they are.
 std::string readable(const std::string& message, const std::string& command) {
   static const std::regex count(R"(^(--[A-Za-z0-9-]+): At (Most|least) (\d+) required but received (\d+)$)");
+  static const std::regex conversion(R"(^Could not convert: (--[A-Za-z0-9-]+) = (.*)$)");
   std::smatch m;
+  if (std::regex_match(message, m, conversion))
+    return m[1].str() + ": cannot take " + m[2].str() + " (not a number of its kind, or out of its range); see gpipe " +
+           (command.empty() ? "" : command + " ") + "--help";
   if (!std::regex_match(message, m, count)) return message;
   const std::string n = m[3].str();
   return m[1].str() + ": takes " + n + (n == "1" ? " value" : " values") +

@@ -311,6 +311,8 @@ run "13. gpipe schedule at K=2048, M=1024" 2 "2097152 stage x micro-batch pairs;
 # 14. CLI11's words, and a V too large, said in the flag's terms.
 run "14. three --betas" 2 "--betas: takes 2 values separated by commas \(got 3\); see gpipe train --help" \
   train --betas 0.9,0.99,0.5
+run "14. --stages past an int (CLI11's 'Could not convert')" 2 "--stages: must be a whole number from 1 to 2147483647 \(got 99999999999\)" \
+  train --stages 99999999999
 run "14. --speed out of its range" 2 "--speed: must be a number from 1e-06 to 1e\+09 \(got 0\)" \
   plan --workload mlp --devices 2 --batch 8 --speed 0
 run "14. --virtual-stages 16" 2 "cannot cut 11 layers into 2 devices x 16 stages per device \(32 stages\).*with 2 devices use at most 5 stages per device" \
