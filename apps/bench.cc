@@ -29,6 +29,7 @@ struct BenchOptions {
   int warmup = 2;
   std::vector<std::string> balance_by{"even"};
   std::vector<int> balance;  // an explicit cut, for the one K it fits
+  bool balance_by_given = false;
   bool json = false;
   bool tie_embeddings = false;  // the transformer's output layer reads its embedding's weight
   bool transport = false;       // MPI: time the transport alone (bench_transport.cc)
@@ -86,6 +87,13 @@ std::vector<int> cut_for(const Workload& w, const Contender& c, int M, const Cos
 void check_sweep(const BenchOptions& o) {
   GPIPE_CHECK(!world().mpi || o.balance_by == std::vector<std::string>{"even"},
               "--balance-by profiles the whole model in one process; under mpirun pass a cut with --balance");
+  if (!o.balance.empty() && o.balance_by_given) {
+    std::string methods;
+    for (const std::string& m : o.balance_by) methods += (methods.empty() ? "" : " ") + m;
+    GPIPE_CHECK(false, "--balance ", format_balance(o.balance), " is the cut, and --balance-by ", methods,
+                " would choose it too (its rows would be one cut under ", o.balance_by.size() > 1 ? "several names" : "another name",
+                "); give one of them");
+  }
   for (const auto& name : o.workloads) {
     const Workload w = make_workload(name, 0, LayerRange{0, 0}, o.tie_embeddings);  // sizes and cut, no layers
     for (int M : o.micro_batches)
@@ -120,7 +128,9 @@ std::vector<Contender> contenders(const BenchOptions& o) {
   }
   for (int K : o.stages)
     for (const std::string& schedule : o.schedules)
-      for (const std::string& balance_by : o.balance_by) {
+      // A cut given with --balance (for K above 1) is labelled as such: no method chose it.
+      for (const std::string& balance_by :
+           !o.balance.empty() && K > 1 ? std::vector<std::string>{"given"} : o.balance_by) {
         Contender c;
         c.devices = K;
         c.schedule = schedule;
@@ -133,7 +143,7 @@ std::vector<Contender> contenders(const BenchOptions& o) {
 
 void build(Contender& c, const std::string& name, int M, Checkpoint mode, const BenchOptions& o,
            const CostModel& costs) {
-  const bool whole = c.unsplit || !world().mpi || c.balance_by != "even";
+  const bool whole = c.unsplit || !world().mpi || (c.balance_by != "even" && c.balance_by != "given");
   c.workload = make_workload(name, 0, whole ? LayerRange{} : LayerRange{0, 0}, o.tie_embeddings);
   const Workload& w = c.workload;
   if (c.unsplit) {
@@ -359,7 +369,7 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
       ->delimiter(',')->check(CLI::IsMember(schedule_names()))->capture_default_str();
   sub->add_option("--virtual-stages", o->virtual_stages,
                   "V, stages per device of the interleaved schedule (default 2; zbv always runs 2)")
-      ->check(CLI::Range(2, 64));
+      ->check(in_range(2, 64, /*whole=*/true));
   sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each device (and of the one device)")
       ->check(at_least(1))->capture_default_str();
   sub->add_option("--steps", o->steps, "timed steps per configuration (the median is reported)")
@@ -380,7 +390,10 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
                 "under mpirun -np 2: latency and bandwidth of the MPI transport per message size (ping-pong)");
   sub->add_option("--results", o->results, "file the results are written to (empty: none)")
       ->capture_default_str();
-  sub->callback([o, command, &status] { status = run(*o, command); });
+  sub->callback([o, sub, command, &status] {
+    o->balance_by_given = sub->count("--balance-by") > 0;
+    status = run(*o, command);
+  });
 }
 
 }  // namespace gpipe::cli

@@ -11,11 +11,13 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <thread>
 #include <unistd.h>
@@ -64,6 +66,50 @@ void write_results(const std::string& path, const nlohmann::json& rows, const st
   std::cerr << "results written to " << path << "\n";
 }
 
+namespace {
+// FNV-1a over 64-bit words (a byte at a time for the tail): fast, and a different byte gives a
+// different digest but for chance.
+uint64_t digest_more(uint64_t h, const unsigned char* bytes, size_t count) {
+  constexpr uint64_t kPrime = 0x100000001b3ull;
+  size_t n = 0;
+  for (; n + 8 <= count; n += 8) {
+    uint64_t word = 0;
+    std::memcpy(&word, bytes + n, 8);
+    h = (h ^ word) * kPrime;
+    h ^= h >> 29;
+  }
+  for (; n < count; ++n) h = (h ^ bytes[n]) * kPrime;
+  return h;
+}
+constexpr uint64_t kDigestStart = 0xcbf29ce484222325ull;
+}  // namespace
+
+uint64_t file_digest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
+  uint64_t h = kDigestStart;
+  std::vector<char> buffer(1 << 20);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    h = digest_more(h, reinterpret_cast<const unsigned char*>(buffer.data()), static_cast<size_t>(in.gcount()));
+  }
+  if (in.bad()) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
+  return h;
+}
+
+uint64_t tensors_digest(const std::vector<torch::Tensor>& tensors) {
+  uint64_t h = kDigestStart;
+  for (const torch::Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    std::vector<int64_t> head{static_cast<int64_t>(t.scalar_type()), t.dim()};
+    head.insert(head.end(), t.sizes().begin(), t.sizes().end());
+    h = digest_more(h, reinterpret_cast<const unsigned char*>(head.data()), head.size() * sizeof(int64_t));
+    const torch::Tensor bytes = t.detach().cpu().contiguous();
+    h = digest_more(h, static_cast<const unsigned char*>(bytes.data_ptr()), bytes.nbytes());
+  }
+  return h;
+}
+
 std::string command_line(int argc, char** argv) {
   std::string out;
   for (int i = 0; i < argc; ++i) out += (i ? " " : "") + std::string(argv[i]);
@@ -85,6 +131,10 @@ CLI::Validator at_least(int64_t least) {
           return "must be one whole number" + std::string(least > 0 ? ", at least " + std::to_string(least) : "") +
                  " (got " + text + ")";
         if (value < least) return "must be at least " + std::to_string(least) + " (got " + text + ")";
+        // Every such flag is read into an int (or a count no larger): CLI11 would say "Could not convert".
+        if (value > std::numeric_limits<int32_t>::max())
+          return "must be a whole number from " + std::to_string(least) + " to " +
+                 std::to_string(std::numeric_limits<int32_t>::max()) + " (got " + text + ")";
         return std::string();
       },
       least > 0 ? "INT>=" + std::to_string(least) : "INT>=0");
@@ -113,6 +163,39 @@ CLI::Validator non_negative_number() {
 
 CLI::Validator fraction_below_one() {
   return number_check("a number from 0 up to, not including, 1", "[0,1)", [](double v) { return v >= 0 && v < 1; });
+}
+
+CLI::Validator in_range(double least, double most, bool whole) {
+  auto shown = [](double v) {
+    std::ostringstream out;
+    out << v;
+    return out.str();
+  };
+  const std::string rule = "must be " + std::string(whole ? "a whole number" : "a number") + " from " + shown(least) +
+                           " to " + shown(most);
+  return CLI::Validator(
+      [rule, least, most, whole](std::string& text) {
+        double value = 0;
+        int64_t integer = 0;
+        const bool read = whole ? CLI::detail::lexical_cast(text, integer) : CLI::detail::lexical_cast(text, value);
+        if (whole) value = static_cast<double>(integer);
+        if (!read || !std::isfinite(value) || value < least || value > most) return rule + " (got " + text + ")";
+        return std::string();
+      },
+      "[" + shown(least) + "," + shown(most) + "]");
+}
+
+CLI::Validator one_of(const std::vector<std::string>& choices, const std::string& meaning) {
+  std::string rule;
+  for (size_t n = 0; n < choices.size(); ++n)
+    rule += (n == 0 ? "" : n + 1 == choices.size() ? " or " : ", ") + choices[n];
+  rule = "must be " + rule + (meaning.empty() ? "" : " (" + meaning + ")");
+  return CLI::Validator(
+      [rule, choices](std::string& text) {
+        return std::find(choices.begin(), choices.end(), text) != choices.end() ? std::string()
+                                                                               : rule + "; got " + text;
+      },
+      "{" + [&] { std::string all; for (const auto& c : choices) all += (all.empty() ? "" : ",") + c; return all; }() + "}");
 }
 
 CLI::Validator non_empty() {

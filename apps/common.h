@@ -27,6 +27,11 @@ void write_results(const std::string& path, const nlohmann::json& rows, const st
 /// The command line as one string, for result files.
 std::string command_line(int argc, char** argv);
 
+/// A 64-bit digest of bytes, to tell whether two processes read the same thing: of a file's
+/// bytes (throws std::runtime_error when it cannot be read), of tensors' dtypes, shapes and values.
+uint64_t file_digest(const std::string& path);
+uint64_t tensors_digest(const std::vector<torch::Tensor>& tensors);
+
 /// Checks for numeric flags, each with a message that names the rule and the
 /// value: a whole number of at least `least` ("must be a whole number, at least
 /// 1 (got 0)"); a finite number above 0, or of at least 0; a number in [0, 1).
@@ -34,6 +39,11 @@ CLI::Validator at_least(int64_t least);
 CLI::Validator positive_number();
 CLI::Validator non_negative_number();
 CLI::Validator fraction_below_one();
+/// A number from `least` to `most` (a whole one with `whole`): "must be a number from 0.000001 to
+/// 1e+09 (got 0)", where CLI::Range says "Value 0 not in range ...".
+CLI::Validator in_range(double least, double most, bool whole = false);
+/// One of `choices`: "must be 2 or 4 (got x)".
+CLI::Validator one_of(const std::vector<std::string>& choices, const std::string& meaning = "");
 /// A file or folder name that is not empty ("--save \"\"" would silently write nothing).
 CLI::Validator non_empty();
 

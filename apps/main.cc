@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <regex>
 #include <stdexcept>
 #include <vector>
 
@@ -50,6 +51,23 @@ std::string unknown_command(const CLI::App& app, const std::string& word) {
          " (commands: " + names + ")";
 }
 
+// CLI11's own words for a count of values, with the flag: "--betas: At Most 2 required but
+// received 3" becomes "--betas: takes 2 values separated by commas (got 3); see gpipe train --help".
+// Other messages are returned as they are.
+std::string readable(const std::string& message, const std::string& command) {
+  static const std::regex count(R"(^(--[A-Za-z0-9-]+): At (Most|least) (\d+) required but received (\d+)$)");
+  static const std::regex conversion(R"(^Could not convert: (--[A-Za-z0-9-]+) = (.*)$)");
+  std::smatch m;
+  if (std::regex_match(message, m, conversion))
+    return m[1].str() + ": cannot take " + m[2].str() + " (not a number of its kind, or out of its range); see gpipe " +
+           (command.empty() ? "" : command + " ") + "--help";
+  if (!std::regex_match(message, m, count)) return message;
+  const std::string n = m[3].str();
+  return m[1].str() + ": takes " + n + (n == "1" ? " value" : " values") +
+         (n == "1" ? "" : " separated by commas") + " (got " + m[4].str() + "); see gpipe " +
+         (command.empty() ? "" : command + " ") + "--help";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -74,8 +92,9 @@ int main(int argc, char** argv) {
     check_same_settings({{"command", command_word(argc, argv)}});
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    std::string message = e.what();
     const std::string word = command_word(argc, argv);
+    std::string message = readable(e.what(), word);
+    if (message != e.what()) return fail(2, "gpipe: " + message);
     if (!word.empty() && app.get_subcommands([&word](CLI::App* s) { return s->get_name() == word; }).empty() &&
         app.get_subcommands().empty())
       message = unknown_command(app, word);

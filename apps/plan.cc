@@ -14,6 +14,9 @@
 #include <iostream>
 #include <memory>
 #include <set>
+#include <sstream>
+
+#include <unistd.h>
 
 namespace gpipe::cli {
 namespace {
@@ -61,6 +64,7 @@ struct Model {
   CostModel costs;
   int lead = 0, blocks = 0, tail = 0;  // for a Transformer; blocks 0: cut by time
   int64_t parameters = 0;
+  int64_t least_micro_batch_rows = 1;  // 2 when a BatchNorm cannot train on one row
 };
 
 Model transformer_model(const PlanOptions& o) {
@@ -81,6 +85,21 @@ Model transformer_model(const PlanOptions& o) {
 }
 
 constexpr int64_t kProfileRows = 8;
+
+// The fewest rows a micro-batch of `layers` trains on: 2 when a layer (BatchNorm) refuses one row in
+// training mode, else 1. Its running statistics may move: the model is only profiled here.
+int64_t least_rows(torch::nn::Sequential layers, const torch::Tensor& sample) {
+  const RandomStateGuard guard;
+  torch::NoGradGuard no_grad;
+  layers->train();
+  torch::Tensor x = sample.narrow(0, 0, 1);
+  try {
+    for (size_t i = 0; i < layers->size(); ++i) x = (layers->begin() + static_cast<std::ptrdiff_t>(i))->forward(x);
+  } catch (const std::exception& e) {
+    if (std::string(e.what()).find("Expected more than 1 value per channel when training") != std::string::npos) return 2;
+  }
+  return 1;
+}
 
 Model profiled_model(const PlanOptions& o) {
   Model m;
@@ -105,7 +124,10 @@ Model profiled_model(const PlanOptions& o) {
     shape.insert(shape.end(), o.input_shape.begin(), o.input_shape.end());
     sample = torch::randn(shape);
     m.description = "model " + o.model;
+    // A model that cannot train (no parameters, an argmax output, a layer that drops rows) fits nothing.
+    or_usage_error("--model", [&] { return check_layers_train(layers, sample); });
   }
+  m.least_micro_batch_rows = least_rows(layers, sample);
   // Profiled here on a micro-batch of kProfileRows rows (and the loss, for a workload); the figures
   // are per sample, divided by the device's speed.
   m.costs = or_usage_error(o.model.empty() ? "--workload" : "--input-shape", [&] {
@@ -120,7 +142,8 @@ Model profiled_model(const PlanOptions& o) {
   for (const auto& p : layers->parameters()) m.parameters += p.numel();
   std::ostringstream d;
   d << m.description << ": " << layers->size() << " layers, " << m.parameters << " parameters (profiled here, device "
-    << o.speed << "x this machine's core)";
+    << o.speed << "x this machine's core)"
+    << (m.least_micro_batch_rows > 1 ? "; its BatchNorm trains on micro-batches of 2 rows or more" : "");
   m.description = d.str();
   return m;
 }
@@ -176,13 +199,30 @@ int run(const PlanOptions& o) {
   search.lead = m.lead;
   search.blocks = m.blocks;
   search.tail = m.tail;
+  search.least_micro_batch_rows = m.least_micro_batch_rows;
   const int stage_units = m.blocks > 0 ? m.blocks : m.costs.layer_count();  // what a stage must have at least one of
 
   CostModel costs = m.costs;
   costs.link_latency_s = o.latency_us * 1e-6;
   costs.link_bytes_per_s = o.bandwidth_gb_s * 1e9;
   costs.update_s_per_parameter_byte = 0;
+  // A search that takes more than 2 s says how far it is, every 2 s, on standard error (one line
+  // rewritten on a terminal).
+  const bool tty = isatty(fileno(stderr)) != 0;
+  double next_report = 2.0;
+  bool reported = false;
+  search.progress = [&](int64_t done, int64_t total) {
+    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    if (now < next_report || done == total) return;
+    next_report = now + 2.0;
+    reported = true;
+    std::ostringstream line;
+    line << "gpipe plan: " << std::fixed << std::setprecision(0) << 100.0 * static_cast<double>(done) / static_cast<double>(total)
+         << "% of " << total << " stage x micro-batch pairs simulated in " << now << " s";
+    std::cerr << (tty ? "\r" : "") << line.str() << (tty ? "\x1b[K" : "\n") << std::flush;
+  };
   const std::vector<PlanCandidate> found = search_plans(costs, search);
+  if (reported && tty) std::cerr << "\n";
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   const size_t feasible = static_cast<size_t>(std::count_if(found.begin(), found.end(), [](const PlanCandidate& c) { return c.fits; }));
 
@@ -275,17 +315,17 @@ void add_plan_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--vocab", o->transformer.vocab, "its vocabulary")->check(at_least(1));
   sub->add_option("--seq", o->transformer.sequence, "its sequence length")->check(at_least(1));
   sub->add_option("--bytes-per-value", o->transformer.bytes_per_value, "4 (float32) or 2 (half precision)")
-      ->check(CLI::IsMember({2, 4}))->capture_default_str();
-  sub->add_option("--devices", o->devices, "devices in the cluster")->required()->check(CLI::Range(1, 1 << 16));
+      ->check(one_of({"4", "2"}, "bytes per value: float32 or half precision"))->capture_default_str();
+  sub->add_option("--devices", o->devices, "devices in the cluster")->required()->check(in_range(1, 1 << 16, /*whole=*/true));
   sub->add_option("--memory-per-device", o->memory, "memory of each device, e.g. 16GiB")->capture_default_str();
   sub->add_option("--flops", o->flops, "FLOP/s of a device on a Transformer given by shape (1e3 to 1e21)")
-      ->check(CLI::Range(1e3, 1e21))->capture_default_str();
+      ->check(in_range(1e3, 1e21))->capture_default_str();
   sub->add_option("--speed", o->speed, "a device's speed relative to this machine's core, for a profiled model")
-      ->check(CLI::Range(1e-6, 1e9))->capture_default_str();
+      ->check(in_range(1e-6, 1e9))->capture_default_str();
   sub->add_option("--latency-us", o->latency_us, "latency of a link between devices, microseconds")
-      ->check(CLI::Range(0.0, 1e9))->capture_default_str();
+      ->check(in_range(0.0, 1e9))->capture_default_str();
   sub->add_option("--bandwidth-gb-s", o->bandwidth_gb_s, "bandwidth of a link, GB/s")
-      ->check(CLI::Range(1e-6, 1e9))->capture_default_str();
+      ->check(in_range(1e-6, 1e9))->capture_default_str();
   sub->add_option("--optimizer", o->optimizer, "sgd, momentum or adam: the state kept per parameter")
       ->check(CLI::IsMember({"sgd", "momentum", "adam"}))->capture_default_str();
   sub->add_option("--batch", o->batch, "the global batch, rows per step")->required()->check(at_least(1));

@@ -24,8 +24,20 @@ struct ScheduleOptions {
   bool json = false;
 };
 
+// Most stage x micro-batch pairs (K x V x M) gpipe schedule shows: a grid of K x V rows and about
+// V x M + K slots, a second or two of work. The largest schedules it could make (2^21 pairs) took a
+// minute, 4 GB and printed 300 MB that nobody reads.
+constexpr int64_t kMostShownPairs = int64_t{1} << 16;
+
 int run(ScheduleOptions o) {
   if (o.virtual_stages == 0) o.virtual_stages = default_virtual_stages(parse_schedule(o.schedule));
+  const int64_t pairs = int64_t{o.stages} * o.virtual_stages * o.micro_batches;
+  if (pairs > kMostShownPairs)
+    usage_error("--stages " + std::to_string(o.stages) + " x --micro-batches " + std::to_string(o.micro_batches) +
+                (o.virtual_stages > 1 ? " x " + std::to_string(o.virtual_stages) + " stages per device" : "") +
+                " is " + std::to_string(pairs) + " stage x micro-batch pairs; gpipe schedule shows at most " +
+                std::to_string(kMostShownPairs) + " (a grid of K x V rows, V x M + K slots wide): ask for fewer. "
+                "Fill-drain's bubble at this size is (K-1)/(M+K-1) = " + fixed(ideal_bubble(o.stages, o.micro_batches), 3));
   const Schedule compute = make_schedule(parse_schedule(o.schedule), o.stages, o.micro_batches, o.virtual_stages);
   const Schedule program = lower(compute, parse_checkpoint(o.checkpoint));
   validate(program);

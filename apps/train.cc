@@ -323,6 +323,23 @@ nlohmann::json settings_of(const TrainOptions& o) {
           {"--json", o.json}};
 }
 
+// Under mpirun every rank reads the model, the data and the checkpoint itself: each from its own
+// working folder and machine. A rank that read other bytes would train a mixture, so the bytes
+// read must agree.
+void check_same_inputs(const TrainOptions& o, const Data& data) {
+  if (!world().mpi) return;
+  std::vector<std::pair<std::string, uint64_t>> inputs;
+  if (!o.model_file.empty() && !is_builtin(o))
+    inputs.emplace_back("--model " + o.model_file, or_usage_error("--model", [&] { return file_digest(o.model_file); }));
+  const std::string source = !o.data_file.empty() ? "--data " + o.data_file
+                             : is_gpt(o)          ? "--data-dir " + o.data_dir + " (the fortune files)"
+                                                  : "--data-dir " + o.data_dir + " (Fashion-MNIST)";
+  inputs.emplace_back(source, tensors_digest({data.train.input, data.train.target, data.eval.input, data.eval.target}));
+  if (!o.resume.empty() && !o.per_stage_files)  // per-device files differ by design: each rank reads its own
+    inputs.emplace_back("--resume " + o.resume, or_usage_error("--resume", [&] { return file_digest(o.resume); }));
+  check_same_bytes(inputs);
+}
+
 }  // namespace
 
 int run_train(TrainOptions o) {
@@ -331,6 +348,7 @@ int run_train(TrainOptions o) {
   check_flags(o);
   const Model model = choose_model(o);
   const Data data = load_data(o);
+  check_same_inputs(o, data);
   check_model_and_data(model, data.train, data.classification || data.language_model);
   const Cut cut = choose_cut(o, model, data);
   return train_and_report(o, model, data, cut);

@@ -299,7 +299,10 @@ class Run {
   // process that holds the model's output for them (under MPI, the first replica's last stage).
   void write_samples() {
     if (o_.samples.empty()) return;
-    const int64_t n = std::min<int64_t>(8, data_.eval.input.size(0));
+    // Under MPI each of the D replicas runs its share of the rows: 8 images each, so that the
+    // first replica, which writes the picture, holds the 8 that one process shows.
+    constexpr int64_t kShown = 8;
+    const int64_t n = std::min<int64_t>(kShown * replicas_of(K_), data_.eval.input.size(0));
     const torch::Tensor noisy = data_.eval.input.narrow(0, 0, n);
     torch::Tensor out;
     {
@@ -307,7 +310,8 @@ class Run {
       out = pipeline_.forward(noisy);  // inference keeps no graph
     }
     if (!out.defined() || pipeline_.output_rows(n).first != 0) return;
-    const int64_t shown = out.size(0);  // under MPI with replicas, the first replica's share
+    const int64_t shown = std::min(kShown, out.size(0));  // fewer only when the test set is small
+    out = out.narrow(0, 0, shown);
     auto row = [shown](const torch::Tensor& images) {  // [n, 1, 28, 28] normalized -> [58, n * 58] pixels
       const torch::Tensor pixels = (images.detach().cpu() * kFashionStd + kFashionMean).clamp(0, 1).mul(255).round();
       const torch::Tensor big = torch::nn::functional::interpolate(

@@ -79,6 +79,28 @@ void check_same_settings(const nlohmann::json& settings) {
 #endif
 }
 
+void check_same_bytes(const std::vector<std::pair<std::string, uint64_t>>& inputs) {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  if (!world().mpi) return;
+  nlohmann::json mine = nlohmann::json::array();
+  for (const auto& [what, digest] : inputs) mine.push_back({what, digest});
+  const std::vector<std::string> all = mpi::all_gather(MPI_COMM_WORLD, mine.dump());
+  const nlohmann::json first = nlohmann::json::parse(all[0]);
+  for (int r = 1; r < static_cast<int>(all.size()); ++r) {
+    const nlohmann::json theirs = nlohmann::json::parse(all[static_cast<size_t>(r)]);
+    GPIPE_CHECK(theirs.size() == first.size(), "rank ", r, " read other inputs than rank 0; give every rank the same "
+                "command line");
+    for (size_t n = 0; n < first.size(); ++n)
+      GPIPE_CHECK(theirs[n] == first[n], "rank ", r, " read other bytes than rank 0 behind ",
+                  first[n][0].get<std::string>(), " (each rank opens the path itself, from its own working folder "
+                  "and machine): the ranks would train a mixture of two models or datasets; give every rank the "
+                  "same file (a path they all see alike, or identical copies)");
+  }
+#else
+  (void)inputs;
+#endif
+}
+
 void print_error_line(const std::string& line) {
   // One write(2) per line: ranks of one job share the terminal, and a line
   // written piece by piece comes out interleaved with another rank's.
@@ -96,12 +118,12 @@ int fail(int status, const std::string& message) {
     print_error_line(message);
     return status;
   }
-  print_error_line("[rank " + std::to_string(world().rank) + "] " + message);
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-  // Ranks that fail together (bad settings, or a stage's failure that every
-  // rank has heard of) each print before the job ends: wait up to 5 s for all
-  // of them to get here, then end every rank. A rank that never comes (it is
-  // computing, or dead) only delays the end.
+  // Ranks that fail together (bad settings, a usage error every rank makes alike, or a stage's
+  // failure that every rank has heard of) meet here: wait up to 5 s for all of them, then the
+  // first rank prints each different message once (with the ranks that gave it, unless all did).
+  // A rank that never comes (it is computing, or dead) only delays the end: each rank then prints
+  // its own message. Then every rank ends.
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_Ibarrier(failure_comm(), &request);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -110,6 +132,25 @@ int fail(int status, const std::string& message) {
     MPI_Test(&request, &done, MPI_STATUS_IGNORE);
     if (!done) std::this_thread::yield();
   }
+  if (!done) {
+    print_error_line("[rank " + std::to_string(world().rank) + "] " + message);
+    mpi::abort(status);
+  }
+  const std::vector<std::string> all = mpi::all_gather(failure_comm(), message);
+  if (world().rank == 0) {
+    std::vector<bool> told(all.size(), false);
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (told[r]) continue;
+      std::vector<size_t> ranks;
+      for (size_t q = r; q < all.size(); ++q)
+        if (!told[q] && all[q] == all[r]) ranks.push_back(q), told[q] = true;
+      std::string who;
+      for (size_t n = 0; n < ranks.size(); ++n) who += (n ? ", " : "") + std::to_string(ranks[n]);
+      print_error_line(ranks.size() == all.size() ? all[r]
+                                                  : (ranks.size() == 1 ? "[rank " : "[ranks ") + who + "] " + all[r]);
+    }
+  }
+  MPI_Barrier(failure_comm());  // printed before any rank ends the job
   mpi::abort(status);
 #else
   return status;

@@ -3,7 +3,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace gpipe::cli {
 
@@ -31,6 +34,12 @@ int replicas_of(int devices);
 /// same std::invalid_argument naming the first setting that differs. A world
 /// of one has nothing to compare.
 void check_same_settings(const nlohmann::json& settings);
+
+/// Compares, across the ranks of an MPI job, digests of what each rank read from files: `inputs`
+/// holds (what was read, e.g. "--data data.pt", its digest). Every rank throws the same
+/// std::invalid_argument naming the first input whose bytes differ (each rank opens a path
+/// itself, from its own working folder and machine) and the fix. A world of one has nothing to compare.
+void check_same_bytes(const std::vector<std::pair<std::string, uint64_t>>& inputs);
 
 /// Writes `line` and a newline to standard error in one write, so that lines
 /// of ranks sharing a terminal never mix.

@@ -33,6 +33,7 @@
 #include <cmath>
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 
 namespace {
 
@@ -178,12 +179,33 @@ int main(int argc, char** argv) {
   double resolution = 0.02;
   app.add_option("--cap", cap_text, "memory per stage: parameters, gradients, Adam state and activations")
       ->capture_default_str();
-  app.add_option("--stages", stages, "values of K")->delimiter(',')->check(CLI::Range(1, 64))->capture_default_str();
+  // Each rule says itself and the value given ("must be a whole number from 1 to 64 (got 0)").
+  auto between = [](double least, double most, bool whole) {
+    std::ostringstream rule;
+    rule << "must be " << (whole ? "a whole number" : "a number") << " from " << least << " to " << most;
+    return CLI::Validator(
+        [rule = rule.str(), least, most, whole](std::string& text) {
+          double value = 0;
+          int64_t integer = 0;
+          const bool read = whole ? CLI::detail::lexical_cast(text, integer) : CLI::detail::lexical_cast(text, value);
+          if (whole) value = static_cast<double>(integer);
+          return read && std::isfinite(value) && value >= least && value <= most ? std::string()
+                                                                                 : rule + " (got " + text + ")";
+        },
+        whole ? "INT" : "NUMBER");
+  };
+  app.add_option("--stages", stages, "values of K")->delimiter(',')->check(between(1, 64, true))->capture_default_str();
   app.add_option("--resolution", resolution, "step of the search, as a share of L")
-      ->check(CLI::Range(0.001, 0.5))
+      ->check(between(0.001, 0.5, false))
       ->capture_default_str();
   app.add_option("--results", results, "JSON file of the table")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {  // --help is one too (exit code 0); the others name the flag, status 2
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << "largest_model: " << e.what() << "; see largest_model --help\n";
+    return 2;
+  }
   try {
     return run(cap_text, stages, resolution, results);
   } catch (const std::invalid_argument& e) {

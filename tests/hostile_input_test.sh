@@ -3,9 +3,10 @@
 # ends with a clear error (or a clear stop) and a non-zero exit, never a hang, a silent change of
 # the data or the model, or a lost file. The numbers are the cases of the hardening work, in order
 # of severity. Cases that need models or data from Python are skipped without python3-torch.
-# Usage: hostile_input_test.sh PATH/TO/gpipe
+# Usage: hostile_input_test.sh PATH/TO/gpipe [PATH/TO/largest_model]
 set -u
 gpipe="$1"
+largest_model="${2:-}"
 python=/usr/bin/python3
 failures=0
 passes=0
@@ -48,6 +49,12 @@ class Picky(torch.nn.Module):  # fails on micro-batches of 3 rows only
         if x.size(0) == 3:
             return x.view(-1, 7)
         return x
+class First(torch.nn.Module):  # keeps the first row only
+    def forward(self, x):
+        return x[:1]
+class Argmax(torch.nn.Module):  # the index of the largest score, as floats: no gradient
+    def forward(self, x):
+        return torch.argmax(x, dim=1, keepdim=True).float().expand(-1, 3).contiguous()
 ''')
 sys.path.insert(0, work)
 import models
@@ -59,6 +66,16 @@ torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), to
     f"{work}/mismatched.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), models.Picky(),
                                      torch.nn.Linear(8, 3))).save(f"{work}/picky.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), models.First(),
+                                     torch.nn.Linear(8, 3))).save(f"{work}/first-row.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3),
+                                     models.Argmax())).save(f"{work}/argmax.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh())).save(f"{work}/no-parameters.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                                     torch.nn.Linear(8, 3))).save(f"{work}/batch-norm.pt")
+shared = torch.nn.Linear(6, 6)  # one module at two places: its weight tied, with two names
+torch.jit.script(torch.nn.Sequential(shared, torch.nn.Tanh(), shared, torch.nn.Tanh(),
+                                     torch.nn.Linear(6, 3))).save(f"{work}/tied.pt")
 x = torch.randn(40, 6)
 save = lambda name, **d: torch.save(d, f"{work}/{name}.pt")
 save("data", input=x, target=torch.randn(40, 3))
@@ -231,6 +248,83 @@ for flags in "" "--drop-last"; do
        "$work/epochs.json" "$want"; then pass "10. 200 samples, batches of 64, 2 epochs ${flags:-(default)}: $want steps"
   else fail "10. steps with ${flags:-no flag}"; fi
 done
+
+# 11. Silently wrong before: a model that cannot train, or whose rows do not pair with the targets,
+# is refused before any step (it trained with exit 0, or with libtorch's resize warnings).
+if [ "$torch" = 1 ]; then
+  run "11. a layer that keeps one row (x[:1]) under mse" 2 "layer 2 turns 2 samples \(shape \[2, 8\]\) into 1 row" \
+    train --model "$work/first-row.pt" --data "$work/data.pt" --loss mse
+  run "11. the same under cross_entropy, before step 1" 2 "layer 2 turns 2 samples .* into 1 row" \
+    train --model "$work/first-row.pt" --data "$work/classes.pt" --loss cross_entropy
+  run "11. an argmax output" 2 "layer 3 returns a tensor without one \(argmax" \
+    train --model "$work/argmax.pt" --data "$work/data.pt" --loss mse
+  run "11. a model without parameters" 2 "the model has no parameters: training would change nothing" \
+    train --model "$work/no-parameters.pt" --data "$work/data.pt" --loss mse --steps 1
+  run "11. gpipe plan of a model that cannot train" 2 "--model: the model's output does not depend on any parameter" \
+    plan --model "$work/argmax.pt" --input-shape 6 --devices 2 --batch 8
+  # gpipe plan of a model with BatchNorm recommends no one-row micro-batches (gpipe train refuses them).
+  if timeout 60 "$gpipe" plan --model "$work/batch-norm.pt" --input-shape 6 --devices 2 --batch 8 --json --all \
+       >"$work/plan.jsonl" 2>"$work/err.txt" &&
+     "$python" - "$work/plan.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert rows, "no configuration"
+for r in rows:
+    assert (8 // r["replicas"]) // r["micro_batches"] >= 2, r
+PY
+  then pass "11. gpipe plan with BatchNorm: every micro-batch of 2 rows or more"
+  else fail "11. gpipe plan with BatchNorm: $(cat "$work/err.txt")"; fi
+  run "11. gpipe plan with BatchNorm, M asked for gives one row" 2 "leaves micro-batches of 1 row, but the model needs at least 2" \
+    plan --model "$work/batch-norm.pt" --input-shape 6 --devices 2 --batch 8 --micro-batches 4
+
+  # A weight tied by a module used twice (the optimizer state is kept under either of its two names):
+  # saved at step 3 and resumed to 6, the parameters of 6 unbroken steps.
+  tied=(train --model "$work/tied.pt" --data "$work/data.pt" --loss mse --batch-size 8 --stages 2 --json)
+  if timeout 60 "$gpipe" "${tied[@]}" --steps 6 >"$work/tied-unbroken.json" 2>"$work/err.txt" &&
+     timeout 60 "$gpipe" "${tied[@]}" --steps 3 --save "$work/tied-ckpt.pt" >/dev/null 2>>"$work/err.txt" &&
+     timeout 60 "$gpipe" "${tied[@]}" --steps 6 --resume "$work/tied-ckpt.pt" >"$work/tied-resumed.json" 2>>"$work/err.txt" &&
+     "$python" - "$work/tied-unbroken.json" "$work/tied-resumed.json" <<'PY'
+import json, sys
+unbroken, resumed = (json.load(open(f)) for f in sys.argv[1:3])
+assert resumed["steps_this_run"] == 3, resumed
+assert resumed["parameter_checksum"] == unbroken["parameter_checksum"], (resumed["parameter_checksum"], unbroken["parameter_checksum"])
+PY
+  then pass "11. a tied weight (Adam) saved at step 3 and resumed: equals 6 unbroken steps"
+  else fail "11. tied-weight resume: $(tail -3 "$work/err.txt")"; fi
+fi
+
+# 12. gpipe bench: a cut given with --balance is labelled as given, and not as one of --balance-by's methods.
+run "12. bench --balance with --balance-by" 2 "--balance \{15, 1\} is the cut, and --balance-by time params even would choose it too" \
+  bench --workload tiny --stages 2 --balance 15,1 --balance-by time params even --results ""
+if timeout 60 "$gpipe" bench --workload tiny --stages 2 --balance 15,1 --micro-batches 4 --steps 1 --warmup 0 --json \
+     --results "" >"$work/bench.jsonl" 2>"$work/err.txt" &&
+   "$python" -c 'import json,sys; r = [json.loads(l) for l in open(sys.argv[1])]; assert [x["balance_by"] for x in r] == ["given"], r' \
+     "$work/bench.jsonl"; then pass "12. bench --balance 15,1: one row, labelled 'given'"
+else fail "12. bench --balance: $(cat "$work/err.txt")"; fi
+
+# 13. Hangs: what would compute for minutes and print hundreds of megabytes is refused at once, with the limit.
+run "13. gpipe plan of 65536 devices and 10^4 layers" 2 "the search would simulate [0-9]+ stage x micro-batch pairs .* more than the 4194304" \
+  plan --layers 10000 --width 1024 --heads 16 --ffn 4096 --vocab 32000 --seq 512 --devices 65536 --batch 65536
+run "13. gpipe schedule at K=2048, M=1024" 2 "2097152 stage x micro-batch pairs; gpipe schedule shows at most 65536" \
+  schedule --stages 2048 --micro-batches 1024
+
+# 14. CLI11's words, and a V too large, said in the flag's terms.
+run "14. three --betas" 2 "--betas: takes 2 values separated by commas \(got 3\); see gpipe train --help" \
+  train --betas 0.9,0.99,0.5
+run "14. --stages past an int (CLI11's 'Could not convert')" 2 "--stages: must be a whole number from 1 to 2147483647 \(got 99999999999\)" \
+  train --stages 99999999999
+run "14. --speed out of its range" 2 "--speed: must be a number from 1e-06 to 1e\+09 \(got 0\)" \
+  plan --workload mlp --devices 2 --batch 8 --speed 0
+run "14. --virtual-stages 16" 2 "cannot cut 11 layers into 2 devices x 16 stages per device \(32 stages\).*with 2 devices use at most 5 stages per device" \
+  train --virtual-stages 16
+
+if [ -n "$largest_model" ]; then  # bench/largest_model's flags: named, with the rule, status 2 (CLI11's 105 before)
+  timeout 60 "$largest_model" --stages 0 >/dev/null 2>"$work/err.txt"
+  status=$?
+  if [ "$status" -eq 2 ] && grep -q "largest_model: --stages: must be a whole number from 1 to 64 (got 0)" "$work/err.txt"; then
+    pass "14. largest_model --stages 0: exit 2, the flag and its range named"
+  else fail "14. largest_model --stages 0: exit $status: $(cat "$work/err.txt")"; fi
+fi
 
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -182,13 +182,21 @@ struct Model {
   static Model of(std::string name, const ScriptModel& source);
 };
 
-/// Runs the whole model (in eval mode, without gradients) on the first two
-/// samples of `data` and checks its output against the targets and the loss,
-/// so that a model that does not fit the data, or targets that do not fit the
-/// loss, are refused before any training. Throws std::invalid_argument naming
-/// the layer that fails and both shapes, or the targets' problem. The run's
-/// random numbers are left as they were.
+/// Runs the whole model (in eval mode) on the first two samples of `data` and
+/// checks its output against the targets and the loss, so that a model that
+/// does not fit the data, or targets that do not fit the loss, are refused
+/// before any training. Also refused: a model without parameters that train, a
+/// layer that changes the number of rows, and an output no gradient reaches
+/// (an argmax). Throws std::invalid_argument naming the layer that fails and
+/// both shapes, or the targets' problem. The run's random numbers are left as
+/// they were.
 void check_model_and_data(const Model& model, const Dataset& data, bool classification);
+
+/// The layer checks of check_model_and_data, for a model without data: runs `whole` layer by layer
+/// in eval mode on `sample` (a few rows) and returns its output; throws std::invalid_argument naming
+/// the layer that fails, that changes the number of rows, or whose output no gradient reaches, or
+/// saying that the model has no parameters that train. The layers are left in training mode.
+torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tensor& sample);
 
 /// What a run did, as the end of `gpipe train`'s summary reports it (Python's
 /// gpipe.Summary prints the same lines).

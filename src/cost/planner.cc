@@ -36,6 +36,7 @@ void PlanSearch::check() const {
   GPIPE_CHECK(devices >= 1, "the cluster needs at least 1 device (got ", devices, ")");
   GPIPE_CHECK(memory_per_device >= 1, "a device needs at least 1 byte of memory (got ", memory_per_device, ")");
   GPIPE_CHECK(batch >= 1, "the batch needs at least 1 row (got ", batch, ")");
+  GPIPE_CHECK(least_micro_batch_rows >= 1, "a micro-batch needs at least 1 row (got ", least_micro_batch_rows, ")");
   GPIPE_CHECK(blocks >= 0 && lead >= 0 && tail >= 0, "lead, blocks and tail must be 0 or more (got ", lead, ", ",
               blocks, ", ", tail, ")");
   for (int K : stages)
@@ -44,26 +45,38 @@ void PlanSearch::check() const {
   for (int M : micro_batches) GPIPE_CHECK(M >= 1, "M must be at least 1 (got ", M, ")");
 }
 
-std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch& search) {
-  search.check();
-  const int L = costs.layer_count();
-  GPIPE_CHECK(search.blocks == 0 || search.lead + search.blocks + search.tail == L, "the cut's ", search.lead,
-              " + ", search.blocks, " + ", search.tail, " layers are not the model's ", L);
+namespace {
+
+// One (K, M, schedule) of a search, before its checkpoint modes are planned.
+struct Shape {
+  int K, D, M, V;
+  int64_t rows;
+  ScheduleKind kind;
+};
+
+// Every (K, M, schedule) `search` considers for a model of L layers.
+std::vector<Shape> shapes_of(const PlanSearch& search, int L) {
   const int stage_units = search.blocks > 0 ? search.blocks : L;  // what a stage must have at least one of
-  std::vector<PlanCandidate> found;
+  std::vector<Shape> out;
   for (int K = 1; K <= search.devices; ++K) {
     if (search.devices % K != 0 || K > stage_units || !considered(search.stages, K)) continue;
     const int D = search.devices / K;
     if (search.batch < D) continue;  // every replica needs a row
     const int64_t rows = micro_batch_sizes(search.batch, D).front();
+    const int64_t least = search.least_micro_batch_rows;
+    if (rows < least) continue;  // not even one micro-batch of enough rows
     std::vector<int> micro;
     if (search.micro_batches.empty()) {
-      for (int64_t M = 1; M <= rows && M <= std::max(8, 4 * K) && 2 * K * M <= kMostPlannedPairs; M *= 2)
+      for (int64_t M = 1; M * least <= rows && M <= std::max(8, 4 * K) && 2 * K * M <= kMostPlannedPairs; M *= 2)
         micro.push_back(static_cast<int>(M));
     } else {
       for (int M : search.micro_batches) {
         GPIPE_CHECK(M <= rows, "M = ", M, " micro-batches is more than the ", rows, " rows a replica gets at K=", K,
                     " (", D, " replicas); every micro-batch needs a row");
+        GPIPE_CHECK(rows / M >= least, "M = ", M, " micro-batches of the ", rows, " rows a replica gets at K=", K,
+                    " (", D, " replicas) leaves micro-batches of ", rows / M, " row", rows / M == 1 ? "" : "s",
+                    ", but the model needs at least ", least, " (BatchNorm in training normalizes each micro-batch "
+                    "by its own statistics); ask for fewer micro-batches or a larger batch");
         micro.push_back(M);
       }
     }
@@ -72,41 +85,71 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
         const int V = default_virtual_stages(kind);
         if (K * V > stage_units) continue;
         if (K == 1 && (kind == ScheduleKind::kZB1P || V > 1)) continue;  // one device: nothing to fill
-        for (Checkpoint checkpoint : search.checkpoints) {
-          PipelinePlan plan;
-          try {
-            plan = make_plan(L, PipelineOptions().balance(search_cut(costs, search, K * V)).micro_batches(M).schedule(kind)
-                                    .checkpoint(checkpoint));
-          } catch (const std::invalid_argument&) {
-            break;  // a shape this schedule does not take (interleaved with M not a multiple of K, say)
-          }
-          PlanCandidate c;
-          c.devices = K;
-          c.replicas = D;
-          c.micro_batches = M;
-          c.virtual_stages = V;
-          c.schedule = kind;
-          c.checkpoint = checkpoint;
-          c.balance = plan.balance;
-          c.predicted = predict(costs, plan, micro_batch_sizes(rows, M));
-          // Replicas sum their gradients: a ring all-reduce of the largest stage's gradients.
-          int64_t largest_static = 0;
-          for (int64_t s : c.predicted.static_bytes) largest_static = std::max(largest_static, s);
-          const double gradient_bytes = static_cast<double>(largest_static) / (1 + costs.state_per_parameter_byte);
-          const double send_s = costs.link_bytes_per_s > 0 ? gradient_bytes / D / costs.link_bytes_per_s : 0.0;
-          const double all_reduce = D > 1 ? 2.0 * (D - 1) * (costs.link_latency_s + send_s) : 0.0;
-          c.step_s = c.predicted.step_s + all_reduce;
-          c.samples_per_s = static_cast<double>(search.batch) / c.step_s;
-          c.largest_total_bytes = c.predicted.largest_total_bytes();
-          c.fits = c.largest_total_bytes <= search.memory_per_device;
-          found.push_back(std::move(c));
-        }
+        out.push_back({K, D, M, V, rows, kind});
       }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch& search) {
+  search.check();
+  const int L = costs.layer_count();
+  GPIPE_CHECK(search.blocks == 0 || search.lead + search.blocks + search.tail == L, "the cut's ", search.lead,
+              " + ", search.blocks, " + ", search.tail, " layers are not the model's ", L);
+  const std::vector<Shape> shapes = shapes_of(search, L);
+  int64_t total = 0, done = 0;
+  for (const Shape& s : shapes) total += int64_t{s.K} * s.V * s.M * static_cast<int64_t>(search.checkpoints.size());
+  GPIPE_CHECK(total <= kMostSearchedPairs, "the search would simulate ", total, " stage x micro-batch pairs (K x V x M "
+              "over every configuration and checkpoint mode), more than the ", kMostSearchedPairs, " that keep an "
+              "answer within about a minute; narrow it with --stages (the K to consider), --micro-batches, --schedule "
+              "or --checkpoint");
+  std::vector<PlanCandidate> found;
+  for (const Shape& shape : shapes) {
+    const int K = shape.K, D = shape.D, M = shape.M, V = shape.V;
+    const int64_t rows = shape.rows;
+    const ScheduleKind kind = shape.kind;
+    for (Checkpoint checkpoint : search.checkpoints) {
+      PipelinePlan plan;
+      try {
+        plan = make_plan(L, PipelineOptions().balance(search_cut(costs, search, K * V)).micro_batches(M).schedule(kind)
+                                .checkpoint(checkpoint));
+      } catch (const std::invalid_argument&) {
+        break;  // a shape this schedule does not take (interleaved with M not a multiple of K, say)
+      }
+      PlanCandidate c;
+      c.devices = K;
+      c.replicas = D;
+      c.micro_batches = M;
+      c.virtual_stages = V;
+      c.schedule = kind;
+      c.checkpoint = checkpoint;
+      c.balance = plan.balance;
+      c.predicted = predict(costs, plan, micro_batch_sizes(rows, M));
+      // Replicas sum their gradients: a ring all-reduce of the largest stage's gradients.
+      int64_t largest_static = 0;
+      for (int64_t s : c.predicted.static_bytes) largest_static = std::max(largest_static, s);
+      const double gradient_bytes = static_cast<double>(largest_static) / (1 + costs.state_per_parameter_byte);
+      const double send_s = costs.link_bytes_per_s > 0 ? gradient_bytes / D / costs.link_bytes_per_s : 0.0;
+      const double all_reduce = D > 1 ? 2.0 * (D - 1) * (costs.link_latency_s + send_s) : 0.0;
+      c.step_s = c.predicted.step_s + all_reduce;
+      c.samples_per_s = static_cast<double>(search.batch) / c.step_s;
+      c.largest_total_bytes = c.predicted.largest_total_bytes();
+      c.fits = c.largest_total_bytes <= search.memory_per_device;
+      found.push_back(std::move(c));
+    }
+    done += int64_t{K} * V * M * static_cast<int64_t>(search.checkpoints.size());
+    if (search.progress) search.progress(done, total);
   }
   GPIPE_CHECK(!found.empty(), "no configuration of ", search.devices, " devices takes a batch of ", search.batch,
               " rows", search.stages.empty() ? "" : " with the K given",
               search.micro_batches.empty() ? "" : " and the M given",
-              "; every stage needs a layer (a block) and every replica and micro-batch a row, zb1p, interleaved and zbv "
+              "; every stage needs a layer (a block), every replica a row and every micro-batch ",
+              search.least_micro_batch_rows > 1 ? std::to_string(search.least_micro_batch_rows) +
+                                                      " rows (this model's BatchNorm)"
+                                                : std::string("a row"),
+              ", zb1p, interleaved and zbv "
               "need K >= 2, interleaved M a multiple of K, and a schedule at most 2^21 stage x micro-batch pairs");
   std::stable_sort(found.begin(), found.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
     if (a.fits != b.fits) return a.fits;

@@ -74,9 +74,22 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
   } else {
     GPIPE_CHECK(options.devices() >= 1, "the number of devices K is not given; give K (1 <= K·V <= ", layers,
                 ") or a balance");
-    GPIPE_CHECK(options.devices() * V <= layers, "cannot cut ", layers, " layers into ", options.devices(), " devices",
-                per_device, ": every stage needs at least one layer; use at most ", std::max(1, layers / V),
-                " devices");
+    const int K = options.devices();
+    if (K * V > layers) {
+      // The ways out: fewer stages per device (interleaved's V is chosen; zbv's is fixed), fewer devices.
+      std::vector<std::string> ways;
+      if (V > 1 && options.schedule() == ScheduleKind::kInterleaved && layers / K >= 2)
+        ways.push_back("with " + std::to_string(K) + " devices use at most " + std::to_string(layers / K) +
+                       " stages per device");
+      if (layers / V >= 1)
+        ways.push_back("use at most " + std::to_string(layers / V) + " devices" +
+                       (V > 1 ? " of " + std::to_string(V) + " stages" : std::string()));
+      if (ways.empty()) ways.push_back("use a model with more layers");
+      GPIPE_CHECK(false, "cannot cut ", layers, " layers into ", K, " devices", per_device,
+                  V > 1 ? " (" + std::to_string(K * V) + " stages)" : std::string(),
+                  ": every stage needs at least one layer, so there can be at most ", layers, " stages; ", ways[0],
+                  ways.size() > 1 ? ", or " + ways[1] : std::string());
+    }
     plan.balance = even_balance(layers, options.devices() * V);
   }
   plan.devices = plan.stages() / V;

@@ -180,33 +180,65 @@ Model Model::of(std::string name, const ScriptModel& source) {
 
 // ---------------------------------------------------------------- checks and the cut
 
+torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tensor& sample) {
+  // In eval mode, with gradients (on a few rows, the graph freed at once): an output that no
+  // gradient reaches would train nothing.
+  whole->eval();
+  struct TrainModeAgain {  // the layers may be the training ones (a TorchScript model's)
+    torch::nn::Sequential layers;
+    ~TrainModeAgain() { layers->train(); }
+  } train_mode_again{whole};
+  const auto names = whole->named_children();
+  auto layer = [&names](size_t i) {
+    const std::string index = std::to_string(i);
+    return "layer " + index + (names[i].key() == index ? "" : " ('" + names[i].key() + "')");
+  };
+  bool trains = false;
+  for (const torch::Tensor& p : whole->parameters()) trains = trains || p.requires_grad();
+  if (!trains)
+    refuse(whole->parameters().empty()
+               ? "the model has no parameters: training would change nothing; give a model with layers that learn"
+               : "none of the model's parameters requires a gradient (all are frozen): training would change "
+                 "nothing; unfreeze some (requires_grad=True) before saving the model");
+  const int64_t rows = sample.size(0);
+  int64_t stopped = -1;  // the layer whose output no gradient reaches, though its input's does
+  torch::Tensor out = sample;
+  for (size_t i = 0; i < whole->size(); ++i) {
+    const torch::Tensor in = out;
+    try {
+      out = (whole->begin() + static_cast<std::ptrdiff_t>(i))->forward(in);
+    } catch (const std::exception& e) {
+      refuse(layer(i) + " fails on " +
+             (i == 0 ? "the data's first samples, shape " : "the output of layer " + std::to_string(i - 1) + ", shape ") +
+             shape_text(in) + ": " + what_of(e) +
+             (i == 0 ? "; give the model inputs of the shape its first layer takes"
+                     : "; make each layer take the shape the one before it outputs"));
+    }
+    if (out.dim() == 0 || out.size(0) != rows)
+      refuse(layer(i) + " turns " + std::to_string(rows) + " samples (shape " + shape_text(in) + ") into " +
+             (out.dim() == 0 ? "a single number" : std::to_string(out.size(0)) + (out.size(0) == 1 ? " row" : " rows") + " (shape " + shape_text(out) + ")") +
+             ": it changes the number of rows, so the outputs no longer pair with the samples; every layer must "
+             "keep one row per sample (slice, pool or reduce dimensions after the first)");
+    if (in.requires_grad() && !out.requires_grad()) stopped = static_cast<int64_t>(i);
+    if (out.requires_grad()) stopped = -1;
+  }
+  if (!out.requires_grad())
+    refuse("the model's output does not depend on any parameter through a gradient" +
+           (stopped >= 0 ? ": " + layer(static_cast<size_t>(stopped)) +
+                               " returns a tensor without one (argmax, a comparison, an integer result or .detach())"
+                         : std::string()) +
+           ", so training would change nothing; end the model with differentiable scores (argmax belongs after "
+           "training, not in the model)");
+  return out.detach();
+}
+
 void check_model_and_data(const Model& model, const Dataset& data, bool classification) {
   GPIPE_CHECK(data.size() > 0, "the training data has no samples");
   const torch::Tensor sample = data.input.narrow(0, 0, std::min<int64_t>(2, data.input.size(0)));
   torch::Tensor out;
   {
     const RandomStateGuard guard;  // building the whole model draws random numbers
-    torch::NoGradGuard no_grad;
-    torch::nn::Sequential whole = model.build(LayerRange{});
-    whole->eval();
-    const auto names = whole->named_children();
-    out = sample;
-    for (size_t i = 0; i < whole->size(); ++i) {
-      const torch::Tensor in = out;
-      try {
-        out = (whole->begin() + static_cast<std::ptrdiff_t>(i))->forward(in);
-      } catch (const std::exception& e) {
-        whole->train();
-        const std::string index = std::to_string(i);
-        refuse("layer " + index + (names[i].key() == index ? "" : " ('" + names[i].key() + "')") + " fails on " +
-                    (i == 0 ? "the data's first samples, shape " : "the output of layer " + std::to_string(i - 1) +
-                                                                      ", shape ") +
-                    shape_text(in) + ": " + what_of(e) +
-                    (i == 0 ? "; give the model inputs of the shape its first layer takes"
-                            : "; make each layer take the shape the one before it outputs"));
-      }
-    }
-    whole->train();  // the layers may be the training ones (a TorchScript model's)
+    out = check_layers_train(model.build(LayerRange{}), sample);
   }
   const torch::Tensor& target = data.target;
   const auto out_row = out.sizes().slice(1), target_row = target.sizes().slice(1);
