@@ -299,6 +299,7 @@ void print_row(const nlohmann::json& r) {
 }
 
 int run(const BenchOptions& o, const std::string& command) {
+  if (world().prints()) check_results_path(o.results);
   if (o.transport) return run_transport(o.warmup, o.json, o.results, command);
   check_same_settings({{"command", command}});
   check_sweep(o);

@@ -48,6 +48,15 @@ class Picky(torch.nn.Module):  # fails on micro-batches of 3 rows only
         if x.size(0) == 3:
             return x.view(-1, 7)
         return x
+class Pair(torch.nn.Module):  # returns a tuple
+    def forward(self, x):
+        return (x, x)
+class Named(torch.nn.Module):  # returns a dict
+    def forward(self, x):
+        return {"x": x}
+class FirstRow(torch.nn.Module):  # keeps one row of the batch
+    def forward(self, x):
+        return x[:1]
 ''')
 sys.path.insert(0, work)
 import models
@@ -74,6 +83,17 @@ save("huge", input=x * 1e30, target=torch.randn(40, 3))
 save("no-target", input=x)
 save("typo", input=x, targets=torch.randn(40, 3))
 save("empty", input=x[:0], target=torch.randn(0, 3))
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 6), models.Pair())).save(f"{work}/tuple.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 6), models.Named())).save(f"{work}/dict.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 3))).save(f"{work}/one-layer.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), models.FirstRow(), torch.nn.Linear(8, 3))).save(f"{work}/rows.pt")
+torch.jit.script(linear().double()).save(f"{work}/model64.pt")
+save("target64", input=x, target=torch.randn(40, 3).double())
+save("input64", input=x.double(), target=torch.randn(40, 3))
+save("input-u8", input=(x * 10).to(torch.uint8), target=torch.randn(40, 3))
+torch.save({"input": x, "target": torch.randn(40, 3)}, f"{work}/old-format.pt", _use_new_zipfile_serialization=False)
+save("sparse", input=x.to_sparse(), target=torch.randn(40, 3))
+save("overflow", input=x * 1e20, target=torch.randn(40, 3))
 PY
 then torch=1
 else echo "skipped: the cases with models and data from Python (no python3-torch: $(tail -1 "$work/python.err"))"
@@ -231,6 +251,27 @@ for flags in "" "--drop-last"; do
        "$work/epochs.json" "$want"; then pass "10. 200 samples, batches of 64, 2 epochs ${flags:-(default)}: $want steps"
   else fail "10. steps with ${flags:-no flag}"; fi
 done
+
+# 11. Late or misleading errors: each refused before any work, naming what is wrong.
+# An output folder that takes no new files (/proc, even for root): found by creating the file up front.
+if [ -d /proc/self ] && ! touch /proc/gpipe-probe 2>/dev/null; then
+  run "11. --save into /proc" 2 "--save: cannot write /proc/x.pt: the folder /proc takes no new files" \
+    train "${tiny[@]}" --save /proc/x.pt
+  run "11. --trace into /proc" 2 "--trace: cannot write /proc/t.json: the folder /proc takes no new files" \
+    train "${tiny[@]}" --trace /proc/t.json
+  run "11. --samples into /proc" 2 "--samples: cannot write /proc/s.png: the folder /proc takes no new files" \
+    train --model unet "${tiny[@]}" --samples /proc/s.png
+  run "11. bench --results into /proc" 2 "--results: cannot write /proc/r.json: the folder /proc takes no new files" \
+    bench --workload tiny --stages 2 --steps 1 --warmup 0 --results /proc/r.json
+  if grep -q "^tiny" "$work/out.txt"; then fail "11. bench --results into /proc: benchmarked before the error"; fi
+fi
+# Inputs that are not files: each named for what it is.
+mkfifo "$work/fifo"
+ln -s /dev/null "$work/null-link.pt"
+run "11. --model /dev/zero" 2 "--model: /dev/zero is a character device, not a file" \
+  train --model /dev/zero --data "$work/data.pt" --loss mse
+run "11. --data, a link to /dev/null" 2 "--data: $work/null-link.pt \(a link to /dev/null\) is a character device, not a file" \
+  train --model "$work/model.pt" --data "$work/null-link.pt" --loss mse
 
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]
