@@ -268,6 +268,9 @@ fi
 # Inputs that are not files: each named for what it is.
 mkfifo "$work/fifo"
 ln -s /dev/null "$work/null-link.pt"
+run "11. --resume a FIFO" 2 "--resume: $work/fifo is a FIFO \(a named pipe\), not a file" \
+  train "${tiny[@]}" --resume "$work/fifo"
+run "11. --resume a folder" 2 "--resume: $work is a folder, not a file" train "${tiny[@]}" --resume "$work"
 run "11. --model /dev/zero" 2 "--model: /dev/zero is a character device, not a file" \
   train --model /dev/zero --data "$work/data.pt" --loss mse
 run "11. --data, a link to /dev/null" 2 "--data: $work/null-link.pt \(a link to /dev/null\) is a character device, not a file" \
