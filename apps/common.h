@@ -2,6 +2,8 @@
 // list parsing, progress on standard error.
 #pragma once
 
+#include <gpipe/check.h>
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/types.h>
@@ -63,7 +65,7 @@ auto or_usage_error(const std::string& flag, Fn&& fn) {
   try {
     return fn();
   } catch (const std::exception& e) {
-    usage_error(flag + ": " + without_prefix(e.what()));
+    usage_error(flag + ": " + without_prefix(what_of(e)));  // libtorch's stack and TorchScript's traceback: --verbose
   }
 }
 

@@ -15,6 +15,8 @@
 #include <memory>
 #include <set>
 
+#include <unistd.h>
+
 namespace gpipe::cli {
 namespace {
 
@@ -103,7 +105,21 @@ Model profiled_model(const PlanOptions& o) {
     layers = or_usage_error("--model", [&] { return load_script_model(o.model).layers; });
     std::vector<int64_t> shape{kProfileRows};
     shape.insert(shape.end(), o.input_shape.begin(), o.input_shape.end());
-    sample = torch::randn(shape);
+    // The micro-batch is made and run here: one too large for this machine is refused, not allocated.
+    double bytes = sizeof(float);
+    for (const int64_t n : shape) bytes *= static_cast<double>(n);
+    const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+    if (bytes > memory / 4) {
+      std::ostringstream text;
+      std::string given;
+      for (const int64_t n : o.input_shape) given += (given.empty() ? "" : ",") + std::to_string(n);
+      text << "--input-shape " << given << ": the model is profiled here on " << kProfileRows
+           << " samples of this shape, " << std::setprecision(3) << bytes / (1u << 30)
+           << " GiB of floats, more than a quarter of this machine's memory (" << memory / (1u << 30)
+           << " GiB); give one sample's shape without the batch, or plan a Transformer by shape (--layers, --width, ...)";
+      usage_error(text.str());
+    }
+    sample = or_usage_error("--input-shape", [&] { return torch::randn(shape); });
     m.description = "model " + o.model;
   }
   // Profiled here on a micro-batch of kProfileRows rows (and the loss, for a workload); the figures

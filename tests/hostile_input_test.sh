@@ -275,6 +275,18 @@ run "11. --model /dev/zero" 2 "--model: /dev/zero is a character device, not a f
   train --model /dev/zero --data "$work/data.pt" --loss mse
 run "11. --data, a link to /dev/null" 2 "--data: $work/null-link.pt \(a link to /dev/null\) is a character device, not a file" \
   train --model "$work/model.pt" --data "$work/null-link.pt" --loss mse
+if [ "$torch" = 1 ]; then
+  # gpipe plan's errors are train's: no C++ stack, no TorchScript traceback.
+  run "11. plan: a layer returning a tuple" 2 "layer 1 \('1', __torch__\.(models\.)?Pair\) returns Tuple\[Tensor, Tensor\], not a Tensor" \
+    plan --model "$work/tuple.pt" --input-shape 6 --devices 2 --batch 8
+  run "11. plan: a layer returning a dict" 2 "returns Dict.*, not a Tensor" \
+    plan --model "$work/dict.pt" --input-shape 6 --devices 2 --batch 8
+  run "11. plan --input-shape the model does not take" 2 "--input-shape: mat1 and mat2 shapes cannot be multiplied" \
+    plan --model "$work/model.pt" --input-shape 5 --devices 2 --batch 8
+  if grep -q "Traceback of TorchScript" "$work/err.txt"; then fail "11. plan: TorchScript's traceback without --verbose"; fi
+  run "11. plan --input-shape too large to profile" 2 "--input-shape 100000,100000: the model is profiled here on 8 samples of this shape, 298 GiB" \
+    plan --model "$work/model.pt" --input-shape 100000,100000 --devices 2 --batch 8
+fi
 
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]
