@@ -323,6 +323,21 @@ nlohmann::json settings_of(const TrainOptions& o) {
           {"--json", o.json}};
 }
 
+// --resume read and checked against the whole model before --balance-by's profile, which would
+// otherwise be done for a file refused after it (in one process; under mpirun there is no profile).
+void check_resume_before_profile(const TrainOptions& o, const Model& model) {
+  if (o.resume.empty() || o.balance_by.empty() || o.per_stage_files || world().mpi) return;
+  or_usage_error("--resume", [&] {
+    const RandomStateGuard guard;  // building the model draws random numbers
+    const torch::nn::Sequential whole = model.build(LayerRange{});
+    const Snapshot file = read_snapshot(o.resume, whole, optimizer_name(parse_optimizer(o.optimizer)),
+                                        model.script.has_value());
+    GPIPE_CHECK(file.parameters_in_file == file.parameters_taken, o.resume, " is a checkpoint file of another model: "
+                "it holds ", file.parameters_in_file, " parameters, this model ", file.parameters_taken);
+    return 0;
+  });
+}
+
 }  // namespace
 
 int run_train(TrainOptions o) {
@@ -332,6 +347,7 @@ int run_train(TrainOptions o) {
   const Model model = choose_model(o);
   const Data data = load_data(o);
   check_model_and_data(model, data.train, data.classification || data.language_model);
+  check_resume_before_profile(o, model);
   const Cut cut = choose_cut(o, model, data);
   return train_and_report(o, model, data, cut);
 }

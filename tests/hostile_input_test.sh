@@ -275,7 +275,16 @@ run "11. --model /dev/zero" 2 "--model: /dev/zero is a character device, not a f
   train --model /dev/zero --data "$work/data.pt" --loss mse
 run "11. --data, a link to /dev/null" 2 "--data: $work/null-link.pt \(a link to /dev/null\) is a character device, not a file" \
   train --model "$work/model.pt" --data "$work/null-link.pt" --loss mse
+# A checkpoint file of another model, refused before --balance-by time profiles the ResNet.
+run "11. --model resnet --resume of the CNN's file" 2 "--resume: .*ckpt.pt is a checkpoint file of another model" \
+  train --model resnet "${tiny[@]}" --stages 2 --resume "$work/ckpt.pt"
+if grep -q "balance by" "$work/out.txt"; then fail "11. --model resnet --resume: profiled before the refusal"; fi
 if [ "$torch" = 1 ]; then
+  "$gpipe" train "${model[@]}" --data "$work/data.pt" --steps 1 --save "$work/script-ckpt.pt" >/dev/null 2>&1
+  run "11. a TorchScript model's file resumed by the CNN" 2 "script-ckpt.pt is the checkpoint file of a TorchScript model" \
+    train "${tiny[@]}" --resume "$work/script-ckpt.pt"
+  run "11. the CNN's file resumed by a TorchScript model" 2 "ckpt.pt is the checkpoint file of a built-in model" \
+    train "${model[@]}" --data "$work/data.pt" --resume "$work/ckpt.pt"
   # gpipe plan's errors are train's: no C++ stack, no TorchScript traceback.
   run "11. plan: a layer returning a tuple" 2 "layer 1 \('1', __torch__\.(models\.)?Pair\) returns Tuple\[Tensor, Tensor\], not a Tensor" \
     plan --model "$work/tuple.pt" --input-shape 6 --devices 2 --batch 8
