@@ -275,6 +275,8 @@ run "11. --model /dev/zero" 2 "--model: /dev/zero is a character device, not a f
   train --model /dev/zero --data "$work/data.pt" --loss mse
 run "11. --data, a link to /dev/null" 2 "--data: $work/null-link.pt \(a link to /dev/null\) is a character device, not a file" \
   train --model "$work/model.pt" --data "$work/null-link.pt" --loss mse
+run "11. --weight-decay 1e308" 2 "--weight-decay must be a number from 0 to 3.4e38, float's largest \(got 1e\+308\)" \
+  train "${tiny[@]}" --weight-decay 1e308
 # A checkpoint file of another model, refused before --balance-by time profiles the ResNet.
 run "11. --model resnet --resume of the CNN's file" 2 "--resume: .*ckpt.pt is a checkpoint file of another model" \
   train --model resnet "${tiny[@]}" --stages 2 --resume "$work/ckpt.pt"

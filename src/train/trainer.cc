@@ -104,6 +104,12 @@ void OptimizerOptions::check() const {
               optimizer_name(kind()), " has --betas");
   GPIPE_CHECK(!sgd || !betas(), "--betas are Adam's and AdamW's; SGD has --momentum");
   GPIPE_CHECK(!nesterov() || momentum() > 0, "--nesterov needs --momentum above 0 (as torch.optim.SGD)");
+  // The parameters are float: a factor beyond float's range cannot be applied to them.
+  const double largest = std::numeric_limits<float>::max();
+  GPIPE_CHECK(std::isfinite(decay()) && decay() >= 0 && decay() <= largest, "--weight-decay must be a number from 0 "
+              "to 3.4e38, float's largest (got ", decay(), ")");
+  GPIPE_CHECK(std::isfinite(momentum()) && momentum() >= 0 && momentum() <= largest, "--momentum must be a number "
+              "from 0 to 3.4e38, float's largest (got ", momentum(), ")");
 }
 
 double state_per_parameter_byte(const OptimizerOptions& options) {
