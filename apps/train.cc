@@ -88,6 +88,12 @@ Model choose_model(const TrainOptions& o) {
 Data load_text(const TrainOptions& o) {
   const TextCorpus text = or_usage_error("--data-dir", [&] { return load_fortunes(o.data_dir); });
   const int64_t T = gpt_shape().context;
+  for (const auto& [part, bytes] : {std::pair<const char*, size_t>{"train on", text.train.size()}, {"test on", text.test.size()}})
+    if (static_cast<int64_t>(bytes) <= T)
+      usage_error("--data-dir " + o.data_dir + " holds too little text: " + std::to_string(text.train.size()) +
+                  " bytes to train on and " + std::to_string(text.test.size()) + " to test on (the fortunes in the "
+                  "last tenth of each file), but --model gpt needs more than " + std::to_string(T) + " bytes to " + part +
+                  ": a window of " + std::to_string(T) + " bytes and the byte after it; give a folder with more fortunes");
   Data d;
   d.language_model = true;
   d.classification = false;  // scored in bits per byte, not by argmax
@@ -157,7 +163,11 @@ void check_language_model_flags(TrainOptions& o) {
                                                  : " (--model " + o.model_file + " is not one)"));
   if ((o.prompt_given || o.temperature_given) && o.generate == 0)
     usage_error(std::string(o.prompt_given ? "--prompt" : "--temperature") +
-                " belongs to --generate N, the bytes to sample; add --generate 200, say");
+                " belongs to --generate N, the bytes to sample from --model gpt; add " +
+                (is_gpt(o) ? "" : "--model gpt ") + "--generate 200, say");
+  if (o.generate > kMaxGeneratedBytes)
+    usage_error("--generate " + std::to_string(o.generate) + ": at most " + std::to_string(kMaxGeneratedBytes) +
+                " bytes (each is one pass of the model); sample more in several runs with other --seed values");
   if (o.generate > 0 && world().mpi)
     usage_error("--generate samples byte by byte in one process; train under mpirun with --save FILE, then run "
                 "gpipe train --model gpt --resume FILE --epochs 0 --generate N without mpirun");

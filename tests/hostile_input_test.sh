@@ -277,6 +277,16 @@ run "11. --data, a link to /dev/null" 2 "--data: $work/null-link.pt \(a link to 
   train --model "$work/model.pt" --data "$work/null-link.pt" --loss mse
 run "11. --weight-decay 1e308" 2 "--weight-decay must be a number from 0 to 3.4e38, float's largest \(got 1e\+308\)" \
   train "${tiny[@]}" --weight-decay 1e308
+run "11. --prompt alone" 2 "--prompt belongs to --generate N, the bytes to sample from --model gpt; add --model gpt --generate 200" \
+  train --prompt hello
+run "11. --generate beyond its limit" 2 "--generate 100000000: at most 100000 bytes" train --model gpt --generate 100000000
+mkdir "$work/plain-text" "$work/little-text"
+for n in $(seq 1 300); do echo "a line of text, $n"; done >"$work/plain-text/words"
+printf 'one\n%%\ntwo\n%%\nthree\n' >"$work/little-text/fortunes"
+run "11. gpt --data-dir without %" 2 "plain-text holds 1 file of text, but no line \"%\" in any" \
+  train --model gpt --data-dir "$work/plain-text"
+run "11. gpt --data-dir with little text" 2 "little-text holds too little text: [0-9]+ bytes to train on and [0-9]+ to test on" \
+  train --model gpt --data-dir "$work/little-text"
 # A checkpoint file of another model, refused before --balance-by time profiles the ResNet.
 run "11. --model resnet --resume of the CNN's file" 2 "--resume: .*ckpt.pt is a checkpoint file of another model" \
   train --model resnet "${tiny[@]}" --stages 2 --resume "$work/ckpt.pt"

@@ -165,8 +165,13 @@ TextCorpus load_fortunes(const std::string& dir) {
   }
   if (error) throw std::runtime_error("cannot list " + dir + ": " + error.message());
   std::sort(corpus.files.begin(), corpus.files.end());
+  if (corpus.files.empty())
+    throw std::runtime_error(dir + " holds no fortune files (files without a dot in their name, fortunes separated "
+                             "by lines of %): " + install);
+  bool separated = false;
   for (const std::string& name : corpus.files) {
     const std::string text = read_file(dir + "/" + name);
+    separated = separated || text.find("\n%\n") != std::string::npos;
     // The test part starts at the first fortune that begins at or after 90% of the file.
     const size_t tenth = text.size() - text.size() / 10;
     const size_t mark = tenth < 3 ? std::string::npos : text.find("\n%\n", tenth - 3);
@@ -174,9 +179,15 @@ TextCorpus load_fortunes(const std::string& dir) {
     corpus.train += text.substr(0, cut);
     corpus.test += text.substr(cut);
   }
+  const std::string files = std::to_string(corpus.files.size()) + (corpus.files.size() == 1 ? " file" : " files");
+  if (!separated)
+    throw std::runtime_error(dir + " holds " + files + " of text, but no line \"%\" in any: fortune files separate "
+                             "their fortunes by lines holding only %, and the test text is the fortunes in the last "
+                             "tenth of each file; separate the texts so, or " + install);
   if (corpus.train.size() < 2 || corpus.test.size() < 2)
-    throw std::runtime_error(dir + " holds no fortune files with text to train and test on (files without a dot "
-                             "in their name, fortunes separated by lines of %): " + install);
+    throw std::runtime_error(dir + " holds too little text: " + std::to_string(corpus.train.size()) +
+                             " bytes to train on and " + std::to_string(corpus.test.size()) + " to test on (the "
+                             "fortunes in the last tenth of each file); give a folder with more fortunes, or " + install);
   return corpus;
 }
 
