@@ -297,6 +297,21 @@ if [ "$torch" = 1 ]; then
     train "${tiny[@]}" --resume "$work/script-ckpt.pt"
   run "11. the CNN's file resumed by a TorchScript model" 2 "ckpt.pt is the checkpoint file of a built-in model" \
     train "${model[@]}" --data "$work/data.pt" --resume "$work/ckpt.pt"
+  run "11. float64 targets" 2 "--loss mse: the targets are Double \(float64\), but the model outputs Float \(float32\)" \
+    train "${model[@]}" --data "$work/target64.pt"
+  run "11. float64 inputs" 2 "the data's 'input' is Double \(float64\): save it as float32" \
+    train "${model[@]}" --data "$work/input64.pt"
+  run "11. uint8 inputs" 2 "the data's 'input' is Byte \(uint8\): save it as float32" \
+    train "${model[@]}" --data "$work/input-u8.pt"
+  run "11. a float64 model" 2 "the model's parameter 0.weight is Double \(float64\), but gpipe trains float32 models" \
+    train --model "$work/model64.pt" --data "$work/data.pt" --loss mse
+  run "11. a layer that keeps one row, cross_entropy" 2 "the model outputs \[1, 3\] for 2 samples .*\(layer 1 \('1'\) changes the rows\)" \
+    train --model "$work/rows.pt" --data "$work/classes.pt" --loss cross_entropy
+  run "11. torch.save's old format" 2 "old-format.pt was written in torch.save's old format \(_use_new_zipfile_serialization=False\)" \
+    train "${model[@]}" --data "$work/old-format.pt"
+  run "11. a sparse tensor" 2 "sparse.pt holds a sparse tensor" train "${model[@]}" --data "$work/sparse.pt"
+  run "11. the loss overflows before any update" 1 "in step 1 .*no update was applied yet, so the learning rate is not the cause" \
+    train "${model[@]}" --data "$work/overflow.pt" --steps 2
   # gpipe plan's errors are train's: no C++ stack, no TorchScript traceback.
   run "11. plan: a layer returning a tuple" 2 "layer 1 \('1', __torch__\.(models\.)?Pair\) returns Tuple\[Tensor, Tensor\], not a Tensor" \
     plan --model "$work/tuple.pt" --input-shape 6 --devices 2 --batch 8

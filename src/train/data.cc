@@ -123,6 +123,15 @@ Dataset load_tensor_data(const std::string& path) {
     if (what.find("Unknown opcode for unpickling at 0x73") != std::string::npos)
       throw std::runtime_error(path + " holds a dict of one entry; gpipe needs both: save it with "
                                "torch.save({'input': X, 'target': Y}, path)");
+    // torch.save(..., _use_new_zipfile_serialization=False) begins with a pickled magic number.
+    static const std::string legacy("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 14);
+    if (bytes.compare(0, legacy.size(), legacy) == 0)
+      throw std::runtime_error(path + " was written in torch.save's old format (_use_new_zipfile_serialization="
+                               "False), which libtorch does not read; save it again with torch.save({'input': X, "
+                               "'target': Y}, path), whose default format it reads");
+    if (what.find("_get_layout") != std::string::npos || what.find("sparse") != std::string::npos)
+      throw std::runtime_error(path + " holds a sparse tensor, which gpipe does not train on; save dense ones "
+                               "(X.to_dense()) with torch.save({'input': X, 'target': Y}, path)");
     throw std::runtime_error(path + " is not a file written by torch.save: " + what.substr(0, 300));
   }
   if (!value.isGenericDict())

@@ -188,14 +188,35 @@ Model Model::of(std::string name, const ScriptModel& source) {
 
 // ---------------------------------------------------------------- checks and the cut
 
+namespace {
+
+// "Double (float64)": a dtype as libtorch and Python name it.
+std::string dtype_text(const torch::Tensor& t) {
+  const std::string name = c10::toString(t.scalar_type());
+  const std::string python = t.scalar_type() == torch::kDouble ? "float64"
+                             : t.scalar_type() == torch::kHalf ? "float16"
+                             : t.scalar_type() == torch::kBFloat16 ? "bfloat16"
+                             : t.scalar_type() == torch::kByte ? "uint8"
+                             : t.scalar_type() == torch::kFloat ? "float32" : "";
+  return python.empty() ? name : name + " (" + python + ")";
+}
+
+}  // namespace
+
 void check_model_and_data(const Model& model, const Dataset& data, bool classification) {
   GPIPE_CHECK(data.size() > 0, "the training data has no samples");
   const torch::Tensor sample = data.input.narrow(0, 0, std::min<int64_t>(2, data.input.size(0)));
   torch::Tensor out;
+  int rows_changed_by = -1;  // the first layer whose output has other rows than its input
   {
     const RandomStateGuard guard;  // building the whole model draws random numbers
     torch::NoGradGuard no_grad;
     torch::nn::Sequential whole = model.build(LayerRange{});
+    // The parameters, the optimizer's state and the checkpoint files are float32.
+    for (const auto& p : whole->named_parameters())
+      if (p.value().is_floating_point() && p.value().scalar_type() != torch::kFloat)
+        refuse("the model's parameter " + p.key() + " is " + dtype_text(p.value()) + ", but gpipe trains float32 "
+               "models: save the model as float32 (model.float() in Python before torch.jit.script)");
     whole->eval();
     const auto names = whole->named_children();
     out = sample;
@@ -206,17 +227,32 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
       } catch (const std::exception& e) {
         whole->train();
         const std::string index = std::to_string(i);
+        const bool dtype = i == 0 && sample.scalar_type() != torch::kFloat && sample.scalar_type() != torch::kLong;
         refuse("layer " + index + (names[i].key() == index ? "" : " ('" + names[i].key() + "')") + " fails on " +
                     (i == 0 ? "the data's first samples, shape " : "the output of layer " + std::to_string(i - 1) +
                                                                       ", shape ") +
                     shape_text(in) + ": " + what_of(e) +
-                    (i == 0 ? "; give the model inputs of the shape its first layer takes"
-                            : "; make each layer take the shape the one before it outputs"));
+                    (dtype ? "; the data's 'input' is " + dtype_text(sample) + ": save it as float32 (X.float() in "
+                             "Python)"
+                     : i == 0 ? "; give the model inputs of the shape its first layer takes"
+                              : "; make each layer take the shape the one before it outputs"));
       }
+      if (rows_changed_by < 0 && in.dim() > 0 && out.dim() > 0 && out.size(0) != in.size(0))
+        rows_changed_by = static_cast<int>(i);
     }
     whole->train();  // the layers may be the training ones (a TorchScript model's)
+    // A batch is cut into micro-batches by rows: each output row must be its input row's.
+    if (out.dim() == 0 || out.size(0) != sample.size(0))
+      refuse("the model outputs " + shape_text(out) + " for " + std::to_string(sample.size(0)) + " samples of shape " +
+             shape_text(sample) + (rows_changed_by >= 0 ? " (layer " + std::to_string(rows_changed_by) + " ('" +
+                                                             names[static_cast<size_t>(rows_changed_by)].key() +
+                                                             "') changes the rows)" : "") +
+             ": gpipe splits a batch into micro-batches by rows (dim 0), so every layer must keep one row per sample");
   }
   const torch::Tensor& target = data.target;
+  if (!classification && target.is_floating_point() && target.scalar_type() != out.scalar_type())
+    refuse("--loss mse: the targets are " + dtype_text(target) + ", but the model outputs " + dtype_text(out) +
+           ": save the targets as " + dtype_text(out) + " (Y.float() in Python)");
   const auto out_row = out.sizes().slice(1), target_row = target.sizes().slice(1);
   if (classification) {
     if (out.dim() < 2)
@@ -588,7 +624,10 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
                              (saved_at_ >= 0 ? ", and the last checkpoint file (step " + std::to_string(saved_at_) +
                                                    ") is kept"
                                              : "") +
-                             "; lower --lr, or add --clip-grad-norm");
+                             (step_ == 0 ? ": no update was applied yet, so the learning rate is not the cause: the "
+                                           "model's outputs or the loss on this data overflow float; scale the data "
+                                           "(inputs and targets) down"
+                                         : "; lower --lr, or add --clip-grad-norm"));
   if (options_.clip_grad_norm() > 0) pipeline_->clip_gradients(options_.clip_grad_norm());
   const double lr =
       learning_rate(options_.optimizer().lr(), lr_schedule_, step_, total_steps_);
