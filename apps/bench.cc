@@ -86,6 +86,20 @@ std::vector<int> cut_for(const Workload& w, const Contender& c, int M, const Cos
 void check_sweep(const BenchOptions& o) {
   GPIPE_CHECK(!world().mpi || o.balance_by == std::vector<std::string>{"even"},
               "--balance-by profiles the whole model in one process; under mpirun pass a cut with --balance");
+  // --virtual-stages is for the schedules of several stages per device: each of them in the sweep takes it
+  // (zbv only its 2), and one of them is swept.
+  if (o.virtual_stages > 0) {
+    const std::string flag = "--virtual-stages " + std::to_string(o.virtual_stages);
+    bool taken = false;
+    for (const std::string& schedule : o.schedules) {
+      const ScheduleKind kind = parse_schedule(schedule);
+      if (default_virtual_stages(kind) > 1) or_usage_error(flag, [&] { check_virtual_stages(kind, o.virtual_stages); });
+      taken = taken || default_virtual_stages(kind) > 1;
+    }
+    if (!taken)
+      usage_error(flag + ": V is the stages per device of the interleaved schedule, which this --schedule does not "
+                  "sweep; add interleaved to --schedule, or leave out --virtual-stages");
+  }
   for (const auto& name : o.workloads) {
     const Workload w = make_workload(name, 0, LayerRange{0, 0}, o.tie_embeddings);  // sizes and cut, no layers
     for (int M : o.micro_batches)

@@ -277,6 +277,19 @@ else pass "gpipe plan without a model says how to give one"; fi
 if "$gpipe" plan --workload mlp --devices 2 --batch 64 --memory-per-device 16gigs 2>"$work/plan.err" ||
    ! grep -q "memory-per-device.*16gigs" "$work/plan.err"; then fail "gpipe plan --memory-per-device 16gigs"; cat "$work/plan.err"
 else pass "gpipe plan names a size it cannot read"; fi
+# zbv on one device: planned when asked for alone, as gpipe train, bench and schedule run it.
+if "$gpipe" plan --workload tiny --devices 1 --batch 8 --schedule zbv --json >"$work/plan.jsonl" 2>"$work/plan.err" &&
+   grep -q '"schedule":"zbv"' "$work/plan.jsonl"; then pass "gpipe plan --schedule zbv on 1 device: planned"
+else fail "gpipe plan --schedule zbv --devices 1"; cat "$work/plan.err"; fi
+# gpipe bench: a V that no swept schedule runs is refused, naming the rule, not replaced by the schedule's own.
+if "$gpipe" bench --workload tiny --stages 2 --schedule zbv --virtual-stages 3 --steps 1 --warmup 0 --results "" \
+     >"$work/bench.txt" 2>"$work/bench.err" || ! grep -q "the zbv schedule runs 2 stages per device" "$work/bench.err"; then
+  fail "gpipe bench --schedule zbv --virtual-stages 3"; cat "$work/bench.err"
+else pass "gpipe bench --schedule zbv --virtual-stages 3 is refused: $(head -c 150 "$work/bench.err")"; fi
+if "$gpipe" bench --workload tiny --stages 2 --schedule gpipe --virtual-stages 3 --steps 1 --warmup 0 --results "" \
+     >"$work/bench.txt" 2>"$work/bench.err" || ! grep -q "add interleaved to --schedule" "$work/bench.err"; then
+  fail "gpipe bench --schedule gpipe --virtual-stages 3"; cat "$work/bench.err"
+else pass "gpipe bench --schedule gpipe --virtual-stages 3 is refused"; fi
 
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -297,6 +297,8 @@ if [ "$torch" = 1 ]; then
     train "${tiny[@]}" --resume "$work/script-ckpt.pt"
   run "11. the CNN's file resumed by a TorchScript model" 2 "ckpt.pt is the checkpoint file of a built-in model" \
     train "${model[@]}" --data "$work/data.pt" --resume "$work/ckpt.pt"
+  run "11. zbv on a 1-layer model" 2 "the zbv schedule with 2 stages per device needs at least 2 layers; use a schedule of one stage per device" \
+    train --model "$work/one-layer.pt" --data "$work/data.pt" --loss mse --schedule zbv --stages 1
   run "11. float64 targets" 2 "--loss mse: the targets are Double \(float64\), but the model outputs Float \(float32\)" \
     train "${model[@]}" --data "$work/target64.pt"
   run "11. float64 inputs" 2 "the data's 'input' is Double \(float64\): save it as float32" \

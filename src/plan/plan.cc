@@ -74,9 +74,17 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
   } else {
     GPIPE_CHECK(options.devices() >= 1, "the number of devices K is not given; give K (1 <= K·V <= ", layers,
                 ") or a balance");
-    GPIPE_CHECK(options.devices() * V <= layers, "cannot cut ", layers, " layers into ", options.devices(), " devices",
-                per_device, ": every stage needs at least one layer; use at most ", std::max(1, layers / V),
-                " devices");
+    const auto count = [](int n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
+    GPIPE_CHECK(V <= layers, "cannot cut ", count(layers, "layer"), " into ", count(options.devices(), "device"),
+                per_device, ": every stage needs at least one layer, so the ", to_string(options.schedule()),
+                " schedule with ", V, " stages per device needs at least ", V, " layers; use ",
+                options.schedule() == ScheduleKind::kInterleaved && layers >= 2
+                    ? "at most " + count(layers, "stage") + " per device, or "
+                    : std::string(),
+                "a schedule of one stage per device (gpipe or 1f1b)");
+    GPIPE_CHECK(options.devices() * V <= layers, "cannot cut ", count(layers, "layer"), " into ",
+                count(options.devices(), "device"), per_device, ": every stage needs at least one layer; use at most ",
+                count(layers / V, "device"));
     plan.balance = even_balance(layers, options.devices() * V);
   }
   plan.devices = plan.stages() / V;
