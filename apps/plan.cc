@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -75,14 +76,26 @@ Model transformer_model(const PlanOptions& o) {
   m.parameters = t.parameters();
   std::ostringstream d;
   d << "Transformer: " << t.layers << " layers, width " << t.width << ", " << t.heads << " heads, feed-forward "
-    << t.ffn << ", vocabulary " << t.vocab << ", sequence " << t.sequence << "; " << std::fixed
-    << std::setprecision(2) << static_cast<double>(m.parameters) / 1e9 << "B parameters; device " << o.flops / 1e12
-    << " TFLOP/s";
+    << t.ffn << ", vocabulary " << t.vocab << ", sequence " << t.sequence << "; " << std::fixed << std::setprecision(2)
+    << static_cast<double>(m.parameters) / (m.parameters >= 1000000000 ? 1e9 : 1e6)
+    << (m.parameters >= 1000000000 ? "B" : "M") << " parameters; device " << std::defaultfloat << std::setprecision(4)
+    << o.flops / 1e12 << " TFLOP/s";
   m.description = d.str();
   return m;
 }
 
 constexpr int64_t kProfileRows = 8;
+
+// A table figure that leaves its column at least one space: `digits` decimals where they fit in
+// `width` - 1 characters and show the value, else 4 significant digits (1.955e+14, 2.5e-07).
+std::string figure(double value, int width, int digits) {
+  std::ostringstream fixed_text, short_text;
+  fixed_text << std::fixed << std::setprecision(digits) << value;
+  const bool shows = value == 0 || std::abs(value) >= std::pow(10.0, -digits);
+  if (shows && static_cast<int>(fixed_text.str().size()) < width) return fixed_text.str();
+  short_text << std::setprecision(4) << value;
+  return short_text.str();
+}
 
 Model profiled_model(const PlanOptions& o) {
   Model m;
@@ -266,8 +279,8 @@ int run(const PlanOptions& o) {
               << std::setw(14)
               << (c.virtual_stages > 1 ? schedule + "/" + std::to_string(c.virtual_stages) : schedule)
               << std::setw(13) << to_string(c.checkpoint)
-              << std::setw(12) << std::setprecision(1) << c.samples_per_s << std::setw(11) << std::setprecision(4)
-              << c.step_s << std::setw(8) << std::setprecision(3) << c.predicted.bubble << std::setw(13)
+              << std::setw(12) << figure(c.samples_per_s, 12, 1) << std::setw(11) << figure(c.step_s, 11, 4)
+              << std::setw(8) << std::setprecision(3) << c.predicted.bubble << std::setw(13)
               << format_bytes(static_cast<double>(c.largest_total_bytes)) << "  " << cut_text(c.balance) << "\n";
   }
   return 0;

@@ -265,6 +265,12 @@ if [ -d /proc/self ] && ! touch /proc/gpipe-probe 2>/dev/null; then
     bench --workload tiny --stages 2 --steps 1 --warmup 0 --results /proc/r.json
   if grep -q "^tiny" "$work/out.txt"; then fail "11. bench --results into /proc: benchmarked before the error"; fi
 fi
+# A closed standard output: the system's reason for it, not that of an earlier call.
+timeout 60 "$gpipe" train "${tiny[@]}" --steps 1 2>"$work/err.txt" >&-
+status=$?
+if [ "$status" -ne 0 ] && grep -q "cannot write to standard output: Bad file descriptor" "$work/err.txt"; then
+  pass "11. a closed standard output: exit $status, 'Bad file descriptor'"
+else fail "11. a closed standard output: exit $status: $(cat "$work/err.txt")"; fi
 # Inputs that are not files: each named for what it is.
 mkfifo "$work/fifo"
 ln -s /dev/null "$work/null-link.pt"
