@@ -348,6 +348,45 @@ void check_resume_before_profile(const TrainOptions& o, const Model& model) {
   });
 }
 
+// A stage's input is kept for its backward pass: a layer that begins a stage and
+// changes its input in place fails in step 1 (or, for a leaf input, at once). Found here, on two
+// samples, naming the layer and the cut.
+void check_stage_inputs(const Model& model, const Data& data, const Cut& cut) {
+  const std::vector<int> offsets = stage_offsets(cut.balance);
+  const RandomStateGuard guard;  // building the model draws random numbers
+  torch::nn::Sequential whole = model.build(LayerRange{});
+  whole->eval();
+  const auto names = whole->named_children();
+  torch::Tensor x = data.train.input.narrow(0, 0, std::min<int64_t>(2, data.train.size()));
+  size_t next = 0;  // the next stage whose first layer is checked
+  for (int layer = 0; layer < static_cast<int>(whole->size()) && next + 1 < offsets.size(); ++layer) {
+    auto module = *(whole->begin() + layer);
+    if (layer != offsets[next]) {
+      torch::NoGradGuard no_grad;
+      x = module.forward(x);
+      continue;
+    }
+    ++next;
+    const torch::Tensor input = x.detach().clone().requires_grad_(x.is_floating_point());
+    const int64_t version = input._version();
+    std::string why;
+    try {
+      x = module.forward(input).detach();
+      if (input._version() != version) why = "it changes its input in place";
+    } catch (const std::exception& e) {
+      why = short_error(e);
+      if (why.find("in-place") == std::string::npos && why.find("inplace") == std::string::npos) throw;
+    }
+    while (!why.empty() && (why.back() == '.' || why.back() == ' ')) why.pop_back();
+    if (!why.empty())
+      usage_error("layer " + std::to_string(layer) + " ('" + names[static_cast<size_t>(layer)].key() +
+                  "') begins stage " + std::to_string(next - 1) + " of the cut " + format_balance(cut.balance) +
+                  ", and " + why + "; a stage keeps its input for the backward pass: make the layer return a new "
+                  "tensor (e.g. ReLU(inplace=False))" + (next > 1 ? ", or cut elsewhere with --balance" : ""));
+  }
+  whole->train();
+}
+
 }  // namespace
 
 int run_train(TrainOptions o) {
@@ -359,6 +398,7 @@ int run_train(TrainOptions o) {
   check_model_and_data(model, data.train, data.classification || data.language_model);
   check_resume_before_profile(o, model);
   const Cut cut = choose_cut(o, model, data);
+  check_stage_inputs(model, data, cut);
   return train_and_report(o, model, data, cut);
 }
 

@@ -54,6 +54,9 @@ class Pair(torch.nn.Module):  # returns a tuple
 class Named(torch.nn.Module):  # returns a dict
     def forward(self, x):
         return {"x": x}
+class AddOne(torch.nn.Module):  # changes its input in place
+    def forward(self, x):
+        return x.add_(1.0)
 class FirstRow(torch.nn.Module):  # keeps one row of the batch
     def forward(self, x):
         return x[:1]
@@ -88,6 +91,8 @@ torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 6), models.Named())).sav
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 3))).save(f"{work}/one-layer.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), models.FirstRow(), torch.nn.Linear(8, 3))).save(f"{work}/rows.pt")
 torch.jit.script(linear().double()).save(f"{work}/model64.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), models.AddOne(), torch.nn.ReLU(),
+                                     torch.nn.Linear(8, 3))).save(f"{work}/in-place.pt")
 save("target64", input=x, target=torch.randn(40, 3).double())
 save("input64", input=x.double(), target=torch.randn(40, 3))
 save("input-u8", input=(x * 10).to(torch.uint8), target=torch.randn(40, 3))
@@ -320,6 +325,10 @@ if [ "$torch" = 1 ]; then
   run "11. a sparse tensor" 2 "sparse.pt holds a sparse tensor" train "${model[@]}" --data "$work/sparse.pt"
   run "11. the loss overflows before any update" 1 "in step 1 .*no update was applied yet, so the learning rate is not the cause" \
     train "${model[@]}" --data "$work/overflow.pt" --steps 2
+  run "11. an in-place layer that begins a stage" 2 "layer 1 \('1'\) begins stage 1 of the cut \{1, 3\}, and a leaf Variable that requires grad is being used in an in-place operation; .*or cut elsewhere with --balance" \
+    train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 1,3 --batch-size 8
+  run "11. an in-place layer inside a stage trains" 0 "" \
+    train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 2,2 --batch-size 8 --steps 1
   # gpipe plan's errors are train's: no C++ stack, no TorchScript traceback.
   run "11. plan: a layer returning a tuple" 2 "layer 1 \('1', __torch__\.(models\.)?Pair\) returns Tuple\[Tensor, Tensor\], not a Tensor" \
     plan --model "$work/tuple.pt" --input-shape 6 --devices 2 --batch 8
