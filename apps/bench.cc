@@ -93,6 +93,20 @@ void check_sweep(const BenchOptions& o) {
     GPIPE_CHECK(false, "--balance ", format_balance(o.balance), " is the cut, and --balance-by ", methods,
                 " would choose it too (its rows would be one cut under ", o.balance_by.size() > 1 ? "several names" : "another name",
                 "); give one of them");
+}
+  // --virtual-stages is for the schedules of several stages per device: each of them in the sweep takes it
+  // (zbv only its 2), and one of them is swept.
+  if (o.virtual_stages > 0) {
+    const std::string flag = "--virtual-stages " + std::to_string(o.virtual_stages);
+    bool taken = false;
+    for (const std::string& schedule : o.schedules) {
+      const ScheduleKind kind = parse_schedule(schedule);
+      if (default_virtual_stages(kind) > 1) or_usage_error(flag, [&] { check_virtual_stages(kind, o.virtual_stages); });
+      taken = taken || default_virtual_stages(kind) > 1;
+    }
+    if (!taken)
+      usage_error(flag + ": V is the stages per device of the interleaved schedule, which this --schedule does not "
+                  "sweep; add interleaved to --schedule, or leave out --virtual-stages");
   }
   for (const auto& name : o.workloads) {
     const Workload w = make_workload(name, 0, LayerRange{0, 0}, o.tie_embeddings);  // sizes and cut, no layers
@@ -309,6 +323,7 @@ void print_row(const nlohmann::json& r) {
 }
 
 int run(const BenchOptions& o, const std::string& command) {
+  if (world().prints()) check_results_path(o.results);
   if (o.transport) return run_transport(o.warmup, o.json, o.results, command);
   check_same_settings({{"command", command}});
   check_sweep(o);

@@ -54,6 +54,16 @@ std::string fixed(double value, int digits) {
   return out.str();
 }
 
+void check_results_path(const std::string& path) {
+  if (path.empty()) return;
+  or_usage_error("--results", [&] {
+    const std::filesystem::path file(path);
+    if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());  // as write_results does
+    check_writable(path);
+    return 0;
+  });
+}
+
 void write_results(const std::string& path, const nlohmann::json& rows, const std::string& command) {
   if (path.empty()) return;
   const std::filesystem::path file(path);

@@ -2,6 +2,8 @@
 // list parsing, progress on standard error.
 #pragma once
 
+#include <gpipe/check.h>
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/types.h>
@@ -22,6 +24,9 @@ std::string fixed(double value, int digits);
 
 /// Writes a benchmark's `rows` to `path` (nothing when it is empty), whole or not at all, with the
 /// command, the date and the machine; says so on standard error.
+/// Refuses (a usage error naming --results) a results path that write_results could not write,
+/// before the work; creates its folder, as write_results would. Empty: nothing is written.
+void check_results_path(const std::string& path);
 void write_results(const std::string& path, const nlohmann::json& rows, const std::string& command);
 
 /// The command line as one string, for result files.
@@ -70,7 +75,7 @@ auto or_usage_error(const std::string& flag, Fn&& fn) {
   try {
     return fn();
   } catch (const std::exception& e) {
-    usage_error(flag + ": " + without_prefix(e.what()));
+    usage_error(flag + ": " + without_prefix(what_of(e)));  // libtorch's stack and TorchScript's traceback: --verbose
   }
 }
 

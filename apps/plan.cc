@@ -10,11 +10,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <iomanip>
 #include <iostream>
 #include <memory>
 #include <set>
 #include <sstream>
+
+#include <unistd.h>
 
 #include <unistd.h>
 
@@ -77,9 +80,10 @@ Model transformer_model(const PlanOptions& o) {
   m.parameters = t.parameters();
   std::ostringstream d;
   d << "Transformer: " << t.layers << " layers, width " << t.width << ", " << t.heads << " heads, feed-forward "
-    << t.ffn << ", vocabulary " << t.vocab << ", sequence " << t.sequence << "; " << std::fixed
-    << std::setprecision(2) << static_cast<double>(m.parameters) / 1e9 << "B parameters; device " << o.flops / 1e12
-    << " TFLOP/s";
+    << t.ffn << ", vocabulary " << t.vocab << ", sequence " << t.sequence << "; " << std::fixed << std::setprecision(2)
+    << static_cast<double>(m.parameters) / (m.parameters >= 1000000000 ? 1e9 : 1e6)
+    << (m.parameters >= 1000000000 ? "B" : "M") << " parameters; device " << std::defaultfloat << std::setprecision(4)
+    << o.flops / 1e12 << " TFLOP/s";
   m.description = d.str();
   return m;
 }
@@ -99,6 +103,17 @@ int64_t least_rows(torch::nn::Sequential layers, const torch::Tensor& sample) {
     if (std::string(e.what()).find("Expected more than 1 value per channel when training") != std::string::npos) return 2;
   }
   return 1;
+}
+
+// A table figure that leaves its column at least one space: `digits` decimals where they fit in
+// `width` - 1 characters and show the value, else 4 significant digits (1.955e+14, 2.5e-07).
+std::string figure(double value, int width, int digits) {
+  std::ostringstream fixed_text, short_text;
+  fixed_text << std::fixed << std::setprecision(digits) << value;
+  const bool shows = value == 0 || std::abs(value) >= std::pow(10.0, -digits);
+  if (shows && static_cast<int>(fixed_text.str().size()) < width) return fixed_text.str();
+  short_text << std::setprecision(4) << value;
+  return short_text.str();
 }
 
 Model profiled_model(const PlanOptions& o) {
@@ -122,10 +137,25 @@ Model profiled_model(const PlanOptions& o) {
     layers = or_usage_error("--model", [&] { return load_script_model(o.model).layers; });
     std::vector<int64_t> shape{kProfileRows};
     shape.insert(shape.end(), o.input_shape.begin(), o.input_shape.end());
-    sample = torch::randn(shape);
+    std::string given;  // --input-shape as the user wrote it
+    for (const int64_t n : o.input_shape) given += (given.empty() ? "" : ",") + std::to_string(n);
+    // The micro-batch is made and run here: one too large for this machine is refused, not allocated.
+    double bytes = sizeof(float);
+    for (const int64_t n : shape) bytes *= static_cast<double>(n);
+    const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+    if (bytes > memory / 4) {
+      std::ostringstream text;
+      text << "--input-shape " << given << ": the model is profiled here on " << kProfileRows
+           << " samples of this shape, " << std::setprecision(3) << bytes / (1u << 30)
+           << " GiB of floats, more than a quarter of this machine's memory (" << memory / (1u << 30)
+           << " GiB); give one sample's shape without the batch, or plan a Transformer by shape (--layers, --width, ...)";
+      usage_error(text.str());
+    }
+    sample = or_usage_error("--input-shape", [&] { return torch::randn(shape); });
     m.description = "model " + o.model;
     // A model that cannot train (no parameters, an argmax output, a layer that drops rows) fits nothing.
-    or_usage_error("--model", [&] { return check_layers_train(layers, sample); });
+    // A first layer that fails names --input-shape: the shape the samples are made of here.
+    or_usage_error("--model " + o.model + " --input-shape " + given, [&] { return check_layers_train(layers, sample); });
   }
   m.least_micro_batch_rows = least_rows(layers, sample);
   // Profiled here on a micro-batch of kProfileRows rows (and the loss, for a workload); the figures
@@ -290,8 +320,8 @@ int run(const PlanOptions& o) {
               << std::setw(14)
               << (c.virtual_stages > 1 ? schedule + "/" + std::to_string(c.virtual_stages) : schedule)
               << std::setw(13) << to_string(c.checkpoint)
-              << std::setw(12) << std::setprecision(1) << c.samples_per_s << std::setw(11) << std::setprecision(4)
-              << c.step_s << std::setw(8) << std::setprecision(3) << c.predicted.bubble << std::setw(13)
+              << std::setw(12) << figure(c.samples_per_s, 12, 1) << std::setw(11) << figure(c.step_s, 11, 4)
+              << std::setw(8) << std::setprecision(3) << c.predicted.bubble << std::setw(13)
               << format_bytes(static_cast<double>(c.largest_total_bytes)) << "  " << cut_text(c.balance) << "\n";
   }
   return 0;

@@ -88,6 +88,12 @@ Model choose_model(const TrainOptions& o) {
 Data load_text(const TrainOptions& o) {
   const TextCorpus text = or_usage_error("--data-dir", [&] { return load_fortunes(o.data_dir); });
   const int64_t T = gpt_shape().context;
+  for (const auto& [part, bytes] : {std::pair<const char*, size_t>{"train on", text.train.size()}, {"test on", text.test.size()}})
+    if (static_cast<int64_t>(bytes) <= T)
+      usage_error("--data-dir " + o.data_dir + " holds too little text: " + std::to_string(text.train.size()) +
+                  " bytes to train on and " + std::to_string(text.test.size()) + " to test on (the fortunes in the "
+                  "last tenth of each file), but --model gpt needs more than " + std::to_string(T) + " bytes to " + part +
+                  ": a window of " + std::to_string(T) + " bytes and the byte after it; give a folder with more fortunes");
   Data d;
   d.language_model = true;
   d.classification = false;  // scored in bits per byte, not by argmax
@@ -157,7 +163,11 @@ void check_language_model_flags(TrainOptions& o) {
                                                  : " (--model " + o.model_file + " is not one)"));
   if ((o.prompt_given || o.temperature_given) && o.generate == 0)
     usage_error(std::string(o.prompt_given ? "--prompt" : "--temperature") +
-                " belongs to --generate N, the bytes to sample; add --generate 200, say");
+                " belongs to --generate N, the bytes to sample from --model gpt; add " +
+                (is_gpt(o) ? "" : "--model gpt ") + "--generate 200, say");
+  if (o.generate > kMaxGeneratedBytes)
+    usage_error("--generate " + std::to_string(o.generate) + ": at most " + std::to_string(kMaxGeneratedBytes) +
+                " bytes (each is one pass of the model); sample more in several runs with other --seed values");
   if (o.generate > 0 && world().mpi)
     usage_error("--generate samples byte by byte in one process; train under mpirun with --save FILE, then run "
                 "gpipe train --model gpt --resume FILE --epochs 0 --generate N without mpirun");
@@ -340,6 +350,60 @@ void check_same_inputs(const TrainOptions& o, const Data& data) {
   check_same_bytes(inputs);
 }
 
+// --resume read and checked against the whole model before --balance-by's profile, which would
+// otherwise be done for a file refused after it (in one process; under mpirun there is no profile).
+void check_resume_before_profile(const TrainOptions& o, const Model& model) {
+  if (o.resume.empty() || o.balance_by.empty() || o.per_stage_files || world().mpi) return;
+  or_usage_error("--resume", [&] {
+    const RandomStateGuard guard;  // building the model draws random numbers
+    const torch::nn::Sequential whole = model.build(LayerRange{});
+    const Snapshot file = read_snapshot(o.resume, whole, optimizer_name(parse_optimizer(o.optimizer)),
+                                        model.script.has_value());
+    GPIPE_CHECK(file.parameters_in_file == file.parameters_taken, o.resume, " is a checkpoint file of another model: "
+                "it holds ", file.parameters_in_file, " parameters, this model ", file.parameters_taken);
+    return 0;
+  });
+}
+
+// A stage's input is kept for its backward pass: a layer that begins a stage and
+// changes its input in place fails in step 1 (or, for a leaf input, at once). Found here, on two
+// samples, naming the layer and the cut.
+void check_stage_inputs(const Model& model, const Data& data, const Cut& cut) {
+  const std::vector<int> offsets = stage_offsets(cut.balance);
+  const RandomStateGuard guard;  // building the model draws random numbers
+  torch::nn::Sequential whole = model.build(LayerRange{});
+  whole->eval();
+  const auto names = whole->named_children();
+  torch::Tensor x = data.train.input.narrow(0, 0, std::min<int64_t>(2, data.train.size()));
+  size_t next = 0;  // the next stage whose first layer is checked
+  for (int layer = 0; layer < static_cast<int>(whole->size()) && next + 1 < offsets.size(); ++layer) {
+    auto module = *(whole->begin() + layer);
+    if (layer != offsets[next]) {
+      torch::NoGradGuard no_grad;
+      x = module.forward(x);
+      continue;
+    }
+    ++next;
+    const torch::Tensor input = x.detach().clone().requires_grad_(x.is_floating_point());
+    const int64_t version = input._version();
+    std::string why;
+    try {
+      x = module.forward(input).detach();
+      if (input._version() != version) why = "it changes its input in place";
+    } catch (const std::exception& e) {
+      why = short_error(e);
+      if (why.find("in-place") == std::string::npos && why.find("inplace") == std::string::npos) throw;
+    }
+    while (!why.empty() && (why.back() == '.' || why.back() == ' ')) why.pop_back();
+    if (!why.empty())
+      usage_error("layer " + std::to_string(layer) + " ('" + names[static_cast<size_t>(layer)].key() +
+                  "') begins stage " + std::to_string(next - 1) + " of the cut " + format_balance(cut.balance) +
+                  ", and " + why + "; a stage keeps its input for the backward pass: make the layer return a new "
+                  "tensor (e.g. ReLU(inplace=False))" + (next > 1 ? ", or cut elsewhere with --balance" : ""));
+  }
+  whole->train();
+}
+
 }  // namespace
 
 int run_train(TrainOptions o) {
@@ -350,7 +414,9 @@ int run_train(TrainOptions o) {
   const Data data = load_data(o);
   check_same_inputs(o, data);
   check_model_and_data(model, data.train, data.classification || data.language_model);
+  check_resume_before_profile(o, model);
   const Cut cut = choose_cut(o, model, data);
+  check_stage_inputs(model, data, cut);
   return train_and_report(o, model, data, cut);
 }
 

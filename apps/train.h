@@ -96,6 +96,9 @@ inline GptOptions gpt_shape() {
   return shape;
 }
 constexpr int64_t kGptBatch = 16;
+// --generate's most bytes: each is one pass of the model over its context (about a millisecond),
+// printed as it is sampled.
+constexpr int64_t kMaxGeneratedBytes = 100000;
 constexpr double kGptLr = 2e-3;
 
 // The U-Net's task: Fashion-MNIST images with Gaussian noise of this standard deviation, in

@@ -261,6 +261,12 @@ class Run {
     const int64_t T = data_.train.input.size(1);
     std::string text = "%\n" + o_.prompt;
     torch::Generator random = at::detail::createCPUGenerator(o_.seed);
+    // Printed as it is sampled, a byte at a time (the JSON summary holds it whole).
+    if (printing()) {
+      std::cout << "\ngenerated (" << o_.generate << " bytes after the prompt, temperature " << o_.temperature
+                << ", seed " << o_.seed << "):\n" << shown(o_.prompt) << std::flush;
+      check_stdout();
+    }
     {
       const EvalScope eval(pipeline_.layers());
       for (int64_t n = 0; n < o_.generate; ++n) {
@@ -271,11 +277,14 @@ class Run {
         const torch::Tensor scores = pipeline_.forward(x).select(1, x.size(1) - 1).squeeze(0);
         const torch::Tensor p = torch::softmax(scores.to(torch::kDouble) / o_.temperature, -1);
         text += static_cast<char>(torch::multinomial(p, 1, false, random).item<int64_t>());
+        if (printing()) {
+          std::cout << shown(text.substr(text.size() - 1)) << std::flush;
+          check_stdout();
+        }
       }
     }
     generated_ = shown(text.substr(2));
-    if (printing()) std::cout << "\ngenerated (" << o_.generate << " bytes after the prompt, temperature " << o_.temperature
-                              << ", seed " << o_.seed << "):\n" << generated_ << "\n";
+    if (printing()) std::cout << "\n";
   }
 
   // `bytes` as text that any terminal and JSON show: printable ASCII, newlines and tabs as they

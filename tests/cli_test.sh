@@ -277,6 +277,36 @@ else pass "gpipe plan without a model says how to give one"; fi
 if "$gpipe" plan --workload mlp --devices 2 --batch 64 --memory-per-device 16gigs 2>"$work/plan.err" ||
    ! grep -q "memory-per-device.*16gigs" "$work/plan.err"; then fail "gpipe plan --memory-per-device 16gigs"; cat "$work/plan.err"
 else pass "gpipe plan names a size it cannot read"; fi
+# gpipe schedule's pair count is exact, not wrapped, where it refuses a schedule too large to plan.
+if "$gpipe" schedule --stages 2000000000 --micro-batches 2000000000 >/dev/null 2>"$work/schedule.err" ||
+   ! grep -q "is 4000000000000000000 stage x micro-batch pairs; gpipe schedule shows at most 65536" "$work/schedule.err"; then
+  fail "gpipe schedule at K = M = 2e9"; cat "$work/schedule.err"
+else pass "gpipe schedule at K = M = 2e9: refused with the exact pair count"; fi
+# Figures beyond a column's width (a device of 1e21 FLOP/s) stay apart from the next column.
+if "$gpipe" plan --layers 8 --width 64 --heads 4 --ffn 256 --vocab 100 --seq 16 --devices 8 --batch 65536 \
+     --flops 1e21 --bandwidth-gb-s 1e9 --latency-us 0 --memory-per-device 1TiB >"$work/plan.txt" 2>"$work/plan.err" &&
+   /usr/bin/python3 - "$work/plan.txt" <<'PY'
+import sys
+rows = [r for r in map(str.split, open(sys.argv[1])) if len(r) > 3 and all(f.isdigit() for f in r[:3])]
+assert rows and all(len(r) >= 11 for r in rows), rows  # K D M schedule checkpoint samples/s step bubble peak unit cut...
+for r in rows:
+    float(r[5]), float(r[6])
+PY
+then pass "gpipe plan --flops 1e21: every column apart"
+else fail "gpipe plan --flops 1e21"; cat "$work/plan.txt" "$work/plan.err"; fi
+# zbv on one device: planned when asked for alone, as gpipe train, bench and schedule run it.
+if "$gpipe" plan --workload tiny --devices 1 --batch 8 --schedule zbv --json >"$work/plan.jsonl" 2>"$work/plan.err" &&
+   grep -q '"schedule":"zbv"' "$work/plan.jsonl"; then pass "gpipe plan --schedule zbv on 1 device: planned"
+else fail "gpipe plan --schedule zbv --devices 1"; cat "$work/plan.err"; fi
+# gpipe bench: a V that no swept schedule runs is refused, naming the rule, not replaced by the schedule's own.
+if "$gpipe" bench --workload tiny --stages 2 --schedule zbv --virtual-stages 3 --steps 1 --warmup 0 --results "" \
+     >"$work/bench.txt" 2>"$work/bench.err" || ! grep -q "the zbv schedule runs 2 stages per device" "$work/bench.err"; then
+  fail "gpipe bench --schedule zbv --virtual-stages 3"; cat "$work/bench.err"
+else pass "gpipe bench --schedule zbv --virtual-stages 3 is refused: $(head -c 150 "$work/bench.err")"; fi
+if "$gpipe" bench --workload tiny --stages 2 --schedule gpipe --virtual-stages 3 --steps 1 --warmup 0 --results "" \
+     >"$work/bench.txt" 2>"$work/bench.err" || ! grep -q "add interleaved to --schedule" "$work/bench.err"; then
+  fail "gpipe bench --schedule gpipe --virtual-stages 3"; cat "$work/bench.err"
+else pass "gpipe bench --schedule gpipe --virtual-stages 3 is refused"; fi
 
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -55,6 +55,18 @@ class First(torch.nn.Module):  # keeps the first row only
 class Argmax(torch.nn.Module):  # the index of the largest score, as floats: no gradient
     def forward(self, x):
         return torch.argmax(x, dim=1, keepdim=True).float().expand(-1, 3).contiguous()
+class Pair(torch.nn.Module):  # returns a tuple
+    def forward(self, x):
+        return (x, x)
+class Named(torch.nn.Module):  # returns a dict
+    def forward(self, x):
+        return {"x": x}
+class AddOne(torch.nn.Module):  # changes its input in place
+    def forward(self, x):
+        return x.add_(1.0)
+class FirstRow(torch.nn.Module):  # keeps one row of the batch
+    def forward(self, x):
+        return x[:1]
 ''')
 sys.path.insert(0, work)
 import models
@@ -91,6 +103,19 @@ save("huge", input=x * 1e30, target=torch.randn(40, 3))
 save("no-target", input=x)
 save("typo", input=x, targets=torch.randn(40, 3))
 save("empty", input=x[:0], target=torch.randn(0, 3))
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 6), models.Pair())).save(f"{work}/tuple.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 6), models.Named())).save(f"{work}/dict.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 3))).save(f"{work}/one-layer.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), models.FirstRow(), torch.nn.Linear(8, 3))).save(f"{work}/rows.pt")
+torch.jit.script(linear().double()).save(f"{work}/model64.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), models.AddOne(), torch.nn.ReLU(),
+                                     torch.nn.Linear(8, 3))).save(f"{work}/in-place.pt")
+save("target64", input=x, target=torch.randn(40, 3).double())
+save("input64", input=x.double(), target=torch.randn(40, 3))
+save("input-u8", input=(x * 10).to(torch.uint8), target=torch.randn(40, 3))
+torch.save({"input": x, "target": torch.randn(40, 3)}, f"{work}/old-format.pt", _use_new_zipfile_serialization=False)
+save("sparse", input=x.to_sparse(), target=torch.randn(40, 3))
+save("overflow", input=x * 1e20, target=torch.randn(40, 3))
 PY
 then torch=1
 else echo "skipped: the cases with models and data from Python (no python3-torch: $(tail -1 "$work/python.err"))"
@@ -260,7 +285,7 @@ if [ "$torch" = 1 ]; then
     train --model "$work/argmax.pt" --data "$work/data.pt" --loss mse
   run "11. a model without parameters" 2 "the model has no parameters: training would change nothing" \
     train --model "$work/no-parameters.pt" --data "$work/data.pt" --loss mse --steps 1
-  run "11. gpipe plan of a model that cannot train" 2 "--model: the model's output does not depend on any parameter" \
+  run "11. gpipe plan of a model that cannot train" 2 "--model .*argmax.pt --input-shape 6: the model's output does not depend on any parameter" \
     plan --model "$work/argmax.pt" --input-shape 6 --devices 2 --batch 8
   # gpipe plan of a model with BatchNorm recommends no one-row micro-batches (gpipe train refuses them).
   if timeout 60 "$gpipe" plan --model "$work/batch-norm.pt" --input-shape 6 --devices 2 --batch 8 --json --all \
@@ -324,6 +349,90 @@ if [ -n "$largest_model" ]; then  # bench/largest_model's flags: named, with the
   if [ "$status" -eq 2 ] && grep -q "largest_model: --stages: must be a whole number from 1 to 64 (got 0)" "$work/err.txt"; then
     pass "14. largest_model --stages 0: exit 2, the flag and its range named"
   else fail "14. largest_model --stages 0: exit $status: $(cat "$work/err.txt")"; fi
+fi
+
+# 11. Late or misleading errors: each refused before any work, naming what is wrong.
+# An output folder that takes no new files (/proc, even for root): found by creating the file up front.
+if [ -d /proc/self ] && ! touch /proc/gpipe-probe 2>/dev/null; then
+  run "11. --save into /proc" 2 "--save: cannot write /proc/x.pt: the folder /proc takes no new files" \
+    train "${tiny[@]}" --save /proc/x.pt
+  run "11. --trace into /proc" 2 "--trace: cannot write /proc/t.json: the folder /proc takes no new files" \
+    train "${tiny[@]}" --trace /proc/t.json
+  run "11. --samples into /proc" 2 "--samples: cannot write /proc/s.png: the folder /proc takes no new files" \
+    train --model unet "${tiny[@]}" --samples /proc/s.png
+  run "11. bench --results into /proc" 2 "--results: cannot write /proc/r.json: the folder /proc takes no new files" \
+    bench --workload tiny --stages 2 --steps 1 --warmup 0 --results /proc/r.json
+  if grep -q "^tiny" "$work/out.txt"; then fail "11. bench --results into /proc: benchmarked before the error"; fi
+fi
+# A closed standard output: the system's reason for it, not that of an earlier call.
+timeout 60 "$gpipe" train "${tiny[@]}" --steps 1 2>"$work/err.txt" >&-
+status=$?
+if [ "$status" -ne 0 ] && grep -q "cannot write to standard output: Bad file descriptor" "$work/err.txt"; then
+  pass "11. a closed standard output: exit $status, 'Bad file descriptor'"
+else fail "11. a closed standard output: exit $status: $(cat "$work/err.txt")"; fi
+# Inputs that are not files: each named for what it is.
+mkfifo "$work/fifo"
+ln -s /dev/null "$work/null-link.pt"
+run "11. --resume a FIFO" 2 "--resume: $work/fifo is a FIFO \(a named pipe\), not a file" \
+  train "${tiny[@]}" --resume "$work/fifo"
+run "11. --resume a folder" 2 "--resume: $work is a folder, not a file" train "${tiny[@]}" --resume "$work"
+run "11. --model /dev/zero" 2 "--model: /dev/zero is a character device, not a file" \
+  train --model /dev/zero --data "$work/data.pt" --loss mse
+run "11. --data, a link to /dev/null" 2 "--data: $work/null-link.pt \(a link to /dev/null\) is a character device, not a file" \
+  train --model "$work/model.pt" --data "$work/null-link.pt" --loss mse
+run "11. --weight-decay 1e308" 2 "--weight-decay must be a number from 0 to 3.4e38, float's largest \(got 1e\+308\)" \
+  train "${tiny[@]}" --weight-decay 1e308
+run "11. --prompt alone" 2 "--prompt belongs to --generate N, the bytes to sample from --model gpt; add --model gpt --generate 200" \
+  train --prompt hello
+run "11. --generate beyond its limit" 2 "--generate 100000000: at most 100000 bytes" train --model gpt --generate 100000000
+mkdir "$work/plain-text" "$work/little-text"
+for n in $(seq 1 300); do echo "a line of text, $n"; done >"$work/plain-text/words"
+printf 'one\n%%\ntwo\n%%\nthree\n' >"$work/little-text/fortunes"
+run "11. gpt --data-dir without %" 2 "plain-text holds 1 file of text, but no line \"%\" in any" \
+  train --model gpt --data-dir "$work/plain-text"
+run "11. gpt --data-dir with little text" 2 "little-text holds too little text: [0-9]+ bytes to train on and [0-9]+ to test on" \
+  train --model gpt --data-dir "$work/little-text"
+# A checkpoint file of another model, refused before --balance-by time profiles the ResNet.
+run "11. --model resnet --resume of the CNN's file" 2 "--resume: .*ckpt.pt is a checkpoint file of another model" \
+  train --model resnet "${tiny[@]}" --stages 2 --resume "$work/ckpt.pt"
+if grep -q "balance by" "$work/out.txt"; then fail "11. --model resnet --resume: profiled before the refusal"; fi
+if [ "$torch" = 1 ]; then
+  "$gpipe" train "${model[@]}" --data "$work/data.pt" --steps 1 --save "$work/script-ckpt.pt" >/dev/null 2>&1
+  run "11. a TorchScript model's file resumed by the CNN" 2 "script-ckpt.pt is the checkpoint file of a TorchScript model" \
+    train "${tiny[@]}" --resume "$work/script-ckpt.pt"
+  run "11. the CNN's file resumed by a TorchScript model" 2 "ckpt.pt is the checkpoint file of a built-in model" \
+    train "${model[@]}" --data "$work/data.pt" --resume "$work/ckpt.pt"
+  run "11. zbv on a 1-layer model" 2 "the zbv schedule with 2 stages per device needs at least 2 layers; use a schedule of one stage per device" \
+    train --model "$work/one-layer.pt" --data "$work/data.pt" --loss mse --schedule zbv --stages 1
+  run "11. float64 targets" 2 "--loss mse: the targets are Double \(float64\), but the model outputs Float \(float32\)" \
+    train "${model[@]}" --data "$work/target64.pt"
+  run "11. float64 inputs" 2 "the data's 'input' is Double \(float64\): save it as float32" \
+    train "${model[@]}" --data "$work/input64.pt"
+  run "11. uint8 inputs" 2 "the data's 'input' is Byte \(uint8\): save it as float32" \
+    train "${model[@]}" --data "$work/input-u8.pt"
+  run "11. a float64 model" 2 "the model's parameter 0.weight is Double \(float64\), but gpipe trains float32 models" \
+    train --model "$work/model64.pt" --data "$work/data.pt" --loss mse
+  run "11. a layer that keeps one row, cross_entropy" 2 "layer 1 turns 2 samples \(shape \[2, 8\]\) into 1 row" \
+    train --model "$work/rows.pt" --data "$work/classes.pt" --loss cross_entropy
+  run "11. torch.save's old format" 2 "old-format.pt was written in torch.save's old format \(_use_new_zipfile_serialization=False\)" \
+    train "${model[@]}" --data "$work/old-format.pt"
+  run "11. a sparse tensor" 2 "sparse.pt holds a sparse tensor" train "${model[@]}" --data "$work/sparse.pt"
+  run "11. the loss overflows before any update" 1 "in step 1 .*no update was applied yet, so the learning rate is not the cause" \
+    train "${model[@]}" --data "$work/overflow.pt" --steps 2
+  run "11. an in-place layer that begins a stage" 2 "layer 1 \('1'\) begins stage 1 of the cut \{1, 3\}, and a leaf Variable that requires grad is being used in an in-place operation; .*or cut elsewhere with --balance" \
+    train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 1,3 --batch-size 8
+  run "11. an in-place layer inside a stage trains" 0 "" \
+    train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 2,2 --batch-size 8 --steps 1
+  # gpipe plan's errors are train's: no C++ stack, no TorchScript traceback.
+  run "11. plan: a layer returning a tuple" 2 "layer 1 \('1', __torch__\.(models\.)?Pair\) returns Tuple\[Tensor, Tensor\], not a Tensor" \
+    plan --model "$work/tuple.pt" --input-shape 6 --devices 2 --batch 8
+  run "11. plan: a layer returning a dict" 2 "returns Dict.*, not a Tensor" \
+    plan --model "$work/dict.pt" --input-shape 6 --devices 2 --batch 8
+  run "11. plan --input-shape the model does not take" 2 "--input-shape 5: layer 0 fails on .*mat1 and mat2 shapes cannot be multiplied" \
+    plan --model "$work/model.pt" --input-shape 5 --devices 2 --batch 8
+  if grep -q "Traceback of TorchScript" "$work/err.txt"; then fail "11. plan: TorchScript's traceback without --verbose"; fi
+  run "11. plan --input-shape too large to profile" 2 "--input-shape 100000,100000: the model is profiled here on 8 samples of this shape, 298 GiB" \
+    plan --model "$work/model.pt" --input-shape 100000,100000 --devices 2 --batch 8
 fi
 
 echo "$passes passed, $failures failed"

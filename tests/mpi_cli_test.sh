@@ -122,6 +122,23 @@ expect_error() {  # NAME PATTERN COMMAND...
 }
 expect_error "per-stage files saved with another K are refused" "no such file: $work/split.pt.stage0-of-3" \
   bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3 --resume "$work/split.pt" --per-stage-files
+# Per-device files and whole files mixed up: each error names the files there are and the fix.
+expect_error "per-device files resumed by one process" "there are per-device files $work/split.pt.stage0-of-2 ..., one per MPI rank: resume them under mpirun -np 2" \
+  "$gpipe" train "${small[@]}" --resume "$work/split.pt"
+expect_error "a whole file resumed with --per-device-files" "ckpt.pt is one whole checkpoint file, not a set of per-device files: leave out --per-device-files" \
+  bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --resume "$work/ckpt.pt" --per-device-files
+expect_error "per-device files resumed with another schedule" "resume them with the same --stages, --balance, --schedule and --virtual-stages" \
+  bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --resume "$work/split.pt" --per-device-files --schedule zbv
+# A device's file from a run with another --seed: refused before step 1 (its data order differs).
+if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --seed 7 --save "$work/seed7.pt" --per-device-files \
+     >/dev/null 2>&1; then
+  cp "$work/split.pt.stage0-of-2" "$work/mixed.pt.stage0-of-2"
+  cp "$work/seed7.pt.stage1-of-2" "$work/mixed.pt.stage1-of-2"
+  cp "$work/split.pt.manifest" "$work/mixed.pt.manifest"
+  expect_error "per-device files of two runs" "the per-device files of $work/mixed.pt are of different runs" \
+    bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 --resume "$work/mixed.pt" --per-device-files
+  if grep -q "step 5" "$work/err.out"; then fail "per-device files of two runs: trained before the error"; fi
+else fail "--per-device-files with --seed 7"; fi
 expect_error "np not a multiple of K" "the job has 3 ranks, not a multiple of the 2 devices" \
   bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}"
 expect_error "ranks started with different settings" \

@@ -31,12 +31,18 @@ void remove_stale_temporaries(const std::string& path);
 
 /// Throws std::runtime_error with the system's reason unless a file can be
 /// written at `path` by write_file_atomically (its folder exists and takes new
-/// files, or it is a writable device or pipe); creates nothing. For checking
+/// files, or it is a writable device or pipe). Creates the temporary file a
+/// write would and removes it again; leaves `path` itself alone. For checking
 /// output paths before long work.
 void check_writable(const std::string& path);
 
+/// Throws std::runtime_error unless `path` is a regular file (or a link to
+/// one): the message says what it is instead ("a folder", "a FIFO (a named
+/// pipe)", "a character device", a link that leads nowhere) or "no such file".
+void check_input_file(const std::string& path);
+
 /// The bytes of the file at `path`; throws std::runtime_error naming a
-/// missing or unreadable file, or a folder.
+/// missing or unreadable file, or one that is not a regular file (check_input_file).
 std::string read_file(const std::string& path);
 
 }  // namespace gpipe

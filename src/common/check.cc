@@ -5,6 +5,8 @@
 #include <torch/types.h>
 
 #include <cctype>
+#include <cstdlib>
+#include <iomanip>
 #include <sstream>
 
 namespace gpipe {
@@ -31,6 +33,18 @@ std::string short_error(const std::exception& e, std::string* report) {
   const auto* error = dynamic_cast<const c10::Error*>(&e);
   std::string what = error ? error->what_without_backtrace() : e.what();
   if (report != nullptr) *report = error ? e.what() : "";
+  // libtorch's allocator: "[enforce fail at alloc_cpu.cpp:75] err == 0. DefaultCPUAllocator: can't
+  // allocate memory: you tried to allocate N bytes. Error code 12 (...)".
+  const std::string alloc = "you tried to allocate ";
+  if (what.find("can't allocate memory") != std::string::npos && what.find(alloc) != std::string::npos) {
+    const std::string bytes = what.substr(what.find(alloc) + alloc.size());
+    const double n = std::strtod(bytes.c_str(), nullptr);
+    std::ostringstream out;
+    out << "out of memory: a tensor of " << std::setprecision(3) << n / (1024.0 * 1024 * 1024)
+        << " GiB does not fit in this machine's memory";
+    if (report != nullptr && report->empty()) *report = what;
+    return out.str();
+  }
   // TorchScript's interpreter: the serialized and the Python code, then the message on the last line.
   if (what.find("Traceback of TorchScript") == std::string::npos) return what;
   if (report != nullptr && report->empty()) *report = what;

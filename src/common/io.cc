@@ -107,6 +107,36 @@ void check_writable(const std::string& path) {
   const fs::path folder = fs::absolute(target).parent_path();
   if (!fs::is_directory(folder)) fail("write", path, ENOENT);
   if (::access(folder.c_str(), W_OK | X_OK) != 0) fail("write", path, errno);
+  // access() says yes to root everywhere, and to folders that take no new files (/proc, a read-only
+  // mount): create the temporary file a write would create, then remove it.
+  std::string probe = target + ".tmp." + std::to_string(::getpid()) + ".XXXXXX";
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) {
+    const int error = errno;
+    throw std::runtime_error("gpipe: cannot write " + path + ": the folder " + folder.string() +
+                             " takes no new files (" + std::strerror(error) + ")");
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+void check_input_file(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status link = fs::symlink_status(path, ec);
+  const fs::file_status file = fs::status(path, ec);
+  const std::string shown = fs::is_symlink(link) ? path + " (a link to " + resolve(path) + ")" : path;
+  if (!fs::exists(file)) {
+    if (fs::is_symlink(link)) throw std::runtime_error(shown + " does not exist: the link leads nowhere");
+    throw std::runtime_error("no such file: " + path);
+  }
+  if (fs::is_regular_file(file)) return;
+  const char* kind = fs::is_directory(file)        ? "a folder"
+                     : fs::is_fifo(file)           ? "a FIFO (a named pipe)"
+                     : fs::is_character_file(file) ? "a character device"
+                     : fs::is_block_file(file)     ? "a block device"
+                     : fs::is_socket(file)         ? "a socket"
+                                                   : "not a regular file";
+  throw std::runtime_error(shown + " is " + kind + ", not a file; give the path of a file");
 }
 
 void write_file_atomically(const std::string& path, const std::string& contents) {
@@ -208,8 +238,7 @@ void remove_stale_temporaries(const std::string& path) {
 }
 
 std::string read_file(const std::string& path) {
-  if (std::filesystem::is_directory(path)) throw std::runtime_error(path + " is a folder, not a file");
-  if (!std::filesystem::is_regular_file(path)) throw std::runtime_error("no such file: " + path);
+  check_input_file(path);
   std::ifstream in(path, std::ios::binary);
   std::ostringstream bytes;
   bytes << in.rdbuf();

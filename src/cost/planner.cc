@@ -80,11 +80,17 @@ std::vector<Shape> shapes_of(const PlanSearch& search, int L) {
         micro.push_back(M);
       }
     }
+    // On one device every schedule runs the micro-batches one after another: zb1p and those of V
+    // stages per device are left out where a plain one (gpipe, 1f1b) is considered, and planned
+    // when they alone are asked for, as gpipe train runs them.
+    const bool plain = std::any_of(search.schedules.begin(), search.schedules.end(), [](ScheduleKind kind) {
+      return kind != ScheduleKind::kZB1P && default_virtual_stages(kind) == 1;
+    });
     for (ScheduleKind kind : search.schedules)
       for (int M : micro) {
         const int V = default_virtual_stages(kind);
         if (K * V > stage_units) continue;
-        if (K == 1 && (kind == ScheduleKind::kZB1P || V > 1)) continue;  // one device: nothing to fill
+        if (K == 1 && plain && (kind == ScheduleKind::kZB1P || V > 1)) continue;
         out.push_back({K, D, M, V, rows, kind});
       }
   }
@@ -149,8 +155,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
               search.least_micro_batch_rows > 1 ? std::to_string(search.least_micro_batch_rows) +
                                                       " rows (this model's BatchNorm)"
                                                 : std::string("a row"),
-              ", zb1p, interleaved and zbv "
-              "need K >= 2, interleaved M a multiple of K, and a schedule at most 2^21 stage x micro-batch pairs");
+              ", interleaved M a multiple of K, and a schedule at most 2^21 stage x micro-batch pairs");
   std::stable_sort(found.begin(), found.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
     if (a.fits != b.fits) return a.fits;
     return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;

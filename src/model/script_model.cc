@@ -181,6 +181,17 @@ ScriptModel script_model(torch::jit::Module module, const std::string& origin) {
                                                                      : merge == "__torch__.gpipe.skip.Concat" ? concat_skip
                                                                                                               : by_module)));
     } else {
+      // A layer hands one tensor to the next: a tuple, a dict or a list is refused here, before any work.
+      const auto method = child.value.find_method("forward");
+      if (method) {
+        const auto& returns = method->function().getSchema().returns();
+        const std::string type = returns.size() == 1 ? returns[0].type()->annotation_str() : "several values";
+        if (returns.size() != 1 || returns[0].type()->kind() != c10::TypeKind::TensorType)
+          throw std::runtime_error(origin + ": layer " + std::to_string(source.layers->size()) + " ('" + child.name +
+                                   "', " + unmangled(kind) + ") returns " + type +
+                                   ", not a Tensor; gpipe hands one tensor from each layer to the next: make the "
+                                   "layer's forward return one tensor");
+      }
       source.layers->push_back(child.name, torch::nn::AnyModule(ScriptLayer(child.value)));
     }
   }

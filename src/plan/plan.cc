@@ -74,6 +74,12 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
   } else {
     GPIPE_CHECK(options.devices() >= 1, "the number of devices K is not given; give K (1 <= K·V <= ", layers,
                 ") or a balance");
+    const auto count = [](int n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
+    // zbv's V is fixed at 2 (interleaved's is chosen: the check below names a smaller one).
+    GPIPE_CHECK(options.schedule() == ScheduleKind::kInterleaved || V <= layers, "cannot cut ", count(layers, "layer"),
+                " into ", count(options.devices(), "device"), per_device, ": every stage needs at least one layer, so the ",
+                to_string(options.schedule()), " schedule with ", V, " stages per device needs at least ", V,
+                " layers; use a schedule of one stage per device (gpipe or 1f1b)");
     const int K = options.devices();
     if (K * V > layers) {
       // The ways out: fewer stages per device (interleaved's V is chosen; zbv's is fixed), fewer devices.
@@ -85,7 +91,7 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
         ways.push_back("use at most " + std::to_string(layers / V) + " devices" +
                        (V > 1 ? " of " + std::to_string(V) + " stages" : std::string()));
       if (ways.empty()) ways.push_back("use a model with more layers");
-      GPIPE_CHECK(false, "cannot cut ", layers, " layers into ", K, " devices", per_device,
+      GPIPE_CHECK(false, "cannot cut ", count(layers, "layer"), " into ", count(K, "device"), per_device,
                   V > 1 ? " (" + std::to_string(K * V) + " stages)" : std::string(),
                   ": every stage needs at least one layer, so there can be at most ", layers, " stages; ", ways[0],
                   ways.size() > 1 ? ", or " + ways[1] : std::string());

@@ -718,11 +718,11 @@ double ideal_speedup(const Schedule& schedule) {
 }
 
 double ideal_speedup(int devices, int micro_batches) {
-  return static_cast<double>(devices) * micro_batches / (micro_batches + devices - 1);
+  return static_cast<double>(devices) * micro_batches / (static_cast<double>(micro_batches) + devices - 1);
 }
 
 double ideal_bubble(int devices, int micro_batches) {
-  return static_cast<double>(devices - 1) / (micro_batches + devices - 1);
+  return (static_cast<double>(devices) - 1) / (static_cast<double>(micro_batches) + devices - 1);  // no int overflow
 }
 
 }  // namespace gpipe

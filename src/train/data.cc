@@ -129,6 +129,15 @@ Dataset load_tensor_data(const std::string& path) {
     if (what.find("Unknown opcode for unpickling at 0x73") != std::string::npos)
       throw std::runtime_error(path + " holds a dict of one entry; gpipe needs both: save it with "
                                "torch.save({'input': X, 'target': Y}, path)");
+    // torch.save(..., _use_new_zipfile_serialization=False) begins with a pickled magic number.
+    static const std::string legacy("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 14);
+    if (bytes.compare(0, legacy.size(), legacy) == 0)
+      throw std::runtime_error(path + " was written in torch.save's old format (_use_new_zipfile_serialization="
+                               "False), which libtorch does not read; save it again with torch.save({'input': X, "
+                               "'target': Y}, path), whose default format it reads");
+    if (what.find("_get_layout") != std::string::npos || what.find("sparse") != std::string::npos)
+      throw std::runtime_error(path + " holds a sparse tensor, which gpipe does not train on; save dense ones "
+                               "(X.to_dense()) with torch.save({'input': X, 'target': Y}, path)");
     throw std::runtime_error(path + " is not a file written by torch.save: " + what.substr(0, 300));
   }
   if (!value.isGenericDict())
@@ -171,8 +180,13 @@ TextCorpus load_fortunes(const std::string& dir) {
   }
   if (error) throw std::runtime_error("cannot list " + dir + ": " + error.message());
   std::sort(corpus.files.begin(), corpus.files.end());
+  if (corpus.files.empty())
+    throw std::runtime_error(dir + " holds no fortune files (files without a dot in their name, fortunes separated "
+                             "by lines of %): " + install);
+  bool separated = false;
   for (const std::string& name : corpus.files) {
     const std::string text = read_file(dir + "/" + name);
+    separated = separated || text.find("\n%\n") != std::string::npos;
     // The test part starts at the first fortune that begins at or after 90% of the file.
     const size_t tenth = text.size() - text.size() / 10;
     const size_t mark = tenth < 3 ? std::string::npos : text.find("\n%\n", tenth - 3);
@@ -180,9 +194,15 @@ TextCorpus load_fortunes(const std::string& dir) {
     corpus.train += text.substr(0, cut);
     corpus.test += text.substr(cut);
   }
+  const std::string files = std::to_string(corpus.files.size()) + (corpus.files.size() == 1 ? " file" : " files");
+  if (!separated)
+    throw std::runtime_error(dir + " holds " + files + " of text, but no line \"%\" in any: fortune files separate "
+                             "their fortunes by lines holding only %, and the test text is the fortunes in the last "
+                             "tenth of each file; separate the texts so, or " + install);
   if (corpus.train.size() < 2 || corpus.test.size() < 2)
-    throw std::runtime_error(dir + " holds no fortune files with text to train and test on (files without a dot "
-                             "in their name, fortunes separated by lines of %): " + install);
+    throw std::runtime_error(dir + " holds too little text: " + std::to_string(corpus.train.size()) +
+                             " bytes to train on and " + std::to_string(corpus.test.size()) + " to test on (the "
+                             "fortunes in the last tenth of each file); give a folder with more fortunes, or " + install);
   return corpus;
 }
 

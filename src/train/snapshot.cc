@@ -110,12 +110,34 @@ std::string digest_of(const std::string& bytes, size_t count) {
   return hex;
 }
 
+// Whether `bytes` end with the digest of what comes before them.
+bool is_sealed(const std::string& bytes) {
+  const size_t trailer = kDigestTag.size() + kDigestDigits;
+  const size_t body = bytes.size() >= trailer ? bytes.size() - trailer : 0;
+  return bytes.size() >= trailer && bytes.compare(body, kDigestTag.size(), kDigestTag) == 0 &&
+         bytes.compare(body + kDigestTag.size(), kDigestDigits, digest_of(bytes, body)) == 0;
+}
+
+// Whether `bytes` are a TorchScript module that carries a checkpoint (that of a --model FILE run).
+bool is_script_checkpoint(const std::string& bytes) {
+  try {
+    torch::jit::ExtraFilesMap extra{{kExtraFile, ""}};
+    std::istringstream in(bytes);
+    torch::jit::load(in, c10::nullopt, extra);
+    return !extra[kExtraFile].empty();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // The bytes without their digest; throws if it is missing or does not match.
 std::string unsealed(const std::string& path, std::string bytes) {
   const size_t trailer = kDigestTag.size() + kDigestDigits;
   const size_t body = bytes.size() >= trailer ? bytes.size() - trailer : 0;
-  if (bytes.size() < trailer || bytes.compare(body, kDigestTag.size(), kDigestTag) != 0 ||
-      bytes.compare(body + kDigestTag.size(), kDigestDigits, digest_of(bytes, body)) != 0)
+  if (!is_sealed(bytes) && is_script_checkpoint(bytes))
+    throw std::runtime_error(path + " is the checkpoint file of a TorchScript model (gpipe train --model FILE.pt): "
+                             "resume it with the --model file it was trained from");
+  if (!is_sealed(bytes))
     throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint file (its digest does not match "
                              "its contents); resume from a file written by gpipe train --save");
   bytes.resize(body);
@@ -252,6 +274,10 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
     try {
       torch::jit::load(in, c10::nullopt, extra);
     } catch (const std::exception&) {
+      if (is_sealed(in.str()))
+        throw std::runtime_error(path + " is the checkpoint file of a built-in model (--model cnn, resnet, unet or "
+                                 "gpt) or a per-device file, not of a TorchScript model: resume it with the model "
+                                 "that saved it");
       throw std::runtime_error(path + " is truncated or not a TorchScript checkpoint file written by gpipe train --save");
     }
     payload = extra[kExtraFile];

@@ -8,12 +8,14 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <limits>
 #include <sstream>
+#include <string_view>
 
 namespace gpipe {
 namespace {
@@ -102,6 +104,12 @@ void OptimizerOptions::check() const {
               optimizer_name(kind()), " has --betas");
   GPIPE_CHECK(!sgd || !betas(), "--betas are Adam's and AdamW's; SGD has --momentum");
   GPIPE_CHECK(!nesterov() || momentum() > 0, "--nesterov needs --momentum above 0 (as torch.optim.SGD)");
+  // The parameters are float: a factor beyond float's range cannot be applied to them.
+  const double largest = std::numeric_limits<float>::max();
+  GPIPE_CHECK(std::isfinite(decay()) && decay() >= 0 && decay() <= largest, "--weight-decay must be a number from 0 "
+              "to 3.4e38, float's largest (got ", decay(), ")");
+  GPIPE_CHECK(std::isfinite(momentum()) && momentum() >= 0 && momentum() <= largest, "--momentum must be a number "
+              "from 0 to 3.4e38, float's largest (got ", momentum(), ")");
 }
 
 double state_per_parameter_byte(const OptimizerOptions& options) {
@@ -180,6 +188,21 @@ Model Model::of(std::string name, const ScriptModel& source) {
 
 // ---------------------------------------------------------------- checks and the cut
 
+namespace {
+
+// "Double (float64)": a dtype as libtorch and Python name it.
+std::string dtype_text(const torch::Tensor& t) {
+  const std::string name = c10::toString(t.scalar_type());
+  const std::string python = t.scalar_type() == torch::kDouble ? "float64"
+                             : t.scalar_type() == torch::kHalf ? "float16"
+                             : t.scalar_type() == torch::kBFloat16 ? "bfloat16"
+                             : t.scalar_type() == torch::kByte ? "uint8"
+                             : t.scalar_type() == torch::kFloat ? "float32" : "";
+  return python.empty() ? name : name + " (" + python + ")";
+}
+
+}  // namespace
+
 torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tensor& sample) {
   // In eval mode, with gradients (on a few rows, the graph freed at once): an output that no
   // gradient reaches would train nothing.
@@ -200,6 +223,11 @@ torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tenso
                ? "the model has no parameters: training would change nothing; give a model with layers that learn"
                : "none of the model's parameters requires a gradient (all are frozen): training would change "
                  "nothing; unfreeze some (requires_grad=True) before saving the model");
+  // The parameters, the optimizer's state and the checkpoint files are float32.
+  for (const auto& p : whole->named_parameters())
+    if (p.value().is_floating_point() && p.value().scalar_type() != torch::kFloat)
+      refuse("the model's parameter " + p.key() + " is " + dtype_text(p.value()) + ", but gpipe trains float32 "
+             "models: save the model as float32 (model.float() in Python before torch.jit.script)");
   const int64_t rows = sample.size(0);
   int64_t stopped = -1;  // the layer whose output no gradient reaches, though its input's does
   torch::Tensor out = sample;
@@ -208,11 +236,13 @@ torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tenso
     try {
       out = (whole->begin() + static_cast<std::ptrdiff_t>(i))->forward(in);
     } catch (const std::exception& e) {
+      const bool dtype = i == 0 && sample.scalar_type() != torch::kFloat && sample.scalar_type() != torch::kLong;
       refuse(layer(i) + " fails on " +
              (i == 0 ? "the data's first samples, shape " : "the output of layer " + std::to_string(i - 1) + ", shape ") +
              shape_text(in) + ": " + what_of(e) +
-             (i == 0 ? "; give the model inputs of the shape its first layer takes"
-                     : "; make each layer take the shape the one before it outputs"));
+             (dtype    ? "; the data's 'input' is " + dtype_text(sample) + ": save it as float32 (X.float() in Python)"
+              : i == 0 ? "; give the model inputs of the shape its first layer takes"
+                       : "; make each layer take the shape the one before it outputs"));
     }
     if (out.dim() == 0 || out.size(0) != rows)
       refuse(layer(i) + " turns " + std::to_string(rows) + " samples (shape " + shape_text(in) + ") into " +
@@ -241,6 +271,9 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
     out = check_layers_train(model.build(LayerRange{}), sample);
   }
   const torch::Tensor& target = data.target;
+  if (!classification && target.is_floating_point() && target.scalar_type() != out.scalar_type())
+    refuse("--loss mse: the targets are " + dtype_text(target) + ", but the model outputs " + dtype_text(out) +
+           ": save the targets as " + dtype_text(out) + " (Y.float() in Python)");
   const auto out_row = out.sizes().slice(1), target_row = target.sizes().slice(1);
   if (classification) {
     if (out.dim() < 2)
@@ -409,6 +442,39 @@ std::string manifest_text(int64_t step, int devices) {
          "\n";
 }
 
+// The device counts K of the per-device files beside `path` (PATH.stage0-of-K), smallest first.
+std::vector<int> per_device_sets(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path file(path);
+  const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  const std::string prefix = file.filename().string() + ".stage0-of-";
+  std::vector<int> sets;
+  std::error_code ec;
+  for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string k = name.substr(prefix.size());
+    if (!k.empty() && k.size() <= 6 && k.find_first_not_of("0123456789") == std::string::npos)
+      sets.push_back(std::stoi(k));
+  }
+  std::sort(sets.begin(), sets.end());
+  return sets;
+}
+
+// "2" or "2 and 4": the K of those sets.
+std::string counts_text(const std::vector<int>& sets) {
+  std::string out;
+  for (size_t n = 0; n < sets.size(); ++n)
+    out += (n == 0 ? "" : n + 1 == sets.size() ? " and " : ", ") + std::to_string(sets[n]);
+  return out;
+}
+
+// What per-device files hold: each device's layers of the cut that saved them.
+const char* kPerDeviceCut =
+    "; per-device files hold the layers each device had when they were saved: resume them with the same "
+    "--stages, --balance, --schedule and --virtual-stages as that run, or save one whole file (without "
+    "--per-device-files), which resumes with any cut";
+
 // The step a manifest names, or -1 when there is no manifest; throws for a file that is not one.
 int64_t manifest_step(const std::string& manifest, int devices) {
   if (!std::filesystem::exists(manifest)) return -1;
@@ -447,13 +513,36 @@ void Trainer::resume(const std::string& resume_path) {
   on_every_rank([&] {
     const std::string previous = path + ".prev";
     const bool per_device = options_.per_device_files();
-    if (!std::filesystem::is_regular_file(path) && !(per_device && std::filesystem::is_regular_file(previous)))
+    if (!std::filesystem::is_regular_file(path) && !(per_device && std::filesystem::is_regular_file(previous))) {
+      const std::vector<int> sets = per_device_sets(resume_path);
+      const std::string k = counts_text(sets);
+      if (!per_device && !std::filesystem::exists(path) && !sets.empty())
+        throw std::invalid_argument("no such file: " + path + "; there are per-device files " + path + ".stage0-of-" +
+                                    std::to_string(sets.front()) + " ..., one per MPI rank: resume them under "
+                                    "mpirun -np " + k + " with --stages " + k + " --per-device-files");
+      if (!per_device) check_input_file(path);  // a folder, a FIFO, a device: says which
+      if (std::filesystem::is_regular_file(resume_path))
+        throw std::invalid_argument(resume_path + " is one whole checkpoint file, not a set of per-device files: "
+                                    "leave out --per-device-files (a whole file resumes with any --stages)");
       throw std::invalid_argument(
           "no such file: " + path +
-          (per_device ? " (each device has its own file; resume with the K of the run that saved)" : ""));
+          (sets.empty() ? " (each device has its own file; resume with the K of the run that saved)"
+                        : " (the per-device files of " + resume_path + " are of " + k + " devices: resume with "
+                          "--stages " + k + ")"));
+    }
+    // Per-device files of another cut lack this device's layers: the fix is the cut, not the model.
+    auto read = [&](const std::string& file) {
+      try {
+        return read_snapshot(file, pipeline_->layers(), optimizer, script);
+      } catch (const std::runtime_error& e) {
+        if (per_device && std::string(e.what()).find(" is a checkpoint file of another model") != std::string::npos)
+          throw std::runtime_error(e.what() + std::string(kPerDeviceCut));
+        throw;
+      }
+    };
     const int64_t step = per_device ? manifest_step(manifest_file(resume_path), pipeline_->devices()) : -1;
     if (step < 0) {  // one file, or per-device files of a gpipe without manifests
-      r = read_snapshot(path, pipeline_->layers(), optimizer, script);
+      r = read(path);
       return;
     }
     // The file of the manifest's step: the device's file, or the one it kept while a save that did
@@ -461,7 +550,7 @@ void Trainer::resume(const std::string& resume_path) {
     std::string steps;
     for (const std::string& file : {path, previous}) {
       if (!std::filesystem::is_regular_file(file)) continue;
-      Snapshot candidate = read_snapshot(file, pipeline_->layers(), optimizer, script);
+      Snapshot candidate = read(file);
       if (candidate.state.step == step) {
         r = std::move(candidate);
         whole_in_previous_ = file == previous;
@@ -476,10 +565,21 @@ void Trainer::resume(const std::string& resume_path) {
   const double taken = pipeline_->sum(pipeline_->replica() == 0 ? static_cast<double>(r.parameters_taken) : 0.0);
   const int64_t expected = options_.per_device_files() ? r.parameters_taken : static_cast<int64_t>(taken);
   GPIPE_CHECK(r.parameters_in_file == expected, path, " is a checkpoint file of another model: it holds ",
-              r.parameters_in_file, " parameters, this model ", expected);
+              r.parameters_in_file, " parameters, this model ", expected,
+              options_.per_device_files() ? kPerDeviceCut : "");
   GPIPE_CHECK(pipeline_->same_everywhere(static_cast<double>(r.state.step)), "the per-device files of ", resume_path,
               " are from different steps (this rank's, ", path, ", from step ", r.state.step,
               "); a run stopped while saving: resume from another checkpoint file");
+  if (options_.per_device_files()) {
+    // Files of one run draw the data in one order; a file of another run (another --seed) would have
+    // each rank draw other batches.
+    const torch::Tensor order = r.state.shuffle_state.contiguous();
+    const size_t hash = std::hash<std::string_view>{}(std::string_view(
+        static_cast<const char*>(order.data_ptr()), static_cast<size_t>(order.numel() * order.element_size())));
+    GPIPE_CHECK(pipeline_->same_everywhere(static_cast<double>(hash & ((uint64_t{1} << 52) - 1))),
+                "the per-device files of ", resume_path, " are of different runs (they draw the data in different "
+                "orders: another --seed?); resume from the files of one run");
+  }
   restore_snapshot(r, pipeline_->layers(), *optimizer_);
   shuffle_.set_state(r.state.shuffle_state);
   epoch_start_shuffle_ = r.state.shuffle_state;  // what a save before any step writes back
@@ -545,7 +645,10 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
                              (saved_at_ >= 0 ? ", and the last checkpoint file (step " + std::to_string(saved_at_) +
                                                    ") is kept"
                                              : "") +
-                             "; lower --lr, or add --clip-grad-norm");
+                             (step_ == 0 ? ": no update was applied yet, so the learning rate is not the cause: the "
+                                           "model's outputs or the loss on this data overflow float; scale the data "
+                                           "(inputs and targets) down"
+                                         : "; lower --lr, or add --clip-grad-norm"));
   if (options_.clip_grad_norm() > 0) pipeline_->clip_gradients(options_.clip_grad_norm());
   const double lr =
       learning_rate(options_.optimizer().lr(), lr_schedule_, step_, total_steps_);
