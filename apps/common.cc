@@ -133,18 +133,18 @@ std::string without_prefix(const std::string& message) {
   return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
 }
 
-CLI::Validator at_least(int64_t least) {
+CLI::Validator at_least(int64_t least, int64_t most) {
   return CLI::Validator(
-      [least](std::string& text) {
+      [least, most](std::string& text) {
         int64_t value = 0;
         if (!CLI::detail::lexical_cast(text, value))
           return "must be one whole number" + std::string(least > 0 ? ", at least " + std::to_string(least) : "") +
                  " (got " + text + ")";
         if (value < least) return "must be at least " + std::to_string(least) + " (got " + text + ")";
-        // Every such flag is read into an int (or a count no larger): CLI11 would say "Could not convert".
-        if (value > std::numeric_limits<int32_t>::max())
-          return "must be a whole number from " + std::to_string(least) + " to " +
-                 std::to_string(std::numeric_limits<int32_t>::max()) + " (got " + text + ")";
+        // Past the flag's type (an int, unless said): CLI11 would say "Could not convert".
+        if (value > most)
+          return "must be a whole number from " + std::to_string(least) + " to " + std::to_string(most) + " (got " +
+                 text + ")";
         return std::string();
       },
       least > 0 ? "INT>=" + std::to_string(least) : "INT>=0");

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/types.h>
 
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -22,11 +23,12 @@ double median(std::vector<double> values);
 /// `value` with `digits` decimals.
 std::string fixed(double value, int digits);
 
-/// Writes a benchmark's `rows` to `path` (nothing when it is empty), whole or not at all, with the
-/// command, the date and the machine; says so on standard error.
 /// Refuses (a usage error naming --results) a results path that write_results could not write,
 /// before the work; creates its folder, as write_results would. Empty: nothing is written.
 void check_results_path(const std::string& path);
+
+/// Writes a benchmark's `rows` to `path` (nothing when it is empty), whole or not at all, with the
+/// command, the date and the machine; says so on standard error.
 void write_results(const std::string& path, const nlohmann::json& rows, const std::string& command);
 
 /// The command line as one string, for result files.
@@ -40,7 +42,9 @@ uint64_t tensors_digest(const std::vector<torch::Tensor>& tensors);
 /// Checks for numeric flags, each with a message that names the rule and the
 /// value: a whole number of at least `least` ("must be a whole number, at least
 /// 1 (got 0)"); a finite number above 0, or of at least 0; a number in [0, 1).
-CLI::Validator at_least(int64_t least);
+CLI::Validator at_least(int64_t least, int64_t most = std::numeric_limits<int32_t>::max());
+/// The largest value of a flag read into an int64_t (at_least's `most` for such flags).
+inline constexpr int64_t kMostInt64 = std::numeric_limits<int64_t>::max();
 CLI::Validator positive_number();
 CLI::Validator non_negative_number();
 CLI::Validator fraction_below_one();

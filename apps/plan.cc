@@ -19,7 +19,6 @@
 
 #include <unistd.h>
 
-#include <unistd.h>
 
 namespace gpipe::cli {
 namespace {
@@ -358,7 +357,7 @@ void add_plan_command(CLI::App& app, const std::string&, int& status) {
       ->check(in_range(1e-6, 1e9))->capture_default_str();
   sub->add_option("--optimizer", o->optimizer, "sgd, momentum or adam: the state kept per parameter")
       ->check(CLI::IsMember({"sgd", "momentum", "adam"}))->capture_default_str();
-  sub->add_option("--batch", o->batch, "the global batch, rows per step")->required()->check(at_least(1));
+  sub->add_option("--batch", o->batch, "the global batch, rows per step")->required()->check(at_least(1, kMostInt64));
   sub->add_option("--schedule", o->schedules, "schedules to consider")
       ->delimiter(',')->check(CLI::IsMember(schedule_names()))->capture_default_str();
   sub->add_option("--checkpoint", o->checkpoints, "checkpoint modes to consider")

@@ -375,7 +375,7 @@ void check_stage_inputs(const Model& model, const Data& data, const Cut& cut) {
   whole->eval();
   const auto names = whole->named_children();
   torch::Tensor x = data.train.input.narrow(0, 0, std::min<int64_t>(2, data.train.size()));
-  size_t next = 0;  // the next stage whose first layer is checked
+  size_t next = 1;  // the next stage whose first layer is checked: stage 0's input needs no gradient
   for (int layer = 0; layer < static_cast<int>(whole->size()) && next + 1 < offsets.size(); ++layer) {
     auto module = *(whole->begin() + layer);
     if (layer != offsets[next]) {

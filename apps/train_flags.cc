@@ -78,7 +78,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--batch-size", o->batch_size,
                   "samples per mini-batch (one optimizer step); --model gpt: " + std::to_string(kGptBatch) +
                       " windows of bytes by default")
-      ->check(at_least(1))->capture_default_str();
+      ->check(at_least(1, kMostInt64))->capture_default_str();
   sub->add_flag("--drop-last", o->drop_last,
                 "leave out each epoch's last batch when it is smaller than --batch-size (kept by default, as "
                 "PyTorch's DataLoader keeps it)");
@@ -90,7 +90,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                       "checkpoint's model")
       ->check(at_least(0));
   sub->add_option("--steps", o->steps, "stop after this many optimizer steps in all, resumed ones included (0: no limit)")
-      ->check(at_least(0))->capture_default_str();
+      ->check(at_least(0, kMostInt64))->capture_default_str();
   sub->add_option("--optimizer", o->optimizer, "sgd, adam or adamw (torch.optim's)")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))->capture_default_str();
   sub->add_option("--lr", o->lr, "learning rate (--model gpt: 0.002)")->check(positive_number())->capture_default_str();
@@ -108,9 +108,9 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "--lr-gamma every --lr-step-size steps); after --warmup-steps of linear warm-up")
       ->check(CLI::IsMember({"constant", "cosine", "step"}))->capture_default_str();
   sub->add_option("--warmup-steps", o->warmup_steps, "steps of linear warm-up: step t runs at --lr x (t+1)/W")
-      ->check(at_least(0))->capture_default_str();
+      ->check(at_least(0, kMostInt64))->capture_default_str();
   sub->add_option("--lr-step-size", o->lr_step_size, "--lr-schedule step: steps between decays (default: one epoch)")
-      ->check(at_least(1));
+      ->check(at_least(1, kMostInt64));
   sub->add_option("--lr-gamma", o->lr_gamma, "--lr-schedule step: the factor of each decay")
       ->check(positive_number())->capture_default_str();
   sub->add_option("--clip-grad-norm", o->clip_grad_norm,
@@ -122,9 +122,9 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each device (at most the machine's cores)")
       ->check(at_least(1))->capture_default_str();
   sub->add_option("--train-samples", o->train_samples, "use only the first N training samples (0: all)")
-      ->check(at_least(0))->capture_default_str();
+      ->check(at_least(0, kMostInt64))->capture_default_str();
   sub->add_option("--test-samples", o->test_samples, "use only the first N Fashion-MNIST test images (0: all)")
-      ->check(at_least(0))->capture_default_str();
+      ->check(at_least(0, kMostInt64))->capture_default_str();
   sub->add_option("--save", o->save,
                   "write a checkpoint file (model, optimizer, step, random states) after every epoch and at the end, "
                   "whole or not at all; with --model it is TorchScript that torch.jit.load reads; under mpirun the "
@@ -135,7 +135,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--save-every", o->save_every,
                   "with --save: also save every STEPS optimizer steps (counted over the whole run), so that a "
                   "killed run or a dead MPI rank loses at most STEPS steps")
-      ->check(at_least(1));
+      ->check(at_least(1, kMostInt64));
   sub->add_option("--resume", o->resume,
                   "continue from a checkpoint file written by --save, with the same model and optimizer and any "
                   "--stages, schedule or number of ranks")->check(non_empty());

@@ -20,6 +20,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const torch::Tensor t = gpipe::read_idx(gpipe::fuzz::as_file(gpipe::fuzz::as_string(data + 1, size - 1)), dims);
     gpipe::fuzz::promise(t.dim() == dims && t.scalar_type() == torch::kUInt8, "a uint8 tensor of the header's dims");
+    const size_t header = 4 + 4 * static_cast<size_t>(dims);  // the magic number and the sizes
+    gpipe::fuzz::promise(static_cast<size_t>(t.numel()) + header == size - 1 || size - 1 < 2 ||
+                             (data[1] == 0x1f && data[2] == 0x8b),  // gzipped: the bytes are not the data
+                         "exactly the file's data bytes");
   } catch (const std::runtime_error&) {
   }
   return 0;

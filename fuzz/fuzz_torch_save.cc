@@ -1,5 +1,5 @@
 // fuzz_torch_save: the reader of data files written by Python's torch.save({'input': X, 'target': Y})
-// (gpipe train --data), zip or legacy format. Promises: a bad file is refused with
+// (gpipe train --data): a zip archive (the old format is refused). Promises: a bad file is refused with
 // std::runtime_error naming it; an accepted one has as many input as target rows, at least one.
 #include "fuzz_input.h"
 

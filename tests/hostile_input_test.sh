@@ -423,6 +423,10 @@ if [ "$torch" = 1 ]; then
     train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 1,3 --batch-size 8
   run "11. an in-place layer inside a stage trains" 0 "" \
     train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 2,2 --batch-size 8 --steps 1
+  run "11. an in-place layer under --balance-by time" 2 "layer 1 \('1'\) changes its input in place, so it cannot be timed by itself.*--balance-by params" \
+    train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance-by time --batch-size 8
+  run "11. an in-place layer that begins a stage, zb1p" 2 "layer 1 \('1'\) begins stage 1 of the cut \{1, 3\}" \
+    train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 1,3 --schedule zb1p --batch-size 8
   # gpipe plan's errors are train's: no C++ stack, no TorchScript traceback.
   run "11. plan: a layer returning a tuple" 2 "layer 1 \('1', __torch__\.(models\.)?Pair\) returns Tuple\[Tensor, Tensor\], not a Tensor" \
     plan --model "$work/tuple.pt" --input-shape 6 --devices 2 --batch 8

@@ -81,7 +81,8 @@ rm -f "$work/run.pt" "$work/err.txt"
 pid=$!
 pids+=("$pid")
 if wait_for "$work/err.txt" "epoch 1/3 step 4/10" "$pid"; then
-  kill -TERM "$pid"; kill -TERM "$pid"
+  # 20 ms apart: two deliveries (sent back to back the kernel may merge them into one pending signal).
+  kill -TERM "$pid"; sleep 0.02; kill -TERM "$pid"
   wait "$pid"
   rc=$?
   if [ "$rc" = 143 ] && grep -q "stopped by SIGTERM at step" "$work/err.txt" &&

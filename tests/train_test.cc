@@ -189,18 +189,21 @@ TEST(TrainerTest, StopRequestStopsAtAStepBoundarySaved) {
   Trainer unbroken(mlp(3, 0.3), two, options, data);
   unbroken.fit();
   const std::string path = temp_path("stop.pt");
-  for (const int64_t stop_at : {0, 1, 4, 5, 11, 12}) {
+  for (const int64_t stop_at : {0, 1, 3, 4, 5, 11, 12}) {  // 3 and 11: an epoch's last step
     std::remove(path.c_str());
     Trainer first(mlp(3, 0.3), two, TrainerOptions(options).save(path).save_every(3), data);
     gpipe::TrainerCallbacks callbacks;
     callbacks.before_step = [&](int64_t step) {
       if (step == stop_at) gpipe::request_stop(SIGTERM);
     };
+    int epochs_evaluated = 0;  // a stop after an epoch's last step still ends that epoch
+    callbacks.after_epoch = [&](int epoch) { epochs_evaluated = epoch; };
     if (stop_at == 12) gpipe::request_stop(SIGINT);  // before fit(): it stops before the first step
     first.fit(callbacks);
     EXPECT_EQ(first.stopped_by(), stop_at == 12 ? SIGINT : SIGTERM) << "stop at " << stop_at;
     EXPECT_EQ(first.step(), stop_at == 12 ? 0 : stop_at + 1);
     EXPECT_EQ(first.saved_at(), first.step());
+    EXPECT_EQ(epochs_evaluated, stop_at == 12 ? 0 : (stop_at + 1) / 4) << "stop at " << stop_at;
     gpipe::clear_stop_request();
     std::filesystem::copy_file(path, path + ".stopped", std::filesystem::copy_options::overwrite_existing);
     first.fit();  // the same trainer goes on (before another builds its layers, which reseeds)

@@ -61,7 +61,9 @@ double psnr_db(double mse);
 /// different row counts, no rows, NaN or infinite values.
 Dataset load_tensor_data(const std::string& path);
 
-/// What torch.save (or torch::pickle_save) wrote into `bytes`.
+/// What torch.save (or torch::pickle_save) wrote into `bytes`: a zip archive. Throws
+/// std::runtime_error for bytes that are not one (torch.save's old format among them), and
+/// libtorch's error for an archive it cannot read.
 torch::IValue load_torch_save(const std::string& bytes);
 
 /// Where Debian's fortunes package installs its text files (quotations, jokes, poems).

@@ -73,8 +73,8 @@ double seconds_since_stop_request() {
 }
 
 void clear_stop_request() {
+  requested.store(0);  // first: a signal in between is a new request, not a copy of the old one
   requested_at_ns.store(0);
-  requested.store(0);
 }
 
 void install_signal_handlers(OnSignal mode) {

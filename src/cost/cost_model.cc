@@ -193,7 +193,19 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
       for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
         ins[l] = h.detach();
         if (ins[l].is_floating_point()) ins[l].requires_grad_(true);
-        const double forward = seconds_of([&] { outs[l] = it->forward(ins[l]); });
+        double forward = 0;
+        try {
+          forward = seconds_of([&] { outs[l] = it->forward(ins[l]); });
+        } catch (const std::exception& e) {
+          // Each layer is timed by itself on a leaf input, as a stage's first layer runs.
+          const std::string what = e.what();
+          GPIPE_CHECK(what.find("in-place") == std::string::npos && what.find("inplace") == std::string::npos,
+                      "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in place, so it "
+                      "cannot be timed by itself (nor begin a stage: a stage keeps its input for the backward pass); "
+                      "make the layer return a new tensor (e.g. ReLU(inplace=False)), or balance by parameters "
+                      "(--balance-by params)");
+          throw;
+        }
         if (timed && !split) f[l].push_back(forward);
         h = outs[l];
       }

@@ -193,8 +193,10 @@ void check_state(const std::string& name, const torch::Tensor& p, const std::str
       throw std::runtime_error("the optimizer state " + key + " of " + name + " is not a tensor of its shape " +
                                shape_text(p));
   }
-  if (!sgd && saved.toGenericDict().size() > 0 && !saved.toGenericDict().contains("step"))
-    throw std::runtime_error("the optimizer state of " + name + " has no step");
+  if (!sgd && saved.toGenericDict().size() > 0)
+    for (const char* needed : {"step", "exp_avg", "exp_avg_sq"})
+      if (!saved.toGenericDict().contains(needed))
+        throw std::runtime_error("the optimizer state of " + name + " has no " + needed);
 }
 
 // A generator state saved by a run: one the CPU generator takes.
@@ -202,7 +204,7 @@ void check_generator_state(const char* what, const torch::Tensor& state) {
   try {
     at::detail::createCPUGenerator().set_state(state);
   } catch (const std::exception&) {
-    throw std::runtime_error(std::string("its ") + what + " is not a generator's state");
+    throw std::runtime_error(std::string("its ") + what + " state is not a generator's state");
   }
 }
 
@@ -300,9 +302,6 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
     out.state.step = dict.at("step").toInt();
     out.state.shuffle_state = dict.at("shuffle_state").toTensor();
     out.state.random_state = dict.at("random_state").toTensor();
-    if (out.state.step < 0) throw std::runtime_error("step");
-    check_generator_state("shuffling", out.state.shuffle_state);
-    check_generator_state("random", out.state.random_state);
   } catch (const std::exception&) {
     throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint file; resume from a file "
                              "written by gpipe train --save");
@@ -323,6 +322,9 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
     throw std::runtime_error(path + " was trained with --optimizer " + out.optimizer_name +
                              "; resume with the same optimizer");
   try {
+    if (out.state.step < 0) throw std::runtime_error("its step count is negative");
+    check_generator_state("shuffling", out.state.shuffle_state);
+    check_generator_state("random", out.state.random_state);
     for (const auto& p : layers->named_parameters())
       if (out.optimizer_states.contains(p.key()))
         check_state(p.key(), p.value(), optimizer_name, out.optimizer_states.at(p.key()));

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string_view>
 
@@ -230,6 +231,7 @@ torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tenso
              "models: save the model as float32 (model.float() in Python before torch.jit.script)");
   const int64_t rows = sample.size(0);
   int64_t stopped = -1;  // the layer whose output no gradient reaches, though its input's does
+  std::optional<std::string> rows_changed;  // the first layer since which the rows are not the samples'
   torch::Tensor out = sample;
   for (size_t i = 0; i < whole->size(); ++i) {
     const torch::Tensor in = out;
@@ -244,14 +246,21 @@ torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tenso
               : i == 0 ? "; give the model inputs of the shape its first layer takes"
                        : "; make each layer take the shape the one before it outputs"));
     }
-    if (out.dim() == 0 || out.size(0) != rows)
-      refuse(layer(i) + " turns " + std::to_string(rows) + " samples (shape " + shape_text(in) + ") into " +
-             (out.dim() == 0 ? "a single number" : std::to_string(out.size(0)) + (out.size(0) == 1 ? " row" : " rows") + " (shape " + shape_text(out) + ")") +
-             ": it changes the number of rows, so the outputs no longer pair with the samples; every layer must "
-             "keep one row per sample (slice, pool or reduce dimensions after the first)");
+    // Inside the model another layout may come and go (sequence first, say); the output's rows must
+    // be the samples', and the first layer that changed them is the one to name.
+    const bool rows_kept = out.dim() > 0 && out.size(0) == rows;
+    if (!rows_kept && !rows_changed)
+      rows_changed = layer(i) + " turns " + std::to_string(rows) + " samples (shape " + shape_text(in) + ") into " +
+                     (out.dim() == 0 ? "a single number"
+                                     : std::to_string(out.size(0)) + (out.size(0) == 1 ? " row" : " rows") +
+                                           " (shape " + shape_text(out) + ")");
+    if (rows_kept) rows_changed.reset();
     if (in.requires_grad() && !out.requires_grad()) stopped = static_cast<int64_t>(i);
     if (out.requires_grad()) stopped = -1;
   }
+  if (rows_changed)
+    refuse(*rows_changed + ", and the model's output keeps that: the outputs no longer pair with the samples; the "
+           "model must end with one row per sample (slice, pool or reduce dimensions after the first)");
   if (!out.requires_grad())
     refuse("the model's output does not depend on any parameter through a gradient" +
            (stopped >= 0 ? ": " + layer(static_cast<size_t>(stopped)) +
@@ -617,7 +626,12 @@ void Trainer::fit(const TrainerCallbacks& callbacks) {
       }
       if (callbacks.after_step) callbacks.after_step(epoch, b + 1);
       if (options_.save_every() > 0 && step_ % options_.save_every() == 0) save();
-      if (stop_here()) return;
+      if (stop_here()) {
+        // A stop after an epoch's last step: the epoch is whole, so its evaluation follows the save,
+        // as in an unbroken run (which a resumed one continues from the next epoch).
+        if (b + 1 == steps_per_epoch_ && callbacks.after_epoch) callbacks.after_epoch(epoch);
+        return;
+      }
     }
     if (callbacks.after_epoch) callbacks.after_epoch(epoch);
     save();
