@@ -2,6 +2,8 @@
 # Fuzzes gpipe's parsers of a user's bytes with libFuzzer, under ASan and UBSan, in build-asan/
 # (scripts/sanitize.sh builds it; docs/fuzzing.md says what each target promises).
 #   scripts/fuzz.sh [SECONDS] [TARGET...]   each target for SECONDS (default 20), $(nproc) at once
+#   FUZZ_SEED=N: libFuzzer's seed (default 0: a new one each run; scripts/sanitize.sh's smoke uses 1,
+#   so that CI walks the same inputs each time)
 # Each target starts from its seed corpus (fuzz/corpus/NAME) and the inputs of past findings
 # (fuzz/regressions/NAME); what it learns stays in build-asan/fuzz/learned/NAME. A finding stops
 # its target: the input is saved as build-asan/fuzz/findings/NAME-crash-..., the report printed,
@@ -30,7 +32,7 @@ fuzz_one() {
   # it: a single allocation of any size is allowed (and a failed one throws, as in a real run), but
   # 8 GiB in use is a finding; so is an input that takes a minute.
   if ASAN_OPTIONS="allocator_may_return_null=1:$ASAN_OPTIONS" "$out/$t" -max_total_time="$seconds" -timeout=60 \
-      -rss_limit_mb=8192 -malloc_limit_mb=1048576 -print_final_stats=1 \
+      -rss_limit_mb=8192 -malloc_limit_mb=1048576 -seed="${FUZZ_SEED:-0}" -print_final_stats=1 \
       -artifact_prefix="$out/findings/$t-" "${inputs[@]}" >"$out/logs/$t.log" 2>&1; then
     local runs cov
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out/logs/$t.log" | grep -o '[0-9]*$' || echo "?")
@@ -43,4 +45,5 @@ fuzz_one() {
   fi
 }
 export -f fuzz_one
+export FUZZ_SEED
 printf '%s\n' "${targets[@]}" | xargs -P "$(nproc)" -I{} bash -c 'fuzz_one "$@"' _ {} "$seconds" "$out"

@@ -21,4 +21,4 @@ CC=clang CXX=clang++ BUILD_TYPE=RelWithDebInfo bash scripts/build.sh build-asan 
 (cd build-asan && ctest --output-on-failure -j "$(nproc)" -LE install)
 
 echo "== fuzz each parser for ${FUZZ_SECONDS:-20} s =="
-bash scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
+FUZZ_SEED="${FUZZ_SEED:-1}" bash scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
