@@ -351,91 +351,91 @@ if [ -n "$largest_model" ]; then  # bench/largest_model's flags: named, with the
   else fail "14. largest_model --stages 0: exit $status: $(cat "$work/err.txt")"; fi
 fi
 
-# 11. Late or misleading errors: each refused before any work, naming what is wrong.
+# 15. Late or misleading errors: each refused before any work, naming what is wrong.
 # An output folder that takes no new files (/proc, even for root): found by creating the file up front.
 if [ -d /proc/self ] && ! touch /proc/gpipe-probe 2>/dev/null; then
-  run "11. --save into /proc" 2 "--save: cannot write /proc/x.pt: the folder /proc takes no new files" \
+  run "15. --save into /proc" 2 "--save: cannot write /proc/x.pt: the folder /proc takes no new files" \
     train "${tiny[@]}" --save /proc/x.pt
-  run "11. --trace into /proc" 2 "--trace: cannot write /proc/t.json: the folder /proc takes no new files" \
+  run "15. --trace into /proc" 2 "--trace: cannot write /proc/t.json: the folder /proc takes no new files" \
     train "${tiny[@]}" --trace /proc/t.json
-  run "11. --samples into /proc" 2 "--samples: cannot write /proc/s.png: the folder /proc takes no new files" \
+  run "15. --samples into /proc" 2 "--samples: cannot write /proc/s.png: the folder /proc takes no new files" \
     train --model unet "${tiny[@]}" --samples /proc/s.png
-  run "11. bench --results into /proc" 2 "--results: cannot write /proc/r.json: the folder /proc takes no new files" \
+  run "15. bench --results into /proc" 2 "--results: cannot write /proc/r.json: the folder /proc takes no new files" \
     bench --workload tiny --stages 2 --steps 1 --warmup 0 --results /proc/r.json
-  if grep -q "^tiny" "$work/out.txt"; then fail "11. bench --results into /proc: benchmarked before the error"; fi
+  if grep -q "^tiny" "$work/out.txt"; then fail "15. bench --results into /proc: benchmarked before the error"; fi
 fi
 # A closed standard output: the system's reason for it, not that of an earlier call.
 timeout 60 "$gpipe" train "${tiny[@]}" --steps 1 2>"$work/err.txt" >&-
 status=$?
 if [ "$status" -ne 0 ] && grep -q "cannot write to standard output: Bad file descriptor" "$work/err.txt"; then
-  pass "11. a closed standard output: exit $status, 'Bad file descriptor'"
-else fail "11. a closed standard output: exit $status: $(cat "$work/err.txt")"; fi
+  pass "15. a closed standard output: exit $status, 'Bad file descriptor'"
+else fail "15. a closed standard output: exit $status: $(cat "$work/err.txt")"; fi
 # Inputs that are not files: each named for what it is.
 mkfifo "$work/fifo"
 ln -s /dev/null "$work/null-link.pt"
-run "11. --resume a FIFO" 2 "--resume: $work/fifo is a FIFO \(a named pipe\), not a file" \
+run "15. --resume a FIFO" 2 "--resume: $work/fifo is a FIFO \(a named pipe\), not a file" \
   train "${tiny[@]}" --resume "$work/fifo"
-run "11. --resume a folder" 2 "--resume: $work is a folder, not a file" train "${tiny[@]}" --resume "$work"
-run "11. --model /dev/zero" 2 "--model: /dev/zero is a character device, not a file" \
+run "15. --resume a folder" 2 "--resume: $work is a folder, not a file" train "${tiny[@]}" --resume "$work"
+run "15. --model /dev/zero" 2 "--model: /dev/zero is a character device, not a file" \
   train --model /dev/zero --data "$work/data.pt" --loss mse
-run "11. --data, a link to /dev/null" 2 "--data: $work/null-link.pt \(a link to /dev/null\) is a character device, not a file" \
+run "15. --data, a link to /dev/null" 2 "--data: $work/null-link.pt \(a link to /dev/null\) is a character device, not a file" \
   train --model "$work/model.pt" --data "$work/null-link.pt" --loss mse
-run "11. --weight-decay 1e308" 2 "--weight-decay must be a number from 0 to 3.4e38, float's largest \(got 1e\+308\)" \
+run "15. --weight-decay 1e308" 2 "--weight-decay must be a number from 0 to 3.4e38, float's largest \(got 1e\+308\)" \
   train "${tiny[@]}" --weight-decay 1e308
-run "11. --prompt alone" 2 "--prompt belongs to --generate N, the bytes to sample from --model gpt; add --model gpt --generate 200" \
+run "15. --prompt alone" 2 "--prompt belongs to --generate N, the bytes to sample from --model gpt; add --model gpt --generate 200" \
   train --prompt hello
-run "11. --generate beyond its limit" 2 "--generate 100000000: at most 100000 bytes" train --model gpt --generate 100000000
+run "15. --generate beyond its limit" 2 "--generate 100000000: at most 100000 bytes" train --model gpt --generate 100000000
 mkdir "$work/plain-text" "$work/little-text"
 for n in $(seq 1 300); do echo "a line of text, $n"; done >"$work/plain-text/words"
 printf 'one\n%%\ntwo\n%%\nthree\n' >"$work/little-text/fortunes"
-run "11. gpt --data-dir without %" 2 "plain-text holds 1 file of text, but no line \"%\" in any" \
+run "15. gpt --data-dir without %" 2 "plain-text holds 1 file of text, but no line \"%\" in any" \
   train --model gpt --data-dir "$work/plain-text"
-run "11. gpt --data-dir with little text" 2 "little-text holds too little text: [0-9]+ bytes to train on and [0-9]+ to test on" \
+run "15. gpt --data-dir with little text" 2 "little-text holds too little text: [0-9]+ bytes to train on and [0-9]+ to test on" \
   train --model gpt --data-dir "$work/little-text"
 # A checkpoint file of another model, refused before --balance-by time profiles the ResNet.
-run "11. --model resnet --resume of the CNN's file" 2 "--resume: .*ckpt.pt is a checkpoint file of another model" \
+run "15. --model resnet --resume of the CNN's file" 2 "--resume: .*ckpt.pt is a checkpoint file of another model" \
   train --model resnet "${tiny[@]}" --stages 2 --resume "$work/ckpt.pt"
-if grep -q "balance by" "$work/out.txt"; then fail "11. --model resnet --resume: profiled before the refusal"; fi
+if grep -q "balance by" "$work/out.txt"; then fail "15. --model resnet --resume: profiled before the refusal"; fi
 if [ "$torch" = 1 ]; then
   "$gpipe" train "${model[@]}" --data "$work/data.pt" --steps 1 --save "$work/script-ckpt.pt" >/dev/null 2>&1
-  run "11. a TorchScript model's file resumed by the CNN" 2 "script-ckpt.pt is the checkpoint file of a TorchScript model" \
+  run "15. a TorchScript model's file resumed by the CNN" 2 "script-ckpt.pt is the checkpoint file of a TorchScript model" \
     train "${tiny[@]}" --resume "$work/script-ckpt.pt"
-  run "11. the CNN's file resumed by a TorchScript model" 2 "ckpt.pt is the checkpoint file of a built-in model" \
+  run "15. the CNN's file resumed by a TorchScript model" 2 "ckpt.pt is the checkpoint file of a built-in model" \
     train "${model[@]}" --data "$work/data.pt" --resume "$work/ckpt.pt"
-  run "11. zbv on a 1-layer model" 2 "the zbv schedule with 2 stages per device needs at least 2 layers; use a schedule of one stage per device" \
+  run "15. zbv on a 1-layer model" 2 "the zbv schedule with 2 stages per device needs at least 2 layers; use a schedule of one stage per device" \
     train --model "$work/one-layer.pt" --data "$work/data.pt" --loss mse --schedule zbv --stages 1
-  run "11. float64 targets" 2 "--loss mse: the targets are Double \(float64\), but the model outputs Float \(float32\)" \
+  run "15. float64 targets" 2 "--loss mse: the targets are Double \(float64\), but the model outputs Float \(float32\)" \
     train "${model[@]}" --data "$work/target64.pt"
-  run "11. float64 inputs" 2 "the data's 'input' is Double \(float64\): save it as float32" \
+  run "15. float64 inputs" 2 "the data's 'input' is Double \(float64\): save it as float32" \
     train "${model[@]}" --data "$work/input64.pt"
-  run "11. uint8 inputs" 2 "the data's 'input' is Byte \(uint8\): save it as float32" \
+  run "15. uint8 inputs" 2 "the data's 'input' is Byte \(uint8\): save it as float32" \
     train "${model[@]}" --data "$work/input-u8.pt"
-  run "11. a float64 model" 2 "the model's parameter 0.weight is Double \(float64\), but gpipe trains float32 models" \
+  run "15. a float64 model" 2 "the model's parameter 0.weight is Double \(float64\), but gpipe trains float32 models" \
     train --model "$work/model64.pt" --data "$work/data.pt" --loss mse
-  run "11. a layer that keeps one row, cross_entropy" 2 "layer 1 turns 2 samples \(shape \[2, 8\]\) into 1 row" \
+  run "15. a layer that keeps one row, cross_entropy" 2 "layer 1 turns 2 samples \(shape \[2, 8\]\) into 1 row" \
     train --model "$work/rows.pt" --data "$work/classes.pt" --loss cross_entropy
-  run "11. torch.save's old format" 2 "old-format.pt was written in torch.save's old format \(_use_new_zipfile_serialization=False\)" \
+  run "15. torch.save's old format" 2 "old-format.pt was written in torch.save's old format \(_use_new_zipfile_serialization=False\)" \
     train "${model[@]}" --data "$work/old-format.pt"
-  run "11. a sparse tensor" 2 "sparse.pt holds a sparse tensor" train "${model[@]}" --data "$work/sparse.pt"
-  run "11. the loss overflows before any update" 1 "in step 1 .*no update was applied yet, so the learning rate is not the cause" \
+  run "15. a sparse tensor" 2 "sparse.pt holds a sparse tensor" train "${model[@]}" --data "$work/sparse.pt"
+  run "15. the loss overflows before any update" 1 "in step 1 .*no update was applied yet, so the learning rate is not the cause" \
     train "${model[@]}" --data "$work/overflow.pt" --steps 2
-  run "11. an in-place layer that begins a stage" 2 "layer 1 \('1'\) begins stage 1 of the cut \{1, 3\}, and a leaf Variable that requires grad is being used in an in-place operation; .*or cut elsewhere with --balance" \
+  run "15. an in-place layer that begins a stage" 2 "layer 1 \('1'\) begins stage 1 of the cut \{1, 3\}, and a leaf Variable that requires grad is being used in an in-place operation; .*or cut elsewhere with --balance" \
     train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 1,3 --batch-size 8
-  run "11. an in-place layer inside a stage trains" 0 "" \
+  run "15. an in-place layer inside a stage trains" 0 "" \
     train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 2,2 --batch-size 8 --steps 1
-  run "11. an in-place layer under --balance-by time" 2 "layer 1 \('1'\) changes its input in place, so it cannot be timed by itself.*--balance-by params" \
+  run "15. an in-place layer under --balance-by time" 2 "layer 1 \('1'\) changes its input in place, so it cannot be timed by itself.*--balance-by params" \
     train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance-by time --batch-size 8
-  run "11. an in-place layer that begins a stage, zb1p" 2 "layer 1 \('1'\) begins stage 1 of the cut \{1, 3\}" \
+  run "15. an in-place layer that begins a stage, zb1p" 2 "layer 1 \('1'\) begins stage 1 of the cut \{1, 3\}" \
     train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 1,3 --schedule zb1p --batch-size 8
   # gpipe plan's errors are train's: no C++ stack, no TorchScript traceback.
-  run "11. plan: a layer returning a tuple" 2 "layer 1 \('1', __torch__\.(models\.)?Pair\) returns Tuple\[Tensor, Tensor\], not a Tensor" \
+  run "15. plan: a layer returning a tuple" 2 "layer 1 \('1', __torch__\.(models\.)?Pair\) returns Tuple\[Tensor, Tensor\], not a Tensor" \
     plan --model "$work/tuple.pt" --input-shape 6 --devices 2 --batch 8
-  run "11. plan: a layer returning a dict" 2 "returns Dict.*, not a Tensor" \
+  run "15. plan: a layer returning a dict" 2 "returns Dict.*, not a Tensor" \
     plan --model "$work/dict.pt" --input-shape 6 --devices 2 --batch 8
-  run "11. plan --input-shape the model does not take" 2 "--input-shape 5: layer 0 fails on .*mat1 and mat2 shapes cannot be multiplied" \
+  run "15. plan --input-shape the model does not take" 2 "--input-shape 5: layer 0 fails on .*mat1 and mat2 shapes cannot be multiplied" \
     plan --model "$work/model.pt" --input-shape 5 --devices 2 --batch 8
-  if grep -q "Traceback of TorchScript" "$work/err.txt"; then fail "11. plan: TorchScript's traceback without --verbose"; fi
-  run "11. plan --input-shape too large to profile" 2 "--input-shape 100000,100000: the model is profiled here on 8 samples of this shape, 298 GiB" \
+  if grep -q "Traceback of TorchScript" "$work/err.txt"; then fail "15. plan: TorchScript's traceback without --verbose"; fi
+  run "15. plan --input-shape too large to profile" 2 "--input-shape 100000,100000: the model is profiled here on 8 samples of this shape, 298 GiB" \
     plan --model "$work/model.pt" --input-shape 100000,100000 --devices 2 --batch 8
 fi
 

@@ -43,6 +43,32 @@ uint32_t big_endian(const std::vector<uint8_t>& b, size_t at) {
   return (uint32_t{b[at]} << 24) | (uint32_t{b[at + 1]} << 16) | (uint32_t{b[at + 2]} << 8) | b[at + 3];
 }
 
+// Throws unless every tensor in `value` lies inside its storage. An archive gives a tensor's
+// storage and, apart from it, its offset, sizes and strides; libtorch 1.13 does not check that
+// they agree, and reading such a tensor reads past its storage (found by fuzz/fuzz_checkpoint).
+void check_inside_storage(const torch::IValue& value) {
+  if (value.isTensor()) {
+    const torch::Tensor& t = value.toTensor();
+    if (!t.defined() || t.layout() != torch::kStrided || t.numel() == 0) return;
+    __int128 last = t.storage_offset();  // the element furthest into the storage
+    bool inside = last >= 0 && t.has_storage();
+    for (int64_t d = 0; d < t.dim() && inside; ++d) {
+      inside = t.stride(d) >= 0;
+      last += static_cast<__int128>(t.size(d) - 1) * t.stride(d);
+    }
+    if (!inside || (last + 1) * static_cast<__int128>(t.element_size()) > static_cast<__int128>(t.storage().nbytes()))
+      throw std::runtime_error("a tensor of shape " + shape_text(t) + " reaches past the data stored for it");
+  } else if (value.isTensorList()) {
+    for (const torch::Tensor& t : value.toTensorVector()) check_inside_storage(t);
+  } else if (value.isList()) {
+    for (const torch::IValue& element : value.toListRef()) check_inside_storage(element);
+  } else if (value.isGenericDict()) {
+    for (const auto& entry : value.toGenericDict()) check_inside_storage(entry.value());
+  } else if (value.isTuple()) {
+    for (const torch::IValue& element : value.toTupleRef().elements()) check_inside_storage(element);
+  }
+}
+
 }  // namespace
 
 // An IDX file of unsigned bytes: magic 0x0000 08 <dims>, then the sizes, then the data.
@@ -97,8 +123,10 @@ torch::IValue load_torch_save(const std::string& bytes) {
     throw std::runtime_error("not a zip archive, the format torch.save writes");
   std::istringstream in(bytes);
   caffe2::serialize::PyTorchStreamReader reader(&in);
-  return torch::jit::readArchiveAndTensors("data", "", "", c10::nullopt, c10::nullopt, torch::Device(torch::kCPU),
-                                           reader);
+  const torch::IValue value = torch::jit::readArchiveAndTensors("data", "", "", c10::nullopt, c10::nullopt,
+                                                                torch::Device(torch::kCPU), reader);
+  check_inside_storage(value);
+  return value;
 }
 
 torch::Tensor mirrored(const torch::Tensor& images, const torch::Tensor& rows, int epoch, uint64_t seed) {
