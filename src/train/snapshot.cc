@@ -199,8 +199,11 @@ void check_state(const std::string& name, const torch::Tensor& p, const std::str
         throw std::runtime_error("the optimizer state of " + name + " has no " + needed);
 }
 
-// A generator state saved by a run: one the CPU generator takes.
+// A generator state saved by a run: one the CPU generator takes. libtorch reads the state's bytes
+// as one contiguous block, whatever its strides say (fuzz/fuzz_checkpoint found the read past them).
 void check_generator_state(const char* what, const torch::Tensor& state) {
+  if (!state.defined() || !state.is_contiguous() || state.scalar_type() != torch::kByte)
+    throw std::runtime_error(std::string("its ") + what + " state is not a generator's state");
   try {
     at::detail::createCPUGenerator().set_state(state);
   } catch (const std::exception&) {
