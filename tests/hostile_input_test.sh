@@ -64,9 +64,6 @@ class Named(torch.nn.Module):  # returns a dict
 class AddOne(torch.nn.Module):  # changes its input in place
     def forward(self, x):
         return x.add_(1.0)
-class FirstRow(torch.nn.Module):  # keeps one row of the batch
-    def forward(self, x):
-        return x[:1]
 ''')
 sys.path.insert(0, work)
 import models
@@ -106,7 +103,7 @@ save("empty", input=x[:0], target=torch.randn(0, 3))
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 6), models.Pair())).save(f"{work}/tuple.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 6), models.Named())).save(f"{work}/dict.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 3))).save(f"{work}/one-layer.pt")
-torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), models.FirstRow(), torch.nn.Linear(8, 3))).save(f"{work}/rows.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), models.First(), torch.nn.Linear(8, 3))).save(f"{work}/rows.pt")
 torch.jit.script(linear().double()).save(f"{work}/model64.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), models.AddOne(), torch.nn.ReLU(),
                                      torch.nn.Linear(8, 3))).save(f"{work}/in-place.pt")
