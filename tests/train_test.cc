@@ -3,6 +3,8 @@
 // every refusal before anything changes.
 #include "helpers.h"
 
+#include <caffe2/serialize/inline_container.h>
+
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -11,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <sstream>
 #include <thread>
 
 using gpipe::LrSchedule;
@@ -330,6 +334,55 @@ TEST(TrainerTest, RefusesABadSnapshotAndChangesNothing) {
   expect_equal(values(trainer), before);
   EXPECT_EQ(trainer.step(), 0);
   for (const std::string suffix : {"", ".corrupt", ".short", ".state", ".other", ".deeper"}) std::remove((path + suffix).c_str());
+}
+
+// An archive is checked against what it holds before libtorch reads it: a storage record shorter
+// than the tensor on it (or empty), a memo slot far past the filled ones, a length past the end.
+TEST(LoadTorchSaveTest, RefusesAnArchiveThatDeclaresMoreThanItHolds) {
+  // Each is refused with a message that names what is wrong.
+  auto expect_refused = [](const std::string& bytes, const std::string& needle) {
+    try {
+      gpipe::load_torch_save(bytes);
+      ADD_FAILURE() << "expected an error containing \"" << needle << "\"";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what();
+    }
+  };
+  const torch::Tensor tensor = torch::arange(8, torch::kFloat);
+  const std::vector<char> saved = torch::pickle_save(tensor);
+  std::map<std::string, std::string> records;  // name → bytes
+  {
+    std::istringstream in(std::string(saved.begin(), saved.end()));
+    caffe2::serialize::PyTorchStreamReader reader(&in);
+    for (const std::string& record : reader.getAllRecords()) {
+      auto [data, size] = reader.getRecord(record);
+      records[record] = std::string(static_cast<const char*>(data.get()), size);
+    }
+  }
+  ASSERT_TRUE(records.count("data.pkl") && records.count("data/0"));
+  // The archive, its record `name` replaced by `bytes`.
+  auto with_record = [&](const std::string& name, const std::string& bytes) {
+    std::string out;
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+      out.append(static_cast<const char*>(data), size);
+      return size;
+    });
+    for (const auto& [record, kept] : records) {
+      const std::string& written = record == name ? bytes : kept;
+      writer.writeRecord(record, written.data(), written.size());
+    }
+    writer.writeEndOfFile();
+    return out;
+  };
+  ASSERT_TRUE(gpipe::load_torch_save(with_record("data/0", records["data/0"])).toTensor().equal(tensor));
+
+  expect_refused(with_record("data/0", std::string(12, '\0')), "reaches past the data stored for it");
+  expect_refused(with_record("data/0", ""), "reaches past the data stored for it");
+  // BININT 1, LONG_BINPUT into slot 2^31, STOP.
+  expect_refused(with_record("data.pkl", std::string("\x80\x02J\x01\0\0\0r\0\0\0\x80.", 12)), "memo slot 2147483648");
+  // A string of 2^31 - 1 bytes, two of them there; a pickle without its STOP.
+  expect_refused(with_record("data.pkl", std::string("\x80\x02X\xff\xff\xff\x7f" "ab.", 10)), "truncated");
+  expect_refused(with_record("data.pkl", std::string("\x80\x02J\x01\0\0\0", 7)), "truncated");
 }
 
 // A step whose loss is NaN throws before the update: the parameters and the step count stay; and

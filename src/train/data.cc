@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 #include <torch/csrc/jit/serialization/import_read.h>
+#include <torch/csrc/jit/serialization/storage_context.h>
 #include <caffe2/serialize/inline_container.h>
 
 #include <zlib.h>
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <stdexcept>
@@ -41,6 +43,89 @@ std::vector<uint8_t> read_gzip(const std::string& path) {
 
 uint32_t big_endian(const std::vector<uint8_t>& b, size_t at) {
   return (uint32_t{b[at]} << 24) | (uint32_t{b[at + 1]} << 16) | (uint32_t{b[at + 2]} << 8) | b[at + 3];
+}
+
+// Throws unless the pickle `p` (an archive's data.pkl) holds what it declares: every length within
+// the bytes that follow it, every memo slot the next one or one already filled. libtorch 1.13's
+// unpickler allocates what a pickle declares before it reads it: a memo slot of 2^31 is a vector of
+// 32 GB (found by fuzz/fuzz_torch_save), so a file of a few hundred bytes could take all memory.
+// An opcode not listed here is left to libtorch, which refuses those it does not know.
+void check_pickle_bounds(const std::string& p) {
+  size_t at = 0, memo = 0;
+  auto truncated = [] { return std::runtime_error("its pickle is truncated: it declares more bytes than it holds"); };
+  auto take = [&](size_t bytes) {  // the next `bytes` bytes, little-endian
+    if (p.size() - at < bytes) throw truncated();
+    uint64_t value = 0;
+    for (size_t i = 0; i < bytes; ++i) value |= uint64_t{static_cast<uint8_t>(p[at + i])} << (8 * i);
+    at += bytes;
+    return value;
+  };
+  auto skip = [&](uint64_t bytes) {
+    if (p.size() - at < bytes) throw truncated();
+    at += static_cast<size_t>(bytes);
+  };
+  auto line = [&] {  // a text argument, up to its newline
+    const size_t end = p.find('\n', at);
+    if (end == std::string::npos) throw truncated();
+    std::string text = p.substr(at, end - at);
+    at = end + 1;
+    return text;
+  };
+  auto put = [&](uint64_t slot) {
+    if (slot > memo) throw std::runtime_error("its pickle puts a value in memo slot " + std::to_string(slot) +
+                                              " with " + std::to_string(memo) + " filled: it is corrupt");
+    if (slot == memo) ++memo;
+  };
+  while (at < p.size()) {
+    switch (static_cast<uint8_t>(p[at++])) {
+      case '.': return;  // STOP
+      case 0x80: case 'K': case 'h': case 0x82: take(1); break;  // PROTO, BININT1, BINGET, EXT1
+      case 'M': case 0x83: take(2); break;                     // BININT2, EXT2
+      case 'J': case 'j': case 0x84: take(4); break;           // BININT, LONG_BINGET, EXT4
+      case 'G': take(8); break;                                // BINFLOAT
+      case 'q': put(take(1)); break;                           // BINPUT
+      case 'r': put(take(4)); break;                           // LONG_BINPUT
+      case 0x94: put(memo); break;                             // MEMOIZE
+      case 'p': {                                              // PUT
+        const std::string slot = line();
+        char* end = nullptr;
+        const unsigned long long value = std::strtoull(slot.c_str(), &end, 10);
+        if (slot.empty() || *end != '\0') throw std::runtime_error("its pickle has a PUT of no slot: it is corrupt");
+        put(value);
+        break;
+      }
+      case 'U': case 'C': case 0x8c: case 0x8a: skip(take(1)); break;  // short strings, bytes, LONG1
+      case 'T': case 'B': case 'X': case 0x8b: skip(take(4)); break;   // strings, bytes, LONG4
+      case 0x8d: case 0x8e: skip(take(8)); break;                      // BINUNICODE8, BINBYTES8
+      case 0x95: if (take(8) > p.size() - at) throw truncated(); break;  // FRAME: its bytes follow
+      case 'F': case 'I': case 'L': case 'S': case 'V': case 'g': case 'P': line(); break;
+      case 'c': case 'i': line(); line(); break;  // GLOBAL, INST: module and name
+      case '(': case '0': case '1': case '2': case 'N': case 'Q': case 'R': case 'a': case 'b': case 'd':
+      case '}': case 'e': case 'l': case ']': case 'o': case 's': case 't': case ')': case 'u': case 0x81:
+      case 0x85: case 0x86: case 0x87: case 0x88: case 0x89: case 0x8f: case 0x90: case 0x91: case 0x92:
+      case 0x93: break;  // no argument
+      default: return;
+    }
+  }
+  throw truncated();  // no STOP
+}
+
+// Every storage of an archive, read from its record at the record's own size. libtorch 1.13 reads a
+// storage's record and then takes the size the pickle declares for it: a shorter record (or an
+// empty one, whose data is null) was read past its end (found by fuzz/fuzz_torch_save and
+// fuzz/fuzz_checkpoint). Given these, the unpickler uses them, and check_inside_storage sees the
+// bytes that are really there.
+std::shared_ptr<torch::jit::DeserializationStorageContext> stored_storages(
+    caffe2::serialize::PyTorchStreamReader& reader) {
+  auto storages = std::make_shared<torch::jit::DeserializationStorageContext>();
+  const std::string prefix = "data/";
+  for (const std::string& record : reader.getAllRecords()) {
+    if (record.rfind(prefix, 0) != 0 || record.size() == prefix.size()) continue;
+    auto [data, size] = reader.getRecord(record);
+    storages->addStorage(record.substr(prefix.size()),
+                         c10::Storage(c10::Storage::use_byte_size_t(), size, std::move(data), nullptr, false));
+  }
+  return storages;
 }
 
 // Throws unless every tensor in `value` lies inside its storage. An archive gives a tensor's
@@ -123,8 +208,13 @@ torch::IValue load_torch_save(const std::string& bytes) {
     throw std::runtime_error("not a zip archive, the format torch.save writes");
   std::istringstream in(bytes);
   caffe2::serialize::PyTorchStreamReader reader(&in);
-  const torch::IValue value = torch::jit::readArchiveAndTensors("data", "", "", c10::nullopt, c10::nullopt,
-                                                                torch::Device(torch::kCPU), reader);
+  if (reader.hasRecord("data.pkl")) {
+    const auto [pickle, size] = reader.getRecord("data.pkl");
+    check_pickle_bounds(std::string(static_cast<const char*>(pickle.get()), size));
+  }
+  const torch::IValue value =
+      torch::jit::readArchiveAndTensors("data", "", "", c10::nullopt, c10::nullopt, torch::Device(torch::kCPU), reader,
+                                        torch::jit::Unpickler::defaultTypeParser, stored_storages(reader));
   check_inside_storage(value);
   return value;
 }

@@ -7,6 +7,7 @@
 #include "gpipe/io.h"
 
 #include <torch/torch.h>
+#include <caffe2/serialize/inline_container.h>
 
 #include <cstdio>
 #include <map>
@@ -118,13 +119,16 @@ bool is_sealed(const std::string& bytes) {
          bytes.compare(body + kDigestTag.size(), kDigestDigits, digest_of(bytes, body)) == 0;
 }
 
-// Whether `bytes` are a TorchScript module that carries a checkpoint (that of a --model FILE run).
+// Whether `bytes` are a TorchScript module that carries a checkpoint (that of a --model FILE run):
+// an archive with the extra file, looked up without loading the module's code from bytes that
+// failed their digest.
 bool is_script_checkpoint(const std::string& bytes) {
+  if (bytes.rfind("PK\x03\x04", 0) != 0) return false;
   try {
-    torch::jit::ExtraFilesMap extra{{kExtraFile, ""}};
     std::istringstream in(bytes);
-    torch::jit::load(in, c10::nullopt, extra);
-    return !extra[kExtraFile].empty();
+    caffe2::serialize::PyTorchStreamReader reader(&in);
+    const std::string extra = std::string("extra/") + kExtraFile;
+    return reader.hasRecord(extra) && std::get<1>(reader.getRecord(extra)) > 0;
   } catch (const std::exception&) {
     return false;
   }
