@@ -336,16 +336,17 @@ TEST(TrainerTest, RefusesABadSnapshotAndChangesNothing) {
   for (const std::string suffix : {"", ".corrupt", ".short", ".state", ".other", ".deeper"}) std::remove((path + suffix).c_str());
 }
 
-// An archive is checked against what it holds before libtorch reads it: a storage record shorter
-// than the tensor on it (or empty), a memo slot far past the filled ones, a length past the end.
-TEST(LoadTorchSaveTest, RefusesAnArchiveThatDeclaresMoreThanItHolds) {
+// An archive is checked before libtorch reads it: a storage record shorter than the tensor on it
+// (or empty), a memo slot far past the filled ones, a length past the end, an opcode that takes
+// more than the stack holds.
+TEST(LoadTorchSaveTest, RefusesACorruptArchiveBeforeLibtorchReadsIt) {
   // Each is refused with a message that names what is wrong.
   auto expect_refused = [](const std::string& bytes, const std::string& needle) {
     try {
       gpipe::load_torch_save(bytes);
       ADD_FAILURE() << "expected an error containing \"" << needle << "\"";
     } catch (const std::runtime_error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what() << "\nexpected: " << needle;
     }
   };
   const torch::Tensor tensor = torch::arange(8, torch::kFloat);
@@ -378,11 +379,29 @@ TEST(LoadTorchSaveTest, RefusesAnArchiveThatDeclaresMoreThanItHolds) {
 
   expect_refused(with_record("data/0", std::string(12, '\0')), "reaches past the data stored for it");
   expect_refused(with_record("data/0", ""), "reaches past the data stored for it");
+  // A storage with no record ("9") and 8 - 2^62 elements: libtorch reads no record for a storage
+  // of fewer than one element, and gives it (8 - 2^62)·4 bytes, 32 modulo 2^64, at a null address.
+  {
+    std::string pickle = records["data.pkl"];
+    const std::string storage("X\x01\0\0\0" "0q\x03X\x03\0\0\0cpuq\x04K\x08t", 21);
+    ASSERT_NE(pickle.find(storage), std::string::npos);
+    pickle.replace(pickle.find(storage), storage.size(),
+                   std::string("X\x01\0\0\0" "9q\x03X\x03\0\0\0cpuq\x04\x8a\x08\x08\0\0\0\0\0\0\xc0t", 29));
+    expect_refused(with_record("data.pkl", pickle), "reaches past the data stored for it");
+  }
   // BININT 1, LONG_BINPUT into slot 2^31, STOP.
-  expect_refused(with_record("data.pkl", std::string("\x80\x02J\x01\0\0\0r\0\0\0\x80.", 12)), "memo slot 2147483648");
-  // A string of 2^31 - 1 bytes, two of them there; a pickle without its STOP.
-  expect_refused(with_record("data.pkl", std::string("\x80\x02X\xff\xff\xff\x7f" "ab.", 10)), "truncated");
-  expect_refused(with_record("data.pkl", std::string("\x80\x02J\x01\0\0\0", 7)), "truncated");
+  expect_refused(with_record("data.pkl", std::string("\x80\x02J\x01\0\0\0r\0\0\0\x80.", 13)), "memo slot 2147483648");
+  // A string of 2^31 - 1 bytes, three of them there; a pickle without its STOP.
+  expect_refused(with_record("data.pkl", std::string("\x80\x02X\xff\xff\xff\x7f" "ab.", 10)),
+                 "declares more bytes than it holds");
+  expect_refused(with_record("data.pkl", std::string("\x80\x02J\x01\0\0\0", 7)), "has no STOP");
+  // TUPLE3 over two items; TUPLE2 over one item above a MARK (and one below it); a slot never filled.
+  expect_refused(with_record("data.pkl", "\x80\x02K\x01K\x02\x87."), "takes more items than the stack holds");
+  expect_refused(with_record("data.pkl", "\x80\x02K\x01(K\x02\x86."), "takes more items than the stack holds");
+  expect_refused(with_record("data.pkl", "\x80\x02h\x05."), "reads memo slot 5 with 0 filled");
+  // DICT over three items.
+  expect_refused(with_record("data.pkl", "\x80\x02(K\x01K\x02K\x03" "d."), "DICT over an odd number of items");
+
 }
 
 // A step whose loss is NaN throws before the update: the parameters and the step count stay; and

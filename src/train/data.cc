@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <vector>
 
 namespace gpipe {
@@ -45,69 +46,111 @@ uint32_t big_endian(const std::vector<uint8_t>& b, size_t at) {
   return (uint32_t{b[at]} << 24) | (uint32_t{b[at + 1]} << 16) | (uint32_t{b[at + 2]} << 8) | b[at + 3];
 }
 
-// Throws unless the pickle `p` (an archive's data.pkl) holds what it declares: every length within
-// the bytes that follow it, every memo slot the next one or one already filled. libtorch 1.13's
-// unpickler allocates what a pickle declares before it reads it: a memo slot of 2^31 is a vector of
-// 32 GB (found by fuzz/fuzz_torch_save), so a file of a few hundred bytes could take all memory.
+// Throws unless the pickle `p` (an archive's data.pkl) is one libtorch can unpickle without
+// trusting it: every length within the bytes that follow it, every memo slot the next one or one
+// already filled, and no opcode taking more from the stack than its frame (since the last MARK)
+// holds. libtorch 1.13's unpickler checks none of these: it allocates what a pickle declares before
+// it reads it (a memo slot of 2^31 is a vector of 32 GB) and pops past the bottom of its stack (a
+// TUPLE3 over two items freed memory it had not allocated); both found by fuzz/fuzz_torch_save.
 // An opcode not listed here is left to libtorch, which refuses those it does not know.
-void check_pickle_bounds(const std::string& p) {
-  size_t at = 0, memo = 0;
-  auto truncated = [] { return std::runtime_error("its pickle is truncated: it declares more bytes than it holds"); };
+void check_pickle(std::string_view p) {
+  size_t at = 0, memo = 0, depth = 0;
+  std::vector<size_t> marks;  // the stack's depth at each open MARK
+  auto corrupt = [](const std::string& what) { return std::runtime_error("its pickle is corrupt: " + what); };
   auto take = [&](size_t bytes) {  // the next `bytes` bytes, little-endian
-    if (p.size() - at < bytes) throw truncated();
+    if (p.size() - at < bytes) throw corrupt("it declares more bytes than it holds");
     uint64_t value = 0;
     for (size_t i = 0; i < bytes; ++i) value |= uint64_t{static_cast<uint8_t>(p[at + i])} << (8 * i);
     at += bytes;
     return value;
   };
   auto skip = [&](uint64_t bytes) {
-    if (p.size() - at < bytes) throw truncated();
+    if (p.size() - at < bytes) throw corrupt("it declares more bytes than it holds");
     at += static_cast<size_t>(bytes);
   };
   auto line = [&] {  // a text argument, up to its newline
     const size_t end = p.find('\n', at);
-    if (end == std::string::npos) throw truncated();
-    std::string text = p.substr(at, end - at);
+    if (end == std::string::npos) throw corrupt("it declares more bytes than it holds");
+    std::string text(p.substr(at, end - at));
     at = end + 1;
     return text;
   };
+  // Takes `n` items off the stack, above the last MARK, and puts `pushed` on.
+  auto pop = [&](size_t n, size_t pushed = 1) {
+    if (depth - (marks.empty() ? 0 : marks.back()) < n) throw corrupt("an opcode takes more items than the stack holds");
+    depth = depth - n + pushed;
+  };
+  // Takes the items down to the last MARK and the mark, and puts `pushed` on.
+  auto pop_mark = [&](size_t pushed = 1) -> size_t {
+    if (marks.empty()) throw corrupt("an opcode takes items down to a MARK that is not there");
+    const size_t items = depth - marks.back();
+    depth = marks.back() + pushed;
+    marks.pop_back();
+    return items;
+  };
   auto put = [&](uint64_t slot) {
-    if (slot > memo) throw std::runtime_error("its pickle puts a value in memo slot " + std::to_string(slot) +
-                                              " with " + std::to_string(memo) + " filled: it is corrupt");
+    pop(1);
+    if (slot > memo) throw corrupt("it puts a value in memo slot " + std::to_string(slot) + " with " +
+                                   std::to_string(memo) + " filled");
     if (slot == memo) ++memo;
+  };
+  auto get = [&](uint64_t slot) {
+    if (slot >= memo) throw corrupt("it reads memo slot " + std::to_string(slot) + " with " + std::to_string(memo) +
+                                    " filled");
+    ++depth;
+  };
+  auto number = [&](const std::string& text) {
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0') throw corrupt("a memo slot is not a number");
+    return static_cast<uint64_t>(value);
   };
   while (at < p.size()) {
     switch (static_cast<uint8_t>(p[at++])) {
-      case '.': return;  // STOP
-      case 0x80: case 'K': case 'h': case 0x82: take(1); break;  // PROTO, BININT1, BINGET, EXT1
-      case 'M': case 0x83: take(2); break;                     // BININT2, EXT2
-      case 'J': case 'j': case 0x84: take(4); break;           // BININT, LONG_BINGET, EXT4
-      case 'G': take(8); break;                                // BINFLOAT
-      case 'q': put(take(1)); break;                           // BINPUT
-      case 'r': put(take(4)); break;                           // LONG_BINPUT
-      case 0x94: put(memo); break;                             // MEMOIZE
-      case 'p': {                                              // PUT
-        const std::string slot = line();
-        char* end = nullptr;
-        const unsigned long long value = std::strtoull(slot.c_str(), &end, 10);
-        if (slot.empty() || *end != '\0') throw std::runtime_error("its pickle has a PUT of no slot: it is corrupt");
-        put(value);
+      case '.': pop(1, 0); return;  // STOP
+      case 0x80: take(1); break;    // PROTO
+      case 0x95: if (take(8) > p.size() - at) throw corrupt("a frame is longer than the pickle"); break;  // FRAME
+      case 'K': case 0x82: take(1); ++depth; break;  // BININT1, EXT1
+      case 'M': case 0x83: take(2); ++depth; break;  // BININT2, EXT2
+      case 'J': case 0x84: take(4); ++depth; break;  // BININT, EXT4
+      case 'G': take(8); ++depth; break;             // BINFLOAT
+      case 'U': case 'C': case 0x8c: case 0x8a: skip(take(1)); ++depth; break;  // short strings, bytes, LONG1
+      case 'T': case 'B': case 'X': case 0x8b: skip(take(4)); ++depth; break;   // strings, bytes, LONG4
+      case 0x8d: case 0x8e: skip(take(8)); ++depth; break;                      // BINUNICODE8, BINBYTES8
+      case 'F': case 'I': case 'L': case 'S': case 'V': case 'P': line(); ++depth; break;  // text values, PERSID
+      case 'c': line(); line(); ++depth; break;  // GLOBAL: module and name
+      case 'N': case 0x88: case 0x89: case '}': case ']': case ')': case 0x8f: ++depth; break;  // None, bools, empties
+      case 'h': get(take(1)); break;   // BINGET
+      case 'j': get(take(4)); break;   // LONG_BINGET
+      case 'g': get(number(line())); break;  // GET
+      case 'q': put(take(1)); break;   // BINPUT
+      case 'r': put(take(4)); break;   // LONG_BINPUT
+      case 'p': put(number(line())); break;  // PUT
+      case 0x94: put(memo); break;     // MEMOIZE
+      case '(': marks.push_back(depth); break;  // MARK
+      case '0': pop(1, 0); break;      // POP
+      case '1': pop_mark(0); break;    // POP_MARK
+      case '2': pop(1, 2); break;      // DUP
+      case 'Q': case 0x85: pop(1); break;  // BINPERSID, TUPLE1
+      case 'R': case 0x86: case 0x93: case 0x81: pop(2); break;  // REDUCE, TUPLE2, STACK_GLOBAL, NEWOBJ
+      case 0x87: case 0x92: pop(3); break;  // TUPLE3, NEWOBJ_EX
+      case 'a': case 'b': pop(2, 1); break;  // APPEND, BUILD: onto the item below
+      case 's': pop(3, 1); break;            // SETITEM
+      case 'd': if (pop_mark() % 2 != 0) throw corrupt("DICT over an odd number of items"); break;
+      case 'l': case 't': case 0x91: pop_mark(); break;  // LIST, TUPLE, FROZENSET
+      case 'e': case 'u': case 0x90: {       // APPENDS, SETITEMS, ADDITEMS: onto the item below the MARK
+        const bool pairs = p[at - 1] == 'u';
+        const size_t items = pop_mark(0);
+        if (pairs && items % 2 != 0) throw corrupt("SETITEMS over an odd number of items");
+        pop(1, 1);
         break;
       }
-      case 'U': case 'C': case 0x8c: case 0x8a: skip(take(1)); break;  // short strings, bytes, LONG1
-      case 'T': case 'B': case 'X': case 0x8b: skip(take(4)); break;   // strings, bytes, LONG4
-      case 0x8d: case 0x8e: skip(take(8)); break;                      // BINUNICODE8, BINBYTES8
-      case 0x95: if (take(8) > p.size() - at) throw truncated(); break;  // FRAME: its bytes follow
-      case 'F': case 'I': case 'L': case 'S': case 'V': case 'g': case 'P': line(); break;
-      case 'c': case 'i': line(); line(); break;  // GLOBAL, INST: module and name
-      case '(': case '0': case '1': case '2': case 'N': case 'Q': case 'R': case 'a': case 'b': case 'd':
-      case '}': case 'e': case 'l': case ']': case 'o': case 's': case 't': case ')': case 'u': case 0x81:
-      case 0x85: case 0x86: case 0x87: case 0x88: case 0x89: case 0x8f: case 0x90: case 0x91: case 0x92:
-      case 0x93: break;  // no argument
+      case 'o': if (pop_mark() == 0) throw corrupt("OBJ without a class"); break;
+      case 'i': line(); line(); pop_mark(); break;  // INST
       default: return;
     }
   }
-  throw truncated();  // no STOP
+  throw corrupt("it has no STOP");
 }
 
 // Every storage of an archive, read from its record at the record's own size. libtorch 1.13 reads a
@@ -115,14 +158,16 @@ void check_pickle_bounds(const std::string& p) {
 // empty one, whose data is null) was read past its end (found by fuzz/fuzz_torch_save and
 // fuzz/fuzz_checkpoint). Given these, the unpickler uses them, and check_inside_storage sees the
 // bytes that are really there.
-std::shared_ptr<torch::jit::DeserializationStorageContext> stored_storages(
+std::shared_ptr<torch::jit::DeserializationStorageContext> storages_from_records(
     caffe2::serialize::PyTorchStreamReader& reader) {
   auto storages = std::make_shared<torch::jit::DeserializationStorageContext>();
   const std::string prefix = "data/";
   for (const std::string& record : reader.getAllRecords()) {
     if (record.rfind(prefix, 0) != 0 || record.size() == prefix.size()) continue;
+    const std::string key = record.substr(prefix.size());
+    if (storages->hasStorage(key)) throw std::runtime_error("its archive holds two records named " + record);
     auto [data, size] = reader.getRecord(record);
-    storages->addStorage(record.substr(prefix.size()),
+    storages->addStorage(key,
                          c10::Storage(c10::Storage::use_byte_size_t(), size, std::move(data), nullptr, false));
   }
   return storages;
@@ -136,7 +181,9 @@ void check_inside_storage(const torch::IValue& value) {
     const torch::Tensor& t = value.toTensor();
     if (!t.defined() || t.layout() != torch::kStrided || t.numel() == 0) return;
     __int128 last = t.storage_offset();  // the element furthest into the storage
-    bool inside = last >= 0 && t.has_storage();
+    // A storage without a record (libtorch makes one of the pickle's size and no data when the
+    // pickle gives it no elements, or fewer than none) holds nothing.
+    bool inside = last >= 0 && t.has_storage() && t.storage().data() != nullptr;
     for (int64_t d = 0; d < t.dim() && inside; ++d) {
       inside = t.stride(d) >= 0;
       last += static_cast<__int128>(t.size(d) - 1) * t.stride(d);
@@ -210,11 +257,11 @@ torch::IValue load_torch_save(const std::string& bytes) {
   caffe2::serialize::PyTorchStreamReader reader(&in);
   if (reader.hasRecord("data.pkl")) {
     const auto [pickle, size] = reader.getRecord("data.pkl");
-    check_pickle_bounds(std::string(static_cast<const char*>(pickle.get()), size));
+    check_pickle(std::string_view(static_cast<const char*>(pickle.get()), size));
   }
   const torch::IValue value =
       torch::jit::readArchiveAndTensors("data", "", "", c10::nullopt, c10::nullopt, torch::Device(torch::kCPU), reader,
-                                        torch::jit::Unpickler::defaultTypeParser, stored_storages(reader));
+                                        torch::jit::Unpickler::defaultTypeParser, storages_from_records(reader));
   check_inside_storage(value);
   return value;
 }

@@ -128,7 +128,7 @@ bool is_script_checkpoint(const std::string& bytes) {
     std::istringstream in(bytes);
     caffe2::serialize::PyTorchStreamReader reader(&in);
     const std::string extra = std::string("extra/") + kExtraFile;
-    return reader.hasRecord(extra) && std::get<1>(reader.getRecord(extra)) > 0;
+    return reader.hasRecord(extra);
   } catch (const std::exception&) {
     return false;
   }
