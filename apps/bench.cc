@@ -23,7 +23,7 @@ struct BenchOptions {
   std::vector<int> micro_batches{32};
   std::vector<std::string> checkpoints{"except_last"};
   std::vector<std::string> schedules{"gpipe"};
-  int virtual_stages = 0;  // 0: each schedule's own (2 for interleaved and zbv)
+  int virtual_stages = 0;  // 0: each schedule's own (2 for interleaved, zbv and v-half)
   int threads = 1;
   int steps = 7;
   int warmup = 2;
@@ -95,7 +95,7 @@ void check_sweep(const BenchOptions& o) {
                 "); give one of them");
 }
   // --virtual-stages is for the schedules of several stages per device: each of them in the sweep takes it
-  // (zbv only its 2), and one of them is swept.
+  // (zbv and v-half only their 2), and one of them is swept.
   if (o.virtual_stages > 0) {
     const std::string flag = "--virtual-stages " + std::to_string(o.virtual_stages);
     bool taken = false;
@@ -379,11 +379,11 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   sub->add_option("--checkpoint", o->checkpoints, "always, except_last, never (several sweep)")
       ->delimiter(',')->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
   sub->add_option("--schedule", o->schedules,
-                  "schedules to sweep: gpipe (fill-drain), 1f1b, interleaved (with --virtual-stages), zb1p or zbv; "
+                  "schedules to sweep: gpipe (fill-drain), 1f1b, interleaved (with --virtual-stages), zb1p, zbv or v-half; "
                   "each later one is also compared with the first, step by step")
       ->delimiter(',')->check(CLI::IsMember(schedule_names()))->capture_default_str();
   sub->add_option("--virtual-stages", o->virtual_stages,
-                  "V, stages per device of the interleaved schedule (default 2; zbv always runs 2)")
+                  "V, stages per device of the interleaved schedule (default 2; zbv and v-half always run 2)")
       ->check(in_range(2, 64, /*whole=*/true));
   sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each device (and of the one device)")
       ->check(at_least(1))->capture_default_str();

@@ -281,7 +281,7 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
   }
   if (o.balance_by.empty()) {
     const bool cnn_on_two = o.model_file.empty() && o.stages == 2;
-    // The interleaved cut is for its placement (stages on devices 0, 1, 0, 1); zbv's V takes the even one.
+    // The interleaved cut is for its placement (stages on devices 0, 1, 0, 1); the V's take the even one.
     const bool interleaved = parse_schedule(o.schedule) == ScheduleKind::kInterleaved;
     cut.balance = cnn_on_two && V == 1                  ? kFashionBalance
                   : cnn_on_two && V == 2 && interleaved ? kFashionInterleavedBalance

@@ -61,8 +61,8 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
       ->check(CLI::IsMember({"auto", "none", "flip"}))->capture_default_str();
   sub->add_option("--schedule", o->schedule,
                   "the order of forwards and backwards: gpipe (fill-drain), 1f1b, interleaved (V stages per "
-                  "device; --micro-batches a multiple of K), zb1p (zero bubble) or zbv (zero bubble, 2 stages per "
-                  "device placed as a V); auto: interleaved with the cut "
+                  "device; --micro-batches a multiple of K), zb1p (zero bubble), zbv (zero bubble, 2 stages per "
+                  "device placed as a V) or v-half (zbv's V in (K+1)/2K of its activation memory); auto: interleaved with the cut "
                   "{3, 1, 2, 5} for the built-in CNN on 2 stages (measured fastest), gpipe otherwise; see gpipe "
                   "schedule and docs/schedules.md")
       ->check(CLI::IsMember([] {
@@ -73,7 +73,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
       ->capture_default_str();
   sub->add_option("--virtual-stages", o->virtual_stages,
                   "V, stages per device for --schedule interleaved (default 2): the model is cut into K x V stages, "
-                  "stage s on device s mod K (zbv: V = 2, stages d and 2K-1-d on device d)")
+                  "stage s on device s mod K (zbv and v-half: V = 2, stages d and 2K-1-d on device d)")
       ->check(at_least(1));
   sub->add_option("--batch-size", o->batch_size,
                   "samples per mini-batch (one optimizer step); --model gpt: " + std::to_string(kGptBatch) +

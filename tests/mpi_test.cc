@@ -372,42 +372,44 @@ TEST(MakePipeline, EachRankBuildsItsStagesAndTrainsAsThreads) {
   }
 }
 
-// ZB-V under mpirun: each rank holds stages d and 2K-1-d (the V), passes the V's turn to itself
-// without a message, and ends with the same parameters as the same pipeline on threads in one
-// process, bit for bit, in every checkpoint mode (Dropout included: the same masks).
-TEST(MpiPipeline, ZBVEqualsOneProcessBitForBit) {
+// ZB-V and V-Half under mpirun: each rank holds stages d and 2K-1-d (the V), passes the V's turn
+// to itself without a message, and ends with the same parameters as the same pipeline on threads
+// in one process, bit for bit, in every checkpoint mode (Dropout included: the same masks).
+TEST(MpiPipeline, VSchedulesEqualOneProcessBitForBit) {
   for (int K : {1, 2, 4}) {
     if (world_size() % K != 0 || 2 * K > 8) continue;
-    for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever}) {
-      SCOPED_TRACE("K=" + std::to_string(K) + " zbv " + to_string(mode));
-      // One replica: the same micro-batches as on threads, bit for bit (Dropout too). Several split
-      // the batch among them and sum the gradients: equal up to rounding.
-      const bool one_replica = world_size() == K;
-      const LayerBuilder build = [one_replica](LayerRange keep) { return model_layers(9, keep, one_replica ? 0.3 : 0.0); };
-      const auto options = PipelineOptions().devices(K).micro_batches(4).checkpoint(mode).schedule(ScheduleKind::kZBV);
-      auto ranks = make_pipeline(build, 8, options, Runtime::kMpi);
-      auto threads = make_pipeline(build, 8, options, Runtime::kThreads);
-      ASSERT_EQ(ranks->plan().placement, threads->plan().placement);
-      EXPECT_EQ(ranks->plan().placement.front(), ranks->plan().placement.back());  // first and last on device 0
-      torch::optim::SGD opt_ranks(ranks->parameters(), 0.05), opt_threads(threads->parameters(), 0.05);
-      for (int s = 0; s < 2; ++s) {
-        torch::manual_seed(60 + s);
-        const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
-        opt_ranks.zero_grad();
-        opt_threads.zero_grad();
-        torch::manual_seed(70 + s);  // each step draws its Dropout stream from the caller's: the same for both
-        const double a = ranks->train_step(x, y, mse_loss).item<double>();
-        torch::manual_seed(70 + s);
-        const double b = threads->train_step(x, y, mse_loss).item<double>();
-        if (one_replica) EXPECT_EQ(a, b);
-        EXPECT_NEAR(a, b, 1e-5 * std::abs(b));
-        opt_ranks.step();
-        opt_threads.step();
+    for (ScheduleKind schedule : {ScheduleKind::kZBV, ScheduleKind::kVHalf}) {
+      for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever}) {
+        SCOPED_TRACE("K=" + std::to_string(K) + " " + gpipe::to_string(schedule) + " " + to_string(mode));
+        // One replica: the same micro-batches as on threads, bit for bit (Dropout too). Several split
+        // the batch among them and sum the gradients: equal up to rounding.
+        const bool one_replica = world_size() == K;
+        const LayerBuilder build = [one_replica](LayerRange keep) { return model_layers(9, keep, one_replica ? 0.3 : 0.0); };
+        const auto options = PipelineOptions().devices(K).micro_batches(4).checkpoint(mode).schedule(schedule);
+        auto ranks = make_pipeline(build, 8, options, Runtime::kMpi);
+        auto threads = make_pipeline(build, 8, options, Runtime::kThreads);
+        ASSERT_EQ(ranks->plan().placement, threads->plan().placement);
+        EXPECT_EQ(ranks->plan().placement.front(), ranks->plan().placement.back());  // first and last on device 0
+        torch::optim::SGD opt_ranks(ranks->parameters(), 0.05), opt_threads(threads->parameters(), 0.05);
+        for (int s = 0; s < 2; ++s) {
+          torch::manual_seed(60 + s);
+          const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
+          opt_ranks.zero_grad();
+          opt_threads.zero_grad();
+          torch::manual_seed(70 + s);  // each step draws its Dropout stream from the caller's: the same for both
+          const double a = ranks->train_step(x, y, mse_loss).item<double>();
+          torch::manual_seed(70 + s);
+          const double b = threads->train_step(x, y, mse_loss).item<double>();
+          if (one_replica) EXPECT_EQ(a, b);
+          EXPECT_NEAR(a, b, 1e-5 * std::abs(b));
+          opt_ranks.step();
+          opt_threads.step();
+        }
+        const auto all = threads->layers()->named_parameters();
+        for (const auto& p : ranks->layers()->named_parameters())
+          EXPECT_TRUE(one_replica ? torch::equal(p.value(), all[p.key()]) : close(p.value(), all[p.key()], 1e-5))
+              << "rank " << world_rank() << ": " << p.key();
       }
-      const auto all = threads->layers()->named_parameters();
-      for (const auto& p : ranks->layers()->named_parameters())
-        EXPECT_TRUE(one_replica ? torch::equal(p.value(), all[p.key()]) : close(p.value(), all[p.key()], 1e-5))
-            << "rank " << world_rank() << ": " << p.key();
     }
   }
 }

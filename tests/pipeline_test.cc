@@ -72,7 +72,8 @@ TEST(PipelineTest, RejectsBadBatchesBeforeAnyWork) {
 // same schedule or, where that schedule cannot take so few (interleaved), fill-drain, and stays exact.
 TEST(PipelineTest, BatchSmallerThanTheMicroBatchCountTrainsExactly) {
   for (gpipe::ScheduleKind kind : {gpipe::ScheduleKind::kGPipe, gpipe::ScheduleKind::kZB1P,
-                                   gpipe::ScheduleKind::kInterleaved, gpipe::ScheduleKind::kZBV}) {
+                                   gpipe::ScheduleKind::kInterleaved, gpipe::ScheduleKind::kZBV,
+                                   gpipe::ScheduleKind::kVHalf}) {
     SCOPED_TRACE(gpipe::to_string(kind));
     const int V = gpipe::default_virtual_stages(kind);
     auto model = small_mlp(1), reference = small_mlp(1);
@@ -106,6 +107,7 @@ TEST(PipelineTest, StagesOfOneDeviceSendNoTransportMessage) {
   EXPECT_EQ(bytes(gpipe::ScheduleKind::kGPipe, 4), 3 * boundary);
   EXPECT_EQ(bytes(gpipe::ScheduleKind::kZBV, 2), 2 * boundary);
   EXPECT_EQ(bytes(gpipe::ScheduleKind::kZBV, 1), 0);
+  EXPECT_EQ(bytes(gpipe::ScheduleKind::kVHalf, 2), 2 * boundary);
   EXPECT_EQ(bytes(gpipe::ScheduleKind::kInterleaved, 1), 0);
   EXPECT_EQ(bytes(gpipe::ScheduleKind::kInterleaved, 2), 3 * boundary);  // stages alternate devices
 }

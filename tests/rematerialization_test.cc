@@ -40,18 +40,20 @@ TEST(RematerializationTest, DropoutGradientsAreIdenticalInEveryMode) {
   }
 }
 
-// ZB-V (I/W split, V placement): re-materialized or not, the same masks and the same gradients, bit for bit.
-TEST(RematerializationTest, DropoutGradientsAreIdenticalInEveryModeWithZBV) {
-  for (int K : {1, 2, 3}) {
-    const StepResult never = dropout_step(Checkpoint::kNever, K, 4, 42, gpipe::ScheduleKind::kZBV);
-    for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast}) {
-      const StepResult other = dropout_step(mode, K, 4, 42, gpipe::ScheduleKind::kZBV);
-      EXPECT_EQ(other.loss, never.loss) << gpipe::to_string(mode) << " K=" << K;
-      for (size_t n = 0; n < never.grads.size(); ++n)
-        EXPECT_TRUE(torch::equal(other.grads[n], never.grads[n]))
-            << gpipe::to_string(mode) << " K=" << K << " parameter " << n;
+// ZB-V and V-Half (I/W split, V placement): re-materialized or not, the same masks and the same
+// gradients, bit for bit.
+TEST(RematerializationTest, DropoutGradientsAreIdenticalInEveryModeWithTheVSchedules) {
+  for (int K : {1, 2, 3})
+    for (auto schedule : {gpipe::ScheduleKind::kZBV, gpipe::ScheduleKind::kVHalf}) {
+      const StepResult never = dropout_step(Checkpoint::kNever, K, 4, 42, schedule);
+      for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast}) {
+        const StepResult other = dropout_step(mode, K, 4, 42, schedule);
+        EXPECT_EQ(other.loss, never.loss) << gpipe::to_string(mode) << " K=" << K;
+        for (size_t n = 0; n < never.grads.size(); ++n)
+          EXPECT_TRUE(torch::equal(other.grads[n], never.grads[n]))
+              << gpipe::to_string(mode) << " K=" << K << " parameter " << n;
+      }
     }
-  }
 }
 
 TEST(RematerializationTest, DropoutReallyDrops) {

@@ -96,6 +96,7 @@ std::vector<Schedule> all_generated() {
       out.push_back(gpipe::one_f_one_b(K, M));
       out.push_back(gpipe::zb1p(K, M));
       out.push_back(gpipe::zbv(K, M));
+      out.push_back(gpipe::v_half(K, M));
       out.push_back(gpipe::forward_only(K, M));
       out.push_back(gpipe::forward_only(K, M, 2));
       out.push_back(gpipe::fill_drain(K, M, 2, gpipe::zbv(K, 1).placement));
@@ -282,6 +283,41 @@ TEST(ZBVTest, StagesArePlacedAsAV) {
   EXPECT_TRUE(contains(line(p, 0), "5RECV_F0<4")) << line(p, 0);
   EXPECT_FALSE(contains(line(p, 0), "0RECV_F")) << line(p, 0);  // the first stage receives no activation
   EXPECT_FALSE(contains(line(p, 0), "5SEND_F")) << line(p, 0);  // the last sends none
+}
+
+// V-Half, K=2, M=4: zbv's V and order of preference, at most K+1 = 3 stage-micro-batches held per
+// device. Device 0 takes micro-batch 1 down (0F1) only once micro-batch 0 has come back up (3F0)
+// and its W is done (3W0): with 0F0 and 3F0 held, a second micro-batch and its way back up would
+// make 4. So at K=2 a micro-batch at a time crosses device 0: 30 slots against zbv's 25.
+TEST(VHalfTest, GridAtTwoDevices) {
+  EXPECT_EQ(gpipe::format_grid(gpipe::v_half(2, 4)),
+            "device 0 | 0F0  .   .  3F0 3I0 3W0 0F1 0I0 0W0  .  3F1 3I1 3W1 0F2 0I1 0W1  .  3F2 3I2 3W2 0F3 0I2 0W2  .  3F3 3I3 3W3  .  0I3 0W3\n"
+            "device 1 |  .  1F0 2F0  .   .  2I0 1I0 2W0 1F1 2F1 1W0  .  2I1 1I1 2W1 1F2 2F2 1W1  .  2I2 1I2 2W2 1F3 2F3 1W2  .  2I3 1I3 2W3 1W3\n");
+}
+
+// K=4, M=8: every device holds at most 5 stage-micro-batches (zbv: 8), 60 slots (zbv: 51).
+TEST(VHalfTest, GridAtFourDevices) {
+  EXPECT_EQ(gpipe::format_grid(gpipe::v_half(4, 8)),
+            "device 0 | 0F0 0F1  .   .   .   .   .  7F0 7I0 7F1 7I1 7W0 0F2 7W1  .  0I0 0W0 0I1 0F3 0W1 7F2 7I2 7W2 0F4  .   .  7F3 7I3 0I2 7W3 0W2 0F5 7F4 7I4 0I3 7W4 0W3 0F6 7F5 7I5 0I4 7W5 0W4 0F7 7F6 7I6 0I5 7W6 0W5  .  7F7 7I7 0I6 7W7 0W6  .   .   .  0I7 0W7\n"
+            "device 1 |  .  1F0 1F1  .   .   .  6F0  .  6F1 6I0 6W0 6I1 6W1 1F2 1I0 1W0 1I1 1W1  .  6F2 1F3  .  6I2 6W2 1F4 6F3  .  1I2 6I3 1W2 6W3 6F4 1F5 1I3 6I4 1W3 6W4 6F5 1F6 1I4 6I5 1W4 6W5 6F6 1F7 1I5 6I6 1W5 6W6 6F7  .  1I6 6I7 1W6 6W7  .   .  1I7 1W7  . \n"
+            "device 2 |  .   .  2F0 2F1  .  5F0  .  5F1  .   .  5I0 5W0 5I1 2I0 2F2 2I1 5W1 2W0 5F2 2W1  .  2F3  .  5I2 5F3 5W2 2I2 2F4 2W2 5I3 5F4 5W3 2I3 2F5 2W3 5I4 5F5 5W4 2I4 2F6 2W4 5I5 5F6 5W5 2I5 2F7 2W5 5I6 5F7 5W6 2I6 2W6  .  5I7 5W7  .  2I7 2W7  .   . \n"
+            "device 3 |  .   .   .  3F0 4F0 3F1 4F1  .   .   .   .  4I0 3I0 4I1 3I1 4W0 3F2 4F2 3W0 4W1 3W1  .  3F3 4F3 4I2 3I2 4W2 3W2 3F4 4F4 4I3 3I3 4W3 3W3 3F5 4F5 4I4 3I4 4W4 3W4 3F6 4F6 4I5 3I5 4W5 3W5 3F7 4F7 4I6 3I6 4W6 3W6  .   .  4I7 3I7 4W7 3W7  .   . \n");
+}
+
+TEST(VHalfTest, HoldsAtMostKPlusOneStageMicroBatches) {
+  for (int K = 1; K <= 6; ++K)
+    for (int M = 1; M <= 12; ++M) {
+      const gpipe::Schedule s = gpipe::v_half(K, M);
+      EXPECT_EQ(s.name, "v-half");
+      EXPECT_EQ(s.placement, gpipe::zbv(K, 1).placement);
+      const auto half = gpipe::simulate(s).peak_in_flight;
+      const auto zb = gpipe::simulate(gpipe::zbv(K, M)).peak_in_flight;
+      for (int d = 0; d < K; ++d) {
+        EXPECT_LE(half[static_cast<size_t>(d)], K + 1) << K << "x" << M << " d" << d;
+        EXPECT_LE(half[static_cast<size_t>(d)], zb[static_cast<size_t>(d)]) << K << "x" << M << " d" << d;
+      }
+      if (M >= K + 1 && K >= 2) EXPECT_EQ(*std::max_element(half.begin(), half.end()), K + 1) << K << "x" << M;
+    }
 }
 
 // The memory bound: at most 2K stage-micro-batches held per device from the start of an F to the end
@@ -616,6 +652,7 @@ TEST(MakeScheduleTest, BuildsEachKind) {
   EXPECT_EQ(row(gpipe::make_schedule(ScheduleKind::kZB1P, 3, 4), 0), row(gpipe::zb1p(3, 4), 0));
   EXPECT_EQ(row(gpipe::make_schedule(ScheduleKind::kInterleaved, 2, 4, 2), 1), row(gpipe::interleaved(2, 4, 2), 1));
   EXPECT_EQ(row(gpipe::make_schedule(ScheduleKind::kZBV, 2, 4, 2), 1), row(gpipe::zbv(2, 4), 1));
+  EXPECT_EQ(row(gpipe::make_schedule(ScheduleKind::kVHalf, 2, 4, 2), 0), row(gpipe::v_half(2, 4), 0));
   for (ScheduleKind kind : gpipe::all_schedules()) {
     const int V = kind == ScheduleKind::kInterleaved ? 3 : gpipe::default_virtual_stages(kind);
     const Schedule s = gpipe::make_schedule(kind, 2, 4, V);
@@ -635,14 +672,21 @@ TEST(MakeScheduleTest, EachScheduleTakesItsVirtualStages) {
   }
   EXPECT_FALSE(gpipe::takes_virtual_stages(ScheduleKind::kInterleaved, 1));
   EXPECT_TRUE(gpipe::takes_virtual_stages(ScheduleKind::kInterleaved, 3));
-  EXPECT_TRUE(gpipe::takes_virtual_stages(ScheduleKind::kZBV, 2));
-  EXPECT_FALSE(gpipe::takes_virtual_stages(ScheduleKind::kZBV, 3));
+  for (ScheduleKind kind : {ScheduleKind::kZBV, ScheduleKind::kVHalf}) {
+    EXPECT_TRUE(gpipe::v_shaped(kind));
+    EXPECT_EQ(gpipe::default_virtual_stages(kind), 2);
+    EXPECT_TRUE(gpipe::takes_virtual_stages(kind, 2));
+    EXPECT_FALSE(gpipe::takes_virtual_stages(kind, 3));
+  }
+  EXPECT_FALSE(gpipe::v_shaped(ScheduleKind::kInterleaved));
   for (ScheduleKind kind : gpipe::all_schedules())
     EXPECT_NO_THROW(gpipe::check_virtual_stages(kind, gpipe::default_virtual_stages(kind))) << gpipe::to_string(kind);
   const std::string what = error_of([] { gpipe::make_schedule(ScheduleKind::kZBV, 2, 4, 3); });
   EXPECT_TRUE(contains(what, "the zbv schedule runs 2 stages per device")) << what;
   EXPECT_TRUE(contains(what, "use interleaved for another V")) << what;
   EXPECT_TRUE(contains(error_of([] { gpipe::check_virtual_stages(ScheduleKind::kZBV, 1); }), "(got 1)"));
+  EXPECT_TRUE(contains(error_of([] { gpipe::check_virtual_stages(ScheduleKind::kVHalf, 4); }),
+                       "the v-half schedule runs 2 stages per device"));
 }
 
 TEST(MakeScheduleTest, RefusesWhatCannotRun) {
@@ -673,11 +717,12 @@ TEST(MakeScheduleTest, NamesParseBack) {
   for (ScheduleKind kind : gpipe::all_schedules()) EXPECT_EQ(gpipe::parse_schedule(gpipe::to_string(kind)), kind);
   EXPECT_EQ(gpipe::parse_schedule("gpipe"), ScheduleKind::kGPipe);
   EXPECT_EQ(gpipe::to_string(ScheduleKind::k1F1B), "1f1b");
-  EXPECT_EQ(gpipe::schedule_names(), (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb1p", "zbv"}));
+  EXPECT_EQ(gpipe::schedule_names(),
+            (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb1p", "zbv", "v-half"}));
   EXPECT_EQ(gpipe::checkpoint_names(), (std::vector<std::string>{"always", "except_last", "never"}));
   const std::string what = error_of([] { gpipe::parse_schedule("zb"); });
   EXPECT_TRUE(contains(what, "unknown schedule \"zb\"")) << what;
-  EXPECT_TRUE(contains(what, "gpipe|1f1b|interleaved|zb1p|zbv")) << what;
+  EXPECT_TRUE(contains(what, "gpipe|1f1b|interleaved|zb1p|zbv|v-half")) << what;
   EXPECT_THROW(gpipe::parse_schedule("GPipe"), std::invalid_argument);
 }
 
@@ -771,6 +816,24 @@ TEST(SimulateTest, ZBVHasNoBubbleInTheSteadyState) {
   // At the shapes: K=2, M=4 and 8, a fifth or less of fill-drain's bubble.
   EXPECT_NEAR(gpipe::simulate(gpipe::zbv(2, 4)).bubble, 1.0 / 25, 1e-12);
   EXPECT_NEAR(gpipe::simulate(gpipe::zbv(2, 8)).bubble, 1.0 / 49, 1e-12);
+}
+
+// V-Half pays for its memory in slots: never fewer than zbv's; at K=2 more than fill-drain's bubble
+// (58 slots for M=8, 48 of them busy), from K=4 less (60 slots for M=8, 108 for M=16; 48 and 96 busy).
+TEST(SimulateTest, VHalfTradesBubbleForMemory) {
+  for (int K = 1; K <= 6; ++K)
+    for (int M = 1; M <= 12; ++M)
+      EXPECT_GE(gpipe::simulate(gpipe::v_half(K, M)).makespan, gpipe::simulate(gpipe::zbv(K, M)).makespan)
+          << K << "x" << M;
+  auto fill_drain_bubble = [](int K, int M) {
+    return gpipe::simulate(gpipe::fill_drain(K, M), gpipe::balanced_cost).bubble;
+  };
+  EXPECT_NEAR(gpipe::simulate(gpipe::v_half(2, 8)).bubble, 10.0 / 58, 1e-12);
+  EXPECT_GT(gpipe::simulate(gpipe::v_half(2, 8)).bubble, fill_drain_bubble(2, 8));
+  EXPECT_NEAR(gpipe::simulate(gpipe::v_half(4, 8)).bubble, 12.0 / 60, 1e-12);
+  EXPECT_NEAR(gpipe::simulate(gpipe::v_half(4, 16)).bubble, 12.0 / 108, 1e-12);
+  EXPECT_LT(gpipe::simulate(gpipe::v_half(4, 8)).bubble, fill_drain_bubble(4, 8));
+  EXPECT_LT(gpipe::simulate(gpipe::v_half(4, 16)).bubble, fill_drain_bubble(4, 16));
 }
 
 TEST(SimulateTest, InterleavedBubbleIsAboutVTimesSmaller) {

@@ -83,10 +83,10 @@ TEST(SkipTest, EveryStageCountModeAndScheduleMatchesOneDevice) {
           expect_as_one_device({K, M, mode, schedule});
   for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kNever})
     expect_as_one_device({2, 4, mode, ScheduleKind::kInterleaved, 2});
-  // ZB-V: some routes join two stages of one device (handed over there), others cross devices.
+  // ZB-V and V-Half: some routes join two stages of one device (handed over there), others cross devices.
   for (int K : {1, 2, 3})
     for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever})
-      expect_as_one_device({K, 4, mode, ScheduleKind::kZBV, 2});
+      for (ScheduleKind v : {ScheduleKind::kZBV, ScheduleKind::kVHalf}) expect_as_one_device({K, 4, mode, v, 2});
 }
 
 // Stage 0 stashes "u" and stage 2 pops it: the message goes from 0 to 2, and stage 1 never sees it.

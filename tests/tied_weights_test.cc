@@ -45,9 +45,9 @@ TEST(TiedWeightsTest, EveryStageCountModeAndScheduleMatchesOneDevice) {
       for (ScheduleKind schedule : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZB1P})
         configs.push_back({K, 3, mode, schedule});
   configs.push_back({2, 4, Checkpoint::kExceptLast, ScheduleKind::kInterleaved, 2});
-  // ZB-V puts the last stage (the output projection) on device 0 beside the embedding.
+  // ZB-V and V-Half put the last stage (the output projection) on device 0 beside the embedding.
   for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever})
-    configs.push_back({2, 3, mode, ScheduleKind::kZBV, 2});
+    for (ScheduleKind v : {ScheduleKind::kZBV, ScheduleKind::kVHalf}) configs.push_back({2, 3, mode, v, 2});
   configs.push_back({1, 4, Checkpoint::kAlways, ScheduleKind::kGPipe});
   for (const Config& c : configs) {
     SCOPED_TRACE("K=" + std::to_string(c.K) + " V=" + std::to_string(c.V) + " " + gpipe::to_string(c.schedule) +

@@ -1,6 +1,7 @@
 // transparency_test.cc: the pipeline's loss, gradients and parameters equal one device's, parameter by parameter.
 #include "helpers.h"
 
+#include <algorithm>
 #include <tuple>
 
 using gpipe::Checkpoint;
@@ -38,7 +39,7 @@ class TransparencyTest : public ::testing::TestWithParam<Config> {
   Model model() const { return std::get<0>(GetParam()) == 0 ? mlp() : transformer(); }
 };
 
-// The interleaved schedule and zbv run 2 stages per device; the others one.
+// The interleaved schedule, zbv and v-half run 2 stages per device; the others one.
 int virtual_stages(gpipe::ScheduleKind kind) { return gpipe::default_virtual_stages(kind); }
 
 TEST_P(TransparencyTest, LossAndGradientsEqualOneDevice) {
@@ -62,7 +63,9 @@ TEST_P(TransparencyTest, LossAndGradientsEqualOneDevice) {
 
 std::string name(const ::testing::TestParamInfo<Config>& info) {
   const auto [which, schedule, K, M, mode, N] = info.param;
-  return std::string(which == 0 ? "mlp" : "transformer") + "_" + gpipe::to_string(schedule) + "_K" +
+  std::string schedule_name = gpipe::to_string(schedule);  // a test name takes no '-' (v-half)
+  std::replace(schedule_name.begin(), schedule_name.end(), '-', '_');
+  return std::string(which == 0 ? "mlp" : "transformer") + "_" + schedule_name + "_K" +
          std::to_string(K) + "_M" + std::to_string(M) + "_" + gpipe::to_string(mode) + "_N" + std::to_string(N);
 }
 
@@ -77,10 +80,10 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(int64_t{120}, int64_t{13})),
     name);
 
-// ZB-V: 2K stages placed as a V, the last beside the first on device 0; K <= 3 as for interleaved.
+// ZB-V and V-Half: 2K stages placed as a V, the last beside the first on device 0; K <= 3 as for interleaved.
 INSTANTIATE_TEST_SUITE_P(
-    ZBV, TransparencyTest,
-    ::testing::Combine(::testing::Values(0, 1), ::testing::Values(gpipe::ScheduleKind::kZBV),
+    VSchedules, TransparencyTest,
+    ::testing::Combine(::testing::Values(0, 1), ::testing::Values(gpipe::ScheduleKind::kZBV, gpipe::ScheduleKind::kVHalf),
                        ::testing::Values(1, 2, 3), ::testing::Values(1, 2, 3, 5, 8),
                        ::testing::Values(Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever),
                        ::testing::Values(int64_t{120}, int64_t{13})),
@@ -114,7 +117,7 @@ TEST(TransparencyScheduleTest, DropoutGradientsEqualFillDrainsInEverySchedule) {
   const auto two_stages = grads(gpipe::ScheduleKind::kGPipe, 2, Checkpoint::kNever);
   const auto four_stages = grads(gpipe::ScheduleKind::kGPipe, 4, Checkpoint::kNever);  // interleaved's cut
   for (auto schedule : {gpipe::ScheduleKind::kGPipe, gpipe::ScheduleKind::k1F1B, gpipe::ScheduleKind::kInterleaved,
-                        gpipe::ScheduleKind::kZB1P, gpipe::ScheduleKind::kZBV})
+                        gpipe::ScheduleKind::kZB1P, gpipe::ScheduleKind::kZBV, gpipe::ScheduleKind::kVHalf})
     for (auto mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever}) {
       const auto got = grads(schedule, 2, mode);
       const auto& expected = virtual_stages(schedule) == 2 ? four_stages : two_stages;

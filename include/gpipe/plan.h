@@ -37,8 +37,8 @@ struct PipelineOptions {
   /// The order in which the devices run forwards and backwards (schedule.h).
   TORCH_ARG(ScheduleKind, schedule) = ScheduleKind::kGPipe;
   /// V, stages per device; the schedule places them (stage s on device s mod K,
-  /// or as a V for zbv). 0: the schedule's own (default_virtual_stages: 2 for
-  /// interleaved and zbv, 1 for the others).
+  /// or as a V for zbv and v-half). 0: the schedule's own (default_virtual_stages: 2
+  /// for interleaved, zbv and v-half, 1 for the others).
   TORCH_ARG(int, virtual_stages) = 0;
   /// M, the number of micro-batches each mini-batch is split into.
   TORCH_ARG(int, micro_batches) = 1;

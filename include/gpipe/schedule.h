@@ -2,9 +2,9 @@
 // sends and receives; generators, the lowering pass, the validator, the simulator and the grid printer.
 //
 // Index names used throughout gpipe: K devices (d = 0..K-1), S stages (s = 0..S-1;
-// S = K·V with V stages per device (interleaved, zbv), S = K otherwise), M
+// S = K·V with V stages per device (interleaved, zbv, v-half), S = K otherwise), M
 // micro-batches (i = 0..M-1). Where each stage runs is the schedule's placement:
-// stage s on device s mod K (a loop), or as a V for zbv (stage s and 2K-1-s on device s).
+// stage s on device s mod K (a loop), or as a V for zbv and v-half (stage s and 2K-1-s on device s).
 //
 // A step is built in three passes, all before any tensor moves:
 //
@@ -129,18 +129,21 @@ enum class ScheduleKind {
   kInterleaved,  ///< "interleaved": 1F1B over V stages per device (Megatron-LM)
   kZB1P,         ///< "zb1p": zero bubble ZB-H1, backward split into I and W
   kZBV,          ///< "zbv": zero bubble ZB-V, 2 stages per device placed as a V, I/W split
+  kVHalf,        ///< "v-half": ZB-V's V and I/W split in (K+1)/2K of its activation memory
 };
 std::string to_string(ScheduleKind kind);
-/// Parses "gpipe", "1f1b", "interleaved", "zb1p" or "zbv"; throws std::invalid_argument otherwise.
+/// Parses "gpipe", "1f1b", "interleaved", "zb1p", "zbv" or "v-half"; throws std::invalid_argument otherwise.
 ScheduleKind parse_schedule(const std::string& text);
 /// Every schedule gpipe generates, in the order help texts list them.
 std::vector<ScheduleKind> all_schedules();
-/// Every schedule's name, in that order: "gpipe", "1f1b", "interleaved", "zb1p", "zbv".
+/// Every schedule's name, in that order: "gpipe", "1f1b", "interleaved", "zb1p", "zbv", "v-half".
 std::vector<std::string> schedule_names();
+/// Whether `kind` places its 2 stages per device as a V (zbv, v-half): device d runs stages d and 2K-1-d.
+bool v_shaped(ScheduleKind kind);
 /// V, stages per device, that `kind` runs when none is asked for: 2 for the
-/// interleaved schedule and zbv, 1 for the others.
+/// interleaved schedule and the V schedules, 1 for the others.
 int default_virtual_stages(ScheduleKind kind);
-/// Whether `kind` runs V stages per device: interleaved any V >= 2, zbv V = 2,
+/// Whether `kind` runs V stages per device: interleaved any V >= 2, zbv and v-half V = 2,
 /// the others V = 1. The one home of that rule: make_schedule, make_plan and the
 /// front ends ask here.
 bool takes_virtual_stages(ScheduleKind kind, int virtual_stages);
@@ -200,6 +203,18 @@ Schedule zb1p(int devices, int micro_batches);
 /// start before slot K-1), so its bubble is (K-1)/(6M+K-1) against fill-drain's
 /// (K-1)/(M+K-1) (a few slots more at some larger K and M). Any K, M.
 Schedule zbv(int devices, int micro_batches);
+
+/// V-Half (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): ZB-V's
+/// V, I/W split and order of preference in less activation memory, about half at large K. A
+/// device holds at most K+1 stage-micro-batches (ZB-V: 2K, 1F1B's peak; so (K+1)/2K
+/// of it: 3/4 at K=2, 5/8 at K=4, 9/16 at K=8). So that no micro-batch stops
+/// halfway, a device starts an F on the way down only while the F's on the way back
+/// up of every micro-batch it has taken down still fit under that bound. The price
+/// is slots, with F, I and W of equal time: at K=2 one micro-batch at a time
+/// crosses device 0, a bubble of 10/58 for M=8 (fill-drain's 1/9, zbv's 1/49);
+/// from K=4 it is below fill-drain's: 12/60 for M=8 and 12/108 for M=16 (fill-drain's
+/// 3/11 and 3/19). Any K, M.
+Schedule v_half(int devices, int micro_batches);
 
 /// Inference: every device runs the forwards of micro-batches 0..M-1 of its
 /// stages, in increasing stage order (stage s on device s mod K, or on

@@ -11,7 +11,7 @@ from . import _gpipe
 
 
 def schedule_names():
-    """The schedules gpipe runs: gpipe (fill-drain), 1f1b, interleaved, zb1p, zbv."""
+    """The schedules gpipe runs: gpipe (fill-drain), 1f1b, interleaved, zb1p, zbv, v-half."""
     return list(_gpipe.schedule_names())
 
 
@@ -93,9 +93,9 @@ class GPipe:
                    first batch's first micro-batch (until then `balance` is None)
     chunks         M, micro-batches per mini-batch
     checkpoint     re-materialization: "always", "except_last" or "never"
-    schedule       "gpipe" (fill-drain), "1f1b", "interleaved", "zb1p" or "zbv" (schedule_names())
+    schedule       "gpipe" (fill-drain), "1f1b", "interleaved", "zb1p", "zbv" or "v-half" (schedule_names())
     devices        K; by default len(balance) / V, or 2 without a balance
-    virtual_stages V, stages per device (interleaved: 2 by default; zbv: 2, stages d and 2K-1-d on device d)
+    virtual_stages V, stages per device (interleaved: 2 by default; zbv, v-half: 2, stages d and 2K-1-d on device d)
     batch_norm     "deferred": BatchNorm's running statistics once per mini-batch from all its rows
                    (the paper's rule); "per-micro-batch": as M small batches would
     threads        intra-op threads of each device
@@ -201,7 +201,7 @@ class GPipe:
 
     @property
     def placement(self):
-        """The device of each stage (stage s on device s mod K; zbv: a V); None until the pipeline is built."""
+        """The device of each stage (stage s on device s mod K; zbv, v-half: a V); None until the pipeline is built."""
         return None if self._pipe is None else list(self._pipe.placement)
 
     @property

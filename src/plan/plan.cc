@@ -75,14 +75,14 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
     GPIPE_CHECK(options.devices() >= 1, "the number of devices K is not given; give K (1 <= K·V <= ", layers,
                 ") or a balance");
     const auto count = [](int n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
-    // zbv's V is fixed at 2 (interleaved's is chosen: the check below names a smaller one).
+    // The V schedules' V is fixed at 2 (interleaved's is chosen: the check below names a smaller one).
     GPIPE_CHECK(options.schedule() == ScheduleKind::kInterleaved || V <= layers, "cannot cut ", count(layers, "layer"),
                 " into ", count(options.devices(), "device"), per_device, ": every stage needs at least one layer, so the ",
                 to_string(options.schedule()), " schedule with ", V, " stages per device needs at least ", V,
                 " layers; use a schedule of one stage per device (gpipe or 1f1b)");
     const int K = options.devices();
     if (K * V > layers) {
-      // The ways out: fewer stages per device (interleaved's V is chosen; zbv's is fixed), fewer devices.
+      // The ways out: fewer stages per device (interleaved's V is chosen; the V schedules' is fixed), fewer devices.
       std::vector<std::string> ways;
       if (V > 1 && options.schedule() == ScheduleKind::kInterleaved && layers / K >= 2)
         ways.push_back("with " + std::to_string(K) + " devices use at most " + std::to_string(layers / K) +

@@ -124,13 +124,14 @@ std::string to_string(ScheduleKind kind) {
     case ScheduleKind::kInterleaved: return "interleaved";
     case ScheduleKind::kZB1P: return "zb1p";
     case ScheduleKind::kZBV: return "zbv";
+    case ScheduleKind::kVHalf: return "v-half";
   }
   return "?";
 }
 
 std::vector<ScheduleKind> all_schedules() {
   return {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZB1P,
-          ScheduleKind::kZBV};
+          ScheduleKind::kZBV, ScheduleKind::kVHalf};
 }
 
 std::vector<std::string> schedule_names() {
@@ -139,34 +140,24 @@ std::vector<std::string> schedule_names() {
   return names;
 }
 
-int default_virtual_stages(ScheduleKind kind) {
-  return kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZBV ? 2 : 1;
-}
+bool v_shaped(ScheduleKind kind) { return kind == ScheduleKind::kZBV || kind == ScheduleKind::kVHalf; }
+
+int default_virtual_stages(ScheduleKind kind) { return kind == ScheduleKind::kInterleaved || v_shaped(kind) ? 2 : 1; }
 
 bool takes_virtual_stages(ScheduleKind kind, int virtual_stages) {
-  switch (kind) {
-    case ScheduleKind::kInterleaved: return virtual_stages >= 2;
-    case ScheduleKind::kZBV: return virtual_stages == 2;
-    default: return virtual_stages == 1;
-  }
+  if (kind == ScheduleKind::kInterleaved) return virtual_stages >= 2;
+  return virtual_stages == default_virtual_stages(kind);
 }
 
 void check_virtual_stages(ScheduleKind kind, int virtual_stages) {
   if (takes_virtual_stages(kind, virtual_stages)) return;
-  switch (kind) {
-    case ScheduleKind::kInterleaved:
-      GPIPE_CHECK(false, "the interleaved schedule needs at least 2 stages per device (got ", virtual_stages,
-                  "); set virtual stages V >= 2, or use 1f1b for one stage per device");
-      break;
-    case ScheduleKind::kZBV:
-      GPIPE_CHECK(false, "the zbv schedule runs 2 stages per device, placed as a V (got ", virtual_stages,
-                  "); leave V to the schedule (2), or use interleaved for another V");
-      break;
-    default:
-      GPIPE_CHECK(false, "the ", to_string(kind), " schedule runs one stage per device, but ", virtual_stages,
-                  " stages per device were asked for; use the interleaved schedule (or zbv for 2), or 1 stage per "
-                  "device");
-  }
+  GPIPE_CHECK(kind != ScheduleKind::kInterleaved, "the interleaved schedule needs at least 2 stages per device (got ",
+              virtual_stages, "); set virtual stages V >= 2, or use 1f1b for one stage per device");
+  GPIPE_CHECK(!v_shaped(kind), "the ", to_string(kind), " schedule runs 2 stages per device, placed as a V (got ",
+              virtual_stages, "); leave V to the schedule (2), or use interleaved for another V");
+  GPIPE_CHECK(false, "the ", to_string(kind), " schedule runs one stage per device, but ", virtual_stages,
+              " stages per device were asked for; use the interleaved schedule (or zbv or v-half for 2), or 1 stage "
+              "per device");
 }
 
 ScheduleKind parse_schedule(const std::string& text) {
@@ -327,20 +318,33 @@ Schedule zb1p(int devices, int micro_batches) {
   return s;
 }
 
-Schedule zbv(int devices, int micro_batches) {
+namespace {
+
+// When a V schedule's device may start an F, given the stage-micro-batches it holds (from the
+// start of their F to the end of their W) and its bound on them.
+enum class ForwardRule {
+  kUnderTheBound,    // any F while fewer than the bound are held (zbv)
+  kRoomToComeBack,   // an F on the way down only while the F's back up of every micro-batch taken
+                     // down still fit under the bound; one on the way up always (its place was
+                     // kept): no bound of 2 or more stops a micro-batch halfway (v-half)
+};
+
+// The V schedules: a unit-time list schedule (schedule.h) of 2K stages, device d running stage d
+// and stage 2K-1-d, at most `held_bound` stage-micro-batches held per device.
+Schedule v_schedule(const char* name, int devices, int micro_batches, int held_bound, ForwardRule rule) {
   check_shape(devices, micro_batches, 2);
   const int K = devices, M = micro_batches, S = 2 * K;
   std::vector<int> placement;
   for (int stage = 0; stage < S; ++stage) placement.push_back(stage < K ? stage : S - 1 - stage);
-  Schedule s = empty_schedule("zbv", K, M, 2, true, placement);
-  // A unit-time list schedule (schedule.h). Per stage: when its F's and I's end (by micro-batch),
-  // and the next F and I to run, each in micro-batch order.
+  Schedule s = empty_schedule(name, K, M, 2, true, placement);
+  // Per stage: when its F's and I's end (by micro-batch), and the next F and I to run, each in
+  // micro-batch order.
   constexpr int kNever = std::numeric_limits<int>::max();
   std::vector<std::vector<int>> f_end(static_cast<size_t>(S), std::vector<int>(static_cast<size_t>(M), kNever));
   auto i_end = f_end;
   std::vector<int> next_f(static_cast<size_t>(S), 0), next_i(static_cast<size_t>(S), 0);
   std::vector<std::deque<std::pair<int, int>>> waiting_w(static_cast<size_t>(K));  // (stage, micro-batch)
-  std::vector<int> held(static_cast<size_t>(K), 0);  // stage-micro-batches from the start of F to the end of W
+  std::vector<int> held(static_cast<size_t>(K), 0);
   auto ended = [&](const std::vector<std::vector<int>>& end, int stage, int i, int t) {
     return end[static_cast<size_t>(stage)][static_cast<size_t>(i)] <= t;
   };
@@ -349,6 +353,7 @@ Schedule zbv(int devices, int micro_batches) {
     for (int d = 0; d < K; ++d) {
       const size_t dd = static_cast<size_t>(d);
       auto& row = s.actions[dd];
+      const int down = d, up = S - 1 - d;  // the device's stage on the way down, and on the way back up
       // The I of `stage` is ready when its F has ended and the next stage's I has (the last stage: its F alone).
       auto i_ready = [&](int stage) {
         const int i = next_i[static_cast<size_t>(stage)];
@@ -357,7 +362,10 @@ Schedule zbv(int devices, int micro_batches) {
       };
       auto f_ready = [&](int stage) {
         const int i = next_f[static_cast<size_t>(stage)];
-        return i < M && held[dd] < 2 * K && (stage == 0 || ended(f_end, stage - 1, i, t));
+        if (i >= M || (stage > 0 && !ended(f_end, stage - 1, i, t))) return false;
+        if (rule == ForwardRule::kUnderTheBound) return held[dd] < held_bound;
+        const int coming_back = next_f[static_cast<size_t>(down)] - next_f[static_cast<size_t>(up)];
+        return stage == up || held[dd] + coming_back + 2 <= held_bound;
       };
       auto run = [&](int stage, ActionKind kind) {
         const size_t ss = static_cast<size_t>(stage);
@@ -371,7 +379,6 @@ Schedule zbv(int devices, int micro_batches) {
           waiting_w[dd].push_back({stage, next_i[ss]++});
         }
       };
-      const int down = d, up = S - 1 - d;  // the device's stage on the way down, and on the way back up
       if (i_ready(down)) {
         run(down, ActionKind::kInputGrad);
       } else if (i_ready(up)) {
@@ -394,6 +401,16 @@ Schedule zbv(int devices, int micro_batches) {
   return s;
 }
 
+}  // namespace
+
+Schedule zbv(int devices, int micro_batches) {
+  return v_schedule("zbv", devices, micro_batches, 2 * devices, ForwardRule::kUnderTheBound);
+}
+
+Schedule v_half(int devices, int micro_batches) {
+  return v_schedule("v-half", devices, micro_batches, devices + 1, ForwardRule::kRoomToComeBack);
+}
+
 Schedule forward_only(int devices, int micro_batches, int virtual_stages, const std::vector<int>& placement) {
   check_shape(devices, micro_batches, virtual_stages);
   Schedule s = empty_schedule("forward", devices, micro_batches, virtual_stages, false, placement);
@@ -413,6 +430,7 @@ Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int vi
     case ScheduleKind::kInterleaved: return interleaved(devices, micro_batches, virtual_stages);
     case ScheduleKind::kZB1P: return zb1p(devices, micro_batches);
     case ScheduleKind::kZBV: return zbv(devices, micro_batches);
+    case ScheduleKind::kVHalf: return v_half(devices, micro_batches);
   }
   return fill_drain(devices, micro_batches);
 }

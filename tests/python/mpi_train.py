@@ -6,7 +6,7 @@ test_mpi.py in one process and under `mpirun -np 2`.
                          [--unseeded] [--unseeded-model] [--raise-on-rank-1]
 
 --schedule and --checkpoint pick the step program (default: interleaved over 4 stages, except_last);
-a schedule of one stage per device cuts the model in 2 stages, interleaved and zbv in 4.
+a schedule of one stage per device cuts the model in 2 stages, interleaved, zbv and v-half in 4.
 
 With --by-time the model is cut by measured time (balance=None): under MPI every rank takes rank 0's cut.
 With --unseeded each rank draws its own batches: every rank refuses the first step.
@@ -49,7 +49,7 @@ def main():
     out, tied = sys.argv[1], "--tied" in sys.argv
     schedule, checkpoint = flag("--schedule", "interleaved"), flag("--checkpoint", "except_last")
     m = model(tied)
-    balance = None if "--by-time" in sys.argv else [3, 3, 2, 1] if schedule in ("interleaved", "zbv") else [5, 4]
+    balance = None if "--by-time" in sys.argv else [3, 3, 2, 1] if schedule in ("interleaved", "zbv", "v-half") else [5, 4]
     if "--unseeded-model" in sys.argv:
         with torch.no_grad():
             m[2].weight.add_(torch.randn(16, 16, generator=torch.Generator().manual_seed(torch.seed())))

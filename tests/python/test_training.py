@@ -51,7 +51,7 @@ def train_gpipe(pipe, model, data, loss, make_opt):
 
 
 SCHEDULES = [("gpipe", [3, 5], None), ("1f1b", [3, 5], None), ("zb1p", [3, 5], None),
-             ("interleaved", [2, 2, 2, 2], 2), ("zbv", [2, 2, 2, 2], None)]
+             ("interleaved", [2, 2, 2, 2], 2), ("zbv", [2, 2, 2, 2], None), ("v-half", [2, 2, 2, 2], None)]
 
 
 @pytest.mark.parametrize("schedule,balance,V", SCHEDULES)
@@ -397,11 +397,12 @@ def test_balance_none_with_the_interleaved_schedule_cuts_k_times_v_stages():
     assert_same_parameters(model, reference)
 
 
-def test_zbv_places_its_stages_as_a_v():
+@pytest.mark.parametrize("schedule", ["zbv", "v-half"])
+def test_v_schedules_place_their_stages_as_a_v(schedule):
     model, reference = mlp(), mlp()
     data = batches(2, 16)
-    pipe = gpipe.GPipe(model, chunks=4, devices=2, schedule="zbv")
-    assert "zbv" in gpipe.schedule_names()
+    pipe = gpipe.GPipe(model, chunks=4, devices=2, schedule=schedule)
+    assert schedule in gpipe.schedule_names()
     make_opt = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
     train_gpipe(pipe, model, data, "cross_entropy", make_opt)
     assert len(pipe.balance) == 4 and pipe.placement == [0, 1, 1, 0] and pipe.virtual_stages == 2
