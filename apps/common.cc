@@ -58,7 +58,10 @@ void check_results_path(const std::string& path) {
   if (path.empty()) return;
   or_usage_error("--results", [&] {
     const std::filesystem::path file(path);
-    if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());  // as write_results does
+    std::error_code error;  // the folder is made as write_results makes it
+    if (file.has_parent_path() && !std::filesystem::create_directories(file.parent_path(), error) && error)
+      throw std::runtime_error("cannot create the folder " + file.parent_path().string() + " (" + error.message() +
+                               "); give a path in a folder you can write to");
     check_writable(path);
     return 0;
   });

@@ -26,12 +26,25 @@ struct ScheduleOptions {
 
 // Most stage x micro-batch pairs (K x V x M) gpipe schedule shows: a grid of K x V rows and about
 // V x M + K slots, a second or two of work. The largest schedules it could make (2^21 pairs) took a
-// minute, 4 GB and printed 300 MB that nobody reads.
+// minute, 4 GB and printed 300 MB that nobody reads. And most cells of the grid: K rows of at most
+// 3 actions per stage-micro-batch plus 2K idle slots (K = 8192 and M = 2 are few pairs, but a grid
+// of 2 GB that v-half took 90 s to make).
 constexpr int64_t kMostShownPairs = int64_t{1} << 16;
+constexpr int64_t kMostShownCells = int64_t{1} << 24;
 
 int run(ScheduleOptions o) {
-  if (o.virtual_stages == 0) o.virtual_stages = default_virtual_stages(parse_schedule(o.schedule));
+  const ScheduleKind kind = parse_schedule(o.schedule);
+  if (o.virtual_stages == 0) o.virtual_stages = default_virtual_stages(kind);
+  or_usage_error("--virtual-stages " + std::to_string(o.virtual_stages), [&] {
+    check_virtual_stages(kind, o.virtual_stages);
+    return 0;
+  });
   const int64_t pairs = int64_t{o.stages} * o.virtual_stages * o.micro_batches;
+  const int64_t slots = 3 * int64_t{o.virtual_stages} * o.micro_batches + 2 * int64_t{o.stages};
+  if (pairs <= kMostShownPairs && o.stages * slots > kMostShownCells)
+    usage_error("--stages " + std::to_string(o.stages) + " makes a grid of " + std::to_string(o.stages) +
+                " rows of up to " + std::to_string(slots) + " slots; gpipe schedule shows at most " +
+                std::to_string(kMostShownCells) + " cells: ask for fewer stages (2048 or fewer fit any M it takes)");
   if (pairs > kMostShownPairs)
     usage_error("--stages " + std::to_string(o.stages) + " x --micro-batches " + std::to_string(o.micro_batches) +
                 (o.virtual_stages > 1 ? " x " + std::to_string(o.virtual_stages) + " stages per device" : "") +

@@ -360,7 +360,17 @@ if [ -d /proc/self ] && ! touch /proc/gpipe-probe 2>/dev/null; then
   run "15. bench --results into /proc" 2 "--results: cannot write /proc/r.json: the folder /proc takes no new files" \
     bench --workload tiny --stages 2 --steps 1 --warmup 0 --results /proc/r.json
   if grep -q "^tiny" "$work/out.txt"; then fail "15. bench --results into /proc: benchmarked before the error"; fi
+  run "15. bench --results in a folder /proc cannot take" 2 \
+    "--results: cannot create the folder /proc/x \(.*\); give a path in a folder you can write to" \
+    bench --workload tiny --stages 2 --steps 1 --warmup 0 --results /proc/x/r.json
 fi
+# gpipe schedule: a grid of few pairs but many rows (K = 8192, M = 2) is refused before it is made,
+# and V is checked before the size.
+run "15. schedule --stages 8192" 2 "makes a grid of 8192 rows of up to 16396 slots; gpipe schedule shows at most 16777216 cells" \
+  schedule --schedule v-half --stages 8192 --micro-batches 2
+run "15. schedule --schedule v-half --virtual-stages 2147483647" 2 \
+  "--virtual-stages 2147483647: the v-half schedule runs 2 stages per device" \
+  schedule --schedule v-half --virtual-stages 2147483647
 # A closed standard output: the system's reason for it, not that of an earlier call.
 timeout 60 "$gpipe" train "${tiny[@]}" --steps 1 2>"$work/err.txt" >&-
 status=$?

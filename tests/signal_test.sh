@@ -134,7 +134,8 @@ pid=$!
 pids+=("$pid")
 if wait_for "$work/err.txt" "epoch 1/3 step 2/10" "$pid"; then
   kill -TERM "$pid"; wait "$pid"; rc=$?
-  if [ "$rc" = 143 ] && ! grep -q "stopped by" "$work/err.txt"; then pass "without --save SIGTERM ends the run at once (143)"
+  if [ "$rc" = 143 ] && ! grep -q "stopped by" "$work/err.txt" && grep -q "gpipe: ended by SIGTERM; nothing was saved" "$work/err.txt"
+  then pass "without --save SIGTERM ends the run at once (143), saying it saved nothing"
   else fail "without --save: exit $rc"; cat "$work/err.txt"; fi
 else fail "without --save: no step line"; fi
 

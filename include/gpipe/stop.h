@@ -34,8 +34,9 @@ enum class OnSignal {
   /// every file that was whole before still whole. The same signal again within 0.1 s of the
   /// first is not a second one: `timeout` and batch systems signal the process, then its group.
   kStopAtStep,
-  /// The first signal removes the temporary file being written and ends the process as the
-  /// signal's default action would (killed by the signal).
+  /// The first signal removes the temporary file being written, says on standard error that the
+  /// process ended and saved nothing, and ends it as the signal's default action would (killed
+  /// by the signal).
   kEndNow,
 };
 

@@ -67,7 +67,8 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
     check_balance(options.balance(), layers);
     plan.balance = options.balance();
     const int S = plan.stages();
-    GPIPE_CHECK(S % V == 0, "the balance ", format_balance(plan.balance), " has ", S, " stages, not a multiple of V = ",
+    GPIPE_CHECK(S % V == 0, "the balance ", format_balance(plan.balance), " has ", S, S == 1 ? " stage" : " stages",
+                ", not a multiple of V = ",
                 V, " stages per device; give K·V entries, or give K alone and let gpipe cut evenly");
     GPIPE_CHECK(options.devices() == 0 || options.devices() * V == S, "K = ", options.devices(), " devices", per_device,
                 " and the balance's ", S, " stages disagree; give one of them");
