@@ -277,6 +277,12 @@ else pass "gpipe plan without a model says how to give one"; fi
 if "$gpipe" plan --workload mlp --devices 2 --batch 64 --memory-per-device 16gigs 2>"$work/plan.err" ||
    ! grep -q "memory-per-device.*16gigs" "$work/plan.err"; then fail "gpipe plan --memory-per-device 16gigs"; cat "$work/plan.err"
 else pass "gpipe plan names a size it cannot read"; fi
+# A model of one block under the V schedules (2 stages per device): the reason, not the batch.
+if "$gpipe" plan --layers 1 --width 64 --heads 4 --ffn 128 --vocab 100 --seq 16 --devices 8 --batch 32 --schedule v-half \
+     2>"$work/plan.err" ||
+   ! grep -q "the schedules asked for run 2 stages per device, each of at least one block, and this model has 1" "$work/plan.err"
+then fail "gpipe plan of 1 block under v-half"; cat "$work/plan.err"
+else pass "gpipe plan of 1 block under v-half: says a V needs 2 blocks"; fi
 # gpipe schedule's pair count is exact, not wrapped, where it refuses a schedule too large to plan.
 if "$gpipe" schedule --stages 2000000000 --micro-batches 2000000000 >/dev/null 2>"$work/schedule.err" ||
    ! grep -q "is 4000000000000000000 stage x micro-batch pairs; gpipe schedule shows at most 65536" "$work/schedule.err"; then

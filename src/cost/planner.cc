@@ -7,6 +7,7 @@
 #include "gpipe/plan.h"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 namespace gpipe {
@@ -148,9 +149,17 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
     done += int64_t{K} * V * M * static_cast<int64_t>(search.checkpoints.size());
     if (search.progress) search.progress(done, total);
   }
+  // Where every schedule asked for runs several stages per device, a model of fewer blocks fits none.
+  int least_V = std::numeric_limits<int>::max();
+  for (ScheduleKind kind : search.schedules) least_V = std::min(least_V, default_virtual_stages(kind));
+  const int stage_units = search.blocks > 0 ? search.blocks : L;  // as shapes_of counts them
   GPIPE_CHECK(!found.empty(), "no configuration of ", search.devices, " devices takes a batch of ", search.batch,
               " rows", search.stages.empty() ? "" : " with the K given",
               search.micro_batches.empty() ? "" : " and the M given",
+              least_V > stage_units ? "; the schedules asked for run " + std::to_string(least_V) +
+                                     " stages per device, each of at least one block, and this model has " +
+                                     std::to_string(stage_units) + ": give it more layers, or add --schedule gpipe or 1f1b"
+                               : std::string(),
               "; every stage needs a layer (a block), every replica a row and every micro-batch ",
               search.least_micro_batch_rows > 1 ? std::to_string(search.least_micro_batch_rows) +
                                                       " rows (this model's BatchNorm)"
