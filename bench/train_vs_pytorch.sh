@@ -47,6 +47,8 @@ rate = lambda runs: [run["samples_per_s"] for run in runs]
 baselines = {f"pytorch {threads} thread{'s' if threads == 2 else ''}, {how} malloc": load(f"pytorch-{how}-{threads}")
              for how in ("kept", "default") for threads in (2, 1)}
 reference = rate(baselines["pytorch 2 threads, kept malloc"])
+# The 2-core limit: two devices each as fast as plain PyTorch on one thread (same malloc settings).
+one_thread = rate(baselines["pytorch 1 thread, kept malloc"])
 rows = []
 def summary(label, runs, extra=None):
     r = rate(runs)
@@ -63,9 +65,14 @@ for n, config in enumerate(configs):
     runs = load(f"gpipe-{n}")
     first = runs[0]
     label = "gpipe train " + (config or "(defaults)")
+    of_limit = [g / (2 * p) for g, p in zip(rate(runs), one_thread)]
     summary(label, runs, {"schedule": first["schedule"], "virtual_stages": first["virtual_stages"],
                           "micro_batches": first["micro_batches"], "balance": first["balance"],
-                          "bubble": statistics.median(run["bubble"] for run in runs), "machine": first["machine"]})
+                          "bubble": statistics.median(run["bubble"] for run in runs), "machine": first["machine"],
+                          "of_2_core_limit": statistics.median(of_limit), "of_2_core_limit_min": min(of_limit),
+                          "of_2_core_limit_max": max(of_limit)})
+    print(f"{'':58s} {statistics.median(of_limit):.3f} ({min(of_limit):.3f} .. {max(of_limit):.3f}) of the 2-core "
+          f"limit (2 x PyTorch 1 thread, kept malloc)")
 for label, runs in baselines.items():
     summary(label, runs)
 doc = {"command": "bash bench/train_vs_pytorch.sh " + str(rounds) + "".join(f' "{c}"' for c in configs if c),
