@@ -10,6 +10,7 @@
 #
 # Usage: bench/train_vs_pytorch.sh [ROUNDS] [-- extra gpipe configurations, each one quoted]
 #   e.g. bench/train_vs_pytorch.sh 5 -- "--schedule gpipe --micro-batches 4" "--micro-batches 8"
+#   RESULTS=FILE writes the results there instead of bench/results/train-vs-pytorch.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-5}"
@@ -18,7 +19,7 @@ shift || true
 gpipe=build/apps/gpipe
 python=/usr/bin/python3
 samples="${TRAIN_SAMPLES:-12800}"
-out=bench/results/train-vs-pytorch.json
+out="${RESULTS:-bench/results/train-vs-pytorch.json}"  # RESULTS=FILE: write elsewhere
 kept=(MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TOP_PAD_=67108864)
 
 configs=("" "$@")  # "" is the default job
