@@ -79,7 +79,7 @@ inline bool is_builtin(const TrainOptions& o) { return is_resnet(o) || is_unet(o
 // The built-in models' default runs: each ends within 15 minutes on 2 cores (README).
 constexpr int kResnetEpochs = 14;
 constexpr int kUnetEpochs = 2;
-constexpr int kGptEpochs = 1;
+constexpr int kGptEpochs = 4;
 inline int default_epochs(const TrainOptions& o) {
   return is_resnet(o) ? kResnetEpochs : is_unet(o) ? kUnetEpochs : is_gpt(o) ? kGptEpochs : 8;
 }
