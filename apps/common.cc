@@ -54,14 +54,23 @@ std::string fixed(double value, int digits) {
   return out.str();
 }
 
+namespace {
+
+// Makes the folder `path` goes into, or throws naming it and what to do.
+void make_folder_of(const std::string& path) {
+  const std::filesystem::path file(path);
+  std::error_code error;
+  if (file.has_parent_path() && !std::filesystem::create_directories(file.parent_path(), error) && error)
+    throw std::runtime_error("cannot create the folder " + file.parent_path().string() + " (" + error.message() +
+                             "); give a path in a folder you can write to");
+}
+
+}  // namespace
+
 void check_results_path(const std::string& path) {
   if (path.empty()) return;
   or_usage_error("--results", [&] {
-    const std::filesystem::path file(path);
-    std::error_code error;  // the folder is made as write_results makes it
-    if (file.has_parent_path() && !std::filesystem::create_directories(file.parent_path(), error) && error)
-      throw std::runtime_error("cannot create the folder " + file.parent_path().string() + " (" + error.message() +
-                               "); give a path in a folder you can write to");
+    make_folder_of(path);
     check_writable(path);
     return 0;
   });
@@ -69,8 +78,7 @@ void check_results_path(const std::string& path) {
 
 void write_results(const std::string& path, const nlohmann::json& rows, const std::string& command) {
   if (path.empty()) return;
-  const std::filesystem::path file(path);
-  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  make_folder_of(path);
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));

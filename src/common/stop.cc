@@ -34,11 +34,10 @@ void on_signal(int signal) {
   if (static_cast<OnSignal>(mode_of_handlers.load()) == OnSignal::kEndNow) {
     remove_partial_files();
     // One line, so that a run ended before its first step (or without --save) does not end in silence.
-    const char* said = signal == SIGINT ? "gpipe: ended by SIGINT; nothing was saved\n"
-                                        : "gpipe: ended by SIGTERM; nothing was saved\n";
-    size_t length = 0;
-    while (said[length] != '\0') ++length;
-    [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, said, length);
+    static const char kInt[] = "gpipe: ended by SIGINT; nothing was saved\n";
+    static const char kTerm[] = "gpipe: ended by SIGTERM; nothing was saved\n";
+    [[maybe_unused]] const ssize_t written = signal == SIGINT ? ::write(STDERR_FILENO, kInt, sizeof kInt - 1)
+                                                              : ::write(STDERR_FILENO, kTerm, sizeof kTerm - 1);
     ::signal(signal, SIG_DFL);  // then the default action: killed by the signal, as without a handler
     sigset_t mask;
     sigemptyset(&mask);

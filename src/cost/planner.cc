@@ -55,9 +55,12 @@ struct Shape {
   ScheduleKind kind;
 };
 
+// What a stage of a model of L layers must have at least one of: a block, or a layer.
+int stage_units_of(const PlanSearch& search, int L) { return search.blocks > 0 ? search.blocks : L; }
+
 // Every (K, M, schedule) `search` considers for a model of L layers.
 std::vector<Shape> shapes_of(const PlanSearch& search, int L) {
-  const int stage_units = search.blocks > 0 ? search.blocks : L;  // what a stage must have at least one of
+  const int stage_units = stage_units_of(search, L);
   std::vector<Shape> out;
   for (int K = 1; K <= search.devices; ++K) {
     if (search.devices % K != 0 || K > stage_units || !considered(search.stages, K)) continue;
@@ -152,7 +155,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
   // Where every schedule asked for runs several stages per device, a model of fewer blocks fits none.
   int least_V = std::numeric_limits<int>::max();
   for (ScheduleKind kind : search.schedules) least_V = std::min(least_V, default_virtual_stages(kind));
-  const int stage_units = search.blocks > 0 ? search.blocks : L;  // as shapes_of counts them
+  const int stage_units = stage_units_of(search, L);
   GPIPE_CHECK(!found.empty(), "no configuration of ", search.devices, " devices takes a batch of ", search.batch,
               " rows", search.stages.empty() ? "" : " with the K given",
               search.micro_batches.empty() ? "" : " and the M given",

@@ -57,16 +57,15 @@ void check_pickle(std::string_view p) {
   size_t at = 0, memo = 0, depth = 0;
   std::vector<size_t> marks;  // the stack's depth at each open MARK
   auto corrupt = [](const std::string& what) { return std::runtime_error("its pickle is corrupt: " + what); };
-  auto take = [&](size_t bytes) {  // the next `bytes` bytes, little-endian
-    if (p.size() - at < bytes) throw corrupt("it declares more bytes than it holds");
-    uint64_t value = 0;
-    for (size_t i = 0; i < bytes; ++i) value |= uint64_t{static_cast<uint8_t>(p[at + i])} << (8 * i);
-    at += bytes;
-    return value;
-  };
   auto skip = [&](uint64_t bytes) {
     if (p.size() - at < bytes) throw corrupt("it declares more bytes than it holds");
     at += static_cast<size_t>(bytes);
+  };
+  auto take = [&](size_t bytes) {  // the next `bytes` bytes, little-endian
+    skip(bytes);
+    uint64_t value = 0;
+    for (size_t i = 0; i < bytes; ++i) value |= uint64_t{static_cast<uint8_t>(p[at - bytes + i])} << (8 * i);
+    return value;
   };
   auto line = [&] {  // a text argument, up to its newline
     const size_t end = p.find('\n', at);
@@ -106,7 +105,8 @@ void check_pickle(std::string_view p) {
     return static_cast<uint64_t>(value);
   };
   while (at < p.size()) {
-    switch (static_cast<uint8_t>(p[at++])) {
+    const uint8_t opcode = static_cast<uint8_t>(p[at++]);
+    switch (opcode) {
       case '.': pop(1, 0); return;  // STOP
       case 0x80: take(1); break;    // PROTO
       case 0x95: if (take(8) > p.size() - at) throw corrupt("a frame is longer than the pickle"); break;  // FRAME
@@ -139,9 +139,8 @@ void check_pickle(std::string_view p) {
       case 'd': if (pop_mark() % 2 != 0) throw corrupt("DICT over an odd number of items"); break;
       case 'l': case 't': case 0x91: pop_mark(); break;  // LIST, TUPLE, FROZENSET
       case 'e': case 'u': case 0x90: {       // APPENDS, SETITEMS, ADDITEMS: onto the item below the MARK
-        const bool pairs = p[at - 1] == 'u';
         const size_t items = pop_mark(0);
-        if (pairs && items % 2 != 0) throw corrupt("SETITEMS over an odd number of items");
+        if (opcode == 'u' && items % 2 != 0) throw corrupt("SETITEMS over an odd number of items");
         pop(1, 1);
         break;
       }
