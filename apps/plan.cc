@@ -95,9 +95,10 @@ int64_t least_rows(torch::nn::Sequential layers, const torch::Tensor& sample) {
   const RandomStateGuard guard;
   torch::NoGradGuard no_grad;
   layers->train();
-  torch::Tensor x = sample.narrow(0, 0, 1);
+  Tensors x = sample.narrow(0, 0, 1);
   try {
-    for (size_t i = 0; i < layers->size(); ++i) x = (layers->begin() + static_cast<std::ptrdiff_t>(i))->forward(x);
+    for (size_t i = 0; i < layers->size(); ++i)
+      x = run_layer(*(layers->begin() + static_cast<std::ptrdiff_t>(i)), x, layer_name(std::to_string(i)));
   } catch (const std::exception& e) {
     if (std::string(e.what()).find("Expected more than 1 value per channel when training") != std::string::npos) return 2;
   }

@@ -374,22 +374,28 @@ void check_stage_inputs(const Model& model, const Data& data, const Cut& cut) {
   torch::nn::Sequential whole = model.build(LayerRange{});
   whole->eval();
   const auto names = whole->named_children();
-  torch::Tensor x = data.train.input.narrow(0, 0, std::min<int64_t>(2, data.train.size()));
+  Tensors x = data.train.input.narrow(0, 0, std::min<int64_t>(2, data.train.size()));
   size_t next = 1;  // the next stage whose first layer is checked: stage 0's input needs no gradient
   for (int layer = 0; layer < static_cast<int>(whole->size()) && next + 1 < offsets.size(); ++layer) {
     auto module = *(whole->begin() + layer);
+    const std::string name = layer_name(names[static_cast<size_t>(layer)].key());
     if (layer != offsets[next]) {
       torch::NoGradGuard no_grad;
-      x = module.forward(x);
+      x = run_layer(module, x, name);
       continue;
     }
     ++next;
-    const torch::Tensor input = x.detach().clone().requires_grad_(x.is_floating_point());
-    const int64_t version = input._version();
+    Tensors input = x;
+    std::vector<int64_t> versions;
+    for (auto& t : input.items) {
+      t = t.detach().clone().requires_grad_(t.is_floating_point());
+      versions.push_back(t._version());
+    }
     std::string why;
     try {
-      x = module.forward(input).detach();
-      if (input._version() != version) why = "it changes its input in place";
+      x = leaves_of(run_layer(module, input, name), false);
+      for (size_t n = 0; n < versions.size(); ++n)
+        if (input.items[n]._version() != versions[n]) why = "it changes its input in place";
     } catch (const std::exception& e) {
       why = short_error(e);
       if (why.find("in-place") == std::string::npos && why.find("inplace") == std::string::npos) throw;

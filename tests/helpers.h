@@ -42,6 +42,70 @@ inline torch::nn::Sequential small_transformer(uint64_t seed) {
   return m;
 }
 
+/// The tuple model's shapes: x [N, kSeq, kIn] -> [N, kOut].
+constexpr int64_t kSeq = 6, kIn = 8, kWidth = 16, kOut = 4;
+
+// Tuple layers. (x [N, 6, 8], scale [8], every micro-batch's whole) -> (hidden [N, 6, 16], mask [N, 6] bool)
+struct EmbedImpl : torch::nn::Module {
+  EmbedImpl() : proj(register_module("proj", torch::nn::Linear(kIn, kWidth))) {}
+  std::vector<torch::Tensor> forward(const std::vector<torch::Tensor>& xs) {
+    return {proj(xs.at(0) * xs.at(1)), xs.at(0).select(-1, 0) > -0.5};
+  }
+  torch::nn::Linear proj;
+};
+TORCH_MODULE(Embed);
+
+// (hidden, mask) -> (hidden + masked tanh(linear(hidden)), mask)
+struct MaskedImpl : torch::nn::Module {
+  MaskedImpl() : lin(register_module("lin", torch::nn::Linear(kWidth, kWidth))) {}
+  std::vector<torch::Tensor> forward(const std::vector<torch::Tensor>& xs) {
+    const torch::Tensor& h = xs.at(0);
+    const torch::Tensor m = xs.at(1).unsqueeze(-1).to(h.scalar_type());
+    return {h + torch::tanh(lin(h)) * m, xs.at(1)};
+  }
+  torch::nn::Linear lin;
+};
+TORCH_MODULE(Masked);
+
+// (hidden, mask) -> (tower a, tower b, a tensor no later layer differentiates, positions without a
+// gradient, mask)
+struct TowersImpl : torch::nn::Module {
+  TowersImpl()
+      : a(register_module("a", torch::nn::Linear(kWidth, kWidth))),
+        b(register_module("b", torch::nn::Linear(kWidth, kWidth))) {}
+  std::vector<torch::Tensor> forward(const std::vector<torch::Tensor>& xs) {
+    const torch::Tensor& h = xs.at(0);
+    const torch::Tensor positions = torch::arange(kSeq, h.options().requires_grad(false)).expand({h.size(0), kSeq});
+    return {a(h), b(h), h * 2, positions, xs.at(1)};
+  }
+  torch::nn::Linear a, b;
+};
+TORCH_MODULE(Towers);
+
+// (a, b, unused, positions, mask) -> mean over the unmasked positions of a * sigmoid(b) + positions' weight
+struct MergeImpl : torch::nn::Module {
+  torch::Tensor forward(const std::vector<torch::Tensor>& xs) {
+    const torch::Tensor m = xs.at(4).unsqueeze(-1).to(xs.at(0).scalar_type());
+    const torch::Tensor merged = xs.at(0) * torch::sigmoid(xs.at(1)) * m + 0.01 * xs.at(3).unsqueeze(-1);
+    return merged.sum(1) / (m.sum(1) + 1);
+  }
+};
+TORCH_MODULE(Merge);
+
+/// 6 layers passing tuples (tensors.h): its input is (x [N, 6, 8], scale [8], whole to every
+/// micro-batch); every boundary but the last two passes a tuple (hidden states and a mask, two
+/// towers, a tensor no later layer differentiates, one without a gradient). With `keep`, only
+/// those layers, named by their index (an MPI rank's share).
+inline torch::nn::Sequential tuple_model(uint64_t seed, LayerRange keep = {}) {
+  torch::manual_seed(seed);
+  const std::vector<torch::nn::AnyModule> layers{
+      torch::nn::AnyModule(Embed()), torch::nn::AnyModule(Masked()), torch::nn::AnyModule(Masked()),
+      torch::nn::AnyModule(Towers()), torch::nn::AnyModule(Merge()), torch::nn::AnyModule(torch::nn::Linear(kWidth, kOut))};
+  torch::nn::Sequential model;
+  for (size_t n = 0; n < layers.size(); ++n) add_layer(model, layers[n], static_cast<int>(n), keep);
+  return model;
+}
+
 /// The same model on one device: loss of the whole mini-batch, gradients accumulated.
 inline torch::Tensor reference_step(torch::nn::Sequential model, const torch::Tensor& x,
                                     const torch::Tensor& y, const LossFn& loss) {

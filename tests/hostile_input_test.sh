@@ -58,6 +58,9 @@ class Argmax(torch.nn.Module):  # the index of the largest score, as floats: no 
 class Pair(torch.nn.Module):  # returns a tuple
     def forward(self, x):
         return (x, x)
+class IntPair(torch.nn.Module):  # returns a tuple holding an int
+    def forward(self, x):
+        return (x, 3)
 class Named(torch.nn.Module):  # returns a dict
     def forward(self, x):
         return {"x": x}
@@ -101,6 +104,7 @@ save("no-target", input=x)
 save("typo", input=x, targets=torch.randn(40, 3))
 save("empty", input=x[:0], target=torch.randn(0, 3))
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 6), models.Pair())).save(f"{work}/tuple.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 6), models.IntPair())).save(f"{work}/int-tuple.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 6), models.Named())).save(f"{work}/dict.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 3))).save(f"{work}/one-layer.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), models.First(), torch.nn.Linear(8, 3))).save(f"{work}/rows.pt")
@@ -435,8 +439,10 @@ if [ "$torch" = 1 ]; then
   run "15. an in-place layer that begins a stage, zb1p" 2 "layer 1 \('1'\) begins stage 1 of the cut \{1, 3\}" \
     train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 1,3 --schedule zb1p --batch-size 8
   # gpipe plan's errors are train's: no C++ stack, no TorchScript traceback.
-  run "15. plan: a layer returning a tuple" 2 "layer 1 \('1', __torch__\.(models\.)?Pair\) returns Tuple\[Tensor, Tensor\], not a Tensor" \
+  run "15. plan: a model that ends with a tuple" 2 "the model's last layer returns a tuple \(shape \(\[8, 6\], \[8, 6\]\)\), but the loss takes one tensor" \
     plan --model "$work/tuple.pt" --input-shape 6 --devices 2 --batch 8
+  run "15. plan: a layer returning a tuple holding an int" 2 "layer 1 \('1', __torch__\.(models\.)?IntPair\) returns Tuple\[Tensor, int\], not a Tensor or a Tuple of Tensors" \
+    plan --model "$work/int-tuple.pt" --input-shape 6 --devices 2 --batch 8
   run "15. plan: a layer returning a dict" 2 "returns Dict.*, not a Tensor" \
     plan --model "$work/dict.pt" --input-shape 6 --devices 2 --batch 8
   run "15. plan --input-shape the model does not take" 2 "--input-shape 5: layer 0 fails on .*mat1 and mat2 shapes cannot be multiplied" \

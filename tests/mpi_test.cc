@@ -145,6 +145,34 @@ TEST(MpiPipeline, EqualsOneDeviceAndOneProcessPipeline) {
   }
 }
 
+// Tuples across ranks (hidden states and a mask, two towers, a tensor without a gradient): every
+// tensor of a boundary in one message, the same losses and gradients as in one process.
+TEST(MpiPipeline, TuplesCrossRanksAsInOneProcess) {
+  const int K = world_size() <= 4 ? world_size() : 4;
+  if (world_size() % K != 0) GTEST_SKIP();
+  const std::map<int, std::vector<int>> cuts{{1, {6}}, {2, {3, 3}}, {3, {1, 3, 2}}, {4, {1, 2, 1, 2}}};
+  const std::vector<int>& balance = cuts.at(K);
+  const mpi::Placement place = mpi::place(world_rank(), world_size(), K);
+  const auto [first, last] = stage_range(balance, place.device);
+  torch::manual_seed(21);
+  const int64_t N = 14;
+  const Tensors x = Tensors::tuple_of({torch::randn({N, kSeq, kIn}), torch::rand({kIn})});
+  const torch::Tensor y = torch::randn({N, kOut});
+  for (auto schedule : {gpipe::ScheduleKind::kGPipe, gpipe::ScheduleKind::k1F1B, gpipe::ScheduleKind::kZB1P})
+    for (auto mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever}) {
+      SCOPED_TRACE(gpipe::to_string(schedule) + " " + to_string(mode));
+      const auto options = PipelineOptions().balance(balance).micro_batches(3).checkpoint(mode).schedule(schedule)
+                               .whole_inputs({1});
+      torch::nn::Sequential local = tuple_model(8), mine = tuple_model(8, {first, last});
+      Pipeline pipe(local, options);
+      mpi::MpiPipeline mpi_pipe(mine, options);
+      const double l_local = pipe.train_step(x, y, mse_loss).item<double>();
+      const double l_mine = mpi_pipe.train_step(x, y, mse_loss).item<double>();
+      EXPECT_DOUBLE_EQ(l_mine, l_local);
+      expect_stage_matches(mine, local, true, "tuple model", 1e-6);
+    }
+}
+
 // Dropout: the same seeds per (step, stage, micro-batch) as in one process, so the same masks.
 TEST(MpiPipeline, DropoutMasksEqualOneProcessPipeline) {
   const int K = world_size() <= 4 ? world_size() : 4;
@@ -436,14 +464,25 @@ TEST(MpiTransport, CarriesAnyDtypeAndShape) {
       for (size_t i = 0; i < sent.size(); ++i) transport.send(0, 1, Channel::kActivation, static_cast<int>(i), sent[i]);
       transport.send(0, 1, Channel::kGradient, 0, sent[0] * 2);
       transport.send(2, 3, Channel::kActivation, 0, sent[0] * 3);  // same ranks, micro-batch and channel
+      // A tuple: every tensor in one message, in order, an undefined gradient entry kept as one.
+      transport.send(0, 1, Channel::kGradient, 1, Tensors::tuple_of({sent[1], torch::Tensor(), sent[5], sent[2]}));
       transport.finish();
-      EXPECT_EQ(transport.messages_sent(), static_cast<int64_t>(sent.size()) + 2);
+      EXPECT_EQ(transport.messages_sent(), static_cast<int64_t>(sent.size()) + 3);
     } else if (world_rank() == 1) {
       // Out of order, and the gradient channel before the activations: tags keep them apart.
-      EXPECT_TRUE(torch::equal(transport.recv(0, 1, Channel::kGradient, 0), sent[0] * 2));
-      EXPECT_TRUE(torch::equal(transport.recv(2, 3, Channel::kActivation, 0), sent[0] * 3));  // tags name the stages
+      const Tensors tuple = transport.recv(0, 1, Channel::kGradient, 1);
+      EXPECT_TRUE(tuple.tuple);
+      ASSERT_EQ(tuple.size(), 4u);
+      EXPECT_TRUE(torch::equal(tuple.items[0], sent[1]));
+      EXPECT_FALSE(tuple.items[1].defined());
+      EXPECT_TRUE(torch::equal(tuple.items[2], sent[5]));
+      EXPECT_TRUE(torch::equal(tuple.items[3], sent[2]));
+      EXPECT_TRUE(torch::equal(transport.recv(0, 1, Channel::kGradient, 0).only(), sent[0] * 2));
+      EXPECT_TRUE(torch::equal(transport.recv(2, 3, Channel::kActivation, 0).only(), sent[0] * 3));  // tags name the stages
       for (int i = static_cast<int>(sent.size()) - 1; i >= 0; --i) {
-        const torch::Tensor got = transport.recv(0, 1, Channel::kActivation, i);
+        const Tensors message = transport.recv(0, 1, Channel::kActivation, i);
+        EXPECT_FALSE(message.tuple);
+        const torch::Tensor got = message.only();
         EXPECT_EQ(got.scalar_type(), sent[static_cast<size_t>(i)].scalar_type()) << "message " << i;
         EXPECT_EQ(got.sizes(), sent[static_cast<size_t>(i)].sizes()) << "message " << i;
         EXPECT_TRUE(torch::equal(got, sent[static_cast<size_t>(i)])) << "message " << i;

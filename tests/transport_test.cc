@@ -10,9 +10,9 @@ TEST(InProcessTransportTest, MessagesArriveByAddressInAnyOrder) {
   t.send(0, 1, Channel::kActivation, 1, torch::full({2}, 1.0));
   t.send(0, 1, Channel::kActivation, 0, torch::full({2}, 0.0));
   t.send(1, 0, Channel::kGradient, 0, torch::full({2}, 5.0));
-  EXPECT_EQ(t.recv(0, 1, Channel::kActivation, 0)[0].item<float>(), 0.0f);
-  EXPECT_EQ(t.recv(0, 1, Channel::kActivation, 1)[0].item<float>(), 1.0f);
-  EXPECT_EQ(t.recv(1, 0, Channel::kGradient, 0)[0].item<float>(), 5.0f);
+  EXPECT_EQ(t.recv(0, 1, Channel::kActivation, 0).only()[0].item<float>(), 0.0f);
+  EXPECT_EQ(t.recv(0, 1, Channel::kActivation, 1).only()[0].item<float>(), 1.0f);
+  EXPECT_EQ(t.recv(1, 0, Channel::kGradient, 0).only()[0].item<float>(), 5.0f);
 }
 
 TEST(InProcessTransportTest, RecvWaitsForTheSender) {
@@ -20,7 +20,7 @@ TEST(InProcessTransportTest, RecvWaitsForTheSender) {
   auto got = std::async(std::launch::async, [&] { return t.recv(0, 1, Channel::kActivation, 3); });
   t.send(0, 1, Channel::kActivation, 3, torch::ones({4}));
   ASSERT_EQ(got.wait_for(std::chrono::seconds(30)), std::future_status::ready);
-  EXPECT_EQ(got.get().sum().item<float>(), 4.0f);
+  EXPECT_EQ(got.get().only().sum().item<float>(), 4.0f);
 }
 
 // The Transport contract (transport.h), as MpiTransport keeps it too (mpi_test.cc): a cancel wakes
@@ -46,7 +46,7 @@ TEST(InProcessTransportTest, CancelWakesABlockedRecvWithItsReasonAndEndsTheTrans
   gpipe::InProcessTransport next(2);
   next.begin({});
   next.send(1, 0, Channel::kGradient, 0, torch::ones({1}));
-  EXPECT_EQ(next.recv(1, 0, Channel::kGradient, 0).item<float>(), 1.0f);
+  EXPECT_EQ(next.recv(1, 0, Channel::kGradient, 0).only().item<float>(), 1.0f);
 }
 
 // begin() after a step that ended normally starts the next one on the same transport.
@@ -54,11 +54,11 @@ TEST(InProcessTransportTest, BeginAfterAFinishedStepReusesTheTransport) {
   gpipe::InProcessTransport t(2);
   t.begin({});
   t.send(0, 1, Channel::kActivation, 0, torch::ones({2}));
-  EXPECT_EQ(t.recv(0, 1, Channel::kActivation, 0).sum().item<float>(), 2.0f);
+  EXPECT_EQ(t.recv(0, 1, Channel::kActivation, 0).only().sum().item<float>(), 2.0f);
   t.finish();
   t.begin({});
   t.send(1, 0, Channel::kGradient, 0, torch::ones({1}));
-  EXPECT_EQ(t.recv(1, 0, Channel::kGradient, 0).item<float>(), 1.0f);
+  EXPECT_EQ(t.recv(1, 0, Channel::kGradient, 0).only().item<float>(), 1.0f);
 }
 
 TEST(InProcessTransportTest, CountsTheBytesSent) {

@@ -49,6 +49,7 @@
 #include "gpipe/schedule.h"
 #include "gpipe/skip.h"
 #include "gpipe/stage.h"
+#include "gpipe/tensors.h"
 
 #include <torch/nn/modules/container/sequential.h>
 
@@ -113,7 +114,9 @@ struct CostModel {
 /// gpipe's split backward. The model's parameters keep no gradients afterwards.
 /// `state_per_parameter_byte` as in CostModel. With a `loss` and the sample's
 /// `target`, the loss's bytes are profiled too (the last stage holds them).
-CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor& sample, int threads = 1,
+/// A model whose input is a tuple takes `sample` as one (Tensors::tuple_of); its first tensor
+/// gives the rows. Layers that pass tuples are profiled as they run in a stage (tensors.h).
+CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& sample, int threads = 1,
                          double state_per_parameter_byte = 1, int warmup = 1, int repetitions = 3,
                          const LossFn& loss = nullptr, const torch::Tensor& target = {});
 

@@ -174,8 +174,8 @@ class MpiTransport : public Transport {
   /// receives of the programs' receive actions; after cancel(), or a step that
   /// left receives behind, throws std::logic_error (the Transport contract).
   void begin(const std::vector<const std::vector<Action>*>& programs) override;
-  void send(int from, int to, Channel channel, int micro_batch, torch::Tensor tensor) override;
-  torch::Tensor recv(int from, int to, Channel channel, int micro_batch) override;
+  void send(int from, int to, Channel channel, int micro_batch, Tensors tensors) override;
+  Tensors recv(int from, int to, Channel channel, int micro_batch) override;
   /// Waits until every send has left this rank's buffers.
   void finish() override;
   /// Tells every other rank through the error channel (their waits throw
@@ -191,12 +191,15 @@ class MpiTransport : public Transport {
 
  private:
   static constexpr int kMaxDims = 12;
-  using Header = std::array<int64_t, 2 + kMaxDims>;  // dtype, dims, sizes...
-  using Key = std::tuple<int, int, int, int>;         // (from stage, to stage, channel, micro-batch)
+  static constexpr int kMaxTensors = 16;  // of a tuple in one message
+  static constexpr int kPart = 2 + kMaxDims;
+  // The tensor count, whether a tuple, then per tensor: dtype (-1: undefined), dims, sizes...
+  using Header = std::array<int64_t, 2 + kMaxTensors * kPart>;
+  using Key = std::tuple<int, int, int, int>;  // (from stage, to stage, channel, micro-batch)
   struct PendingSend {
     std::unique_ptr<Header> header;
-    torch::Tensor data;
-    std::array<MPI_Request, 2> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    std::vector<torch::Tensor> data;       // the defined tensors, contiguous, on the CPU
+    std::vector<MPI_Request> requests;     // the header's, then one per tensor of data
   };
   struct PendingRecv {
     std::unique_ptr<Header> header;

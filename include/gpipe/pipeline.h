@@ -114,13 +114,16 @@ class Pipeline {
   /// A batch of fewer rows than M (the last one of an epoch) runs in one
   /// micro-batch per row. Under MPI each replica runs its share of the rows,
   /// and the gradients are summed over the replicas.
-  torch::Tensor train_step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss);
+  /// `input`: one tensor, or a tuple (Tensors::tuple_of) whose tensors the
+  /// first layer takes as a std::vector<torch::Tensor>; each is split into
+  /// micro-batches along dim 0, but those PipelineOptions::whole_inputs names.
+  torch::Tensor train_step(const Tensors& input, const torch::Tensor& target, const LossFn& loss);
 
   /// Pipelined inference with the layers' current train/eval mode, keeping no
   /// activations: the output rows this process holds: all of them in one
   /// process; under MPI, on the rank of each replica's last stage, its
   /// replica's rows (output_rows), and an undefined tensor elsewhere.
-  torch::Tensor forward(const torch::Tensor& input);
+  torch::Tensor forward(const Tensors& input);
   /// The rows [first, first + count) of a batch of `rows` that forward returns here.
   std::pair<int64_t, int64_t> output_rows(int64_t rows) const;
 
@@ -252,6 +255,7 @@ class Pipeline {
   std::vector<std::unique_ptr<DeviceThread>> threads_;  // one per device held here; none under MPI
   std::map<int, Schedule> training_programs_;         // by micro-batch count, for batches of fewer rows than M
   std::map<int, Schedule> inference_programs_;
+  std::vector<int> whole_inputs_;                     // PipelineOptions::whole_inputs
   bool stochastic_ = false;                           // whether any stage of the model draws random numbers
   StepTrace trace_;
   std::vector<int64_t> memory_at_start_;  // each local device's tracked bytes when the last step began

@@ -55,6 +55,10 @@ struct PipelineOptions {
   /// of the Sequential itself (one inside a layer is refused). false: each
   /// micro-batch's forward updates them, as M small batches would.
   TORCH_ARG(bool, deferred_batch_norm) = true;
+  /// For a model whose input is a tuple (Tensors): the positions of the tensors that every
+  /// micro-batch takes whole (an attention mask shared by all rows, a lookup table). The others
+  /// have the batch dimension (dim 0) and are split into micro-batches. Empty: all are split.
+  TORCH_ARG(std::vector<int>, whole_inputs) = {};
   /// Parameters tied across stages, by name in the model, e.g. {{"0.weight", "9.weight"}} for an
   /// input embedding and an output projection that share their weight. In one process tied
   /// layers hold one tensor, which is what ties them (found without being declared); a

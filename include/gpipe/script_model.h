@@ -2,6 +2,7 @@
 #pragma once
 
 #include "gpipe/stage.h"
+#include "gpipe/tensors.h"
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -18,10 +19,13 @@ namespace gpipe {
 /// written '_'), so optimizers step what the script module computes with.
 /// A BatchNorm child (torch.nn.BatchNorm1d/2d/3d scripted) shows its running
 /// statistics, so that the pipeline can update them once per mini-batch.
-class ScriptLayerImpl : public torch::nn::Module, public RandomLayer, public BatchNormLayer {
+/// It may take and return a tuple of tensors (tensors.h): the pipeline calls it with
+/// forward_value.
+class ScriptLayerImpl : public torch::nn::Module, public RandomLayer, public BatchNormLayer, public ValueLayer {
  public:
   explicit ScriptLayerImpl(torch::jit::Module module);
   torch::Tensor forward(const torch::Tensor& x);
+  torch::IValue forward_value(torch::IValue x) override;
   void train(bool on = true) override;
   /// Whether its code (or its submodules') calls dropout or draws random numbers otherwise.
   bool draws_random_numbers() const override { return random_; }

@@ -39,6 +39,7 @@
 
 #include "gpipe/device.h"
 #include "gpipe/schedule.h"
+#include "gpipe/tensors.h"
 
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
@@ -90,7 +91,7 @@ class StageError : public std::runtime_error {
 /// and reads it after; during the step each stage touches only its own parts.
 struct StepData {
   bool training = true;
-  std::vector<torch::Tensor> inputs;   ///< micro-batch inputs, read by stage 0
+  std::vector<Tensors> inputs;         ///< micro-batch inputs (a tensor or a tuple), read by stage 0
   std::vector<torch::Tensor> targets;  ///< micro-batch targets, read by the last stage
   std::vector<double> weights;         ///< bᵢ/N per micro-batch
   LossFn loss;
@@ -178,17 +179,18 @@ class Stage {
   /// update_batch_norm (see batch_norm_statistics).
   Stage(int index, int stages, torch::nn::Sequential layers, Device device, bool deferred_batch_norm = false);
 
-  /// Forward of micro-batch i of `input` (an undefined tensor: the step's input).
+  /// Forward of micro-batch i of `input` (ignored on stage 0, which reads the step's input).
   /// Keeps what backward needs; with `recompute`, only the input. With
   /// `split`, records each layer's boundary for a later I and W. Returns the
-  /// output to hand on (detached), or, on the last stage, an undefined tensor
+  /// output to hand on (detached), or, on the last stage, nothing (undefined)
   /// after storing the weighted loss (training) or the output (inference) in `step`.
-  torch::Tensor forward(int i, torch::Tensor input, bool recompute, bool split, StepData& step);
-  /// Full backward of micro-batch i from the gradient of its output (undefined
-  /// on the last stage). Returns the gradient of the stage input (undefined on stage 0).
-  torch::Tensor backward(int i, const torch::Tensor& output_grad, StepData& step);
+  Tensors forward(int i, Tensors input, bool recompute, bool split, StepData& step);
+  /// Full backward of micro-batch i from the gradient of its output (ignored
+  /// on the last stage). Returns the gradient of the stage input, one entry per
+  /// tensor of it (undefined for one that takes no gradient); nothing on stage 0.
+  Tensors backward(int i, const Tensors& output_grad, StepData& step);
   /// The input-gradient half of backward (forward must have run with `split`).
-  torch::Tensor input_grad(int i, const torch::Tensor& output_grad, StepData& step);
+  Tensors input_grad(int i, const Tensors& output_grad, StepData& step);
   /// The weight-gradient half: accumulates the parameters' gradients of micro-batch i.
   void weight_grad(int i);
   /// Drops everything kept for the step.
@@ -237,13 +239,13 @@ class Stage {
  private:
   // What a micro-batch leaves behind between its forward and its backward.
   struct Kept {
-    torch::Tensor input;                 // [1] in the diagram
-    torch::Tensor output;                // with its graph, unless re-materialized
+    Tensors input;                       // [1] in the diagram
+    Tensors output;                      // with its graph, unless re-materialized
     torch::Tensor loss;                  // last stage only, with its graph, unless re-materialized
     bool recompute = false;
     bool split = false;
-    std::vector<torch::Tensor> layer_inputs;   // split: a_l, detached, per layer
-    std::vector<torch::Tensor> layer_outputs;  // split: y_l, with layer l's graph
+    std::vector<Tensors> layer_inputs;   // split: a_l, detached, per layer
+    std::vector<Tensors> layer_outputs;  // split: y_l, with layer l's graph
     std::vector<std::shared_ptr<detail::WeightBackward>> weight_backward;  // after I: W's share, per weighted layer
     std::map<int, torch::Tensor> skip_inputs;  // by skip connection: what other stages stashed, as leaves
     std::map<int, torch::Tensor> stashed;      // by skip connection: what these layers stashed for other stages
@@ -260,11 +262,11 @@ class Stage {
   // Runs the layers on `x` (and the loss on the last stage) into `kept`; with
   // `gather`, adds the BatchNorm layers' inputs to their statistics. The skip
   // connections popped here read kept.skip_inputs; those stashed here land in kept.stashed.
-  torch::Tensor run_layers(int i, const torch::Tensor& x, bool split, bool gather, Kept& kept, StepData& step);
-  torch::Tensor run_chain(int i, const torch::Tensor& x, bool split, bool gather, Kept& kept, StepData& step);
+  Tensors run_layers(int i, const Tensors& x, bool split, bool gather, Kept& kept, StepData& step);
+  Tensors run_chain(int i, const Tensors& x, bool split, bool gather, Kept& kept, StepData& step);
   // What backward starts from: the loss or the output with its gradient, and the stashed
   // tensors with theirs (received from the stages that popped them).
-  void backward_roots(int i, const torch::Tensor& output_grad, Kept& kept, std::vector<torch::Tensor>& roots,
+  void backward_roots(int i, const Tensors& output_grad, Kept& kept, std::vector<torch::Tensor>& roots,
                       std::vector<torch::Tensor>& grads);
   // After a backward: the gradients of the skip connections' tensors popped here, for their stages.
   void send_skip_gradients(int i, Kept& kept, const std::vector<torch::Tensor>& grads = {});
@@ -276,6 +278,7 @@ class Stage {
   int stages_;
   torch::nn::Sequential layers_;
   Device device_;
+  std::vector<std::string> names_;         // per layer, as errors name it: "layer 3", "layer 'mask'"
   bool stochastic_;
   std::map<int, Kept> kept_;               // by micro-batch
   std::vector<DeferredNorm> norms_;        // with deferred BatchNorm, in layer order

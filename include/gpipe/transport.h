@@ -7,6 +7,7 @@
 #pragma once
 
 #include "gpipe/schedule.h"
+#include "gpipe/tensors.h"
 
 #include <torch/types.h>
 
@@ -48,12 +49,13 @@ class Transport {
   /// step's messages still in flight cannot reach).
   virtual void begin(const std::vector<const std::vector<Action>*>& programs) = 0;
 
-  /// Delivers `tensor` to stage `to`. Does not block on the receiver.
-  virtual void send(int from, int to, Channel channel, int micro_batch, torch::Tensor tensor) = 0;
+  /// Delivers `tensors` (one tensor, or a tuple: one message of them all, an
+  /// undefined entry of a gradient included) to stage `to`. Does not block on the receiver.
+  virtual void send(int from, int to, Channel channel, int micro_batch, Tensors tensors) = 0;
 
   /// Blocks until the message (from, to, channel, micro_batch) arrives and
   /// returns it. Throws Cancelled once the step is cancelled.
-  virtual torch::Tensor recv(int from, int to, Channel channel, int micro_batch) = 0;
+  virtual Tensors recv(int from, int to, Channel channel, int micro_batch) = 0;
 
   /// After this process's programs have run: waits until every message it
   /// sent has left its buffers.
@@ -81,8 +83,8 @@ class InProcessTransport : public Transport {
   explicit InProcessTransport(int stages);
 
   void begin(const std::vector<const std::vector<Action>*>& programs) override;
-  void send(int from, int to, Channel channel, int micro_batch, torch::Tensor tensor) override;
-  torch::Tensor recv(int from, int to, Channel channel, int micro_batch) override;
+  void send(int from, int to, Channel channel, int micro_batch, Tensors tensors) override;
+  Tensors recv(int from, int to, Channel channel, int micro_batch) override;
   void finish() override {}  // a send hands the tensor over: nothing is left to wait for
   void cancel(const std::string& why) override;
   bool cancelled() const override { return cancelled_; }
@@ -93,7 +95,7 @@ class InProcessTransport : public Transport {
   struct Mailbox {
     std::mutex mutex;
     std::condition_variable arrived;
-    std::map<Key, torch::Tensor> messages;
+    std::map<Key, Tensors> messages;
     bool cancelled = false;
     std::string why;
   };

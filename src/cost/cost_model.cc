@@ -149,11 +149,45 @@ int64_t peak_of(Ledger ledger) {
   return static_cast<int64_t>(std::llround(std::min(peak, 4.0e18)));  // beyond any device, and no overflow
 }
 
+// Ones as the gradient of each tensor of `out` that requires grad (undefined for the others).
+std::vector<torch::Tensor> ones_for(const Tensors& out) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& t : out.items) grads.push_back(t.requires_grad() ? torch::ones_like(t) : torch::Tensor());
+  return grads;
+}
+
+// A backward from the tensors of `out` that require grad.
+void backward_from(const Tensors& out, const std::vector<torch::Tensor>& grads) {
+  std::vector<torch::Tensor> roots, given;
+  for (size_t n = 0; n < out.size(); ++n)
+    if (grads[n].defined()) {
+      roots.push_back(out.items[n]);
+      given.push_back(grads[n]);
+    }
+  torch::autograd::backward(roots, given);
+}
+
+size_t use_count(const Tensors& x) {
+  size_t n = 0;
+  for (const auto& t : x.items) n += t.use_count();
+  return n;
+}
+
+// Whether a tensor of `out` shares its storage with a tensor of `in` (a view, or the input passed on).
+bool aliases(const Tensors& out, const Tensors& in) {
+  for (const auto& o : out.items)
+    for (const auto& i : in.items)
+      if (o.storage().is_alias_of(i.storage())) return true;
+  return false;
+}
+
 }  // namespace
 
-CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor& sample, int threads,
+CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& sample_in, int threads,
                          double state_per_parameter_byte, int warmup, int repetitions, const LossFn& loss,
                          const torch::Tensor& target) {
+  GPIPE_CHECK(sample_in.defined(), "profile_layers needs a sample");
+  const torch::Tensor& sample = sample_in.items.front();  // its rows are the sample's
   GPIPE_CHECK(repetitions >= 1, "profile_layers needs at least 1 repetition (got ", repetitions, ")");
   GPIPE_CHECK(threads >= 1, "profile_layers needs at least 1 thread (got ", threads, ")");
   GPIPE_CHECK(sample.dim() >= 1 && sample.size(0) >= 1, "profile_layers needs a sample of at least one row");
@@ -184,18 +218,19 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
     work();
     return seconds_since(begin);
   };
+  std::vector<std::string> names;
+  for (const auto& layer : model->named_children()) names.push_back(layer_name(layer.key()));
   for (int rep = 0; rep < warmup + repetitions; ++rep) {
     const bool timed = rep >= warmup;
     for (bool split : {false, true}) {
-      std::vector<torch::Tensor> ins(L), outs(L);
-      torch::Tensor h = sample;
+      std::vector<Tensors> ins(L), outs(L);
+      Tensors h = sample_in;
       size_t l = 0;
       for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
-        ins[l] = h.detach();
-        if (ins[l].is_floating_point()) ins[l].requires_grad_(true);
+        ins[l] = leaves_of(h, true);
         double forward = 0;
         try {
-          forward = seconds_of([&] { outs[l] = it->forward(ins[l]); });
+          forward = seconds_of([&] { outs[l] = run_layer(*it, ins[l], names[l]); });
         } catch (const std::exception& e) {
           // Each layer is timed by itself on a leaf input, as a stage's first layer runs.
           const std::string what = e.what();
@@ -211,36 +246,32 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
       }
       std::vector<detail::WeightBackward> weights(L);
       for (size_t n = L; n-- > 0;) {
-        if (!outs[n].requires_grad()) continue;
-        const torch::Tensor grad = torch::ones_like(outs[n]);
+        if (!requires_grad(outs[n])) continue;
+        const std::vector<torch::Tensor> grads = ones_for(outs[n]);
         if (!split) {
-          const double backward = seconds_of([&] { outs[n].backward(grad); });
+          const double backward = seconds_of([&] { backward_from(outs[n], grads); });
           if (timed) b[n].push_back(backward);
         } else {
-          const double input_grad =
-              seconds_of([&] { detail::WeightBackward::input_backward(outs[n], ins[n], grad, weights[n]); });
+          const double input_grad = seconds_of(
+              [&] { detail::WeightBackward::input_backward(outs[n].items, ins[n].items, grads, weights[n]); });
           if (timed) i[n].push_back(input_grad);
         }
       }
       if (split)
         for (size_t n = L; n-- > 0;) {
-          if (!outs[n].requires_grad()) continue;
+          if (!requires_grad(outs[n])) continue;
           const double weight_grad = seconds_of([&] { weights[n].run(); });
           if (timed) w[n].push_back(weight_grad);
         }
     }
   }
-  torch::Tensor x = sample;
+  Tensors x = sample_in;
   size_t index = 0;
   for (auto it = layers->begin(); it != layers->end(); ++it, ++index) {
     LayerCost c;
     for (const auto& p : it->ptr()->parameters()) c.parameter_bytes += static_cast<int64_t>(p.nbytes());
-    auto input = [&x] {
-      torch::Tensor in = x.detach();
-      if (in.is_floating_point()) in.requires_grad_(true);
-      return in;
-    };
-    torch::Tensor out;
+    auto input = [&x] { return leaves_of(x, true); };
+    Tensors out;
     c.forward_s = median_of(f[index]) / rows;
     if (!b[index].empty() && !i[index].empty() && !w[index].empty()) {
       c.backward_s = median_of(b[index]) / rows;
@@ -251,41 +282,45 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
     // input belongs to the stage before (a non-leaf, so that only a graph saving it holds it).
     {
       const std::map<std::string, torch::Tensor> tray_before = tray;  // the layer runs twice: a Pop takes twice
-      const torch::Tensor leaf = input();
-      const torch::Tensor in = leaf.requires_grad() ? leaf.clone() : leaf;
-      const size_t input_uses = in.use_count();
+      const Tensors leaf = input();
+      Tensors in = leaf;
+      for (auto& t : in.items)
+        if (t.requires_grad()) t = t.clone();
+      const size_t input_uses = use_count(in);
       MemoryScope scope(counter);
       counter->reset_peak();
       const int64_t before = counter->current_bytes();
-      out = it->forward(in);
+      out = run_layer(*it, in, names[index]);
       for (SkipCost& skip : costs.skips)  // what the layer stashed
         if (tray.count(skip.connection.name) > tray_before.count(skip.connection.name))
           skip.bytes = static_cast<double>(tray[skip.connection.name].nbytes()) / rows;
       c.forward_peak_bytes = static_cast<double>(counter->peak_bytes() - before);
       c.kept_bytes = static_cast<double>(counter->current_bytes() - before);
-      const bool view = out.storage().is_alias_of(in.storage());
-      c.output_bytes = static_cast<double>(out.nbytes());
+      const bool view = aliases(out, in);
+      c.output_bytes = static_cast<double>(out.bytes());
       views.push_back(view);
       // A graph that saves a tensor holds a reference to it: to the input's TensorImpl, or to the
       // output's storage (a saved output is a detached alias).
-      saves_input.push_back(view || in.use_count() > input_uses);
-      saves_output.push_back(!view && out.storage().use_count() > 1);
-      if (out.requires_grad()) {
-        const torch::Tensor grad = torch::ones_like(out);
+      saves_input.push_back(view || use_count(in) > input_uses);
+      bool output_saved = false;
+      for (const auto& t : out.items) output_saved = output_saved || t.storage().use_count() > 1;
+      saves_output.push_back(!view && output_saved);
+      if (requires_grad(out)) {
+        const std::vector<torch::Tensor> grads = ones_for(out);
         const int64_t held = counter->current_bytes();
         counter->reset_peak();
-        out.backward(grad);
+        backward_from(out, grads);
         c.backward_peak_bytes = static_cast<double>(counter->peak_bytes() - held);
-        const torch::Tensor in2 = input();  // I starts from a leaf, as a stage records its layers
+        const Tensors in2 = input();  // I starts from a leaf, as a stage records its layers
         tray = tray_before;
         const int64_t before_split = counter->current_bytes();
-        torch::Tensor again = it->forward(in2);
+        Tensors again = run_layer(*it, in2, names[index]);
         detail::WeightBackward weights;
-        torch::Tensor input_grad = detail::WeightBackward::input_backward(again, in2, grad, weights);
-        again = torch::Tensor();  // the stage lets go of the layer's output after I
+        const Tensors input_grad =
+            Tensors::tuple_of(detail::WeightBackward::input_backward(again.items, in2.items, grads, weights));
+        again = Tensors();  // the stage lets go of the layer's output after I
         c.weight_kept_bytes = std::max<double>(
-            0.0, static_cast<double>(counter->current_bytes() - before_split) -
-                     static_cast<double>(input_grad.defined() ? input_grad.nbytes() : 0));
+            0.0, static_cast<double>(counter->current_bytes() - before_split) - static_cast<double>(input_grad.bytes()));
         weights.run();
       }
     }
@@ -295,11 +330,11 @@ CostModel profile_layers(const torch::nn::Sequential& model, const torch::Tensor
     c.forward_peak_bytes /= rows;
     c.backward_peak_bytes /= rows;
     c.weight_kept_bytes /= rows;
-    x = out.detach();
+    x = leaves_of(out, false);
     costs.layers.push_back(c);
   }
-  if (loss && x.defined() && x.is_floating_point()) {  // (an integer output takes no gradient)
-    const torch::Tensor output = x.detach().requires_grad_(true);
+  if (loss && x.defined() && x.only("the model's output").is_floating_point()) {  // (an integer output takes no gradient)
+    const torch::Tensor output = x.only().detach().requires_grad_(true);
     MemoryScope scope(counter);
     const int64_t before = counter->current_bytes();
     const torch::Tensor value = loss(output, target);

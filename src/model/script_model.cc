@@ -78,6 +78,15 @@ bool is_batch_norm(const torch::jit::Module& module) {
   return std::regex_match(module.type()->name()->qualifiedName(), batch_norm);
 }
 
+// Whether a layer's return type is a Tensor, or a Tuple of Tensors.
+bool tensor_or_tuple(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::TensorType) return true;
+  if (type->kind() != c10::TypeKind::TupleType) return false;
+  for (const auto& element : type->containedTypes())
+    if (element->kind() != c10::TypeKind::TensorType) return false;
+  return true;
+}
+
 }  // namespace
 
 ScriptLayerImpl::ScriptLayerImpl(torch::jit::Module module) : module_(std::move(module)) {
@@ -120,6 +129,8 @@ std::optional<RunningStatistics> ScriptLayerImpl::running_statistics() {
 torch::Tensor ScriptLayerImpl::forward(const torch::Tensor& x) {
   return module_.forward({x}).toTensor();
 }
+
+torch::IValue ScriptLayerImpl::forward_value(torch::IValue x) { return module_.forward({std::move(x)}); }
 
 void ScriptLayerImpl::train(bool on) {
   torch::nn::Module::train(on);
@@ -181,16 +192,17 @@ ScriptModel script_model(torch::jit::Module module, const std::string& origin) {
                                                                      : merge == "__torch__.gpipe.skip.Concat" ? concat_skip
                                                                                                               : by_module)));
     } else {
-      // A layer hands one tensor to the next: a tuple, a dict or a list is refused here, before any work.
+      // A layer hands a tensor or a tuple of tensors to the next: anything else (a dict, a list, a
+      // tuple holding an int) is refused here, before any work.
       const auto method = child.value.find_method("forward");
       if (method) {
         const auto& returns = method->function().getSchema().returns();
         const std::string type = returns.size() == 1 ? returns[0].type()->annotation_str() : "several values";
-        if (returns.size() != 1 || returns[0].type()->kind() != c10::TypeKind::TensorType)
+        if (returns.size() != 1 || !tensor_or_tuple(returns[0].type()))
           throw std::runtime_error(origin + ": layer " + std::to_string(source.layers->size()) + " ('" + child.name +
                                    "', " + unmangled(kind) + ") returns " + type +
-                                   ", not a Tensor; gpipe hands one tensor from each layer to the next: make the "
-                                   "layer's forward return one tensor");
+                                   ", not a Tensor or a Tuple of Tensors; gpipe hands tensors from each layer to "
+                                   "the next: make the layer's forward return one tensor, or a tuple of tensors");
       }
       source.layers->push_back(child.name, torch::nn::AnyModule(ScriptLayer(child.value)));
     }

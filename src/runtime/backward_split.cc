@@ -161,8 +161,8 @@ torch::Tensor WeightBackward::input_backward(const torch::Tensor& output, const 
 
   if (shared) {  // a parameter below two branches: W from the output, as one backward
     w.whole_ = true;
-    w.output_ = output;
-    w.output_grad_ = output_grad;
+    w.outputs_ = {output};
+    w.output_grads_ = {output_grad};
     for (const Node* p : claimed) w.params_.push_back(static_cast<const torch::autograd::AccumulateGrad*>(p)->variable);
     return torch::autograd::grad({output}, {input}, {output_grad}, /*retain_graph=*/true, /*create_graph=*/false,
                                  /*allow_unused=*/true)[0];
@@ -194,10 +194,62 @@ torch::Tensor WeightBackward::input_backward(const torch::Tensor& output, const 
   return input_grad;
 }
 
+std::vector<torch::Tensor> WeightBackward::input_backward(const std::vector<torch::Tensor>& outputs,
+                                                          const std::vector<torch::Tensor>& inputs,
+                                                          const std::vector<torch::Tensor>& output_grads,
+                                                          WeightBackward& w) {
+  w = WeightBackward();
+  std::vector<torch::Tensor> roots, grads;
+  for (size_t n = 0; n < outputs.size() && n < output_grads.size(); ++n)
+    if (outputs[n].requires_grad() && output_grads[n].defined()) {
+      roots.push_back(outputs[n]);
+      grads.push_back(output_grads[n]);
+    }
+  std::vector<torch::Tensor> input_grads(inputs.size());
+  if (roots.empty()) return input_grads;
+  if (outputs.size() == 1 && inputs.size() == 1) {
+    input_grads[0] = input_backward(roots[0], inputs[0], grads[0], w);
+    return input_grads;
+  }
+  std::vector<torch::Tensor> wanted;  // torch::autograd::grad takes only inputs that require grad
+  std::unordered_set<const Node*> input_nodes;
+  for (const auto& a : inputs)
+    if (a.defined() && a.requires_grad()) {
+      wanted.push_back(a);
+      input_nodes.insert(torch::autograd::impl::grad_accumulator(a).get());
+    }
+  if (!wanted.empty()) {
+    const auto got = torch::autograd::grad(roots, wanted, grads, /*retain_graph=*/true, /*create_graph=*/false,
+                                           /*allow_unused=*/true);
+    for (size_t n = 0, k = 0; n < inputs.size(); ++n)
+      if (inputs[n].defined() && inputs[n].requires_grad()) input_grads[n] = got[k++];
+  }
+  // W: the parameters' accumulators below the outputs, the inputs' left out.
+  std::vector<Node*> stack;
+  std::unordered_set<const Node*> seen;
+  for (const auto& r : roots)
+    if (Node* n = torch::autograd::impl::gradient_edge(r).function.get(); n != nullptr && seen.insert(n).second)
+      stack.push_back(n);
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    if (input_nodes.count(n) == 0)
+      if (const auto* acc = dynamic_cast<const torch::autograd::AccumulateGrad*>(n)) w.params_.push_back(acc->variable);
+    for (const Edge& e : n->next_edges())
+      if (e.function && seen.insert(e.function.get()).second) stack.push_back(e.function.get());
+  }
+  w.whole_ = true;
+  w.outputs_ = std::move(roots);
+  w.output_grads_ = std::move(grads);
+  return input_grads;
+}
+
 void WeightBackward::run() {
   if (whole_) {
-    torch::autograd::backward({output_}, {output_grad_}, /*retain_graph=*/false, /*create_graph=*/false, params_);
-    output_ = output_grad_ = torch::Tensor();
+    if (!params_.empty())
+      torch::autograd::backward(outputs_, output_grads_, /*retain_graph=*/false, /*create_graph=*/false, params_);
+    outputs_.clear();
+    output_grads_.clear();
     params_.clear();
     whole_ = false;
     return;

@@ -45,6 +45,14 @@ class WeightBackward {
   /// what W needs. What W runs of the layer's graph is kept until w runs.
   static torch::Tensor input_backward(const torch::Tensor& output, const torch::Tensor& input,
                                       const torch::Tensor& output_grad, WeightBackward& w);
+  /// The same for a layer of several inputs or outputs (a tuple, tensors.h): one gradient per
+  /// input (undefined where it takes none), from one per output (undefined where none came).
+  /// A layer of one input and one output is split as above; any other computes I as one
+  /// gradient of the inputs, and W as a backward from the outputs into the parameters (its
+  /// graph walked again: correct, slower).
+  static std::vector<torch::Tensor> input_backward(const std::vector<torch::Tensor>& outputs,
+                                                   const std::vector<torch::Tensor>& inputs,
+                                                   const std::vector<torch::Tensor>& output_grads, WeightBackward& w);
 
   /// W: accumulates the parameters' gradients into their grad(). Runs once.
   void run();
@@ -59,8 +67,8 @@ class WeightBackward {
     torch::autograd::edge_list parameters;  // the accumulators the branch ends at
   };
   std::vector<Branch> branches_;
-  bool whole_ = false;  // fall back: backward from output_ with output_grad_ into params_
-  torch::Tensor output_, output_grad_;
+  bool whole_ = false;  // fall back: backward from outputs_ with output_grads_ into params_
+  std::vector<torch::Tensor> outputs_, output_grads_;
   std::vector<torch::Tensor> params_;
 };
 

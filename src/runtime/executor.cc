@@ -38,19 +38,19 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
     if (a.kind == ActionKind::kInputGrad) split.insert({a.stage, a.micro_batch});
 
   using Key = std::tuple<int, int, int>;  // (stage, channel, micro-batch)
-  std::map<Key, torch::Tensor> inbox, outbox;
+  std::map<Key, Tensors> inbox, outbox;
   // A send to a stage of this device (the V's turn, or interleaving on one device) is handed over
-  // here, not through the transport: (receiving stage, channel, micro-batch) -> tensor.
-  std::map<Key, torch::Tensor> local;
+  // here, not through the transport: (receiving stage, channel, micro-batch) -> its tensors.
+  std::map<Key, Tensors> local;
   auto holds = [&](int index) {
     for (const auto& s : stages_)
       if (s->index() == index) return true;
     return false;
   };
-  auto take = [](std::map<Key, torch::Tensor>& box, const Key& key) {
+  auto take = [](std::map<Key, Tensors>& box, const Key& key) {
     auto it = box.find(key);
-    if (it == box.end()) return torch::Tensor();
-    torch::Tensor t = std::move(it->second);
+    if (it == box.end()) return Tensors();
+    Tensors t = std::move(it->second);
     box.erase(it);
     return t;
   };
@@ -66,34 +66,34 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
       if (a.is_compute() && transport_->cancelled()) throw Cancelled();
       const int64_t begin = now_ns();
       std::string operand;  // the shape of what the action was given, for its error message
-      auto name_operand = [&operand](const char* what, const torch::Tensor& t) {
-        if (!t.defined()) return;
-        std::ostringstream out;
-        out << what << ' ' << t.sizes();
-        operand = out.str();
+      auto name_operand = [&operand](const char* what, const Tensors& t) {
+        if (t.defined()) operand = std::string(what) + ' ' + t.shape();
       };
       try {
         const int i = a.micro_batch;
         const int act = static_cast<int>(Channel::kActivation), grad = static_cast<int>(Channel::kGradient);
         switch (a.kind) {
           case ActionKind::kRecv: {
-            torch::Tensor t;
+            Tensors t;
             if (holds(a.peer)) {
-              t = take(local, {a.stage, static_cast<int>(a.channel), i});
-              GPIPE_CHECK(t.defined(), "nothing to receive: stage ", a.peer, " of this device has not sent it yet");
+              const Key key{a.stage, static_cast<int>(a.channel), i};
+              GPIPE_CHECK(local.count(key) > 0, "nothing to receive: stage ", a.peer,
+                          " of this device has not sent it yet");
+              t = take(local, key);
             } else {
               t = transport_->recv(a.peer, a.stage, a.channel, i);
             }
             if (skip_of(a.channel) >= 0)  // a skip connection's: the stage keeps it by name
-              stage(a.stage).receive_skip(i, a.channel, std::move(t));
+              stage(a.stage).receive_skip(i, a.channel, t.only("a skip connection's tensor"));
             else
               inbox[{a.stage, static_cast<int>(a.channel), i}] = std::move(t);
             continue;
           }
           case ActionKind::kSend: {
-            torch::Tensor t = skip_of(a.channel) >= 0 ? stage(a.stage).take_skip(i, a.channel)
-                                                      : take(outbox, {a.stage, static_cast<int>(a.channel), i});
-            GPIPE_CHECK(t.defined(), "nothing to send: no earlier action of this device produced it");
+            const Key key{a.stage, static_cast<int>(a.channel), i};
+            GPIPE_CHECK(skip_of(a.channel) >= 0 || outbox.count(key) > 0,
+                        "nothing to send: no earlier action of this device produced it");
+            Tensors t = skip_of(a.channel) >= 0 ? Tensors(stage(a.stage).take_skip(i, a.channel)) : take(outbox, key);
             if (holds(a.peer))
               local[{a.peer, static_cast<int>(a.channel), i}] = std::move(t);
             else
@@ -102,19 +102,19 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
           }
           case ActionKind::kForward: {
             Stage& s = stage(a.stage);
-            torch::Tensor x = take(inbox, {a.stage, act, i});
+            Tensors x = take(inbox, {a.stage, act, i});
             name_operand("input", s.first() && static_cast<size_t>(i) < step.inputs.size() ? step.inputs[static_cast<size_t>(i)] : x);
-            torch::Tensor y = s.forward(i, std::move(x), a.recompute, split.count({a.stage, i}) > 0, step);
-            if (y.defined()) outbox[{a.stage, act, i}] = std::move(y);
+            Tensors y = s.forward(i, std::move(x), a.recompute, split.count({a.stage, i}) > 0, step);
+            if (!s.last()) outbox[{a.stage, act, i}] = std::move(y);
             break;
           }
           case ActionKind::kBackward:
           case ActionKind::kInputGrad: {
             Stage& s = stage(a.stage);
-            torch::Tensor g = take(inbox, {a.stage, grad, i});
+            Tensors g = take(inbox, {a.stage, grad, i});
             name_operand("output gradient", g);
-            torch::Tensor x = a.kind == ActionKind::kBackward ? s.backward(i, g, step) : s.input_grad(i, g, step);
-            if (x.defined()) outbox[{a.stage, grad, i}] = std::move(x);
+            Tensors x = a.kind == ActionKind::kBackward ? s.backward(i, g, step) : s.input_grad(i, g, step);
+            if (!s.first()) outbox[{a.stage, grad, i}] = std::move(x);
             break;
           }
           case ActionKind::kWeightGrad:

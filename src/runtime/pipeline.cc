@@ -50,20 +50,13 @@ double local_checksum(const std::vector<torch::Tensor>& params) {
   return sum;
 }
 
-void check_batch(const torch::Tensor& tensor, const char* what) {
-  GPIPE_CHECK(tensor.defined() && tensor.dim() >= 1, "the ", what, " has no batch dimension (shape ",
-              shape_text(tensor), "); gpipe splits dim 0 into micro-batches: add one, e.g. x.unsqueeze(0)");
-  GPIPE_CHECK(tensor.size(0) >= 1, "the ", what, " is an empty batch (shape ", shape_text(tensor),
-              "); give at least one row");
-}
-
 }  // namespace
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
     : Pipeline(detail::local_group(), std::move(model), std::move(options)) {}
 
 Pipeline::Pipeline(std::unique_ptr<detail::Group> group, torch::nn::Sequential layers, PipelineOptions options)
-    : group_(std::move(group)), layers_(std::move(layers)) {
+    : group_(std::move(group)), layers_(std::move(layers)), whole_inputs_(options.whole_inputs()) {
   if (layers_.is_empty()) layers_ = torch::nn::Sequential();
   plan_ = group_->plan(layers_, options);
   local_ = group_->local_devices();
@@ -236,21 +229,23 @@ auto Pipeline::collective(Work&& work) {
   }
 }
 
-torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tensor& target, const LossFn& loss) {
+torch::Tensor Pipeline::train_step(const Tensors& input, const torch::Tensor& target, const LossFn& loss) {
   return collective([&] {
     GPIPE_CHECK(static_cast<bool>(loss), "train_step needs a loss function");
-    check_batch(input, "input");
-    GPIPE_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == input.size(0),
-                "the target's batch size differs from the input's (input ", shape_text(input), ", target ",
+    const int64_t N = batch_rows(input, whole_inputs_);
+    GPIPE_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == N,
+                "the target's batch size differs from the input's (input ", input.shape(), ", target ",
                 shape_text(target), "); give one target row per input sample");
-    group_->check_same_batch({input, target});
-    const int64_t N = input.size(0);
+    std::vector<torch::Tensor> all = input.items;
+    all.push_back(target);
+    group_->check_same_batch(all);
     const auto [first, count] = group_->share(N);
     // A short batch runs one row per micro-batch; a replica without rows only joins the sums.
     const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));
     StepData step;
     step.loss = loss;
-    if (M > 0 && holds(plan_.first_device())) step.inputs = scatter(input.narrow(0, first, count), M);
+    if (M > 0 && holds(plan_.first_device()))
+      step.inputs = scatter(narrow_rows(input, first, count, whole_inputs_), M, whole_inputs_);
     if (M > 0 && holds(plan_.last_device())) step.targets = scatter(target.narrow(0, first, count), M);
     const bool tracked = !executors_.empty() && executors_.front()->memory() != nullptr;
     // Every process draws the same seed: their default generators have drawn the same numbers.
@@ -286,17 +281,17 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& input, const torch::Tens
   });
 }
 
-torch::Tensor Pipeline::forward(const torch::Tensor& input) {
+torch::Tensor Pipeline::forward(const Tensors& input) {
   return collective([&] {
-    check_batch(input, "input");
-    group_->check_same_batch({input});
-    const auto [first, count] = group_->share(input.size(0));
+    const int64_t N = batch_rows(input, whole_inputs_);
+    group_->check_same_batch(input.items);
+    const auto [first, count] = group_->share(N);
     // A batch smaller than M (say the last one of a test set) runs in fewer micro-batches.
     const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));
     if (M == 0) return torch::Tensor();  // no rows for this replica
     StepData step;
     step.training = false;
-    if (holds(plan_.first_device())) step.inputs = scatter(input.narrow(0, first, count), M);
+    if (holds(plan_.first_device())) step.inputs = scatter(narrow_rows(input, first, count, whole_inputs_), M, whole_inputs_);
     step.outputs.resize(static_cast<size_t>(M));
     run(inference_program(M), step);
     return holds(plan_.last_device()) ? gpipe::gather(step.outputs) : torch::Tensor();

@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 #include <unordered_set>
@@ -78,6 +79,30 @@ class RandomStream {
  private:
   std::unique_lock<std::mutex> lock_;
 };
+
+// Each tensor of `a` detached, and a leaf that requires grad where it required grad: where a layer
+// of a split backward starts its graph.
+Tensors cut(const Tensors& a) {
+  Tensors out = a;
+  for (auto& t : out.items) {
+    const bool upstream = t.requires_grad();
+    t = t.detach();
+    if (upstream && t.is_floating_point()) t.requires_grad_(true);
+  }
+  return out;
+}
+
+// The gradient of a stage's (or a layer's) input `input` from `grads`, one per tensor: zeros for
+// a tensor that requires grad but got none, undefined for one that takes none.
+Tensors gradients_of(const Tensors& input, const std::vector<torch::Tensor>& grads) {
+  Tensors out = input;
+  for (size_t n = 0; n < out.size(); ++n) {
+    const torch::Tensor& x = input.items[n];
+    const torch::Tensor g = n < grads.size() ? grads[n] : torch::Tensor();
+    out.items[n] = !x.requires_grad() ? torch::Tensor() : g.defined() ? g : torch::zeros_like(x);
+  }
+  return out;
+}
 
 uint64_t mix(uint64_t x) {  // splitmix64's finalizer
   x += 0x9E3779B97F4A7C15ull;
@@ -218,6 +243,7 @@ Stage::Stage(int index, int stages, torch::nn::Sequential layers, Device device,
       device_(std::move(device)),
       stochastic_(draws_random_numbers(layers_)),
       skips_inside_(!skip_uses(layers_).empty()) {
+  for (const auto& layer : layers_->named_children()) names_.push_back(layer_name(layer.key()));
   if (!deferred_batch_norm) return;
   size_t n = 0;
   for (const auto& layer : layers_->children()) {
@@ -298,45 +324,37 @@ torch::Tensor Stage::weighted_loss(const torch::Tensor& output, int i, const Ste
   return loss.reshape({}) * step.weights[static_cast<size_t>(i)];
 }
 
-torch::Tensor Stage::run_chain(int i, const torch::Tensor& x, bool split, bool gather, Kept& kept, StepData& step) {
+Tensors Stage::run_chain(int i, const Tensors& x, bool split, bool gather, Kept& kept, StepData& step) {
   // With `split`, each layer runs on a detached copy of the previous output, so I and W can treat
   // layers one by one.
   kept.layer_inputs.clear();
   kept.layer_outputs.clear();
-  torch::Tensor a = x;
+  Tensors a = x;
   auto norm = norms_.begin();
   size_t n = 0;
   for (auto layer = layers_->begin(); layer != layers_->end(); ++layer, ++n) {
     if (split) {
-      if (n > 0) {
-        const bool upstream = a.requires_grad();
-        a = a.detach();
-        if (upstream && a.is_floating_point()) a.requires_grad_(true);
-      }
+      if (n > 0) a = cut(a);
       kept.layer_inputs.push_back(a);
     }
     if (norm != norms_.end() && norm->layer == n && step.training && layer->ptr()->is_training()) {
       // Deferred BatchNorm: this micro-batch's statistics normalize it; the running ones wait for the step's end.
-      const torch::Tensor input = a;
+      const torch::Tensor input = a.only("a BatchNorm layer's input");
       {
         const KeepBuffers keep({norm->running.mean, norm->running.var, norm->running.batches});
-        a = layer->forward(a);
+        a = run_layer(*layer, a, names_[n]);
       }
       if (gather) gather_statistics(norm->count, norm->sum, norm->squares, input);
     } else {
-      a = layer->forward(a);
+      a = run_layer(*layer, a, names_[n]);
     }
     if (norm != norms_.end() && norm->layer == n) ++norm;
     if (split) kept.layer_outputs.push_back(a);
   }
-  torch::Tensor y = a;
-  kept.output = y;
-  if (split) {  // the loss's own graph starts at a leaf, so I starts from d loss / d output
-    kept.output = a.detach();
-    if (a.requires_grad() && kept.output.is_floating_point()) kept.output.requires_grad_(true);
-  }
-  if (last() && step.training) kept.loss = weighted_loss(kept.output, i, step);
-  return y;
+  // With `split`, the loss's own graph starts at a leaf, so I starts from d loss / d output.
+  kept.output = split ? cut(a) : a;
+  if (last() && step.training) kept.loss = weighted_loss(kept.output.only("the model's output"), i, step);
+  return a;
 }
 
 void Stage::clear() {
@@ -362,12 +380,12 @@ torch::Tensor Stage::take_skip(int i, Channel channel) {
   return t;
 }
 
-torch::Tensor Stage::run_layers(int i, const torch::Tensor& x, bool split, bool gather, Kept& kept, StepData& step) {
+Tensors Stage::run_layers(int i, const Tensors& x, bool split, bool gather, Kept& kept, StepData& step) {
   if (stashed_.empty() && popped_.empty() && !skips_inside_) return run_chain(i, x, split, gather, kept, step);
   // The tray the layers' Stash and Pop meet in: what other stages stashed, and what these layers stash.
   std::map<std::string, torch::Tensor> tray;
   for (const auto& [k, name] : popped_) tray[name] = kept.skip_inputs.at(k);
-  torch::Tensor y;
+  Tensors y;
   {
     const detail::SkipTrayScope scope(tray);
     y = run_chain(i, x, split, gather, kept, step);
@@ -382,16 +400,21 @@ torch::Tensor Stage::run_layers(int i, const torch::Tensor& x, bool split, bool 
   return y;
 }
 
-void Stage::backward_roots(int i, const torch::Tensor& output_grad, Kept& k, std::vector<torch::Tensor>& roots,
+void Stage::backward_roots(int i, const Tensors& output_grad, Kept& k, std::vector<torch::Tensor>& roots,
                            std::vector<torch::Tensor>& grads) {
   if (last()) {
     if (k.loss.requires_grad()) {
       roots.push_back(k.loss);
       grads.push_back(torch::ones_like(k.loss));
     }
-  } else if (k.output.requires_grad()) {
-    roots.push_back(k.output);
-    grads.push_back(output_grad.to(device_.device));  // [3]
+  } else {
+    GPIPE_CHECK(output_grad.size() == k.output.size(), "stage ", index_, " got a gradient of ", output_grad.size(),
+                " tensors for an output of ", k.output.size());
+    for (size_t n = 0; n < k.output.size(); ++n)
+      if (k.output.items[n].requires_grad() && output_grad.items[n].defined()) {
+        roots.push_back(k.output.items[n]);
+        grads.push_back(output_grad.items[n].to(device_.device));  // [3]
+      }
   }
   for (const auto& [skip, name] : stashed_) {
     auto it = skip_inbox_.find({i, static_cast<int>(skip_channel(skip, true))});
@@ -416,9 +439,10 @@ void Stage::send_skip_gradients(int i, Kept& k, const std::vector<torch::Tensor>
   }
 }
 
-torch::Tensor Stage::forward(int i, torch::Tensor input, bool recompute, bool split, StepData& step) {
-  torch::Tensor x = (first() ? step.inputs[static_cast<size_t>(i)] : input).to(device_.device).detach();
-  if (!first() && step.training && x.is_floating_point()) x.requires_grad_(true);  // [1]
+Tensors Stage::forward(int i, Tensors input, bool recompute, bool split, StepData& step) {
+  Tensors x = first() ? step.inputs[static_cast<size_t>(i)] : std::move(input);
+  for (auto& t : x.items) t = t.to(device_.device);
+  x = leaves_of(x, !first() && step.training);  // [1]
   Kept& k = kept_[i] = Kept{};
   k.input = x;
   k.recompute = recompute;
@@ -431,7 +455,8 @@ torch::Tensor Stage::forward(int i, torch::Tensor input, bool recompute, bool sp
     k.skip_inputs[skip] = t;
     skip_inbox_.erase(it);
   }
-  torch::Tensor y, loss;
+  Tensors y;
+  torch::Tensor loss;
   if (!step.training) {
     y = run_layers(i, x, false, /*gather=*/false, k, step);
   } else {
@@ -446,21 +471,22 @@ torch::Tensor Stage::forward(int i, torch::Tensor input, bool recompute, bool sp
   if (!step.training) {
     kept_.erase(i);
     if (!last()) return y;
-    step.outputs[static_cast<size_t>(i)] = y;
+    step.outputs[static_cast<size_t>(i)] = y.only("the model's output");
     return {};
   }
   if (recompute) {  // keep the inputs alone
-    k.output = k.loss = torch::Tensor();
+    k.output = Tensors();
+    k.loss = torch::Tensor();
     k.layer_inputs.clear();
     k.layer_outputs.clear();
     k.stashed.clear();
   }
-  if (!last()) return y.detach();  // [2]
+  if (!last()) return leaves_of(y, false);  // [2]
   step.losses[static_cast<size_t>(i)] = loss.item<double>();
   return {};
 }
 
-torch::Tensor Stage::backward(int i, const torch::Tensor& output_grad, StepData& step) {
+Tensors Stage::backward(int i, const Tensors& output_grad, StepData& step) {
   Kept& k = kept(i);
   if (k.recompute) {
     RandomStream stream(stochastic_, device_.device, seed_of(i, step));
@@ -470,17 +496,18 @@ torch::Tensor Stage::backward(int i, const torch::Tensor& output_grad, StepData&
   std::vector<torch::Tensor> roots, grads;
   backward_roots(i, output_grad, k, roots, grads);
   if (!roots.empty()) torch::autograd::backward(roots, grads);
-  torch::Tensor input_grad;
+  Tensors input_grad;
   if (!first()) {  // [4]
-    input_grad = k.input.grad();
-    if (!input_grad.defined()) input_grad = torch::zeros_like(k.input);
+    std::vector<torch::Tensor> grads;
+    for (const auto& x : k.input.items) grads.push_back(x.grad());
+    input_grad = gradients_of(k.input, grads);
   }
   send_skip_gradients(i, k);
   kept_.erase(i);
   return input_grad;
 }
 
-torch::Tensor Stage::input_grad(int i, const torch::Tensor& output_grad, StepData& step) {
+Tensors Stage::input_grad(int i, const Tensors& output_grad, StepData& step) {
   Kept& k = kept(i);
   GPIPE_CHECK(k.split, "stage ", index_, " ran the forward of micro-batch ", i,
               " without recording its layers, so its backward cannot be split into I and W");
@@ -494,8 +521,8 @@ torch::Tensor Stage::input_grad(int i, const torch::Tensor& output_grad, StepDat
     // which W then walks again into the parameters.
     backward_roots(i, output_grad, k, k.roots, k.root_grads);
     std::vector<torch::Tensor> inputs;
-    const bool input_takes_grad = !first() && k.input.requires_grad();
-    if (input_takes_grad) inputs.push_back(k.input);
+    if (!first()) inputs = k.input.items;
+    const auto own = static_cast<std::ptrdiff_t>(inputs.size());
     for (const auto& [skip, name] : popped_) inputs.push_back(k.skip_inputs.at(skip));
     std::vector<torch::Tensor> grads(inputs.size());
     std::vector<torch::Tensor> wanted;  // torch::autograd::grad takes only inputs that require grad
@@ -507,36 +534,39 @@ torch::Tensor Stage::input_grad(int i, const torch::Tensor& output_grad, StepDat
       for (size_t n = 0, w = 0; n < inputs.size(); ++n)
         if (inputs[n].requires_grad()) grads[n] = got[w++];
     }
-    torch::Tensor input_grad;
-    if (!first()) input_grad = input_takes_grad && grads.front().defined() ? grads.front() : torch::zeros_like(k.input);
-    send_skip_gradients(i, k, std::vector<torch::Tensor>(grads.begin() + (input_takes_grad ? 1 : 0), grads.end()));
+    Tensors input_grad;
+    if (!first()) input_grad = gradients_of(k.input, std::vector<torch::Tensor>(grads.begin(), grads.begin() + own));
+    send_skip_gradients(i, k, std::vector<torch::Tensor>(grads.begin() + own, grads.end()));
     return input_grad;
   }
   const size_t L = k.layer_outputs.size();
   k.weight_backward.clear();
-  torch::Tensor g;
-  if (!last())
-    g = output_grad.to(device_.device);
-  else if (k.loss.requires_grad())
-    g = torch::autograd::grad({k.loss}, {k.output})[0];
+  Tensors g;
+  if (!last()) {
+    g = output_grad;
+    for (auto& t : g.items)
+      if (t.defined()) t = t.to(device_.device);
+  } else if (k.loss.requires_grad()) {
+    g = torch::autograd::grad({k.loss}, {k.output.only()})[0];
+  }
   for (size_t l = L; l-- > 0;) {
-    const torch::Tensor y = std::move(k.layer_outputs[l]);
-    const torch::Tensor& a = k.layer_inputs[l];
-    if (!g.defined() || !y.requires_grad()) {  // nothing before this layer takes a gradient from it
-      g = torch::Tensor();
+    const Tensors y = std::move(k.layer_outputs[l]);
+    const Tensors& a = k.layer_inputs[l];
+    if (!g.defined() || !requires_grad(y)) {  // nothing before this layer takes a gradient from it
+      g = Tensors();
       break;
     }
     // d/da, and W's share of this layer kept for later (backward_split.h).
     auto w = std::make_shared<detail::WeightBackward>();
-    g = detail::WeightBackward::input_backward(y, a, g, *w);
+    g = gradients_of(a, detail::WeightBackward::input_backward(y.items, a.items, g.items, *w));
     k.weight_backward.push_back(std::move(w));
-    if (!g.defined() && a.requires_grad()) g = torch::zeros_like(a);
   }
-  torch::Tensor input_grad;
-  if (!first()) input_grad = g.defined() ? g : torch::zeros_like(k.input);
+  Tensors input_grad;
+  if (!first()) input_grad = gradients_of(k.input, g.items);
   k.layer_inputs.clear();
   k.layer_outputs.clear();
-  k.output = k.loss = torch::Tensor();
+  k.output = Tensors();
+  k.loss = torch::Tensor();
   return input_grad;
 }
 

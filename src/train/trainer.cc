@@ -232,43 +232,47 @@ torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tenso
   const int64_t rows = sample.size(0);
   int64_t stopped = -1;  // the layer whose output no gradient reaches, though its input's does
   std::optional<std::string> rows_changed;  // the first layer since which the rows are not the samples'
-  torch::Tensor out = sample;
+  Tensors out = sample;
   for (size_t i = 0; i < whole->size(); ++i) {
-    const torch::Tensor in = out;
+    const Tensors in = out;
     try {
-      out = (whole->begin() + static_cast<std::ptrdiff_t>(i))->forward(in);
+      out = run_layer(*(whole->begin() + static_cast<std::ptrdiff_t>(i)), in, "it");
     } catch (const std::exception& e) {
       const bool dtype = i == 0 && sample.scalar_type() != torch::kFloat && sample.scalar_type() != torch::kLong;
       refuse(layer(i) + " fails on " +
              (i == 0 ? "the data's first samples, shape " : "the output of layer " + std::to_string(i - 1) + ", shape ") +
-             shape_text(in) + ": " + what_of(e) +
+             in.shape() + ": " + what_of(e) +
              (dtype    ? "; the data's 'input' is " + dtype_text(sample) + ": save it as float32 (X.float() in Python)"
               : i == 0 ? "; give the model inputs of the shape its first layer takes"
                        : "; make each layer take the shape the one before it outputs"));
     }
     // Inside the model another layout may come and go (sequence first, say); the output's rows must
     // be the samples', and the first layer that changed them is the one to name.
-    const bool rows_kept = out.dim() > 0 && out.size(0) == rows;
+    const torch::Tensor& lead = out.items.front();  // of a tuple, the first tensor
+    const bool rows_kept = lead.dim() > 0 && lead.size(0) == rows;
     if (!rows_kept && !rows_changed)
-      rows_changed = layer(i) + " turns " + std::to_string(rows) + " samples (shape " + shape_text(in) + ") into " +
-                     (out.dim() == 0 ? "a single number"
-                                     : std::to_string(out.size(0)) + (out.size(0) == 1 ? " row" : " rows") +
-                                           " (shape " + shape_text(out) + ")");
+      rows_changed = layer(i) + " turns " + std::to_string(rows) + " samples (shape " + in.shape() + ") into " +
+                     (lead.dim() == 0 ? "a single number"
+                                      : std::to_string(lead.size(0)) + (lead.size(0) == 1 ? " row" : " rows") +
+                                            " (shape " + out.shape() + ")");
     if (rows_kept) rows_changed.reset();
-    if (in.requires_grad() && !out.requires_grad()) stopped = static_cast<int64_t>(i);
-    if (out.requires_grad()) stopped = -1;
+    if (requires_grad(in) && !requires_grad(out)) stopped = static_cast<int64_t>(i);
+    if (requires_grad(out)) stopped = -1;
   }
+  if (out.tuple)
+    refuse("the model's last layer returns a tuple (shape " + out.shape() + "), but the loss takes one tensor: end "
+           "the model with a layer that returns one");
   if (rows_changed)
     refuse(*rows_changed + ", and the model's output keeps that: the outputs no longer pair with the samples; the "
            "model must end with one row per sample (slice, pool or reduce dimensions after the first)");
-  if (!out.requires_grad())
+  if (!requires_grad(out))
     refuse("the model's output does not depend on any parameter through a gradient" +
            (stopped >= 0 ? ": " + layer(static_cast<size_t>(stopped)) +
                                " returns a tensor without one (argmax, a comparison, an integer result or .detach())"
                          : std::string()) +
            ", so training would change nothing; end the model with differentiable scores (argmax belongs after "
            "training, not in the model)");
-  return out.detach();
+  return out.only().detach();
 }
 
 void check_model_and_data(const Model& model, const Dataset& data, bool classification) {

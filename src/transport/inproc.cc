@@ -16,28 +16,27 @@ InProcessTransport::Mailbox& InProcessTransport::mailbox(int stage) {
   return *mailboxes_[static_cast<size_t>(stage)];
 }
 
-void InProcessTransport::send(int from, int to, Channel channel, int micro_batch,
-                              torch::Tensor tensor) {
+void InProcessTransport::send(int from, int to, Channel channel, int micro_batch, Tensors tensors) {
   Mailbox& box = mailbox(to);
   {
     std::lock_guard<std::mutex> lock(box.mutex);
     if (box.cancelled) throw Cancelled(box.why);
-    bytes_sent_ += static_cast<int64_t>(tensor.nbytes());
-    box.messages[Key{from, static_cast<int>(channel), micro_batch}] = std::move(tensor);
+    bytes_sent_ += tensors.bytes();
+    box.messages[Key{from, static_cast<int>(channel), micro_batch}] = std::move(tensors);
   }
   box.arrived.notify_all();
 }
 
-torch::Tensor InProcessTransport::recv(int from, int to, Channel channel, int micro_batch) {
+Tensors InProcessTransport::recv(int from, int to, Channel channel, int micro_batch) {
   Mailbox& box = mailbox(to);
   const Key key{from, static_cast<int>(channel), micro_batch};
   std::unique_lock<std::mutex> lock(box.mutex);
   box.arrived.wait(lock, [&] { return box.cancelled || box.messages.count(key) > 0; });
   if (box.cancelled) throw Cancelled(box.why);
   auto it = box.messages.find(key);
-  torch::Tensor tensor = std::move(it->second);
+  Tensors tensors = std::move(it->second);
   box.messages.erase(it);
-  return tensor;
+  return tensors;
 }
 
 void InProcessTransport::cancel(const std::string& why) {

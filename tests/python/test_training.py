@@ -4,6 +4,7 @@ Dropout."""
 import copy
 import os
 import subprocess
+from typing import Tuple
 
 import pytest
 import torch
@@ -65,6 +66,81 @@ def test_every_schedule_and_checkpoint_mode_trains_as_one_device(schedule, balan
     train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
     assert all(isinstance(l, float) for l in losses)
     assert_same_parameters(model, reference)
+
+
+class HiddenAndMask(torch.nn.Module):
+    """x -> (hidden states, a boolean mask per row)."""
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(12, 32)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return torch.tanh(self.proj(x)), x[:, :1] > -0.3
+
+
+class MaskedLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, xm: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        x, m = xm
+        return x + torch.relu(self.lin(x)) * m.float(), m
+
+
+class Towers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+    def forward(self, xm: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x, m = xm
+        return self.a(x), self.b(x), m
+
+
+class Merge(torch.nn.Module):
+    def forward(self, abm: Tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        a, b, m = abm
+        return a * torch.sigmoid(b) * m.float()
+
+
+def tuple_model(seed=0):
+    """Layers that hand tuples on: hidden states beside a mask, then two towers."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(HiddenAndMask(), MaskedLinear(), MaskedLinear(), Towers(), Merge(),
+                               torch.nn.Linear(32, 5))
+
+
+@pytest.mark.parametrize("schedule,balance", [("gpipe", [3, 3]), ("1f1b", [1, 3, 2]), ("zb1p", [4, 2]),
+                                              ("interleaved", [1, 2, 1, 2]), ("zbv", [1, 2, 1, 2]),
+                                              ("v-half", [2, 1, 1, 2])])
+@pytest.mark.parametrize("checkpoint", ["always", "except_last", "never"])
+def test_tuples_across_stages_train_as_one_device(schedule, balance, checkpoint):
+    model, reference = tuple_model(), tuple_model()
+    data = batches(3, 22)
+    make_opt = lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9)  # noqa: E731
+    pipe = gpipe.GPipe(model, balance=balance, chunks=4, checkpoint=checkpoint, schedule=schedule)
+    train_gpipe(pipe, model, data, "cross_entropy", make_opt)
+    train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
+    assert_same_parameters(model, reference)
+
+
+@pytest.mark.skipif(not os.environ.get("GPIPE_CLI"), reason="GPIPE_CLI names the gpipe program (ctest sets it)")
+def test_a_model_that_passes_tuples_saved_from_python_trains_in_gpipe_train(tmp_path):
+    model, reference = tuple_model(), tuple_model()
+    torch.jit.script(model).save(str(tmp_path / "model.pt"))
+    (x, y), = batches(1, 14)
+    torch.save({"input": x, "target": y}, str(tmp_path / "data.pt"))
+    done = subprocess.run([os.environ["GPIPE_CLI"], "train", "--model", str(tmp_path / "model.pt"), "--data",
+                           str(tmp_path / "data.pt"), "--optimizer", "sgd", "--lr", "0.1", "--batch-size", "14",
+                           "--steps", "1", "--stages", "2", "--micro-batches", "2", "--schedule", "zb1p",
+                           "--balance", "2,4", "--save", str(tmp_path / "trained.pt")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trained = torch.jit.load(str(tmp_path / "trained.pt"))
+    train_reference(reference, [(x, y)], torch.nn.functional.cross_entropy,
+                    lambda params: torch.optim.SGD(params, lr=0.1))
+    assert_same_parameters(trained, reference)
 
 
 def test_loss_equals_one_device_and_grads_are_added_like_backward():

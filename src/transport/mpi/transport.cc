@@ -1,4 +1,4 @@
-// transport.cc: MpiTransport: each boundary tensor a header message and a data message between the
+// transport.cc: MpiTransport: each boundary message a header, then a data message per tensor, between the
 // ranks of one replica, tagged by (from stage, to stage, channel, micro-batch).
 #include "transport/mpi/group.h"
 
@@ -60,30 +60,48 @@ MpiTransport::PendingRecv MpiTransport::post_header(const Key& key) {
   return pending;
 }
 
-void MpiTransport::send(int from, int to, Channel channel, int micro_batch, torch::Tensor tensor) {
+void MpiTransport::send(int from, int to, Channel channel, int micro_batch, Tensors tensors) {
   check_cancelled();
   const Key key{from, to, static_cast<int>(channel), micro_batch};
+  GPIPE_CHECK(tensors.size() <= static_cast<size_t>(kMaxTensors), "a stage boundary of ", tensors.size(),
+              " tensors is more than one MPI message carries (", kMaxTensors,
+              "); pass fewer tensors from layer to layer (stack those of one shape into one)");
   PendingSend pending;
-  pending.data = tensor.detach().to(torch::kCPU).contiguous();
-  const torch::Tensor& data = pending.data;
-  GPIPE_CHECK(data.dim() <= kMaxDims, "a boundary tensor has ", data.dim(), " dimensions; MPI messages carry at most ",
-              kMaxDims);
-  GPIPE_CHECK(data.nbytes() <= static_cast<size_t>(INT_MAX), "a boundary tensor of ", data.nbytes(),
-              " bytes is larger than one MPI message (2 GiB); use more micro-batches");
   pending.header = std::make_unique<Header>();
   Header& h = *pending.header;
   h.fill(0);
-  h[0] = static_cast<int64_t>(data.scalar_type());
-  h[1] = data.dim();
-  for (int64_t d = 0; d < data.dim(); ++d) h[static_cast<size_t>(2 + d)] = data.size(d);
-  detail::check_mpi(MPI_Isend(h.data(), static_cast<int>(h.size()), MPI_INT64_T, rank(to), tag(key, false), comm_,
-                      &pending.requests[0]),
-            "sending a header");
-  detail::check_mpi(MPI_Isend(data.data_ptr(), static_cast<int>(data.nbytes()), MPI_BYTE, rank(to), tag(key, true), comm_,
-                      &pending.requests[1]),
-            "sending a tensor");
+  h[0] = static_cast<int64_t>(tensors.size());
+  h[1] = tensors.tuple ? 1 : 0;
+  for (size_t n = 0; n < tensors.size(); ++n) {
+    int64_t* part = h.data() + 2 + n * kPart;
+    const torch::Tensor& t = tensors.items[n];
+    if (!t.defined()) {  // a gradient's entry for a tensor that takes none
+      part[0] = -1;
+      continue;
+    }
+    torch::Tensor data = t.detach().to(torch::kCPU).contiguous();
+    GPIPE_CHECK(data.dim() <= kMaxDims, "a boundary tensor has ", data.dim(),
+                " dimensions; MPI messages carry at most ", kMaxDims);
+    GPIPE_CHECK(data.nbytes() <= static_cast<size_t>(INT_MAX), "a boundary tensor of ", data.nbytes(),
+                " bytes is larger than one MPI message (2 GiB); use more micro-batches");
+    part[0] = static_cast<int64_t>(data.scalar_type());
+    part[1] = data.dim();
+    for (int64_t d = 0; d < data.dim(); ++d) part[2 + d] = data.size(d);
+    pending.data.push_back(std::move(data));
+  }
+  pending.requests.assign(1 + pending.data.size(), MPI_REQUEST_NULL);
+  detail::check_mpi(MPI_Isend(h.data(), static_cast<int>(2 + tensors.size() * kPart), MPI_INT64_T, rank(to),
+                              tag(key, false), comm_, &pending.requests[0]),
+                    "sending a header");
+  // One data message per tensor, in order, under one tag: MPI keeps their order between two ranks.
+  for (size_t n = 0; n < pending.data.size(); ++n) {
+    const torch::Tensor& data = pending.data[n];
+    detail::check_mpi(MPI_Isend(data.data_ptr(), static_cast<int>(data.nbytes()), MPI_BYTE, rank(to), tag(key, true),
+                                comm_, &pending.requests[1 + n]),
+                      "sending a tensor");
+    bytes_sent_ += static_cast<int64_t>(data.nbytes());
+  }
   messages_sent_ += 1;
-  bytes_sent_ += static_cast<int64_t>(data.nbytes());
   sends_.push_back(std::move(pending));
   reap_sends();
 }
@@ -92,8 +110,10 @@ void MpiTransport::reap_sends() {
   size_t kept = 0;
   for (size_t n = 0; n < sends_.size(); ++n) {
     int done = 0;
-    MPI_Testall(2, sends_[n].requests.data(), &done, MPI_STATUSES_IGNORE);
-    if (!done) sends_[kept++] = std::move(sends_[n]);
+    MPI_Testall(static_cast<int>(sends_[n].requests.size()), sends_[n].requests.data(), &done, MPI_STATUSES_IGNORE);
+    if (done) continue;
+    if (kept != n) sends_[kept] = std::move(sends_[n]);  // a vector moved onto itself would empty
+    ++kept;
   }
   sends_.resize(kept);
 }
@@ -114,7 +134,7 @@ void MpiTransport::check_cancelled() const {
   if (!cancelled_.empty()) throw Cancelled(cancelled_);
 }
 
-torch::Tensor MpiTransport::recv(int from, int to, Channel channel, int micro_batch) {
+Tensors MpiTransport::recv(int from, int to, Channel channel, int micro_batch) {
   check_cancelled();
   const Key key{from, to, static_cast<int>(channel), micro_batch};
   auto it = receives_.find(key);
@@ -123,15 +143,26 @@ torch::Tensor MpiTransport::recv(int from, int to, Channel channel, int micro_ba
   const Header h = *it->second.header;
   receives_.erase(it);
 
-  std::vector<int64_t> sizes(h.begin() + 2, h.begin() + 2 + h[1]);
-  auto tensor = std::make_shared<torch::Tensor>(
-      torch::empty(sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(h[0]))));
-  MPI_Request request = MPI_REQUEST_NULL;
-  detail::check_mpi(MPI_Irecv(tensor->data_ptr(), static_cast<int>(tensor->nbytes()), MPI_BYTE, rank(from), tag(key, true),
-                      comm_, &request),
-            "receiving a tensor");
-  detail::wait_or_keep(*errors_, request, tensor);
-  return *tensor;
+  GPIPE_CHECK(h[0] >= 0 && h[0] <= kMaxTensors, "stage ", from, " sent a message of ", h[0], " tensors");
+  Tensors out;
+  out.tuple = h[1] != 0;
+  for (int64_t n = 0; n < h[0]; ++n) {
+    const int64_t* part = h.data() + 2 + n * kPart;
+    if (part[0] < 0) {
+      out.items.emplace_back();
+      continue;
+    }
+    std::vector<int64_t> sizes(part + 2, part + 2 + part[1]);
+    auto tensor = std::make_shared<torch::Tensor>(
+        torch::empty(sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(part[0]))));
+    MPI_Request request = MPI_REQUEST_NULL;
+    detail::check_mpi(MPI_Irecv(tensor->data_ptr(), static_cast<int>(tensor->nbytes()), MPI_BYTE, rank(from),
+                                tag(key, true), comm_, &request),
+                      "receiving a tensor");
+    detail::wait_or_keep(*errors_, request, tensor);
+    out.items.push_back(*tensor);
+  }
+  return out;
 }
 
 void MpiTransport::begin(const std::vector<const std::vector<Action>*>& programs) {

@@ -1,0 +1,73 @@
+// tensors.h: what a layer hands the next layer, and a stage the next stage: one tensor, or a tuple
+// of tensors (hidden states and an attention mask; two towers side by side).
+//
+//   C++ layers:         torch::Tensor forward(const torch::Tensor& x)               one tensor
+//                       std::vector<torch::Tensor> forward(const torch::Tensor& x)   a tuple out
+//                       torch::Tensor forward(const std::vector<torch::Tensor>& xs)  a tuple in
+//   TorchScript layers: def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]    a tuple out
+//                       def forward(self, xs: Tuple[Tensor, Tensor]) -> Tensor   a tuple in
+//
+// A tuple crosses a stage boundary as one message of all its tensors, and its
+// gradient comes back the same way: one entry per tensor, undefined for a
+// tensor that takes no gradient (an integer or boolean mask, or one no later
+// layer differentiates).
+#pragma once
+
+#include <torch/nn/modules/container/any.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpipe {
+
+/// One tensor, or a tuple of them, as a layer returned it.
+struct Tensors {
+  std::vector<torch::Tensor> items;
+  bool tuple = false;  ///< a tuple (a C++ std::vector<torch::Tensor>, a TorchScript Tuple), even of one tensor
+
+  Tensors() = default;
+  /// One tensor (not a tuple).
+  Tensors(torch::Tensor tensor) : items{std::move(tensor)} {}  // NOLINT(google-explicit-constructor)
+  /// A tuple of `items`.
+  static Tensors tuple_of(std::vector<torch::Tensor> items);
+
+  /// Whether any of its tensors is defined (a defaulted Tensors holds none).
+  bool defined() const;
+  size_t size() const { return items.size(); }
+  /// The one tensor of a value that is not a tuple; throws std::invalid_argument for a tuple,
+  /// naming `what` ("the model's output").
+  const torch::Tensor& only(const char* what = "the value") const;
+  /// Bytes of tensor data, over the defined tensors.
+  int64_t bytes() const;
+  /// Its shape as a user reads it: "[32, 16]", or "([32, 16], [32, 64] bool)" for a tuple.
+  std::string shape() const;
+};
+
+/// A layer that takes and returns TorchScript values (ScriptLayer): run_layer hands it a Tensor,
+/// or a tuple as a Tuple.
+class ValueLayer {
+ public:
+  virtual ~ValueLayer() = default;
+  virtual torch::IValue forward_value(torch::IValue x) = 0;
+};
+
+/// Runs one layer of a torch::nn::Sequential on `x`: one tensor as a torch::Tensor, a tuple as a
+/// std::vector<torch::Tensor> (a TorchScript layer, ScriptLayer, as its Tensor or Tuple). Throws
+/// std::invalid_argument naming the layer ("layer 3 ('mask')", from `name`) when the layer does
+/// not take what the layer before it returned, or returns something that is neither a tensor nor
+/// a tuple of defined tensors.
+Tensors run_layer(torch::nn::AnyModule& layer, const Tensors& x, const std::string& name);
+
+/// How errors name the layer of a Sequential under `key`: "layer 3", or "layer 'mask'".
+std::string layer_name(const std::string& key);
+
+/// Each floating-point tensor of `x`, detached, as a leaf that requires grad when `grad`
+/// (others detached alone): where a stage, or a layer of a split backward, starts its graph.
+Tensors leaves_of(const Tensors& x, bool grad);
+
+/// Whether any tensor of `x` requires grad.
+bool requires_grad(const Tensors& x);
+
+}  // namespace gpipe
