@@ -393,9 +393,11 @@ void check_stage_inputs(const Model& model, const Data& data, const Cut& cut) {
     }
     std::string why;
     try {
-      x = leaves_of(run_layer(module, input, name), false);
+      x = leaves_of(run_layer(module, input, name), LeafGrad::kNone);
       for (size_t n = 0; n < versions.size(); ++n)
-        if (input.items[n]._version() != versions[n]) why = "it changes its input in place";
+        if (input.items[n]._version() != versions[n])
+          why = input.tuple ? "it changes tensor " + std::to_string(n) + " of its input in place"
+                            : std::string("it changes its input in place");
     } catch (const std::exception& e) {
       why = short_error(e);
       if (why.find("in-place") == std::string::npos && why.find("inplace") == std::string::npos) throw;

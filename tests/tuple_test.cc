@@ -154,6 +154,33 @@ TEST(TupleTest, ALayerThatReturnsSomethingElseOrTakesTheWrongKindIsNamed) {
   }
 }
 
+// Flips the mask in place: harmless inside a stage, but at a stage's start the kept input changes.
+struct FlipImpl : torch::nn::Module {
+  std::vector<torch::Tensor> forward(const std::vector<torch::Tensor>& xs) {
+    torch::Tensor m = xs.at(1);
+    m.logical_not_();
+    return {xs.at(0), m};
+  }
+};
+TORCH_MODULE(Flip);
+
+TEST(TupleTest, ALayerThatChangesAKeptStageInputInPlaceIsRefusedWhereItWouldBeWrong) {
+  const Batch b = batch(6);
+  for (Checkpoint mode : {Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever}) {
+    torch::manual_seed(3);
+    torch::nn::Sequential m{Embed(), Flip(), Masked(), gpipe::testing::Towers(), gpipe::testing::Merge(),
+                            torch::nn::Linear(kWidth, kOut)};
+    gpipe::Pipeline pipe(m, PipelineOptions().balance({1, 5}).micro_batches(3).checkpoint(mode).whole_inputs({1}));
+    const std::string what = error_of([&] { pipe.train_step(b.input, b.target, gpipe::mse_loss); });
+    if (mode == Checkpoint::kNever) {
+      EXPECT_EQ(what, "") << "nothing is re-materialized";
+    } else {
+      EXPECT_NE(what.find("stage 1"), std::string::npos) << what;
+      EXPECT_NE(what.find("the stage's layers change tensor 1 of its input in place"), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(TupleTest, TheInputsTuplesBatchDimensionIsChecked) {
   auto m = tuple_model(6);
   const Batch b = batch(6);

@@ -115,10 +115,12 @@ struct CostModel {
 /// `state_per_parameter_byte` as in CostModel. With a `loss` and the sample's
 /// `target`, the loss's bytes are profiled too (the last stage holds them).
 /// A model whose input is a tuple takes `sample` as one (Tensors::tuple_of); its first tensor
-/// gives the rows. Layers that pass tuples are profiled as they run in a stage (tensors.h).
+/// not named in `whole` (PipelineOptions::whole_inputs) gives the rows. Layers that pass tuples
+/// are profiled as they run in a stage (tensors.h).
 CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& sample, int threads = 1,
                          double state_per_parameter_byte = 1, int warmup = 1, int repetitions = 3,
-                         const LossFn& loss = nullptr, const torch::Tensor& target = {});
+                         const LossFn& loss = nullptr, const torch::Tensor& target = {},
+                         const std::vector<int>& whole = {});
 
 /// Per-layer costs for balance_by_cost on micro-batches of `rows` rows: each
 /// layer's forward plus backward time, in seconds.

@@ -157,8 +157,9 @@ class ErrorChannel {
   std::array<char, 2048> buffer_{};
 };
 
-/// Transport between the ranks of one pipeline replica: each boundary tensor
-/// is a header message (dtype and shape) and a data message, both
+/// Transport between the ranks of one pipeline replica: each boundary message
+/// (one tensor, or a tuple of up to 64) is a header message (the count, then
+/// each tensor's dtype and shape) and a data message per defined tensor, all
 /// non-blocking, tagged by (from stage, to stage, micro-batch, direction), so
 /// they never mix, even between ranks that hold several stages. Any dtype and
 /// shape; CUDA tensors travel through host memory.
@@ -185,13 +186,13 @@ class MpiTransport : public Transport {
   void cancel(const std::string& why) override;
   bool cancelled() const override { return !cancelled_.empty(); }
 
-  /// Messages sent and bytes of tensor data sent since construction.
+  /// Boundary messages sent (a tuple is one) and bytes of tensor data sent since construction.
   int64_t messages_sent() const { return messages_sent_; }
   int64_t bytes_sent() const override { return bytes_sent_; }
 
  private:
   static constexpr int kMaxDims = 12;
-  static constexpr int kMaxTensors = 16;  // of a tuple in one message
+  static constexpr int kMaxTensors = 64;  // of a tuple in one message
   static constexpr int kPart = 2 + kMaxDims;
   // The tensor count, whether a tuple, then per tensor: dtype (-1: undefined), dims, sizes...
   using Header = std::array<int64_t, 2 + kMaxTensors * kPart>;

@@ -24,6 +24,7 @@ namespace gpipe {
 class ScriptLayerImpl : public torch::nn::Module, public RandomLayer, public BatchNormLayer, public ValueLayer {
  public:
   explicit ScriptLayerImpl(torch::jit::Module module);
+  /// For a layer that takes and returns one tensor (torch::nn::Sequential's own forward).
   torch::Tensor forward(const torch::Tensor& x);
   torch::IValue forward_value(torch::IValue x) override;
   void train(bool on = true) override;

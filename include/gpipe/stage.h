@@ -1,9 +1,10 @@
 // stage.h: one stage's layers and what it keeps per micro-batch: forward, backward, and the backward
 // split into input gradient (I) and weight gradients (W).
 //
-// A stage keeps its own autograd graph. Its input is a detached tensor that
-// requires grad; its backward runs on the stage's own thread and hands the
-// input's gradient upstream. No graph ever spans two stages, so the backward of
+// A stage keeps its own autograd graph. Its input is detached, each of its
+// floating-point tensors a leaf that requires grad (one tensor, or a tuple:
+// tensors.h); its backward runs on the stage's own thread and hands the
+// input's gradient upstream, one entry per tensor. No graph ever spans two stages, so the backward of
 // stage s never waits on another stage's thread:
 //
 //      stage s-1                 stage s                          stage s+1
@@ -12,7 +13,7 @@
 //                            [4] x.grad()  <==recv== y.backward(g) [3] <== g
 //   ... <==send== x.grad()
 //
-//   [1] the boundary: the only tensor a stage keeps when it re-materializes
+//   [1] the boundary: the only tensors a stage keeps when it re-materializes
 //   [2] y.detach() goes on, so the next stage's graph starts fresh
 //   [3] the gradient of y arrives from downstream (the last stage uses the loss)
 //   [4] the gradient of x goes upstream
@@ -184,7 +185,7 @@ class Stage {
   /// `split`, records each layer's boundary for a later I and W. Returns the
   /// output to hand on (detached), or, on the last stage, nothing (undefined)
   /// after storing the weighted loss (training) or the output (inference) in `step`.
-  Tensors forward(int i, Tensors input, bool recompute, bool split, StepData& step);
+  Tensors forward(int i, const Tensors& input, bool recompute, bool split, StepData& step);
   /// Full backward of micro-batch i from the gradient of its output (ignored
   /// on the last stage). Returns the gradient of the stage input, one entry per
   /// tensor of it (undefined for one that takes no gradient); nothing on stage 0.

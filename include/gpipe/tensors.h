@@ -14,6 +14,7 @@
 #pragma once
 
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -34,15 +35,17 @@ struct Tensors {
   static Tensors tuple_of(std::vector<torch::Tensor> items);
 
   /// Whether any of its tensors is defined (a defaulted Tensors holds none).
-  bool defined() const;
+  bool any_defined() const;
   size_t size() const { return items.size(); }
-  /// The one tensor of a value that is not a tuple; throws std::invalid_argument for a tuple,
-  /// naming `what` ("the model's output").
-  const torch::Tensor& only(const char* what = "the value") const;
+  /// The one tensor of a value that is not a tuple. For a tuple throws std::invalid_argument:
+  /// "`what` is a tuple of N tensors where one tensor is needed; `fix`".
+  torch::Tensor only(const std::string& what = "the value", const std::string& fix = "") const;
   /// Bytes of tensor data, over the defined tensors.
   int64_t bytes() const;
-  /// Its shape as a user reads it: "[32, 16]", or "([32, 16], [32, 64] bool)" for a tuple.
+  /// Its shape as a user reads it: "[32, 16]", or "([32, 16], [32, 64] Bool)" for a tuple.
   std::string shape() const;
+  /// Each defined tensor moved to `device` (no copy where it is there already).
+  Tensors to(const torch::Device& device) const;
 };
 
 /// A layer that takes and returns TorchScript values (ScriptLayer): run_layer hands it a Tensor,
@@ -55,19 +58,31 @@ class ValueLayer {
 
 /// Runs one layer of a torch::nn::Sequential on `x`: one tensor as a torch::Tensor, a tuple as a
 /// std::vector<torch::Tensor> (a TorchScript layer, ScriptLayer, as its Tensor or Tuple). Throws
-/// std::invalid_argument naming the layer ("layer 3 ('mask')", from `name`) when the layer does
-/// not take what the layer before it returned, or returns something that is neither a tensor nor
-/// a tuple of defined tensors.
+/// std::invalid_argument naming the layer (`name`, e.g. "layer 3") when the layer does not take
+/// what it is given, or returns something that is neither a tensor nor a tuple of one or more
+/// defined tensors.
 Tensors run_layer(torch::nn::AnyModule& layer, const Tensors& x, const std::string& name);
 
 /// How errors name the layer of a Sequential under `key`: "layer 3", or "layer 'mask'".
 std::string layer_name(const std::string& key);
+/// layer_name of each layer of `layers`, in order.
+std::vector<std::string> layer_names(const torch::nn::Sequential& layers);
 
-/// Each floating-point tensor of `x`, detached, as a leaf that requires grad when `grad`
-/// (others detached alone): where a stage, or a layer of a split backward, starts its graph.
-Tensors leaves_of(const Tensors& x, bool grad);
+/// Which tensors of a detached copy require grad (leaves_of).
+enum class LeafGrad {
+  kNone,      ///< none: a value handed on
+  kFloating,  ///< every floating-point tensor: a stage's input in training
+  kKept,      ///< those that required grad: a layer's input in a split backward
+};
+/// Each tensor of `x` detached, as a leaf that requires grad as `grad` says: where a graph starts.
+Tensors leaves_of(const Tensors& x, LeafGrad grad);
 
 /// Whether any tensor of `x` requires grad.
 bool requires_grad(const Tensors& x);
+
+/// Adds to (`roots`, `root_grads`) each tensor of `outputs` that requires grad and has a defined
+/// gradient in `grads` (one per tensor): what a backward from `outputs` starts from.
+void add_roots(const Tensors& outputs, const std::vector<torch::Tensor>& grads, std::vector<torch::Tensor>& roots,
+               std::vector<torch::Tensor>& root_grads);
 
 }  // namespace gpipe

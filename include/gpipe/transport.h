@@ -85,7 +85,7 @@ class InProcessTransport : public Transport {
   void begin(const std::vector<const std::vector<Action>*>& programs) override;
   void send(int from, int to, Channel channel, int micro_batch, Tensors tensors) override;
   Tensors recv(int from, int to, Channel channel, int micro_batch) override;
-  void finish() override {}  // a send hands the tensor over: nothing is left to wait for
+  void finish() override {}  // a send hands the tensors over: nothing is left to wait for
   void cancel(const std::string& why) override;
   bool cancelled() const override { return cancelled_; }
   int64_t bytes_sent() const override { return bytes_sent_; }

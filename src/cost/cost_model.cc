@@ -159,35 +159,38 @@ std::vector<torch::Tensor> ones_for(const Tensors& out) {
 // A backward from the tensors of `out` that require grad.
 void backward_from(const Tensors& out, const std::vector<torch::Tensor>& grads) {
   std::vector<torch::Tensor> roots, given;
-  for (size_t n = 0; n < out.size(); ++n)
-    if (grads[n].defined()) {
-      roots.push_back(out.items[n]);
-      given.push_back(grads[n]);
-    }
+  add_roots(out, grads, roots, given);
   torch::autograd::backward(roots, given);
 }
 
-size_t use_count(const Tensors& x) {
-  size_t n = 0;
-  for (const auto& t : x.items) n += t.use_count();
-  return n;
+// Whether `t` shares its storage with a tensor of `in` (a view, or an input handed on).
+bool alias_of_input(const torch::Tensor& t, const Tensors& in) {
+  return std::any_of(in.items.begin(), in.items.end(),
+                     [&t](const torch::Tensor& i) { return t.storage().is_alias_of(i.storage()); });
 }
 
-// Whether a tensor of `out` shares its storage with a tensor of `in` (a view, or the input passed on).
-bool aliases(const Tensors& out, const Tensors& in) {
-  for (const auto& o : out.items)
-    for (const auto& i : in.items)
-      if (o.storage().is_alias_of(i.storage())) return true;
-  return false;
+// References to the input's tensors, but those the layer handed on as they are (a mask a tuple
+// layer passes through): what a graph that saves its input adds to.
+size_t input_uses(const Tensors& in, const Tensors& out) {
+  size_t n = 0;
+  for (const auto& t : in.items) {
+    n += t.use_count();
+    for (const auto& o : out.items)
+      if (o.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) --n;
+  }
+  return n;
 }
 
 }  // namespace
 
 CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& sample_in, int threads,
                          double state_per_parameter_byte, int warmup, int repetitions, const LossFn& loss,
-                         const torch::Tensor& target) {
-  GPIPE_CHECK(sample_in.defined(), "profile_layers needs a sample");
-  const torch::Tensor& sample = sample_in.items.front();  // its rows are the sample's
+                         const torch::Tensor& target, const std::vector<int>& whole) {
+  GPIPE_CHECK(sample_in.size() > 0, "profile_layers needs a sample");
+  int lead = 0;  // the first tensor with the batch dimension gives the rows
+  while (std::find(whole.begin(), whole.end(), lead) != whole.end()) ++lead;
+  GPIPE_CHECK(static_cast<size_t>(lead) < sample_in.size(), "profile_layers needs a sample tensor that is not whole");
+  const torch::Tensor sample = sample_in.items[static_cast<size_t>(lead)];
   GPIPE_CHECK(repetitions >= 1, "profile_layers needs at least 1 repetition (got ", repetitions, ")");
   GPIPE_CHECK(threads >= 1, "profile_layers needs at least 1 thread (got ", threads, ")");
   GPIPE_CHECK(sample.dim() >= 1 && sample.size(0) >= 1, "profile_layers needs a sample of at least one row");
@@ -218,8 +221,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
     work();
     return seconds_since(begin);
   };
-  std::vector<std::string> names;
-  for (const auto& layer : model->named_children()) names.push_back(layer_name(layer.key()));
+  const std::vector<std::string> names = layer_names(model);
   for (int rep = 0; rep < warmup + repetitions; ++rep) {
     const bool timed = rep >= warmup;
     for (bool split : {false, true}) {
@@ -227,7 +229,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
       Tensors h = sample_in;
       size_t l = 0;
       for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
-        ins[l] = leaves_of(h, true);
+        ins[l] = leaves_of(h, LeafGrad::kFloating);
         double forward = 0;
         try {
           forward = seconds_of([&] { outs[l] = run_layer(*it, ins[l], names[l]); });
@@ -253,7 +255,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
           if (timed) b[n].push_back(backward);
         } else {
           const double input_grad = seconds_of(
-              [&] { detail::WeightBackward::input_backward(outs[n].items, ins[n].items, grads, weights[n]); });
+              [&] { detail::WeightBackward::input_backward(outs[n], ins[n], grads, weights[n]); });
           if (timed) i[n].push_back(input_grad);
         }
       }
@@ -270,7 +272,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
   for (auto it = layers->begin(); it != layers->end(); ++it, ++index) {
     LayerCost c;
     for (const auto& p : it->ptr()->parameters()) c.parameter_bytes += static_cast<int64_t>(p.nbytes());
-    auto input = [&x] { return leaves_of(x, true); };
+    auto input = [&x] { return leaves_of(x, LeafGrad::kFloating); };
     Tensors out;
     c.forward_s = median_of(f[index]) / rows;
     if (!b[index].empty() && !i[index].empty() && !w[index].empty()) {
@@ -286,7 +288,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
       Tensors in = leaf;
       for (auto& t : in.items)
         if (t.requires_grad()) t = t.clone();
-      const size_t input_uses = use_count(in);
+      const size_t uses_before = input_uses(in, Tensors());
       MemoryScope scope(counter);
       counter->reset_peak();
       const int64_t before = counter->current_bytes();
@@ -296,14 +298,18 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
           skip.bytes = static_cast<double>(tray[skip.connection.name].nbytes()) / rows;
       c.forward_peak_bytes = static_cast<double>(counter->peak_bytes() - before);
       c.kept_bytes = static_cast<double>(counter->current_bytes() - before);
-      const bool view = aliases(out, in);
+      // Of a tuple, the tensors the layer made, not those it handed on (a mask passed through).
+      bool view = true, output_saved = false;
+      for (const auto& t : out.items) {
+        if (alias_of_input(t, in)) continue;
+        view = false;
+        output_saved = output_saved || t.storage().use_count() > 1;
+      }
       c.output_bytes = static_cast<double>(out.bytes());
       views.push_back(view);
       // A graph that saves a tensor holds a reference to it: to the input's TensorImpl, or to the
       // output's storage (a saved output is a detached alias).
-      saves_input.push_back(view || use_count(in) > input_uses);
-      bool output_saved = false;
-      for (const auto& t : out.items) output_saved = output_saved || t.storage().use_count() > 1;
+      saves_input.push_back(view || input_uses(in, out) > uses_before);
       saves_output.push_back(!view && output_saved);
       if (requires_grad(out)) {
         const std::vector<torch::Tensor> grads = ones_for(out);
@@ -317,7 +323,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
         Tensors again = run_layer(*it, in2, names[index]);
         detail::WeightBackward weights;
         const Tensors input_grad =
-            Tensors::tuple_of(detail::WeightBackward::input_backward(again.items, in2.items, grads, weights));
+            Tensors::tuple_of(detail::WeightBackward::input_backward(again, in2, grads, weights));
         again = Tensors();  // the stage lets go of the layer's output after I
         c.weight_kept_bytes = std::max<double>(
             0.0, static_cast<double>(counter->current_bytes() - before_split) - static_cast<double>(input_grad.bytes()));
@@ -330,10 +336,10 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
     c.forward_peak_bytes /= rows;
     c.backward_peak_bytes /= rows;
     c.weight_kept_bytes /= rows;
-    x = leaves_of(out, false);
+    x = leaves_of(out, LeafGrad::kNone);
     costs.layers.push_back(c);
   }
-  if (loss && x.defined() && x.only("the model's output").is_floating_point()) {  // (an integer output takes no gradient)
+  if (loss && x.any_defined() && x.only("the model's output", "end the model with a layer that returns one tensor, for the loss").is_floating_point()) {  // (an integer output takes no gradient)
     const torch::Tensor output = x.only().detach().requires_grad_(true);
     MemoryScope scope(counter);
     const int64_t before = counter->current_bytes();

@@ -81,7 +81,7 @@ bool is_batch_norm(const torch::jit::Module& module) {
 // Whether a layer's return type is a Tensor, or a Tuple of Tensors.
 bool tensor_or_tuple(const c10::TypePtr& type) {
   if (type->kind() == c10::TypeKind::TensorType) return true;
-  if (type->kind() != c10::TypeKind::TupleType) return false;
+  if (type->kind() != c10::TypeKind::TupleType || type->containedTypes().empty()) return false;
   for (const auto& element : type->containedTypes())
     if (element->kind() != c10::TypeKind::TensorType) return false;
   return true;
@@ -127,7 +127,10 @@ std::optional<RunningStatistics> ScriptLayerImpl::running_statistics() {
 }
 
 torch::Tensor ScriptLayerImpl::forward(const torch::Tensor& x) {
-  return module_.forward({x}).toTensor();
+  const torch::IValue y = module_.forward({x});
+  GPIPE_CHECK(y.isTensor(), "this TorchScript layer returns ", y.tagKind(),
+              ", not one tensor: run it with gpipe::run_layer (tensors.h), which passes tuples on");
+  return y.toTensor();
 }
 
 torch::IValue ScriptLayerImpl::forward_value(torch::IValue x) { return module_.forward({std::move(x)}); }

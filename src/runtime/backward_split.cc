@@ -194,36 +194,34 @@ torch::Tensor WeightBackward::input_backward(const torch::Tensor& output, const 
   return input_grad;
 }
 
-std::vector<torch::Tensor> WeightBackward::input_backward(const std::vector<torch::Tensor>& outputs,
-                                                          const std::vector<torch::Tensor>& inputs,
+std::vector<torch::Tensor> input_gradients(const std::vector<torch::Tensor>& roots,
+                                           const std::vector<torch::Tensor>& root_grads,
+                                           const std::vector<torch::Tensor>& inputs) {
+  std::vector<torch::Tensor> grads(inputs.size());
+  std::vector<torch::Tensor> wanted;  // torch::autograd::grad takes only inputs that require grad
+  for (const auto& a : inputs)
+    if (a.defined() && a.requires_grad()) wanted.push_back(a);
+  if (roots.empty() || wanted.empty()) return grads;
+  const auto got = torch::autograd::grad(roots, wanted, root_grads, /*retain_graph=*/true, /*create_graph=*/false,
+                                         /*allow_unused=*/true);
+  for (size_t n = 0, k = 0; n < inputs.size(); ++n)
+    if (inputs[n].defined() && inputs[n].requires_grad()) grads[n] = got[k++];
+  return grads;
+}
+
+std::vector<torch::Tensor> WeightBackward::input_backward(const Tensors& outputs, const Tensors& inputs,
                                                           const std::vector<torch::Tensor>& output_grads,
                                                           WeightBackward& w) {
   w = WeightBackward();
   std::vector<torch::Tensor> roots, grads;
-  for (size_t n = 0; n < outputs.size() && n < output_grads.size(); ++n)
-    if (outputs[n].requires_grad() && output_grads[n].defined()) {
-      roots.push_back(outputs[n]);
-      grads.push_back(output_grads[n]);
-    }
-  std::vector<torch::Tensor> input_grads(inputs.size());
-  if (roots.empty()) return input_grads;
-  if (outputs.size() == 1 && inputs.size() == 1) {
-    input_grads[0] = input_backward(roots[0], inputs[0], grads[0], w);
-    return input_grads;
-  }
-  std::vector<torch::Tensor> wanted;  // torch::autograd::grad takes only inputs that require grad
+  add_roots(outputs, output_grads, roots, grads);
+  if (roots.empty()) return std::vector<torch::Tensor>(inputs.size());
+  if (outputs.size() == 1 && inputs.size() == 1)
+    return {input_backward(roots[0], inputs.items[0], grads[0], w)};
+  std::vector<torch::Tensor> input_grads = input_gradients(roots, grads, inputs.items);
   std::unordered_set<const Node*> input_nodes;
-  for (const auto& a : inputs)
-    if (a.defined() && a.requires_grad()) {
-      wanted.push_back(a);
-      input_nodes.insert(torch::autograd::impl::grad_accumulator(a).get());
-    }
-  if (!wanted.empty()) {
-    const auto got = torch::autograd::grad(roots, wanted, grads, /*retain_graph=*/true, /*create_graph=*/false,
-                                           /*allow_unused=*/true);
-    for (size_t n = 0, k = 0; n < inputs.size(); ++n)
-      if (inputs[n].defined() && inputs[n].requires_grad()) input_grads[n] = got[k++];
-  }
+  for (const auto& a : inputs.items)
+    if (a.defined() && a.requires_grad()) input_nodes.insert(torch::autograd::impl::grad_accumulator(a).get());
   // W: the parameters' accumulators below the outputs, the inputs' left out.
   std::vector<Node*> stack;
   std::unordered_set<const Node*> seen;

@@ -31,11 +31,19 @@
 
 #include <torch/csrc/autograd/edge.h>
 #include <torch/csrc/autograd/function.h>
+#include "gpipe/tensors.h"
+
 #include <torch/types.h>
 
 #include <vector>
 
 namespace gpipe::detail {
+
+/// The gradients of `inputs` from a backward of `roots` with `root_grads`, keeping the graph:
+/// one per input, undefined for an input that does not require grad or that no root reaches.
+std::vector<torch::Tensor> input_gradients(const std::vector<torch::Tensor>& roots,
+                                           const std::vector<torch::Tensor>& root_grads,
+                                           const std::vector<torch::Tensor>& inputs);
 
 /// The W half of one layer's backward, planned and primed by input_backward.
 class WeightBackward {
@@ -50,8 +58,7 @@ class WeightBackward {
   /// A layer of one input and one output is split as above; any other computes I as one
   /// gradient of the inputs, and W as a backward from the outputs into the parameters (its
   /// graph walked again: correct, slower).
-  static std::vector<torch::Tensor> input_backward(const std::vector<torch::Tensor>& outputs,
-                                                   const std::vector<torch::Tensor>& inputs,
+  static std::vector<torch::Tensor> input_backward(const Tensors& outputs, const Tensors& inputs,
                                                    const std::vector<torch::Tensor>& output_grads, WeightBackward& w);
 
   /// W: accumulates the parameters' gradients into their grad(). Runs once.

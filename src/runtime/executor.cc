@@ -67,7 +67,7 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
       const int64_t begin = now_ns();
       std::string operand;  // the shape of what the action was given, for its error message
       auto name_operand = [&operand](const char* what, const Tensors& t) {
-        if (t.defined()) operand = std::string(what) + ' ' + t.shape();
+        if (t.any_defined()) operand = std::string(what) + ' ' + t.shape();
       };
       try {
         const int i = a.micro_batch;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "gpipe/plan.h"
+#include "gpipe/tensors.h"
 #include "gpipe/trace.h"
 #include "gpipe/transport.h"
 
@@ -52,8 +53,9 @@ class Group {
   /// How this process names itself to the others in an error: "rank 1 (device 1, replica 0): ".
   virtual std::string who() const { return ""; }
   /// Throws std::invalid_argument on every process unless every process was given the same batch
-  /// (compared by a fingerprint of `tensors`), as every collective call requires.
-  virtual void check_same_batch(const std::vector<torch::Tensor>& /*tensors*/) {}
+  /// (compared by a fingerprint of `input`'s tensors and `target`, if defined), as every
+  /// collective call requires.
+  virtual void check_same_batch(const Tensors& /*input*/, const torch::Tensor& /*target*/) {}
   /// The rows [first, first + count) of a batch of `rows` that this process's replica runs.
   virtual std::pair<int64_t, int64_t> share(int64_t rows) const { return {0, rows}; }
   /// After the backward: each gradient summed over the replicas and over the copies of a tied weight.

@@ -46,7 +46,10 @@ bool is_whole(const std::vector<int>& whole, size_t k) {
 }  // namespace
 
 int64_t batch_rows(const Tensors& batch, const std::vector<int>& whole) {
-  GPIPE_CHECK(batch.defined(), "the input is undefined; give a tensor, or a tuple of tensors");
+  GPIPE_CHECK(batch.size() > 0, "the input holds no tensor; give a tensor, or a tuple of tensors");
+  for (size_t k = 0; k < batch.size(); ++k)
+    GPIPE_CHECK(batch.items[k].defined(), batch.tuple ? "the input's tensor " + std::to_string(k) : std::string("the input"),
+                " is undefined; give defined tensors");
   for (int k : whole)
     GPIPE_CHECK(batch.tuple && k >= 0 && static_cast<size_t>(k) < batch.size(), "whole_inputs names tensor ", k,
                 " of the input, which ",

@@ -236,9 +236,7 @@ torch::Tensor Pipeline::train_step(const Tensors& input, const torch::Tensor& ta
     GPIPE_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == N,
                 "the target's batch size differs from the input's (input ", input.shape(), ", target ",
                 shape_text(target), "); give one target row per input sample");
-    std::vector<torch::Tensor> all = input.items;
-    all.push_back(target);
-    group_->check_same_batch(all);
+    group_->check_same_batch(input, target);
     const auto [first, count] = group_->share(N);
     // A short batch runs one row per micro-batch; a replica without rows only joins the sums.
     const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));
@@ -284,7 +282,7 @@ torch::Tensor Pipeline::train_step(const Tensors& input, const torch::Tensor& ta
 torch::Tensor Pipeline::forward(const Tensors& input) {
   return collective([&] {
     const int64_t N = batch_rows(input, whole_inputs_);
-    group_->check_same_batch(input.items);
+    group_->check_same_batch(input, torch::Tensor());
     const auto [first, count] = group_->share(N);
     // A batch smaller than M (say the last one of a test set) runs in fewer micro-batches.
     const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));

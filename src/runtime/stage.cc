@@ -80,28 +80,24 @@ class RandomStream {
   std::unique_lock<std::mutex> lock_;
 };
 
-// Each tensor of `a` detached, and a leaf that requires grad where it required grad: where a layer
-// of a split backward starts its graph.
-Tensors cut(const Tensors& a) {
-  Tensors out = a;
-  for (auto& t : out.items) {
-    const bool upstream = t.requires_grad();
-    t = t.detach();
-    if (upstream && t.is_floating_point()) t.requires_grad_(true);
-  }
+// The gradient of a stage's (or a layer's) input `input`: `grads`, one per tensor (undefined for
+// one that takes none, or that no gradient reached: as on one device, nothing flows from there).
+Tensors gradients_of(const Tensors& input, std::vector<torch::Tensor> grads) {
+  Tensors out = input;
+  grads.resize(input.size());
+  out.items = std::move(grads);
   return out;
 }
 
-// The gradient of a stage's (or a layer's) input `input` from `grads`, one per tensor: zeros for
-// a tensor that requires grad but got none, undefined for one that takes none.
-Tensors gradients_of(const Tensors& input, const std::vector<torch::Tensor>& grads) {
-  Tensors out = input;
-  for (size_t n = 0; n < out.size(); ++n) {
-    const torch::Tensor& x = input.items[n];
-    const torch::Tensor g = n < grads.size() ? grads[n] : torch::Tensor();
-    out.items[n] = !x.requires_grad() ? torch::Tensor() : g.defined() ? g : torch::zeros_like(x);
-  }
-  return out;
+// The gradient of this stage's output, checked against the output it belongs to.
+void check_gradient(int stage, const Tensors& output_grad, const Tensors& output) {
+  GPIPE_CHECK(output_grad.size() == output.size(), "stage ", stage, " got a gradient of ", output_grad.size(),
+              " tensors for an output of ", output.size());
+}
+
+// The model's output, which the loss (or the caller of forward) takes: one tensor.
+torch::Tensor model_output(const Tensors& y) {
+  return y.only("the model's output", "end the model with a layer that returns one tensor, for the loss");
 }
 
 uint64_t mix(uint64_t x) {  // splitmix64's finalizer
@@ -243,7 +239,7 @@ Stage::Stage(int index, int stages, torch::nn::Sequential layers, Device device,
       device_(std::move(device)),
       stochastic_(draws_random_numbers(layers_)),
       skips_inside_(!skip_uses(layers_).empty()) {
-  for (const auto& layer : layers_->named_children()) names_.push_back(layer_name(layer.key()));
+  names_ = layer_names(layers_);
   if (!deferred_batch_norm) return;
   size_t n = 0;
   for (const auto& layer : layers_->children()) {
@@ -334,12 +330,12 @@ Tensors Stage::run_chain(int i, const Tensors& x, bool split, bool gather, Kept&
   size_t n = 0;
   for (auto layer = layers_->begin(); layer != layers_->end(); ++layer, ++n) {
     if (split) {
-      if (n > 0) a = cut(a);
+      if (n > 0) a = leaves_of(a, LeafGrad::kKept);
       kept.layer_inputs.push_back(a);
     }
     if (norm != norms_.end() && norm->layer == n && step.training && layer->ptr()->is_training()) {
       // Deferred BatchNorm: this micro-batch's statistics normalize it; the running ones wait for the step's end.
-      const torch::Tensor input = a.only("a BatchNorm layer's input");
+      const torch::Tensor input = a.only(names_[n] + "'s input", "a BatchNorm layer takes one tensor");
       {
         const KeepBuffers keep({norm->running.mean, norm->running.var, norm->running.batches});
         a = run_layer(*layer, a, names_[n]);
@@ -352,8 +348,8 @@ Tensors Stage::run_chain(int i, const Tensors& x, bool split, bool gather, Kept&
     if (split) kept.layer_outputs.push_back(a);
   }
   // With `split`, the loss's own graph starts at a leaf, so I starts from d loss / d output.
-  kept.output = split ? cut(a) : a;
-  if (last() && step.training) kept.loss = weighted_loss(kept.output.only("the model's output"), i, step);
+  kept.output = split ? leaves_of(a, LeafGrad::kKept) : a;
+  if (last() && step.training) kept.loss = weighted_loss(model_output(kept.output), i, step);
   return a;
 }
 
@@ -408,13 +404,8 @@ void Stage::backward_roots(int i, const Tensors& output_grad, Kept& k, std::vect
       grads.push_back(torch::ones_like(k.loss));
     }
   } else {
-    GPIPE_CHECK(output_grad.size() == k.output.size(), "stage ", index_, " got a gradient of ", output_grad.size(),
-                " tensors for an output of ", k.output.size());
-    for (size_t n = 0; n < k.output.size(); ++n)
-      if (k.output.items[n].requires_grad() && output_grad.items[n].defined()) {
-        roots.push_back(k.output.items[n]);
-        grads.push_back(output_grad.items[n].to(device_.device));  // [3]
-      }
+    check_gradient(index_, output_grad, k.output);
+    add_roots(k.output, output_grad.to(device_.device).items, roots, grads);  // [3]
   }
   for (const auto& [skip, name] : stashed_) {
     auto it = skip_inbox_.find({i, static_cast<int>(skip_channel(skip, true))});
@@ -439,10 +430,9 @@ void Stage::send_skip_gradients(int i, Kept& k, const std::vector<torch::Tensor>
   }
 }
 
-Tensors Stage::forward(int i, Tensors input, bool recompute, bool split, StepData& step) {
-  Tensors x = first() ? step.inputs[static_cast<size_t>(i)] : std::move(input);
-  for (auto& t : x.items) t = t.to(device_.device);
-  x = leaves_of(x, !first() && step.training);  // [1]
+Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, StepData& step) {
+  const Tensors& given = first() ? step.inputs[static_cast<size_t>(i)] : input;
+  const Tensors x = leaves_of(given.to(device_.device), !first() && step.training ? LeafGrad::kFloating : LeafGrad::kNone);  // [1]
   Kept& k = kept_[i] = Kept{};
   k.input = x;
   k.recompute = recompute;
@@ -460,18 +450,29 @@ Tensors Stage::forward(int i, Tensors input, bool recompute, bool split, StepDat
   if (!step.training) {
     y = run_layers(i, x, false, /*gather=*/false, k, step);
   } else {
-    RandomStream stream(stochastic_, device_.device, seed_of(i, step));
-    torch::AutoGradMode keep_graph(!recompute);
-    // A stage with skip connections inside splits its backward in one piece: its whole graph is kept.
-    y = run_layers(i, x, split && !recompute && !skips_inside_, /*gather=*/true, k, step);
+    std::vector<int64_t> versions;  // re-materialized: the input kept must stay as it was
+    for (const auto& t : x.items) versions.push_back(t._version());
+    {
+      RandomStream stream(stochastic_, device_.device, seed_of(i, step));
+      torch::AutoGradMode keep_graph(!recompute);
+      // A stage with skip connections inside splits its backward in one piece: its whole graph is kept.
+      y = run_layers(i, x, split && !recompute && !skips_inside_, /*gather=*/true, k, step);
+    }
     loss = k.loss;
+    for (size_t n = 0; recompute && n < x.size(); ++n)
+      if (x.items[n]._version() != versions[n])
+        throw std::invalid_argument(
+            "the stage's layers change " + (x.tuple ? "tensor " + std::to_string(n) + " of its input" : std::string("its input")) +
+            " in place, and re-materialization runs the forward again from the input it keeps: make the layer "
+            "return a new tensor (m.logical_not() rather than m.logical_not_()), cut the model so that another "
+            "layer begins the stage, or use checkpoint never");
   }
   for (const auto& [skip, name] : stashed_)  // [2], for each skip connection
     skip_outbox_[{i, static_cast<int>(skip_channel(skip, false))}] = k.stashed.at(skip).detach();
   if (!step.training) {
     kept_.erase(i);
     if (!last()) return y;
-    step.outputs[static_cast<size_t>(i)] = y.only("the model's output");
+    step.outputs[static_cast<size_t>(i)] = model_output(y);
     return {};
   }
   if (recompute) {  // keep the inputs alone
@@ -481,7 +482,7 @@ Tensors Stage::forward(int i, Tensors input, bool recompute, bool split, StepDat
     k.layer_outputs.clear();
     k.stashed.clear();
   }
-  if (!last()) return leaves_of(y, false);  // [2]
+  if (!last()) return leaves_of(y, LeafGrad::kNone);  // [2]
   step.losses[static_cast<size_t>(i)] = loss.item<double>();
   return {};
 }
@@ -524,16 +525,7 @@ Tensors Stage::input_grad(int i, const Tensors& output_grad, StepData& step) {
     if (!first()) inputs = k.input.items;
     const auto own = static_cast<std::ptrdiff_t>(inputs.size());
     for (const auto& [skip, name] : popped_) inputs.push_back(k.skip_inputs.at(skip));
-    std::vector<torch::Tensor> grads(inputs.size());
-    std::vector<torch::Tensor> wanted;  // torch::autograd::grad takes only inputs that require grad
-    for (const auto& t : inputs)
-      if (t.requires_grad()) wanted.push_back(t);
-    if (!k.roots.empty() && !wanted.empty()) {
-      const auto got = torch::autograd::grad(k.roots, wanted, k.root_grads, /*retain_graph=*/true,
-                                             /*create_graph=*/false, /*allow_unused=*/true);
-      for (size_t n = 0, w = 0; n < inputs.size(); ++n)
-        if (inputs[n].requires_grad()) grads[n] = got[w++];
-    }
+    const std::vector<torch::Tensor> grads = detail::input_gradients(k.roots, k.root_grads, inputs);
     Tensors input_grad;
     if (!first()) input_grad = gradients_of(k.input, std::vector<torch::Tensor>(grads.begin(), grads.begin() + own));
     send_skip_gradients(i, k, std::vector<torch::Tensor>(grads.begin() + own, grads.end()));
@@ -543,22 +535,21 @@ Tensors Stage::input_grad(int i, const Tensors& output_grad, StepData& step) {
   k.weight_backward.clear();
   Tensors g;
   if (!last()) {
-    g = output_grad;
-    for (auto& t : g.items)
-      if (t.defined()) t = t.to(device_.device);
+    check_gradient(index_, output_grad, k.output);
+    g = output_grad.to(device_.device);
   } else if (k.loss.requires_grad()) {
     g = torch::autograd::grad({k.loss}, {k.output.only()})[0];
   }
   for (size_t l = L; l-- > 0;) {
     const Tensors y = std::move(k.layer_outputs[l]);
     const Tensors& a = k.layer_inputs[l];
-    if (!g.defined() || !requires_grad(y)) {  // nothing before this layer takes a gradient from it
+    if (!g.any_defined() || !requires_grad(y)) {  // nothing before this layer takes a gradient from it
       g = Tensors();
       break;
     }
     // d/da, and W's share of this layer kept for later (backward_split.h).
     auto w = std::make_shared<detail::WeightBackward>();
-    g = gradients_of(a, detail::WeightBackward::input_backward(y.items, a.items, g.items, *w));
+    g = gradients_of(a, detail::WeightBackward::input_backward(y, a, g.items, *w));
     k.weight_backward.push_back(std::move(w));
   }
   Tensors input_grad;

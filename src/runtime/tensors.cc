@@ -17,6 +17,8 @@ std::string one_or_tuple(const Tensors& x) {
 }
 
 Tensors checked_tuple(std::vector<torch::Tensor> items, const std::string& name) {
+  if (items.empty())
+    throw std::invalid_argument(name + " returned an empty tuple; return at least one tensor");
   for (size_t k = 0; k < items.size(); ++k)
     if (!items[k].defined())
       throw std::invalid_argument(name + " returned a tuple whose tensor " + std::to_string(k) +
@@ -51,18 +53,25 @@ Tensors Tensors::tuple_of(std::vector<torch::Tensor> items) {
   return t;
 }
 
-bool Tensors::defined() const {
+bool Tensors::any_defined() const {
   for (const auto& t : items)
     if (t.defined()) return true;
   return false;
 }
 
-const torch::Tensor& Tensors::only(const char* what) const {
-  if (tuple || items.size() != 1)
-    throw std::invalid_argument(std::string(what) + " is a tuple of " + std::to_string(items.size()) +
-                                " tensors where one tensor is needed; end the model (or the stage) with a layer "
-                                "that returns one tensor");
+torch::Tensor Tensors::only(const std::string& what, const std::string& fix) const {
+  if (tuple)
+    throw std::invalid_argument(what + " is a tuple of " + std::to_string(items.size()) +
+                                " tensors where one tensor is needed" + (fix.empty() ? "" : "; " + fix));
+  if (items.size() != 1) throw std::invalid_argument(what + " holds no tensor");
   return items.front();
+}
+
+Tensors Tensors::to(const torch::Device& device) const {
+  Tensors out = *this;
+  for (auto& t : out.items)
+    if (t.defined()) t = t.to(device);
+  return out;
 }
 
 int64_t Tensors::bytes() const {
@@ -96,11 +105,30 @@ std::string Tensors::shape() const {
 }
 
 Tensors run_layer(torch::nn::AnyModule& layer, const Tensors& x, const std::string& name) {
+  // What the layer is given is not what its forward takes: named, with what to change.
+  auto not_taken = [&](const std::string& what) {
+    return std::invalid_argument(
+        name + " does not take " + one_or_tuple(x) + ", which it is given (libtorch: " +
+        what.substr(0, what.find('\n')) + "); " +
+        (x.tuple ? "a layer given several tensors takes them as its forward's one argument: "
+                   "const std::vector<torch::Tensor>& in C++, a Tuple[Tensor, ...] in TorchScript"
+                 : "a layer that takes several tensors needs a layer before it (or a model input) that returns them"));
+  };
   if (auto* script = dynamic_cast<ValueLayer*>(layer.ptr().get())) {
     torch::IValue in = x.tuple ? torch::IValue(c10::ivalue::Tuple::create(std::vector<torch::IValue>(
                                      x.items.begin(), x.items.end())))
                                : torch::IValue(x.items.front());
-    return from_value(script->forward_value(std::move(in)), name);
+    torch::IValue out;
+    try {
+      out = script->forward_value(std::move(in));
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      // TorchScript's words for an argument of another type than the forward declares.
+      if (what.find("Expected a value of type") == std::string::npos || what.find("for argument") == std::string::npos)
+        throw;
+      throw not_taken(what);
+    }
+    return from_value(out, name);
   }
   torch::nn::AnyValue out = [&] {
     try {
@@ -109,10 +137,7 @@ Tensors run_layer(torch::nn::AnyModule& layer, const Tensors& x, const std::stri
       const std::string what = e.what_without_backtrace();
       // AnyModule's words for an argument of another type than the forward takes.
       if (what.rfind("Expected argument #", 0) != 0 && what.rfind("Attempted to cast AnyValue to", 0) != 0) throw;
-      throw std::invalid_argument(name + " does not take " + one_or_tuple(x) + ", which the layer before it " +
-                                  "returns (libtorch: " + what.substr(0, what.find('\n')) +
-                                  "); a layer after one that returns several tensors takes them as its forward's "
-                                  "one argument, const std::vector<torch::Tensor>&");
+      throw not_taken(what);
     }
   }();
   if (const auto* t = out.try_get<torch::Tensor>()) return *t;
@@ -127,12 +152,20 @@ std::string layer_name(const std::string& key) {
   return number ? "layer " + key : "layer '" + key + "'";
 }
 
-Tensors leaves_of(const Tensors& x, bool grad) {
+std::vector<std::string> layer_names(const torch::nn::Sequential& layers) {
+  std::vector<std::string> names;
+  for (const auto& layer : layers->named_children()) names.push_back(layer_name(layer.key()));
+  return names;
+}
+
+Tensors leaves_of(const Tensors& x, LeafGrad grad) {
   Tensors out = x;
   for (auto& t : out.items) {
     if (!t.defined()) continue;
+    const bool required = t.requires_grad();
     t = t.detach();
-    if (grad && t.is_floating_point()) t.requires_grad_(true);
+    if (t.is_floating_point() && (grad == LeafGrad::kFloating || (grad == LeafGrad::kKept && required)))
+      t.requires_grad_(true);
   }
   return out;
 }
@@ -141,6 +174,18 @@ bool requires_grad(const Tensors& x) {
   for (const auto& t : x.items)
     if (t.defined() && t.requires_grad()) return true;
   return false;
+}
+
+void add_roots(const Tensors& outputs, const std::vector<torch::Tensor>& grads, std::vector<torch::Tensor>& roots,
+               std::vector<torch::Tensor>& root_grads) {
+  if (grads.size() != outputs.size())
+    throw std::invalid_argument("gpipe: a gradient of " + std::to_string(grads.size()) + " tensors for " +
+                                std::to_string(outputs.size()) + " tensors");
+  for (size_t n = 0; n < outputs.size(); ++n)
+    if (outputs.items[n].defined() && outputs.items[n].requires_grad() && grads[n].defined()) {
+      roots.push_back(outputs.items[n]);
+      root_grads.push_back(grads[n]);
+    }
 }
 
 }  // namespace gpipe

@@ -308,7 +308,11 @@ Dataset load_tensor_data(const std::string& path) {
     throw std::runtime_error(path + " holds no dict; save it with torch.save({'input': X, 'target': Y}, path)");
   auto dict = value.toGenericDict();
   auto get = [&](const char* key) {
-    if (!dict.contains(key) || !dict.at(key).isTensor())
+    if (dict.contains(key) && !dict.at(key).isTensor())
+      throw std::runtime_error(path + ": its '" + key + "' is " + dict.at(key).tagKind() +
+                               ", not a tensor; gpipe train reads one tensor per key (a model whose first layer "
+                               "takes several tensors is trained through the library, with a tuple input)");
+    if (!dict.contains(key))
       throw std::runtime_error(path + " has no tensor '" + key +
                                "'; save it with torch.save({'input': X, 'target': Y}, path)");
     return dict.at(key).toTensor();

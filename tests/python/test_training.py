@@ -127,20 +127,7 @@ def test_tuples_across_stages_train_as_one_device(schedule, balance, checkpoint)
 
 @pytest.mark.skipif(not os.environ.get("GPIPE_CLI"), reason="GPIPE_CLI names the gpipe program (ctest sets it)")
 def test_a_model_that_passes_tuples_saved_from_python_trains_in_gpipe_train(tmp_path):
-    model, reference = tuple_model(), tuple_model()
-    torch.jit.script(model).save(str(tmp_path / "model.pt"))
-    (x, y), = batches(1, 14)
-    torch.save({"input": x, "target": y}, str(tmp_path / "data.pt"))
-    done = subprocess.run([os.environ["GPIPE_CLI"], "train", "--model", str(tmp_path / "model.pt"), "--data",
-                           str(tmp_path / "data.pt"), "--optimizer", "sgd", "--lr", "0.1", "--batch-size", "14",
-                           "--steps", "1", "--stages", "2", "--micro-batches", "2", "--schedule", "zb1p",
-                           "--balance", "2,4", "--save", str(tmp_path / "trained.pt")],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    trained = torch.jit.load(str(tmp_path / "trained.pt"))
-    train_reference(reference, [(x, y)], torch.nn.functional.cross_entropy,
-                    lambda params: torch.optim.SGD(params, lr=0.1))
-    assert_same_parameters(trained, reference)
+    assert_cli_trains_as_one_device(tmp_path, tuple_model(), tuple_model(), "--schedule", "zb1p", "--balance", "2,4")
 
 
 def test_loss_equals_one_device_and_grads_are_added_like_backward():
@@ -226,23 +213,28 @@ def test_skip_connections_across_stages():
         assert_same_parameters(model, reference)
 
 
-@pytest.mark.skipif(not os.environ.get("GPIPE_CLI"), reason="GPIPE_CLI names the gpipe program (ctest sets it)")
-def test_a_model_with_skips_saved_from_python_trains_in_gpipe_train(tmp_path):
-    """The TorchScript file of a model with gpipe.Stash and gpipe.Pop loads in the C++ program (the
-    library registers their ops), which trains it as PyTorch does."""
-    model, reference = unet_like(), unet_like()
+def assert_cli_trains_as_one_device(tmp_path, model, reference, *cut):
+    """`model` saved as TorchScript and trained one SGD step by `gpipe train` over 2 stages cut as
+    `cut` says ends with the parameters of `reference` trained so in plain PyTorch."""
     torch.jit.script(model).save(str(tmp_path / "model.pt"))
     (x, y), = batches(1, 14)
     torch.save({"input": x, "target": y}, str(tmp_path / "data.pt"))
     done = subprocess.run([os.environ["GPIPE_CLI"], "train", "--model", str(tmp_path / "model.pt"), "--data",
                            str(tmp_path / "data.pt"), "--optimizer", "sgd", "--lr", "0.1", "--batch-size", "14",
-                           "--steps", "1", "--stages", "2", "--micro-batches", "2", "--balance", "5,6", "--save",
+                           "--steps", "1", "--stages", "2", "--micro-batches", "2", *cut, "--save",
                            str(tmp_path / "trained.pt")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     trained = torch.jit.load(str(tmp_path / "trained.pt"))
     train_reference(reference, [(x, y)], torch.nn.functional.cross_entropy,
                     lambda params: torch.optim.SGD(params, lr=0.1))
     assert_same_parameters(trained, reference)
+
+
+@pytest.mark.skipif(not os.environ.get("GPIPE_CLI"), reason="GPIPE_CLI names the gpipe program (ctest sets it)")
+def test_a_model_with_skips_saved_from_python_trains_in_gpipe_train(tmp_path):
+    """The TorchScript file of a model with gpipe.Stash and gpipe.Pop loads in the C++ program (the
+    library registers their ops), which trains it as PyTorch does."""
+    assert_cli_trains_as_one_device(tmp_path, unet_like(), unet_like(), "--balance", "5,6")
 
 
 def test_a_weight_tied_across_stages_gets_one_gradient_and_one_update():

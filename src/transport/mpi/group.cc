@@ -240,7 +240,21 @@ std::string MpiGroup::describe() const {
          std::to_string(placement_.devices) + " devices x " + std::to_string(placement_.replicas) + " replicas";
 }
 
-void MpiGroup::check_same_batch(const std::vector<torch::Tensor>& tensors) {
+void MpiGroup::check_same_batch(const Tensors& input, const torch::Tensor& target) {
+  auto name = [&](size_t n) {
+    return n == input.size() ? std::string("target") : input.tuple ? "input's tensor " + std::to_string(n) : std::string("input");
+  };
+  const std::string fix = "; every rank calls with the same whole mini-batch: draw the data in the same order on every "
+                          "rank (seed the generator that shuffles it, e.g. torch.manual_seed before building a "
+                          "DataLoader)";
+  // The count first: the sums below are one reduction of that many values on every rank.
+  const double count = static_cast<double>(input.size());
+  double counts[2] = {count, -count};
+  reduce(counts, 2, /*largest=*/true);
+  if (counts[0] != -counts[1]) failed_ = true;
+  GPIPE_CHECK(counts[0] == -counts[1], "the ranks were given inputs of different numbers of tensors", fix);
+  std::vector<torch::Tensor> tensors = input.items;
+  if (target.defined()) tensors.push_back(target);
   // Per tensor its size and the sum of its values, each with its negation: one maximum gives both
   // the largest and the smallest over the ranks.
   std::vector<double> values;
@@ -257,9 +271,7 @@ void MpiGroup::check_same_batch(const std::vector<torch::Tensor>& tensors) {
     // would stop the others with its message before they reach their own.
     if (values[n] != -values[n + 1]) failed_ = true;
     GPIPE_CHECK(values[n] == -values[n + 1], "the ranks were given different batches (", n % 4 == 0 ? "sizes" : "values",
-                " of the ", n < 4 ? "input" : "target", " differ); every rank calls with the same whole mini-batch: "
-                "draw the data in the same order on every rank (seed the generator that shuffles it, e.g. "
-                "torch.manual_seed before building a DataLoader)");
+                " of the ", name(n / 4), " differ)", fix);
   }
 }
 

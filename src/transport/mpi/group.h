@@ -73,7 +73,7 @@ class MpiGroup : public gpipe::detail::Group {
   Transport& transport() override { return *transport_; }
   std::string who() const override;
   std::pair<int64_t, int64_t> share(int64_t rows) const override;
-  void check_same_batch(const std::vector<torch::Tensor>& tensors) override;
+  void check_same_batch(const Tensors& input, const torch::Tensor& target) override;
   void reduce_gradients(const std::vector<torch::Tensor>& params) override;    // replicas.cc, tied.cc
   void sum_over_replicas(const std::shared_ptr<torch::Tensor>& values) override;  // replicas.cc
   void reduce(double* values, int count, bool largest) override;

@@ -90,19 +90,22 @@ void MpiTransport::send(int from, int to, Channel channel, int micro_batch, Tens
     pending.data.push_back(std::move(data));
   }
   pending.requests.assign(1 + pending.data.size(), MPI_REQUEST_NULL);
-  detail::check_mpi(MPI_Isend(h.data(), static_cast<int>(2 + tensors.size() * kPart), MPI_INT64_T, rank(to),
-                              tag(key, false), comm_, &pending.requests[0]),
+  // Kept before anything is posted: if a later post fails, what MPI already sends stays alive.
+  sends_.push_back(std::move(pending));
+  PendingSend& sent = sends_.back();
+  const int to_rank = rank(to);
+  detail::check_mpi(MPI_Isend(sent.header->data(), static_cast<int>(2 + tensors.size() * kPart), MPI_INT64_T,
+                              to_rank, tag(key, false), comm_, &sent.requests[0]),
                     "sending a header");
   // One data message per tensor, in order, under one tag: MPI keeps their order between two ranks.
-  for (size_t n = 0; n < pending.data.size(); ++n) {
-    const torch::Tensor& data = pending.data[n];
-    detail::check_mpi(MPI_Isend(data.data_ptr(), static_cast<int>(data.nbytes()), MPI_BYTE, rank(to), tag(key, true),
-                                comm_, &pending.requests[1 + n]),
+  for (size_t n = 0; n < sent.data.size(); ++n) {
+    const torch::Tensor& data = sent.data[n];
+    detail::check_mpi(MPI_Isend(data.data_ptr(), static_cast<int>(data.nbytes()), MPI_BYTE, to_rank, tag(key, true),
+                                comm_, &sent.requests[1 + n]),
                       "sending a tensor");
     bytes_sent_ += static_cast<int64_t>(data.nbytes());
   }
   messages_sent_ += 1;
-  sends_.push_back(std::move(pending));
   reap_sends();
 }
 
@@ -148,6 +151,7 @@ Tensors MpiTransport::recv(int from, int to, Channel channel, int micro_batch) {
   out.tuple = h[1] != 0;
   for (int64_t n = 0; n < h[0]; ++n) {
     const int64_t* part = h.data() + 2 + n * kPart;
+    GPIPE_CHECK(part[1] >= 0 && part[1] <= kMaxDims, "stage ", from, " sent a tensor of ", part[1], " dimensions");
     if (part[0] < 0) {
       out.items.emplace_back();
       continue;
