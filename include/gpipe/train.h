@@ -228,10 +228,12 @@ struct CostBalance {
 /// "memory" (activations kept, and parameters with `optimizer_copies` bytes of
 /// gradient and optimizer state per parameter byte: layer_memory). The plan
 /// predicts the step of `schedule` over `micro_batches` micro-batches. The
-/// run's random numbers are left as they were.
-CostBalance balance_by(const std::string& method, const Model& model, const torch::Tensor& sample, int devices,
+/// run's random numbers are left as they were. A tuple `sample` (a model whose input is a tuple)
+/// takes `whole` as PipelineOptions::whole_inputs.
+CostBalance balance_by(const std::string& method, const Model& model, const Tensors& sample, int devices,
                        int micro_batches, int threads = 1, double optimizer_copies = 2.0,
-                       ScheduleKind schedule = ScheduleKind::kGPipe, int virtual_stages = 0);
+                       ScheduleKind schedule = ScheduleKind::kGPipe, int virtual_stages = 0,
+                       const std::vector<int>& whole = {});
 
 /// Writes the snapshot of a whole run to `path` in one file: every process's part (its layers and
 /// `optimizer`'s state of them, named `optimizer_name`) gathered on the root, which writes it

@@ -5,6 +5,7 @@
 #include "gpipe/check.h"
 #include "gpipe/cost_model.h"
 #include "gpipe/io.h"
+#include "gpipe/microbatch.h"
 
 #include <torch/torch.h>
 
@@ -310,12 +311,12 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
   }
 }
 
-CostBalance balance_by(const std::string& method, const Model& model, const torch::Tensor& sample, int devices,
+CostBalance balance_by(const std::string& method, const Model& model, const Tensors& sample, int devices,
                        int micro_batches, int threads, double optimizer_copies, ScheduleKind schedule,
-                       int virtual_stages) {
+                       int virtual_stages, const std::vector<int>& whole) {
   const std::string unit = cost_unit(method);  // throws for an unknown method, before any work
   const RandomStateGuard guard;  // building the whole model and running it draw random numbers
-  const torch::nn::Sequential whole = model.build(LayerRange{});
+  const torch::nn::Sequential layers = model.build(LayerRange{});
   // Timing runs backward through the layers, whose parameters may be the caller's own (a TorchScript
   // model's are): their gradients are put back as they were, also when the profile fails.
   struct KeptGradients {
@@ -324,12 +325,15 @@ CostBalance balance_by(const std::string& method, const Model& model, const torc
       for (size_t n = 0; n < params.size(); ++n) params[n].mutable_grad() = grads[n];
     }
   } kept;
-  for (const torch::Tensor& p : whole->parameters()) {
+  for (const torch::Tensor& p : layers->parameters()) {
     kept.params.push_back(p);
     kept.grads.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
   }
-  const CostModel profile = method == "params" ? CostModel{} : profile_layers(whole, sample, threads, optimizer_copies);
-  const std::vector<double> costs = layer_costs_by(method, whole, profile, sample.size(0));
+  const int64_t rows = batch_rows(sample, whole);
+  const CostModel profile = method == "params" ? CostModel{}
+                                               : profile_layers(layers, sample, threads, optimizer_copies, 1, 3,
+                                                                nullptr, {}, whole);
+  const std::vector<double> costs = layer_costs_by(method, layers, profile, rows);
   const int V = virtual_stages > 0 ? virtual_stages : default_virtual_stages(schedule);
   CostBalance out;
   out.balance = balance_by_cost(costs, devices * V);
