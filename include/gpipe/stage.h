@@ -188,7 +188,8 @@ class Stage {
   Tensors forward(int i, const Tensors& input, bool recompute, bool split, StepData& step);
   /// Full backward of micro-batch i from the gradient of its output (ignored
   /// on the last stage). Returns the gradient of the stage input, one entry per
-  /// tensor of it (undefined for one that takes no gradient); nothing on stage 0.
+  /// tensor of it (undefined for one that takes no gradient, or that no gradient reached, as on
+  /// one device); nothing on stage 0.
   Tensors backward(int i, const Tensors& output_grad, StepData& step);
   /// The input-gradient half of backward (forward must have run with `split`).
   Tensors input_grad(int i, const Tensors& output_grad, StepData& step);
