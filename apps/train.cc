@@ -386,18 +386,13 @@ void check_stage_inputs(const Model& model, const Data& data, const Cut& cut) {
     }
     ++next;
     Tensors input = x;
-    std::vector<int64_t> versions;
-    for (auto& t : input.items) {
-      t = t.detach().clone().requires_grad_(t.is_floating_point());
-      versions.push_back(t._version());
-    }
+    for (auto& t : input.items) t = t.detach().clone().requires_grad_(t.is_floating_point());
+    const std::vector<int64_t> versions = versions_of(input);
     std::string why;
     try {
       x = leaves_of(run_layer(module, input, name), LeafGrad::kNone);
-      for (size_t n = 0; n < versions.size(); ++n)
-        if (input.items[n]._version() != versions[n])
-          why = input.tuple ? "it changes tensor " + std::to_string(n) + " of its input in place"
-                            : std::string("it changes its input in place");
+      if (const std::string changed = changed_in_place(input, versions); !changed.empty())
+        why = "it changes " + changed + " in place";
     } catch (const std::exception& e) {
       why = short_error(e);
       if (why.find("in-place") == std::string::npos && why.find("inplace") == std::string::npos) throw;

@@ -77,6 +77,12 @@ enum class LeafGrad {
 /// Each tensor of `x` detached, as a leaf that requires grad as `grad` says: where a graph starts.
 Tensors leaves_of(const Tensors& x, LeafGrad grad);
 
+/// The version counter of each tensor of `x` (an in-place change bumps it).
+std::vector<int64_t> versions_of(const Tensors& x);
+/// Which tensor of `x` changed in place since `versions` (versions_of): "" for none, else "its
+/// input" for one tensor, "tensor 1 of its input" for a tuple's, for an error about a layer.
+std::string changed_in_place(const Tensors& x, const std::vector<int64_t>& versions);
+
 /// Whether any tensor of `x` requires grad.
 bool requires_grad(const Tensors& x);
 

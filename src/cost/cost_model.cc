@@ -339,8 +339,11 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
     x = leaves_of(out, LeafGrad::kNone);
     costs.layers.push_back(c);
   }
-  if (loss && x.any_defined() && x.only("the model's output", "end the model with a layer that returns one tensor, for the loss").is_floating_point()) {  // (an integer output takes no gradient)
-    const torch::Tensor output = x.only().detach().requires_grad_(true);
+  const torch::Tensor model_output =
+      loss ? x.only("the model's output", "end the model with a layer that returns one tensor, for the loss")
+           : torch::Tensor();
+  if (model_output.defined() && model_output.is_floating_point()) {  // (an integer output takes no gradient)
+    const torch::Tensor output = model_output.detach().requires_grad_(true);
     MemoryScope scope(counter);
     const int64_t before = counter->current_bytes();
     const torch::Tensor value = loss(output, target);

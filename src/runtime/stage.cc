@@ -432,7 +432,8 @@ void Stage::send_skip_gradients(int i, Kept& k, const std::vector<torch::Tensor>
 
 Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, StepData& step) {
   const Tensors& given = first() ? step.inputs[static_cast<size_t>(i)] : input;
-  const Tensors x = leaves_of(given.to(device_.device), !first() && step.training ? LeafGrad::kFloating : LeafGrad::kNone);  // [1]
+  const LeafGrad grad = !first() && step.training ? LeafGrad::kFloating : LeafGrad::kNone;
+  const Tensors x = leaves_of(given.to(device_.device), grad);  // [1]
   Kept& k = kept_[i] = Kept{};
   k.input = x;
   k.recompute = recompute;
@@ -450,8 +451,8 @@ Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, 
   if (!step.training) {
     y = run_layers(i, x, false, /*gather=*/false, k, step);
   } else {
-    std::vector<int64_t> versions;  // re-materialized: the input kept must stay as it was
-    for (const auto& t : x.items) versions.push_back(t._version());
+    // Re-materialized, the input kept must stay as it was for the forward to run again.
+    const std::vector<int64_t> versions = recompute ? versions_of(x) : std::vector<int64_t>{};
     {
       RandomStream stream(stochastic_, device_.device, seed_of(i, step));
       torch::AutoGradMode keep_graph(!recompute);
@@ -459,13 +460,12 @@ Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, 
       y = run_layers(i, x, split && !recompute && !skips_inside_, /*gather=*/true, k, step);
     }
     loss = k.loss;
-    for (size_t n = 0; recompute && n < x.size(); ++n)
-      if (x.items[n]._version() != versions[n])
-        throw std::invalid_argument(
-            "the stage's layers change " + (x.tuple ? "tensor " + std::to_string(n) + " of its input" : std::string("its input")) +
-            " in place, and re-materialization runs the forward again from the input it keeps: make the layer "
-            "return a new tensor (m.logical_not() rather than m.logical_not_()), cut the model so that another "
-            "layer begins the stage, or use checkpoint never");
+    if (const std::string changed = changed_in_place(x, versions); !changed.empty())
+      throw std::invalid_argument(
+          "the stage's layers change " + changed +
+          " in place, and re-materialization runs the forward again from the input it keeps: make the layer "
+          "return a new tensor (m.logical_not() rather than m.logical_not_()), cut the model so that another "
+          "layer begins the stage, or use checkpoint never");
   }
   for (const auto& [skip, name] : stashed_)  // [2], for each skip connection
     skip_outbox_[{i, static_cast<int>(skip_channel(skip, false))}] = k.stashed.at(skip).detach();

@@ -170,6 +170,19 @@ Tensors leaves_of(const Tensors& x, LeafGrad grad) {
   return out;
 }
 
+std::vector<int64_t> versions_of(const Tensors& x) {
+  std::vector<int64_t> versions;
+  for (const auto& t : x.items) versions.push_back(t.defined() ? t._version() : 0);
+  return versions;
+}
+
+std::string changed_in_place(const Tensors& x, const std::vector<int64_t>& versions) {
+  for (size_t n = 0; n < x.size() && n < versions.size(); ++n)
+    if (x.items[n].defined() && x.items[n]._version() != versions[n])
+      return x.tuple ? "tensor " + std::to_string(n) + " of its input" : std::string("its input");
+  return "";
+}
+
 bool requires_grad(const Tensors& x) {
   for (const auto& t : x.items)
     if (t.defined() && t.requires_grad()) return true;
