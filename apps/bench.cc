@@ -49,11 +49,13 @@ int virtual_stages(const std::string& schedule, const BenchOptions& o) {
 // apart on the same noisy machine.
 struct Contender {
   int devices = 1;  // K
+  std::string task;  // its name
   std::string schedule = "gpipe";
   int virtual_stages = 1;
   std::string balance_by = "even";
   bool unsplit = false;  // the whole batch in one piece on the calling thread
-  Workload workload;     // the batch and the loss (and, unsplit, the model)
+  Dataset batch;         // the task's batch
+  torch::nn::Sequential whole;  // unsplit: the whole model
   std::unique_ptr<Pipeline> pipe;
   std::unique_ptr<torch::optim::Optimizer> sgd;
   Prediction predicted;  // the cost model's figures (cost_model.h)
@@ -65,22 +67,28 @@ struct Contender {
 // Every contender's optimizer: plain SGD (no momentum), a small step.
 const OptimizerOptions kBenchOptimizer = OptimizerOptions().kind(OptimizerKind::kSgd).lr(1e-4);
 
-// The cost model of workload `name` at M micro-batches: its layers profiled on one micro-batch, on one
-// device's threads, as the devices will run them. Three warm-up passes: a first profile runs on fresh pages.
-CostModel profile_workload(const std::string& name, int M, const BenchOptions& o) {
-  const Workload w = make_workload(name, 0, {}, o.tie_embeddings);
-  const int64_t rows = micro_batch_sizes(w.input.size(0), M).front();
-  return profile_layers(w.model, w.input.narrow(0, 0, rows), o.threads, state_per_parameter_byte(kBenchOptimizer),
-                        /*warmup=*/3, /*repetitions=*/5, w.loss, w.target.narrow(0, 0, rows));
+TaskOptions task_options(const BenchOptions& o) { return TaskOptions().tie_embeddings(o.tie_embeddings); }
+
+// The cost model of task `name` at M micro-batches: its layers profiled on one micro-batch of its
+// batch, on one device's threads, as the devices will run them. Three warm-up passes: a first
+// profile runs on fresh pages.
+CostModel profile_task(const std::string& name, int M, const BenchOptions& o) {
+  const Task& task = find_task(name);
+  const Dataset batch = task.batch(task_options(o));
+  const int64_t rows = micro_batch_sizes(batch.size(), M).front();
+  return profile_layers(task.model(task_options(o)).build(LayerRange{}), batch.input.narrow(0, 0, rows), o.threads,
+                        state_per_parameter_byte(kBenchOptimizer), /*warmup=*/3, /*repetitions=*/5, task.loss,
+                        batch.target.narrow(0, 0, rows));
 }
 
-// The cut into K·V stages: explicit, the workload's even cut of its blocks, or by cost.
-std::vector<int> cut_for(const Workload& w, const Contender& c, int M, const CostModel& costs, const BenchOptions& o) {
+// The cut into K·V stages: explicit, the task's own (a workload's blocks evenly), or by cost.
+std::vector<int> cut_for(const Task& task, const Contender& c, int M, const CostModel& costs, const BenchOptions& o) {
   const int K = c.devices, V = c.virtual_stages;
   if (!o.balance.empty() && K > 1) return o.balance;
-  if (c.balance_by == "even") return w.balance(K * V);
-  const int64_t rows = micro_batch_sizes(w.input.size(0), M).front();
-  return balance_by_cost(layer_costs_by(c.balance_by, w.model, costs, rows), K * V);
+  if (c.balance_by == "even") return task.cut ? task.cut(K, parse_schedule(c.schedule), V) : std::vector<int>{};
+  const int64_t rows = micro_batch_sizes(c.batch.size(), M).front();
+  return balance_by_cost(layer_costs_by(c.balance_by, task.model(task_options(o)).build(LayerRange{}), costs, rows),
+                         K * V);
 }
 
 // Every configuration is checked before any work, by the plan each will run.
@@ -109,23 +117,23 @@ void check_sweep(const BenchOptions& o) {
                   "sweep; add interleaved to --schedule, or leave out --virtual-stages");
   }
   for (const auto& name : o.workloads) {
-    const Workload w = make_workload(name, 0, LayerRange{0, 0}, o.tie_embeddings);  // sizes and cut, no layers
+    const Task& task = find_task(name);
+    GPIPE_CHECK(!o.tie_embeddings || name == "transformer", "workload ", name, " has no embedding to tie; "
+                "--tie-embeddings is for the transformer workload");
+    const int64_t rows = task.batch(task_options(o)).size();
     for (int M : o.micro_batches)
-      GPIPE_CHECK(M <= w.input.size(0), "--micro-batches ", M, " is more than workload ", name, "'s batch of ",
-                  w.input.size(0), " rows; every micro-batch needs a row");
+      GPIPE_CHECK(M <= rows, "--micro-batches ", M, " is more than workload ", name, "'s batch of ", rows,
+                  " rows; every micro-batch needs a row");
     for (int K : o.stages)
       for (const std::string& schedule : o.schedules) {
         const int V = virtual_stages(schedule, o);
         or_usage_error("--stages " + std::to_string(K), [&] { return replicas_of(K); });  // whole pipelines of ranks
         const bool given = !o.balance.empty() && K > 1;
-        GPIPE_CHECK(given || K * V <= static_cast<int>(w.block_layers.size()), "workload ", name, " has ",
-                    w.block_layers.size(), " blocks, too few for --stages ", K,
-                    V > 1 ? " x --virtual-stages " + std::to_string(V) : std::string(), "; use fewer stages");
         for (int M : o.micro_batches)
           or_usage_error("--stages " + std::to_string(K) + " --micro-batches " + std::to_string(M) + " --schedule " +
                              schedule + (given ? " --balance" : ""),
                          [&] {
-            return make_plan(w.layers, PipelineOptions().devices(K).balance(given ? o.balance : std::vector<int>{})
+            return make_plan(task.layers, PipelineOptions().devices(K).balance(given ? o.balance : std::vector<int>{})
                                            .schedule(parse_schedule(schedule)).virtual_stages(V).micro_batches(M));
           });
       }
@@ -157,27 +165,29 @@ std::vector<Contender> contenders(const BenchOptions& o) {
 
 void build(Contender& c, const std::string& name, int M, Checkpoint mode, const BenchOptions& o,
            const CostModel& costs) {
-  const bool whole = c.unsplit || !world().mpi || (c.balance_by != "even" && c.balance_by != "given");
-  c.workload = make_workload(name, 0, whole ? LayerRange{} : LayerRange{0, 0}, o.tie_embeddings);
-  const Workload& w = c.workload;
+  c.task = name;
+  const Task& task = find_task(name);
+  const Model model = task.model(task_options(o));
+  c.batch = task.batch(task_options(o));
   if (c.unsplit) {
-    c.sgd = make_optimizer(kBenchOptimizer, unique_parameters(*w.model));
+    c.whole = model.build(LayerRange{});
+    c.sgd = make_optimizer(kBenchOptimizer, unique_parameters(*c.whole));
     return;
   }
   const PipelineOptions options = PipelineOptions()
-                                      .balance(cut_for(w, c, M, costs, o))
+                                      .devices(c.devices)
+                                      .balance(cut_for(task, c, M, costs, o))
                                       .micro_batches(M)
                                       .checkpoint(mode)
                                       .schedule(parse_schedule(c.schedule))
                                       .virtual_stages(c.virtual_stages)
                                       .threads_per_device(o.threads)
-                                      .tied_parameters(w.tied)
+                                      .tied_parameters(model.tied)
                                       .track_memory(!world().mpi);
-  c.pipe = make_pipeline([&name, &o](LayerRange keep) { return make_workload(name, 0, keep, o.tie_embeddings).model; },
-                         w.layers, options);
+  c.pipe = make_pipeline(model.build, task.layers, options);
   c.sgd = make_optimizer(kBenchOptimizer, c.pipe->parameters());
   // Replica 0's pipeline on its share of the rows (the replicas' gradient sum is not modelled).
-  const int64_t share = micro_batch_sizes(w.input.size(0), replicas_of(c.devices)).front();
+  const int64_t share = micro_batch_sizes(c.batch.size(), replicas_of(c.devices)).front();
   if (world().prints()) c.predicted = predict(costs, c.pipe->plan(), micro_batch_sizes(share, M));
 }
 
@@ -189,15 +199,15 @@ void keep_largest(std::vector<T>& kept, size_t j, T value) {
 
 // One training step (SGD step included) of `c`, on every rank; records it when `timed`.
 void step(Contender& c, bool timed) {
-  Workload& w = c.workload;
+  const Task& task = find_task(c.task);
   const int64_t sent_before = c.pipe ? c.pipe->bytes_sent() : 0;
   const int64_t begin = now_ns();
   if (c.unsplit) {
-    clear_grads(unique_parameters(*w.model));
-    w.loss(w.model->forward(w.input), w.target).backward();
+    clear_grads(unique_parameters(*c.whole));
+    task.loss(c.whole->forward(c.batch.input), c.batch.target).backward();
   } else {
     clear_grads(c.pipe->parameters());
-    c.pipe->train_step(w.input, w.target, w.loss);  // ends with a collective under MPI: all ranks in step
+    c.pipe->train_step(c.batch.input, c.batch.target, task.loss);  // ends with a collective under MPI: all ranks in step
   }
   c.sgd->step();
   const double seconds = static_cast<double>(now_ns() - begin) * 1e-9;
@@ -251,7 +261,7 @@ std::string mebibytes(const std::vector<int64_t>& bytes) {
 // the same K and cut (`first`, or null).
 nlohmann::json row_of(const Contender& c, const Contender* unsplit, const Contender* one, const Contender* first,
                       const std::string& name, int M, Checkpoint mode, const BenchOptions& o) {
-  const double batch = static_cast<double>(c.workload.input.size(0));
+  const double batch = static_cast<double>(c.batch.size());
   const double ideal = ideal_speedup(c.pipe->schedule());
   nlohmann::json row = {
       {"workload", name}, {"tie_embeddings", o.tie_embeddings}, {"transport", world().mpi ? "mpi" : "threads"},
@@ -333,7 +343,7 @@ int run(const BenchOptions& o, const std::string& command) {
   for (const auto& name : o.workloads)
     for (int M : o.micro_batches) {
       // The cost model, on the rank that prints (the whole workload is small enough to hold there).
-      const CostModel costs = world().prints() || !world().mpi ? profile_workload(name, M, o) : CostModel{};
+      const CostModel costs = world().prints() || !world().mpi ? profile_task(name, M, o) : CostModel{};
       for (const std::string& mode : o.checkpoints) {
         std::vector<Contender> all = contenders(o);
         for (Contender& c : all) build(c, name, M, parse_checkpoint(mode), o, costs);
@@ -370,8 +380,9 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   CLI::App* sub = app.add_subcommand(
       "bench", "Time the workloads defined in docs/benchmarks.md through the pipeline against one device");
   sub->add_option("--workload", o->workloads,
-                  "mlp, transformer, tiny, imbalanced, resnet, unet (several sweep: mlp,tiny)")
-      ->delimiter(',')->check(CLI::IsMember(workload_names()))->capture_default_str();
+                  "a benchmark workload (mlp, transformer, tiny, imbalanced) or any built-in task (cnn, resnet, unet, "
+                  "gpt) on a random batch of its shape; several sweep: mlp,tiny")
+      ->delimiter(',')->check(CLI::IsMember(task_names(/*workloads=*/true)))->capture_default_str();
   sub->add_option("--stages", o->stages, "numbers of devices K to sweep (1 2 or 1,2)")
       ->delimiter(',')->check(at_least(1))->capture_default_str();
   sub->add_option("--micro-batches", o->micro_batches, "numbers of micro-batches M to sweep")

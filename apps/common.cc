@@ -137,7 +137,51 @@ std::string command_line(int argc, char** argv) {
   return out;
 }
 
-void usage_error(const std::string& message) { throw UsageError("gpipe: " + message); }
+void usage_error(const std::string& message) { throw UsageError("gpipe: " + in_flags(message)); }
+
+std::string in_flags(const std::string& message) {
+  // The library's option and argument names, as the command line's flags.
+  static const std::vector<std::pair<std::string, std::string>> flags = {
+      {"balance", "--balance"},
+      {"devices", "--stages"},
+      {"micro_batches", "--micro-batches"},
+      {"virtual_stages", "--virtual-stages"},
+      {"schedule", "--schedule"},
+      {"checkpoint", "--checkpoint"},
+      {"threads_per_device", "--threads-per-stage"},
+      {"batch_size", "--batch-size"},
+      {"epochs", "--epochs"},
+      {"steps", "--steps"},
+      {"seed", "--seed"},
+      {"lr", "--lr"},
+      {"momentum", "--momentum"},
+      {"nesterov", "--nesterov"},
+      {"weight_decay", "--weight-decay"},
+      {"betas", "--betas"},
+      {"clip_grad_norm", "--clip-grad-norm"},
+      {"drop_last", "--drop-last"},
+      {"optimizer", "--optimizer"},
+      {"loss", "--loss"},
+      {"data_dir", "--data-dir"},
+      {"save", "--save"},
+      {"save_every", "--save-every"},
+      {"resume", "--resume"},
+      {"per_device_files", "--per-device-files"},
+      {"temperature", "--temperature"},
+      {"generate", "--generate"},
+  };
+  std::string out;
+  size_t at = 0;
+  while (at < message.size()) {
+    const size_t open = message.find('`', at), close = open == std::string::npos ? open : message.find('`', open + 1);
+    if (close == std::string::npos) break;
+    const std::string name = message.substr(open + 1, close - open - 1);
+    const auto flag = std::find_if(flags.begin(), flags.end(), [&](const auto& f) { return f.first == name; });
+    out += message.substr(at, open - at) + (flag == flags.end() ? message.substr(open, close - open + 1) : flag->second);
+    at = close + 1;
+  }
+  return out + message.substr(std::min(at, message.size()));
+}
 
 std::string without_prefix(const std::string& message) {
   const std::string prefix = "gpipe: ";

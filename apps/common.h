@@ -66,6 +66,10 @@ struct UsageError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+/// `message` with the library's option names in backquotes (`micro_batches`) written as the
+/// command line's flags (--micro-batches): the one place the library's words become flags.
+std::string in_flags(const std::string& message);
+
 /// `message` without a leading "gpipe: ", to put a flag or a context before it.
 std::string without_prefix(const std::string& message);
 

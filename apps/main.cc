@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
     return fail(1, verbose && !e.backtrace().empty() ? std::string(e.what()) + "\nlibtorch's report:\n" + e.backtrace()
                                                      : e.what());
   } catch (const std::invalid_argument& e) {
-    return fail(2, e.what());
+    return fail(2, in_flags(e.what()));
   } catch (const std::exception& e) {  // libtorch's C++ stack only with --verbose (what_of)
     const std::string what = what_of(e);
     return fail(1, what == without_prefix(what) ? "gpipe: error: " + what : what);

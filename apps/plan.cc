@@ -122,14 +122,15 @@ Model profiled_model(const PlanOptions& o) {
   torch::Tensor sample;
   LossFn loss;
   torch::Tensor target;
-  if (!o.workload.empty()) {
-    const Workload w = make_workload(o.workload, 0);
-    layers = w.model;
-    const int64_t rows = std::min<int64_t>(kProfileRows, w.input.size(0));
-    sample = w.input.narrow(0, 0, rows);
-    loss = w.loss;
-    target = w.target.narrow(0, 0, rows);
-    m.description = "workload " + o.workload;
+  if (!o.workload.empty()) {  // a built-in task, on a random batch of its shape
+    const Task& task = find_task(o.workload);
+    layers = task.model(TaskOptions()).build(LayerRange{});
+    const Dataset batch = task.batch(TaskOptions());
+    const int64_t rows = std::min<int64_t>(kProfileRows, batch.size());
+    sample = batch.input.narrow(0, 0, rows);
+    loss = task.loss;
+    target = batch.target.narrow(0, 0, rows);
+    m.description = (task.workload ? "workload " : "task ") + o.workload;
   } else {
     if (o.input_shape.empty())
       usage_error("--model needs --input-shape, one sample's shape without the batch (e.g. 1,28,28); the sample is "
@@ -334,8 +335,16 @@ void add_plan_command(CLI::App& app, const std::string&, int& status) {
   CLI::App* sub = app.add_subcommand(
       "plan", "Predict the configurations (K, replicas, M, schedule, checkpoint, cut) that fit a model on a cluster, "
               "fastest first; nothing runs (docs/giant-models.md)");
-  sub->add_option("--workload", o->workload, "a workload of docs/benchmarks.md, profiled here");
-  sub->add_option("--model", o->model, "a TorchScript nn.Sequential, profiled here (with --input-shape)");
+  sub->add_option("--workload", o->workload,
+                  "a built-in task or benchmark workload (tasks.h: " + [] {
+                    std::string names;
+                    for (const std::string& n : task_names(true)) names += (names.empty() ? "" : ", ") + n;
+                    return names;
+                  }() + "), profiled here on a random batch of its shape; --model NAME says the same")
+      ->check(CLI::IsMember(task_names(true)));
+  sub->add_option("--model", o->model,
+                  "a built-in task by name (as --workload), or a TorchScript nn.Sequential, profiled here (with "
+                  "--input-shape)");
   sub->add_option("--input-shape", o->input_shape, "one sample's shape for --model, e.g. 1,28,28")
       ->delimiter(',')->check(at_least(1));
   sub->add_option("--layers", o->transformer.layers, "a Transformer's encoder blocks")->check(at_least(1));
@@ -373,6 +382,13 @@ void add_plan_command(CLI::App& app, const std::string&, int& status) {
   sub->callback([o, sub, &status] {
     for (const CLI::Option* option : sub->get_options())
       if (option->count() > 0) o->given.insert(option->get_name());
+    const std::vector<std::string> tasks = task_names(true);
+    if (o->workload.empty() && std::find(tasks.begin(), tasks.end(), o->model) != tasks.end()) {
+      o->workload = o->model;  // a built-in task by name
+      o->model.clear();
+      o->given.erase("--model");
+      o->given.insert("--workload");
+    }
     status = run(*o);
   });
 }

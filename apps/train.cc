@@ -34,145 +34,73 @@ OptimizerOptions optimizer_options(const TrainOptions& o) {
 
 namespace {
 
-// ---------------------------------------------------------------- the model
-
-// The cuts measured best for 2 stages on one core each (docs/benchmarks.md): {3, 8} is the
-// contiguous min-max cut, but its stages differ by 1.5x in time; interleaving the model as
-// 4 stages, {conv1 block, conv2, relu+pool, classifier} on devices 0, 1, 0, 1, evens them out.
-const std::vector<int> kFashionBalance{3, 8};
-const std::vector<int> kFashionInterleavedBalance{3, 1, 2, 5};
-
-// --schedule auto: the built-in CNN on 2 stages runs interleaved, 2 stages per device, with the
-// cut above (measured fastest: bench/train_vs_pytorch.sh); every other model fill-drain.
-void choose_schedule(TrainOptions& o) {
+// --schedule auto: the task's own schedule when the cut is the task's too; otherwise fill-drain, or
+// interleaved for a V above 1.
+void choose_schedule(TrainOptions& o, const Task& task) {
   if (o.schedule == "auto") {
-    const bool tuned = o.model_file.empty() && o.stages == 2 && o.balance.empty() && o.balance_by.empty() &&
-                       (o.virtual_stages == 0 || o.virtual_stages == 2) && o.micro_batches % 2 == 0;
-    o.schedule = tuned || o.virtual_stages > 1 ? "interleaved" : "gpipe";
+    const bool own = task.schedule && o.balance.empty() && o.balance_by.empty();
+    const auto [kind, V] = own ? task.schedule(o.stages, o.micro_batches) : std::pair{ScheduleKind::kGPipe, 1};
+    const bool takes = o.virtual_stages == 0 || takes_virtual_stages(kind, o.virtual_stages);
+    o.schedule = to_string(takes ? kind : o.virtual_stages > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kGPipe);
+    if (takes && o.virtual_stages == 0) o.virtual_stages = V;
   }
   if (o.virtual_stages == 0) o.virtual_stages = default_virtual_stages(parse_schedule(o.schedule));
 }
 
-// What is trained: the built-in CNN, ResNet, U-Net or GPT, or a TorchScript model from Python.
-Model choose_model(const TrainOptions& o) {
-  if (is_gpt(o)) {
-    const uint64_t seed = o.seed;
-    const GptOptions shape = gpt_shape();
-    Model model = Model::of("GPT", shape.layers(), [seed, shape](LayerRange keep) {
-      torch::manual_seed(seed);  // every range starts from the same draws: a rank's layers equal one process's
-      return byte_gpt(shape, keep);
-    });
-    model.tied = shape.tied();  // the head reads the embedding's bytes: one tensor, or copies summed under MPI
-    return model;
-  }
-  if (o.model_file.empty() || is_resnet(o) || is_unet(o)) {
-    const uint64_t seed = o.seed;
-    const bool resnet = is_resnet(o), unet = is_unet(o);
-    return Model::of(resnet ? "ResNet" : unet ? "U-Net" : "CNN",
-                     resnet ? kFashionResnetLayers : unet ? kFashionUnetLayers : kFashionCnnLayers,
-                     [seed, resnet, unet](LayerRange keep) {
-                       torch::manual_seed(seed);  // every range starts from the same draws: a rank's layers equal one process's
-                       return resnet ? fashion_resnet(keep) : unet ? fashion_unet(keep) : fashion_cnn(keep);
-                     });
-  }
-  return or_usage_error("--model", [&] {
-    const ScriptModel source = load_script_model(o.model_file);
-    torch::manual_seed(o.seed);  // the stream each step's Dropout seed is drawn from, as the built-in model's
-    return Model::of(o.model_file, source);
-  });
-}
-
-// ---------------------------------------------------------------- the data
-
-// --model gpt: the fortunes as windows of bytes, and the two references on the test bytes.
-Data load_text(const TrainOptions& o) {
-  const TextCorpus text = or_usage_error("--data-dir", [&] { return load_fortunes(o.data_dir); });
-  const int64_t T = gpt_shape().context;
-  for (const auto& [part, bytes] : {std::pair<const char*, size_t>{"train on", text.train.size()}, {"test on", text.test.size()}})
-    if (static_cast<int64_t>(bytes) <= T)
-      usage_error("--data-dir " + o.data_dir + " holds too little text: " + std::to_string(text.train.size()) +
-                  " bytes to train on and " + std::to_string(text.test.size()) + " to test on (the fortunes in the "
-                  "last tenth of each file), but --model gpt needs more than " + std::to_string(T) + " bytes to " + part +
-                  ": a window of " + std::to_string(T) + " bytes and the byte after it; give a folder with more fortunes");
-  Data d;
-  d.language_model = true;
-  d.classification = false;  // scored in bits per byte, not by argmax
-  d.loss = cross_entropy_loss;
-  d.train = {or_usage_error("--data-dir", [&] { return byte_windows(text.train, T); }).first(o.train_samples),
-             "training"};
-  d.eval = {or_usage_error("--data-dir", [&] { return byte_windows(text.test, T); }).first(o.test_samples), "test"};
-  d.train_bytes = static_cast<int64_t>(text.train.size());
-  d.test_bytes = static_cast<int64_t>(text.test.size());
-  // The references see the test bytes the model is scored on (all of them, or --test-samples' windows).
-  const std::string test = text.test.substr(0, static_cast<size_t>(d.eval.size() * T + 1));
-  d.bigram_bits_per_byte = bigram_bits_per_byte(text.train, test);
-  d.gzip_bits_per_byte = gzip_bits_per_byte(test);
-  if (o.micro_batches > d.train.size())
-    usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is more than the " +
-                std::to_string(d.train.size()) + " training windows; every micro-batch needs a sample");
-  return d;
-}
-
-Data load_data(const TrainOptions& o) {
-  if (is_gpt(o)) return load_text(o);
-  Data d;
-  if (!o.data_file.empty()) {
-    d.train = {or_usage_error("--data", [&] { return load_tensor_data(o.data_file); }).first(o.train_samples),
-               "training"};
-    d.eval = d.train;
-  } else {
-    const Dataset fashion = load_fashion_mnist(o.data_dir, true, o.train_samples);
-    const Dataset test = load_fashion_mnist(o.data_dir, false, o.test_samples);
-    d.train = {fashion, "training"};
-    d.eval = {test, "test"};
-    if (is_unet(o)) {  // noisy images in, the clean ones out; the noise fixed by --seed
-      d.train = {{add_noise(fashion.input, kNoise, o.seed ^ 0x6e6f697365ull), fashion.input}, "training"};
-      d.eval = {{add_noise(test.input, kNoise, o.seed ^ 0x74657374ull), test.input}, "test"};
-      d.noisy_psnr = psnr_db(torch::mse_loss(d.eval.input, d.eval.target).item<double>());
-    }
-  }
-  d.classification = o.loss == "cross_entropy";
-  if (d.classification) {
-    if (d.train.target.is_floating_point())
-      usage_error("--loss cross_entropy needs integer class targets, but the targets are " +
-                  std::string(c10::toString(d.train.target.scalar_type())) + "; use --loss mse");
-    d.train.target = d.train.target.to(torch::kLong);
-    d.eval.target = d.eval.target.to(torch::kLong);
-  } else if (!d.train.target.is_floating_point()) {
-    usage_error("--loss mse needs real-valued targets, but the targets are " +
-                std::string(c10::toString(d.train.target.scalar_type())) +
-                "; use --loss cross_entropy for class indices, or save the targets as floats");
-  }
-  d.loss = d.classification ? LossFn(cross_entropy_loss) : LossFn(mse_loss);
-  const int64_t N = d.train.input.size(0);
-  if (N == 0) usage_error("the training data has no samples");
-  if (o.micro_batches > N)
-    usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is more than the " + std::to_string(N) +
-                " training samples; every micro-batch needs a sample");
-  return d;
-}
-
 // ---------------------------------------------------------------- checks and the cut
 
-// --model gpt's own flags: where its text is, and what --generate samples.
-void check_language_model_flags(TrainOptions& o) {
-  if (is_gpt(o) && !o.data_dir_given) o.data_dir = kFortunesDir;
-  if (o.generate > 0 && !is_gpt(o))
-    usage_error("--generate samples bytes from a language model: it is for --model gpt" +
-                std::string(o.model_file.empty() ? " (the default model is an image classifier)"
-                                                 : " (--model " + o.model_file + " is not one)"));
+bool generates(const Task& task) { return task.metric == Metric::kBitsPerByte && task.context > 0; }
+
+// The flags of a task's extras: --generate (a language model), --samples (a denoiser).
+void check_extras_flags(const TrainOptions& o, const Task& task) {
+  const std::string model = o.model_file.empty() ? "the default model" : "--model " + o.model_file;
+  if (o.generate > 0 && !generates(task))
+    usage_error("--generate samples bytes from a language model: it is for --model gpt (" + model + " is not one)");
   if ((o.prompt_given || o.temperature_given) && o.generate == 0)
     usage_error(std::string(o.prompt_given ? "--prompt" : "--temperature") +
                 " belongs to --generate N, the bytes to sample from --model gpt; add " +
-                (is_gpt(o) ? "" : "--model gpt ") + "--generate 200, say");
-  if (o.generate > kMaxGeneratedBytes)
-    usage_error("--generate " + std::to_string(o.generate) + ": at most " + std::to_string(kMaxGeneratedBytes) +
-                " bytes (each is one pass of the model); sample more in several runs with other --seed values");
+                (generates(task) ? "" : "--model gpt ") + "--generate 200, say");
+  or_usage_error(o.generate > kMostGeneratedBytes ? "--generate" : "--temperature", [&] {
+    GenerateOptions().bytes(o.generate).temperature(o.temperature).check();
+  });
   if (o.generate > 0 && world().mpi)
     usage_error("--generate samples byte by byte in one process; train under mpirun with --save FILE, then run "
                 "gpipe train --model gpt --resume FILE --epochs 0 --generate N without mpirun");
   if (o.epochs_given && o.epochs == 0 && !o.save.empty())
     usage_error("--epochs 0 trains nothing, so --save would write the checkpoint it resumed; leave out --save");
+  if (!o.samples.empty() && task.metric != Metric::kPsnr)
+    usage_error("--samples writes a picture of denoised test images: it is for --model unet");
+  if (!o.samples.empty() && (o.samples.size() < 5 || o.samples.compare(o.samples.size() - 4, 4, ".png") != 0))
+    usage_error("--samples " + o.samples + ": the picture is a PNG file; give a path that ends in .png");
+}
+
+// The task's defaults for the flags not given, and the flags that do not fit the task.
+void apply_task(TrainOptions& o, const Task& task) {
+  const TaskDefaults& d = task.defaults;
+  if (o.loss_given && is_builtin(o) && o.loss != task.loss_name)
+    usage_error("--model " + o.model_file + "'s loss is " + task.loss_name + "; leave out --loss");
+  o.loss = task.loss_name;
+  if (o.epochs == 0 && !o.epochs_given) o.epochs = d.epochs;
+  if (!o.batch_size_given) o.batch_size = d.batch_size;
+  if (!o.lr_given) o.lr = d.lr;
+  if (!o.lr_schedule_given) o.lr_schedule = lr_schedule_name(d.lr_schedule);
+  if (o.augment == "auto") o.augment = d.flip ? "flip" : "none";
+  const bool images = task.metric == Metric::kAccuracy && task.data_dir == kFashionMnistDir;
+  if (o.augment == "flip" && !images)
+    usage_error("--augment flip mirrors Fashion-MNIST's training images for a classifier; it is not for " +
+                std::string(task.metric == Metric::kPsnr          ? "--model unet, whose targets are the images themselves"
+                            : task.metric == Metric::kBitsPerByte ? "--model gpt, which reads text"
+                            : !o.data_file.empty()                ? "--data"
+                                                                  : "--model " + o.model_file) +
+                ": use --augment none");
+  // A model whose layers differ in time by 10x is cut by measured time unless told otherwise (under
+  // MPI each rank would profile alone: an even cut there).
+  if (d.cut_by_time && o.balance.empty() && o.balance_by.empty() && o.virtual_stages == 1 && o.stages > 1 &&
+      !world().mpi)
+    o.balance_by = "time";
+  if (o.micro_batches > o.batch_size)
+    usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is larger than --batch-size " +
+                std::to_string(o.batch_size) + "; every micro-batch needs a sample");
 }
 
 // Every flag that can be judged without reading a file, before any work.
@@ -181,47 +109,22 @@ void check_flags(TrainOptions& o) {
   if (world().mpi && !o.balance_by.empty())
     usage_error("--balance-by profiles the whole model in one process; run it once without mpirun and pass "
                 "the cut it prints with --balance");
-  if (o.micro_batches > o.batch_size)
-    usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is larger than --batch-size " +
-                std::to_string(o.batch_size) + "; every micro-batch needs a sample");
   if (is_builtin(o) && std::filesystem::exists(o.model_file))
     usage_error("--model " + o.model_file + " names a built-in model, and there is also a file " + o.model_file +
                 " here; for the file, say --model ./" + o.model_file);
-  if (is_builtin(o) && !o.data_file.empty())
+  if (is_builtin(o) && !o.data_file.empty()) {
+    const Task& task = find_task(o.model_file);
     usage_error("--model " + o.model_file + " is built to train on " +
-                (is_gpt(o) ? "the fortune files; give their folder with --data-dir" : "Fashion-MNIST") +
+                (task.metric == Metric::kBitsPerByte ? std::string("the fortune files; give their folder with --data-dir")
+                 : task.workload                     ? "its own random batch"
+                                                     : "Fashion-MNIST") +
                 "; leave out --data (or give a TorchScript model file of your own to --model)");
-  if (is_gpt(o) && o.loss_given && o.loss != "cross_entropy")
-    usage_error("--model gpt predicts bytes: its loss is cross_entropy; leave out --loss");
-  check_language_model_flags(o);
-  if (is_unet(o) && o.loss_given && o.loss != "mse")
-    usage_error("--model unet denoises images: its loss is mse; leave out --loss");
-  if (is_unet(o)) o.loss = "mse";
-  if (o.data_file.empty() && o.loss != "cross_entropy" && !is_unet(o))
+  }
+  if (!is_builtin(o) && o.data_file.empty() && o.loss != "cross_entropy")
     usage_error("--loss " + o.loss + " needs --data with real-valued targets; Fashion-MNIST has class labels");
-  if (!o.samples.empty() && !is_unet(o))
-    usage_error("--samples writes a picture of denoised test images: it is for --model unet");
-  if (!o.samples.empty() && (o.samples.size() < 5 || o.samples.compare(o.samples.size() - 4, 4, ".png") != 0))
-    usage_error("--samples " + o.samples + ": the picture is a PNG file; give a path that ends in .png");
   if (o.epochs_given && o.epochs == 0 && o.resume.empty())
     usage_error("--epochs 0 trains nothing: it evaluates the model of a checkpoint; give it with --resume FILE, "
                 "or ask for 1 or more epochs");
-  if (o.epochs == 0 && !o.epochs_given) o.epochs = default_epochs(o);
-  if (o.augment == "auto") o.augment = is_resnet(o) ? "flip" : "none";
-  if ((is_resnet(o) || is_gpt(o)) && !o.lr_schedule_given) o.lr_schedule = "cosine";
-  if (is_gpt(o) && !o.batch_size_given) o.batch_size = kGptBatch;
-  if (is_gpt(o) && !o.lr_given) o.lr = kGptLr;
-  if (o.augment == "flip" && (is_unet(o) || is_gpt(o) || !o.data_file.empty()))
-    usage_error("--augment flip mirrors Fashion-MNIST's training images for a classifier; it is not for " +
-                std::string(is_unet(o) ? "--model unet, whose targets are the images themselves"
-                            : is_gpt(o) ? "--model gpt, which reads text"
-                                        : "--data") +
-                ": use --augment none");
-  // The residual network's blocks differ in time per layer by 10x: cut it by measured time
-  // unless told otherwise (under MPI each rank would profile alone: an even cut there).
-  if (is_resnet(o) && o.balance.empty() && o.balance_by.empty() && o.virtual_stages == 1 && o.stages > 1 &&
-      !world().mpi)
-    o.balance_by = "time";
   check_threads_per_device(o.threads, "--threads-per-stage ");  // std::invalid_argument: a usage error
   if (!o.balance.empty() && !o.balance_by.empty())
     usage_error("--balance and --balance-by " + o.balance_by + " both choose the cut; give one of them");
@@ -261,11 +164,9 @@ void check_flags(TrainOptions& o) {
     or_usage_error("--samples", [&] { check_writable(o.samples); return 0; });
 }
 
-// Layers per stage: --balance, --balance-by's min-max cut of measured costs, or an even cut.
-
-Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
-  const int layers = model.layers, V = o.virtual_stages;
-  Cut cut;
+// Layers per stage: --balance, --balance-by's min-max cut of measured costs, or the task's cut.
+void choose_cut(const TrainOptions& o, Choice& c) {
+  const int V = o.virtual_stages;
   // The plan checks K, V, M, the balance and the schedule; its errors name the flag they concern.
   PipelineOptions options = pipeline_options(o);
   options.devices(o.balance.empty() || o.stages_given ? o.stages : 0).balance(o.balance);
@@ -274,44 +175,29 @@ Cut choose_cut(const TrainOptions& o, const Model& model, const Data& data) {
   if (!o.balance.empty()) flags += std::string(flags.empty() ? "" : " ") + "--balance " + format_balance(o.balance);
   flags += " --micro-batches " + std::to_string(o.micro_batches) + " --schedule " + o.schedule +
            (V > 1 ? " --virtual-stages " + std::to_string(V) : "");
-  const PipelinePlan plan = or_usage_error(flags, [&] { return make_plan(layers, options); });
-  if (!o.balance.empty()) {
-    cut.balance = plan.balance;
-    return cut;
-  }
+  const PipelinePlan plan = or_usage_error(flags, [&] { return make_plan(c.task.layers, options); });
+  c.balance = plan.balance;
+  if (!o.balance.empty()) return;
   if (o.balance_by.empty()) {
-    const bool cnn_on_two = o.model_file.empty() && o.stages == 2;
-    // The interleaved cut is for its placement (stages on devices 0, 1, 0, 1); the V's take the even one.
-    const bool interleaved = parse_schedule(o.schedule) == ScheduleKind::kInterleaved;
-    cut.balance = cnn_on_two && V == 1                  ? kFashionBalance
-                  : cnn_on_two && V == 2 && interleaved ? kFashionInterleavedBalance
-                                                        : plan.balance;
-    // The GPT's blocks split evenly, the embedding with the first, the last LayerNorm and the head
-    // with the last stage (an even cut of its layers would give the first stage one block more).
-    const int blocks = static_cast<int>(gpt_shape().blocks), S = static_cast<int>(plan.balance.size());
-    if (is_gpt(o) && S > 1 && S <= blocks) {
-      cut.balance = even_balance(blocks, S);
-      cut.balance.front() += 1;
-      cut.balance.back() += 2;
-    }
-    return cut;
+    const std::vector<int> own = c.task.cut ? c.task.cut(plan.devices, plan.schedule, V) : std::vector<int>{};
+    if (!own.empty()) c.balance = own;
+    return;
   }
   // --balance-by: per-layer costs on one micro-batch, then the exact min-max cut.
-  const int64_t N = data.train.size();
-  const torch::Tensor sample = data.train.input.narrow(0, 0, micro_batch_sizes(std::min(o.batch_size, N), o.micro_batches).front());
-  const CostBalance by = balance_by(o.balance_by, model, sample, o.stages, o.micro_batches, o.threads,
-                                    state_per_parameter_byte(optimizer_options(o)), parse_schedule(o.schedule), o.virtual_stages);
-  cut.balance = by.balance;
-  const PartitionPlan& by_cost = by.plan;
-  if (!o.json && world().prints())
-    std::cout << "balance by " << o.balance_by << ":\n" << format_plan(by_cost, by.unit);
-  cut.plan = {{"balance_by", o.balance_by},
-              {"unit", by.unit},
-              {"stage_costs", by_cost.stage_costs},
-              {"bottleneck_stage", by_cost.bottleneck_stage},
-              {"predicted_step", by_cost.predicted_step},
-              {"predicted_efficiency", by_cost.predicted_efficiency}};
-  return cut;
+  const Dataset& train = c.data.train;
+  const torch::Tensor sample =
+      train.input.narrow(0, 0, micro_batch_sizes(std::min(o.batch_size, train.size()), o.micro_batches).front());
+  const CostBalance by = balance_by(o.balance_by, c.task.model(task_options(o)), sample, o.stages, o.micro_batches,
+                                    o.threads, state_per_parameter_byte(optimizer_options(o)),
+                                    parse_schedule(o.schedule), V);
+  c.balance = by.balance;
+  if (!o.json && world().prints()) std::cout << "balance by " << o.balance_by << ":\n" << format_plan(by.plan, by.unit);
+  c.plan = {{"balance_by", o.balance_by},
+            {"unit", by.unit},
+            {"stage_costs", by.plan.stage_costs},
+            {"bottleneck_stage", by.plan.bottleneck_stage},
+            {"predicted_step", by.plan.predicted_step},
+            {"predicted_efficiency", by.plan.predicted_efficiency}};
 }
 
 // The settings every rank of an MPI job must share.
@@ -336,15 +222,15 @@ nlohmann::json settings_of(const TrainOptions& o) {
 // Under mpirun every rank reads the model, the data and the checkpoint itself: each from its own
 // working folder and machine. A rank that read other bytes would train a mixture, so the bytes
 // read must agree.
-void check_same_inputs(const TrainOptions& o, const Data& data) {
+void check_same_inputs(const TrainOptions& o, const Choice& c) {
   if (!world().mpi) return;
   std::vector<std::pair<std::string, uint64_t>> inputs;
-  if (!o.model_file.empty() && !is_builtin(o))
+  if (!is_builtin(o) && !o.model_file.empty())
     inputs.emplace_back("--model " + o.model_file, or_usage_error("--model", [&] { return file_digest(o.model_file); }));
   const std::string source = !o.data_file.empty() ? "--data " + o.data_file
-                             : is_gpt(o)          ? "--data-dir " + o.data_dir + " (the fortune files)"
-                                                  : "--data-dir " + o.data_dir + " (Fashion-MNIST)";
-  inputs.emplace_back(source, tensors_digest({data.train.input, data.train.target, data.eval.input, data.eval.target}));
+                                                  : "--data-dir " + o.data_dir + " (" + c.data.source + ")";
+  inputs.emplace_back(source, tensors_digest({c.data.train.input, c.data.train.target, c.data.test.input,
+                                              c.data.test.target}));
   if (!o.resume.empty() && !o.per_stage_files)  // per-device files differ by design: each rank reads its own
     inputs.emplace_back("--resume " + o.resume, or_usage_error("--resume", [&] { return file_digest(o.resume); }));
   check_same_bytes(inputs);
@@ -365,62 +251,52 @@ void check_resume_before_profile(const TrainOptions& o, const Model& model) {
   });
 }
 
-// A stage's input is kept for its backward pass: a layer that begins a stage and
-// changes its input in place fails in step 1 (or, for a leaf input, at once). Found here, on two
-// samples, naming the layer and the cut.
-void check_stage_inputs(const Model& model, const Data& data, const Cut& cut) {
-  const std::vector<int> offsets = stage_offsets(cut.balance);
-  const RandomStateGuard guard;  // building the model draws random numbers
-  torch::nn::Sequential whole = model.build(LayerRange{});
-  whole->eval();
-  const auto names = whole->named_children();
-  Tensors x = data.train.input.narrow(0, 0, std::min<int64_t>(2, data.train.size()));
-  size_t next = 1;  // the next stage whose first layer is checked: stage 0's input needs no gradient
-  for (int layer = 0; layer < static_cast<int>(whole->size()) && next + 1 < offsets.size(); ++layer) {
-    auto module = *(whole->begin() + layer);
-    const std::string name = layer_name(names[static_cast<size_t>(layer)].key());
-    if (layer != offsets[next]) {
-      torch::NoGradGuard no_grad;
-      x = run_layer(module, x, name);
-      continue;
-    }
-    ++next;
-    Tensors input = x;
-    for (auto& t : input.items) t = t.detach().clone().requires_grad_(t.is_floating_point());
-    const std::vector<int64_t> versions = versions_of(input);
-    std::string why;
-    try {
-      x = leaves_of(run_layer(module, input, name), LeafGrad::kNone);
-      if (const std::string changed = changed_in_place(input, versions); !changed.empty())
-        why = "it changes " + changed + " in place";
-    } catch (const std::exception& e) {
-      why = short_error(e);
-      if (why.find("in-place") == std::string::npos && why.find("inplace") == std::string::npos) throw;
-    }
-    while (!why.empty() && (why.back() == '.' || why.back() == ' ')) why.pop_back();
-    if (!why.empty())
-      usage_error("layer " + std::to_string(layer) + " ('" + names[static_cast<size_t>(layer)].key() +
-                  "') begins stage " + std::to_string(next - 1) + " of the cut " + format_balance(cut.balance) +
-                  ", and " + why + "; a stage keeps its input for the backward pass: make the layer return a new "
-                  "tensor (e.g. ReLU(inplace=False))" + (next > 1 ? ", or cut elsewhere with --balance" : ""));
-  }
-  whole->train();
-}
-
 }  // namespace
 
+bool is_builtin(const TrainOptions& o) {
+  const std::vector<std::string> names = task_names(/*workloads=*/true);
+  return o.model_file.empty() || std::find(names.begin(), names.end(), o.model_file) != names.end();
+}
+
+TaskOptions task_options(const TrainOptions& o) {
+  return TaskOptions()
+      .seed(o.seed)
+      .data_dir(o.data_dir_given ? o.data_dir : "")
+      .train_samples(o.train_samples)
+      .test_samples(o.test_samples);
+}
+
 int run_train(TrainOptions o) {
-  choose_schedule(o);
+  // Before any file is read: the built-in task's defaults, or a model file's (the CNN's run).
+  Task known;
+  if (is_builtin(o)) {
+    known = find_task(o.model_file.empty() ? "cnn" : o.model_file);
+  } else {
+    known.loss_name = o.loss;
+    known.metric = o.loss == "cross_entropy" ? Metric::kAccuracy : Metric::kLoss;
+    known.data_dir = o.data_file.empty() ? kFashionMnistDir : "";
+  }
+  choose_schedule(o, known);
   check_same_settings(settings_of(o));
   check_flags(o);
-  const Model model = choose_model(o);
-  const Data data = load_data(o);
-  check_same_inputs(o, data);
-  check_model_and_data(model, data.train, data.classification || data.language_model);
-  check_resume_before_profile(o, model);
-  const Cut cut = choose_cut(o, model, data);
-  check_stage_inputs(model, data, cut);
-  return train_and_report(o, model, data, cut);
+  apply_task(o, known);
+  check_extras_flags(o, known);
+  Choice c;
+  c.task = is_builtin(o) ? known : or_usage_error("--model", [&] { return script_task(o.model_file, o.data_file, o.loss); });
+  c.model = c.task.model(task_options(o));
+  c.data = or_usage_error(o.data_file.empty() ? "--data-dir" : "--data", [&] { return c.task.data(task_options(o)); });
+  const int64_t N = c.data.train.size();
+  if (N == 0) usage_error("the training data has no samples");
+  if (o.micro_batches > N)
+    usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is more than the " + std::to_string(N) +
+                (c.task.metric == Metric::kBitsPerByte ? " training windows" : " training samples") +
+                "; every micro-batch needs a sample");
+  check_same_inputs(o, c);
+  check_model_and_data(c.model, c.data.train, c.task.loss_name == "cross_entropy");
+  check_resume_before_profile(o, c.model);
+  choose_cut(o, c);
+  check_stage_inputs(c.model, c.data.train.input.narrow(0, 0, std::min<int64_t>(2, N)), c.balance);
+  return train_and_report(o, c);
 }
 
 }  // namespace gpipe::cli

@@ -14,7 +14,7 @@ namespace gpipe::cli {
 struct TrainOptions {
   std::string data_dir = kFashionMnistDir;
   bool data_dir_given = false;
-  std::string model_file;
+  std::string model_file;  // a built-in task (tasks.h) by name, or a TorchScript file; empty: cnn
   std::string data_file;
   std::string loss = "cross_entropy";
   bool loss_given = false;
@@ -70,64 +70,14 @@ struct TrainOptions {
   bool json = false;
 };
 
-// The built-in models: the CNN (no --model), and by name a residual network and a U-Net (models.h).
-inline bool is_resnet(const TrainOptions& o) { return o.model_file == "resnet"; }
-inline bool is_unet(const TrainOptions& o) { return o.model_file == "unet"; }
-inline bool is_gpt(const TrainOptions& o) { return o.model_file == "gpt"; }
-inline bool is_builtin(const TrainOptions& o) { return is_resnet(o) || is_unet(o) || is_gpt(o); }
-
-// The built-in models' default runs: each ends within 15 minutes on 2 cores (README).
-constexpr int kResnetEpochs = 14;
-constexpr int kUnetEpochs = 2;
-constexpr int kGptEpochs = 4;
-inline int default_epochs(const TrainOptions& o) {
-  return is_resnet(o) ? kResnetEpochs : is_unet(o) ? kUnetEpochs : is_gpt(o) ? kGptEpochs : 8;
-}
-
-// --model gpt: the language model's shape, and its run's defaults where they differ from the CNN's
-// (chosen by measurement on 2 cores: docs/models.md).
-inline GptOptions gpt_shape() {
-  GptOptions shape;
-  shape.context = 128;
-  shape.width = 64;
-  shape.heads = 4;
-  shape.blocks = 4;
-  shape.feed_forward = 256;
-  return shape;
-}
-constexpr int64_t kGptBatch = 16;
-// --generate's most bytes: each is one pass of the model over its context (about a millisecond),
-// printed as it is sampled.
-constexpr int64_t kMaxGeneratedBytes = 100000;
-constexpr double kGptLr = 2e-3;
-
-// The U-Net's task: Fashion-MNIST images with Gaussian noise of this standard deviation, in
-// pixel values (0 black, 1 white), to be made clean again.
-constexpr double kNoise = 0.3;
-
-// The data to train and evaluate on, and the loss.
-struct Split : Dataset {
-  std::string name;  // "test" or "training"
-};
-
-struct Data {
-  Split train;
-  Split eval;
-  bool classification = true;
-  LossFn loss;
-  double noisy_psnr = 0;  // --model unet: the PSNR of the noisy test images; 0 otherwise
-  // --model gpt: bytes of text; the loss is cross-entropy per byte, reported in bits per byte
-  // beside a bigram model's and gzip -9's on the same test bytes.
-  bool language_model = false;
-  int64_t train_bytes = 0, test_bytes = 0;
-  double bigram_bits_per_byte = 0;
-  double gzip_bits_per_byte = 0;
-};
-
-// Layers per stage: --balance, --balance-by's min-max cut of measured costs, or an even cut.
-struct Cut {
-  std::vector<int> balance;
-  nlohmann::json plan;  // --balance-by's plan, for the summary
+// What the flags chose: the task (a built-in one, or a TorchScript model with its data), its data,
+// and the cut.
+struct Choice {
+  Task task;
+  Model model;
+  TaskData data;
+  std::vector<int> balance;  // layers per stage
+  nlohmann::json plan;       // --balance-by's plan, for the summary
 };
 
 /// The pipeline the flags describe, without its cut (train.cc).
@@ -139,8 +89,14 @@ OptimizerOptions optimizer_options(const TrainOptions& o);
 /// Checks the flags, loads the model and the data, chooses the cut, trains (train.cc).
 int run_train(TrainOptions o);
 
-/// Trains `model` on `data`, cut as `cut` says, with progress, the evaluation after every epoch,
-/// checkpoints, the timeline and the summary; returns the exit status (train_run.cc).
-int train_and_report(const TrainOptions& o, const Model& model, const Data& data, const Cut& cut);
+/// The built-in task --model names, or none (a TorchScript file).
+bool is_builtin(const TrainOptions& o);
+
+/// The options the task's model and data are made with.
+TaskOptions task_options(const TrainOptions& o);
+
+/// Trains the chosen task, with progress, the evaluation after every epoch, checkpoints, the
+/// timeline and the summary; returns the exit status (train_run.cc).
+int train_and_report(const TrainOptions& o, const Choice& choice);
 
 }  // namespace gpipe::cli

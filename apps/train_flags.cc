@@ -6,12 +6,33 @@
 #include <CLI/CLI.hpp>
 
 #include <csignal>
+#include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 
 namespace gpipe::cli {
 
-static_assert(kGptLr == 0.002, "--lr's help names --model gpt's rate");
+namespace {
+
+// "cnn 8, resnet 14, ...": a default of each built-in task, for a help text.
+std::string per_task(const std::function<std::string(const TaskDefaults&)>& value) {
+  std::string out;
+  for (const std::string& name : task_names()) out += (out.empty() ? "" : ", ") + name + " " + value(find_task(name).defaults);
+  return out;
+}
+
+// Each built-in task and what it is, for --model's help.
+std::string task_list() {
+  std::string out;
+  for (const std::string& name : task_names()) out += name + " (" + find_task(name).summary + "), ";
+  std::string workloads;
+  for (const std::string& name : task_names(true))
+    if (find_task(name).workload) workloads += (workloads.empty() ? "" : ", ") + name;
+  return out + "a benchmark workload on its random batch (" + workloads + ")";
+}
+
+}  // namespace
 
 void add_train_command(CLI::App& app, const std::string&, int& status) {
   auto o = std::make_shared<TrainOptions>();
@@ -22,11 +43,9 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "files (default " + std::string(kFortunesDir) + ")")
       ->check(non_empty())->capture_default_str();
   sub->add_option("--model", o->model_file,
-                  "resnet (a residual network with BatchNorm, cut by --balance-by time), unet (a U-Net that "
-                  "denoises the images; reports PSNR), gpt (a byte-level Transformer language model on Debian's "
-                  "fortunes; reports bits per byte), or FILE: a TorchScript nn.Sequential saved in Python "
+                  "a built-in task: " + task_list() + "; or FILE: a TorchScript nn.Sequential saved in Python "
                   "(torch.jit.script(model).save(FILE)) whose top-level children are the layers cut into stages; "
-                  "default: a small CNN")->check(non_empty());
+                  "default: cnn")->check(non_empty());
   sub->add_option("--data", o->data_file,
                   "a dataset saved in Python with torch.save({'input': X, 'target': Y}, FILE), "
                   "instead of Fashion-MNIST (evaluated on itself)")->check(non_empty());
@@ -76,24 +95,24 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "stage s on device s mod K (zbv and v-half: V = 2, stages d and 2K-1-d on device d)")
       ->check(at_least(1));
   sub->add_option("--batch-size", o->batch_size,
-                  "samples per mini-batch (one optimizer step); --model gpt: " + std::to_string(kGptBatch) +
-                      " windows of bytes by default")
+                  "samples per mini-batch (one optimizer step); default: the task's own (" +
+                      per_task([](const TaskDefaults& d) { return std::to_string(d.batch_size); }) + ")")
       ->check(at_least(1, kMostInt64))->capture_default_str();
   sub->add_flag("--drop-last", o->drop_last,
                 "leave out each epoch's last batch when it is smaller than --batch-size (kept by default, as "
                 "PyTorch's DataLoader keeps it)");
   sub->add_flag("--no-shuffle{false}", o->shuffle, "take the samples in their order every epoch, instead of shuffled");
   sub->add_option("--epochs", o->epochs,
-                  "passes over the training set (default: 8 for the CNN, " + std::to_string(kResnetEpochs) +
-                      " for resnet, " + std::to_string(kUnetEpochs) + " for unet, " + std::to_string(kGptEpochs) +
-                      " for gpt); 0 with --resume: no training, only the evaluation (and --generate) of the "
+                  "passes over the training set (default: the task's own: " +
+                      per_task([](const TaskDefaults& d) { return std::to_string(d.epochs); }) + "); 0 with --resume: no training, only the evaluation (and --generate) of the "
                       "checkpoint's model")
       ->check(at_least(0));
   sub->add_option("--steps", o->steps, "stop after this many optimizer steps in all, resumed ones included (0: no limit)")
       ->check(at_least(0, kMostInt64))->capture_default_str();
   sub->add_option("--optimizer", o->optimizer, "sgd, adam or adamw (torch.optim's)")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))->capture_default_str();
-  sub->add_option("--lr", o->lr, "learning rate (--model gpt: 0.002)")->check(positive_number())->capture_default_str();
+  sub->add_option("--lr", o->lr, "learning rate (default: the task's own: " +
+                  per_task([](const TaskDefaults& d) { return [&] { std::ostringstream lr; lr << d.lr; return lr.str(); }(); }) + ")")->check(positive_number())->capture_default_str();
   sub->add_option("--momentum", o->momentum, "SGD's momentum (as torch.optim.SGD: default 0)")
       ->check(non_negative_number())->capture_default_str();
   sub->add_flag("--nesterov", o->nesterov, "SGD with Nesterov momentum (needs --momentum above 0)");

@@ -91,7 +91,7 @@ std::string signal_name(int signal) {
 // ---------------------------------------------------------------- the run
 
 // How the library's trainer runs the flags' training.
-TrainerOptions trainer_options(const TrainOptions& o, const Data& data, LossFn loss) {
+TrainerOptions trainer_options(const TrainOptions& o, const Choice& c) {
   TrainerOptions options;
   options.optimizer(optimizer_options(o))
       .lr_schedule(LrScheduleOptions()
@@ -106,8 +106,8 @@ TrainerOptions trainer_options(const TrainOptions& o, const Data& data, LossFn l
       .seed(o.seed)
       .epochs(std::max(1, o.epochs))  // --epochs 0: no fit(), only the evaluation
       .steps(o.steps)
-      .loss(std::move(loss))
-      .classification(data.classification)
+      .loss(c.task.loss)
+      .classification(c.task.metric == Metric::kAccuracy)
       .save(o.save)
       .save_every(o.save_every)
       .per_device_files(o.per_stage_files);
@@ -124,9 +124,9 @@ TrainerOptions trainer_options(const TrainOptions& o, const Data& data, LossFn l
 // train.h), and the report of what the trainer measured.
 class Run {
  public:
-  Run(const TrainOptions& o, const Model& model, const Data& data, const Cut& cut)
-      : o_(o), model_(model), data_(data), cut_(cut),
-        trainer_(model, pipeline_options(o).balance(cut.balance), trainer_options(o, data, data.loss), data.train),
+  Run(const TrainOptions& o, const Choice& c)
+      : o_(o), c_(c), data_(c.data),
+        trainer_(c.model, pipeline_options(o).balance(c.balance), trainer_options(o, c), c.data.train),
         pipeline_(trainer_.pipeline()), K_(pipeline_.devices()) {}
 
   void resume() {
@@ -162,17 +162,12 @@ class Run {
   void print_header() {
     if (!printing()) return;
     const std::string devices = std::to_string(K_) + (K_ == 1 ? " device" : " devices");
-    const std::string data = data_.language_model ? "fortunes (" + o_.data_dir + ", " +
-                                                        std::to_string(data_.train_bytes) + " training bytes, " +
-                                                        std::to_string(data_.test_bytes) + " test bytes)"
-                             : o_.data_file.empty() ? "Fashion-MNIST"
-                                                    : o_.data_file;
-    std::cout << "gpipe train: " << model_.name << " on " << data << ", " << trainer_.samples()
-              << (data_.language_model ? " training windows of " + std::to_string(data_.train.input.size(1)) + " bytes; "
-                                       : " training samples; ")
+    std::cout << "gpipe train: " << c_.model.name << " on " << data_.source << ", " << trainer_.samples()
+              << (language_model() ? " training windows of " + std::to_string(data_.train.input.size(1)) + " bytes; "
+                                   : " training samples; ")
               << (o_.virtual_stages > 1 ? devices + " x " + std::to_string(o_.virtual_stages) + " stages "
                                         : std::to_string(K_) + (K_ == 1 ? " stage " : " stages "))
-              << nlohmann::json(cut_.balance).dump() << ", " << o_.micro_batches << " micro-batches of a batch of "
+              << nlohmann::json(c_.balance).dump() << ", " << o_.micro_batches << " micro-batches of a batch of "
               << o_.batch_size << ", schedule " << o_.schedule << ", checkpoint " << o_.checkpoint << ", "
               << o_.optimizer << " lr " << o_.lr << (o_.lr_schedule != "constant" ? " (" + o_.lr_schedule + ")" : "")
               << (world().mpi ? ", " + pipeline_.describe() : "")
@@ -250,111 +245,61 @@ class Run {
     print_error_line("gpipe: standard output is closed (its reader has gone): training goes on, without printing "
                      "to it");
   }
-  bool denoising() const { return data_.noisy_psnr > 0; }
-  static double bits_per_byte(double loss) { return loss / std::log(2.0); }
+  bool denoising() const { return c_.task.metric == Metric::kPsnr; }
+  bool language_model() const { return c_.task.metric == Metric::kBitsPerByte; }
+  bool classification() const { return c_.task.metric == Metric::kAccuracy; }
+  static double bits_per_byte(double loss) { return metric_of_loss(Metric::kBitsPerByte, loss); }
 
-  // --generate: bytes sampled one at a time from the model's scores for the byte after the last
-  // `context` ones, divided by --temperature, from a generator seeded by --seed; the context
-  // starts as a fortune does, after a line "%".
+  // --generate: bytes sampled from the model (generate_text), printed as they are sampled (the JSON
+  // summary holds them whole).
   void generate() {
     if (o_.generate == 0) return;
-    const int64_t T = data_.train.input.size(1);
-    std::string text = "%\n" + o_.prompt;
-    torch::Generator random = at::detail::createCPUGenerator(o_.seed);
-    // Printed as it is sampled, a byte at a time (the JSON summary holds it whole).
+    const GenerateOptions options =
+        GenerateOptions().bytes(o_.generate).prompt(o_.prompt).temperature(o_.temperature).seed(o_.seed);
     if (printing()) {
       std::cout << "\ngenerated (" << o_.generate << " bytes after the prompt, temperature " << o_.temperature
-                << ", seed " << o_.seed << "):\n" << shown(o_.prompt) << std::flush;
+                << ", seed " << o_.seed << "):\n" << shown_text(o_.prompt) << std::flush;
       check_stdout();
     }
-    {
-      const EvalScope eval(pipeline_.layers());
-      for (int64_t n = 0; n < o_.generate; ++n) {
-        const size_t from = text.size() > static_cast<size_t>(T) ? text.size() - static_cast<size_t>(T) : 0;
-        std::vector<int64_t> context;
-        for (size_t k = from; k < text.size(); ++k) context.push_back(static_cast<uint8_t>(text[k]));
-        const torch::Tensor x = torch::tensor(context, torch::kLong).view({1, -1});
-        const torch::Tensor scores = pipeline_.forward(x).select(1, x.size(1) - 1).squeeze(0);
-        const torch::Tensor p = torch::softmax(scores.to(torch::kDouble) / o_.temperature, -1);
-        text += static_cast<char>(torch::multinomial(p, 1, false, random).item<int64_t>());
-        if (printing()) {
-          std::cout << shown(text.substr(text.size() - 1)) << std::flush;
-          check_stdout();
-        }
-      }
-    }
-    generated_ = shown(text.substr(2));
+    generated_ = shown_text(generate_text(pipeline_, c_.task.context, options, [this](char byte) {
+      if (!printing()) return;
+      std::cout << shown_text(std::string(1, byte)) << std::flush;
+      check_stdout();
+    }));
     if (printing()) std::cout << "\n";
-  }
-
-  // `bytes` as text that any terminal and JSON show: printable ASCII, newlines and tabs as they
-  // are, every other byte as \xNN.
-  static std::string shown(const std::string& bytes) {
-    std::ostringstream out;
-    for (const char c : bytes) {
-      const auto b = static_cast<uint8_t>(c);
-      if ((b >= 0x20 && b < 0x7f && b != '\\') || b == '\n' || b == '\t') {
-        out << c;
-      } else if (b == '\\') {
-        out << "\\\\";
-      } else {
-        out << "\\x" << std::hex << std::setw(2) << std::setfill('0') << static_cast<int>(b) << std::dec;
-      }
-    }
-    return out.str();
   }
 
   // --samples: the first test images, noisy, denoised and clean, one row each, written by the
   // process that holds the model's output for them (under MPI, the first replica's last stage).
   void write_samples() {
     if (o_.samples.empty()) return;
-    // Under MPI each of the D replicas runs its share of the rows: 8 images each, so that the
-    // first replica, which writes the picture, holds the 8 that one process shows.
     constexpr int64_t kShown = 8;
-    const int64_t n = std::min<int64_t>(kShown * replicas_of(K_), data_.eval.input.size(0));
-    const torch::Tensor noisy = data_.eval.input.narrow(0, 0, n);
-    torch::Tensor out;
-    {
-      const EvalScope eval(pipeline_.layers());
-      out = pipeline_.forward(noisy);  // inference keeps no graph
-    }
-    if (!out.defined() || pipeline_.output_rows(n).first != 0) return;
-    const int64_t shown = std::min(kShown, out.size(0));  // fewer only when the test set is small
-    out = out.narrow(0, 0, shown);
-    auto row = [shown](const torch::Tensor& images) {  // [n, 1, 28, 28] normalized -> [58, n * 58] pixels
-      const torch::Tensor pixels = (images.detach().cpu() * kFashionStd + kFashionMean).clamp(0, 1).mul(255).round();
-      const torch::Tensor big = torch::nn::functional::interpolate(
-          pixels, torch::nn::functional::InterpolateFuncOptions().scale_factor(std::vector<double>{2, 2})
-                      .mode(torch::kNearest));
-      const torch::Tensor framed = torch::constant_pad_nd(big, {1, 1, 1, 1}, 255);  // white gaps
-      return framed.squeeze(1).permute({1, 0, 2}).reshape({framed.size(2), shown * framed.size(3)});
-    };
-    const torch::Tensor picture = torch::cat(
-        {row(noisy.narrow(0, 0, shown)), row(out), row(data_.eval.target.narrow(0, 0, shown))}, 0);
-    write_png(o_.samples, picture.to(torch::kUInt8));
+    const torch::Tensor picture = denoising_picture(pipeline_, data_.test, kShown, replicas_of(K_));
+    if (!picture.defined()) return;
+    write_png(o_.samples, picture);
     if (!o_.json)
-      std::cout << "samples: " << o_.samples << " (rows: noisy, denoised, clean; " << shown << " test images)"
-                << std::endl;
+      std::cout << "samples: " << o_.samples << " (rows: noisy, denoised, clean; " << picture.size(1) / 58
+                << " test images)" << std::endl;
     check_stdout();
   }
 
-  Evaluation evaluate() { return trainer_.evaluate(data_.eval); }
+  Evaluation evaluate() { return trainer_.evaluate(data_.test); }
 
   void report(int epoch) {
     evaluation_ = evaluate();
-    const std::string& eval = data_.eval.name;
+    const std::string& eval = data_.test_name;
     epochs_.push_back({{"epoch", epoch}, {"step", trainer_.step()}, {"loss", trainer_.stats().last_loss}, {eval + "_loss", evaluation_.loss}});
-    if (data_.classification) epochs_.back()[eval + "_accuracy"] = evaluation_.accuracy;
+    if (classification()) epochs_.back()[eval + "_accuracy"] = evaluation_.accuracy;
     if (denoising()) epochs_.back()[eval + "_psnr_db"] = psnr_db(evaluation_.loss);
-    if (data_.language_model) epochs_.back()[eval + "_bits_per_byte"] = bits_per_byte(evaluation_.loss);
+    if (language_model()) epochs_.back()[eval + "_bits_per_byte"] = bits_per_byte(evaluation_.loss);
     if (!printing()) return;
     std::cout << "epoch " << epoch << ": loss " << std::fixed << std::setprecision(4) << trainer_.stats().last_loss;
-    if (data_.classification)
+    if (classification())
       std::cout << ", " << eval << " accuracy " << std::setprecision(2) << 100 * evaluation_.accuracy << "%";
     else if (denoising())
       std::cout << ", " << eval << " PSNR " << std::setprecision(2) << psnr_db(evaluation_.loss) << " dB (noisy input "
-                << data_.noisy_psnr << " dB)";
-    else if (data_.language_model)
+                << data_.noisy_psnr_db << " dB)";
+    else if (language_model())
       std::cout << ", " << eval << " " << std::setprecision(3) << bits_per_byte(evaluation_.loss)
                 << " bits per byte (bigram " << data_.bigram_bits_per_byte << ", gzip -9 " << data_.gzip_bits_per_byte
                 << ")";
@@ -370,7 +315,7 @@ class Run {
       std::cout << s.dump(2) << std::endl;
       return;
     }
-    const std::string& eval = data_.eval.name;
+    const std::string& eval = data_.test_name;
     const int64_t run_steps = trainer_.step() - trainer_.start_step();
     std::cout << "\nsummary\n";
     if (run_steps == 0 && o_.epochs == 0)
@@ -378,20 +323,20 @@ class Run {
     else if (run_steps == 0)
       std::cout << "  no step ran: the checkpoint file is at step " << trainer_.step() << ", and the run ends at step "
                 << trainer_.total_steps() << "\n";
-    if (data_.classification)
+    if (classification())
       std::cout << "  " << eval << " accuracy  " << std::fixed << std::setprecision(2) << 100 * evaluation_.accuracy
                 << "%\n";
     else if (denoising())
       std::cout << "  " << eval << " PSNR      " << std::fixed << std::setprecision(2) << psnr_db(evaluation_.loss)
-                << " dB (noisy input " << data_.noisy_psnr << " dB)\n";
-    else if (data_.language_model)
+                << " dB (noisy input " << data_.noisy_psnr_db << " dB)\n";
+    else if (language_model())
       std::cout << "  " << eval << " bits per byte  " << std::fixed << std::setprecision(3)
                 << bits_per_byte(evaluation_.loss) << " (bigram " << data_.bigram_bits_per_byte << ", gzip -9 "
                 << data_.gzip_bits_per_byte << ")\n";
     else
       std::cout << "  " << eval << " loss  " << std::fixed << std::setprecision(6) << evaluation_.loss << "\n";
     std::cout << format_run_figures({trainer_.stats().train_seconds, run_steps, s["samples_per_s"].get<double>(),
-                                     s["bubble"].get<double>(), cut_.balance, pipeline_.plan().placement, K_})
+                                     s["bubble"].get<double>(), c_.balance, pipeline_.plan().placement, K_})
               << std::flush;
     if (!o_.save.empty())
       std::cout << "  saved to       "
@@ -402,17 +347,17 @@ class Run {
 
   nlohmann::json summary(double checksum) const {
     const int64_t run_steps = trainer_.step() - trainer_.start_step();
-    const std::string& eval = data_.eval.name;
+    const std::string& eval = data_.test_name;
     nlohmann::json stages = nlohmann::json::array();
-    for (int j = 0; j < static_cast<int>(cut_.balance.size()); ++j) {
+    for (int j = 0; j < static_cast<int>(c_.balance.size()); ++j) {
       stages.push_back({{"stage", j},
                         {"device", pipeline_.plan().placement[static_cast<size_t>(j)]},
-                        {"layers", cut_.balance[static_cast<size_t>(j)]}});
+                        {"layers", c_.balance[static_cast<size_t>(j)]}});
       if (!world().mpi) {
         nlohmann::json names = nlohmann::json::array();
-        const int first = stage_offsets(cut_.balance)[static_cast<size_t>(j)];
+        const int first = stage_offsets(c_.balance)[static_cast<size_t>(j)];
         const auto children = pipeline_.layers()->children();
-        for (int n = first; n < first + cut_.balance[static_cast<size_t>(j)]; ++n)
+        for (int n = first; n < first + c_.balance[static_cast<size_t>(j)]; ++n)
           names.push_back(children[static_cast<size_t>(n)]->name());
         stages.back()["modules"] = names;
       }
@@ -430,9 +375,9 @@ class Run {
                         {"steps_per_epoch", trainer_.steps_per_epoch()},
                         {"epochs", epochs_},
                         {"stages", K_},
-                        {"balance", cut_.balance},
+                        {"balance", c_.balance},
                         {"partition", stages},
-                        {"plan", cut_.plan},
+                        {"plan", c_.plan},
                         {"micro_batches", o_.micro_batches},
                         {"checkpoint", o_.checkpoint},
                         {"schedule", o_.schedule},
@@ -459,12 +404,12 @@ class Run {
       s["betas"] = o_.betas;
     }
     if (world().mpi) s["mpi"] = {{"ranks", world().size}, {"replicas", world().size / K_}};
-    if (data_.classification) s[eval + "_accuracy"] = evaluation_.accuracy;
+    if (classification()) s[eval + "_accuracy"] = evaluation_.accuracy;
     if (denoising()) {
       s[eval + "_psnr_db"] = psnr_db(evaluation_.loss);
-      s["noisy_" + eval + "_psnr_db"] = data_.noisy_psnr;
+      s["noisy_" + eval + "_psnr_db"] = data_.noisy_psnr_db;
     }
-    if (data_.language_model) {
+    if (language_model()) {
       s[eval + "_bits_per_byte"] = bits_per_byte(evaluation_.loss);
       s["bigram_bits_per_byte"] = data_.bigram_bits_per_byte;
       s["gzip_bits_per_byte"] = data_.gzip_bits_per_byte;
@@ -474,16 +419,15 @@ class Run {
     }
     if (o_.generate > 0) {
       s["generated"] = generated_;
-      s["prompt"] = shown(o_.prompt);
+      s["prompt"] = shown_text(o_.prompt);
       s["temperature"] = o_.temperature;
     }
     return s;
   }
 
   const TrainOptions& o_;
-  const Model& model_;
-  const Data& data_;
-  const Cut& cut_;
+  const Choice& c_;
+  const TaskData& data_;
   bool stdout_closed_ = false;
   int stdout_error_ = 0;
   Trainer trainer_;
@@ -497,8 +441,8 @@ class Run {
 
 }  // namespace
 
-int train_and_report(const TrainOptions& o, const Model& model, const Data& data, const Cut& cut) {
-  Run run(o, model, data, cut);
+int train_and_report(const TrainOptions& o, const Choice& c) {
+  Run run(o, c);
   run.resume();
   run.print_header();
   // With --save, SIGINT and SIGTERM stop at the next step boundary, saved (a second one ends at

@@ -21,6 +21,7 @@
 #include "gpipe/snapshot.h"
 #include "gpipe/stage.h"
 #include "gpipe/stop.h"
+#include "gpipe/tasks.h"
 #include "gpipe/tensors.h"
 #include "gpipe/trace.h"
 #include "gpipe/train.h"

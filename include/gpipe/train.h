@@ -198,6 +198,12 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
 /// saying that the model has no parameters that train. The layers are left in training mode.
 torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tensor& sample);
 
+/// A stage keeps its input for its backward pass: a layer that begins a stage of the cut `balance`
+/// and changes its input in place would fail in step 1 (or, for a leaf input, at once). Runs the
+/// whole model in eval mode on `sample` (a row or two) and throws std::invalid_argument naming the
+/// layer, the stage, the cut and the fix. The run's random numbers are left as they were.
+void check_stage_inputs(const Model& model, const Tensors& sample, const std::vector<int>& balance);
+
 /// What a run did, as the end of `gpipe train`'s summary reports it (Python's
 /// gpipe.Summary prints the same lines).
 struct RunFigures {

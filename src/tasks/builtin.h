@@ -1,0 +1,33 @@
+// builtin.h: the built-in tasks, one file each, that the registry (registry.cc) lists.
+#pragma once
+
+#include "gpipe/tasks.h"
+
+namespace gpipe::tasks {
+
+Task cnn();          // cnn.cc: the Fashion-MNIST CNN, gpipe train's default
+Task resnet();       // resnet.cc: a residual network with BatchNorm on Fashion-MNIST
+Task unet();         // unet.cc: a U-Net that denoises Fashion-MNIST images
+Task gpt();          // gpt.cc: a byte-level GPT on Debian's fortunes
+/// workloads.cc: the benchmark workloads of docs/benchmarks.md (mlp, transformer, tiny,
+/// imbalanced), by name, and their names.
+Task workload(const std::string& name);
+std::vector<std::string> workload_task_names();
+
+/// Fashion-MNIST from options.data_dir (or Debian's folder), the first train_samples and
+/// test_samples of each split, with int64 class targets (fashion.cc).
+TaskData fashion_data(const TaskOptions& options);
+
+/// A batch of `rows` random Fashion-MNIST-shaped images [rows, 1, 28, 28] and random classes of 10,
+/// drawn from `seed` (fashion.cc).
+Dataset random_images(int64_t rows, uint64_t seed);
+
+/// Task::batch of benchmark workload `name` (make_workload's input and target, workloads.cc).
+std::function<Dataset(const TaskOptions&)> workload_batch(const std::string& name);
+
+/// The seeded model of `build`: every layer range draws its weights as the whole model does, so a
+/// rank's layers equal one process's (fashion.cc).
+Model seeded_model(const std::string& title, int layers, uint64_t seed,
+                   std::function<torch::nn::Sequential(LayerRange)> build);
+
+}  // namespace gpipe::tasks

@@ -1,0 +1,164 @@
+// tasks_test.cc: the built-in tasks as library values: every entry of the registry builds, cuts and
+// trains a step through a pipeline exactly as on one device; the extras (text sampled from a language
+// model, the picture of denoised images) and the errors a caller meets.
+#include "helpers.h"
+
+#include <gpipe/gpipe.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+namespace gpipe {
+namespace {
+
+TEST(TasksTest, EveryNameFindsItsTaskAndAnUnknownOneNamesTheKnown) {
+  const std::vector<std::string> training = task_names(), all = task_names(true);
+  EXPECT_EQ(training, (std::vector<std::string>{"cnn", "resnet", "unet", "gpt"}));
+  EXPECT_GT(all.size(), training.size());
+  for (const std::string& name : all) EXPECT_EQ(find_task(name).name, name);
+  try {
+    find_task("resnet18");
+    FAIL() << "an unknown task was found";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("cnn, resnet, unet, gpt, mlp"), std::string::npos) << e.what();
+  }
+}
+
+// Every task's model takes its batch, its loss scores the output, and its own cut (where it has one)
+// is a cut of its layers into K·V stages.
+TEST(TasksTest, EveryTaskBuildsTakesItsBatchAndCutsItsLayers) {
+  for (const std::string& name : task_names(true)) {
+    SCOPED_TRACE(name);
+    const Task& task = find_task(name);
+    const TaskOptions options = TaskOptions().seed(3);
+    const Model model = task.model(options);
+    EXPECT_EQ(model.layers, task.layers);
+    torch::nn::Sequential whole = model.build(LayerRange{});
+    EXPECT_EQ(static_cast<int>(whole->size()), task.layers);
+    const Dataset batch = task.batch(options);
+    ASSERT_GE(batch.size(), 4);
+    whole->eval();
+    torch::NoGradGuard no_grad;
+    const torch::Tensor out = whole->forward(batch.input.narrow(0, 0, 2));
+    const double loss = task.loss(out, batch.target.narrow(0, 0, 2)).item<double>();
+    EXPECT_TRUE(std::isfinite(loss));
+    EXPECT_EQ(task.loss_name == "cross_entropy", batch.target.scalar_type() == torch::kLong);
+    for (const auto& [kind, V] : {std::pair{ScheduleKind::kGPipe, 1}, {ScheduleKind::kInterleaved, 2}}) {
+      const std::vector<int> cut = task.cut ? task.cut(2, kind, V) : std::vector<int>{};
+      if (cut.empty()) continue;
+      EXPECT_EQ(static_cast<int>(cut.size()), 2 * V);
+      EXPECT_EQ(std::accumulate(cut.begin(), cut.end(), 0), task.layers);
+    }
+  }
+}
+
+// The tuned and block cuts, as docs/benchmarks.md and docs/models.md give them.
+TEST(TasksTest, OwnCutsAndSchedules) {
+  const Task& cnn = find_task("cnn");
+  EXPECT_EQ(cnn.cut(2, ScheduleKind::kGPipe, 1), (std::vector<int>{3, 8}));
+  EXPECT_EQ(cnn.cut(2, ScheduleKind::kInterleaved, 2), (std::vector<int>{3, 1, 2, 5}));
+  EXPECT_TRUE(cnn.cut(2, ScheduleKind::kZBV, 2).empty());
+  EXPECT_TRUE(cnn.cut(3, ScheduleKind::kGPipe, 1).empty());
+  EXPECT_EQ(cnn.schedule(2, 4), (std::pair{ScheduleKind::kInterleaved, 2}));
+  EXPECT_EQ(cnn.schedule(2, 3), (std::pair{ScheduleKind::kGPipe, 1}));
+  const Task& gpt = find_task("gpt");  // blocks evenly, the embedding first, LayerNorm and head last
+  EXPECT_EQ(gpt.cut(2, ScheduleKind::kGPipe, 1), (std::vector<int>{3, 4}));
+  EXPECT_EQ(gpt.cut(4, ScheduleKind::kGPipe, 1), (std::vector<int>{2, 1, 1, 3}));
+  EXPECT_TRUE(gpt.cut(5, ScheduleKind::kGPipe, 1).empty());
+  EXPECT_EQ(find_task("transformer").cut(2, ScheduleKind::kGPipe, 1), (std::vector<int>{5, 5}));
+  EXPECT_FALSE(find_task("resnet").schedule);
+  EXPECT_TRUE(find_task("resnet").defaults.cut_by_time);
+}
+
+TEST(TasksTest, TrainerOptionsCarryTheDefaults) {
+  const Task& gpt = find_task("gpt");
+  const TrainerOptions options = gpt.trainer_options();
+  EXPECT_EQ(options.batch_size(), 16);
+  EXPECT_EQ(options.epochs(), 4);
+  EXPECT_DOUBLE_EQ(options.optimizer().lr(), 2e-3);
+  EXPECT_EQ(options.lr_schedule().kind(), LrSchedule::kCosine);
+  EXPECT_FALSE(options.classification());
+  EXPECT_TRUE(find_task("cnn").trainer_options().classification());
+  EXPECT_NEAR(metric_of_loss(Metric::kBitsPerByte, std::log(2.0)), 1.0, 1e-12);
+  EXPECT_DOUBLE_EQ(metric_of_loss(Metric::kPsnr, 0.01), psnr_db(0.01));
+  EXPECT_DOUBLE_EQ(metric_of_loss(Metric::kLoss, 0.25), 0.25);
+}
+
+// A task's step through two stages is one device's step, parameter by parameter.
+TEST(TasksTest, AStepOfEveryTrainingTaskThroughTwoStagesEqualsOneDevice) {
+  for (const std::string& name : {"cnn", "resnet", "unet", "gpt", "transformer"}) {
+    SCOPED_TRACE(name);
+    const Task& task = find_task(name);
+    const TaskOptions options = TaskOptions().seed(1);
+    const Model model = task.model(options);
+    const Dataset batch = task.batch(options).first(8);
+    torch::nn::Sequential reference = model.build(LayerRange{});
+    task.loss(reference->forward(batch.input), batch.target).backward();
+    PipelineOptions pipeline = PipelineOptions().devices(2).micro_batches(4).tied_parameters(model.tied);
+    if (task.cut) pipeline.balance(task.cut(2, ScheduleKind::kGPipe, 1));
+    auto pipe = make_pipeline(model.build, model.layers, pipeline);
+    pipe->train_step(batch.input, batch.target, task.loss);
+    const auto expected = reference->named_parameters(), got = pipe->layers()->named_parameters();
+    ASSERT_EQ(expected.size(), got.size());
+    for (size_t n = 0; n < expected.size(); ++n)
+      EXPECT_TRUE(torch::allclose(expected[n].value().grad(), got[n].value().grad(), 1e-4, 1e-6))
+          << expected[n].key();
+  }
+}
+
+TEST(TasksTest, TheFortunesTaskReadsAFolderAndScoresAgainstItsReferences) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "gpipe_tasks_test_fortunes";
+  std::filesystem::create_directories(dir);
+  std::string text;
+  for (int n = 0; n < 400; ++n) text += "Fortune number " + std::to_string(n) + " says: be kind.\n%\n";
+  std::ofstream(dir / "kind") << text;
+  const TaskData data = find_task("gpt").data(TaskOptions().data_dir(dir.string()).test_samples(2));
+  EXPECT_EQ(data.test.size(), 2);
+  EXPECT_EQ(data.train.input.size(1), 128);
+  EXPECT_GT(data.bigram_bits_per_byte, 0);
+  EXPECT_GT(data.gzip_bits_per_byte, 0);
+  EXPECT_NE(data.source.find(dir.string()), std::string::npos);
+  std::ofstream(dir / "kind", std::ios::trunc) << "short\n%\nshort\n%\n";
+  EXPECT_THROW(find_task("gpt").data(TaskOptions().data_dir(dir.string())), std::invalid_argument);
+  std::filesystem::remove_all(dir);
+}
+
+// Generation: one seed, one text; another temperature or seed, another; a temperature whose inverse
+// is not finite is refused before any work.
+TEST(TasksTest, GeneratedTextFollowsTheSeedAndRefusesATinyTemperature) {
+  const Task& gpt = find_task("gpt");
+  const Model model = gpt.model(TaskOptions());
+  auto pipe = make_pipeline(model.build, model.layers, PipelineOptions().devices(2).tied_parameters(model.tied));
+  std::string seen;
+  const GenerateOptions options = GenerateOptions().bytes(12).prompt("Q: ").seed(5);
+  const std::string a = generate_text(*pipe, gpt.context, options, [&](char c) { seen += c; });
+  EXPECT_EQ(a.size(), 3u + 12u);
+  EXPECT_EQ(a.substr(0, 3), "Q: ");
+  EXPECT_EQ(seen, a.substr(3));
+  EXPECT_EQ(generate_text(*pipe, gpt.context, options), a);
+  EXPECT_NE(generate_text(*pipe, gpt.context, GenerateOptions().bytes(12).prompt("Q: ").seed(6)), a);
+  EXPECT_THROW(GenerateOptions().temperature(1e-320).check(), std::invalid_argument);
+  EXPECT_THROW(GenerateOptions().bytes(kMostGeneratedBytes + 1).check(), std::invalid_argument);
+  EXPECT_EQ(shown_text(std::string("a\\\x01\n", 4)), "a\\\\\\x01\n");
+}
+
+TEST(TasksTest, TheDenoisingPictureHasThreeRowsOfFramedImages) {
+  const Task& unet = find_task("unet");
+  const Model model = unet.model(TaskOptions());
+  auto pipe = make_pipeline(model.build, model.layers, PipelineOptions().devices(2));
+  const Dataset test = unet.batch(TaskOptions());
+  const torch::Tensor picture = denoising_picture(*pipe, test, 3);
+  EXPECT_EQ(picture.scalar_type(), torch::kUInt8);
+  EXPECT_EQ(picture.sizes(), (std::vector<int64_t>{3 * 58, 3 * 58}));
+  EXPECT_EQ(picture.select(0, 0).min().item<int>(), 255);  // the white frame
+}
+
+TEST(TasksTest, AScriptTaskRefusesALossItCannotScore) {
+  EXPECT_THROW(script_task("model.pt", "", "hinge"), std::invalid_argument);
+  EXPECT_THROW(script_task("model.pt", "", "mse"), std::invalid_argument);  // Fashion-MNIST has classes
+}
+
+}  // namespace
+}  // namespace gpipe
