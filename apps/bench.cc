@@ -2,7 +2,6 @@
 // device and against the ideal; in one process, or one rank per device under mpirun (the same sweep).
 #include "commands.h"
 #include "common.h"
-#include "world.h"
 
 #include <gpipe/gpipe.h>
 #include <torch/torch.h>
@@ -93,7 +92,7 @@ std::vector<int> cut_for(const Task& task, const Contender& c, int M, const Cost
 
 // Every configuration is checked before any work, by the plan each will run.
 void check_sweep(const BenchOptions& o) {
-  GPIPE_CHECK(!world().mpi || o.balance_by == std::vector<std::string>{"even"},
+  GPIPE_CHECK(!job().distributed || o.balance_by == std::vector<std::string>{"even"},
               "--balance-by profiles the whole model in one process; under mpirun pass a cut with --balance");
   if (!o.balance.empty() && o.balance_by_given) {
     std::string methods;
@@ -144,7 +143,7 @@ void check_sweep(const BenchOptions& o) {
 // (the baseline of the ideal K·M/(M+K-1)), in one process; then every K x schedule x cut asked for.
 std::vector<Contender> contenders(const BenchOptions& o) {
   std::vector<Contender> out;
-  if (!world().mpi) {
+  if (!job().distributed) {
     out.resize(2);
     out[0].unsplit = true;
   }
@@ -183,12 +182,12 @@ void build(Contender& c, const std::string& name, int M, Checkpoint mode, const 
                                       .virtual_stages(c.virtual_stages)
                                       .threads_per_device(o.threads)
                                       .tied_parameters(model.tied)
-                                      .track_memory(!world().mpi);
+                                      .track_memory(!job().distributed);
   c.pipe = make_pipeline(model.build, task.layers, options);
   c.sgd = make_optimizer(kBenchOptimizer, c.pipe->parameters());
   // Replica 0's pipeline on its share of the rows (the replicas' gradient sum is not modelled).
   const int64_t share = micro_batch_sizes(c.batch.size(), replicas_of(c.devices)).front();
-  if (world().prints()) c.predicted = predict(costs, c.pipe->plan(), micro_batch_sizes(share, M));
+  if (job().prints()) c.predicted = predict(costs, c.pipe->plan(), micro_batch_sizes(share, M));
 }
 
 template <typename T>
@@ -217,7 +216,7 @@ void step(Contender& c, bool timed) {
   c.bubbles.push_back(c.pipe->bubble());
   c.sent_bytes.push_back(c.pipe->sum(static_cast<double>(c.pipe->bytes_sent() - sent_before)));
   const StepTrace trace = c.pipe->trace();  // every device's, on the rank that prints
-  if (world().prints()) {
+  if (job().prints()) {
     const double overhead = overhead_seconds(trace, c.pipe->schedule());
     c.overhead_s.push_back(overhead);
     c.simulated_s.push_back(trace.seconds() - overhead);
@@ -264,7 +263,7 @@ nlohmann::json row_of(const Contender& c, const Contender* unsplit, const Conten
   const double batch = static_cast<double>(c.batch.size());
   const double ideal = ideal_speedup(c.pipe->schedule());
   nlohmann::json row = {
-      {"workload", name}, {"tie_embeddings", o.tie_embeddings}, {"transport", world().mpi ? "mpi" : "threads"},
+      {"workload", name}, {"tie_embeddings", o.tie_embeddings}, {"transport", job().distributed ? "mpi" : "threads"},
       {"stages", c.devices}, {"replicas", replicas_of(c.devices)}, {"micro_batches", M},
       {"checkpoint", to_string(mode)}, {"schedule", c.schedule}, {"virtual_stages", c.virtual_stages},
       {"threads_per_device", o.threads}, {"balance", c.pipe->balance()}, {"balance_by", c.balance_by},
@@ -333,24 +332,23 @@ void print_row(const nlohmann::json& r) {
 }
 
 int run(const BenchOptions& o, const std::string& command) {
-  if (world().prints()) check_results_path(o.results);
+  if (job().prints()) check_results_path(o.results);
   if (o.transport) return run_transport(o.warmup, o.json, o.results, command);
-  check_same_settings({{"command", command}});
   check_sweep(o);
   keep_freed_memory();  // before the first step, so every contender runs with the same allocator settings
   nlohmann::json rows = nlohmann::json::array();
-  if (world().prints() && !o.json) print_header();
+  if (job().prints() && !o.json) print_header();
   for (const auto& name : o.workloads)
     for (int M : o.micro_batches) {
       // The cost model, on the rank that prints (the whole workload is small enough to hold there).
-      const CostModel costs = world().prints() || !world().mpi ? profile_task(name, M, o) : CostModel{};
+      const CostModel costs = job().prints() || !job().distributed ? profile_task(name, M, o) : CostModel{};
       for (const std::string& mode : o.checkpoints) {
         std::vector<Contender> all = contenders(o);
         for (Contender& c : all) build(c, name, M, parse_checkpoint(mode), o, costs);
         // Round-robin: warm-up rounds, then timed rounds, one step of every contender per round.
         for (int s = 0; s < o.warmup + o.steps; ++s)
           for (Contender& c : all) step(c, s >= o.warmup);
-        const size_t baselines = world().mpi ? 0 : 2;
+        const size_t baselines = job().distributed ? 0 : 2;
         for (size_t n = baselines; n < all.size(); ++n) {
           const Contender& c = all[n];
           const Contender* first = nullptr;  // the first schedule asked for at the same K and cut
@@ -360,7 +358,7 @@ int run(const BenchOptions& o, const std::string& command) {
               first = &all[m];
           const nlohmann::json row = row_of(c, baselines ? &all[0] : nullptr, baselines ? &all[1] : nullptr, first,
                                             name, M, parse_checkpoint(mode), o);
-          if (!world().prints()) continue;
+          if (!job().prints()) continue;
           rows.push_back(row);
           if (o.json)
             std::cout << row.dump() << std::endl;
@@ -369,7 +367,7 @@ int run(const BenchOptions& o, const std::string& command) {
         }
       }
     }
-  if (world().prints()) write_results(o.results, rows, command);
+  if (job().prints()) write_results(o.results, rows, command);
   return 0;
 }
 

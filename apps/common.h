@@ -34,10 +34,6 @@ void write_results(const std::string& path, const nlohmann::json& rows, const st
 /// The command line as one string, for result files.
 std::string command_line(int argc, char** argv);
 
-/// A 64-bit digest of bytes, to tell whether two processes read the same thing: of a file's
-/// bytes (throws std::runtime_error when it cannot be read), of tensors' dtypes, shapes and values.
-uint64_t file_digest(const std::string& path);
-uint64_t tensors_digest(const std::vector<torch::Tensor>& tensors);
 
 /// Checks for numeric flags, each with a message that names the rule and the
 /// value: a whole number of at least `least` ("must be a whole number, at least

@@ -2,11 +2,12 @@
 #include "commands.h"
 #include "common.h"
 #include <gpipe/gpipe.h>
-#include "world.h"
 
 #include <gpipe/stage.h>
 
 #include <CLI/CLI.hpp>
+
+#include <cctype>
 
 #include <algorithm>
 #include <regex>
@@ -36,6 +37,24 @@ std::string command_word(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (argv[i][0] != '-') return argv[i];
   return "";
+}
+
+// The command line as the settings every rank of an MPI job must share, in order: each flag with
+// its value (--micro-batches = 8), each other word as given.
+std::vector<std::pair<std::string, std::string>> settings_of_command(int argc, char** argv) {
+  std::vector<std::pair<std::string, std::string>> settings;
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    const size_t equals = word.find('=');
+    const bool flag = word.rfind("--", 0) == 0;
+    const bool valued = flag && equals == std::string::npos && i + 1 < argc &&
+                        (argv[i + 1][0] != '-' || std::isdigit(static_cast<unsigned char>(argv[i + 1][1])));
+    if (!flag)
+      settings.emplace_back("word " + std::to_string(i), word);
+    else
+      settings.emplace_back(word.substr(0, equals), valued ? argv[++i] : equals == std::string::npos ? "" : word.substr(equals + 1));
+  }
+  return settings;
 }
 
 // For a command gpipe does not have: a message with the nearest one.
@@ -72,6 +91,10 @@ std::string readable(const std::string& message, const std::string& command) {
 
 int main(int argc, char** argv) {
   using namespace gpipe::cli;
+  using gpipe::check_same_settings;
+  using gpipe::end_job;
+  using gpipe::job;
+  using gpipe::start_job;
   using gpipe::verbose_errors;
   using gpipe::what_of;
   CLI::App app{"gpipe: train neural networks with GPipe pipeline parallelism"};
@@ -88,30 +111,30 @@ int main(int argc, char** argv) {
   // Errors come here after the run has unwound (its device threads joined).
   // Under mpirun every rank runs the same command; an error on one ends them all.
   try {
-    start_world(&argc, &argv);
-    check_same_settings({{"command", command_word(argc, argv)}});
+    start_job(&argc, &argv);
+    check_same_settings(settings_of_command(argc, argv), "give every rank the same command line");
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const std::string word = command_word(argc, argv);
     std::string message = readable(e.what(), word);
-    if (message != e.what()) return fail(2, "gpipe: " + message);
+    if (message != e.what()) return end_job(2, "gpipe: " + message);
     if (!word.empty() && app.get_subcommands([&word](CLI::App* s) { return s->get_name() == word; }).empty() &&
         app.get_subcommands().empty())
       message = unknown_command(app, word);
     else
       message = "gpipe: " + message;
-    if (world().size > 1 && e.get_exit_code() != 0) return fail(2, message);
+    if (job().size > 1 && e.get_exit_code() != 0) return end_job(2, message);
     if (e.get_exit_code() == 0 || message.rfind("gpipe: unknown command", 0) != 0)
-      return (world().prints() ? app.exit(e) : e.get_exit_code()) == 0 ? 0 : 2;
-    return fail(2, message);
+      return (job().prints() ? app.exit(e) : e.get_exit_code()) == 0 ? 0 : 2;
+    return end_job(2, message);
   } catch (const gpipe::StageError& e) {
-    return fail(1, verbose && !e.backtrace().empty() ? std::string(e.what()) + "\nlibtorch's report:\n" + e.backtrace()
+    return end_job(1, verbose && !e.backtrace().empty() ? std::string(e.what()) + "\nlibtorch's report:\n" + e.backtrace()
                                                      : e.what());
   } catch (const std::invalid_argument& e) {
-    return fail(2, in_flags(e.what()));
+    return end_job(2, in_flags(e.what()));
   } catch (const std::exception& e) {  // libtorch's C++ stack only with --verbose (what_of)
     const std::string what = what_of(e);
-    return fail(1, what == without_prefix(what) ? "gpipe: error: " + what : what);
+    return end_job(1, what == without_prefix(what) ? "gpipe: error: " + what : what);
   }
   return status;
 }

@@ -2,7 +2,6 @@
 // train_run.cc trains and reports.
 #include "common.h"
 #include "train.h"
-#include "world.h"
 
 #include <gpipe/gpipe.h>
 #include <torch/torch.h>
@@ -60,10 +59,12 @@ void check_extras_flags(const TrainOptions& o, const Task& task) {
     usage_error(std::string(o.prompt_given ? "--prompt" : "--temperature") +
                 " belongs to --generate N, the bytes to sample from --model gpt; add " +
                 (generates(task) ? "" : "--model gpt ") + "--generate 200, say");
-  or_usage_error(o.generate > kMostGeneratedBytes ? "--generate" : "--temperature", [&] {
+  try {
     GenerateOptions().bytes(o.generate).temperature(o.temperature).check();
-  });
-  if (o.generate > 0 && world().mpi)
+  } catch (const std::invalid_argument& e) {
+    usage_error(without_prefix(e.what()));
+  }
+  if (o.generate > 0 && job().distributed)
     usage_error("--generate samples byte by byte in one process; train under mpirun with --save FILE, then run "
                 "gpipe train --model gpt --resume FILE --epochs 0 --generate N without mpirun");
   if (o.epochs_given && o.epochs == 0 && !o.save.empty())
@@ -78,7 +79,7 @@ void check_extras_flags(const TrainOptions& o, const Task& task) {
 void apply_task(TrainOptions& o, const Task& task) {
   const TaskDefaults& d = task.defaults;
   if (o.loss_given && is_builtin(o) && o.loss != task.loss_name)
-    usage_error("--model " + o.model_file + "'s loss is " + task.loss_name + "; leave out --loss");
+    usage_error("--model " + o.model_file + ": its loss is " + task.loss_name + "; leave out --loss");
   o.loss = task.loss_name;
   if (o.epochs == 0 && !o.epochs_given) o.epochs = d.epochs;
   if (!o.batch_size_given) o.batch_size = d.batch_size;
@@ -96,7 +97,7 @@ void apply_task(TrainOptions& o, const Task& task) {
   // A model whose layers differ in time by 10x is cut by measured time unless told otherwise (under
   // MPI each rank would profile alone: an even cut there).
   if (d.cut_by_time && o.balance.empty() && o.balance_by.empty() && o.virtual_stages == 1 && o.stages > 1 &&
-      !world().mpi)
+      !job().distributed)
     o.balance_by = "time";
   if (o.micro_batches > o.batch_size)
     usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is larger than --batch-size " +
@@ -106,7 +107,7 @@ void apply_task(TrainOptions& o, const Task& task) {
 // Every flag that can be judged without reading a file, before any work.
 void check_flags(TrainOptions& o) {
   o.seed = parse_seed(o.seed_text);
-  if (world().mpi && !o.balance_by.empty())
+  if (job().distributed && !o.balance_by.empty())
     usage_error("--balance-by profiles the whole model in one process; run it once without mpirun and pass "
                 "the cut it prints with --balance");
   if (is_builtin(o) && std::filesystem::exists(o.model_file))
@@ -136,7 +137,7 @@ void check_flags(TrainOptions& o) {
   if (o.lr_schedule != "step" && o.step_flags_given)
     usage_error("--lr-step-size and --lr-gamma belong to --lr-schedule step");
   // Outputs: found unwritable now, not after training.
-  if (o.per_stage_files && !world().mpi)
+  if (o.per_stage_files && !job().distributed)
     usage_error("--per-device-files is for mpirun, where each device writes its own file; in one process --save "
                 "writes the whole model");
   // No output may replace an input or the other output (--save may replace --resume's file).
@@ -157,10 +158,10 @@ void check_flags(TrainOptions& o) {
                     ": give another path");
   // The single checkpoint file and the trace are written by the first rank; per-device files are checked
   // where they are written, once the devices are placed.
-  if (world().rank == 0 && !o.save.empty() && !o.per_stage_files)
+  if (job().rank == 0 && !o.save.empty() && !o.per_stage_files)
     or_usage_error("--save", [&] { check_writable(o.save); return 0; });
-  if (world().rank == 0 && !o.trace.empty()) or_usage_error("--trace", [&] { check_writable(o.trace); return 0; });
-  if (world().rank == 0 && !o.samples.empty())
+  if (job().rank == 0 && !o.trace.empty()) or_usage_error("--trace", [&] { check_writable(o.trace); return 0; });
+  if (job().rank == 0 && !o.samples.empty())
     or_usage_error("--samples", [&] { check_writable(o.samples); return 0; });
 }
 
@@ -191,7 +192,7 @@ void choose_cut(const TrainOptions& o, Choice& c) {
                                     o.threads, state_per_parameter_byte(optimizer_options(o)),
                                     parse_schedule(o.schedule), V);
   c.balance = by.balance;
-  if (!o.json && world().prints()) std::cout << "balance by " << o.balance_by << ":\n" << format_plan(by.plan, by.unit);
+  if (!o.json && job().prints()) std::cout << "balance by " << o.balance_by << ":\n" << format_plan(by.plan, by.unit);
   c.plan = {{"balance_by", o.balance_by},
             {"unit", by.unit},
             {"stage_costs", by.plan.stage_costs},
@@ -200,30 +201,11 @@ void choose_cut(const TrainOptions& o, Choice& c) {
             {"predicted_efficiency", by.plan.predicted_efficiency}};
 }
 
-// The settings every rank of an MPI job must share.
-nlohmann::json settings_of(const TrainOptions& o) {
-  return {{"--data-dir", o.data_dir},     {"--model", o.model_file},      {"--data", o.data_file},
-          {"--loss", o.loss},             {"--stages", o.stages},         {"--balance", o.balance},
-          {"--balance-by", o.balance_by}, {"--micro-batches", o.micro_batches}, {"--checkpoint", o.checkpoint},
-          {"--batch-norm", o.batch_norm}, {"--augment", o.augment}, {"--schedule", o.schedule},     {"--virtual-stages", o.virtual_stages},
-          {"--batch-size", o.batch_size}, {"--drop-last", o.drop_last},   {"--no-shuffle", !o.shuffle},
-          {"--epochs", o.epochs},         {"--steps", o.steps},           {"--optimizer", o.optimizer},
-          {"--lr", o.lr},                 {"--momentum", o.momentum},     {"--nesterov", o.nesterov},
-          {"--weight-decay", o.weight_decay}, {"--betas", o.betas},       {"--lr-schedule", o.lr_schedule},
-          {"--warmup-steps", o.warmup_steps}, {"--lr-step-size", o.lr_step_size}, {"--lr-gamma", o.lr_gamma},
-          {"--clip-grad-norm", o.clip_grad_norm}, {"--seed", o.seed_text},
-          {"--threads-per-stage", o.threads}, {"--train-samples", o.train_samples},
-          {"--test-samples", o.test_samples}, {"--save", o.save},         {"--save-every", o.save_every}, {"--resume", o.resume},
-          {"--per-device-files", o.per_stage_files}, {"--trace", o.trace}, {"--samples", o.samples},
-          {"--generate", o.generate},     {"--prompt", o.prompt},         {"--temperature", o.temperature},
-          {"--json", o.json}};
-}
-
 // Under mpirun every rank reads the model, the data and the checkpoint itself: each from its own
 // working folder and machine. A rank that read other bytes would train a mixture, so the bytes
 // read must agree.
 void check_same_inputs(const TrainOptions& o, const Choice& c) {
-  if (!world().mpi) return;
+  if (!job().distributed) return;
   std::vector<std::pair<std::string, uint64_t>> inputs;
   if (!is_builtin(o) && !o.model_file.empty())
     inputs.emplace_back("--model " + o.model_file, or_usage_error("--model", [&] { return file_digest(o.model_file); }));
@@ -239,7 +221,7 @@ void check_same_inputs(const TrainOptions& o, const Choice& c) {
 // --resume read and checked against the whole model before --balance-by's profile, which would
 // otherwise be done for a file refused after it (in one process; under mpirun there is no profile).
 void check_resume_before_profile(const TrainOptions& o, const Model& model) {
-  if (o.resume.empty() || o.balance_by.empty() || o.per_stage_files || world().mpi) return;
+  if (o.resume.empty() || o.balance_by.empty() || o.per_stage_files || job().distributed) return;
   or_usage_error("--resume", [&] {
     const RandomStateGuard guard;  // building the model draws random numbers
     const torch::nn::Sequential whole = model.build(LayerRange{});
@@ -277,7 +259,6 @@ int run_train(TrainOptions o) {
     known.data_dir = o.data_file.empty() ? kFashionMnistDir : "";
   }
   choose_schedule(o, known);
-  check_same_settings(settings_of(o));
   check_flags(o);
   apply_task(o, known);
   check_extras_flags(o, known);

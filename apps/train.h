@@ -89,6 +89,25 @@ OptimizerOptions optimizer_options(const TrainOptions& o);
 /// Checks the flags, loads the model and the data, chooses the cut, trains (train.cc).
 int run_train(TrainOptions o);
 
+/// What a finished run reports (train_summary.cc).
+struct Outcome {
+  const TrainOptions& o;
+  const Choice& c;
+  Trainer& trainer;
+  const Evaluation& evaluation;
+  const nlohmann::json& epochs;  // a row per epoch
+  const std::string& generated;  // --generate: the prompt and the sample, as shown_text
+  double checksum;               // of the parameters, over every rank
+};
+nlohmann::json summary_of(const Outcome& outcome);
+/// The summary on standard output: as text, or as JSON with --json.
+void print_summary(const Outcome& outcome);
+
+/// The command that continues this run from `file`: this process's command line (as the kernel
+/// has it) with --resume FILE in place of any --resume; under mpirun, after the launcher's words.
+std::string resume_command(const std::string& file);
+std::string signal_name(int signal);
+
 /// The built-in task --model names, or none (a TorchScript file).
 bool is_builtin(const TrainOptions& o);
 

@@ -4,7 +4,6 @@
 #include "common.h"
 #include "png_image.h"
 #include "train.h"
-#include "world.h"
 
 #include <gpipe/gpipe.h>
 #include <torch/torch.h>
@@ -25,68 +24,6 @@
 
 namespace gpipe::cli {
 namespace {
-
-// ---------------------------------------------------------------- stopping on a signal
-
-// `word` as a shell reads it back: itself, or in single quotes.
-std::string shell_quoted(const std::string& word) {
-  const bool plain = !word.empty() && word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                                                             "0123456789_-+=./:,@%") == std::string::npos;
-  if (plain) return word;
-  std::string out = "'";
-  for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-// A process's arguments as the kernel has them (/proc/PID/cmdline); none when it cannot be read.
-std::vector<std::string> arguments_of(const std::string& pid) {
-  std::ifstream in("/proc/" + pid + "/cmdline", std::ios::binary);
-  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::string> args;
-  for (size_t at = 0; at < all.size();) {
-    const size_t end = all.find('\0', at);
-    args.push_back(all.substr(at, end == std::string::npos ? std::string::npos : end - at));
-    at = end == std::string::npos ? all.size() : end + 1;
-  }
-  return args;
-}
-
-// Under mpirun, the launcher's words before `program`: the parent's own (mpirun and every flag the
-// user gave it, a hostfile, --allow-run-as-root) when the parent is mpirun, as it is for the ranks
-// on its host; "mpirun -np N" otherwise.
-std::string launcher_words(const std::string& program) {
-  const std::vector<std::string> parent = arguments_of(std::to_string(getppid()));
-  const std::string name = parent.empty() ? "" : parent[0].substr(parent[0].find_last_of('/') + 1);
-  if (name == "mpirun" || name == "mpiexec" || name == "orterun" || name == "prterun") {
-    for (size_t n = 1; n < parent.size(); ++n) {
-      if (parent[n] != program) continue;
-      std::string out;
-      for (size_t k = 0; k < n; ++k) out += (k == 0 ? "" : " ") + shell_quoted(parent[k]);
-      return out;
-    }
-  }
-  return "mpirun -np " + std::to_string(world().size);
-}
-
-// The command that continues this run from `file`: this process's command line (as the kernel
-// has it) with --resume FILE in place of any --resume; under mpirun, after the launcher's words.
-std::string resume_command(const std::string& file) {
-  const std::vector<std::string> args = arguments_of("self");
-  std::string out = world().mpi && !args.empty() ? launcher_words(args[0]) : "";
-  for (size_t n = 0; n < args.size(); ++n) {
-    if (args[n] == "--resume") {  // and its value
-      ++n;
-      continue;
-    }
-    if (args[n].rfind("--resume=", 0) == 0) continue;
-    out += (out.empty() ? "" : " ") + shell_quoted(args[n]);
-  }
-  return out + " --resume " + shell_quoted(file);
-}
-
-std::string signal_name(int signal) {
-  return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "signal " + std::to_string(signal);
-}
 
 // ---------------------------------------------------------------- the run
 
@@ -142,7 +79,7 @@ class Run {
   // the command that continues it; returns the exit status, 128 + the signal.
   int stopped() {
     const int signal = trainer_.stopped_by();
-    if (world().prints()) {
+    if (job().prints()) {
       const int64_t step = trainer_.step(), per_epoch = trainer_.steps_per_epoch();
       print_error_line("gpipe: stopped by " + signal_name(signal) + " at step " + std::to_string(step) + " of " +
                        std::to_string(trainer_.total_steps()) + " (epoch " + std::to_string(step / per_epoch + 1) +
@@ -170,7 +107,7 @@ class Run {
               << nlohmann::json(c_.balance).dump() << ", " << o_.micro_batches << " micro-batches of a batch of "
               << o_.batch_size << ", schedule " << o_.schedule << ", checkpoint " << o_.checkpoint << ", "
               << o_.optimizer << " lr " << o_.lr << (o_.lr_schedule != "constant" ? " (" + o_.lr_schedule + ")" : "")
-              << (world().mpi ? ", " + pipeline_.describe() : "")
+              << (job().distributed ? ", " + pipeline_.describe() : "")
               << (o_.resume.empty() ? "" : ", resumed at step " + std::to_string(trainer_.start_step())) << "\n";
     check_stdout();
   }
@@ -178,7 +115,7 @@ class Run {
   // Trains with progress on standard error, and the evaluation after every epoch.
   void train() {
     if (o_.epochs == 0) return;  // --resume FILE --epochs 0: the checkpoint's model, evaluated
-    Progress progress(o_.epochs, trainer_.steps_per_epoch(), world().prints());
+    Progress progress(o_.epochs, trainer_.steps_per_epoch(), job().prints());
     TrainerCallbacks callbacks;
     callbacks.after_step = [&](int epoch, int64_t batch) {
       if (!o_.trace.empty() && trainer_.step() == trainer_.total_steps()) last_trace_ = pipeline_.trace();
@@ -198,7 +135,7 @@ class Run {
   int finish() {
     if (trainer_.step() == trainer_.start_step()) evaluation_ = evaluate();  // no step ran: say what the restored model does
     int status = 0;
-    if (!o_.trace.empty() && world().prints()) {
+    if (!o_.trace.empty() && job().prints()) {
       if (trainer_.step() == trainer_.start_step()) {
         print_error_line("gpipe: --trace: no step ran, so there is no timeline to write");
       } else {
@@ -218,8 +155,8 @@ class Run {
     }
     generate();
     const double checksum = pipeline_.checksum();
-    if (!world().prints() || stdout_closed_) return status;
-    print_summary(checksum);
+    if (!job().prints() || stdout_closed_) return status;
+    print_summary({o_, c_, trainer_, evaluation_, epochs_, generated_, checksum});
     check_stdout();
     if (!std::cout && !stdout_closed_) {
       const int error = stdout_error_;
@@ -231,7 +168,7 @@ class Run {
   }
 
  private:
-  bool printing() const { return world().prints() && !o_.json && !stdout_closed_; }
+  bool printing() const { return job().prints() && !o_.json && !stdout_closed_; }
 
   // A closed standard output (gpipe train ... | head; SIGPIPE is ignored) stops the printing,
   // not the training: said once on standard error. Other write errors are reported by finish().
@@ -307,122 +244,6 @@ class Run {
       std::cout << ", " << eval << " loss " << evaluation_.loss;
     std::cout << std::endl;
     check_stdout();
-  }
-
-  void print_summary(double checksum) {
-    const nlohmann::json s = summary(checksum);
-    if (o_.json) {
-      std::cout << s.dump(2) << std::endl;
-      return;
-    }
-    const std::string& eval = data_.test_name;
-    const int64_t run_steps = trainer_.step() - trainer_.start_step();
-    std::cout << "\nsummary\n";
-    if (run_steps == 0 && o_.epochs == 0)
-      std::cout << "  no step ran (--epochs 0): the checkpoint file's model, at step " << trainer_.step() << "\n";
-    else if (run_steps == 0)
-      std::cout << "  no step ran: the checkpoint file is at step " << trainer_.step() << ", and the run ends at step "
-                << trainer_.total_steps() << "\n";
-    if (classification())
-      std::cout << "  " << eval << " accuracy  " << std::fixed << std::setprecision(2) << 100 * evaluation_.accuracy
-                << "%\n";
-    else if (denoising())
-      std::cout << "  " << eval << " PSNR      " << std::fixed << std::setprecision(2) << psnr_db(evaluation_.loss)
-                << " dB (noisy input " << data_.noisy_psnr_db << " dB)\n";
-    else if (language_model())
-      std::cout << "  " << eval << " bits per byte  " << std::fixed << std::setprecision(3)
-                << bits_per_byte(evaluation_.loss) << " (bigram " << data_.bigram_bits_per_byte << ", gzip -9 "
-                << data_.gzip_bits_per_byte << ")\n";
-    else
-      std::cout << "  " << eval << " loss  " << std::fixed << std::setprecision(6) << evaluation_.loss << "\n";
-    std::cout << format_run_figures({trainer_.stats().train_seconds, run_steps, s["samples_per_s"].get<double>(),
-                                     s["bubble"].get<double>(), c_.balance, pipeline_.plan().placement, K_})
-              << std::flush;
-    if (!o_.save.empty())
-      std::cout << "  saved to       "
-                << (o_.per_stage_files ? trainer_.snapshot_file(o_.save, 0) + " .. " + trainer_.snapshot_file(o_.save, K_ - 1)
-                                       : o_.save)
-                << std::endl;
-  }
-
-  nlohmann::json summary(double checksum) const {
-    const int64_t run_steps = trainer_.step() - trainer_.start_step();
-    const std::string& eval = data_.test_name;
-    nlohmann::json stages = nlohmann::json::array();
-    for (int j = 0; j < static_cast<int>(c_.balance.size()); ++j) {
-      stages.push_back({{"stage", j},
-                        {"device", pipeline_.plan().placement[static_cast<size_t>(j)]},
-                        {"layers", c_.balance[static_cast<size_t>(j)]}});
-      if (!world().mpi) {
-        nlohmann::json names = nlohmann::json::array();
-        const int first = stage_offsets(c_.balance)[static_cast<size_t>(j)];
-        const auto children = pipeline_.layers()->children();
-        for (int n = first; n < first + c_.balance[static_cast<size_t>(j)]; ++n)
-          names.push_back(children[static_cast<size_t>(n)]->name());
-        stages.back()["modules"] = names;
-      }
-    }
-    const nlohmann::json none;  // null: no step ran, so no loss was measured
-    nlohmann::json s = {{"evaluated_on", eval},
-                        {eval + "_loss", evaluation_.loss},
-                        {"first_loss", run_steps > 0 ? nlohmann::json(trainer_.stats().first_loss) : none},
-                        {"final_loss", run_steps > 0 ? nlohmann::json(trainer_.stats().last_loss) : none},
-                        {"no_step_ran", run_steps == 0},
-                        {"train_seconds", trainer_.stats().train_seconds},
-                        {"samples_per_s", trainer_.stats().samples_per_s()},
-                        {"steps", trainer_.step()},
-                        {"steps_this_run", run_steps},
-                        {"steps_per_epoch", trainer_.steps_per_epoch()},
-                        {"epochs", epochs_},
-                        {"stages", K_},
-                        {"balance", c_.balance},
-                        {"partition", stages},
-                        {"plan", c_.plan},
-                        {"micro_batches", o_.micro_batches},
-                        {"checkpoint", o_.checkpoint},
-                        {"schedule", o_.schedule},
-                        {"virtual_stages", o_.virtual_stages},
-                        {"batch_size", o_.batch_size},
-                        {"drop_last", o_.drop_last},
-                        {"shuffle", o_.shuffle},
-                        {"optimizer", o_.optimizer},
-                        {"lr", o_.lr},
-                        {"lr_schedule", o_.lr_schedule},
-                        {"augment", o_.augment},
-                        {"batch_norm", o_.batch_norm},
-                        {"warmup_steps", o_.warmup_steps},
-                        {"weight_decay", o_.weight_decay},
-                        {"clip_grad_norm", o_.clip_grad_norm},
-                        {"seed", o_.seed},
-                        {"bubble", run_steps > 0 ? trainer_.stats().bubble_sum / static_cast<double>(run_steps) : 0.0},
-                        {"parameter_checksum", checksum},
-                        {"machine", machine()}};
-    if (o_.optimizer == "sgd") {
-      s["momentum"] = o_.momentum;
-      s["nesterov"] = o_.nesterov;
-    } else {
-      s["betas"] = o_.betas;
-    }
-    if (world().mpi) s["mpi"] = {{"ranks", world().size}, {"replicas", world().size / K_}};
-    if (classification()) s[eval + "_accuracy"] = evaluation_.accuracy;
-    if (denoising()) {
-      s[eval + "_psnr_db"] = psnr_db(evaluation_.loss);
-      s["noisy_" + eval + "_psnr_db"] = data_.noisy_psnr_db;
-    }
-    if (language_model()) {
-      s[eval + "_bits_per_byte"] = bits_per_byte(evaluation_.loss);
-      s["bigram_bits_per_byte"] = data_.bigram_bits_per_byte;
-      s["gzip_bits_per_byte"] = data_.gzip_bits_per_byte;
-      s["train_bytes"] = data_.train_bytes;
-      s["test_bytes"] = data_.test_bytes;
-      s["context"] = data_.train.input.size(1);
-    }
-    if (o_.generate > 0) {
-      s["generated"] = generated_;
-      s["prompt"] = shown_text(o_.prompt);
-      s["temperature"] = o_.temperature;
-    }
-    return s;
   }
 
   const TrainOptions& o_;

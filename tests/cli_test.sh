@@ -215,6 +215,14 @@ PY
   expect_error "for --model gpt" --generate 10
   expect_error "--temperature" --model gpt --generate 10 --temperature 0
   expect_error "--temperature" --model gpt --generate 10 --temperature nan
+  # A temperature whose inverse is not finite: refused before the header, not by the first sample.
+  expect_error "gpipe: --temperature [^ ]*: the scores are divided by it" --model gpt --generate 10 --temperature 1e-320
+  # Any built-in task by name, a benchmark workload too; the help lists them.
+  if "$gpipe" train --model tiny --steps 2 --json >"$work/tiny.json" 2>/dev/null &&
+     grep -q '"training_loss"' "$work/tiny.json"; then pass "--model tiny: a benchmark workload trains on its batch"
+  else fail "--model tiny"; fi
+  if "$gpipe" train --help | grep -q "gpt (a byte-level"; then pass "train --help lists the tasks"
+  else fail "train --help does not list the tasks"; fi
   expect_error "belongs to --generate" --model gpt --prompt hello
   expect_error "give it with --resume" --model gpt --epochs 0
   expect_error "its loss is cross_entropy" --model gpt --loss mse

@@ -150,6 +150,18 @@ struct TrainerOptions {
   TORCH_ARG(bool, per_device_files) = false;
 };
 
+/// The settings of `options` that every rank of a job must share, by name (TrainerOptions' own names),
+/// as text: what a Trainer compares across ranks (check_same_on_every_rank). The loss is a function
+/// and is not compared; the augmentation only by whether there is one. tasks_test checks that a new
+/// field of TrainerOptions is not forgotten here.
+std::vector<std::pair<std::string, std::string>> settings_of(const TrainerOptions& options);
+
+class Pipeline;
+/// Every rank of `pipeline`'s job compares `settings` (name, value), collectively: unless all agree,
+/// every rank throws std::invalid_argument naming the first setting that differs and the lowest rank
+/// whose value is not the first rank's. In one process there is nothing to compare.
+void check_same_on_every_rank(Pipeline& pipeline, const std::vector<std::pair<std::string, std::string>>& settings);
+
 /// Puts the default generator back as it was when the guard was made: building
 /// a whole model for a look at it (a check, a profile) leaves the run's random
 /// numbers as they were.

@@ -1,18 +1,9 @@
-// builtin.h: the built-in tasks, one file each, that the registry (registry.cc) lists.
+// builtin.h: what the built-in tasks (one file each in src/tasks/, listed by registry.cc) share.
 #pragma once
 
 #include "gpipe/tasks.h"
 
 namespace gpipe::tasks {
-
-Task cnn();          // cnn.cc: the Fashion-MNIST CNN, gpipe train's default
-Task resnet();       // resnet.cc: a residual network with BatchNorm on Fashion-MNIST
-Task unet();         // unet.cc: a U-Net that denoises Fashion-MNIST images
-Task gpt();          // gpt.cc: a byte-level GPT on Debian's fortunes
-/// workloads.cc: the benchmark workloads of docs/benchmarks.md (mlp, transformer, tiny,
-/// imbalanced), by name, and their names.
-Task workload(const std::string& name);
-std::vector<std::string> workload_task_names();
 
 /// Fashion-MNIST from options.data_dir (or Debian's folder), the first train_samples and
 /// test_samples of each split, with int64 class targets (fashion.cc).

@@ -13,14 +13,13 @@
 namespace gpipe {
 
 void GenerateOptions::check() const {
-  GPIPE_CHECK(bytes() >= 0 && bytes() <= kMostGeneratedBytes, "at most ", kMostGeneratedBytes, " bytes are generated "
-              "in one run (each is one pass of the model), not ", bytes(), "; sample more in several runs with other "
-              "seeds");
+  GPIPE_CHECK(bytes() >= 0 && bytes() <= kMostGeneratedBytes, "`generate` ", bytes(), ": at most ", kMostGeneratedBytes,
+              " bytes (each is one pass of the model); sample more in several runs with other `seed` values");
   // The scores are divided by the temperature: a tiny one makes them infinite, and no byte can be drawn.
   GPIPE_CHECK(std::isfinite(temperature()) && temperature() > 0 && std::isfinite(1.0 / temperature()) &&
                   std::isfinite(100.0 / temperature()),
-              "the temperature must be a finite number above 0 whose inverse is finite too (got ", temperature(),
-              "); use 0.01 for nearly the likeliest byte each time, 1 for the model's own odds");
+              "`temperature` ", temperature(), ": the scores are divided by it, so it must be a finite number above 0 "
+              "whose inverse is finite too; use 0.01 for nearly the likeliest byte each time, 1 for the model's own odds");
 }
 
 std::string generate_text(Pipeline& pipeline, int64_t context, const GenerateOptions& options,

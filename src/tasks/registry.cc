@@ -13,6 +13,16 @@
 #include <mutex>
 
 namespace gpipe {
+namespace tasks {  // each defined in its own file
+Task cnn();     // cnn.cc: the Fashion-MNIST CNN, gpipe train's default
+Task resnet();  // resnet.cc: a residual network with BatchNorm on Fashion-MNIST
+Task unet();    // unet.cc: a U-Net that denoises Fashion-MNIST images
+Task gpt();     // gpt.cc: a byte-level GPT on Debian's fortunes
+// workloads.cc: the benchmark workloads of docs/benchmarks.md (mlp, transformer, tiny, imbalanced).
+Task workload(const std::string& name);
+std::vector<std::string> workload_task_names();
+}  // namespace tasks
+
 namespace {
 
 // The registry: a task's name and the function that makes it (only the task asked for is made).
@@ -104,13 +114,13 @@ Task script_task(const std::string& model_file, const std::string& data_file, co
     const torch::Tensor& target = d.train.target;
     const std::string type = c10::toString(target.scalar_type());
     if (classes) {
-      GPIPE_CHECK(!target.is_floating_point(), "the cross_entropy loss needs integer class targets, but the targets "
-                  "of ", d.source, " are ", type, "; use the mse loss");
+      GPIPE_CHECK(!target.is_floating_point(), "`loss` cross_entropy needs integer class targets, but the targets "
+                  "of ", d.source, " are ", type, "; use `loss` mse");
       d.train.target = d.train.target.to(torch::kLong);
       d.test.target = d.test.target.to(torch::kLong);
     } else {
-      GPIPE_CHECK(target.is_floating_point(), "the mse loss needs real-valued targets, but the targets of ", d.source,
-                  " are ", type, "; use the cross_entropy loss for class indices, or save the targets as floats");
+      GPIPE_CHECK(target.is_floating_point(), "`loss` mse needs real-valued targets, but the targets of ", d.source,
+                  " are ", type, "; use `loss` cross_entropy for class indices, or save the targets as floats");
     }
     GPIPE_CHECK(d.train.size() > 0, "the training data of ", d.source, " has no samples");
     return d;

@@ -2,6 +2,8 @@
 // and the run saved and resumed through snapshots, in one process and under MPI.
 #include "gpipe/train.h"
 
+#include "gpipe/digest.h"
+
 #include "gpipe/check.h"
 #include "gpipe/cost_model.h"
 #include "gpipe/io.h"
@@ -428,6 +430,10 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
   PipelineOptions with_ties = pipeline;
   with_ties.tied_parameters().insert(with_ties.tied_parameters().end(), model_.tied.begin(), model_.tied.end());
   pipeline_ = make_pipeline(model_.build, model_.layers, with_ties, runtime);
+  // Every rank trains alike, on the same rows: its settings and its training data are compared.
+  std::vector<std::pair<std::string, std::string>> shared = settings_of(options_);
+  shared.emplace_back("training data", std::to_string(tensors_digest({train_.input, train_.target})));
+  check_same_on_every_rank(*pipeline_, shared);
   optimizer_ = make_optimizer(options_.optimizer(), pipeline_->parameters());
   // A step still running stop_timeout seconds after a stop request is abandoned (in one process).
   const double timeout = options_.stop_timeout();

@@ -1,0 +1,69 @@
+// job.h: the job this process belongs to: one rank of an MPI job (under mpirun), or a job of one
+// process; what its ranks must agree on before any work, and ending the whole job when one rank
+// cannot go on. A front end (gpipe's command line, a program of one's own) calls these; none calls
+// MPI itself.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gpipe {
+
+struct Job {
+  int rank = 0;
+  int size = 1;
+  bool distributed = false;  ///< more than one rank (started by an MPI launcher)
+  /// Whether this rank prints progress, tables and summaries (the first rank does).
+  bool prints() const { return rank == 0; }
+};
+
+/// The job. Before start_job: a job of one process.
+const Job& job();
+
+/// Starts MPI, for the rest of the process, when an MPI launcher started this process, and returns
+/// the job. Throws std::runtime_error when a launcher started a gpipe built without MPI (naming the
+/// CMake option that builds it in).
+const Job& start_job(int* argc, char*** argv);
+
+/// D, the replicas of a pipeline of K `devices` in this job: the ranks divided by K (throws
+/// std::invalid_argument unless the ranks are a multiple of K); 1 in a job of one process.
+int replicas_of(int devices);
+
+/// Compares named settings (name, value as text) across the ranks of the job: unless every rank has
+/// the same names and values, every rank throws the same std::invalid_argument naming the first
+/// that differs, rank 0's value and the other rank's, and `fix`. A job of one process has nothing to
+/// compare.
+void check_same_settings(const std::vector<std::pair<std::string, std::string>>& settings,
+                         const std::string& fix = "give every rank the same settings");
+
+/// Compares, across the ranks, digests of what each rank read (what, e.g. "the data file d.pt", and
+/// its digest: digest.h). Every rank throws the same std::invalid_argument naming the first input
+/// whose bytes differ (each rank opens a path itself, from its own working folder and machine).
+void check_same_bytes(const std::vector<std::pair<std::string, uint64_t>>& inputs);
+
+/// Writes `line` and a newline to standard error in one write, so that lines of ranks sharing a
+/// terminal never mix.
+void print_error_line(const std::string& line);
+
+/// Reports `message` on standard error and returns `status`. In a job of several ranks it ends the
+/// whole job instead and never returns: ranks that fail together within 5 s print each different
+/// message once (with the ranks that gave it, unless all did); a rank that does not come (it is
+/// computing, or dead) only delays the end.
+int end_job(int status, const std::string& message);
+
+/// One message size of time_link: the median one-way time of a ping-pong and its spread.
+struct LinkTiming {
+  int64_t bytes = 0;
+  int repeats = 0;
+  double one_way_s = 0, min_s = 0, max_s = 0;
+};
+
+/// Latency and bandwidth of the transport between the two ranks of a job of 2, by ping-pong per
+/// message size (8 B to 64 MiB; header and data messages, as a pipeline sends them), after `warmup`
+/// untimed rounds; collective. Throws std::invalid_argument in a job of another size, or in a build
+/// without MPI.
+std::vector<LinkTiming> time_link(int warmup);
+
+}  // namespace gpipe

@@ -1,0 +1,77 @@
+// agreement.cc: what every rank of a job must share, compared by the library from the option values
+// themselves: a rank given other settings is named with the setting, before any step.
+#include "gpipe/train.h"
+
+#include "gpipe/check.h"
+
+#include <functional>
+#include <limits>
+#include <sstream>
+
+namespace gpipe {
+namespace {
+
+template <typename T>
+std::string text(const T& value) {
+  std::ostringstream out;
+  out.precision(17);
+  out << value;
+  return out.str();
+}
+
+// A digest of `value` that a double holds exactly (52 bits), to compare with Pipeline::max.
+double digest(const std::string& value) {
+  return static_cast<double>(std::hash<std::string>{}(value) & ((uint64_t{1} << 52) - 1));
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> settings_of(const TrainerOptions& o) {
+  const OptimizerOptions& opt = o.optimizer();
+  const LrScheduleOptions& lr = o.lr_schedule();
+  const std::string betas = opt.betas() ? text(std::get<0>(*opt.betas())) + "," + text(std::get<1>(*opt.betas())) : "";
+  return {{"optimizer", optimizer_name(opt.kind())},
+          {"lr", text(opt.lr())},
+          {"momentum", text(opt.momentum())},
+          {"nesterov", text(opt.nesterov())},
+          {"weight_decay", text(opt.decay())},
+          {"betas", betas},
+          {"lr_schedule", lr_schedule_name(lr.kind())},
+          {"warmup_steps", text(lr.warmup_steps())},
+          {"lr_step_size", text(lr.step_size())},
+          {"lr_gamma", text(lr.gamma())},
+          {"clip_grad_norm", text(o.clip_grad_norm())},
+          {"batch_size", text(o.batch_size())},
+          {"drop_last", text(o.drop_last())},
+          {"shuffle", text(o.shuffle())},
+          {"seed", text(o.seed())},
+          {"epochs", text(o.epochs())},
+          {"steps", text(o.steps())},
+          {"classification", text(o.classification())},
+          {"augment", o.augment() ? "a function" : "none"},
+          {"save", o.save()},
+          {"save_every", text(o.save_every())},
+          {"stop_timeout", text(o.stop_timeout())},
+          {"per_device_files", text(o.per_device_files())}};
+}
+
+void check_same_on_every_rank(Pipeline& pipeline, const std::vector<std::pair<std::string, std::string>>& settings) {
+  std::string all;
+  for (const auto& [name, value] : settings) all += name + '\0' + value + '\0';
+  auto first_rank_differing = [&](double mine) {
+    const double first = pipeline.max(pipeline.rank() == 0 ? mine : -1.0);  // the first rank's
+    const double rank = mine == first ? std::numeric_limits<double>::max() : static_cast<double>(pipeline.rank());
+    return -pipeline.max(-rank);
+  };
+  if (first_rank_differing(digest(all)) == std::numeric_limits<double>::max()) return;
+  for (const auto& [name, value] : settings) {
+    const double rank = first_rank_differing(digest(value));
+    GPIPE_CHECK(rank == std::numeric_limits<double>::max(), "the ranks were given different settings: rank ",
+                static_cast<int>(rank), "'s `", name, "` is not rank 0's; give every rank the same settings (the same "
+                "command line)");
+  }
+  GPIPE_CHECK(false, "the ranks were given different settings (the same names, in another order); give every rank the "
+              "same settings");
+}
+
+}  // namespace gpipe

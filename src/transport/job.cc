@@ -1,0 +1,142 @@
+// job.cc: the job this process belongs to (job.h); the MPI side is src/transport/mpi/job.cc.
+#include "gpipe/job.h"
+
+#include "gpipe/check.h"
+
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+#include "gpipe/mpi.h"
+#include "transport/mpi/job.h"
+#endif
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include <unistd.h>
+
+namespace gpipe {
+namespace {
+
+Job& the_job() {
+  static Job j;
+  return j;
+}
+
+// Every rank's `mine`, in rank order; `mine` alone in a job of one process.
+std::vector<std::string> gather_all(const std::string& mine) {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  if (job().distributed) return mpi::all_gather_job(mine);
+#endif
+  return {mine};
+}
+
+// Settings as one text: "name\0value\0" each.
+std::string joined(const std::vector<std::pair<std::string, std::string>>& settings) {
+  std::string out;
+  for (const auto& [name, value] : settings) out += name + '\0' + value + '\0';
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> split(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (size_t at = 0; at < text.size();) {
+    const size_t name_end = text.find('\0', at), value_end = text.find('\0', name_end + 1);
+    out.emplace_back(text.substr(at, name_end - at), text.substr(name_end + 1, value_end - name_end - 1));
+    at = value_end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+const Job& job() { return the_job(); }
+
+const Job& start_job(int* argc, char*** argv) {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  if (!mpi::launched()) return job();
+  const auto [rank, size] = mpi::start_job(argc, argv);
+  // One rank is one process: it runs as without mpirun (threads, one checkpoint file).
+  the_job() = Job{rank, size, size > 1};
+#else
+  (void)argc;
+  (void)argv;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr)
+    throw std::runtime_error("this gpipe was built without MPI, but it was started by mpirun; install "
+                             "libopenmpi-dev and rebuild with MPI (cmake -DGPIPE_MPI=ON)");
+#endif
+  return job();
+}
+
+int replicas_of(int devices) {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  if (job().distributed) return mpi::place(job().rank, job().size, devices).replicas;
+#endif
+  (void)devices;
+  return 1;
+}
+
+void check_same_settings(const std::vector<std::pair<std::string, std::string>>& settings, const std::string& fix) {
+  if (!job().distributed) return;
+  const std::vector<std::string> all = gather_all(joined(settings));
+  const auto first = split(all[0]);
+  for (size_t r = 1; r < all.size(); ++r) {
+    const auto theirs = split(all[r]);
+    for (size_t n = 0; n < std::max(first.size(), theirs.size()); ++n) {
+      const std::string mine = n < first.size() ? first[n].first + " = " + first[n].second : "nothing more";
+      const std::string other = n < theirs.size() ? theirs[n].first + " = " + theirs[n].second : "nothing more";
+      GPIPE_CHECK(mine == other, "the ranks were started with different settings: rank 0 has ", mine, ", rank ", r,
+                  " has ", n < theirs.size() && n < first.size() && first[n].first == theirs[n].first
+                               ? theirs[n].second : other, "; ", fix);
+    }
+  }
+}
+
+void check_same_bytes(const std::vector<std::pair<std::string, uint64_t>>& inputs) {
+  if (!job().distributed) return;
+  std::vector<std::pair<std::string, std::string>> settings;
+  for (const auto& [what, digest] : inputs) settings.emplace_back(what, std::to_string(digest));
+  const std::vector<std::string> all = gather_all(joined(settings));
+  const auto first = split(all[0]);
+  for (size_t r = 1; r < all.size(); ++r) {
+    const auto theirs = split(all[r]);
+    GPIPE_CHECK(theirs.size() == first.size(), "rank ", r, " read other inputs than rank 0; give every rank the same "
+                "command line");
+    for (size_t n = 0; n < first.size(); ++n)
+      GPIPE_CHECK(theirs[n] == first[n], "rank ", r, " read other bytes than rank 0 behind ", first[n].first,
+                  " (each rank opens the path itself, from its own working folder and machine): the ranks would "
+                  "train a mixture of two models or datasets; give every rank the same file (a path they all see "
+                  "alike, or identical copies)");
+  }
+}
+
+void print_error_line(const std::string& line) {
+  // One write(2) per line: ranks of one job share the terminal, and a line written piece by piece
+  // comes out interleaved with another rank's.
+  const std::string text = line + "\n";
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(STDERR_FILENO, text.data() + done, text.size() - done);
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+}
+
+std::vector<LinkTiming> time_link(int warmup) {
+  GPIPE_CHECK(job().size == 2, "timing the link needs a job of two ranks; start it with mpirun -np 2 (got ", job().size,
+              job().size == 1 ? " rank)" : " ranks)");
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  return mpi::time_link(warmup, job().rank);
+#else
+  (void)warmup;
+  return {};
+#endif
+}
+
+int end_job(int status, const std::string& message) {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  if (job().distributed) mpi::end_job(status, message, print_error_line, job().rank);
+#endif
+  print_error_line(message);
+  return status;
+}
+
+}  // namespace gpipe
