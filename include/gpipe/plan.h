@@ -17,7 +17,7 @@
 #include "gpipe/device.h"
 #include "gpipe/layers.h"
 #include "gpipe/schedule.h"
-#include "gpipe/skip.h"
+#include "gpipe/skip_connections.h"
 
 #include <torch/arg.h>
 
