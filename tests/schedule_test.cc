@@ -689,6 +689,52 @@ TEST(MakeScheduleTest, EachScheduleTakesItsVirtualStages) {
                        "the v-half schedule runs 2 stages per device"));
 }
 
+// Every entry of the schedule table: its generator makes a schedule that validates, named as the
+// entry, with the entry's placement, its backward split or not, and a peak in flight within the
+// entry's memory bound, reached by some device once M >= 2K.
+TEST(ScheduleTableTest, EveryEntryMatchesItsGenerator) {
+  const auto& table = gpipe::schedule_table();
+  ASSERT_EQ(table.size(), gpipe::all_schedules().size());
+  for (const gpipe::ScheduleTraits& traits : table) {
+    EXPECT_EQ(&gpipe::schedule_traits(traits.kind), &traits);
+    EXPECT_EQ(gpipe::parse_schedule(traits.name), traits.kind);
+    EXPECT_TRUE(traits.takes_virtual_stages(traits.default_virtual_stages)) << traits.name;
+    EXPECT_FALSE(traits.takes_virtual_stages(traits.least_virtual_stages - 1)) << traits.name;
+    std::vector<int> Vs{traits.default_virtual_stages};
+    if (traits.chooses_virtual_stages()) Vs.push_back(traits.default_virtual_stages + 1);
+    for (int V : Vs)
+      for (int K = 1; K <= 5; ++K)
+        for (int M = 1; M <= 10; ++M) {
+          const std::string where = traits.name + " K=" + std::to_string(K) + " M=" + std::to_string(M) +
+                                    " V=" + std::to_string(V);
+          if (traits.micro_batches_multiple_of_devices && M % K != 0) {
+            EXPECT_THROW(gpipe::make_schedule(traits.kind, K, M, V), std::invalid_argument) << where;
+            continue;
+          }
+          const Schedule s = gpipe::make_schedule(traits.kind, K, M, V);
+          EXPECT_NO_THROW(gpipe::validate(s)) << where;
+          EXPECT_EQ(s.name, traits.name) << where;
+          EXPECT_EQ(s.virtual_stages(), V) << where;
+          EXPECT_EQ(s.placement, gpipe::place_stages(traits.placement, K, V)) << where;
+          bool split = false;
+          for (const auto& actions : s.actions)
+            for (const Action& a : actions) split = split || a.kind == ActionKind::kInputGrad;
+          EXPECT_EQ(split, traits.splits_backward) << where;
+          const std::vector<int> peak = gpipe::simulate(s).peak_in_flight;
+          int most = 0, bound = 0;
+          for (int d = 0; d < K; ++d) {
+            const int b = traits.peak_in_flight(K, M, V, d);
+            EXPECT_LE(peak[static_cast<size_t>(d)], b) << where << " d" << d;
+            most = std::max(most, peak[static_cast<size_t>(d)]);
+            bound = std::max(bound, b);
+          }
+          if (M >= 2 * K) EXPECT_EQ(most, bound) << where;
+        }
+  }
+  EXPECT_EQ(gpipe::place_stages(gpipe::StagePlacement::kLoop, 2, 2), (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(gpipe::place_stages(gpipe::StagePlacement::kV, 2, 2), (std::vector<int>{0, 1, 1, 0}));
+}
+
 TEST(MakeScheduleTest, RefusesWhatCannotRun) {
   std::string what = error_of([] { gpipe::make_schedule(ScheduleKind::kInterleaved, 2, 3, 2); });
   EXPECT_TRUE(contains(what, "multiple")) << what;

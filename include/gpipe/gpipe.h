@@ -20,6 +20,7 @@
 #include "gpipe/schedule.h"
 #include "gpipe/script_model.h"
 #include "gpipe/skip.h"
+#include "gpipe/skip_connections.h"
 #include "gpipe/snapshot.h"
 #include "gpipe/stage.h"
 #include "gpipe/stop.h"

@@ -1,4 +1,6 @@
-// partition.h: how a model's L layers are cut into S consecutive stages (a "balance": S = K·V).
+// partition.h: how a model's L layers are cut into S consecutive stages (a "balance": S = K·V): the
+// arithmetic of the cuts make_plan resolves from a cut request (CutRequest in plan.h), and what a
+// cut means for a schedule's step (plan_partition). Plain data and the schedule simulator only.
 //
 // Per-layer costs come from parameter_costs, costs_from, or the cost model's one profiler
 // (cost_model.h): layer_times(profile_layers(model, micro-batch), rows) for time,

@@ -2,10 +2,13 @@
 // routes and the lowered programs, built and checked by one function before any tensor moves.
 //
 //   PipelineOptions ──make_plan(L layers, skip connections)──▶ PipelinePlan ──▶ Pipeline (threads or MPI ranks),
-//     K, V, M, balance,                                         balance, placement,    the cost model's prediction,
-//     schedule, checkpoint                                      skip routes, programs  gpipe bench, plan and train
+//     K, V, M, the cut request                                  K, V, balance,         the cost model's prediction,
+//     (even, given, blocks, by cost),                           placement, skip        gpipe bench, plan and train
+//     schedule, checkpoint                                      routes, programs
 //
-// Every check of K, V, M and the balance against each other and the model lives
+// The policy is decided here once: K (given, or a given balance's length / V), V (given, or the
+// schedule's own from its table entry, schedule_traits), the cut (CutRequest) and the placement
+// (the schedule's). Every check of K, V, M and the balance against each other and the model lives
 // in make_plan (the MPI transport adds its tag-space limit on M, and the front
 // ends check their flags' own ranges); everything else reads the plan: which
 // device runs a stage, which stages a device runs, which layers a stage holds.
@@ -14,7 +17,7 @@
 #include "gpipe/device.h"
 #include "gpipe/layers.h"
 #include "gpipe/schedule.h"
-#include "gpipe/skip.h"
+#include "gpipe/skip_connections.h"
 
 #include <torch/arg.h>
 
@@ -24,16 +27,69 @@
 
 namespace gpipe {
 
+/// Which request made a plan's cut (PipelinePlan::cut).
+enum class CutKind {
+  kEven,    ///< the layers split evenly
+  kGiven,   ///< a balance given as is
+  kBlocks,  ///< blocks split evenly, lead layers with the first stage and tail layers with the last
+  kByCost,  ///< the exact min-max cut of per-layer costs
+};
+/// "even", "given", "blocks" or "by cost".
+std::string to_string(CutKind kind);
+
+/// How the model's L layers are cut into S = K·V stages: a request make_plan resolves once, for
+/// the S its K and V give (with V > 1 the cut is over all K·V stages).
+///
+///   CutRequest::even()                        {4, 3, 3} for 10 layers and 3 stages: the first L mod S take one more
+///   CutRequest::given({3, 8})                 as given: S entries, summing to L (K may then be left 0: S / V)
+///   CutRequest::blocks({2, 2, 2, 2}, 1, 2)    the 4 blocks split evenly over the stages (2 layers each here),
+///                                             the 1 lead layer (an embedding) with the first stage and the
+///                                             2 tail layers (a norm and the head) with the last: {5, 6} for S = 2
+///   CutRequest::by_cost(costs)                the min-max cut of one cost per layer (balance_by_cost)
+struct CutRequest {
+  CutKind kind = CutKind::kEven;
+  std::vector<int> balance;        ///< kGiven: layers per stage
+  std::vector<int> block_layers;   ///< kBlocks: the layers of each block, in order
+  int lead_layers = 0;             ///< kBlocks: layers before the first block
+  int tail_layers = 0;             ///< kBlocks: layers after the last block
+  std::vector<double> layer_costs;  ///< kByCost: one cost per layer
+
+  static CutRequest even() { return {}; }
+  static CutRequest given(std::vector<int> balance);
+  static CutRequest blocks(std::vector<int> block_layers, int lead_layers = 0, int tail_layers = 0);
+  static CutRequest by_cost(std::vector<double> layer_costs);
+
+  /// The cut of `layers` layers into `stages` stages. Throws std::invalid_argument naming the
+  /// request and the fix when it is not a cut of that many layers into that many stages.
+  std::vector<int> resolve(int layers, int stages) const;
+  /// The request in words for messages and summaries: "even", "given {3, 8}",
+  /// "blocks (1 lead layer, 4 blocks, 2 tail layers)", "by cost".
+  std::string str() const;
+};
+
 /// What a pipeline is asked to be, set with chainable setters:
 ///
 ///   gpipe::PipelineOptions().devices(2).micro_batches(8)
 ///   gpipe::PipelineOptions().balance({3, 5}).micro_batches(4).checkpoint(gpipe::Checkpoint::kAlways)
 ///   gpipe::PipelineOptions().devices(2).micro_batches(8).schedule(gpipe::ScheduleKind::kInterleaved)
 struct PipelineOptions {
-  /// K, the number of devices. 0: the balance's length divided by V.
+  /// K, the number of devices. 0: the given balance's length divided by V.
   TORCH_ARG(int, devices) = 0;
-  /// Layers per stage, e.g. {3, 5}: K·V entries. Empty: the layers cut evenly into K·V stages.
-  TORCH_ARG(std::vector<int>, balance) = {};
+  /// How the layers are cut into K·V stages (CutRequest): even unless asked otherwise.
+  TORCH_ARG(CutRequest, cut) = CutRequest::even();
+
+ public:
+  /// Layers per stage, e.g. {3, 5}: K·V entries; the same as cut(CutRequest::given(balance)). Empty:
+  /// no given cut (a given one is cleared back to even; another request stays).
+  PipelineOptions& balance(const std::vector<int>& balance) {
+    if (!balance.empty())
+      cut_ = CutRequest::given(balance);
+    else if (cut_.kind == CutKind::kGiven)
+      cut_ = CutRequest::even();
+    return *this;
+  }
+  /// The given balance, or empty when the cut is another request.
+  const std::vector<int>& balance() const { return cut_.balance; }
   /// The order in which the devices run forwards and backwards (schedule.h).
   TORCH_ARG(ScheduleKind, schedule) = ScheduleKind::kGPipe;
   /// V, stages per device; the schedule places them (stage s on device s mod K,
@@ -81,6 +137,7 @@ struct PipelinePlan {
   ScheduleKind schedule = ScheduleKind::kGPipe;
   Checkpoint checkpoint = Checkpoint::kExceptLast;
   std::vector<int> balance;                ///< layers per stage, S = K·V entries
+  CutKind cut = CutKind::kEven;            ///< which request made the balance (PipelineOptions::cut)
   std::vector<int> placement;              ///< placement[s]: the device that runs stage s
   std::vector<SkipRoute> skip_routes;      ///< the skip connections that cross stages, route k on skip_channel(k, ...)
   std::vector<std::string> skip_names;     ///< the name of route k
@@ -110,8 +167,8 @@ struct PipelinePlan {
 
 /// The plan of a model of `layers` layers with `skips` (skip_connections) for
 /// `options`. Throws std::invalid_argument, naming the value and the fix,
-/// for a plan that cannot run: K, V or M below 1, a balance that is not a cut
-/// of the layers or disagrees with K·V, more stages than layers, a schedule
+/// for a plan that cannot run: K, V or M below 1, a cut request that is not a cut
+/// of the layers (a balance, blocks or costs that do not add up to them) or disagrees with K·V, more stages than layers, a schedule
 /// that cannot take K, M and V, a device list that is not K long, an unusable
 /// device, a group of tied parameters of fewer than two names.
 PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::vector<SkipConnection>& skips = {});

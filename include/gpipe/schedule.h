@@ -5,6 +5,9 @@
 // S = K·V with V stages per device (interleaved, zbv, v-half), S = K otherwise), M
 // micro-batches (i = 0..M-1). Where each stage runs is the schedule's placement:
 // stage s on device s mod K (a loop), or as a V for zbv and v-half (stage s and 2K-1-s on device s).
+// Each schedule's traits (its V, placement, rules on K, M and V, I/W split and memory bound) sit in
+// one table beside its generator (ScheduleTraits, schedule_table): a new schedule is a generator
+// and one entry.
 //
 // A step is built in three passes, all before any tensor moves:
 //
@@ -122,7 +125,7 @@ struct Schedule {
   std::vector<int> stages_of(int device) const;
 };
 
-/// The schedules gpipe generates.
+/// The schedules gpipe generates. Each has one entry in schedule_table(), beside its generator.
 enum class ScheduleKind {
   kGPipe,        ///< "gpipe": fill-drain
   k1F1B,         ///< "1f1b": one forward, one backward (PipeDream-Flush)
@@ -131,10 +134,63 @@ enum class ScheduleKind {
   kZBV,          ///< "zbv": zero bubble ZB-V, 2 stages per device placed as a V, I/W split
   kVHalf,        ///< "v-half": ZB-V's V and I/W split in (K+1)/2K of its activation memory
 };
+
+/// Where a schedule runs its S = K·V stages.
+enum class StagePlacement {
+  kLoop,  ///< stage s on device s mod K: a micro-batch loops over the devices V times
+  kV,     ///< 2 stages per device placed as a V: device d runs stage d and stage 2K-1-d
+};
+
+/// The device of each of the K·V stages under `placement`: placement[s].
+std::vector<int> place_stages(StagePlacement placement, int devices, int virtual_stages);
+
+/// A schedule's traits, kept with its generator in one table (schedule_table) that every
+/// question about a schedule reads: make_schedule, make_plan, the planner and the front ends.
+/// A new schedule is a generator and one entry.
+struct ScheduleTraits {
+  ScheduleKind kind = ScheduleKind::kGPipe;
+  std::string name;  ///< its name in text (parse_schedule, --schedule), and Schedule::name
+  /// Builds the compute schedule of K devices, M micro-batches and V stages per device; called
+  /// by make_schedule once K, M and V have passed the rules below.
+  std::function<Schedule(int devices, int micro_batches, int virtual_stages)> generate;
+  /// V when none is asked for.
+  int default_virtual_stages = 1;
+  /// The V it takes: least_virtual_stages <= V, and V <= most_virtual_stages unless that is 0 (no bound).
+  int least_virtual_stages = 1;
+  int most_virtual_stages = 1;
+  /// The error for a V it does not take, with the fix; "{V}" stands for the V asked for.
+  std::string virtual_stages_rule;
+  /// Where its stages run.
+  StagePlacement placement = StagePlacement::kLoop;
+  /// Whether M must be a multiple of K (interleaved takes the micro-batches K at a time).
+  bool micro_batches_multiple_of_devices = false;
+  /// Whether each backward is split into I (input gradient) and W (weight gradients).
+  bool splits_backward = false;
+  /// Its memory bound: the most stage-micro-batches device d holds at once (from the start of a
+  /// forward to the end of its B or W) for K, M and V; simulate()'s peak_in_flight never exceeds it,
+  /// and for M >= 2K some device reaches it. A stage holds 1/V of a device's layers.
+  std::function<int(int devices, int micro_batches, int virtual_stages, int device)> peak_in_flight;
+
+  /// Whether it takes V stages per device.
+  bool takes_virtual_stages(int virtual_stages) const;
+  /// Whether V is the user's to choose (more than one V is taken): interleaved's.
+  bool chooses_virtual_stages() const { return most_virtual_stages != least_virtual_stages; }
+  /// Throws std::invalid_argument with virtual_stages_rule unless it takes V stages per device.
+  void check_virtual_stages(int virtual_stages) const;
+  /// Throws std::invalid_argument naming the rule and the fix unless it takes M micro-batches on K devices.
+  void check_micro_batches(int devices, int micro_batches) const;
+};
+
+/// Every schedule's traits, in the order help texts list them.
+const std::vector<ScheduleTraits>& schedule_table();
+/// The entry of `kind` in schedule_table().
+const ScheduleTraits& schedule_traits(ScheduleKind kind);
+
+/// The name of `kind`: "gpipe", "1f1b", "interleaved", "zb1p", "zbv" or "v-half".
 std::string to_string(ScheduleKind kind);
 /// Parses "gpipe", "1f1b", "interleaved", "zb1p", "zbv" or "v-half"; throws std::invalid_argument otherwise.
 ScheduleKind parse_schedule(const std::string& text);
-/// Every schedule gpipe generates, in the order help texts list them.
+/// Every schedule gpipe generates, in the order help texts list them (schedule_table's).
 std::vector<ScheduleKind> all_schedules();
 /// Every schedule's name, in that order: "gpipe", "1f1b", "interleaved", "zb1p", "zbv", "v-half".
 std::vector<std::string> schedule_names();
@@ -144,8 +200,7 @@ bool v_shaped(ScheduleKind kind);
 /// interleaved schedule and the V schedules, 1 for the others.
 int default_virtual_stages(ScheduleKind kind);
 /// Whether `kind` runs V stages per device: interleaved any V >= 2, zbv and v-half V = 2,
-/// the others V = 1. The one home of that rule: make_schedule, make_plan and the
-/// front ends ask here.
+/// the others V = 1 (schedule_traits(kind).takes_virtual_stages).
 bool takes_virtual_stages(ScheduleKind kind, int virtual_stages);
 /// Throws std::invalid_argument naming the rule and the fix unless `kind` takes V stages per device.
 void check_virtual_stages(ScheduleKind kind, int virtual_stages);
@@ -221,9 +276,9 @@ Schedule v_half(int devices, int micro_batches);
 /// placement[s] when given).
 Schedule forward_only(int devices, int micro_batches, int virtual_stages = 1, const std::vector<int>& placement = {});
 
-/// The schedule `kind` for K devices, M micro-batches and V stages per device.
-/// Throws std::invalid_argument naming the rule and the fix if the schedule
-/// cannot run that configuration (interleaved with M not a multiple of K, a
+/// The schedule `kind` for K devices, M micro-batches and V stages per device: its
+/// table entry's generator. Throws std::invalid_argument naming the rule and the fix if the
+/// schedule cannot run that configuration (interleaved with M not a multiple of K, a
 /// V the schedule does not take (takes_virtual_stages), ...).
 Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int virtual_stages = 1);
 

@@ -23,8 +23,10 @@
 // members); the pipeline routes by the layer of the model that holds it. The
 // names connect: each name stashed once and popped once, the pop after the
 // stash in layer order, which the pipeline checks when it is built
-// (skip_connections).
+// (skip_connections). What the plan routes, the connections as plain data, is in skip_connections.h.
 #pragma once
+
+#include "gpipe/skip_connections.h"
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -78,19 +80,6 @@ class PopImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Pop);
 
-/// One skip connection of a model: the layers of the model that stash and pop it.
-struct SkipConnection {
-  std::string name;
-  int stash_layer = 0;
-  int pop_layer = 0;
-};
-
-/// A Stash or Pop of a model, and the layer that holds it.
-struct SkipUse {
-  std::string name;
-  bool pop = false;
-  int layer = 0;
-};
 /// Where `layers` stash and pop: one entry per Stash or Pop (inside a layer
 /// too), with the layer's position in `layers`, or with `named_by_index` the
 /// number its name is (an MPI rank's layers, named by their index in the whole
@@ -98,12 +87,7 @@ struct SkipUse {
 /// std::invalid_argument).
 std::vector<SkipUse> skip_uses(const torch::nn::Sequential& layers, bool named_by_index = false);
 
-/// Connects the stashes and pops of a model into its skip connections, in the
-/// order of their stashes. Throws std::invalid_argument naming the layers and
-/// the name for a pop without a stash, a name stashed (or popped) twice, a
-/// stash never popped, and a pop before its stash in layer order.
-std::vector<SkipConnection> connect_skips(const std::vector<SkipUse>& uses);
-/// connect_skips(skip_uses(model)).
+/// connect_skips(skip_uses(model)) (skip_connections.h).
 std::vector<SkipConnection> skip_connections(const torch::nn::Sequential& model);
 
 namespace detail {

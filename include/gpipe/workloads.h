@@ -3,6 +3,7 @@
 #pragma once
 
 #include "gpipe/layers.h"
+#include "gpipe/plan.h"
 #include "gpipe/stage.h"
 
 #include <torch/nn/module.h>
@@ -52,8 +53,10 @@ struct Workload {
   torch::Tensor input;
   torch::Tensor target;
   LossFn loss;
-  /// The even cut for K stages: blocks split evenly, anything before the first
+  /// The cut of its blocks (PipelineOptions::cut): blocks split evenly, anything before the first
   /// block (an embedding) rides with the first stage, the head with the last.
+  CutRequest cut() const;
+  /// That cut resolved for `stages` stages: cut().resolve(layers, stages).
   std::vector<int> balance(int stages) const;
 
   std::vector<int> block_layers;  ///< layers in each block, in order

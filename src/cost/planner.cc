@@ -3,7 +3,6 @@
 
 #include "gpipe/check.h"
 #include "gpipe/microbatch.h"
-#include "gpipe/partition.h"
 #include "gpipe/plan.h"
 
 #include <algorithm>
@@ -13,18 +12,13 @@
 namespace gpipe {
 namespace {
 
-// The cut of the model into S stages: blocks evenly (lead layers with the first stage, tail layers
-// with the last), or the min-max cut of layer times.
-std::vector<int> search_cut(const CostModel& costs, const PlanSearch& search, int S) {
-  if (search.blocks > 0) {
-    std::vector<int> out = even_balance(search.blocks, S);
-    out.front() += search.lead;
-    out.back() += search.tail;
-    return out;
-  }
+// The cut of the model: blocks evenly (lead layers with the first stage, tail layers with the
+// last), or the min-max cut of layer times.
+CutRequest search_cut(const CostModel& costs, const PlanSearch& search) {
+  if (search.blocks > 0) return CutRequest::blocks(std::vector<int>(static_cast<size_t>(search.blocks), 1), search.lead, search.tail);
   std::vector<double> time;
   for (const LayerCost& c : costs.layers) time.push_back(c.forward_s + c.backward_s);
-  return balance_by_cost(time, S);
+  return CutRequest::by_cost(time);
 }
 
 bool considered(const std::vector<int>& list, int value) {
@@ -84,17 +78,19 @@ std::vector<Shape> shapes_of(const PlanSearch& search, int L) {
         micro.push_back(M);
       }
     }
-    // On one device every schedule runs the micro-batches one after another: zb1p and those of V
-    // stages per device are left out where a plain one (gpipe, 1f1b) is considered, and planned
-    // when they alone are asked for, as gpipe train runs them.
-    const bool plain = std::any_of(search.schedules.begin(), search.schedules.end(), [](ScheduleKind kind) {
-      return kind != ScheduleKind::kZB1P && default_virtual_stages(kind) == 1;
-    });
+    // On one device every schedule runs the micro-batches one after another: those that split the
+    // backward (zb1p) or run V stages per device are left out where a plain one (gpipe, 1f1b) is
+    // considered, and planned when they alone are asked for, as gpipe train runs them.
+    auto is_plain = [](ScheduleKind kind) {
+      const ScheduleTraits& traits = schedule_traits(kind);
+      return !traits.splits_backward && traits.default_virtual_stages == 1;
+    };
+    const bool plain = std::any_of(search.schedules.begin(), search.schedules.end(), is_plain);
     for (ScheduleKind kind : search.schedules)
       for (int M : micro) {
         const int V = default_virtual_stages(kind);
         if (K * V > stage_units) continue;
-        if (K == 1 && plain && (kind == ScheduleKind::kZB1P || V > 1)) continue;
+        if (K == 1 && plain && !is_plain(kind)) continue;
         out.push_back({K, D, M, V, rows, kind});
       }
   }
@@ -115,6 +111,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
               "over every configuration and checkpoint mode), more than the ", kMostSearchedPairs, " that keep an "
               "answer within about a minute; narrow it with --stages (the K to consider), --micro-batches, --schedule "
               "or --checkpoint");
+  const CutRequest cut = search_cut(costs, search);
   std::vector<PlanCandidate> found;
   for (const Shape& shape : shapes) {
     const int K = shape.K, D = shape.D, M = shape.M, V = shape.V;
@@ -123,7 +120,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
     for (Checkpoint checkpoint : search.checkpoints) {
       PipelinePlan plan;
       try {
-        plan = make_plan(L, PipelineOptions().balance(search_cut(costs, search, K * V)).micro_batches(M).schedule(kind)
+        plan = make_plan(L, PipelineOptions().devices(K).virtual_stages(V).cut(cut).micro_batches(M).schedule(kind)
                                 .checkpoint(checkpoint));
       } catch (const std::invalid_argument&) {
         break;  // a shape this schedule does not take (interleaved with M not a multiple of K, say)

@@ -3,7 +3,7 @@
 
 #include "gpipe/check.h"
 #include "gpipe/models.h"
-#include "gpipe/partition.h"
+#include "gpipe/plan.h"
 
 #include <torch/torch.h>
 
@@ -23,19 +23,9 @@ torch::Tensor EncoderBlockImpl::forward(const torch::Tensor& x) {
   return layer_->forward(x.transpose(0, 1)).transpose(0, 1);
 }
 
-std::vector<int> Workload::balance(int stages) const {
-  const std::vector<int> blocks = even_balance(static_cast<int>(block_layers.size()), stages);
-  std::vector<int> layers;
-  size_t next = 0;
-  for (int count : blocks) {
-    int sum = 0;
-    for (int b = 0; b < count; ++b) sum += block_layers[next++];
-    layers.push_back(sum);
-  }
-  layers.front() += lead_layers;
-  layers.back() += tail_layers;
-  return layers;
-}
+CutRequest Workload::cut() const { return CutRequest::blocks(block_layers, lead_layers, tail_layers); }
+
+std::vector<int> Workload::balance(int stages) const { return cut().resolve(layers, stages); }
 
 std::vector<std::string> workload_names() { return {"mlp", "transformer", "tiny", "imbalanced", "resnet", "unet"}; }
 

@@ -47,6 +47,92 @@ Schedule PipelinePlan::inference_program(int m) const {
   return lower(forward_only(devices, m, virtual_stages, placement), Checkpoint::kNever, skip_routes);
 }
 
+std::string to_string(CutKind kind) {
+  switch (kind) {
+    case CutKind::kEven: return "even";
+    case CutKind::kGiven: return "given";
+    case CutKind::kBlocks: return "blocks";
+    case CutKind::kByCost: return "by cost";
+  }
+  return "?";
+}
+
+CutRequest CutRequest::given(std::vector<int> balance) {
+  CutRequest r;
+  r.kind = CutKind::kGiven;
+  r.balance = std::move(balance);
+  return r;
+}
+
+CutRequest CutRequest::blocks(std::vector<int> block_layers, int lead_layers, int tail_layers) {
+  CutRequest r;
+  r.kind = CutKind::kBlocks;
+  r.block_layers = std::move(block_layers);
+  r.lead_layers = lead_layers;
+  r.tail_layers = tail_layers;
+  return r;
+}
+
+CutRequest CutRequest::by_cost(std::vector<double> layer_costs) {
+  CutRequest r;
+  r.kind = CutKind::kByCost;
+  r.layer_costs = std::move(layer_costs);
+  return r;
+}
+
+std::string CutRequest::str() const {
+  const auto count = [](int n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
+  switch (kind) {
+    case CutKind::kGiven: return "given " + format_balance(balance);
+    case CutKind::kBlocks:
+      return "blocks (" + count(lead_layers, "lead layer") + ", " +
+             count(static_cast<int>(block_layers.size()), "block") + ", " + count(tail_layers, "tail layer") + ")";
+    default: return to_string(kind);
+  }
+}
+
+std::vector<int> CutRequest::resolve(int layers, int stages) const {
+  switch (kind) {
+    case CutKind::kEven: return even_balance(layers, stages);
+    case CutKind::kGiven: {
+      check_balance(balance, layers);
+      GPIPE_CHECK(static_cast<int>(balance.size()) == stages, "the balance ", format_balance(balance), " has ",
+                  balance.size(), " stages, not the ", stages, " asked for; give ", stages, " entries");
+      return balance;
+    }
+    case CutKind::kBlocks: {
+      const int blocks = static_cast<int>(block_layers.size());
+      GPIPE_CHECK(lead_layers >= 0 && tail_layers >= 0, "the cut by blocks has ", lead_layers, " lead and ",
+                  tail_layers, " tail layers; give 0 or more of each");
+      GPIPE_CHECK(blocks >= 1, "the cut by blocks has no blocks; give the layers of each block, or cut evenly");
+      int sum = lead_layers + tail_layers;
+      for (int n : block_layers) {
+        GPIPE_CHECK(n >= 1, "a block of the cut by blocks has ", n, " layers; every block needs at least one");
+        sum += n;
+      }
+      GPIPE_CHECK(sum == layers, "the cut ", str(), " covers ", sum, " layers, not the model's ", layers,
+                  "; make the lead layers, the blocks' layers and the tail layers add up to ", layers);
+      GPIPE_CHECK(stages >= 1 && stages <= blocks, "cannot cut ", blocks, blocks == 1 ? " block" : " blocks", " into ",
+                  stages, " stages: every stage needs at least one block; use at most ", blocks, " stages");
+      std::vector<int> out;
+      size_t next = 0;
+      for (int count : even_balance(blocks, stages)) {
+        int sum_of_stage = 0;
+        for (int b = 0; b < count; ++b) sum_of_stage += block_layers[next++];
+        out.push_back(sum_of_stage);
+      }
+      out.front() += lead_layers;
+      out.back() += tail_layers;
+      return out;
+    }
+    case CutKind::kByCost:
+      GPIPE_CHECK(static_cast<int>(layer_costs.size()) == layers, "the cut by cost has ", layer_costs.size(),
+                  " per-layer costs for a model of ", layers, " layers; give one cost per layer");
+      return balance_by_cost(layer_costs, stages);
+  }
+  return even_balance(layers, stages);
+}
+
 PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::vector<SkipConnection>& skips) {
   GPIPE_CHECK(layers >= 1, "the model is empty (0 layers); give the pipeline a torch::nn::Sequential with at least "
               "one layer");
@@ -63,9 +149,11 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
   GPIPE_CHECK(options.devices() >= 0, "the number of devices K must be at least 1, or 0 to take it from the balance "
               "(got ", options.devices(), ")");
   const std::string per_device = V > 1 ? " x " + std::to_string(V) + " stages per device" : "";
-  if (!options.balance().empty()) {
-    check_balance(options.balance(), layers);
-    plan.balance = options.balance();
+  const CutRequest& request = options.cut();
+  plan.cut = request.kind;
+  if (request.kind == CutKind::kGiven) {
+    check_balance(request.balance, layers);
+    plan.balance = request.balance;
     const int S = plan.stages();
     GPIPE_CHECK(S % V == 0, "the balance ", format_balance(plan.balance), " has ", S, S == 1 ? " stage" : " stages",
                 ", not a multiple of V = ",
@@ -76,16 +164,18 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
     GPIPE_CHECK(options.devices() >= 1, "the number of devices K is not given; give K (1 <= K·V <= ", layers,
                 ") or a balance");
     const auto count = [](int n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
-    // The V schedules' V is fixed at 2 (interleaved's is chosen: the check below names a smaller one).
-    GPIPE_CHECK(options.schedule() == ScheduleKind::kInterleaved || V <= layers, "cannot cut ", count(layers, "layer"),
-                " into ", count(options.devices(), "device"), per_device, ": every stage needs at least one layer, so the ",
-                to_string(options.schedule()), " schedule with ", V, " stages per device needs at least ", V,
+    const ScheduleTraits& traits = schedule_traits(options.schedule());
+    // A V the schedule fixes (the V schedules' 2) needs that many layers; a chosen one (interleaved's)
+    // is named by the check below.
+    GPIPE_CHECK(traits.chooses_virtual_stages() || V <= layers, "cannot cut ", count(layers, "layer"), " into ",
+                count(options.devices(), "device"), per_device, ": every stage needs at least one layer, so the ",
+                traits.name, " schedule with ", V, " stages per device needs at least ", V,
                 " layers; use a schedule of one stage per device (gpipe or 1f1b)");
     const int K = options.devices();
     if (K * V > layers) {
-      // The ways out: fewer stages per device (interleaved's V is chosen; the V schedules' is fixed), fewer devices.
+      // The ways out: fewer stages per device (where the schedule lets V be chosen), fewer devices.
       std::vector<std::string> ways;
-      if (V > 1 && options.schedule() == ScheduleKind::kInterleaved && layers / K >= 2)
+      if (V > 1 && traits.chooses_virtual_stages() && layers / K >= traits.least_virtual_stages)
         ways.push_back("with " + std::to_string(K) + " devices use at most " + std::to_string(layers / K) +
                        " stages per device");
       if (layers / V >= 1)
@@ -97,7 +187,7 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
                   ": every stage needs at least one layer, so there can be at most ", layers, " stages; ", ways[0],
                   ways.size() > 1 ? ", or " + ways[1] : std::string());
     }
-    plan.balance = even_balance(layers, options.devices() * V);
+    plan.balance = request.resolve(layers, K * V);
   }
   plan.devices = plan.stages() / V;
   const int K = plan.devices;

@@ -10,8 +10,9 @@ namespace {
 
 class LocalGroup : public Group {
  public:
-  PipelinePlan plan(const torch::nn::Sequential& layers, const PipelineOptions& options) override {
-    plan_ = make_plan(static_cast<int>(layers->size()), options, skip_connections(layers));
+  PipelinePlan plan(const torch::nn::Sequential& layers, const PipelineOptions& options,
+                    const SkipUseFinder& skip_uses) override {
+    plan_ = make_plan(static_cast<int>(layers->size()), options, connect_skips(skip_uses(layers, false)));
     return plan_;
   }
 

@@ -4,6 +4,7 @@
 
 #include "gpipe/check.h"
 #include "gpipe/microbatch.h"
+#include "gpipe/skip.h"
 #include "runtime/group.h"
 #include "runtime/train_step.h"
 
@@ -58,7 +59,9 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
 Pipeline::Pipeline(std::unique_ptr<detail::Group> group, torch::nn::Sequential layers, PipelineOptions options)
     : group_(std::move(group)), layers_(std::move(layers)), whole_inputs_(options.whole_inputs()) {
   if (layers_.is_empty()) layers_ = torch::nn::Sequential();
-  plan_ = group_->plan(layers_, options);
+  plan_ = group_->plan(layers_, options, [](const torch::nn::Sequential& layers, bool named_by_index) {
+    return skip_uses(layers, named_by_index);
+  });
   local_ = group_->local_devices();
   const int S = plan_.stages();
 

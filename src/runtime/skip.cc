@@ -1,4 +1,4 @@
-// skip.cc: Stash and Pop, the tray they meet in, and the check that a model's skip connections connect.
+// skip.cc: Stash and Pop, the tray they meet in, and finding them in a model (connecting them: src/plan/skip_connections.cc).
 #include "gpipe/skip.h"
 
 #include "gpipe/check.h"
@@ -81,33 +81,6 @@ std::vector<SkipUse> skip_uses(const torch::nn::Sequential& layers, bool named_b
     ++index;
   }
   return uses;
-}
-
-std::vector<SkipConnection> connect_skips(const std::vector<SkipUse>& uses) {
-  std::map<std::string, const SkipUse*> stashes, pops;
-  std::vector<SkipConnection> out;
-  for (const SkipUse& use : uses) {
-    auto& seen = use.pop ? pops : stashes;
-    const auto [it, fresh] = seen.emplace(use.name, &use);
-    GPIPE_CHECK(fresh, "the name ", quoted(use.name), " is ", use.pop ? "popped" : "stashed", " twice, by layers ",
-                it->second->layer, " and ", use.layer, "; give each skip connection its own name");
-  }
-  for (const auto& [name, stash] : stashes) {
-    auto pop = pops.find(name);
-    GPIPE_CHECK(pop != pops.end(), "Stash(", quoted(name), ") at layer ", stash->layer,
-                " is never popped; add a Pop(", quoted(name), ") to a later layer, or remove the Stash");
-    GPIPE_CHECK(pop->second->layer >= stash->layer, "Pop(", quoted(name), ") at layer ", pop->second->layer,
-                " comes before its Stash(", quoted(name), ") at layer ", stash->layer,
-                "; a skip connection goes forward: pop after the stash");
-    out.push_back({name, stash->layer, pop->second->layer});
-  }
-  for (const auto& [name, pop] : pops)
-    GPIPE_CHECK(stashes.count(name) > 0, "Pop(", quoted(name), ") at layer ", pop->layer, " has no Stash(",
-                quoted(name), ") before it; stash the tensor under that name in an earlier layer");
-  std::sort(out.begin(), out.end(), [](const SkipConnection& a, const SkipConnection& b) {
-    return a.stash_layer != b.stash_layer ? a.stash_layer < b.stash_layer : a.name < b.name;
-  });
-  return out;
 }
 
 std::vector<SkipConnection> skip_connections(const torch::nn::Sequential& model) {

@@ -117,58 +117,6 @@ std::vector<int> Schedule::stages_of(int device) const {
 
 // ---------------------------------------------------------------- generators
 
-std::string to_string(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::kGPipe: return "gpipe";
-    case ScheduleKind::k1F1B: return "1f1b";
-    case ScheduleKind::kInterleaved: return "interleaved";
-    case ScheduleKind::kZB1P: return "zb1p";
-    case ScheduleKind::kZBV: return "zbv";
-    case ScheduleKind::kVHalf: return "v-half";
-  }
-  return "?";
-}
-
-std::vector<ScheduleKind> all_schedules() {
-  return {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZB1P,
-          ScheduleKind::kZBV, ScheduleKind::kVHalf};
-}
-
-std::vector<std::string> schedule_names() {
-  std::vector<std::string> names;
-  for (ScheduleKind kind : all_schedules()) names.push_back(to_string(kind));
-  return names;
-}
-
-bool v_shaped(ScheduleKind kind) { return kind == ScheduleKind::kZBV || kind == ScheduleKind::kVHalf; }
-
-int default_virtual_stages(ScheduleKind kind) { return kind == ScheduleKind::kInterleaved || v_shaped(kind) ? 2 : 1; }
-
-bool takes_virtual_stages(ScheduleKind kind, int virtual_stages) {
-  if (kind == ScheduleKind::kInterleaved) return virtual_stages >= 2;
-  return virtual_stages == default_virtual_stages(kind);
-}
-
-void check_virtual_stages(ScheduleKind kind, int virtual_stages) {
-  if (takes_virtual_stages(kind, virtual_stages)) return;
-  GPIPE_CHECK(kind != ScheduleKind::kInterleaved, "the interleaved schedule needs at least 2 stages per device (got ",
-              virtual_stages, "); set virtual stages V >= 2, or use 1f1b for one stage per device");
-  GPIPE_CHECK(!v_shaped(kind), "the ", to_string(kind), " schedule runs 2 stages per device, placed as a V (got ",
-              virtual_stages, "); leave V to the schedule (2), or use interleaved for another V");
-  GPIPE_CHECK(false, "the ", to_string(kind), " schedule runs one stage per device, but ", virtual_stages,
-              " stages per device were asked for; use the interleaved schedule (or zbv or v-half for 2), or 1 stage "
-              "per device");
-}
-
-ScheduleKind parse_schedule(const std::string& text) {
-  for (ScheduleKind kind : all_schedules())
-    if (text == to_string(kind)) return kind;
-  std::string names;
-  for (const std::string& name : schedule_names()) names += (names.empty() ? "" : "|") + name;
-  GPIPE_CHECK(false, "unknown schedule \"", text, "\"; use one of ", names);
-  return ScheduleKind::kGPipe;
-}
-
 namespace {
 
 void check_shape(int devices, int micro_batches, int virtual_stages = 1) {
@@ -194,7 +142,7 @@ Schedule empty_schedule(const std::string& name, int devices, int micro_batches,
   s.micro_batches = micro_batches;
   s.backward = backward;
   if (placement.empty()) {
-    for (int stage = 0; stage < s.stages; ++stage) s.placement.push_back(stage % devices);
+    s.placement = place_stages(StagePlacement::kLoop, devices, virtual_stages);
   } else {
     GPIPE_CHECK(static_cast<int>(placement.size()) == s.stages, "a placement of ", placement.size(),
                 " stages for ", devices, " devices x ", virtual_stages, " stages each; give ", s.stages);
@@ -250,9 +198,9 @@ Schedule one_f_one_b(int devices, int micro_batches) {
 Schedule interleaved(int devices, int micro_batches, int virtual_stages) {
   check_shape(devices, micro_batches, virtual_stages);
   const int K = devices, M = micro_batches, V = virtual_stages;
-  check_virtual_stages(ScheduleKind::kInterleaved, V);
-  GPIPE_CHECK(M % K == 0, "the interleaved schedule takes micro-batches ", K, " at a time, one per device, so M (",
-              M, ") must be a multiple of K (", K, "); use M = ", K * std::max(1, (M + K - 1) / K), " or another schedule");
+  const ScheduleTraits& traits = schedule_traits(ScheduleKind::kInterleaved);
+  traits.check_virtual_stages(V);
+  traits.check_micro_batches(K, M);
   Schedule s = empty_schedule("interleaved", K, M, V, true);
   // The k-th forward (backward) of a device: its v-th stage (stage v·K + d) and micro-batch,
   // taking K micro-batches through its stage 0, then through its stage 1, ... (Megatron-LM's order).
@@ -334,9 +282,7 @@ enum class ForwardRule {
 Schedule v_schedule(const char* name, int devices, int micro_batches, int held_bound, ForwardRule rule) {
   check_shape(devices, micro_batches, 2);
   const int K = devices, M = micro_batches, S = 2 * K;
-  std::vector<int> placement;
-  for (int stage = 0; stage < S; ++stage) placement.push_back(stage < K ? stage : S - 1 - stage);
-  Schedule s = empty_schedule(name, K, M, 2, true, placement);
+  Schedule s = empty_schedule(name, K, M, 2, true, place_stages(StagePlacement::kV, K, 2));
   // Per stage: when its F's and I's end (by micro-batch), and the next F and I to run, each in
   // micro-batch order.
   constexpr int kNever = std::numeric_limits<int>::max();
@@ -421,18 +367,144 @@ Schedule forward_only(int devices, int micro_batches, int virtual_stages, const 
   return s;
 }
 
+// ---------------------------------------------------------------- the table
+
+std::vector<int> place_stages(StagePlacement placement, int devices, int virtual_stages) {
+  const int K = devices, S = devices * virtual_stages;
+  std::vector<int> out;
+  for (int stage = 0; stage < S; ++stage)
+    out.push_back(placement == StagePlacement::kLoop ? stage % K : stage < K ? stage : S - 1 - stage);
+  return out;
+}
+
+const std::vector<ScheduleTraits>& schedule_table() {
+  // One entry per schedule, in the order help texts list them; the memory bounds are those the
+  // generators' comments in schedule.h derive (tests/schedule_test.cc checks them by simulation).
+  static const std::vector<ScheduleTraits> table = [] {
+    const std::string one_stage =
+        " schedule runs one stage per device, but {V} stages per device were asked for; use the interleaved "
+        "schedule (or zbv or v-half for 2), or 1 stage per device";
+    const std::string v_stages =
+        " schedule runs 2 stages per device, placed as a V (got {V}); leave V to the schedule (2), or use interleaved "
+        "for another V";
+    std::vector<ScheduleTraits> t(6);
+    t[0].kind = ScheduleKind::kGPipe;
+    t[0].name = "gpipe";
+    t[0].generate = [](int K, int M, int) { return fill_drain(K, M); };
+    t[0].peak_in_flight = [](int, int M, int V, int) { return V * M; };  // every micro-batch, until the drain
+    t[1].kind = ScheduleKind::k1F1B;
+    t[1].name = "1f1b";
+    t[1].generate = [](int K, int M, int) { return one_f_one_b(K, M); };
+    t[1].peak_in_flight = [](int K, int M, int, int d) { return std::min(K - d, M); };
+    t[2].kind = ScheduleKind::kInterleaved;
+    t[2].name = "interleaved";
+    t[2].generate = [](int K, int M, int V) { return interleaved(K, M, V); };
+    t[2].default_virtual_stages = 2;
+    t[2].least_virtual_stages = 2;
+    t[2].most_virtual_stages = 0;
+    t[2].virtual_stages_rule = "the interleaved schedule needs at least 2 stages per device (got {V}); set virtual "
+                               "stages V >= 2, or use 1f1b for one stage per device";
+    t[2].micro_batches_multiple_of_devices = true;
+    t[2].peak_in_flight = [](int K, int M, int V, int d) { return std::min((V - 1) * K + 2 * (K - 1 - d) + 1, V * M); };
+    t[3].kind = ScheduleKind::kZB1P;
+    t[3].name = "zb1p";
+    t[3].generate = [](int K, int M, int) { return zb1p(K, M); };
+    t[3].splits_backward = true;
+    t[3].peak_in_flight = [](int, int M, int, int) { return M; };  // the W's wait for the drain
+    t[4].kind = ScheduleKind::kZBV;
+    t[4].name = "zbv";
+    t[4].generate = [](int K, int M, int) { return zbv(K, M); };
+    t[4].peak_in_flight = [](int K, int M, int, int) { return std::min(2 * K, 2 * M); };
+    t[5].kind = ScheduleKind::kVHalf;
+    t[5].name = "v-half";
+    t[5].generate = [](int K, int M, int) { return v_half(K, M); };
+    t[5].peak_in_flight = [](int K, int M, int, int) { return std::min(K + 1, 2 * M); };
+    for (ScheduleTraits& e : t) {
+      if (e.kind == ScheduleKind::kZBV || e.kind == ScheduleKind::kVHalf) {
+        e.default_virtual_stages = e.least_virtual_stages = e.most_virtual_stages = 2;
+        e.placement = StagePlacement::kV;
+        e.splits_backward = true;
+        e.virtual_stages_rule = "the " + e.name + v_stages;
+      } else if (e.virtual_stages_rule.empty()) {
+        e.virtual_stages_rule = "the " + e.name + one_stage;
+      }
+    }
+    return t;
+  }();
+  return table;
+}
+
+const ScheduleTraits& schedule_traits(ScheduleKind kind) {
+  for (const ScheduleTraits& traits : schedule_table())
+    if (traits.kind == kind) return traits;
+  GPIPE_CHECK(false, "schedule ", static_cast<int>(kind), " has no entry in the schedule table");
+  return schedule_table().front();
+}
+
+bool ScheduleTraits::takes_virtual_stages(int virtual_stages) const {
+  return virtual_stages >= least_virtual_stages && (most_virtual_stages == 0 || virtual_stages <= most_virtual_stages);
+}
+
+void ScheduleTraits::check_virtual_stages(int virtual_stages) const {
+  if (takes_virtual_stages(virtual_stages)) return;
+  std::string text = virtual_stages_rule;
+  const size_t at = text.find("{V}");
+  if (at != std::string::npos) text.replace(at, 3, std::to_string(virtual_stages));
+  GPIPE_CHECK(false, text);
+}
+
+void ScheduleTraits::check_micro_batches(int devices, int micro_batches) const {
+  const int K = devices, M = micro_batches;
+  GPIPE_CHECK(!micro_batches_multiple_of_devices || M % K == 0, "the ", name, " schedule takes micro-batches ", K,
+              " at a time, one per device, so M (", M, ") must be a multiple of K (", K, "); use M = ",
+              K * std::max(1, (M + K - 1) / K), " or another schedule");
+}
+
+std::string to_string(ScheduleKind kind) {
+  for (const ScheduleTraits& traits : schedule_table())
+    if (traits.kind == kind) return traits.name;
+  return "?";
+}
+
+std::vector<ScheduleKind> all_schedules() {
+  std::vector<ScheduleKind> kinds;
+  for (const ScheduleTraits& traits : schedule_table()) kinds.push_back(traits.kind);
+  return kinds;
+}
+
+std::vector<std::string> schedule_names() {
+  std::vector<std::string> names;
+  for (const ScheduleTraits& traits : schedule_table()) names.push_back(traits.name);
+  return names;
+}
+
+bool v_shaped(ScheduleKind kind) { return schedule_traits(kind).placement == StagePlacement::kV; }
+
+int default_virtual_stages(ScheduleKind kind) { return schedule_traits(kind).default_virtual_stages; }
+
+bool takes_virtual_stages(ScheduleKind kind, int virtual_stages) {
+  return schedule_traits(kind).takes_virtual_stages(virtual_stages);
+}
+
+void check_virtual_stages(ScheduleKind kind, int virtual_stages) {
+  schedule_traits(kind).check_virtual_stages(virtual_stages);
+}
+
+ScheduleKind parse_schedule(const std::string& text) {
+  for (const ScheduleTraits& traits : schedule_table())
+    if (text == traits.name) return traits.kind;
+  std::string names;
+  for (const std::string& name : schedule_names()) names += (names.empty() ? "" : "|") + name;
+  GPIPE_CHECK(false, "unknown schedule \"", text, "\"; use one of ", names);
+  return ScheduleKind::kGPipe;
+}
+
 Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int virtual_stages) {
   check_shape(devices, micro_batches, virtual_stages);
-  check_virtual_stages(kind, virtual_stages);
-  switch (kind) {
-    case ScheduleKind::kGPipe: return fill_drain(devices, micro_batches);
-    case ScheduleKind::k1F1B: return one_f_one_b(devices, micro_batches);
-    case ScheduleKind::kInterleaved: return interleaved(devices, micro_batches, virtual_stages);
-    case ScheduleKind::kZB1P: return zb1p(devices, micro_batches);
-    case ScheduleKind::kZBV: return zbv(devices, micro_batches);
-    case ScheduleKind::kVHalf: return v_half(devices, micro_batches);
-  }
-  return fill_drain(devices, micro_batches);
+  const ScheduleTraits& traits = schedule_traits(kind);
+  traits.check_virtual_stages(virtual_stages);
+  traits.check_micro_batches(devices, micro_batches);
+  return traits.generate(devices, micro_batches, virtual_stages);
 }
 
 // ---------------------------------------------------------------- lowering

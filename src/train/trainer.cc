@@ -336,10 +336,16 @@ CostBalance balance_by(const std::string& method, const Model& model, const Tens
                                                : profile_layers(layers, sample, threads, optimizer_copies, 1, 3,
                                                                 nullptr, {}, whole);
   const std::vector<double> costs = layer_costs_by(method, layers, profile, rows);
-  const int V = virtual_stages > 0 ? virtual_stages : default_virtual_stages(schedule);
+  const PipelinePlan plan = make_plan(static_cast<int>(costs.size()), PipelineOptions()
+                                                                         .devices(devices)
+                                                                         .virtual_stages(virtual_stages)
+                                                                         .schedule(schedule)
+                                                                         .micro_batches(micro_batches)
+                                                                         .cut(CutRequest::by_cost(costs)));
   CostBalance out;
-  out.balance = balance_by_cost(costs, devices * V);
-  out.plan = plan_partition(costs, out.balance, make_schedule(schedule, devices, micro_batches, V));
+  out.balance = plan.balance;
+  out.plan = plan_partition(costs, out.balance,
+                            make_schedule(plan.schedule, plan.devices, plan.micro_batches, plan.virtual_stages));
   out.unit = unit;
   return out;
 }

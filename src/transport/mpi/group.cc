@@ -56,7 +56,8 @@ void MpiGroup::agree(std::exception_ptr failure) {
   agree_on(error);
 }
 
-PipelinePlan MpiGroup::plan(const torch::nn::Sequential& layers, const PipelineOptions& options) {
+PipelinePlan MpiGroup::plan(const torch::nn::Sequential& layers, const PipelineOptions& options,
+                            const SkipUseFinder& skip_uses) {
   // What a rank can judge alone is agreed on, so every rank throws or none does.
   std::string error;
   PipelinePlan cut;  // the plan without skip connections: K, V and the balance
@@ -69,7 +70,7 @@ PipelinePlan MpiGroup::plan(const torch::nn::Sequential& layers, const PipelineO
   }
   agree_on(error);
   check_agreement(layers, options, cut);  // sets placement_
-  const std::vector<SkipUse> uses = all_skip_uses(layers);
+  const std::vector<SkipUse> uses = all_skip_uses(layers, skip_uses);
   try {
     plan_ = make_plan(cut.layers, options, connect_skips(uses));
   } catch (const std::exception& e) {
@@ -154,7 +155,7 @@ void MpiGroup::check_agreement(const torch::nn::Sequential& layers, const Pipeli
   }
 }
 
-std::vector<SkipUse> MpiGroup::all_skip_uses(const torch::nn::Sequential& layers) {
+std::vector<SkipUse> MpiGroup::all_skip_uses(const torch::nn::Sequential& layers, const SkipUseFinder& skip_uses) {
   // A line "pop|stash <layer> <name>" per use; the layers are named by their index in the whole model.
   std::string mine, error;
   try {
@@ -325,12 +326,5 @@ std::vector<std::string> MpiGroup::gather(const std::string& bytes) {
 }
 
 }  // namespace detail
-
-MpiPipeline::MpiPipeline(torch::nn::Sequential layers, PipelineOptions options, MPI_Comm comm)
-    : Pipeline(std::make_unique<detail::MpiGroup>(comm), std::move(layers), std::move(options)) {}
-
-const Placement& MpiPipeline::placement() const {
-  return static_cast<const detail::MpiGroup&>(group()).placement();
-}
 
 }  // namespace gpipe::mpi

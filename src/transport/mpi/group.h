@@ -1,16 +1,17 @@
-// group.h (internal): the ranks of an MPI job as one pipeline's group (runtime/group.h), and the MPI
+// group.h (internal): the ranks of an MPI job as one pipeline's group (transport/group.h), and the MPI
 // helpers its files share. The group's parts live in files of their own:
 //   environment.cc    MPI's set-up and the collectives over the job (all_gather, gathers), placement
 //   error_channel.cc  the channel on which a failing rank stops every other
 //   transport.cc      MpiTransport: boundary tensors between the ranks of a replica
 //   group.cc          the group: agreement on the configuration, communicators, starting over
+//                     (MpiPipeline, the runtime over this group, is src/runtime/mpi_pipeline.cc)
 //   replicas.cc       gradients and BatchNorm statistics summed over the pipeline replicas
 //   tied.cc           a weight tied across ranks: its copies, their gradients summed
 //   trace.cc          every rank's row of a step's timeline, gathered on rank 0
 #pragma once
 
-#include "gpipe/mpi.h"
-#include "runtime/group.h"
+#include "gpipe/mpi_backend.h"
+#include "transport/group.h"
 
 #include <mpi.h>
 
@@ -62,7 +63,8 @@ class MpiGroup : public gpipe::detail::Group {
   explicit MpiGroup(MPI_Comm comm);
   ~MpiGroup() override;
 
-  PipelinePlan plan(const torch::nn::Sequential& layers, const PipelineOptions& options) override;
+  PipelinePlan plan(const torch::nn::Sequential& layers, const PipelineOptions& options,
+                    const SkipUseFinder& skip_uses) override;
   std::vector<int> local_devices() const override { return {placement_.device}; }
   bool on_caller_thread() const override { return true; }
   void agree(std::exception_ptr failure) override;
@@ -94,7 +96,7 @@ class MpiGroup : public gpipe::detail::Group {
   // Every rank's settings, checked alike on every rank; sets placement_.
   void check_agreement(const torch::nn::Sequential& layers, const PipelineOptions& options, const PipelinePlan& plan);
   // Every Stash and Pop of the whole model, from replica 0's ranks.
-  std::vector<SkipUse> all_skip_uses(const torch::nn::Sequential& layers);
+  std::vector<SkipUse> all_skip_uses(const torch::nn::Sequential& layers, const SkipUseFinder& skip_uses);
   // Fresh communicators, error channel and transport for the steps.
   void open();
   // The step's communicators, left as they are after a failure (see begin_call).

@@ -1,4 +1,4 @@
-// partition.cc: even cuts and the checks every balance must pass, the exact min-max cut by
+// partition.cc (plan/): even cuts and the checks every balance must pass, the exact min-max cut by
 // per-layer cost, and what a cut means for a schedule's step.
 #include "gpipe/partition.h"
 

@@ -1,0 +1,106 @@
+// plan_test.cc: make_plan's one policy: each cut request (even, given, blocks, by cost) against
+// hand-computed cuts, over K·V stages, the V and placement from the schedule table, and the errors.
+#include "helpers.h"
+
+using gpipe::CutKind;
+using gpipe::CutRequest;
+using gpipe::PipelineOptions;
+using gpipe::ScheduleKind;
+using gpipe::testing::expect_invalid;
+
+TEST(CutRequestTest, EvenFirstStagesTakeTheRemainder) {
+  const gpipe::PipelinePlan plan = gpipe::make_plan(10, PipelineOptions().devices(3));
+  EXPECT_EQ(plan.balance, (std::vector<int>{4, 3, 3}));
+  EXPECT_EQ(plan.cut, CutKind::kEven);
+  EXPECT_EQ(gpipe::to_string(plan.cut), "even");
+  EXPECT_EQ(CutRequest::even().resolve(7, 2), (std::vector<int>{4, 3}));
+}
+
+TEST(CutRequestTest, GivenIsTheBalanceAndSetsK) {
+  const gpipe::PipelinePlan plan = gpipe::make_plan(11, PipelineOptions().cut(CutRequest::given({3, 8})));
+  EXPECT_EQ(plan.balance, (std::vector<int>{3, 8}));
+  EXPECT_EQ(plan.devices, 2);
+  EXPECT_EQ(plan.cut, CutKind::kGiven);
+  // PipelineOptions::balance is the same request.
+  const PipelineOptions options = PipelineOptions().balance({3, 8});
+  EXPECT_EQ(options.cut().kind, CutKind::kGiven);
+  EXPECT_EQ(options.balance(), (std::vector<int>{3, 8}));
+  EXPECT_EQ(gpipe::make_plan(11, options).balance, plan.balance);
+  // An empty balance clears a given one, and leaves another request as it is.
+  EXPECT_EQ(PipelineOptions().balance({3, 8}).balance({}).cut().kind, CutKind::kEven);
+  EXPECT_EQ(PipelineOptions().cut(CutRequest::by_cost({1, 2})).balance({}).cut().kind, CutKind::kByCost);
+  EXPECT_TRUE(PipelineOptions().cut(CutRequest::by_cost({1, 2})).balance().empty());
+  // With V = 2 stages per device, K is the balance's length / V.
+  const gpipe::PipelinePlan interleaved =
+      gpipe::make_plan(11, PipelineOptions().balance({3, 1, 2, 5}).schedule(ScheduleKind::kInterleaved).micro_batches(2));
+  EXPECT_EQ(interleaved.devices, 2);
+  EXPECT_EQ(interleaved.virtual_stages, 2);
+  EXPECT_EQ(interleaved.placement, (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(CutRequest::given({3, 8}).str(), "given {3, 8}");
+}
+
+// Blocks split evenly, the lead layers with the first stage and the tail layers with the last: the
+// cut a GPT of 1 embedding, 4 blocks of 2 layers and a norm and a head (2 tail layers) asks for.
+TEST(CutRequestTest, BlocksLeadWithTheFirstTailWithTheLast) {
+  const CutRequest gpt = CutRequest::blocks({2, 2, 2, 2}, 1, 2);
+  EXPECT_EQ(gpt.resolve(11, 2), (std::vector<int>{5, 6}));
+  EXPECT_EQ(gpt.resolve(11, 3), (std::vector<int>{5, 2, 4}));
+  EXPECT_EQ(gpt.resolve(11, 4), (std::vector<int>{3, 2, 2, 4}));
+  EXPECT_EQ(gpt.str(), "blocks (1 lead layer, 4 blocks, 2 tail layers)");
+  // Blocks of unequal sizes are counted as blocks, not layers.
+  EXPECT_EQ(CutRequest::blocks({1, 3, 1, 3}).resolve(8, 2), (std::vector<int>{4, 4}));
+  EXPECT_EQ(CutRequest::blocks({1, 3, 1}).resolve(5, 2), (std::vector<int>{4, 1}));
+  const gpipe::PipelinePlan plan = gpipe::make_plan(11, PipelineOptions().devices(2).cut(gpt));
+  EXPECT_EQ(plan.balance, (std::vector<int>{5, 6}));
+  EXPECT_EQ(plan.cut, CutKind::kBlocks);
+  // The benchmark transformer's blocks, as Workload::balance gives them.
+  const gpipe::Workload w = gpipe::make_workload("transformer", 0, gpipe::LayerRange{0, 0});
+  EXPECT_EQ(w.cut().kind, CutKind::kBlocks);
+  EXPECT_EQ(gpipe::make_plan(w.layers, PipelineOptions().devices(4).cut(w.cut())).balance, w.balance(4));
+}
+
+// With V > 1 the cut is over all S = K·V stages, and V is the schedule's own unless given.
+TEST(CutRequestTest, OverEveryStageWithSeveralPerDevice) {
+  const CutRequest gpt = CutRequest::blocks({2, 2, 2, 2}, 1, 2);
+  const gpipe::PipelinePlan zbv = gpipe::make_plan(11, PipelineOptions().devices(2).cut(gpt).schedule(ScheduleKind::kZBV));
+  EXPECT_EQ(zbv.virtual_stages, 2);
+  EXPECT_EQ(zbv.balance, (std::vector<int>{3, 2, 2, 4}));
+  EXPECT_EQ(zbv.placement, (std::vector<int>{0, 1, 1, 0}));
+  const gpipe::PipelinePlan inter = gpipe::make_plan(
+      12, PipelineOptions().devices(2).virtual_stages(3).schedule(ScheduleKind::kInterleaved).micro_batches(4));
+  EXPECT_EQ(inter.balance, (std::vector<int>{2, 2, 2, 2, 2, 2}));
+  EXPECT_EQ(inter.placement, (std::vector<int>{0, 1, 0, 1, 0, 1}));
+  const gpipe::PipelinePlan by_cost = gpipe::make_plan(
+      4, PipelineOptions().devices(1).cut(CutRequest::by_cost({1, 1, 1, 6})).schedule(ScheduleKind::kInterleaved));
+  EXPECT_EQ(by_cost.balance, (std::vector<int>{3, 1}));
+}
+
+TEST(CutRequestTest, ByCostIsTheMinMaxCut) {
+  const std::vector<double> costs{1, 1, 1, 6};
+  const gpipe::PipelinePlan plan = gpipe::make_plan(4, PipelineOptions().devices(2).cut(CutRequest::by_cost(costs)));
+  EXPECT_EQ(plan.balance, (std::vector<int>{3, 1}));
+  EXPECT_EQ(plan.cut, CutKind::kByCost);
+  EXPECT_EQ(plan.balance, gpipe::balance_by_cost(costs, 2));
+  EXPECT_EQ(CutRequest::by_cost({4, 1, 1, 1, 1}).resolve(5, 2), (std::vector<int>{1, 4}));
+  EXPECT_EQ(CutRequest::by_cost(costs).str(), "by cost");
+}
+
+TEST(CutRequestTest, ErrorsNameTheRequestAndTheFix) {
+  expect_invalid([] { gpipe::make_plan(10, PipelineOptions().devices(2).cut(CutRequest::blocks({2, 2, 2}, 1, 2))); },
+                 "the cut blocks (1 lead layer, 3 blocks, 2 tail layers) covers 9 layers, not the model's 10");
+  expect_invalid([] { gpipe::make_plan(9, PipelineOptions().devices(4).cut(CutRequest::blocks({2, 2, 2}, 1, 2))); },
+                 "cannot cut 3 blocks into 4 stages: every stage needs at least one block; use at most 3 stages");
+  expect_invalid([] { gpipe::make_plan(3, PipelineOptions().devices(2).cut(CutRequest::blocks({}, 1, 2))); },
+                 "has no blocks");
+  expect_invalid([] { gpipe::make_plan(5, PipelineOptions().devices(2).cut(CutRequest::by_cost({1, 2, 3}))); },
+                 "the cut by cost has 3 per-layer costs for a model of 5 layers; give one cost per layer");
+  expect_invalid([] { gpipe::make_plan(3, PipelineOptions().devices(2).cut(CutRequest::by_cost({1, -2, 3}))); },
+                 "the cost of layer 1 is -2");
+  expect_invalid([] { gpipe::make_plan(3, PipelineOptions().cut(CutRequest::blocks({1, 1, 1}))); },
+                 "the number of devices K is not given");
+  expect_invalid([] { gpipe::make_plan(3, PipelineOptions().devices(4).cut(CutRequest::by_cost({1, 1, 1}))); },
+                 "cannot cut 3 layers into 4 devices");
+  expect_invalid([] { gpipe::make_plan(5, PipelineOptions().cut(CutRequest::given({2, 2}))); },
+                 "sum of balance {2, 2}: 4");
+  expect_invalid([] { CutRequest::given({2, 3}).resolve(5, 3); }, "the balance {2, 3} has 2 stages, not the 3 asked for");
+}
