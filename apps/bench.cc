@@ -45,13 +45,18 @@ CostModel profile_task(const std::string& name, int M, const BenchOptions& o) {
 }
 
 // The cut into K·V stages: explicit, the task's own (a workload's blocks evenly), or by cost.
-std::vector<int> cut_for(const Task& task, const Contender& c, int M, const CostModel& costs, const BenchOptions& o) {
-  const int K = c.devices, V = c.virtual_stages;
-  if (!o.balance.empty() && K > 1) return o.balance;
-  if (c.balance_by == "even") return task.cut ? task.cut(K, parse_schedule(c.schedule), V) : std::vector<int>{};
+// --balance-by even: a workload's blocks evenly (docs/benchmarks.md), else the layers evenly (not a
+// task's tuned cut).
+CutRequest even_cut(const Task& task, int K, ScheduleKind schedule, int V) {
+  const CutRequest own = task.cut ? task.cut(K, schedule, V) : CutRequest::even();
+  return own.kind == CutKind::kBlocks ? own : CutRequest::even();
+}
+
+CutRequest cut_for(const Task& task, const Contender& c, int M, const CostModel& costs, const BenchOptions& o) {
+  if (!o.balance.empty() && c.devices > 1) return CutRequest::given(o.balance);
+  if (c.balance_by == "even") return even_cut(task, c.devices, parse_schedule(c.schedule), c.virtual_stages);
   const int64_t rows = micro_batch_sizes(c.batch.size(), M).front();
-  return balance_by_cost(layer_costs_by(c.balance_by, task.model(task_options(o)).build(LayerRange{}), costs, rows),
-                         K * V);
+  return CutRequest::by_cost(layer_costs_by(c.balance_by, task.model(task_options(o)).build(LayerRange{}), costs, rows));
 }
 
 // Every configuration is checked before any work, by the plan each will run.
@@ -92,6 +97,9 @@ void check_sweep(const BenchOptions& o) {
         const int V = virtual_stages(schedule, o);
         or_usage_error("--stages " + std::to_string(K), [&] { return replicas_of(K); });  // whole pipelines of ranks
         const bool given = !o.balance.empty() && K > 1;
+        GPIPE_CHECK(given || !task.workload || even_cut(task, K, parse_schedule(schedule), V).kind == CutKind::kBlocks,
+                    "workload ", name, " has too few blocks for --stages ", K,
+                    V > 1 ? " x --virtual-stages " + std::to_string(V) : std::string(), "; use fewer stages");
         for (int M : o.micro_batches)
           or_usage_error("--stages " + std::to_string(K) + " --micro-batches " + std::to_string(M) + " --schedule " +
                              schedule + (given ? " --balance" : ""),
@@ -139,7 +147,7 @@ void build(Contender& c, const std::string& name, int M, Checkpoint mode, const 
   }
   const PipelineOptions options = PipelineOptions()
                                       .devices(c.devices)
-                                      .balance(cut_for(task, c, M, costs, o))
+                                      .cut(cut_for(task, c, M, costs, o))
                                       .micro_batches(M)
                                       .checkpoint(mode)
                                       .schedule(parse_schedule(c.schedule))

@@ -12,7 +12,7 @@
 namespace gpipe::cli {
 
 int run_transport(int warmup, bool json, const std::string& results, const std::string& command) {
-  const std::vector<LinkTiming> timings = time_link(warmup);
+  const std::vector<LinkTiming> timings = or_usage_error("--transport", [&] { return time_link(warmup); });
   if (!job().prints()) return 0;
   if (!json)
     std::cout << std::setw(12) << "bytes" << std::setw(10) << "repeats" << std::setw(16) << "one-way us"

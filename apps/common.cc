@@ -123,7 +123,13 @@ std::string in_flags(const std::string& message) {
       {"resume", "--resume"},
       {"per_device_files", "--per-device-files"},
       {"temperature", "--temperature"},
-      {"generate", "--generate"},
+      {"bytes", "--generate"},
+      {"lr_schedule", "--lr-schedule"},
+      {"warmup_steps", "--warmup-steps"},
+      {"lr_step_size", "--lr-step-size"},
+      {"lr_gamma", "--lr-gamma"},
+      {"shuffle", "--no-shuffle"},
+      {"augment", "--augment"},
   };
   std::string out;
   size_t at = 0;

@@ -7,7 +7,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include <cctype>
 
 #include <algorithm>
 #include <regex>
@@ -39,20 +38,16 @@ std::string command_word(int argc, char** argv) {
   return "";
 }
 
-// The command line as the settings every rank of an MPI job must share, in order: each flag with
-// its value (--micro-batches = 8), each other word as given.
+// The command line as the settings every rank of an MPI job must share: every word, in order, named
+// by itself when it is a flag and by the flag before it when it is a value (--micro-batches = 8).
 std::vector<std::pair<std::string, std::string>> settings_of_command(int argc, char** argv) {
   std::vector<std::pair<std::string, std::string>> settings;
   for (int i = 1; i < argc; ++i) {
-    const std::string word = argv[i];
-    const size_t equals = word.find('=');
+    const std::string word = argv[i], before = i > 1 ? argv[i - 1] : "";
     const bool flag = word.rfind("--", 0) == 0;
-    const bool valued = flag && equals == std::string::npos && i + 1 < argc &&
-                        (argv[i + 1][0] != '-' || std::isdigit(static_cast<unsigned char>(argv[i + 1][1])));
-    if (!flag)
-      settings.emplace_back("word " + std::to_string(i), word);
-    else
-      settings.emplace_back(word.substr(0, equals), valued ? argv[++i] : equals == std::string::npos ? "" : word.substr(equals + 1));
+    settings.emplace_back(flag ? word.substr(0, word.find('='))
+                          : before.rfind("--", 0) == 0 ? before : "word " + std::to_string(i),
+                          flag && word.find('=') != std::string::npos ? word.substr(word.find('=') + 1) : word);
   }
   return settings;
 }

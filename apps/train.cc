@@ -78,8 +78,10 @@ void check_extras_flags(const TrainOptions& o, const Task& task) {
 // The task's defaults for the flags not given, and the flags that do not fit the task.
 void apply_task(TrainOptions& o, const Task& task) {
   const TaskDefaults& d = task.defaults;
-  if (o.loss_given && is_builtin(o) && o.loss != task.loss_name)
-    usage_error("--model " + o.model_file + ": its loss is " + task.loss_name + "; leave out --loss");
+  if (o.loss_given && o.loss != task.loss_name)
+    usage_error(is_builtin(o) && !o.model_file.empty()
+                    ? "--model " + o.model_file + ": its loss is " + task.loss_name + "; leave out --loss"
+                    : "--loss " + o.loss + " needs --data with real-valued targets; Fashion-MNIST has class labels");
   o.loss = task.loss_name;
   if (o.epochs == 0 && !o.epochs_given) o.epochs = d.epochs;
   if (!o.batch_size_given) o.batch_size = d.batch_size;
@@ -113,7 +115,7 @@ void check_flags(TrainOptions& o) {
   if (is_builtin(o) && std::filesystem::exists(o.model_file))
     usage_error("--model " + o.model_file + " names a built-in model, and there is also a file " + o.model_file +
                 " here; for the file, say --model ./" + o.model_file);
-  if (is_builtin(o) && !o.data_file.empty()) {
+  if (is_builtin(o) && !o.model_file.empty() && !o.data_file.empty()) {
     const Task& task = find_task(o.model_file);
     usage_error("--model " + o.model_file + " is built to train on " +
                 (task.metric == Metric::kBitsPerByte ? std::string("the fortune files; give their folder with --data-dir")
@@ -121,8 +123,6 @@ void check_flags(TrainOptions& o) {
                                                      : "Fashion-MNIST") +
                 "; leave out --data (or give a TorchScript model file of your own to --model)");
   }
-  if (!is_builtin(o) && o.data_file.empty() && o.loss != "cross_entropy")
-    usage_error("--loss " + o.loss + " needs --data with real-valued targets; Fashion-MNIST has class labels");
   if (o.epochs_given && o.epochs == 0 && o.resume.empty())
     usage_error("--epochs 0 trains nothing: it evaluates the model of a checkpoint; give it with --resume FILE, "
                 "or ask for 1 or more epochs");
@@ -179,16 +179,15 @@ void choose_cut(const TrainOptions& o, Choice& c) {
   const PipelinePlan plan = or_usage_error(flags, [&] { return make_plan(c.task.layers, options); });
   c.balance = plan.balance;
   if (!o.balance.empty()) return;
-  if (o.balance_by.empty()) {
-    const std::vector<int> own = c.task.cut ? c.task.cut(plan.devices, plan.schedule, V) : std::vector<int>{};
-    if (!own.empty()) c.balance = own;
+  if (o.balance_by.empty()) {  // the task's own cut
+    if (c.task.cut) c.balance = make_plan(c.task.layers, options.cut(c.task.cut(plan.devices, plan.schedule, V))).balance;
     return;
   }
   // --balance-by: per-layer costs on one micro-batch, then the exact min-max cut.
   const Dataset& train = c.data.train;
   const torch::Tensor sample =
       train.input.narrow(0, 0, micro_batch_sizes(std::min(o.batch_size, train.size()), o.micro_batches).front());
-  const CostBalance by = balance_by(o.balance_by, c.task.model(task_options(o)), sample, o.stages, o.micro_batches,
+  const CostBalance by = balance_by(o.balance_by, c.model, sample, o.stages, o.micro_batches,
                                     o.threads, state_per_parameter_byte(optimizer_options(o)),
                                     parse_schedule(o.schedule), V);
   c.balance = by.balance;
@@ -209,8 +208,7 @@ void check_same_inputs(const TrainOptions& o, const Choice& c) {
   std::vector<std::pair<std::string, uint64_t>> inputs;
   if (!is_builtin(o) && !o.model_file.empty())
     inputs.emplace_back("--model " + o.model_file, or_usage_error("--model", [&] { return file_digest(o.model_file); }));
-  const std::string source = !o.data_file.empty() ? "--data " + o.data_file
-                                                  : "--data-dir " + o.data_dir + " (" + c.data.source + ")";
+  const std::string source = !o.data_file.empty() ? "--data " + o.data_file : c.data.source;
   inputs.emplace_back(source, tensors_digest({c.data.train.input, c.data.train.target, c.data.test.input,
                                               c.data.test.target}));
   if (!o.resume.empty() && !o.per_stage_files)  // per-device files differ by design: each rank reads its own
@@ -249,15 +247,11 @@ TaskOptions task_options(const TrainOptions& o) {
 }
 
 int run_train(TrainOptions o) {
-  // Before any file is read: the built-in task's defaults, or a model file's (the CNN's run).
-  Task known;
-  if (is_builtin(o)) {
-    known = find_task(o.model_file.empty() ? "cnn" : o.model_file);
-  } else {
-    known.loss_name = o.loss;
-    known.metric = o.loss == "cross_entropy" ? Metric::kAccuracy : Metric::kLoss;
-    known.data_dir = o.data_file.empty() ? kFashionMnistDir : "";
-  }
+  // Before any file is read: the built-in task, or for a model file the CNN's run (its data and
+  // defaults); with --data, trained and scored on that file.
+  Task known = find_task(is_builtin(o) && !o.model_file.empty() ? o.model_file : "cnn");
+  if (!is_builtin(o)) known.cut = nullptr, known.schedule = nullptr;  // another model: the CNN's data and run only
+  if (!o.data_file.empty()) known = or_usage_error("--loss", [&] { return with_data_file(known, o.data_file, o.loss); });
   choose_schedule(o, known);
   check_flags(o);
   apply_task(o, known);

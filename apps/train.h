@@ -25,14 +25,14 @@ struct TrainOptions {
   int micro_batches = 4;
   std::string checkpoint = "never";
   std::string batch_norm = "deferred";
-  std::string augment = "auto";  // resolved by check_flags: flip for --model resnet, none otherwise
+  std::string augment = "auto";  // resolved by apply_task: the task's own (flip for resnet), none otherwise
   std::string schedule = "auto";  // resolved by choose_schedule before anything else
   int virtual_stages = 0;         // 0: 2 for the interleaved schedule, 1 for the others
   int64_t batch_size = 128;
   bool batch_size_given = false;
   bool drop_last = false;
   bool shuffle = true;
-  int epochs = 0;  // 0: the model's own default (default_epochs); given as 0 with --resume: no training
+  int epochs = 0;  // 0: the task's own (TaskDefaults); given as 0 with --resume: no training
   bool epochs_given = false;
   int64_t steps = 0;
   std::string optimizer = "adam";

@@ -12,22 +12,23 @@ root="${1:-$(cd "$(dirname "$0")/.." && pwd)}"
 cd "$root"
 
 # The ladder, lowest first.
-ladder=(common schedule device plan transport runtime model cost train)
+ladder=(common schedule device plan transport runtime model cost train tasks)
 declare -A rung
 for i in "${!ladder[@]}"; do rung[${ladder[$i]}]=$i; done
 rung[umbrella]=${#ladder[@]}  # gpipe.h, all of them: for users, never for src/
 
 # Each public header and the folder that implements it (header-only ones: the folder they belong to).
 declare -A home=(
-  [check]=common [io]=common [stop]=common [tensors]=common
+  [check]=common [digest]=common [io]=common [stop]=common [tensors]=common
   [schedule]=schedule
   [device]=device [memory]=device [trace]=device
   [layers]=plan [partition]=plan [plan]=plan [skip_connections]=plan
-  [transport]=transport [mpi_backend]=transport
+  [transport]=transport [mpi_backend]=transport [job]=transport
   [executor]=runtime [microbatch]=runtime [pipeline]=runtime [skip]=runtime [stage]=runtime [mpi]=runtime
   [models]=model [script_model]=model [workloads]=model
   [cost_model]=cost [planner]=cost
   [data]=train [snapshot]=train [train]=train
+  [tasks]=tasks
   [gpipe]=umbrella
 )
 

@@ -49,8 +49,8 @@ TEST(TasksTest, EveryTaskBuildsTakesItsBatchAndCutsItsLayers) {
     EXPECT_TRUE(std::isfinite(loss));
     EXPECT_EQ(task.loss_name == "cross_entropy", batch.target.scalar_type() == torch::kLong);
     for (const auto& [kind, V] : {std::pair{ScheduleKind::kGPipe, 1}, {ScheduleKind::kInterleaved, 2}}) {
-      const std::vector<int> cut = task.cut ? task.cut(2, kind, V) : std::vector<int>{};
-      if (cut.empty()) continue;
+      if (!task.cut) continue;
+      const std::vector<int> cut = task.cut(2, kind, V).resolve(task.layers, 2 * V);
       EXPECT_EQ(static_cast<int>(cut.size()), 2 * V);
       EXPECT_EQ(std::accumulate(cut.begin(), cut.end(), 0), task.layers);
     }
@@ -60,17 +60,18 @@ TEST(TasksTest, EveryTaskBuildsTakesItsBatchAndCutsItsLayers) {
 // The tuned and block cuts, as docs/benchmarks.md and docs/models.md give them.
 TEST(TasksTest, OwnCutsAndSchedules) {
   const Task& cnn = find_task("cnn");
-  EXPECT_EQ(cnn.cut(2, ScheduleKind::kGPipe, 1), (std::vector<int>{3, 8}));
-  EXPECT_EQ(cnn.cut(2, ScheduleKind::kInterleaved, 2), (std::vector<int>{3, 1, 2, 5}));
-  EXPECT_TRUE(cnn.cut(2, ScheduleKind::kZBV, 2).empty());
-  EXPECT_TRUE(cnn.cut(3, ScheduleKind::kGPipe, 1).empty());
+  auto cut = [](const Task& task, int K, ScheduleKind kind, int V) { return task.cut(K, kind, V).resolve(task.layers, K * V); };
+  EXPECT_EQ(cut(cnn, 2, ScheduleKind::kGPipe, 1), (std::vector<int>{3, 8}));
+  EXPECT_EQ(cut(cnn, 2, ScheduleKind::kInterleaved, 2), (std::vector<int>{3, 1, 2, 5}));
+  EXPECT_EQ(cnn.cut(2, ScheduleKind::kZBV, 2).kind, CutKind::kEven);
+  EXPECT_EQ(cnn.cut(3, ScheduleKind::kGPipe, 1).kind, CutKind::kEven);
   EXPECT_EQ(cnn.schedule(2, 4), (std::pair{ScheduleKind::kInterleaved, 2}));
   EXPECT_EQ(cnn.schedule(2, 3), (std::pair{ScheduleKind::kGPipe, 1}));
   const Task& gpt = find_task("gpt");  // blocks evenly, the embedding first, LayerNorm and head last
-  EXPECT_EQ(gpt.cut(2, ScheduleKind::kGPipe, 1), (std::vector<int>{3, 4}));
-  EXPECT_EQ(gpt.cut(4, ScheduleKind::kGPipe, 1), (std::vector<int>{2, 1, 1, 3}));
-  EXPECT_TRUE(gpt.cut(5, ScheduleKind::kGPipe, 1).empty());
-  EXPECT_EQ(find_task("transformer").cut(2, ScheduleKind::kGPipe, 1), (std::vector<int>{5, 5}));
+  EXPECT_EQ(cut(gpt, 2, ScheduleKind::kGPipe, 1), (std::vector<int>{3, 4}));
+  EXPECT_EQ(cut(gpt, 4, ScheduleKind::kGPipe, 1), (std::vector<int>{2, 1, 1, 3}));
+  EXPECT_EQ(gpt.cut(5, ScheduleKind::kGPipe, 1).kind, CutKind::kEven);
+  EXPECT_EQ(cut(find_task("transformer"), 2, ScheduleKind::kGPipe, 1), (std::vector<int>{5, 5}));
   EXPECT_FALSE(find_task("resnet").schedule);
   EXPECT_TRUE(find_task("resnet").defaults.cut_by_time);
 }
@@ -103,7 +104,7 @@ TEST(TasksTest, AStepOfEveryTrainingTaskThroughTwoStagesEqualsOneDevice) {
     task.loss(reference->forward(batch.input), batch.target).backward();
     PipelineOptions pipeline =
         PipelineOptions().devices(2).micro_batches(name == "resnet" ? 1 : 4).tied_parameters(model.tied);
-    if (task.cut) pipeline.balance(task.cut(2, ScheduleKind::kGPipe, 1));
+    if (task.cut) pipeline.cut(task.cut(2, ScheduleKind::kGPipe, 1));
     auto pipe = make_pipeline(model.build, model.layers, pipeline);
     pipe->train_step(batch.input, batch.target, task.loss);
     const auto expected = reference->named_parameters(), got = pipe->layers()->named_parameters();

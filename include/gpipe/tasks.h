@@ -100,9 +100,9 @@ struct Task {
   /// One batch of the task's shape, drawn from TaskOptions::seed without reading any file: what
   /// gpipe bench times and gpipe plan profiles (a workload's batch is its data).
   std::function<Dataset(const TaskOptions&)> batch;
-  /// The cut this task runs on K `devices` of V stages each under `schedule` when none is asked for:
-  /// layers per stage, or empty for the plan's even cut. Unset: always the even cut.
-  std::function<std::vector<int>(int devices, ScheduleKind schedule, int virtual_stages)> cut;
+  /// The cut this task runs on K `devices` of V stages each under `schedule` when none is asked for
+  /// (PipelineOptions::cut): a tuned cut, its blocks evenly, or the even cut. Unset: the even cut.
+  std::function<CutRequest(int devices, ScheduleKind schedule, int virtual_stages)> cut;
   /// The schedule (and V, 0 for its own) this task runs on K `devices` with M micro-batches when
   /// none is asked for ("auto"). Unset: fill-drain.
   std::function<std::pair<ScheduleKind, int>(int devices, int micro_batches)> schedule;
@@ -125,6 +125,11 @@ const Task& find_task(const std::string& name);
 /// torch.save({'input': X, 'target': Y}, `data_file`) and scored on the same data, or, with no data
 /// file, on Fashion-MNIST. Throws std::invalid_argument naming the file and the problem.
 Task script_task(const std::string& model_file, const std::string& data_file, const std::string& loss);
+
+/// `task` trained with `loss` ("cross_entropy" or "mse") on a dataset of one's own, saved with
+/// torch.save({'input': X, 'target': Y}, `data_file`), and scored on the same data (read when the
+/// task's data is asked for). Throws std::invalid_argument for another loss.
+Task with_data_file(Task task, const std::string& data_file, const std::string& loss);
 
 /// The score of `loss` (the mean test loss) in the task's metric: bits per byte for kBitsPerByte,
 /// dB for kPsnr, the loss otherwise (accuracy comes from Evaluation::accuracy).

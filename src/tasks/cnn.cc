@@ -21,11 +21,10 @@ Task cnn() {
   // The cuts measured best on 2 devices of one core each (docs/benchmarks.md): {3, 8} is the
   // contiguous min-max cut, but its stages differ by 1.5x in time; interleaving the model as 4
   // stages, {conv1 block, conv2, relu+pool, classifier} on devices 0, 1, 0, 1, evens them out.
-  t.cut = [](int devices, ScheduleKind schedule, int V) -> std::vector<int> {
-    if (devices != 2) return {};
-    if (V == 1) return {3, 8};
-    if (V == 2 && schedule == ScheduleKind::kInterleaved) return {3, 1, 2, 5};
-    return {};  // the V's take the even cut
+  t.cut = [](int devices, ScheduleKind schedule, int V) {
+    if (devices == 2 && V == 1) return CutRequest::given({3, 8});
+    if (devices == 2 && V == 2 && schedule == ScheduleKind::kInterleaved) return CutRequest::given({3, 1, 2, 5});
+    return CutRequest::even();  // the V's take the even cut
   };
   // On 2 devices, interleaved with the cut above (measured fastest: bench/train_vs_pytorch.sh).
   t.schedule = [](int devices, int micro_batches) {

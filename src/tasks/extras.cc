@@ -13,7 +13,7 @@
 namespace gpipe {
 
 void GenerateOptions::check() const {
-  GPIPE_CHECK(bytes() >= 0 && bytes() <= kMostGeneratedBytes, "`generate` ", bytes(), ": at most ", kMostGeneratedBytes,
+  GPIPE_CHECK(bytes() >= 0 && bytes() <= kMostGeneratedBytes, "`bytes` ", bytes(), ": at most ", kMostGeneratedBytes,
               " bytes (each is one pass of the model); sample more in several runs with other `seed` values");
   // The scores are divided by the temperature: a tiny one makes them infinite, and no byte can be drawn.
   GPIPE_CHECK(std::isfinite(temperature()) && temperature() > 0 && std::isfinite(1.0 / temperature()) &&

@@ -4,7 +4,6 @@
 
 #include "gpipe/check.h"
 #include "gpipe/models.h"
-#include "gpipe/partition.h"
 
 #include <torch/torch.h>
 
@@ -66,11 +65,7 @@ Task gpt() {
   t.defaults.lr = 2e-3;
   t.defaults.lr_schedule = LrSchedule::kCosine;
   t.model = [s](const TaskOptions& o) {
-    const uint64_t seed = o.seed();
-    Model model = Model::of("GPT", s.layers(), [seed, s](LayerRange keep) {
-      torch::manual_seed(seed);  // every range starts from the same draws: a rank's layers equal one process's
-      return byte_gpt(s, keep);
-    });
+    Model model = seeded_model("GPT", s.layers(), o.seed(), [s](LayerRange keep) { return byte_gpt(s, keep); });
     model.tied = s.tied();  // the head reads the embedding's bytes: one tensor, or copies summed under MPI
     return model;
   };
@@ -82,13 +77,10 @@ Task gpt() {
   };
   // The blocks split evenly, the embedding with the first stage, the last LayerNorm and the head
   // with the last (an even cut of the layers would give the first stage one block more).
-  t.cut = [s](int devices, ScheduleKind, int V) -> std::vector<int> {
-    const int S = devices * V, blocks = static_cast<int>(s.blocks);
-    if (S < 2 || S > blocks) return {};
-    std::vector<int> balance = even_balance(blocks, S);
-    balance.front() += 1;
-    balance.back() += 2;
-    return balance;
+  t.cut = [s](int devices, ScheduleKind, int V) {
+    const int blocks = static_cast<int>(s.blocks);
+    return devices * V <= blocks ? CutRequest::blocks(std::vector<int>(static_cast<size_t>(blocks), 1), 1, 2)
+                                 : CutRequest::even();
   };
   return t;
 }

@@ -71,6 +71,25 @@ TrainerOptions Task::trainer_options() const {
   return options;
 }
 
+Task script_task(const std::string& model_file, const std::string& data_file, const std::string& loss) {
+  GPIPE_CHECK(!data_file.empty() || loss == "cross_entropy", "`loss` ", loss, " needs a data file with real-valued "
+              "targets; Fashion-MNIST has class labels");
+  Task t = tasks::cnn();  // Fashion-MNIST and the CNN's run, another model
+  t.name = model_file;
+  t.title = model_file;
+  t.summary = "a TorchScript nn.Sequential of one's own";
+  t.cut = nullptr;
+  t.schedule = nullptr;
+  t.batch = nullptr;
+  const ScriptModel source = load_script_model(model_file);
+  t.layers = static_cast<int>(source.layers->size());
+  t.model = [model_file, source](const TaskOptions& o) {
+    torch::manual_seed(o.seed());  // the stream each step's Dropout seed is drawn from, as a built-in model's
+    return Model::of(model_file, source);
+  };
+  return data_file.empty() ? t : with_data_file(std::move(t), data_file, loss);
+}
+
 double metric_of_loss(Metric metric, double loss) {
   switch (metric) {
     case Metric::kBitsPerByte: return loss / std::log(2.0);
@@ -81,36 +100,21 @@ double metric_of_loss(Metric metric, double loss) {
   return loss;
 }
 
-Task script_task(const std::string& model_file, const std::string& data_file, const std::string& loss) {
-  GPIPE_CHECK(loss == "cross_entropy" || loss == "mse", "unknown loss \"", loss, "\"; use cross_entropy (integer class "
-              "targets) or mse (real-valued targets)");
-  GPIPE_CHECK(!data_file.empty() || loss == "cross_entropy", "the mse loss needs a data file with real-valued targets; "
-              "Fashion-MNIST has class labels");
-  Task t;
-  t.name = model_file;
-  t.title = model_file;
-  t.summary = "a TorchScript nn.Sequential of one's own";
+Task with_data_file(Task t, const std::string& data_file, const std::string& loss) {
+  GPIPE_CHECK(loss == "cross_entropy" || loss == "mse", "unknown `loss` \"", loss, "\"; use cross_entropy (integer "
+              "class targets) or mse (real-valued targets)");
   const bool classes = loss == "cross_entropy";
   t.metric = classes ? Metric::kAccuracy : Metric::kLoss;
   t.loss = classes ? LossFn(cross_entropy_loss) : LossFn(mse_loss);
   t.loss_name = loss;
-  t.data_dir = data_file.empty() ? kFashionMnistDir : "";
-  const ScriptModel source = load_script_model(model_file);
-  t.layers = static_cast<int>(source.layers->size());
-  t.model = [model_file, source](const TaskOptions& o) {
-    torch::manual_seed(o.seed());  // the stream each step's Dropout seed is drawn from, as a built-in model's
-    return Model::of(model_file, source);
-  };
+  t.data_dir = "";
+  t.defaults.flip = false;
   t.data = [data_file, classes](const TaskOptions& o) {
     TaskData d;
-    if (data_file.empty()) {
-      d = tasks::fashion_data(o);
-    } else {
-      d.train = load_tensor_data(data_file).first(o.train_samples());
-      d.test = d.train;
-      d.test_name = "training";
-      d.source = data_file;
-    }
+    d.train = load_tensor_data(data_file).first(o.train_samples());
+    d.test = d.train;
+    d.test_name = "training";
+    d.source = data_file;
     const torch::Tensor& target = d.train.target;
     const std::string type = c10::toString(target.scalar_type());
     if (classes) {

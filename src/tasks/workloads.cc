@@ -62,8 +62,8 @@ Task workload(const std::string& name) {
     d.source = "a random batch";
     return d;
   };
-  t.cut = [shape](int devices, ScheduleKind, int V) -> std::vector<int> {
-    return static_cast<int>(shape.block_layers.size()) >= devices * V ? shape.balance(devices * V) : std::vector<int>{};
+  t.cut = [shape](int devices, ScheduleKind, int V) {
+    return static_cast<int>(shape.block_layers.size()) >= devices * V ? shape.cut() : CutRequest::even();
   };
   return t;
 }

@@ -3,6 +3,9 @@
 #include "gpipe/train.h"
 
 #include "gpipe/check.h"
+#include "gpipe/digest.h"
+
+#include <torch/torch.h>
 
 #include <functional>
 #include <limits>
@@ -19,9 +22,12 @@ std::string text(const T& value) {
   return out.str();
 }
 
-// A digest of `value` that a double holds exactly (52 bits), to compare with Pipeline::max.
+// A digest of `value` that a double holds exactly (52 bits), to compare with Pipeline::max; the same
+// on every host.
 double digest(const std::string& value) {
-  return static_cast<double>(std::hash<std::string>{}(value) & ((uint64_t{1} << 52) - 1));
+  const torch::Tensor bytes = torch::from_blob(const_cast<char*>(value.data()),
+                                               {static_cast<int64_t>(value.size())}, torch::kUInt8);
+  return static_cast<double>(tensors_digest({bytes}) & ((uint64_t{1} << 52) - 1));
 }
 
 }  // namespace
@@ -64,6 +70,11 @@ void check_same_on_every_rank(Pipeline& pipeline, const std::vector<std::pair<st
     return -pipeline.max(-rank);
   };
   if (first_rank_differing(digest(all)) == std::numeric_limits<double>::max()) return;
+  // As many settings on every rank, or each would make another number of the collectives below.
+  const double counted = first_rank_differing(static_cast<double>(settings.size()));
+  GPIPE_CHECK(counted == std::numeric_limits<double>::max(), "the ranks were given different settings: rank ",
+              static_cast<int>(counted), " has another number of settings to compare than rank 0; give every rank the "
+              "same settings");
   for (const auto& [name, value] : settings) {
     const double rank = first_rank_differing(digest(value));
     GPIPE_CHECK(rank == std::numeric_limits<double>::max(), "the ranks were given different settings: rank ",

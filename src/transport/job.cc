@@ -4,7 +4,7 @@
 #include "gpipe/check.h"
 
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-#include "gpipe/mpi.h"
+#include "gpipe/mpi_backend.h"
 #include "transport/mpi/job.h"
 #endif
 

@@ -2,7 +2,7 @@
 // whole job together.
 #include "transport/mpi/job.h"
 
-#include "gpipe/mpi.h"
+#include "gpipe/mpi_backend.h"
 
 #include "gpipe/trace.h"
 
