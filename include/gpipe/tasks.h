@@ -1,16 +1,16 @@
 // tasks.h: the built-in tasks as library values. A task is a model with its data, its loss, the
 // metric it is scored by and the references that metric is read against, its run's defaults, its
 // cut and schedule, and its extras (a picture of denoised images, text sampled from a language
-// model). `gpipe train --model`, `gpipe bench --workload`, `gpipe plan --model` and Python all look
-// tasks up here:
+// model). `gpipe train --model`, `gpipe bench --workload` and `gpipe plan --model` look tasks up
+// here (Python does not yet):
 //
 //   const gpipe::Task& task = gpipe::find_task("resnet");
 //   const gpipe::TaskOptions options = gpipe::TaskOptions().seed(7);
 //   gpipe::Trainer trainer(task.model(options), gpipe::PipelineOptions().devices(2).micro_batches(4),
 //                          task.trainer_options(), task.data(options).train);
 //
-// A new built-in task is one file in src/tasks/ (a function that returns its Task) and one line in
-// the registry (src/tasks/registry.cc).
+// A new built-in task is one file in src/tasks/ (a function that returns its Task) and, in the
+// registry (src/tasks/registry.cc), its declaration and its entry.
 #pragma once
 
 #include "gpipe/data.h"
