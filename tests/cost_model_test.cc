@@ -183,9 +183,10 @@ TEST(CostModelTest, ProfilingLeavesTheModelsBuffersGradientsAndRandomNumbers) {
   std::vector<torch::Tensor> buffers, grads;
   for (const auto& b : m->buffers()) buffers.push_back(b.clone());
   for (const auto& p : m->parameters()) grads.push_back(p.grad().clone());
+  const torch::Tensor sample = torch::randn({6, 8});
   at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
   const torch::Tensor random_state = generator.get_state();
-  profile_layers(m, torch::randn({6, 8}), 1);
+  profile_layers(m, sample, 1);
   const torch::Tensor random_after = generator.get_state();
   EXPECT_TRUE(torch::equal(random_after, random_state));
   const auto now = m->buffers();
