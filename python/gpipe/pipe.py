@@ -1,4 +1,5 @@
 """GPipe: a torch.nn.Sequential trained through gpipe's C++ pipeline."""
+import atexit
 import numbers
 import os
 import sys
@@ -16,6 +17,11 @@ def schedule_names():
 
 
 def _whole(value, name):
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point() \
+            and not value.is_complex() and value.dtype != torch.bool:
+        value = int(value.item())  # an entry of balance=torch.tensor([3, 4])
+    elif hasattr(value, "dtype") and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        value = value.item()  # a NumPy whole number
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"gpipe: {name} must be a whole number (got {value!r})")
     if not -2**31 <= value < 2**31:
@@ -113,11 +119,15 @@ _hook_installed = False
 
 def _end_the_job_on_an_uncaught_exception():
     """Under MPI, an exception that ends one rank's script ends the job: the other ranks would wait
-    for that rank in their next call. (In one process it changes nothing.)"""
+    for that rank in their next call. A script that ends otherwise (its last line, sys.exit) tells
+    the other ranks at exit: one still in a call, or making one later, raises RuntimeError naming
+    this rank within a few seconds (mpi::leave), instead of waiting for it forever. (In one process
+    it changes nothing.)"""
     global _hook_installed
     if _hook_installed:
         return
     _hook_installed = True
+    atexit.register(_gpipe.leave_job)
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
