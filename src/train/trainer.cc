@@ -530,6 +530,9 @@ void Trainer::resume(const std::string& resume_path) {
   on_every_rank([&] {
     const std::string previous = path + ".prev";
     const bool per_device = options_.per_device_files();
+    // What a save killed by SIGKILL left (PATH.tmp.<pid>.*, its writer gone) goes, as a save's would.
+    remove_stale_temporaries(path);
+    if (per_device) remove_stale_temporaries(manifest_file(resume_path));
     if (!std::filesystem::is_regular_file(path) && !(per_device && std::filesystem::is_regular_file(previous))) {
       const std::vector<int> sets = per_device_sets(resume_path);
       const std::string k = counts_text(sets);
@@ -709,6 +712,7 @@ void Trainer::save() {
   const std::string optimizer = optimizer_name(options_.optimizer().kind());
   if (options_.per_device_files()) {
     save_per_device_files(path, now, optimizer);
+    note_saved(path + " (per-device files)", now.step);
     return;
   }
   try {
@@ -717,6 +721,7 @@ void Trainer::save() {
     throw std::runtime_error(std::string(e.what()) + "; save one file per device (TrainerOptions::per_device_files, "
                              "gpipe train --per-device-files)");
   }
+  note_saved(path, now.step);
 }
 
 void Trainer::save_per_device_files(const std::string& path, const TrainState& now, const std::string& optimizer) {
