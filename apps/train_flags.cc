@@ -147,9 +147,9 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--save", o->save,
                   "write a checkpoint file (model, optimizer, step, random states) after every epoch and at the end, "
                   "whole or not at all; with --model it is TorchScript that torch.jit.load reads; under mpirun the "
-                  "first rank gathers every stage into this one file. With --save, SIGINT (Ctrl-C) or SIGTERM "
-                  "lets the step in progress finish (one abandoned after 10 s is undone), saves, prints the command "
-                  "that resumes, and exits 130 or 143; a second signal ends at once, the file saved before intact. "
+                  "first rank gathers every stage into this one file. With --save, SIGINT (Ctrl-C), SIGTERM or "
+                  "SIGHUP lets the step in progress finish (one abandoned after 10 s is undone), saves, prints the "
+                  "command that resumes, and exits 130, 143 or 129; a second signal ends at once, the file saved before intact. "
                   "Without --save they end the run at once")->check(non_empty());
   sub->add_option("--save-every", o->save_every,
                   "with --save: also save every STEPS optimizer steps (counted over the whole run), so that a "

@@ -173,6 +173,29 @@ TEST(CostModelTest, LayerCostsForThePartitionerComeFromTheProfile) {
   expect_invalid([&] { profile_layers(m, torch::randn({5, 100}), 1, -1); }, "state_per_parameter_byte");
 }
 
+// Profiling runs the layers in training mode, forward and backward, many times: the model is left as
+// it was, BatchNorm's running statistics, the gradients already there and the random numbers.
+TEST(CostModelTest, ProfilingLeavesTheModelsBuffersGradientsAndRandomNumbers) {
+  torch::manual_seed(0);
+  torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::BatchNorm1d(16), torch::nn::Dropout(0.5),
+                          torch::nn::Linear(16, 4));
+  for (auto& p : m->parameters()) p.mutable_grad() = torch::full_like(p, 0.25);
+  std::vector<torch::Tensor> buffers, grads;
+  for (const auto& b : m->buffers()) buffers.push_back(b.clone());
+  for (const auto& p : m->parameters()) grads.push_back(p.grad().clone());
+  const torch::Tensor sample = torch::randn({6, 8});
+  at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
+  const torch::Tensor random_state = generator.get_state();
+  profile_layers(m, sample, 1);
+  const torch::Tensor random_after = generator.get_state();
+  EXPECT_TRUE(torch::equal(random_after, random_state));
+  const auto now = m->buffers();
+  ASSERT_EQ(now.size(), buffers.size());
+  for (size_t n = 0; n < buffers.size(); ++n) EXPECT_TRUE(torch::equal(now[n], buffers[n])) << "buffer " << n;
+  const auto params = m->parameters();
+  for (size_t n = 0; n < grads.size(); ++n) EXPECT_TRUE(torch::equal(params[n].grad(), grads[n])) << "gradient " << n;
+}
+
 TEST(CostModelTest, TransformerFormulasMatchLibtorchsLayer) {
   for (auto [width, heads, ffn, sequence] :
        std::vector<std::array<int64_t, 4>>{{64, 4, 256, 16}, {128, 8, 256, 32}, {96, 2, 160, 24}}) {

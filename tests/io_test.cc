@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -154,4 +155,29 @@ TEST_F(IoTest, RemovesTheTemporaryFilesOfWritersThatNoLongerRun) {
   EXPECT_FALSE(fs::exists(dir_ / "out.txt.tmp.XYZ123"));  // the name gpipe gave its files before
   EXPECT_TRUE(fs::exists(dir_ / live));
   EXPECT_TRUE(fs::exists(dir_ / "other.txt.tmp.1.abcdef"));
+}
+
+// A file-size limit (ulimit -f) below the file's size: the same clean error as a full disk, no
+// temporary file left, and the process not ended by SIGXFSZ (in a child, whose limit it lowers).
+TEST_F(IoTest, AFileSizeLimitIsACleanErrorNotSigxfsz) {
+  const fs::path path = dir_ / "large.bin";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    rlimit limit{};
+    ::getrlimit(RLIMIT_FSIZE, &limit);
+    limit.rlim_cur = 4096;
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      gpipe::write_file_atomically(path.string(), std::string(100000, 'x'));
+    } catch (const std::runtime_error& e) {
+      const std::string what = e.what();
+      ::_exit(what.find("File too large") != std::string::npos && what.find("ulimit -f") != std::string::npos ? 0 : 2);
+    }
+    ::_exit(1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  EXPECT_EQ(others({}), std::vector<std::string>{});
 }

@@ -111,7 +111,8 @@ struct CostModel {
 /// `warmup` untimed and `repetitions` timed passes, each time the median; bytes
 /// come from gpipe's tracking allocator on the last pass, with what each skip
 /// connection (skip.h) stashes. I and W are timed with
-/// gpipe's split backward. The model's parameters keep no gradients afterwards.
+/// gpipe's split backward. The model is left as it was found: its parameters' gradients,
+/// its buffers (BatchNorm's running statistics) and the default CPU generator's state.
 /// `state_per_parameter_byte` as in CostModel. With a `loss` and the sample's
 /// `target`, the loss's bytes are profiled too (the last stage holds them).
 /// A model whose input is a tuple takes `sample` as one (Tensors::tuple_of); its first tensor

@@ -79,15 +79,19 @@ struct TextCorpus {
 /// Reads the fortune files of `dir`: every regular file whose name has no dot (not the .dat and
 /// .u8 indexes, not links), in byte order of their names. Each file is split at the start of its
 /// first fortune (a line after a "%" line) at or after 90% of its bytes: what comes before goes to
-/// the training part, the rest to the test part; the parts are joined in file order. Throws
+/// the training part, the rest to the test part; the parts are joined in file order. When that leaves
+/// no test text (no file's last tenth begins a fortune: single long ones), each file of at least 20
+/// bytes is split at its first line after 90% of its bytes instead (at 90% without a line break
+/// there). Line ends CR LF (Windows) are read as LF. Throws
 /// std::runtime_error naming the folder and the package to install when there is no such folder or
 /// no text in it.
 TextCorpus load_fortunes(const std::string& dir);
 
 /// `text` as samples for a language model: the non-overlapping windows of `length` bytes, input
 /// int64 [N, length] bytes text[k·length .. (k+1)·length) and target the same shifted by one byte,
-/// N = (size - 1) / length (what is left at the end is dropped). Throws std::invalid_argument when
-/// the text holds no window.
+/// N = (size - 1) / length (what is left at the end is dropped). Input and target are views of one
+/// int64 tensor of the text's bytes (8 bytes per byte of text in all). Throws std::invalid_argument
+/// when the text holds no window.
 Dataset byte_windows(const std::string& text, int64_t length);
 
 /// Bits per byte of a bigram model on `test`: each byte after the first predicted from the one

@@ -14,10 +14,14 @@ namespace gpipe {
 /// reason ("No such file or directory", "Permission denied", "No space left on
 /// device") if it cannot, leaving no temporary file and the old file as it was.
 ///
+/// A file-size limit (`ulimit -f`) below the file's size is such an error too
+/// ("File too large"): SIGXFSZ is blocked on the writing thread meanwhile.
+///
 /// The temporary file is named PATH.tmp.<pid>.XXXXXX. While it is written,
 /// remove_partial_files() (from a signal handler) deletes it; and each write
 /// first deletes the PATH.tmp.* files that a process that no longer runs left
-/// behind (one killed with SIGKILL midway).
+/// behind (one killed with SIGKILL midway, which no handler sees), as does
+/// a resume from PATH (Trainer).
 void write_file_atomically(const std::string& path, const std::string& contents);
 
 /// Deletes the temporary files that write_file_atomically is writing now, in

@@ -60,6 +60,17 @@ Environment& process_environment(int* argc = nullptr, char*** argv = nullptr);
 /// go on.
 [[noreturn]] void abort(int status = 1);
 
+/// Tells every other rank of each live MPI pipeline of this process that this rank makes no more
+/// calls (its program is ending: the end of main or of a Python script, sys.exit), so that a rank
+/// still in a call, or making one later, stops within kLeaveGraceSeconds with a RuntimeError naming
+/// this rank instead of waiting forever for it. Those pipelines take no further call here. Called
+/// by Environment's destructor and by the Python package at exit; a no-op without live pipelines.
+void leave();
+
+/// How long a rank told that another left still waits for the part of the current operation that
+/// the leaving rank may have sent before it left.
+inline constexpr double kLeaveGraceSeconds = 2.0;
+
 /// An MPI communicator, freed when this handle goes, unless abandoned.
 class Communicator {
  public:
@@ -130,10 +141,16 @@ class ErrorChannel {
   ErrorChannel& operator=(const ErrorChannel&) = delete;
 
   /// Waits for `request` to complete. Throws RemoteError if another rank
-  /// reports a failure first.
+  /// reports a failure first, or if another rank left (mpi::leave) and the
+  /// request does not complete within kLeaveGraceSeconds.
   void wait(MPI_Request& request);
   /// Sends `message` to every other rank (their waits throw RemoteError).
   void raise(const std::string& message);
+  /// Tells every other rank that this one makes no more calls (mpi::leave).
+  void leave(const std::string& message);
+  /// The message of a rank that left (empty if none has), and its rank.
+  const std::string& left() const { return left_; }
+  int left_rank() const { return left_rank_; }
   /// Makes the destructor leave the channel's communicator (and its pending
   /// receive) as they are: after a failure, other failing ranks' messages may
   /// still be on their way to it, and a freed communicator's context is given
@@ -147,6 +164,8 @@ class ErrorChannel {
   int size_ = 1;
   MPI_Request pending_ = MPI_REQUEST_NULL;
   bool abandoned_ = false;
+  std::string left_;  // a leaving rank's message
+  int left_rank_ = -1;
   std::array<char, 2048> buffer_{};
 };
 

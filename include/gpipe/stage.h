@@ -65,6 +65,10 @@ using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const to
 
 /// Mean squared error and mean cross-entropy (over every leading position: a
 /// classifier's [N, classes], a language model's [N, sequence, vocabulary]), as LossFn.
+/// cross_entropy_loss takes class indices (targets of the output's shape without its last
+/// dimension; -100 marks a target to ignore, as torch's ignore_index, and the mean is over the
+/// others, of the whole mini-batch: the pipeline weighs each micro-batch by its counted targets),
+/// or class probabilities (floating-point targets of the output's shape).
 torch::Tensor mse_loss(const torch::Tensor& output, const torch::Tensor& target);
 torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tensor& target);
 
@@ -94,11 +98,16 @@ struct StepData {
   bool training = true;
   std::vector<Tensors> inputs;         ///< micro-batch inputs (a tensor or a tuple), read by stage 0
   std::vector<torch::Tensor> targets;  ///< micro-batch targets, read by the last stage
-  std::vector<double> weights;         ///< bᵢ/N per micro-batch
+  std::vector<double> weights;         ///< bᵢ/N per micro-batch (cross_entropy_loss with ignored
+                                       ///< targets: its counted targets over the batch's)
   LossFn loss;
   uint64_t seed = 0;                   ///< this step's seed for stochastic layers
   std::vector<torch::Tensor> outputs;  ///< written by the last stage (forward only)
   std::vector<double> losses;          ///< written by the last stage: weighted loss per micro-batch
+  /// Whether the first stage keeps the gradient of its input (a caller's input that requires grad),
+  /// and where it writes it: per micro-batch, an entry per tensor of the input.
+  bool keep_input_gradients = false;
+  std::vector<Tensors> input_gradients;
 };
 
 /// A layer that draws random numbers in training without being one of torch::nn's
@@ -272,6 +281,9 @@ class Stage {
                       std::vector<torch::Tensor>& grads);
   // After a backward: the gradients of the skip connections' tensors popped here, for their stages.
   void send_skip_gradients(int i, Kept& kept, const std::vector<torch::Tensor>& grads = {});
+  // A first stage keeps its input gradient in `step` (StepData::keep_input_gradients) and returns
+  // none; another returns it, for the stage before.
+  Tensors kept_input_gradient(int i, Tensors input_grad, StepData& step) const;
   torch::Tensor weighted_loss(const torch::Tensor& output, int i, const StepData& step) const;
   uint64_t seed_of(int i, const StepData& step) const;
   Kept& kept(int i);

@@ -11,6 +11,9 @@
 // they were (in one process; under MPI the step runs to its end).
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 namespace gpipe {
 
 /// Asks every Trainer of this process to stop at its next step boundary; `signal` (above 0) is
@@ -27,11 +30,15 @@ double seconds_since_stop_request();
 /// Forgets the pending stop request (a run that stopped can then be continued by fit()).
 void clear_stop_request();
 
-/// What the handlers of SIGINT and SIGTERM that install_signal_handlers() sets do.
+/// What the handlers of SIGINT, SIGTERM and SIGHUP that install_signal_handlers() sets do (SIGHUP,
+/// a closed terminal or a dropped ssh connection, as SIGTERM). SIGQUIT always ends the process at
+/// once, as its default action would, but first removes the temporary file being written and says
+/// which save is whole.
 enum class OnSignal {
   /// The first signal calls request_stop(); a second one removes the temporary file being
   /// written (remove_partial_files) and ends the process at once with status 128 + signal,
-  /// every file that was whole before still whole. The same signal again within 0.1 s of the
+  /// every file that was whole before still whole, saying on standard error which one the last
+  /// save wrote and at which step (note_saved), or that nothing was saved. The same signal again within 0.1 s of the
   /// first is not a second one: `timeout` and batch systems signal the process, then its group.
   kStopAtStep,
   /// The first signal removes the temporary file being written, says on standard error that the
@@ -40,7 +47,11 @@ enum class OnSignal {
   kEndNow,
 };
 
-/// Installs handlers of SIGINT and SIGTERM that do what `mode` says.
+/// Installs handlers of SIGINT, SIGTERM and SIGHUP that do what `mode` says, and of SIGQUIT.
 void install_signal_handlers(OnSignal mode);
+
+/// Tells the handlers that `path` was written whole at `step` (Trainer's saves call it), for the
+/// line a process ended by a second signal prints. Not for a signal handler.
+void note_saved(const std::string& path, int64_t step);
 
 }  // namespace gpipe

@@ -297,7 +297,9 @@ struct TrainerCallbacks {
 /// the loss throw in step STEP (0-based, counting resumed steps; the stage
 /// holding the loss fails, under MPI on the last rank of a pipeline);
 /// "exit:RANK:STEP" ends MPI rank RANK (0 in one process) abruptly with
-/// status 3 before step STEP, as a crash would. Unset or empty: no fault;
+/// status 3 before step STEP, as a crash would; "save:RANK:STEP" makes rank RANK's
+/// per-device file of step STEP fail once written (every device's file is then put
+/// back as it was). Unset or empty: no fault;
 /// another value: std::invalid_argument.
 class Trainer {
  public:
@@ -379,7 +381,7 @@ class Trainer {
   int stopped_by_ = 0;
   TrainStats stats_;
   struct TestFault {  // GPIPE_TEST_FAULT, as the class comment describes it
-    std::string kind;  // "", "throw" or "exit"
+    std::string kind;  // "", "throw", "exit" or "save"
     int rank = -1;
     int64_t step = -1;
   };

@@ -1,4 +1,5 @@
 """GPipe: a torch.nn.Sequential trained through gpipe's C++ pipeline."""
+import atexit
 import numbers
 import os
 import sys
@@ -16,6 +17,11 @@ def schedule_names():
 
 
 def _whole(value, name):
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point() \
+            and not value.is_complex() and value.dtype != torch.bool:
+        value = int(value.item())  # an entry of balance=torch.tensor([3, 4])
+    elif hasattr(value, "dtype") and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        value = value.item()  # a NumPy whole number
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"gpipe: {name} must be a whole number (got {value!r})")
     if not -2**31 <= value < 2**31:
@@ -43,6 +49,62 @@ def _script(model):
             "https://pytorch.org/docs/stable/jit_language_reference.html), or replace the layer it names.") from None
 
 
+def _check_layer_types(scripted):
+    """Every layer takes and returns a tensor or a flat tuple of tensors, which is what gpipe passes
+    from layer to layer: refused here, before any work, rather than inside a stage."""
+    for index, (name, layer) in enumerate(scripted.named_children()):
+        try:
+            returns = layer.forward.schema.returns
+        except (AttributeError, RuntimeError):
+            continue
+        kinds = [str(r.type) for r in returns]
+        flat = all(k == "Tensor" for k in kinds) or (
+            len(kinds) == 1 and kinds[0].startswith("Tuple[") and
+            all(part.strip() == "Tensor" for part in kinds[0][len("Tuple["):-1].split(",")))
+        if not flat:
+            raise ValueError(f"gpipe: layer {index} ({name!r}, {type(layer).__name__}) returns {', '.join(kinds)}; "
+                             f"gpipe passes a tensor or a flat tuple of tensors (Tuple[Tensor, ...]) from layer to "
+                             f"layer: return one of those (flatten a nested tuple)")
+
+
+def _fingerprint(model):
+    """What GPipe compiled of `model`: its children, its parameters' and buffers' tensors (by identity)
+    and the plain settings of its modules (Dropout's p, BatchNorm's momentum...). Cheap to take at
+    each call; a change means the model is no longer the one the pipeline runs."""
+    layers = tuple((name, id(child), type(child)) for name, child in model.named_children())
+    tensors, settings = [], []
+    for prefix, module in model.named_modules():
+        for name, t in list(module._parameters.items()) + list(module._buffers.items()):
+            tensors.append((f"{prefix}.{name}" if prefix else name, id(t)))
+        for key, value in vars(module).items():
+            if key.startswith("_") or key == "training":
+                continue
+            if isinstance(value, (bool, int, float, str, type(None))) or (
+                    isinstance(value, tuple) and all(isinstance(v, (bool, int, float, str)) for v in value)):
+                settings.append((prefix, key, value))
+    return layers, tuple(tensors), tuple(settings)
+
+
+def _what_changed(before, after):
+    layers0, tensors0, settings0 = before
+    layers1, tensors1, settings1 = after
+    if len(layers0) != len(layers1):
+        return f"it had {len(layers0)} layers and has {len(layers1)} now"
+    for n, (a, b) in enumerate(zip(layers0, layers1)):
+        if a != b:
+            return f"layer {n} ({b[0]!r}) was replaced by another module ({b[2].__name__})"
+    for (name0, id0), (name1, id1) in zip(tensors0, tensors1):
+        if (name0, id0) != (name1, id1):
+            return f"the parameter or buffer {name1!r} is another tensor now (assigned after GPipe was built)"
+    if len(tensors0) != len(tensors1):
+        return "a parameter or buffer was added or removed"
+    for a, b in zip(settings0, settings1):
+        if a != b:
+            where = f"layer {a[0]!r}" if a[0] else "the model"
+            return f"{where}'s {a[1]} changed from {a[2]!r} to {b[2]!r}"
+    return "its settings changed"
+
+
 def _path(value, name):
     if not isinstance(value, (str, os.PathLike)):
         raise ValueError(f"gpipe: {name} must be a file path, a str or os.PathLike (got {type(value).__name__})")
@@ -57,11 +119,15 @@ _hook_installed = False
 
 def _end_the_job_on_an_uncaught_exception():
     """Under MPI, an exception that ends one rank's script ends the job: the other ranks would wait
-    for that rank in their next call. (In one process it changes nothing.)"""
+    for that rank in their next call. A script that ends otherwise (its last line, sys.exit) tells
+    the other ranks at exit: one still in a call, or making one later, raises RuntimeError naming
+    this rank within a few seconds (mpi::leave), instead of waiting for it forever. (In one process
+    it changes nothing.)"""
     global _hook_installed
     if _hook_installed:
         return
     _hook_installed = True
+    atexit.register(_gpipe.leave_job)
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
@@ -75,7 +141,32 @@ def _end_the_job_on_an_uncaught_exception():
 def _batch(value, name):
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"gpipe: {name} must be a torch.Tensor (got {type(value).__name__})")
+    if value.layout != torch.strided:
+        raise ValueError(f"gpipe: the {name} is a {str(value.layout).replace('torch.', '')} tensor; gpipe splits a "
+                         f"batch into micro-batches along its rows, which needs a dense one: pass {name}.to_dense()")
     return value
+
+
+class _OneRowBatchNorm:
+    """Turns BatchNorm's "Expected more than 1 value per channel when training" (from a layer run in
+    C++ or TorchScript, RuntimeError or torch.jit.Error) into a ValueError naming chunks and the
+    batch's rows. The step changed nothing (a failed step leaves parameters and gradients)."""
+
+    def __init__(self, chunks, rows):
+        self.chunks, self.rows = chunks, rows
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if value is None or "Expected more than 1 value per channel when training" not in str(value):
+            return False
+        smallest = self.rows // max(1, min(self.chunks, self.rows))
+        raise ValueError(
+            f"gpipe: a BatchNorm layer got one value per channel: chunks={self.chunks} splits this batch of "
+            f"{self.rows} rows into micro-batches of as few as {smallest} row(s), and BatchNorm normalizes each "
+            f"micro-batch by its own statistics, which one row does not have; give fewer chunks or larger batches "
+            f"(at least 2 rows per micro-batch), or run the model in eval mode") from None
 
 
 class GPipe:
@@ -88,7 +179,17 @@ class GPipe:
     model.state_dict() work unchanged, and so does torch.nn.utils.clip_grad_norm_ in one process
     (under MPI each rank holds only its stages' gradients: use pipe.clip_grad_norm_).
 
-    model          a torch.nn.Sequential that torch.jit.script accepts; its children are the layers
+    The model is compiled (torch.jit.script) when GPipe is built, and GPipe runs what it compiled:
+    changes of parameter values in place (optimizers, load_state_dict), of requires_grad and of
+    model.train()/model.eval() are followed; a replaced parameter or buffer (model[0].weight =
+    nn.Parameter(...)), an added, replaced or removed layer (model.append, model[1] = ..., del
+    model[2]) or a changed module setting (Dropout's p) are not: the next call refuses them with
+    ValueError, and a new GPipe(model, ...) takes the changed model.
+
+    A GPipe cannot be pickled (pickle, torch.save): save model.state_dict(), or pipe.save(path).
+
+    model          a torch.nn.Sequential that torch.jit.script accepts (or a subclass that keeps its
+                   forward); its children are the layers
     balance        layers per stage (K·V entries), or None: cut by the layers' measured time on the
                    first batch's first micro-batch (until then `balance` is None)
     chunks         M, micro-batches per mini-batch
@@ -114,6 +215,10 @@ class GPipe:
             raise ValueError(f"gpipe: the model must be a torch.nn.Sequential, whose forward is the chain of its "
                              f"children that gpipe cuts into stages (got {type(model).__name__}); wrap the layers in "
                              f"torch.nn.Sequential(...)")
+        # A subclass that keeps Sequential's forward is that chain: its children are run as a plain
+        # Sequential's (the same modules, so the same parameters).
+        layers = model if type(model) is torch.nn.Sequential else torch.nn.Sequential(model._modules)
+        layers.train(model.training)
         if balance is not None and (isinstance(balance, (str, bytes)) or not hasattr(balance, "__iter__")):
             raise ValueError(f"gpipe: balance must be a list of layers per stage, e.g. [3, 8] (got {balance!r})")
         settings = _gpipe.Settings()
@@ -139,26 +244,45 @@ class GPipe:
         self.chunks = settings.micro_batches
         self.model = model
         self._settings = settings
-        self._scripted = _script(model)
+        self._scripted = _script(layers)
+        _check_layer_types(self._scripted)
+        self._fingerprint = _fingerprint(model)
         self._pipe = None
         self._step_seconds = 0.0
         if balance is not None:
             self._pipe = _gpipe.Pipeline(self._scripted, settings, None)
 
+    def _unchanged(self):
+        """Refuses a call after the model changed under the pipeline, which runs what it compiled."""
+        now = _fingerprint(self.model)
+        if now != self._fingerprint:
+            raise ValueError(f"gpipe: the model changed after GPipe was built: {_what_changed(self._fingerprint, now)}. "
+                             f"GPipe runs the layers, parameters and settings it compiled when it was built, so it "
+                             f"does not follow such a change: build a new GPipe(model, ...) after changing the model "
+                             f"(changing parameter values in place, model.train()/eval() and requires_grad are "
+                             f"followed)")
+
     def _ready(self, input):
         """The pipeline; without a balance it is cut by measured time on `input`'s first micro-batch."""
         _batch(input, "input")
+        self._unchanged()
         if self._pipe is None:
             if input.dim() == 0 or input.size(0) == 0:
                 raise ValueError("gpipe: the first batch has no rows to measure the layers on; give at least one")
-            self._pipe = _gpipe.Pipeline(self._scripted, self._settings, input[:-(-input.size(0) // self.chunks)])
+            with _OneRowBatchNorm(self.chunks, input.size(0)):
+                self._pipe = _gpipe.Pipeline(self._scripted, self._settings, input[:-(-input.size(0) // self.chunks)])
         return self._pipe
 
     def train_step(self, input, target, loss="cross_entropy"):
         """Forward and backward of the mini-batch (input, target) through the pipeline: adds the
         gradient of the mini-batch's mean loss to every parameter's .grad and returns that loss as
-        a float. `loss`: "cross_entropy" (integer class targets), "mse", or a torch.jit.script-ed
-        function (output, target) -> the mean over the batch. The layers run in the model's mode
+        a float. `loss`: "cross_entropy" (integer class targets, -100 ignored as torch's ignore_index:
+        the mean over the targets not ignored of the whole mini-batch, whatever the chunks; or class
+        probabilities, floating-point targets of the output's shape), "mse", or a torch.jit.script-ed
+        function (output, target) -> the mean over the batch (each micro-batch weighs by its rows).
+        An input that requires grad gets the gradient of that loss added to its .grad, as
+        loss.backward() would (under MPI: on the ranks of the first device, their replica's rows;
+        zero elsewhere). The layers run in the model's mode
         (model.train(), model.eval()). The GIL is released for the whole step; Ctrl-C raises
         KeyboardInterrupt with parameters and gradients as they were."""
         _batch(target, "target")
@@ -167,15 +291,24 @@ class GPipe:
                              "(output, target) -> scalar; decorate yours with @torch.jit.script")
         pipe = self._ready(input)
         begin = time.perf_counter()
-        value = pipe.train_step(input, target, loss, self.model.training)
+        with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
+            value = pipe.train_step(input, target, loss, self.model.training)
         self._step_seconds = time.perf_counter() - begin
         return value
+
+    def __reduce__(self):
+        raise TypeError("gpipe: a GPipe cannot be pickled or saved with torch.save (it holds a compiled pipeline "
+                        "and, under MPI, its ranks' connections); save the model's parameters instead: "
+                        "torch.save(model.state_dict(), path) (or pipe.save(path) for the whole model as "
+                        "TorchScript), and build a new GPipe around the model after loading them")
 
     def __call__(self, input):
         """Pipelined inference in the model's current train/eval mode, keeping no autograd graph:
         the output (under MPI: on the rank of each replica's last stage, its replica's rows; None on
         the other ranks)."""
-        return self._ready(input).forward(input, self.model.training)
+        pipe = self._ready(input)
+        with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
+            return pipe.forward(input, self.model.training)
 
     forward = __call__
 
@@ -239,6 +372,7 @@ class GPipe:
         path = _path(path, "the model's path")
         if self._pipe is None:
             raise ValueError("gpipe: the pipeline is built on the first batch (balance=None); train a step first")
+        self._unchanged()
         self._pipe.save(path)
 
     def parameters(self):

@@ -373,6 +373,13 @@ PYBIND11_MODULE(_gpipe, m) {
     if (mpi_runtime()) mpi::abort(status);
 #endif
   }, py::arg("status"));
+  // At the script's end (atexit): the other ranks of an MPI job, still in a call or making one,
+  // stop with an error naming this rank instead of waiting for it (mpi::leave).
+  m.def("leave_job", [] {
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+    if (mpi_runtime()) mpi::leave();
+#endif
+  });
   m.def("schedule_names", &schedule_names);
   m.def("checkpoint_names", &checkpoint_names);
 }

@@ -12,8 +12,10 @@
 #include <stdexcept>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 namespace gpipe {
@@ -80,8 +82,39 @@ PartialFile* claim_partial(const std::string& name_template) {
 // Whether a process with this id runs (on this machine).
 bool process_runs(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH); }
 
+// While it lives, SIGXFSZ (a write past the file-size limit, `ulimit -f`) is blocked on this thread,
+// so that write() fails with EFBIG rather than the signal ending the process; one that came is
+// taken before the old mask is back.
+class NoFileSizeSignal {
+ public:
+  NoFileSizeSignal() {
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGXFSZ);
+    ::pthread_sigmask(SIG_BLOCK, &mask, &old_);
+  }
+  ~NoFileSizeSignal() {
+    sigset_t pending;
+    sigemptyset(&pending);
+    if (::sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ) == 1 && sigismember(&old_, SIGXFSZ) != 1) {
+      sigset_t mask;
+      sigemptyset(&mask);
+      sigaddset(&mask, SIGXFSZ);
+      const timespec now{0, 0};
+      ::sigtimedwait(&mask, nullptr, &now);
+    }
+    ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  NoFileSizeSignal(const NoFileSizeSignal&) = delete;
+  NoFileSizeSignal& operator=(const NoFileSizeSignal&) = delete;
+
+ private:
+  sigset_t old_;
+};
+
 void write_all(int fd, const std::string& contents, const std::string& path, const std::string& shown) {
   size_t done = 0;
+  const NoFileSizeSignal no_signal;
   while (done < contents.size()) {
     const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
     if (n < 0 && errno == EINTR) continue;
@@ -89,6 +122,10 @@ void write_all(int fd, const std::string& contents, const std::string& path, con
       const int error = n < 0 ? errno : ENOSPC;
       ::close(fd);
       if (!path.empty()) ::unlink(path.c_str());
+      if (error == EFBIG)
+        throw std::runtime_error("gpipe: cannot write " + shown + ": " + std::strerror(error) + " (" +
+                                 std::to_string(contents.size()) + " bytes, above this process's file-size limit: "
+                                 "raise it, ulimit -f, or write to a file system that takes it)");
       fail("write", shown, error);
     }
     done += static_cast<size_t>(n);

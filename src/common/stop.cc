@@ -1,12 +1,15 @@
 // stop.cc: the process's stop request (set from a signal handler, read by Trainer::fit at step
-// boundaries) and the handlers of SIGINT and SIGTERM.
+// boundaries) and the handlers of SIGINT, SIGTERM, SIGHUP and SIGQUIT.
 #include "gpipe/stop.h"
 
 #include "gpipe/io.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
+#include <string>
 
 #include <pthread.h>
 #include <signal.h>
@@ -23,6 +26,60 @@ std::atomic<int> mode_of_handlers{static_cast<int>(OnSignal::kStopAtStep)};
 
 constexpr int64_t kSameRequestNs = 100000000;  // 0.1 s: far below two presses of Ctrl-C
 
+// What a process ended by a second signal says is whole on disk (note_saved): written by a normal
+// thread between saves, read by the handler. state: 0 nothing saved, 1 being changed, 2 holds text.
+std::atomic<int> saved_state{0};
+char saved_text[4200];
+size_t saved_length = 0;
+
+void write_text(const char* text, size_t length) {
+  [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, text, length);
+}
+
+void write_text(const char* text) {
+  size_t length = 0;
+  while (text[length] != '\0') ++length;
+  write_text(text, length);
+}
+
+const char* signal_name(int signal) {
+  switch (signal) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    default: return "a signal";
+  }
+}
+
+// One line on standard error: "gpipe: ended by SIGINT, a second signal; PATH (step N) is whole",
+// or "...; nothing was saved". Async-signal-safe.
+void say_what_is_saved(int signal, const char* why) {
+  write_text("gpipe: ended by ");
+  write_text(signal_name(signal));
+  write_text(why);
+  if (saved_state.load() == 2) {
+    write_text("; the last save is whole: ");
+    write_text(saved_text, saved_length);
+    write_text("\n");
+  } else {
+    write_text("; nothing was saved\n");
+  }
+}
+
+// SIGQUIT: no saved stop, but no half-written file either; then its default action (a core dump).
+void on_quit(int signal) {
+  remove_partial_files();
+  say_what_is_saved(signal, " (quit at once)");
+  ::signal(signal, SIG_DFL);
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, signal);
+  ::pthread_sigmask(SIG_UNBLOCK, &mask, nullptr);
+  ::raise(signal);
+  ::_exit(128 + signal);  // not reached
+}
+
 int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
   timespec t{};
   ::clock_gettime(CLOCK_MONOTONIC, &t);
@@ -34,10 +91,9 @@ void on_signal(int signal) {
   if (static_cast<OnSignal>(mode_of_handlers.load()) == OnSignal::kEndNow) {
     remove_partial_files();
     // One line, so that a run ended before its first step (or without --save) does not end in silence.
-    static const char kInt[] = "gpipe: ended by SIGINT; nothing was saved\n";
-    static const char kTerm[] = "gpipe: ended by SIGTERM; nothing was saved\n";
-    [[maybe_unused]] const ssize_t written = signal == SIGINT ? ::write(STDERR_FILENO, kInt, sizeof kInt - 1)
-                                                              : ::write(STDERR_FILENO, kTerm, sizeof kTerm - 1);
+    write_text("gpipe: ended by ");
+    write_text(signal_name(signal));
+    write_text("; nothing was saved\n");
     ::signal(signal, SIG_DFL);  // then the default action: killed by the signal, as without a handler
     sigset_t mask;
     sigemptyset(&mask);
@@ -54,8 +110,9 @@ void on_signal(int signal) {
     errno = saved_errno;
     return;
   }
-  if (first != 0) {  // the second signal: at once, no half-written file left
+  if (first != 0) {  // the second signal: at once, no half-written file left, and what is whole said
     remove_partial_files();
+    say_what_is_saved(signal, ", a second signal (ended at once)");
     ::_exit(128 + signal);
   }
   request_stop(signal);
@@ -82,16 +139,26 @@ void clear_stop_request() {
   requested_at_ns.store(0);
 }
 
+void note_saved(const std::string& path, int64_t step) {
+  const std::string text = path + " (step " + std::to_string(step) + ")";
+  saved_state.store(1);  // the handler reads no half-changed text
+  saved_length = std::min(text.size(), sizeof saved_text);
+  std::memcpy(saved_text, text.data(), saved_length);
+  saved_state.store(2);
+}
+
 void install_signal_handlers(OnSignal mode) {
   mode_of_handlers.store(static_cast<int>(mode));
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);  // one handler at a time: a second signal is handled after the first
-  sigaddset(&action.sa_mask, SIGINT);
-  sigaddset(&action.sa_mask, SIGTERM);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&action.sa_mask, s);
   action.sa_flags = SA_RESTART;  // a signal does not fail the system calls it interrupts
-  ::sigaction(SIGINT, &action, nullptr);
-  ::sigaction(SIGTERM, &action, nullptr);
+  // SIGHUP (a closed terminal, a dropped ssh connection) stops the run as SIGTERM does.
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &action, nullptr);
+  struct sigaction quit = action;
+  quit.sa_handler = on_quit;
+  ::sigaction(SIGQUIT, &quit, nullptr);
 }
 
 }  // namespace gpipe

@@ -17,6 +17,7 @@
 #include <functional>
 #include <iomanip>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 namespace gpipe {
@@ -181,6 +182,44 @@ size_t input_uses(const Tensors& in, const Tensors& out) {
   return n;
 }
 
+// Profiling never changes the model it measures: on leaving (also by an exception) the
+// parameters' gradients, the buffers (BatchNorm's running statistics, which a forward in
+// training mode updates) and the default CPU generator (which Dropout draws from) are as they were.
+class UntouchedModel {
+ public:
+  explicit UntouchedModel(const torch::nn::Sequential& model)
+      : generator_(at::globalContext().defaultGenerator(torch::kCPU)) {
+    {
+      std::lock_guard<std::mutex> lock(generator_.mutex());
+      random_state_ = generator_.get_state();
+    }
+    for (const torch::Tensor& p : model->parameters()) {
+      params_.push_back(p);
+      grads_.push_back(p.grad());  // the profile's backwards start from none, so this one stays untouched
+      p.mutable_grad() = torch::Tensor();
+    }
+    torch::NoGradGuard no_grad;
+    for (const torch::Tensor& b : model->buffers()) {
+      buffers_.push_back(b);
+      values_.push_back(b.clone());
+    }
+  }
+  ~UntouchedModel() {
+    torch::NoGradGuard no_grad;
+    for (size_t n = 0; n < params_.size(); ++n) params_[n].mutable_grad() = grads_[n];
+    for (size_t n = 0; n < buffers_.size(); ++n) buffers_[n].copy_(values_[n]);
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(random_state_);
+  }
+  UntouchedModel(const UntouchedModel&) = delete;
+  UntouchedModel& operator=(const UntouchedModel&) = delete;
+
+ private:
+  at::Generator generator_;
+  torch::Tensor random_state_;
+  std::vector<torch::Tensor> params_, grads_, buffers_, values_;
+};
+
 }  // namespace
 
 CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& sample_in, int threads,
@@ -199,6 +238,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
               "); use 1 for SGD, 2 for SGD with momentum, 3 for Adam");
   GPIPE_CHECK(!loss || (target.defined() && target.dim() >= 1 && target.size(0) == sample.size(0)),
               "profile_layers needs the sample's target, ", sample.size(0), " rows, to profile the loss");
+  const UntouchedModel untouched(model);
   enable_memory_tracking();
   const IntraOpThreads intra_op(threads);
   const double rows = static_cast<double>(sample.size(0));
@@ -371,8 +411,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
     }
     costs.update_s_per_parameter_byte = median_of(update) / static_cast<double>(parameter_bytes);
   }
-  for (const auto& p : parameters) p.mutable_grad() = torch::Tensor();  // profiling leaves no grads
-  return costs;
+  return costs;  // `untouched` puts back the gradients, buffers and random numbers
 }
 
 std::vector<int64_t> Prediction::total_bytes() const {

@@ -250,8 +250,12 @@ torch::Tensor Pipeline::train_step(const Tensors& input, const torch::Tensor& ta
     if (M > 0 && holds(plan_.last_device())) step.targets = scatter(target.narrow(0, first, count), M);
     const bool tracked = !executors_.empty() && executors_.front()->memory() != nullptr;
     // Every process draws the same seed: their default generators have drawn the same numbers.
-    detail::TrainStepScope scope(step, M > 0 ? micro_batch_sizes(count, M) : std::vector<int64_t>{}, N, stochastic_,
-                                 parameters(), /*zero_grads=*/tracked);
+    const std::vector<int64_t> sizes = M > 0 ? micro_batch_sizes(count, M) : std::vector<int64_t>{};
+    detail::TrainStepScope scope(step, sizes, N, stochastic_, parameters(), /*zero_grads=*/tracked);
+    detail::weigh_by_counted_targets(step, target, first, sizes);
+    // An input that requires grad gets its gradient, as loss.backward() gives it (on the first device).
+    step.keep_input_gradients = !step.inputs.empty() && detail::wants_input_gradient(input, whole_inputs_);
+    step.input_gradients.assign(step.keep_input_gradients ? static_cast<size_t>(M) : 0, Tensors());
     for (const auto& e : executors_)
       for (const auto& stage : e->stages()) stage->begin_step();  // a replica without rows runs nothing
     if (M > 0) run(training_program(M), step);
@@ -278,6 +282,7 @@ torch::Tensor Pipeline::train_step(const Tensors& input, const torch::Tensor& ta
         if (n > 0) stage->update_batch_norm(statistics.narrow(0, at, n));
         at += n;
       }
+    if (step.keep_input_gradients) detail::add_input_gradients(input, step, first, whole_inputs_);
     return torch::tensor(total, torch::dtype(torch::kFloat64));
   });
 }

@@ -317,7 +317,10 @@ torch::Tensor Stage::weighted_loss(const torch::Tensor& output, int i, const Ste
   TORCH_CHECK(!output.requires_grad() || loss.requires_grad(),
               "the loss has no gradient with respect to the model's output (it detaches the output or does not "
               "use it); compute the loss from the output, as loss.backward() on one device would need");
-  return loss.reshape({}) * step.weights[static_cast<size_t>(i)];
+  const double weight = step.weights[static_cast<size_t>(i)];
+  // A micro-batch whose targets are all ignored counts for nothing (its own mean is 0/0).
+  if (weight == 0) return torch::nan_to_num(loss.reshape({}), 0.0) * 0.0;
+  return loss.reshape({}) * weight;
 }
 
 Tensors Stage::run_chain(int i, const Tensors& x, bool split, bool gather, Kept& kept, StepData& step) {
@@ -432,7 +435,8 @@ void Stage::send_skip_gradients(int i, Kept& k, const std::vector<torch::Tensor>
 
 Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, StepData& step) {
   const Tensors& given = first() ? step.inputs[static_cast<size_t>(i)] : input;
-  const LeafGrad grad = !first() && step.training ? LeafGrad::kFloating : LeafGrad::kNone;
+  const LeafGrad grad =
+      (!first() || step.keep_input_gradients) && step.training ? LeafGrad::kFloating : LeafGrad::kNone;
   const Tensors x = leaves_of(given.to(device_.device), grad);  // [1]
   Kept& k = kept_[i] = Kept{};
   k.input = x;
@@ -487,6 +491,12 @@ Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, 
   return {};
 }
 
+Tensors Stage::kept_input_gradient(int i, Tensors input_grad, StepData& step) const {
+  if (!first()) return input_grad;
+  if (step.keep_input_gradients) step.input_gradients[static_cast<size_t>(i)] = std::move(input_grad);
+  return {};
+}
+
 Tensors Stage::backward(int i, const Tensors& output_grad, StepData& step) {
   Kept& k = kept(i);
   if (k.recompute) {
@@ -498,14 +508,14 @@ Tensors Stage::backward(int i, const Tensors& output_grad, StepData& step) {
   backward_roots(i, output_grad, k, roots, grads);
   if (!roots.empty()) torch::autograd::backward(roots, grads);
   Tensors input_grad;
-  if (!first()) {  // [4]
+  if (!first() || step.keep_input_gradients) {  // [4]
     std::vector<torch::Tensor> grads;
     for (const auto& x : k.input.items) grads.push_back(x.grad());
     input_grad = gradients_of(k.input, grads);
   }
   send_skip_gradients(i, k);
   kept_.erase(i);
-  return input_grad;
+  return kept_input_gradient(i, std::move(input_grad), step);
 }
 
 Tensors Stage::input_grad(int i, const Tensors& output_grad, StepData& step) {
@@ -522,14 +532,15 @@ Tensors Stage::input_grad(int i, const Tensors& output_grad, StepData& step) {
     // which W then walks again into the parameters.
     backward_roots(i, output_grad, k, k.roots, k.root_grads);
     std::vector<torch::Tensor> inputs;
-    if (!first()) inputs = k.input.items;
+    if (!first() || step.keep_input_gradients) inputs = k.input.items;
     const auto own = static_cast<std::ptrdiff_t>(inputs.size());
     for (const auto& [skip, name] : popped_) inputs.push_back(k.skip_inputs.at(skip));
     const std::vector<torch::Tensor> grads = detail::input_gradients(k.roots, k.root_grads, inputs);
     Tensors input_grad;
-    if (!first()) input_grad = gradients_of(k.input, std::vector<torch::Tensor>(grads.begin(), grads.begin() + own));
+    if (!first() || step.keep_input_gradients)
+      input_grad = gradients_of(k.input, std::vector<torch::Tensor>(grads.begin(), grads.begin() + own));
     send_skip_gradients(i, k, std::vector<torch::Tensor>(grads.begin() + own, grads.end()));
-    return input_grad;
+    return kept_input_gradient(i, std::move(input_grad), step);
   }
   const size_t L = k.layer_outputs.size();
   k.weight_backward.clear();
@@ -553,7 +564,8 @@ Tensors Stage::input_grad(int i, const Tensors& output_grad, StepData& step) {
     k.weight_backward.push_back(std::move(w));
   }
   Tensors input_grad;
-  if (!first()) input_grad = gradients_of(k.input, g.items);
+  if (!first() || step.keep_input_gradients) input_grad = gradients_of(k.input, g.items);
+  input_grad = kept_input_gradient(i, std::move(input_grad), step);
   k.layer_inputs.clear();
   k.layer_outputs.clear();
   k.output = Tensors();
@@ -578,7 +590,10 @@ torch::Tensor mse_loss(const torch::Tensor& output, const torch::Tensor& target)
 }
 
 torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tensor& target) {
-  return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}));
+  const int64_t classes = output.size(-1);
+  if (target.is_floating_point() && target.sizes() == output.sizes())  // class probabilities
+    return torch::nn::functional::cross_entropy(output.reshape({-1, classes}), target.reshape({-1, classes}));
+  return torch::nn::functional::cross_entropy(output.reshape({-1, classes}), target.reshape({-1}));
 }
 
 }  // namespace gpipe

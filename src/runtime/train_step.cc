@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <limits>
 
 namespace gpipe::detail {
@@ -28,6 +29,67 @@ void check_batch_norm(const torch::nn::Sequential& layers, bool deferred) {
               "BatchNorm a layer of the Sequential itself, or update them from each micro-batch instead "
               "(PipelineOptions::deferred_batch_norm(false); gpipe train --batch-norm per-micro-batch; Python "
               "batch_norm=\"per-micro-batch\")");
+}
+
+void weigh_by_counted_targets(StepData& step, const torch::Tensor& target, int64_t first,
+                              const std::vector<int64_t>& sizes) {
+  using Loss = torch::Tensor (*)(const torch::Tensor&, const torch::Tensor&);
+  const Loss* fn = step.loss.target<Loss>();
+  if (fn == nullptr || *fn != &cross_entropy_loss || sizes.empty() || target.is_floating_point() ||
+      target.scalar_type() == torch::kBool)
+    return;
+  constexpr int64_t kIgnored = -100;  // torch's ignore_index
+  const torch::Tensor counted = target.ne(kIgnored);
+  const int64_t total = counted.sum().item<int64_t>();
+  // None ignored: every row counts alike (bᵢ/N). All ignored: the mean is 0/0, as torch's.
+  if (total == counted.numel() || total == 0) return;
+  int64_t at = first;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    step.weights[i] = static_cast<double>(counted.narrow(0, at, sizes[i]).sum().item<int64_t>()) /
+                      static_cast<double>(total);
+    at += sizes[i];
+  }
+}
+
+bool wants_input_gradient(const Tensors& input, const std::vector<int>& whole) {
+  for (size_t n = 0; n < input.size(); ++n) {
+    const torch::Tensor& t = input.items[n];
+    if (std::find(whole.begin(), whole.end(), static_cast<int>(n)) != whole.end()) continue;
+    if (t.defined() && t.is_floating_point() && t.requires_grad()) return true;
+  }
+  return false;
+}
+
+void add_input_gradients(const Tensors& input, const StepData& step, int64_t first,
+                         const std::vector<int>& whole) {
+  std::vector<torch::Tensor> roots, grads;
+  for (size_t n = 0; n < input.size(); ++n) {
+    const torch::Tensor& x = input.items[n];
+    if (std::find(whole.begin(), whole.end(), static_cast<int>(n)) != whole.end()) continue;
+    if (!x.defined() || !x.is_floating_point() || !x.requires_grad()) continue;
+    std::vector<torch::Tensor> parts;
+    bool any = false;
+    for (const Tensors& g : step.input_gradients) {
+      const bool defined = n < g.size() && g.items[n].defined();
+      any = any || defined;
+      parts.push_back(defined ? g.items[n] : torch::Tensor());
+    }
+    if (!any) continue;  // no layer took a gradient from it
+    // Rows this replica did not run stay zero (under MPI its own replica's rows are filled).
+    torch::Tensor grad = torch::zeros_like(x);
+    {
+      torch::NoGradGuard no_grad;
+      int64_t at = first;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const int64_t b = step.inputs[i].items[n].size(0);
+        if (parts[i].defined()) grad.narrow(0, at, b).copy_(parts[i]);
+        at += b;
+      }
+    }
+    roots.push_back(x);
+    grads.push_back(grad);
+  }
+  if (!roots.empty()) torch::autograd::backward(roots, grads);
 }
 
 TrainStepScope::TrainStepScope(StepData& step, const std::vector<int64_t>& sizes, int64_t total_rows,

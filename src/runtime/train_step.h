@@ -20,6 +20,21 @@ void check_splittable(const Schedule& program, const torch::nn::Sequential& laye
 /// one of `layers` (one stage's) rather than being one of them.
 void check_batch_norm(const torch::nn::Sequential& layers, bool deferred);
 
+/// With cross_entropy_loss and class-index targets of which some are ignored (-100), weighs each
+/// micro-batch by its targets not ignored over those of the whole mini-batch `target` (PyTorch's
+/// mean), in place of bᵢ/N; `first`: this replica's first row, `sizes`: its micro-batches' rows.
+void weigh_by_counted_targets(StepData& step, const torch::Tensor& target, int64_t first,
+                              const std::vector<int64_t>& sizes);
+
+/// Whether the caller's `input` wants its gradient (a floating-point tensor that requires grad,
+/// split into micro-batches, not one of `whole`).
+bool wants_input_gradient(const Tensors& input, const std::vector<int>& whole);
+
+/// Adds the first stage's input gradients in `step` (its micro-batches, from row `first` of the
+/// mini-batch) to the caller's `input`, as loss.backward() would: to .grad of a leaf, on through
+/// the graph of a tensor that is not one.
+void add_input_gradients(const Tensors& input, const StepData& step, int64_t first, const std::vector<int>& whole);
+
 /// Prepares `step` for micro-batches of `sizes` rows out of a mini-batch of
 /// `total_rows`: weights bᵢ/total_rows and loss slots. With `stochastic`, draws the step's seed from the default generator.
 ///

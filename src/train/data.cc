@@ -352,16 +352,40 @@ TextCorpus load_fortunes(const std::string& dir) {
     throw std::runtime_error(dir + " holds no fortune files (files without a dot in their name, fortunes separated "
                              "by lines of %): " + install);
   bool separated = false;
+  std::vector<std::string> texts;
   for (const std::string& name : corpus.files) {
-    const std::string text = read_file(dir + "/" + name);
-    separated = separated || text.find("\n%\n") != std::string::npos;
-    // The test part starts at the first fortune that begins at or after 90% of the file.
-    const size_t tenth = text.size() - text.size() / 10;
-    const size_t mark = tenth < 3 ? std::string::npos : text.find("\n%\n", tenth - 3);
-    const size_t cut = mark == std::string::npos ? text.size() : mark + 3;
-    corpus.train += text.substr(0, cut);
-    corpus.test += text.substr(cut);
+    std::string text = read_file(dir + "/" + name);
+    // Windows line ends (CR LF) read as LF: a line "%\r" separates fortunes as "%" does.
+    if (text.find("\r\n") != std::string::npos) {
+      std::string lf;
+      lf.reserve(text.size());
+      for (size_t n = 0; n < text.size(); ++n)
+        if (!(text[n] == '\r' && n + 1 < text.size() && text[n + 1] == '\n')) lf += text[n];
+      text = std::move(lf);
+    }
+    separated = separated || text.find("\n%\n") != std::string::npos || text.rfind("%\n", 0) == 0;
+    texts.push_back(std::move(text));
   }
+  // The test part of a file starts at its first fortune that begins at or after 90% of it. When no
+  // file has such a fortune (each a single long one, say), at the first line after 90% of each file
+  // instead, or at 90% of its bytes if that tenth holds no line break.
+  auto split = [&](bool by_lines) {
+    corpus.train.clear();
+    corpus.test.clear();
+    for (const std::string& text : texts) {
+      const size_t tenth = text.size() - text.size() / 10;
+      const size_t mark = tenth < 3 ? std::string::npos : text.find("\n%\n", tenth - 3);
+      size_t cut = mark == std::string::npos ? text.size() : mark + 3;
+      if (by_lines && cut + 2 > text.size() && text.size() >= 20) {  // no fortune after the cut
+        const size_t line = text.find('\n', tenth);
+        cut = line != std::string::npos && line + 1 < text.size() ? line + 1 : tenth;
+      }
+      corpus.train += text.substr(0, cut);
+      corpus.test += text.substr(cut);
+    }
+  };
+  split(false);
+  if (corpus.test.size() < 2) split(true);
   const std::string files = std::to_string(corpus.files.size()) + (corpus.files.size() == 1 ? " file" : " files");
   if (!separated)
     throw std::runtime_error(dir + " holds " + files + " of text, but no line \"%\" in any: fortune files separate "
@@ -370,7 +394,8 @@ TextCorpus load_fortunes(const std::string& dir) {
   if (corpus.train.size() < 2 || corpus.test.size() < 2)
     throw std::runtime_error(dir + " holds too little text: " + std::to_string(corpus.train.size()) +
                              " bytes to train on and " + std::to_string(corpus.test.size()) + " to test on (the "
-                             "fortunes in the last tenth of each file); give a folder with more fortunes, or " + install);
+                             "last tenth of each file of at least 20 bytes is for testing); give a folder with more "
+                             "fortunes, or " + install);
   return corpus;
 }
 
@@ -378,11 +403,11 @@ Dataset byte_windows(const std::string& text, int64_t length) {
   GPIPE_CHECK(length >= 1, "a window needs at least 1 byte (got ", length, ")");
   const int64_t n = (static_cast<int64_t>(text.size()) - 1) / length;
   GPIPE_CHECK(n >= 1, "a text of ", text.size(), " bytes holds no window of ", length, " bytes and the byte after it");
+  // One int64 copy of the bytes the windows use; input and target are two views of it (the target
+  // one byte on), so the samples take 8 bytes per byte of text, not a copy per window.
   const torch::Tensor bytes =
-      torch::from_blob(const_cast<char*>(text.data()), {static_cast<int64_t>(text.size())}, torch::kUInt8)
-          .to(torch::kLong);
-  return {bytes.narrow(0, 0, n * length).view({n, length}).clone(),
-          bytes.narrow(0, 1, n * length).view({n, length}).clone()};
+      torch::from_blob(const_cast<char*>(text.data()), {n * length + 1}, torch::kUInt8).to(torch::kLong);
+  return {bytes.narrow(0, 0, n * length).view({n, length}), bytes.narrow(0, 1, n * length).view({n, length})};
 }
 
 double bigram_bits_per_byte(const std::string& train, const std::string& test) {

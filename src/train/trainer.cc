@@ -380,7 +380,8 @@ int64_t fault_number(const std::string& part, const std::string& text) {
     end = std::string::npos;
   }
   GPIPE_CHECK(!part.empty() && end == part.size() && value >= 0, "GPIPE_TEST_FAULT=", text,
-              ": expected throw:STEP or exit:RANK:STEP with whole numbers of at least 0 (a test hook; unset it)");
+              ": expected throw:STEP, exit:RANK:STEP or save:RANK:STEP with whole numbers of at least 0 (a test hook; "
+              "unset it)");
   return value;
 }
 
@@ -422,9 +423,9 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
     const size_t colon = hook.find(':');
     fault_.kind = hook.substr(0, colon);
     const std::string rest = colon == std::string::npos ? "" : hook.substr(colon + 1);
-    GPIPE_CHECK(fault_.kind == "throw" || fault_.kind == "exit", "GPIPE_TEST_FAULT=", hook,
-                ": expected throw:STEP or exit:RANK:STEP (a test hook; unset it)");
-    if (fault_.kind == "exit") {
+    GPIPE_CHECK(fault_.kind == "throw" || fault_.kind == "exit" || fault_.kind == "save", "GPIPE_TEST_FAULT=", hook,
+                ": expected throw:STEP, exit:RANK:STEP or save:RANK:STEP (a test hook; unset it)");
+    if (fault_.kind == "exit" || fault_.kind == "save") {
       const size_t second = rest.find(':');
       fault_.rank = static_cast<int>(fault_number(rest.substr(0, second), hook));
       fault_.step = fault_number(second == std::string::npos ? "" : rest.substr(second + 1), hook);
@@ -542,6 +543,9 @@ void Trainer::resume(const std::string& resume_path) {
   on_every_rank([&] {
     const std::string previous = path + ".prev";
     const bool per_device = options_.per_device_files();
+    // What a save killed by SIGKILL left (PATH.tmp.<pid>.*, its writer gone) goes, as a save's would.
+    remove_stale_temporaries(path);
+    if (per_device) remove_stale_temporaries(manifest_file(resume_path));
     if (!std::filesystem::is_regular_file(path) && !(per_device && std::filesystem::is_regular_file(previous))) {
       const std::vector<int> sets = per_device_sets(resume_path);
       const std::string k = counts_text(sets);
@@ -553,11 +557,14 @@ void Trainer::resume(const std::string& resume_path) {
       if (std::filesystem::is_regular_file(resume_path))
         throw std::invalid_argument(resume_path + " is one whole checkpoint file, not a set of per-device files: "
                                     "leave out --per-device-files (a whole file resumes with any --stages)");
+      const bool same_k = sets.size() == 1 && sets.front() == pipeline_->devices();
       throw std::invalid_argument(
           "no such file: " + path +
-          (sets.empty() ? " (each device has its own file; resume with the K of the run that saved)"
-                        : " (the per-device files of " + resume_path + " are of " + k + " devices: resume with "
-                          "--stages " + k + ")"));
+          (sets.empty()  ? " (each device has its own file; resume with the K of the run that saved)"
+           : same_k      ? " (the set of per-device files of " + resume_path + " lacks this device's: it is not "
+                           "whole; resume from a whole set, or a save of the run to another path)"
+                         : " (the per-device files of " + resume_path + " are of " + k + " devices: resume with "
+                           "--stages " + k + ")"));
     }
     // Per-device files of another cut lack this device's layers: the fix is the cut, not the model.
     auto read = [&](const std::string& file) {
@@ -721,6 +728,7 @@ void Trainer::save() {
   const std::string optimizer = optimizer_name(options_.optimizer().kind());
   if (options_.per_device_files()) {
     save_per_device_files(path, now, optimizer);
+    note_saved(path + " (per-device files)", now.step);
     return;
   }
   try {
@@ -729,6 +737,7 @@ void Trainer::save() {
     throw std::runtime_error(std::string(e.what()) + "; save one file per device (TrainerOptions::per_device_files, "
                              "gpipe train --per-device-files)");
   }
+  note_saved(path, now.step);
 }
 
 void Trainer::save_per_device_files(const std::string& path, const TrainState& now, const std::string& optimizer) {
@@ -740,14 +749,31 @@ void Trainer::save_per_device_files(const std::string& path, const TrainState& n
   const std::string file = snapshot_file(path), previous = file + ".prev";
   // 1. Each device's file, the one the manifest names kept aside until the manifest names this step
   //    (already aside when a save that did not end left it there: then PATH is not whole and goes).
-  on_all([&] {
-    if (!holds) return;
-    std::error_code ec;
-    if (!whole_in_previous_ && std::filesystem::is_regular_file(file)) std::filesystem::rename(file, previous, ec);
-    if (ec) throw std::runtime_error("gpipe: cannot keep " + file + " as " + previous + ": " + ec.message());
-    save_snapshot(file, {encode_snapshot_part(pipeline_->layers(), *optimizer_)}, pipeline_->layers(), std::nullopt,
-                  optimizer, now);
-  });
+  // All or nothing: when any device's file fails, every device puts its files back as they were, so
+  // the set stays the one the manifest names (or, before a first save, no file is left without one).
+  bool kept_aside = false, written = false;
+  try {
+    on_all([&] {
+      if (!holds) return;
+      std::error_code ec;
+      if (!whole_in_previous_ && std::filesystem::is_regular_file(file)) {
+        std::filesystem::rename(file, previous, ec);
+        if (ec) throw std::runtime_error("gpipe: cannot keep " + file + " as " + previous + ": " + ec.message());
+        kept_aside = true;
+      }
+      save_snapshot(file, {encode_snapshot_part(pipeline_->layers(), *optimizer_)}, pipeline_->layers(),
+                    std::nullopt, optimizer, now);
+      written = true;
+      if (fault_.kind == "save" && fault_.rank == pipeline_->rank() && fault_.step == now.step)
+        throw std::runtime_error("gpipe: GPIPE_TEST_FAULT=save:" + std::to_string(fault_.rank) + ":" +
+                                 std::to_string(fault_.step) + " made this rank's save fail (a test hook)");
+    });
+  } catch (...) {
+    std::error_code ignored;
+    if (written) std::filesystem::remove(file, ignored);
+    if (kept_aside) std::filesystem::rename(previous, file, ignored);
+    throw;
+  }
   // 2. The manifest, last: the files it names are all whole.
   on_all([&] {
     if (pipeline_->root()) write_file_atomically(manifest_file(path), manifest_text(now.step, pipeline_->devices()));

@@ -3,7 +3,7 @@ embedding) through gpipe.GPipe for a few steps and saves what this process train
 test_mpi.py in one process and under `mpirun -np 2`.
 
     python3 mpi_train.py OUT_DIR [--tied] [--by-time] [--schedule NAME] [--checkpoint MODE]
-                         [--unseeded] [--unseeded-model] [--raise-on-rank-1]
+                         [--unseeded] [--unseeded-model] [--raise-on-rank-1] [--rank-1-ends-early return|exit]
 
 --schedule and --checkpoint pick the step program (default: interleaved over 4 stages, except_last);
 a schedule of one stage per device cuts the model in 2 stages, interleaved, zbv and v-half in 4.
@@ -11,6 +11,8 @@ a schedule of one stage per device cuts the model in 2 stages, interleaved, zbv 
 With --by-time the model is cut by measured time (balance=None): under MPI every rank takes rank 0's cut.
 With --unseeded each rank draws its own batches: every rank refuses the first step.
 With --unseeded-model each rank initialises its own model: every rank refuses it.
+With --rank-1-ends-early return|exit rank 1's script ends after one step (its last line, or sys.exit(0))
+while rank 0 goes on: rank 0 stops with an error naming rank 1, and the job ends.
 With --raise-on-rank-1 rank 1's script raises after a step and a trace to a path rank 0 cannot write:
 the trace fails on every rank, and the uncaught exception ends the job.
 """
@@ -78,6 +80,14 @@ def main():
         if pipe.rank == 1:
             raise RuntimeError("rank 1 stops here")
         pipe.train_step(torch.randint(24, (10, 5), generator=g), torch.randint(24, (10, 5), generator=g))
+        return
+    if "--rank-1-ends-early" in sys.argv:
+        for step in range(3):
+            if pipe.rank == 1 and step == 1:
+                if flag("--rank-1-ends-early", "return") == "exit":
+                    sys.exit(0)
+                return
+            pipe.train_step(torch.randint(24, (10, 5), generator=g), torch.randint(24, (10, 5), generator=g))
         return
     losses = []
     for _ in range(3):

@@ -1,5 +1,7 @@
 """Every way gpipe.GPipe refuses: ValueError for bad arguments before any work, RuntimeError naming
 the stage, micro-batch and action for a failure inside a stage, and the step leaves nothing changed."""
+from typing import Tuple
+
 import pytest
 import torch
 
@@ -132,3 +134,76 @@ def test_trace_and_schedule_after_a_step(tmp_path):
     assert 0.0 <= pipe.bubble < 1.0
     with pytest.raises(RuntimeError, match="nowhere"):
         pipe.trace(tmp_path / "nowhere" / "step.json")
+
+
+@pytest.mark.parametrize("change", ["parameter", "append", "replace", "delete", "dropout", "buffer"])
+def test_a_model_changed_after_wrapping_is_refused_at_the_next_call(change):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+    pipe = gpipe.GPipe(model, balance=[2, 3], chunks=2)
+    x, y = torch.randn(8, 6), torch.randint(3, (8,))
+    pipe.train_step(x, y)
+    if change == "parameter":
+        model[0].weight = torch.nn.Parameter(torch.zeros(8, 6))
+    elif change == "append":
+        model.append(torch.nn.Identity())
+    elif change == "replace":
+        model[1] = torch.nn.Tanh()
+    elif change == "delete":
+        del model[2]
+    elif change == "dropout":
+        model[2].p = 0.5
+    else:
+        model[3].running_mean = torch.zeros(8)
+    with pytest.raises(ValueError, match="the model changed after GPipe was built.*build a new GPipe"):
+        pipe.train_step(x, y)
+    with pytest.raises(ValueError, match="the model changed after GPipe was built"):
+        pipe(x)
+    # What is followed: values changed in place, the mode, requires_grad.
+    fresh = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    pipe = gpipe.GPipe(fresh, balance=[2, 1])
+    with torch.no_grad():
+        fresh[0].weight.mul_(2)
+    fresh.eval()
+    fresh[2].bias.requires_grad_(False)
+    assert torch.allclose(pipe(x), fresh(x))
+
+
+def test_a_pipe_cannot_be_pickled_and_says_what_to_save():
+    import pickle
+    pipe = gpipe.GPipe(mlp(), balance=[2, 2])
+    with pytest.raises(TypeError, match="model.state_dict"):
+        pickle.dumps(pipe)
+    with pytest.raises(TypeError, match="model.state_dict"):
+        torch.save(pipe, "/dev/null")
+
+
+def test_balance_of_tensor_or_numpy_whole_numbers_is_taken():
+    assert gpipe.GPipe(mlp(), balance=torch.tensor([1, 3])).balance == [1, 3]
+    np = pytest.importorskip("numpy")
+    assert gpipe.GPipe(mlp(), balance=np.array([3, 1])).balance == [3, 1]
+    refused("every entry of balance must be a whole number", balance=torch.tensor([2.0, 2.0]))
+
+
+def test_a_sparse_input_is_refused_before_any_work():
+    pipe = gpipe.GPipe(mlp(), balance=[2, 2])
+    with pytest.raises(ValueError, match="sparse.*to_dense"):
+        pipe.train_step(torch.randn(4, 6).to_sparse(), torch.randint(3, (4,)))
+
+
+def test_a_layer_that_returns_a_nested_tuple_is_a_value_error_before_any_work():
+    class Nested(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> Tuple[Tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+            return (x, x), x
+
+    with pytest.raises(ValueError, match="layer 1 .*returns.*flat tuple"):
+        gpipe.GPipe(torch.nn.Sequential(torch.nn.Linear(2, 2), Nested()), balance=[1, 1])
+
+
+def test_batch_norm_with_one_row_per_micro_batch_is_a_value_error_naming_chunks():
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+    for balance in ([1, 2], None):
+        pipe = gpipe.GPipe(model, balance=balance, chunks=4, devices=2)
+        with pytest.raises(ValueError, match="BatchNorm.*chunks"):
+            pipe.train_step(torch.randn(4, 6), torch.randint(3, (4,)))

@@ -1,6 +1,7 @@
 """`mpirun -np 2 python3 train.py`: each rank holds its stages; the results equal one process bit for
 bit, and pipe.save writes one file with the whole model."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -120,3 +121,23 @@ def test_ranks_given_different_batches_are_refused_on_every_rank(tmp_path):
     run(mpirun() + ["-np", "2"], tmp_path, "--unseeded")
     for r in range(2):
         assert "the ranks were given different batches" in torch.load(tmp_path / f"rank{r}.pt")["refused"]
+
+
+@pytest.mark.parametrize("how", ["return", "exit"])
+def test_a_rank_whose_script_ends_early_ends_the_job_with_a_message_naming_it(tmp_path, how):
+    """Rank 1's script ends (its last line, or sys.exit(0)) while rank 0 still trains: rank 0's next
+    step raises an error naming rank 1 within seconds, and no process of the job is left."""
+    marker = str(tmp_path / f"ends-early-{how}")
+    os.makedirs(marker)
+    try:
+        result = subprocess.run(mpirun() + ["-np", "2", sys.executable, os.path.join(HERE, "mpi_train.py"), marker,
+                                            "--rank-1-ends-early", how], capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as e:
+        subprocess.run(["pkill", "-f", marker])
+        pytest.fail(f"the job hung: {e.stdout}{e.stderr}")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert re.search(r"rank 1 \(device 1, replica 0\): (ended its program|let go of its pipeline)", output), output
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes left: {left}"

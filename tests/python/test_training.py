@@ -525,3 +525,79 @@ def test_balance_none_keeps_the_gradients_already_there():
     torch.nn.functional.cross_entropy(reference(x), y).backward()
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.allclose(p.grad, q.grad, rtol=RTOL, atol=1e-7)
+
+
+def test_balance_none_profiles_without_touching_the_models_buffers_or_random_numbers():
+    """The cut by measured time runs the layers in training mode; BatchNorm's running statistics
+    and the random numbers are as if it had not: the same as a pipeline given its balance."""
+    timed, given = bn_model(), bn_model()
+    (x, y), = batches(1, 16)
+    torch.manual_seed(3)
+    gpipe.GPipe(timed, chunks=2, devices=2).train_step(x, y)
+    timed_rng = torch.get_rng_state()
+    torch.manual_seed(3)
+    gpipe.GPipe(given, balance=[3, 3], chunks=2).train_step(x, y)
+    assert torch.equal(timed_rng, torch.get_rng_state())
+    for (name, a), b in zip(timed.named_buffers(), given.buffers()):
+        if name.endswith("num_batches_tracked"):
+            assert a.item() == b.item() == 1, name
+        else:
+            assert torch.allclose(a, b, rtol=RTOL, atol=1e-6), name
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 4])
+def test_cross_entropy_ignores_targets_of_minus_100_as_torch_does(chunks):
+    """PyTorch's mean over the targets not ignored, of the whole batch: each micro-batch weighs by
+    its counted targets; one whose targets are all ignored counts for nothing (not NaN)."""
+    model, reference = mlp(), mlp()
+    (x, y), = batches(1, 16)
+    y[:4] = -100  # with chunks=4, the first micro-batch is all padding
+    y[9] = -100
+    pipe = gpipe.GPipe(model, balance=[3, 5], chunks=chunks)
+    loss = pipe.train_step(x, y)
+    expected = torch.nn.functional.cross_entropy(reference(x), y)
+    expected.backward()
+    assert abs(loss - expected.item()) <= 1e-6 * abs(expected.item())
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=RTOL, atol=1e-7)
+
+
+def test_cross_entropy_takes_class_probabilities_as_torch_does():
+    model, reference = mlp(), mlp()
+    (x, _), = batches(1, 16)
+    probabilities = torch.softmax(torch.randn(16, 5, generator=torch.Generator().manual_seed(2)), 1)
+    loss = gpipe.GPipe(model, balance=[3, 5], chunks=4).train_step(x, probabilities)
+    expected = torch.nn.functional.cross_entropy(reference(x), probabilities)
+    expected.backward()
+    assert abs(loss - expected.item()) <= 1e-6 * abs(expected.item())
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=RTOL, atol=1e-7)
+
+
+@pytest.mark.parametrize("schedule,balance", [("gpipe", [3, 5]), ("zb1p", [3, 5]), ("interleaved", [2, 2, 2, 2])])
+def test_an_input_that_requires_grad_gets_its_gradient_as_backward_gives_it(schedule, balance):
+    model, reference = mlp(), mlp()
+    (x, y), = batches(1, 16)
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    gpipe.GPipe(model, balance=balance, chunks=4, schedule=schedule).train_step(x1, y)
+    torch.nn.functional.cross_entropy(reference(x2), y).backward()
+    assert x1.grad is not None
+    assert torch.allclose(x1.grad, x2.grad, rtol=RTOL, atol=1e-8)
+    # A tensor computed from a leaf: the gradient goes on to the leaf, as backward's would.
+    w1, w2 = torch.ones(12, requires_grad=True), torch.ones(12, requires_grad=True)
+    gpipe.GPipe(mlp(), balance=balance, chunks=4, schedule=schedule).train_step(x * w1, y)
+    torch.nn.functional.cross_entropy(mlp()(x * w2), y).backward()
+    assert torch.allclose(w1.grad, w2.grad, rtol=RTOL, atol=1e-7)
+
+
+def test_a_subclass_of_sequential_that_keeps_its_forward_trains_as_one():
+    class Named(torch.nn.Sequential):
+        pass
+
+    model, reference = Named(*mlp()), mlp()
+    data = batches(2, 8)
+    pipe = gpipe.GPipe(model, balance=[3, 5], chunks=2)
+    train_gpipe(pipe, model, data, "cross_entropy",
+                lambda p: torch.optim.SGD(p, lr=0.1))
+    train_reference(reference, data, torch.nn.functional.cross_entropy, lambda p: torch.optim.SGD(p, lr=0.1))
+    assert_same_parameters(model, reference)

@@ -86,6 +86,7 @@ Environment::Environment(int* argc, char*** argv) {
 }
 
 Environment::~Environment() {
+  leave();  // a rank still waiting for this one stops rather than waiting forever
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();

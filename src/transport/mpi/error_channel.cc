@@ -2,10 +2,14 @@
 // forever for a message that will not come.
 #include "transport/mpi/group.h"
 
+#include <chrono>
+#include <thread>
+
 namespace gpipe::mpi {
 
 namespace {
 constexpr int kErrorTag = 1;
+constexpr char kLeaving = '\x01';  // the first byte of a leaving rank's message (mpi::leave)
 }  // namespace
 
 RemoteError::RemoteError(int rank, const std::string& message)
@@ -32,6 +36,17 @@ void ErrorChannel::post() {
 
 void ErrorChannel::wait(MPI_Request& request) {
   while (request != MPI_REQUEST_NULL) {
+    if (!left_.empty()) {
+      // A rank left: what it sent before leaving still arrives; what it did not, never will.
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::duration<double>(kLeaveGraceSeconds);
+      for (;;) {
+        int done = 0;
+        detail::check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "waiting for a message");
+        if (done) return;
+        if (std::chrono::steady_clock::now() > give_up) throw RemoteError(left_rank_, left_);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
     std::array<MPI_Request, 2> requests{request, pending_};
     int index = MPI_UNDEFINED;
     MPI_Status status;
@@ -41,6 +56,11 @@ void ErrorChannel::wait(MPI_Request& request) {
     if (index == 1) {
       int length = 0;
       MPI_Get_count(&status, MPI_CHAR, &length);
+      if (length > 0 && buffer_[0] == kLeaving) {
+        left_.assign(buffer_.data() + 1, static_cast<size_t>(length - 1));
+        left_rank_ = status.MPI_SOURCE;
+        continue;
+      }
       throw RemoteError(status.MPI_SOURCE, std::string(buffer_.data(), static_cast<size_t>(length)));
     }
   }
@@ -57,5 +77,7 @@ void ErrorChannel::raise(const std::string& message) {
   // Short messages leave eagerly; a rank that died is the launcher's to clean up.
   MPI_Waitall(static_cast<int>(sends.size()), sends.data(), MPI_STATUSES_IGNORE);
 }
+
+void ErrorChannel::leave(const std::string& message) { raise(std::string(1, kLeaving) + message); }
 
 }  // namespace gpipe::mpi

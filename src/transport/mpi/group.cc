@@ -10,17 +10,61 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <set>
 #include <numeric>
 #include <sstream>
 
 namespace gpipe::mpi {
 namespace detail {
 
-MpiGroup::MpiGroup(MPI_Comm comm) : control_(Communicator::duplicate(comm)) {}
+namespace {
+
+// The live groups of this process, which mpi::leave tells the other ranks about.
+std::mutex live_mutex;
+std::set<MpiGroup*>& live_groups() {
+  static auto* groups = new std::set<MpiGroup*>;  // never destroyed: leave() runs at exit
+  return *groups;
+}
+
+}  // namespace
+
+MpiGroup::MpiGroup(MPI_Comm comm) : control_(Communicator::duplicate(comm)) {
+  const std::lock_guard<std::mutex> lock(live_mutex);
+  live_groups().insert(this);
+}
 
 MpiGroup::~MpiGroup() {
+  {
+    const std::lock_guard<std::mutex> lock(live_mutex);
+    live_groups().erase(this);
+  }
   transport_.reset();
-  if (failed_) abandon();  // a failed step may have left messages and operations no rank will finish
+  if (failed_ || left_) {
+    abandon();  // a failed step may have left messages and operations no rank will finish
+    return;
+  }
+  // A rank still using the pipeline (its loop longer than this one's) stops rather than waiting.
+  tell_leaving("let go of its pipeline (its Pipeline or Python GPipe was deleted, or its program ended)");
+}
+
+void MpiGroup::tell_leaving(const std::string& what) {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || !errors_) return;
+  errors_->leave(who() + what + " while this rank still called into gpipe; every rank makes the same calls (the "
+                 "same number of train_step, forward, save, sum...), so end every rank's loop together");
+  // The others' notices may still come: the channel's communicator is never freed, so that no
+  // later communicator, given its context, receives them.
+  errors_->abandon();
+}
+
+void MpiGroup::leave() {
+  if (left_) return;
+  left_ = true;
+  transport_.reset();
+  tell_leaving("ended its program (the end of main or of the script, exit, sys.exit)");
+  abandon();  // its messages may still arrive: nothing here is freed
 }
 
 // Throws on every rank if any rank's `local_error` is not empty: its own
@@ -218,6 +262,11 @@ void MpiGroup::abandon() {
 // communicator's context to a new one, where the old step's stray messages
 // would then arrive.
 void MpiGroup::begin_call() {
+  GPIPE_CHECK(!left_, "this rank left the MPI job (mpi::leave, at its exit): its pipelines take no more calls");
+  if (errors_ && !errors_->left().empty()) {
+    failed_ = true;  // the next call cannot start over: the communicators need every rank
+    throw RemoteError(errors_->left_rank(), errors_->left());
+  }
   if (!failed_) return;
   abandon();
   open();
@@ -326,5 +375,14 @@ std::vector<std::string> MpiGroup::gather(const std::string& bytes) {
 }
 
 }  // namespace detail
+
+void leave() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  const std::lock_guard<std::mutex> lock(detail::live_mutex);
+  for (detail::MpiGroup* group : detail::live_groups()) group->leave();
+}
 
 }  // namespace gpipe::mpi

@@ -89,6 +89,8 @@ class MpiGroup : public gpipe::detail::Group {
   std::string describe() const override;
 
   const Placement& placement() const { return placement_; }
+  /// Tells the other ranks that this one makes no more calls (mpi::leave); takes none after.
+  void leave();
 
  private:
   // Throws on every rank if any rank's `local_error` is not empty.
@@ -101,6 +103,8 @@ class MpiGroup : public gpipe::detail::Group {
   void open();
   // The step's communicators, left as they are after a failure (see begin_call).
   void abandon();
+  // Tells the other ranks that this one makes no more calls, having done `what` (mpi::leave).
+  void tell_leaving(const std::string& what);
 
   // tied.cc: this rank's copies of each tied group, checked against every rank's; their first values
   // made the lowest device's; their gradients summed.
@@ -123,6 +127,7 @@ class MpiGroup : public gpipe::detail::Group {
   std::unique_ptr<ErrorChannel> errors_;
   std::unique_ptr<MpiTransport> transport_;
   bool failed_ = false;
+  bool left_ = false;  // this rank left (leave)
 };
 
 }  // namespace gpipe::mpi::detail
