@@ -51,7 +51,7 @@ void start_world(int* argc, char*** argv) {
   (void)argc;
   (void)argv;
   throw std::runtime_error("this gpipe was built without MPI, but it was started by mpirun; "
-                           "install libopenmpi-dev and rebuild (cmake -DGPIPE_WITH_MPI=ON)");
+                           "install libopenmpi-dev and rebuild with -DGPIPE_MPI=ON");
 #endif
 }
 
