@@ -18,8 +18,19 @@ using gpipe::Device;
 using gpipe::PipelineOptions;
 using gpipe::ScheduleKind;
 
+// GPIPE_CUDA_TEST_ON_CPU=1 runs these tests' logic with CPU devices in place of the GPU (a check of
+// the tests themselves where no GPU is; the streams are then not exercised).
+bool on_cpu() {
+  static const bool cpu = std::getenv("GPIPE_CUDA_TEST_ON_CPU") != nullptr &&
+                          std::string(std::getenv("GPIPE_CUDA_TEST_ON_CPU")) == "1";
+  return cpu;
+}
+bool have_gpu() { return torch::cuda::is_available() || on_cpu(); }
+torch::Device gpu_device() { return on_cpu() ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0); }
+gpipe::Device gpu_stage() { return on_cpu() ? gpipe::Device::cpu(1) : gpipe::Device::cuda(0); }
+
 #define GPIPE_NEED_CUDA()                                                                        \
-  if (!torch::cuda::is_available())                                                              \
+  if (!have_gpu())                                                                               \
   GTEST_SKIP() << "no CUDA device visible (this libtorch has no CUDA, or no GPU): nothing to test " \
                   "on a GPU here"
 
@@ -43,7 +54,7 @@ void save_report() {
 class Report : public ::testing::Environment {
  public:
   void TearDown() override {
-    if (!torch::cuda::is_available()) return;
+    if (!have_gpu()) return;
     std::printf("cuda_exact_max_rel_diff %.3g, cpu_vs_cuda_max_rel_diff %.3g\n", largest_gpu_difference,
                 largest_cpu_difference);
   }
@@ -167,7 +178,7 @@ TEST_P(CudaTransparencyTest, ParametersEqualOneDeviceOnTheSameGpu) {
   gpipe::allow_tf32(false);
   const auto [which, schedule, mode, K] = GetParam();
   const Model m = models()[static_cast<size_t>(which)];
-  const torch::Device gpu(torch::kCUDA, 0);
+  const torch::Device gpu = gpu_device();
   constexpr int M = 6;  // K | M for the interleaved schedule
 
   torch::nn::Sequential reference = build_on(m, gpu);
@@ -178,7 +189,8 @@ TEST_P(CudaTransparencyTest, ParametersEqualOneDeviceOnTheSameGpu) {
   // K devices, all the GPU: each its own thread, each stage its own stream (V of them per device).
   torch::nn::Sequential piped = build_on(m, gpu);
   gpipe::Pipeline pipe(piped, PipelineOptions()
-                                  .device_list(std::vector<Device>(static_cast<size_t>(K), Device::cuda(0)))
+                                  .devices(K)
+                                  .device_list(std::vector<Device>(static_cast<size_t>(K), gpu_stage()))
                                   .micro_batches(M)
                                   .checkpoint(mode)
                                   .schedule(schedule)
@@ -193,7 +205,7 @@ TEST_P(CudaTransparencyTest, ParametersEqualOneDeviceOnTheSameGpu) {
   save_report();
   EXPECT_LE(difference, 1e-5) << m.name << " " << gpipe::to_string(schedule) << " " << gpipe::to_string(mode)
                               << " K=" << K;
-  for (const auto& p : piped->parameters()) EXPECT_TRUE(p.is_cuda());
+  for (const auto& p : piped->parameters()) EXPECT_EQ(p.device(), gpu);
 }
 
 std::string name(const ::testing::TestParamInfo<Config>& info) {
@@ -219,9 +231,9 @@ TEST(CudaTest, GpuPipelineAgainstCpuPipeline) {
   gpipe::allow_tf32(false);
   for (const Model& m : models()) {
     auto run_on = [&](bool gpu) {
-      torch::nn::Sequential model = build_on(m, gpu ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
+      torch::nn::Sequential model = build_on(m, gpu ? gpu_device() : torch::Device(torch::kCPU));
       PipelineOptions options = PipelineOptions().devices(2).micro_batches(4).checkpoint(Checkpoint::kAlways);
-      if (gpu) options.device_list({Device::cuda(0), Device::cuda(0)});
+      if (gpu) options.device_list({gpu_stage(), gpu_stage()});
       gpipe::Pipeline pipe(model, options);
       return train(m, [&](torch::nn::Sequential, const torch::Tensor& x, const torch::Tensor& y) {
         pipe.train_step(x, y, m.loss);
@@ -240,9 +252,9 @@ TEST(CudaTest, ManyMicroBatchesAcrossStreamsMatchOneDeviceStepAfterStep) {
   GPIPE_NEED_CUDA();
   gpipe::allow_tf32(false);
   const Model m = models()[1];
-  const torch::Device gpu(torch::kCUDA, 0);
+  const torch::Device gpu = gpu_device();
   torch::nn::Sequential piped = build_on(m, gpu), reference = build_on(m, gpu);
-  gpipe::Pipeline pipe(piped, PipelineOptions().device_list({Device::cuda(0), Device::cuda(0), Device::cuda(0)})
+  gpipe::Pipeline pipe(piped, PipelineOptions().devices(3).device_list({gpu_stage(), gpu_stage(), gpu_stage()})
                                   .micro_batches(32).schedule(ScheduleKind::k1F1B));
   for (int s = 0; s < 3; ++s) {
     torch::manual_seed(700 + s);
@@ -265,8 +277,8 @@ TEST(CudaTest, ManyMicroBatchesAcrossStreamsMatchOneDeviceStepAfterStep) {
 TEST(CudaTest, MemoryComesFromTheCachingAllocator) {
   GPIPE_NEED_CUDA();
   const Model m = models()[0];
-  torch::nn::Sequential model = build_on(m, torch::Device(torch::kCUDA, 0));
-  gpipe::Pipeline pipe(model, PipelineOptions().device_list({Device::cuda(0)}).micro_batches(2).track_memory(true));
+  torch::nn::Sequential model = build_on(m, gpu_device());
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(1).device_list({gpu_stage()}).micro_batches(2).track_memory(true));
   torch::manual_seed(9);
   pipe.train_step(m.input(64), m.target(64), m.loss);
   const auto memory = pipe.memory();
@@ -277,7 +289,7 @@ TEST(CudaTest, MemoryComesFromTheCachingAllocator) {
 
 // Without a GPU the CUDA tests skip; a CUDA device asked for is refused by name.
 TEST(CudaTest, WithoutAGpuACudaDeviceIsRefusedByName) {
-  if (torch::cuda::is_available()) GTEST_SKIP() << "a GPU is visible: nothing to refuse";
+  if (torch::cuda::is_available() || on_cpu()) GTEST_SKIP() << "a GPU is visible: nothing to refuse";
   gpipe::testing::expect_invalid([] { gpipe::check_device(Device::cuda(0)); }, "cuda:0");
   // The stream helpers do nothing on CPU.
   const gpipe::DeviceStream none(torch::Device(torch::kCPU));
