@@ -3,9 +3,17 @@
 
 #include <gpipe/io.h>
 
-#include <png.h>
-
 #include <stdexcept>
+
+#if defined(GPIPE_NO_PNG)
+namespace gpipe::cli {
+void write_png(const std::string& path, const torch::Tensor& /*image*/) {
+  throw std::invalid_argument("cannot write " + path + ": this gpipe was built without libpng; install libpng-dev "
+                              "and configure again to write PNG samples");
+}
+}  // namespace gpipe::cli
+#else
+#include <png.h>
 
 namespace gpipe::cli {
 namespace {
@@ -46,3 +54,4 @@ void write_png(const std::string& path, const torch::Tensor& image) {
 }
 
 }  // namespace gpipe::cli
+#endif  // GPIPE_NO_PNG

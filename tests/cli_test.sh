@@ -114,6 +114,13 @@ expect_error "dataset-fashion-mnist" --data-dir "$work/nowhere"
 expect_error "the zbv schedule runs 2 stages per device" --schedule zbv --virtual-stages 3
 expect_error "the 1f1b schedule runs one stage per device" --schedule 1f1b --virtual-stages 2
 expect_error "give --save FILE or --resume FILE with it" --per-device-files
+if [ "${GPIPE_BUILT_WITH_MPI:-1}" = 0 ]; then  # a build with -DGPIPE_MPI=OFF refuses MPI's features by name
+  expect_error "rebuild with -DGPIPE_MPI=ON" "${small[@]}" --steps 1 --per-device-files --save "$work/split.pt"
+  if OMPI_COMM_WORLD_SIZE=2 "$gpipe" train "${small[@]}" --steps 1 >"$work/out.txt" 2>"$work/err.txt" ||
+     ! grep -q "rebuild with -DGPIPE_MPI=ON" "$work/err.txt"; then
+    fail "a build without MPI started by mpirun: expected 'rebuild with -DGPIPE_MPI=ON' in: $(cat "$work/err.txt")"
+  else pass "a build without MPI started by mpirun -> $(head -n 1 "$work/err.txt")"; fi
+fi
 for flag in --save --resume --trace --samples --model --data --data-dir; do  # an empty name is not ignored
   expect_error "$flag: needs a name: it is empty" "$flag" ""
 done

@@ -75,7 +75,8 @@ TEST(MakePipelineTest, MpiRuntimeNeedsMpi) {
   expect_invalid([] { make_pipeline(build_mlp, 7, PipelineOptions().devices(2), Runtime::kMpi); },
                  "create a gpipe::mpi::Environment");
 #else
-  expect_invalid([] { make_pipeline(build_mlp, 7, PipelineOptions().devices(2), Runtime::kMpi); }, "built without MPI");
+  expect_invalid([] { make_pipeline(build_mlp, 7, PipelineOptions().devices(2), Runtime::kMpi); },
+                 "rebuild with -DGPIPE_MPI=ON");
 #endif
   auto pipe = make_pipeline(build_mlp, 7, PipelineOptions().devices(2));
   EXPECT_EQ(pipe->describe(), "one process, 2 device threads");

@@ -3,10 +3,15 @@
 
 #include <torch/types.h>
 
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -70,6 +75,51 @@ bool freed_memory_kept();
 
 /// A short description of the BLAS in use, e.g. "OpenBLAS 0.3.21 ... MAX_THREADS=64".
 std::string blas_info();
+
+/// Where the work of a stage (or of a copy) is queued on its device: on a CUDA device, a stream
+/// of its own from c10's pool, never the default stream, so that stages on one GPU run side by
+/// side and a copy overlaps compute; on CPU, nothing (every call below does nothing). Written with
+/// c10's device-generic Stream, Event and VirtualGuardImpl: the same code builds against a
+/// libtorch without CUDA, and runs there on CPU devices.
+///
+/// Ordering across streams is by events, never by the host waiting (synchronize() aside, for
+/// the end of a step): a producer records an event after its work (record), a consumer's stream
+/// waits for it on the device (wait), and memory made on one stream and used on another is
+/// marked as used there (keep_alive), so that the caching allocator does not hand it out again
+/// while that stream's work is still queued (torch.Tensor.record_stream).
+class DeviceStream {
+ public:
+  /// No stream: a CPU device.
+  DeviceStream() = default;
+  /// A stream from the pool of `device` when it is a CUDA device; none on CPU.
+  explicit DeviceStream(const torch::Device& device);
+
+  bool active() const { return stream_.has_value(); }
+  /// The stream (check active() first).
+  const c10::Stream& stream() const { return *stream_; }
+  /// An event recorded on the stream now: complete once the work queued so far has run. Null
+  /// without a stream.
+  std::shared_ptr<c10::Event> record() const;
+  /// Work queued on the stream from now on starts after `event`'s work (the host does not wait).
+  void wait(const c10::Event& event) const;
+  /// Marks the memory of `tensor` (made on another stream) as used by this stream's work queued
+  /// so far; nothing for a tensor on another device or without storage.
+  void keep_alive(const torch::Tensor& tensor) const;
+  /// Blocks the calling thread until every work queued on the stream has run (the end of a step).
+  void synchronize() const;
+
+ private:
+  std::optional<c10::Stream> stream_;
+};
+
+/// An event recorded on the calling thread's current stream of `device` (what it has queued
+/// there so far), or null for a CPU device.
+std::shared_ptr<c10::Event> record_current_stream(const torch::Device& device);
+
+/// Whether float32 matrix products and convolutions on a GPU may use TF32 (10-bit mantissas on
+/// Ampere and later: about 1e-3 relative error). libtorch allows it for cuDNN by default;
+/// exactness checks against one device turn it off. Nothing changes on CPU.
+void allow_tf32(bool allowed);
 
 /// A persistent worker thread that runs posted tasks in order, bound to a Device.
 ///

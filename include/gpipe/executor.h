@@ -1,5 +1,12 @@
 // executor.h: Executor: runs one device's program over the stages placed on that device.
 //
+// On a GPU each stage computes on a stream of its own (Stage::stream); the executor runs every
+// action of a stage under that stream, stamps what it sends with an event recorded there, and
+// makes the receiving stage's stream wait for that event, so that tensors cross stages (on one
+// GPU or between GPUs) without the host waiting. A tensor from another device is copied on a copy
+// stream of its own device, after its producer's event. At the end of a run the host waits
+// for the stages' streams once: the step's results are then ready for the caller.
+//
 // The executor decides nothing: it dispatches each action of its program by
 // kind. A receive puts the tensor it took from the transport in the inbox of
 // its stage; a compute action takes its input from there and leaves its output
@@ -14,6 +21,7 @@
 #include "gpipe/trace.h"
 #include "gpipe/transport.h"
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -40,6 +48,10 @@ class Executor {
   /// Where sends and receives go from now on (under MPI a new transport after
   /// a failed step).
   void set_transport(Transport* transport) { transport_ = transport; }
+  /// On a GPU: what the next run's work waits for (on the device, not the host): an event
+  /// recorded on the caller's stream after what it queued before the step (the optimizer's
+  /// update, the inputs). Null: nothing to wait for.
+  void set_start(std::shared_ptr<c10::Event> start) { start_ = std::move(start); }
 
   const Device& device() const { return device_; }
   /// The stages on this device, in increasing stage order.
@@ -49,8 +61,16 @@ class Executor {
 
  private:
   Stage& stage(int index);
+  // A message for stage `to` made usable on its stream: waited for, kept alive, or copied here.
+  Tensors arrive(Tensors message, const Stage& to);
+  // The copy stream on `device` (made on first use).
+  const DeviceStream& copy_stream(const torch::Device& device);
+  // The host waits for every stream of this device's stages and copies.
+  void synchronize();
 
   std::vector<std::unique_ptr<Stage>> stages_;
+  std::shared_ptr<c10::Event> start_;
+  std::map<int, DeviceStream> copy_streams_;  // by CUDA device index
   Device device_;
   Transport* transport_ = nullptr;
   std::shared_ptr<MemoryCounter> memory_;

@@ -10,7 +10,7 @@
 //                      │          │                 │
 //                      └── replica communicators (one per device): gradients summed across replicas
 //
-// Available when gpipe is built with GPIPE_WITH_MPI (the CMake option, on when
+// Available when gpipe is built with GPIPE_MPI (the CMake option, on when
 // MPI is found); the macro GPIPE_HAS_MPI is then 1.
 #pragma once
 

@@ -4,7 +4,7 @@
 //
 //   world rank r = replica · K + device        (K devices, D replicas, np = K·D)
 //
-// Available when gpipe is built with GPIPE_WITH_MPI (the CMake option, on when
+// Available when gpipe is built with GPIPE_MPI (the CMake option, on when
 // MPI is found); the macro GPIPE_HAS_MPI is then 1.
 #pragma once
 

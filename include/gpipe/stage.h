@@ -206,6 +206,11 @@ class Stage {
   void weight_grad(int i);
   /// Drops everything kept for the step.
   void clear();
+  /// After the step's work has run (the executor has waited for the stream): the losses a GPU
+  /// stage kept on the device, into `step` (read once, not one host wait per micro-batch).
+  void finish_step(StepData& step);
+  /// The stream the stage computes on: its own on a GPU, none on CPU (see DeviceStream).
+  const DeviceStream& stream() const { return stream_; }
 
   /// The skip connections (skip.h) that cross this stage's edges, each as
   /// (k, name), k its index in the program's skips: `stashed`, stashed in these
@@ -300,6 +305,8 @@ class Stage {
   bool skips_inside_ = false;              // a Stash or Pop among the layers: split backwards in one piece
   std::map<std::pair<int, int>, torch::Tensor> skip_inbox_, skip_outbox_;  // by (micro-batch, channel)
   int64_t skip_bytes_ = 0;
+  DeviceStream stream_;
+  std::map<int, torch::Tensor> device_losses_;  // on a GPU: weighted loss per micro-batch, until finish_step
 };
 
 }  // namespace gpipe

@@ -17,7 +17,10 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
+#include <c10/core/Event.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +30,9 @@ namespace gpipe {
 struct Tensors {
   std::vector<torch::Tensor> items;
   bool tuple = false;  ///< a tuple (a C++ std::vector<torch::Tensor>, a TorchScript Tuple), even of one tensor
+  /// On a GPU, between stages: an event of the producing stage's stream, complete once these
+  /// tensors are written; the receiving stage's stream waits for it (executor.h). Null on CPU.
+  std::shared_ptr<c10::Event> ready;
 
   Tensors() = default;
   /// One tensor (not a tuple).

@@ -47,7 +47,7 @@ bool start_mpi(bool required) {
   if (required || mpi::launched()) mpi::process_environment();
   return required || mpi::launched();
 #else
-  GPIPE_CHECK(!required, "this gpipe was built without MPI; install libopenmpi-dev and rebuild, or use runtime=\"threads\"");
+  GPIPE_CHECK(!required, "this gpipe was built without MPI; install libopenmpi-dev and rebuild with -DGPIPE_MPI=ON, or use runtime=\"threads\"");
   return false;
 #endif
 }

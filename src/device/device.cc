@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <dlfcn.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -111,6 +113,50 @@ std::string blas_info() {
   if (auto* threads = openblas_symbol<int()>("openblas_get_num_threads"))
     info += " threads=" + std::to_string(threads());
   return "OpenBLAS " + info;
+}
+
+void allow_tf32(bool allowed) {
+  at::globalContext().setAllowTF32CuBLAS(allowed);
+  at::globalContext().setAllowTF32CuDNN(allowed);
+}
+
+DeviceStream::DeviceStream(const torch::Device& device) {
+  if (!device.is_cuda()) return;
+  const c10::impl::VirtualGuardImpl impl(device.type());
+  stream_ = impl.getStreamFromGlobalPool(device.has_index() ? device : impl.getDevice(), /*isHighPriority=*/false);
+}
+
+std::shared_ptr<c10::Event> DeviceStream::record() const {
+  if (!stream_) return nullptr;
+  auto event = std::make_shared<c10::Event>(stream_->device_type());
+  event->record(*stream_);
+  return event;
+}
+
+void DeviceStream::wait(const c10::Event& event) const {
+  if (stream_ && event.was_marked_for_recording()) event.block(*stream_);
+}
+
+void DeviceStream::keep_alive(const torch::Tensor& tensor) const {
+  if (!stream_ || !tensor.defined() || tensor.device() != stream_->device() || !tensor.has_storage()) return;
+  const c10::impl::VirtualGuardImpl impl(stream_->device_type());
+  impl.recordDataPtrOnStream(tensor.storage().data_ptr(), *stream_);
+}
+
+void DeviceStream::synchronize() const {
+  if (!stream_) return;
+  const c10::impl::VirtualGuardImpl impl(stream_->device_type());
+  impl.synchronizeStream(*stream_);
+}
+
+std::shared_ptr<c10::Event> record_current_stream(const torch::Device& device) {
+  if (!device.is_cuda()) return nullptr;
+  const c10::impl::VirtualGuardImpl impl(device.type());
+  // The device's index as the caller means it: cuda means the current device.
+  const torch::Device at = device.has_index() ? device : impl.getDevice();
+  auto event = std::make_shared<c10::Event>(device.type());
+  event->record(impl.getStream(at));
+  return event;
 }
 
 DeviceThread::DeviceThread(Device device)

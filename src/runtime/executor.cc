@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
 
 #include <map>
 #include <optional>
@@ -23,6 +24,51 @@ Stage& Executor::stage(int index) {
     if (s->index() == index) return *s;
   GPIPE_CHECK(false, "stage ", index, " is not placed on this device (", device_.str(), ")");
   return *stages_.front();
+}
+
+const DeviceStream& Executor::copy_stream(const torch::Device& device) {
+  auto it = copy_streams_.find(device.index());
+  if (it == copy_streams_.end()) it = copy_streams_.emplace(device.index(), DeviceStream(device)).first;
+  return it->second;
+}
+
+Tensors Executor::arrive(Tensors message, const Stage& to) {
+  const std::shared_ptr<c10::Event> ready = std::move(message.ready);
+  message.ready = nullptr;
+  const DeviceStream& stream = to.stream();
+  const torch::Device& here = device_.device;
+  bool waited = false;
+  for (torch::Tensor& t : message.items) {
+    if (!t.defined()) continue;
+    if (t.device() == here) {  // made on this GPU, by another stage's stream: wait for it, then use it in place
+      if (!stream.active()) continue;
+      if (ready && !waited) stream.wait(*ready);
+      waited = true;
+      stream.keep_alive(t);  // the producer may drop it while this stream still reads it
+      continue;
+    }
+    // From another device (the current stream of this device is the stage's: the action runs under it). A
+    // GPU's tensor is copied on a copy stream of that GPU after its producer's event: libtorch copies on the
+    // source's current stream and makes the destination's current stream wait for the copy, so a GPU stage's
+    // stream waits on the device and a CPU stage's thread for the copy alone. A host tensor is copied on
+    // this stage's stream.
+    if (t.is_cuda()) {
+      const DeviceStream& copy = copy_stream(t.device());
+      if (ready) copy.wait(*ready);
+      const c10::StreamGuard on_copy(copy.stream());
+      torch::Tensor moved = t.to(here);
+      copy.keep_alive(t);
+      t = std::move(moved);
+    } else {
+      t = t.to(here);
+    }
+  }
+  return message;
+}
+
+void Executor::synchronize() {
+  for (const auto& s : stages_) s->stream().synchronize();
+  for (const auto& [index, copy] : copy_streams_) copy.synchronize();
 }
 
 void Executor::run(const std::vector<Action>& program, StepData& step, std::vector<ActionSpan>* trace) {
@@ -57,7 +103,16 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
   auto clear = [&] {
     for (const auto& s : stages_) s->clear();
   };
-  for (const auto& s : stages_) s->begin_step();
+  // The stages' streams start after what the caller queued before the step; what begin_step
+  // resets is then reset on the stage's own stream.
+  if (start_)
+    for (const auto& s : stages_) s->stream().wait(*start_);
+  start_ = nullptr;
+  for (const auto& s : stages_) {
+    c10::OptionalStreamGuard on_stream;
+    if (s->stream().active()) on_stream.reset_stream(s->stream().stream());
+    s->begin_step();
+  }
 
   try {
     if (transport_ == nullptr) throw std::logic_error("gpipe: the executor of " + device_.str() + " has no transport");
@@ -70,6 +125,9 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
         if (t.any_defined()) operand = std::string(what) + ' ' + t.shape();
       };
       try {
+        // The action's work, its sends' events and receives' waits on its stage's stream (none on CPU).
+        c10::OptionalStreamGuard on_stream;
+        if (const DeviceStream& own = stage(a.stage).stream(); own.active()) on_stream.reset_stream(own.stream());
         const int i = a.micro_batch;
         const int act = static_cast<int>(Channel::kActivation), grad = static_cast<int>(Channel::kGradient);
         switch (a.kind) {
@@ -83,6 +141,7 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
             } else {
               t = transport_->recv(a.peer, a.stage, a.channel, i);
             }
+            t = arrive(std::move(t), stage(a.stage));
             if (skip_of(a.channel) >= 0)  // a skip connection's: the stage keeps it by name
               stage(a.stage).receive_skip(i, a.channel, t.only("a skip connection's tensor"));
             else
@@ -94,6 +153,7 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
             GPIPE_CHECK(skip_of(a.channel) >= 0 || outbox.count(key) > 0,
                         "nothing to send: no earlier action of this device produced it");
             Tensors t = skip_of(a.channel) >= 0 ? Tensors(stage(a.stage).take_skip(i, a.channel)) : take(outbox, key);
+            t.ready = stage(a.stage).stream().record();  // on a GPU: ready once this stage's work so far has run
             if (holds(a.peer))
               local[{a.peer, static_cast<int>(a.channel), i}] = std::move(t);
             else
@@ -139,9 +199,15 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
       if (memory_) memory_->note_held();
     }
   } catch (...) {
+    try {
+      synchronize();  // nothing of this step still queued when its tensors go
+    } catch (...) {     // the first error is the one to report
+    }
     clear();
     throw;
   }
+  synchronize();  // the step's results (outputs, losses, gradients, statistics) ready for the caller
+  for (const auto& s : stages_) s->finish_step(step);
   clear();
 }
 

@@ -48,8 +48,8 @@ std::unique_ptr<Pipeline> make_pipeline(const LayerBuilder& build, int layers, c
   resolved.balance(plan.balance).devices(0);
   return std::make_unique<mpi::MpiPipeline>(mpi::device_layers(build, plan, place.device), resolved);
 #else
-  GPIPE_CHECK(false, "this gpipe was built without MPI; install libopenmpi-dev and rebuild with -DGPIPE_WITH_MPI=ON, "
-                     "or use Runtime::kThreads");
+  GPIPE_CHECK(false, "this gpipe was built without MPI (GPIPE_MPI=OFF, or no MPI found); install libopenmpi-dev and "
+                     "rebuild with -DGPIPE_MPI=ON, or use Runtime::kThreads");
   return nullptr;
 #endif
 }

@@ -321,7 +321,11 @@ void Pipeline::run(const Schedule& program, StepData& step) {
   std::vector<const std::vector<Action>*> rows;
   for (int d : local_) rows.push_back(&program.actions[static_cast<size_t>(d)]);
   transport.begin(rows);
-  for (const auto& e : executors_) e->set_transport(&transport);  // a fresh one after a failed step
+  for (const auto& e : executors_) {
+    e->set_transport(&transport);  // a fresh one after a failed step
+    // On a GPU the stages' streams wait (on the device) for what this thread queued before the step.
+    e->set_start(record_current_stream(e->device().device));
+  }
   reset_memory_peaks();
   trace_ = StepTrace{};
   trace_.devices.assign(static_cast<size_t>(plan_.devices), {});

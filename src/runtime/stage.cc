@@ -238,7 +238,8 @@ Stage::Stage(int index, int stages, torch::nn::Sequential layers, Device device,
       layers_(std::move(layers)),
       device_(std::move(device)),
       stochastic_(draws_random_numbers(layers_)),
-      skips_inside_(!skip_uses(layers_).empty()) {
+      skips_inside_(!skip_uses(layers_).empty()),
+      stream_(device_.device) {
   names_ = layer_names(layers_);
   if (!deferred_batch_norm) return;
   size_t n = 0;
@@ -356,7 +357,14 @@ Tensors Stage::run_chain(int i, const Tensors& x, bool split, bool gather, Kept&
   return a;
 }
 
+void Stage::finish_step(StepData& step) {
+  for (const auto& [i, loss] : device_losses_)
+    if (static_cast<size_t>(i) < step.losses.size()) step.losses[static_cast<size_t>(i)] = loss.item<double>();
+  device_losses_.clear();
+}
+
 void Stage::clear() {
+  device_losses_.clear();
   kept_.clear();
   skip_inbox_.clear();
   skip_outbox_.clear();
@@ -487,7 +495,10 @@ Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, 
     k.stashed.clear();
   }
   if (!last()) return leaves_of(y, LeafGrad::kNone);  // [2]
-  step.losses[static_cast<size_t>(i)] = loss.item<double>();
+  if (stream_.active())
+    device_losses_[i] = loss.detach();  // read at the step's end: no host wait here
+  else
+    step.losses[static_cast<size_t>(i)] = loss.item<double>();
   return {};
 }
 

@@ -445,9 +445,14 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
   // A step still running stop_timeout seconds after a stop request is abandoned (in one process).
   const double timeout = options_.stop_timeout();
   pipeline_->set_interrupt([timeout] { return stop_requested() != 0 && seconds_since_stop_request() >= timeout; });
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  const char* const no_mpi = "";
+#else
+  const char* const no_mpi = " (and this gpipe was built without MPI: rebuild with -DGPIPE_MPI=ON to run under mpirun)";
+#endif
   GPIPE_CHECK(!options_.per_device_files() || pipeline_->device() >= 0,
               "per-device files are for MPI runs, where each device writes its own; in one process the "
-              "trainer saves the whole model to one file");
+              "trainer saves the whole model to one file", no_mpi);
   // Per-device files are written by replica 0's ranks: checked there, before training.
   if (options_.per_device_files() && !options_.save().empty())
     on_every_rank([&] {
