@@ -19,7 +19,6 @@
 
 #include <unistd.h>
 
-
 namespace gpipe::cli {
 namespace {
 
@@ -48,63 +47,6 @@ struct PlanOptions {
   std::set<std::string> given;  // the flags on the command line
 };
 
-// Most layers (blocks) gpipe plan takes: what keeps an answer within seconds.
-constexpr int64_t kMostLayers = 1000000;
-
-// --optimizer: the state the optimizer keeps per parameter (state_per_parameter_byte, train.h).
-double optimizer_state(const std::string& optimizer) {
-  OptimizerOptions options;
-  options.kind(optimizer == "adam" ? OptimizerKind::kAdam : OptimizerKind::kSgd)
-      .momentum(optimizer == "momentum" ? 0.9 : 0);
-  return state_per_parameter_byte(options);
-}
-
-// The model's costs, layer by layer, and the cut rule: blocks split evenly (lead layers with the
-// first stage, tail layers with the last), or, for a profiled model, the min-max cut of layer times.
-struct Model {
-  std::string description;
-  CostModel costs;
-  int lead = 0, blocks = 0, tail = 0;  // for a Transformer; blocks 0: cut by time
-  int64_t parameters = 0;
-  int64_t least_micro_batch_rows = 1;  // 2 when a BatchNorm cannot train on one row
-};
-
-Model transformer_model(const PlanOptions& o) {
-  Model m;
-  const TransformerShape& t = o.transformer;
-  m.costs = transformer_costs(t, DeviceSpec{o.flops}, optimizer_state(o.optimizer));
-  m.lead = 1;
-  m.blocks = static_cast<int>(t.layers);
-  m.tail = 1;
-  m.parameters = t.parameters();
-  std::ostringstream d;
-  d << "Transformer: " << t.layers << " layers, width " << t.width << ", " << t.heads << " heads, feed-forward "
-    << t.ffn << ", vocabulary " << t.vocab << ", sequence " << t.sequence << "; " << std::fixed << std::setprecision(2)
-    << static_cast<double>(m.parameters) / (m.parameters >= 1000000000 ? 1e9 : 1e6)
-    << (m.parameters >= 1000000000 ? "B" : "M") << " parameters; device " << std::defaultfloat << std::setprecision(4)
-    << o.flops / 1e12 << " TFLOP/s";
-  m.description = d.str();
-  return m;
-}
-
-constexpr int64_t kProfileRows = 8;
-
-// The fewest rows a micro-batch of `layers` trains on: 2 when a layer (BatchNorm) refuses one row in
-// training mode, else 1. Its running statistics may move: the model is only profiled here.
-int64_t least_rows(torch::nn::Sequential layers, const torch::Tensor& sample) {
-  const RandomStateGuard guard;
-  torch::NoGradGuard no_grad;
-  layers->train();
-  Tensors x = sample.narrow(0, 0, 1);
-  try {
-    for (size_t i = 0; i < layers->size(); ++i)
-      x = run_layer(*(layers->begin() + static_cast<std::ptrdiff_t>(i)), x, layer_name(std::to_string(i)));
-  } catch (const std::exception& e) {
-    if (std::string(e.what()).find("Expected more than 1 value per channel when training") != std::string::npos) return 2;
-  }
-  return 1;
-}
-
 // A table figure that leaves its column at least one space: `digits` decimals where they fit in
 // `width` - 1 characters and show the value, else 4 significant digits (1.955e+14, 2.5e-07).
 std::string figure(double value, int width, int digits) {
@@ -116,67 +58,37 @@ std::string figure(double value, int width, int digits) {
   return short_text.str();
 }
 
-Model profiled_model(const PlanOptions& o) {
-  Model m;
-  torch::nn::Sequential layers;
-  torch::Tensor sample;
-  LossFn loss;
-  torch::Tensor target;
-  if (!o.workload.empty()) {  // a built-in task, on a random batch of its shape
-    const Task& task = find_task(o.workload);
-    layers = task.model(TaskOptions()).build(LayerRange{});
-    const Dataset batch = task.batch(TaskOptions());
-    const int64_t rows = std::min<int64_t>(kProfileRows, batch.size());
-    sample = batch.input.narrow(0, 0, rows);
-    loss = task.loss;
-    target = batch.target.narrow(0, 0, rows);
-    m.description = (task.workload ? "workload " : "task ") + o.workload;
-  } else {
-    if (o.input_shape.empty())
-      usage_error("--model needs --input-shape, one sample's shape without the batch (e.g. 1,28,28); the sample is "
-                  "random floats, so a model that starts with an Embedding is planned with --workload or by shape");
-    layers = or_usage_error("--model", [&] { return load_script_model(o.model).layers; });
-    std::vector<int64_t> shape{kProfileRows};
-    shape.insert(shape.end(), o.input_shape.begin(), o.input_shape.end());
-    std::string given;  // --input-shape as the user wrote it
-    for (const int64_t n : o.input_shape) given += (given.empty() ? "" : ",") + std::to_string(n);
-    // The micro-batch is made and run here: one too large for this machine is refused, not allocated.
-    double bytes = sizeof(float);
-    for (const int64_t n : shape) bytes *= static_cast<double>(n);
-    const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-    if (bytes > memory / 4) {
-      std::ostringstream text;
-      text << "--input-shape " << given << ": the model is profiled here on " << kProfileRows
-           << " samples of this shape, " << std::setprecision(3) << bytes / (1u << 30)
-           << " GiB of floats, more than a quarter of this machine's memory (" << memory / (1u << 30)
-           << " GiB); give one sample's shape without the batch, or plan a Transformer by shape (--layers, --width, ...)";
-      usage_error(text.str());
-    }
-    sample = or_usage_error("--input-shape", [&] { return torch::randn(shape); });
-    m.description = "model " + o.model;
-    // A model that cannot train (no parameters, an argmax output, a layer that drops rows) fits nothing.
-    // A first layer that fails names --input-shape: the shape the samples are made of here.
-    or_usage_error("--model " + o.model + " --input-shape " + given, [&] { return check_layers_train(layers, sample); });
+// The model of --workload or --model, profiled here: checked as gpipe train checks it, its errors
+// named by the flags that gave it.
+PlannedModel profiled_model(const PlanOptions& o) {
+  const PlanProfileOptions profile = PlanProfileOptions().optimizer(o.optimizer).speed(o.speed).name("model " + o.model);
+  if (!o.workload.empty())
+    return or_usage_error("--workload", [&] { return plan_model_of(find_task(o.workload), TaskOptions(), profile); });
+  if (o.input_shape.empty())
+    usage_error("--model needs --input-shape, one sample's shape without the batch (e.g. 1,28,28); the sample is "
+                "random floats, so a model that starts with an Embedding is planned with --workload or by shape");
+  const torch::nn::Sequential layers = or_usage_error("--model", [&] { return load_script_model(o.model).layers; });
+  std::vector<int64_t> shape{kPlanProfileRows};
+  shape.insert(shape.end(), o.input_shape.begin(), o.input_shape.end());
+  std::string given;  // --input-shape as the user wrote it
+  for (const int64_t n : o.input_shape) given += (given.empty() ? "" : ",") + std::to_string(n);
+  // The micro-batch is made and run here: one too large for this machine is refused, not allocated.
+  double bytes = sizeof(float);
+  for (const int64_t n : shape) bytes *= static_cast<double>(n);
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (bytes > memory / 4) {
+    std::ostringstream text;
+    text << "--input-shape " << given << ": the model is profiled here on " << kPlanProfileRows
+         << " samples of this shape, " << std::setprecision(3) << bytes / (1u << 30)
+         << " GiB of floats, more than a quarter of this machine's memory (" << memory / (1u << 30)
+         << " GiB); give one sample's shape without the batch, or plan a Transformer by shape (--layers, --width, ...)";
+    usage_error(text.str());
   }
-  m.least_micro_batch_rows = least_rows(layers, sample);
-  // Profiled here on a micro-batch of kProfileRows rows (and the loss, for a workload); the figures
-  // are per sample, divided by the device's speed.
-  m.costs = or_usage_error(o.model.empty() ? "--workload" : "--input-shape", [&] {
-    return profile_layers(layers, sample, 1, optimizer_state(o.optimizer), 1, 3, loss, target);
-  });
-  for (LayerCost& c : m.costs.layers) {
-    c.forward_s /= o.speed;
-    c.backward_s /= o.speed;
-    c.input_grad_s /= o.speed;
-    c.weight_grad_s /= o.speed;
-  }
-  for (const auto& p : layers->parameters()) m.parameters += p.numel();
-  std::ostringstream d;
-  d << m.description << ": " << layers->size() << " layers, " << m.parameters << " parameters (profiled here, device "
-    << o.speed << "x this machine's core)"
-    << (m.least_micro_batch_rows > 1 ? "; its BatchNorm trains on micro-batches of 2 rows or more" : "");
-  m.description = d.str();
-  return m;
+  const torch::Tensor sample = or_usage_error("--input-shape", [&] { return torch::randn(shape); });
+  // A model that cannot train (no parameters, an argmax output, a layer that drops rows) fits nothing.
+  // A first layer that fails names --input-shape: the shape the samples are made of here.
+  or_usage_error("--model " + o.model + " --input-shape " + given, [&] { return check_layers_train(layers, sample); });
+  return or_usage_error("--input-shape", [&] { return plan_model_of(layers, sample, profile); });
 }
 
 // "{3, 3, 2}" for short cuts, "{5, 4, ..., 5} (16 stages)" for long ones.
@@ -210,9 +122,9 @@ int run(const PlanOptions& o) {
   if (by_shape) {
     for (const std::string& f : shape_flags)
       if (!o.given.count(f)) usage_error("a Transformer given by shape needs " + f + " too");
-    if (o.transformer.layers > kMostLayers)
+    if (o.transformer.layers > kMostPlannedBlocks)
       usage_error("--layers " + std::to_string(o.transformer.layers) + " is more than gpipe plan takes (" +
-                  std::to_string(kMostLayers) + ")");
+                  std::to_string(kMostPlannedBlocks) + ")");
   }
   PlanSearch search;
   search.devices = o.devices;
@@ -225,18 +137,11 @@ int run(const PlanOptions& o) {
   search.stages = o.stages;
   search.micro_batches = o.micro_batches;
   or_usage_error("--stages", [&] { search.check(); return 0; });
-  const Model m = by_shape ? or_usage_error("the Transformer", [&] { return transformer_model(o); })
-                           : profiled_model(o);
-  search.lead = m.lead;
-  search.blocks = m.blocks;
-  search.tail = m.tail;
-  search.least_micro_batch_rows = m.least_micro_batch_rows;
-  const int stage_units = m.blocks > 0 ? m.blocks : m.costs.layer_count();  // what a stage must have at least one of
-
-  CostModel costs = m.costs;
-  costs.link_latency_s = o.latency_us * 1e-6;
-  costs.link_bytes_per_s = o.bandwidth_gb_s * 1e9;
-  costs.update_s_per_parameter_byte = 0;
+  PlannedModel m = by_shape ? or_usage_error("the Transformer", [&] {
+    return plan_model_of(o.transformer, DeviceSpec{o.flops}, o.optimizer);
+  }) : profiled_model(o);
+  m.costs.link_latency_s = o.latency_us * 1e-6;
+  m.costs.link_bytes_per_s = o.bandwidth_gb_s * 1e9;
   // A search that takes more than 2 s says how far it is, every 2 s, on standard error (one line
   // rewritten on a terminal).
   const bool tty = isatty(fileno(stderr)) != 0;
@@ -252,51 +157,39 @@ int run(const PlanOptions& o) {
          << "% of " << total << " stage x micro-batch pairs simulated in " << now << " s";
     std::cerr << (tty ? "\r" : "") << line.str() << (tty ? "\x1b[K" : "\n") << std::flush;
   };
-  const std::vector<PlanCandidate> found = search_plans(costs, search);
+  const std::vector<PlanCandidate> found = search_plans(m, search);
   if (reported && tty) std::cerr << "\n";
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   const size_t feasible = static_cast<size_t>(std::count_if(found.begin(), found.end(), [](const PlanCandidate& c) { return c.fits; }));
 
   auto row_json = [&](const PlanCandidate& c) {
-    return nlohmann::json{{"stages", c.devices},
-                          {"replicas", c.replicas},
-                          {"micro_batches", c.micro_batches},
-                          {"schedule", to_string(c.schedule)},
-                          {"virtual_stages", c.virtual_stages},
-                          {"checkpoint", to_string(c.checkpoint)},
-                          {"balance", c.balance},
-                          {"predicted_samples_per_s", c.samples_per_s},
-                          {"predicted_step_s", c.step_s},
-                          {"predicted_bubble", c.predicted.bubble},
-                          {"predicted_peak_bytes", c.predicted.peak_bytes},
-                          {"predicted_static_bytes", c.predicted.static_bytes},
-                          {"predicted_total_bytes", c.predicted.total_bytes()},
-                          {"fits", c.fits}};
+    return nlohmann::json{
+        {"stages", c.devices}, {"replicas", c.replicas}, {"micro_batches", c.micro_batches},
+        {"schedule", to_string(c.schedule)}, {"virtual_stages", c.virtual_stages},
+        {"checkpoint", to_string(c.checkpoint)}, {"balance", c.balance}, {"predicted_samples_per_s", c.samples_per_s},
+        {"predicted_step_s", c.step_s}, {"predicted_bubble", c.predicted.bubble},
+        {"predicted_peak_bytes", c.predicted.peak_bytes}, {"predicted_static_bytes", c.predicted.static_bytes},
+        {"predicted_total_bytes", c.predicted.total_bytes()}, {"fits", c.fits}};
   };
   if (feasible == 0) {
-    const PlanCandidate& least = found.front();  // the smallest need
-    const int device = least.predicted.largest_device();
-    // Static bytes scale as 1/K: the K at which the largest device would fit, all else equal.
-    const double over = static_cast<double>(least.largest_total_bytes) / static_cast<double>(memory);
-    const int wanted_k = static_cast<int>(std::ceil(over * least.devices));
+    const PlanShortfall short_of = shortfall_of(found, memory, m.stage_units());
+    const PlanCandidate& least = short_of.least;
     const bool always_tried = std::find(o.checkpoints.begin(), o.checkpoints.end(), "always") != o.checkpoints.end();
     std::ostringstream hint;
     hint << "no configuration fits: the least memory is needed by K=" << least.devices << ", M=" << least.micro_batches
          << ", " << to_string(least.schedule) << ", checkpoint " << to_string(least.checkpoint) << ", whose device "
-         << device << " needs "
-         << format_bytes(static_cast<double>(least.largest_total_bytes)) << "; the device has "
-         << format_bytes(static_cast<double>(memory)) << "; try " << (always_tried ? "" : "--checkpoint always, ");
-    if (wanted_k <= stage_units)
-      hint << "about " << wanted_k << " or more devices per pipeline (--devices a multiple of it), ";
+         << short_of.device << " needs " << format_bytes(static_cast<double>(least.largest_total_bytes))
+         << "; the device has " << format_bytes(static_cast<double>(memory)) << "; try "
+         << (always_tried ? "" : "--checkpoint always, ");
+    if (short_of.devices_needed > 0)
+      hint << "about " << short_of.devices_needed << " or more devices per pipeline (--devices a multiple of it), ";
     else
-      hint << "fewer or smaller layers (a stage needs at least one of the " << stage_units << "), "
+      hint << "fewer or smaller layers (a stage needs at least one of the " << m.stage_units() << "), "
            << (by_shape && o.transformer.bytes_per_value == 4 ? "--bytes-per-value 2, " : "")
            << (o.optimizer != "sgd" ? "a lighter --optimizer, " : "");
     hint << "or devices with more memory";
-    if (o.json) {
-      for (size_t n = 0; n < std::min<size_t>(found.size(), static_cast<size_t>(o.top)); ++n)
-        std::cout << row_json(found[n]).dump() << "\n";
-    }
+    for (size_t n = 0; o.json && n < std::min<size_t>(found.size(), static_cast<size_t>(o.top)); ++n)
+      std::cout << row_json(found[n]).dump() << "\n";
     std::cerr << "gpipe: " << hint.str() << "\n";
     return 1;
   }

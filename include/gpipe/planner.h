@@ -1,18 +1,25 @@
-// planner.h: the search `gpipe plan` runs: every configuration of a cluster (K devices per pipeline,
-// D = devices / K replicas, M micro-batches, a schedule, a checkpoint mode) predicted by the cost
-// model (cost_model.h) and the schedule simulator, before anything runs; fastest first.
+// planner.h: the search `gpipe plan` and Python's gpipe.plan run: every configuration of a cluster
+// (K devices per pipeline, D = devices / K replicas, M micro-batches, a schedule, a checkpoint mode)
+// predicted by the cost model (cost_model.h) and the schedule simulator, before anything runs;
+// fastest first.
 //
-//   CostModel costs = profile_layers(model, micro-batch) or transformer_costs(shape, device);
-//   costs.link_latency_s = ...; costs.link_bytes_per_s = ...;   // the cluster's links
+//   PlannedModel model = plan_model_of(sequential, micro-batch, PlanProfileOptions())   // profiled here
+//                     or plan_model_of(transformer_shape, DeviceSpec{1e14})            // from FLOPs
+//                     or plan_model_of(find_task("gpt"), TaskOptions())                // tasks.h
+//   model.costs.link_latency_s = ...; model.costs.link_bytes_per_s = ...;   // the cluster's links
 //   PlanSearch search;  search.devices = 8;  search.memory_per_device = 16LL << 30;  search.batch = 256;
-//   std::vector<PlanCandidate> found = search_plans(costs, search);   // found.front(): the fastest that fits
+//   std::vector<PlanCandidate> found = search_plans(model, search);   // found.front(): the fastest that fits
 #pragma once
 
 #include "gpipe/cost_model.h"
 #include "gpipe/schedule.h"
 
+#include <torch/arg.h>
+#include <torch/nn/modules/container/sequential.h>
+
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace gpipe {
@@ -78,5 +85,92 @@ constexpr int64_t kMostSearchedPairs = int64_t{1} << 22;
 /// micro-batches below least_micro_batch_rows), when the search is larger than
 /// kMostSearchedPairs, or when no configuration can run at all.
 std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch& search);
+
+/// A model as the planner takes it: its layers' costs, the rule it is cut by, what it needs of a
+/// micro-batch, and a line that describes it.
+struct PlannedModel {
+  /// "model m.pt: 4 layers, 1234 parameters (profiled here, device 1x this machine's core)", or
+  /// "Transformer: 24 layers, width 1024, ...".
+  std::string description;
+  CostModel costs;
+  /// The cut rule (PlanSearch's): a Transformer's blocks evenly, with `lead` and `tail` layers;
+  /// `blocks` 0: the min-max cut of the layers' time.
+  int lead = 0, blocks = 0, tail = 0;
+  int64_t parameters = 0;              ///< elements of every parameter
+  int64_t least_micro_batch_rows = 1;  ///< 2 when a BatchNorm cannot train on one row
+  /// What a stage must have at least one of: a block, or a layer.
+  int stage_units() const { return blocks > 0 ? blocks : costs.layer_count(); }
+};
+
+/// The rows of the micro-batch gpipe plan profiles a model on (a built-in task's first rows, or
+/// random samples of a given shape).
+constexpr int64_t kPlanProfileRows = 8;
+
+/// How plan_model_of profiles a model on this machine.
+struct PlanProfileOptions {
+  /// "sgd", "momentum" or "adam": the state kept per parameter (state_per_parameter_byte_of).
+  TORCH_ARG(std::string, optimizer) = "adam";
+  /// The planned device's speed relative to this machine's core: every time is divided by it.
+  TORCH_ARG(double, speed) = 1.0;
+  /// Intra-op threads the layers are profiled with (as a stage's device runs them).
+  TORCH_ARG(int, threads) = 1;
+  TORCH_ARG(int, warmup) = 1;
+  TORCH_ARG(int, repetitions) = 3;
+  /// With the sample's target, the loss's bytes are profiled too (the last stage holds them).
+  TORCH_ARG(LossFn, loss) = nullptr;
+  TORCH_ARG(torch::Tensor, target) = {};
+  /// What the description calls the model: "model m.pt", "task cnn".
+  TORCH_ARG(std::string, name) = "model";
+};
+
+/// Bytes of gradient and optimizer state per parameter byte of `optimizer` ("sgd" 1, "momentum" 2,
+/// "adam" 3: CostModel::state_per_parameter_byte). Throws std::invalid_argument naming `optimizer`
+/// for another name.
+double state_per_parameter_byte_of(const std::string& optimizer);
+
+/// The fewest rows a micro-batch of `model` trains on: 2 when a layer (BatchNorm) refuses one row in
+/// training mode, else 1. Runs the model in training mode on the first row of `sample`; the model's
+/// buffers, gradients, modes and the random numbers are left as they were.
+int64_t least_micro_batch_rows(const torch::nn::Sequential& model, const Tensors& sample);
+
+/// profile_layers of `model` on `sample` (one micro-batch) in training mode, with `options`' threads,
+/// warmup, repetitions, loss and target, and its optimizer's state per parameter byte; every time
+/// divided by `options.speed`. Profiling leaves the model as it was: its parameters and their
+/// gradients, its buffers (BatchNorm's running statistics and num_batches_tracked), each layer's
+/// training mode, and the random numbers. Throws std::invalid_argument for an unknown `optimizer`, a
+/// speed that is not a positive finite number, or what profile_layers refuses.
+CostModel profile_model(const torch::nn::Sequential& model, const Tensors& sample,
+                        const PlanProfileOptions& options = PlanProfileOptions());
+
+/// `model` as profile_model profiles it, cut by the min-max of its layers' times, with its least
+/// rows per micro-batch (least_micro_batch_rows); left as it was. Throws as profile_model does.
+PlannedModel plan_model_of(const torch::nn::Sequential& model, const Tensors& sample,
+                           const PlanProfileOptions& options = PlanProfileOptions());
+
+/// Most blocks plan_model_of takes of a Transformer: what keeps an answer within seconds.
+constexpr int64_t kMostPlannedBlocks = 1000000;
+
+/// The Transformer `shape` on `device` (transformer_costs), its blocks cut evenly with the
+/// embedding on the first stage and the projection on the last. Throws std::invalid_argument for a
+/// shape or device figure below 1, more than kMostPlannedBlocks blocks, bytes per value other than
+/// 4 or 2, or an unknown `optimizer`.
+PlannedModel plan_model_of(const TransformerShape& shape, const DeviceSpec& device,
+                           const std::string& optimizer = "adam");
+
+/// Why no configuration of a search fits: the one that needs the least memory (the first that
+/// search_plans answers when none fits), its device that needs the most, and about how many devices
+/// per pipeline would let that device fit, all else equal (static bytes shrink as 1/K); 0 when that
+/// is more than the `stage_units` a stage needs one of (PlannedModel::stage_units). Throws
+/// std::invalid_argument for an empty `found` or memory below 1 byte.
+struct PlanShortfall {
+  PlanCandidate least;
+  int device = 0;
+  int devices_needed = 0;
+};
+PlanShortfall shortfall_of(const std::vector<PlanCandidate>& found, int64_t memory_per_device, int stage_units);
+
+/// search_plans over `model`'s costs (with the links set in model.costs), its cut rule and its
+/// least rows per micro-batch; the step predicted is the pipeline's, without the optimizer's update.
+std::vector<PlanCandidate> search_plans(const PlannedModel& model, PlanSearch search);
 
 }  // namespace gpipe

@@ -15,6 +15,7 @@
 
 #include "gpipe/data.h"
 #include "gpipe/pipeline.h"
+#include "gpipe/planner.h"
 #include "gpipe/schedule.h"
 #include "gpipe/train.h"
 
@@ -130,6 +131,12 @@ Task script_task(const std::string& model_file, const std::string& data_file, co
 /// torch.save({'input': X, 'target': Y}, `data_file`), and scored on the same data (read when the
 /// task's data is asked for). Throws std::invalid_argument for another loss.
 Task with_data_file(Task task, const std::string& data_file, const std::string& loss);
+
+/// The task's model (built from `options`) as the planner takes it (planner.h): profiled here on the
+/// first kPlanProfileRows rows of its batch (Task::batch), with its loss, as plan_model_of profiles a
+/// Sequential; described as "task NAME" or "workload NAME".
+PlannedModel plan_model_of(const Task& task, const TaskOptions& options = TaskOptions(),
+                           const PlanProfileOptions& profile = PlanProfileOptions());
 
 /// The score of `loss` (the mean test loss) in the task's metric: bits per byte for kBitsPerByte,
 /// dB for kPsnr, the loss otherwise (accuracy comes from Evaluation::accuracy).

@@ -22,7 +22,9 @@ finally:
     sys.setdlopenflags(_flags)
 
 from .pipe import GPipe, schedule_names  # noqa: E402
+from .planning import plan, predict, profile  # noqa: E402
+from . import tasks  # noqa: E402
 from .report import Summary  # noqa: E402
 from .skip import Pop, Stash  # noqa: E402
 
-__all__ = ["GPipe", "Pop", "Stash", "Summary", "schedule_names"]
+__all__ = ["GPipe", "Pop", "Stash", "Summary", "plan", "predict", "profile", "schedule_names", "tasks"]

@@ -284,6 +284,7 @@ class PythonPipeline {
 };
 
 }  // namespace
+void add_planning(py::module_& m);  // planning.cc: the planner, profile, prediction and tasks
 }  // namespace gpipe::python
 
 PYBIND11_MODULE(_gpipe, m) {
@@ -382,4 +383,5 @@ PYBIND11_MODULE(_gpipe, m) {
   });
   m.def("schedule_names", &schedule_names);
   m.def("checkpoint_names", &checkpoint_names);
+  gpipe::python::add_planning(m);
 }
