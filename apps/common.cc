@@ -130,6 +130,11 @@ std::string in_flags(const std::string& message) {
       {"lr_gamma", "--lr-gamma"},
       {"shuffle", "--no-shuffle"},
       {"augment", "--augment"},
+      {"balance_by", "--balance-by"},
+      {"tie_embeddings", "--tie-embeddings"},
+      {"model", "--model"},
+      {"verbose", "--verbose"},
+      {"deferred_batch_norm=false", "--batch-norm per-micro-batch"},
   };
   std::string out;
   size_t at = 0;

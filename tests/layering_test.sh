@@ -84,6 +84,13 @@ while IFS= read -r file; do
   done < <(grep -E '^\s*#\s*include "' "$file" | sed -E 's/^\s*#\s*include/#include/')
 done < <({ find src -name '*.cc' -o -name '*.h'; ls include/gpipe/*.h; } | sort)
 
+# The library speaks its own words: its messages name options as `micro_batches` (the command line
+# shows them as its flags, apps/common.cc in_flags; Python as its arguments), never as a --flag.
+while IFS= read -r hit; do
+  rest=${hit#*:}
+  fail "${hit%%:*} line ${rest%%:*}: a message names the command-line flag ${rest#*:}; name the library's option in backquotes"
+done < <(grep -rnoE '"[^"]*--[a-z][a-z-]+' src --include='*.cc' --include='*.h' | sed -E 's/^([^:]*:[0-9]+):.*(--[a-z-]+)$/\1:\2/')
+
 if ((failures > 0)); then
   echo "layering: $failures problem(s): the ladder is ${ladder[*]} (lowest first; docs/architecture.md)" >&2
   exit 1

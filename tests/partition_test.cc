@@ -127,6 +127,80 @@ TEST(BalanceByCostTest, ThousandLayersIntoHundredTwentyEightStagesQuickly) {
   EXPECT_NO_THROW(gpipe::check_balance(balance, 1000));
 }
 
+namespace {
+
+// The largest device cost and the sum of squared device costs of `balance` under `placement`.
+Objective device_objective(const std::vector<double>& costs, const std::vector<int>& balance,
+                           const std::vector<int>& placement) {
+  const std::vector<double> stage = gpipe::stage_costs(costs, balance);
+  std::vector<double> device(static_cast<size_t>(*std::max_element(placement.begin(), placement.end()) + 1), 0.0);
+  for (size_t s = 0; s < stage.size(); ++s) device[static_cast<size_t>(placement[s])] += stage[s];
+  Objective o{0, 0};
+  for (double c : device) {
+    o.bottleneck = std::max(o.bottleneck, c);
+    o.squares += c * c;
+  }
+  return o;
+}
+
+}  // namespace
+
+// Against every cut, for the placements of the interleaved and the V schedules (and one device
+// running every stage): the least largest device cost, then the least variance.
+TEST(BalanceDevicesByCostTest, OptimalAgainstBruteForceOnRandomCases) {
+  std::mt19937 rng(4321);
+  for (int trial = 0; trial < 600; ++trial) {
+    const int K = 1 + static_cast<int>(rng() % 3), V = 2 + static_cast<int>(rng() % 2);
+    const gpipe::StagePlacement kind = trial % 2 ? gpipe::StagePlacement::kV : gpipe::StagePlacement::kLoop;
+    if (kind == gpipe::StagePlacement::kV && V != 2) continue;
+    const std::vector<int> placement = gpipe::place_stages(kind, K, V);
+    const int S = K * V, L = S + static_cast<int>(rng() % 7);
+    std::vector<double> costs;
+    for (int l = 0; l < L; ++l) costs.push_back(static_cast<double>(rng() % (trial % 3 ? 9 : 40)));
+    Objective best{std::numeric_limits<double>::infinity(), 0};
+    std::vector<int> prefix;
+    all_cuts(L, S, prefix, [&](const std::vector<int>& cut) {
+      const Objective o = device_objective(costs, cut, placement);
+      if (o.bottleneck < best.bottleneck || (o.bottleneck == best.bottleneck && o.squares < best.squares)) best = o;
+    });
+    const std::vector<int> got = gpipe::balance_devices_by_cost(costs, placement);
+    ASSERT_NO_THROW(gpipe::check_balance(got, L));
+    ASSERT_EQ(got.size(), static_cast<size_t>(S));
+    const Objective o = device_objective(costs, got, placement);
+    EXPECT_EQ(o.bottleneck, best.bottleneck) << "trial " << trial;
+    EXPECT_EQ(o.squares, best.squares) << "trial " << trial;
+  }
+}
+
+TEST(BalanceDevicesByCostTest, BalancesDevicesWhereStagesAreBalanced) {
+  const std::vector<double> costs{4, 1, 1, 1, 1, 1, 1, 6};
+  const std::vector<int> interleaved{0, 1, 0, 1};
+  EXPECT_EQ(gpipe::balance_by_cost(costs, 4), (std::vector<int>{1, 3, 3, 1}));
+  EXPECT_EQ(device_objective(costs, {1, 3, 3, 1}, interleaved).bottleneck, 9);
+  EXPECT_EQ(gpipe::balance_devices_by_cost(costs, interleaved), (std::vector<int>{1, 1, 4, 2}));
+  // A stage per device: the stages' cut, whatever the order of the devices.
+  EXPECT_EQ(gpipe::balance_devices_by_cost(costs, {1, 0}), gpipe::balance_by_cost(costs, 2));
+  // A tie with the stages' cut keeps it.
+  EXPECT_EQ(gpipe::balance_devices_by_cost({2, 2, 2, 2}, {0, 1, 1, 0}), (std::vector<int>{1, 1, 1, 1}));
+}
+
+TEST(BalanceDevicesByCostTest, RejectsBadInput) {
+  using gpipe::testing::expect_invalid;
+  expect_invalid([] { gpipe::balance_devices_by_cost({1, 2, 3}, {0, 2, 0}); }, "device 1 of the placement runs no stage");
+  expect_invalid([] { gpipe::balance_devices_by_cost({1, 2}, {0, 1, 0}); }, "cannot cut 2 layers into 3 stages");
+  expect_invalid([] { gpipe::balance_devices_by_cost({1, -1, 2}, {0, 1, 0}); }, "the cost of layer 1 is -1");
+}
+
+// Past the budget of branches it still gives a valid cut no worse than the stages' one.
+TEST(BalanceDevicesByCostTest, ManyLayersOfEqualCostEndWithinTheBudget) {
+  const std::vector<double> costs(400, 1.0);
+  const std::vector<int> placement = gpipe::place_stages(gpipe::StagePlacement::kLoop, 8, 4);
+  const std::vector<int> got = gpipe::balance_devices_by_cost(costs, placement);
+  ASSERT_NO_THROW(gpipe::check_balance(got, 400));
+  EXPECT_LE(device_objective(costs, got, placement).bottleneck,
+            device_objective(costs, gpipe::balance_by_cost(costs, 32), placement).bottleneck);
+}
+
 TEST(ParameterCostsTest, CountsEachLayersParameters) {
   torch::nn::Sequential m(torch::nn::Linear(4, 3), torch::nn::ReLU(), torch::nn::Linear(3, 2));
   EXPECT_EQ(gpipe::parameter_costs(m), (std::vector<double>{15, 0, 8}));

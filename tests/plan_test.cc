@@ -85,6 +85,20 @@ TEST(CutRequestTest, ByCostIsTheMinMaxCut) {
   EXPECT_EQ(CutRequest::by_cost(costs).str(), "by cost");
 }
 
+// By cost with several stages per device, the cut balances the devices the schedule places them on.
+TEST(CutRequestTest, ByCostBalancesDevicesOfTheSchedulesPlacement) {
+  const std::vector<double> costs{4, 1, 1, 1, 1, 1, 1, 6};
+  const gpipe::PipelinePlan inter = gpipe::make_plan(8, PipelineOptions().devices(2).virtual_stages(2).micro_batches(4)
+                                                            .cut(CutRequest::by_cost(costs))
+                                                            .schedule(ScheduleKind::kInterleaved));
+  EXPECT_EQ(inter.placement, (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(inter.balance, gpipe::balance_devices_by_cost(costs, inter.placement));
+  EXPECT_EQ(inter.balance, (std::vector<int>{1, 1, 4, 2}));  // devices 8 and 8; the stages' {1, 3, 3, 1}: 7 and 9
+  const gpipe::PipelinePlan zbv = gpipe::make_plan(8, PipelineOptions().devices(2).cut(CutRequest::by_cost(costs))
+                                                          .schedule(ScheduleKind::kZBV));
+  EXPECT_EQ(zbv.balance, gpipe::balance_devices_by_cost(costs, {0, 1, 1, 0}));
+}
+
 TEST(CutRequestTest, ErrorsNameTheRequestAndTheFix) {
   expect_invalid([] { gpipe::make_plan(10, PipelineOptions().devices(2).cut(CutRequest::blocks({2, 2, 2}, 1, 2))); },
                  "the cut blocks (1 lead layer, 3 blocks, 2 tail layers) covers 9 layers, not the model's 10");

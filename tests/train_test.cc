@@ -109,7 +109,7 @@ TEST(OptimizerOptionsTest, RefusesAnotherOptimizersSettings) {
   expect_invalid([] { OptimizerOptions().kind(OptimizerKind::kAdam).momentum(0.9).check(); }, "SGD's");
   expect_invalid([] { OptimizerOptions().kind(OptimizerKind::kSgd).betas(std::make_tuple(0.9, 0.99)).check(); },
                  "Adam's and AdamW's");
-  expect_invalid([] { OptimizerOptions().kind(OptimizerKind::kSgd).nesterov(true).check(); }, "--momentum above 0");
+  expect_invalid([] { OptimizerOptions().kind(OptimizerKind::kSgd).nesterov(true).check(); }, "`momentum` above 0");
   expect_invalid([] { OptimizerOptions().lr(0).check(); }, "learning rate");
   expect_invalid([] { gpipe::parse_optimizer("lamb"); }, "sgd, adam or adamw");
   EXPECT_EQ(OptimizerOptions().kind(OptimizerKind::kAdamW).decay(), 0.01);  // torch.optim's default

@@ -11,6 +11,7 @@
 
 #include <torch/nn/modules/container/sequential.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -44,6 +45,23 @@ std::vector<int> stage_offsets(const std::vector<int>& balance);
 ///
 ///   balance_by_cost({1, 1, 1, 6}, 2) == {3, 1}
 std::vector<int> balance_by_cost(const std::vector<double>& costs, int stages);
+
+/// The contiguous cut of layers with costs `costs` into `placement.size()` stages, stage s run by
+/// device placement[s], that minimizes the largest *device* cost (the sum of its stages'), ties
+/// broken by the smallest variance of device costs, then by balance_by_cost's cut. With several
+/// stages per device (the interleaved and the V schedules) a device does the work of all its
+/// stages every step, so stages of even cost can still load one device more than another.
+/// Exact: a branch and bound over the cut points, bounded by balance_by_cost's cut, which it
+/// returns when every device runs one stage; past kDeviceCutBranches branches (hundreds of layers
+/// in many stages of near-equal cost) it returns the best cut found, never worse than that one.
+/// Throws std::invalid_argument as balance_by_cost does, or if a device from 0 to the largest
+/// named runs no stage.
+///
+///   balance_by_cost({4, 1, 1, 1, 1, 1, 1, 6}, 4) == {1, 3, 3, 1}: the interleaved placement
+///   {0, 1, 0, 1} loads the devices 7 and 9;
+///   balance_devices_by_cost({4, 1, 1, 1, 1, 1, 1, 6}, {0, 1, 0, 1}) == {1, 1, 4, 2}: 8 and 8
+inline constexpr int64_t kDeviceCutBranches = int64_t{1} << 22;
+std::vector<int> balance_devices_by_cost(const std::vector<double>& costs, const std::vector<int>& placement);
 
 /// The cost of each stage of `balance` for per-layer `costs`.
 std::vector<double> stage_costs(const std::vector<double>& costs, const std::vector<int>& balance);

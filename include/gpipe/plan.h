@@ -59,9 +59,11 @@ struct CutRequest {
   static CutRequest blocks(std::vector<int> block_layers, int lead_layers = 0, int tail_layers = 0);
   static CutRequest by_cost(std::vector<double> layer_costs);
 
-  /// The cut of `layers` layers into `stages` stages. Throws std::invalid_argument naming the
-  /// request and the fix when it is not a cut of that many layers into that many stages.
-  std::vector<int> resolve(int layers, int stages) const;
+  /// The cut of `layers` layers into `stages` stages. By cost with a `placement` (the device of each
+  /// stage) of several stages per device, the cut that balances the devices (balance_devices_by_cost);
+  /// otherwise the stages (balance_by_cost). Throws std::invalid_argument naming the request and the
+  /// fix when it is not a cut of that many layers into that many stages.
+  std::vector<int> resolve(int layers, int stages, const std::vector<int>& placement = {}) const;
   /// The request in words for messages and summaries: "even", "given {3, 8}",
   /// "blocks (1 lead layer, 4 blocks, 2 tail layers)", "by cost".
   std::string str() const;

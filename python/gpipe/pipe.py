@@ -2,6 +2,7 @@
 import atexit
 import numbers
 import os
+import re
 import sys
 import time
 import warnings
@@ -115,6 +116,17 @@ def _path(value, name):
 
 
 _hook_installed = False
+
+
+# The library's option names in its errors (`micro_batches`), as GPipe's arguments.
+_NAMES = {"micro_batches": "chunks", "threads_per_device": "threads",
+          "deferred_batch_norm=false": 'batch_norm="per-micro-batch"'}
+
+
+def _in_python_words(error, names=None):
+    """A library error with its option names in backquotes as the Python call's argument names."""
+    names = names or {}
+    return re.sub(r"`([a-z_=]+)`", lambda m: names.get(m.group(1), m.group(1)), str(error))
 
 
 def _end_the_job_on_an_uncaught_exception():
@@ -237,7 +249,8 @@ class GPipe:
         try:
             self.devices, self.virtual_stages = _gpipe.check_plan(len(model), settings)
         except ValueError as e:
-            raise ValueError(f"{e} (GPipe(balance={balance!r}, chunks={chunks!r}, devices={devices!r}, "
+            raise ValueError(f"{_in_python_words(e, _NAMES)} (GPipe(balance={balance!r}, chunks={chunks!r}, "
+                             f"devices={devices!r}, "
                              f"schedule={schedule!r}, virtual_stages={virtual_stages!r}, threads={threads!r}): "
                              f"K is devices, M chunks, V virtual_stages)") from None
         settings.devices = self.devices

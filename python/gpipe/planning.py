@@ -22,7 +22,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from . import _gpipe
-from .pipe import _one_of, _script, _whole
+from .pipe import _in_python_words, _one_of, _script, _whole
 
 _OPTIMIZERS = ("sgd", "momentum", "adam")
 _LOSSES = (None, "cross_entropy", "mse")
@@ -126,23 +126,15 @@ class Prediction:
     micro_batch_rows: List[int]
 
 
-# The planner's errors that still name gpipe plan's flags, as gpipe.plan's arguments.
-_FLAGS = {"--stages": "stages", "--micro-batches": "micro_batches", "--schedule": "schedules",
-          "--checkpoint": "checkpoints"}
+# The planner's option names in its errors, as gpipe.plan's arguments.
+_NAMES = {"devices": "stages", "micro_batches": "micro_batches", "schedule": "schedules", "checkpoint": "checkpoints"}
 
 
-def _in_python_words(error, names=None, flags=None):
-    """A library error with its option names (`micro_batches`) as this call's argument names."""
-    names, flags = names or {}, flags or {}
-    text = re.sub(r"`([a-z_]+)`", lambda m: names.get(m.group(1), m.group(1)), str(error))
-    return re.sub(r"--[a-z-]+", lambda m: flags.get(m.group(0), m.group(0)), text)
-
-
-def _call(function, *args, names=None, flags=None):
+def _call(function, *args, names=None):
     try:
         return function(*args)
     except ValueError as e:
-        message = _in_python_words(e, names, flags)
+        message = _in_python_words(e, names)
         raise ValueError(message if message.startswith("gpipe:") else "gpipe: " + message) from None
 
 
@@ -287,12 +279,12 @@ def plan(model=None, sample=None, *, devices, batch, memory_per_device="16GiB", 
         items, is_tuple = _sample(sample)
         loss_name, target = _loss(loss, target, items[0].size(0))
         answer = _call(_gpipe.plan_model, scripted, items, is_tuple, optimizer, speed, threads, loss_name, target,
-                       settings, flags=_FLAGS)
+                       settings, names=_NAMES)
     elif task is not None:
         if sample is not None or loss is not None or target is not None:
             raise ValueError("gpipe: a task has its own sample and loss; leave sample, loss and target out")
         _one_of(task, "task", tuple(_gpipe.task_names(True)))
-        answer = _call(_gpipe.plan_task, task, _seed(seed), optimizer, speed, threads, settings, flags=_FLAGS)
+        answer = _call(_gpipe.plan_task, task, _seed(seed), optimizer, speed, threads, settings, names=_NAMES)
     else:
         if sample is not None or loss is not None or target is not None or speed != 1.0:
             raise ValueError("gpipe: a Transformer by shape takes no sample, loss, target or speed (its device's "
@@ -304,7 +296,7 @@ def plan(model=None, sample=None, *, devices, batch, memory_per_device="16GiB", 
         shape = [_positive(transformer[k], f"transformer[{k!r}]") for k in _TRANSFORMER]
         shape.append(_one_of(transformer.get("bytes_per_value", 4), "transformer['bytes_per_value']", (4, 2)))
         answer = _call(_gpipe.plan_transformer, shape, _number(flops, "flops"), optimizer, settings,
-                       names={"layers": "transformer['layers']"}, flags=_FLAGS)
+                       names={**_NAMES, "layers": "transformer['layers']"})
     rows = [Configuration(**{f.name: c[f.name] for f in dataclasses.fields(Configuration)})
             for c in answer["configurations"]]
     fitting = [c for c in rows if c.fits]

@@ -60,6 +60,6 @@ std::string what_of(const std::exception& e) {
   const std::string what = short_error(e, &report);
   if (verbose_errors() && !report.empty()) return report;
   return what + (report.find("Traceback of TorchScript") != std::string::npos
-                     ? " (--verbose shows TorchScript's traceback)" : "");
+                     ? " (`verbose` shows TorchScript's traceback)" : "");
 }
 }  // namespace gpipe

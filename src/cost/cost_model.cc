@@ -280,7 +280,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
                       "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in place, so it "
                       "cannot be timed by itself (nor begin a stage: a stage keeps its input for the backward pass); "
                       "make the layer return a new tensor (e.g. ReLU(inplace=False)), or balance by parameters "
-                      "(--balance-by params)");
+                      "(`balance_by` params)");
           throw;
         }
         if (timed && !split) f[l].push_back(forward);

@@ -109,8 +109,8 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
   for (const Shape& s : shapes) total += int64_t{s.K} * s.V * s.M * static_cast<int64_t>(search.checkpoints.size());
   GPIPE_CHECK(total <= kMostSearchedPairs, "the search would simulate ", total, " stage x micro-batch pairs (K x V x M "
               "over every configuration and checkpoint mode), more than the ", kMostSearchedPairs, " that keep an "
-              "answer within about a minute; narrow it with --stages (the K to consider), --micro-batches, --schedule "
-              "or --checkpoint");
+              "answer within about a minute; narrow it with `devices` (the K to consider), `micro_batches`, `schedule` "
+              "or `checkpoint`");
   const CutRequest cut = search_cut(costs, search);
   std::vector<PlanCandidate> found;
   for (const Shape& shape : shapes) {
@@ -158,7 +158,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
               search.micro_batches.empty() ? "" : " and the M given",
               least_V > stage_units ? "; the schedules asked for run " + std::to_string(least_V) +
                                      " stages per device, each of at least one block, and this model has " +
-                                     std::to_string(stage_units) + ": give it more layers, or add --schedule gpipe or 1f1b"
+                                     std::to_string(stage_units) + ": give it more layers, or add `schedule` gpipe or 1f1b"
                                : std::string(),
               "; every stage needs a layer (a block), every replica a row and every micro-batch ",
               search.least_micro_batch_rows > 1 ? std::to_string(search.least_micro_batch_rows) +

@@ -64,7 +64,7 @@ torch::Tensor TiedProjectionImpl::forward(const torch::Tensor& x) {
 
 Workload make_workload(const std::string& name, uint64_t seed, LayerRange keep, bool tie_embeddings) {
   GPIPE_CHECK(!tie_embeddings || name == "transformer", "workload ", name, " has no embedding to tie; "
-              "--tie-embeddings is for the transformer workload");
+              "`tie_embeddings` is for the transformer workload");
   torch::manual_seed(seed);
   if (name == "mlp") return linear_relu(name, std::vector<int64_t>(17, 1024), 256, keep);
   if (name == "tiny") return linear_relu(name, std::vector<int64_t>(9, 64), 256, keep);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <iomanip>
 #include <limits>
 #include <numeric>
@@ -108,6 +109,83 @@ std::vector<int> balance_by_cost(const std::vector<double>& costs, int stages) {
     i = j;
   }
   return balance;
+}
+
+std::vector<int> balance_devices_by_cost(const std::vector<double>& costs, const std::vector<int>& placement) {
+  const int S = static_cast<int>(placement.size());
+  const int L = static_cast<int>(costs.size());
+  // The cut that balances stages: a valid cut (the checks of costs and S are its), and the bound to beat.
+  std::vector<int> best = balance_by_cost(costs, S);
+  GPIPE_CHECK(*std::min_element(placement.begin(), placement.end()) >= 0, "a placement names devices from 0 up; ",
+              "got ", *std::min_element(placement.begin(), placement.end()));
+  const int K = *std::max_element(placement.begin(), placement.end()) + 1;
+  std::vector<int> stages_on(static_cast<size_t>(K), 0);
+  for (int d : placement) ++stages_on[static_cast<size_t>(d)];
+  for (int d = 0; d < K; ++d)
+    GPIPE_CHECK(stages_on[static_cast<size_t>(d)] > 0, "device ", d, " of the placement runs no stage; give every "
+                "device from 0 to ", K - 1, " at least one");
+  if (K == S) return best;  // a stage per device: the devices' loads are the stages'
+
+  std::vector<double> P(static_cast<size_t>(L) + 1, 0.0);
+  for (int l = 0; l < L; ++l) P[static_cast<size_t>(l) + 1] = P[static_cast<size_t>(l)] + costs[static_cast<size_t>(l)];
+  auto cost = [&](int j, int i) { return P[static_cast<size_t>(i)] - P[static_cast<size_t>(j)]; };
+  // The devices' loads of a cut, its largest and its sum of squares (the sum is fixed, so the least
+  // sum of squares is the least variance): the objective, compared in that order.
+  auto score = [&](const std::vector<int>& balance) {
+    std::vector<double> load(static_cast<size_t>(K), 0.0);
+    for (int s = 0, at = 0; s < S; at += balance[static_cast<size_t>(s)], ++s)
+      load[static_cast<size_t>(placement[static_cast<size_t>(s)])] += cost(at, at + balance[static_cast<size_t>(s)]);
+    double squares = 0;
+    for (double x : load) squares += x * x;
+    return std::make_pair(*std::max_element(load.begin(), load.end()), squares);
+  };
+  std::pair<double, double> bound = score(best);
+  // later[s]: whether device d runs a stage after stage s (bit d), to bound what the rest can hold.
+  std::vector<std::vector<char>> later(static_cast<size_t>(S), std::vector<char>(static_cast<size_t>(K), 0));
+  for (int s = S - 2; s >= 0; --s) {
+    later[static_cast<size_t>(s)] = later[static_cast<size_t>(s) + 1];
+    later[static_cast<size_t>(s)][static_cast<size_t>(placement[static_cast<size_t>(s) + 1])] = 1;
+  }
+
+  // Branch and bound over the cut points, stage by stage: a stage that takes a device past the best
+  // cut's largest load ends the branch (a longer stage only costs more), and so does a rest that the
+  // devices still to run a stage cannot hold within it. Exact: every cut not visited is no better,
+  // unless the budget of branches runs out first (models of hundreds of layers cut in many stages of
+  // near-equal cost), which leaves the best cut found.
+  std::vector<double> load(static_cast<size_t>(K), 0.0);
+  std::vector<int> cut(static_cast<size_t>(S));
+  int64_t budget = kDeviceCutBranches;
+  std::function<void(int, int)> visit = [&](int s, int at) {
+    if (--budget < 0) return;
+    const size_t d = static_cast<size_t>(placement[static_cast<size_t>(s)]);
+    const int last = s == S - 1 ? L : L - (S - 1 - s);  // leave a layer for each stage after it
+    for (int end = s == S - 1 ? L : at + 1; end <= last; ++end) {
+      const double mine = load[d] + cost(at, end);
+      if (mine > bound.first) break;
+      cut[static_cast<size_t>(s)] = end - at;
+      if (s == S - 1) {
+        load[d] = mine;
+        const std::pair<double, double> now = score(cut);
+        if (now < bound) {
+          bound = now;
+          best = cut;
+        }
+        load[d] = mine - cost(at, end);
+        continue;
+      }
+      double room = 0;
+      for (int e = 0; e < K; ++e)
+        if (later[static_cast<size_t>(s)][static_cast<size_t>(e)])
+          room += bound.first - (static_cast<size_t>(e) == d ? mine : load[static_cast<size_t>(e)]);
+      if (room < cost(end, L)) continue;  // a longer stage leaves less: it may yet fit
+      const double before = load[d];
+      load[d] = mine;
+      visit(s + 1, end);
+      load[d] = before;
+    }
+  };
+  visit(0, 0);
+  return best;
 }
 
 std::vector<double> stage_costs(const std::vector<double>& costs, const std::vector<int>& balance) {

@@ -91,7 +91,7 @@ std::string CutRequest::str() const {
   }
 }
 
-std::vector<int> CutRequest::resolve(int layers, int stages) const {
+std::vector<int> CutRequest::resolve(int layers, int stages, const std::vector<int>& placement) const {
   switch (kind) {
     case CutKind::kEven: return even_balance(layers, stages);
     case CutKind::kGiven: {
@@ -128,6 +128,11 @@ std::vector<int> CutRequest::resolve(int layers, int stages) const {
     case CutKind::kByCost:
       GPIPE_CHECK(static_cast<int>(layer_costs.size()) == layers, "the cut by cost has ", layer_costs.size(),
                   " per-layer costs for a model of ", layers, " layers; give one cost per layer");
+      if (!placement.empty()) {
+        GPIPE_CHECK(static_cast<int>(placement.size()) == stages, "the placement names the device of ",
+                    placement.size(), " stages, not of the ", stages, " to cut; give one device per stage");
+        return balance_devices_by_cost(layer_costs, placement);
+      }
       return balance_by_cost(layer_costs, stages);
   }
   return even_balance(layers, stages);
@@ -187,7 +192,7 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
                   ": every stage needs at least one layer, so there can be at most ", layers, " stages; ", ways[0],
                   ways.size() > 1 ? ", or " + ways[1] : std::string());
     }
-    plan.balance = request.resolve(layers, K * V);
+    plan.balance = request.resolve(layers, K * V, place_stages(traits.placement, K, V));
   }
   plan.devices = plan.stages() / V;
   const int K = plan.devices;

@@ -191,8 +191,8 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
                   "(or cut the model so that another layer starts the stage)";
         if (what.find("Expected more than 1 value per channel when training") != std::string::npos)
           what += "; BatchNorm normalizes each micro-batch by its own statistics, which one row per channel does "
-                  "not have: use fewer micro-batches or larger batches (gpipe train: --micro-batches, --batch-size, "
-                  "--drop-last for a short last batch)";
+                  "not have: use fewer micro-batches or larger batches (`micro_batches`, `batch_size`, "
+                  "`drop_last` for a short last batch)";
         throw StageError(a, what, operand, report);
       }
       if (trace != nullptr) trace->push_back({a, begin, now_ns()});

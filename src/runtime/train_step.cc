@@ -27,8 +27,7 @@ void check_batch_norm(const torch::nn::Sequential& layers, bool deferred) {
   GPIPE_CHECK(name.empty(), "the BatchNorm ", name, " sits inside a layer of the model, where its stage cannot see "
               "its input, so it cannot update its running statistics once per mini-batch from every row; make each "
               "BatchNorm a layer of the Sequential itself, or update them from each micro-batch instead "
-              "(PipelineOptions::deferred_batch_norm(false); gpipe train --batch-norm per-micro-batch; Python "
-              "batch_norm=\"per-micro-batch\")");
+              "(`deferred_batch_norm=false`)");
 }
 
 void weigh_by_counted_targets(StepData& step, const torch::Tensor& target, int64_t first,

@@ -29,7 +29,7 @@ std::vector<uint8_t> read_gzip(const std::string& path) {
   if (!std::filesystem::exists(path))
     throw std::runtime_error("missing " + path +
                              ": install Fashion-MNIST with `apt-get install dataset-fashion-mnist` "
-                             "(scripts/install-deps.sh does), or pass --data-dir");
+                             "(scripts/install-deps.sh does), or pass `data_dir`");
   gzFile file = gzopen(path.c_str(), "rb");
   if (file == nullptr) throw std::runtime_error("cannot open " + path);
   std::vector<uint8_t> bytes;
@@ -336,7 +336,7 @@ Dataset load_tensor_data(const std::string& path) {
 
 TextCorpus load_fortunes(const std::string& dir) {
   const std::string install = "install Debian's fortunes with `apt-get install fortunes` (scripts/install-deps.sh "
-                              "does), or give the folder of the fortune files with --data-dir";
+                              "does), or give the folder of the fortune files with `data_dir`";
   std::error_code error;
   if (!std::filesystem::is_directory(dir, error))
     throw std::runtime_error("no folder " + dir + " of fortune files: " + install);

@@ -139,11 +139,11 @@ std::string unsealed(const std::string& path, std::string bytes) {
   const size_t trailer = kDigestTag.size() + kDigestDigits;
   const size_t body = bytes.size() >= trailer ? bytes.size() - trailer : 0;
   if (!is_sealed(bytes) && is_script_checkpoint(bytes))
-    throw std::runtime_error(path + " is the checkpoint file of a TorchScript model (gpipe train --model FILE.pt): "
-                             "resume it with the --model file it was trained from");
+    throw std::runtime_error(path + " is the checkpoint file of a TorchScript model (`model` FILE.pt): "
+                             "resume it with the model file it was trained from");
   if (!is_sealed(bytes))
     throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint file (its digest does not match "
-                             "its contents); resume from a file written by gpipe train --save");
+                             "its contents); resume from a checkpoint file gpipe wrote (`save`)");
   bytes.resize(body);
   return bytes;
 }
@@ -190,7 +190,7 @@ void check_state(const std::string& name, const torch::Tensor& p, const std::str
       continue;
     }
     const bool known = sgd ? key == "momentum_buffer" : key == "exp_avg" || key == "exp_avg_sq" || key == "max_exp_avg_sq";
-    if (!known) throw std::runtime_error("the optimizer state of " + name + " has a field '" + key + "' --optimizer " +
+    if (!known) throw std::runtime_error("the optimizer state of " + name + " has a field '" + key + "' `optimizer` " +
                                          kind + " does not have");
     if (!field.value().isTensor() || field.value().toTensor().sizes() != p.sizes() ||
         field.value().toTensor().dtype() != p.dtype())
@@ -284,14 +284,14 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
       torch::jit::load(in, c10::nullopt, extra);
     } catch (const std::exception&) {
       if (is_sealed(in.str()))
-        throw std::runtime_error(path + " is the checkpoint file of a built-in model (--model cnn, resnet, unet or "
+        throw std::runtime_error(path + " is the checkpoint file of a built-in model (`model` cnn, resnet, unet or "
                                  "gpt) or a per-device file, not of a TorchScript model: resume it with the model "
                                  "that saved it");
-      throw std::runtime_error(path + " is truncated or not a TorchScript checkpoint file written by gpipe train --save");
+      throw std::runtime_error(path + " is truncated or not a TorchScript checkpoint file gpipe wrote (`save`)");
     }
     payload = extra[kExtraFile];
     if (payload.empty())
-      throw std::runtime_error(path + " holds no gpipe checkpoint file; resume from a file written by gpipe train --save");
+      throw std::runtime_error(path + " holds no gpipe checkpoint file; resume from a checkpoint file gpipe wrote (`save`)");
   }
   payload = unsealed(path, std::move(payload));
   Dict dict = new_dict();
@@ -310,8 +310,8 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
     out.state.shuffle_state = dict.at("shuffle_state").toTensor();
     out.state.random_state = dict.at("random_state").toTensor();
   } catch (const std::exception&) {
-    throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint file; resume from a file "
-                             "written by gpipe train --save");
+    throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint file; resume from a checkpoint "
+                             "file gpipe wrote (`save`)");
   }
   // Every tensor this process holds must be in the file, with its shape and dtype.
   auto check = [&](const std::string& what, const std::string& name, const torch::Tensor& mine,
@@ -326,7 +326,7 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
   for (const auto& p : layers->named_parameters()) check("parameter", p.key(), p.value(), out.parameters);
   for (const auto& b : layers->named_buffers()) check("buffer", b.key(), b.value(), out.buffers);
   if (out.optimizer_name != optimizer_name)
-    throw std::runtime_error(path + " was trained with --optimizer " + out.optimizer_name +
+    throw std::runtime_error(path + " was trained with `optimizer` " + out.optimizer_name +
                              "; resume with the same optimizer");
   try {
     if (out.state.step < 0) throw std::runtime_error("its step count is negative");
@@ -336,7 +336,7 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
       if (out.optimizer_states.contains(p.key()))
         check_state(p.key(), p.value(), optimizer_name, out.optimizer_states.at(p.key()));
   } catch (const std::runtime_error& e) {
-    throw std::runtime_error(path + " is corrupt: " + e.what() + "; resume from a file written by gpipe train --save");
+    throw std::runtime_error(path + " is corrupt: " + e.what() + "; resume from a checkpoint file gpipe wrote (`save`)");
   }
   out.parameters_taken = static_cast<int64_t>(layers->named_parameters().size());
   out.parameters_in_file = static_cast<int64_t>(out.parameters.size());

@@ -104,15 +104,15 @@ double OptimizerOptions::decay() const {
 void OptimizerOptions::check() const {
   const bool sgd = kind() == OptimizerKind::kSgd;
   GPIPE_CHECK(std::isfinite(lr()) && lr() > 0, "the learning rate must be a finite number above 0 (got ", lr(), ")");
-  GPIPE_CHECK(sgd || (momentum() == 0 && !nesterov()), "--momentum and --nesterov are SGD's (--optimizer sgd); ",
-              optimizer_name(kind()), " has --betas");
-  GPIPE_CHECK(!sgd || !betas(), "--betas are Adam's and AdamW's; SGD has --momentum");
-  GPIPE_CHECK(!nesterov() || momentum() > 0, "--nesterov needs --momentum above 0 (as torch.optim.SGD)");
+  GPIPE_CHECK(sgd || (momentum() == 0 && !nesterov()), "`momentum` and `nesterov` are SGD's (`optimizer` sgd); ",
+              optimizer_name(kind()), " has `betas`");
+  GPIPE_CHECK(!sgd || !betas(), "`betas` are Adam's and AdamW's; SGD has `momentum`");
+  GPIPE_CHECK(!nesterov() || momentum() > 0, "`nesterov` needs `momentum` above 0 (as torch.optim.SGD)");
   // The parameters are float: a factor beyond float's range cannot be applied to them.
   const double largest = std::numeric_limits<float>::max();
-  GPIPE_CHECK(std::isfinite(decay()) && decay() >= 0 && decay() <= largest, "--weight-decay must be a number from 0 "
+  GPIPE_CHECK(std::isfinite(decay()) && decay() >= 0 && decay() <= largest, "`weight_decay` must be a number from 0 "
               "to 3.4e38, float's largest (got ", decay(), ")");
-  GPIPE_CHECK(std::isfinite(momentum()) && momentum() >= 0 && momentum() <= largest, "--momentum must be a number "
+  GPIPE_CHECK(std::isfinite(momentum()) && momentum() >= 0 && momentum() <= largest, "`momentum` must be a number "
               "from 0 to 3.4e38, float's largest (got ", momentum(), ")");
 }
 
@@ -288,26 +288,26 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
   }
   const torch::Tensor& target = data.target;
   if (!classification && target.is_floating_point() && target.scalar_type() != out.scalar_type())
-    refuse("--loss mse: the targets are " + dtype_text(target) + ", but the model outputs " + dtype_text(out) +
+    refuse("`loss` mse: the targets are " + dtype_text(target) + ", but the model outputs " + dtype_text(out) +
            ": save the targets as " + dtype_text(out) + " (Y.float() in Python)");
   const auto out_row = out.sizes().slice(1), target_row = target.sizes().slice(1);
   if (classification) {
     if (out.dim() < 2)
-      refuse("--loss cross_entropy needs the model to output a score per class (shape [N, classes]), but it "
+      refuse("`loss` cross_entropy needs the model to output a score per class (shape [N, classes]), but it "
                   "outputs " + shape_text(out) + " for 2 samples");
     const int64_t classes = out.size(-1);
     if (target_row != out_row.slice(0, out_row.size() - 1))
-      refuse("--loss cross_entropy: the model outputs " + shape_text(out) + " for 2 samples, so the targets "
+      refuse("`loss` cross_entropy: the model outputs " + shape_text(out) + " for 2 samples, so the targets "
                   "must be class indices of shape [N" + (out.dim() > 2 ? ", ..." : std::string()) + "], but they have "
                   "shape " + shape_text(target) + (target.dim() == 2 && target.size(1) == 1 ? "; squeeze the last "
                   "dimension (target.squeeze(1) in Python)" : ""));
     const int64_t low = target.min().item<int64_t>(), high = target.max().item<int64_t>();
     if (low < 0 || high >= classes)
-      refuse("--loss cross_entropy: the targets hold class " + std::to_string(low < 0 ? low : high) +
+      refuse("`loss` cross_entropy: the targets hold class " + std::to_string(low < 0 ? low : high) +
                   ", but the model outputs " + std::to_string(classes) + " classes (0 to " +
                   std::to_string(classes - 1) + ")");
   } else if (target_row != out_row) {
-    refuse("--loss mse: the model outputs rows of shape " + shape_text(out.narrow(0, 0, 1).squeeze(0)) +
+    refuse("`loss` mse: the model outputs rows of shape " + shape_text(out.narrow(0, 0, 1).squeeze(0)) +
                 ", but the targets' rows have shape " + shape_text(target.narrow(0, 0, 1).squeeze(0)) +
                 " (targets " + shape_text(target) + "); give targets of the output's shape");
   }
@@ -411,7 +411,7 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
   // A last batch smaller than the batch size is kept (as PyTorch's DataLoader), unless drop_last.
   const int64_t B = options_.batch_size();
   steps_per_epoch_ = options_.drop_last() ? N / B : (N + B - 1) / B;
-  GPIPE_CHECK(steps_per_epoch_ > 0, "--drop-last with --batch-size ", B, " and ", N,
+  GPIPE_CHECK(steps_per_epoch_ > 0, "`drop_last` with `batch_size` ", B, " and ", N,
               " training samples leaves no step; use a smaller batch");
   const int64_t all = steps_per_epoch_ * options_.epochs();
   total_steps_ = options_.steps() > 0 ? std::min(options_.steps(), all) : all;
@@ -507,8 +507,8 @@ std::string counts_text(const std::vector<int>& sets) {
 // What per-device files hold: each device's layers of the cut that saved them.
 const char* kPerDeviceCut =
     "; per-device files hold the layers each device had when they were saved: resume them with the same "
-    "--stages, --balance, --schedule and --virtual-stages as that run, or save one whole file (without "
-    "--per-device-files), which resumes with any cut";
+    "`devices`, `balance`, `schedule` and `virtual_stages` as that run, or save one whole file (without "
+    "`per_device_files`), which resumes with any cut";
 
 // The step a manifest names, or -1 when there is no manifest; throws for a file that is not one.
 int64_t manifest_step(const std::string& manifest, int devices) {
@@ -520,10 +520,10 @@ int64_t manifest_step(const std::string& manifest, int devices) {
   if (!(in >> format >> step_word >> step >> devices_word >> saved_devices) || format != kManifestFormat ||
       step_word != "step" || devices_word != "devices" || step < 0)
     throw std::invalid_argument(manifest + " is not a manifest of per-device files written by gpipe train "
-                                "--per-device-files; resume from the files of a run that saved them");
+                                "`per_device_files`; resume from the files of a run that saved them");
   if (saved_devices != devices)
     throw std::invalid_argument(manifest + " is of a run with " + std::to_string(saved_devices) +
-                                " devices; resume with the same number of devices (--stages " +
+                                " devices; resume with the same number of devices (`devices` " +
                                 std::to_string(saved_devices) + ")");
   return step;
 }
@@ -557,11 +557,11 @@ void Trainer::resume(const std::string& resume_path) {
       if (!per_device && !std::filesystem::exists(path) && !sets.empty())
         throw std::invalid_argument("no such file: " + path + "; there are per-device files " + path + ".stage0-of-" +
                                     std::to_string(sets.front()) + " ..., one per MPI rank: resume them under "
-                                    "mpirun -np " + k + " with --stages " + k + " --per-device-files");
+                                    "mpirun -np " + k + " with `devices` " + k + " `per_device_files`");
       if (!per_device) check_input_file(path);  // a folder, a FIFO, a device: says which
       if (std::filesystem::is_regular_file(resume_path))
         throw std::invalid_argument(resume_path + " is one whole checkpoint file, not a set of per-device files: "
-                                    "leave out --per-device-files (a whole file resumes with any --stages)");
+                                    "leave out `per_device_files` (a whole file resumes with any `devices`)");
       const bool same_k = sets.size() == 1 && sets.front() == pipeline_->devices();
       throw std::invalid_argument(
           "no such file: " + path +
@@ -569,7 +569,7 @@ void Trainer::resume(const std::string& resume_path) {
            : same_k      ? " (the set of per-device files of " + resume_path + " lacks this device's: it is not "
                            "whole; resume from a whole set, or a save of the run to another path)"
                          : " (the per-device files of " + resume_path + " are of " + k + " devices: resume with "
-                           "--stages " + k + ")"));
+                           "`devices` " + k + ")"));
     }
     // Per-device files of another cut lack this device's layers: the fix is the cut, not the model.
     auto read = [&](const std::string& file) {
@@ -619,7 +619,7 @@ void Trainer::resume(const std::string& resume_path) {
         static_cast<const char*>(order.data_ptr()), static_cast<size_t>(order.numel() * order.element_size())));
     GPIPE_CHECK(pipeline_->same_everywhere(static_cast<double>(hash & ((uint64_t{1} << 52) - 1))),
                 "the per-device files of ", resume_path, " are of different runs (they draw the data in different "
-                "orders: another --seed?); resume from the files of one run");
+                "orders: another `seed`?); resume from the files of one run");
   }
   restore_snapshot(r, pipeline_->layers(), *optimizer_);
   shuffle_.set_state(r.state.shuffle_state);
@@ -694,15 +694,15 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
                              (step_ == 0 ? ": no update was applied yet, so the learning rate is not the cause: the "
                                            "model's outputs or the loss on this data overflow float; scale the data "
                                            "(inputs and targets) down"
-                                         : "; lower --lr, or add --clip-grad-norm"));
+                                         : "; lower `lr`, or add `clip_grad_norm`"));
   if (options_.clip_grad_norm() > 0) pipeline_->clip_gradients(options_.clip_grad_norm());
   const double lr =
       learning_rate(options_.optimizer().lr(), lr_schedule_, step_, total_steps_);
   if (!(lr <= std::numeric_limits<float>::max())) {  // the parameters are float: the update would overflow
     std::ostringstream text;
     text << "gpipe: the learning rate of step " << step_ + 1 << " is " << lr
-         << ", beyond float's range (3.4e38); lower --lr"
-         << (options_.lr_schedule().kind() == LrSchedule::kStep ? " or --lr-gamma" : "");
+         << ", beyond float's range (3.4e38); lower `lr`"
+         << (options_.lr_schedule().kind() == LrSchedule::kStep ? " or `lr_gamma`" : "");
     throw std::runtime_error(text.str());
   }
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
@@ -723,7 +723,7 @@ void Trainer::save() {
     throw std::runtime_error("gpipe: the parameters hold NaN or infinite values at step " + std::to_string(step_) +
                              ": no checkpoint file is written for it" +
                              (saved_at_ >= 0 ? " (the one of step " + std::to_string(saved_at_) + " is kept)" : "") +
-                             "; lower --lr, or add --clip-grad-norm");
+                             "; lower `lr`, or add `clip_grad_norm`");
   saved_at_ = step_;
   // The shuffling state from which the epoch of the next step is drawn: that epoch's start when
   // its order was drawn already, else the generator as it is.
@@ -739,8 +739,7 @@ void Trainer::save() {
   try {
     save_whole_snapshot(*pipeline_, model_, *optimizer_, optimizer, now, path);
   } catch (const std::length_error& e) {  // too large to gather: every rank is here
-    throw std::runtime_error(std::string(e.what()) + "; save one file per device (TrainerOptions::per_device_files, "
-                             "gpipe train --per-device-files)");
+    throw std::runtime_error(std::string(e.what()) + "; save one file per device (`per_device_files`)");
   }
   note_saved(path, now.step);
 }
