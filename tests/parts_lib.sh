@@ -24,5 +24,11 @@ parts_end() {
     echo "FAILED: no part '${GPIPE_TEST_PART:-}' in $0; its parts: ${parts_seen[*]}"
     return 1
   fi
-  echo "== done (at ${SECONDS} s)"
+  # The time, and the processor time its commands used (user and system, from `times`): on a
+  # loaded machine the first grows, the second hardly.
+  local cpu
+  cpu=$(mktemp)
+  times >"$cpu"  # here, not in a subshell: its second line is this shell's children
+  echo "== done (at ${SECONDS} s; processor time of its commands, user and system: $(tail -1 "$cpu"))"
+  rm -f "$cpu"
 }
