@@ -248,10 +248,10 @@ if part outputs; then
   timeout "$hang" "$gpipe" train "${tiny[@]}" --steps 2 --resume "$work/ckpt.pt" --json >"$work/none.json" 2>/dev/null
   timeout "$hang" "$gpipe" train "${tiny[@]}" --steps 2 --resume "$work/ckpt.pt" >"$work/none.txt" 2>/dev/null
   if "$python" -c '
-  import json, sys
-  s = json.load(open(sys.argv[1]))
-  assert s["steps_this_run"] == 0 and s["no_step_ran"] and s["first_loss"] is None and s["final_loss"] is None, s
-  ' "$work/none.json" && grep -q "no step ran: the checkpoint file is at step 2" "$work/none.txt"; then
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["steps_this_run"] == 0 and s["no_step_ran"] and s["first_loss"] is None and s["final_loss"] is None, s
+' "$work/none.json" && grep -q "no step ran: the checkpoint file is at step 2" "$work/none.txt"; then
     pass "7. --resume at --steps: 'no step ran', null losses in JSON"
   else fail "7. --resume at --steps: $(cat "$work/none.txt")"; fi
   timeout "$hang" "$gpipe" train "${tiny[@]}" --steps 2 --resume "$work/ckpt.pt" --save "$work/copy.pt" >"$work/none.txt" 2>&1
