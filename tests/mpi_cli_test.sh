@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # mpi_cli_test.sh: `mpirun -np N gpipe train`, one stage per rank: the same parameters as one
 # process, one checkpoint file resumed with any K, and errors and faults that end every rank quickly.
-# Usage: mpi_cli_test.sh PATH/TO/gpipe
+# Usage: [GPIPE_TEST_PART=PART] mpi_cli_test.sh PATH/TO/gpipe   (parts: tests/parts_lib.sh)
 set -u
 gpipe="$1"
 mpirun_sh="$(dirname "$0")/mpirun.sh"
@@ -12,41 +12,70 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 small=(--train-samples 1024 --test-samples 200 --epochs 2 --json)
 checksum() { /usr/bin/python3 -c 'import json,sys; print(repr(json.load(open(sys.argv[1]))["parameter_checksum"]))' "$1"; }
+source "$(dirname "$0")/parts_lib.sh"
+# A command still running after this has hung (they take seconds on a quiet machine; the margin is
+# for a loaded one).
+hang=240
 
-# One stage per rank gives the parameters of one process, bit for bit (Dropout included).
-for case in "2 --stages 2" "3 --stages 3 --checkpoint always --micro-batches 3" \
-            "2 --stages 2 --virtual-stages 2 --schedule interleaved --micro-batches 4" \
-            "2 --stages 2 --schedule zbv --micro-batches 4 --checkpoint except_last"; do
-  read -r np args <<<"$case"
-  if "$gpipe" train "${small[@]}" --steps 10 $args >"$work/one.json" 2>/dev/null &&
-     bash "$mpirun_sh" "$np" "$gpipe" train "${small[@]}" --steps 10 $args >"$work/mpi.json" 2>"$work/mpi.err"; then
-    a=$(checksum "$work/one.json"); b=$(checksum "$work/mpi.json")
-    if [ "$a" = "$b" ]; then pass "np=$np $args: parameters equal one process ($a)"
-    else fail "np=$np $args: checksum $b, one process $a"; fi
-  else fail "np=$np $args exited non-zero"; tail -5 "$work/mpi.err"; fi
-done
+# same_as_one "NP ARGS"...: one stage per rank gives the parameters of one process, bit for bit
+# (Dropout included).
+same_as_one() {
+  local case np args
+  for case in "$@"; do
+    read -r np args <<<"$case"
+    if "$gpipe" train "${small[@]}" --steps 10 $args >"$work/one.json" 2>/dev/null &&
+       bash "$mpirun_sh" "$np" "$gpipe" train "${small[@]}" --steps 10 $args >"$work/mpi.json" 2>"$work/mpi.err"; then
+      a=$(checksum "$work/one.json"); b=$(checksum "$work/mpi.json")
+      if [ "$a" = "$b" ]; then pass "np=$np $args: parameters equal one process ($a)"
+      else fail "np=$np $args: checksum $b, one process $a"; fi
+    else fail "np=$np $args exited non-zero"; tail -5 "$work/mpi.err"; fi
+  done
+}
 
-# The GPT with its embedding on rank 0 and the head tied to it on rank 1 (the copies' gradients
-# summed): the parameters of one process, up to the order of that sum's additions.
-if [ -d /usr/share/games/fortunes ]; then
-  gpt=(--model gpt --train-samples 32 --test-samples 4 --batch-size 8 --steps 3 --json)
-  if "$gpipe" train "${gpt[@]}" >"$work/gpt-one.json" 2>/dev/null &&
-     bash "$mpirun_sh" 2 "$gpipe" train "${gpt[@]}" >"$work/gpt-mpi.json" 2>"$work/mpi.err" &&
-     /usr/bin/python3 - "$work/gpt-one.json" "$work/gpt-mpi.json" <<'PY'
+# Errors: each before any training, on every rank, a non-zero exit, not a hang.
+expect_error() {  # NAME PATTERN COMMAND...
+  local name="$1" pattern="$2"
+  shift 2
+  local begin=$SECONDS status
+  timeout -k 10 "$hang" "$@" </dev/null >"$work/err.out" 2>&1
+  status=$?
+  if [ "$status" = 0 ]; then fail "$name: exited 0"; return; fi
+  if [ "$status" = 124 ]; then fail "$name: still running after $hang s: hung"; tail -20 "$work/err.out"; return; fi
+  if grep -q -- "$pattern" "$work/err.out"; then pass "$name (exit $status, $((SECONDS - begin)) s)"
+  else fail "$name: no \"$pattern\""; tail -20 "$work/err.out"; fi
+}
+
+if part same; then
+  same_as_one "2 --stages 2" "3 --stages 3 --checkpoint always --micro-batches 3"
+fi
+
+if part same_v; then
+  same_as_one "2 --stages 2 --virtual-stages 2 --schedule interleaved --micro-batches 4" \
+              "2 --stages 2 --schedule zbv --micro-batches 4 --checkpoint except_last"
+fi
+
+if part launch; then
+  # The GPT with its embedding on rank 0 and the head tied to it on rank 1 (the copies' gradients
+  # summed): the parameters of one process, up to the order of that sum's additions.
+  if [ -d /usr/share/games/fortunes ]; then
+    gpt=(--model gpt --train-samples 32 --test-samples 4 --batch-size 8 --steps 3 --json)
+    if "$gpipe" train "${gpt[@]}" >"$work/gpt-one.json" 2>/dev/null &&
+       bash "$mpirun_sh" 2 "$gpipe" train "${gpt[@]}" >"$work/gpt-mpi.json" 2>"$work/mpi.err" &&
+       /usr/bin/python3 - "$work/gpt-one.json" "$work/gpt-mpi.json" <<'PY'
 import json, sys
 one, mpi = (json.load(open(f)) for f in sys.argv[1:3])
 assert mpi["mpi"]["ranks"] == 2 and mpi["balance"] == [3, 4], mpi
 assert abs(one["parameter_checksum"] - mpi["parameter_checksum"]) <= 1e-5 * abs(one["parameter_checksum"]), (one, mpi)
 assert abs(one["test_bits_per_byte"] - mpi["test_bits_per_byte"]) <= 1e-4, (one["test_bits_per_byte"], mpi["test_bits_per_byte"])
 PY
-  then pass "np=2 --model gpt: embedding and tied head on two ranks, as one process"
-  else fail "np=2 --model gpt"; tail -5 "$work/mpi.err"; fi
-fi
+    then pass "np=2 --model gpt: embedding and tied head on two ranks, as one process"
+    else fail "np=2 --model gpt"; tail -5 "$work/mpi.err"; fi
+  fi
 
-# gpipe bench under mpirun: the same sweep, a rank per device.
-if bash "$mpirun_sh" 2 "$gpipe" bench --workload tiny --stages 2 --micro-batches 4 --steps 2 --warmup 1 --json \
-     --results "" >"$work/bench.jsonl" 2>"$work/bench.err" &&
-   /usr/bin/python3 - "$work/bench.jsonl" <<'PY'
+  # gpipe bench under mpirun: the same sweep, a rank per device.
+  if bash "$mpirun_sh" 2 "$gpipe" bench --workload tiny --stages 2 --micro-batches 4 --steps 2 --warmup 1 --json \
+       --results "" >"$work/bench.jsonl" 2>"$work/bench.err" &&
+     /usr/bin/python3 - "$work/bench.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 assert len(rows) == 1, rows
@@ -54,107 +83,106 @@ r = rows[0]
 assert r["transport"] == "mpi" and r["stages"] == 2 and r["replicas"] == 1 and r["samples_per_s"] > 0
 assert r["bytes_sent_per_step"] > 0 and "speedup" not in r
 PY
-then pass "gpipe bench under mpirun: one row, over MPI"
-else fail "gpipe bench under mpirun"; cat "$work/bench.err"; fi
+  then pass "gpipe bench under mpirun: one row, over MPI"
+  else fail "gpipe bench under mpirun"; cat "$work/bench.err"; fi
 
-# --trace under MPI: rank 0 gathers every stage's actions of the last step (by default 4 stages
-# interleaved over the 2 ranks: stages 0 and 2 on rank 0, 1 and 3 on rank 1).
-if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 2 --micro-batches 6 --trace "$work/trace.json" \
-     >/dev/null 2>&1 &&
-   /usr/bin/python3 - "$work/trace.json" <<'PY'
+  # --trace under MPI: rank 0 gathers every stage's actions of the last step (by default 4 stages
+  # interleaved over the 2 ranks: stages 0 and 2 on rank 0, 1 and 3 on rank 1).
+  if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 2 --micro-batches 6 --trace "$work/trace.json" \
+       >/dev/null 2>&1 &&
+     /usr/bin/python3 - "$work/trace.json" <<'PY'
 import json, sys
 events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
 for device in (0, 1):
     names = sorted(e["name"] for e in events if e["tid"] == device)
     assert names == sorted(f"{s}{p}{i}" for s in (device, device + 2) for p in "FB" for i in range(6)), names
 PY
-then pass "--trace: rank 0 writes both ranks' 24 actions"
-else fail "--trace under mpirun"; fi
+  then pass "--trace: rank 0 writes both ranks' 24 actions"
+  else fail "--trace under mpirun"; fi
 
-# 2 stages x 2 replicas: trains, one summary from rank 0, which names the layout.
-if bash "$mpirun_sh" 4 "$gpipe" train --train-samples 1024 --test-samples 200 --epochs 1 \
-     >"$work/dp.txt" 2>"$work/dp.err"; then
-  if [ "$(grep -c '^summary' "$work/dp.txt")" = 1 ] && grep -q "4 ranks = 2 devices x 2 replicas" "$work/dp.txt" &&
-     [ "$(grep -c 'step 8/8' "$work/dp.err")" = 1 ]; then
-    pass "np=4: 2 devices x 2 replicas; rank 0 alone prints progress and the summary"
-  else fail "np=4 output"; cat "$work/dp.txt"; fi
-else fail "np=4 exited non-zero"; tail -5 "$work/dp.err"; fi
+  # 2 stages x 2 replicas: trains, one summary from rank 0, which names the layout.
+  if bash "$mpirun_sh" 4 "$gpipe" train --train-samples 1024 --test-samples 200 --epochs 1 \
+       >"$work/dp.txt" 2>"$work/dp.err"; then
+    if [ "$(grep -c '^summary' "$work/dp.txt")" = 1 ] && grep -q "4 ranks = 2 devices x 2 replicas" "$work/dp.txt" &&
+       [ "$(grep -c 'step 8/8' "$work/dp.err")" = 1 ]; then
+      pass "np=4: 2 devices x 2 replicas; rank 0 alone prints progress and the summary"
+    else fail "np=4 output"; cat "$work/dp.txt"; fi
+  else fail "np=4 exited non-zero"; tail -5 "$work/dp.err"; fi
+fi
 
-# --save writes one file, gathered by rank 0; a resume from it equals an unbroken run, with the
-# same K or another one, under mpirun or in one process.
-if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/ckpt.pt" >/dev/null 2>&1 &&
-   [ -s "$work/ckpt.pt" ] && [ -z "$(ls "$work" | grep -e '\.stage' -e '\.tmp')" ] &&
-   bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 --resume "$work/ckpt.pt" >"$work/resumed.json" 2>/dev/null; then
-  bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 >"$work/unbroken.json" 2>/dev/null
-  a=$(checksum "$work/unbroken.json"); b=$(checksum "$work/resumed.json")
-  if [ "$a" = "$b" ]; then pass "one file saved at step 4 by 2 ranks, resumed to 10: equals 10 unbroken steps"
-  else fail "resume: $b, unbroken: $a"; fi
-else fail "save/resume under mpirun"; fi
-# Another K: 3 ranks resume the 2-rank file; one process resuming it with K=3 gets the same parameters.
-if bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --steps 10 --stages 3 --resume "$work/ckpt.pt" \
-     >"$work/k3-mpi.json" 2>"$work/k3.err" &&
-   "$gpipe" train "${small[@]}" --steps 10 --stages 3 --resume "$work/ckpt.pt" >"$work/k3-one.json" 2>>"$work/k3.err"; then
-  a=$(checksum "$work/k3-one.json"); b=$(checksum "$work/k3-mpi.json")
-  if [ "$a" = "$b" ]; then pass "a 2-rank checkpoint resumed by 3 ranks equals one process resuming it ($a)"
-  else fail "resume with K=3: mpirun $b, one process $a"; fi
-else fail "resume with another K"; tail -5 "$work/k3.err"; fi
-# --per-device-files: one file per device, resumed with the same K (by the flag's old name,
-# --per-stage-files, which is kept).
-if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/split.pt" --per-device-files \
-     >/dev/null 2>&1 &&
-   [ -s "$work/split.pt.stage0-of-2" ] && [ -s "$work/split.pt.stage1-of-2" ] && [ ! -e "$work/split.pt" ] &&
-   bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 --resume "$work/split.pt" --per-stage-files \
-     >"$work/split.json" 2>/dev/null; then
-  a=$(checksum "$work/unbroken.json"); b=$(checksum "$work/split.json")
-  if [ "$a" = "$b" ]; then pass "--per-device-files: saved at step 4, resumed to 10: equals 10 unbroken steps"
-  else fail "--per-device-files resume: $b, unbroken: $a"; fi
-else fail "--per-device-files save/resume"; fi
+if part resume; then
+  # --save writes one file, gathered by rank 0; a resume from it equals an unbroken run, with the
+  # same K or another one, under mpirun or in one process.
+  if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/ckpt.pt" >/dev/null 2>&1 &&
+     [ -s "$work/ckpt.pt" ] && [ -z "$(ls "$work" | grep -e '\.stage' -e '\.tmp')" ] &&
+     bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 --resume "$work/ckpt.pt" >"$work/resumed.json" 2>/dev/null; then
+    bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 >"$work/unbroken.json" 2>/dev/null
+    a=$(checksum "$work/unbroken.json"); b=$(checksum "$work/resumed.json")
+    if [ "$a" = "$b" ]; then pass "one file saved at step 4 by 2 ranks, resumed to 10: equals 10 unbroken steps"
+    else fail "resume: $b, unbroken: $a"; fi
+  else fail "save/resume under mpirun"; fi
+  # Another K: 3 ranks resume the 2-rank file; one process resuming it with K=3 gets the same parameters.
+  if bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --steps 10 --stages 3 --resume "$work/ckpt.pt" \
+       >"$work/k3-mpi.json" 2>"$work/k3.err" &&
+     "$gpipe" train "${small[@]}" --steps 10 --stages 3 --resume "$work/ckpt.pt" >"$work/k3-one.json" 2>>"$work/k3.err"; then
+    a=$(checksum "$work/k3-one.json"); b=$(checksum "$work/k3-mpi.json")
+    if [ "$a" = "$b" ]; then pass "a 2-rank checkpoint resumed by 3 ranks equals one process resuming it ($a)"
+    else fail "resume with K=3: mpirun $b, one process $a"; fi
+  else fail "resume with another K"; tail -5 "$work/k3.err"; fi
+  # --per-device-files: one file per device, resumed with the same K (by the flag's old name,
+  # --per-stage-files, which is kept).
+  if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/split.pt" --per-device-files \
+       >/dev/null 2>&1 &&
+     [ -s "$work/split.pt.stage0-of-2" ] && [ -s "$work/split.pt.stage1-of-2" ] && [ ! -e "$work/split.pt" ] &&
+     bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 --resume "$work/split.pt" --per-stage-files \
+       >"$work/split.json" 2>/dev/null; then
+    a=$(checksum "$work/unbroken.json"); b=$(checksum "$work/split.json")
+    if [ "$a" = "$b" ]; then pass "--per-device-files: saved at step 4, resumed to 10: equals 10 unbroken steps"
+    else fail "--per-device-files resume: $b, unbroken: $a"; fi
+  else fail "--per-device-files save/resume"; fi
+fi
 
-# Errors: each before any training, on every rank, non-zero exit, well within 30 s.
-expect_error() {  # NAME PATTERN COMMAND...
-  local name="$1" pattern="$2"
-  shift 2
-  local begin=$SECONDS
-  if "$@" >"$work/err.out" 2>&1; then fail "$name: exited 0"; return; fi
-  local took=$((SECONDS - begin))
-  if grep -q -- "$pattern" "$work/err.out" && [ "$took" -lt 30 ]; then pass "$name (${took} s)"
-  else fail "$name: took ${took} s or no \"$pattern\""; tail -20 "$work/err.out"; fi
-}
-expect_error "per-stage files saved with another K are refused" "no such file: $work/split.pt.stage0-of-3" \
-  bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3 --resume "$work/split.pt" --per-stage-files
-# Per-device files and whole files mixed up: each error names the files there are and the fix.
-expect_error "per-device files resumed by one process" "there are per-device files $work/split.pt.stage0-of-2 ..., one per MPI rank: resume them under mpirun -np 2" \
-  "$gpipe" train "${small[@]}" --resume "$work/split.pt"
-expect_error "a whole file resumed with --per-device-files" "ckpt.pt is one whole checkpoint file, not a set of per-device files: leave out --per-device-files" \
-  bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --resume "$work/ckpt.pt" --per-device-files
-expect_error "per-device files resumed with another schedule" "resume them with the same --stages, --balance, --schedule and --virtual-stages" \
-  bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --resume "$work/split.pt" --per-device-files --schedule zbv
-# A device's file from a run with another --seed: refused before step 1 (its data order differs).
-if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --seed 7 --save "$work/seed7.pt" --per-device-files \
-     >/dev/null 2>&1; then
-  cp "$work/split.pt.stage0-of-2" "$work/mixed.pt.stage0-of-2"
-  cp "$work/seed7.pt.stage1-of-2" "$work/mixed.pt.stage1-of-2"
-  cp "$work/split.pt.manifest" "$work/mixed.pt.manifest"
-  expect_error "per-device files of two runs" "the per-device files of $work/mixed.pt are of different runs" \
-    bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 --resume "$work/mixed.pt" --per-device-files
-  if grep -q "step 5" "$work/err.out"; then fail "per-device files of two runs: trained before the error"; fi
-else fail "--per-device-files with --seed 7"; fi
-expect_error "np not a multiple of K" "the job has 3 ranks, not a multiple of the 2 devices" \
-  bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}"
-expect_error "ranks started with different settings" \
-  "rank 0 has --micro-batches = 4, rank 1 has 8" \
-  bash "$mpirun_sh" 1 "$gpipe" train "${small[@]}" --micro-batches 4 : -np 1 "$gpipe" train "${small[@]}" --micro-batches 8
-if [ "$(grep -c 'different settings' "$work/err.out")" = 1 ]; then pass "the settings error, the same on both ranks, is printed once"
-else fail "settings error printed $(grep -c 'different settings' "$work/err.out") times"; cat "$work/err.out"; fi
-expect_error "a usage error under mpirun" "gpipe: --betas: takes 2 values separated by commas (got 3)" \
-  bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --betas 0.9,0.99,0.5
-if [ "$(grep -c -- '--betas' "$work/err.out")" = 1 ] && ! grep -q "\[rank" "$work/err.out"; then
-  pass "a usage error every rank makes is printed once, without a rank"
-else fail "usage error under mpirun"; cat "$work/err.out"; fi
+if part errors; then
+  # The files of the resume part: one whole file and per-device files, both of step 4.
+  bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/ckpt.pt" >/dev/null 2>&1
+  bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/split.pt" --per-device-files >/dev/null 2>&1
+  expect_error "per-stage files saved with another K are refused" "no such file: $work/split.pt.stage0-of-3" \
+    bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3 --resume "$work/split.pt" --per-stage-files
+  # Per-device files and whole files mixed up: each error names the files there are and the fix.
+  expect_error "per-device files resumed by one process" "there are per-device files $work/split.pt.stage0-of-2 ..., one per MPI rank: resume them under mpirun -np 2" \
+    "$gpipe" train "${small[@]}" --resume "$work/split.pt"
+  expect_error "a whole file resumed with --per-device-files" "ckpt.pt is one whole checkpoint file, not a set of per-device files: leave out --per-device-files" \
+    bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --resume "$work/ckpt.pt" --per-device-files
+  expect_error "per-device files resumed with another schedule" "resume them with the same --stages, --balance, --schedule and --virtual-stages" \
+    bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --resume "$work/split.pt" --per-device-files --schedule zbv
+  # A device's file from a run with another --seed: refused before step 1 (its data order differs).
+  if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --seed 7 --save "$work/seed7.pt" --per-device-files \
+       >/dev/null 2>&1; then
+    cp "$work/split.pt.stage0-of-2" "$work/mixed.pt.stage0-of-2"
+    cp "$work/seed7.pt.stage1-of-2" "$work/mixed.pt.stage1-of-2"
+    cp "$work/split.pt.manifest" "$work/mixed.pt.manifest"
+    expect_error "per-device files of two runs" "the per-device files of $work/mixed.pt are of different runs" \
+      bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 --resume "$work/mixed.pt" --per-device-files
+    if grep -q "step 5" "$work/err.out"; then fail "per-device files of two runs: trained before the error"; fi
+  else fail "--per-device-files with --seed 7"; fi
+  expect_error "np not a multiple of K" "the job has 3 ranks, not a multiple of the 2 devices" \
+    bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}"
+  expect_error "ranks started with different settings" \
+    "rank 0 has --micro-batches = 4, rank 1 has 8" \
+    bash "$mpirun_sh" 1 "$gpipe" train "${small[@]}" --micro-batches 4 : -np 1 "$gpipe" train "${small[@]}" --micro-batches 8
+  if [ "$(grep -c 'different settings' "$work/err.out")" = 1 ]; then pass "the settings error, the same on both ranks, is printed once"
+  else fail "settings error printed $(grep -c 'different settings' "$work/err.out") times"; cat "$work/err.out"; fi
+  expect_error "a usage error under mpirun" "gpipe: --betas: takes 2 values separated by commas (got 3)" \
+    bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --betas 0.9,0.99,0.5
+  if [ "$(grep -c -- '--betas' "$work/err.out")" = 1 ] && ! grep -q "\[rank" "$work/err.out"; then
+    pass "a usage error every rank makes is printed once, without a rank"
+  else fail "usage error under mpirun"; cat "$work/err.out"; fi
+fi
 
-# Each rank in its own working folder, with files of the same name but other bytes: refused before
-# training, naming the input (they would train a mixture of two models or datasets).
-if /usr/bin/python3 - "$work" <<'PY'
+if part own_files; then
+  # Each rank in its own working folder, with files of the same name but other bytes: refused before
+  # training, naming the input (they would train a mixture of two models or datasets).
+  if /usr/bin/python3 - "$work" <<'PY'
 import sys, torch
 work = sys.argv[1]
 for rank, seed in ((0, 0), (1, 1)):
@@ -166,41 +194,45 @@ for rank, seed in ((0, 0), (1, 1)):
     torch.manual_seed(0)
     torch.save({"input": torch.randn(40, 6), "target": torch.randn(40, 3) + rank}, f"{work}/rank{rank}/data.pt")
 PY
-then
-  cp "$work/rank0/model.pt" "$work/rank0/same.pt"; cp "$work/rank0/model.pt" "$work/rank1/same.pt"
-  own=(train --data data.pt --loss mse --stages 2 --steps 2)
-  expect_error "ranks reading other --model bytes" "rank 1 read other bytes than rank 0 behind --model model.pt" \
-    bash "$mpirun_sh" 1 --wdir "$work/rank0" "$gpipe" "${own[@]}" --model model.pt : -np 1 --wdir "$work/rank1" "$gpipe" "${own[@]}" --model model.pt
-  expect_error "ranks reading other --data bytes" "rank 1 read other bytes than rank 0 behind --data data.pt" \
-    bash "$mpirun_sh" 1 --wdir "$work/rank0" "$gpipe" "${own[@]}" --model same.pt : -np 1 --wdir "$work/rank1" "$gpipe" "${own[@]}" --model same.pt
-  # --per-device-files of a TorchScript model at np 4 (2 devices x 2 replicas): saved at step 3,
-  # resumed by the same command with --resume, equal to 10 unbroken steps.
-  script=(train --model "$work/rank0/same.pt" --data "$work/rank0/data.pt" --loss mse --stages 2 --batch-size 8
-          --epochs 2 --optimizer sgd --lr 0.05 --json)
-  if bash "$mpirun_sh" 4 "$gpipe" "${script[@]}" >"$work/s4-unbroken.json" 2>/dev/null &&
-     bash "$mpirun_sh" 4 "$gpipe" "${script[@]}" --steps 3 --save "$work/s4.pt" --per-device-files >/dev/null 2>&1 &&
-     bash "$mpirun_sh" 4 "$gpipe" "${script[@]}" --resume "$work/s4.pt" --per-device-files >"$work/s4-resumed.json" \
-       2>"$work/err.out" && [ "$(checksum "$work/s4-resumed.json")" = "$(checksum "$work/s4-unbroken.json")" ]; then
-    pass "--per-device-files of a TorchScript model at np 4: saved at step 3, resumed: equals unbroken"
-  else fail "--per-device-files of a TorchScript model at np 4"; tail -3 "$work/err.out"; fi
-else echo "skipped: ranks reading other bytes, TorchScript per-device files (no python3-torch)"; fi
+  then
+    cp "$work/rank0/model.pt" "$work/rank0/same.pt"; cp "$work/rank0/model.pt" "$work/rank1/same.pt"
+    own=(train --data data.pt --loss mse --stages 2 --steps 2)
+    expect_error "ranks reading other --model bytes" "rank 1 read other bytes than rank 0 behind --model model.pt" \
+      bash "$mpirun_sh" 1 --wdir "$work/rank0" "$gpipe" "${own[@]}" --model model.pt : -np 1 --wdir "$work/rank1" "$gpipe" "${own[@]}" --model model.pt
+    expect_error "ranks reading other --data bytes" "rank 1 read other bytes than rank 0 behind --data data.pt" \
+      bash "$mpirun_sh" 1 --wdir "$work/rank0" "$gpipe" "${own[@]}" --model same.pt : -np 1 --wdir "$work/rank1" "$gpipe" "${own[@]}" --model same.pt
+    # --per-device-files of a TorchScript model at np 4 (2 devices x 2 replicas): saved at step 3,
+    # resumed by the same command with --resume, equal to 10 unbroken steps.
+    script=(train --model "$work/rank0/same.pt" --data "$work/rank0/data.pt" --loss mse --stages 2 --batch-size 8
+            --epochs 2 --optimizer sgd --lr 0.05 --json)
+    if bash "$mpirun_sh" 4 "$gpipe" "${script[@]}" >"$work/s4-unbroken.json" 2>/dev/null &&
+       bash "$mpirun_sh" 4 "$gpipe" "${script[@]}" --steps 3 --save "$work/s4.pt" --per-device-files >/dev/null 2>&1 &&
+       bash "$mpirun_sh" 4 "$gpipe" "${script[@]}" --resume "$work/s4.pt" --per-device-files >"$work/s4-resumed.json" \
+         2>"$work/err.out" && [ "$(checksum "$work/s4-resumed.json")" = "$(checksum "$work/s4-unbroken.json")" ]; then
+      pass "--per-device-files of a TorchScript model at np 4: saved at step 3, resumed: equals unbroken"
+    else fail "--per-device-files of a TorchScript model at np 4"; tail -3 "$work/err.out"; fi
+  else echo "skipped: ranks reading other bytes, TorchScript per-device files (no python3-torch)"; fi
 
-# --samples under mpirun with 2 replicas: 8 test images in the picture, as in one process.
-if bash "$mpirun_sh" 4 "$gpipe" train --model unet --stages 2 --train-samples 64 --test-samples 64 --batch-size 16 \
-     --steps 1 --samples "$work/samples.png" >/dev/null 2>"$work/err.out" &&
-   /usr/bin/python3 -c 'import struct,sys; png = open(sys.argv[1], "rb").read(); assert struct.unpack(">II", png[16:24]) == (8 * 58, 3 * 58)' \
-     "$work/samples.png"; then pass "--samples at np 4 (2 replicas): 8 test images, as in one process"
-else fail "--samples under mpirun"; tail -3 "$work/err.out"; fi
+  # --samples under mpirun with 2 replicas: 8 test images in the picture, as in one process.
+  if bash "$mpirun_sh" 4 "$gpipe" train --model unet --stages 2 --train-samples 64 --test-samples 64 --batch-size 16 \
+       --steps 1 --samples "$work/samples.png" >/dev/null 2>"$work/err.out" &&
+     /usr/bin/python3 -c 'import struct,sys; png = open(sys.argv[1], "rb").read(); assert struct.unpack(">II", png[16:24]) == (8 * 58, 3 * 58)' \
+       "$work/samples.png"; then pass "--samples at np 4 (2 replicas): 8 test images, as in one process"
+  else fail "--samples under mpirun"; tail -3 "$work/err.out"; fi
+fi
 
-# Faults (GPIPE_TEST_FAULT is a test-only switch): a stage that throws, a rank that dies.
-expect_error "an exception in rank 1's stage ends every rank, with its message" \
-  "\[rank 1\] gpipe: stage 3 failed in the forward of micro-batch 0 (action 3F0, input \[[0-9, ]*\]): injected fault" \
-  env GPIPE_TEST_FAULT=throw:3 bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}"
-if grep -q "\[rank 0\] gpipe: stopped because rank 1 failed: rank 1 (device 1, replica 0): gpipe: stage 3 failed" \
-     "$work/err.out"; then pass "rank 0 reports rank 1's message too"
-else fail "rank 0's report"; tail -20 "$work/err.out"; fi
-expect_error "a rank that dies ends the job" "Exit code:    3" \
-  env GPIPE_TEST_FAULT=exit:1:3 bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3
+if part faults; then
+  # Faults (GPIPE_TEST_FAULT is a test-only switch): a stage that throws, a rank that dies.
+  expect_error "an exception in rank 1's stage ends every rank, with its message" \
+    "\[rank 1\] gpipe: stage 3 failed in the forward of micro-batch 0 (action 3F0, input \[[0-9, ]*\]): injected fault" \
+    env GPIPE_TEST_FAULT=throw:3 bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}"
+  if grep -q "\[rank 0\] gpipe: stopped because rank 1 failed: rank 1 (device 1, replica 0): gpipe: stage 3 failed" \
+       "$work/err.out"; then pass "rank 0 reports rank 1's message too"
+  else fail "rank 0's report"; tail -20 "$work/err.out"; fi
+  expect_error "a rank that dies ends the job" "Exit code:    3" \
+    env GPIPE_TEST_FAULT=exit:1:3 bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3
+fi
 
+parts_end || failures=$((failures + 1))
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

@@ -75,7 +75,9 @@ printf '%s slots=1\n%s slots=1\n' "$addr_a" "$addr_b" >"$work/hosts"
 # binding would put both ranks on core 0, where their busy polling costs a scheduler tick (4 ms)
 # per message. The eager limit of 4 MiB sends each boundary tensor whole, so it travels while its
 # stage computes (docs/mpi.md, "Two hosts on one machine").
-bounded() {  # bounded SECONDS COMMAND...: COMMAND under timeout (all of them fit in CTest's 300 s)
+# Each command's limit only tells a hang (they take seconds to tens of seconds on a quiet machine); all
+# of them fit in CTest's TIMEOUT of 900 s, so that the namespaces are removed on every exit.
+bounded() {  # bounded SECONDS COMMAND...: COMMAND under timeout
   local seconds="$1" status
   shift
   timeout -k 10 "$seconds" "$@" &
@@ -97,19 +99,27 @@ across() {  # across SECONDS COMMAND...: mpirun -np 2 from inside host A
 veth_bytes() { ip netns exec "$host_a" cat "/sys/class/net/$veth_a/statistics/tx_bytes" 2>/dev/null || echo 0; }
 checksum() { /usr/bin/python3 -c 'import json,sys; print(repr(json.load(open(sys.argv[1]))["parameter_checksum"]))' "$1"; }
 
-# Each rank runs in its own host's namespace (the rank's shell expands the variables, not this one).
+# Each rank runs in its own host's namespace (the rank's shell expands the variables, not this one),
+# and on every core this test may use (--bind-to none: not both on core 0, see above).
 # shellcheck disable=SC2016
-if across 30 sh -c 'echo "$OMPI_COMM_WORLD_RANK $(ip -o -4 addr show scope global | awk "{print \$4}")"' \
+if across 60 sh -c 'echo "$OMPI_COMM_WORLD_RANK $(ip -o -4 addr show scope global | awk "{print \$4}")"' \
      >"$work/where.txt" 2>"$work/where.err" &&
    [ "$(sort "$work/where.txt" | tr '\n' ' ')" = "0 $addr_a/24 1 $addr_b/24 " ]; then
   pass "rank 0 runs on host $addr_a, rank 1 on host $addr_b"
 else fail "placement across the namespaces"; cat "$work/where.txt"; tail -20 "$work/where.err"; fi
+cores=$(sed -n 's/^Cpus_allowed_list:\s*//p' /proc/self/status)
+# shellcheck disable=SC2016
+if across 60 sh -c 'echo "$OMPI_COMM_WORLD_RANK $(sed -n "s/^Cpus_allowed_list:\s*//p" /proc/self/status)"' \
+     >"$work/cores.txt" 2>"$work/where.err" &&
+   [ "$(sort "$work/cores.txt" | tr '\n' ' ')" = "0 $cores 1 $cores " ]; then
+  pass "each rank may run on cores $cores, as this test"
+else fail "the ranks' cores: $(cat "$work/cores.txt"), not $cores each"; tail -20 "$work/where.err"; fi
 
 # (a) Two hosts train to the parameters of one process, bit for bit.
 small=(train --train-samples 1024 --test-samples 200 --steps 10 --json)
 sent_before=$(veth_bytes)
-if bounded 60 "$gpipe" "${small[@]}" >"$work/one.json" 2>"$work/one.err" &&
-   across 60 "$gpipe" "${small[@]}" >"$work/two.json" 2>"$work/two.err"; then
+if bounded 120 "$gpipe" "${small[@]}" >"$work/one.json" 2>"$work/one.err" &&
+   across 120 "$gpipe" "${small[@]}" >"$work/two.json" 2>"$work/two.err"; then
   sent=$(( $(veth_bytes) - sent_before ))
   a=$(checksum "$work/one.json"); b=$(checksum "$work/two.json")
   if [ "$a" = "$b" ]; then pass "np=2 across two hosts: parameters equal one process ($a)"
@@ -119,15 +129,13 @@ if bounded 60 "$gpipe" "${small[@]}" >"$work/one.json" 2>"$work/one.err" &&
   else fail "only $sent bytes left host A through the veth"; fi
 else fail "train across two hosts exited non-zero"; tail -5 "$work/one.err" "$work/two.err"; fi
 
-# (b) The transport's latency and bandwidth across the hosts.
-if across 90 "$gpipe" bench --transport --results "" >"$work/bench.txt" 2>"$work/bench.err" &&
+# (b) The transport's latency and bandwidth across the hosts (figures for the reader: tens of
+# microseconds one way for 8 bytes here; about 4000 would mean both ranks polling on one core, which
+# the check of the ranks' cores above rules out without a clock).
+if across 300 "$gpipe" bench --transport --results "" >"$work/bench.txt" 2>"$work/bench.err" &&
    grep -q "one-way us" "$work/bench.txt" && grep -Eq '^ +16777216 ' "$work/bench.txt"; then
   pass "gpipe bench --transport across two hosts:"
   cat "$work/bench.txt"
-  # Tens of microseconds here; 4000 would mean both ranks polling on one core (see --bind-to none above).
-  small_us=$(awk '$1 == 8 { print $3 }' "$work/bench.txt")
-  if awk -v t="$small_us" 'BEGIN { exit !(t < 1000) }'; then pass "8 bytes one way in $small_us us (< 1 ms)"
-  else fail "8 bytes one way in $small_us us: more than 1 ms"; fi
 else fail "bench --transport across two hosts"; cat "$work/bench.txt"; tail -20 "$work/bench.err"; fi
 
 echo "$failures failure(s)"

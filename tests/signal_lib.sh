@@ -14,5 +14,17 @@ wait_for() {
   done
 }
 
+# wait_bounded PID SECONDS: waits for PID (a child of this shell) to end and returns its exit status;
+# a PID still running after SECONDS (hung: the runs here end in seconds) is killed, and the status
+# is 124, as timeout's.
+wait_bounded() {
+  if ! timeout "$2" tail --pid="$1" -s 0.1 -f /dev/null; then
+    kill -9 "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+    return 124
+  fi
+  wait "$1"
+}
+
 # Whether no FILE.tmp.* is left under $work.
 no_temporaries() { [ -z "$(find "$work" -name '*.tmp.*' -print -quit)" ]; }

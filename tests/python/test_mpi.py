@@ -101,12 +101,11 @@ def test_balance_none_under_mpi_every_rank_takes_rank_0s_cut(tmp_path):
 
 
 def test_a_failed_trace_fails_on_every_rank_and_an_uncaught_exception_ends_the_job(tmp_path):
-    begin = time.monotonic()
+    # The job ends (timeout: a hang, with a margin for a loaded machine; it takes seconds).
     result = subprocess.run(mpirun() + ["-np", "2", sys.executable, os.path.join(HERE, "mpi_train.py"), str(tmp_path),
-                                        "--raise-on-rank-1"], capture_output=True, text=True, timeout=120)
+                                        "--raise-on-rank-1"], capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
-    assert time.monotonic() - begin < 60, output
     assert "rank 0: trace refused" in output and "rank 1: trace refused: gpipe: writing" in output, output
     assert "RuntimeError: rank 1 stops here" in output
 
