@@ -303,8 +303,14 @@ struct TrainerCallbacks {
 /// another value: std::invalid_argument.
 class Trainer {
  public:
+  /// Checks the model against its data before any work (check_model_and_data, integer targets as
+  /// class indices), then the inputs of its stages' first layers (check_stage_inputs).
   Trainer(const Model& model, const PipelineOptions& pipeline, const TrainerOptions& options, Dataset train,
           Runtime runtime = Runtime::kAuto);
+  /// The same with the plan make_plan made for `pipeline` (as a front end makes it once to check its
+  /// flags): the pipeline takes it as it is (make_pipeline), K, V, M and the cut are not resolved again.
+  Trainer(const Model& model, const PipelinePlan& plan, const PipelineOptions& pipeline, const TrainerOptions& options,
+          Dataset train, Runtime runtime = Runtime::kAuto);
 
   /// Restores a run saved by save() (any K, in one process or under MPI):
   /// parameters, buffers, optimizer state, step, the shuffling and the
@@ -356,6 +362,8 @@ class Trainer {
   std::string manifest_file(const std::string& path) const;
 
  private:
+  Trainer(const Model& model, const PipelinePlan* plan, const PipelineOptions& pipeline, const TrainerOptions& options,
+          Dataset train, Runtime runtime);
   void on_every_rank(const std::function<void()>& check);
   // The stop request of any rank (its signal), agreed on by every rank; 0: none.
   int agreed_stop();
