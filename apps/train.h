@@ -103,11 +103,6 @@ nlohmann::json summary_of(const Outcome& outcome);
 /// The summary on standard output: as text, or as JSON with --json.
 void print_summary(const Outcome& outcome);
 
-/// The command that continues this run from `file`: this process's command line (as the kernel
-/// has it) with --resume FILE in place of any --resume; under mpirun, after the launcher's words.
-std::string resume_command(const std::string& file);
-std::string signal_name(int signal);
-
 /// The built-in task --model names, or none (a TorchScript file).
 bool is_builtin(const TrainOptions& o);
 

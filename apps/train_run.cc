@@ -78,20 +78,9 @@ class Run {
   // After a stop request (SIGINT, SIGTERM with --save): where the run stopped, what holds it, and
   // the command that continues it; returns the exit status, 128 + the signal.
   int stopped() {
-    const int signal = trainer_.stopped_by();
-    if (job().prints()) {
-      const int64_t step = trainer_.step(), per_epoch = trainer_.steps_per_epoch();
-      print_error_line("gpipe: stopped by " + signal_name(signal) + " at step " + std::to_string(step) + " of " +
-                       std::to_string(trainer_.total_steps()) + " (epoch " + std::to_string(step / per_epoch + 1) +
-                       ", " + std::to_string(step % per_epoch) + " of its " + std::to_string(per_epoch) +
-                       " steps done); the run is saved in " +
-                       (o_.per_stage_files ? trainer_.snapshot_file(o_.save, 0) + " .. " +
-                                                 trainer_.snapshot_file(o_.save, K_ - 1) + " and " +
-                                                 trainer_.manifest_file(o_.save)
-                                           : o_.save));
-      print_error_line("gpipe: resume with: " + resume_command(o_.save));
-    }
-    return 128 + signal;
+    if (job().prints())
+      for (const std::string& line : trainer_.stop_report()) print_error_line(line);
+    return 128 + trainer_.stopped_by();
   }
 
   int stopped_by() const { return trainer_.stopped_by(); }

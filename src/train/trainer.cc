@@ -2,6 +2,8 @@
 // and the run saved and resumed through snapshots, in one process and under MPI.
 #include "gpipe/train.h"
 
+#include "gpipe/job.h"
+
 #include "gpipe/digest.h"
 
 #include "gpipe/check.h"
@@ -10,6 +12,8 @@
 #include "gpipe/microbatch.h"
 
 #include <torch/torch.h>
+
+#include <csignal>
 
 #include <algorithm>
 #include <cmath>
@@ -471,6 +475,24 @@ Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOpt
     on_every_rank([&] {
       if (pipeline_->replica() == 0) check_writable(snapshot_file(options_.save()));
     });
+}
+
+std::vector<std::string> Trainer::stop_report() const {
+  const int signal = stopped_by_;
+  const std::string name = signal == SIGINT    ? "SIGINT"
+                           : signal == SIGTERM ? "SIGTERM"
+                           : signal == SIGHUP  ? "SIGHUP"
+                                               : "signal " + std::to_string(signal);
+  const std::string& save = options_.save();
+  const int64_t per_epoch = steps_per_epoch_;
+  return {"gpipe: stopped by " + name + " at step " + std::to_string(step_) + " of " + std::to_string(total_steps_) +
+              " (epoch " + std::to_string(step_ / per_epoch + 1) + ", " + std::to_string(step_ % per_epoch) +
+              " of its " + std::to_string(per_epoch) + " steps done); the run is saved in " +
+              (options_.per_device_files() ? snapshot_file(save, 0) + " .. " +
+                                                 snapshot_file(save, pipeline_->devices() - 1) + " and " +
+                                                 manifest_file(save)
+                                           : save),
+          "gpipe: resume with: " + resume_command(save)};
 }
 
 void Trainer::on_every_rank(const std::function<void()>& check) {
