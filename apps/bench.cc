@@ -20,12 +20,12 @@ namespace {
 
 // --virtual-stages applies to the schedules that take that V (takes_virtual_stages); the others run their own.
 int virtual_stages(const std::string& schedule, const BenchOptions& o) {
-  const ScheduleKind kind = parse_schedule(schedule);
-  return o.virtual_stages > 0 && takes_virtual_stages(kind, o.virtual_stages) ? o.virtual_stages
-                                                                              : default_virtual_stages(kind);
+  const bool takes = o.virtual_stages > 0 && takes_virtual_stages(parse_schedule(schedule), o.virtual_stages);
+  RunRequest r;
+  r.schedule = schedule;
+  r.virtual_stages = takes ? o.virtual_stages : 0;
+  return resolve_run(Task(), r).virtual_stages;
 }
-
-
 
 // Every contender's optimizer: plain SGD (no momentum), a small step.
 const OptimizerOptions kBenchOptimizer = OptimizerOptions().kind(OptimizerKind::kSgd).lr(1e-4);
@@ -44,19 +44,17 @@ CostModel profile_task(const std::string& name, int M, const BenchOptions& o) {
                         batch.target.narrow(0, 0, rows));
 }
 
-// The cut into K·V stages: explicit, the task's own (a workload's blocks evenly), or by cost.
-// --balance-by even: a workload's blocks evenly (docs/benchmarks.md), else the layers evenly (not a
-// task's tuned cut).
-CutRequest even_cut(const Task& task, int K, ScheduleKind schedule, int V) {
-  const CutRequest own = task.cut ? task.cut(K, schedule, V) : CutRequest::even();
-  return own.kind == CutKind::kBlocks ? own : CutRequest::even();
-}
-
-CutRequest cut_for(const Task& task, const Contender& c, int M, const CostModel& costs, const BenchOptions& o) {
-  if (!o.balance.empty() && c.devices > 1) return CutRequest::given(o.balance);
-  if (c.balance_by == "even") return even_cut(task, c.devices, parse_schedule(c.schedule), c.virtual_stages);
-  const int64_t rows = micro_batch_sizes(c.batch.size(), M).front();
-  return CutRequest::by_cost(layer_costs_by(c.balance_by, task.model(task_options(o)).build(LayerRange{}), costs, rows));
+// One configuration's request: an explicit cut (for K above 1), a workload's blocks evenly (--balance-by
+// even, docs/benchmarks.md; never a task's tuned cut), or by cost (`costs`, with a cost method).
+RunRequest request_of(int K, int M, const std::string& schedule, const std::string& balance_by, const BenchOptions& o) {
+  RunRequest r;
+  r.devices = K;
+  r.micro_batches = M;
+  r.schedule = schedule;
+  r.virtual_stages = virtual_stages(schedule, o);
+  if (!o.balance.empty() && K > 1) r.balance = o.balance;
+  r.balance_by = balance_by == "given" ? "" : balance_by;
+  return r;
 }
 
 // Every configuration is checked before any work, by the plan each will run.
@@ -97,15 +95,14 @@ void check_sweep(const BenchOptions& o) {
         const int V = virtual_stages(schedule, o);
         or_usage_error("--stages " + std::to_string(K), [&] { return replicas_of(K); });  // whole pipelines of ranks
         const bool given = !o.balance.empty() && K > 1;
-        GPIPE_CHECK(given || !task.workload || even_cut(task, K, parse_schedule(schedule), V).kind == CutKind::kBlocks,
+        GPIPE_CHECK(given || !task.workload || cut_of(task, request_of(K, 1, schedule, "even", o)).kind == CutKind::kBlocks,
                     "workload ", name, " has too few blocks for --stages ", K,
                     V > 1 ? " x --virtual-stages " + std::to_string(V) : std::string(), "; use fewer stages");
         for (int M : o.micro_batches)
           or_usage_error("--stages " + std::to_string(K) + " --micro-batches " + std::to_string(M) + " --schedule " +
                              schedule + (given ? " --balance" : ""),
                          [&] {
-            return make_plan(task.layers, PipelineOptions().devices(K).balance(given ? o.balance : std::vector<int>{})
-                                           .schedule(parse_schedule(schedule)).virtual_stages(V).micro_batches(M));
+            return make_plan(task.layers, pipeline_options_of(task, request_of(K, M, schedule, "even", o)));
           });
       }
   }
@@ -145,13 +142,12 @@ void build(Contender& c, const std::string& name, int M, Checkpoint mode, const 
     c.sgd = make_optimizer(kBenchOptimizer, unique_parameters(*c.whole));
     return;
   }
-  const PipelineOptions options = PipelineOptions()
-                                      .devices(c.devices)
-                                      .cut(cut_for(task, c, M, costs, o))
-                                      .micro_batches(M)
+  RunRequest request = request_of(c.devices, M, c.schedule, c.balance_by, o);
+  if (request.balance.empty() && request.balance_by != "even")  // by cost: the profiled costs of one micro-batch
+    request.layer_costs = layer_costs_by(c.balance_by, model.build(LayerRange{}), costs,
+                                         micro_batch_sizes(c.batch.size(), M).front());
+  const PipelineOptions options = pipeline_options_of(task, request)
                                       .checkpoint(mode)
-                                      .schedule(parse_schedule(c.schedule))
-                                      .virtual_stages(c.virtual_stages)
                                       .threads_per_device(o.threads)
                                       .tied_parameters(model.tied)
                                       .track_memory(!job().distributed);

@@ -3,7 +3,9 @@
 #include "commands.h"
 #include "common.h"
 
+#include <gpipe/plan.h>
 #include <gpipe/schedule.h>
+#include <gpipe/tasks.h>
 
 #include <nlohmann/json.hpp>
 
@@ -34,7 +36,13 @@ constexpr int64_t kMostShownCells = int64_t{1} << 24;
 
 int run(ScheduleOptions o) {
   const ScheduleKind kind = parse_schedule(o.schedule);
-  if (o.virtual_stages == 0) o.virtual_stages = default_virtual_stages(kind);
+  RunRequest request;
+  request.devices = o.stages;
+  request.micro_batches = o.micro_batches;
+  request.schedule = o.schedule;
+  request.virtual_stages = o.virtual_stages;
+  request = resolve_run(Task(), request);
+  o.virtual_stages = request.virtual_stages;
   or_usage_error("--virtual-stages " + std::to_string(o.virtual_stages), [&] {
     check_virtual_stages(kind, o.virtual_stages);
     return 0;
@@ -51,9 +59,14 @@ int run(ScheduleOptions o) {
                 " is " + std::to_string(pairs) + " stage x micro-batch pairs; gpipe schedule shows at most " +
                 std::to_string(kMostShownPairs) + " (a grid of K x V rows, V x M + K slots wide): ask for fewer. "
                 "Fill-drain's bubble at this size is (K-1)/(M+K-1) = " + fixed(ideal_bubble(o.stages, o.micro_batches), 3));
-  const Schedule compute = make_schedule(parse_schedule(o.schedule), o.stages, o.micro_batches, o.virtual_stages);
-  const Schedule program = lower(compute, parse_checkpoint(o.checkpoint));
-  validate(program);
+  // The plan of a model of one layer per stage: make_plan resolves and checks K, V and M, and lowers
+  // and validates the program, as for any pipeline.
+  const PipelinePlan plan = make_plan(o.stages * o.virtual_stages, pipeline_options_of(Task(), request)
+                                                                        .checkpoint(parse_checkpoint(o.checkpoint)));
+  const Schedule& program = plan.training;
+  Schedule compute = program;  // the grid shows the compute actions without --checkpoint's recompute flags
+  for (auto& row : compute.actions)
+    for (Action& a : row) a.recompute = false;
   const SimulatedRun run = simulate(program);
   if (o.json) {
     nlohmann::json rows = nlohmann::json::array();

@@ -13,14 +13,15 @@
 
 namespace gpipe::cli {
 
-PipelineOptions pipeline_options(const TrainOptions& o) {
-  return PipelineOptions()
-      .micro_batches(o.micro_batches)
-      .checkpoint(parse_checkpoint(o.checkpoint))
-      .schedule(parse_schedule(o.schedule))
-      .virtual_stages(o.virtual_stages)
-      .deferred_batch_norm(o.batch_norm == "deferred")
-      .threads_per_device(o.threads);
+RunRequest run_request(const TrainOptions& o) {
+  RunRequest r;
+  r.devices = o.balance.empty() || o.stages_given ? o.stages : 0;
+  r.micro_batches = o.micro_batches;
+  r.schedule = o.schedule;
+  r.virtual_stages = o.virtual_stages;
+  r.balance = o.balance;
+  r.balance_by = o.balance_by;
+  return r;
 }
 
 OptimizerOptions optimizer_options(const TrainOptions& o) {
@@ -33,17 +34,14 @@ OptimizerOptions optimizer_options(const TrainOptions& o) {
 
 namespace {
 
-// --schedule auto: the task's own schedule when the cut is the task's too; otherwise fill-drain, or
-// interleaved for a V above 1.
+// --schedule auto, V and the cut by time: the task's own choices (resolve_run).
 void choose_schedule(TrainOptions& o, const Task& task) {
-  if (o.schedule == "auto") {
-    const bool own = task.schedule && o.balance.empty() && o.balance_by.empty();
-    const auto [kind, V] = own ? task.schedule(o.stages, o.micro_batches) : std::pair{ScheduleKind::kGPipe, 1};
-    const bool takes = o.virtual_stages == 0 || takes_virtual_stages(kind, o.virtual_stages);
-    o.schedule = to_string(takes ? kind : o.virtual_stages > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kGPipe);
-    if (takes && o.virtual_stages == 0) o.virtual_stages = V;
-  }
-  if (o.virtual_stages == 0) o.virtual_stages = default_virtual_stages(parse_schedule(o.schedule));
+  RunRequest r = run_request(o);
+  r.devices = o.stages;
+  r = resolve_run(task, r);
+  o.schedule = r.schedule;
+  o.virtual_stages = r.virtual_stages;
+  o.balance_by = r.balance_by;
 }
 
 // ---------------------------------------------------------------- checks and the cut
@@ -96,11 +94,6 @@ void apply_task(TrainOptions& o, const Task& task) {
                             : !o.data_file.empty()                ? "--data"
                                                                   : "--model " + o.model_file) +
                 ": use --augment none");
-  // A model whose layers differ in time by 10x is cut by measured time unless told otherwise (under
-  // MPI each rank would profile alone: an even cut there).
-  if (d.cut_by_time && o.balance.empty() && o.balance_by.empty() && o.virtual_stages == 1 && o.stages > 1 &&
-      !job().distributed)
-    o.balance_by = "time";
   if (o.micro_batches > o.batch_size)
     usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is larger than --batch-size " +
                 std::to_string(o.batch_size) + "; every micro-batch needs a sample");
@@ -165,39 +158,39 @@ void check_flags(TrainOptions& o) {
     or_usage_error("--samples", [&] { check_writable(o.samples); return 0; });
 }
 
-// Layers per stage: --balance, --balance-by's min-max cut of measured costs, or the task's cut.
+// The pipeline (pipeline_options_of: --balance, --balance-by's min-max cut of measured costs, or the
+// task's cut) and its plan, made once: the Trainer takes it as it is.
 void choose_cut(const TrainOptions& o, Choice& c) {
   const int V = o.virtual_stages;
-  // The plan checks K, V, M, the balance and the schedule; its errors name the flag they concern.
-  PipelineOptions options = pipeline_options(o);
-  options.devices(o.balance.empty() || o.stages_given ? o.stages : 0).balance(o.balance);
+  RunRequest request = run_request(o);
+  if (!o.balance_by.empty()) request.balance_by = "even";  // checked before the profile, then cut by cost
+  c.options = pipeline_options_of(c.task, request)
+                  .checkpoint(parse_checkpoint(o.checkpoint))
+                  .deferred_batch_norm(o.batch_norm == "deferred")
+                  .threads_per_device(o.threads);
   // Every flag the plan is made of, with its value, before what the plan says is wrong with them.
   std::string flags = o.balance.empty() || o.stages_given ? "--stages " + std::to_string(o.stages) : "";
   if (!o.balance.empty()) flags += std::string(flags.empty() ? "" : " ") + "--balance " + format_balance(o.balance);
   flags += " --micro-batches " + std::to_string(o.micro_batches) + " --schedule " + o.schedule +
            (V > 1 ? " --virtual-stages " + std::to_string(V) : "");
-  const PipelinePlan plan = or_usage_error(flags, [&] { return make_plan(c.task.layers, options); });
-  c.balance = plan.balance;
-  if (!o.balance.empty()) return;
-  if (o.balance_by.empty()) {  // the task's own cut
-    if (c.task.cut) c.balance = make_plan(c.task.layers, options.cut(c.task.cut(plan.devices, plan.schedule, V))).balance;
-    return;
-  }
-  // --balance-by: per-layer costs on one micro-batch, then the exact min-max cut.
+  c.plan = or_usage_error(flags, [&] { return make_plan(c.task.layers, c.options); });
+  if (o.balance_by.empty()) return;
+  // --balance-by: per-layer costs on one micro-batch, then the exact min-max cut (in one process).
   const Dataset& train = c.data.train;
   const torch::Tensor sample =
       train.input.narrow(0, 0, micro_batch_sizes(std::min(o.batch_size, train.size()), o.micro_batches).front());
   const CostBalance by = balance_by(o.balance_by, c.model, sample, o.stages, o.micro_batches,
                                     o.threads, state_per_parameter_byte(optimizer_options(o)),
                                     parse_schedule(o.schedule), V);
-  c.balance = by.balance;
+  c.options.cut(CutRequest::given(by.balance));
+  c.plan = make_plan(c.task.layers, c.options);
   if (!o.json && job().prints()) std::cout << "balance by " << o.balance_by << ":\n" << format_plan(by.plan, by.unit);
-  c.plan = {{"balance_by", o.balance_by},
-            {"unit", by.unit},
-            {"stage_costs", by.plan.stage_costs},
-            {"bottleneck_stage", by.plan.bottleneck_stage},
-            {"predicted_step", by.plan.predicted_step},
-            {"predicted_efficiency", by.plan.predicted_efficiency}};
+  c.cost_plan = {{"balance_by", o.balance_by},
+                 {"unit", by.unit},
+                 {"stage_costs", by.plan.stage_costs},
+                 {"bottleneck_stage", by.plan.bottleneck_stage},
+                 {"predicted_step", by.plan.predicted_step},
+                 {"predicted_efficiency", by.plan.predicted_efficiency}};
 }
 
 // Under mpirun every rank reads the model, the data and the checkpoint itself: each from its own
@@ -267,10 +260,10 @@ int run_train(TrainOptions o) {
                 (c.task.metric == Metric::kBitsPerByte ? " training windows" : " training samples") +
                 "; every micro-batch needs a sample");
   check_same_inputs(o, c);
-  check_model_and_data(c.model, c.data.train, c.task.loss_name == "cross_entropy");
+  // The model against its data before --balance-by profiles it (the Trainer checks it too).
+  if (!o.balance_by.empty()) check_model_and_data(c.model, c.data.train, c.task.loss_name == "cross_entropy");
   check_resume_before_profile(o, c.model);
   choose_cut(o, c);
-  check_stage_inputs(c.model, c.data.train.input.narrow(0, 0, std::min<int64_t>(2, N)), c.balance);
   return train_and_report(o, c);
 }
 

@@ -71,17 +71,15 @@ struct TrainOptions {
 };
 
 // What the flags chose: the task (a built-in one, or a TorchScript model with its data), its data,
-// and the cut.
+// and the pipeline with its plan, made once (the Trainer takes it as it is).
 struct Choice {
   Task task;
   Model model;
   TaskData data;
-  std::vector<int> balance;  // layers per stage
-  nlohmann::json plan;       // --balance-by's plan, for the summary
+  PipelineOptions options;
+  PipelinePlan plan;
+  nlohmann::json cost_plan;  // --balance-by's plan, for the summary
 };
-
-/// The pipeline the flags describe, without its cut (train.cc).
-PipelineOptions pipeline_options(const TrainOptions& o);
 
 /// The optimizer the flags describe (train.cc).
 OptimizerOptions optimizer_options(const TrainOptions& o);
@@ -89,24 +87,9 @@ OptimizerOptions optimizer_options(const TrainOptions& o);
 /// Checks the flags, loads the model and the data, chooses the cut, trains (train.cc).
 int run_train(TrainOptions o);
 
-/// What a finished run reports (train_summary.cc).
-struct Outcome {
-  const TrainOptions& o;
-  const Choice& c;
-  Trainer& trainer;
-  const Evaluation& evaluation;
-  const nlohmann::json& epochs;  // a row per epoch
-  const std::string& generated;  // --generate: the prompt and the sample, as shown_text
-  double checksum;               // of the parameters, over every rank
-};
-nlohmann::json summary_of(const Outcome& outcome);
-/// The summary on standard output: as text, or as JSON with --json.
-void print_summary(const Outcome& outcome);
-
-/// The command that continues this run from `file`: this process's command line (as the kernel
-/// has it) with --resume FILE in place of any --resume; under mpirun, after the launcher's words.
-std::string resume_command(const std::string& file);
-std::string signal_name(int signal);
+/// The summary on standard output: as text, or as JSON with --json (train_summary.cc).
+void print_summary(const TrainOptions& o, const Choice& c, const RunSummary& s, const nlohmann::json& epochs,
+                   const std::string& generated, const std::string& saved_to);
 
 /// The built-in task --model names, or none (a TorchScript file).
 bool is_builtin(const TrainOptions& o);

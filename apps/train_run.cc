@@ -63,7 +63,7 @@ class Run {
  public:
   Run(const TrainOptions& o, const Choice& c)
       : o_(o), c_(c), data_(c.data),
-        trainer_(c.model, pipeline_options(o).balance(c.balance), trainer_options(o, c), c.data.train),
+        trainer_(c.model, c.plan, c.options, trainer_options(o, c), c.data.train),
         pipeline_(trainer_.pipeline()), K_(pipeline_.devices()) {}
 
   void resume() {
@@ -78,20 +78,9 @@ class Run {
   // After a stop request (SIGINT, SIGTERM with --save): where the run stopped, what holds it, and
   // the command that continues it; returns the exit status, 128 + the signal.
   int stopped() {
-    const int signal = trainer_.stopped_by();
-    if (job().prints()) {
-      const int64_t step = trainer_.step(), per_epoch = trainer_.steps_per_epoch();
-      print_error_line("gpipe: stopped by " + signal_name(signal) + " at step " + std::to_string(step) + " of " +
-                       std::to_string(trainer_.total_steps()) + " (epoch " + std::to_string(step / per_epoch + 1) +
-                       ", " + std::to_string(step % per_epoch) + " of its " + std::to_string(per_epoch) +
-                       " steps done); the run is saved in " +
-                       (o_.per_stage_files ? trainer_.snapshot_file(o_.save, 0) + " .. " +
-                                                 trainer_.snapshot_file(o_.save, K_ - 1) + " and " +
-                                                 trainer_.manifest_file(o_.save)
-                                           : o_.save));
-      print_error_line("gpipe: resume with: " + resume_command(o_.save));
-    }
-    return 128 + signal;
+    if (job().prints())
+      for (const std::string& line : trainer_.stop_report()) print_error_line(line);
+    return 128 + trainer_.stopped_by();
   }
 
   int stopped_by() const { return trainer_.stopped_by(); }
@@ -100,11 +89,11 @@ class Run {
     if (!printing()) return;
     const std::string devices = std::to_string(K_) + (K_ == 1 ? " device" : " devices");
     std::cout << "gpipe train: " << c_.model.name << " on " << data_.source << ", " << trainer_.samples()
-              << (language_model() ? " training windows of " + std::to_string(data_.train.input.size(1)) + " bytes; "
+              << (c_.task.metric == Metric::kBitsPerByte ? " training windows of " + std::to_string(data_.train.input.size(1)) + " bytes; "
                                    : " training samples; ")
               << (o_.virtual_stages > 1 ? devices + " x " + std::to_string(o_.virtual_stages) + " stages "
                                         : std::to_string(K_) + (K_ == 1 ? " stage " : " stages "))
-              << nlohmann::json(c_.balance).dump() << ", " << o_.micro_batches << " micro-batches of a batch of "
+              << nlohmann::json(c_.plan.balance).dump() << ", " << o_.micro_batches << " micro-batches of a batch of "
               << o_.batch_size << ", schedule " << o_.schedule << ", checkpoint " << o_.checkpoint << ", "
               << o_.optimizer << " lr " << o_.lr << (o_.lr_schedule != "constant" ? " (" + o_.lr_schedule + ")" : "")
               << (job().distributed ? ", " + pipeline_.describe() : "")
@@ -156,7 +145,9 @@ class Run {
     generate();
     const double checksum = pipeline_.checksum();
     if (!job().prints() || stdout_closed_) return status;
-    print_summary({o_, c_, trainer_, evaluation_, epochs_, generated_, checksum});
+    const std::string saved_to = o_.save.empty() || !o_.per_stage_files ? o_.save
+        : trainer_.snapshot_file(o_.save, 0) + " .. " + trainer_.snapshot_file(o_.save, K_ - 1);
+    print_summary(o_, c_, summarize_run(trainer_, c_.task, data_, evaluation_, checksum), epochs_, generated_, saved_to);
     check_stdout();
     if (!std::cout && !stdout_closed_) {
       const int error = stdout_error_;
@@ -182,11 +173,6 @@ class Run {
     print_error_line("gpipe: standard output is closed (its reader has gone): training goes on, without printing "
                      "to it");
   }
-  bool denoising() const { return c_.task.metric == Metric::kPsnr; }
-  bool language_model() const { return c_.task.metric == Metric::kBitsPerByte; }
-  bool classification() const { return c_.task.metric == Metric::kAccuracy; }
-  static double bits_per_byte(double loss) { return metric_of_loss(Metric::kBitsPerByte, loss); }
-
   // --generate: bytes sampled from the model (generate_text), printed as they are sampled (the JSON
   // summary holds them whole).
   void generate() {
@@ -226,23 +212,10 @@ class Run {
     evaluation_ = evaluate();
     const std::string& eval = data_.test_name;
     epochs_.push_back({{"epoch", epoch}, {"step", trainer_.step()}, {"loss", trainer_.stats().last_loss}, {eval + "_loss", evaluation_.loss}});
-    if (classification()) epochs_.back()[eval + "_accuracy"] = evaluation_.accuracy;
-    if (denoising()) epochs_.back()[eval + "_psnr_db"] = psnr_db(evaluation_.loss);
-    if (language_model()) epochs_.back()[eval + "_bits_per_byte"] = bits_per_byte(evaluation_.loss);
+    for (const auto& [name, value] : score_figures(c_.task.metric, evaluation_, data_)) epochs_.back()[name] = value;
     if (!printing()) return;
-    std::cout << "epoch " << epoch << ": loss " << std::fixed << std::setprecision(4) << trainer_.stats().last_loss;
-    if (classification())
-      std::cout << ", " << eval << " accuracy " << std::setprecision(2) << 100 * evaluation_.accuracy << "%";
-    else if (denoising())
-      std::cout << ", " << eval << " PSNR " << std::setprecision(2) << psnr_db(evaluation_.loss) << " dB (noisy input "
-                << data_.noisy_psnr_db << " dB)";
-    else if (language_model())
-      std::cout << ", " << eval << " " << std::setprecision(3) << bits_per_byte(evaluation_.loss)
-                << " bits per byte (bigram " << data_.bigram_bits_per_byte << ", gzip -9 " << data_.gzip_bits_per_byte
-                << ")";
-    else
-      std::cout << ", " << eval << " loss " << evaluation_.loss;
-    std::cout << std::endl;
+    std::cout << "epoch " << epoch << ": loss " << fixed(trainer_.stats().last_loss, 4) << ", "
+              << format_score(c_.task.metric, evaluation_, data_) << std::endl;
     check_stdout();
   }
 

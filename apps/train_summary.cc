@@ -1,203 +1,79 @@
-// train_summary.cc: what `gpipe train` reports at its end: the summary, as text or JSON; and, after
-// a stop on a signal, the command that resumes the run.
+// train_summary.cc: what `gpipe train` reports at its end: the library's summary (summarize_run), as
+// text or JSON.
 #include "common.h"
 #include "train.h"
 
 #include <gpipe/gpipe.h>
 
-#include <fstream>
 #include <iomanip>
 #include <iostream>
-#include <iterator>
-
-#include <csignal>
-#include <unistd.h>
 
 namespace gpipe::cli {
+
 namespace {
 
-// `word` as a shell reads it back: itself, or in single quotes.
-std::string shell_quoted(const std::string& word) {
-  const bool plain = !word.empty() && word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                                                             "0123456789_-+=./:,@%") == std::string::npos;
-  if (plain) return word;
-  std::string out = "'";
-  for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-// A process's arguments as the kernel has them (/proc/PID/cmdline); none when it cannot be read.
-std::vector<std::string> arguments_of(const std::string& pid) {
-  std::ifstream in("/proc/" + pid + "/cmdline", std::ios::binary);
-  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::string> args;
-  for (size_t at = 0; at < all.size();) {
-    const size_t end = all.find('\0', at);
-    args.push_back(all.substr(at, end == std::string::npos ? std::string::npos : end - at));
-    at = end == std::string::npos ? all.size() : end + 1;
+// The summary as JSON: the library's figures, and the flags' settings they were run with.
+nlohmann::json summary_json(const TrainOptions& o, const Choice& c, const RunSummary& s, const nlohmann::json& epochs,
+                            const std::string& generated) {
+  const std::string& eval = s.evaluated_on;
+  nlohmann::json stages = nlohmann::json::array();
+  for (const RunSummary::Stage& stage : s.partition) {
+    stages.push_back({{"stage", stage.stage}, {"device", stage.device}, {"layers", stage.layers}});
+    if (!job().distributed) stages.back()["modules"] = stage.modules;
   }
-  return args;
-}
-
-// Under mpirun, the launcher's words before `program`: the parent's own (mpirun and every flag the
-// user gave it, a hostfile, --allow-run-as-root) when the parent is mpirun, as it is for the ranks
-// on its host; "mpirun -np N" otherwise.
-std::string launcher_words(const std::string& program) {
-  const std::vector<std::string> parent = arguments_of(std::to_string(getppid()));
-  const std::string name = parent.empty() ? "" : parent[0].substr(parent[0].find_last_of('/') + 1);
-  if (name == "mpirun" || name == "mpiexec" || name == "orterun" || name == "prterun") {
-    for (size_t n = 1; n < parent.size(); ++n) {
-      if (parent[n] != program) continue;
-      std::string out;
-      for (size_t k = 0; k < n; ++k) out += (k == 0 ? "" : " ") + shell_quoted(parent[k]);
-      return out;
-    }
+  const nlohmann::json none;  // null: no step ran, so no loss was measured
+  nlohmann::json j = {{"evaluated_on", eval}, {eval + "_loss", s.evaluation.loss},
+                      {"first_loss", s.no_step_ran ? none : nlohmann::json(s.first_loss)},
+                      {"final_loss", s.no_step_ran ? none : nlohmann::json(s.final_loss)},
+                      {"no_step_ran", s.no_step_ran}, {"train_seconds", s.figures.train_seconds},
+                      {"samples_per_s", s.figures.samples_per_s}, {"steps", s.steps},
+                      {"steps_this_run", s.figures.steps}, {"steps_per_epoch", s.steps_per_epoch}, {"epochs", epochs},
+                      {"stages", s.figures.devices}, {"balance", s.figures.balance}, {"partition", stages},
+                      {"plan", c.cost_plan}, {"micro_batches", o.micro_batches}, {"checkpoint", o.checkpoint},
+                      {"schedule", o.schedule}, {"virtual_stages", o.virtual_stages}, {"batch_size", o.batch_size},
+                      {"drop_last", o.drop_last}, {"shuffle", o.shuffle}, {"optimizer", o.optimizer}, {"lr", o.lr},
+                      {"lr_schedule", o.lr_schedule}, {"augment", o.augment}, {"batch_norm", o.batch_norm},
+                      {"warmup_steps", o.warmup_steps}, {"weight_decay", o.weight_decay},
+                      {"clip_grad_norm", o.clip_grad_norm}, {"seed", o.seed}, {"bubble", s.figures.bubble},
+                      {"parameter_checksum", s.checksum}, {"machine", machine()}};
+  if (o.optimizer == "sgd") {
+    j["momentum"] = o.momentum;
+    j["nesterov"] = o.nesterov;
+  } else {
+    j["betas"] = o.betas;
   }
-  return "mpirun -np " + std::to_string(job().size);
+  if (job().distributed) j["mpi"] = {{"ranks", job().size}, {"replicas", s.replicas}};
+  for (const auto& [name, value] : s.scores) j[name] = value;
+  if (c.task.metric == Metric::kBitsPerByte) {
+    j["train_bytes"] = c.data.train_bytes;
+    j["test_bytes"] = c.data.test_bytes;
+    j["context"] = c.data.train.input.size(1);
+  }
+  if (o.generate > 0) {
+    j["generated"] = generated;
+    j["prompt"] = shown_text(o.prompt);
+    j["temperature"] = o.temperature;
+  }
+  return j;
 }
 
 }  // namespace
 
-// The command that continues this run from `file`: this process's command line (as the kernel
-// has it) with --resume FILE in place of any --resume; under mpirun, after the launcher's words.
-std::string resume_command(const std::string& file) {
-  const std::vector<std::string> args = arguments_of("self");
-  std::string out = job().distributed && !args.empty() ? launcher_words(args[0]) : "";
-  for (size_t n = 0; n < args.size(); ++n) {
-    if (args[n] == "--resume") {  // and its value
-      ++n;
-      continue;
-    }
-    if (args[n].rfind("--resume=", 0) == 0) continue;
-    out += (out.empty() ? "" : " ") + shell_quoted(args[n]);
-  }
-  return out + " --resume " + shell_quoted(file);
-}
-
-std::string signal_name(int signal) {
-  switch (signal) {
-    case SIGINT: return "SIGINT";
-    case SIGTERM: return "SIGTERM";
-    case SIGHUP: return "SIGHUP";
-    default: return "signal " + std::to_string(signal);
-  }
-}
-
-
-void print_summary(const Outcome& r) {
-  const nlohmann::json s = summary_of(r);
-  if (r.o.json) {
-    std::cout << s.dump(2) << std::endl;
+void print_summary(const TrainOptions& o, const Choice& c, const RunSummary& s, const nlohmann::json& epochs,
+                   const std::string& generated, const std::string& saved_to) {
+  if (o.json) {
+    std::cout << summary_json(o, c, s, epochs, generated).dump(2) << std::endl;
     return;
   }
-  const std::string& eval = r.c.data.test_name;
-  const int64_t run_steps = r.trainer.step() - r.trainer.start_step();
   std::cout << "\nsummary\n";
-  if (run_steps == 0 && r.o.epochs == 0)
-    std::cout << "  no step ran (--epochs 0): the checkpoint file's model, at step " << r.trainer.step() << "\n";
-  else if (run_steps == 0)
-    std::cout << "  no step ran: the checkpoint file is at step " << r.trainer.step() << ", and the run ends at step "
-              << r.trainer.total_steps() << "\n";
-  if (r.c.task.metric == Metric::kAccuracy)
-    std::cout << "  " << eval << " accuracy  " << std::fixed << std::setprecision(2) << 100 * r.evaluation.accuracy
-              << "%\n";
-  else if (r.c.task.metric == Metric::kPsnr)
-    std::cout << "  " << eval << " PSNR      " << std::fixed << std::setprecision(2) << metric_of_loss(Metric::kPsnr, r.evaluation.loss)
-              << " dB (noisy input " << r.c.data.noisy_psnr_db << " dB)\n";
-  else if (r.c.task.metric == Metric::kBitsPerByte)
-    std::cout << "  " << eval << " bits per byte  " << std::fixed << std::setprecision(3)
-              << metric_of_loss(Metric::kBitsPerByte, r.evaluation.loss) << " (bigram " << r.c.data.bigram_bits_per_byte << ", gzip -9 "
-              << r.c.data.gzip_bits_per_byte << ")\n";
-  else
-    std::cout << "  " << eval << " loss  " << std::fixed << std::setprecision(6) << r.evaluation.loss << "\n";
-  std::cout << format_run_figures({r.trainer.stats().train_seconds, run_steps, s["samples_per_s"].get<double>(),
-                                   s["bubble"].get<double>(), r.c.balance, r.trainer.pipeline().plan().placement, r.trainer.pipeline().devices()})
-            << std::flush;
-  if (!r.o.save.empty())
-    std::cout << "  saved to       "
-              << (r.o.per_stage_files ? r.trainer.snapshot_file(r.o.save, 0) + " .. " + r.trainer.snapshot_file(r.o.save, r.trainer.pipeline().devices() - 1)
-                                     : r.o.save)
-              << std::endl;
-}
-
-nlohmann::json summary_of(const Outcome& r) {
-  const int64_t run_steps = r.trainer.step() - r.trainer.start_step();
-  const std::string& eval = r.c.data.test_name;
-  nlohmann::json stages = nlohmann::json::array();
-  for (int j = 0; j < static_cast<int>(r.c.balance.size()); ++j) {
-    stages.push_back({{"stage", j},
-                      {"device", r.trainer.pipeline().plan().placement[static_cast<size_t>(j)]},
-                      {"layers", r.c.balance[static_cast<size_t>(j)]}});
-    if (!job().distributed) {
-      nlohmann::json names = nlohmann::json::array();
-      const int first = stage_offsets(r.c.balance)[static_cast<size_t>(j)];
-      const auto children = r.trainer.pipeline().layers()->children();
-      for (int n = first; n < first + r.c.balance[static_cast<size_t>(j)]; ++n)
-        names.push_back(children[static_cast<size_t>(n)]->name());
-      stages.back()["modules"] = names;
-    }
-  }
-  const nlohmann::json none;  // null: no step ran, so no loss was measured
-  nlohmann::json s = {{"evaluated_on", eval},
-                      {eval + "_loss", r.evaluation.loss},
-                      {"first_loss", run_steps > 0 ? nlohmann::json(r.trainer.stats().first_loss) : none},
-                      {"final_loss", run_steps > 0 ? nlohmann::json(r.trainer.stats().last_loss) : none},
-                      {"no_step_ran", run_steps == 0},
-                      {"train_seconds", r.trainer.stats().train_seconds},
-                      {"samples_per_s", r.trainer.stats().samples_per_s()},
-                      {"steps", r.trainer.step()},
-                      {"steps_this_run", run_steps},
-                      {"steps_per_epoch", r.trainer.steps_per_epoch()},
-                      {"epochs", r.epochs},
-                      {"stages", r.trainer.pipeline().devices()},
-                      {"balance", r.c.balance},
-                      {"partition", stages},
-                      {"plan", r.c.plan},
-                      {"micro_batches", r.o.micro_batches},
-                      {"checkpoint", r.o.checkpoint},
-                      {"schedule", r.o.schedule},
-                      {"virtual_stages", r.o.virtual_stages},
-                      {"batch_size", r.o.batch_size},
-                      {"drop_last", r.o.drop_last},
-                      {"shuffle", r.o.shuffle},
-                      {"optimizer", r.o.optimizer},
-                      {"lr", r.o.lr},
-                      {"lr_schedule", r.o.lr_schedule},
-                      {"augment", r.o.augment},
-                      {"batch_norm", r.o.batch_norm},
-                      {"warmup_steps", r.o.warmup_steps},
-                      {"weight_decay", r.o.weight_decay},
-                      {"clip_grad_norm", r.o.clip_grad_norm},
-                      {"seed", r.o.seed},
-                      {"bubble", run_steps > 0 ? r.trainer.stats().bubble_sum / static_cast<double>(run_steps) : 0.0},
-                      {"parameter_checksum", r.checksum},
-                      {"machine", machine()}};
-  if (r.o.optimizer == "sgd") {
-    s["momentum"] = r.o.momentum;
-    s["nesterov"] = r.o.nesterov;
-  } else {
-    s["betas"] = r.o.betas;
-  }
-  if (job().distributed) s["mpi"] = {{"ranks", job().size}, {"replicas", job().size / r.trainer.pipeline().devices()}};
-  if (r.c.task.metric == Metric::kAccuracy) s[eval + "_accuracy"] = r.evaluation.accuracy;
-  if (r.c.task.metric == Metric::kPsnr) {
-    s[eval + "_psnr_db"] = metric_of_loss(Metric::kPsnr, r.evaluation.loss);
-    s["noisy_" + eval + "_psnr_db"] = r.c.data.noisy_psnr_db;
-  }
-  if (r.c.task.metric == Metric::kBitsPerByte) {
-    s[eval + "_bits_per_byte"] = metric_of_loss(Metric::kBitsPerByte, r.evaluation.loss);
-    s["bigram_bits_per_byte"] = r.c.data.bigram_bits_per_byte;
-    s["gzip_bits_per_byte"] = r.c.data.gzip_bits_per_byte;
-    s["train_bytes"] = r.c.data.train_bytes;
-    s["test_bytes"] = r.c.data.test_bytes;
-    s["context"] = r.c.data.train.input.size(1);
-  }
-  if (r.o.generate > 0) {
-    s["generated"] = r.generated;
-    s["prompt"] = shown_text(r.o.prompt);
-    s["temperature"] = r.o.temperature;
-  }
-  return s;
+  if (s.no_step_ran && o.epochs == 0)
+    std::cout << "  no step ran (--epochs 0): the checkpoint file's model, at step " << s.steps << "\n";
+  else if (s.no_step_ran)
+    std::cout << "  no step ran: the checkpoint file is at step " << s.steps << ", and the run ends at step "
+              << s.total_steps << "\n";
+  std::cout << "  " << format_score(c.task.metric, s.evaluation, c.data, /*summary=*/true) << "\n"
+            << format_run_figures(s.figures) << std::flush;
+  if (!saved_to.empty()) std::cout << "  saved to       " << saved_to << std::endl;
 }
 
 }  // namespace gpipe::cli

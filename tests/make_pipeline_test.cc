@@ -61,6 +61,25 @@ TEST(MakePipelineTest, ChecksumIsTheWeightedSumOfTheParameters) {
   EXPECT_NEAR(pipe->checksum(), expected, 1e-9 * std::abs(expected));
 }
 
+// A plan made once (gpipe train makes it to check its flags) is the pipeline's as it is: K, V, M and
+// the cut are not resolved again (the options alone would cut evenly, {3, 2, 2}), and a plan of other
+// options is refused.
+TEST(MakePipelineTest, APlanMadeOnceIsTakenAsItIs) {
+  const PipelineOptions options = PipelineOptions().devices(3).micro_batches(4);
+  const PipelinePlan plan = make_plan(7, PipelineOptions(options).cut(CutRequest::given({1, 2, 4})));
+  auto pipe = make_pipeline(build_mlp, plan, options, Runtime::kThreads);
+  EXPECT_EQ(pipe->balance(), (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(pipe->plan().cut, CutKind::kGiven);
+  torch::manual_seed(1);
+  const torch::Tensor x = torch::randn({22, 12}), y = torch::randn({22, 4});
+  const torch::Tensor loss = pipe->train_step(x, y, mse_loss);
+  EXPECT_TRUE(close(loss.to(torch::kFloat), reference_step(build_mlp({}), x, y, mse_loss)));
+  EXPECT_THROW(make_pipeline(build_mlp, plan, PipelineOptions(options).micro_batches(2), Runtime::kThreads),
+               std::invalid_argument);
+  EXPECT_THROW(make_pipeline(build_mlp, plan, PipelineOptions(options).devices(2), Runtime::kThreads),
+               std::invalid_argument);
+}
+
 TEST(MakePipelineTest, RefusesABuilderThatDoesNotKeepItsPromise) {
   expect_invalid([] { make_pipeline(build_mlp, 8, PipelineOptions().devices(2), Runtime::kThreads); },
                  "the layer builder made 7 layers, but the model was said to have 8");

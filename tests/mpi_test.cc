@@ -363,6 +363,24 @@ TEST(MpiPipeline, SkipConnectionsEqualOneProcessPipeline) {
     }
 }
 
+// A plan made once (as gpipe train makes it) is every rank's as it is: the ranks do not resolve the
+// cut again (the options alone would cut evenly, {4, 4}), and they train as threads on the same plan.
+TEST(MakePipeline, APlanMadeOnceIsEveryRanksAsItIs) {
+  if (world_size() % 2 != 0) return;
+  const LayerBuilder build = [](LayerRange keep) { return model_layers(5, keep); };
+  const auto options = PipelineOptions().devices(2).micro_batches(2);
+  const PipelinePlan plan = make_plan(8, PipelineOptions(options).cut(CutRequest::given({3, 5})));
+  auto ranks = make_pipeline(build, plan, options, Runtime::kMpi);
+  auto threads = make_pipeline(build, plan, options, Runtime::kThreads);
+  EXPECT_EQ(ranks->balance(), (std::vector<int>{3, 5}));
+  EXPECT_EQ(threads->balance(), (std::vector<int>{3, 5}));
+  torch::manual_seed(41);
+  const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
+  const double a = ranks->train_step(x, y, mse_loss).item<double>();
+  const double b = threads->train_step(x, y, mse_loss).item<double>();
+  EXPECT_NEAR(a, b, 1e-5 * std::abs(b));
+}
+
 // make_pipeline under MPI: each rank builds its own stages (two per rank, interleaved) and trains
 // and evaluates as the same pipeline on threads in one process.
 TEST(MakePipeline, EachRankBuildsItsStagesAndTrainsAsThreads) {

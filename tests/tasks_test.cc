@@ -6,6 +6,7 @@
 #include <gpipe/gpipe.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -74,6 +75,71 @@ TEST(TasksTest, OwnCutsAndSchedules) {
   EXPECT_EQ(cut(find_task("transformer"), 2, ScheduleKind::kGPipe, 1), (std::vector<int>{5, 5}));
   EXPECT_FALSE(find_task("resnet").schedule);
   EXPECT_TRUE(find_task("resnet").defaults.cut_by_time);
+}
+
+// The one place a run's pipeline is chosen (gpipe train, bench and schedule call it): "auto" takes
+// the task's own schedule and cut, a given cut leaves both to the flags, "even" is a workload's blocks
+// or the layers evenly, a cost method needs its costs, and a task whose layers differ in time asks
+// for the cut by time where it can be profiled.
+TEST(TasksTest, PipelineOptionsOfARunRequest) {
+  const Task& cnn = find_task("cnn");
+  auto balance = [](const Task& task, const RunRequest& r) { return make_plan(task.layers, pipeline_options_of(task, r)).balance; };
+  PipelineOptions own = pipeline_options_of(cnn, {2, 4});
+  EXPECT_EQ(own.schedule(), ScheduleKind::kInterleaved);
+  EXPECT_EQ(own.virtual_stages(), 2);
+  EXPECT_EQ(balance(cnn, {2, 4}), (std::vector<int>{3, 1, 2, 5}));
+  EXPECT_EQ(pipeline_options_of(cnn, {2, 3}).schedule(), ScheduleKind::kGPipe);  // M odd: fill-drain
+  EXPECT_EQ(balance(cnn, {2, 3}), (std::vector<int>{3, 8}));
+  RunRequest given{0, 4};
+  given.balance = {5, 6};
+  EXPECT_EQ(pipeline_options_of(cnn, given).schedule(), ScheduleKind::kGPipe);
+  EXPECT_EQ(balance(cnn, given), (std::vector<int>{5, 6}));
+  RunRequest even{2, 4, "gpipe"};
+  even.balance_by = "even";
+  EXPECT_EQ(balance(cnn, even), (std::vector<int>{6, 5}));  // never the tuned {3, 8}
+  EXPECT_EQ(balance(find_task("transformer"), even), (std::vector<int>{5, 5}));  // its blocks evenly
+  RunRequest by_time = even;
+  by_time.balance_by = "time";
+  EXPECT_THROW(pipeline_options_of(cnn, by_time), std::invalid_argument);  // no costs given
+  by_time.layer_costs.assign(11, 1.0);
+  by_time.layer_costs[0] = 10;
+  EXPECT_EQ(balance(cnn, by_time), (std::vector<int>{1, 10}));
+  EXPECT_EQ(resolve_run(find_task("resnet"), {2, 4}).balance_by, "time");
+  EXPECT_EQ(resolve_run(find_task("resnet"), {1, 4}).balance_by, "");
+  EXPECT_EQ(resolve_run(cnn, {2, 4}).balance_by, "");
+  const RunRequest interleaved = resolve_run(Task(), {2, 4, "auto", 3});  // no task: V above 1 interleaves
+  EXPECT_EQ(interleaved.schedule, "interleaved");
+  EXPECT_EQ(interleaved.virtual_stages, 3);
+  EXPECT_EQ(resolve_run(Task(), {2, 4, "zbv"}).virtual_stages, 2);
+}
+
+// A score is formatted in one place, with its unit and its references, after an epoch and in the summary.
+TEST(TasksTest, ScoresWithTheirUnitsAndReferences) {
+  TaskData data;
+  data.noisy_psnr_db = 18.2;
+  data.bigram_bits_per_byte = 3.1;
+  data.gzip_bits_per_byte = 2.9;
+  Evaluation e;
+  e.loss = 0.25;
+  e.accuracy = 0.85;
+  EXPECT_EQ(format_score(Metric::kAccuracy, e, data), "test accuracy 85.00%");
+  EXPECT_EQ(format_score(Metric::kAccuracy, e, data, true), "test accuracy  85.00%");
+  EXPECT_EQ(format_score(Metric::kLoss, e, data), "test loss 0.2500");
+  EXPECT_EQ(format_score(Metric::kLoss, e, data, true), "test loss  0.250000");
+  e.loss = std::log(2.0);
+  EXPECT_EQ(format_score(Metric::kBitsPerByte, e, data), "test 1.000 bits per byte (bigram 3.100, gzip -9 2.900)");
+  EXPECT_EQ(format_score(Metric::kBitsPerByte, e, data, true), "test bits per byte  1.000 (bigram 3.100, gzip -9 2.900)");
+  e.loss = 0.01;
+  char db[32];
+  std::snprintf(db, sizeof db, "%.2f", psnr_db(e.loss));
+  EXPECT_EQ(format_score(Metric::kPsnr, e, data), "test PSNR " + std::string(db) + " dB (noisy input 18.20 dB)");
+  EXPECT_EQ(format_score(Metric::kPsnr, e, data, true), "test PSNR      " + std::string(db) + " dB (noisy input 18.20 dB)");
+  const auto figures = score_figures(Metric::kPsnr, e, data, /*references=*/true);
+  ASSERT_EQ(figures.size(), 2u);
+  EXPECT_EQ(figures[0].first, "test_psnr_db");
+  EXPECT_DOUBLE_EQ(figures[0].second, psnr_db(e.loss));
+  EXPECT_EQ(figures[1].first, "noisy_test_psnr_db");
+  EXPECT_TRUE(score_figures(Metric::kLoss, e, data).empty());
 }
 
 TEST(TasksTest, TrainerOptionsCarryTheDefaults) {

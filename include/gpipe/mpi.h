@@ -52,6 +52,10 @@ class MpiPipeline : public Pipeline {
   /// `options` must give the balance of the whole model. `comm`: the ranks of
   /// the job (np = K·D); gpipe duplicates it, so its messages never meet the caller's.
   MpiPipeline(torch::nn::Sequential layers, PipelineOptions options, MPI_Comm comm = MPI_COMM_WORLD);
+  /// The same with the plan make_plan made for `options` (every rank's alike): the plan is used as it
+  /// is, its skip connections routed once they are gathered from every rank (route_skips).
+  MpiPipeline(torch::nn::Sequential layers, const PipelinePlan& plan, PipelineOptions options,
+              MPI_Comm comm = MPI_COMM_WORLD);
 
   const Placement& placement() const;
 };

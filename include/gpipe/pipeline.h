@@ -103,6 +103,10 @@ class Pipeline {
  public:
   /// One process: `model` cut as `options` say, a thread per device.
   Pipeline(torch::nn::Sequential model, PipelineOptions options);
+  /// One process: `model` cut as `plan` says, a plan make_plan made for `options` (without skip
+  /// connections: the model's are found and routed, route_skips); K, V, M and the cut are not
+  /// resolved again. Throws std::invalid_argument when the plan is of another model or other options.
+  Pipeline(torch::nn::Sequential model, const PipelinePlan& plan, PipelineOptions options);
   virtual ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
@@ -268,6 +272,11 @@ class Pipeline {
 /// device_layers; the rank count a multiple of K, the rest are replicas).
 std::unique_ptr<Pipeline> make_pipeline(const LayerBuilder& build, int layers, const PipelineOptions& options,
                                         Runtime runtime = Runtime::kAuto);
+/// The same for a plan already made by make_plan(layers, options): the plan is used as it is (its
+/// skip connections routed, route_skips), so K, V, M and the cut are resolved once per run, here or
+/// under mpirun on every rank alike.
+std::unique_ptr<Pipeline> make_pipeline(const LayerBuilder& build, const PipelinePlan& plan,
+                                        const PipelineOptions& options, Runtime runtime = Runtime::kAuto);
 
 /// Whether make_pipeline with Runtime::kAuto would run MPI ranks.
 bool mpi_runtime();

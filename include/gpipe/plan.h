@@ -175,4 +175,17 @@ struct PipelinePlan {
 /// device, a group of tied parameters of fewer than two names.
 PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::vector<SkipConnection>& skips = {});
 
+/// Throws std::invalid_argument, naming what differs, unless `plan` is one make_plan made for a model
+/// of `layers` layers (-1: not compared) with `options`: the same M, schedule and checkpoint, and the
+/// K, V and balance where `options` gives them. A pipeline given a plan checks it so.
+void check_plan_of(const PipelinePlan& plan, int layers, const PipelineOptions& options);
+
+/// Routes `skips` (skip_connections) through `plan`, a plan make_plan made: the connections that cross
+/// stages become its skip routes, and its programs are lowered again with them (when no connection
+/// crosses a stage, and none did, the plan is left as it is). K, V, M and the cut are not resolved
+/// again: a pipeline given a plan made once (make_pipeline's, gpipe train's) finds its skip connections
+/// in its layers and routes them here. make_plan(layers, options, skips) is make_plan(layers, options)
+/// and then route_skips. Throws std::invalid_argument for a connection outside the model's layers.
+void route_skips(PipelinePlan& plan, const std::vector<SkipConnection>& skips);
+
 }  // namespace gpipe

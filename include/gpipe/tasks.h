@@ -142,6 +142,82 @@ PlannedModel plan_model_of(const Task& task, const TaskOptions& options = TaskOp
 /// dB for kPsnr, the loss otherwise (accuracy comes from Evaluation::accuracy).
 double metric_of_loss(Metric metric, double loss);
 
+/// `evaluation` in `metric`, named by `data.test_name`, with its unit and the references it is read
+/// against, as gpipe train prints it after an epoch ("test accuracy 85.00%", "test PSNR 24.13 dB
+/// (noisy input 18.20 dB)", "test 1.234 bits per byte (bigram 3.100, gzip -9 2.900)", "test loss
+/// 0.1234") or, with `summary`, in a run's summary ("test accuracy  85.00%", "test PSNR      24.13 dB
+/// (noisy input 18.20 dB)", "test bits per byte  1.234 (bigram ...)", "test loss  0.123456").
+std::string format_score(Metric metric, const Evaluation& evaluation, const TaskData& data, bool summary = false);
+
+/// The score of `evaluation` by name, as gpipe train's JSON has it: "test_accuracy", "test_psnr_db" or
+/// "test_bits_per_byte" (none for kLoss: the loss is the score); with `references`, those it is read
+/// against too ("noisy_test_psnr_db"; "bigram_bits_per_byte", "gzip_bits_per_byte").
+std::vector<std::pair<std::string, double>> score_figures(Metric metric, const Evaluation& evaluation,
+                                                          const TaskData& data, bool references = false);
+
+// ---------------------------------------------------------------- a run of a task (run.cc)
+
+/// What a run asks of its pipeline, as a front end's flags give it (gpipe train's --stages,
+/// --micro-batches, --schedule, --virtual-stages, --balance and --balance-by; one point of gpipe
+/// bench's sweep; gpipe schedule's K, M and schedule).
+struct RunRequest {
+  int devices = 1;        ///< K; 0 with a given balance: its length divided by V
+  int micro_batches = 1;  ///< M
+  /// A schedule's name (schedule_names()), or "auto": the task's own (Task::schedule) when the cut is
+  /// the task's own too, otherwise fill-drain, or interleaved for a V above 1.
+  std::string schedule = "auto";
+  int virtual_stages = 0;     ///< V; 0: the schedule's own (the task's, with its own schedule)
+  std::vector<int> balance;   ///< a given cut, K·V entries; empty: none
+  /// How the cut is chosen when none is given: "" the task's own (Task::cut); "even" (a workload's
+  /// blocks evenly, else the layers evenly: never a tuned cut); or a cost method of layer_costs_by
+  /// ("params", "time", "memory"): the min-max cut of `layer_costs`.
+  std::string balance_by;
+  std::vector<double> layer_costs;  ///< with a cost method: one cost per layer (layer_costs_by)
+};
+
+/// `request` with what it leaves to the task decided: the schedule of "auto", the V of 0, and the cut
+/// by "time" of a task whose layers differ in time by 10x (TaskDefaults::cut_by_time) when no cut is
+/// asked for, K is above 1, V is 1 and this is not an MPI job (each rank would profile alone).
+/// Throws std::invalid_argument for an unknown schedule.
+RunRequest resolve_run(const Task& task, RunRequest request);
+
+/// The cut `request` asks of `task`: given, the task's own (Task::cut, else even), even (a workload's
+/// blocks evenly, else the layers) or by cost. Throws std::invalid_argument for a cost method whose
+/// costs are not given.
+CutRequest cut_of(const Task& task, const RunRequest& request);
+
+/// The one place a run's pipeline is chosen: `task` (Task() for a model of no task: fill-drain and the
+/// even cut) on K devices with M micro-batches, the schedule and the cut of `request` (resolve_run,
+/// cut_of), as the PipelineOptions that make_plan, make_pipeline and a Trainer take. The rest
+/// (checkpoint, threads, BatchNorm, ties) keeps PipelineOptions' defaults, for the caller to set.
+PipelineOptions pipeline_options_of(const Task& task, const RunRequest& request);
+
+/// What a finished training run reports (gpipe train prints it as text or JSON), from its trainer.
+struct RunSummary {
+  std::string evaluated_on;  ///< TaskData::test_name
+  Evaluation evaluation;     ///< the last evaluation
+  bool no_step_ran = false;  ///< this run took no step (resumed at its end, or --epochs 0)
+  double first_loss = 0;     ///< the loss of this run's first step, and of its last (when a step ran)
+  double final_loss = 0;
+  RunFigures figures;        ///< this run's time, steps, throughput, measured bubble, cut and placement
+  int64_t steps = 0;         ///< steps in all, resumed ones included
+  int64_t total_steps = 0;   ///< the step the run ends at (Trainer::total_steps)
+  int64_t steps_per_epoch = 0;
+  int replicas = 1;          ///< pipeline replicas (ranks / K under mpirun)
+  double checksum = 0;       ///< of the parameters, over every rank (Pipeline::checksum)
+  struct Stage {
+    int stage = 0, device = 0, layers = 0;
+    std::vector<std::string> modules;  ///< the stage's layers' names (in one process; empty under MPI)
+  };
+  std::vector<Stage> partition;
+  std::vector<std::pair<std::string, double>> scores;  ///< score_figures with its references
+};
+
+/// The summary of `trainer`'s run of `task` on `data`, last evaluated as `evaluation`; `checksum` is
+/// Pipeline::checksum, a collective every rank calls first. Calls no collective itself.
+RunSummary summarize_run(Trainer& trainer, const Task& task, const TaskData& data, const Evaluation& evaluation,
+                         double checksum);
+
 /// --generate: `bytes` bytes sampled one at a time from a byte-level language model: each from the
 /// model's scores for the byte after the last `context` ones, divided by `temperature`, drawn
 /// from a generator seeded by `seed`; the text starts as a fortune does ("%\n"), then `prompt`.

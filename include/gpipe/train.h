@@ -303,8 +303,14 @@ struct TrainerCallbacks {
 /// another value: std::invalid_argument.
 class Trainer {
  public:
+  /// Checks the model against its data before any work (check_model_and_data, integer targets as
+  /// class indices), then the inputs of its stages' first layers (check_stage_inputs).
   Trainer(const Model& model, const PipelineOptions& pipeline, const TrainerOptions& options, Dataset train,
           Runtime runtime = Runtime::kAuto);
+  /// The same with the plan make_plan made for `pipeline` (as a front end makes it once to check its
+  /// flags): the pipeline takes it as it is (make_pipeline), K, V, M and the cut are not resolved again.
+  Trainer(const Model& model, const PipelinePlan& plan, const PipelineOptions& pipeline, const TrainerOptions& options,
+          Dataset train, Runtime runtime = Runtime::kAuto);
 
   /// Restores a run saved by save() (any K, in one process or under MPI):
   /// parameters, buffers, optimizer state, step, the shuffling and the
@@ -348,6 +354,11 @@ class Trainer {
   int64_t saved_at() const { return saved_at_; }
   /// The signal whose stop request ended fit() early (0: it ran to its end).
   int stopped_by() const { return stopped_by_; }
+  /// After fit() stopped on a signal (stopped_by()), two lines for standard error: where the run
+  /// stopped and what holds it ("gpipe: stopped by SIGINT at step 3 of 16 (epoch 1, 3 of its 16 steps
+  /// done); the run is saved in FILE"), and the command that resumes it ("gpipe: resume with: ...",
+  /// resume_command).
+  std::vector<std::string> stop_report() const;
   /// The file save() writes for `path`: itself, or with per_device_files
   /// device `device`'s (this process's when -1).
   std::string snapshot_file(const std::string& path, int device = -1) const;
@@ -356,6 +367,8 @@ class Trainer {
   std::string manifest_file(const std::string& path) const;
 
  private:
+  Trainer(const Model& model, const PipelinePlan* plan, const PipelineOptions& pipeline, const TrainerOptions& options,
+          Dataset train, Runtime runtime);
   void on_every_rank(const std::function<void()>& check);
   // The stop request of any rank (its signal), agreed on by every rank; 0: none.
   int agreed_stop();

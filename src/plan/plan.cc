@@ -138,6 +138,55 @@ std::vector<int> CutRequest::resolve(int layers, int stages, const std::vector<i
   return even_balance(layers, stages);
 }
 
+void check_plan_of(const PipelinePlan& plan, int layers, const PipelineOptions& options) {
+  auto differs = [](const char* what, const std::string& planned, const std::string& asked) {
+    GPIPE_CHECK(false, "the plan given is not one of these options: it has ", what, " ", planned, ", the options ",
+                asked, "; make the plan with make_plan from the same options");
+  };
+  if (layers >= 0 && plan.layers != layers)
+    differs("layers", std::to_string(plan.layers), std::to_string(layers) + " (the model's)");
+  if (plan.micro_batches != options.micro_batches())
+    differs("micro-batches", std::to_string(plan.micro_batches), std::to_string(options.micro_batches()));
+  if (plan.schedule != options.schedule()) differs("schedule", to_string(plan.schedule), to_string(options.schedule()));
+  if (plan.checkpoint != options.checkpoint())
+    differs("checkpoint", to_string(plan.checkpoint), to_string(options.checkpoint()));
+  if (options.devices() > 0 && plan.devices != options.devices())
+    differs("devices", std::to_string(plan.devices), std::to_string(options.devices()));
+  if (options.virtual_stages() > 0 && plan.virtual_stages != options.virtual_stages())
+    differs("stages per device", std::to_string(plan.virtual_stages), std::to_string(options.virtual_stages()));
+  if (!options.balance().empty() && plan.balance != options.balance())
+    differs("the balance", format_balance(plan.balance), format_balance(options.balance()));
+  for (const auto& group : options.tied_parameters())  // the options may add ties the plan was not made with
+    GPIPE_CHECK(group.size() >= 2, "a group of tied parameters needs at least two names (got ", group.size(), ")");
+}
+
+void route_skips(PipelinePlan& plan, const std::vector<SkipConnection>& skips) {
+  // The skip connections that cross stages; those inside a stage meet in its tray.
+  const std::vector<int> offsets = stage_offsets(plan.balance);
+  auto stage_of = [&](int layer) {
+    return static_cast<int>(std::upper_bound(offsets.begin(), offsets.end(), layer) - offsets.begin()) - 1;
+  };
+  std::vector<SkipRoute> routes;
+  std::vector<std::string> names;
+  for (const SkipConnection& c : skips) {
+    GPIPE_CHECK(c.stash_layer >= 0 && c.pop_layer < plan.layers, "skip connection \"", c.name, "\" joins layers ",
+                c.stash_layer, " and ", c.pop_layer, ", outside the model's 0..", plan.layers - 1);
+    const int from = stage_of(c.stash_layer), to = stage_of(c.pop_layer);
+    if (from == to) continue;
+    routes.push_back({from, to});
+    names.push_back(c.name);
+  }
+  const bool lowered = !plan.training.actions.empty();
+  if (lowered && routes.empty() && plan.skip_routes.empty()) return;  // the programs stand as they are
+  plan.skip_routes = std::move(routes);
+  plan.skip_names = std::move(names);
+  const int K = plan.devices, V = plan.virtual_stages;
+  plan.training = lower(make_schedule(plan.schedule, K, plan.micro_batches, V), plan.checkpoint, plan.skip_routes);
+  validate(plan.training);
+  plan.placement = plan.training.placement;  // where the schedule puts each stage: every reader takes it from here
+  plan.inference = lower(forward_only(K, plan.micro_batches, V, plan.placement), Checkpoint::kNever, plan.skip_routes);
+}
+
 PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::vector<SkipConnection>& skips) {
   GPIPE_CHECK(layers >= 1, "the model is empty (0 layers); give the pipeline a torch::nn::Sequential with at least "
               "one layer");
@@ -199,25 +248,9 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
   GPIPE_CHECK(plan.micro_batches >= 1, "the number of micro-batches M must be at least 1 (got ", plan.micro_batches,
               ")");
 
-  // The skip connections that cross stages; those inside a stage meet in its tray.
-  const std::vector<int> offsets = stage_offsets(plan.balance);
-  auto stage_of = [&](int layer) {
-    return static_cast<int>(std::upper_bound(offsets.begin(), offsets.end(), layer) - offsets.begin()) - 1;
-  };
-  for (const SkipConnection& c : skips) {
-    GPIPE_CHECK(c.stash_layer >= 0 && c.pop_layer < layers, "skip connection \"", c.name, "\" joins layers ",
-                c.stash_layer, " and ", c.pop_layer, ", outside the model's 0..", layers - 1);
-    const int from = stage_of(c.stash_layer), to = stage_of(c.pop_layer);
-    if (from == to) continue;
-    plan.skip_routes.push_back({from, to});
-    plan.skip_names.push_back(c.name);
-  }
-
-  // The programs: a schedule that cannot take K, M and V is refused here, before anything is built.
-  plan.training = lower(make_schedule(plan.schedule, K, plan.micro_batches, V), plan.checkpoint, plan.skip_routes);
-  validate(plan.training);
-  plan.placement = plan.training.placement;  // where the schedule puts each stage: every reader takes it from here
-  plan.inference = lower(forward_only(K, plan.micro_batches, V, plan.placement), Checkpoint::kNever, plan.skip_routes);
+  // The programs, with the skip connections that cross stages: a schedule that cannot take K, M and V
+  // is refused here, before anything is built.
+  route_skips(plan, skips);
 
   plan.device_list = options.device_list();
   if (plan.device_list.empty()) {

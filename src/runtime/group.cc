@@ -10,9 +10,18 @@ namespace {
 
 class LocalGroup : public Group {
  public:
+  LocalGroup() = default;
+  explicit LocalGroup(const PipelinePlan& plan) : made_(true), plan_(plan) {}
+
   PipelinePlan plan(const torch::nn::Sequential& layers, const PipelineOptions& options,
                     const SkipUseFinder& skip_uses) override {
-    plan_ = make_plan(static_cast<int>(layers->size()), options, connect_skips(skip_uses(layers, false)));
+    const std::vector<SkipConnection> skips = connect_skips(skip_uses(layers, false));
+    if (!made_) {
+      plan_ = make_plan(static_cast<int>(layers->size()), options, skips);
+      return plan_;
+    }
+    check_plan_of(plan_, static_cast<int>(layers->size()), options);
+    route_skips(plan_, skips);  // the plan as it was made: K, V, M and the cut are not resolved again
     return plan_;
   }
 
@@ -59,6 +68,7 @@ class LocalGroup : public Group {
   }
 
  private:
+  bool made_ = false;  // plan_ was made by make_plan before the pipeline (make_pipeline's, a caller's)
   PipelinePlan plan_;
   int stages_ = 1;
   std::unique_ptr<InProcessTransport> transport_;
@@ -67,5 +77,6 @@ class LocalGroup : public Group {
 }  // namespace
 
 std::unique_ptr<Group> local_group() { return std::make_unique<LocalGroup>(); }
+std::unique_ptr<Group> local_group(const PipelinePlan& plan) { return std::make_unique<LocalGroup>(plan); }
 
 }  // namespace gpipe::detail

@@ -9,5 +9,7 @@ namespace gpipe::detail {
 
 /// This process alone, a thread per device, the in-process transport.
 std::unique_ptr<Group> local_group();
+/// The same with a plan made by make_plan for the pipeline's options, used as it is (route_skips).
+std::unique_ptr<Group> local_group(const PipelinePlan& plan);
 
 }  // namespace gpipe::detail

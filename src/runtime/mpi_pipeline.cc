@@ -9,6 +9,10 @@ namespace gpipe::mpi {
 MpiPipeline::MpiPipeline(torch::nn::Sequential layers, PipelineOptions options, MPI_Comm comm)
     : Pipeline(std::make_unique<detail::MpiGroup>(comm), std::move(layers), std::move(options)) {}
 
+MpiPipeline::MpiPipeline(torch::nn::Sequential layers, const PipelinePlan& plan, PipelineOptions options,
+                         MPI_Comm comm)
+    : Pipeline(std::make_unique<detail::MpiGroup>(comm, plan), std::move(layers), std::move(options)) {}
+
 const Placement& MpiPipeline::placement() const {
   return static_cast<const detail::MpiGroup&>(group()).placement();
 }

@@ -2,6 +2,8 @@
 // and the run saved and resumed through snapshots, in one process and under MPI.
 #include "gpipe/train.h"
 
+#include "gpipe/job.h"
+
 #include "gpipe/digest.h"
 
 #include "gpipe/check.h"
@@ -10,6 +12,8 @@
 #include "gpipe/microbatch.h"
 
 #include <torch/torch.h>
+
+#include <csignal>
 
 #include <algorithm>
 #include <cmath>
@@ -389,6 +393,14 @@ int64_t fault_number(const std::string& part, const std::string& text) {
 
 Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const TrainerOptions& options, Dataset train,
                  Runtime runtime)
+    : Trainer(model, nullptr, pipeline, options, std::move(train), runtime) {}
+
+Trainer::Trainer(const Model& model, const PipelinePlan& plan, const PipelineOptions& pipeline,
+                 const TrainerOptions& options, Dataset train, Runtime runtime)
+    : Trainer(model, &plan, pipeline, options, std::move(train), runtime) {}
+
+Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOptions& pipeline,
+                 const TrainerOptions& options, Dataset train, Runtime runtime)
     : model_(model), options_(options), train_(std::move(train)), shuffle_(at::detail::createCPUGenerator(options.seed())) {
   const int64_t N = train_.size();
   GPIPE_CHECK(N > 0, "the training data has no samples");
@@ -436,7 +448,12 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
   // The model's own ties join any the caller declared.
   PipelineOptions with_ties = pipeline;
   with_ties.tied_parameters().insert(with_ties.tied_parameters().end(), model_.tied.begin(), model_.tied.end());
-  pipeline_ = make_pipeline(model_.build, model_.layers, with_ties, runtime);
+  // The model against its data (integer targets are class indices), before any stage is built.
+  check_model_and_data(model_, train_, !train_.target.is_floating_point());
+  pipeline_ = plan != nullptr ? make_pipeline(model_.build, *plan, with_ties, runtime)
+                              : make_pipeline(model_.build, model_.layers, with_ties, runtime);
+  // A layer that begins a stage and changes its input in place would fail in step 1: refused now.
+  check_stage_inputs(model_, train_.input.narrow(0, 0, std::min<int64_t>(2, N)), pipeline_->plan().balance);
   // Every rank trains alike, on the same rows: its settings and its training data are compared.
   std::vector<std::pair<std::string, std::string>> shared = settings_of(options_);
   shared.emplace_back("training data", std::to_string(tensors_digest({train_.input, train_.target})));
@@ -458,6 +475,24 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
     on_every_rank([&] {
       if (pipeline_->replica() == 0) check_writable(snapshot_file(options_.save()));
     });
+}
+
+std::vector<std::string> Trainer::stop_report() const {
+  const int signal = stopped_by_;
+  const std::string name = signal == SIGINT    ? "SIGINT"
+                           : signal == SIGTERM ? "SIGTERM"
+                           : signal == SIGHUP  ? "SIGHUP"
+                                               : "signal " + std::to_string(signal);
+  const std::string& save = options_.save();
+  const int64_t per_epoch = steps_per_epoch_;
+  return {"gpipe: stopped by " + name + " at step " + std::to_string(step_) + " of " + std::to_string(total_steps_) +
+              " (epoch " + std::to_string(step_ / per_epoch + 1) + ", " + std::to_string(step_ % per_epoch) +
+              " of its " + std::to_string(per_epoch) + " steps done); the run is saved in " +
+              (options_.per_device_files() ? snapshot_file(save, 0) + " .. " +
+                                                 snapshot_file(save, pipeline_->devices() - 1) + " and " +
+                                                 manifest_file(save)
+                                           : save),
+          "gpipe: resume with: " + resume_command(save)};
 }
 
 void Trainer::on_every_rank(const std::function<void()>& check) {

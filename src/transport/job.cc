@@ -9,6 +9,8 @@
 #endif
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 
 #include <unistd.h>
@@ -106,6 +108,64 @@ void check_same_bytes(const std::vector<std::pair<std::string, uint64_t>>& input
                   "train a mixture of two models or datasets; give every rank the same file (a path they all see "
                   "alike, or identical copies)");
   }
+}
+
+namespace {
+
+// `word` as a shell reads it back: itself, or in single quotes.
+std::string shell_quoted(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                             "0123456789_-+=./:,@%") == std::string::npos;
+  if (plain) return word;
+  std::string out = "'";
+  for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// A process's arguments as the kernel has them (/proc/PID/cmdline); none when it cannot be read.
+std::vector<std::string> arguments_of(const std::string& pid) {
+  std::ifstream in("/proc/" + pid + "/cmdline", std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  for (size_t at = 0; at < all.size();) {
+    const size_t end = all.find('\0', at);
+    args.push_back(all.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    at = end == std::string::npos ? all.size() : end + 1;
+  }
+  return args;
+}
+
+// Under mpirun, the launcher's words before `program`: the parent's own (mpirun and every flag the
+// user gave it, a hostfile, --allow-run-as-root) when the parent is mpirun, as it is for the ranks
+// on its host; "mpirun -np N" otherwise.
+std::string launcher_words(const std::string& program) {
+  const std::vector<std::string> parent = arguments_of(std::to_string(getppid()));
+  const std::string name = parent.empty() ? "" : parent[0].substr(parent[0].find_last_of('/') + 1);
+  if (name == "mpirun" || name == "mpiexec" || name == "orterun" || name == "prterun") {
+    for (size_t n = 1; n < parent.size(); ++n) {
+      if (parent[n] != program) continue;
+      std::string out;
+      for (size_t k = 0; k < n; ++k) out += (k == 0 ? "" : " ") + shell_quoted(parent[k]);
+      return out;
+    }
+  }
+  return "mpirun -np " + std::to_string(job().size);
+}
+
+}  // namespace
+
+std::string resume_command(const std::string& file) {
+  const std::vector<std::string> args = arguments_of("self");
+  std::string out = job().distributed && !args.empty() ? launcher_words(args[0]) : "";
+  for (size_t n = 0; n < args.size(); ++n) {
+    if (args[n] == "--resume") {  // and its value
+      ++n;
+      continue;
+    }
+    if (args[n].rfind("--resume=", 0) == 0) continue;
+    out += (out.empty() ? "" : " ") + shell_quoted(args[n]);
+  }
+  return out + " --resume " + shell_quoted(file);
 }
 
 void print_error_line(const std::string& line) {

@@ -34,6 +34,11 @@ MpiGroup::MpiGroup(MPI_Comm comm) : control_(Communicator::duplicate(comm)) {
   live_groups().insert(this);
 }
 
+MpiGroup::MpiGroup(MPI_Comm comm, const PipelinePlan& plan) : MpiGroup(comm) {
+  made_ = true;
+  plan_ = plan;
+}
+
 MpiGroup::~MpiGroup() {
   {
     const std::lock_guard<std::mutex> lock(live_mutex);
@@ -108,7 +113,9 @@ PipelinePlan MpiGroup::plan(const torch::nn::Sequential& layers, const PipelineO
   try {
     GPIPE_CHECK(!options.balance().empty(), "an MPI pipeline needs the balance of the whole model (layers per stage, "
                 "e.g. {3, 8}); make_pipeline finds it for you");
-    cut = make_plan(std::accumulate(options.balance().begin(), options.balance().end(), 0), options);
+    const int layer_count = std::accumulate(options.balance().begin(), options.balance().end(), 0);
+    if (made_) check_plan_of(plan_, layer_count, options);  // the plan made once: not resolved again
+    cut = made_ ? plan_ : make_plan(layer_count, options);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -116,7 +123,8 @@ PipelinePlan MpiGroup::plan(const torch::nn::Sequential& layers, const PipelineO
   check_agreement(layers, options, cut);  // sets placement_
   const std::vector<SkipUse> uses = all_skip_uses(layers, skip_uses);
   try {
-    plan_ = make_plan(cut.layers, options, connect_skips(uses));
+    plan_ = cut;
+    route_skips(plan_, connect_skips(uses));
   } catch (const std::exception& e) {
     error = e.what();
   }

@@ -61,6 +61,8 @@ std::vector<std::vector<std::string>> first_ranks_lines(MPI_Comm comm, const std
 class MpiGroup : public gpipe::detail::Group {
  public:
   explicit MpiGroup(MPI_Comm comm);
+  /// With a plan make_plan made for the pipeline's options on every rank alike: used as it is.
+  MpiGroup(MPI_Comm comm, const PipelinePlan& plan);
   ~MpiGroup() override;
 
   PipelinePlan plan(const torch::nn::Sequential& layers, const PipelineOptions& options,
@@ -117,6 +119,7 @@ class MpiGroup : public gpipe::detail::Group {
   Communicator pipeline_;  // this replica's K ranks
   Communicator replicas_;  // the D ranks that run this device, one per replica
   Placement placement_;
+  bool made_ = false;  // plan_ was made by make_plan before the pipeline (make_pipeline's)
   PipelinePlan plan_;
   struct Tie {
     std::vector<torch::Tensor> copies;  // this rank's, one per distinct tensor; maybe none
