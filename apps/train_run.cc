@@ -79,7 +79,7 @@ class Run {
   // the command that continues it; returns the exit status, 128 + the signal.
   int stopped() {
     if (job().prints())
-      for (const std::string& line : trainer_.stop_report()) print_error_line(line);
+      for (const std::string& line : trainer_.stop_report("--resume")) print_error_line(line);
     return 128 + trainer_.stopped_by();
   }
 

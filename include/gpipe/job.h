@@ -43,11 +43,12 @@ void check_same_settings(const std::vector<std::pair<std::string, std::string>>&
 /// whose bytes differ (each rank opens a path itself, from its own working folder and machine).
 void check_same_bytes(const std::vector<std::pair<std::string, uint64_t>>& inputs);
 
-/// The command that runs this process again from the snapshot `file` (snapshot.h): this process's
-/// command line (as the kernel has it, /proc/self/cmdline) with --resume FILE in place of any
-/// --resume, each word quoted for a shell where it needs it; under mpirun, after the launcher's words
+/// The command that runs this process again from the snapshot `file` (snapshot.h), for a program
+/// whose option `flag` (gpipe train's "--resume") names the file to resume from: this process's
+/// command line (as the kernel has it, /proc/self/cmdline) with `flag` FILE in place of any `flag`
+/// given, each word quoted for a shell where it needs it; under mpirun, after the launcher's words
 /// (its own command line when it is this process's parent, else "mpirun -np N").
-std::string resume_command(const std::string& file);
+std::string resume_command(const std::string& file, const std::string& flag);
 
 /// Writes `line` and a newline to standard error in one write, so that lines of ranks sharing a
 /// terminal never mix.

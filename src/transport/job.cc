@@ -154,18 +154,18 @@ std::string launcher_words(const std::string& program) {
 
 }  // namespace
 
-std::string resume_command(const std::string& file) {
+std::string resume_command(const std::string& file, const std::string& flag) {
   const std::vector<std::string> args = arguments_of("self");
   std::string out = job().distributed && !args.empty() ? launcher_words(args[0]) : "";
   for (size_t n = 0; n < args.size(); ++n) {
-    if (args[n] == "--resume") {  // and its value
+    if (args[n] == flag) {  // and its value
       ++n;
       continue;
     }
-    if (args[n].rfind("--resume=", 0) == 0) continue;
+    if (args[n].rfind(flag + "=", 0) == 0) continue;
     out += (out.empty() ? "" : " ") + shell_quoted(args[n]);
   }
-  return out + " --resume " + shell_quoted(file);
+  return out + " " + flag + " " + shell_quoted(file);
 }
 
 void print_error_line(const std::string& line) {
