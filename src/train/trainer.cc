@@ -421,11 +421,13 @@ Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const Trai
   const int64_t W = lr_schedule_.warmup_steps();
   GPIPE_CHECK(W <= total_steps_, "the warm-up of ", W, " steps (`warmup_steps`) is longer than the run's ",
               total_steps_, total_steps_ == 1 ? " step" : " steps", " (", options_.epochs(),
-              options_.epochs() == 1 ? " epoch of " : " epochs of ", steps_per_epoch_, " steps",
+              options_.epochs() == 1 ? " epoch of " : " epochs of ", steps_per_epoch_,
+              steps_per_epoch_ == 1 ? " step" : " steps",
               options_.steps() > 0 && options_.steps() < all ? ", limited by `steps` " + std::to_string(options_.steps())
                                                             : std::string(),
               "): the learning rate would never reach its value (the last step would run at ", total_steps_, "/", W,
-              " of it); give at most ", total_steps_, " warm-up steps, or a longer run");
+              " of it); give at most ", total_steps_, total_steps_ == 1 ? " warm-up step" : " warm-up steps",
+              ", or a longer run");
   // The test hook (train.h).
   if (const char* text = std::getenv("GPIPE_TEST_FAULT"); text != nullptr && *text != '\0') {
     const std::string hook(text);
