@@ -264,7 +264,9 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
       ->check(at_least(1))->capture_default_str();
   sub->add_option("--steps", o->steps, "timed steps per configuration (the median is reported)")
       ->check(at_least(1))->capture_default_str();
-  sub->add_option("--warmup", o->warmup, "untimed steps first")->check(at_least(0))->capture_default_str();
+  sub->add_option("--warmup", o->warmup,
+                  "untimed steps of every configuration before its --steps timed ones (any number, also more "
+                  "than --steps: they warm caches and allocators and are never timed)")->check(at_least(0))->capture_default_str();
   sub->add_option("--balance", o->balance, "an explicit cut, layers per stage: K x V entries (e.g. 3,5)")
       ->delimiter(',')->check(at_least(1));
   sub->add_option("--balance-by", o->balance_by,

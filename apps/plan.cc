@@ -142,20 +142,27 @@ int run(const PlanOptions& o) {
   }) : profiled_model(o);
   m.costs.link_latency_s = o.latency_us * 1e-6;
   m.costs.link_bytes_per_s = o.bandwidth_gb_s * 1e9;
-  // A search that takes more than 2 s says how far it is, every 2 s, on standard error (one line
-  // rewritten on a terminal).
+  // A search that takes more than 2 s (its own time, not the profile's before it) says how far it
+  // is, every 2 s, on standard error (one line rewritten on a terminal); one that said so ends
+  // with its 100% line.
   const bool tty = isatty(fileno(stderr)) != 0;
+  const auto search_begin = std::chrono::steady_clock::now();
   double next_report = 2.0;
   bool reported = false;
+  auto report = [&](int64_t done, int64_t total, double now) {
+    std::ostringstream line;
+    line << "gpipe plan: " << std::fixed << std::setprecision(0)
+         << (done == total ? 100.0 : std::min(99.0, 100.0 * static_cast<double>(done) / static_cast<double>(total)))
+         << "% of " << total << " stage x micro-batch pairs simulated in " << now << " s";
+    std::cerr << (tty ? "\r" : "") << line.str() << (tty ? "\x1b[K" : "\n") << std::flush;
+  };
   search.progress = [&](int64_t done, int64_t total) {
-    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - search_begin).count();
+    if (done == total && reported) report(done, total, now);
     if (now < next_report || done == total) return;
     next_report = now + 2.0;
     reported = true;
-    std::ostringstream line;
-    line << "gpipe plan: " << std::fixed << std::setprecision(0) << 100.0 * static_cast<double>(done) / static_cast<double>(total)
-         << "% of " << total << " stage x micro-batch pairs simulated in " << now << " s";
-    std::cerr << (tty ? "\r" : "") << line.str() << (tty ? "\x1b[K" : "\n") << std::flush;
+    report(done, total, now);
   };
   const std::vector<PlanCandidate> found = search_plans(m, search);
   if (reported && tty) std::cerr << "\n";

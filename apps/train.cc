@@ -69,7 +69,7 @@ void check_extras_flags(const TrainOptions& o, const Task& task) {
     usage_error("--epochs 0 trains nothing, so --save would write the checkpoint it resumed; leave out --save");
   if (!o.samples.empty() && task.metric != Metric::kPsnr)
     usage_error("--samples writes a picture of denoised test images: it is for --model unet");
-  if (!o.samples.empty() && (o.samples.size() < 5 || o.samples.compare(o.samples.size() - 4, 4, ".png") != 0))
+  if (!o.samples.empty() && (o.samples.size() < 5 || !has_extension(o.samples, ".png")))
     usage_error("--samples " + o.samples + ": the picture is a PNG file; give a path that ends in .png");
 }
 
@@ -259,6 +259,14 @@ int run_train(TrainOptions o) {
     usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is more than the " + std::to_string(N) +
                 (c.task.metric == Metric::kBitsPerByte ? " training windows" : " training samples") +
                 "; every micro-batch needs a sample");
+  // A batch takes each sample at most once: one larger than the data would be one step of all of it
+  // (the task's default batch may be larger than a small --train-samples: then it is that one step).
+  if (o.batch_size_given && o.batch_size > N) {
+    const std::string what = c.task.metric == Metric::kBitsPerByte ? " training windows" : " training samples";
+    usage_error("--batch-size " + std::to_string(o.batch_size) + " is more than the " + std::to_string(N) + what +
+                " the data holds; a batch takes each at most once: give --batch-size " + std::to_string(N) +
+                " or less");
+  }
   check_same_inputs(o, c);
   // The model against its data before --balance-by profiles it (the Trainer checks it too).
   if (!o.balance_by.empty()) check_model_and_data(c.model, c.data.train, c.task.loss_name == "cross_entropy");

@@ -95,7 +95,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "stage s on device s mod K (zbv and v-half: V = 2, stages d and 2K-1-d on device d)")
       ->check(at_least(1));
   sub->add_option("--batch-size", o->batch_size,
-                  "samples per mini-batch (one optimizer step); default: the task's own (" +
+                  "samples per mini-batch (one optimizer step), at most the training samples; default: the task's own (" +
                       per_task([](const TaskDefaults& d) { return std::to_string(d.batch_size); }) + ")")
       ->check(at_least(1, kMostInt64))->capture_default_str();
   sub->add_flag("--drop-last", o->drop_last,
@@ -126,7 +126,8 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "constant (cosine for --model resnet and gpt); cosine (from --lr down to 0 over the run); step (times "
                   "--lr-gamma every --lr-step-size steps); after --warmup-steps of linear warm-up")
       ->check(CLI::IsMember({"constant", "cosine", "step"}))->capture_default_str();
-  sub->add_option("--warmup-steps", o->warmup_steps, "steps of linear warm-up: step t runs at --lr x (t+1)/W")
+  sub->add_option("--warmup-steps", o->warmup_steps, "steps of linear warm-up: step t runs at --lr x (t+1)/W; at most the run's steps (a longer "
+                  "warm-up would never reach --lr)")
       ->check(at_least(0, kMostInt64))->capture_default_str();
   sub->add_option("--lr-step-size", o->lr_step_size, "--lr-schedule step: steps between decays (default: one epoch)")
       ->check(at_least(1, kMostInt64));
@@ -163,7 +164,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                 "for checkpoint files above the 2 GiB one MPI gather carries (resume with the same K); "
                 "--per-stage-files is its old name");
   sub->add_option("--trace", o->trace,
-                  "write the last training step's timeline: an SVG chart if FILE ends in .svg, otherwise "
+                  "write the last training step's timeline: an SVG chart if FILE ends in .svg (any case), otherwise "
                   "Chrome-trace JSON (open it in Perfetto)")->check(non_empty());
   sub->add_option("--samples", o->samples,
                   "--model unet: write FILE.png, the first 8 test images noisy, denoised and clean, one row each "
@@ -171,7 +172,8 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--generate", o->generate,
                   "--model gpt: after training (or with --resume FILE --epochs 0), print this many bytes sampled "
                   "from the model, continuing --prompt as a new fortune; bytes other than printable ASCII, "
-                  "newline and tab are shown as \\xNN")
+                  "newline and tab are shown as \\xNN; where standard output is not a terminal, progress every 2 s "
+                  "on standard error")
       ->check(at_least(0));
   sub->add_option("--prompt", o->prompt, "--generate: the text the sample continues (default: none)");
   sub->add_option("--temperature", o->temperature,

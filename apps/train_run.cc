@@ -122,7 +122,10 @@ class Run {
 
   // The trace, the summary; returns the exit status (1 if an output could not be written).
   int finish() {
-    if (trainer_.step() == trainer_.start_step()) evaluation_ = evaluate();  // no step ran: say what the restored model does
+    if (trainer_.step() == trainer_.start_step()) {  // no step ran: say what the restored model does
+      evaluation_ = evaluate();
+      check_finite_evaluation(0);
+    }
     int status = 0;
     if (!o_.trace.empty() && job().prints()) {
       if (trainer_.step() == trainer_.start_step()) {
@@ -184,11 +187,33 @@ class Run {
                 << ", seed " << o_.seed << "):\n" << shown_text(o_.prompt) << std::flush;
       check_stdout();
     }
-    generated_ = shown_text(generate_text(pipeline_, c_.task.context, options, [this](char byte) {
+    // Where the bytes do not show as they come (standard output is a file or a pipe, or --json),
+    // how far the sampling is, every 2 s, on standard error.
+    const bool shown = printing() && isatty(STDOUT_FILENO) != 0;
+    const int64_t begin = now_ns();
+    int64_t next_report_ns = begin + 2'000'000'000, done = 0;
+    bool reported = false;
+    auto report = [&] {
+      const double seconds = static_cast<double>(now_ns() - begin) * 1e-9;
+      const double left = seconds * static_cast<double>(o_.generate - done) / static_cast<double>(std::max<int64_t>(1, done));
+      std::ostringstream line;
+      line << "gpipe: generated " << done << " of " << o_.generate << " bytes in " << std::fixed << std::setprecision(0)
+           << seconds << " s" << (done < o_.generate ? ", about " + std::to_string(static_cast<int64_t>(left + 0.5)) +
+                                                            " s left" : std::string());
+      print_error_line(line.str());
+      reported = true;
+    };
+    generated_ = shown_text(generate_text(pipeline_, c_.task.context, options, [&](char byte) {
+      ++done;
+      if (!shown && job().prints() && now_ns() >= next_report_ns) {
+        report();
+        next_report_ns = now_ns() + 2'000'000'000;
+      }
       if (!printing()) return;
       std::cout << shown_text(std::string(1, byte)) << std::flush;
       check_stdout();
     }));
+    if (reported) report();
     if (printing()) std::cout << "\n";
   }
 
@@ -208,8 +233,28 @@ class Run {
 
   Evaluation evaluate() { return trainer_.evaluate(data_.test); }
 
+  // A test loss that is NaN or infinite ends the run with an error (exit 1) before the epoch's save:
+  // a diverged model does not replace the checkpoint file; the file keeps the last save before.
+  void check_finite_evaluation(int epoch) {
+    if (std::isfinite(evaluation_.loss)) return;
+    std::ostringstream text;
+    text << "gpipe: the " << data_.test_name << " loss is " << (std::isnan(evaluation_.loss) ? "NaN" : "infinite");
+    if (epoch > 0)
+      text << " after epoch " << epoch << " (step " << trainer_.step() << "; the last training loss was "
+           << trainer_.stats().last_loss << "): the model diverged, most likely because the learning rate (--lr "
+           << o_.lr << ") is too high; lower --lr, or add --clip-grad-norm";
+    else
+      text << " for the model of " << o_.resume << ": the checkpoint holds a diverged model; resume from another";
+    if (epoch > 0 && !o_.save.empty())
+      text << "; this epoch is not saved" << (trainer_.saved_at() >= 0 ? ": " + o_.save + " keeps step " +
+                                                                             std::to_string(trainer_.saved_at())
+                                                                       : std::string(": nothing was saved"));
+    throw std::runtime_error(text.str());
+  }
+
   void report(int epoch) {
     evaluation_ = evaluate();
+    check_finite_evaluation(epoch);
     const std::string& eval = data_.test_name;
     epochs_.push_back({{"epoch", epoch}, {"step", trainer_.step()}, {"loss", trainer_.stats().last_loss}, {eval + "_loss", evaluation_.loss}});
     for (const auto& [name, value] : score_figures(c_.task.metric, evaluation_, data_)) epochs_.back()[name] = value;

@@ -43,6 +43,16 @@ class IoTest : public ::testing::Test {
   fs::path dir_;
 };
 
+TEST(HasExtensionTest, IsCaseInsensitive) {
+  EXPECT_TRUE(gpipe::has_extension("step.svg", ".svg"));
+  EXPECT_TRUE(gpipe::has_extension("step.SVG", ".svg"));
+  EXPECT_TRUE(gpipe::has_extension("dir.d/Step.Svg", ".svg"));
+  EXPECT_TRUE(gpipe::has_extension("a.PNG", ".png"));
+  EXPECT_FALSE(gpipe::has_extension("step.svg.json", ".svg"));
+  EXPECT_FALSE(gpipe::has_extension("svg", ".svg"));
+  EXPECT_FALSE(gpipe::has_extension("stepsvg", ".svg"));
+}
+
 TEST_F(IoTest, ReplacesAFileWholeAndKeepsItsPermissions) {
   const fs::path file = dir_ / "out.json";
   gpipe::write_file_atomically(file.string(), "first");

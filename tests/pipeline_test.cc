@@ -223,6 +223,15 @@ TEST(PipelineTest, SvgTimelineDrawsEveryActionOnItsDevicesRow) {
   gpipe::write_trace(pipe.last_trace(), path);
   std::ifstream in(path);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), svg);
+  // The suffix decides the format in any case: x.SVG is the chart too, x.JSON Chrome-trace JSON.
+  const std::string upper = ::testing::TempDir() + "/gpipe_timeline.SVG";
+  gpipe::write_trace(pipe.last_trace(), upper);
+  std::ifstream in_upper(upper);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in_upper), {}), svg);
+  const std::string json = ::testing::TempDir() + "/gpipe_timeline.JSON";
+  gpipe::write_trace(pipe.last_trace(), json);
+  std::ifstream in_json(json);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in_json), {}), gpipe::chrome_trace_json(pipe.last_trace()));
 }
 
 TEST(PipelineTest, OverheadIsStepTimeLessTheSimulatedSchedule) {

@@ -2,6 +2,8 @@
 // hand-computed cuts, over K·V stages, the V and placement from the schedule table, and the errors.
 #include "helpers.h"
 
+#include <chrono>
+
 using gpipe::CutKind;
 using gpipe::CutRequest;
 using gpipe::PipelineOptions;
@@ -117,4 +119,18 @@ TEST(CutRequestTest, ErrorsNameTheRequestAndTheFix) {
   expect_invalid([] { gpipe::make_plan(5, PipelineOptions().cut(CutRequest::given({2, 2}))); },
                  "sum of balance {2, 2}: 4");
   expect_invalid([] { CutRequest::given({2, 3}).resolve(5, 3); }, "the balance {2, 3} has 2 stages, not the 3 asked for");
+}
+
+// M is refused above kMostMicroBatches before the programs, which grow with M, are built: at once,
+// however large (10^6 micro-batches of 2 devices took seconds and gigabytes to build).
+TEST(PlanTest, MicroBatchesAboveTheCapAreRefusedBeforeTheProgramsAreBuilt) {
+  const auto begin = std::chrono::steady_clock::now();
+  expect_invalid([] { gpipe::make_plan(4, PipelineOptions().devices(2).micro_batches(1000000)); },
+                 "M = 1000000 micro-batches (`micro_batches`) is more than gpipe plans (65536)");
+  expect_invalid([] { gpipe::make_plan(4, PipelineOptions().devices(2).micro_batches(gpipe::kMostMicroBatches + 1)); },
+                 "give M at most the rows of a batch");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count(), 1.0);
+  // A plan of fewer micro-batches runs a smaller batch in one micro-batch per row.
+  const gpipe::PipelinePlan plan = gpipe::make_plan(4, PipelineOptions().devices(2).micro_batches(64));
+  EXPECT_EQ(plan.training_program(8).micro_batches, 8);
 }

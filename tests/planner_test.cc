@@ -127,5 +127,37 @@ TEST(PlannerTest, RefusesWhatNoConfigurationCanRun) {
   expect_invalid([&] { search_plans(costs, search); }, "no configuration of 8 devices");
 }
 
+// A layer whose output is a tuple of more tensors than one MPI message carries (65 > 64): no stage
+// of a proposed cut ends after it; the min-max cut goes around it. With only two layers on either
+// side of it and K = 4 stages, no cut can: K = 4 is not proposed at all.
+TEST(PlannerTest, NoCutEndsAStageAfterALayerOfMoreTensorsThanAMessageCarries) {
+  CostModel costs;
+  costs.layers.resize(4);
+  for (LayerCost& c : costs.layers) {
+    c.forward_s = 1e-3;
+    c.backward_s = 2e-3;
+    c.output_bytes = 64;
+    c.kept_bytes = 64;
+  }
+  costs.layers[1].output_tensors = kMostBoundaryTensors + 1;
+  PlanSearch search;
+  search.devices = 4;
+  search.memory_per_device = int64_t{1} << 40;
+  search.batch = 8;
+  search.schedules = {ScheduleKind::kGPipe};
+  const std::vector<PlanCandidate> found = search_plans(costs, search);
+  bool two_stages = false;
+  for (const PlanCandidate& c : found) {
+    const std::vector<int> offsets = stage_offsets(c.balance);
+    for (size_t s = 1; s + 1 < offsets.size(); ++s)
+      EXPECT_NE(offsets[s], 2) << "K=" << c.devices << " ends a stage after layer 1: " << format_balance(c.balance);
+    EXPECT_NE(c.devices, 4) << format_balance(c.balance);
+    two_stages = two_stages || c.devices == 2;
+  }
+  EXPECT_TRUE(two_stages);  // {1, 3} or {3, 1}: around the layer, not refused
+  search.stages = {4};
+  expect_invalid([&] { search_plans(costs, search); }, "more than 64 tensors");
+}
+
 }  // namespace
 }  // namespace gpipe::testing

@@ -310,8 +310,9 @@ TEST(TrainerTest, RefusesABadSnapshotAndChangesNothing) {
     gpipe::add_layer(m, torch::nn::AnyModule(torch::nn::ReLU()), 1, keep);
     return m;
   });
-  Trainer other(wider, PipelineOptions().devices(1), TrainerOptions(sgd_options()).epochs(1).save(path + ".other"),
-                {torch::randn({8, 10}), torch::randn({8, 16})});
+  Trainer other(wider, PipelineOptions().devices(1),
+                TrainerOptions(sgd_options()).epochs(1).lr_schedule(LrScheduleOptions()).save(path + ".other"),
+                {torch::randn({8, 10}), torch::randn({8, 16})});  // one step: no warm-up
   other.fit();
   expect_invalid([&] { trainer.resume(path + ".other"); }, "checkpoint file of another model");
   // A deeper model's file: every parameter of this model is in it, and two more. Refused by the
@@ -441,6 +442,33 @@ TEST(TrainerTest, RefusesOptionsThatLeaveNoStep) {
   }, "for MPI runs");
   expect_invalid([&] { Trainer(mlp(), PipelineOptions().devices(2), TrainerOptions(sgd_options()).clip_grad_norm(-1), data); },
                  "gradient norm");
+  // A warm-up longer than the run (3 epochs of 4 steps) would never reach the learning rate.
+  auto warm = [](int64_t steps) { return LrScheduleOptions().kind(LrSchedule::kCosine).warmup_steps(steps); };
+  expect_invalid([&] { Trainer(mlp(), PipelineOptions().devices(2), TrainerOptions(sgd_options()).lr_schedule(warm(13)), data); },
+                 "the warm-up of 13 steps (`warmup_steps`) is longer than the run's 12 steps (3 epochs of 4 steps): "
+                 "the learning rate would never reach its value");
+  expect_invalid([&] {
+    Trainer(mlp(), PipelineOptions().devices(2), TrainerOptions(sgd_options()).steps(5).lr_schedule(warm(6)), data);
+  }, "longer than the run's 5 steps (3 epochs of 4 steps, limited by `steps` 5)");
+  Trainer(mlp(), PipelineOptions().devices(2), TrainerOptions(sgd_options()).lr_schedule(warm(12)), data);
+}
+
+// A boundary of the cut that passes more tensors than a message carries (the MPI transport's limit,
+// kMostBoundaryTensors) is refused before any step, naming the layer; without a limit it is not.
+TEST(CheckStageInputsTest, RefusesABoundaryOfMoreTensorsThanTheLimit) {
+  const gpipe::Model model = gpipe::Model::of("tuples", 6, [](gpipe::LayerRange keep) {
+    return gpipe::testing::tuple_model(1, keep);
+  });
+  const gpipe::Tensors sample = gpipe::Tensors::tuple_of(
+      {torch::randn({2, gpipe::testing::kSeq, gpipe::testing::kIn}), torch::rand({gpipe::testing::kIn}) + 0.5});
+  gpipe::check_stage_inputs(model, sample, {1, 5});  // (hidden, mask) after layer 0: 2 tensors
+  gpipe::check_stage_inputs(model, sample, {1, 5}, 2);
+  gpipe::testing::expect_invalid([&] { gpipe::check_stage_inputs(model, sample, {1, 5}, 1); },
+                                 "layer 0 ('0') ends stage 0 of the cut {1, 5} and passes 2 tensors to stage 1, more "
+                                 "than one MPI message carries (1)");
+  gpipe::testing::expect_invalid([&] { gpipe::check_stage_inputs(model, sample, {4, 2}, 4); },
+                                 "layer 3 ('3') ends stage 0 of the cut {4, 2} and passes 5 tensors to stage 1");
+  EXPECT_EQ(gpipe::kMostBoundaryTensors, 64);
 }
 
 // The test hook GPIPE_TEST_FAULT (train.h): a library user's run fails as gpipe train's does.

@@ -71,6 +71,7 @@ struct LayerCost {
   /// counts only if its own graph or the next layer's saves it (a Linear's output
   /// followed by a ReLU goes once the ReLU has run).
   double chain_kept_bytes = 0;
+  int output_tensors = 1;       ///< the tensors of its output (a tuple's): what a boundary after it passes
   double output_bytes = 0;      ///< its output (what crosses a stage boundary after it; if the output is a
                                 ///< view of its input, its bytes are the input's, kept by the layer before)
   double forward_peak_bytes = 0;   ///< peak during its forward, above what it held before

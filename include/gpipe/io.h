@@ -49,4 +49,8 @@ void check_input_file(const std::string& path);
 /// missing or unreadable file, or one that is not a regular file (check_input_file).
 std::string read_file(const std::string& path);
 
+/// Whether `path` ends in `extension` (".svg", ".png", ".json"), in any case: "x.SVG" and
+/// "x.Svg" end in ".svg". What decides a file's format from its name.
+bool has_extension(const std::string& path, const std::string& extension);
+
 }  // namespace gpipe

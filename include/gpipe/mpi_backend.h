@@ -204,7 +204,7 @@ class MpiTransport : public Transport {
 
  private:
   static constexpr int kMaxDims = 12;
-  static constexpr int kMaxTensors = 64;  // of a tuple in one message
+  static constexpr int kMaxTensors = kMostBoundaryTensors;  // of a tuple in one message
   static constexpr int kPart = 2 + kMaxDims;
   // The tensor count, whether a tuple, then per tensor: dtype (-1: undefined), dims, sizes...
   using Header = std::array<int64_t, 2 + kMaxTensors * kPart>;

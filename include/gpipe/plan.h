@@ -167,9 +167,14 @@ struct PipelinePlan {
   Schedule inference_program(int micro_batches) const;
 };
 
+/// The most micro-batches M a plan takes. A micro-batch needs at least one row, and a batch of
+/// fewer rows than M runs in one micro-batch per row (PipelinePlan::training_program), so a
+/// larger M would only make the programs (which grow with M) slow to build and large.
+constexpr int kMostMicroBatches = 1 << 16;
+
 /// The plan of a model of `layers` layers with `skips` (skip_connections) for
 /// `options`. Throws std::invalid_argument, naming the value and the fix,
-/// for a plan that cannot run: K, V or M below 1, a cut request that is not a cut
+/// for a plan that cannot run: K, V or M below 1, M above kMostMicroBatches, a cut request that is not a cut
 /// of the layers (a balance, blocks or costs that do not add up to them) or disagrees with K·V, more stages than layers, a schedule
 /// that cannot take K, M and V, a device list that is not K long, an unusable
 /// device, a group of tied parameters of fewer than two names.

@@ -83,7 +83,10 @@ constexpr int64_t kMostSearchedPairs = int64_t{1} << 22;
 /// first; then those that do not, least memory first. Throws std::invalid_argument when
 /// search.check() does, when an M asked for is more than the rows a replica gets (or leaves
 /// micro-batches below least_micro_batch_rows), when the search is larger than
-/// kMostSearchedPairs, or when no configuration can run at all.
+/// kMostSearchedPairs, or when no configuration can run at all. No stage of a proposed cut ends
+/// after a layer whose output passes more than kMostBoundaryTensors tensors (LayerCost::output_tensors,
+/// more than one MPI message carries): the min-max cut goes around such a layer, and a depth K
+/// that cannot is left out.
 std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch& search);
 
 /// A model as the planner takes it: its layers' costs, the rule it is cut by, what it needs of a

@@ -60,7 +60,7 @@ void write_chrome_trace(const StepTrace& trace, const std::string& path);
 std::string timeline_svg(const StepTrace& trace);
 
 /// Writes the trace to `path`, whole or not at all: an SVG chart when the name
-/// ends in ".svg", Chrome-trace JSON otherwise.
+/// ends in ".svg" (in any case: ".SVG" too), Chrome-trace JSON otherwise.
 void write_trace(const StepTrace& trace, const std::string& path);
 
 }  // namespace gpipe

@@ -89,7 +89,8 @@ LrSchedule parse_lr_schedule(const std::string& name);
 
 struct LrScheduleOptions {
   TORCH_ARG(LrSchedule, kind) = LrSchedule::kConstant;
-  /// Steps of linear warm-up first: step t (0-based) runs at lr·(t+1)/W.
+  /// Steps of linear warm-up first: step t (0-based) runs at lr·(t+1)/W. A Trainer refuses a
+  /// warm-up longer than its run (the learning rate would never reach its value).
   TORCH_ARG(int64_t, warmup_steps) = 0;
   /// kStep: steps between decays; 0: one epoch.
   TORCH_ARG(int64_t, step_size) = 0;
@@ -214,7 +215,10 @@ torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tenso
 /// and changes its input in place would fail in step 1 (or, for a leaf input, at once). Runs the
 /// whole model in eval mode on `sample` (a row or two) and throws std::invalid_argument naming the
 /// layer, the stage, the cut and the fix. The run's random numbers are left as they were.
-void check_stage_inputs(const Model& model, const Tensors& sample, const std::vector<int>& balance);
+/// With `most_boundary_tensors` above 0 (kMostBoundaryTensors under MPI, transport.h), a boundary
+/// of the cut that passes more tensors than that is refused too, naming the layer and the fix.
+void check_stage_inputs(const Model& model, const Tensors& sample, const std::vector<int>& balance,
+                        int most_boundary_tensors = 0);
 
 /// What a run did, as the end of `gpipe train`'s summary reports it (Python's
 /// gpipe.Summary prints the same lines).

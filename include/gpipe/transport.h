@@ -25,6 +25,11 @@
 
 namespace gpipe {
 
+/// The most tensors a stage boundary may pass in one message where a transport has a limit: the
+/// MPI transport sends a tuple of at most this many (one process's mailboxes take any number).
+/// The planner proposes no cut whose boundary passes more, and check_stage_inputs refuses one.
+constexpr int kMostBoundaryTensors = 64;
+
 /// Thrown out of a blocked Transport::recv when the step is cancelled (another
 /// stage failed). Executors pass it on as it is, not as their own failure.
 struct Cancelled : std::runtime_error {

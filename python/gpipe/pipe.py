@@ -356,8 +356,8 @@ class GPipe:
         return 0.0 if self._pipe is None else self._pipe.bubble()
 
     def trace(self, path):
-        """Writes the last step's timeline: an SVG chart if `path` ends in .svg, else Chrome-trace JSON
-        (open it in Perfetto). Under MPI every rank calls it; rank 0 writes."""
+        """Writes the last step's timeline: an SVG chart if `path` ends in .svg (in any case), else
+        Chrome-trace JSON (open it in Perfetto). Under MPI every rank calls it; rank 0 writes."""
         path = _path(path, "the trace's path")
         if self._pipe is None or not self._pipe.has_trace:
             raise ValueError("gpipe: no step has run yet, so there is no timeline to write")

@@ -3,6 +3,7 @@
 #include "gpipe/io.h"
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -281,6 +282,16 @@ std::string read_file(const std::string& path) {
   bytes << in.rdbuf();
   if (!in && !in.eof()) throw std::runtime_error("cannot read " + path);
   return bytes.str();
+}
+
+bool has_extension(const std::string& path, const std::string& extension) {
+  if (path.size() < extension.size()) return false;
+  const size_t from = path.size() - extension.size();
+  for (size_t n = 0; n < extension.size(); ++n)
+    if (std::tolower(static_cast<unsigned char>(path[from + n])) !=
+        std::tolower(static_cast<unsigned char>(extension[n])))
+      return false;
+  return true;
 }
 
 }  // namespace gpipe

@@ -346,6 +346,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
         output_saved = output_saved || t.storage().use_count() > 1;
       }
       c.output_bytes = static_cast<double>(out.bytes());
+      c.output_tensors = static_cast<int>(out.size());
       views.push_back(view);
       // A graph that saves a tensor holds a reference to it: to the input's TensorImpl, or to the
       // output's storage (a saved output is a detached alias).

@@ -3,7 +3,9 @@
 
 #include "gpipe/check.h"
 #include "gpipe/microbatch.h"
+#include "gpipe/partition.h"
 #include "gpipe/plan.h"
+#include "gpipe/transport.h"
 
 #include <algorithm>
 #include <limits>
@@ -19,6 +21,35 @@ CutRequest search_cut(const CostModel& costs, const PlanSearch& search) {
   std::vector<double> time;
   for (const LayerCost& c : costs.layers) time.push_back(c.forward_s + c.backward_s);
   return CutRequest::by_cost(time);
+}
+
+// The layers after which no stage may end: their output passes more tensors than a boundary's
+// message carries (kMostBoundaryTensors).
+std::vector<bool> uncuttable_after(const CostModel& costs) {
+  std::vector<bool> out;
+  for (const LayerCost& c : costs.layers) out.push_back(c.output_tensors > kMostBoundaryTensors);
+  return out;
+}
+
+// The min-max cut by `cost` into `stages` stages that ends no stage after an uncuttable layer: the
+// layers joined across those boundaries are cut as one; empty when too few such groups remain.
+std::vector<int> cut_around(const std::vector<double>& cost, const std::vector<bool>& uncuttable, int stages) {
+  std::vector<double> group_cost;
+  std::vector<int> group_layers;
+  for (size_t l = 0; l < cost.size(); ++l) {
+    if (l == 0 || !uncuttable[l - 1]) group_cost.push_back(0), group_layers.push_back(0);  // a stage may begin here
+    group_cost.back() += cost[l];
+    group_layers.back() += 1;
+  }
+  if (static_cast<int>(group_cost.size()) < stages) return {};
+  std::vector<int> balance;
+  size_t next = 0;
+  for (int groups : balance_by_cost(group_cost, stages)) {
+    int layers = 0;
+    for (int g = 0; g < groups; ++g) layers += group_layers[next++];
+    balance.push_back(layers);
+  }
+  return balance;
 }
 
 bool considered(const std::vector<int>& list, int value) {
@@ -112,18 +143,42 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
               "answer within about a minute; narrow it with `devices` (the K to consider), `micro_batches`, `schedule` "
               "or `checkpoint`");
   const CutRequest cut = search_cut(costs, search);
+  // A boundary after a layer whose output is a tuple of more tensors than one message carries is
+  // never proposed: the min-max cut goes around it, and a cut by blocks that ends a stage there is
+  // left out.
+  const std::vector<bool> uncuttable = uncuttable_after(costs);
+  const bool any_uncuttable = std::find(uncuttable.begin(), uncuttable.end(), true) != uncuttable.end();
+  int64_t left_out_for_tensors = 0;
   std::vector<PlanCandidate> found;
   for (const Shape& shape : shapes) {
     const int K = shape.K, D = shape.D, M = shape.M, V = shape.V;
     const int64_t rows = shape.rows;
     const ScheduleKind kind = shape.kind;
+    CutRequest shape_cut = cut;
+    if (any_uncuttable && cut.kind == CutKind::kByCost) {
+      const std::vector<int> around = cut_around(cut.layer_costs, uncuttable, K * V);
+      if (around.empty()) {
+        left_out_for_tensors += static_cast<int64_t>(search.checkpoints.size());
+        done += int64_t{K} * V * M * static_cast<int64_t>(search.checkpoints.size());
+        if (search.progress) search.progress(done, total);
+        continue;
+      }
+      shape_cut = CutRequest::given(around);
+    }
     for (Checkpoint checkpoint : search.checkpoints) {
       PipelinePlan plan;
       try {
-        plan = make_plan(L, PipelineOptions().devices(K).virtual_stages(V).cut(cut).micro_batches(M).schedule(kind)
-                                .checkpoint(checkpoint));
+        plan = make_plan(L, PipelineOptions().devices(K).virtual_stages(V).cut(shape_cut).micro_batches(M)
+                                .schedule(kind).checkpoint(checkpoint));
       } catch (const std::invalid_argument&) {
         break;  // a shape this schedule does not take (interleaved with M not a multiple of K, say)
+      }
+      bool passable = true;
+      const std::vector<int> offsets = stage_offsets(plan.balance);
+      for (size_t s = 1; s + 1 < offsets.size(); ++s) passable = passable && !uncuttable[static_cast<size_t>(offsets[s] - 1)];
+      if (!passable) {
+        ++left_out_for_tensors;
+        continue;
       }
       PlanCandidate c;
       c.devices = K;
@@ -164,7 +219,12 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
               search.least_micro_batch_rows > 1 ? std::to_string(search.least_micro_batch_rows) +
                                                       " rows (this model's BatchNorm)"
                                                 : std::string("a row"),
-              ", interleaved M a multiple of K, and a schedule at most 2^21 stage x micro-batch pairs");
+              ", interleaved M a multiple of K, and a schedule at most 2^21 stage x micro-batch pairs",
+              left_out_for_tensors > 0 ? "; and no stage may end after a layer whose output passes more than " +
+                                             std::to_string(kMostBoundaryTensors) + " tensors (" +
+                                             std::to_string(left_out_for_tensors) + " configurations were left out "
+                                             "for that: one MPI message carries at most that many)"
+                                       : std::string());
   std::stable_sort(found.begin(), found.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
     if (a.fits != b.fits) return a.fits;
     return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;

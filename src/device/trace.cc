@@ -141,8 +141,7 @@ std::string timeline_svg(const StepTrace& trace) {
 }
 
 void write_trace(const StepTrace& trace, const std::string& path) {
-  const bool svg = path.size() >= 4 && path.compare(path.size() - 4, 4, ".svg") == 0;
-  write_file_atomically(path, svg ? timeline_svg(trace) : chrome_trace_json(trace));
+  write_file_atomically(path, has_extension(path, ".svg") ? timeline_svg(trace) : chrome_trace_json(trace));
 }
 
 }  // namespace gpipe

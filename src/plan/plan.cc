@@ -247,6 +247,11 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
   const int K = plan.devices;
   GPIPE_CHECK(plan.micro_batches >= 1, "the number of micro-batches M must be at least 1 (got ", plan.micro_batches,
               ")");
+  // Checked before the programs are built, whose size grows with M.
+  GPIPE_CHECK(plan.micro_batches <= kMostMicroBatches, "M = ", plan.micro_batches, " micro-batches (`micro_batches`) "
+              "is more than gpipe plans (", kMostMicroBatches, "): every micro-batch needs at least one row, and a "
+              "batch of fewer rows than M runs in one micro-batch per row, so an M above a batch's rows only costs "
+              "time and memory; give M at most the rows of a batch");
 
   // The programs, with the skip connections that cross stages: a schedule that cannot take K, M and V
   // is refused here, before anything is built.

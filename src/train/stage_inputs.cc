@@ -8,7 +8,8 @@
 
 namespace gpipe {
 
-void check_stage_inputs(const Model& model, const Tensors& sample, const std::vector<int>& balance) {
+void check_stage_inputs(const Model& model, const Tensors& sample, const std::vector<int>& balance,
+                        int most_boundary_tensors) {
   const std::vector<int> offsets = stage_offsets(balance);
   const RandomStateGuard guard;  // building the model draws random numbers
   torch::nn::Sequential whole = model.build(LayerRange{});
@@ -25,6 +26,11 @@ void check_stage_inputs(const Model& model, const Tensors& sample, const std::ve
       continue;
     }
     ++next;
+    GPIPE_CHECK(most_boundary_tensors <= 0 || static_cast<int>(x.size()) <= most_boundary_tensors, "layer ",
+                layer - 1, " ('", names[static_cast<size_t>(layer - 1)].key(), "') ends stage ", next - 2,
+                " of the cut ", format_balance(balance), " and passes ", x.size(), " tensors to stage ", next - 1,
+                ", more than one MPI message carries (", most_boundary_tensors, "); cut elsewhere with `balance`, "
+                "or pass fewer tensors from layer to layer (stack those of one shape into one)");
     Tensors input = x;
     for (auto& t : input.items) t = t.detach().clone().requires_grad_(t.is_floating_point());
     const std::vector<int64_t> versions = versions_of(input);

@@ -10,6 +10,7 @@
 #include "gpipe/cost_model.h"
 #include "gpipe/io.h"
 #include "gpipe/microbatch.h"
+#include "gpipe/transport.h"
 
 #include <torch/torch.h>
 
@@ -429,6 +430,17 @@ Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOpt
   total_steps_ = options_.steps() > 0 ? std::min(options_.steps(), all) : all;
   lr_schedule_ = options_.lr_schedule();
   if (lr_schedule_.step_size() == 0) lr_schedule_.step_size(steps_per_epoch_);
+  // A warm-up longer than the run would end it below the learning rate asked for.
+  const int64_t W = lr_schedule_.warmup_steps();
+  GPIPE_CHECK(W <= total_steps_, "the warm-up of ", W, " steps (`warmup_steps`) is longer than the run's ",
+              total_steps_, total_steps_ == 1 ? " step" : " steps", " (", options_.epochs(),
+              options_.epochs() == 1 ? " epoch of " : " epochs of ", steps_per_epoch_,
+              steps_per_epoch_ == 1 ? " step" : " steps",
+              options_.steps() > 0 && options_.steps() < all ? ", limited by `steps` " + std::to_string(options_.steps())
+                                                            : std::string(),
+              "): the learning rate would never reach its value (the last step would run at ", total_steps_, "/", W,
+              " of it); give at most ", total_steps_, total_steps_ == 1 ? " warm-up step" : " warm-up steps",
+              ", or a longer run");
   // The test hook (train.h).
   if (const char* text = std::getenv("GPIPE_TEST_FAULT"); text != nullptr && *text != '\0') {
     const std::string hook(text);
@@ -453,7 +465,9 @@ Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOpt
   pipeline_ = plan != nullptr ? make_pipeline(model_.build, *plan, with_ties, runtime)
                               : make_pipeline(model_.build, model_.layers, with_ties, runtime);
   // A layer that begins a stage and changes its input in place would fail in step 1: refused now.
-  check_stage_inputs(model_, train_.input.narrow(0, 0, std::min<int64_t>(2, N)), pipeline_->plan().balance);
+  // Under MPI a boundary passes at most kMostBoundaryTensors in one message: a cut past it is refused too.
+  check_stage_inputs(model_, train_.input.narrow(0, 0, std::min<int64_t>(2, N)), pipeline_->plan().balance,
+                     job().distributed ? kMostBoundaryTensors : 0);
   // Every rank trains alike, on the same rows: its settings and its training data are compared.
   std::vector<std::pair<std::string, std::string>> shared = settings_of(options_);
   shared.emplace_back("training data", std::to_string(tensors_digest({train_.input, train_.target})));
@@ -513,22 +527,28 @@ std::string manifest_text(int64_t step, int devices) {
          "\n";
 }
 
-// The device counts K of the per-device files beside `path` (PATH.stage0-of-K), smallest first.
+// The device counts K of the per-device files beside `path` (PATH.stage<j>-of-K, any device j:
+// a set that lacks device 0's file is still a set of K), smallest first, each once.
 std::vector<int> per_device_sets(const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path file(path);
   const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
-  const std::string prefix = file.filename().string() + ".stage0-of-";
+  const std::string prefix = file.filename().string() + ".stage";
+  auto digits = [](const std::string& s) {
+    return !s.empty() && s.size() <= 6 && s.find_first_not_of("0123456789") == std::string::npos;
+  };
   std::vector<int> sets;
   std::error_code ec;
   for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.rfind(prefix, 0) != 0) continue;
-    const std::string k = name.substr(prefix.size());
-    if (!k.empty() && k.size() <= 6 && k.find_first_not_of("0123456789") == std::string::npos)
-      sets.push_back(std::stoi(k));
+    const std::string rest = name.substr(prefix.size());  // <j>-of-<K>
+    const size_t of = rest.find("-of-");
+    if (of == std::string::npos || !digits(rest.substr(0, of)) || !digits(rest.substr(of + 4))) continue;
+    sets.push_back(std::stoi(rest.substr(of + 4)));
   }
   std::sort(sets.begin(), sets.end());
+  sets.erase(std::unique(sets.begin(), sets.end()), sets.end());
   return sets;
 }
 
@@ -598,12 +618,14 @@ void Trainer::resume(const std::string& resume_path) {
       if (std::filesystem::is_regular_file(resume_path))
         throw std::invalid_argument(resume_path + " is one whole checkpoint file, not a set of per-device files: "
                                     "leave out `per_device_files` (a whole file resumes with any `devices`)");
-      const bool same_k = sets.size() == 1 && sets.front() == pipeline_->devices();
+      // A set of this K that lacks this device's file: the fix is a whole set, not another K.
+      const bool same_k = std::find(sets.begin(), sets.end(), pipeline_->devices()) != sets.end();
       throw std::invalid_argument(
           "no such file: " + path +
           (sets.empty()  ? " (each device has its own file; resume with the K of the run that saved)"
-           : same_k      ? " (the set of per-device files of " + resume_path + " lacks this device's: it is not "
-                           "whole; resume from a whole set, or a save of the run to another path)"
+           : same_k      ? " (the set of " + std::to_string(pipeline_->devices()) + " per-device files of " +
+                           resume_path + " lacks this device's file: it is not whole, and no `devices` makes it "
+                           "whole; resume from a whole set, or from a save of the run to another path)"
                          : " (the per-device files of " + resume_path + " are of " + k + " devices: resume with "
                            "`devices` " + k + ")"));
     }

@@ -1,5 +1,6 @@
 """Every way gpipe.GPipe refuses: ValueError for bad arguments before any work, RuntimeError naming
 the stage, micro-batch and action for a failure inside a stage, and the step leaves nothing changed."""
+import time
 from typing import Tuple
 
 import pytest
@@ -45,6 +46,18 @@ def test_bad_arguments_are_value_errors_that_name_the_fix():
             return x + super().forward(x)
 
     refused("overrides Sequential's forward", model=Residual(torch.nn.Linear(6, 6)))
+
+
+def test_more_micro_batches_than_gpipe_plans_is_refused_at_once():
+    # A micro-batch needs a row: chunks far above any batch's rows is refused before the plan is
+    # built (which took seconds and gigabytes at chunks=10**6), naming chunks and the fix.
+    begin = time.perf_counter()
+    refused("M = 1000000 micro-batches .* more than gpipe plans .65536.*at most the rows of a batch.*M chunks",
+            chunks=10**6)
+    assert time.perf_counter() - begin < 5
+    # Below the cap a batch of fewer rows than chunks runs in one micro-batch per row.
+    pipe = gpipe.GPipe(mlp(), balance=[2, 2], chunks=64)
+    assert isinstance(pipe.train_step(torch.randn(8, 6), torch.randint(3, (8,))), float)
 
 
 def test_a_model_torchscript_cannot_compile_is_refused_with_its_reason():
@@ -128,8 +141,10 @@ def test_trace_and_schedule_after_a_step(tmp_path):
     pipe.train_step(torch.randn(4, 6), torch.randint(3, (4,)))
     pipe.trace(tmp_path / "step.json")
     pipe.trace(tmp_path / "step.svg")
+    pipe.trace(tmp_path / "upper.SVG")  # the suffix in any case
     assert '"traceEvents"' in (tmp_path / "step.json").read_text()
     assert (tmp_path / "step.svg").read_text().startswith("<svg")
+    assert (tmp_path / "upper.SVG").read_text().startswith("<svg")
     assert "device 0 |" in pipe.schedule_text() and "device 1 |" in pipe.schedule_text()
     assert 0.0 <= pipe.bubble < 1.0
     with pytest.raises(RuntimeError, match="nowhere"):

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <thread>
 
 namespace gpipe::mpi {
@@ -36,6 +37,9 @@ void end_job(int status, const std::string& message, const std::function<void(co
   // Ranks that fail together meet here: wait up to 5 s for all of them, then the first rank prints
   // each different message once; a rank that never comes only delays the end, each rank then
   // printing its own message. Then every rank ends.
+  // The launcher ends the other ranks with SIGTERM once the first calls MPI_Abort: the job's error
+  // is said here, so that signal ends a rank without a line of its own ("ended by SIGTERM").
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, SIG_DFL);
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_Ibarrier(failure_comm(), &request);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
