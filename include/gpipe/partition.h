@@ -46,6 +46,9 @@ std::vector<int> stage_offsets(const std::vector<int>& balance);
 ///   balance_by_cost({1, 1, 1, 6}, 2) == {3, 1}
 std::vector<int> balance_by_cost(const std::vector<double>& costs, int stages);
 
+/// The branches balance_devices_by_cost explores before it settles for the best cut found.
+inline constexpr int64_t kDeviceCutBranches = int64_t{1} << 22;
+
 /// The contiguous cut of layers with costs `costs` into `placement.size()` stages, stage s run by
 /// device placement[s], that minimizes the largest *device* cost (the sum of its stages'), ties
 /// broken by the smallest variance of device costs, then by balance_by_cost's cut. With several
@@ -60,7 +63,6 @@ std::vector<int> balance_by_cost(const std::vector<double>& costs, int stages);
 ///   balance_by_cost({4, 1, 1, 1, 1, 1, 1, 6}, 4) == {1, 3, 3, 1}: the interleaved placement
 ///   {0, 1, 0, 1} loads the devices 7 and 9;
 ///   balance_devices_by_cost({4, 1, 1, 1, 1, 1, 1, 6}, {0, 1, 0, 1}) == {1, 1, 4, 2}: 8 and 8
-inline constexpr int64_t kDeviceCutBranches = int64_t{1} << 22;
 std::vector<int> balance_devices_by_cost(const std::vector<double>& costs, const std::vector<int>& placement);
 
 /// The cost of each stage of `balance` for per-layer `costs`.

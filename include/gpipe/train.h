@@ -307,8 +307,9 @@ struct TrainerCallbacks {
 /// another value: std::invalid_argument.
 class Trainer {
  public:
-  /// Checks the model against its data before any work (check_model_and_data, integer targets as
-  /// class indices), then the inputs of its stages' first layers (check_stage_inputs).
+  /// Checks the model against its data before any work (check_model_and_data, for the built-in
+  /// losses: mse_loss, and cross_entropy_loss over class indices), then the inputs of its stages'
+  /// first layers (check_stage_inputs).
   Trainer(const Model& model, const PipelineOptions& pipeline, const TrainerOptions& options, Dataset train,
           Runtime runtime = Runtime::kAuto);
   /// The same with the plan make_plan made for `pipeline` (as a front end makes it once to check its

@@ -298,7 +298,8 @@ void add_planning(py::module_& m) {
             py::gil_scoped_release free;
             const CostModel costs = profile_model(layers, x, o);
             if (balance.empty()) {
-              options.balance(balance_by_cost(layer_times(costs, rows.front()), plan.stages()));
+              // Cut by time as GPipe(balance=None) cuts: make_plan balances the schedule's devices.
+              options.cut(CutRequest::by_cost(layer_times(costs, rows.front())));
               plan = make_plan(static_cast<int>(layers->size()), options, skips);
             }
             p = predict(costs, plan, rows);

@@ -460,8 +460,12 @@ Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOpt
   // The model's own ties join any the caller declared.
   PipelineOptions with_ties = pipeline;
   with_ties.tied_parameters().insert(with_ties.tied_parameters().end(), model_.tied.begin(), model_.tied.end());
-  // The model against its data (integer targets are class indices), before any stage is built.
-  check_model_and_data(model_, train_, !train_.target.is_floating_point());
+  // The model against its data, before any stage is built: for the built-in losses only (a loss of
+  // one's own, or cross-entropy over class probabilities, may take other shapes).
+  using Loss = torch::Tensor (*)(const torch::Tensor&, const torch::Tensor&);
+  const Loss* builtin = options_.loss().target<Loss>();
+  const bool classes = builtin != nullptr && *builtin == &cross_entropy_loss && !train_.target.is_floating_point();
+  if (classes || (builtin != nullptr && *builtin == &mse_loss)) check_model_and_data(model_, train_, classes);
   pipeline_ = plan != nullptr ? make_pipeline(model_.build, *plan, with_ties, runtime)
                               : make_pipeline(model_.build, model_.layers, with_ties, runtime);
   // A layer that begins a stage and changes its input in place would fail in step 1: refused now.
