@@ -361,8 +361,9 @@ class Trainer {
   int stopped_by() const { return stopped_by_; }
   /// After fit() stopped on a signal (stopped_by()), lines for standard error: where the run stopped
   /// and what holds it ("gpipe: stopped by SIGINT at step 3 of 16 (epoch 1, 3 of its 16 steps done);
-  /// the run is saved in FILE"), and, for a program whose option `resume_flag` resumes from a file,
-  /// the command that resumes it ("gpipe: resume with: ...", resume_command).
+  /// the run is saved in FILE", or that nothing was saved), and, for a program whose option
+  /// `resume_flag` resumes from a file, the command that resumes it ("gpipe: resume with: ...",
+  /// resume_command). None when fit() was not stopped.
   std::vector<std::string> stop_report(const std::string& resume_flag = "") const;
   /// The file save() writes for `path`: itself, or with per_device_files
   /// device `device`'s (this process's when -1).

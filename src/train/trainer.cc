@@ -497,20 +497,24 @@ Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOpt
 
 std::vector<std::string> Trainer::stop_report(const std::string& resume_flag) const {
   const int signal = stopped_by_;
+  if (signal == 0) return {};
   const std::string name = signal == SIGINT    ? "SIGINT"
                            : signal == SIGTERM ? "SIGTERM"
                            : signal == SIGHUP  ? "SIGHUP"
                                                : "signal " + std::to_string(signal);
   const std::string& save = options_.save();
   const int64_t per_epoch = steps_per_epoch_;
-  std::vector<std::string> lines{"gpipe: stopped by " + name + " at step " + std::to_string(step_) + " of " + std::to_string(total_steps_) +
-              " (epoch " + std::to_string(step_ / per_epoch + 1) + ", " + std::to_string(step_ % per_epoch) +
-              " of its " + std::to_string(per_epoch) + " steps done); the run is saved in " +
-              (options_.per_device_files() ? snapshot_file(save, 0) + " .. " +
-                                                 snapshot_file(save, pipeline_->devices() - 1) + " and " +
-                                                 manifest_file(save)
-                                           : save)};
-  if (!resume_flag.empty()) lines.push_back("gpipe: resume with: " + resume_command(save, resume_flag));
+  const std::string kept =
+      save.empty()                  ? "nothing was saved (no save file was given)"
+      : options_.per_device_files() ? "the run is saved in " + snapshot_file(save, 0) + " .. " +
+                                          snapshot_file(save, pipeline_->devices() - 1) + " and " + manifest_file(save)
+                                    : "the run is saved in " + save;
+  std::vector<std::string> lines{"gpipe: stopped by " + name + " at step " + std::to_string(step_) + " of " +
+                                 std::to_string(total_steps_) + " (epoch " + std::to_string(step_ / per_epoch + 1) +
+                                 ", " + std::to_string(step_ % per_epoch) + " of its " + std::to_string(per_epoch) +
+                                 " steps done); " + kept};
+  if (!resume_flag.empty() && !save.empty())
+    lines.push_back("gpipe: resume with: " + resume_command(save, resume_flag));
   return lines;
 }
 
