@@ -176,7 +176,7 @@ TEST(DeferredBatchNormTest, ABatchNormInsideALayerIsRefusedWithTheFix) {
   } catch (const std::invalid_argument& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("1.norm"), std::string::npos) << what;
-    EXPECT_NE(what.find("deferred_batch_norm(false)"), std::string::npos) << what;
+    EXPECT_NE(what.find("`deferred_batch_norm=false`"), std::string::npos) << what;
   }
   gpipe::Pipeline per_micro_batch(model, PipelineOptions().devices(2).micro_batches(2).deferred_batch_norm(false));
   EXPECT_EQ(per_micro_batch.stages(), 2);
