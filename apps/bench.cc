@@ -272,7 +272,8 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   sub->add_option("--balance-by", o->balance_by,
                   "how stages are cut (several sweep): even (blocks evenly, as docs/benchmarks.md), params (parameter "
                   "counts), time (profiled forward+backward per layer) or memory (activations kept plus "
-                  "parameters, gradients and momentum); exact min-max partition")
+                  "parameters, gradients and momentum); the exact min-max cut of the stages, or of the devices "
+                  "where a schedule puts several stages on one")
       ->delimiter(',')->check(CLI::IsMember({"even", "params", "time", "memory"}))->capture_default_str();
   sub->add_flag("--json", o->json, "one JSON object per configuration on standard output (JSON Lines)");
   sub->add_flag("--tie-embeddings", o->tie_embeddings,

@@ -61,7 +61,8 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--balance-by", o->balance_by,
                   "cut the --stages stages by per-layer cost on one micro-batch: params (parameter counts), "
                   "time (profiled forward+backward) or memory (activations kept, parameters, gradients, "
-                  "optimizer state); the exact min-max cut, printed with its predicted step")
+                  "optimizer state); the exact min-max cut (of the devices where a schedule puts several stages "
+                  "on one), printed with its predicted step")
       ->check(CLI::IsMember({"params", "time", "memory"}));
   sub->add_option("--micro-batches", o->micro_batches, "micro-batches M per mini-batch")
       ->check(at_least(1))->capture_default_str();
