@@ -10,12 +10,7 @@
 set -u
 gpipe="$1"
 mpirun_sh="$(dirname "$0")/mpirun.sh"
-failures=0
-pass() { echo "ok: $1"; }
-fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
 work=$(mktemp -d -t gpipe-mpi-signal-test.XXXXXX)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
 source "$(dirname "$0")/signal_lib.sh"
 source "$(dirname "$0")/parts_lib.sh"
 run=(train --train-samples 640 --test-samples 100 --batch-size 64 --epochs 3 --json)  # 10 steps an epoch

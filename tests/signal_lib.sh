@@ -1,4 +1,11 @@
-# signal_lib.sh: what signal_test.sh and mpi_signal_test.sh share; sourced after $work is set.
+# signal_lib.sh: what signal_test.sh, signal_more_test.sh and mpi_signal_test.sh share; sourced after
+# $work is set: the pass and fail counts, and the runs started in the background (pids), killed with
+# $work removed when the script ends.
+failures=0
+pass() { echo "ok: $1"; }
+fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
+pids=()
+trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
 
 # The parameter checksum of a --json summary, exactly as written.
 checksum() { /usr/bin/python3 -c 'import json,sys; print(repr(json.load(open(sys.argv[1]))["parameter_checksum"]))' "$1"; }

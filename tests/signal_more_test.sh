@@ -7,12 +7,7 @@
 set -u
 ulimit -c 0  # SIGQUIT's default action dumps core: none here
 gpipe="$1"
-failures=0
-pass() { echo "ok: $1"; }
-fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
 work=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
 source "$(dirname "$0")/signal_lib.sh"
 run=(train --train-samples 640 --test-samples 100 --batch-size 64 --epochs 3)
 
