@@ -230,7 +230,8 @@ if [ -n "$out" ]; then
   mkdir -p "$out"
   cp "$results" "$out/device.json" 2>/dev/null
   [ -f "$work/device-trace.json" ] && cp "$work/device-trace.json" "$out/"
-  cp "$work"/*.out "$work"/*.err "$work/tools.txt" "$work/phases.jsonl" "$out/" 2>/dev/null
+  # At most 8 files come back from the machine: the logs travel as one archive.
+  tar -czf "$out/logs.tar.gz" -C "$work" --exclude device-trace.json . 2>/dev/null
 fi
 [ -f "$work/device-trace.json" ] && [ "$smoke" != 1 ] && cp "$work/device-trace.json" bench/results/device-trace.json
 exit $status
