@@ -28,6 +28,8 @@ class ScriptLayerImpl : public torch::nn::Module, public RandomLayer, public Bat
   torch::Tensor forward(const torch::Tensor& x);
   torch::IValue forward_value(torch::IValue x) override;
   void train(bool on = true) override;
+  /// The script module's own mode (a layer the Python model left in eval mode stays so).
+  bool is_training() const noexcept override { return module_.is_training(); }
   /// Whether its code (or its submodules') calls dropout or draws random numbers otherwise.
   bool draws_random_numbers() const override { return random_; }
   std::optional<RunningStatistics> running_statistics() override;

@@ -27,6 +27,9 @@ int stop_requested();
 /// Seconds since the pending stop request was made (0 when there is none).
 double seconds_since_stop_request();
 
+/// "SIGINT", "SIGTERM", "SIGHUP" or "SIGQUIT"; "a signal" for any other. Async-signal-safe.
+const char* signal_name(int signal);
+
 /// Forgets the pending stop request (a run that stopped can then be continued by fit()).
 void clear_stop_request();
 
@@ -42,7 +45,7 @@ enum class OnSignal {
   /// first is not a second one: `timeout` and batch systems signal the process, then its group.
   kStopAtStep,
   /// The first signal removes the temporary file being written, says on standard error that the
-  /// process ended and saved nothing, and ends it as the signal's default action would (killed
+  /// process ended and which save is whole (or that nothing was saved), and ends it as the signal's default action would (killed
   /// by the signal).
   kEndNow,
 };

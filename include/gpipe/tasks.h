@@ -196,7 +196,7 @@ PipelineOptions pipeline_options_of(const Task& task, const RunRequest& request)
 struct RunSummary {
   std::string evaluated_on;  ///< TaskData::test_name
   Evaluation evaluation;     ///< the last evaluation
-  bool no_step_ran = false;  ///< this run took no step (resumed at its end, or --epochs 0)
+  bool no_step_ran = false;  ///< this run took no step (resumed at its end, or `epochs` 0)
   double first_loss = 0;     ///< the loss of this run's first step, and of its last (when a step ran)
   double final_loss = 0;
   RunFigures figures;        ///< this run's time, steps, throughput, measured bubble, cut and placement

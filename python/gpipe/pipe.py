@@ -230,7 +230,7 @@ class GPipe:
         # A subclass that keeps Sequential's forward is that chain: its children are run as a plain
         # Sequential's (the same modules, so the same parameters).
         layers = model if type(model) is torch.nn.Sequential else torch.nn.Sequential(model._modules)
-        layers.train(model.training)
+        layers.training = model.training  # the container's flag only: children keep their own modes
         if balance is not None and (isinstance(balance, (str, bytes)) or not hasattr(balance, "__iter__")):
             raise ValueError(f"gpipe: balance must be a list of layers per stage, e.g. [3, 8] (got {balance!r})")
         settings = _gpipe.Settings()

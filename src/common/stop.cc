@@ -42,16 +42,6 @@ void write_text(const char* text) {
   write_text(text, length);
 }
 
-const char* signal_name(int signal) {
-  switch (signal) {
-    case SIGINT: return "SIGINT";
-    case SIGTERM: return "SIGTERM";
-    case SIGHUP: return "SIGHUP";
-    case SIGQUIT: return "SIGQUIT";
-    default: return "a signal";
-  }
-}
-
 // One line on standard error: "gpipe: ended by SIGINT, a second signal; PATH (step N) is whole",
 // or "...; nothing was saved". Async-signal-safe.
 void say_what_is_saved(int signal, const char* why) {
@@ -90,10 +80,9 @@ void on_signal(int signal) {
   const int saved_errno = errno;
   if (static_cast<OnSignal>(mode_of_handlers.load()) == OnSignal::kEndNow) {
     remove_partial_files();
-    // One line, so that a run ended before its first step (or without --save) does not end in silence.
-    write_text("gpipe: ended by ");
-    write_text(signal_name(signal));
-    write_text("; nothing was saved\n");
+    // One line, so that a run ended before its first step (or without a save file) does not end in
+    // silence; it names the last whole save, if there was one.
+    say_what_is_saved(signal, "");
     ::signal(signal, SIG_DFL);  // then the default action: killed by the signal, as without a handler
     sigset_t mask;
     sigemptyset(&mask);
@@ -120,6 +109,16 @@ void on_signal(int signal) {
 }
 
 }  // namespace
+
+const char* signal_name(int signal) {
+  switch (signal) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    default: return "a signal";
+  }
+}
 
 void request_stop(int signal) {
   int none = 0;

@@ -140,7 +140,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
   for (const Shape& s : shapes) total += int64_t{s.K} * s.V * s.M * static_cast<int64_t>(search.checkpoints.size());
   GPIPE_CHECK(total <= kMostSearchedPairs, "the search would simulate ", total, " stage x micro-batch pairs (K x V x M "
               "over every configuration and checkpoint mode), more than the ", kMostSearchedPairs, " that keep an "
-              "answer within about a minute; narrow it with `devices` (the K to consider), `micro_batches`, `schedule` "
+              "answer within about a minute; narrow it with `stages` (the K to consider), `micro_batches`, `schedule` "
               "or `checkpoint`");
   const CutRequest cut = search_cut(costs, search);
   // A boundary after a layer whose output is a tuple of more tensors than one message carries is

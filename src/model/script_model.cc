@@ -161,7 +161,9 @@ ScriptModel load_script_model(const std::string& path) {
                              "torch.jit.script(torch.nn.Sequential(...)).save(path)): " +
                              what_of(e).substr(0, 300));
   }
-  return script_model(std::move(module), path);
+  ScriptModel model = script_model(std::move(module), path);
+  model.script.train();  // a saved model is trained, whatever mode it was saved in
+  return model;
 }
 
 ScriptModel script_model(torch::jit::Module module, const std::string& origin) {
@@ -213,7 +215,6 @@ ScriptModel script_model(torch::jit::Module module, const std::string& origin) {
   if (source.layers->size() == 0)
     throw std::runtime_error(origin + " has no top-level children to use as layers; save a "
                              "torch.nn.Sequential of layers");
-  source.script.train();
   return source;
 }
 

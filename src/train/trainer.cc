@@ -498,10 +498,7 @@ Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOpt
 std::vector<std::string> Trainer::stop_report(const std::string& resume_flag) const {
   const int signal = stopped_by_;
   if (signal == 0) return {};
-  const std::string name = signal == SIGINT    ? "SIGINT"
-                           : signal == SIGTERM ? "SIGTERM"
-                           : signal == SIGHUP  ? "SIGHUP"
-                                               : "signal " + std::to_string(signal);
+  const std::string name = signal_name(signal);
   const std::string& save = options_.save();
   const int64_t per_epoch = steps_per_epoch_;
   const std::string kept =

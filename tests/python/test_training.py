@@ -601,3 +601,22 @@ def test_a_subclass_of_sequential_that_keeps_its_forward_trains_as_one():
                 lambda p: torch.optim.SGD(p, lr=0.1))
     train_reference(reference, data, torch.nn.functional.cross_entropy, lambda p: torch.optim.SGD(p, lr=0.1))
     assert_same_parameters(model, reference)
+
+
+def test_a_layer_left_in_eval_mode_stays_so_when_wrapped():
+    # A frozen BatchNorm (model.train(), then bn.eval()): wrapping keeps its mode, and a training
+    # step uses its running statistics without updating them, as plain PyTorch does.
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 5))
+    model.train()
+    model[1].eval()
+    reference = copy.deepcopy(model)
+    pipe = gpipe.GPipe(model, balance=[2, 2], chunks=2)
+    assert model.training and not model[1].training
+    data = batches(2, 8)
+    train_reference(reference, data, torch.nn.functional.cross_entropy, lambda p: torch.optim.SGD(p, lr=0.1))
+    train_gpipe(pipe, model, data, "cross_entropy", lambda p: torch.optim.SGD(p, lr=0.1))
+    assert int(model[1].num_batches_tracked) == 0
+    assert torch.equal(model[1].running_mean, reference[1].running_mean)
+    assert_same_parameters(model, reference)
