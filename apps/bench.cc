@@ -1,11 +1,9 @@
-// bench.cc: `gpipe bench`: the workloads of docs/benchmarks.md through the pipeline, against one
-// device and against the ideal; in one process, or one rank per device under mpirun (the same sweep).
-#include "bench.h"
+// bench.cc: `gpipe bench`: its flags, and the rows of the library's sweep (run_benchmark, tasks.h) as a
+// table or JSON; in one process, or one rank per device under mpirun (the same sweep).
 #include "commands.h"
 #include "common.h"
 
 #include <gpipe/gpipe.h>
-#include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
 
@@ -14,225 +12,132 @@
 #include <iostream>
 
 namespace gpipe::cli {
-
 namespace {
 
+struct BenchOptions {
+  BenchSweep sweep;
+  bool json = false;
+  bool transport = false;  // MPI: time the transport alone (run_transport)
+  std::string results = "bench/results/bench.json";
+};
 
-// --virtual-stages applies to the schedules that take that V (takes_virtual_stages); the others run their own.
-int virtual_stages(const std::string& schedule, const BenchOptions& o) {
-  const bool takes = o.virtual_stages > 0 && takes_virtual_stages(parse_schedule(schedule), o.virtual_stages);
-  RunRequest r;
-  r.schedule = schedule;
-  r.virtual_stages = takes ? o.virtual_stages : 0;
-  return resolve_run(Task(), r).virtual_stages;
+nlohmann::json json_of(const BenchRow& r) {
+  const Prediction& p = r.predicted;
+  nlohmann::json row = {
+      {"workload", r.workload}, {"tie_embeddings", r.tie_embeddings}, {"transport", r.transport},
+      {"stages", r.stages}, {"replicas", r.replicas}, {"micro_batches", r.micro_batches},
+      {"checkpoint", r.checkpoint}, {"schedule", r.schedule}, {"virtual_stages", r.virtual_stages},
+      {"threads_per_device", r.threads_per_device}, {"balance", r.balance}, {"balance_by", r.balance_by},
+      {"samples_per_s", r.samples_per_s}, {"samples_per_s_min", r.samples_per_s_min},
+      {"samples_per_s_max", r.samples_per_s_max}, {"ideal", r.ideal}, {"bubble", r.bubble},
+      {"overhead_us_per_step", r.overhead_us_per_step}, {"step_s", r.step_s}, {"predicted_step_s", p.step_s},
+      {"predicted_bubble", p.bubble}, {"predicted_peak_bytes", p.peak_bytes}, {"predicted_static_bytes", p.static_bytes},
+      {"peak_bytes", r.peak_bytes}, {"peak_held_bytes", r.peak_held_bytes}, {"parameter_bytes", r.parameter_bytes},
+      {"bytes_sent_per_step", r.bytes_sent_per_step}, {"skip_bytes_per_step", r.skip_bytes_per_step},
+      {"program_actions_per_device", r.program_actions_per_device}, {"steps", r.steps}, {"warmup", r.warmup},
+      {"simulated_over_measured", r.simulated_over_measured}};
+  auto ratio = [&row](const std::string& name, const BenchRatio& x) {
+    row.update({{name, x.median}, {name + "_min", x.min}, {name + "_max", x.max}});
+  };
+  if (r.has_baselines) {
+    row.update({{"one_device_samples_per_s", r.one_device_samples_per_s}, {"efficiency", r.efficiency},
+                {"unsplit_samples_per_s", r.unsplit_samples_per_s}});
+    ratio("speedup", r.speedup);
+    ratio("speedup_vs_unsplit", r.speedup_vs_unsplit);
+  }
+  if (!r.vs_schedule.empty()) {
+    row.update({{"vs_schedule", r.vs_schedule}, {"bubble_vs_schedule", r.bubble_vs_schedule},
+                {"peak_bytes_vs_schedule", r.peak_bytes_vs_schedule},
+                {"peak_held_bytes_vs_schedule", r.peak_held_bytes_vs_schedule}});
+    ratio("speedup_vs_schedule", r.speedup_vs_schedule);
+  }
+  return row;
 }
 
-// Every contender's optimizer: plain SGD (no momentum), a small step.
-const OptimizerOptions kBenchOptimizer = OptimizerOptions().kind(OptimizerKind::kSgd).lr(1e-4);
-
-TaskOptions task_options(const BenchOptions& o) { return TaskOptions().tie_embeddings(o.tie_embeddings); }
-
-// The cost model of task `name` at M micro-batches: its layers profiled on one micro-batch of its
-// batch, on one device's threads, as the devices will run them. Three warm-up passes: a first
-// profile runs on fresh pages.
-CostModel profile_task(const std::string& name, int M, const BenchOptions& o) {
-  const Task& task = find_task(name);
-  const Dataset batch = task.batch(task_options(o));
-  const int64_t rows = micro_batch_sizes(batch.size(), M).front();
-  return profile_layers(task.model(task_options(o)).build(LayerRange{}), batch.input.narrow(0, 0, rows), o.threads,
-                        state_per_parameter_byte(kBenchOptimizer), /*warmup=*/3, /*repetitions=*/5, task.loss,
-                        batch.target.narrow(0, 0, rows));
+// Of the per-device ratios predicted / measured, the one farthest from 1.
+double worst_ratio(const std::vector<int64_t>& predicted, const std::vector<int64_t>& measured) {
+  double worst = 1;
+  for (size_t j = 0; j < predicted.size() && j < measured.size(); ++j) {
+    const double r = static_cast<double>(predicted[j]) / static_cast<double>(std::max<int64_t>(measured[j], 1));
+    if (std::abs(std::log(r)) > std::abs(std::log(worst))) worst = r;
+  }
+  return worst;
 }
 
-// One configuration's request: an explicit cut (for K above 1), a workload's blocks evenly (--balance-by
-// even, docs/benchmarks.md; never a task's tuned cut), or by cost (`costs`, with a cost method).
-RunRequest request_of(int K, int M, const std::string& schedule, const std::string& balance_by, const BenchOptions& o) {
-  RunRequest r;
-  r.devices = K;
-  r.micro_batches = M;
-  r.schedule = schedule;
-  r.virtual_stages = virtual_stages(schedule, o);
-  if (!o.balance.empty() && K > 1) r.balance = o.balance;
-  r.balance_by = balance_by == "given" ? "" : balance_by;
-  return r;
+std::string mebibytes(const std::vector<int64_t>& bytes) {
+  std::string out;
+  for (size_t j = 0; j < bytes.size(); ++j) out += (j ? " " : "") + fixed(static_cast<double>(bytes[j]) / (1 << 20), 1);
+  return out.empty() ? "-" : out;
 }
 
-// Every configuration is checked before any work, by the plan each will run.
-void check_sweep(const BenchOptions& o) {
-  GPIPE_CHECK(!job().distributed || o.balance_by == std::vector<std::string>{"even"},
-              "--balance-by profiles the whole model in one process; under mpirun pass a cut with --balance");
-  if (!o.balance.empty() && o.balance_by_given) {
-    std::string methods;
-    for (const std::string& m : o.balance_by) methods += (methods.empty() ? "" : " ") + m;
-    GPIPE_CHECK(false, "--balance ", format_balance(o.balance), " is the cut, and --balance-by ", methods,
-                " would choose it too (its rows would be one cut under ", o.balance_by.size() > 1 ? "several names" : "another name",
-                "); give one of them");
+void print_header() {
+  std::cout << std::left << std::setw(12) << "workload" << std::right << std::setw(3) << "K" << std::setw(3) << "D"
+            << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(16) << "schedule" << std::setw(11)
+            << "samples/s" << std::setw(9) << "speedup" << std::setw(17) << "(min .. max)" << std::setw(7) << "ideal"
+            << std::setw(6) << "eff" << std::setw(8) << "bubble" << std::setw(9) << "vs unspl" << std::setw(9)
+            << "sim/meas" << std::setw(8) << "pred t" << std::setw(9) << "pred mem" << std::setw(9) << "sent MiB"
+            << std::setw(10) << "skip MiB" << "  peak MiB per device  balance\n";
 }
-  // --virtual-stages is for the schedules of several stages per device: each of them in the sweep takes it
-  // (zbv and v-half only their 2), and one of them is swept.
-  if (o.virtual_stages > 0) {
-    const std::string flag = "--virtual-stages " + std::to_string(o.virtual_stages);
-    bool taken = false;
-    for (const std::string& schedule : o.schedules) {
-      const ScheduleKind kind = parse_schedule(schedule);
-      if (default_virtual_stages(kind) > 1) or_usage_error(flag, [&] { check_virtual_stages(kind, o.virtual_stages); });
-      taken = taken || default_virtual_stages(kind) > 1;
+
+void print_row(const BenchRow& r) {
+  auto baseline = [&r](double value, int digits) { return r.has_baselines ? fixed(value, digits) : "-"; };
+  const std::string range = r.has_baselines ? "(" + fixed(r.speedup.min, 2) + " .. " + fixed(r.speedup.max, 2) + ")" : "-";
+  const int V = r.virtual_stages;
+  std::cout << std::left << std::setw(12) << r.workload << std::right << std::setw(3) << r.stages << std::setw(3)
+            << r.replicas << std::setw(5) << r.micro_batches << std::setw(13) << r.checkpoint << std::setw(16)
+            << r.schedule + (V > 1 ? "/" + std::to_string(V) : "") << std::setw(11) << fixed(r.samples_per_s, 1)
+            << std::setw(9) << baseline(r.speedup.median, 3) << std::setw(17) << range << std::setw(7)
+            << fixed(r.ideal, 3) << std::setw(6) << baseline(r.efficiency, 2) << std::setw(8) << fixed(r.bubble, 3)
+            << std::setw(9) << baseline(r.speedup_vs_unsplit.median, 3) << std::setw(9)
+            << fixed(r.simulated_over_measured, 3) << std::setw(8) << fixed(r.predicted.step_s / r.step_s, 3)
+            << std::setw(9) << (r.peak_bytes.empty() ? "-" : fixed(worst_ratio(r.predicted.peak_bytes, r.peak_bytes), 3))
+            << std::setw(9) << fixed(r.bytes_sent_per_step / (1 << 20), 1) << std::setw(10)
+            << fixed(r.skip_bytes_per_step / (1 << 20), 2) << "  " << std::left << std::setw(19)
+            << mebibytes(r.peak_bytes) << std::right << "  " << r.balance_by << " "
+            << nlohmann::json(r.balance).dump() << std::endl;
+}
+
+// `gpipe bench --transport`: latency and bandwidth of the MPI transport between two ranks, by ping-pong
+// per message size (header and data messages, as a pipeline sends them).
+int run_transport(int warmup, bool json, const std::string& results, const std::string& command) {
+  const std::vector<LinkTiming> timings = or_usage_error("--transport", [&] { return time_link(warmup); });
+  if (!job().prints()) return 0;
+  if (!json)
+    std::cout << std::setw(12) << "bytes" << std::setw(10) << "repeats" << std::setw(16) << "one-way us"
+              << std::setw(22) << "(min .. max)" << std::setw(12) << "GB/s" << "\n";
+  nlohmann::json rows = nlohmann::json::array();
+  for (const LinkTiming& t : timings) {
+    const double gb_per_s = static_cast<double>(t.bytes) / t.one_way_s * 1e-9;
+    const nlohmann::json row = {{"bytes", t.bytes},          {"repeats", t.repeats},
+                                {"one_way_us", t.one_way_s * 1e6}, {"one_way_us_min", t.min_s * 1e6},
+                                {"one_way_us_max", t.max_s * 1e6}, {"gb_per_s", gb_per_s}};
+    rows.push_back(row);
+    if (json) {
+      std::cout << row.dump() << std::endl;
+      continue;
     }
-    if (!taken)
-      usage_error(flag + ": V is the stages per device of the interleaved schedule, which this --schedule does not "
-                  "sweep; add interleaved to --schedule, or leave out --virtual-stages");
+    std::cout << std::setw(12) << t.bytes << std::setw(10) << t.repeats << std::fixed << std::setprecision(1)
+              << std::setw(16) << t.one_way_s * 1e6 << std::setw(22)
+              << "(" + fixed(t.min_s * 1e6, 1) + " .. " + fixed(t.max_s * 1e6, 1) + ")" << std::setprecision(3)
+              << std::setw(12) << gb_per_s << std::endl;
   }
-  for (const auto& name : o.workloads) {
-    const Task& task = find_task(name);
-    GPIPE_CHECK(!o.tie_embeddings || name == "transformer", "workload ", name, " has no embedding to tie; "
-                "--tie-embeddings is for the transformer workload");
-    const int64_t rows = task.batch(task_options(o)).size();
-    for (int M : o.micro_batches)
-      GPIPE_CHECK(M <= rows, "--micro-batches ", M, " is more than workload ", name, "'s batch of ", rows,
-                  " rows; every micro-batch needs a row");
-    for (int K : o.stages)
-      for (const std::string& schedule : o.schedules) {
-        const int V = virtual_stages(schedule, o);
-        or_usage_error("--stages " + std::to_string(K), [&] { return replicas_of(K); });  // whole pipelines of ranks
-        const bool given = !o.balance.empty() && K > 1;
-        GPIPE_CHECK(given || !task.workload || cut_of(task, request_of(K, 1, schedule, "even", o)).kind == CutKind::kBlocks,
-                    "workload ", name, " has too few blocks for --stages ", K,
-                    V > 1 ? " x --virtual-stages " + std::to_string(V) : std::string(), "; use fewer stages");
-        for (int M : o.micro_batches)
-          or_usage_error("--stages " + std::to_string(K) + " --micro-batches " + std::to_string(M) + " --schedule " +
-                             schedule + (given ? " --balance" : ""),
-                         [&] {
-            return make_plan(task.layers, pipeline_options_of(task, request_of(K, M, schedule, "even", o)));
-          });
-      }
-  }
-}
-
-// The contenders of one comparison: the whole batch unsplit and one device running the M micro-batches
-// (the baseline of the ideal K·M/(M+K-1)), in one process; then every K x schedule x cut asked for.
-std::vector<Contender> contenders(const BenchOptions& o) {
-  std::vector<Contender> out;
-  if (!job().distributed) {
-    out.resize(2);
-    out[0].unsplit = true;
-  }
-  for (int K : o.stages)
-    for (const std::string& schedule : o.schedules)
-      // A cut given with --balance (for K above 1) is labelled as such: no method chose it.
-      for (const std::string& balance_by :
-           !o.balance.empty() && K > 1 ? std::vector<std::string>{"given"} : o.balance_by) {
-        Contender c;
-        c.devices = K;
-        c.schedule = schedule;
-        c.virtual_stages = virtual_stages(schedule, o);
-        c.balance_by = balance_by;
-        out.push_back(std::move(c));
-      }
-  return out;
-}
-
-void build(Contender& c, const std::string& name, int M, Checkpoint mode, const BenchOptions& o,
-           const CostModel& costs) {
-  c.task = name;
-  const Task& task = find_task(name);
-  const Model model = task.model(task_options(o));
-  c.batch = task.batch(task_options(o));
-  if (c.unsplit) {
-    c.whole = model.build(LayerRange{});
-    c.sgd = make_optimizer(kBenchOptimizer, unique_parameters(*c.whole));
-    return;
-  }
-  RunRequest request = request_of(c.devices, M, c.schedule, c.balance_by, o);
-  if (request.balance.empty() && request.balance_by != "even")  // by cost: the profiled costs of one micro-batch
-    request.layer_costs = layer_costs_by(c.balance_by, model.build(LayerRange{}), costs,
-                                         micro_batch_sizes(c.batch.size(), M).front());
-  const PipelineOptions options = pipeline_options_of(task, request)
-                                      .checkpoint(mode)
-                                      .threads_per_device(o.threads)
-                                      .tied_parameters(model.tied)
-                                      .track_memory(!job().distributed);
-  c.pipe = make_pipeline(model.build, task.layers, options);
-  c.sgd = make_optimizer(kBenchOptimizer, c.pipe->parameters());
-  // Replica 0's pipeline on its share of the rows (the replicas' gradient sum is not modelled).
-  const int64_t share = micro_batch_sizes(c.batch.size(), replicas_of(c.devices)).front();
-  if (job().prints()) c.predicted = predict(costs, c.pipe->plan(), micro_batch_sizes(share, M));
-}
-
-template <typename T>
-void keep_largest(std::vector<T>& kept, size_t j, T value) {
-  if (kept.size() <= j) kept.resize(j + 1, 0);
-  kept[j] = std::max(kept[j], value);
-}
-
-// One training step (SGD step included) of `c`, on every rank; records it when `timed`.
-void step(Contender& c, bool timed) {
-  const Task& task = find_task(c.task);
-  const int64_t sent_before = c.pipe ? c.pipe->bytes_sent() : 0;
-  const int64_t begin = now_ns();
-  if (c.unsplit) {
-    clear_grads(unique_parameters(*c.whole));
-    task.loss(c.whole->forward(c.batch.input), c.batch.target).backward();
-  } else {
-    clear_grads(c.pipe->parameters());
-    c.pipe->train_step(c.batch.input, c.batch.target, task.loss);  // ends with a collective under MPI: all ranks in step
-  }
-  c.sgd->step();
-  const double seconds = static_cast<double>(now_ns() - begin) * 1e-9;
-  if (!timed) return;
-  c.step_s.push_back(seconds);
-  if (c.unsplit) return;
-  c.bubbles.push_back(c.pipe->bubble());
-  c.sent_bytes.push_back(c.pipe->sum(static_cast<double>(c.pipe->bytes_sent() - sent_before)));
-  const StepTrace trace = c.pipe->trace();  // every device's, on the rank that prints
-  if (job().prints()) {
-    const double overhead = overhead_seconds(trace, c.pipe->schedule());
-    c.overhead_s.push_back(overhead);
-    c.simulated_s.push_back(trace.seconds() - overhead);
-  }
-  const auto memory = c.pipe->memory();
-  for (size_t j = 0; j < memory.size(); ++j) {
-    keep_largest(c.peak_bytes, j, memory[j].peak_bytes);
-    keep_largest(c.held_bytes, j, memory[j].held_peak_bytes);
-    keep_largest(c.parameter_bytes, j, memory[j].parameter_bytes);
-  }
+  write_results(results, rows, command);
+  return 0;
 }
 
 int run(const BenchOptions& o, const std::string& command) {
   if (job().prints()) check_results_path(o.results);
-  if (o.transport) return run_transport(o.warmup, o.json, o.results, command);
-  check_sweep(o);
-  keep_freed_memory();  // before the first step, so every contender runs with the same allocator settings
+  if (o.transport) return run_transport(o.sweep.warmup, o.json, o.results, command);
+  check_bench(o.sweep);
   nlohmann::json rows = nlohmann::json::array();
   if (job().prints() && !o.json) print_header();
-  for (const auto& name : o.workloads)
-    for (int M : o.micro_batches) {
-      // The cost model, on the rank that prints (the whole workload is small enough to hold there).
-      const CostModel costs = job().prints() || !job().distributed ? profile_task(name, M, o) : CostModel{};
-      for (const std::string& mode : o.checkpoints) {
-        std::vector<Contender> all = contenders(o);
-        for (Contender& c : all) build(c, name, M, parse_checkpoint(mode), o, costs);
-        // Round-robin: warm-up rounds, then timed rounds, one step of every contender per round.
-        for (int s = 0; s < o.warmup + o.steps; ++s)
-          for (Contender& c : all) step(c, s >= o.warmup);
-        const size_t baselines = job().distributed ? 0 : 2;
-        for (size_t n = baselines; n < all.size(); ++n) {
-          const Contender& c = all[n];
-          const Contender* first = nullptr;  // the first schedule asked for at the same K and cut
-          for (size_t m = baselines; m < n; ++m)
-            if (all[m].devices == c.devices && all[m].balance_by == c.balance_by &&
-                all[m].schedule == o.schedules.front() && c.schedule != all[m].schedule)
-              first = &all[m];
-          const nlohmann::json row = row_of(c, baselines ? &all[0] : nullptr, baselines ? &all[1] : nullptr, first,
-                                            name, M, parse_checkpoint(mode), o);
-          if (!job().prints()) continue;
-          rows.push_back(row);
-          if (o.json)
-            std::cout << row.dump() << std::endl;
-          else
-            print_row(row);
-        }
-      }
-    }
+  run_benchmark(o.sweep, [&](const BenchRow& row) {
+    rows.push_back(json_of(row));
+    if (o.json)
+      std::cout << rows.back().dump() << std::endl;
+    else
+      print_row(row);
+  });
   if (job().prints()) write_results(o.results, rows, command);
   return 0;
 }
@@ -241,42 +146,43 @@ int run(const BenchOptions& o, const std::string& command) {
 
 void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   auto o = std::make_shared<BenchOptions>();
+  BenchSweep& w = o->sweep;
   CLI::App* sub = app.add_subcommand(
       "bench", "Time the workloads defined in docs/benchmarks.md through the pipeline against one device");
-  sub->add_option("--workload", o->workloads,
+  sub->add_option("--workload", w.workloads,
                   "a benchmark workload (mlp, transformer, tiny, imbalanced) or any built-in task (cnn, resnet, unet, "
                   "gpt) on a random batch of its shape; several sweep: mlp,tiny")
       ->delimiter(',')->check(CLI::IsMember(task_names(/*workloads=*/true)))->capture_default_str();
-  sub->add_option("--stages", o->stages, "numbers of devices K to sweep (1 2 or 1,2)")
+  sub->add_option("--stages", w.stages, "numbers of devices K to sweep (1 2 or 1,2)")
       ->delimiter(',')->check(at_least(1))->capture_default_str();
-  sub->add_option("--micro-batches", o->micro_batches, "numbers of micro-batches M to sweep")
+  sub->add_option("--micro-batches", w.micro_batches, "numbers of micro-batches M to sweep")
       ->delimiter(',')->check(at_least(1))->capture_default_str();
-  sub->add_option("--checkpoint", o->checkpoints, "always, except_last, never (several sweep)")
+  sub->add_option("--checkpoint", w.checkpoints, "always, except_last, never (several sweep)")
       ->delimiter(',')->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
-  sub->add_option("--schedule", o->schedules,
+  sub->add_option("--schedule", w.schedules,
                   "schedules to sweep: gpipe (fill-drain), 1f1b, interleaved (with --virtual-stages), zb1p, zbv or v-half; "
                   "each later one is also compared with the first, step by step")
       ->delimiter(',')->check(CLI::IsMember(schedule_names()))->capture_default_str();
-  sub->add_option("--virtual-stages", o->virtual_stages,
+  sub->add_option("--virtual-stages", w.virtual_stages,
                   "V, stages per device of the interleaved schedule (default 2; zbv and v-half always run 2)")
       ->check(in_range(2, 64, /*whole=*/true));
-  sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each device (and of the one device)")
+  sub->add_option("--threads-per-stage", w.threads, "intra-op threads of each device (and of the one device)")
       ->check(at_least(1))->capture_default_str();
-  sub->add_option("--steps", o->steps, "timed steps per configuration (the median is reported)")
+  sub->add_option("--steps", w.steps, "timed steps per configuration (the median is reported)")
       ->check(at_least(1))->capture_default_str();
-  sub->add_option("--warmup", o->warmup,
+  sub->add_option("--warmup", w.warmup,
                   "untimed steps of every configuration before its --steps timed ones (any number, also more "
                   "than --steps: they warm caches and allocators and are never timed)")->check(at_least(0))->capture_default_str();
-  sub->add_option("--balance", o->balance, "an explicit cut, layers per stage: K x V entries (e.g. 3,5)")
+  sub->add_option("--balance", w.balance, "an explicit cut, layers per stage: K x V entries (e.g. 3,5)")
       ->delimiter(',')->check(at_least(1));
-  sub->add_option("--balance-by", o->balance_by,
+  sub->add_option("--balance-by", w.balance_by,
                   "how stages are cut (several sweep): even (blocks evenly, as docs/benchmarks.md), params (parameter "
                   "counts), time (profiled forward+backward per layer) or memory (activations kept plus "
                   "parameters, gradients and momentum); the exact min-max cut of the stages, or of the devices "
                   "where a schedule puts several stages on one")
       ->delimiter(',')->check(CLI::IsMember({"even", "params", "time", "memory"}))->capture_default_str();
   sub->add_flag("--json", o->json, "one JSON object per configuration on standard output (JSON Lines)");
-  sub->add_flag("--tie-embeddings", o->tie_embeddings,
+  sub->add_flag("--tie-embeddings", w.tie_embeddings,
                 "the transformer's output layer reuses its embedding's weight (tied embeddings): one weight on the "
                 "first and the last stage, one gradient, one update");
   sub->add_flag("--transport", o->transport,
@@ -284,7 +190,7 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   sub->add_option("--results", o->results, "file the results are written to (empty: none)")
       ->capture_default_str();
   sub->callback([o, sub, command, &status] {
-    o->balance_by_given = sub->count("--balance-by") > 0;
+    o->sweep.balance_by_given = sub->count("--balance-by") > 0;
     status = run(*o, command);
   });
 }

@@ -12,8 +12,6 @@ namespace gpipe::cli {
 
 /// `gpipe bench`: benchmark workloads through the pipeline.
 void add_bench_command(CLI::App& app, const std::string& command, int& status);
-/// `gpipe bench --transport`: the MPI transport's latency and bandwidth (bench_transport.cc); returns the status.
-int run_transport(int warmup, bool json, const std::string& results, const std::string& command);
 /// `gpipe plan`: predict the configurations that fit a model on a cluster, fastest first.
 void add_plan_command(CLI::App& app, const std::string& command, int& status);
 /// `gpipe schedule`: print a schedule's step program.

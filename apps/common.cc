@@ -40,13 +40,6 @@ nlohmann::json machine() {
           {"cuda", torch::cuda::is_available()}};
 }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 std::string fixed(double value, int digits) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(digits) << value;
@@ -97,45 +90,19 @@ void usage_error(const std::string& message) { throw UsageError("gpipe: " + in_f
 std::string in_flags(const std::string& message) {
   // The library's option and argument names, as the command line's flags.
   static const std::vector<std::pair<std::string, std::string>> flags = {
-      {"balance", "--balance"},
-      {"devices", "--stages"},
-      {"micro_batches", "--micro-batches"},
-      {"virtual_stages", "--virtual-stages"},
-      {"schedule", "--schedule"},
-      {"checkpoint", "--checkpoint"},
-      {"threads_per_device", "--threads-per-stage"},
-      {"batch_size", "--batch-size"},
-      {"epochs", "--epochs"},
-      {"steps", "--steps"},
-      {"seed", "--seed"},
-      {"lr", "--lr"},
-      {"momentum", "--momentum"},
-      {"nesterov", "--nesterov"},
-      {"weight_decay", "--weight-decay"},
-      {"betas", "--betas"},
-      {"clip_grad_norm", "--clip-grad-norm"},
-      {"drop_last", "--drop-last"},
-      {"optimizer", "--optimizer"},
-      {"loss", "--loss"},
-      {"data_dir", "--data-dir"},
-      {"save", "--save"},
-      {"save_every", "--save-every"},
-      {"resume", "--resume"},
-      {"per_device_files", "--per-device-files"},
-      {"temperature", "--temperature"},
-      {"bytes", "--generate"},
-      {"lr_schedule", "--lr-schedule"},
-      {"warmup_steps", "--warmup-steps"},
-      {"lr_step_size", "--lr-step-size"},
-      {"lr_gamma", "--lr-gamma"},
-      {"shuffle", "--no-shuffle"},
-      {"augment", "--augment"},
-      {"balance_by", "--balance-by"},
-      {"tie_embeddings", "--tie-embeddings"},
-      {"model", "--model"},
-      {"verbose", "--verbose"},
-      {"deferred_batch_norm=false", "--batch-norm per-micro-batch"},
-  };
+      {"balance", "--balance"}, {"devices", "--stages"}, {"micro_batches", "--micro-batches"},
+      {"virtual_stages", "--virtual-stages"}, {"schedule", "--schedule"}, {"checkpoint", "--checkpoint"},
+      {"threads_per_device", "--threads-per-stage"}, {"batch_size", "--batch-size"}, {"epochs", "--epochs"},
+      {"steps", "--steps"}, {"seed", "--seed"}, {"lr", "--lr"}, {"momentum", "--momentum"},
+      {"nesterov", "--nesterov"}, {"weight_decay", "--weight-decay"}, {"betas", "--betas"},
+      {"clip_grad_norm", "--clip-grad-norm"}, {"drop_last", "--drop-last"}, {"optimizer", "--optimizer"},
+      {"loss", "--loss"}, {"data_dir", "--data-dir"}, {"save", "--save"}, {"save_every", "--save-every"},
+      {"resume", "--resume"}, {"per_device_files", "--per-device-files"}, {"temperature", "--temperature"},
+      {"bytes", "--generate"}, {"lr_schedule", "--lr-schedule"}, {"warmup_steps", "--warmup-steps"},
+      {"lr_step_size", "--lr-step-size"}, {"lr_gamma", "--lr-gamma"}, {"shuffle", "--no-shuffle"},
+      {"augment", "--augment"}, {"balance_by", "--balance-by"}, {"tie_embeddings", "--tie-embeddings"},
+      {"model", "--model"}, {"verbose", "--verbose"}, {"deferred_batch_norm=false", "--batch-norm per-micro-batch"},
+      {"input_shape", "--input-shape"}, {"workload", "--workload"}, {"layers", "--layers"}, {"width", "--width"}};
   std::string out;
   size_t at = 0;
   while (at < message.size()) {

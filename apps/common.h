@@ -18,8 +18,6 @@ namespace gpipe::cli {
 /// Cores, BLAS and libtorch version, for result files.
 nlohmann::json machine();
 
-double median(std::vector<double> values);
-
 /// `value` with `digits` decimals.
 std::string fixed(double value, int digits);
 

@@ -58,37 +58,12 @@ std::string figure(double value, int width, int digits) {
   return short_text.str();
 }
 
-// The model of --workload or --model, profiled here: checked as gpipe train checks it, its errors
-// named by the flags that gave it.
+// The model of --workload or --model, profiled here, its errors named by the flags that gave it.
 PlannedModel profiled_model(const PlanOptions& o) {
   const PlanProfileOptions profile = PlanProfileOptions().optimizer(o.optimizer).speed(o.speed).name("model " + o.model);
   if (!o.workload.empty())
     return or_usage_error("--workload", [&] { return plan_model_of(find_task(o.workload), TaskOptions(), profile); });
-  if (o.input_shape.empty())
-    usage_error("--model needs --input-shape, one sample's shape without the batch (e.g. 1,28,28); the sample is "
-                "random floats, so a model that starts with an Embedding is planned with --workload or by shape");
-  const torch::nn::Sequential layers = or_usage_error("--model", [&] { return load_script_model(o.model).layers; });
-  std::vector<int64_t> shape{kPlanProfileRows};
-  shape.insert(shape.end(), o.input_shape.begin(), o.input_shape.end());
-  std::string given;  // --input-shape as the user wrote it
-  for (const int64_t n : o.input_shape) given += (given.empty() ? "" : ",") + std::to_string(n);
-  // The micro-batch is made and run here: one too large for this machine is refused, not allocated.
-  double bytes = sizeof(float);
-  for (const int64_t n : shape) bytes *= static_cast<double>(n);
-  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  if (bytes > memory / 4) {
-    std::ostringstream text;
-    text << "--input-shape " << given << ": the model is profiled here on " << kPlanProfileRows
-         << " samples of this shape, " << std::setprecision(3) << bytes / (1u << 30)
-         << " GiB of floats, more than a quarter of this machine's memory (" << memory / (1u << 30)
-         << " GiB); give one sample's shape without the batch, or plan a Transformer by shape (--layers, --width, ...)";
-    usage_error(text.str());
-  }
-  const torch::Tensor sample = or_usage_error("--input-shape", [&] { return torch::randn(shape); });
-  // A model that cannot train (no parameters, an argmax output, a layer that drops rows) fits nothing.
-  // A first layer that fails names --input-shape: the shape the samples are made of here.
-  or_usage_error("--model " + o.model + " --input-shape " + given, [&] { return check_layers_train(layers, sample); });
-  return or_usage_error("--input-shape", [&] { return plan_model_of(layers, sample, profile); });
+  return plan_model_of(o.model, o.input_shape, profile);
 }
 
 // "{3, 3, 2}" for short cuts, "{5, 4, ..., 5} (16 stages)" for long ones.

@@ -214,12 +214,7 @@ void check_same_inputs(const TrainOptions& o, const Choice& c) {
 void check_resume_before_profile(const TrainOptions& o, const Model& model) {
   if (o.resume.empty() || o.balance_by.empty() || o.per_stage_files || job().distributed) return;
   or_usage_error("--resume", [&] {
-    const RandomStateGuard guard;  // building the model draws random numbers
-    const torch::nn::Sequential whole = model.build(LayerRange{});
-    const Snapshot file = read_snapshot(o.resume, whole, optimizer_name(parse_optimizer(o.optimizer)),
-                                        model.script.has_value());
-    GPIPE_CHECK(file.parameters_in_file == file.parameters_taken, o.resume, " is a checkpoint file of another model: "
-                "it holds ", file.parameters_in_file, " parameters, this model ", file.parameters_taken);
+    check_snapshot_of(o.resume, model, optimizer_name(parse_optimizer(o.optimizer)));
     return 0;
   });
 }
@@ -253,20 +248,7 @@ int run_train(TrainOptions o) {
   c.task = is_builtin(o) ? known : or_usage_error("--model", [&] { return script_task(o.model_file, o.data_file, o.loss); });
   c.model = c.task.model(task_options(o));
   c.data = or_usage_error(o.data_file.empty() ? "--data-dir" : "--data", [&] { return c.task.data(task_options(o)); });
-  const int64_t N = c.data.train.size();
-  if (N == 0) usage_error("the training data has no samples");
-  if (o.micro_batches > N)
-    usage_error("--micro-batches " + std::to_string(o.micro_batches) + " is more than the " + std::to_string(N) +
-                (c.task.metric == Metric::kBitsPerByte ? " training windows" : " training samples") +
-                "; every micro-batch needs a sample");
-  // A batch takes each sample at most once: one larger than the data would be one step of all of it
-  // (the task's default batch may be larger than a small --train-samples: then it is that one step).
-  if (o.batch_size_given && o.batch_size > N) {
-    const std::string what = c.task.metric == Metric::kBitsPerByte ? " training windows" : " training samples";
-    usage_error("--batch-size " + std::to_string(o.batch_size) + " is more than the " + std::to_string(N) + what +
-                " the data holds; a batch takes each at most once: give --batch-size " + std::to_string(N) +
-                " or less");
-  }
+  check_run_data(c.task, c.data, o.micro_batches, o.batch_size_given ? o.batch_size : 0);
   check_same_inputs(o, c);
   // The model against its data before --balance-by profiles it (the Trainer checks it too).
   if (!o.balance_by.empty()) check_model_and_data(c.model, c.data.train, c.task.loss_name == "cross_entropy");

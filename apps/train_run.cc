@@ -2,7 +2,6 @@
 // every epoch, the timeline, --samples, --generate and the summary; a stop on SIGINT or SIGTERM,
 // saved, with the command that resumes; a closed standard output.
 #include "common.h"
-#include "png_image.h"
 #include "train.h"
 
 #include <gpipe/gpipe.h>
@@ -236,20 +235,8 @@ class Run {
   // A test loss that is NaN or infinite ends the run with an error (exit 1) before the epoch's save:
   // a diverged model does not replace the checkpoint file; the file keeps the last save before.
   void check_finite_evaluation(int epoch) {
-    if (std::isfinite(evaluation_.loss)) return;
-    std::ostringstream text;
-    text << "gpipe: the " << data_.test_name << " loss is " << (std::isnan(evaluation_.loss) ? "NaN" : "infinite");
-    if (epoch > 0)
-      text << " after epoch " << epoch << " (step " << trainer_.step() << "; the last training loss was "
-           << trainer_.stats().last_loss << "): the model diverged, most likely because the learning rate (--lr "
-           << o_.lr << ") is too high; lower --lr, or add --clip-grad-norm";
-    else
-      text << " for the model of " << o_.resume << ": the checkpoint holds a diverged model; resume from another";
-    if (epoch > 0 && !o_.save.empty())
-      text << "; this epoch is not saved" << (trainer_.saved_at() >= 0 ? ": " + o_.save + " keeps step " +
-                                                                             std::to_string(trainer_.saved_at())
-                                                                       : std::string(": nothing was saved"));
-    throw std::runtime_error(text.str());
+    const std::string error = divergence_error(trainer_, evaluation_, data_, epoch, o_.resume);
+    if (!error.empty()) throw std::runtime_error(in_flags(error));
   }
 
   void report(int epoch) {

@@ -247,6 +247,129 @@ namespace {
 
 // What every rank of a job must share is compared from the option values (agreement.cc): every
 // field of TrainerOptions has a setting, and a changed field changes its setting.
+// A request by cost takes one cost per layer of the model; one that is even or given is left as it is.
+TEST(TasksTest, ARequestByCostTakesTheLayersCosts) {
+  const Task& task = find_task("tiny");
+  const torch::nn::Sequential model = task.model(TaskOptions()).build(LayerRange{});
+  RunRequest request;
+  request.devices = 2;
+  request.balance_by = "params";
+  const RunRequest filled = with_layer_costs(request, model, CostModel{}, 4);
+  EXPECT_EQ(filled.layer_costs, parameter_costs(model));
+  EXPECT_EQ(pipeline_options_of(task, filled).cut().kind, CutKind::kByCost);
+  request.balance_by = "even";
+  EXPECT_TRUE(with_layer_costs(request, model, CostModel{}, 4).layer_costs.empty());
+  request.balance_by = "params";
+  request.balance = {1, task.layers - 1};
+  EXPECT_TRUE(with_layer_costs(request, model, CostModel{}, 4).layer_costs.empty());
+}
+
+// gpipe bench's sweep is checked before any work, each refusal naming its options.
+TEST(BenchTest, TheSweepIsCheckedNamingItsOptions) {
+  BenchSweep sweep;
+  sweep.workloads = {"tiny"};
+  sweep.micro_batches = {4};
+  EXPECT_NO_THROW(check_bench(sweep));
+  BenchSweep given = sweep;
+  given.balance = {15, 1};
+  given.balance_by = {"time", "params"};
+  given.balance_by_given = true;
+  testing::expect_invalid([&] { check_bench(given); }, "`balance` {15, 1} is the cut, and `balance_by` time params");
+  BenchSweep many = sweep;
+  many.micro_batches = {100000};
+  testing::expect_invalid([&] { check_bench(many); }, "`micro_batches` 100000 is more than workload tiny's batch");
+  BenchSweep v = sweep;
+  v.virtual_stages = 3;
+  testing::expect_invalid([&] { check_bench(v); }, "add interleaved to `schedule`");
+  BenchSweep tied = sweep;
+  tied.tie_embeddings = true;
+  testing::expect_invalid([&] { check_bench(tied); }, "`tie_embeddings` is for the transformer workload");
+}
+
+// A sweep gives a row per K x schedule x cut, each against one device and the first schedule.
+TEST(BenchTest, ARowPerConfigurationAgainstItsBaselines) {
+  BenchSweep sweep;
+  sweep.workloads = {"tiny"};
+  sweep.stages = {1, 2};
+  sweep.micro_batches = {4};
+  sweep.schedules = {"gpipe", "1f1b"};
+  sweep.balance_by = {"even", "params"};
+  sweep.steps = 2;
+  sweep.warmup = 0;
+  std::vector<BenchRow> rows;
+  run_benchmark(sweep, [&](const BenchRow& row) { rows.push_back(row); });
+  ASSERT_EQ(rows.size(), 8u);
+  for (const BenchRow& r : rows) {
+    SCOPED_TRACE(r.schedule + " K=" + std::to_string(r.stages) + " " + r.balance_by);
+    EXPECT_EQ(r.transport, "threads");
+    EXPECT_TRUE(r.has_baselines);
+    EXPECT_GT(r.samples_per_s, 0);
+    EXPECT_GT(r.speedup.median, 0);
+    EXPECT_LE(r.samples_per_s_min, r.samples_per_s_max);
+    EXPECT_EQ(std::accumulate(r.balance.begin(), r.balance.end(), 0), find_task("tiny").layers);
+    EXPECT_EQ(static_cast<int>(r.balance.size()), r.stages);
+    EXPECT_EQ(r.vs_schedule, r.schedule == "1f1b" ? "gpipe" : "");
+    EXPECT_EQ(r.peak_bytes.size(), static_cast<size_t>(r.stages));
+  }
+  EXPECT_DOUBLE_EQ(rows.front().ideal, 1.0);  // K = 1
+}
+
+// The model of a file, as the planner takes it: refused before any work, naming the option.
+TEST(TasksTest, APlannedModelFileNamesItsOptions) {
+  testing::expect_invalid([] { plan_model_of(std::string("model.pt"), std::vector<int64_t>{}); },
+                          "`model` needs `input_shape`");
+  testing::expect_invalid([] { plan_model_of(::testing::TempDir() + "gpipe_no_such_model.pt", {6}); }, "gpipe: `model`: ");
+}
+
+// A run's data is checked against its micro-batches and a batch given, naming the option and the fix.
+TEST(TasksTest, ARunsDataHoldsAtLeastAMicroBatchAndABatch) {
+  const Task& task = find_task("cnn");
+  TaskData data;
+  data.train = {torch::zeros({5, 1, 28, 28}), torch::zeros({5}, torch::kLong)};
+  EXPECT_NO_THROW(check_run_data(task, data, 5, 5));
+  EXPECT_NO_THROW(check_run_data(task, data, 4));  // the task's own batch: all of a small data set
+  testing::expect_invalid([&] { check_run_data(task, data, 6); },
+                          "`micro_batches` 6 is more than the 5 training samples; every micro-batch needs a sample");
+  testing::expect_invalid([&] { check_run_data(task, data, 2, 6); },
+                          "`batch_size` 6 is more than the 5 training samples the data holds; a batch takes each at "
+                          "most once: give `batch_size` 5 or less");
+  testing::expect_invalid([&] { check_run_data(find_task("gpt"), TaskData(), 1); }, "the training data has no samples");
+}
+
+// A test loss that is not finite ends a run: after an epoch, the learning rate and the fix; at
+// epoch 0, the snapshot that holds a diverged model.
+TEST(TasksTest, ANonFiniteLossIsAnErrorThatNamesTheFix) {
+  const Task& task = find_task("tiny");
+  const std::string path = ::testing::TempDir() + "gpipe_tasks_test_diverged.pt";
+  Trainer trainer(task.model(TaskOptions()), PipelineOptions().devices(1),
+                  task.trainer_options().optimizer(OptimizerOptions().lr(0.25)).save(path), task.batch(TaskOptions()));
+  TaskData data;
+  Evaluation evaluation;
+  evaluation.loss = 1.5;
+  EXPECT_EQ(divergence_error(trainer, evaluation, data, 1, ""), "");
+  evaluation.loss = std::nan("");
+  const std::string after = divergence_error(trainer, evaluation, data, 2, "");
+  EXPECT_NE(after.find("gpipe: the test loss is NaN after epoch 2"), std::string::npos) << after;
+  EXPECT_NE(after.find("(`lr` 0.25) is too high; lower `lr`, or add `clip_grad_norm`; this epoch is not saved: "
+                       "nothing was saved"), std::string::npos) << after;
+  evaluation.loss = INFINITY;
+  EXPECT_EQ(divergence_error(trainer, evaluation, data, 0, "run.pt"),
+            "gpipe: the test loss is infinite for the model of run.pt: the checkpoint holds a diverged model; "
+            "resume from another");
+}
+
+// A picture is a PNG file, written whole; a tensor that is not one is refused, and nothing is written.
+TEST(TasksTest, APictureIsWrittenAsAPngFile) {
+  const std::string path = ::testing::TempDir() + "gpipe_tasks_test.png", refused = path + ".refused.png";
+  std::remove(refused.c_str());
+  write_png(path, torch::full({3, 5}, 200, torch::kUInt8));
+  std::ifstream file(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  testing::expect_invalid([&] { write_png(refused, torch::zeros({3, 5})); }, "uint8");
+  EXPECT_FALSE(std::filesystem::exists(refused));
+}
+
 TEST(AgreementTest, EveryTrainerOptionIsASetting) {
 #if defined(__x86_64__) && defined(__GLIBCXX__)
   // A new field of TrainerOptions changes its size: give it a setting in settings_of (agreement.cc),

@@ -522,6 +522,29 @@ TEST(TrainerTest, TestFaultEndsTheProcessBeforeItsStep) {
       ::testing::ExitedWithCode(3), "step 1");
 }
 
+// A snapshot file is checked against the whole model before any work: another model's is refused
+// with both counts, and the run's random numbers are left as they were.
+TEST(TrainerTest, ASnapshotIsCheckedAgainstTheWholeModel) {
+  const gpipe::Dataset data = regression_data();
+  const std::string path = temp_path("check_of.pt");
+  const gpipe::Model deeper = gpipe::Model::of("deeper", 8, [](gpipe::LayerRange keep) {
+    torch::nn::Sequential m = mlp().build(keep);
+    gpipe::add_layer(m, torch::nn::AnyModule(torch::nn::Linear(4, 4)), 7, keep);
+    return m;
+  });
+  Trainer saver(deeper, PipelineOptions().devices(1), TrainerOptions(sgd_options()).epochs(1).save(path), data);
+  saver.fit();
+  const std::string sgd = gpipe::optimizer_name(OptimizerKind::kSgd);
+  EXPECT_NO_THROW(gpipe::check_snapshot_of(path, deeper, sgd));
+  torch::manual_seed(11);
+  const torch::Tensor expected = torch::rand({4});
+  torch::manual_seed(11);
+  gpipe::testing::expect_invalid([&] { gpipe::check_snapshot_of(path, mlp(), sgd); },
+                                 "is a checkpoint file of another model: it holds");
+  EXPECT_TRUE(torch::equal(torch::rand({4}), expected));
+  EXPECT_THROW(gpipe::check_snapshot_of(path + ".missing", mlp(), sgd), std::runtime_error);
+}
+
 TEST(OptimizerOptionsTest, StateBytesPerParameterByte) {
   EXPECT_EQ(gpipe::state_per_parameter_byte(OptimizerOptions().kind(OptimizerKind::kSgd)), 1.0);
   EXPECT_EQ(gpipe::state_per_parameter_byte(OptimizerOptions().kind(OptimizerKind::kSgd).momentum(0.9)), 2.0);

@@ -138,6 +138,14 @@ Task with_data_file(Task task, const std::string& data_file, const std::string& 
 PlannedModel plan_model_of(const Task& task, const TaskOptions& options = TaskOptions(),
                            const PlanProfileOptions& profile = PlanProfileOptions());
 
+/// The TorchScript nn.Sequential saved in `model_file` as the planner takes it: checked as a Trainer
+/// checks a model (check_layers_train), then profiled here on kPlanProfileRows random samples of
+/// `input_shape` (one sample's shape, without the batch). Throws std::invalid_argument naming
+/// `model` or `input_shape` and the problem: no shape, a file that is no such model, samples of more
+/// than a quarter of this machine's memory, a model that cannot train on them.
+PlannedModel plan_model_of(const std::string& model_file, const std::vector<int64_t>& input_shape,
+                           const PlanProfileOptions& profile = PlanProfileOptions());
+
 /// The score of `loss` (the mean test loss) in the task's metric: bits per byte for kBitsPerByte,
 /// dB for kPsnr, the loss otherwise (accuracy comes from Evaluation::accuracy).
 double metric_of_loss(Metric metric, double loss);
@@ -186,6 +194,13 @@ RunRequest resolve_run(const Task& task, RunRequest request);
 /// costs are not given.
 CutRequest cut_of(const Task& task, const RunRequest& request);
 
+/// `request` with `layer_costs` filled for a cut by cost (`balance_by` "params", "time" or "memory" and
+/// no given `balance`): layer_costs_by's costs of the layers of `whole` (the whole model) on
+/// micro-batches of `rows` rows, from `profile` (its profile_layers; not read for "params"). Any other
+/// request is returned as it is. gpipe bench and gpipe.predict fill their requests here.
+RunRequest with_layer_costs(RunRequest request, const torch::nn::Sequential& whole, const CostModel& profile,
+                            int64_t rows);
+
 /// The one place a run's pipeline is chosen: `task` (Task() for a model of no task: fill-drain and the
 /// even cut) on K devices with M micro-batches, the schedule and the cut of `request` (resolve_run,
 /// cut_of), as the PipelineOptions that make_plan, make_pipeline and a Trainer take. The rest
@@ -218,6 +233,20 @@ struct RunSummary {
 RunSummary summarize_run(Trainer& trainer, const Task& task, const TaskData& data, const Evaluation& evaluation,
                          double checksum);
 
+/// Checks `task`'s training data against a run's micro-batches and batch before any work: it has
+/// samples (windows of text for kBitsPerByte), at least one per micro-batch, and, for a
+/// `batch_size` given (0: the task's own, which may be all of a small data set), no more rows per
+/// batch than it holds (a batch takes each at most once). Throws std::invalid_argument naming
+/// `micro_batches` or `batch_size` and the fix.
+void check_run_data(const Task& task, const TaskData& data, int micro_batches, int64_t batch_size = 0);
+
+/// What ends a run whose last evaluation's loss is NaN or infinite (empty when it is finite): after
+/// epoch `epoch` of `trainer`'s run, a model that diverged (lower `lr`, or add `clip_grad_norm`), whose
+/// epoch is not saved; at epoch 0, the model of the snapshot file `resume`, which holds a diverged one.
+/// Named by `data.test_name`.
+std::string divergence_error(const Trainer& trainer, const Evaluation& evaluation, const TaskData& data, int epoch,
+                             const std::string& resume);
+
 /// --generate: `bytes` bytes sampled one at a time from a byte-level language model: each from the
 /// model's scores for the byte after the last `context` ones, divided by `temperature`, drawn
 /// from a generator seeded by `seed`; the text starts as a fortune does ("%\n"), then `prompt`.
@@ -244,8 +273,72 @@ std::string generate_text(Pipeline& pipeline, int64_t context, const GenerateOpt
 /// made by the process that holds the first replica's output, and undefined elsewhere.
 torch::Tensor denoising_picture(Pipeline& pipeline, const Dataset& test, int64_t shown, int replicas = 1);
 
+/// Writes `image`, uint8 [height, width] (0 black, 255 white), to `path` as a grayscale PNG (libpng),
+/// whole or not at all: the picture of denoising_picture. Throws std::invalid_argument for another
+/// tensor or a gpipe built without libpng, std::runtime_error naming the path and the problem.
+void write_png(const std::string& path, const torch::Tensor& image);
+
 /// `bytes` as text every terminal and JSON show: printable ASCII, newlines and tabs as they are,
 /// every other byte as \xNN and a backslash as \\.
 std::string shown_text(const std::string& bytes);
+
+// ---------------------------------------------------------------- a benchmark of tasks (bench.cc)
+
+/// A sweep of gpipe bench (docs/benchmarks.md): every workload x M x checkpoint, and in each every
+/// K x schedule x cut, timed step by step against one device and the ideal.
+struct BenchSweep {
+  std::vector<std::string> workloads{"mlp"};  ///< tasks by name (task_names(true))
+  std::vector<int> stages{2};                 ///< the K swept
+  std::vector<int> micro_batches{32};         ///< the M swept
+  std::vector<std::string> checkpoints{"except_last"};
+  std::vector<std::string> schedules{"gpipe"};  ///< each later one is compared with the first
+  int virtual_stages = 0;  ///< 0: each schedule's own (2 for interleaved, zbv and v-half)
+  int threads = 1;         ///< intra-op threads of each device
+  int steps = 7;           ///< timed steps per configuration
+  int warmup = 2;          ///< untimed steps before them
+  /// The cut methods swept: "even" (a workload's blocks evenly), "params", "time", "memory".
+  std::vector<std::string> balance_by{"even"};
+  bool balance_by_given = false;  ///< `balance_by` was asked for (not its default)
+  std::vector<int> balance;       ///< an explicit cut, for the K above 1 it fits
+  bool tie_embeddings = false;    ///< the transformer workload's tied embedding
+};
+
+/// The median, smallest and largest of per-step ratios.
+struct BenchRatio {
+  double median = 0, min = 0, max = 0;
+};
+
+/// What gpipe bench reports of one configuration (its JSON row has these names).
+struct BenchRow {
+  std::string workload, transport, checkpoint, schedule, balance_by;
+  bool tie_embeddings = false;
+  int stages = 1, replicas = 1, micro_batches = 1, virtual_stages = 1, threads_per_device = 1, steps = 0, warmup = 0;
+  std::vector<int> balance;
+  double samples_per_s = 0, samples_per_s_min = 0, samples_per_s_max = 0, ideal = 0, bubble = 0;
+  double overhead_us_per_step = 0, step_s = 0, simulated_over_measured = 0;
+  double bytes_sent_per_step = 0, skip_bytes_per_step = 0;
+  int64_t program_actions_per_device = 0;
+  Prediction predicted;  ///< the cost model's (on the rank that prints)
+  std::vector<int64_t> peak_bytes, peak_held_bytes, parameter_bytes;  ///< per device held here
+  /// Against the whole batch unsplit and one device running the M micro-batches (one process only).
+  bool has_baselines = false;
+  double one_device_samples_per_s = 0, unsplit_samples_per_s = 0, efficiency = 0;
+  BenchRatio speedup, speedup_vs_unsplit;
+  /// Against the first schedule asked for at the same K and cut: `vs_schedule` empty when none.
+  std::string vs_schedule;
+  BenchRatio speedup_vs_schedule;
+  double bubble_vs_schedule = 0;
+  std::vector<double> peak_bytes_vs_schedule, peak_held_bytes_vs_schedule;
+};
+
+/// Checks every configuration of `sweep` by the plan each will run, before any work. Throws
+/// std::invalid_argument naming the options (`devices`, `micro_batches`, ...) and the fix.
+void check_bench(const BenchSweep& sweep);
+
+/// Runs `sweep` (check_bench first): per workload x M x checkpoint, every configuration built, then
+/// `warmup` and `steps` rounds of one training step (SGD) of each in turn, so that each ratio compares
+/// steps taken moments apart; `on_row` sees each configuration's row on the process that prints
+/// (job().prints()). Under MPI every rank calls it, with no baselines and no cut by cost.
+void run_benchmark(const BenchSweep& sweep, const std::function<void(const BenchRow&)>& on_row);
 
 }  // namespace gpipe

@@ -299,7 +299,9 @@ void add_planning(py::module_& m) {
             const CostModel costs = profile_model(layers, x, o);
             if (balance.empty()) {
               // Cut by time as GPipe(balance=None) cuts: make_plan balances the schedule's devices.
-              options.cut(CutRequest::by_cost(layer_times(costs, rows.front())));
+              RunRequest by_time;
+              by_time.balance_by = "time";
+              options.cut(CutRequest::by_cost(with_layer_costs(by_time, layers, costs, rows.front()).layer_costs));
               plan = make_plan(static_cast<int>(layers->size()), options, skips);
             }
             p = predict(costs, plan, rows);

@@ -3,11 +3,13 @@
 #include "gpipe/tasks.h"
 
 #include "gpipe/check.h"
+#include "gpipe/cost_model.h"
 #include "gpipe/job.h"
 #include "gpipe/partition.h"
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <iomanip>
 #include <sstream>
 
@@ -48,6 +50,13 @@ CutRequest cut_of(const Task& task, const RunRequest& r) {
   GPIPE_CHECK(!r.layer_costs.empty(), "the cut by ", r.balance_by, " needs one cost per layer (layer_costs_by, "
               "RunRequest::layer_costs); profile the model first, or ask for the even cut");
   return CutRequest::by_cost(r.layer_costs);
+}
+
+RunRequest with_layer_costs(RunRequest r, const torch::nn::Sequential& whole, const CostModel& profile,
+                            int64_t rows) {
+  if (!r.balance.empty() || r.balance_by.empty() || r.balance_by == "even") return r;
+  r.layer_costs = layer_costs_by(r.balance_by, whole, profile, rows);
+  return r;
 }
 
 PipelineOptions pipeline_options_of(const Task& task, const RunRequest& request) {
@@ -143,6 +152,34 @@ RunSummary summarize_run(Trainer& trainer, const Task& task, const TaskData& dat
   }
   s.scores = score_figures(task.metric, evaluation, data, /*references=*/true);
   return s;
+}
+
+void check_run_data(const Task& task, const TaskData& data, int micro_batches, int64_t batch_size) {
+  const int64_t N = data.train.size();
+  const std::string what = task.metric == Metric::kBitsPerByte ? " training windows" : " training samples";
+  GPIPE_CHECK(N > 0, "the training data has no samples");
+  GPIPE_CHECK(micro_batches <= N, "`micro_batches` ", micro_batches, " is more than the ", N, what,
+              "; every micro-batch needs a sample");
+  GPIPE_CHECK(batch_size <= N, "`batch_size` ", batch_size, " is more than the ", N, what, " the data holds; a batch "
+              "takes each at most once: give `batch_size` ", N, " or less");
+}
+
+std::string divergence_error(const Trainer& trainer, const Evaluation& evaluation, const TaskData& data, int epoch,
+                             const std::string& resume) {
+  if (std::isfinite(evaluation.loss)) return "";
+  std::ostringstream text;
+  text << "gpipe: the " << data.test_name << " loss is " << (std::isnan(evaluation.loss) ? "NaN" : "infinite");
+  if (epoch == 0)
+    return text.str() + " for the model of " + resume + ": the checkpoint holds a diverged model; resume from another";
+  const std::string& save = trainer.options().save();
+  text << " after epoch " << epoch << " (step " << trainer.step() << "; the last training loss was "
+       << trainer.stats().last_loss << "): the model diverged, most likely because the learning rate (`lr` "
+       << trainer.options().optimizer().lr() << ") is too high; lower `lr`, or add `clip_grad_norm`";
+  if (!save.empty())
+    text << "; this epoch is not saved"
+         << (trainer.saved_at() >= 0 ? ": " + save + " keeps step " + std::to_string(trainer.saved_at())
+                                     : std::string(": nothing was saved"));
+  return text.str();
 }
 
 }  // namespace gpipe

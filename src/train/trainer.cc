@@ -318,6 +318,14 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
   }
 }
 
+void check_snapshot_of(const std::string& path, const Model& model, const std::string& optimizer_name) {
+  const RandomStateGuard guard;  // building the model draws random numbers
+  const torch::nn::Sequential whole = model.build(LayerRange{});
+  const Snapshot file = read_snapshot(path, whole, optimizer_name, model.script.has_value());
+  GPIPE_CHECK(file.parameters_in_file == file.parameters_taken, path, " is a checkpoint file of another model: "
+              "it holds ", file.parameters_in_file, " parameters, this model ", file.parameters_taken);
+}
+
 CostBalance balance_by(const std::string& method, const Model& model, const Tensors& sample, int devices,
                        int micro_batches, int threads, double optimizer_copies, ScheduleKind schedule,
                        int virtual_stages, const std::vector<int>& whole) {

@@ -1,28 +1,30 @@
-// png_image.cc: grayscale PNG encoding with libpng, into memory, then one atomic write.
-#include "png_image.h"
+// png.cc: grayscale PNG encoding with libpng, into memory, then one atomic write (write_png, tasks.h).
+#include "gpipe/tasks.h"
 
-#include <gpipe/io.h>
+#include "gpipe/io.h"
+
+#include <torch/torch.h>
 
 #include <stdexcept>
 
 #if defined(GPIPE_NO_PNG)
-namespace gpipe::cli {
+namespace gpipe {
 void write_png(const std::string& path, const torch::Tensor& /*image*/) {
   throw std::invalid_argument("cannot write " + path + ": this gpipe was built without libpng; install libpng-dev "
                               "and configure again to write PNG samples");
 }
-}  // namespace gpipe::cli
+}  // namespace gpipe
 #else
 #include <png.h>
 
-namespace gpipe::cli {
+namespace gpipe {
 namespace {
 
-void append(png_structp png, png_bytep data, png_size_t length) {
+void png_append(png_structp png, png_bytep data, png_size_t length) {
   static_cast<std::string*>(png_get_io_ptr(png))->append(reinterpret_cast<const char*>(data), length);
 }
 
-void flush(png_structp) {}
+void png_flush(png_structp) {}
 
 }  // namespace
 
@@ -42,7 +44,7 @@ void write_png(const std::string& path, const torch::Tensor& image) {
     png_destroy_write_struct(&png, &info);
     throw std::runtime_error("cannot encode " + path + " as PNG");
   }
-  png_set_write_fn(png, &bytes, append, flush);
+  png_set_write_fn(png, &bytes, png_append, png_flush);
   png_set_IHDR(png, info, width, height, 8, PNG_COLOR_TYPE_GRAY, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
                PNG_FILTER_TYPE_DEFAULT);
   png_write_info(png, info);
@@ -53,5 +55,5 @@ void write_png(const std::string& path, const torch::Tensor& image) {
   write_file_atomically(path, bytes);
 }
 
-}  // namespace gpipe::cli
+}  // namespace gpipe
 #endif  // GPIPE_NO_PNG
