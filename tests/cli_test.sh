@@ -3,13 +3,8 @@
 # Usage: [GPIPE_TEST_PART=PART] cli_test.sh PATH/TO/gpipe   (parts: tests/parts_lib.sh)
 set -u
 gpipe="$1"
-failures=0
-passes=0
-pass() { echo "ok: $1"; passes=$((passes + 1)); }
-fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-source "$(dirname "$0")/parts_lib.sh"
+source "$(dirname "$0")/test_lib.sh"
+source "$tests_dir/parts_lib.sh"
 # The runs of several parts.
 small=(--train-samples 700 --test-samples 200 --batch-size 64 --epochs 3 --json)
 echo "not a checkpoint" >"$work/junk.pt"
@@ -351,5 +346,4 @@ PY
 fi
 
 parts_end || failures=$((failures + 1))
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

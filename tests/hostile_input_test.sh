@@ -9,14 +9,9 @@ set -u
 gpipe="$1"
 largest_model="${2:-}"
 python=/usr/bin/python3
-failures=0
-passes=0
-pass() { echo "ok: $1"; passes=$((passes + 1)); }
-fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/test_lib.sh"
 tiny=(--train-samples 256 --test-samples 64 --batch-size 64)
-source "$(dirname "$0")/parts_lib.sh"
+source "$tests_dir/parts_lib.sh"
 # A command that runs longer than this hangs (the longest here take a few seconds on a quiet machine;
 # the margin is for a loaded one).
 hang=240
@@ -496,5 +491,4 @@ if part late_models; then
 fi
 
 parts_end || failures=$((failures + 1))
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -4,15 +4,10 @@
 # Usage: [GPIPE_TEST_PART=PART] mpi_cli_test.sh PATH/TO/gpipe   (parts: tests/parts_lib.sh)
 set -u
 gpipe="$1"
-mpirun_sh="$(dirname "$0")/mpirun.sh"
-failures=0
-pass() { echo "ok: $1"; }
-fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/test_lib.sh"
 small=(--train-samples 1024 --test-samples 200 --epochs 2 --json)
 checksum() { /usr/bin/python3 -c 'import json,sys; print(repr(json.load(open(sys.argv[1]))["parameter_checksum"]))' "$1"; }
-source "$(dirname "$0")/parts_lib.sh"
+source "$tests_dir/parts_lib.sh"
 # A command still running after this has hung (they take seconds on a quiet machine; the margin is
 # for a loaded one).
 hang=240
@@ -234,5 +229,4 @@ if part faults; then
 fi
 
 parts_end || failures=$((failures + 1))
-echo "$failures failure(s)"
-[ "$failures" -eq 0 ]
+finish
