@@ -3,13 +3,8 @@
 # Usage: [GPIPE_TEST_PART=PART] cli_test.sh PATH/TO/gpipe   (parts: tests/parts_lib.sh)
 set -u
 gpipe="$1"
-failures=0
-passes=0
-pass() { echo "ok: $1"; passes=$((passes + 1)); }
-fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-source "$(dirname "$0")/parts_lib.sh"
+source "$(dirname "$0")/test_lib.sh"
+source "$tests_dir/parts_lib.sh"
 # The runs of several parts.
 small=(--train-samples 700 --test-samples 200 --batch-size 64 --epochs 3 --json)
 echo "not a checkpoint" >"$work/junk.pt"
@@ -25,7 +20,7 @@ expect_error() {  # expect_error NEEDLE ARGS...
   else fail "train $*: expected '$needle' in: $(cat "$work/err.txt")"; fi
 }
 
-if part train; then
+if part train; then  # cost 13
   # It trains: the loss falls and the accuracy is well above chance (10%).
   if "$gpipe" train --train-samples 1024 --test-samples 500 --epochs 2 --batch-size 64 \
        --micro-batches 4 --json >"$work/summary.json" 2>"$work/progress.txt"; then
@@ -89,7 +84,7 @@ PY
   else fail "--balance-by with --virtual-stages"; fi
 fi
 
-if part resume; then
+if part resume; then  # cost 21
   # Save and resume: a run stopped at step 14 and resumed ends where an unbroken run of 25 steps ends
   # (Adam state, shuffling, dropout streams and all); bad checkpoints fail clearly and change nothing.
   "$gpipe" train "${small[@]}" --steps 25 >"$work/unbroken.json" 2>/dev/null
@@ -117,7 +112,7 @@ PY
   if cmp -s "$work/ckpt.pt" "$work/ckpt.keep"; then pass "a refused checkpoint is left as it was"; else fail "checkpoint changed"; fi
 fi
 
-if part flags; then
+if part flags; then  # cost 27
   expect_error "--stages 20" --stages 20
   expect_error "--micro-batches 500" --micro-batches 500
   expect_error "--lr" --lr -0.1
@@ -147,7 +142,7 @@ if part flags; then
   expect_error "--batch-norm" --batch-norm sometimes
 fi
 
-if part models; then
+if part models; then  # cost 6
   # The built-in ResNet (BatchNorm once per step, residual skips across stages, cut by measured time)
   # and U-Net (long skips across 3 stages; PSNR; a PNG of samples) train a few steps.
   if "$gpipe" train --model resnet --train-samples 256 --test-samples 100 --steps 4 --batch-size 64 --json \
@@ -175,7 +170,7 @@ PY
   else fail "--model unet"; cat "$work/unet.json" "$work/unet.err"; fi
 fi
 
-if part gpt; then
+if part gpt; then  # cost 18
   # The byte-level GPT on Debian's fortunes (skipped, with the reason, without the package): a few
   # steps lower the loss; bits per byte beside the bigram's and gzip's; --generate samples after
   # training and, the same bytes again, from the saved model with --resume FILE --epochs 0.
@@ -234,7 +229,7 @@ PY
   fi
 fi
 
-if part schedule_bench; then
+if part schedule_bench; then  # cost 15
   # gpipe schedule: each schedule's own V (zbv and interleaved 2), the V placement and zbv's bubble.
   if "$gpipe" schedule --schedule zbv --stages 2 --micro-batches 4 --json >"$work/zbv.json" &&
      "$gpipe" schedule --schedule interleaved --stages 2 --micro-batches 4 --json >"$work/inter.json" &&
@@ -270,7 +265,7 @@ PY
   else fail "gpipe bench"; cat "$work/bench.err"; fi
 fi
 
-if part plan128; then
+if part plan128; then  # cost 31
   # gpipe plan: the issue's 128-device Transformer is answered (here: refused, with the need and a way
   # out). No clock here: what keeps the search short is its limit on the pairs it simulates, which
   # hostile_input_test's case 13 checks.
@@ -281,7 +276,7 @@ if part plan128; then
   else fail "gpipe plan at 128 devices"; cat "$work/plan.err"; fi
 fi
 
-if part plan; then
+if part plan; then  # cost 12
   # A model that fits gets JSON Lines, fastest first, each within the memory asked for.
   if "$gpipe" plan --layers 64 --width 1024 --heads 16 --ffn 4096 --vocab 32000 --seq 512 --devices 8 \
        --memory-per-device 16GiB --batch 64 --json --all >"$work/plan.jsonl" 2>"$work/plan.err" &&
@@ -351,5 +346,4 @@ PY
 fi
 
 parts_end || failures=$((failures + 1))
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -9,14 +9,9 @@ set -u
 gpipe="$1"
 largest_model="${2:-}"
 python=/usr/bin/python3
-failures=0
-passes=0
-pass() { echo "ok: $1"; passes=$((passes + 1)); }
-fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/test_lib.sh"
 tiny=(--train-samples 256 --test-samples 64 --batch-size 64)
-source "$(dirname "$0")/parts_lib.sh"
+source "$tests_dir/parts_lib.sh"
 # A command that runs longer than this hangs (the longest here take a few seconds on a quiet machine;
 # the margin is for a loaded one).
 hang=240
@@ -137,7 +132,7 @@ make_checkpoint() {
 }
 model=(--model "$work/model.pt" --loss mse)  # with a --data of each case's own
 
-if part resume_loop; then
+if part resume_loop; then  # cost 20
   # 1. A refused --resume returns through normal unwinding, every time: 9 runs, none hangs.
   make_checkpoint
   head -c 20000 "$work/ckpt.pt" >"$work/truncated.pt"
@@ -159,7 +154,7 @@ if part resume_loop; then
   else fail "1. --resume: $hung of 9 runs hung, $wrong ended wrongly"; fi
 fi
 
-if part targets; then
+if part targets; then  # cost 10
   make_models
   if [ "$torch" = 1 ]; then
     # 2. A module that is not an nn.Sequential is not cut into its children.
@@ -180,7 +175,7 @@ if part targets; then
   fi
 fi
 
-if part nonfinite; then
+if part nonfinite; then  # cost 12
   make_models
   # 4. Non-finite values: flags and data refused up front; a loss that becomes non-finite stops the
   # run before the update and never replaces a good checkpoint.
@@ -202,7 +197,7 @@ if part nonfinite; then
     train "${tiny[@]}" --steps 2 --optimizer sgd --lr 1e39
 fi
 
-if part outputs; then
+if part outputs; then  # cost 23
   make_models
   make_checkpoint
   # 5. What the machine cannot run is refused at once.
@@ -260,7 +255,7 @@ assert s["steps_this_run"] == 0 and s["no_step_ran"] and s["first_loss"] is None
   else fail "7. --save after no step: $(ls "$work")"; fi
 fi
 
-if part internals; then
+if part internals; then  # cost 19
   make_models
   if [ "$torch" = 1 ]; then
     # 8. libtorch's and TorchScript's internals only with --verbose.
@@ -292,7 +287,7 @@ if part internals; then
   else fail "9. misspelt command: $(cat "$work/err.txt")"; fi
 fi
 
-if part data; then
+if part data; then  # cost 22
   make_models
   # 10. No silent change of the data: seeds out of range refused, the last partial batch kept.
   run "10. --seed -1" 2 "--seed must be a whole number from 0 to 18446744073709551615 \(got -1\)" train --seed -1
@@ -351,7 +346,7 @@ PY
   fi
 fi
 
-if part bench_plan; then
+if part bench_plan; then  # cost 12
   # 12. gpipe bench: a cut given with --balance is labelled as given, and not as one of --balance-by's methods.
   run "12. bench --balance with --balance-by" 2 "--balance \{15, 1\} is the cut, and --balance-by time params even would choose it too" \
     bench --workload tiny --stages 2 --balance 15,1 --balance-by time params even --results ""
@@ -386,7 +381,7 @@ if part bench_plan; then
   fi
 fi
 
-if part late; then
+if part late; then  # cost 29
   make_models  # model.pt and data.pt: --model /dev/zero and --data, a link, need the other
   make_checkpoint
   # 15. Late or misleading errors: each refused before any work, naming what is wrong.
@@ -446,7 +441,7 @@ if part late; then
   if grep -q "balance by" "$work/out.txt"; then fail "15. --model resnet --resume: profiled before the refusal"; fi
 fi
 
-if part late_models; then
+if part late_models; then  # cost 35
   make_models
   make_checkpoint
   if [ "$torch" = 1 ]; then
@@ -496,5 +491,4 @@ if part late_models; then
 fi
 
 parts_end || failures=$((failures + 1))
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -8,12 +8,7 @@
 set -u
 gpipe="$1"
 mpi="${2:-0}"
-failures=0
-passes=0
-pass() { echo "ok: $1"; passes=$((passes + 1)); }
-fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/test_lib.sh"
 cd "$work" || exit 1
 tiny=(--train-samples 64 --test-samples 64)
 
@@ -94,9 +89,8 @@ else
 fi
 
 if [ "$mpi" = 1 ] && command -v mpirun >/dev/null; then
-  MP=(mpirun --allow-run-as-root --oversubscribe)
   # A usage error under mpirun is said once, with no line of the launcher's SIGTERM after it.
-  timeout 60 "${MP[@]}" -np 2 "$gpipe" train --model gpt --resume missing.pt --epochs 0 --generate 10 \
+  timeout 60 bash "$mpirun_sh" 2 "$gpipe" train --model gpt --resume missing.pt --epochs 0 --generate 10 \
     >/dev/null 2>"$work/mpi.err"
   said=$(grep -c "generate samples byte by byte" "$work/mpi.err")
   if [ "$said" = 1 ] && ! grep -q "ended by SIGTERM" "$work/mpi.err"; then
@@ -105,10 +99,10 @@ if [ "$mpi" = 1 ] && command -v mpirun >/dev/null; then
     fail "a usage error under mpirun: $(head -c 600 "$work/mpi.err")"
   fi
   # A per-device set that lacks device 0's file: the message names the file and the real fix.
-  if timeout 120 "${MP[@]}" -np 2 "$gpipe" train "${tiny[@]}" --batch-size 32 --epochs 1 --stages 2 \
+  if timeout 120 bash "$mpirun_sh" 2 "$gpipe" train "${tiny[@]}" --batch-size 32 --epochs 1 --stages 2 \
        --save set.pt --per-device-files >/dev/null 2>"$work/save.err"; then
     rm -f set.pt.stage0-of-2
-    timeout 60 "${MP[@]}" -np 2 "$gpipe" train "${tiny[@]}" --batch-size 32 --epochs 2 --stages 2 \
+    timeout 60 bash "$mpirun_sh" 2 "$gpipe" train "${tiny[@]}" --batch-size 32 --epochs 2 --stages 2 \
       --resume set.pt --per-device-files >/dev/null 2>"$work/resume.err"
     if grep -q "no such file: set.pt.stage0-of-2 (the set of 2 per-device files of set.pt lacks this device's file" \
          "$work/resume.err" && ! grep -q "resume with the K\|resume with --stages" "$work/resume.err"; then
@@ -121,5 +115,4 @@ if [ "$mpi" = 1 ] && command -v mpirun >/dev/null; then
   fi
 fi
 
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -4,15 +4,10 @@
 # Usage: [GPIPE_TEST_PART=PART] mpi_cli_test.sh PATH/TO/gpipe   (parts: tests/parts_lib.sh)
 set -u
 gpipe="$1"
-mpirun_sh="$(dirname "$0")/mpirun.sh"
-failures=0
-pass() { echo "ok: $1"; }
-fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/test_lib.sh"
 small=(--train-samples 1024 --test-samples 200 --epochs 2 --json)
 checksum() { /usr/bin/python3 -c 'import json,sys; print(repr(json.load(open(sys.argv[1]))["parameter_checksum"]))' "$1"; }
-source "$(dirname "$0")/parts_lib.sh"
+source "$tests_dir/parts_lib.sh"
 # A command still running after this has hung (they take seconds on a quiet machine; the margin is
 # for a loaded one).
 hang=240
@@ -45,16 +40,16 @@ expect_error() {  # NAME PATTERN COMMAND...
   else fail "$name: no \"$pattern\""; tail -20 "$work/err.out"; fi
 }
 
-if part same; then
+if part same; then  # cost 20
   same_as_one "2 --stages 2" "3 --stages 3 --checkpoint always --micro-batches 3"
 fi
 
-if part same_v; then
+if part same_v; then  # cost 22
   same_as_one "2 --stages 2 --virtual-stages 2 --schedule interleaved --micro-batches 4" \
               "2 --stages 2 --schedule zbv --micro-batches 4 --checkpoint except_last"
 fi
 
-if part launch; then
+if part launch; then  # cost 25
   # The GPT with its embedding on rank 0 and the head tied to it on rank 1 (the copies' gradients
   # summed): the parameters of one process, up to the order of that sum's additions.
   if [ -d /usr/share/games/fortunes ]; then
@@ -110,7 +105,7 @@ PY
   else fail "np=4 exited non-zero"; tail -5 "$work/dp.err"; fi
 fi
 
-if part resume; then
+if part resume; then  # cost 43
   # --save writes one file, gathered by rank 0; a resume from it equals an unbroken run, with the
   # same K or another one, under mpirun or in one process.
   if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/ckpt.pt" >/dev/null 2>&1 &&
@@ -142,7 +137,7 @@ if part resume; then
   else fail "--per-device-files save/resume"; fi
 fi
 
-if part errors; then
+if part errors; then  # cost 49
   # The files of the resume part: one whole file and per-device files, both of step 4.
   bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/ckpt.pt" >/dev/null 2>&1
   bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/split.pt" --per-device-files >/dev/null 2>&1
@@ -179,7 +174,7 @@ if part errors; then
   else fail "usage error under mpirun"; cat "$work/err.out"; fi
 fi
 
-if part own_files; then
+if part own_files; then  # cost 33
   # Each rank in its own working folder, with files of the same name but other bytes: refused before
   # training, naming the input (they would train a mixture of two models or datasets).
   if /usr/bin/python3 - "$work" <<'PY'
@@ -221,7 +216,7 @@ PY
   else fail "--samples under mpirun"; tail -3 "$work/err.out"; fi
 fi
 
-if part faults; then
+if part faults; then  # cost 12
   # Faults (GPIPE_TEST_FAULT is a test-only switch): a stage that throws, a rank that dies.
   expect_error "an exception in rank 1's stage ends every rank, with its message" \
     "\[rank 1\] gpipe: stage 3 failed in the forward of micro-batch 0 (action 3F0, input \[[0-9, ]*\]): injected fault" \
@@ -234,5 +229,4 @@ if part faults; then
 fi
 
 parts_end || failures=$((failures + 1))
-echo "$failures failure(s)"
-[ "$failures" -eq 0 ]
+finish

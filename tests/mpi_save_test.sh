@@ -6,12 +6,7 @@
 # Usage: mpi_save_test.sh PATH/TO/gpipe
 set -u
 gpipe="$1"
-failures=0
-pass() { echo "ok: $1"; }
-fail() { echo "FAILED: $1"; failures=$((failures + 1)); }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mpirun_sh="$(dirname "$0")/mpirun.sh"
+source "$(dirname "$0")/test_lib.sh"
 run=(train --stages 2 --micro-batches 2 --train-samples 256 --test-samples 64 --batch-size 64 --epochs 2
      --per-device-files --save "$work/run.pt")  # 4 steps an epoch: saves at steps 4 and 8
 
@@ -40,5 +35,4 @@ else
   tail -5 "$work/err.txt" "$work/resume.txt" 2>/dev/null
 fi
 
-echo "$failures failure(s)"
-[ "$failures" -eq 0 ]
+finish

@@ -127,15 +127,15 @@ PY
   s_unbroken=$(checksum "$work/s-unbroken.json")
 }
 
-if part sigterm; then
+if part sigterm; then  # cost 38
   sigterm_trials 1
 fi
 
-if part sigterm_again; then
+if part sigterm_again; then  # cost 38
   sigterm_trials 2
 fi
 
-if part head; then
+if part head; then  # cost 31
   make_unbroken
   # 2. A closed standard output under mpirun: the training goes on, its file is whole.
   rm -f "$work/sp.pt"
@@ -151,17 +151,17 @@ PY
   else fail "mpirun ... | head -1 lost the file"; cat "$work/err.txt"; fi
 fi
 
-if part kill_rank1; then
+if part kill_rank1; then  # cost 36
   make_unbroken
   kill_rank_trials 1
 fi
 
-if part kill_rank0; then
+if part kill_rank0; then  # cost 36
   make_unbroken
   kill_rank_trials 0
 fi
 
-if part script_files; then
+if part script_files; then  # cost 36
   if make_script; then
     # Saved and resumed at np 2.
     if bash "$mpirun_sh" 2 "$gpipe" "${script[@]}" --steps 7 --save "$work/split.pt" --per-stage-files \
@@ -185,7 +185,7 @@ if part script_files; then
   fi
 fi
 
-if part script_kill; then
+if part script_kill; then  # cost 38
   if make_script; then
     # A rank killed while the per-stage files are written (saved after every step): the set on disk
     # resumes to the unbroken parameters.

@@ -7,6 +7,7 @@
 
 #include <gpipe/mpi.h>
 
+#include <algorithm>
 #include <map>
 #include <numeric>
 #include <random>
@@ -536,6 +537,91 @@ TEST(MpiTransport, CancelStopsTheOtherRanksReceive) {
     }
   }
   MPI_Comm_free(&pair);
+}
+
+// A rank's leave notice (mpi::leave: its pipeline deleted, its program ended) and then another
+// rank's failure: the failure is reported as that rank's, with its message, at once; the leaver is
+// not blamed for it after the grace for leavers (the receive of the channel is posted again after a
+// leave notice).
+TEST(MpiErrorChannel, AFailureAfterALeaveNoticeIsTheFailingRanks) {
+  if (world_size() < 3) GTEST_SKIP() << "needs 3 ranks";
+  MPI_Comm trio;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < 3 ? 0 : 1, world_rank(), &trio);
+  if (world_rank() < 3) {
+    mpi::ErrorChannel errors(trio);
+    MPI_Comm data;
+    MPI_Comm_dup(trio, &data);
+    char go = 1;
+    if (world_rank() == 2) {
+      errors.leave("rank 2 left");
+      MPI_Send(&go, 1, MPI_CHAR, 0, 0, data);  // after the notice, from the same rank
+    } else if (world_rank() == 1) {
+      MPI_Recv(&go, 1, MPI_CHAR, 0, 0, data, MPI_STATUS_IGNORE);  // rank 2's notice came to rank 0 before
+      errors.raise("gpipe: rank 1 failed on purpose");
+      MPI_Send(&go, 1, MPI_CHAR, 0, 0, data);  // sent: rank 0's wait need not outlast the grace for leavers
+    } else {
+      MPI_Request request;
+      MPI_Irecv(&go, 1, MPI_CHAR, 2, 0, data, &request);
+      errors.wait(request);
+      MPI_Send(&go, 1, MPI_CHAR, 1, 0, data);
+      MPI_Recv(&go, 1, MPI_CHAR, 1, 0, data, MPI_STATUS_IGNORE);
+      char never = 0;
+      MPI_Irecv(&never, 1, MPI_CHAR, 1, 1, data, &request);  // never sent
+      try {
+        errors.wait(request);
+        ADD_FAILURE() << "the receive returned";
+      } catch (const mpi::RemoteError& e) {
+        EXPECT_EQ(e.rank(), 1) << e.what();
+        EXPECT_NE(std::string(e.what()).find("rank 1 failed on purpose"), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(errors.left_rank(), 2);
+      EXPECT_EQ(errors.left(), "rank 2 left");
+      if (request != MPI_REQUEST_NULL) {
+        MPI_Cancel(&request);
+        MPI_Wait(&request, MPI_STATUS_IGNORE);
+      }
+    }
+    errors.abandon();  // failures: messages may still be on their way
+    MPI_Barrier(trio);
+    MPI_Comm_free(&data);
+  }
+  MPI_Comm_free(&trio);
+}
+
+// Pipelines made and deleted on every rank free their communicators, the error channel's among
+// them (once every rank's notice that it let go has come): a job that makes pipeline after pipeline
+// does not pile communicators up. Open MPI gives a new communicator the lowest free index of its
+// table, which MPI_Comm_c2f returns: of 32 new communicators the highest index is 31 above the
+// lowest free one, and one higher for each communicator kept among them.
+TEST(MpiPipeline, DeletedPipelinesFreeTheirCommunicators) {
+  const auto next_index = [] {
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::vector<MPI_Comm> comms(32);
+    int highest = 0;
+    for (MPI_Comm& comm : comms) {
+      MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+      highest = std::max(highest, static_cast<int>(MPI_Comm_c2f(comm)));
+    }
+    for (MPI_Comm& comm : comms) MPI_Comm_free(&comm);
+    return highest;
+  };
+  const int K = world_size();
+  const std::vector<int> balance = cut(K);
+  const auto [first, last] = stage_range(balance, world_rank());
+  torch::manual_seed(3);
+  const torch::Tensor x = torch::randn({4, 12}), y = torch::randn({4, 4});
+  const auto make_train_delete = [&] {
+    mpi::MpiPipeline pipe(model_layers(2, {first, last}), PipelineOptions().balance(balance).micro_batches(2));
+    pipe.train_step(x, y, mse_loss);
+  };
+  make_train_delete();
+  const int before = next_index();
+  constexpr int kPipelines = 6;
+  for (int n = 0; n < kPipelines; ++n) make_train_delete();
+  const int after = next_index();
+  // The last pipeline's channel may wait for a notice still on its way; none of the others does.
+  EXPECT_LE(after, before + 1) << "rank " << world_rank() << ": " << after - before << " communicators kept by "
+                               << kPipelines << " pipelines made and deleted";
 }
 
 // Settings that differ between ranks: the same clear error on every rank, no hang.

@@ -5,7 +5,8 @@
 # and ends with `parts_end || failures=$((failures + 1))`. GPIPE_TEST_PART=NAME runs that part alone
 # (what CTest does); unset or empty, every part runs in order (what a person running the script does).
 # tests/CMakeLists.txt reads the part names from the `if part NAME; then` lines: a new part is a new
-# test without an entry there. Each part makes what it needs itself: it runs alone.
+# test without an entry there; `if part NAME; then  # cost SECONDS` gives its CTest COST (about its
+# seconds alone on 2 quiet cores), by which CTest starts the longest first. Each part makes what it needs itself: it runs alone.
 
 parts_seen=()
 part_started=

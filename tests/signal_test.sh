@@ -126,32 +126,32 @@ same_twice() {
   echo "skipped: SIGTERM twice at once: three tries, this machine never sent and delivered both within 0.1 s"
 }
 
-if part signal; then
+if part signal; then  # cost 24
   make_unbroken
   signal_trials 1 2
 fi
 
-if part signal_again; then
+if part signal_again; then  # cost 21
   make_unbroken
   signal_trials 3 4
 fi
 
-if part double; then
+if part double; then  # cost 21
   make_unbroken
   double_trials 1 2
 fi
 
-if part double_again; then
+if part double_again; then  # cost 22
   make_unbroken
   double_trials 3 4
 fi
 
-if part same_twice; then
+if part same_twice; then  # cost 18
   make_unbroken
   same_twice
 fi
 
-if part save_every; then
+if part save_every; then  # cost 21
   make_unbroken
   # 3. A stale temporary file of the same FILE (a writer killed with SIGKILL) is removed by the next save.
   : >"$work/run.pt.tmp.999999999.abcdef"
@@ -201,7 +201,7 @@ PY
   else fail "without --save: no step line"; fi
 fi
 
-if part head; then
+if part head; then  # cost 20
   make_unbroken
   # 6. A closed standard output: | head -1 neither kills the training nor loses its file; the
   # closing is said once on standard error, and the exit status is 0.

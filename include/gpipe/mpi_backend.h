@@ -22,6 +22,7 @@
 #include <array>
 #include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -156,9 +157,21 @@ class ErrorChannel {
   /// still be on their way to it, and a freed communicator's context is given
   /// to the next one MPI creates.
   void abandon() { abandoned_ = true; }
+  /// A channel this rank has left (leave) whose communicator goes once every
+  /// other rank's leave notice has come, after which nothing more can come
+  /// (MPI keeps each sender's messages in order). Never waits: the channel is
+  /// kept until then, and looked at again whenever a channel is made or
+  /// retired. A failure that comes instead keeps the communicator, as abandon().
+  static void retire(std::unique_ptr<ErrorChannel> channel);
 
  private:
   void post();
+  // A message taken by the posted receive: a leave notice is noted and the receive posted again
+  // (another rank's failure may still come); a failure throws RemoteError.
+  void received(const MPI_Status& status);
+  // Takes what has come without waiting; whether every other rank has left.
+  bool drained();
+  std::set<int> leavers_;  // the ranks whose leave notices came
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;

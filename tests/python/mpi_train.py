@@ -3,10 +3,13 @@ embedding) through gpipe.GPipe for a few steps and saves what this process train
 test_mpi.py in one process and under `mpirun -np 2`.
 
     python3 mpi_train.py OUT_DIR [--tied] [--by-time] [--schedule NAME] [--checkpoint MODE]
+                         [--configs NAME:MODE,...]
                          [--unseeded] [--unseeded-model] [--raise-on-rank-1] [--rank-1-ends-early return|exit]
 
 --schedule and --checkpoint pick the step program (default: interleaved over 4 stages, except_last);
 a schedule of one stage per device cuts the model in 2 stages, interleaved, zbv and v-half in 4.
+--configs trains each SCHEDULE:CHECKPOINT in turn, a new model and pipeline each, in one process (one
+interpreter, one job, not one per configuration), into OUT_DIR/SCHEDULE-CHECKPOINT.
 
 With --by-time the model is cut by measured time (balance=None): under MPI every rank takes rank 0's cut.
 With --unseeded each rank draws its own batches: every rank refuses the first step.
@@ -48,8 +51,17 @@ def flag(name, default):
 
 
 def main():
-    out, tied = sys.argv[1], "--tied" in sys.argv
-    schedule, checkpoint = flag("--schedule", "interleaved"), flag("--checkpoint", "except_last")
+    if "--configs" in sys.argv:
+        for config in flag("--configs", "").split(","):
+            schedule, checkpoint = config.split(":")
+            out = os.path.join(sys.argv[1], f"{schedule}-{checkpoint}")
+            os.makedirs(out, exist_ok=True)
+            train(out, "--tied" in sys.argv, schedule, checkpoint)
+        return
+    train(sys.argv[1], "--tied" in sys.argv, flag("--schedule", "interleaved"), flag("--checkpoint", "except_last"))
+
+
+def train(out, tied, schedule, checkpoint):
     m = model(tied)
     balance = None if "--by-time" in sys.argv else [3, 3, 2, 1] if schedule in ("interleaved", "zbv", "v-half") else [5, 4]
     if "--unseeded-model" in sys.argv:

@@ -31,12 +31,24 @@ def run(command, out, *flags):
     return result
 
 
-def test_two_ranks_equal_one_process_bit_for_bit(tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    one.mkdir()
-    two.mkdir()
-    run([], one)
-    run(mpirun() + ["-np", "2"], two)
+# The default step program (interleaved over 4 stages, except_last) and one of each other schedule, each
+# trained in one process and by 2 ranks: one interpreter and one job for all of them (--configs).
+CONFIGS = [("interleaved", "except_last"), ("gpipe", "always"), ("1f1b", "never"), ("zb1p", "except_last"),
+           ("zbv", "always")]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The folders of the one-process runs and of the 2-rank runs, a subfolder per configuration."""
+    one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
+    configs = ",".join(f"{s}:{c}" for s, c in CONFIGS)
+    run([], one, "--configs", configs)
+    run(mpirun() + ["-np", "2"], two, "--configs", configs)
+    return one, two
+
+
+def test_two_ranks_equal_one_process_bit_for_bit(trained):
+    one, two = (folder / "interleaved-except_last" for folder in trained)
     alone = torch.load(one / "rank0.pt")
     ranks = [torch.load(two / f"rank{r}.pt") for r in range(2)]
     assert alone["describe"] == "one process, 2 device threads"
@@ -58,14 +70,9 @@ def test_two_ranks_equal_one_process_bit_for_bit(tmp_path):
         assert torch.equal(a[name], b[name]), name
 
 
-@pytest.mark.parametrize("schedule,checkpoint", [("gpipe", "always"), ("1f1b", "never"), ("zb1p", "except_last"), ("zbv", "always")])
-def test_every_schedule_under_two_ranks_equals_one_process_bit_for_bit(tmp_path, schedule, checkpoint):
-    one, two = tmp_path / "one", tmp_path / "two"
-    one.mkdir()
-    two.mkdir()
-    flags = ["--schedule", schedule, "--checkpoint", checkpoint]
-    run([], one, *flags)
-    run(mpirun() + ["-np", "2"], two, *flags)
+@pytest.mark.parametrize("schedule,checkpoint", CONFIGS[1:])
+def test_every_schedule_under_two_ranks_equals_one_process_bit_for_bit(trained, schedule, checkpoint):
+    one, two = (folder / f"{schedule}-{checkpoint}" for folder in trained)
     alone = torch.load(one / "rank0.pt")
     ranks = [torch.load(two / f"rank{r}.pt") for r in range(2)]
     assert ranks[0]["balance"] == alone["balance"] == ([3, 3, 2, 1] if schedule == "zbv" else [5, 4])

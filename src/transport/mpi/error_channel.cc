@@ -3,7 +3,10 @@
 #include "transport/mpi/group.h"
 
 #include <chrono>
+#include <memory>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 namespace gpipe::mpi {
 
@@ -15,9 +18,22 @@ constexpr char kLeaving = '\x01';  // the first byte of a leaving rank's message
 RemoteError::RemoteError(int rank, const std::string& message)
     : Cancelled("gpipe: stopped because rank " + std::to_string(rank) + " failed: " + message), rank_(rank) {}
 
+namespace {
+
+// The channels retired and not yet drained (ErrorChannel::retire); never destroyed, as they may be
+// left to MPI_Finalize.
+std::mutex retired_mutex;
+std::vector<std::unique_ptr<ErrorChannel>>& retired() {
+  static auto* channels = new std::vector<std::unique_ptr<ErrorChannel>>;
+  return *channels;
+}
+
+}  // namespace
+
 ErrorChannel::ErrorChannel(MPI_Comm world) : rank_(detail::rank_of(world)), size_(detail::size_of(world)) {
   detail::check_mpi(MPI_Comm_dup(world, &comm_), "MPI_Comm_dup");  // its own, so no tag can meet another's
   post();
+  retire(nullptr);  // the channels of pipelines deleted before: their notices have had time to come
 }
 
 ErrorChannel::~ErrorChannel() {
@@ -34,15 +50,34 @@ void ErrorChannel::post() {
                     "posting the error receive");
 }
 
+void ErrorChannel::received(const MPI_Status& status) {
+  int length = 0;
+  MPI_Get_count(&status, MPI_CHAR, &length);
+  if (length > 0 && buffer_[0] == kLeaving) {
+    if (left_.empty()) {  // the first to leave is the one named
+      left_.assign(buffer_.data() + 1, static_cast<size_t>(length - 1));
+      left_rank_ = status.MPI_SOURCE;
+    }
+    leavers_.insert(status.MPI_SOURCE);
+    post();
+    return;
+  }
+  throw RemoteError(status.MPI_SOURCE, std::string(buffer_.data(), static_cast<size_t>(length)));
+}
+
 void ErrorChannel::wait(MPI_Request& request) {
   while (request != MPI_REQUEST_NULL) {
     if (!left_.empty()) {
-      // A rank left: what it sent before leaving still arrives; what it did not, never will.
+      // A rank left: what it sent before leaving still arrives; what it did not, never will. Another
+      // rank's failure still comes on the channel, and is that rank's.
       const auto give_up = std::chrono::steady_clock::now() + std::chrono::duration<double>(kLeaveGraceSeconds);
       for (;;) {
         int done = 0;
         detail::check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "waiting for a message");
         if (done) return;
+        MPI_Status status;
+        detail::check_mpi(MPI_Test(&pending_, &done, &status), "waiting for a message");
+        if (done) received(status);
         if (std::chrono::steady_clock::now() > give_up) throw RemoteError(left_rank_, left_);
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
@@ -53,16 +88,40 @@ void ErrorChannel::wait(MPI_Request& request) {
     detail::check_mpi(MPI_Waitany(2, requests.data(), &index, &status), "waiting for a message");
     request = requests[0];
     pending_ = requests[1];
-    if (index == 1) {
-      int length = 0;
-      MPI_Get_count(&status, MPI_CHAR, &length);
-      if (length > 0 && buffer_[0] == kLeaving) {
-        left_.assign(buffer_.data() + 1, static_cast<size_t>(length - 1));
-        left_rank_ = status.MPI_SOURCE;
-        continue;
-      }
-      throw RemoteError(status.MPI_SOURCE, std::string(buffer_.data(), static_cast<size_t>(length)));
+    if (index == 1) received(status);
+  }
+}
+
+bool ErrorChannel::drained() {
+  for (;;) {
+    int done = 0;
+    MPI_Status status;
+    if (pending_ == MPI_REQUEST_NULL || MPI_Test(&pending_, &done, &status) != MPI_SUCCESS) return false;
+    if (!done) return static_cast<int>(leavers_.size()) == size_ - 1;
+    received(status);
+  }
+}
+
+void ErrorChannel::retire(std::unique_ptr<ErrorChannel> channel) {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  const std::lock_guard<std::mutex> lock(retired_mutex);
+  if (finalized) {
+    if (channel) channel.release()->abandon();  // too late to free; MPI_Finalize has taken it
+    return;
+  }
+  auto& channels = retired();
+  if (channel) channels.push_back(std::move(channel));
+  for (auto it = channels.begin(); it != channels.end();) {
+    ErrorChannel& c = **it;
+    bool done = c.pending_ == MPI_REQUEST_NULL;  // a failure came before it was retired
+    try {
+      done = done || c.drained();
+    } catch (const RemoteError&) {  // a failure came after: more may follow it
+      done = true;
     }
+    if (done && static_cast<int>(c.leavers_.size()) != c.size_ - 1) c.abandon();
+    it = done ? channels.erase(it) : it + 1;  // freed (MPI_Comm_free), or left to MPI as abandoned
   }
 }
 

@@ -50,18 +50,19 @@ MpiGroup::~MpiGroup() {
     return;
   }
   // A rank still using the pipeline (its loop longer than this one's) stops rather than waiting.
-  tell_leaving("let go of its pipeline (its Pipeline or Python GPipe was deleted, or its program ended)");
+  // The others' notices may still come: the channel's communicator goes once they all have (retire),
+  // so that no later communicator, given its context, receives them.
+  if (tell_leaving("let go of its pipeline (its Pipeline or Python GPipe was deleted, or its program ended)"))
+    ErrorChannel::retire(std::move(errors_));
 }
 
-void MpiGroup::tell_leaving(const std::string& what) {
+bool MpiGroup::tell_leaving(const std::string& what) {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized || !errors_) return;
+  if (finalized || !errors_) return false;
   errors_->leave(who() + what + " while this rank still called into gpipe; every rank makes the same calls (the "
                  "same number of train_step, forward, save, sum...), so end every rank's loop together");
-  // The others' notices may still come: the channel's communicator is never freed, so that no
-  // later communicator, given its context, receives them.
-  errors_->abandon();
+  return true;
 }
 
 void MpiGroup::leave() {
@@ -391,6 +392,7 @@ void leave() {
   if (!initialized || finalized) return;
   const std::lock_guard<std::mutex> lock(detail::live_mutex);
   for (detail::MpiGroup* group : detail::live_groups()) group->leave();
+  ErrorChannel::retire(nullptr);  // the deleted pipelines' channels whose notices have all come: freed
 }
 
 }  // namespace gpipe::mpi

@@ -105,8 +105,9 @@ class MpiGroup : public gpipe::detail::Group {
   void open();
   // The step's communicators, left as they are after a failure (see begin_call).
   void abandon();
-  // Tells the other ranks that this one makes no more calls, having done `what` (mpi::leave).
-  void tell_leaving(const std::string& what);
+  // Tells the other ranks that this one makes no more calls, having done `what` (mpi::leave); false
+  // if there is no channel to tell them on (or MPI has ended).
+  bool tell_leaving(const std::string& what);
 
   // tied.cc: this rank's copies of each tied group, checked against every rank's; their first values
   // made the lowest device's; their gradients summed.
