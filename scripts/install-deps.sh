@@ -10,7 +10,6 @@ packages=(
   libopenblas0-pthread    # fast system BLAS: without it libtorch's matmuls are ~35x slower
   libgtest-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev zlib1g-dev
-  libpng-dev              # gpipe train --model unet --samples: pictures of denoised images
   libopenmpi-dev openmpi-bin  # MPI: one device (its stages) per process, on one machine or many
   dataset-fashion-mnist   # the default training data, under /usr/share/datasets/fashion-mnist
   fortunes                # gpipe train --model gpt's text, under /usr/share/games/fortunes

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <numeric>
 
+#include <zlib.h>
+
 namespace gpipe {
 namespace {
 
@@ -245,8 +247,6 @@ TEST(TasksTest, AScriptTaskRefusesALossItCannotScore) {
 namespace gpipe {
 namespace {
 
-// What every rank of a job must share is compared from the option values (agreement.cc): every
-// field of TrainerOptions has a setting, and a changed field changes its setting.
 // A request by cost takes one cost per layer of the model; one that is even or given is left as it is.
 TEST(TasksTest, ARequestByCostTakesTheLayersCosts) {
   const Task& task = find_task("tiny");
@@ -362,14 +362,52 @@ TEST(TasksTest, ANonFiniteLossIsAnErrorThatNamesTheFix) {
 TEST(TasksTest, APictureIsWrittenAsAPngFile) {
   const std::string path = ::testing::TempDir() + "gpipe_tasks_test.png", refused = path + ".refused.png";
   std::remove(refused.c_str());
-  write_png(path, torch::full({3, 5}, 200, torch::kUInt8));
+  const torch::Tensor image = torch::arange(15, torch::kUInt8).reshape({3, 5}) * 17;
+  write_png(path, image);
   std::ifstream file(path, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  ASSERT_GT(bytes.size(), 8u);
   EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  // Read back as a decoder would: each chunk's CRC, the header's size and kind, the rows of IDAT.
+  auto u32 = [&](size_t at) {
+    return (uint32_t{static_cast<uint8_t>(bytes[at])} << 24) | (uint32_t{static_cast<uint8_t>(bytes[at + 1])} << 16) |
+           (uint32_t{static_cast<uint8_t>(bytes[at + 2])} << 8) | uint32_t{static_cast<uint8_t>(bytes[at + 3])};
+  };
+  std::vector<std::string> types;
+  std::string header, packed;
+  for (size_t at = 8; at + 12 <= bytes.size();) {
+    const uint32_t length = u32(at);
+    const std::string type = bytes.substr(at + 4, 4), data = bytes.substr(at + 8, length);
+    const std::string body = type + data;
+    EXPECT_EQ(u32(at + 8 + length), ::crc32(0, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size())))
+        << type;
+    types.push_back(type);
+    if (type == "IHDR") header = data;
+    if (type == "IDAT") packed += data;
+    at += 12 + length;
+  }
+  EXPECT_EQ(types, (std::vector<std::string>{"IHDR", "IDAT", "IEND"}));
+  ASSERT_EQ(header.size(), 13u);
+  EXPECT_EQ(header.substr(0, 8), std::string("\0\0\0\x05\0\0\0\x03", 8));  // width 5, height 3
+  EXPECT_EQ(header[8], 8);  // 8 bits a pixel
+  EXPECT_EQ(header[9], 0);  // grayscale
+  std::string rows(3 * 6, '\x7f');
+  uLongf size = static_cast<uLongf>(rows.size());
+  ASSERT_EQ(::uncompress(reinterpret_cast<Bytef*>(rows.data()), &size, reinterpret_cast<const Bytef*>(packed.data()),
+                         static_cast<uLong>(packed.size())),
+            Z_OK);
+  ASSERT_EQ(size, 18u);
+  for (int y = 0; y < 3; ++y) {
+    EXPECT_EQ(rows[static_cast<size_t>(y) * 6], 0) << "row " << y << "'s filter";
+    for (int x = 0; x < 5; ++x)
+      EXPECT_EQ(static_cast<uint8_t>(rows[static_cast<size_t>(y) * 6 + 1 + x]), image[y][x].item<uint8_t>());
+  }
   testing::expect_invalid([&] { write_png(refused, torch::zeros({3, 5})); }, "uint8");
   EXPECT_FALSE(std::filesystem::exists(refused));
 }
 
+// What every rank of a job must share is compared from the option values (agreement.cc): every
+// field of TrainerOptions has a setting, and a changed field changes its setting.
 TEST(AgreementTest, EveryTrainerOptionIsASetting) {
 #if defined(__x86_64__) && defined(__GLIBCXX__)
   // A new field of TrainerOptions changes its size: give it a setting in settings_of (agreement.cc),

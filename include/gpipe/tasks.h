@@ -273,9 +273,9 @@ std::string generate_text(Pipeline& pipeline, int64_t context, const GenerateOpt
 /// made by the process that holds the first replica's output, and undefined elsewhere.
 torch::Tensor denoising_picture(Pipeline& pipeline, const Dataset& test, int64_t shown, int replicas = 1);
 
-/// Writes `image`, uint8 [height, width] (0 black, 255 white), to `path` as a grayscale PNG (libpng),
+/// Writes `image`, uint8 [height, width] (0 black, 255 white), to `path` as a grayscale PNG (zlib),
 /// whole or not at all: the picture of denoising_picture. Throws std::invalid_argument for another
-/// tensor or a gpipe built without libpng, std::runtime_error naming the path and the problem.
+/// tensor, std::runtime_error naming the path and the problem.
 void write_png(const std::string& path, const torch::Tensor& image);
 
 /// `bytes` as text every terminal and JSON show: printable ASCII, newlines and tabs as they are,

@@ -1,6 +1,8 @@
 // bench.cc: gpipe bench's sweep: its checks, its contenders, their steps in turn, and each one's row.
 #include "gpipe/tasks.h"
 
+#include "tasks/builtin.h"
+
 #include "gpipe/check.h"
 #include "gpipe/cost_model.h"
 #include "gpipe/device.h"
@@ -16,6 +18,8 @@
 #include <memory>
 
 namespace gpipe {
+
+using tasks::said_about;
 namespace {
 
 // Every contender's optimizer: plain SGD (no momentum), a small step.
@@ -60,16 +64,6 @@ RunRequest request_of(int K, int M, const std::string& schedule, const std::stri
   return r;
 }
 
-// fn(), its std::invalid_argument said after `context` (the options it is about).
-template <typename Fn>
-void about(const std::string& context, Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    const std::string what = e.what(), prefix = "gpipe: ";
-    throw std::invalid_argument(prefix + context + ": " + (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what));
-  }
-}
 
 // The cost model of `task` at M micro-batches: its layers profiled on one micro-batch of its batch, on
 // one device's threads, as the devices run them. Three warm-up passes: a first profile runs on fresh pages.
@@ -255,7 +249,7 @@ void check_bench(const BenchSweep& o) {
     bool taken = false;
     for (const std::string& schedule : o.schedules) {
       const ScheduleKind kind = parse_schedule(schedule);
-      if (default_virtual_stages(kind) > 1) about(context, [&] { check_virtual_stages(kind, o.virtual_stages); });
+      if (default_virtual_stages(kind) > 1) said_about(context, [&] { check_virtual_stages(kind, o.virtual_stages); });
       taken = taken || default_virtual_stages(kind) > 1;
     }
     GPIPE_CHECK(taken, context, ": V is the stages per device of the interleaved schedule, which this `schedule` "
@@ -272,13 +266,13 @@ void check_bench(const BenchSweep& o) {
     for (int K : o.stages)
       for (const std::string& schedule : o.schedules) {
         const int V = virtual_stages(schedule, o);
-        about("`devices` " + std::to_string(K), [&] { replicas_of(K); });  // whole pipelines of ranks
+        said_about("`devices` " + std::to_string(K), [&] { replicas_of(K); });  // whole pipelines of ranks
         const bool given = !o.balance.empty() && K > 1;
         GPIPE_CHECK(given || !task.workload || cut_of(task, request_of(K, 1, schedule, "even", o)).kind == CutKind::kBlocks,
                     "workload ", name, " has too few blocks for `devices` ", K,
                     V > 1 ? " x `virtual_stages` " + std::to_string(V) : std::string(), "; use fewer stages");
         for (int M : o.micro_batches)
-          about("`devices` " + std::to_string(K) + " `micro_batches` " + std::to_string(M) + " `schedule` " + schedule +
+          said_about("`devices` " + std::to_string(K) + " `micro_batches` " + std::to_string(M) + " `schedule` " + schedule +
                     (given ? " `balance`" : ""),
                 [&] { make_plan(task.layers, pipeline_options_of(task, request_of(K, M, schedule, "even", o))); });
       }

@@ -1,7 +1,12 @@
 // builtin.h: what the built-in tasks (one file each in src/tasks/, listed by registry.cc) share.
 #pragma once
 
+#include "gpipe/check.h"
 #include "gpipe/tasks.h"
+
+#include <exception>
+#include <stdexcept>
+#include <string>
 
 namespace gpipe::tasks {
 
@@ -20,5 +25,17 @@ std::function<Dataset(const TaskOptions&)> workload_batch(const std::string& nam
 /// rank's layers equal one process's (fashion.cc).
 Model seeded_model(const std::string& title, int layers, uint64_t seed,
                    std::function<torch::nn::Sequential(LayerRange)> build);
+
+/// fn()'s result; any exception it throws said as a std::invalid_argument after `context` (the
+/// options it is about): "gpipe: `devices` 3: ...".
+template <typename Fn>
+auto said_about(const std::string& context, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    const std::string what = what_of(e), prefix = "gpipe: ";
+    throw std::invalid_argument(prefix + context + ": " + (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what));
+  }
+}
 
 }  // namespace gpipe::tasks

@@ -2,6 +2,8 @@
 // tasks.h).
 #include "gpipe/tasks.h"
 
+#include "tasks/builtin.h"
+
 #include "gpipe/check.h"
 #include "gpipe/script_model.h"
 
@@ -15,6 +17,8 @@
 
 namespace gpipe {
 
+using tasks::said_about;
+
 PlannedModel plan_model_of(const Task& task, const TaskOptions& options, const PlanProfileOptions& profile) {
   const torch::nn::Sequential layers = task.model(options).build(LayerRange{});
   const Dataset batch = task.batch(options);
@@ -24,20 +28,6 @@ PlannedModel plan_model_of(const Task& task, const TaskOptions& options, const P
   return plan_model_of(layers, batch.input.narrow(0, 0, rows), o);
 }
 
-namespace {
-
-// fn(), any exception it throws said as a std::invalid_argument after `context` (the options it is about).
-template <typename Fn>
-auto said_about(const std::string& context, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    const std::string what = what_of(e), prefix = "gpipe: ";
-    throw std::invalid_argument(prefix + context + ": " + (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what));
-  }
-}
-
-}  // namespace
 
 PlannedModel plan_model_of(const std::string& model_file, const std::vector<int64_t>& input_shape,
                            const PlanProfileOptions& profile) {

@@ -75,9 +75,11 @@ void ErrorChannel::wait(MPI_Request& request) {
         int done = 0;
         detail::check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "waiting for a message");
         if (done) return;
-        MPI_Status status;
-        detail::check_mpi(MPI_Test(&pending_, &done, &status), "waiting for a message");
-        if (done) received(status);
+        if (pending_ != MPI_REQUEST_NULL) {  // null once a failure was received: nothing more to watch
+          MPI_Status status;
+          detail::check_mpi(MPI_Test(&pending_, &done, &status), "waiting for a message");
+          if (done) received(status);
+        }
         if (std::chrono::steady_clock::now() > give_up) throw RemoteError(left_rank_, left_);
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
