@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     return end_job(2, in_flags(e.what()));
   } catch (const std::exception& e) {  // libtorch's C++ stack only with --verbose (what_of)
-    const std::string what = what_of(e);
+    const std::string what = in_flags(what_of(e));  // the library's option names as flags
     return end_job(1, what == without_prefix(what) ? "gpipe: error: " + what : what);
   }
   return status;

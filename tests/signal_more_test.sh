@@ -66,5 +66,16 @@ if [ "$rc" != 0 ] && [ "$rc" != 153 ] && grep -q "File too large" "$work/err.txt
   pass "ulimit -f 8: exit $rc, '$(grep -o "File too large.*" "$work/err.txt" | head -1)'"
 else fail "ulimit -f: exit $rc, $(ls "$work")"; cat "$work/err.txt"; fi
 
+# 5. Under nohup (SIGHUP ignored from the start) a hang-up changes nothing: the run trains to its end.
+rm -f "$work/err.txt"
+( trap '' HUP; exec "$gpipe" "${run[@]}" >/dev/null 2>"$work/err.txt" ) &
+pid=$!
+pids+=("$pid")
+if wait_for "$work/err.txt" "epoch 1/3 step 3/10" "$pid"; then
+  kill -HUP "$pid"; wait "$pid"; rc=$?
+  if [ "$rc" = 0 ] && ! grep -q "SIGHUP" "$work/err.txt"; then pass "SIGHUP ignored from the start (nohup): trained to the end"
+  else fail "nohup: exit $rc"; cat "$work/err.txt"; fi
+else fail "nohup: no step line"; fi
+
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

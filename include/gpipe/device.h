@@ -45,8 +45,8 @@ void check_device(const Device& device);
 /// Throws std::invalid_argument when `threads` intra-op threads per device are more than this
 /// machine's cores: "<name><threads> is more than this machine's C cores; use 1 to C (intra-op
 /// threads of each device)". `name` is the setting as the caller's user writes it:
-/// "threads_per_device " (PipelineOptions, checked by make_plan), "--threads-per-stage ", "threads=".
-void check_threads_per_device(int threads, const std::string& name = "threads_per_device ");
+/// "`threads_per_device` " (PipelineOptions, checked by make_plan), "--threads-per-stage ", "threads=".
+void check_threads_per_device(int threads, const std::string& name = "`threads_per_device` ");
 
 /// Makes the calling thread run with `device`'s intra-op thread count.
 /// (With the OpenMP backend of ATen this is a per-thread setting.)

@@ -50,7 +50,8 @@ enum class OnSignal {
   kEndNow,
 };
 
-/// Installs handlers of SIGINT, SIGTERM and SIGHUP that do what `mode` says, and of SIGQUIT.
+/// Installs handlers of SIGINT, SIGTERM and SIGHUP that do what `mode` says, and of SIGQUIT; SIGHUP
+/// ignored when the process started (`nohup gpipe train ...`) stays ignored.
 void install_signal_handlers(OnSignal mode);
 
 /// Tells the handlers that `path` was written whole at `step` (Trainer's saves call it), for the

@@ -154,7 +154,13 @@ void install_signal_handlers(OnSignal mode) {
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&action.sa_mask, s);
   action.sa_flags = SA_RESTART;  // a signal does not fail the system calls it interrupts
   // SIGHUP (a closed terminal, a dropped ssh connection) stops the run as SIGTERM does.
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &action, nullptr);
+  // SIGHUP ignored when the process started stays ignored: that is what `nohup` asks. (SIGINT and
+  // SIGQUIT are handled even so: a script's background job starts with them ignored, and a user who
+  // sends one to it means it.)
+  struct sigaction hangup {};
+  const bool hangup_ignored = ::sigaction(SIGHUP, nullptr, &hangup) == 0 && hangup.sa_handler == SIG_IGN;
+  for (int s : {SIGINT, SIGTERM, SIGHUP})
+    if (s != SIGHUP || !hangup_ignored) ::sigaction(s, &action, nullptr);
   struct sigaction quit = action;
   quit.sa_handler = on_quit;
   ::sigaction(SIGQUIT, &quit, nullptr);

@@ -699,6 +699,8 @@ void Trainer::resume(const std::string& resume_path) {
   random.set_state(r.state.random_state);
   step_ = start_step_ = r.state.step;
   if (options_.save() == resume_path) saved_at_ = step_;  // the save path holds this step already
+  // What a process ended by a signal before its first save names as whole: the file it resumed from.
+  note_saved(options_.per_device_files() ? resume_path + " (per-device files)" : resume_path, step_);
 }
 
 void Trainer::fit(const TrainerCallbacks& callbacks) {
