@@ -318,6 +318,15 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
   }
 }
 
+namespace {
+
+// How a save at `path` is named on standard error when a signal ends the process (note_saved).
+std::string saved_name(const std::string& path, bool per_device) {
+  return per_device ? path + " (per-device files)" : path;
+}
+
+}  // namespace
+
 void check_snapshot_of(const std::string& path, const Model& model, const std::string& optimizer_name) {
   const RandomStateGuard guard;  // building the model draws random numbers
   const torch::nn::Sequential whole = model.build(LayerRange{});
@@ -700,7 +709,7 @@ void Trainer::resume(const std::string& resume_path) {
   step_ = start_step_ = r.state.step;
   if (options_.save() == resume_path) saved_at_ = step_;  // the save path holds this step already
   // What a process ended by a signal before its first save names as whole: the file it resumed from.
-  note_saved(options_.per_device_files() ? resume_path + " (per-device files)" : resume_path, step_);
+  note_saved(saved_name(resume_path, options_.per_device_files()), step_);
 }
 
 void Trainer::fit(const TrainerCallbacks& callbacks) {
@@ -806,7 +815,7 @@ void Trainer::save() {
   const std::string optimizer = optimizer_name(options_.optimizer().kind());
   if (options_.per_device_files()) {
     save_per_device_files(path, now, optimizer);
-    note_saved(path + " (per-device files)", now.step);
+    note_saved(saved_name(path, true), now.step);
     return;
   }
   try {
@@ -814,7 +823,7 @@ void Trainer::save() {
   } catch (const std::length_error& e) {  // too large to gather: every rank is here
     throw std::runtime_error(std::string(e.what()) + "; save one file per device (`per_device_files`)");
   }
-  note_saved(path, now.step);
+  note_saved(saved_name(path, false), now.step);
 }
 
 void Trainer::save_per_device_files(const std::string& path, const TrainState& now, const std::string& optimizer) {
