@@ -621,7 +621,7 @@ TEST(MpiPipeline, DeletedPipelinesFreeTheirCommunicators) {
   const auto [first, last] = stage_range(balance, world_rank());
   torch::manual_seed(3);
   const torch::Tensor x = torch::randn({4, 12}), y = torch::randn({4, 4});
-  const auto make_train_delete = [&] {
+  const auto make_train_delete = [&, first = first, last = last] {  // C++17 lambdas cannot capture bindings
     mpi::MpiPipeline pipe(model_layers(2, {first, last}), PipelineOptions().balance(balance).micro_batches(2));
     pipe.train_step(x, y, mse_loss);
   };
