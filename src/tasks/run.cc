@@ -6,6 +6,8 @@
 // in_flags shows them as flags.
 #include "gpipe/tasks.h"
 
+#include "tasks/builtin.h"
+
 #include "gpipe/check.h"
 #include "gpipe/cost_model.h"
 #include "gpipe/device.h"
@@ -22,9 +24,10 @@
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
-#include <stdexcept>
 
 namespace gpipe {
+using tasks::said_about;
+
 namespace {
 
 // The schedule of "auto" and the V of 0: the task's own schedule when the cut is its own too;
@@ -197,18 +200,6 @@ std::string divergence_error(const Trainer& trainer, const Evaluation& evaluatio
 
 namespace {
 
-// fn(), with any exception it throws named by `what`: "gpipe: `resume`: <what went wrong>".
-template <typename Fn>
-auto named(const std::string& what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    const std::string message = what_of(e), prefix = "gpipe: ";  // libtorch's stack only when verbose
-    throw std::invalid_argument(prefix + what + ": " +
-                                (message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message));
-  }
-}
-
 RunRequest run_request(const TrainSettings& s) {
   RunRequest r;
   r.devices = s.balance.empty() || s.devices_given ? s.devices : 0;
@@ -242,7 +233,7 @@ void check_settings(TrainSettings& s) {
   check_threads_per_device(s.threads_per_device);
   GPIPE_CHECK(s.balance.empty() || s.balance_by.empty(), "`balance` and `balance_by` ", s.balance_by,
               " both choose the cut; give one of them");
-  named("`virtual_stages` " + std::to_string(s.virtual_stages), [&] {
+  said_about("`virtual_stages` " + std::to_string(s.virtual_stages), [&] {
     check_virtual_stages(parse_schedule(s.schedule), s.virtual_stages);
     return 0;
   });
@@ -271,7 +262,7 @@ void check_settings(TrainSettings& s) {
   // checked where they are written, once the devices are placed.
   for (const auto& [name, path] : {Named{"save", s.per_device_files ? "" : s.save}, {"trace", s.trace},
                                    {"samples", s.samples}})
-    if (job().rank == 0 && !path.empty()) named("`" + name + "`", [&] { check_writable(path); return 0; });
+    if (job().rank == 0 && !path.empty()) said_about("`" + name + "`", [&] { check_writable(path); return 0; });
 }
 
 // The task's defaults for the settings not given, and the settings that do not fit the task.
@@ -330,7 +321,7 @@ void choose_cut(const TrainSettings& s, TrainingRun& c) {
   if (!s.balance.empty()) settings += (settings.empty() ? "" : " ") + ("`balance` " + format_balance(s.balance));
   settings += " `micro_batches` " + std::to_string(s.micro_batches) + " `schedule` " + s.schedule +
               (V > 1 ? " `virtual_stages` " + std::to_string(V) : "");
-  c.plan = named(settings, [&] { return make_plan(c.task.layers, c.options); });
+  c.plan = said_about(settings, [&] { return make_plan(c.task.layers, c.options); });
   if (s.balance_by.empty()) return;
   // `balance_by`: per-layer costs on one micro-batch, then the exact min-max cut (in one process).
   const Dataset& train = c.data.train;
@@ -349,12 +340,12 @@ void check_same_inputs(const TrainSettings& s, const TrainingRun& c) {
   if (!job().distributed) return;
   std::vector<std::pair<std::string, uint64_t>> inputs;
   if (!is_builtin_task(s.model))
-    inputs.emplace_back("`model` " + s.model, named("`model`", [&] { return file_digest(s.model); }));
+    inputs.emplace_back("`model` " + s.model, said_about("`model`", [&] { return file_digest(s.model); }));
   const std::string source = !s.data.empty() ? "`data` " + s.data : c.data.source;
   inputs.emplace_back(source, tensors_digest({c.data.train.input, c.data.train.target, c.data.test.input,
                                               c.data.test.target}));
   if (!s.resume.empty() && !s.per_device_files)  // per-device files differ by design: each rank reads its own
-    inputs.emplace_back("`resume` " + s.resume, named("`resume`", [&] { return file_digest(s.resume); }));
+    inputs.emplace_back("`resume` " + s.resume, said_about("`resume`", [&] { return file_digest(s.resume); }));
   check_same_bytes(inputs);
 }
 
@@ -368,7 +359,7 @@ bool is_builtin_task(const std::string& model) {
 Task known_task(const TrainSettings& s) {
   Task known = find_task(is_builtin_task(s.model) && !s.model.empty() ? s.model : "cnn");
   if (!is_builtin_task(s.model)) known.cut = nullptr, known.schedule = nullptr;  // another model: the CNN's data and run only
-  if (!s.data.empty()) known = named("`loss`", [&] { return with_data_file(known, s.data, s.loss); });
+  if (!s.data.empty()) known = said_about("`loss`", [&] { return with_data_file(known, s.data, s.loss); });
   return known;
 }
 
@@ -431,9 +422,9 @@ TrainerOptions trainer_options_of(const TrainSettings& s, const Task& task) {
 
 TrainingRun prepare_training(const TrainSettings& s, const Task& known) {
   TrainingRun c;
-  c.task = is_builtin_task(s.model) ? known : named("`model`", [&] { return script_task(s.model, s.data, s.loss); });
+  c.task = is_builtin_task(s.model) ? known : said_about("`model`", [&] { return script_task(s.model, s.data, s.loss); });
   c.model = c.task.model(task_options_of(s));
-  c.data = named(s.data.empty() ? "`data_dir`" : "`data`", [&] { return c.task.data(task_options_of(s)); });
+  c.data = said_about(s.data.empty() ? "`data_dir`" : "`data`", [&] { return c.task.data(task_options_of(s)); });
   check_run_data(c.task, c.data, s.micro_batches, s.batch_size_given ? s.batch_size : 0);
   check_same_inputs(s, c);
   // The model against its data before `balance_by` profiles it (the Trainer checks it too).
@@ -441,7 +432,7 @@ TrainingRun prepare_training(const TrainSettings& s, const Task& known) {
   // `resume` read and checked against the whole model before the profile, which would otherwise be
   // done for a file refused after it (in one process; under MPI there is no profile).
   if (!s.resume.empty() && !s.balance_by.empty() && !s.per_device_files && !job().distributed)
-    named("`resume`", [&] {
+    said_about("`resume`", [&] {
       check_snapshot_of(s.resume, c.model, optimizer_name(parse_optimizer(s.optimizer)));
       return 0;
     });
