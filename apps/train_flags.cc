@@ -42,16 +42,16 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "folder with the gzipped IDX files of Fashion-MNIST; with --model gpt, the folder of fortune "
                   "files (default " + std::string(kFortunesDir) + ")")
       ->check(non_empty())->capture_default_str();
-  sub->add_option("--model", o->model_file,
+  sub->add_option("--model", o->model,
                   "a built-in task: " + task_list() + "; or FILE: a TorchScript nn.Sequential saved in Python "
                   "(torch.jit.script(model).save(FILE)) whose top-level children are the layers cut into stages; "
                   "default: cnn")->check(non_empty());
-  sub->add_option("--data", o->data_file,
+  sub->add_option("--data", o->data,
                   "a dataset saved in Python with torch.save({'input': X, 'target': Y}, FILE), "
                   "instead of Fashion-MNIST (evaluated on itself)")->check(non_empty());
   sub->add_option("--loss", o->loss, "cross_entropy (integer class targets) or mse (mean reduction)")
       ->check(CLI::IsMember({"cross_entropy", "mse"}))->capture_default_str();
-  sub->add_option("--stages", o->stages,
+  sub->add_option("--stages", o->devices,
                   "K, the number of devices (with --schedule interleaved each runs V stages); the built-in CNN on "
                   "2 is cut {3, 1, 2, 5} interleaved, or {3, 8}; otherwise evenly; under mpirun -np N, one rank per "
                   "device and N/K pipeline replicas")
@@ -140,7 +140,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
       ->check(positive_number());
   sub->add_option("--seed", o->seed_text, "seed of the model, the shuffling and dropout (0 to 2^64-1)")
       ->capture_default_str();
-  sub->add_option("--threads-per-stage", o->threads, "intra-op threads of each device (at most the machine's cores)")
+  sub->add_option("--threads-per-stage", o->threads_per_device, "intra-op threads of each device (at most the machine's cores)")
       ->check(at_least(1))->capture_default_str();
   sub->add_option("--train-samples", o->train_samples, "use only the first N training samples (0: all)")
       ->check(at_least(0, kMostInt64))->capture_default_str();
@@ -160,7 +160,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--resume", o->resume,
                   "continue from a checkpoint file written by --save, with the same model and optimizer and any "
                   "--stages, schedule or number of ranks")->check(non_empty());
-  sub->add_flag("--per-device-files,--per-stage-files", o->per_stage_files,
+  sub->add_flag("--per-device-files,--per-stage-files", o->per_device_files,
                 "under mpirun, --save and --resume use one file per device (its stages), FILE.stage<j>-of-<K>, "
                 "for checkpoint files above the 2 GiB one MPI gather carries (resume with the same K); "
                 "--per-stage-files is its old name");
@@ -185,14 +185,14 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->callback([o, sub, &status] {
     if (o->save_every > 0 && o->save.empty())
       usage_error("--save-every " + std::to_string(o->save_every) + " needs --save FILE: the file to save to");
-    if (o->per_stage_files && o->save.empty() && o->resume.empty())
+    if (o->per_device_files && o->save.empty() && o->resume.empty())
       usage_error("--per-device-files says how --save writes and --resume reads a checkpoint file; give --save FILE "
                   "or --resume FILE with it");
     // A closed standard output (gpipe train ... | head) stops the printing, not the training; SIGINT
     // and SIGTERM end the run, no half-written file left (with --save, train_run.cc stops it saved).
     std::signal(SIGPIPE, SIG_IGN);
     install_signal_handlers(OnSignal::kEndNow);
-    o->stages_given = sub->count("--stages") > 0;
+    o->devices_given = sub->count("--stages") > 0;
     o->data_dir_given = sub->count("--data-dir") > 0;
     o->batch_size_given = sub->count("--batch-size") > 0;
     o->epochs_given = sub->count("--epochs") > 0;
@@ -203,7 +203,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
     o->lr_schedule_given = sub->count("--lr-schedule") > 0;
     o->weight_decay_given = sub->count("--weight-decay") > 0;
     o->betas_given = sub->count("--betas") > 0;
-    o->step_flags_given = sub->count("--lr-step-size") + sub->count("--lr-gamma") > 0;
+    o->step_settings_given = sub->count("--lr-step-size") + sub->count("--lr-gamma") > 0;
     status = run_train(*o);
   });
 }

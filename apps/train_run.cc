@@ -24,45 +24,13 @@
 namespace gpipe::cli {
 namespace {
 
-// ---------------------------------------------------------------- the run
-
-// How the library's trainer runs the flags' training.
-TrainerOptions trainer_options(const TrainOptions& o, const Choice& c) {
-  TrainerOptions options;
-  options.optimizer(optimizer_options(o))
-      .lr_schedule(LrScheduleOptions()
-                       .kind(parse_lr_schedule(o.lr_schedule))
-                       .warmup_steps(o.warmup_steps)
-                       .step_size(o.lr_step_size)
-                       .gamma(o.lr_gamma))
-      .clip_grad_norm(o.clip_grad_norm)
-      .batch_size(o.batch_size)
-      .drop_last(o.drop_last)
-      .shuffle(o.shuffle)
-      .seed(o.seed)
-      .epochs(std::max(1, o.epochs))  // --epochs 0: no fit(), only the evaluation
-      .steps(o.steps)
-      .loss(c.task.loss)
-      .classification(c.task.metric == Metric::kAccuracy)
-      .save(o.save)
-      .save_every(o.save_every)
-      .per_device_files(o.per_stage_files);
-  if (o.augment == "flip") {
-    const uint64_t seed = o.seed;
-    options.augment([seed](const torch::Tensor& x, const torch::Tensor& rows, int epoch) {
-      return mirrored(x, rows, epoch, seed);
-    });
-  }
-  return options;
-}
-
 // One run of `gpipe train`: the library's trainer (whose test hook GPIPE_TEST_FAULT injects faults,
 // train.h), and the report of what the trainer measured.
 class Run {
  public:
-  Run(const TrainOptions& o, const Choice& c)
+  Run(const TrainOptions& o, const TrainingRun& c)
       : o_(o), c_(c), data_(c.data),
-        trainer_(c.model, c.plan, c.options, trainer_options(o, c), c.data.train),
+        trainer_(c.model, c.plan, c.options, trainer_options_of(o, c.task), c.data.train),
         pipeline_(trainer_.pipeline()), K_(pipeline_.devices()) {}
 
   void resume() {
@@ -147,7 +115,7 @@ class Run {
     generate();
     const double checksum = pipeline_.checksum();
     if (!job().prints() || stdout_closed_) return status;
-    const std::string saved_to = o_.save.empty() || !o_.per_stage_files ? o_.save
+    const std::string saved_to = o_.save.empty() || !o_.per_device_files ? o_.save
         : trainer_.snapshot_file(o_.save, 0) + " .. " + trainer_.snapshot_file(o_.save, K_ - 1);
     print_summary(o_, c_, summarize_run(trainer_, c_.task, data_, evaluation_, checksum), epochs_, generated_, saved_to);
     check_stdout();
@@ -252,7 +220,7 @@ class Run {
   }
 
   const TrainOptions& o_;
-  const Choice& c_;
+  const TrainingRun& c_;
   const TaskData& data_;
   bool stdout_closed_ = false;
   int stdout_error_ = 0;
@@ -267,7 +235,7 @@ class Run {
 
 }  // namespace
 
-int train_and_report(const TrainOptions& o, const Choice& c) {
+int train_and_report(const TrainOptions& o, const TrainingRun& c) {
   Run run(o, c);
   run.resume();
   run.print_header();

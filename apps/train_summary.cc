@@ -13,7 +13,7 @@ namespace gpipe::cli {
 namespace {
 
 // The summary as JSON: the library's figures, and the flags' settings they were run with.
-nlohmann::json summary_json(const TrainOptions& o, const Choice& c, const RunSummary& s, const nlohmann::json& epochs,
+nlohmann::json summary_json(const TrainOptions& o, const TrainingRun& c, const RunSummary& s, const nlohmann::json& epochs,
                             const std::string& generated) {
   const std::string& eval = s.evaluated_on;
   nlohmann::json stages = nlohmann::json::array();
@@ -22,6 +22,11 @@ nlohmann::json summary_json(const TrainOptions& o, const Choice& c, const RunSum
     if (!job().distributed) stages.back()["modules"] = stage.modules;
   }
   const nlohmann::json none;  // null: no step ran, so no loss was measured
+  nlohmann::json plan;        // --balance-by's, else null
+  if (c.cost)
+    plan = {{"balance_by", o.balance_by}, {"unit", c.cost->unit}, {"stage_costs", c.cost->plan.stage_costs},
+            {"bottleneck_stage", c.cost->plan.bottleneck_stage}, {"predicted_step", c.cost->plan.predicted_step},
+            {"predicted_efficiency", c.cost->plan.predicted_efficiency}};
   nlohmann::json j = {{"evaluated_on", eval}, {eval + "_loss", s.evaluation.loss},
                       {"first_loss", s.no_step_ran ? none : nlohmann::json(s.first_loss)},
                       {"final_loss", s.no_step_ran ? none : nlohmann::json(s.final_loss)},
@@ -29,7 +34,7 @@ nlohmann::json summary_json(const TrainOptions& o, const Choice& c, const RunSum
                       {"samples_per_s", s.figures.samples_per_s}, {"steps", s.steps},
                       {"steps_this_run", s.figures.steps}, {"steps_per_epoch", s.steps_per_epoch}, {"epochs", epochs},
                       {"stages", s.figures.devices}, {"balance", s.figures.balance}, {"partition", stages},
-                      {"plan", c.cost_plan}, {"micro_batches", o.micro_batches}, {"checkpoint", o.checkpoint},
+                      {"plan", plan}, {"micro_batches", o.micro_batches}, {"checkpoint", o.checkpoint},
                       {"schedule", o.schedule}, {"virtual_stages", o.virtual_stages}, {"batch_size", o.batch_size},
                       {"drop_last", o.drop_last}, {"shuffle", o.shuffle}, {"optimizer", o.optimizer}, {"lr", o.lr},
                       {"lr_schedule", o.lr_schedule}, {"augment", o.augment}, {"batch_norm", o.batch_norm},
@@ -59,7 +64,7 @@ nlohmann::json summary_json(const TrainOptions& o, const Choice& c, const RunSum
 
 }  // namespace
 
-void print_summary(const TrainOptions& o, const Choice& c, const RunSummary& s, const nlohmann::json& epochs,
+void print_summary(const TrainOptions& o, const TrainingRun& c, const RunSummary& s, const nlohmann::json& epochs,
                    const std::string& generated, const std::string& saved_to) {
   if (o.json) {
     std::cout << summary_json(o, c, s, epochs, generated).dump(2) << std::endl;

@@ -158,6 +158,38 @@ TEST(TasksTest, TrainerOptionsCarryTheDefaults) {
   EXPECT_DOUBLE_EQ(metric_of_loss(Metric::kLoss, 0.25), 0.25);
 }
 
+// A training run as a front end asks for it: the task's defaults fill what was not given, and the
+// settings that do not fit the task are refused in the library's words, before any file is read.
+TEST(TasksTest, TrainSettingsTakeTheTasksDefaultsAndRefuseWhatDoesNotFit) {
+  TrainSettings gpt;
+  gpt.model = "gpt";
+  gpt.lr = 0.5;
+  gpt.lr_given = true;
+  const Task known = known_task(gpt);
+  resolve_training(gpt, known);
+  EXPECT_EQ(gpt.epochs, 4);
+  EXPECT_EQ(gpt.batch_size, 16);
+  EXPECT_DOUBLE_EQ(gpt.lr, 0.5);  // given: kept
+  EXPECT_EQ(gpt.lr_schedule, "cosine");
+  EXPECT_EQ(gpt.augment, "none");
+  EXPECT_EQ(trainer_options_of(gpt, known).batch_size(), 16);
+  TrainSettings cnn;
+  cnn.generate = 10;
+  testing::expect_invalid([&] { resolve_training(cnn, known_task(cnn)); },
+                          "`bytes` samples bytes from a language model: it is for `model` gpt (the default model is "
+                          "not one)");
+  TrainSettings flip = gpt;
+  flip.augment = "flip";
+  testing::expect_invalid([&] { resolve_training(flip, known); }, "`augment` flip mirrors Fashion-MNIST's training "
+                          "images for a classifier; it is not for `model` gpt, which reads text: use `augment` none");
+  TrainSettings many;
+  many.micro_batches = 64;
+  many.batch_size = 32;
+  many.batch_size_given = true;
+  testing::expect_invalid([&] { resolve_training(many, known_task(many)); },
+                          "`micro_batches` 64 is larger than `batch_size` 32; every micro-batch needs a sample");
+}
+
 // A task's step through two stages is one device's step, parameter by parameter (the CNN's Dropout
 // draws its masks per stage, so it is left out; the ResNet's BatchNorm normalizes per micro-batch, so
 // it runs one).

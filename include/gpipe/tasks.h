@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -246,6 +247,93 @@ void check_run_data(const Task& task, const TaskData& data, int micro_batches, i
 /// Named by `data.test_name`.
 std::string divergence_error(const Trainer& trainer, const Evaluation& evaluation, const TaskData& data, int epoch,
                              const std::string& resume);
+
+// ---------------------------------------------------------------- a training run as asked for (run.cc)
+
+/// A training run of a task as a front end asks for it (gpipe train's flags), each setting by the
+/// name its errors give in backquotes (`devices`, `batch_size`, ...). The `*_given` marks say what was
+/// asked for rather than left to its default: resolve_training fills the rest with the task's own.
+struct TrainSettings {
+  bool data_dir_given = false, loss_given = false, devices_given = false, batch_size_given = false,
+       epochs_given = false, lr_given = false, weight_decay_given = false, betas_given = false,
+       step_settings_given = false /* lr_step_size or lr_gamma */, lr_schedule_given = false,
+       prompt_given = false, temperature_given = false;
+  std::string data_dir = kFashionMnistDir;
+  std::string model;  ///< a built-in task (task_names(true)) by name, or a TorchScript file; empty: cnn
+  std::string data;   ///< a dataset file of one's own (with_data_file); empty: the task's
+  std::string loss = "cross_entropy";
+  int devices = 2;
+  std::vector<int> balance;
+  std::string balance_by;
+  int micro_batches = 4;
+  std::string checkpoint = "never", batch_norm = "deferred";
+  std::string augment = "auto";   ///< "auto": the task's own (flip for resnet), none otherwise
+  std::string schedule = "auto";  ///< "auto": the task's own (resolve_run)
+  int virtual_stages = 0;         ///< 0: 2 for the interleaved schedule, 1 for the others
+  int64_t batch_size = 128;
+  bool drop_last = false, shuffle = true;
+  int epochs = 0;  ///< 0: the task's own; given as 0 with `resume`: no training, only the evaluation
+  int64_t steps = 0;
+  std::string optimizer = "adam";
+  double lr = 1e-3, momentum = 0;
+  bool nesterov = false;
+  double weight_decay = 0;
+  std::vector<double> betas{0.9, 0.999};
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0, lr_step_size = 0;  ///< lr_step_size 0: one epoch
+  double lr_gamma = 0.1, clip_grad_norm = 0;   ///< clip_grad_norm 0: no clipping
+  uint64_t seed = 0;
+  int threads_per_device = 1;
+  int64_t train_samples = 0, test_samples = 0, save_every = 0;  ///< save_every 0: every epoch and the end only
+  std::string save, resume, trace;  ///< `trace`: the file of the last step's timeline
+  bool per_device_files = false;
+  std::string samples;  ///< kPsnr: a PNG of denoised test images (denoising_picture)
+  int64_t generate = 0; ///< kBitsPerByte: `bytes` to sample after training (generate_text), continuing `prompt`
+  std::string prompt;
+  double temperature = 0.8;
+};
+
+/// Whether `model` names a built-in task (or is empty: cnn) rather than a TorchScript file.
+bool is_builtin_task(const std::string& model);
+
+/// The task `settings` train before any file is read: the built-in task, or for a model file the
+/// CNN's run (its data and defaults, not its cut or schedule); with `data`, trained and scored on
+/// that file. Throws std::invalid_argument naming `loss`.
+Task known_task(const TrainSettings& settings);
+
+/// `settings` checked and completed for `task` (known_task) before any work: the schedule, V and the
+/// cut by time left to the task (resolve_run); every setting that can be judged without reading a
+/// file, outputs that could not be written or would replace an input; then the task's defaults for
+/// what was not given (epochs, batch size, lr, its schedule, augment) and the settings that do not
+/// fit the task (another loss, flip for other than an image classifier, `generate` for other than a
+/// language model, `samples` for other than a denoiser, more micro-batches than samples per batch).
+/// Throws std::invalid_argument naming the setting in backquotes and the fix.
+void resolve_training(TrainSettings& settings, const Task& task);
+
+/// The options of the task's model and data; of the optimizer; of the Trainer (the task's loss and
+/// metric, the settings' optimizer, LR schedule, batches, epochs, at least 1, saves and augment).
+TaskOptions task_options_of(const TrainSettings& settings);
+OptimizerOptions optimizer_options_of(const TrainSettings& settings);
+TrainerOptions trainer_options_of(const TrainSettings& settings, const Task& task);
+
+/// A run of a task made ready: the task (`known`, or a TorchScript model's), its model and data, the
+/// pipeline and its plan, made once (a Trainer takes them as they are).
+struct TrainingRun {
+  Task task;
+  Model model;
+  TaskData data;
+  PipelineOptions options;
+  PipelinePlan plan;
+  std::optional<CostBalance> cost;  ///< with `balance_by`: the min-max cut of the measured costs
+};
+
+/// The run `settings` (resolved by resolve_training) ask of `known`: its model and data read and
+/// checked (check_run_data; under MPI, the same bytes on every rank: check_same_bytes), the `resume`
+/// file checked against the model before a profile, and the cut: given, the task's own, or with
+/// `balance_by` the min-max cut of each layer's cost on one micro-batch (in one process). Throws
+/// std::invalid_argument naming the setting (`model`, `data`, `data_dir`, `resume`, the plan's) and
+/// the problem.
+TrainingRun prepare_training(const TrainSettings& settings, const Task& known);
 
 /// --generate: `bytes` bytes sampled one at a time from a byte-level language model: each from the
 /// model's scores for the byte after the last `context` ones, divided by `temperature`, drawn

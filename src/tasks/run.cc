@@ -1,19 +1,33 @@
 // run.cc: a run of a task: the one place its pipeline is chosen (the schedule, V and the cut a
-// front end's flags ask for, or the task's own), its score as it is printed, and its summary.
+// front end's flags ask for, or the task's own), its score as it is printed, and its summary; a
+// training run as a front end asks for it (TrainSettings): the settings checked and completed with
+// the task's own before any work, the model, the data and the cut made ready (TrainingRun), and the
+// options a Trainer runs them with. Errors name the settings in backquotes, as gpipe train's
+// in_flags shows them as flags.
 #include "gpipe/tasks.h"
+
+#include "tasks/builtin.h"
 
 #include "gpipe/check.h"
 #include "gpipe/cost_model.h"
+#include "gpipe/device.h"
+#include "gpipe/digest.h"
+#include "gpipe/io.h"
 #include "gpipe/job.h"
+#include "gpipe/microbatch.h"
 #include "gpipe/partition.h"
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <sstream>
 
 namespace gpipe {
+using tasks::said_about;
+
 namespace {
 
 // The schedule of "auto" and the V of 0: the task's own schedule when the cut is its own too;
@@ -180,6 +194,250 @@ std::string divergence_error(const Trainer& trainer, const Evaluation& evaluatio
          << (trainer.saved_at() >= 0 ? ": " + save + " keeps step " + std::to_string(trainer.saved_at())
                                      : std::string(": nothing was saved"));
   return text.str();
+}
+
+// ---------------------------------------------------------------- a training run as asked for
+
+namespace {
+
+RunRequest run_request(const TrainSettings& s) {
+  RunRequest r;
+  r.devices = s.balance.empty() || s.devices_given ? s.devices : 0;
+  r.micro_batches = s.micro_batches;
+  r.schedule = s.schedule;
+  r.virtual_stages = s.virtual_stages;
+  r.balance = s.balance;
+  r.balance_by = s.balance_by;
+  return r;
+}
+
+bool generates(const Task& task) { return task.metric == Metric::kBitsPerByte && task.context > 0; }
+
+// Every setting that can be judged without reading a file.
+void check_settings(TrainSettings& s) {
+  GPIPE_CHECK(!job().distributed || s.balance_by.empty(), "`balance_by` profiles the whole model in one process; "
+              "run it once without mpirun and pass the cut it prints with `balance`");
+  const bool builtin = is_builtin_task(s.model);
+  GPIPE_CHECK(!builtin || !std::filesystem::exists(s.model), "`model` ", s.model, " names a built-in model, and "
+              "there is also a file ", s.model, " here; for the file, say `model` ./", s.model);
+  if (builtin && !s.model.empty() && !s.data.empty()) {
+    const Task& task = find_task(s.model);
+    GPIPE_CHECK(false, "`model` ", s.model, " is built to train on ",
+                task.metric == Metric::kBitsPerByte ? "the fortune files; give their folder with `data_dir`"
+                : task.workload                     ? "its own random batch"
+                                                    : "Fashion-MNIST",
+                "; leave out `data` (or give a TorchScript model file of your own to `model`)");
+  }
+  GPIPE_CHECK(!s.epochs_given || s.epochs != 0 || !s.resume.empty(), "`epochs` 0 trains nothing: it evaluates the "
+              "model of a checkpoint; give it with `resume` FILE, or ask for 1 or more epochs");
+  check_threads_per_device(s.threads_per_device);
+  GPIPE_CHECK(s.balance.empty() || s.balance_by.empty(), "`balance` and `balance_by` ", s.balance_by,
+              " both choose the cut; give one of them");
+  said_about("`virtual_stages` " + std::to_string(s.virtual_stages), [&] {
+    check_virtual_stages(parse_schedule(s.schedule), s.virtual_stages);
+    return 0;
+  });
+  // The optimizer's settings, as torch.optim takes them.
+  optimizer_options_of(s).check();
+  s.weight_decay = optimizer_options_of(s).decay();
+  GPIPE_CHECK(s.lr_schedule == "step" || !s.step_settings_given,
+              "`lr_step_size` and `lr_gamma` belong to `lr_schedule` step");
+  // Outputs: found unwritable now, not after training.
+  GPIPE_CHECK(!s.per_device_files || job().distributed, "`per_device_files` is for mpirun, where each device "
+              "writes its own file; in one process `save` writes the whole model");
+  // No output may replace an input or the other output (`save` may replace `resume`'s file).
+  auto same_file = [](const std::string& a, const std::string& b) {
+    std::error_code error;
+    return !a.empty() && !b.empty() &&
+           std::filesystem::weakly_canonical(a, error) == std::filesystem::weakly_canonical(b, error);
+  };
+  using Named = std::pair<std::string, std::string>;
+  for (const auto& [output, path] : {Named{"save", s.save}, {"trace", s.trace}, {"samples", s.samples}})
+    for (const auto& [input, other] : {Named{"data", s.data}, {"model", s.model}, {"trace", s.trace},
+                                       {"samples", s.samples}})
+      GPIPE_CHECK(output == input || !same_file(path, other), "`", output, "` ", path, " is the file of `", input,
+                  "`; writing it would replace ", input == "trace" || input == "samples" ? "that output" : "your input",
+                  ": give another path");
+  // The single checkpoint file and the trace are written by the first rank; per-device files are
+  // checked where they are written, once the devices are placed.
+  for (const auto& [name, path] : {Named{"save", s.per_device_files ? "" : s.save}, {"trace", s.trace},
+                                   {"samples", s.samples}})
+    if (job().rank == 0 && !path.empty()) said_about("`" + name + "`", [&] { check_writable(path); return 0; });
+}
+
+// The task's defaults for the settings not given, and the settings that do not fit the task.
+void apply_task(TrainSettings& s, const Task& task) {
+  const TaskDefaults& d = task.defaults;
+  if (s.loss_given && s.loss != task.loss_name)
+    GPIPE_CHECK(false, is_builtin_task(s.model) && !s.model.empty()
+                           ? "`model` " + s.model + ": its loss is " + task.loss_name + "; leave out `loss`"
+                           : "`loss` " + s.loss + " needs `data` with real-valued targets; Fashion-MNIST has class labels");
+  s.loss = task.loss_name;
+  if (s.epochs == 0 && !s.epochs_given) s.epochs = d.epochs;
+  if (!s.batch_size_given) s.batch_size = d.batch_size;
+  if (!s.lr_given) s.lr = d.lr;
+  if (!s.lr_schedule_given) s.lr_schedule = lr_schedule_name(d.lr_schedule);
+  if (s.augment == "auto") s.augment = d.flip ? "flip" : "none";
+  const bool images = task.metric == Metric::kAccuracy && task.data_dir == kFashionMnistDir;
+  GPIPE_CHECK(s.augment != "flip" || images, "`augment` flip mirrors Fashion-MNIST's training images for a "
+              "classifier; it is not for ",
+              task.metric == Metric::kPsnr          ? "`model` unet, whose targets are the images themselves"
+              : task.metric == Metric::kBitsPerByte ? "`model` gpt, which reads text"
+              : !s.data.empty()                     ? "`data`"
+                                                    : "`model` " + s.model,
+              ": use `augment` none");
+  GPIPE_CHECK(s.micro_batches <= s.batch_size, "`micro_batches` ", s.micro_batches, " is larger than `batch_size` ",
+              s.batch_size, "; every micro-batch needs a sample");
+  // The task's extras: `bytes` sampled from a language model, `samples` of a denoiser.
+  const std::string model = s.model.empty() ? "the default model" : "`model` " + s.model;
+  GPIPE_CHECK(s.generate == 0 || generates(task), "`bytes` samples bytes from a language model: it is for `model` "
+              "gpt (", model, " is not one)");
+  GPIPE_CHECK((!s.prompt_given && !s.temperature_given) || s.generate != 0, s.prompt_given ? "`prompt`" : "`temperature`",
+              " belongs to `bytes` N, the bytes to sample from `model` gpt; add ", generates(task) ? "" : "`model` gpt ",
+              "`bytes` 200, say");
+  GenerateOptions().bytes(s.generate).temperature(s.temperature).check();
+  GPIPE_CHECK(s.generate == 0 || !job().distributed, "`bytes` samples byte by byte in one process; train under "
+              "mpirun with `save` FILE, then run gpipe train `model` gpt `resume` FILE `epochs` 0 `bytes` N without mpirun");
+  GPIPE_CHECK(!s.epochs_given || s.epochs != 0 || s.save.empty(), "`epochs` 0 trains nothing, so `save` would write "
+              "the checkpoint it resumed; leave out `save`");
+  GPIPE_CHECK(s.samples.empty() || task.metric == Metric::kPsnr, "`samples` writes a picture of denoised test "
+              "images: it is for `model` unet");
+  GPIPE_CHECK(s.samples.empty() || (s.samples.size() >= 5 && has_extension(s.samples, ".png")), "`samples` ",
+              s.samples, ": the picture is a PNG file; give a path that ends in .png");
+}
+
+// The pipeline (pipeline_options_of: `balance`, `balance_by`'s min-max cut of measured costs, or
+// the task's cut) and its plan, made once.
+void choose_cut(const TrainSettings& s, TrainingRun& c) {
+  const int V = s.virtual_stages;
+  RunRequest request = run_request(s);
+  if (!s.balance_by.empty()) request.balance_by = "even";  // checked before the profile, then cut by cost
+  c.options = pipeline_options_of(c.task, request)
+                  .checkpoint(parse_checkpoint(s.checkpoint))
+                  .deferred_batch_norm(s.batch_norm == "deferred")
+                  .threads_per_device(s.threads_per_device);
+  // Every setting the plan is made of, with its value, before what the plan says is wrong with them.
+  std::string settings = s.balance.empty() || s.devices_given ? "`devices` " + std::to_string(s.devices) : "";
+  if (!s.balance.empty()) settings += (settings.empty() ? "" : " ") + ("`balance` " + format_balance(s.balance));
+  settings += " `micro_batches` " + std::to_string(s.micro_batches) + " `schedule` " + s.schedule +
+              (V > 1 ? " `virtual_stages` " + std::to_string(V) : "");
+  c.plan = said_about(settings, [&] { return make_plan(c.task.layers, c.options); });
+  if (s.balance_by.empty()) return;
+  // `balance_by`: per-layer costs on one micro-batch, then the exact min-max cut (in one process).
+  const Dataset& train = c.data.train;
+  const torch::Tensor sample =
+      train.input.narrow(0, 0, micro_batch_sizes(std::min(s.batch_size, train.size()), s.micro_batches).front());
+  c.cost = balance_by(s.balance_by, c.model, sample, s.devices, s.micro_batches, s.threads_per_device,
+                      state_per_parameter_byte(optimizer_options_of(s)), parse_schedule(s.schedule), V);
+  c.options.cut(CutRequest::given(c.cost->balance));
+  c.plan = make_plan(c.task.layers, c.options);
+}
+
+// Under MPI every rank reads the model, the data and the checkpoint itself: each from its own
+// working folder and machine. A rank that read other bytes would train a mixture, so the bytes
+// read must agree.
+void check_same_inputs(const TrainSettings& s, const TrainingRun& c) {
+  if (!job().distributed) return;
+  std::vector<std::pair<std::string, uint64_t>> inputs;
+  if (!is_builtin_task(s.model))
+    inputs.emplace_back("`model` " + s.model, said_about("`model`", [&] { return file_digest(s.model); }));
+  const std::string source = !s.data.empty() ? "`data` " + s.data : c.data.source;
+  inputs.emplace_back(source, tensors_digest({c.data.train.input, c.data.train.target, c.data.test.input,
+                                              c.data.test.target}));
+  if (!s.resume.empty() && !s.per_device_files)  // per-device files differ by design: each rank reads its own
+    inputs.emplace_back("`resume` " + s.resume, said_about("`resume`", [&] { return file_digest(s.resume); }));
+  check_same_bytes(inputs);
+}
+
+}  // namespace
+
+bool is_builtin_task(const std::string& model) {
+  const std::vector<std::string> names = task_names(/*workloads=*/true);
+  return model.empty() || std::find(names.begin(), names.end(), model) != names.end();
+}
+
+Task known_task(const TrainSettings& s) {
+  Task known = find_task(is_builtin_task(s.model) && !s.model.empty() ? s.model : "cnn");
+  if (!is_builtin_task(s.model)) known.cut = nullptr, known.schedule = nullptr;  // another model: the CNN's data and run only
+  if (!s.data.empty()) known = said_about("`loss`", [&] { return with_data_file(known, s.data, s.loss); });
+  return known;
+}
+
+void resolve_training(TrainSettings& s, const Task& task) {
+  // The schedule of "auto", V and the cut by time: the task's own choices.
+  RunRequest r = run_request(s);
+  r.devices = s.devices;
+  r = resolve_run(task, r);
+  s.schedule = r.schedule;
+  s.virtual_stages = r.virtual_stages;
+  s.balance_by = r.balance_by;
+  check_settings(s);
+  apply_task(s, task);
+}
+
+TaskOptions task_options_of(const TrainSettings& s) {
+  return TaskOptions()
+      .seed(s.seed)
+      .data_dir(s.data_dir_given ? s.data_dir : "")
+      .train_samples(s.train_samples)
+      .test_samples(s.test_samples);
+}
+
+OptimizerOptions optimizer_options_of(const TrainSettings& s) {
+  OptimizerOptions options;
+  options.kind(parse_optimizer(s.optimizer)).lr(s.lr).momentum(s.momentum).nesterov(s.nesterov);
+  if (s.weight_decay_given) options.weight_decay(s.weight_decay);
+  if (s.betas_given) options.betas(std::make_tuple(s.betas[0], s.betas[1]));
+  return options;
+}
+
+TrainerOptions trainer_options_of(const TrainSettings& s, const Task& task) {
+  TrainerOptions options;
+  options.optimizer(optimizer_options_of(s))
+      .lr_schedule(LrScheduleOptions()
+                       .kind(parse_lr_schedule(s.lr_schedule))
+                       .warmup_steps(s.warmup_steps)
+                       .step_size(s.lr_step_size)
+                       .gamma(s.lr_gamma))
+      .clip_grad_norm(s.clip_grad_norm)
+      .batch_size(s.batch_size)
+      .drop_last(s.drop_last)
+      .shuffle(s.shuffle)
+      .seed(s.seed)
+      .epochs(std::max(1, s.epochs))  // `epochs` 0: no fit(), only the evaluation
+      .steps(s.steps)
+      .loss(task.loss)
+      .classification(task.metric == Metric::kAccuracy)
+      .save(s.save)
+      .save_every(s.save_every)
+      .per_device_files(s.per_device_files);
+  if (s.augment == "flip") {
+    const uint64_t seed = s.seed;
+    options.augment([seed](const torch::Tensor& x, const torch::Tensor& rows, int epoch) {
+      return mirrored(x, rows, epoch, seed);
+    });
+  }
+  return options;
+}
+
+TrainingRun prepare_training(const TrainSettings& s, const Task& known) {
+  TrainingRun c;
+  c.task = is_builtin_task(s.model) ? known : said_about("`model`", [&] { return script_task(s.model, s.data, s.loss); });
+  c.model = c.task.model(task_options_of(s));
+  c.data = said_about(s.data.empty() ? "`data_dir`" : "`data`", [&] { return c.task.data(task_options_of(s)); });
+  check_run_data(c.task, c.data, s.micro_batches, s.batch_size_given ? s.batch_size : 0);
+  check_same_inputs(s, c);
+  // The model against its data before `balance_by` profiles it (the Trainer checks it too).
+  if (!s.balance_by.empty()) check_model_and_data(c.model, c.data.train, c.task.loss_name == "cross_entropy");
+  // `resume` read and checked against the whole model before the profile, which would otherwise be
+  // done for a file refused after it (in one process; under MPI there is no profile).
+  if (!s.resume.empty() && !s.balance_by.empty() && !s.per_device_files && !job().distributed)
+    said_about("`resume`", [&] {
+      check_snapshot_of(s.resume, c.model, optimizer_name(parse_optimizer(s.optimizer)));
+      return 0;
+    });
+  choose_cut(s, c);
+  return c;
 }
 
 }  // namespace gpipe
