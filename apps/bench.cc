@@ -7,7 +7,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include <cmath>
 #include <iomanip>
 #include <iostream>
 
@@ -20,49 +19,6 @@ struct BenchOptions {
   bool transport = false;  // MPI: time the transport alone (run_transport)
   std::string results = "bench/results/bench.json";
 };
-
-nlohmann::json json_of(const BenchRow& r) {
-  const Prediction& p = r.predicted;
-  nlohmann::json row = {
-      {"workload", r.workload}, {"tie_embeddings", r.tie_embeddings}, {"transport", r.transport},
-      {"stages", r.stages}, {"replicas", r.replicas}, {"micro_batches", r.micro_batches},
-      {"checkpoint", r.checkpoint}, {"schedule", r.schedule}, {"virtual_stages", r.virtual_stages},
-      {"threads_per_device", r.threads_per_device}, {"balance", r.balance}, {"balance_by", r.balance_by},
-      {"samples_per_s", r.samples_per_s}, {"samples_per_s_min", r.samples_per_s_min},
-      {"samples_per_s_max", r.samples_per_s_max}, {"ideal", r.ideal}, {"bubble", r.bubble},
-      {"overhead_us_per_step", r.overhead_us_per_step}, {"step_s", r.step_s}, {"predicted_step_s", p.step_s},
-      {"predicted_bubble", p.bubble}, {"predicted_peak_bytes", p.peak_bytes}, {"predicted_static_bytes", p.static_bytes},
-      {"peak_bytes", r.peak_bytes}, {"peak_held_bytes", r.peak_held_bytes}, {"parameter_bytes", r.parameter_bytes},
-      {"bytes_sent_per_step", r.bytes_sent_per_step}, {"skip_bytes_per_step", r.skip_bytes_per_step},
-      {"program_actions_per_device", r.program_actions_per_device}, {"steps", r.steps}, {"warmup", r.warmup},
-      {"simulated_over_measured", r.simulated_over_measured}};
-  auto ratio = [&row](const std::string& name, const BenchRatio& x) {
-    row.update({{name, x.median}, {name + "_min", x.min}, {name + "_max", x.max}});
-  };
-  if (r.has_baselines) {
-    row.update({{"one_device_samples_per_s", r.one_device_samples_per_s}, {"efficiency", r.efficiency},
-                {"unsplit_samples_per_s", r.unsplit_samples_per_s}});
-    ratio("speedup", r.speedup);
-    ratio("speedup_vs_unsplit", r.speedup_vs_unsplit);
-  }
-  if (!r.vs_schedule.empty()) {
-    row.update({{"vs_schedule", r.vs_schedule}, {"bubble_vs_schedule", r.bubble_vs_schedule},
-                {"peak_bytes_vs_schedule", r.peak_bytes_vs_schedule},
-                {"peak_held_bytes_vs_schedule", r.peak_held_bytes_vs_schedule}});
-    ratio("speedup_vs_schedule", r.speedup_vs_schedule);
-  }
-  return row;
-}
-
-// Of the per-device ratios predicted / measured, the one farthest from 1.
-double worst_ratio(const std::vector<int64_t>& predicted, const std::vector<int64_t>& measured) {
-  double worst = 1;
-  for (size_t j = 0; j < predicted.size() && j < measured.size(); ++j) {
-    const double r = static_cast<double>(predicted[j]) / static_cast<double>(std::max<int64_t>(measured[j], 1));
-    if (std::abs(std::log(r)) > std::abs(std::log(worst))) worst = r;
-  }
-  return worst;
-}
 
 std::string mebibytes(const std::vector<int64_t>& bytes) {
   std::string out;
@@ -90,7 +46,7 @@ void print_row(const BenchRow& r) {
             << fixed(r.ideal, 3) << std::setw(6) << baseline(r.efficiency, 2) << std::setw(8) << fixed(r.bubble, 3)
             << std::setw(9) << baseline(r.speedup_vs_unsplit.median, 3) << std::setw(9)
             << fixed(r.simulated_over_measured, 3) << std::setw(8) << fixed(r.predicted.step_s / r.step_s, 3)
-            << std::setw(9) << (r.peak_bytes.empty() ? "-" : fixed(worst_ratio(r.predicted.peak_bytes, r.peak_bytes), 3))
+            << std::setw(9) << (r.peak_bytes.empty() ? "-" : fixed(r.predicted_over_measured_peak, 3))
             << std::setw(9) << fixed(r.bytes_sent_per_step / (1 << 20), 1) << std::setw(10)
             << fixed(r.skip_bytes_per_step / (1 << 20), 2) << "  " << std::left << std::setw(19)
             << mebibytes(r.peak_bytes) << std::right << "  " << r.balance_by << " "
@@ -105,36 +61,32 @@ int run_transport(int warmup, bool json, const std::string& results, const std::
   if (!json)
     std::cout << std::setw(12) << "bytes" << std::setw(10) << "repeats" << std::setw(16) << "one-way us"
               << std::setw(22) << "(min .. max)" << std::setw(12) << "GB/s" << "\n";
-  nlohmann::json rows = nlohmann::json::array();
+  std::vector<std::string> rows;
   for (const LinkTiming& t : timings) {
-    const double gb_per_s = static_cast<double>(t.bytes) / t.one_way_s * 1e-9;
-    const nlohmann::json row = {{"bytes", t.bytes},          {"repeats", t.repeats},
-                                {"one_way_us", t.one_way_s * 1e6}, {"one_way_us_min", t.min_s * 1e6},
-                                {"one_way_us_max", t.max_s * 1e6}, {"gb_per_s", gb_per_s}};
-    rows.push_back(row);
+    rows.push_back(json_of(t));
     if (json) {
-      std::cout << row.dump() << std::endl;
+      std::cout << rows.back() << std::endl;
       continue;
     }
     std::cout << std::setw(12) << t.bytes << std::setw(10) << t.repeats << std::fixed << std::setprecision(1)
               << std::setw(16) << t.one_way_s * 1e6 << std::setw(22)
               << "(" + fixed(t.min_s * 1e6, 1) + " .. " + fixed(t.max_s * 1e6, 1) + ")" << std::setprecision(3)
-              << std::setw(12) << gb_per_s << std::endl;
+              << std::setw(12) << static_cast<double>(t.bytes) / t.one_way_s * 1e-9 << std::endl;
   }
   write_results(results, rows, command);
   return 0;
 }
 
 int run(const BenchOptions& o, const std::string& command) {
-  if (job().prints()) check_results_path(o.results);
+  if (job().prints()) or_usage_error("--results", [&] { check_results_path(o.results); });
   if (o.transport) return run_transport(o.sweep.warmup, o.json, o.results, command);
   check_bench(o.sweep);
-  nlohmann::json rows = nlohmann::json::array();
+  std::vector<std::string> rows;
   if (job().prints() && !o.json) print_header();
   run_benchmark(o.sweep, [&](const BenchRow& row) {
     rows.push_back(json_of(row));
     if (o.json)
-      std::cout << rows.back().dump() << std::endl;
+      std::cout << rows.back() << std::endl;
     else
       print_row(row);
   });

@@ -1,12 +1,13 @@
-// common.h: what the gpipe subcommands share: usage errors, machine description, statistics,
-// list parsing, progress on standard error.
+// common.h: what the gpipe subcommands share: checks of numeric flags, usage errors, the library's
+// option names as flags.
 #pragma once
 
 #include <gpipe/check.h>
+#include <gpipe/progress.h>
+#include <gpipe/results.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <torch/types.h>
 
 #include <limits>
 #include <stdexcept>
@@ -15,23 +16,11 @@
 
 namespace gpipe::cli {
 
-/// Cores, BLAS and libtorch version, for result files.
-nlohmann::json machine();
+/// The machine of a result file (results.h), for the summary of gpipe train --json.
+inline nlohmann::json machine() { return nlohmann::json::parse(machine_json()); }
 
 /// `value` with `digits` decimals.
 std::string fixed(double value, int digits);
-
-/// Refuses (a usage error naming --results) a results path that write_results could not write,
-/// before the work; creates its folder, as write_results would. Empty: nothing is written.
-void check_results_path(const std::string& path);
-
-/// Writes a benchmark's `rows` to `path` (nothing when it is empty), whole or not at all, with the
-/// command, the date and the machine; says so on standard error.
-void write_results(const std::string& path, const nlohmann::json& rows, const std::string& command);
-
-/// The command line as one string, for result files.
-std::string command_line(int argc, char** argv);
-
 
 /// Checks for numeric flags, each with a message that names the rule and the
 /// value: a whole number of at least `least` ("must be a whole number, at least
@@ -70,8 +59,8 @@ std::string without_prefix(const std::string& message);
 /// Throws UsageError("gpipe: " + message).
 [[noreturn]] void usage_error(const std::string& message);
 
-/// fn(), with any exception it throws turned into a usage error about `flag`:
-/// "gpipe: --resume: <what went wrong>".
+/// fn() (what it returns, if anything), with any exception it throws turned into a usage error
+/// about `flag`: "gpipe: --resume: <what went wrong>".
 template <typename Fn>
 auto or_usage_error(const std::string& flag, Fn&& fn) {
   try {
@@ -81,20 +70,7 @@ auto or_usage_error(const std::string& flag, Fn&& fn) {
   }
 }
 
-/// Progress of a training run on standard error: a bar on a terminal, a plain line every tenth
-/// of an epoch otherwise; nothing when not `enabled`.
-class Progress {
- public:
-  Progress(int epochs, int64_t steps_per_epoch, bool enabled);
-  /// After step `step` (1-based) of epoch `epoch`.
-  void update(int epoch, int64_t step, double loss, double samples_per_s, double eta_s);
-  void end_epoch();
-
- private:
-  int epochs_;
-  int64_t steps_;
-  bool tty_;
-  bool enabled_;
-};
+/// Progress of a training run on standard error (progress.h).
+using Progress = TrainingProgress;
 
 }  // namespace gpipe::cli

@@ -6,8 +6,6 @@
 #include <gpipe/gpipe.h>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,8 +14,6 @@
 #include <memory>
 #include <set>
 #include <sstream>
-
-#include <unistd.h>
 
 namespace gpipe::cli {
 namespace {
@@ -78,9 +74,7 @@ int run(const PlanOptions& o) {
   const int64_t memory = or_usage_error("--memory-per-device", [&] { return parse_bytes(o.memory); });
   if (memory < 1) usage_error("--memory-per-device: " + o.memory + " is less than one byte");
   const std::vector<std::string> shape_flags{"--layers", "--width", "--heads", "--ffn", "--vocab", "--seq"};
-  const bool by_shape = std::any_of(shape_flags.begin(), shape_flags.end(), [&](const std::string& f) {
-    return o.given.count(f) > 0;
-  });
+  const bool by_shape = std::any_of(shape_flags.begin(), shape_flags.end(), [&](auto& f) { return o.given.count(f) > 0; });
   const int sources = (by_shape ? 1 : 0) + (o.workload.empty() ? 0 : 1) + (o.model.empty() ? 0 : 1);
   if (sources != 1)
     usage_error(std::string(sources == 0 ? "no model given" : "more than one model given") +
@@ -101,83 +95,39 @@ int run(const PlanOptions& o) {
       usage_error("--layers " + std::to_string(o.transformer.layers) + " is more than gpipe plan takes (" +
                   std::to_string(kMostPlannedBlocks) + ")");
   }
-  PlanSearch search;
-  search.devices = o.devices;
-  search.memory_per_device = memory;
-  search.batch = o.batch;
-  search.schedules.clear();
-  for (const std::string& schedule : o.schedules) search.schedules.push_back(parse_schedule(schedule));
-  search.checkpoints.clear();
-  for (const std::string& checkpoint : o.checkpoints) search.checkpoints.push_back(parse_checkpoint(checkpoint));
-  search.stages = o.stages;
-  search.micro_batches = o.micro_batches;
-  or_usage_error("--stages", [&] { search.check(); return 0; });
+  PlanSearch search = plan_search_of(o.devices, memory, o.batch, o.schedules, o.checkpoints, o.stages, o.micro_batches);
+  or_usage_error("--stages", [&] { search.check(); });
   PlannedModel m = by_shape ? or_usage_error("the Transformer", [&] {
     return plan_model_of(o.transformer, DeviceSpec{o.flops}, o.optimizer);
   }) : profiled_model(o);
   m.costs.link_latency_s = o.latency_us * 1e-6;
   m.costs.link_bytes_per_s = o.bandwidth_gb_s * 1e9;
-  // A search that takes more than 2 s (its own time, not the profile's before it) says how far it
-  // is, every 2 s, on standard error (one line rewritten on a terminal); one that said so ends
-  // with its 100% line.
-  const bool tty = isatty(fileno(stderr)) != 0;
-  const auto search_begin = std::chrono::steady_clock::now();
-  double next_report = 2.0;
-  bool reported = false;
-  auto report = [&](int64_t done, int64_t total, double now) {
-    std::ostringstream line;
-    line << "gpipe plan: " << std::fixed << std::setprecision(0)
-         << (done == total ? 100.0 : std::min(99.0, 100.0 * static_cast<double>(done) / static_cast<double>(total)))
-         << "% of " << total << " stage x micro-batch pairs simulated in " << now << " s";
-    std::cerr << (tty ? "\r" : "") << line.str() << (tty ? "\x1b[K" : "\n") << std::flush;
-  };
+  // A search of more than 2 s (the profile's time not counted) says how far it is every 2 s on standard
+  // error (one line rewritten on a terminal); one that said so ends with its 100% line.
+  ProgressLine progress;
   search.progress = [&](int64_t done, int64_t total) {
-    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - search_begin).count();
-    if (done == total && reported) report(done, total, now);
-    if (now < next_report || done == total) return;
-    next_report = now + 2.0;
-    reported = true;
-    report(done, total, now);
+    if (done == total ? !progress.shown() : !progress.due(2.0)) return;
+    const double percent =
+        done == total ? 100 : std::min(99.0, 100.0 * static_cast<double>(done) / static_cast<double>(total));
+    progress.show("gpipe plan: " + fixed(percent, 0) + "% of " + std::to_string(total) +
+                  " stage x micro-batch pairs simulated in " + fixed(progress.seconds(), 0) + " s");
   };
   const std::vector<PlanCandidate> found = search_plans(m, search);
-  if (reported && tty) std::cerr << "\n";
+  progress.end();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   const size_t feasible = static_cast<size_t>(std::count_if(found.begin(), found.end(), [](const PlanCandidate& c) { return c.fits; }));
-
-  auto row_json = [&](const PlanCandidate& c) {
-    return nlohmann::json{
-        {"stages", c.devices}, {"replicas", c.replicas}, {"micro_batches", c.micro_batches},
-        {"schedule", to_string(c.schedule)}, {"virtual_stages", c.virtual_stages},
-        {"checkpoint", to_string(c.checkpoint)}, {"balance", c.balance}, {"predicted_samples_per_s", c.samples_per_s},
-        {"predicted_step_s", c.step_s}, {"predicted_bubble", c.predicted.bubble},
-        {"predicted_peak_bytes", c.predicted.peak_bytes}, {"predicted_static_bytes", c.predicted.static_bytes},
-        {"predicted_total_bytes", c.predicted.total_bytes()}, {"fits", c.fits}};
-  };
   if (feasible == 0) {
-    const PlanShortfall short_of = shortfall_of(found, memory, m.stage_units());
-    const PlanCandidate& least = short_of.least;
-    const bool always_tried = std::find(o.checkpoints.begin(), o.checkpoints.end(), "always") != o.checkpoints.end();
-    std::ostringstream hint;
-    hint << "no configuration fits: the least memory is needed by K=" << least.devices << ", M=" << least.micro_batches
-         << ", " << to_string(least.schedule) << ", checkpoint " << to_string(least.checkpoint) << ", whose device "
-         << short_of.device << " needs " << format_bytes(static_cast<double>(least.largest_total_bytes))
-         << "; the device has " << format_bytes(static_cast<double>(memory)) << "; try "
-         << (always_tried ? "" : "--checkpoint always, ");
-    if (short_of.devices_needed > 0)
-      hint << "about " << short_of.devices_needed << " or more devices per pipeline (--devices a multiple of it), ";
-    else
-      hint << "fewer or smaller layers (a stage needs at least one of the " << m.stage_units() << "), "
-           << (by_shape && o.transformer.bytes_per_value == 4 ? "--bytes-per-value 2, " : "")
-           << (o.optimizer != "sgd" ? "a lighter --optimizer, " : "");
-    hint << "or devices with more memory";
     for (size_t n = 0; o.json && n < std::min<size_t>(found.size(), static_cast<size_t>(o.top)); ++n)
-      std::cout << row_json(found[n]).dump() << "\n";
-    std::cerr << "gpipe: " << hint.str() << "\n";
+      std::cout << json_of(found[n]) << "\n";
+    std::cerr << "gpipe: "
+              << no_fit_message(found, m, search, o.optimizer, by_shape && o.transformer.bytes_per_value == 4,
+                                {"--checkpoint always", "--devices", "--bytes-per-value 2", "--optimizer"})
+              << "\n";
     return 1;
   }
   const size_t shown = o.all ? feasible : std::min(feasible, static_cast<size_t>(o.top));
   if (o.json) {
-    for (size_t n = 0; n < shown; ++n) std::cout << row_json(found[n]).dump() << "\n";
+    for (size_t n = 0; n < shown; ++n) std::cout << json_of(found[n]) << "\n";
     return 0;
   }
   std::cout << m.description << "\n"

@@ -4,10 +4,9 @@
 #include "common.h"
 
 #include <gpipe/plan.h>
+#include <gpipe/results.h>
 #include <gpipe/schedule.h>
 #include <gpipe/tasks.h>
-
-#include <nlohmann/json.hpp>
 
 #include <iomanip>
 #include <iostream>
@@ -35,7 +34,6 @@ constexpr int64_t kMostShownPairs = int64_t{1} << 16;
 constexpr int64_t kMostShownCells = int64_t{1} << 24;
 
 int run(ScheduleOptions o) {
-  const ScheduleKind kind = parse_schedule(o.schedule);
   RunRequest request;
   request.devices = o.stages;
   request.micro_batches = o.micro_batches;
@@ -43,10 +41,8 @@ int run(ScheduleOptions o) {
   request.virtual_stages = o.virtual_stages;
   request = resolve_run(Task(), request);
   o.virtual_stages = request.virtual_stages;
-  or_usage_error("--virtual-stages " + std::to_string(o.virtual_stages), [&] {
-    check_virtual_stages(kind, o.virtual_stages);
-    return 0;
-  });
+  or_usage_error("--virtual-stages " + std::to_string(o.virtual_stages),
+                 [&] { check_virtual_stages(parse_schedule(o.schedule), o.virtual_stages); });
   const int64_t pairs = int64_t{o.stages} * o.virtual_stages * o.micro_batches;
   const int64_t slots = 3 * int64_t{o.virtual_stages} * o.micro_batches + 2 * int64_t{o.stages};
   if (pairs <= kMostShownPairs && o.stages * slots > kMostShownCells)
@@ -64,25 +60,14 @@ int run(ScheduleOptions o) {
   const PipelinePlan plan = make_plan(o.stages * o.virtual_stages, pipeline_options_of(Task(), request)
                                                                         .checkpoint(parse_checkpoint(o.checkpoint)));
   const Schedule& program = plan.training;
+  const SimulatedRun run = simulate(program);
+  if (o.json) {
+    std::cout << json_of(program, run, o.schedule, o.checkpoint) << "\n";
+    return 0;
+  }
   Schedule compute = program;  // the grid shows the compute actions without --checkpoint's recompute flags
   for (auto& row : compute.actions)
     for (Action& a : row) a.recompute = false;
-  const SimulatedRun run = simulate(program);
-  if (o.json) {
-    nlohmann::json rows = nlohmann::json::array();
-    for (const auto& row : program.actions) {
-      rows.push_back(nlohmann::json::array());
-      for (const Action& a : row) rows.back().push_back(a.str());
-    }
-    std::cout << nlohmann::json{{"schedule", o.schedule},       {"devices", o.stages},
-                                {"micro_batches", o.micro_batches}, {"virtual_stages", o.virtual_stages},
-                                {"checkpoint", o.checkpoint},   {"makespan_slots", run.makespan},
-                                {"bubble", run.bubble},         {"peak_in_flight", run.peak_in_flight},
-                                {"program", rows}}
-                     .dump()
-              << "\n";
-    return 0;
-  }
   std::cout << o.schedule << ": K=" << o.stages << " devices, M=" << o.micro_batches << " micro-batches"
             << (o.virtual_stages > 1 ? ", V=" + std::to_string(o.virtual_stages) + " stages per device" : "")
             << " (one column per time slot; every action takes one slot)\n"

@@ -156,31 +156,23 @@ class Run {
     }
     // Where the bytes do not show as they come (standard output is a file or a pipe, or --json),
     // how far the sampling is, every 2 s, on standard error.
-    const bool shown = printing() && isatty(STDOUT_FILENO) != 0;
-    const int64_t begin = now_ns();
-    int64_t next_report_ns = begin + 2'000'000'000, done = 0;
-    bool reported = false;
+    ProgressLine progress(!(printing() && isatty(STDOUT_FILENO) != 0) && job().prints(), /*rewrite=*/false);
+    int64_t done = 0;
     auto report = [&] {
-      const double seconds = static_cast<double>(now_ns() - begin) * 1e-9;
+      const double seconds = progress.seconds();
       const double left = seconds * static_cast<double>(o_.generate - done) / static_cast<double>(std::max<int64_t>(1, done));
-      std::ostringstream line;
-      line << "gpipe: generated " << done << " of " << o_.generate << " bytes in " << std::fixed << std::setprecision(0)
-           << seconds << " s" << (done < o_.generate ? ", about " + std::to_string(static_cast<int64_t>(left + 0.5)) +
-                                                            " s left" : std::string());
-      print_error_line(line.str());
-      reported = true;
+      progress.show("gpipe: generated " + std::to_string(done) + " of " + std::to_string(o_.generate) + " bytes in " +
+                    fixed(seconds, 0) + " s" +
+                    (done < o_.generate ? ", about " + std::to_string(static_cast<int64_t>(left + 0.5)) + " s left" : ""));
     };
     generated_ = shown_text(generate_text(pipeline_, c_.task.context, options, [&](char byte) {
       ++done;
-      if (!shown && job().prints() && now_ns() >= next_report_ns) {
-        report();
-        next_report_ns = now_ns() + 2'000'000'000;
-      }
+      if (progress.due(2.0)) report();
       if (!printing()) return;
       std::cout << shown_text(std::string(1, byte)) << std::flush;
       check_stdout();
     }));
-    if (reported) report();
+    if (progress.shown()) report();
     if (printing()) std::cout << "\n";
   }
 

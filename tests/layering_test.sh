@@ -19,7 +19,7 @@ rung[umbrella]=${#ladder[@]}  # gpipe.h, all of them: for users, never for src/
 
 # Each public header and the folder that implements it (header-only ones: the folder they belong to).
 declare -A home=(
-  [check]=common [digest]=common [io]=common [stop]=common [tensors]=common
+  [check]=common [command_line]=common [digest]=common [io]=common [progress]=common [stop]=common [tensors]=common
   [schedule]=schedule
   [device]=device [memory]=device [trace]=device
   [layers]=plan [partition]=plan [plan]=plan [skip_connections]=plan
@@ -28,7 +28,7 @@ declare -A home=(
   [models]=model [script_model]=model [workloads]=model
   [cost_model]=cost [planner]=cost
   [data]=train [snapshot]=train [train]=train
-  [tasks]=tasks
+  [tasks]=tasks [results]=tasks
   [gpipe]=umbrella
 )
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "gpipe/check.h"
+#include "gpipe/command_line.h"
 #include "gpipe/cost_model.h"
 #include "gpipe/data.h"
 #include "gpipe/device.h"
@@ -16,7 +17,9 @@
 #include "gpipe/partition.h"
 #include "gpipe/planner.h"
 #include "gpipe/pipeline.h"
+#include "gpipe/progress.h"
 #include "gpipe/plan.h"
+#include "gpipe/results.h"
 #include "gpipe/schedule.h"
 #include "gpipe/script_model.h"
 #include "gpipe/skip.h"

@@ -52,6 +52,14 @@ struct PlanSearch {
   void check() const;
 };
 
+/// A search of `devices` devices of `memory_per_device` bytes each, for a global batch of `batch`
+/// rows, over the schedules and checkpoint modes named (parse_schedule, parse_checkpoint), the
+/// depths `stages` and the micro-batch counts `micro_batches` (empty: PlanSearch's defaults): what
+/// gpipe plan and Python's gpipe.plan ask for. Unchecked: see PlanSearch::check.
+PlanSearch plan_search_of(int devices, int64_t memory_per_device, int64_t batch,
+                          const std::vector<std::string>& schedules, const std::vector<std::string>& checkpoints,
+                          const std::vector<int>& stages = {}, const std::vector<int>& micro_batches = {});
+
 /// One configuration and what the cost model predicts of it.
 struct PlanCandidate {
   int devices = 1;         ///< K, devices per pipeline
@@ -171,6 +179,25 @@ struct PlanShortfall {
   int devices_needed = 0;
 };
 PlanShortfall shortfall_of(const std::vector<PlanCandidate>& found, int64_t memory_per_device, int stage_units);
+
+/// How a front end names what no_fit_message suggests: gpipe plan its flags, Python's gpipe.plan its
+/// arguments; by default the library's option names in backquotes.
+struct PlanSettingNames {
+  std::string checkpoint_always = "`checkpoint` always";  ///< recompute every micro-batch
+  std::string devices = "`devices`";                      ///< the devices of the cluster
+  std::string half_precision = "`bytes_per_value` 2";     ///< a Transformer's values in half precision
+  std::string optimizer = "`optimizer`";                  ///< the optimizer (its state per parameter)
+};
+
+/// Why none of `found` (search_plans's answer for `model` and `search`) fits, and what to try:
+/// "no configuration fits: the least memory is needed by K=.., M=.., <schedule>, checkpoint <mode>,
+/// whose device <d> needs <bytes>; the device has <bytes>; try ..., or devices with more memory".
+/// What it suggests: checkpointing every micro-batch where `search` did not try it, then more
+/// devices per pipeline (shortfall_of) or else fewer or smaller layers, half precision where
+/// `half_precision_helps`, and a lighter optimizer than `optimizer` where it is not "sgd".
+std::string no_fit_message(const std::vector<PlanCandidate>& found, const PlannedModel& model, const PlanSearch& search,
+                           const std::string& optimizer, bool half_precision_helps,
+                           const PlanSettingNames& names = PlanSettingNames());
 
 /// search_plans over `model`'s costs (with the links set in model.costs), its cut rule and its
 /// least rows per micro-batch; the step predicted is the pipeline's, without the optimizer's update.

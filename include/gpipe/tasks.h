@@ -408,6 +408,9 @@ struct BenchRow {
   int64_t program_actions_per_device = 0;
   Prediction predicted;  ///< the cost model's (on the rank that prints)
   std::vector<int64_t> peak_bytes, peak_held_bytes, parameter_bytes;  ///< per device held here
+  /// Of the per-device ratios predicted.peak_bytes / peak_bytes, the one farthest from 1 (1 when
+  /// no peak was measured here; not in the JSON row).
+  double predicted_over_measured_peak = 1;
   /// Against the whole batch unsplit and one device running the M micro-batches (one process only).
   bool has_baselines = false;
   double one_device_samples_per_s = 0, unsplit_samples_per_s = 0, efficiency = 0;

@@ -301,28 +301,10 @@ def plan(model=None, sample=None, *, devices, batch, memory_per_device="16GiB", 
             for c in answer["configurations"]]
     fitting = [c for c in rows if c.fits]
     if not fitting:
-        raise ValueError(_no_fit(rows[0], answer, settings, checkpoints, optimizer, transformer))
+        raise ValueError("gpipe: " + answer["no_fit"])
     shown = fitting if fitting_only else rows
     return Plans(shown if top is None else shown[:top], answer["description"], answer["parameters"],
                  answer["least_micro_batch_rows"], len(rows))
-
-
-def _no_fit(least, answer, settings, checkpoints, optimizer, transformer):
-    text = (f"gpipe: no configuration fits: the least memory is needed by K={least.devices}, M={least.micro_batches}, "
-            f"{least.schedule}, checkpoint {least.checkpoint}, whose device {answer['shortfall_device']} needs "
-            f"{_gpipe.format_bytes(least.largest_total_bytes)}; the device has "
-            f"{_gpipe.format_bytes(settings.memory_per_device)}; try ")
-    if "always" not in settings.checkpoints:
-        text += "checkpoints=[\"always\"], "
-    if answer["devices_needed"] > 0:
-        text += f"about {answer['devices_needed']} or more devices per pipeline (devices a multiple of it), "
-    else:
-        text += f"fewer or smaller layers (a stage needs at least one of the {answer['stage_units']}), "
-        if transformer is not None and transformer.get("bytes_per_value", 4) == 4:
-            text += "bytes_per_value 2, "
-        if optimizer != "sgd":
-            text += "a lighter optimizer, "
-    return text + "or devices with more memory"
 
 
 def _seed(seed):

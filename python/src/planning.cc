@@ -112,19 +112,13 @@ struct SearchSettings {
   double latency_s = 5e-6, bytes_per_s = 25e9;
 };
 
-// The search over `model`: the configurations (fits first, fastest first), and when none fits,
-// what the one needing the least memory lacks.
-py::dict search(PlannedModel model, const SearchSettings& s) {
-  PlanSearch search;
-  search.devices = s.devices;
-  search.memory_per_device = s.memory_per_device;
-  search.batch = s.batch;
-  search.schedules.clear();
-  for (const std::string& name : s.schedules) search.schedules.push_back(parse_schedule(name));
-  search.checkpoints.clear();
-  for (const std::string& name : s.checkpoints) search.checkpoints.push_back(parse_checkpoint(name));
-  search.stages = s.stages;
-  search.micro_batches = s.micro_batches;
+// The search over `model`: the configurations (fits first, fastest first), and when none fits, why
+// and what to try (no_fit_message, in gpipe.plan's arguments), with `optimizer` the model's and
+// `half_precision_helps` for a Transformer of float32 values.
+py::dict search(PlannedModel model, const SearchSettings& s, const std::string& optimizer,
+                bool half_precision_helps = false) {
+  PlanSearch search =
+      plan_search_of(s.devices, s.memory_per_device, s.batch, s.schedules, s.checkpoints, s.stages, s.micro_batches);
   search.check();
   model.costs.link_latency_s = s.latency_s;
   model.costs.link_bytes_per_s = s.bytes_per_s;
@@ -142,9 +136,8 @@ py::dict search(PlannedModel model, const SearchSettings& s) {
   py::dict out = planned_dict(model);
   out["configurations"] = rows;
   if (!fits) {
-    const PlanShortfall short_of = shortfall_of(found, s.memory_per_device, model.stage_units());
-    out["shortfall_device"] = short_of.device;
-    out["devices_needed"] = short_of.devices_needed;
+    const PlanSettingNames names{"checkpoints=[\"always\"]", "devices", "bytes_per_value 2", "optimizer"};
+    out["no_fit"] = no_fit_message(found, model, search, optimizer, half_precision_helps, names);
   }
   return out;
 }
@@ -222,7 +215,7 @@ void add_planning(py::module_& m) {
             check_trains(layers, x);
             model = plan_model_of(layers, x, o);
           }
-          return search(model, settings);
+          return search(model, settings, optimizer);
         },
         py::arg("scripted"), py::arg("sample"), py::arg("tuple"), py::arg("optimizer"), py::arg("speed"),
         py::arg("threads"), py::arg("loss"), py::arg("target"), py::arg("settings"));
@@ -235,7 +228,7 @@ void add_planning(py::module_& m) {
             model = plan_model_of(find_task(name), TaskOptions().seed(seed),
                                   PlanProfileOptions().optimizer(optimizer).speed(speed).threads(threads));
           }
-          return search(model, settings);
+          return search(model, settings, optimizer);
         },
         py::arg("name"), py::arg("seed"), py::arg("optimizer"), py::arg("speed"), py::arg("threads"),
         py::arg("settings"));
@@ -244,7 +237,7 @@ void add_planning(py::module_& m) {
           TransformerShape t;
           t.layers = shape.at(0), t.width = shape.at(1), t.heads = shape.at(2), t.ffn = shape.at(3);
           t.vocab = shape.at(4), t.sequence = shape.at(5), t.bytes_per_value = shape.at(6);
-          return search(plan_model_of(t, DeviceSpec{flops}, optimizer), settings);
+          return search(plan_model_of(t, DeviceSpec{flops}, optimizer), settings, optimizer, t.bytes_per_value == 4);
         },
         py::arg("shape"), py::arg("flops"), py::arg("optimizer"), py::arg("settings"));
 

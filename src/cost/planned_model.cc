@@ -8,6 +8,7 @@
 #include <ATen/Context.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <memory>
@@ -147,6 +148,22 @@ std::vector<PlanCandidate> search_plans(const PlannedModel& model, PlanSearch se
   return search_plans(costs, search);
 }
 
+PlanSearch plan_search_of(int devices, int64_t memory_per_device, int64_t batch,
+                          const std::vector<std::string>& schedules, const std::vector<std::string>& checkpoints,
+                          const std::vector<int>& stages, const std::vector<int>& micro_batches) {
+  PlanSearch search;
+  search.devices = devices;
+  search.memory_per_device = memory_per_device;
+  search.batch = batch;
+  search.schedules.clear();
+  for (const std::string& name : schedules) search.schedules.push_back(parse_schedule(name));
+  search.checkpoints.clear();
+  for (const std::string& name : checkpoints) search.checkpoints.push_back(parse_checkpoint(name));
+  search.stages = stages;
+  search.micro_batches = micro_batches;
+  return search;
+}
+
 PlanShortfall shortfall_of(const std::vector<PlanCandidate>& found, int64_t memory_per_device, int stage_units) {
   GPIPE_CHECK(!found.empty(), "no configuration was planned");
   GPIPE_CHECK(memory_per_device >= 1, "a device needs at least 1 byte of memory (got ", memory_per_device, ")");
@@ -157,6 +174,29 @@ PlanShortfall shortfall_of(const std::vector<PlanCandidate>& found, int64_t memo
   const double wanted = std::ceil(over * s.least.devices);
   s.devices_needed = wanted <= stage_units ? static_cast<int>(wanted) : 0;
   return s;
+}
+
+std::string no_fit_message(const std::vector<PlanCandidate>& found, const PlannedModel& model, const PlanSearch& search,
+                           const std::string& optimizer, bool half_precision_helps, const PlanSettingNames& names) {
+  const PlanShortfall short_of = shortfall_of(found, search.memory_per_device, model.stage_units());
+  const PlanCandidate& least = short_of.least;
+  const bool always_tried =
+      std::find(search.checkpoints.begin(), search.checkpoints.end(), Checkpoint::kAlways) != search.checkpoints.end();
+  std::ostringstream out;
+  out << "no configuration fits: the least memory is needed by K=" << least.devices << ", M=" << least.micro_batches
+      << ", " << to_string(least.schedule) << ", checkpoint " << to_string(least.checkpoint) << ", whose device "
+      << short_of.device << " needs " << format_bytes(static_cast<double>(least.largest_total_bytes))
+      << "; the device has " << format_bytes(static_cast<double>(search.memory_per_device)) << "; try "
+      << (always_tried ? "" : names.checkpoint_always + ", ");
+  if (short_of.devices_needed > 0)
+    out << "about " << short_of.devices_needed << " or more devices per pipeline (" << names.devices
+        << " a multiple of it), ";
+  else
+    out << "fewer or smaller layers (a stage needs at least one of the " << model.stage_units() << "), "
+        << (half_precision_helps ? names.half_precision + ", " : "")
+        << (optimizer != "sgd" ? "a lighter " + names.optimizer + ", " : "");
+  out << "or devices with more memory";
+  return out.str();
 }
 
 }  // namespace gpipe

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 
 namespace gpipe {
@@ -201,6 +202,10 @@ BenchRow row_of(const Contender& c, const Contender* unsplit, const Contender* o
   r.peak_bytes = c.peak_bytes;
   r.peak_held_bytes = c.held_bytes;
   r.parameter_bytes = c.parameter_bytes;
+  for (size_t j = 0; j < r.predicted.peak_bytes.size() && j < r.peak_bytes.size(); ++j) {
+    const double x = static_cast<double>(r.predicted.peak_bytes[j]) / static_cast<double>(std::max<int64_t>(r.peak_bytes[j], 1));
+    if (std::abs(std::log(x)) > std::abs(std::log(r.predicted_over_measured_peak))) r.predicted_over_measured_peak = x;
+  }
   r.bytes_sent_per_step = median(c.sent_bytes);
   r.skip_bytes_per_step = c.pipe->sum(c.pipe->replica() == 0 ? static_cast<double>(c.pipe->skip_bytes()) : 0.0);
   r.program_actions_per_device = static_cast<int64_t>(c.pipe->schedule().actions.front().size());
