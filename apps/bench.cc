@@ -137,8 +137,14 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   sub->add_flag("--tie-embeddings", w.tie_embeddings,
                 "the transformer's output layer reuses its embedding's weight (tied embeddings): one weight on the "
                 "first and the last stage, one gradient, one update");
-  sub->add_flag("--transport", o->transport,
-                "under mpirun -np 2: latency and bandwidth of the MPI transport per message size (ping-pong)");
+  CLI::Option* transport = sub->add_flag(
+      "--transport", o->transport,
+      "under mpirun -np 2: latency and bandwidth of the MPI transport per message size (ping-pong; of the "
+      "other flags only --warmup, --json and --results apply)");
+  for (const char* sweep_only : {"--workload", "--stages", "--micro-batches", "--checkpoint", "--schedule",
+                                 "--virtual-stages", "--threads-per-stage", "--steps", "--balance", "--balance-by",
+                                 "--tie-embeddings"})
+    transport->excludes(sub->get_option(sweep_only));
   sub->add_option("--results", o->results, "file the results are written to (empty: none)")
       ->capture_default_str();
   sub->callback([o, sub, command, &status] {

@@ -346,7 +346,7 @@ PY
   fi
 fi
 
-if part bench_plan; then  # cost 12
+if part bench_plan; then  # cost 14
   # 12. gpipe bench: a cut given with --balance is labelled as given, and not as one of --balance-by's methods.
   run "12. bench --balance with --balance-by" 2 "--balance \{15, 1\} is the cut, and --balance-by time params even would choose it too" \
     bench --workload tiny --stages 2 --balance 15,1 --balance-by time params even --results ""
@@ -355,6 +355,16 @@ if part bench_plan; then  # cost 12
      "$python" -c 'import json,sys; r = [json.loads(l) for l in open(sys.argv[1])]; assert [x["balance_by"] for x in r] == ["given"], r' \
        "$work/bench.jsonl"; then pass "12. bench --balance 15,1: one row, labelled 'given'"
   else fail "12. bench --balance: $(cat "$work/err.txt")"; fi
+
+  # 12. A value listed twice, more threads than cores, and --transport with sweep flags: refused before any row.
+  run "12. bench --stages 2,2" 2 "--stages lists 2 twice; give each value once" \
+    bench --workload tiny --stages 2,2 --steps 1 --warmup 0 --results ""
+  run "12. bench --schedule gpipe,1f1b,gpipe" 2 "--schedule lists gpipe twice" \
+    bench --workload tiny --stages 2 --schedule gpipe,1f1b,gpipe --steps 1 --warmup 0 --results ""
+  run "12. bench --threads-per-stage 4096" 2 "--threads-per-stage 4096 is more than this machine's" \
+    bench --workload tiny --stages 2 --threads-per-stage 4096 --steps 1 --warmup 0 --results ""
+  if [ -s "$work/out.txt" ]; then fail "12. bench --threads-per-stage 4096: printed before the error: $(head -c 200 "$work/out.txt")"; fi
+  run "12. bench --transport --stages 4" 2 "--(transport excludes --stages|stages excludes --transport)" bench --transport --stages 4 --results ""
 
   # 13. Hangs: what would compute for minutes and print hundreds of megabytes is refused at once, with the limit.
   run "13. gpipe plan of 65536 devices and 10^4 layers" 2 "the search would simulate [0-9]+ stage x micro-batch pairs .* more than the 4194304" \

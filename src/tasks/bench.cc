@@ -235,9 +235,24 @@ BenchRow row_of(const Contender& c, const Contender* unsplit, const Contender* o
   return r;
 }
 
+// A value listed twice would run its configurations twice, their rows under one name.
+template <typename T>
+void check_listed_once(const std::vector<T>& values, const std::string& name) {
+  for (size_t i = 0; i < values.size(); ++i)
+    GPIPE_CHECK(std::find(values.begin(), values.begin() + i, values[i]) == values.begin() + i, "`", name,
+                "` lists ", values[i], " twice; give each value once");
+}
+
 }  // namespace
 
 void check_bench(const BenchSweep& o) {
+  check_listed_once(o.workloads, "workload");
+  check_listed_once(o.stages, "devices");
+  check_listed_once(o.micro_batches, "micro_batches");
+  check_listed_once(o.checkpoints, "checkpoint");
+  check_listed_once(o.schedules, "schedule");
+  check_listed_once(o.balance_by, "balance_by");
+  check_threads_per_device(o.threads);
   GPIPE_CHECK(!job().distributed || o.balance_by == std::vector<std::string>{"even"},
               "`balance_by` profiles the whole model in one process; under mpirun pass a cut with `balance`");
   if (!o.balance.empty() && o.balance_by_given) {
