@@ -125,6 +125,26 @@ TEST(DeferredBatchNormTest, InterleavedStagesMatchTheOneDeviceReference) {
     expect_as_reference({2, 4, mode, ScheduleKind::kInterleaved, 2});
 }
 
+// Pipelined inference in training mode (forward, as pipe(x) in Python): each micro-batch normalized by
+// its own statistics, the running ones updated once from every row, as train_step does; in eval mode untouched.
+TEST(DeferredBatchNormTest, ForwardInTrainingModeUpdatesOncePerMiniBatchAsTrainStep) {
+  torch::nn::Sequential piped = normed_model(), reference = normed_model();
+  gpipe::Pipeline pipe(piped, PipelineOptions().devices(2).micro_batches(4));
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::randn({10, 2, 4, 4}) * 2 + 1, y = torch::randn({10, 3});
+  const torch::Tensor out = pipe.forward(x);
+  EXPECT_EQ(out.size(0), 10);
+  reference_step(reference, x, y, 4);
+  EXPECT_TRUE(same_buffers(piped, reference));
+  EXPECT_EQ(piped->named_buffers()["1.num_batches_tracked"].item<int64_t>(), 1) << "one update per mini-batch";
+  piped->eval();
+  std::vector<torch::Tensor> before;
+  for (const auto& b : piped->buffers()) before.push_back(b.clone());
+  pipe.forward(x);
+  const auto after = piped->buffers();
+  for (size_t n = 0; n < before.size(); ++n) EXPECT_TRUE(torch::equal(after[n], before[n])) << "buffer " << n;
+}
+
 TEST(DeferredBatchNormTest, PerMicroBatchUpdatesOncePerMicroBatchAsBefore) {
   torch::nn::Sequential model = normed_model();
   gpipe::Pipeline pipe(model, PipelineOptions().devices(2).micro_batches(4).deferred_batch_norm(false));

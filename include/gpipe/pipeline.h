@@ -124,7 +124,9 @@ class Pipeline {
   torch::Tensor train_step(const Tensors& input, const torch::Tensor& target, const LossFn& loss);
 
   /// Pipelined inference with the layers' current train/eval mode, keeping no
-  /// activations: the output rows this process holds: all of them in one
+  /// activations (a training-mode BatchNorm normalizes each micro-batch by its own
+  /// statistics and, deferred as in train_step, updates its running statistics once
+  /// from every row): the output rows this process holds: all of them in one
   /// process; under MPI, on the rank of each replica's last stage, its
   /// replica's rows (output_rows), and an undefined tensor elsewhere.
   torch::Tensor forward(const Tensors& input);
@@ -250,6 +252,10 @@ class Pipeline {
   const Schedule& inference_program(int micro_batches);
   void run(const Schedule& program, StepData& step);
   void reset_memory_peaks();
+  // Deferred BatchNorm: the statistics the stages here gathered in the call, summed over the replicas
+  // (undefined when no stage has any), and the running statistics updated from them once.
+  torch::Tensor batch_norm_statistics();
+  void update_batch_norms(const torch::Tensor& statistics);
 
   std::unique_ptr<detail::Group> group_;
   torch::nn::Sequential layers_;

@@ -316,8 +316,9 @@ class GPipe:
                         "TorchScript), and build a new GPipe around the model after loading them")
 
     def __call__(self, input):
-        """Pipelined inference in the model's current train/eval mode, keeping no autograd graph:
-        the output (under MPI: on the rank of each replica's last stage, its replica's rows; None on
+        """Pipelined inference in the model's current train/eval mode, keeping no autograd graph (in
+        training mode BatchNorm's running statistics are updated once from every row, as by
+        train_step; with batch_norm="per-micro-batch", once per micro-batch): the output (under MPI: on the rank of each replica's last stage, its replica's rows; None on
         the other ranks)."""
         pipe = self._ready(input)
         with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):

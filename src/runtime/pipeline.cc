@@ -263,28 +263,11 @@ torch::Tensor Pipeline::train_step(const Tensors& input, const torch::Tensor& ta
       for (const auto& stage : e->stages()) stage->begin_step();  // a replica without rows runs nothing
     if (M > 0) run(training_program(M), step);
     group_->reduce_gradients(parameters());
-    // BatchNorm's statistics of every stage here, in stage order, summed over the replicas.
-    std::vector<torch::Tensor> parts;
-    for (const auto& e : executors_)
-      for (const auto& stage : e->stages())
-        if (torch::Tensor s = stage->batch_norm_statistics(); s.defined()) parts.push_back(s);
-    torch::Tensor statistics;
-    if (!parts.empty()) {
-      auto summed = std::make_shared<torch::Tensor>(torch::cat(parts).contiguous());
-      group_->sum_over_replicas(summed);
-      statistics = *summed;
-    }
+    const torch::Tensor statistics = batch_norm_statistics();
     double total = std::accumulate(step.losses.begin(), step.losses.end(), 0.0);
     group_->reduce(&total, 1, /*largest=*/false);
     scope.commit();
-    int64_t at = 0;  // each stage's share of the summed statistics, in stage order
-    for (const auto& e : executors_)
-      for (const auto& stage : e->stages()) {
-        const torch::Tensor own = stage->batch_norm_statistics();
-        const int64_t n = own.defined() ? own.numel() : 0;
-        if (n > 0) stage->update_batch_norm(statistics.narrow(0, at, n));
-        at += n;
-      }
+    update_batch_norms(statistics);
     if (step.keep_input_gradients) detail::add_input_gradients(input, step, first, whole_inputs_);
     return torch::tensor(total, torch::dtype(torch::kFloat64));
   });
@@ -297,14 +280,42 @@ torch::Tensor Pipeline::forward(const Tensors& input) {
     const auto [first, count] = group_->share(N);
     // A batch smaller than M (say the last one of a test set) runs in fewer micro-batches.
     const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));
-    if (M == 0) return torch::Tensor();  // no rows for this replica
     StepData step;
     step.training = false;
-    if (holds(plan_.first_device())) step.inputs = scatter(narrow_rows(input, first, count, whole_inputs_), M, whole_inputs_);
-    step.outputs.resize(static_cast<size_t>(M));
-    run(inference_program(M), step);
-    return holds(plan_.last_device()) ? gpipe::gather(step.outputs) : torch::Tensor();
+    for (const auto& e : executors_)
+      for (const auto& stage : e->stages()) stage->begin_step();
+    if (M > 0) {  // a replica without rows runs nothing, but takes part in the statistics' sum
+      if (holds(plan_.first_device()))
+        step.inputs = scatter(narrow_rows(input, first, count, whole_inputs_), M, whole_inputs_);
+      step.outputs.resize(static_cast<size_t>(M));
+      run(inference_program(M), step);
+    }
+    // Training-mode BatchNorm, deferred: the running statistics once, from every row, as one device's.
+    update_batch_norms(batch_norm_statistics());
+    return M > 0 && holds(plan_.last_device()) ? gpipe::gather(step.outputs) : torch::Tensor();
   });
+}
+
+torch::Tensor Pipeline::batch_norm_statistics() {
+  std::vector<torch::Tensor> parts;  // every stage's here, in stage order
+  for (const auto& e : executors_)
+    for (const auto& stage : e->stages())
+      if (torch::Tensor s = stage->batch_norm_statistics(); s.defined()) parts.push_back(s);
+  if (parts.empty()) return {};
+  auto summed = std::make_shared<torch::Tensor>(torch::cat(parts).contiguous());
+  group_->sum_over_replicas(summed);
+  return *summed;
+}
+
+void Pipeline::update_batch_norms(const torch::Tensor& statistics) {
+  int64_t at = 0;  // each stage's share of the summed statistics, in stage order
+  for (const auto& e : executors_)
+    for (const auto& stage : e->stages()) {
+      const torch::Tensor own = stage->batch_norm_statistics();
+      const int64_t n = own.defined() ? own.numel() : 0;
+      if (n > 0) stage->update_batch_norm(statistics.narrow(0, at, n));
+      at += n;
+    }
 }
 
 bool Pipeline::holds(int device) const { return std::count(local_.begin(), local_.end(), device) > 0; }

@@ -337,7 +337,7 @@ Tensors Stage::run_chain(int i, const Tensors& x, bool split, bool gather, Kept&
       if (n > 0) a = leaves_of(a, LeafGrad::kKept);
       kept.layer_inputs.push_back(a);
     }
-    if (norm != norms_.end() && norm->layer == n && step.training && layer->ptr()->is_training()) {
+    if (norm != norms_.end() && norm->layer == n && layer->ptr()->is_training()) {
       // Deferred BatchNorm: this micro-batch's statistics normalize it; the running ones wait for the step's end.
       const torch::Tensor input = a.only(names_[n] + "'s input", "a BatchNorm layer takes one tensor");
       {
@@ -461,7 +461,7 @@ Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, 
   Tensors y;
   torch::Tensor loss;
   if (!step.training) {
-    y = run_layers(i, x, false, /*gather=*/false, k, step);
+    y = run_layers(i, x, false, /*gather=*/true, k, step);
   } else {
     // Re-materialized, the input kept must stay as it was for the forward to run again.
     const std::vector<int64_t> versions = recompute ? versions_of(x) : std::vector<int64_t>{};

@@ -298,6 +298,23 @@ def test_batch_norm_deferred_follows_the_papers_rule():
         assert torch.allclose(a.float(), b.float(), rtol=RTOL, atol=1e-6)
 
 
+def test_inference_in_training_mode_updates_batch_norm_once_per_call():
+    """pipe(x) in training mode: the running statistics once per call from all its rows (num_batches_tracked
+    1, not one per micro-batch); the first BatchNorm, whose input is the same, as model(x) gives them (a later
+    one sees rows that each micro-batch's own statistics normalized)."""
+    model, reference = bn_model(), bn_model()
+    pipe = gpipe.GPipe(model, balance=[2, 4], chunks=3)
+    x = torch.randn(18, 12) * 2 + 1
+    with torch.no_grad():
+        pipe(x)
+        reference(x)
+    for name, a in model.named_buffers():
+        if name.endswith("num_batches_tracked"):
+            assert a.item() == 1, name
+    for a, b in zip(model[1].buffers(), reference[1].buffers()):
+        assert torch.allclose(a.float(), b.float(), rtol=RTOL, atol=1e-6)
+
+
 def test_dropout_masks_are_the_same_whatever_the_schedule_and_checkpoint_mode():
     """Against gpipe's own reference: the masks follow (step, stage, micro-batch), so every schedule
     and re-materialization mode over the same cut gives the same parameters; and they do drop."""
