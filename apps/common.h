@@ -70,7 +70,4 @@ auto or_usage_error(const std::string& flag, Fn&& fn) {
   }
 }
 
-/// Progress of a training run on standard error (progress.h).
-using Progress = TrainingProgress;
-
 }  // namespace gpipe::cli

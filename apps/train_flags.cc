@@ -183,11 +183,6 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
       ->check(positive_number())->capture_default_str();
   sub->add_flag("--json", o->json, "print the summary as JSON on standard output (progress stays on standard error)");
   sub->callback([o, sub, &status] {
-    if (o->save_every > 0 && o->save.empty())
-      usage_error("--save-every " + std::to_string(o->save_every) + " needs --save FILE: the file to save to");
-    if (o->per_device_files && o->save.empty() && o->resume.empty())
-      usage_error("--per-device-files says how --save writes and --resume reads a checkpoint file; give --save FILE "
-                  "or --resume FILE with it");
     // A closed standard output (gpipe train ... | head) stops the printing, not the training; SIGINT
     // and SIGTERM end the run, no half-written file left (with --save, train_run.cc stops it saved).
     std::signal(SIGPIPE, SIG_IGN);

@@ -71,7 +71,7 @@ class Run {
   // Trains with progress on standard error, and the evaluation after every epoch.
   void train() {
     if (o_.epochs == 0) return;  // --resume FILE --epochs 0: the checkpoint's model, evaluated
-    Progress progress(o_.epochs, trainer_.steps_per_epoch(), job().prints());
+    TrainingProgress progress(o_.epochs, trainer_.steps_per_epoch(), job().prints());
     TrainerCallbacks callbacks;
     callbacks.after_step = [&](int epoch, int64_t batch) {
       if (!o_.trace.empty() && trainer_.step() == trainer_.total_steps()) last_trace_ = pipeline_.trace();

@@ -288,7 +288,9 @@ struct TrainSettings {
   std::string save, resume, trace;  ///< `trace`: the file of the last step's timeline
   bool per_device_files = false;
   std::string samples;  ///< kPsnr: a PNG of denoised test images (denoising_picture)
-  int64_t generate = 0; ///< kBitsPerByte: `bytes` to sample after training (generate_text), continuing `prompt`
+  /// kBitsPerByte: bytes to sample after training (generate_text), continuing `prompt`; errors name it
+  /// `bytes`, as GenerateOptions does
+  int64_t generate = 0;
   std::string prompt;
   double temperature = 0.8;
 };

@@ -98,7 +98,6 @@ py::dict planned_dict(const PlannedModel& m) {
   d["parameters"] = m.parameters;
   d["least_micro_batch_rows"] = m.least_micro_batch_rows;
   d["layers"] = m.costs.layer_count();
-  d["stage_units"] = m.stage_units();
   return d;
 }
 
@@ -199,7 +198,6 @@ void add_planning(py::module_& m) {
       .def_readwrite("latency_s", &SearchSettings::latency_s)
       .def_readwrite("bytes_per_s", &SearchSettings::bytes_per_s);
   m.def("parse_bytes", &parse_bytes, py::arg("text"));
-  m.def("format_bytes", &format_bytes, py::arg("bytes"));
 
   // gpipe.plan of a Sequential: profiled here (the GIL released), then searched.
   m.def("plan_model",

@@ -214,7 +214,7 @@ RunRequest run_request(const TrainSettings& s) {
 bool generates(const Task& task) { return task.metric == Metric::kBitsPerByte && task.context > 0; }
 
 // Every setting that can be judged without reading a file.
-void check_settings(TrainSettings& s) {
+void check_settings(const TrainSettings& s) {
   GPIPE_CHECK(!job().distributed || s.balance_by.empty(), "`balance_by` profiles the whole model in one process; "
               "run it once without mpirun and pass the cut it prints with `balance`");
   const bool builtin = is_builtin_task(s.model);
@@ -239,9 +239,12 @@ void check_settings(TrainSettings& s) {
   });
   // The optimizer's settings, as torch.optim takes them.
   optimizer_options_of(s).check();
-  s.weight_decay = optimizer_options_of(s).decay();
   GPIPE_CHECK(s.lr_schedule == "step" || !s.step_settings_given,
               "`lr_step_size` and `lr_gamma` belong to `lr_schedule` step");
+  GPIPE_CHECK(s.save_every == 0 || !s.save.empty(), "`save_every` ", s.save_every, " needs `save` FILE: the file to "
+              "save to");
+  GPIPE_CHECK(!s.per_device_files || !s.save.empty() || !s.resume.empty(), "`per_device_files` says how `save` "
+              "writes and `resume` reads a checkpoint file; give `save` FILE or `resume` FILE with it");
   // Outputs: found unwritable now, not after training.
   GPIPE_CHECK(!s.per_device_files || job().distributed, "`per_device_files` is for mpirun, where each device "
               "writes its own file; in one process `save` writes the whole model");
@@ -372,6 +375,7 @@ void resolve_training(TrainSettings& s, const Task& task) {
   s.virtual_stages = r.virtual_stages;
   s.balance_by = r.balance_by;
   check_settings(s);
+  s.weight_decay = optimizer_options_of(s).decay();
   apply_task(s, task);
 }
 
