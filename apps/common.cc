@@ -22,7 +22,7 @@ void usage_error(const std::string& message) { throw UsageError("gpipe: " + in_f
 std::string in_flags(const std::string& message) {
   // The library's option and argument names, as the command line's flags.
   static const std::vector<std::pair<std::string, std::string>> flags = {
-      {"balance", "--balance"}, {"devices", "--stages"}, {"micro_batches", "--micro-batches"},
+      {"balance", "--balance"}, {"devices", "--stages"}, {"stages", "--stages"}, {"micro_batches", "--micro-batches"},
       {"virtual_stages", "--virtual-stages"}, {"schedule", "--schedule"}, {"checkpoint", "--checkpoint"},
       {"threads_per_device", "--threads-per-stage"}, {"batch_size", "--batch-size"}, {"epochs", "--epochs"},
       {"steps", "--steps"}, {"seed", "--seed"}, {"lr", "--lr"}, {"momentum", "--momentum"},

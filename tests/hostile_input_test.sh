@@ -233,6 +233,13 @@ if part outputs; then  # cost 23
     train --model "$work/model.pt" --data "$work/data.pt" --loss mse --save "$work/data.pt"
   run "6. --save and --trace one file" 2 "--save .*same.json is the file of --trace" \
     train "${tiny[@]}" --save "$work/same.json" --trace "$work/same.json"
+  run "6. --trace onto the checkpoint resumed" 2 "--trace .*ckpt.pt is the file of --resume; writing it would replace your input" \
+    train "${tiny[@]}" --steps 4 --resume "$work/ckpt.pt" --trace "$work/ckpt.pt"
+  mkdir -p "$work/fm" && cp /usr/share/datasets/fashion-mnist/* "$work/fm/" 2>/dev/null
+  if [ -f "$work/fm/t10k-images-idx3-ubyte.gz" ]; then
+    run "6. --save onto a file of --data-dir" 2 "--save .*t10k-images-idx3-ubyte.gz is a file of --data-dir .*, the data set's folder" \
+      train "${tiny[@]}" --data-dir "$work/fm" --save "$work/fm/t10k-images-idx3-ubyte.gz"
+  fi
   # A checkpoint with 16 bytes overwritten in its middle: refused by its digest.
   cp "$work/ckpt.pt" "$work/corrupt.pt"
   printf 'XXXXXXXXXXXXXXXX' | dd of="$work/corrupt.pt" bs=1 seek=$(($(stat -c %s "$work/ckpt.pt") / 2)) conv=notrunc 2>/dev/null
@@ -369,6 +376,8 @@ if part bench_plan; then  # cost 14
   # 13. Hangs: what would compute for minutes and print hundreds of megabytes is refused at once, with the limit.
   run "13. gpipe plan of 65536 devices and 10^4 layers" 2 "the search would simulate [0-9]+ stage x micro-batch pairs .* more than the 4194304" \
     plan --layers 10000 --width 1024 --heads 16 --ffn 4096 --vocab 32000 --seq 512 --devices 65536 --batch 65536
+  run "13. gpipe plan of 4096 stages x 1024 micro-batches" 2 "narrow it with --stages \(the K to consider\), --micro-batches" \
+    plan --layers 4096 --width 64 --heads 4 --ffn 128 --vocab 100 --seq 16 --devices 4096 --batch 1000000 --stages 4096 --micro-batches 1024
   run "13. gpipe schedule at K=2048, M=1024" 2 "2097152 stage x micro-batch pairs; gpipe schedule shows at most 65536" \
     schedule --stages 2048 --micro-batches 1024
 

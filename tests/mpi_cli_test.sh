@@ -137,7 +137,7 @@ if part resume; then  # cost 43
   else fail "--per-device-files save/resume"; fi
 fi
 
-if part errors; then  # cost 49
+if part errors; then  # cost 53
   # The files of the resume part: one whole file and per-device files, both of step 4.
   bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/ckpt.pt" >/dev/null 2>&1
   bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/split.pt" --per-device-files >/dev/null 2>&1
@@ -167,6 +167,13 @@ if part errors; then  # cost 49
     bash "$mpirun_sh" 1 "$gpipe" train "${small[@]}" --micro-batches 4 : -np 1 "$gpipe" train "${small[@]}" --micro-batches 8
   if [ "$(grep -c 'different settings' "$work/err.out")" = 1 ]; then pass "the settings error, the same on both ranks, is printed once"
   else fail "settings error printed $(grep -c 'different settings' "$work/err.out") times"; cat "$work/err.out"; fi
+  expect_error "a flag one rank alone was given" "rank 0 has no --lr, rank 1 has --lr = 0.01" \
+    bash "$mpirun_sh" 1 "$gpipe" train "${small[@]}" : -np 1 "$gpipe" train "${small[@]}" --lr 0.01
+  # The same settings in another order, or written --flag=value, are the same settings.
+  if bash "$mpirun_sh" 1 "$gpipe" train "${small[@]}" --steps 1 --seed 3 --micro-batches 4 \
+       : -np 1 "$gpipe" train --micro-batches=4 --seed=3 --steps 1 "${small[@]}" >"$work/order.out" 2>"$work/order.err"
+  then pass "flags in another order and --flag=value: the same settings"
+  else fail "flags in another order: $(tail -3 "$work/order.err")"; fi
   expect_error "a usage error under mpirun" "gpipe: --betas: takes 2 values separated by commas (got 3)" \
     bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --betas 0.9,0.99,0.5
   if [ "$(grep -c -- '--betas' "$work/err.out")" = 1 ] && ! grep -q "\[rank" "$work/err.out"; then

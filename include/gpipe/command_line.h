@@ -12,8 +12,9 @@ namespace gpipe {
 std::string command_line(int argc, char** argv);
 
 /// The command line (after the program's name) as the settings every rank of a job must share
-/// (check_same_settings, job.h): every word, in order, named by itself when it is a flag and by the
-/// flag before it when it is a value ("--micro-batches" = "8"; "word 1" = "train").
+/// (check_same_settings, job.h): each flag with its values ("--micro-batches" = "8", the same for
+/// --micro-batches=8; a flag alone = ""), the words before any flag by place ("word 1" = "train"),
+/// sorted by name, so that the order in which flags are given does not matter.
 std::vector<std::pair<std::string, std::string>> settings_of_command_line(int argc, char** argv);
 
 /// Of `names`, the one nearest to `word` in edits (insertions, deletions, substitutions), for

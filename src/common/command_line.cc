@@ -14,13 +14,22 @@ std::string command_line(int argc, char** argv) {
 
 std::vector<std::pair<std::string, std::string>> settings_of_command_line(int argc, char** argv) {
   std::vector<std::pair<std::string, std::string>> settings;
+  int positional = 0;
+  bool after_flag = false;
   for (int i = 1; i < argc; ++i) {
-    const std::string word = argv[i], before = i > 1 ? argv[i - 1] : "";
-    const bool flag = word.rfind("--", 0) == 0;
-    settings.emplace_back(flag ? word.substr(0, word.find('='))
-                          : before.rfind("--", 0) == 0 ? before : "word " + std::to_string(i),
-                          flag && word.find('=') != std::string::npos ? word.substr(word.find('=') + 1) : word);
+    const std::string word = argv[i];
+    if (word.size() > 2 && word.rfind("--", 0) == 0) {  // --flag, --flag=value
+      const size_t equals = word.find('=');
+      settings.emplace_back(word.substr(0, equals), equals == std::string::npos ? "" : word.substr(equals + 1));
+      after_flag = true;
+    } else if (after_flag) {  // a value of the flag before
+      std::string& value = settings.back().second;
+      value += (value.empty() ? "" : " ") + word;
+    } else {
+      settings.emplace_back("word " + std::to_string(++positional), word);
+    }
   }
+  std::stable_sort(settings.begin(), settings.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return settings;
 }
 

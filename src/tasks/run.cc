@@ -255,12 +255,19 @@ void check_settings(const TrainSettings& s) {
            std::filesystem::weakly_canonical(a, error) == std::filesystem::weakly_canonical(b, error);
   };
   using Named = std::pair<std::string, std::string>;
-  for (const auto& [output, path] : {Named{"save", s.save}, {"trace", s.trace}, {"samples", s.samples}})
-    for (const auto& [input, other] : {Named{"data", s.data}, {"model", s.model}, {"trace", s.trace},
-                                       {"samples", s.samples}})
-      GPIPE_CHECK(output == input || !same_file(path, other), "`", output, "` ", path, " is the file of `", input,
-                  "`; writing it would replace ", input == "trace" || input == "samples" ? "that output" : "your input",
-                  ": give another path");
+  for (const auto& [output, path] : {Named{"save", s.save}, {"trace", s.trace}, {"samples", s.samples}}) {
+    for (const auto& [input, other] : {Named{"data", s.data}, {"model", s.model}, {"resume", s.resume},
+                                       {"trace", s.trace}, {"samples", s.samples}})
+      GPIPE_CHECK(output == input || (output == "save" && input == "resume") || !same_file(path, other), "`",
+                  output, "` ", path, " is the file of `", input, "`; writing it would replace ",
+                  input == "trace" || input == "samples" ? "that output" : "your input", ": give another path");
+    // Nor a file of the data set's folder (read when no `data` file is given).
+    std::error_code error;
+    const bool in_data_dir = s.data.empty() && !path.empty() && std::filesystem::is_regular_file(path, error) &&
+                             same_file(std::filesystem::absolute(path, error).parent_path().string(), s.data_dir);
+    GPIPE_CHECK(!in_data_dir, "`", output, "` ", path, " is a file of `data_dir` ", s.data_dir,
+                ", the data set's folder; writing it would replace your input: give another path");
+  }
   // The single checkpoint file and the trace are written by the first rank; per-device files are
   // checked where they are written, once the devices are placed.
   for (const auto& [name, path] : {Named{"save", s.per_device_files ? "" : s.save}, {"trace", s.trace},

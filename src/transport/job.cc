@@ -11,7 +11,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <set>
 #include <stdexcept>
+#include <string>
 
 #include <unistd.h>
 
@@ -78,16 +81,28 @@ int replicas_of(int devices) {
 
 void check_same_settings(const std::vector<std::pair<std::string, std::string>>& settings, const std::string& fix) {
   if (!job().distributed) return;
+  // Each name's values (a name given twice keeps both, in order), compared by name: the order in which
+  // settings were given does not matter.
+  auto by_name = [](const std::vector<std::pair<std::string, std::string>>& list) {
+    std::map<std::string, std::string> out;
+    for (const auto& [name, value] : list) out[name] += (out.count(name) ? ", " : "") + value;
+    return out;
+  };
   const std::vector<std::string> all = gather_all(joined(settings));
-  const auto first = split(all[0]);
+  const auto first = by_name(split(all[0]));
   for (size_t r = 1; r < all.size(); ++r) {
-    const auto theirs = split(all[r]);
-    for (size_t n = 0; n < std::max(first.size(), theirs.size()); ++n) {
-      const std::string mine = n < first.size() ? first[n].first + " = " + first[n].second : "nothing more";
-      const std::string other = n < theirs.size() ? theirs[n].first + " = " + theirs[n].second : "nothing more";
-      GPIPE_CHECK(mine == other, "the ranks were started with different settings: rank 0 has ", mine, ", rank ", r,
-                  " has ", n < theirs.size() && n < first.size() && first[n].first == theirs[n].first
-                               ? theirs[n].second : other, "; ", fix);
+    const auto theirs = by_name(split(all[r]));
+    std::set<std::string> names;
+    for (const auto& [name, value] : first) names.insert(name);
+    for (const auto& [name, value] : theirs) names.insert(name);
+    for (const std::string& name : names) {
+      const auto mine = first.find(name), other = theirs.find(name);
+      if (mine != first.end() && other != theirs.end() && mine->second == other->second) continue;
+      const std::string shown_mine = mine == first.end() ? "no " + name : name + " = " + mine->second;
+      const std::string shown_other = other == theirs.end() ? "no " + name
+                                      : mine == first.end() ? name + " = " + other->second : other->second;
+      GPIPE_CHECK(false, "the ranks were started with different settings: rank 0 has ", shown_mine, ", rank ", r,
+                  " has ", shown_other, "; ", fix);
     }
   }
 }
