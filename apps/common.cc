@@ -35,7 +35,8 @@ std::string in_flags(const std::string& message) {
       {"augment", "--augment"}, {"balance_by", "--balance-by"}, {"tie_embeddings", "--tie-embeddings"},
       {"model", "--model"}, {"verbose", "--verbose"}, {"deferred_batch_norm=false", "--batch-norm per-micro-batch"},
       {"input_shape", "--input-shape"}, {"workload", "--workload"}, {"layers", "--layers"}, {"width", "--width"},
-      {"data", "--data"}, {"samples", "--samples"}, {"prompt", "--prompt"}, {"trace", "--trace"}};
+      {"data", "--data"}, {"train_samples", "--train-samples"}, {"test_samples", "--test-samples"},
+      {"samples", "--samples"}, {"prompt", "--prompt"}, {"trace", "--trace"}};
   std::string out;
   size_t at = 0;
   while (at < message.size()) {

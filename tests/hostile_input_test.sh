@@ -233,6 +233,12 @@ if part outputs; then  # cost 23
     train --model "$work/model.pt" --data "$work/data.pt" --loss mse --save "$work/data.pt"
   run "6. --save and --trace one file" 2 "--save .*same.json is the file of --trace" \
     train "${tiny[@]}" --save "$work/same.json" --trace "$work/same.json"
+  run "6. --trace with --epochs 0" 2 "--epochs 0 trains nothing, so there is no step for --trace to draw" \
+    train "${tiny[@]}" --resume "$work/ckpt.pt" --epochs 0 --trace "$work/none.json"
+  run "6. --train-samples for a workload" 2 "--model tiny trains on its own random batch: --train-samples, --test-samples and --data-dir" \
+    train --model tiny --train-samples 64 --steps 1
+  run "6. --data-dir with --data" 2 "--data-dir is the folder of a built-in data set, which --data .* replaces" \
+    train --model "$work/model.pt" --data "$work/data.pt" --loss mse --data-dir /nonexistent
   run "6. --trace onto the checkpoint resumed" 2 "--trace .*ckpt.pt is the file of --resume; writing it would replace your input" \
     train "${tiny[@]}" --steps 4 --resume "$work/ckpt.pt" --trace "$work/ckpt.pt"
   mkdir -p "$work/fm" && cp /usr/share/datasets/fashion-mnist/* "$work/fm/" 2>/dev/null

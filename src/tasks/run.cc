@@ -310,6 +310,14 @@ void apply_task(TrainSettings& s, const Task& task) {
               "mpirun with `save` FILE, then run gpipe train `model` gpt `resume` FILE `epochs` 0 `bytes` N without mpirun");
   GPIPE_CHECK(!s.epochs_given || s.epochs != 0 || s.save.empty(), "`epochs` 0 trains nothing, so `save` would write "
               "the checkpoint it resumed; leave out `save`");
+  GPIPE_CHECK(!s.epochs_given || s.epochs != 0 || s.trace.empty(), "`epochs` 0 trains nothing, so there is no "
+              "step for `trace` to draw; leave out `trace`");
+  // Settings of a data set that this run would not read.
+  GPIPE_CHECK(!task.workload || (s.train_samples == 0 && s.test_samples == 0 && !s.data_dir_given), "`model` ",
+              s.model, " trains on its own random batch: `train_samples`, `test_samples` and `data_dir` are for the "
+              "tasks with a data set; leave them out");
+  GPIPE_CHECK(s.data.empty() || !s.data_dir_given, "`data_dir` is the folder of a built-in data set, which `data` ",
+              s.data, " replaces; leave out `data_dir`");
   GPIPE_CHECK(s.samples.empty() || task.metric == Metric::kPsnr, "`samples` writes a picture of denoised test "
               "images: it is for `model` unet");
   GPIPE_CHECK(s.samples.empty() || (s.samples.size() >= 5 && has_extension(s.samples, ".png")), "`samples` ",
