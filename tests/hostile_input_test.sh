@@ -206,10 +206,13 @@ if part outputs; then  # cost 23
 
   # 6. Outputs checked before training, with the OS's reason; a failed trace keeps the summary; a
   # failed write to standard output is an error.
-  run "6. --save into a missing folder" 2 "--save: cannot write $work/no/such/dir/x.pt: No such file or directory" \
+  run "6. --save into a missing folder" 2 "--save: cannot write $work/no/such/dir/x.pt: $work/no/such/dir does not exist; give a path in a folder that exists \(mkdir -p" \
     train "${tiny[@]}" --save "$work/no/such/dir/x.pt"
-  run "6. --trace into a missing folder" 2 "--trace: cannot write .*: No such file or directory" \
+  run "6. --trace into a missing folder" 2 "--trace: cannot write .*: .* does not exist; give a path in a folder that exists" \
     train "${tiny[@]}" --trace "$work/no/such/dir/t.json"
+  touch "$work/plain"
+  run "6. --save under a file" 2 "--save: cannot write $work/plain/x.pt: $work/plain is not a folder" \
+    train "${tiny[@]}" --save "$work/plain/x.pt"
   if [ "$(id -u)" -ne 0 ]; then
     mkdir "$work/locked" && chmod 500 "$work/locked"
     run "6. --save into a read-only folder" 2 "Permission denied" train "${tiny[@]}" --save "$work/locked/x.pt"

@@ -143,7 +143,11 @@ void check_writable(const std::string& path) {
     return;
   }
   const fs::path folder = fs::absolute(target).parent_path();
-  if (!fs::is_directory(folder)) fail("write", path, ENOENT);
+  std::error_code error;
+  if (!fs::is_directory(folder, error))
+    throw std::runtime_error("gpipe: cannot write " + path + ": " + folder.string() +
+                             (fs::exists(folder, error) ? " is not a folder" : " does not exist") +
+                             "; give a path in a folder that exists (mkdir -p " + folder.string() + ")");
   if (::access(folder.c_str(), W_OK | X_OK) != 0) fail("write", path, errno);
   // access() says yes to root everywhere, and to folders that take no new files (/proc, a read-only
   // mount): create the temporary file a write would create, then remove it.
