@@ -96,7 +96,7 @@ int run(const PlanOptions& o) {
                   std::to_string(kMostPlannedBlocks) + ")");
   }
   PlanSearch search = plan_search_of(o.devices, memory, o.batch, o.schedules, o.checkpoints, o.stages, o.micro_batches);
-  or_usage_error("--stages", [&] { search.check(); });
+  search.check();
   PlannedModel m = by_shape ? or_usage_error("the Transformer", [&] {
     return plan_model_of(o.transformer, DeviceSpec{o.flops}, o.optimizer);
   }) : profiled_model(o);

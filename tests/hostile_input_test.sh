@@ -385,6 +385,8 @@ if part bench_plan; then  # cost 14
   # 13. Hangs: what would compute for minutes and print hundreds of megabytes is refused at once, with the limit.
   run "13. gpipe plan of 65536 devices and 10^4 layers" 2 "the search would simulate [0-9]+ stage x micro-batch pairs .* more than the 4194304" \
     plan --layers 10000 --width 1024 --heads 16 --ffn 4096 --vocab 32000 --seq 512 --devices 65536 --batch 65536
+  run "13. gpipe plan --micro-batches 2,2" 2 "^gpipe: --micro-batches lists 2 twice; give each value once" \
+    plan --workload mlp --devices 2 --batch 8 --micro-batches 2,2
   run "13. gpipe plan of 4096 stages x 1024 micro-batches" 2 "narrow it with --stages \(the K to consider\), --micro-batches" \
     plan --layers 4096 --width 64 --heads 4 --ffn 128 --vocab 100 --seq 16 --devices 4096 --batch 1000000 --stages 4096 --micro-batches 1024
   run "13. gpipe schedule at K=2048, M=1024" 2 "2097152 stage x micro-batch pairs; gpipe schedule shows at most 65536" \

@@ -112,7 +112,12 @@ TEST(PlannerTest, RefusesWhatNoConfigurationCanRun) {
   PlanSearch search = search_of(int64_t{1} << 30);
   search.stages = {3};
   expect_invalid([&] { search_plans(costs, search); }, "K = 3 devices per pipeline does not divide the 8 devices");
+  search.stages = {2, 4, 2};
+  expect_invalid([&] { search_plans(costs, search); }, "`stages` lists 2 twice; give each value once");
   search.stages = {2};
+  search.schedules = {ScheduleKind::kGPipe, ScheduleKind::kGPipe};
+  expect_invalid([&] { search_plans(costs, search); }, "`schedule` lists gpipe twice");
+  search.schedules = {ScheduleKind::kGPipe};
   search.micro_batches = {32};  // 4 replicas of 16 rows
   expect_invalid([&] { search_plans(costs, search); }, "M = 32 micro-batches is more than the 16 rows");
   search = search_of(int64_t{1} << 30);

@@ -5,7 +5,9 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 namespace at {
 class Tensor;
@@ -55,3 +57,17 @@ std::string concat(Args&&... args) {
           ::gpipe::detail::concat(__VA_ARGS__));                            \
     }                                                                       \
   } while (false)
+
+namespace gpipe {
+
+/// Throws std::invalid_argument unless each of `values` (an option's list, named `name`) is listed
+/// once: a value listed twice would run or plan its configurations twice.
+template <typename T>
+void check_listed_once(const std::vector<T>& values, const std::string& name) {
+  for (size_t i = 0; i < values.size(); ++i)
+    GPIPE_CHECK(std::find(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(i), values[i]) ==
+                    values.begin() + static_cast<std::ptrdiff_t>(i),
+                "`", name, "` lists ", values[i], " twice; give each value once");
+}
+
+}  // namespace gpipe

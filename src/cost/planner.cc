@@ -66,9 +66,17 @@ void PlanSearch::check() const {
   GPIPE_CHECK(blocks >= 0 && lead >= 0 && tail >= 0, "lead, blocks and tail must be 0 or more (got ", lead, ", ",
               blocks, ", ", tail, ")");
   for (int K : stages)
-    GPIPE_CHECK(K >= 1 && devices % K == 0, "K = ", K, " devices per pipeline does not divide the ", devices,
-                " devices; the cluster must be a whole number of K-device pipelines");
+    GPIPE_CHECK(K >= 1 && devices % K == 0, "`stages` ", K, ": K = ", K, " devices per pipeline does not divide the ",
+                devices, " devices; the cluster must be a whole number of K-device pipelines");
   for (int M : micro_batches) GPIPE_CHECK(M >= 1, "M must be at least 1 (got ", M, ")");
+  check_listed_once(stages, "stages");
+  check_listed_once(micro_batches, "micro_batches");
+  std::vector<std::string> names;
+  for (ScheduleKind kind : schedules) names.push_back(to_string(kind));
+  check_listed_once(names, "schedule");
+  names.clear();
+  for (Checkpoint mode : checkpoints) names.push_back(to_string(mode));
+  check_listed_once(names, "checkpoint");
 }
 
 namespace {

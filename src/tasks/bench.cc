@@ -235,14 +235,6 @@ BenchRow row_of(const Contender& c, const Contender* unsplit, const Contender* o
   return r;
 }
 
-// A value listed twice would run its configurations twice, their rows under one name.
-template <typename T>
-void check_listed_once(const std::vector<T>& values, const std::string& name) {
-  for (size_t i = 0; i < values.size(); ++i)
-    GPIPE_CHECK(std::find(values.begin(), values.begin() + i, values[i]) == values.begin() + i, "`", name,
-                "` lists ", values[i], " twice; give each value once");
-}
-
 }  // namespace
 
 void check_bench(const BenchSweep& o) {

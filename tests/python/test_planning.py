@@ -206,6 +206,9 @@ def test_errors_are_value_errors_in_python_words():
     refused("task must be one of", gpipe.plan, task="nope", devices=2, batch=8)
     refused("speed must be a finite number above 0", gpipe.plan, m, x, devices=2, batch=8, speed=0)
     refused("K = 3 devices per pipeline does not divide", gpipe.plan, m, x, devices=2, batch=8, stages=[3])
+    refused("micro_batches lists 2 twice; give each value once", gpipe.plan, m, x, devices=2, batch=8,
+            micro_batches=[2, 2])
+    refused("schedules lists gpipe twice", gpipe.plan, m, x, devices=2, batch=8, schedules=["gpipe", "gpipe"])
     refused("no configuration fits: .*; try .*or devices with more memory", gpipe.plan, m, x, devices=2, batch=8,
             memory_per_device=1000)
     refused("model must be a torch.nn.Sequential", gpipe.profile, torch.nn.Linear(3, 3), x)
