@@ -173,6 +173,41 @@ TEST(TasksTest, AutoIsTheFastestPredictedConfigurationOfWhatIsLeftOpen) {
   EXPECT_EQ(resolve_run(find_task("cnn"), {2, 4, "task"}).schedule, "interleaved");
 }
 
+// A training run's "auto": prepare_training profiles the model once and its settings take the choice;
+// M given stays, M left open is chosen; the plan is the choice's.
+TEST(TasksTest, TrainingRunsTheScheduleAutoChose) {
+  for (const bool m_given : {false, true}) {
+    SCOPED_TRACE(m_given);
+    TrainSettings s;
+    s.model = "tiny";
+    s.schedule = "auto";
+    s.micro_batches = 2;
+    s.micro_batches_given = m_given;
+    s.batch_size = 32;
+    s.batch_size_given = true;
+    const Task known = known_task(s);
+    resolve_training(s, known);
+    EXPECT_EQ(s.schedule, "auto");  // chosen once the model and data are read
+    const TrainingRun run = prepare_training(s, known);
+    ASSERT_TRUE(run.choice.has_value());
+    EXPECT_EQ(s.schedule, to_string(run.choice->schedule));
+    EXPECT_EQ(s.micro_batches, run.choice->micro_batches);
+    EXPECT_EQ(s.virtual_stages, run.choice->virtual_stages);
+    EXPECT_EQ(run.plan.schedule, run.choice->schedule);
+    EXPECT_EQ(run.plan.balance, run.choice->balance);
+    EXPECT_EQ(run.plan.devices, 2);
+    if (m_given) EXPECT_EQ(s.micro_batches, 2);
+    EXPECT_EQ(run.choice->chose_micro_batches, !m_given);
+  }
+  TrainSettings own;  // the default: the task's own, no profile
+  own.train_samples = 256;
+  own.test_samples = 10;
+  const Task cnn = known_task(own);
+  resolve_training(own, cnn);
+  EXPECT_EQ(own.schedule, "interleaved");
+  EXPECT_FALSE(prepare_training(own, cnn).choice.has_value());
+}
+
 // A score is formatted in one place, with its unit and its references, after an epoch and in the summary.
 TEST(TasksTest, ScoresWithTheirUnitsAndReferences) {
   TaskData data;
