@@ -113,8 +113,13 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
       ->delimiter(',')->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
   sub->add_option("--schedule", w.schedules,
                   "schedules to sweep: gpipe (fill-drain), 1f1b, interleaved (with --virtual-stages), zb1p, zbv or v-half; "
-                  "each later one is also compared with the first, step by step")
-      ->delimiter(',')->check(CLI::IsMember(schedule_names()))->capture_default_str();
+                  "each later one is also compared with the first, step by step; auto: at each K and M, the schedule and "
+                  "V predicted fastest from bench's profile (row auto:NAME; under mpirun the task's own)")
+      ->delimiter(',')->check(CLI::IsMember([] {
+        std::vector<std::string> names = schedule_names();
+        names.push_back("auto");
+        return names;
+      }()))->capture_default_str();
   sub->add_option("--virtual-stages", w.virtual_stages,
                   "V, stages per device of the interleaved schedule (default 2; zbv and v-half always run 2)")
       ->check(in_range(2, 64, /*whole=*/true));

@@ -193,8 +193,12 @@ void add_plan_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--optimizer", o->optimizer, "sgd, momentum or adam: the state kept per parameter")
       ->check(CLI::IsMember({"sgd", "momentum", "adam"}))->capture_default_str();
   sub->add_option("--batch", o->batch, "the global batch, rows per step")->required()->check(at_least(1, kMostInt64));
-  sub->add_option("--schedule", o->schedules, "schedules to consider")
-      ->delimiter(',')->check(CLI::IsMember(schedule_names()))->capture_default_str();
+  sub->add_option("--schedule", o->schedules, "schedules to consider (auto: every one)")
+      ->delimiter(',')->check(CLI::IsMember([] {
+        std::vector<std::string> names = schedule_names();
+        names.push_back("auto");
+        return names;
+      }()))->capture_default_str();
   sub->add_option("--checkpoint", o->checkpoints, "checkpoint modes to consider")
       ->delimiter(',')->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
   sub->add_option("--stages", o->stages, "pipeline depths K to consider (default: every divisor of --devices)")

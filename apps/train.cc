@@ -16,7 +16,8 @@ int run_train(TrainOptions o) {
   const Task known = known_task(o);
   o.seed = parse_seed(o.seed_text);
   resolve_training(o, known);
-  const TrainingRun c = prepare_training(o, known);
+  const TrainingRun c = prepare_training(o, known);  // with --schedule auto, `o` takes the choice
+  if (c.choice && !o.json && job().prints()) std::cout << format_choice(*c.choice) << "\n";
   if (c.cost && !o.json && job().prints())
     std::cout << "balance by " << o.balance_by << ":\n" << format_plan(c.cost->plan, c.cost->unit);
   return train_and_report(o, c);

@@ -47,6 +47,12 @@ nlohmann::json summary_json(const TrainOptions& o, const TrainingRun& c, const R
   } else {
     j["betas"] = o.betas;
   }
+  if (c.choice) {
+    const double measured = s.figures.steps > 0 ? s.figures.train_seconds / static_cast<double>(s.figures.steps) : 0.0;
+    j["auto"] = {{"predicted_step_s", c.choice->predicted.step_s}, {"predicted_bubble", c.choice->predicted.bubble},
+                 {"measured_step_s", measured}, {"measured_bubble", s.figures.bubble},
+                 {"configurations", c.choice->considered}, {"fits", c.choice->fits}};
+  }
   if (job().distributed) j["mpi"] = {{"ranks", job().size}, {"replicas", s.replicas}};
   for (const auto& [name, value] : s.scores) j[name] = value;
   if (c.task.metric == Metric::kBitsPerByte) {
@@ -77,7 +83,8 @@ void print_summary(const TrainOptions& o, const TrainingRun& c, const RunSummary
     std::cout << "  no step ran: the checkpoint file is at step " << s.steps << ", and the run ends at step "
               << s.total_steps << "\n";
   std::cout << "  " << format_score(c.task.metric, s.evaluation, c.data, /*summary=*/true) << "\n"
-            << format_run_figures(s.figures) << std::flush;
+            << format_run_figures(s.figures) << (c.choice ? format_choice_measured(*c.choice, s.figures) : "")
+            << std::flush;
   if (!saved_to.empty()) std::cout << "  saved to       " << saved_to << std::endl;
 }
 

@@ -84,6 +84,37 @@ PY
   else fail "--balance-by with --virtual-stages"; fi
 fi
 
+if part auto; then  # cost 12
+  # --schedule auto: the schedule, V, M and cut predicted fastest, printed with its prediction, and after
+  # the run the measured step and bubble next to it; a given --micro-batches is kept.
+  if "$gpipe" train --train-samples 256 --test-samples 100 --steps 3 --schedule auto >"$work/auto.txt" 2>/dev/null &&
+     grep -Eq "^schedule auto: [a-z0-9-]+( \(V=2\))?, M=[0-9]+, cut \[[0-9, ]+\]: predicted step [0-9.]+ ms, bubble [0-9.]+% \(the fastest of [0-9]+ configurations predicted\)" "$work/auto.txt" &&
+     grep -Eq "^  auto's choice  .*: step [0-9.]+ ms predicted, [0-9.]+ ms measured; bubble [0-9.]+% predicted, [0-9.]+% measured" "$work/auto.txt"; then
+    pass "train --schedule auto prints its choice, predicted, and measured after the run"
+  else fail "train --schedule auto"; cat "$work/auto.txt"; fi
+  if "$gpipe" train --train-samples 256 --test-samples 100 --steps 2 --schedule auto --micro-batches 2 --json \
+       >"$work/auto.json" 2>/dev/null &&
+     /usr/bin/python3 - "$work/auto.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+a = s["auto"]
+assert s["micro_batches"] == 2 and s["schedule"] != "auto", (s["micro_batches"], s["schedule"])
+assert a["predicted_step_s"] > 0 and a["measured_step_s"] > 0 and 0 <= a["predicted_bubble"] < 1, a
+assert 0 <= a["measured_bubble"] < 1 and a["configurations"] >= 1 and sum(s["balance"]) == 11, a
+PY
+  then pass "train --schedule auto --micro-batches 2 keeps M; --json has predicted and measured"
+  else fail "train --schedule auto --micro-batches 2 --json"; cat "$work/auto.json"; fi
+  # gpipe bench and gpipe plan take auto too.
+  if "$gpipe" bench --workload tiny --stages 2 --micro-batches 4 --schedule auto --steps 1 --warmup 0 --json \
+       >"$work/auto_bench.jsonl" 2>"$work/auto_bench.err" && grep -q '"schedule":"auto:' "$work/auto_bench.jsonl"; then
+    pass "gpipe bench --schedule auto: a row of the schedule chosen"
+  else fail "gpipe bench --schedule auto"; cat "$work/auto_bench.err" "$work/auto_bench.jsonl"; fi
+  if "$gpipe" plan --workload tiny --devices 2 --batch 32 --schedule auto --json --all >"$work/auto_plan.jsonl" 2>"$work/auto_plan.err" &&
+     grep -q '"schedule":"zbv"' "$work/auto_plan.jsonl" && grep -q '"schedule":"gpipe"' "$work/auto_plan.jsonl"; then
+    pass "gpipe plan --schedule auto: every schedule"
+  else fail "gpipe plan --schedule auto"; cat "$work/auto_plan.err"; fi
+fi
+
 if part resume; then  # cost 21
   # Save and resume: a run stopped at step 14 and resumed ends where an unbroken run of 25 steps ends
   # (Adam state, shuffling, dropout streams and all); bad checkpoints fail clearly and change nothing.

@@ -115,6 +115,99 @@ TEST(TasksTest, PipelineOptionsOfARunRequest) {
   EXPECT_EQ(resolve_run(Task(), {2, 4, "zbv"}).virtual_stages, 2);
 }
 
+// "auto" chooses by prediction: the first of search_plans at the run's K, batch and checkpoint mode,
+// over what the request leaves open (the schedule and V; M unless given; the cut unless given). The
+// same costs give the same choice; what is given stays; "auto" not chosen (under MPI) is the task's own.
+TEST(TasksTest, AutoIsTheFastestPredictedConfigurationOfWhatIsLeftOpen) {
+  const PlannedModel model = plan_model_of(find_task("tiny"));
+  const int64_t batch = 32, memory = int64_t{1} << 40;
+  RunRequest open{2, 4, "auto"};
+  open.micro_batches_given = false;
+  const ScheduleChoice choice = choose_schedule(model.costs, open, batch, Checkpoint::kNever, memory);
+  PlanSearch search;
+  search.devices = 2;
+  search.stages = {2};
+  search.memory_per_device = memory;
+  search.batch = batch;
+  search.checkpoints = {Checkpoint::kNever};
+  const std::vector<PlanCandidate> found = search_plans(model.costs, search);
+  ASSERT_GT(found.size(), 6u);
+  EXPECT_EQ(choice.schedule, found.front().schedule);
+  EXPECT_EQ(choice.micro_batches, found.front().micro_batches);
+  EXPECT_EQ(choice.virtual_stages, found.front().virtual_stages);
+  EXPECT_EQ(choice.balance, found.front().balance);
+  EXPECT_EQ(choice.predicted.step_s, found.front().predicted.step_s);
+  EXPECT_EQ(choice.considered, static_cast<int>(found.size()));
+  EXPECT_TRUE(choice.fits && choice.chose_micro_batches);
+  for (const PlanCandidate& c : found) EXPECT_GE(c.step_s, found.front().step_s);
+  const ScheduleChoice again = choose_schedule(model.costs, open, batch, Checkpoint::kNever, memory);
+  EXPECT_EQ(again.schedule, choice.schedule);
+  EXPECT_EQ(again.micro_batches, choice.micro_batches);
+  EXPECT_EQ(again.balance, choice.balance);
+  // A given M, V or cut stays; the schedule is chosen among those that take them.
+  RunRequest m = open;
+  m.micro_batches = 8;
+  m.micro_batches_given = true;
+  EXPECT_EQ(choose_schedule(model.costs, m, batch, Checkpoint::kNever, memory).micro_batches, 8);
+  RunRequest v = open;
+  v.virtual_stages = 2;
+  const ScheduleChoice two = choose_schedule(model.costs, v, batch, Checkpoint::kNever, memory);
+  EXPECT_EQ(two.virtual_stages, 2);
+  EXPECT_GT(default_virtual_stages(two.schedule), 1);
+  RunRequest given = open;
+  given.devices = 0;
+  given.balance = {1, model.costs.layer_count() - 1};
+  const ScheduleChoice cut = choose_schedule(model.costs, given, batch, Checkpoint::kNever, memory);
+  EXPECT_EQ(cut.balance, given.balance);
+  EXPECT_EQ(cut.devices, 2);
+  EXPECT_EQ(cut.virtual_stages, 1);
+  // The choice as a run takes it, and in words.
+  const RunRequest chosen = with_choice(open, choice);
+  const PipelineOptions options = pipeline_options_of(find_task("tiny"), chosen);
+  EXPECT_EQ(options.schedule(), choice.schedule);
+  EXPECT_EQ(options.micro_batches(), choice.micro_batches);
+  EXPECT_EQ(make_plan(model.costs.layer_count(), options).balance, choice.balance);
+  EXPECT_EQ(format_choice(choice).rfind("schedule auto: " + to_string(choice.schedule), 0), 0u) << format_choice(choice);
+  // Where nothing profiles the model, "auto" is the task's own.
+  EXPECT_EQ(pipeline_options_of(find_task("cnn"), {2, 4, "auto"}).schedule(), ScheduleKind::kInterleaved);
+  EXPECT_EQ(resolve_run(find_task("cnn"), {2, 4, "task"}).schedule, "interleaved");
+}
+
+// A training run's "auto": prepare_training profiles the model once and its settings take the choice;
+// M given stays, M left open is chosen; the plan is the choice's.
+TEST(TasksTest, TrainingRunsTheScheduleAutoChose) {
+  for (const bool m_given : {false, true}) {
+    SCOPED_TRACE(m_given);
+    TrainSettings s;
+    s.model = "tiny";
+    s.schedule = "auto";
+    s.micro_batches = 2;
+    s.micro_batches_given = m_given;
+    s.batch_size = 32;
+    s.batch_size_given = true;
+    const Task known = known_task(s);
+    resolve_training(s, known);
+    EXPECT_EQ(s.schedule, "auto");  // chosen once the model and data are read
+    const TrainingRun run = prepare_training(s, known);
+    ASSERT_TRUE(run.choice.has_value());
+    EXPECT_EQ(s.schedule, to_string(run.choice->schedule));
+    EXPECT_EQ(s.micro_batches, run.choice->micro_batches);
+    EXPECT_EQ(s.virtual_stages, run.choice->virtual_stages);
+    EXPECT_EQ(run.plan.schedule, run.choice->schedule);
+    EXPECT_EQ(run.plan.balance, run.choice->balance);
+    EXPECT_EQ(run.plan.devices, 2);
+    if (m_given) EXPECT_EQ(s.micro_batches, 2);
+    EXPECT_EQ(run.choice->chose_micro_batches, !m_given);
+  }
+  TrainSettings own;  // the default: the task's own, no profile
+  own.train_samples = 256;
+  own.test_samples = 10;
+  const Task cnn = known_task(own);
+  resolve_training(own, cnn);
+  EXPECT_EQ(own.schedule, "interleaved");
+  EXPECT_FALSE(prepare_training(own, cnn).choice.has_value());
+}
+
 // A score is formatted in one place, with its unit and its references, after an epoch and in the summary.
 TEST(TasksTest, ScoresWithTheirUnitsAndReferences) {
   TaskData data;

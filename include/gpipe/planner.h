@@ -39,6 +39,14 @@ struct PlanSearch {
   /// tail layers with the last (a stage needs a block). With `blocks` 0, the min-max cut of the
   /// layers' forward + backward time (a stage needs a layer).
   int lead = 0, blocks = 0, tail = 0;
+  /// With `given_cut`, the cut every configuration takes instead of the above: a given balance
+  /// (CutRequest::given, which keeps only the K·V it has entries for), the min-max of other per-layer
+  /// costs (CutRequest::by_cost) or the even cut.
+  bool given_cut = false;
+  CutRequest cut;
+  /// V of the schedules that take several stages per device (interleaved); 0: each schedule's own.
+  /// A schedule that does not take this V is left out.
+  int virtual_stages = 0;
   /// The fewest rows a micro-batch may have: 2 for a model with BatchNorm, which in training
   /// normalizes each micro-batch by its own statistics (one row has none). Configurations whose
   /// smallest micro-batch has fewer are left out.
@@ -53,7 +61,7 @@ struct PlanSearch {
 };
 
 /// A search of `devices` devices of `memory_per_device` bytes each, for a global batch of `batch`
-/// rows, over the schedules and checkpoint modes named (parse_schedule, parse_checkpoint), the
+/// rows, over the schedules (parse_schedule; "auto": every one) and checkpoint modes (parse_checkpoint) named, the
 /// depths `stages` and the micro-batch counts `micro_batches` (empty: PlanSearch's defaults): what
 /// gpipe plan and Python's gpipe.plan ask for. Unchecked: see PlanSearch::check.
 PlanSearch plan_search_of(int devices, int64_t memory_per_device, int64_t batch,

@@ -106,7 +106,7 @@ struct Task {
   /// (PipelineOptions::cut): a tuned cut, its blocks evenly, or the even cut. Unset: the even cut.
   std::function<CutRequest(int devices, ScheduleKind schedule, int virtual_stages)> cut;
   /// The schedule (and V, 0 for its own) this task runs on K `devices` with M micro-batches when
-  /// none is asked for ("auto"). Unset: fill-drain.
+  /// none is asked for ("task"). Unset: fill-drain.
   std::function<std::pair<ScheduleKind, int>(int devices, int micro_batches)> schedule;
   /// kBitsPerByte: bytes a sample holds (the model's context), for generate_text.
   int64_t context = 0;
@@ -172,9 +172,11 @@ std::vector<std::pair<std::string, double>> score_figures(Metric metric, const E
 struct RunRequest {
   int devices = 1;        ///< K; 0 with a given balance: its length divided by V
   int micro_batches = 1;  ///< M
-  /// A schedule's name (schedule_names()), or "auto": the task's own (Task::schedule) when the cut is
-  /// the task's own too, otherwise fill-drain, or interleaved for a V above 1.
-  std::string schedule = "auto";
+  /// A schedule's name (schedule_names()); "task": the task's own (Task::schedule) when the cut is
+  /// the task's own too, otherwise fill-drain, or interleaved for a V above 1; "auto": the fastest
+  /// predicted (choose_schedule), which a front end that profiles the model resolves first (gpipe
+  /// train and bench in one process): left unresolved (under MPI), it is taken as "task".
+  std::string schedule = "task";
   int virtual_stages = 0;     ///< V; 0: the schedule's own (the task's, with its own schedule)
   std::vector<int> balance;   ///< a given cut, K·V entries; empty: none
   /// How the cut is chosen when none is given: "" the task's own (Task::cut); "even" (a workload's
@@ -182,9 +184,11 @@ struct RunRequest {
   /// ("params", "time", "memory"): the min-max cut of `layer_costs`.
   std::string balance_by;
   std::vector<double> layer_costs;  ///< with a cost method: one cost per layer (layer_costs_by)
+  bool micro_batches_given = true;  ///< with "auto": false lets the prediction choose M too
 };
 
-/// `request` with what it leaves to the task decided: the schedule of "auto", the V of 0, and the cut
+/// `request` with what it leaves to the task decided: the schedule of "task" (and of "auto" left
+/// unresolved), the V of 0, and the cut
 /// by "time" of a task whose layers differ in time by 10x (TaskDefaults::cut_by_time) when no cut is
 /// asked for, K is above 1, V is 1 and this is not an MPI job (each rank would profile alone).
 /// Throws std::invalid_argument for an unknown schedule.
@@ -248,6 +252,48 @@ void check_run_data(const Task& task, const TaskData& data, int micro_batches, i
 std::string divergence_error(const Trainer& trainer, const Evaluation& evaluation, const TaskData& data, int epoch,
                              const std::string& resume);
 
+// ---------------------------------------------------------------- the schedule chosen by prediction (run.cc)
+
+/// What "auto" chose: of the configurations a run leaves open, the one predicted fastest (search_plans)
+/// among those that fit.
+struct ScheduleChoice {
+  ScheduleKind schedule = ScheduleKind::kGPipe;
+  int devices = 1, micro_batches = 1, virtual_stages = 1;
+  std::vector<int> balance;  ///< the cut it was predicted with, which the run takes
+  Prediction predicted;      ///< its step and bubble
+  bool fits = true;          ///< false: none fits the memory; this one needs the least
+  int considered = 0;        ///< the configurations predicted
+  bool chose_micro_batches = false;  ///< M was left open
+};
+
+/// The configurations "auto" weighs for `request`, as search_plans predicts them from `costs` (one
+/// replica of K devices on a batch of `batch` rows, the run's `checkpoint`; those that fit first,
+/// fastest first). What the request gives stays: K (`devices`; with a given balance and no K, its
+/// length over V), M (when `micro_batches_given`; else 1, 2, 4, ... up to max(8, 4K) and the
+/// rows), V (when above 0: only the schedules that take it), the cut (a given `balance`, or the
+/// min-max of `layer_costs`; else the min-max of the profiled time, "even" the even cut); the
+/// schedule, and what is left open, is chosen. `memory_per_device` 0: this machine's memory over
+/// K (the devices of one process share it). Throws std::invalid_argument as search_plans does.
+std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const RunRequest& request, int64_t batch,
+                                               Checkpoint checkpoint, int64_t memory_per_device = 0,
+                                               int64_t least_micro_batch_rows = 1);
+
+/// The first of schedule_candidates: the fastest predicted that fits (or, where none fits, the one
+/// that needs the least memory).
+ScheduleChoice choose_schedule(const CostModel& costs, const RunRequest& request, int64_t batch,
+                               Checkpoint checkpoint, int64_t memory_per_device = 0,
+                               int64_t least_micro_batch_rows = 1);
+
+/// `request` as `choice` runs: its schedule, K, M, V and cut (a given balance).
+RunRequest with_choice(RunRequest request, const ScheduleChoice& choice);
+
+/// "schedule auto: zbv (V=2), M=8, cut [3, 2, 2, 3]: predicted step 12.3 ms, bubble 11.4% (the fastest of
+/// 14 configurations predicted)".
+std::string format_choice(const ScheduleChoice& choice);
+/// "  auto's choice  zbv (V=2), M=8: step 12.3 ms predicted, 13.0 ms measured; bubble 11.4% predicted,
+/// 12.0% measured\n", with the measured figures of the run.
+std::string format_choice_measured(const ScheduleChoice& choice, const RunFigures& figures);
+
 // ---------------------------------------------------------------- a training run as asked for (run.cc)
 
 /// A training run of a task as a front end asks for it (gpipe train's flags), each setting by the
@@ -266,9 +312,12 @@ struct TrainSettings {
   std::vector<int> balance;
   std::string balance_by;
   int micro_batches = 4;
+  bool micro_batches_given = true;  ///< false: with `schedule` auto, M is chosen too
   std::string checkpoint = "never", batch_norm = "deferred";
   std::string augment = "auto";   ///< "auto": the task's own (flip for resnet), none otherwise
-  std::string schedule = "auto";  ///< "auto": the task's own (resolve_run)
+  /// "task": the task's own (resolve_run); "auto": chosen by prediction (prepare_training), or the
+  /// task's own under MPI.
+  std::string schedule = "task";
   int virtual_stages = 0;         ///< 0: 2 for the interleaved schedule, 1 for the others
   int64_t batch_size = 128;
   bool drop_last = false, shuffle = true;
@@ -327,6 +376,7 @@ struct TrainingRun {
   PipelineOptions options;
   PipelinePlan plan;
   std::optional<CostBalance> cost;  ///< with `balance_by`: the min-max cut of the measured costs
+  std::optional<ScheduleChoice> choice;  ///< with `schedule` auto (in one process): what was chosen
 };
 
 /// The run `settings` (resolved by resolve_training) ask of `known`: its model and data read and
@@ -334,8 +384,10 @@ struct TrainingRun {
 /// file checked against the model before a profile, and the cut: given, the task's own, or with
 /// `balance_by` the min-max cut of each layer's cost on one micro-batch (in one process). Throws
 /// std::invalid_argument naming the setting (`model`, `data`, `data_dir`, `resume`, the plan's) and
-/// the problem.
-TrainingRun prepare_training(const TrainSettings& settings, const Task& known);
+/// the problem. With `schedule` auto (in one process) the layers are profiled once on one micro-batch
+/// and choose_schedule picks the schedule, V, the cut (unless given) and M (unless given): `settings`
+/// then hold the choice, TrainingRun::choice its prediction; `balance_by` cuts from that profile.
+TrainingRun prepare_training(TrainSettings& settings, const Task& known);
 
 /// --generate: `bytes` bytes sampled one at a time from a byte-level language model: each from the
 /// model's scores for the byte after the last `context` ones, divided by `temperature`, drawn

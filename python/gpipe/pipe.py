@@ -206,7 +206,10 @@ class GPipe:
                    first batch's first micro-batch (until then `balance` is None)
     chunks         M, micro-batches per mini-batch
     checkpoint     re-materialization: "always", "except_last" or "never"
-    schedule       "gpipe" (fill-drain), "1f1b", "interleaved", "zb1p", "zbv" or "v-half" (schedule_names())
+    schedule       "gpipe" (fill-drain), "1f1b", "interleaved", "zb1p", "zbv" or "v-half" (schedule_names()),
+                   or "auto": on the first batch the layers are profiled on its first micro-batch and the
+                   schedule, V (unless given) and cut (unless `balance`) predicted fastest at K and M run
+                   (under MPI, rank 0's choice); `schedule` and `predicted` say which and what it expects
     devices        K; by default len(balance) / V, or 2 without a balance
     virtual_stages V, stages per device (interleaved: 2 by default; zbv, v-half: 2, stages d and 2K-1-d on device d)
     batch_norm     "deferred": BatchNorm's running statistics once per mini-batch from all its rows
@@ -237,7 +240,7 @@ class GPipe:
         settings.balance = [] if balance is None else [_whole(b, "every entry of balance") for b in balance]
         settings.micro_batches = _whole(chunks, "chunks")
         settings.checkpoint = _one_of(checkpoint, "checkpoint", tuple(_gpipe.checkpoint_names()))
-        settings.schedule = _one_of(schedule, "schedule", tuple(schedule_names()))
+        settings.schedule = _one_of(schedule, "schedule", tuple(schedule_names()) + ("auto",))
         settings.devices = 0 if devices is None and balance is not None else 2 if devices is None \
             else _whole(devices, "devices")
         settings.virtual_stages = 0 if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
@@ -262,7 +265,7 @@ class GPipe:
         self._fingerprint = _fingerprint(model)
         self._pipe = None
         self._step_seconds = 0.0
-        if balance is not None:
+        if balance is not None and schedule != "auto":
             self._pipe = _gpipe.Pipeline(self._scripted, settings, None)
 
     def _unchanged(self):
@@ -284,6 +287,7 @@ class GPipe:
                 raise ValueError("gpipe: the first batch has no rows to measure the layers on; give at least one")
             with _OneRowBatchNorm(self.chunks, input.size(0)):
                 self._pipe = _gpipe.Pipeline(self._scripted, self._settings, input[:-(-input.size(0) // self.chunks)])
+            self.virtual_stages = self._pipe.virtual_stages  # schedule="auto": the V chosen
         return self._pipe
 
     def train_step(self, input, target, loss="cross_entropy"):
@@ -345,6 +349,19 @@ class GPipe:
     def balance(self):
         """Layers per stage; None until the first batch when the pipeline balances by time."""
         return None if self._pipe is None else list(self._pipe.balance)
+
+    @property
+    def schedule(self):
+        """The schedule run ("auto": the one chosen); None until the pipeline is built."""
+        return None if self._pipe is None else self._pipe.schedule
+
+    @property
+    def predicted(self):
+        """schedule="auto": (step seconds, bubble) the cost model predicted of the choice (this rank's
+        prediction); None otherwise or before the first batch."""
+        if self._pipe is None or self._settings.schedule != "auto":
+            return None
+        return tuple(self._pipe.predicted)
 
     @property
     def placement(self):

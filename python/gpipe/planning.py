@@ -236,7 +236,7 @@ def plan(model=None, sample=None, *, devices, batch, memory_per_device="16GiB", 
       transformer     a Transformer by shape: a dict of layers, width, heads, ffn, vocab, sequence
                       (and bytes_per_value 4 or 2), on devices of `flops` FLOP/s
     The search: optimizer ("sgd", "momentum", "adam": the state kept per parameter), schedules
-    and checkpoints to consider (None: all), stages (K to consider; None: every divisor of
+    and checkpoints to consider (None: all; "auto" among the schedules: all), stages (K to consider; None: every divisor of
     devices), micro_batches (M to consider; None: 1, 2, 4, ... up to max(8, 4K) and the rows per
     replica), links of latency_us microseconds and bandwidth_gb_s GB/s. The answer holds the `top`
     fastest that fit (top=None: all of them); with fitting_only=False, every configuration, those
@@ -255,7 +255,7 @@ def plan(model=None, sample=None, *, devices, batch, memory_per_device="16GiB", 
     settings.batch = int(batch)
     _one_of(optimizer, "optimizer", _OPTIMIZERS)
     settings.schedules = _list(schedules, "schedules", lambda s: _one_of(s, "every entry of schedules",
-                                                                        tuple(_gpipe.schedule_names())))
+                                                                        tuple(_gpipe.schedule_names()) + ("auto",)))
     if not settings.schedules:
         settings.schedules = list(_gpipe.schedule_names())
     settings.checkpoints = _list(checkpoints, "checkpoints",

@@ -83,7 +83,7 @@ struct Settings {
   std::vector<int> balance;  // empty: an even cut into `devices` x V stages
   int micro_batches = 1;
   std::string checkpoint = "except_last";
-  std::string schedule = "gpipe";
+  std::string schedule = "gpipe";  // or "auto": chosen by prediction on the first batch
   int devices = 2;
   int virtual_stages = 0;
   bool deferred_batch_norm = true;
@@ -96,16 +96,23 @@ struct Settings {
         .balance(balance)
         .micro_batches(micro_batches)
         .checkpoint(parse_checkpoint(checkpoint))
-        .schedule(parse_schedule(schedule))
-        .virtual_stages(virtual_stages)
+        .schedule(schedule == "auto" ? ScheduleKind::kGPipe : parse_schedule(schedule))
+        .virtual_stages(schedule == "auto" ? 0 : virtual_stages)
         .deferred_batch_norm(deferred_batch_norm)
         .threads_per_device(threads);
   }
 };
 
 // The plan `settings` make for a model of `layers` layers: throws (ValueError) what make_plan refuses.
+// With schedule "auto", K and M are checked under fill-drain (a given balance by its length when V is
+// not given); the schedule and V come on the first batch.
 PipelinePlan check_plan(int layers, const Settings& settings) {
   parse_runtime(settings.runtime);
+  if (settings.schedule == "auto" && settings.virtual_stages > 1) {
+    Settings interleaved = settings;
+    interleaved.schedule = "interleaved";
+    return make_plan(layers, interleaved.options());
+  }
   return make_plan(layers, settings.options());
 }
 
@@ -187,7 +194,10 @@ class PythonPipeline {
     py::gil_scoped_release free;
     start_mpi(kind == Runtime::kMpi);
     check_same_model(*model_.script);
-    if (options.balance().empty() && sample) {
+    if (settings.schedule == "auto") {
+      GPIPE_CHECK(sample.has_value(), "schedule=\"auto\" is chosen on the first batch; no batch was given");
+      choose(settings, *sample, options);
+    } else if (options.balance().empty() && sample) {
       const CostBalance by = balance_by("time", model_, *sample, settings.devices, settings.micro_batches,
                                         settings.threads, 2.0, options.schedule(), settings.virtual_stages);
       options.balance(first_rank_list(by.balance));
@@ -204,6 +214,32 @@ class PythonPipeline {
       gil_held_ns_ += now_ns() - begin;
       return interrupted;
     });
+  }
+
+  // schedule="auto": the layers profiled on `sample` (the first micro-batch), and the fastest predicted
+  // schedule, V and (without a balance) cut at K and M (choose_schedule); under MPI every rank takes
+  // rank 0's choice.
+  void choose(const Settings& settings, const torch::Tensor& sample, PipelineOptions& options) {
+    const RandomStateGuard guard;
+    const torch::nn::Sequential whole = model_.build(LayerRange{});
+    const CostModel costs = profile_model(whole, sample, PlanProfileOptions().optimizer("momentum").threads(settings.threads));
+    RunRequest request;
+    request.devices = settings.devices;
+    request.micro_batches = settings.micro_batches;
+    request.schedule = "auto";
+    request.virtual_stages = settings.virtual_stages;
+    request.balance = settings.balance;
+    const ScheduleChoice choice = choose_schedule(costs, request, sample.size(0) * settings.micro_batches,
+                                                  parse_checkpoint(settings.checkpoint), 0,
+                                                  least_micro_batch_rows(whole, sample));
+    std::vector<int> chosen{static_cast<int>(choice.schedule), choice.devices, choice.virtual_stages};
+    chosen.insert(chosen.end(), choice.balance.begin(), choice.balance.end());
+    chosen = first_rank_list(chosen);
+    options.schedule(static_cast<ScheduleKind>(chosen[0]))
+        .devices(chosen[1])
+        .virtual_stages(chosen[2])
+        .balance(std::vector<int>(chosen.begin() + 3, chosen.end()));
+    predicted_ = choice.predicted;
   }
 
   double train_step(const torch::Tensor& input, const torch::Tensor& target, const py::object& loss, bool training) {
@@ -254,6 +290,7 @@ class PythonPipeline {
   }
 
   Pipeline& pipe() { return *pipe_; }
+  const Prediction& predicted() const { return predicted_; }  // schedule="auto": the choice's
 
  private:
   // Runs `write` (collective, rank 0 writing `path`); if it fails on any rank it raises on every
@@ -278,6 +315,7 @@ class PythonPipeline {
 
   Model model_;
   std::unique_ptr<Pipeline> pipe_;
+  Prediction predicted_;
   std::mutex calling_;
   int64_t gil_held_ns_ = 0;  // in the last step's interrupt checks
   double gil_free_s_ = 0;
@@ -346,6 +384,11 @@ PYBIND11_MODULE(_gpipe, m) {
       .def("bubble", [](PythonPipeline& p) { return p.released([&] { return p.pipe().bubble(); }); })
       .def("write_trace", &PythonPipeline::write_step_trace, py::arg("path"))
       .def("schedule_text", [](PythonPipeline& p) { return format_grid(p.pipe().schedule()); })
+      .def_property_readonly("schedule", [](PythonPipeline& p) { return to_string(p.pipe().plan().schedule); })
+      .def_property_readonly("virtual_stages", [](PythonPipeline& p) { return p.pipe().plan().virtual_stages; })
+      .def_property_readonly("predicted", [](PythonPipeline& p) {
+        return std::make_pair(p.predicted().step_s, p.predicted().bubble);
+      })
       .def("describe", [](PythonPipeline& p) { return p.pipe().describe(); })
       .def("sum", [](PythonPipeline& p, double value) { return p.released([&] { return p.pipe().sum(value); }); })
       .def("clip_grad_norm",

@@ -156,7 +156,10 @@ PlanSearch plan_search_of(int devices, int64_t memory_per_device, int64_t batch,
   search.memory_per_device = memory_per_device;
   search.batch = batch;
   search.schedules.clear();
-  for (const std::string& name : schedules) search.schedules.push_back(parse_schedule(name));
+  for (const std::string& name : schedules)  // "auto": every schedule
+    for (ScheduleKind kind : name == "auto" ? all_schedules() : std::vector<ScheduleKind>{parse_schedule(name)})
+      if (std::find(search.schedules.begin(), search.schedules.end(), kind) == search.schedules.end())
+        search.schedules.push_back(kind);
   search.checkpoints.clear();
   for (const std::string& name : checkpoints) search.checkpoints.push_back(parse_checkpoint(name));
   search.stages = stages;

@@ -17,6 +17,7 @@ namespace {
 // The cut of the model: blocks evenly (lead layers with the first stage, tail layers with the
 // last), or the min-max cut of layer times.
 CutRequest search_cut(const CostModel& costs, const PlanSearch& search) {
+  if (search.given_cut) return search.cut;
   if (search.blocks > 0) return CutRequest::blocks(std::vector<int>(static_cast<size_t>(search.blocks), 1), search.lead, search.tail);
   std::vector<double> time;
   for (const LayerCost& c : costs.layers) time.push_back(c.forward_s + c.backward_s);
@@ -124,10 +125,15 @@ std::vector<Shape> shapes_of(const PlanSearch& search, int L) {
       const ScheduleTraits& traits = schedule_traits(kind);
       return !traits.splits_backward && traits.default_virtual_stages == 1;
     };
-    const bool plain = std::any_of(search.schedules.begin(), search.schedules.end(), is_plain);
+    auto taken = [&](ScheduleKind kind) {
+      return search.virtual_stages == 0 || takes_virtual_stages(kind, search.virtual_stages);
+    };
+    const bool plain = std::any_of(search.schedules.begin(), search.schedules.end(),
+                                   [&](ScheduleKind kind) { return is_plain(kind) && taken(kind); });
     for (ScheduleKind kind : search.schedules)
       for (int M : micro) {
-        const int V = default_virtual_stages(kind);
+        if (!taken(kind)) continue;
+        const int V = search.virtual_stages > 0 ? search.virtual_stages : default_virtual_stages(kind);
         if (K * V > stage_units) continue;
         if (K == 1 && plain && !is_plain(kind)) continue;
         out.push_back({K, D, M, V, rows, kind});

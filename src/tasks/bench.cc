@@ -45,6 +45,7 @@ BenchRatio ratio(const std::vector<double>& a, const std::vector<double>& b) {
 
 // The V of `schedule`: `virtual_stages` for the schedules that take it, the others their own.
 int virtual_stages(const std::string& schedule, const BenchSweep& o) {
+  if (schedule == "auto") return o.virtual_stages;  // chosen with the schedule, once profiled (build)
   const bool takes = o.virtual_stages > 0 && takes_virtual_stages(parse_schedule(schedule), o.virtual_stages);
   RunRequest r;
   r.schedule = schedule;
@@ -80,6 +81,7 @@ CostModel profile_task(const Task& task, int M, const BenchSweep& o) {
 struct Contender {
   int devices = 1;
   std::string schedule = "gpipe";
+  std::string chosen;  // "auto": the schedule chosen by prediction
   int virtual_stages = 1;
   std::string balance_by = "even";
   bool unsplit = false;  // the whole batch in one piece on the calling thread
@@ -123,6 +125,12 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
   RunRequest request = request_of(c.devices, M, c.schedule, c.balance_by, o);
   if (request.balance.empty() && request.balance_by != "even")  // by cost: the profiled costs of one micro-batch
     request = with_layer_costs(request, model.build(LayerRange{}), costs, micro_batch_sizes(c.batch.size(), M).front());
+  if (c.schedule == "auto" && !job().distributed) {  // the schedule and V predicted fastest at this K, M and cut
+    const ScheduleChoice choice = choose_schedule(costs, request, micro_batch_sizes(c.batch.size(), replicas_of(c.devices)).front(), mode);
+    request = with_choice(request, choice);
+    c.chosen = to_string(choice.schedule);
+    c.virtual_stages = choice.virtual_stages;
+  }
   const PipelineOptions options = pipeline_options_of(task, request)
                                       .checkpoint(mode)
                                       .threads_per_device(o.threads)
@@ -186,8 +194,8 @@ BenchRow row_of(const Contender& c, const Contender* unsplit, const Contender* o
   r.replicas = replicas_of(c.devices);
   r.micro_batches = M;
   r.checkpoint = mode;
-  r.schedule = c.schedule;
-  r.virtual_stages = c.virtual_stages;
+  r.schedule = c.chosen.empty() ? c.schedule : "auto:" + c.chosen;
+  r.virtual_stages = c.pipe->plan().virtual_stages;
   r.threads_per_device = o.threads;
   r.balance = c.pipe->balance();
   r.balance_by = c.balance_by;
@@ -260,6 +268,10 @@ void check_bench(const BenchSweep& o) {
     const std::string context = "`virtual_stages` " + std::to_string(o.virtual_stages);
     bool taken = false;
     for (const std::string& schedule : o.schedules) {
+      if (schedule == "auto") {  // the schedules that take V
+        taken = true;
+        continue;
+      }
       const ScheduleKind kind = parse_schedule(schedule);
       if (default_virtual_stages(kind) > 1) said_about(context, [&] { check_virtual_stages(kind, o.virtual_stages); });
       taken = taken || default_virtual_stages(kind) > 1;
@@ -280,7 +292,7 @@ void check_bench(const BenchSweep& o) {
         const int V = virtual_stages(schedule, o);
         said_about("`devices` " + std::to_string(K), [&] { replicas_of(K); });  // whole pipelines of ranks
         const bool given = !o.balance.empty() && K > 1;
-        GPIPE_CHECK(given || !task.workload || cut_of(task, request_of(K, 1, schedule, "even", o)).kind == CutKind::kBlocks,
+        GPIPE_CHECK(given || !task.workload || schedule == "auto" || cut_of(task, request_of(K, 1, schedule, "even", o)).kind == CutKind::kBlocks,
                     "workload ", name, " has too few blocks for `devices` ", K,
                     V > 1 ? " x `virtual_stages` " + std::to_string(V) : std::string(), "; use fewer stages");
         for (int M : o.micro_batches)

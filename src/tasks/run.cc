@@ -1,5 +1,6 @@
 // run.cc: a run of a task: the one place its pipeline is chosen (the schedule, V and the cut a
-// front end's flags ask for, or the task's own), its score as it is printed, and its summary; a
+// front end's flags ask for, the task's own, or "auto"'s, predicted fastest), its score as it is
+// printed, and its summary; a
 // training run as a front end asks for it (TrainSettings): the settings checked and completed with
 // the task's own before any work, the model, the data and the cut made ready (TrainingRun), and the
 // options a Trainer runs them with. Errors name the settings in backquotes, as gpipe train's
@@ -19,21 +20,24 @@
 
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
+#include <stdexcept>
 
 namespace gpipe {
 using tasks::said_about;
 
 namespace {
 
-// The schedule of "auto" and the V of 0: the task's own schedule when the cut is its own too;
-// otherwise fill-drain, or interleaved for a V above 1.
+// The schedule of "task" (and of "auto" not chosen by prediction) and the V of 0: the task's own
+// schedule when the cut is its own too; otherwise fill-drain, or interleaved for a V above 1.
 RunRequest with_schedule(const Task& task, RunRequest r) {
-  if (r.schedule == "auto") {
+  if (r.schedule == "task" || r.schedule == "auto") {
     const bool own = task.schedule && r.balance.empty() && r.balance_by.empty();
     const auto [kind, V] = own ? task.schedule(r.devices, r.micro_batches) : std::pair{ScheduleKind::kGPipe, 1};
     const bool takes = r.virtual_stages == 0 || takes_virtual_stages(kind, r.virtual_stages);
@@ -82,6 +86,141 @@ PipelineOptions pipeline_options_of(const Task& task, const RunRequest& request)
       .virtual_stages(r.virtual_stages)
       .cut(cut_of(task, r));
 }
+
+// ---------------------------------------------------------------- the schedule chosen by prediction
+// ("auto"): of the configurations a run leaves open (the schedule and V; M and the cut unless given),
+// the one search_plans predicts fastest among those that fit, at the run's K, batch and checkpoint mode.
+namespace {
+
+int64_t machine_memory() {
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+std::string milliseconds(double seconds) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(seconds < 0.01 ? 2 : 1) << 1000 * seconds << " ms";
+  return out.str();
+}
+
+std::string percent(double share) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1) << 100 * share << "%";
+  return out.str();
+}
+
+std::string configuration(const ScheduleChoice& c) {
+  std::string out = to_string(c.schedule);
+  if (c.virtual_stages > 1) out += " (V=" + std::to_string(c.virtual_stages) + ")";
+  return out + ", M=" + std::to_string(c.micro_batches);
+}
+
+}  // namespace
+
+std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const RunRequest& r, int64_t batch,
+                                               Checkpoint checkpoint, int64_t memory_per_device,
+                                               int64_t least_micro_batch_rows) {
+  // K: given; with a given balance and no K, its length over V (V given, or 1 and 2: the schedules' own).
+  std::vector<int> Ks;
+  if (r.devices > 0) {
+    Ks.push_back(r.devices);
+  } else {
+    const int S = static_cast<int>(r.balance.size());
+    GPIPE_CHECK(S > 0, "`devices` must be at least 1, or given by `balance`");
+    if (r.virtual_stages > 0) {
+      GPIPE_CHECK(S % r.virtual_stages == 0, "`balance` has ", S, " stages, not a multiple of `virtual_stages` ",
+                  r.virtual_stages);
+      Ks.push_back(S / r.virtual_stages);
+    } else {
+      Ks.push_back(S);
+      if (S % 2 == 0) Ks.push_back(S / 2);
+    }
+  }
+  std::vector<PlanCandidate> found;
+  std::string first_error;
+  for (int K : Ks) {
+    PlanSearch search;
+    search.devices = K;
+    search.stages = {K};
+    search.memory_per_device = memory_per_device > 0 ? memory_per_device : std::max<int64_t>(1, machine_memory() / K);
+    search.batch = batch;
+    search.checkpoints = {checkpoint};
+    if (r.micro_batches_given) search.micro_batches = {r.micro_batches};
+    search.virtual_stages = r.virtual_stages;
+    if (r.devices == 0 && r.virtual_stages == 0) search.virtual_stages = static_cast<int>(r.balance.size()) / K;
+    search.least_micro_batch_rows = least_micro_batch_rows;
+    if (!r.balance.empty()) {
+      search.given_cut = true;
+      search.cut = CutRequest::given(r.balance);
+    } else if (!r.layer_costs.empty()) {
+      search.given_cut = true;
+      search.cut = CutRequest::by_cost(r.layer_costs);
+    } else if (r.balance_by == "even") {
+      search.given_cut = true;
+      search.cut = CutRequest::even();
+    }
+    try {
+      for (PlanCandidate& c : search_plans(costs, search)) found.push_back(std::move(c));
+    } catch (const std::invalid_argument& e) {
+      if (Ks.size() == 1) throw;
+      if (first_error.empty()) first_error = e.what();
+    }
+  }
+  if (found.empty()) throw std::invalid_argument(first_error);
+  std::stable_sort(found.begin(), found.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;
+  });
+  return found;
+}
+
+ScheduleChoice choose_schedule(const CostModel& costs, const RunRequest& request, int64_t batch, Checkpoint checkpoint,
+                               int64_t memory_per_device, int64_t least_micro_batch_rows) {
+  const std::vector<PlanCandidate> found =
+      schedule_candidates(costs, request, batch, checkpoint, memory_per_device, least_micro_batch_rows);
+  const PlanCandidate& best = found.front();
+  ScheduleChoice c;
+  c.schedule = best.schedule;
+  c.devices = best.devices;
+  c.micro_batches = best.micro_batches;
+  c.virtual_stages = best.virtual_stages;
+  c.balance = best.balance;
+  c.predicted = best.predicted;
+  c.fits = best.fits;
+  c.considered = static_cast<int>(found.size());
+  c.chose_micro_batches = !request.micro_batches_given;
+  return c;
+}
+
+RunRequest with_choice(RunRequest r, const ScheduleChoice& c) {
+  r.schedule = to_string(c.schedule);
+  r.devices = c.devices;
+  r.micro_batches = c.micro_batches;
+  r.micro_batches_given = true;
+  r.virtual_stages = c.virtual_stages;
+  r.balance = c.balance;
+  r.balance_by.clear();
+  r.layer_costs.clear();
+  return r;
+}
+
+std::string format_choice(const ScheduleChoice& c) {
+  std::ostringstream out;
+  out << "schedule auto: " << configuration(c) << ", cut [";
+  for (size_t j = 0; j < c.balance.size(); ++j) out << (j ? ", " : "") << c.balance[j];
+  out << "]: predicted step " << milliseconds(c.predicted.step_s) << ", bubble " << percent(c.predicted.bubble)
+      << " (" << (c.fits ? "the fastest of " : "none fits this machine's memory: the least memory of ")
+      << c.considered << (c.considered == 1 ? " configuration" : " configurations") << " predicted)";
+  return out.str();
+}
+
+std::string format_choice_measured(const ScheduleChoice& c, const RunFigures& f) {
+  const double step_s = f.steps > 0 ? f.train_seconds / static_cast<double>(f.steps) : 0.0;
+  return "  auto's choice  " + configuration(c) + ": step " + milliseconds(c.predicted.step_s) + " predicted, " +
+         (f.steps > 0 ? milliseconds(step_s) : std::string("none")) + " measured; bubble " +
+         percent(c.predicted.bubble) + " predicted, " + (f.steps > 0 ? percent(f.bubble) : std::string("none")) +
+         " measured\n";
+}
+
 
 // ---------------------------------------------------------------- the score
 
@@ -208,8 +347,13 @@ RunRequest run_request(const TrainSettings& s) {
   r.virtual_stages = s.virtual_stages;
   r.balance = s.balance;
   r.balance_by = s.balance_by;
+  r.micro_batches_given = s.micro_batches_given;
   return r;
 }
+
+// `schedule` auto, chosen by prediction in this process (under MPI each rank would profile alone:
+// the task's own there).
+bool predicted(const TrainSettings& s) { return s.schedule == "auto" && !job().distributed; }
 
 bool generates(const Task& task) { return task.metric == Metric::kBitsPerByte && task.context > 0; }
 
@@ -233,10 +377,11 @@ void check_settings(const TrainSettings& s) {
   check_threads_per_device(s.threads_per_device);
   GPIPE_CHECK(s.balance.empty() || s.balance_by.empty(), "`balance` and `balance_by` ", s.balance_by,
               " both choose the cut; give one of them");
-  said_about("`virtual_stages` " + std::to_string(s.virtual_stages), [&] {
-    check_virtual_stages(parse_schedule(s.schedule), s.virtual_stages);
-    return 0;
-  });
+  if (!predicted(s))
+    said_about("`virtual_stages` " + std::to_string(s.virtual_stages), [&] {
+      check_virtual_stages(parse_schedule(s.schedule), s.virtual_stages);
+      return 0;
+    });
   // The optimizer's settings, as torch.optim takes them.
   optimizer_options_of(s).check();
   GPIPE_CHECK(s.lr_schedule == "step" || !s.step_settings_given,
@@ -329,7 +474,8 @@ void apply_task(TrainSettings& s, const Task& task) {
 void choose_cut(const TrainSettings& s, TrainingRun& c) {
   const int V = s.virtual_stages;
   RunRequest request = run_request(s);
-  if (!s.balance_by.empty()) request.balance_by = "even";  // checked before the profile, then cut by cost
+  if (c.choice) request = with_choice(request, *c.choice);  // `schedule` auto: the cut predicted
+  else if (!s.balance_by.empty()) request.balance_by = "even";  // checked before the profile, then cut by cost
   c.options = pipeline_options_of(c.task, request)
                   .checkpoint(parse_checkpoint(s.checkpoint))
                   .deferred_batch_norm(s.batch_norm == "deferred")
@@ -340,7 +486,7 @@ void choose_cut(const TrainSettings& s, TrainingRun& c) {
   settings += " `micro_batches` " + std::to_string(s.micro_batches) + " `schedule` " + s.schedule +
               (V > 1 ? " `virtual_stages` " + std::to_string(V) : "");
   c.plan = said_about(settings, [&] { return make_plan(c.task.layers, c.options); });
-  if (s.balance_by.empty()) return;
+  if (s.balance_by.empty() || c.choice) return;
   // `balance_by`: per-layer costs on one micro-batch, then the exact min-max cut (in one process).
   const Dataset& train = c.data.train;
   const torch::Tensor sample =
@@ -367,6 +513,44 @@ void check_same_inputs(const TrainSettings& s, const TrainingRun& c) {
   check_same_bytes(inputs);
 }
 
+// `schedule` auto: the layers profiled once on one micro-batch (of the M given, or the default's), and
+// the fastest predicted configuration of those the settings leave open; `settings` take it. With
+// `balance_by`, its cut by that cost of the same profile.
+void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
+  const Dataset& train = c.data.train;
+  const int64_t batch = std::min(s.batch_size, train.size());
+  const int64_t rows = micro_batch_sizes(batch, static_cast<int>(std::min<int64_t>(s.micro_batches, batch))).front();
+  const RandomStateGuard guard;  // building the whole model draws random numbers
+  const torch::nn::Sequential whole = c.model.build(LayerRange{});
+  const torch::Tensor sample = train.input.narrow(0, 0, rows);
+  const std::string optimizer = s.optimizer == "sgd" ? (s.momentum > 0 ? "momentum" : "sgd") : "adam";
+  const CostModel profile = profile_model(whole, sample, PlanProfileOptions()
+                                                             .optimizer(optimizer)
+                                                             .threads(s.threads_per_device)
+                                                             .loss(c.task.loss)
+                                                             .target(train.target.narrow(0, 0, rows)));
+  RunRequest request = run_request(s);
+  request.schedule = "auto";
+  std::vector<double> costs;  // `balance_by`'s, for its plan
+  if (!s.balance_by.empty()) {
+    costs = layer_costs_by(s.balance_by, whole, profile, rows);
+    if (s.balance_by != "time") request.layer_costs = costs;  // by time: the search's own cut
+  }
+  const ScheduleChoice choice = said_about("`schedule` auto", [&] {
+    return choose_schedule(profile, request, batch, parse_checkpoint(s.checkpoint), 0,
+                           least_micro_batch_rows(whole, sample));
+  });
+  s.schedule = to_string(choice.schedule);
+  s.micro_batches = choice.micro_batches;
+  s.virtual_stages = choice.virtual_stages;
+  if (!s.balance_by.empty())
+    c.cost = CostBalance{choice.balance,
+                         plan_partition(costs, choice.balance, make_schedule(choice.schedule, choice.devices,
+                                                                             choice.micro_batches, choice.virtual_stages)),
+                         cost_unit(s.balance_by)};
+  c.choice = choice;
+}
+
 }  // namespace
 
 bool is_builtin_task(const std::string& model) {
@@ -382,13 +566,16 @@ Task known_task(const TrainSettings& s) {
 }
 
 void resolve_training(TrainSettings& s, const Task& task) {
-  // The schedule of "auto", V and the cut by time: the task's own choices.
-  RunRequest r = run_request(s);
-  r.devices = s.devices;
-  r = resolve_run(task, r);
-  s.schedule = r.schedule;
-  s.virtual_stages = r.virtual_stages;
-  s.balance_by = r.balance_by;
+  // The schedule of "task", V and the cut by time: the task's own choices ("auto" is chosen by
+  // prediction in prepare_training, once the model and the data are read; under MPI it is "task").
+  if (!predicted(s)) {
+    RunRequest r = run_request(s);
+    r.devices = s.devices;
+    r = resolve_run(task, r);
+    s.schedule = r.schedule;
+    s.virtual_stages = r.virtual_stages;
+    s.balance_by = r.balance_by;
+  }
   check_settings(s);
   s.weight_decay = optimizer_options_of(s).decay();
   apply_task(s, task);
@@ -439,7 +626,7 @@ TrainerOptions trainer_options_of(const TrainSettings& s, const Task& task) {
   return options;
 }
 
-TrainingRun prepare_training(const TrainSettings& s, const Task& known) {
+TrainingRun prepare_training(TrainSettings& s, const Task& known) {
   TrainingRun c;
   c.task = is_builtin_task(s.model) ? known : said_about("`model`", [&] { return script_task(s.model, s.data, s.loss); });
   c.model = c.task.model(task_options_of(s));
@@ -447,14 +634,16 @@ TrainingRun prepare_training(const TrainSettings& s, const Task& known) {
   check_run_data(c.task, c.data, s.micro_batches, s.batch_size_given ? s.batch_size : 0);
   check_same_inputs(s, c);
   // The model against its data before `balance_by` profiles it (the Trainer checks it too).
-  if (!s.balance_by.empty()) check_model_and_data(c.model, c.data.train, c.task.loss_name == "cross_entropy");
+  if (!s.balance_by.empty() || predicted(s))
+    check_model_and_data(c.model, c.data.train, c.task.loss_name == "cross_entropy");
   // `resume` read and checked against the whole model before the profile, which would otherwise be
   // done for a file refused after it (in one process; under MPI there is no profile).
-  if (!s.resume.empty() && !s.balance_by.empty() && !s.per_device_files && !job().distributed)
+  if (!s.resume.empty() && (!s.balance_by.empty() || predicted(s)) && !s.per_device_files && !job().distributed)
     said_about("`resume`", [&] {
       check_snapshot_of(s.resume, c.model, optimizer_name(parse_optimizer(s.optimizer)));
       return 0;
     });
+  if (predicted(s)) choose_by_prediction(s, c);
   choose_cut(s, c);
   return c;
 }

@@ -194,6 +194,25 @@ def test_balance_none_cuts_by_measured_time_on_the_first_batch():
     assert_same_parameters(model, reference)
 
 
+def test_schedule_auto_runs_the_fastest_predicted_on_the_first_batch_and_trains_as_one_device():
+    model, reference = mlp(), mlp()
+    data = batches(2, 16)
+    pipe = gpipe.GPipe(model, chunks=4, devices=2, schedule="auto")
+    assert pipe.schedule is None and pipe.predicted is None
+    make_opt = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    train_gpipe(pipe, model, data, "cross_entropy", make_opt)
+    assert pipe.schedule in gpipe.schedule_names() and sum(pipe.balance) == len(model)
+    assert len(pipe.balance) == 2 * pipe.virtual_stages
+    step_s, bubble = pipe.predicted
+    assert step_s > 0 and 0 <= bubble < 1
+    train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
+    assert_same_parameters(model, reference)
+    # A given balance stays: only the schedules of its K·V stages are weighed.
+    kept = gpipe.GPipe(mlp(), balance=[3, 5], chunks=4, schedule="auto")
+    kept.train_step(*data[0])
+    assert kept.balance == [3, 5] and kept.virtual_stages == 1 and kept.schedule in ("gpipe", "1f1b", "zb1p")
+
+
 def unet_like():
     torch.manual_seed(4)
     return torch.nn.Sequential(
