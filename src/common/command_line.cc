@@ -18,7 +18,7 @@ std::vector<std::pair<std::string, std::string>> settings_of_command_line(int ar
   bool after_flag = false;
   for (int i = 1; i < argc; ++i) {
     const std::string word = argv[i];
-    if (word.size() > 2 && word.rfind("--", 0) == 0) {  // --flag, --flag=value
+    if (word.size() > 2 && word.rfind("--", 0) == 0) {  // a flag, alone or with "=value"
       const size_t equals = word.find('=');
       settings.emplace_back(word.substr(0, equals), equals == std::string::npos ? "" : word.substr(equals + 1));
       after_flag = true;

@@ -155,6 +155,7 @@ PlanSearch plan_search_of(int devices, int64_t memory_per_device, int64_t batch,
   search.devices = devices;
   search.memory_per_device = memory_per_device;
   search.batch = batch;
+  check_listed_once(schedules, "schedule");  // "auto" beside a schedule names that one once more, which is fine
   search.schedules.clear();
   for (const std::string& name : schedules)  // "auto": every schedule
     for (ScheduleKind kind : name == "auto" ? all_schedules() : std::vector<ScheduleKind>{parse_schedule(name)})
