@@ -417,7 +417,7 @@ void check_settings(const TrainSettings& s) {
   // checked where they are written, once the devices are placed.
   for (const auto& [name, path] : {Named{"save", s.per_device_files ? "" : s.save}, {"trace", s.trace},
                                    {"samples", s.samples}})
-    if (job().rank == 0 && !path.empty()) said_about("`" + name + "`", [&] { check_writable(path); return 0; });
+    if (job().rank == 0 && !path.empty()) said_about("`" + name + "`", [&, path = path] { check_writable(path); return 0; });
 }
 
 // The task's defaults for the settings not given, and the settings that do not fit the task.
