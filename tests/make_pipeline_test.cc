@@ -1,5 +1,6 @@
 // make_pipeline_test.cc: make_pipeline in one process: the builder contract, training equal to one device,
-// evaluation equal to the model's own, and the errors.
+// evaluation equal to the model's own, and the errors; the backend boundary (backend.h): a Pipeline over a
+// backend of one's own, the backends by name.
 #include "helpers.h"
 
 namespace gpipe::testing {
@@ -99,6 +100,80 @@ TEST(MakePipelineTest, MpiRuntimeNeedsMpi) {
 #endif
   auto pipe = make_pipeline(build_mlp, 7, PipelineOptions().devices(2));
   EXPECT_EQ(pipe->describe(), "one process, 2 device threads");
+}
+
+// A backend written from include/gpipe/backend.h alone: this process, a thread per device, the
+// in-process transport; it counts the runtime's calls.
+class CountingBackend : public Backend {
+ public:
+  PipelinePlan plan(const torch::nn::Sequential& layers, const PipelineOptions& options,
+                    const SkipUseFinder& skip_uses) override {
+    plan_ = make_plan(static_cast<int>(layers->size()), options, connect_skips(skip_uses(layers, false)));
+    return plan_;
+  }
+  std::vector<int> local_devices() const override {
+    std::vector<int> all;
+    for (int d = 0; d < plan_.devices; ++d) all.push_back(d);
+    return all;
+  }
+  bool on_caller_thread() const override { return false; }
+  void agree(std::exception_ptr failure) override {
+    if (failure) std::rethrow_exception(failure);
+  }
+  void connect(const PipelinePlan& plan, const torch::nn::Sequential&, const PipelineOptions&) override {
+    transport_ = std::make_unique<InProcessTransport>(plan.stages());
+  }
+  void begin_call() override { ++calls; }
+  Transport& transport() override { return *transport_; }
+  void reduce_gradients(const std::vector<torch::Tensor>&) override { ++reductions; }
+  std::string describe() const override { return "counting"; }
+
+  int calls = 0, reductions = 0;
+
+ private:
+  PipelinePlan plan_;
+  std::unique_ptr<InProcessTransport> transport_;
+};
+
+TEST(BackendTest, APipelineRunsOnABackendOfOnesOwn) {
+  const PipelineOptions options = PipelineOptions().devices(3).micro_batches(4);
+  auto backend = std::make_unique<CountingBackend>();
+  const CountingBackend& counted = *backend;
+  Pipeline mine(std::move(backend), build_mlp({}), options);
+  Pipeline reference(build_mlp({}), options);
+  torch::manual_seed(1);
+  const torch::Tensor x = torch::randn({22, 12}), y = torch::randn({22, 4});
+  EXPECT_TRUE(torch::equal(mine.train_step(x, y, mse_loss), reference.train_step(x, y, mse_loss)));
+  const auto a = mine.parameters(), b = reference.parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t n = 0; n < a.size(); ++n) EXPECT_TRUE(torch::equal(a[n].grad(), b[n].grad())) << n;  // bit for bit
+  EXPECT_EQ(counted.calls, 1);
+  EXPECT_EQ(counted.reductions, 1);
+  EXPECT_EQ(mine.describe(), "counting");
+  EXPECT_EQ(&mine.backend(), &counted);
+}
+
+TEST(BackendTest, TheBackendsAreChosenByName) {
+  EXPECT_EQ(parse_runtime("auto"), Runtime::kAuto);
+  EXPECT_EQ(parse_runtime("threads"), Runtime::kThreads);
+  EXPECT_EQ(parse_runtime("mpi"), Runtime::kMpi);
+  expect_invalid([] { parse_runtime("nccl"); }, "runtime must be \"auto\", \"threads\" or \"mpi\" (got \"nccl\")");
+  ASSERT_EQ(backends().size(), 1u);
+  EXPECT_EQ(backends().front().runtime, Runtime::kMpi);
+#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
+  EXPECT_TRUE(backends().front().built);
+#else
+  EXPECT_FALSE(backends().front().built);
+  expect_invalid([] { backend(Runtime::kMpi); }, "rebuild with -DGPIPE_MPI=ON");
+#endif
+  // Not started by a launcher: one process, and the front ends' calls are those of one process.
+  EXPECT_EQ(running_backend(), Runtime::kThreads);
+  EXPECT_EQ(all_gather_processes("mine"), std::vector<std::string>{"mine"});
+  const Placement p = place(5, 6, 3);
+  EXPECT_EQ(p.device, 2);
+  EXPECT_EQ(p.replica, 1);
+  EXPECT_EQ(p.replicas, 2);
+  expect_invalid([] { place(0, 4, 3); }, "not a multiple of the 3 devices");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // gpipe.h: the umbrella header: everything a user of gpipe needs.
 #pragma once
 
+#include "gpipe/backend.h"
 #include "gpipe/check.h"
 #include "gpipe/command_line.h"
 #include "gpipe/cost_model.h"

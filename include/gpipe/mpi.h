@@ -21,9 +21,13 @@
 
 #include <torch/nn/modules/container/sequential.h>
 
+#include <utility>
+
 namespace gpipe::mpi {
 
-/// A pipeline whose devices are the ranks of an MPI job: this rank runs one
+/// A pipeline whose devices are the ranks of an MPI job: a Pipeline over MPI's
+/// backend (make_backend), kept for programs that name it; make_pipeline
+/// builds the same pipeline without naming MPI. This rank runs one
 /// device of one replica (placement()) with the stages the plan puts there.
 /// Every rank builds only its device's layers (device_layers), with the same
 /// initial values as the whole model in one process. It is a Pipeline: the
@@ -51,13 +55,15 @@ class MpiPipeline : public Pipeline {
   /// `layers`: this rank's device's layers, in stage order (device_layers);
   /// `options` must give the balance of the whole model. `comm`: the ranks of
   /// the job (np = K·D); gpipe duplicates it, so its messages never meet the caller's.
-  MpiPipeline(torch::nn::Sequential layers, PipelineOptions options, MPI_Comm comm = MPI_COMM_WORLD);
+  MpiPipeline(torch::nn::Sequential layers, PipelineOptions options, MPI_Comm comm = MPI_COMM_WORLD)
+      : Pipeline(make_backend(comm), std::move(layers), std::move(options)) {}
   /// The same with the plan make_plan made for `options` (every rank's alike): the plan is used as it
   /// is, its skip connections routed once they are gathered from every rank (route_skips).
   MpiPipeline(torch::nn::Sequential layers, const PipelinePlan& plan, PipelineOptions options,
-              MPI_Comm comm = MPI_COMM_WORLD);
+              MPI_Comm comm = MPI_COMM_WORLD)
+      : Pipeline(make_backend(comm, &plan), std::move(layers), std::move(options)) {}
 
-  const Placement& placement() const;
+  const Placement& placement() const { return placement_of(backend()); }
 };
 
 }  // namespace gpipe::mpi

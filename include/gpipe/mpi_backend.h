@@ -1,6 +1,7 @@
-// mpi_backend.h: MPI as gpipe's backend for one device per rank: the environment, communicators,
-// where a rank sits (place), the error channel and the transport between the ranks of a replica.
-// The pipeline over it, MpiPipeline, is in mpi.h (the runtime); this header includes none of it.
+// mpi_backend.h: MPI as gpipe's backend (backend.h) for one device per rank: the environment,
+// communicators, the backend of one pipeline (make_backend), the error channel and the transport
+// between the ranks of a replica. The pipeline over it, MpiPipeline, is in mpi.h (the runtime);
+// this header includes none of it.
 //
 //   world rank r = replica · K + device        (K devices, D replicas, np = K·D)
 //
@@ -8,6 +9,7 @@
 // MPI is found); the macro GPIPE_HAS_MPI is then 1.
 #pragma once
 
+#include "gpipe/backend.h"
 #include "gpipe/layers.h"
 #include "gpipe/plan.h"
 #include "gpipe/schedule.h"
@@ -100,23 +102,17 @@ class Communicator {
 /// Every rank's `mine`, in rank order, on every rank of `comm` (collective).
 std::vector<std::string> all_gather(MPI_Comm comm, const std::string& mine);
 
-/// Where a rank sits in a job of `world_size` ranks running a pipeline of K devices.
-struct Placement {
-  int device = 0;    ///< which device of its pipeline this rank runs (0..K-1): the plan's stages_of(device)
-  int replica = 0;   ///< which pipeline replica it belongs to (0..replicas-1)
-  int devices = 1;   ///< K
-  int replicas = 1;  ///< D = world size / K
-};
+/// Where a rank sits, and the layers it builds: the rule every backend shares (backend.h).
+using Placement = gpipe::Placement;
+using gpipe::device_layers;
+using gpipe::place;
 
-/// Rank r of `world_size` runs device r mod K of replica r div K. Throws
-/// std::invalid_argument if the world size is not a multiple of K.
-Placement place(int world_rank, int world_size, int devices);
-
-/// The layers device `device` of `plan` holds: those of its stages, in stage
-/// order (plan.device_layers), each stage's built by `build` on its own, named
-/// as in the whole model. Throws std::invalid_argument if the builder does not
-/// make the range it is asked for.
-torch::nn::Sequential device_layers(const LayerBuilder& build, const PipelinePlan& plan, int device);
+/// The backend of one pipeline over the ranks of `comm` (np = K·D; gpipe duplicates it, so its
+/// messages never meet the caller's), with `plan` when make_plan made one for the pipeline's
+/// options on every rank alike (used as it is). Collective over `comm`. What MpiPipeline runs on.
+std::unique_ptr<Backend> make_backend(MPI_Comm comm, const PipelinePlan* plan = nullptr);
+/// Where this rank sits in the pipeline of `backend`, one make_backend made.
+const Placement& placement_of(const Backend& backend);
 
 /// Thrown on every other rank when one rank's stage fails: the job cannot go
 /// on. what() carries the failing rank's own message. (A Cancelled, so the

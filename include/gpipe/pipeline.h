@@ -1,10 +1,11 @@
 // pipeline.h: a torch::nn::Sequential trained with GPipe: the one runtime, whose devices are threads
-// of this process or ranks of an MPI job (mpi::MpiPipeline); make_pipeline chooses.
+// of this process or ranks of a job of several processes (a backend, backend.h: MPI's is
+// mpi::MpiPipeline's); make_pipeline chooses (Runtime).
 //
 //   Pipeline ── plan (plan.h) ──▶ an Executor per device held here ──▶ Transport
 //      │          K, V, M, cut,       runs its device's program           in-process mailboxes,
 //      │          placement,          over its stages (stage.h)           or MPI messages
-//      └── Group (internal): what differs between one process and an MPI job:
+//      └── Backend (backend.h): what differs between one process and a job of several (MPI):
 //          which devices run here, which rows, sums over ranks and replicas, tied copies
 //
 // A training loop written against Pipeline runs unchanged in one process and
@@ -13,6 +14,7 @@
 // rank; each rank reads what its stages need).
 #pragma once
 
+#include "gpipe/backend.h"
 #include "gpipe/device.h"
 #include "gpipe/executor.h"
 #include "gpipe/layers.h"
@@ -32,17 +34,6 @@
 #include <vector>
 
 namespace gpipe {
-namespace detail {
-class Group;
-}  // namespace detail
-
-/// Where the devices of a pipeline run.
-enum class Runtime {
-  kAuto,     ///< MPI ranks when this process was started by an MPI launcher with more than one rank, else threads
-  kThreads,  ///< a thread per device in this process
-  kMpi,      ///< a rank per device; MPI must be initialised (mpi::Environment)
-};
-
 /// Mean loss and share of correct predictions over a data set.
 struct Evaluation {
   double loss = 0;
@@ -108,6 +99,10 @@ class Pipeline {
   /// resolved again. Throws std::invalid_argument when the plan is of another model or other options.
   Pipeline(torch::nn::Sequential model, const PipelinePlan& plan, PipelineOptions options);
   virtual ~Pipeline();
+  /// The runtime over `backend` (backend.h: one process, or a job of several) for this process's
+  /// `layers` (its devices' layers, device_layers, where it runs only some). What make_pipeline and
+  /// mpi::MpiPipeline build; a backend of one's own runs the same way.
+  Pipeline(std::unique_ptr<Backend> backend, torch::nn::Sequential layers, PipelineOptions options);
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
@@ -237,10 +232,8 @@ class Pipeline {
   /// For a front end that must react to Ctrl-C during a step.
   void set_interrupt(std::function<bool()> interrupted) { interrupted_ = std::move(interrupted); }
 
- protected:
-  /// The runtime over `group` (one process, or an MPI job) for this process's `layers`.
-  Pipeline(std::unique_ptr<detail::Group> group, torch::nn::Sequential layers, PipelineOptions options);
-  const detail::Group& group() const { return *group_; }
+  /// The backend this pipeline runs on.
+  const Backend& backend() const { return *group_; }
 
  private:
   // Runs `work` as a collective call: after a failed call it starts over; if `work` throws, the
@@ -257,7 +250,7 @@ class Pipeline {
   torch::Tensor batch_norm_statistics();
   void update_batch_norms(const torch::Tensor& statistics);
 
-  std::unique_ptr<detail::Group> group_;
+  std::unique_ptr<Backend> group_;
   torch::nn::Sequential layers_;
   PipelinePlan plan_;
   std::vector<int> local_;                            // the devices held here, in increasing order
@@ -273,9 +266,14 @@ class Pipeline {
 };
 
 /// A pipeline of the model that `build` makes (`layers` layers in all) with
-/// `options`, run as `runtime` says. Threads: the whole model is built and
-/// cut. MPI: each rank builds only its device's layers (the plan's
-/// device_layers; the rank count a multiple of K, the rest are replicas).
+/// `options`, run on the backend `runtime` names (backend.h): Runtime::kAuto,
+/// the backend whose job of several processes this process is in (MPI under
+/// mpirun), else threads; kThreads, kMpi, or another of backends(). Threads:
+/// the whole model is built and cut. A backend of several processes: each
+/// process builds only its device's layers (device_layers; the process count
+/// a multiple of K, the rest are replicas) and runs on the backend's
+/// BackendEntry::make. Throws std::invalid_argument, naming the fix, for a
+/// backend this gpipe was built without or one not started.
 std::unique_ptr<Pipeline> make_pipeline(const LayerBuilder& build, int layers, const PipelineOptions& options,
                                         Runtime runtime = Runtime::kAuto);
 /// The same for a plan already made by make_plan(layers, options): the plan is used as it is (its
@@ -284,7 +282,7 @@ std::unique_ptr<Pipeline> make_pipeline(const LayerBuilder& build, int layers, c
 std::unique_ptr<Pipeline> make_pipeline(const LayerBuilder& build, const PipelinePlan& plan,
                                         const PipelineOptions& options, Runtime runtime = Runtime::kAuto);
 
-/// Whether make_pipeline with Runtime::kAuto would run MPI ranks.
+/// Whether make_pipeline with Runtime::kAuto would run MPI ranks (running_backend() == Runtime::kMpi).
 bool mpi_runtime();
 
 }  // namespace gpipe

@@ -215,8 +215,8 @@ class GPipe:
     batch_norm     "deferred": BatchNorm's running statistics once per mini-batch from all its rows
                    (the paper's rule); "per-micro-batch": as M small batches would
     threads        intra-op threads of each device
-    runtime        "threads" (this process), "mpi" (one rank per device; mpirun -np K·D), or
-                   "auto": MPI when started by mpirun with more than one rank
+    runtime        the backend: "threads" (this process), "mpi" (one rank per device; mpirun -np K·D), or
+                   "auto": MPI when started by mpirun with more than one rank (gpipe/backend.h's backends())
     """
 
     def __init__(self, model, balance=None, chunks=1, checkpoint="except_last", schedule="gpipe", devices=None,
@@ -247,7 +247,7 @@ class GPipe:
         settings.deferred_batch_norm = _one_of(batch_norm, "batch_norm", ("deferred", "per-micro-batch")) == "deferred"
         settings.threads = _whole(threads, "threads")
         _gpipe.check_threads_per_device(settings.threads)
-        settings.runtime = _one_of(runtime, "runtime", ("auto", "threads", "mpi"))
+        settings.runtime = _one_of(runtime, "runtime", tuple(_gpipe.runtime_names()))
         # The plan (K, V, M, the cut, the schedule) is checked now, before any work, whatever the balance.
         try:
             self.devices, self.virtual_stages = _gpipe.check_plan(len(model), settings)

@@ -2,9 +2,6 @@
 // pipeline, its devices C++ threads (or MPI ranks) that never take the GIL. The Python layer
 // (python/gpipe/pipe.py) checks the arguments and scripts the model; this file only translates.
 #include <gpipe/gpipe.h>
-#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-#include <gpipe/mpi.h>
-#endif
 
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
@@ -40,24 +37,11 @@ bool interpreter_exiting() {
 #endif
 }
 
-// MPI initialised, for the rest of the process, if an MPI launcher started it or `required`
-// (mpirun -np K python3 train.py); returns whether it is.
-bool start_mpi(bool required) {
-#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-  if (required || mpi::launched()) mpi::process_environment();
-  return required || mpi::launched();
-#else
-  GPIPE_CHECK(!required, "this gpipe was built without MPI; install libopenmpi-dev and rebuild with -DGPIPE_MPI=ON, or use runtime=\"threads\"");
-  return false;
-#endif
-}
-
-Runtime parse_runtime(const std::string& name) {
-  if (name == "auto") return Runtime::kAuto;
-  if (name == "threads") return Runtime::kThreads;
-  if (name == "mpi") return Runtime::kMpi;
-  GPIPE_CHECK(false, "runtime must be \"auto\", \"threads\" or \"mpi\" (got \"", name, "\")");
-  return Runtime::kAuto;
+// The backends whose launcher started this process (mpirun -np K python3 train.py: MPI) started for
+// the rest of the process, and the one `runtime` names even without its launcher.
+void start_backends_for(Runtime runtime) {
+  if (runtime != Runtime::kAuto && runtime != Runtime::kThreads) backend(runtime, ", or use runtime=\"threads\"");
+  start_backends(runtime);
 }
 
 // A loss: "cross_entropy", "mse", or a torch.jit.script-ed function (output, target) -> scalar.
@@ -116,25 +100,23 @@ PipelinePlan check_plan(int layers, const Settings& settings) {
   return make_plan(layers, settings.options());
 }
 
-// Rank 0's `values` on every rank of an MPI job; `values` itself in one process.
+// Rank 0's `values` on every rank of a job of several processes (MPI); `values` itself in one process.
 std::vector<int> first_rank_list(const std::vector<int>& values) {
-#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-  if (mpi_runtime()) {
+  if (running_backend() != Runtime::kThreads) {
     const std::string mine(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int));
-    const std::string first = mpi::all_gather(MPI_COMM_WORLD, mine).front();
+    const std::string first = all_gather_processes(mine).front();
     std::vector<int> out(first.size() / sizeof(int));
     std::memcpy(out.data(), first.data(), first.size());
     return out;
   }
-#endif
   return values;
 }
 
-// Under MPI, refuses on every rank a model that is not the same on every rank (its parameters'
-// shapes and values, by a fingerprint): each rank trains its stages of what it was given.
+// In a job of several processes (MPI), refuses on every rank a model that is not the same on every
+// rank (its parameters' shapes and values, by a fingerprint): each rank trains its stages of what it
+// was given.
 void check_same_model(const torch::jit::Module& module) {
-#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-  if (!mpi_runtime()) return;
+  if (running_backend() == Runtime::kThreads) return;
   std::array<double, 4> mine{0, 0, 0, 0};  // parameters, elements, Σ sums, Σ position·sum
   for (const torch::Tensor& p : module.parameters()) {
     const double sum = p.detach().sum(torch::kDouble).item<double>();
@@ -144,14 +126,11 @@ void check_same_model(const torch::jit::Module& module) {
     mine[3] += mine[0] * sum;
   }
   const std::vector<std::string> all =
-      mpi::all_gather(MPI_COMM_WORLD, std::string(reinterpret_cast<const char*>(mine.data()), sizeof(mine)));
+      all_gather_processes(std::string(reinterpret_cast<const char*>(mine.data()), sizeof(mine)));
   for (size_t r = 1; r < all.size(); ++r)
     GPIPE_CHECK(all[r] == all[0], "rank ", r, "'s model differs from rank 0's (the shapes or the initial values of "
                 "its parameters); every rank builds the same model: seed its initialisation (torch.manual_seed "
                 "before building it) and give every rank the same layers");
-#else
-  (void)module;
-#endif
 }
 
 // A pipeline of a scripted nn.Sequential, owned by the Python GPipe object.
@@ -192,7 +171,7 @@ class PythonPipeline {
     PipelineOptions options = settings.options();
     options.tied_parameters(model_.tied);
     py::gil_scoped_release free;
-    start_mpi(kind == Runtime::kMpi);
+    start_backends_for(kind);
     check_same_model(*model_.script);
     if (settings.schedule == "auto") {
       GPIPE_CHECK(sample.has_value(), "schedule=\"auto\" is chosen on the first batch; no batch was given");
@@ -411,20 +390,19 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_readwrite("placement", &RunFigures::placement)
       .def_readwrite("devices", &RunFigures::devices);
   m.def("format_run_figures", &format_run_figures, py::arg("figures"));
-  // An uncaught exception on one rank of an MPI job ends the job (the others would wait for it).
-  m.def("abort_job", [](int status) {
-#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-    if (mpi_runtime()) mpi::abort(status);
-#endif
-  }, py::arg("status"));
-  // At the script's end (atexit): the other ranks of an MPI job, still in a call or making one,
-  // stop with an error naming this rank instead of waiting for it (mpi::leave).
-  m.def("leave_job", [] {
-#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-    if (mpi_runtime()) mpi::leave();
-#endif
-  });
+  // An uncaught exception on one rank of a job of several processes (MPI) ends the job (the others
+  // would wait for it).
+  m.def("abort_job", [](int status) { abort_processes(status); }, py::arg("status"));
+  // At the script's end (atexit): the other ranks of a job of several processes, still in a call or
+  // making one, stop with an error naming this rank instead of waiting for it (mpi::leave).
+  m.def("leave_job", [] { leave_processes(); });
   m.def("schedule_names", &schedule_names);
   m.def("checkpoint_names", &checkpoint_names);
+  // runtime=: "auto", "threads", then each backend's name (backends(), built in or not).
+  m.def("runtime_names", [] {
+    std::vector<std::string> names = {"auto", "threads"};
+    for (const BackendEntry& entry : backends()) names.push_back(entry.name);
+    return names;
+  });
   gpipe::python::add_planning(m);
 }

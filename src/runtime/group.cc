@@ -8,7 +8,7 @@
 namespace gpipe::detail {
 namespace {
 
-class LocalGroup : public Group {
+class LocalGroup : public Backend {
  public:
   LocalGroup() = default;
   explicit LocalGroup(const PipelinePlan& plan) : made_(true), plan_(plan) {}
@@ -76,7 +76,7 @@ class LocalGroup : public Group {
 
 }  // namespace
 
-std::unique_ptr<Group> local_group() { return std::make_unique<LocalGroup>(); }
-std::unique_ptr<Group> local_group(const PipelinePlan& plan) { return std::make_unique<LocalGroup>(plan); }
+std::unique_ptr<Backend> local_group() { return std::make_unique<LocalGroup>(); }
+std::unique_ptr<Backend> local_group(const PipelinePlan& plan) { return std::make_unique<LocalGroup>(plan); }
 
 }  // namespace gpipe::detail

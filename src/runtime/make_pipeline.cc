@@ -1,27 +1,16 @@
-// make_pipeline.cc: the one-process/MPI choice: a Pipeline of the whole model here, or of this rank's
-// device's layers under mpirun.
+// make_pipeline.cc: the choice of a backend (backend.h): a Pipeline of the whole model here, a
+// thread per device, or of this process's device's layers over a backend of several processes
+// (MPI under mpirun). No backend is named here: each is an entry of backends().
 #include "gpipe/pipeline.h"
 
+#include "gpipe/backend.h"
 #include "gpipe/check.h"
-#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-#include "gpipe/mpi.h"
-#endif
 
 #include <torch/torch.h>
 
 namespace gpipe {
 
-bool mpi_runtime() {
-#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-  int initialized = 0, finalized = 0, size = 1;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return initialized && !finalized && size > 1;
-#else
-  return false;
-#endif
-}
+bool mpi_runtime() { return running_backend() == Runtime::kMpi; }
 
 std::unique_ptr<Pipeline> make_pipeline(const LayerBuilder& build, int layers, const PipelineOptions& options,
                                         Runtime runtime) {
@@ -32,31 +21,22 @@ std::unique_ptr<Pipeline> make_pipeline(const LayerBuilder& build, int layers, c
 std::unique_ptr<Pipeline> make_pipeline(const LayerBuilder& build, const PipelinePlan& plan,
                                         const PipelineOptions& options, Runtime runtime) {
   GPIPE_CHECK(static_cast<bool>(build), "make_pipeline needs a layer builder");
-  if (runtime == Runtime::kAuto) runtime = mpi_runtime() ? Runtime::kMpi : Runtime::kThreads;
+  if (runtime == Runtime::kAuto) runtime = running_backend();
   if (runtime == Runtime::kThreads) {
     torch::nn::Sequential model = build(LayerRange{});
     GPIPE_CHECK(static_cast<int>(model->size()) == plan.layers, "the layer builder made ", model->size(),
                 " layers, but the model was said to have ", plan.layers);
     return std::make_unique<Pipeline>(model, plan, options);
   }
-#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  GPIPE_CHECK(initialized, "the MPI runtime needs MPI initialised first: create a gpipe::mpi::Environment");
-  // The cut is the plan's, made before the layers: this rank builds only its device's, each stage's on
-  // its own, so every layer starts as in one process.
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  const mpi::Placement place = mpi::place(rank, size, plan.devices);
+  const BackendEntry& entry = backend(runtime, ", or use Runtime::kThreads");
+  // The cut is the plan's, made before the layers: this process builds only its device's, each stage's
+  // on its own, so every layer starts as in one process.
+  const auto [rank, size] = entry.process();
+  const Placement place = gpipe::place(rank, size, plan.devices);
   PipelineOptions resolved = options;
   resolved.balance(plan.balance).devices(0);
-  return std::make_unique<mpi::MpiPipeline>(mpi::device_layers(build, plan, place.device), plan, resolved);
-#else
-  GPIPE_CHECK(false, "this gpipe was built without MPI (GPIPE_MPI=OFF, or no MPI found); install libopenmpi-dev and "
-                     "rebuild with -DGPIPE_MPI=ON, or use Runtime::kThreads");
-  return nullptr;
-#endif
+  torch::nn::Sequential mine = device_layers(build, plan, place.device);
+  return std::make_unique<Pipeline>(entry.make(plan), std::move(mine), resolved);
 }
 
 }  // namespace gpipe

@@ -59,7 +59,7 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
 Pipeline::Pipeline(torch::nn::Sequential model, const PipelinePlan& plan, PipelineOptions options)
     : Pipeline(detail::local_group(plan), std::move(model), std::move(options)) {}
 
-Pipeline::Pipeline(std::unique_ptr<detail::Group> group, torch::nn::Sequential layers, PipelineOptions options)
+Pipeline::Pipeline(std::unique_ptr<Backend> group, torch::nn::Sequential layers, PipelineOptions options)
     : group_(std::move(group)), layers_(std::move(layers)), whole_inputs_(options.whole_inputs()) {
   if (layers_.is_empty()) layers_ = torch::nn::Sequential();
   plan_ = group_->plan(layers_, options, [](const torch::nn::Sequential& layers, bool named_by_index) {

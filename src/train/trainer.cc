@@ -2,6 +2,7 @@
 // and the run saved and resumed through snapshots, in one process and under MPI.
 #include "gpipe/train.h"
 
+#include "gpipe/backend.h"
 #include "gpipe/job.h"
 
 #include "gpipe/digest.h"
@@ -178,10 +179,11 @@ Model Model::of(std::string name, const ScriptModel& source) {
   m.script = source.script;
   const torch::nn::Sequential all = source.layers;
   // A module used at two places of the Sequential shares its tensors: under MPI its parameters are
-  // tied across ranks; its buffers would drift apart, so that is refused.
+  // tied across ranks; its buffers would drift apart, so that is refused (in a job of several
+  // processes, whichever backend runs it).
   m.tied = shared_tensors(all);
   const auto shared_buffers = shared_tensors(all, /*buffers=*/true);
-  GPIPE_CHECK(!mpi_runtime() || shared_buffers.empty(), shared_buffers.empty() ? "" : shared_buffers.front().front(),
+  GPIPE_CHECK(running_backend() == Runtime::kThreads || shared_buffers.empty(), shared_buffers.empty() ? "" : shared_buffers.front().front(),
               " and ", shared_buffers.empty() ? "" : shared_buffers.front().back(),
               " are one buffer (a module used twice in the Sequential); under mpirun each rank would keep a copy of "
               "its own: train this model in one process, or give each use its own module");

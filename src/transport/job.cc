@@ -1,6 +1,7 @@
 // job.cc: the job this process belongs to (job.h); the MPI side is src/transport/mpi/job.cc.
 #include "gpipe/job.h"
 
+#include "gpipe/backend.h"
 #include "gpipe/check.h"
 
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
@@ -72,10 +73,7 @@ const Job& start_job(int* argc, char*** argv) {
 }
 
 int replicas_of(int devices) {
-#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-  if (job().distributed) return mpi::place(job().rank, job().size, devices).replicas;
-#endif
-  (void)devices;
+  if (job().distributed) return place(job().rank, job().size, devices).replicas;
   return 1;
 }
 

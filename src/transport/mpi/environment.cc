@@ -146,31 +146,4 @@ std::vector<std::string> all_gather(MPI_Comm comm, const std::string& mine) {
   return out;
 }
 
-Placement place(int world_rank, int world_size, int devices) {
-  GPIPE_CHECK(devices >= 1, "the number of devices must be at least 1 (got ", devices, ")");
-  GPIPE_CHECK(world_size % devices == 0, "the job has ", world_size, " ranks, not a multiple of the ", devices,
-              " devices; start K·D ranks for K devices and D replicas (mpirun -np ", devices, ", ", 2 * devices,
-              ", ...)");
-  Placement p;
-  p.devices = devices;
-  p.replicas = world_size / devices;
-  p.device = world_rank % devices;
-  p.replica = world_rank / devices;
-  return p;
-}
-
-torch::nn::Sequential device_layers(const LayerBuilder& build, const PipelinePlan& plan, int device) {
-  torch::nn::Sequential mine;
-  for (const LayerRange range : plan.device_layers(device)) {
-    const torch::nn::Sequential part = build(range);
-    GPIPE_CHECK(static_cast<int>(part->size()) == range.last - range.first, "the layer builder made ", part->size(),
-                " layers for layers ", range.first, "..", range.last - 1,
-                "; build the whole model and keep the range (add_layer)");
-    const auto names = part->named_children().keys();
-    size_t n = 0;
-    for (auto it = part->begin(); it != part->end(); ++it, ++n) mine->push_back(names[n], *it);
-  }
-  return mine;
-}
-
 }  // namespace gpipe::mpi

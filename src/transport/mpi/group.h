@@ -1,17 +1,16 @@
-// group.h (internal): the ranks of an MPI job as one pipeline's group (transport/group.h), and the MPI
+// group.h (internal): the ranks of an MPI job as one pipeline's backend (gpipe/backend.h), and the MPI
 // helpers its files share. The group's parts live in files of their own:
 //   environment.cc    MPI's set-up and the collectives over the job (all_gather, gathers), placement
 //   error_channel.cc  the channel on which a failing rank stops every other
 //   transport.cc      MpiTransport: boundary tensors between the ranks of a replica
 //   group.cc          the group: agreement on the configuration, communicators, starting over
-//                     (MpiPipeline, the runtime over this group, is src/runtime/mpi_pipeline.cc)
+//   backend.cc        make_backend (MpiPipeline's, in mpi.h) and MPI's entry in backends()
 //   replicas.cc       gradients and BatchNorm statistics summed over the pipeline replicas
 //   tied.cc           a weight tied across ranks: its copies, their gradients summed
 //   trace.cc          every rank's row of a step's timeline, gathered on rank 0
 #pragma once
 
 #include "gpipe/mpi_backend.h"
-#include "transport/group.h"
 
 #include <mpi.h>
 
@@ -58,7 +57,7 @@ void allreduce_sum(ErrorChannel& errors, MPI_Comm comm, std::shared_ptr<torch::T
 std::vector<std::vector<std::string>> first_ranks_lines(MPI_Comm comm, const std::string& mine, int ranks);
 
 /// The ranks of an MPI job running one pipeline and its replicas.
-class MpiGroup : public gpipe::detail::Group {
+class MpiGroup : public gpipe::Backend {
  public:
   explicit MpiGroup(MPI_Comm comm);
   /// With a plan make_plan made for the pipeline's options on every rank alike: used as it is.
