@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   libopenmpi-dev openmpi-bin  # MPI: one device (its stages) per process, on one machine or many
+  libgloo-dev             # Gloo's headers: the c10d backend (torchrun, torch.distributed)
   dataset-fashion-mnist   # the default training data, under /usr/share/datasets/fashion-mnist
   fortunes                # gpipe train --model gpt's text, under /usr/share/games/fortunes
   python3-torch           # Python PyTorch: the gpipe Python package, interop and comparison tests

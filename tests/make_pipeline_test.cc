@@ -157,14 +157,25 @@ TEST(BackendTest, TheBackendsAreChosenByName) {
   EXPECT_EQ(parse_runtime("auto"), Runtime::kAuto);
   EXPECT_EQ(parse_runtime("threads"), Runtime::kThreads);
   EXPECT_EQ(parse_runtime("mpi"), Runtime::kMpi);
-  expect_invalid([] { parse_runtime("nccl"); }, "runtime must be \"auto\", \"threads\" or \"mpi\" (got \"nccl\")");
-  ASSERT_EQ(backends().size(), 1u);
-  EXPECT_EQ(backends().front().runtime, Runtime::kMpi);
+  EXPECT_EQ(parse_runtime("c10d"), Runtime::kC10d);
+  expect_invalid([] { parse_runtime("nccl"); },
+                 "runtime must be \"auto\", \"threads\", \"mpi\" or \"c10d\" (got \"nccl\")");
+  ASSERT_EQ(backends().size(), 2u);
+  EXPECT_EQ(backends()[0].runtime, Runtime::kMpi);
+  EXPECT_EQ(backends()[1].runtime, Runtime::kC10d);
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-  EXPECT_TRUE(backends().front().built);
+  EXPECT_TRUE(backends()[0].built);
 #else
-  EXPECT_FALSE(backends().front().built);
+  EXPECT_FALSE(backends()[0].built);
   expect_invalid([] { backend(Runtime::kMpi); }, "rebuild with -DGPIPE_MPI=ON");
+#endif
+#if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
+  EXPECT_TRUE(backends()[1].built);
+  // Not started by torchrun: the backend says how to start it.
+  expect_invalid([] { backend(Runtime::kC10d).process(); }, "start the program with torchrun");
+#else
+  EXPECT_FALSE(backends()[1].built);
+  expect_invalid([] { backend(Runtime::kC10d); }, "rebuild with -DGPIPE_C10D=ON");
 #endif
   // Not started by a launcher: one process, and the front ends' calls are those of one process.
   EXPECT_EQ(running_backend(), Runtime::kThreads);

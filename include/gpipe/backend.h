@@ -9,8 +9,9 @@
 //                              Backend: begin_call, transport(),      every call
 //                                       reduce_gradients, reduce, ... (collective over the job)
 //
-// Backends: one process (Runtime::kThreads, a thread per device: src/runtime/group.cc) and MPI
-// (Runtime::kMpi: src/transport/mpi/, mpi_backend.h). A backend includes nothing of the runtime:
+// Backends: one process (Runtime::kThreads, a thread per device: src/runtime/group.cc), MPI
+// (Runtime::kMpi: src/transport/mpi/, mpi_backend.h) and c10d under torchrun (Runtime::kC10d:
+// src/transport/c10d/, Gloo). A backend includes nothing of the runtime:
 // what it needs of it, such as finding a model's skip connections, the runtime hands it.
 //
 // A new backend is a Backend and a Transport in src/transport/NAME/, a Runtime value and its entry
@@ -40,9 +41,10 @@ namespace gpipe {
 
 /// Where the devices of a pipeline run: make_pipeline's choice of a backend (backends() lists them).
 enum class Runtime {
-  kAuto,     ///< the backend whose job of more than one process this process is in (MPI under mpirun), else threads
+  kAuto,     ///< the backend whose job of more than one process this process is in (MPI under mpirun, c10d under torchrun), else threads
   kThreads,  ///< a thread per device in this process
   kMpi,      ///< a rank per device; MPI must be initialised (mpi::Environment)
+  kC10d,     ///< a rank per device over torch.distributed's c10d (Gloo), in a job torchrun started
 };
 
 /// The processes that run one pipeline together, as the step driver (Pipeline) sees them. One

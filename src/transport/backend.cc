@@ -7,6 +7,9 @@
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
 #include "transport/mpi/backend.h"
 #endif
+#if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
+#include "transport/c10d/c10d.h"
+#endif
 
 #include <torch/torch.h>
 
@@ -51,6 +54,16 @@ const std::vector<BackendEntry>& backends() {
     entry.not_built = "this gpipe was built without MPI (GPIPE_MPI=OFF, or no MPI found); install libopenmpi-dev and "
                     "rebuild with -DGPIPE_MPI=ON";
     list.push_back(entry);
+#endif
+#if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
+    list.push_back(c10d::backend_entry());
+#else
+    BackendEntry c10d;  // c10d, not built in
+    c10d.runtime = Runtime::kC10d;
+    c10d.name = "c10d";
+    c10d.not_built = "this gpipe was built without the c10d backend (GPIPE_C10D=OFF, or Gloo's headers not found); "
+                     "install libgloo-dev and rebuild with -DGPIPE_C10D=ON";
+    list.push_back(c10d);
 #endif
     return list;
   }();

@@ -8,6 +8,9 @@
 #include "gpipe/mpi_backend.h"
 #include "transport/mpi/job.h"
 #endif
+#if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
+#include "transport/c10d/c10d.h"
+#endif
 
 #include <cstdlib>
 #include <fstream>
@@ -29,10 +32,14 @@ Job& the_job() {
 
 // Every rank's `mine`, in rank order; `mine` alone in a job of one process.
 std::vector<std::string> gather_all(const std::string& mine) {
-#if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-  if (job().distributed) return mpi::all_gather_job(mine);
-#endif
+  if (job().distributed) return all_gather_processes(mine);
   return {mine};
+}
+
+// Which backend started the job (start_job); kThreads in a job of one process.
+Runtime& job_backend() {
+  static Runtime runtime = Runtime::kThreads;
+  return runtime;
 }
 
 // Settings as one text: "name\0value\0" each.
@@ -58,16 +65,31 @@ const Job& job() { return the_job(); }
 
 const Job& start_job(int* argc, char*** argv) {
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
-  if (!mpi::launched()) return job();
-  const auto [rank, size] = mpi::start_job(argc, argv);
-  // One rank is one process: it runs as without mpirun (threads, one checkpoint file).
-  the_job() = Job{rank, size, size > 1};
+  if (mpi::launched()) {
+    const auto [rank, size] = mpi::start_job(argc, argv);
+    // One rank is one process: it runs as without mpirun (threads, one checkpoint file).
+    the_job() = Job{rank, size, size > 1};
+    job_backend() = Runtime::kMpi;
+    return job();
+  }
 #else
   (void)argc;
   (void)argv;
   if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr)
     throw std::runtime_error("this gpipe was built without MPI, but it was started by mpirun; install "
                              "libopenmpi-dev and rebuild with MPI (cmake -DGPIPE_MPI=ON)");
+#endif
+#if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
+  if (c10d::launched()) {
+    const auto [rank, size] = c10d::start_job();
+    the_job() = Job{rank, size, size > 1};
+    job_backend() = Runtime::kC10d;
+  }
+#else
+  if (std::getenv("TORCHELASTIC_RUN_ID") != nullptr && std::getenv("WORLD_SIZE") != nullptr &&
+      std::string(std::getenv("WORLD_SIZE")) != "1")
+    throw std::runtime_error("this gpipe was built without the c10d backend, but it was started by torchrun; install "
+                             "libgloo-dev and rebuild with it (cmake -DGPIPE_C10D=ON)");
 #endif
   return job();
 }
@@ -194,8 +216,11 @@ void print_error_line(const std::string& line) {
 }
 
 std::vector<LinkTiming> time_link(int warmup) {
-  GPIPE_CHECK(job().size == 2, "timing the link needs a job of two ranks; start it with mpirun -np 2 (got ", job().size,
-              job().size == 1 ? " rank)" : " ranks)");
+  GPIPE_CHECK(job().size == 2, "timing the link needs a job of two ranks; start it with mpirun -np 2 or torchrun with "
+              "two processes (got ", job().size, job().size == 1 ? " rank)" : " ranks)");
+#if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
+  if (job_backend() == Runtime::kC10d) return c10d::time_link(warmup);
+#endif
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
   return mpi::time_link(warmup, job().rank);
 #else
@@ -205,6 +230,9 @@ std::vector<LinkTiming> time_link(int warmup) {
 }
 
 int end_job(int status, const std::string& message) {
+#if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
+  if (job().distributed && job_backend() == Runtime::kC10d) c10d::end_job(status, message, print_error_line);
+#endif
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
   if (job().distributed) mpi::end_job(status, message, print_error_line, job().rank);
 #endif

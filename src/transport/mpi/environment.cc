@@ -48,16 +48,6 @@ Layout layout_of(const std::vector<int64_t>& sizes) {
   return out;
 }
 
-std::vector<std::vector<std::string>> first_ranks_lines(MPI_Comm comm, const std::string& mine, int ranks) {
-  const std::vector<std::string> all = all_gather(comm, mine);
-  std::vector<std::vector<std::string>> lines(static_cast<size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) {
-    std::istringstream text(all[static_cast<size_t>(r)]);
-    for (std::string line; std::getline(text, line);) lines[static_cast<size_t>(r)].push_back(line);
-  }
-  return lines;
-}
-
 }  // namespace detail
 
 using detail::check_mpi;

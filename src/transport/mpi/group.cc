@@ -3,17 +3,12 @@
 #include "transport/mpi/group.h"
 
 #include "gpipe/check.h"
-#include "gpipe/partition.h"
 
 #include <torch/torch.h>
 
-#include <array>
-#include <cmath>
-#include <limits>
+#include <climits>
 #include <mutex>
 #include <set>
-#include <numeric>
-#include <sstream>
 
 namespace gpipe::mpi {
 namespace detail {
@@ -29,14 +24,14 @@ std::set<MpiGroup*>& live_groups() {
 
 }  // namespace
 
-MpiGroup::MpiGroup(MPI_Comm comm) : control_(Communicator::duplicate(comm)) {
+MpiGroup::MpiGroup(MPI_Comm comm) : RankGroup("MPI"), control_(Communicator::duplicate(comm)) {
   const std::lock_guard<std::mutex> lock(live_mutex);
   live_groups().insert(this);
 }
 
-MpiGroup::MpiGroup(MPI_Comm comm, const PipelinePlan& plan) : MpiGroup(comm) {
-  made_ = true;
-  plan_ = plan;
+MpiGroup::MpiGroup(MPI_Comm comm, const PipelinePlan& plan) : RankGroup("MPI", plan), control_(Communicator::duplicate(comm)) {
+  const std::lock_guard<std::mutex> lock(live_mutex);
+  live_groups().insert(this);
 }
 
 MpiGroup::~MpiGroup() {
@@ -73,164 +68,34 @@ void MpiGroup::leave() {
   abandon();  // its messages may still arrive: nothing here is freed
 }
 
-// Throws on every rank if any rank's `local_error` is not empty: its own
-// message on that rank, the first failing rank's on the others.
-void MpiGroup::agree_on(const std::string& local_error) {
-  const std::vector<std::string> errors = all_gather(control_.get(), local_error);
-  if (!local_error.empty()) throw std::invalid_argument(local_error);
-  for (size_t r = 0; r < errors.size(); ++r)
-    if (!errors[r].empty()) {
-      const std::string prefix = "gpipe: ";
-      const std::string& what = errors[r];
-      throw std::invalid_argument("gpipe: rank " + std::to_string(r) + " refused the configuration: " +
-                                  (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what));
-    }
+void allreduce_sum(ErrorChannel& errors, MPI_Comm comm, std::shared_ptr<torch::Tensor> buffer, const char* what) {
+  GPIPE_CHECK(buffer->numel() <= INT_MAX, what, " has ", buffer->numel(),
+              " elements, more than one MPI allreduce carries; use more devices");
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer->data_ptr(), static_cast<int>(buffer->numel()),
+                           buffer->scalar_type() == torch::kFloat ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, comm, &request),
+            "MPI_Iallreduce");
+  wait_or_keep(errors, request, std::move(buffer));
 }
 
-void MpiGroup::agree(std::exception_ptr failure) {
-  std::string error;
-  if (failure) {
-    try {
-      std::rethrow_exception(failure);
-    } catch (const std::exception& e) {
-      error = e.what();
-    } catch (...) {
-      error = "gpipe: an unknown exception while building the stages";
-    }
-    try {  // the others hear of it; this rank throws what it caught
-      agree_on(error);
-    } catch (const std::invalid_argument&) {
-    }
-    std::rethrow_exception(failure);
-  }
-  agree_on(error);
+void MpiGroup::sum_replicas(const std::shared_ptr<torch::Tensor>& values, const char* what) {
+  allreduce_sum(*errors_, replicas_.get(), values, what);
 }
 
-PipelinePlan MpiGroup::plan(const torch::nn::Sequential& layers, const PipelineOptions& options,
-                            const SkipUseFinder& skip_uses) {
-  // What a rank can judge alone is agreed on, so every rank throws or none does.
-  std::string error;
-  PipelinePlan cut;  // the plan without skip connections: K, V and the balance
-  try {
-    GPIPE_CHECK(!options.balance().empty(), "an MPI pipeline needs the balance of the whole model (layers per stage, "
-                "e.g. {3, 8}); make_pipeline finds it for you");
-    const int layer_count = std::accumulate(options.balance().begin(), options.balance().end(), 0);
-    if (made_) check_plan_of(plan_, layer_count, options);  // the plan made once: not resolved again
-    cut = made_ ? plan_ : make_plan(layer_count, options);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  agree_on(error);
-  check_agreement(layers, options, cut);  // sets placement_
-  const std::vector<SkipUse> uses = all_skip_uses(layers, skip_uses);
-  try {
-    plan_ = cut;
-    route_skips(plan_, connect_skips(uses));
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  agree_on(error);
-  return plan_;
+void MpiGroup::broadcast_tie(size_t tie, torch::Tensor& value) {
+  GPIPE_CHECK(value.numel() * value.element_size() <= INT_MAX, "a tied parameter has ",
+              value.numel() * value.element_size(), " bytes, more than one MPI broadcast carries");
+  check_mpi(MPI_Bcast(value.data_ptr(), static_cast<int>(value.numel() * value.element_size()), MPI_BYTE, 0,
+                      tie_comms_[tie].get()),
+            "MPI_Bcast");
 }
 
-// Every rank gathers every rank's settings and runs the same checks, so all
-// ranks throw the same error or none does.
-void MpiGroup::check_agreement(const torch::nn::Sequential& layers, const PipelineOptions& options,
-                               const PipelinePlan& plan) {
-  enum Field { kLayers, kStages, kMicroBatches, kCheckpoint, kDtype, kSchedule, kVirtual, kBatchNorm, kGiven, kFields };
-  const char* names[] = {"the model's layer count", "the number of stages K·V", "the number of micro-batches M",
-                         "the checkpoint mode", "the parameters' dtype", "the schedule",
-                         "the number of stages per device V", "deferred BatchNorm statistics (deferred_batch_norm)"};
-  std::array<int64_t, kFields> mine{};
-  mine[kLayers] = plan.layers;
-  mine[kStages] = plan.stages();
-  mine[kMicroBatches] = plan.micro_batches;
-  mine[kCheckpoint] = static_cast<int64_t>(plan.checkpoint);
-  mine[kDtype] = -1;
-  for (const auto& p : layers->parameters())
-    if (p.is_floating_point()) {
-      mine[kDtype] = static_cast<int64_t>(p.scalar_type());
-      break;
-    }
-  mine[kSchedule] = static_cast<int64_t>(plan.schedule);
-  mine[kVirtual] = plan.virtual_stages;
-  mine[kBatchNorm] = options.deferred_batch_norm() ? 1 : 0;
-  mine[kGiven] = static_cast<int64_t>(layers->size());
-  const int size = size_of(control_.get());
-  std::vector<int64_t> all(static_cast<size_t>(size) * kFields);
-  check_mpi(MPI_Allgather(mine.data(), kFields, MPI_INT64_T, all.data(), kFields, MPI_INT64_T, control_.get()),
-            "exchanging the configuration");
-  auto at = [&](int rank, int field) { return all[static_cast<size_t>(rank) * kFields + static_cast<size_t>(field)]; };
-  auto describe = [&](int field, int64_t value) -> std::string {
-    if (field == kCheckpoint) return to_string(static_cast<Checkpoint>(value));
-    if (field == kDtype) return c10::toString(static_cast<c10::ScalarType>(value));
-    if (field == kSchedule) return to_string(static_cast<ScheduleKind>(value));
-    return std::to_string(value);
-  };
-  for (int field : {kStages, kVirtual, kLayers, kMicroBatches, kCheckpoint, kDtype, kSchedule, kBatchNorm}) {
-    int reference = -1;
-    for (int r = 0; r < size; ++r) {
-      if (field == kDtype && at(r, field) < 0) continue;  // a device without parameters
-      if (reference < 0) {
-        reference = r;
-        continue;
-      }
-      GPIPE_CHECK(at(r, field) == at(reference, field), "the ranks disagree on ", names[field], ": rank ", reference,
-                  " has ", describe(field, at(reference, field)), ", rank ", r, " has ", describe(field, at(r, field)),
-                  "; start every rank with the same model and settings");
-    }
-  }
-  // K agrees now, so every rank reaches the same verdict on the world size.
-  placement_ = place(rank_of(control_.get()), size, plan.devices);
-  const std::vector<int>& balance = plan.balance;
-  std::vector<int> balances(static_cast<size_t>(size) * balance.size());
-  check_mpi(MPI_Allgather(balance.data(), static_cast<int>(balance.size()), MPI_INT, balances.data(),
-                          static_cast<int>(balance.size()), MPI_INT, control_.get()),
-            "exchanging the balance");
-  const std::vector<int> first(balances.begin(), balances.begin() + static_cast<int>(balance.size()));
-  for (int r = 1; r < size; ++r) {
-    const std::vector<int> theirs(balances.begin() + r * static_cast<int>(balance.size()),
-                                  balances.begin() + (r + 1) * static_cast<int>(balance.size()));
-    GPIPE_CHECK(theirs == first, "the ranks disagree on the balance: rank 0 has ", format_balance(first), ", rank ", r,
-                " has ", format_balance(theirs), "; start every rank with the same cut");
-  }
-  for (int r = 0; r < size; ++r) {
-    const int device = place(r, size, plan.devices).device;
-    int expected = 0;
-    std::string which;
-    for (int s : plan.stages_of(device)) {
-      expected += balance[static_cast<size_t>(s)];
-      which += (which.empty() ? "" : ", ") + std::to_string(s);
-    }
-    GPIPE_CHECK(at(r, kGiven) == expected, "rank ", r, " runs stage", plan.virtual_stages > 1 ? "s " : " ", which,
-                ", which the balance ", format_balance(balance), " gives ", expected, " layers, but it was given ",
-                at(r, kGiven), "; build each rank's layers with mpi::device_layers");
-  }
+void MpiGroup::sum_tie(size_t tie, const std::shared_ptr<torch::Tensor>& values) {
+  allreduce_sum(*errors_, tie_comms_[tie].get(), values, "a tied parameter");
 }
 
-std::vector<SkipUse> MpiGroup::all_skip_uses(const torch::nn::Sequential& layers, const SkipUseFinder& skip_uses) {
-  // A line "pop|stash <layer> <name>" per use; the layers are named by their index in the whole model.
-  std::string mine, error;
-  try {
-    for (const SkipUse& u : skip_uses(layers, /*named_by_index=*/true))
-      mine += std::string(u.pop ? "pop " : "stash ") + std::to_string(u.layer) + " " + u.name + "\n";
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  agree_on(error);
-  std::vector<SkipUse> uses;
-  for (const auto& lines : first_ranks_lines(control_.get(), mine, placement_.devices))
-    for (const std::string& line : lines) {
-      std::istringstream fields(line);
-      std::string kind;
-      SkipUse use;
-      fields >> kind >> use.layer;
-      fields.get();  // the space before the name
-      std::getline(fields, use.name);
-      use.pop = kind == "pop";
-      uses.push_back(use);
-    }
-  return uses;
+std::vector<std::string> MpiGroup::all_gather_setup(const std::string& mine) {
+  return all_gather(control_.get(), mine);
 }
 
 void MpiGroup::connect(const PipelinePlan& plan, const torch::nn::Sequential& layers, const PipelineOptions& options) {
@@ -245,8 +110,10 @@ void MpiGroup::open() {
   world_ = Communicator::duplicate(control_.get());
   pipeline_ = Communicator::split(world_.get(), placement_.replica, placement_.device);
   replicas_ = Communicator::split(world_.get(), placement_.device, placement_.replica);
-  for (Tie& tie : ties_)
-    tie.comm = Communicator::split(pipeline_.get(), tie.copies.empty() ? MPI_UNDEFINED : 0, placement_.device);
+  tie_comms_.clear();
+  for (const Tie& tie : ties_)
+    tie_comms_.push_back(
+        Communicator::split(pipeline_.get(), tie.copies.empty() ? MPI_UNDEFINED : 0, placement_.device));
   errors_ = std::make_unique<ErrorChannel>(world_.get());
   // In the replica's communicator, rank d is device d.
   transport_ = std::make_unique<MpiTransport>(pipeline_.get(), errors_.get(), plan_.placement, plan_.micro_batches,
@@ -260,7 +127,7 @@ void MpiGroup::abandon() {
   world_.abandon();
   pipeline_.abandon();
   replicas_.abandon();
-  for (Tie& tie : ties_) tie.comm.abandon();
+  for (Communicator& comm : tie_comms_) comm.abandon();
 }
 
 // After a failed step every rank has thrown (StageError where it failed,
@@ -287,59 +154,6 @@ void MpiGroup::fail(const std::string& why) {
   // is told here; one the transport cancelled was told already.
   if (!failed_ && !why.empty() && errors_ && transport_ && !transport_->cancelled()) errors_->raise(who() + why);
   failed_ = true;
-}
-
-std::string MpiGroup::who() const {
-  return "rank " + std::to_string(rank()) + " (device " + std::to_string(placement_.device) + ", replica " +
-         std::to_string(placement_.replica) + "): ";
-}
-
-std::string MpiGroup::describe() const {
-  return "MPI: " + std::to_string(placement_.devices * placement_.replicas) + " ranks = " +
-         std::to_string(placement_.devices) + " devices x " + std::to_string(placement_.replicas) + " replicas";
-}
-
-void MpiGroup::check_same_batch(const Tensors& input, const torch::Tensor& target) {
-  auto name = [&](size_t n) {
-    return n == input.size() ? std::string("target") : input.tuple ? "input's tensor " + std::to_string(n) : std::string("input");
-  };
-  const std::string fix = "; every rank calls with the same whole mini-batch: draw the data in the same order on every "
-                          "rank (seed the generator that shuffles it, e.g. torch.manual_seed before building a "
-                          "DataLoader)";
-  // The count first: the sums below are one reduction of that many values on every rank.
-  const double count = static_cast<double>(input.size());
-  double counts[2] = {count, -count};
-  reduce(counts, 2, /*largest=*/true);
-  if (counts[0] != -counts[1]) failed_ = true;
-  GPIPE_CHECK(counts[0] == -counts[1], "the ranks were given inputs of different numbers of tensors", fix);
-  std::vector<torch::Tensor> tensors = input.items;
-  if (target.defined()) tensors.push_back(target);
-  // Per tensor its size and the sum of its values, each with its negation: one maximum gives both
-  // the largest and the smallest over the ranks.
-  std::vector<double> values;
-  for (const torch::Tensor& t : tensors) {
-    const double size = static_cast<double>(t.numel());
-    double sum = t.numel() > 0 ? t.detach().sum(torch::kDouble).item<double>() : 0.0;
-    if (std::isnan(sum)) sum = std::numeric_limits<double>::max();  // NaN compares with nothing
-    if (std::isinf(sum)) sum = sum > 0 ? std::numeric_limits<double>::max() : std::numeric_limits<double>::lowest();
-    values.insert(values.end(), {size, -size, sum, -sum});
-  }
-  reduce(values.data(), static_cast<int>(values.size()), /*largest=*/true);
-  for (size_t n = 0; n < values.size(); n += 2) {
-    // Every rank reaches the same verdict from the same sums, so nothing is told: a rank told first
-    // would stop the others with its message before they reach their own.
-    if (values[n] != -values[n + 1]) failed_ = true;
-    GPIPE_CHECK(values[n] == -values[n + 1], "the ranks were given different batches (", n % 4 == 0 ? "sizes" : "values",
-                " of the ", name(n / 4), " differ)", fix);
-  }
-}
-
-std::pair<int64_t, int64_t> MpiGroup::share(int64_t rows) const {
-  // As micro_batch_sizes: the first rows % D replicas take one row more; with fewer rows than
-  // replicas, the last replicas take none.
-  const int64_t D = placement_.replicas, r = placement_.replica;
-  const int64_t base = rows / D, extra = rows % D;
-  return {r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
 }
 
 void MpiGroup::reduce(double* values, int count, bool largest) {

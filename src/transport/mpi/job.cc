@@ -5,6 +5,7 @@
 #include "gpipe/mpi_backend.h"
 
 #include "gpipe/trace.h"
+#include "transport/rank_group.h"
 
 #include <torch/torch.h>
 
@@ -30,8 +31,6 @@ std::pair<int, int> start_job(int* argc, char*** argv) {
   return {environment.rank(), environment.size()};
 }
 
-std::vector<std::string> all_gather_job(const std::string& mine) { return all_gather(MPI_COMM_WORLD, mine); }
-
 void end_job(int status, const std::string& message, const std::function<void(const std::string&)>& print,
              int rank) {
   // Ranks that fail together meet here: wait up to 5 s for all of them, then the first rank prints
@@ -53,18 +52,7 @@ void end_job(int status, const std::string& message, const std::function<void(co
     abort(status);
   }
   const std::vector<std::string> all = all_gather(failure_comm(), message);
-  if (rank == 0) {
-    std::vector<bool> told(all.size(), false);
-    for (size_t r = 0; r < all.size(); ++r) {
-      if (told[r]) continue;
-      std::vector<size_t> ranks;
-      for (size_t q = r; q < all.size(); ++q)
-        if (!told[q] && all[q] == all[r]) ranks.push_back(q), told[q] = true;
-      std::string who;
-      for (size_t n = 0; n < ranks.size(); ++n) who += (n ? ", " : "") + std::to_string(ranks[n]);
-      print(ranks.size() == all.size() ? all[r] : (ranks.size() == 1 ? "[rank " : "[ranks ") + who + "] " + all[r]);
-    }
-  }
+  if (rank == 0) gpipe::detail::print_by_message(all, print);
   MPI_Barrier(failure_comm());  // printed before any rank ends the job
   abort(status);
 }
@@ -72,28 +60,7 @@ void end_job(int status, const std::string& message, const std::function<void(co
 std::vector<LinkTiming> time_link(int warmup, int rank) {
   ErrorChannel errors(MPI_COMM_WORLD);
   MpiTransport transport(MPI_COMM_WORLD, &errors, {0, 1}, 1);  // stage r on rank r
-  const int peer = 1 - rank;
-  std::vector<LinkTiming> rows;
-  for (int64_t bytes = 8; bytes <= (int64_t{64} << 20); bytes *= 8) {
-    const torch::Tensor message = torch::ones({bytes / 4});
-    const int repeats = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / bytes, 10, 2000));
-    std::vector<double> one_way_s;
-    for (int r = 0; r < warmup + repeats; ++r) {
-      const int64_t begin = now_ns();
-      if (rank == 0) {
-        transport.send(0, peer, Channel::kActivation, 0, message);
-        transport.recv(peer, 0, Channel::kGradient, 0);
-      } else {
-        transport.recv(peer, 1, Channel::kActivation, 0);
-        transport.send(1, peer, Channel::kGradient, 0, message);
-      }
-      transport.finish();
-      if (r >= warmup) one_way_s.push_back(static_cast<double>(now_ns() - begin) * 0.5e-9);
-    }
-    std::sort(one_way_s.begin(), one_way_s.end());
-    rows.push_back({bytes, repeats, one_way_s[one_way_s.size() / 2], one_way_s.front(), one_way_s.back()});
-  }
-  return rows;
+  return gpipe::detail::time_transport(transport, rank, warmup);
 }
 
 }  // namespace gpipe::mpi

@@ -12,8 +12,6 @@ namespace gpipe::mpi {
 
 /// Starts MPI for the rest of the process; returns this rank and the ranks.
 std::pair<int, int> start_job(int* argc, char*** argv);
-/// Every rank's `mine`, in rank order, on every rank.
-std::vector<std::string> all_gather_job(const std::string& mine);
 /// Ends the whole job with `status` after `print`ing `message` as job.h's end_job says.
 [[noreturn]] void end_job(int status, const std::string& message, const std::function<void(const std::string&)>& print,
                           int rank);

@@ -1,0 +1,250 @@
+// c10d.h (internal): PyTorch's c10d as gpipe's backend (gpipe/backend.h): a job that torchrun
+// started (or anything that sets torch.distributed's env:// variables: MASTER_ADDR, MASTER_PORT,
+// RANK, WORLD_SIZE), one device per process, over Gloo.
+//
+//   the job's store (a TCPStore at MASTER_ADDR:MASTER_PORT; torchrun's agent hosts it, else rank 0):
+//       the set-up's gathers, the error flags, the job's end
+//   Links, one per pipeline and generation: a ProcessGroupGloo used for point-to-point only. Every
+//       collective is made of point-to-point messages, each of which a failure elsewhere aborts
+//       (Gloo's own collectives cannot be stopped, and would wait out their timeout).
+//
+// Files: world.cc (the job, its store, its end, the flags' watcher), links.cc (Links and the
+// transport), group.cc (the pipeline's backend and c10d's entry in backends()).
+#pragma once
+
+#include "gpipe/backend.h"
+#include "gpipe/job.h"
+#include "gpipe/transport.h"
+#include "transport/rank_group.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace gpipe::c10d {
+
+class Links;
+
+/// A store value from text, and back.
+inline std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
+inline std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+
+/// Whether an env:// launcher (torchrun) started this process as one of a job: RANK, WORLD_SIZE,
+/// MASTER_ADDR and MASTER_PORT are set.
+bool launched();
+
+/// The job this process belongs to, once started (start()).
+struct World {
+  int rank = 0;
+  int size = 1;
+  std::string host;  // the store's
+  int port = 0;
+  bool agent_store = false;  // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE)
+  std::string prefix;        // every key of this job: "gpipe/<restart>"
+  std::chrono::milliseconds timeout{0};  // of every blocking call (GPIPE_TIMEOUT, in seconds)
+  c10::intrusive_ptr<::c10d::Store> store;  // the connection of the thread that started the job
+  std::shared_ptr<::gloo::transport::Device> device;  // Gloo's, shared by every Links
+};
+
+/// Starts the job for the rest of the process on the first call (connects to the store, and starts
+/// the thread that watches the error flags); returns it. Throws std::invalid_argument naming the
+/// variable that is missing or wrong.
+World& start();
+/// Whether start() has run.
+bool started();
+/// The started job; throws std::invalid_argument naming the fix when it is not.
+World& world();
+/// A connection of its own to the job's store (a store connection is used by one thread), its keys
+/// under the job's prefix and `prefix`, if any.
+c10::intrusive_ptr<::c10d::Store> connect_store(const std::string& prefix);
+
+/// The watcher looks at `links`' flag (Links::flag_key) until unwatch, and calls Links::flagged
+/// with its value while it is set.
+void watch(Links* links);
+void unwatch(Links* links);
+
+/// Every process's `mine`, in rank order, on every process (collective): through the store, the
+/// n-th call under `scope` meeting every other process's n-th call there. (A store's get may take
+/// 200 ms: a pipeline's set-up gathers through its Links instead.)
+std::vector<std::string> all_gather(const std::string& scope, const std::string& mine);
+
+/// Ends the whole job with `status`, after `print`ing `message` as job.h's end_job says.
+[[noreturn]] void end_job(int status, const std::string& message, const std::function<void(const std::string&)>& print);
+/// Ends the whole job at once: every process exits with `status`.
+[[noreturn]] void abort(int status);
+/// Tells every other process of each live pipeline that this one makes no more calls (as mpi::leave).
+void leave();
+/// Starts the job (start()); returns this rank and the ranks.
+std::pair<int, int> start_job();
+/// job.h's time_link, on this rank of a job of two.
+std::vector<LinkTiming> time_link(int warmup);
+
+/// c10d's entry in backends().
+BackendEntry backend_entry();
+
+/// Thrown on every other process when one process fails: the job cannot go on. what() carries the
+/// failing process's own message. (A Cancelled, so the executor passes it on rather than blaming its
+/// own stage.)
+class RemoteError : public Cancelled {
+ public:
+  RemoteError(int rank, const std::string& message);
+  int rank() const { return rank_; }
+
+ private:
+  int rank_;
+};
+
+/// One generation of a pipeline's connections: a ProcessGroupGloo over every process of the job, on
+/// keys of its own, and the flag on which a failing process stops every other. A failed call is
+/// followed by a new generation (the old one's messages in flight cannot reach it).
+class Links {
+ public:
+  /// Collective over the job. `scope` names the pipeline (its keys in the store).
+  Links(const std::string& scope, int generation);
+  ~Links();
+  Links(const Links&) = delete;
+  Links& operator=(const Links&) = delete;
+
+  int rank() const { return rank_; }
+
+  /// Sends `tensor` (contiguous, on the CPU) to `peer` without waiting: kept until wait_sends().
+  void send(int peer, int tag, const torch::Tensor& tensor);
+  /// Posts a receive of `into` (contiguous, on the CPU, of the size sent) from `peer`.
+  c10::intrusive_ptr<::c10d::Work> post_recv(int peer, int tag, torch::Tensor& into);
+  /// Waits for `work` (a receive from, or a send to, `peer`). Throws RemoteError when another
+  /// process raised a failure or left, or when the connection to `peer` broke (it died, or the
+  /// wait passed the job's timeout).
+  void wait(const c10::intrusive_ptr<::c10d::Work>& work, int peer);
+  /// Waits until every send has left.
+  void wait_sends();
+
+  /// Tells every other process that this one failed with `message`: their waits throw RemoteError.
+  void raise(const std::string& message);
+  /// Tells every other process that this one makes no more calls (`message` says why).
+  void leave(const std::string& message);
+  /// The message of a process that left (empty if none has), and its rank.
+  std::string left() const;
+  int left_rank() const;
+
+  // ---- collectives made of point-to-point messages, over `ranks` (ascending, this one among them)
+
+  /// `values` combined in place: summed in rank order (every process ends with the same bits), or
+  /// their elementwise maximum with `largest`.
+  void combine(const std::vector<int>& ranks, torch::Tensor& values, bool largest = false);
+  /// `value` made ranks[0]'s.
+  void broadcast(const std::vector<int>& ranks, torch::Tensor& value);
+  /// Every process's `bytes` on rank 0, in rank order; an empty list elsewhere (every process).
+  std::vector<std::string> gather(const std::string& bytes);
+  /// Every process's `bytes`, in rank order, on every process (every process).
+  std::vector<std::string> all_gather(const std::string& bytes);
+
+  /// Called by the watcher with the flag's value ("<rank>\n<message>") whenever it is set: a failure
+  /// aborts every wait; a leave notice is kept (left()), and aborts them 2 s later.
+  void flagged(const std::string& value);
+  const std::string& flag_key() const { return flag_key_; }
+
+ private:
+  // The failure notice that came (empty while none has), and the leave notice.
+  std::string heard_;
+  int heard_rank_ = -1;
+  std::string left_;
+  int left_rank_ = -1;
+  std::chrono::steady_clock::time_point left_at_;
+  static constexpr std::chrono::seconds kLeaveGrace{2};
+  mutable std::mutex mutex_;
+  std::set<::c10d::Work*> waiting_;
+  std::vector<std::pair<c10::intrusive_ptr<::c10d::Work>, int>> sends_;
+  c10::intrusive_ptr<::c10d::Store> store_;  // the caller thread's connection
+  c10::intrusive_ptr<::c10d::ProcessGroupGloo> group_;
+  std::string flag_key_;
+  int rank_ = 0;
+  bool raised_ = false;
+  [[noreturn]] void throw_heard() const;
+};
+
+/// Transport between the processes of one pipeline replica over Links: each boundary message a
+/// header (the count, then each tensor's dtype and shape) and a data message per defined tensor, under
+/// a tag of (from stage, to stage, channel, micro-batch). CUDA tensors travel through host memory.
+class C10dTransport : public Transport {
+ public:
+  /// `rank_of_stage[s]`: the job's rank that runs stage s.
+  C10dTransport(Links* links, std::vector<int> rank_of_stage, int micro_batches, int skips = 0);
+  ~C10dTransport() override;
+
+  void begin(const std::vector<const std::vector<Action>*>& programs) override;
+  void send(int from, int to, Channel channel, int micro_batch, Tensors tensors) override;
+  Tensors recv(int from, int to, Channel channel, int micro_batch) override;
+  void finish() override;
+  void cancel(const std::string& why) override;
+  bool cancelled() const override { return !cancelled_.empty(); }
+  int64_t bytes_sent() const override { return bytes_sent_; }
+
+ private:
+  static constexpr int kMaxDims = 12;
+  static constexpr int kPart = 2 + kMaxDims;
+  static constexpr int kHeader = 2 + kMostBoundaryTensors * kPart;
+  using Key = std::tuple<int, int, int, int>;  // (from stage, to stage, channel, micro-batch)
+  struct PendingRecv {
+    torch::Tensor header;
+    c10::intrusive_ptr<::c10d::Work> work;
+  };
+  int tag(const Key& key) const;
+  int rank(int stage) const;
+  PendingRecv post_header(const Key& key);
+  void check_cancelled() const;
+
+  Links* links_;
+  std::vector<int> rank_of_stage_;
+  int channels_;
+  std::map<Key, PendingRecv> receives_;
+  int64_t bytes_sent_ = 0;
+  std::string cancelled_;
+};
+
+/// The processes of a c10d job running one pipeline and its replicas.
+class C10dGroup : public detail::RankGroup {
+ public:
+  C10dGroup();
+  explicit C10dGroup(const PipelinePlan& plan);
+  ~C10dGroup() override;
+
+  void connect(const PipelinePlan& plan, const torch::nn::Sequential& layers, const PipelineOptions& options) override;
+  void begin_call() override;
+  void fail(const std::string& why) override;
+  Transport& transport() override { return *transport_; }
+  void reduce(double* values, int count, bool largest) override;
+  std::vector<std::string> gather(const std::string& bytes) override;
+  int rank() const override { return world().rank; }
+
+  /// Tells the other processes that this one makes no more calls; takes none after.
+  void leave();
+
+ protected:
+  std::vector<std::string> all_gather_setup(const std::string& mine) override;
+  void sum_replicas(const std::shared_ptr<torch::Tensor>& values, const char* what) override;
+  void broadcast_tie(size_t tie, torch::Tensor& value) override;
+  void sum_tie(size_t tie, const std::shared_ptr<torch::Tensor>& values) override;
+
+ private:
+  void open();
+  void abandon();
+  std::vector<int> tie_ranks(size_t tie) const;
+
+  std::string scope_;  // this pipeline's keys in the store
+  int generation_ = 0;
+  std::unique_ptr<Links> links_;
+  std::unique_ptr<C10dTransport> transport_;
+  bool left_ = false;
+};
+
+}  // namespace gpipe::c10d

@@ -1,0 +1,239 @@
+// world.cc (c10d): the job torchrun started: its variables, its store, the gathers of the set-up, the
+// thread that watches the error flags, and the job's end.
+#include "transport/c10d/c10d.h"
+
+#include "gpipe/check.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <condition_variable>
+#include <csignal>
+#include <cstdlib>
+#include <thread>
+
+#include <unistd.h>
+
+namespace gpipe::c10d {
+
+namespace {
+
+std::string variable(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
+int whole_variable(const char* name, int low, int high) {
+  const std::string text = variable(name);
+  size_t used = 0;
+  long value = -1;
+  try {
+    value = std::stol(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  GPIPE_CHECK(used == text.size() && !text.empty() && value >= low && value <= high, "the environment variable ", name,
+              " is \"", text, "\"; an env:// launcher (torchrun) sets it to a whole number from ", low, " to ", high);
+  return static_cast<int>(value);
+}
+
+
+// The started job; never destroyed: the watcher runs until the process ends.
+World* the_world = nullptr;
+std::mutex world_mutex;  // the_world's store, used by one thread at a time
+
+// The error flags' watcher: every live Links' flag, and the job's end, looked at every 100 ms.
+struct Watcher {
+  std::mutex mutex;
+  std::condition_variable woken;
+  std::set<Links*> links;
+  c10::intrusive_ptr<::c10d::Store> store;
+};
+Watcher* the_watcher = nullptr;
+
+constexpr char kAbortKey[] = "abort";
+
+void watch_forever(Watcher* w) {
+  try {
+    for (;;) {
+      std::vector<std::pair<Links*, std::string>> keys;
+      {
+        const std::lock_guard<std::mutex> lock(w->mutex);
+        for (Links* l : w->links) keys.emplace_back(l, l->flag_key());
+      }
+      for (const auto& [links, key] : keys) {
+        if (!w->store->check({key})) continue;
+        const std::string value = text_of(w->store->get(key));
+        const std::lock_guard<std::mutex> lock(w->mutex);
+        if (w->links.count(links) > 0) links->flagged(value);  // still watched
+      }
+      if (w->store->check({kAbortKey})) {
+        // Another process ends the job (abort): this one ends with it, at once and quietly.
+        _exit(std::atoi(text_of(w->store->get(kAbortKey)).c_str()));
+      }
+      std::unique_lock<std::mutex> lock(w->mutex);
+      w->woken.wait_for(lock, std::chrono::milliseconds(100));
+    }
+  } catch (const std::exception&) {
+    // The store is gone (the launcher ended): nothing more can be heard.
+  }
+}
+
+}  // namespace
+
+bool launched() {
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+    if (variable(name).empty()) return false;
+  return true;
+}
+
+bool started() {
+  const std::lock_guard<std::mutex> lock(world_mutex);
+  return the_world != nullptr;
+}
+
+World& world() {
+  const std::lock_guard<std::mutex> lock(world_mutex);
+  GPIPE_CHECK(the_world != nullptr, "the c10d runtime needs a job that torchrun started (or the variables of "
+              "torch.distributed's env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE); start the program with "
+              "torchrun, one process per device, or choose another runtime");
+  return *the_world;
+}
+
+c10::intrusive_ptr<::c10d::Store> connect_store(const std::string& prefix) {
+  const World& w = world();
+  ::c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(w.port);
+  options.isServer = false;
+  options.waitWorkers = false;
+  options.timeout = w.timeout;
+  auto store = c10::make_intrusive<::c10d::TCPStore>(w.host, options);
+  return c10::make_intrusive<::c10d::PrefixStore>(prefix.empty() ? w.prefix : w.prefix + "/" + prefix, store);
+}
+
+World& start() {
+  {
+    const std::lock_guard<std::mutex> lock(world_mutex);
+    if (the_world != nullptr) return *the_world;
+  }
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+    GPIPE_CHECK(!variable(name).empty(), "the environment variable ", name, " is not set; start the job with torchrun "
+                "(one process per device), which sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE");
+  auto w = std::make_unique<World>();
+  w->size = whole_variable("WORLD_SIZE", 1, 1 << 20);
+  w->rank = whole_variable("RANK", 0, w->size - 1);
+  w->host = variable("MASTER_ADDR");
+  w->port = whole_variable("MASTER_PORT", 1, 65535);
+  const std::string timeout = variable("GPIPE_TIMEOUT");
+  double seconds = 1800;
+  if (!timeout.empty()) {
+    size_t used = 0;
+    try {
+      seconds = std::stod(timeout, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    GPIPE_CHECK(used == timeout.size() && seconds > 0 && seconds <= 1e6, "GPIPE_TIMEOUT is \"", timeout,
+                "\"; give the seconds any wait of the job may last (default 1800)");
+  }
+  w->timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  w->agent_store = variable("TORCHELASTIC_USE_AGENT_STORE") == "True";
+  const std::string restart = variable("TORCHELASTIC_RESTART_COUNT");
+  w->prefix = "gpipe/" + (restart.empty() ? std::string("0") : restart);
+  ::c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(w->port);
+  options.isServer = !w->agent_store && w->rank == 0;  // else torchrun's agent, or rank 0, hosts it
+  if (options.isServer) options.numWorkers = static_cast<size_t>(w->size);
+  options.waitWorkers = options.isServer;
+  options.timeout = w->timeout;
+  options.multiTenant = true;
+  try {
+    w->store = c10::make_intrusive<::c10d::PrefixStore>(
+        w->prefix, c10::make_intrusive<::c10d::TCPStore>(w->host, options));
+  } catch (const std::exception& e) {
+    GPIPE_CHECK(false, "rank ", w->rank, " could not reach the job's store at ", w->host, ":", w->port, " (",
+                e.what(), "); check MASTER_ADDR and MASTER_PORT, and that every rank of the job was started");
+  }
+  const std::string interface = variable("GLOO_SOCKET_IFNAME");
+  w->device = interface.empty() ? ::c10d::ProcessGroupGloo::createDefaultDevice()
+                                : ::c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+  {
+    const std::lock_guard<std::mutex> lock(world_mutex);
+    the_world = w.release();
+  }
+  auto* watcher = new Watcher;  // never destroyed, as its thread is never joined
+  watcher->store = connect_store("");
+  {
+    const std::lock_guard<std::mutex> lock(world_mutex);
+    the_watcher = watcher;
+  }
+  std::thread(watch_forever, watcher).detach();
+  return *the_world;
+}
+
+void watch(Links* links) {
+  const std::lock_guard<std::mutex> lock(the_watcher->mutex);
+  the_watcher->links.insert(links);
+}
+
+void unwatch(Links* links) {
+  const std::lock_guard<std::mutex> lock(the_watcher->mutex);
+  the_watcher->links.erase(links);
+}
+
+std::vector<std::string> all_gather(const std::string& scope, const std::string& mine) {
+  World& w = world();
+  static std::map<std::string, int64_t> calls;  // under world_mutex
+  const std::lock_guard<std::mutex> lock(world_mutex);
+  const std::string base = "gather/" + scope + "/" + std::to_string(calls[scope]++) + "/";
+  std::vector<std::string> out;
+  try {
+    w.store->set(base + std::to_string(w.rank), bytes_of(mine));
+    for (int r = 0; r < w.size; ++r) out.push_back(text_of(w.store->get(base + std::to_string(r))));
+  } catch (const std::exception& e) {
+    GPIPE_CHECK(false, "rank ", w.rank, " waited ", w.timeout.count() / 1000, " s (GPIPE_TIMEOUT) for rank ",
+                out.size(), " to reach the same point (", e.what(), "); it failed, is stuck, or runs other settings");
+  }
+  return out;
+}
+
+void abort(int status) {
+  if (started()) {
+    try {
+      connect_store("")->set(kAbortKey, bytes_of(std::to_string(status)));
+    } catch (const std::exception&) {
+      // The store is gone: the launcher ends the others.
+    }
+  }
+  _exit(status);
+}
+
+void end_job(int status, const std::string& message, const std::function<void(const std::string&)>& print) {
+  // As under MPI (mpi::end_job): ranks that fail together print each different message once; a rank
+  // that does not come within 5 s only delays the end. torchrun ends the others once one exits.
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, SIG_DFL);
+  const World& w = world();
+  std::vector<std::string> all;
+  try {
+    auto store = connect_store("end");
+    store->set(std::to_string(w.rank), bytes_of(message));
+    std::vector<std::string> keys;
+    for (int r = 0; r < w.size; ++r) keys.push_back(std::to_string(r));
+    store->wait(keys, std::chrono::seconds(5));
+    for (const std::string& key : keys) all.push_back(text_of(store->get(key)));
+    if (w.rank == 0) {
+      detail::print_by_message(all, print);
+      store->set("printed", bytes_of("1"));
+    } else {
+      store->wait({"printed"}, std::chrono::seconds(5));
+    }
+  } catch (const std::exception&) {
+    if (all.empty()) print("[rank " + std::to_string(w.rank) + "] " + message);
+  }
+  abort(status);
+}
+
+RemoteError::RemoteError(int rank, const std::string& message)
+    : Cancelled("gpipe: stopped because rank " + std::to_string(rank) + " failed: " + message), rank_(rank) {}
+
+}  // namespace gpipe::c10d

@@ -1,0 +1,446 @@
+// rank_group.cc: what every backend of several processes shares (rank_group.h): agreement on the
+// configuration before any work, the skip connections and tied weights of the whole model, the
+// batch compared, the replicas' rows and sums, the step's timeline gathered on the first process.
+#include "transport/rank_group.h"
+
+#include "gpipe/check.h"
+#include "gpipe/partition.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+namespace gpipe::detail {
+
+namespace {
+
+// `values` as bytes, and back.
+template <typename T>
+std::string bytes_of(const std::vector<T>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+template <typename T>
+std::vector<T> values_of(const std::string& bytes) {
+  std::vector<T> out(bytes.size() / sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
+}  // namespace
+
+void print_by_message(const std::vector<std::string>& messages, const std::function<void(const std::string&)>& print) {
+  std::vector<bool> told(messages.size(), false);
+  for (size_t r = 0; r < messages.size(); ++r) {
+    if (told[r]) continue;
+    std::vector<size_t> ranks;
+    for (size_t q = r; q < messages.size(); ++q)
+      if (!told[q] && messages[q] == messages[r]) ranks.push_back(q), told[q] = true;
+    std::string who;
+    for (size_t n = 0; n < ranks.size(); ++n) who += (n ? ", " : "") + std::to_string(ranks[n]);
+    print(ranks.size() == messages.size() ? messages[r]
+                                          : (ranks.size() == 1 ? "[rank " : "[ranks ") + who + "] " + messages[r]);
+  }
+}
+
+std::vector<LinkTiming> time_transport(Transport& transport, int rank, int warmup) {
+  const int peer = 1 - rank;
+  std::vector<LinkTiming> rows;
+  for (int64_t bytes = 8; bytes <= (int64_t{64} << 20); bytes *= 8) {
+    const torch::Tensor message = torch::ones({bytes / 4});
+    const int repeats = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / bytes, 10, 2000));
+    std::vector<double> one_way_s;
+    for (int r = 0; r < warmup + repeats; ++r) {
+      const int64_t begin = now_ns();
+      if (rank == 0) {
+        transport.send(0, peer, Channel::kActivation, 0, message);
+        transport.recv(peer, 0, Channel::kGradient, 0);
+      } else {
+        transport.recv(peer, 1, Channel::kActivation, 0);
+        transport.send(1, peer, Channel::kGradient, 0, message);
+      }
+      transport.finish();
+      if (r >= warmup) one_way_s.push_back(static_cast<double>(now_ns() - begin) * 0.5e-9);
+    }
+    std::sort(one_way_s.begin(), one_way_s.end());
+    rows.push_back({bytes, repeats, one_way_s[one_way_s.size() / 2], one_way_s.front(), one_way_s.back()});
+  }
+  return rows;
+}
+
+void RankGroup::agree_on(const std::string& local_error) {
+  const std::vector<std::string> errors = all_gather_setup(local_error);
+  if (!local_error.empty()) throw std::invalid_argument(local_error);
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty()) {
+      const std::string prefix = "gpipe: ";
+      const std::string& what = errors[r];
+      throw std::invalid_argument("gpipe: rank " + std::to_string(r) + " refused the configuration: " +
+                                  (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what));
+    }
+}
+
+void RankGroup::agree(std::exception_ptr failure) {
+  std::string error;
+  if (failure) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      error = e.what();
+    } catch (...) {
+      error = "gpipe: an unknown exception while building the stages";
+    }
+    try {  // the others hear of it; this process throws what it caught
+      agree_on(error);
+    } catch (const std::invalid_argument&) {
+    }
+    std::rethrow_exception(failure);
+  }
+  agree_on(error);
+}
+
+PipelinePlan RankGroup::plan(const torch::nn::Sequential& layers, const PipelineOptions& options,
+                             const SkipUseFinder& skip_uses) {
+  // What a process can judge alone is agreed on, so every process throws or none does.
+  std::string error;
+  PipelinePlan cut;  // the plan without skip connections: K, V and the balance
+  try {
+    GPIPE_CHECK(!options.balance().empty(), "a pipeline over several processes needs the balance of the whole model "
+                "(layers per stage, e.g. {3, 8}); make_pipeline finds it for you");
+    const int layer_count = std::accumulate(options.balance().begin(), options.balance().end(), 0);
+    if (made_) check_plan_of(plan_, layer_count, options);  // the plan made once: not resolved again
+    cut = made_ ? plan_ : make_plan(layer_count, options);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_on(error);
+  check_agreement(layers, options, cut);  // sets placement_
+  const std::vector<SkipUse> uses = all_skip_uses(layers, skip_uses);
+  try {
+    plan_ = cut;
+    route_skips(plan_, connect_skips(uses));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_on(error);
+  return plan_;
+}
+
+// Every process gathers every process's settings and runs the same checks, so all of them throw the
+// same error or none does.
+void RankGroup::check_agreement(const torch::nn::Sequential& layers, const PipelineOptions& options,
+                                const PipelinePlan& plan) {
+  enum Field { kLayers, kStages, kMicroBatches, kCheckpoint, kDtype, kSchedule, kVirtual, kBatchNorm, kGiven, kFields };
+  const char* names[] = {"the model's layer count", "the number of stages K·V", "the number of micro-batches M",
+                         "the checkpoint mode", "the parameters' dtype", "the schedule",
+                         "the number of stages per device V", "deferred BatchNorm statistics (deferred_batch_norm)"};
+  // The fields, then the balance.
+  std::vector<int64_t> mine(kFields);
+  mine[kLayers] = plan.layers;
+  mine[kStages] = plan.stages();
+  mine[kMicroBatches] = plan.micro_batches;
+  mine[kCheckpoint] = static_cast<int64_t>(plan.checkpoint);
+  mine[kDtype] = -1;
+  for (const auto& p : layers->parameters())
+    if (p.is_floating_point()) {
+      mine[kDtype] = static_cast<int64_t>(p.scalar_type());
+      break;
+    }
+  mine[kSchedule] = static_cast<int64_t>(plan.schedule);
+  mine[kVirtual] = plan.virtual_stages;
+  mine[kBatchNorm] = options.deferred_batch_norm() ? 1 : 0;
+  mine[kGiven] = static_cast<int64_t>(layers->size());
+  mine.insert(mine.end(), plan.balance.begin(), plan.balance.end());
+  std::vector<std::vector<int64_t>> all;
+  for (const std::string& bytes : all_gather_setup(bytes_of(mine))) all.push_back(values_of<int64_t>(bytes));
+  const int size = static_cast<int>(all.size());
+  auto at = [&](int rank, int field) { return all[static_cast<size_t>(rank)][static_cast<size_t>(field)]; };
+  auto describe = [&](int field, int64_t value) -> std::string {
+    if (field == kCheckpoint) return to_string(static_cast<Checkpoint>(value));
+    if (field == kDtype) return c10::toString(static_cast<c10::ScalarType>(value));
+    if (field == kSchedule) return to_string(static_cast<ScheduleKind>(value));
+    return std::to_string(value);
+  };
+  for (int field : {kStages, kVirtual, kLayers, kMicroBatches, kCheckpoint, kDtype, kSchedule, kBatchNorm}) {
+    int reference = -1;
+    for (int r = 0; r < size; ++r) {
+      if (field == kDtype && at(r, field) < 0) continue;  // a device without parameters
+      if (reference < 0) {
+        reference = r;
+        continue;
+      }
+      GPIPE_CHECK(at(r, field) == at(reference, field), "the ranks disagree on ", names[field], ": rank ", reference,
+                  " has ", describe(field, at(reference, field)), ", rank ", r, " has ", describe(field, at(r, field)),
+                  "; start every rank with the same model and settings");
+    }
+  }
+  // K agrees now, so every process reaches the same verdict on the world size.
+  placement_ = place(rank(), size, plan.devices);
+  const std::vector<int>& balance = plan.balance;
+  auto balance_of = [&](int r) {
+    const auto& fields = all[static_cast<size_t>(r)];
+    return std::vector<int>(fields.begin() + kFields, fields.end());
+  };
+  for (int r = 1; r < size; ++r)
+    GPIPE_CHECK(balance_of(r) == balance_of(0), "the ranks disagree on the balance: rank 0 has ",
+                format_balance(balance_of(0)), ", rank ", r, " has ", format_balance(balance_of(r)),
+                "; start every rank with the same cut");
+  for (int r = 0; r < size; ++r) {
+    const int device = place(r, size, plan.devices).device;
+    int expected = 0;
+    std::string which;
+    for (int s : plan.stages_of(device)) {
+      expected += balance[static_cast<size_t>(s)];
+      which += (which.empty() ? "" : ", ") + std::to_string(s);
+    }
+    GPIPE_CHECK(at(r, kGiven) == expected, "rank ", r, " runs stage", plan.virtual_stages > 1 ? "s " : " ", which,
+                ", which the balance ", format_balance(balance), " gives ", expected, " layers, but it was given ",
+                at(r, kGiven), "; build each rank's layers with gpipe::device_layers");
+  }
+}
+
+std::vector<std::vector<std::string>> RankGroup::first_lines(const std::string& mine, int count) {
+  const std::vector<std::string> all = all_gather_setup(mine);
+  std::vector<std::vector<std::string>> lines(static_cast<size_t>(count));
+  for (int r = 0; r < count; ++r) {
+    std::istringstream text(all[static_cast<size_t>(r)]);
+    for (std::string line; std::getline(text, line);) lines[static_cast<size_t>(r)].push_back(line);
+  }
+  return lines;
+}
+
+std::vector<SkipUse> RankGroup::all_skip_uses(const torch::nn::Sequential& layers, const SkipUseFinder& skip_uses) {
+  // A line "pop|stash <layer> <name>" per use; the layers are named by their index in the whole model.
+  std::string mine, error;
+  try {
+    for (const SkipUse& u : skip_uses(layers, /*named_by_index=*/true))
+      mine += std::string(u.pop ? "pop " : "stash ") + std::to_string(u.layer) + " " + u.name + "\n";
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_on(error);
+  std::vector<SkipUse> uses;
+  for (const auto& lines : first_lines(mine, placement_.devices))
+    for (const std::string& line : lines) {
+      std::istringstream fields(line);
+      std::string kind;
+      SkipUse use;
+      fields >> kind >> use.layer;
+      fields.get();  // the space before the name
+      std::getline(fields, use.name);
+      use.pop = kind == "pop";
+      uses.push_back(use);
+    }
+  return uses;
+}
+
+std::string RankGroup::who() const {
+  return "rank " + std::to_string(rank()) + " (device " + std::to_string(placement_.device) + ", replica " +
+         std::to_string(placement_.replica) + "): ";
+}
+
+std::string RankGroup::describe() const {
+  return name_ + ": " + std::to_string(placement_.devices * placement_.replicas) + " ranks = " +
+         std::to_string(placement_.devices) + " devices x " + std::to_string(placement_.replicas) + " replicas";
+}
+
+void RankGroup::check_same_batch(const Tensors& input, const torch::Tensor& target) {
+  auto name = [&](size_t n) {
+    return n == input.size() ? std::string("target") : input.tuple ? "input's tensor " + std::to_string(n) : std::string("input");
+  };
+  const std::string fix = "; every rank calls with the same whole mini-batch: draw the data in the same order on every "
+                          "rank (seed the generator that shuffles it, e.g. torch.manual_seed before building a "
+                          "DataLoader)";
+  // The count first: the sums below are one reduction of that many values on every process.
+  const double count = static_cast<double>(input.size());
+  double counts[2] = {count, -count};
+  reduce(counts, 2, /*largest=*/true);
+  if (counts[0] != -counts[1]) failed_ = true;
+  GPIPE_CHECK(counts[0] == -counts[1], "the ranks were given inputs of different numbers of tensors", fix);
+  std::vector<torch::Tensor> tensors = input.items;
+  if (target.defined()) tensors.push_back(target);
+  // Per tensor its size and the sum of its values, each with its negation: one maximum gives both
+  // the largest and the smallest over the processes.
+  std::vector<double> values;
+  for (const torch::Tensor& t : tensors) {
+    const double size = static_cast<double>(t.numel());
+    double sum = t.numel() > 0 ? t.detach().sum(torch::kDouble).item<double>() : 0.0;
+    if (std::isnan(sum)) sum = std::numeric_limits<double>::max();  // NaN compares with nothing
+    if (std::isinf(sum)) sum = sum > 0 ? std::numeric_limits<double>::max() : std::numeric_limits<double>::lowest();
+    values.insert(values.end(), {size, -size, sum, -sum});
+  }
+  reduce(values.data(), static_cast<int>(values.size()), /*largest=*/true);
+  for (size_t n = 0; n < values.size(); n += 2) {
+    // Every process reaches the same verdict from the same sums, so nothing is told: one told first
+    // would stop the others with its message before they reach their own.
+    if (values[n] != -values[n + 1]) failed_ = true;
+    GPIPE_CHECK(values[n] == -values[n + 1], "the ranks were given different batches (", n % 4 == 0 ? "sizes" : "values",
+                " of the ", name(n / 4), " differ)", fix);
+  }
+}
+
+std::pair<int64_t, int64_t> RankGroup::share(int64_t rows) const {
+  // As micro_batch_sizes: the first rows % D replicas take one row more; with fewer rows than
+  // replicas, the last replicas take none.
+  const int64_t D = placement_.replicas, r = placement_.replica;
+  const int64_t base = rows / D, extra = rows % D;
+  return {r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
+}
+
+// ---- the replicas: each device's gradients and BatchNorm statistics summed over the replicas that run it
+
+void RankGroup::reduce_gradients(const std::vector<torch::Tensor>& params) {
+  if (placement_.replicas > 1 && !params.empty()) {
+    torch::NoGradGuard no_grad;
+    bool all_float = true;
+    std::vector<torch::Tensor> flat;
+    for (const auto& p : params) {
+      all_float = all_float && p.scalar_type() == torch::kFloat;
+      flat.push_back((p.grad().defined() ? p.grad() : torch::zeros_like(p)).reshape({-1}).to(torch::kCPU));
+    }
+    auto kept =
+        std::make_shared<torch::Tensor>(torch::cat(flat).to(all_float ? torch::kFloat : torch::kDouble).contiguous());
+    const torch::Tensor buffer = *kept;
+    sum_replicas(kept, "a device's gradients");
+    int64_t at = 0;
+    for (torch::Tensor p : params) {
+      p.mutable_grad() = buffer.narrow(0, at, p.numel()).view(p.sizes()).to(p.options(), false, /*copy=*/true);
+      at += p.numel();
+    }
+  }
+  sum_tied_gradients();
+}
+
+void RankGroup::sum_over_replicas(const std::shared_ptr<torch::Tensor>& values) {
+  if (placement_.replicas > 1) sum_replicas(values, "a device's BatchNorm statistics");
+}
+
+// ---- a weight tied across processes (an input embedding and an output projection, say): each process
+// that holds one keeps a copy; the copies start equal and their gradients are summed before the update.
+
+void RankGroup::find_tied_copies(const torch::nn::Sequential& layers, const PipelineOptions& options) {
+  const auto named = layers->named_parameters();
+  // What each process holds of each group, a line "group name numel dtype" per copy; every process
+  // judges the same lines alike, so all throw the same error or none does.
+  std::string mine;
+  const auto& groups = options.tied_parameters();
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (const std::string& name : groups[g])
+      if (named.contains(name)) {
+        std::ostringstream line;
+        line << g << " " << name << " " << named[name].sizes() << " " << c10::toString(named[name].scalar_type());
+        mine += line.str() + "\n";
+      }
+  const auto held = first_lines(mine, placement_.devices);
+  ties_.clear();
+  uncounted_.clear();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::string shape;  // "[sizes] dtype" of the group's first copy
+    for (const std::string& name : groups[g]) {
+      const std::string key = std::to_string(g) + " " + name + " ";
+      std::string found;
+      for (const auto& lines : held)
+        for (const std::string& line : lines)
+          if (found.empty() && line.rfind(key, 0) == 0) found = line.substr(key.size());
+      GPIPE_CHECK(!found.empty(), "tied_parameters: no rank holds a parameter ", name, "; name parameters as in the "
+                  "whole model (the layer's index in it, then the parameter's name, e.g. 0.weight)");
+      if (shape.empty()) shape = found;
+      GPIPE_CHECK(found == shape, "tied parameters ", groups[g].front(), " and ", name, " differ: ", shape, " against ",
+                  found, "; tie parameters of one shape and dtype");
+      GPIPE_CHECK(found.find(" Float") != std::string::npos || found.find(" Double") != std::string::npos,
+                  "tied parameter ", name, " is ", found, "; tied parameters are float32 or float64");
+    }
+    Tie tie;
+    for (const std::string& name : groups[g]) {
+      if (!named.contains(name)) continue;
+      const torch::Tensor& p = named[name];
+      bool seen = false;
+      for (const auto& c : tie.copies) seen = seen || c.is_same(p);
+      if (!seen) tie.copies.push_back(p);
+    }
+    for (int d = 0; d < placement_.devices; ++d)
+      for (const std::string& line : held[static_cast<size_t>(d)])
+        if (line.rfind(std::to_string(g) + " ", 0) == 0 &&
+            (tie.devices.empty() || tie.devices.back() != d))
+          tie.devices.push_back(d);
+    // Sums over the whole model count the group once: the first copy of the lowest device holding one.
+    const int owner = tie.devices.empty() ? -1 : tie.devices.front();
+    for (size_t c = 0; c < tie.copies.size(); ++c)
+      if (placement_.device != owner || c > 0) uncounted_.insert(tie.copies[c].unsafeGetTensorImpl());
+    ties_.push_back(std::move(tie));
+  }
+}
+
+void RankGroup::share_tied_values() {
+  // Every copy of a tied weight starts as the lowest device's.
+  for (size_t t = 0; t < ties_.size(); ++t) {
+    Tie& tie = ties_[t];
+    if (tie.copies.empty()) continue;
+    torch::NoGradGuard no_grad;
+    torch::Tensor first = tie.copies.front().detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    broadcast_tie(t, first);
+    for (torch::Tensor& copy : tie.copies) copy.copy_(first);
+  }
+}
+
+void RankGroup::sum_tied_gradients() {
+  torch::NoGradGuard no_grad;
+  for (size_t t = 0; t < ties_.size(); ++t) {
+    Tie& tie = ties_[t];
+    if (tie.copies.empty()) continue;
+    torch::Tensor sum;
+    for (const torch::Tensor& p : tie.copies) {
+      const torch::Tensor g = p.grad().defined() ? p.grad() : torch::zeros_like(p);
+      sum = sum.defined() ? sum + g : g.clone();
+    }
+    auto kept = std::make_shared<torch::Tensor>(sum.to(torch::kCPU).contiguous());
+    const torch::Tensor total = *kept;
+    sum_tie(t, kept);
+    for (torch::Tensor p : tie.copies) p.mutable_grad() = total.to(p.device(), /*non_blocking=*/false, /*copy=*/true);
+  }
+}
+
+bool RankGroup::counts(const torch::Tensor& parameter) const {
+  return uncounted_.count(parameter.unsafeGetTensorImpl()) == 0;
+}
+
+// ---- the step's timeline: replica 0's processes' rows gathered on the first
+
+StepTrace RankGroup::gather_trace(const StepTrace& trace, const PipelinePlan& plan) {
+  // Per action: stage, kind, micro-batch, recompute flag, begin and end in ns from this process's
+  // step start. Processes start a step within a message latency of each other, as the previous one
+  // ends with a collective.
+  constexpr size_t kFields = 6;
+  std::vector<int64_t> mine;
+  if (placement_.replica == 0 && static_cast<int>(trace.devices.size()) > placement_.device)
+    for (const ActionSpan& span : trace.devices[static_cast<size_t>(placement_.device)])
+      mine.insert(mine.end(), {span.action.stage, static_cast<int64_t>(span.action.kind), span.action.micro_batch,
+                               span.action.recompute ? 1 : 0, span.begin_ns - trace.begin_ns,
+                               span.end_ns - trace.begin_ns});
+  const std::vector<std::string> parts = gather(bytes_of(mine));
+  StepTrace out;
+  if (parts.empty()) return out;  // not the first process
+  out.devices.assign(static_cast<size_t>(plan.devices), {});
+  for (const std::string& part : parts) {
+    const std::vector<int64_t> all = values_of<int64_t>(part);
+    for (size_t n = 0; n + kFields <= all.size(); n += kFields) {
+      ActionSpan span;
+      span.action.stage = static_cast<int>(all[n]);
+      span.action.kind = static_cast<ActionKind>(all[n + 1]);
+      span.action.micro_batch = static_cast<int>(all[n + 2]);
+      span.action.recompute = all[n + 3] != 0;
+      span.begin_ns = all[n + 4];
+      span.end_ns = all[n + 5];
+      out.end_ns = std::max(out.end_ns, span.end_ns);
+      out.devices[static_cast<size_t>(plan.placement[static_cast<size_t>(span.action.stage)])].push_back(span);
+    }
+  }
+  return out;
+}
+
+}  // namespace gpipe::detail
