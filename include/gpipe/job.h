@@ -1,7 +1,7 @@
-// job.h: the job this process belongs to: one rank of an MPI job (under mpirun), or a job of one
-// process; what its ranks must agree on before any work, and ending the whole job when one rank
-// cannot go on. A front end (gpipe's command line, a program of one's own) calls these; none calls
-// MPI itself.
+// job.h: the job this process belongs to: one rank of a job of several (under mpirun: MPI; under
+// torchrun: c10d), or a job of one process; what its ranks must agree on before any work, and ending
+// the whole job when one rank cannot go on. A front end (gpipe's command line, a program of one's
+// own) calls these; none calls MPI or c10d itself.
 #pragma once
 
 #include <cstdint>
@@ -22,9 +22,10 @@ struct Job {
 /// The job. Before start_job: a job of one process.
 const Job& job();
 
-/// Starts MPI, for the rest of the process, when an MPI launcher started this process, and returns
-/// the job. Throws std::runtime_error when a launcher started a gpipe built without MPI (naming the
-/// CMake option that builds it in).
+/// Starts the backend whose launcher started this process, for the rest of the process (MPI under
+/// mpirun, c10d under torchrun), and returns the job. Throws std::runtime_error when a launcher
+/// started a gpipe built without its backend (naming the CMake option that builds it in); warns
+/// when only some of torchrun's variables are set.
 const Job& start_job(int* argc, char*** argv);
 
 /// D, the replicas of a pipeline of K `devices` in this job: the ranks divided by K (throws

@@ -18,8 +18,8 @@ namespace gpipe {
 Placement place(int world_rank, int world_size, int devices) {
   GPIPE_CHECK(devices >= 1, "the number of devices must be at least 1 (got ", devices, ")");
   GPIPE_CHECK(world_size % devices == 0, "the job has ", world_size, " ranks, not a multiple of the ", devices,
-              " devices; start K·D ranks for K devices and D replicas (mpirun -np ", devices, ", ", 2 * devices,
-              ", ...)");
+              " devices; start K·D processes for K devices and D replicas (", devices, ", ", 2 * devices,
+              ", ... under mpirun or torchrun)");
   Placement p;
   p.devices = devices;
   p.replicas = world_size / devices;

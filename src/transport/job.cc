@@ -1,4 +1,5 @@
-// job.cc: the job this process belongs to (job.h); the MPI side is src/transport/mpi/job.cc.
+// job.cc: the job this process belongs to (job.h); the backends' sides are src/transport/mpi/job.cc
+// and src/transport/c10d/world.cc.
 #include "gpipe/job.h"
 
 #include "gpipe/backend.h"
@@ -85,7 +86,15 @@ const Job& start_job(int* argc, char*** argv) {
     the_job() = Job{rank, size, size > 1};
     job_backend() = Runtime::kC10d;
   }
-#else
+#endif
+  // Some of env://'s variables without the others: not a job, which a user who meant one would not see.
+  const char* env_vars[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  int set = 0;
+  for (const char* name : env_vars) set += std::getenv(name) != nullptr ? 1 : 0;
+  if (set > 0 && set < 4 && std::getenv("WORLD_SIZE") != nullptr && std::string(std::getenv("WORLD_SIZE")) != "1")
+    print_error_line("gpipe: warning: some of RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set, not all: this "
+                     "process runs alone; start a job of several with torchrun, which sets them all");
+#if !(defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D)
   if (std::getenv("TORCHELASTIC_RUN_ID") != nullptr && std::getenv("WORLD_SIZE") != nullptr &&
       std::string(std::getenv("WORLD_SIZE")) != "1")
     throw std::runtime_error("this gpipe was built without the c10d backend, but it was started by torchrun; install "
@@ -170,13 +179,17 @@ std::vector<std::string> arguments_of(const std::string& pid) {
   return args;
 }
 
-// Under mpirun, the launcher's words before `program`: the parent's own (mpirun and every flag the
-// user gave it, a hostfile, --allow-run-as-root) when the parent is mpirun, as it is for the ranks
-// on its host; "mpirun -np N" otherwise.
+// Under mpirun or torchrun, the launcher's words before `program`: the parent's own (mpirun and every
+// flag the user gave it, a hostfile, --allow-run-as-root; torchrun and its flags) when the parent is
+// the launcher, as it is for the ranks on its host; "mpirun -np N" or torchrun's otherwise.
 std::string launcher_words(const std::string& program) {
   const std::vector<std::string> parent = arguments_of(std::to_string(getppid()));
   const std::string name = parent.empty() ? "" : parent[0].substr(parent[0].find_last_of('/') + 1);
-  if (name == "mpirun" || name == "mpiexec" || name == "orterun" || name == "prterun") {
+  // torchrun's agent is a Python program: /usr/bin/python3 /usr/bin/torchrun ... PROGRAM.
+  const bool torchrun = parent.size() > 1 && (parent[1].find("torchrun") != std::string::npos ||
+                                              parent[1].find("torch.distributed.run") != std::string::npos ||
+                                              (parent.size() > 2 && parent[2] == "torch.distributed.run"));
+  if (name == "mpirun" || name == "mpiexec" || name == "orterun" || name == "prterun" || torchrun) {
     for (size_t n = 1; n < parent.size(); ++n) {
       if (parent[n] != program) continue;
       std::string out;
@@ -184,6 +197,8 @@ std::string launcher_words(const std::string& program) {
       return out;
     }
   }
+  if (job_backend() == Runtime::kC10d)
+    return "torchrun --nproc_per_node " + std::to_string(job().size) + " --no_python";
   return "mpirun -np " + std::to_string(job().size);
 }
 

@@ -3,7 +3,7 @@
 // skip connections and tied weights gathered from every process, the batch compared, the rows
 // shared among the replicas, the step's timeline gathered. A backend derives from RankGroup and
 // gives it the job's collectives (the primitives below): MPI (transport/mpi/group.h) and c10d
-// (transport/c10d/group.h) do.
+// (transport/c10d/c10d.h) do.
 #pragma once
 
 #include "gpipe/backend.h"

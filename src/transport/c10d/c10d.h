@@ -3,7 +3,7 @@
 // RANK, WORLD_SIZE), one device per process, over Gloo.
 //
 //   the job's store (a TCPStore at MASTER_ADDR:MASTER_PORT; torchrun's agent hosts it, else rank 0):
-//       the set-up's gathers, the error flags, the job's end
+//       Gloo's rendezvous, the error flags, the job's end
 //   Links, one per pipeline and generation: a ProcessGroupGloo used for point-to-point only. Every
 //       collective is made of point-to-point messages, each of which a failure elsewhere aborts
 //       (Gloo's own collectives cannot be stopped, and would wait out their timeout).
@@ -21,6 +21,9 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <thread>
 #include <functional>
 #include <map>
 #include <memory>
@@ -39,8 +42,8 @@ class Links;
 inline std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 inline std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 
-/// Whether an env:// launcher (torchrun) started this process as one of a job: RANK, WORLD_SIZE,
-/// MASTER_ADDR and MASTER_PORT are set.
+/// Whether an env:// launcher (torchrun) started this process as one of a job of several: RANK,
+/// WORLD_SIZE (above 1), MASTER_ADDR and MASTER_PORT are set.
 bool launched();
 
 /// The job this process belongs to, once started (start()).
@@ -52,7 +55,7 @@ struct World {
   bool agent_store = false;  // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE)
   std::string prefix;        // every key of this job: "gpipe/<restart>"
   std::chrono::milliseconds timeout{0};  // of every blocking call (GPIPE_TIMEOUT, in seconds)
-  c10::intrusive_ptr<::c10d::Store> store;  // the connection of the thread that started the job
+  c10::intrusive_ptr<::c10d::Store> store;  // the first connection (on rank 0 without torchrun's agent, the store itself)
   std::shared_ptr<::gloo::transport::Device> device;  // Gloo's, shared by every Links
 };
 
@@ -66,17 +69,14 @@ bool started();
 World& world();
 /// A connection of its own to the job's store (a store connection is used by one thread), its keys
 /// under the job's prefix and `prefix`, if any.
-c10::intrusive_ptr<::c10d::Store> connect_store(const std::string& prefix);
+/// A wait on it lasts at most `timeout` (0: the job's).
+c10::intrusive_ptr<::c10d::Store> connect_store(const std::string& prefix,
+                                                std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
 /// The watcher looks at `links`' flag (Links::flag_key) until unwatch, and calls Links::flagged
 /// with its value while it is set.
 void watch(Links* links);
 void unwatch(Links* links);
-
-/// Every process's `mine`, in rank order, on every process (collective): through the store, the
-/// n-th call under `scope` meeting every other process's n-th call there. (A store's get may take
-/// 200 ms: a pipeline's set-up gathers through its Links instead.)
-std::vector<std::string> all_gather(const std::string& scope, const std::string& mine);
 
 /// Ends the whole job with `status`, after `print`ing `message` as job.h's end_job says.
 [[noreturn]] void end_job(int status, const std::string& message, const std::function<void(const std::string&)>& print);
@@ -173,8 +173,13 @@ class Links {
 };
 
 /// Transport between the processes of one pipeline replica over Links: each boundary message a
-/// header (the count, then each tensor's dtype and shape) and a data message per defined tensor, under
-/// a tag of (from stage, to stage, channel, micro-batch). CUDA tensors travel through host memory.
+/// header (the count, then each tensor's dtype and shape) and a data message per tensor, under a tag
+/// of (from stage, to stage, channel, micro-batch). CUDA tensors travel through host memory.
+///
+/// Gloo sends a message once its receive is posted, and a tensor's receive can be posted only once
+/// its header has come: a thread of the transport takes the step's headers in the order the program
+/// receives them and posts each one's data receives at once, so that the data crosses while the
+/// receiving device computes.
 class C10dTransport : public Transport {
  public:
   /// `rank_of_stage[s]`: the job's rank that runs stage s.
@@ -188,25 +193,38 @@ class C10dTransport : public Transport {
   void cancel(const std::string& why) override;
   bool cancelled() const override { return !cancelled_.empty(); }
   int64_t bytes_sent() const override { return bytes_sent_; }
+  /// Stops the receiving thread: the receives still posted are aborted (after a failed step).
+  void stop_receiving();
 
  private:
   static constexpr int kMaxDims = 12;
   static constexpr int kPart = 2 + kMaxDims;
   static constexpr int kHeader = 2 + kMostBoundaryTensors * kPart;
   using Key = std::tuple<int, int, int, int>;  // (from stage, to stage, channel, micro-batch)
+  // A message under way: its header's receive, then (the receiving thread's) its tensors' receives.
   struct PendingRecv {
     torch::Tensor header;
     c10::intrusive_ptr<::c10d::Work> work;
+    bool posted = false;  // the header came and the tensors' receives are posted
+    Tensors tensors;
+    std::vector<c10::intrusive_ptr<::c10d::Work>> data;
   };
   int tag(const Key& key) const;
   int rank(int stage) const;
-  PendingRecv post_header(const Key& key);
   void check_cancelled() const;
+  // The receiving thread: each of `order`'s headers, in turn, then its tensors' receives posted.
+  void receive_ahead(std::vector<Key> order);
+  // Posts `pending`'s tensors' receives from its header (from stage `from`).
+  void post_data(const Key& key, PendingRecv& pending);
 
   Links* links_;
   std::vector<int> rank_of_stage_;
   int channels_;
-  std::map<Key, PendingRecv> receives_;
+  std::mutex mutex_;  // receives_, failure_; the receiving thread and the device's
+  std::condition_variable posted_;
+  std::map<Key, std::shared_ptr<PendingRecv>> receives_;
+  std::exception_ptr failure_;  // the receiving thread's
+  std::thread receiver_;
   int64_t bytes_sent_ = 0;
   std::string cancelled_;
 };

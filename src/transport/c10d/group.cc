@@ -59,7 +59,7 @@ C10dGroup::~C10dGroup() {
 void C10dGroup::leave() {
   if (left_) return;
   left_ = true;
-  if (links_)
+  if (links_ && !failed_)  // after a failure the others have heard of it already
     links_->leave(who() + "ended its program (the end of main or of the script, exit, sys.exit) while this rank "
                   "still called into gpipe; every rank makes the same calls (the same number of train_step, forward, "
                   "save, sum...), so end every rank's loop together");
@@ -86,7 +86,10 @@ void C10dGroup::open() {
 
 void C10dGroup::abandon() {
   // Kept for good: Gloo may still write into a failed call's buffers, which its operations hold.
-  if (transport_) new std::unique_ptr<C10dTransport>(std::move(transport_));
+  if (transport_) {
+    transport_->stop_receiving();
+    new std::unique_ptr<C10dTransport>(std::move(transport_));
+  }
   if (links_) {
     unwatch(links_.get());
     new std::unique_ptr<Links>(std::move(links_));
@@ -151,7 +154,8 @@ std::pair<int, int> start_job() {
 }
 
 std::vector<LinkTiming> time_link(int warmup) {
-  Links links("link", 0);
+  static int calls = 0;  // each call's keys its own
+  Links links("link" + std::to_string(calls++), 0);
   C10dTransport transport(&links, {0, 1}, 1);  // stage r on rank r
   return detail::time_transport(transport, links.rank(), warmup);
 }

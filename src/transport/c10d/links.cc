@@ -88,7 +88,9 @@ void Links::raise(const std::string& message) {
   if (raised_) return;
   raised_ = true;
   try {
-    store_->set(flag_key_, bytes_of(std::to_string(rank_) + "\n" + message));
+    // The first process to raise is the one heard: a later notice (one that failed because of the
+    // first, or left after it) does not replace it.
+    store_->compareSet(flag_key_, {}, bytes_of(std::to_string(rank_) + "\n" + message));
   } catch (const std::exception&) {
     // The store is gone: the launcher is ending the job.
   }
@@ -148,7 +150,7 @@ void Links::wait(const c10::intrusive_ptr<::c10d::Work>& work, int peer) {
 }
 
 void Links::wait_sends() {
-  // Waited in order; the ones not reached when a wait throws go with this generation.
+  // Waited in order; when a wait throws, the rest are let go with it (a failed step's).
   auto sends = std::move(sends_);
   sends_.clear();
   for (const auto& [work, peer] : sends) wait(work, peer);
@@ -264,10 +266,63 @@ C10dTransport::C10dTransport(Links* links, std::vector<int> rank_of_stage, int m
               std::max<int64_t>(1, kTransportTags / per_micro_batch), " micro-batches");
 }
 
-C10dTransport::~C10dTransport() {
-  // After a failed step: the receives still posted are stopped; their buffers go with the Links,
-  // which the group keeps.
-  for (auto& [key, pending] : receives_) pending.work->abort();
+C10dTransport::~C10dTransport() { stop_receiving(); }
+
+void C10dTransport::stop_receiving() {
+  if (!receiver_.joinable()) return;
+  {
+    // The receives still posted are stopped: the thread's wait ends. Their buffers go with the
+    // Links, which the group keeps after a failed step.
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [key, pending] : receives_) {
+      pending->work->abort();
+      for (auto& work : pending->data) work->abort();
+    }
+  }
+  receiver_.join();
+}
+
+void C10dTransport::post_data(const Key& key, PendingRecv& pending) {
+  const int from = std::get<0>(key);
+  const int64_t* h = pending.header.data_ptr<int64_t>();
+  GPIPE_CHECK(h[0] >= 0 && h[0] <= kMostBoundaryTensors, "stage ", from, " sent a message of ", h[0], " tensors");
+  pending.tensors.tuple = h[1] != 0;
+  for (int64_t n = 0; n < h[0]; ++n) {
+    const int64_t* part = h + 2 + n * kPart;
+    GPIPE_CHECK(part[1] >= 0 && part[1] <= kMaxDims, "stage ", from, " sent a tensor of ", part[1], " dimensions");
+    if (part[0] < 0) {
+      pending.tensors.items.emplace_back();
+      continue;
+    }
+    const std::vector<int64_t> sizes(part + 2, part + 2 + part[1]);
+    torch::Tensor tensor = torch::empty(sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(part[0])));
+    if (tensor.numel() > 0) pending.data.push_back(links_->post_recv(rank(from), tag(key), tensor));
+    pending.tensors.items.push_back(tensor);
+  }
+}
+
+void C10dTransport::receive_ahead(std::vector<Key> order) {
+  for (const Key& key : order) {
+    std::shared_ptr<PendingRecv> pending;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      const auto it = receives_.find(key);
+      if (it == receives_.end() || it->second->posted) continue;
+      pending = it->second;
+    }
+    try {
+      links_->wait(pending->work, rank(std::get<0>(key)));
+      post_data(key, *pending);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      failure_ = std::current_exception();
+      posted_.notify_all();
+      return;
+    }
+    const std::lock_guard<std::mutex> lock(mutex_);
+    pending->posted = true;
+    posted_.notify_all();
+  }
 }
 
 int C10dTransport::tag(const Key& key) const {
@@ -280,13 +335,6 @@ int C10dTransport::rank(int stage) const {
   GPIPE_CHECK(stage >= 0 && stage < static_cast<int>(rank_of_stage_.size()), "stage ", stage,
               " does not exist; this pipeline has stages 0..", rank_of_stage_.size() - 1);
   return rank_of_stage_[static_cast<size_t>(stage)];
-}
-
-C10dTransport::PendingRecv C10dTransport::post_header(const Key& key) {
-  PendingRecv pending;
-  pending.header = torch::empty({kHeader}, torch::kLong);
-  pending.work = links_->post_recv(rank(std::get<0>(key)), tag(key), pending.header);
-  return pending;
 }
 
 void C10dTransport::check_cancelled() const {
@@ -332,31 +380,33 @@ void C10dTransport::send(int from, int to, Channel channel, int micro_batch, Ten
 Tensors C10dTransport::recv(int from, int to, Channel channel, int micro_batch) {
   check_cancelled();
   const Key key{from, to, static_cast<int>(channel), micro_batch};
-  auto it = receives_.find(key);
-  if (it == receives_.end()) it = receives_.emplace(key, post_header(key)).first;
-  links_->wait(it->second.work, rank(from));
-  const torch::Tensor header = it->second.header;
-  receives_.erase(it);
-  const int64_t* h = header.data_ptr<int64_t>();
-  GPIPE_CHECK(h[0] >= 0 && h[0] <= kMostBoundaryTensors, "stage ", from, " sent a message of ", h[0], " tensors");
-  Tensors out;
-  out.tuple = h[1] != 0;
-  for (int64_t n = 0; n < h[0]; ++n) {
-    const int64_t* part = h + 2 + n * kPart;
-    GPIPE_CHECK(part[1] >= 0 && part[1] <= kMaxDims, "stage ", from, " sent a tensor of ", part[1], " dimensions");
-    if (part[0] < 0) {
-      out.items.emplace_back();
-      continue;
+  std::shared_ptr<PendingRecv> pending;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto it = receives_.find(key);
+    if (it == receives_.end()) {  // a receive no program announced (time_link's): taken here
+      lock.unlock();
+      PendingRecv alone;
+      alone.header = torch::empty({kHeader}, torch::kLong);
+      links_->wait(links_->post_recv(rank(from), tag(key), alone.header), rank(from));
+      post_data(key, alone);
+      for (const auto& work : alone.data) links_->wait(work, rank(from));
+      return alone.tensors;
     }
-    const std::vector<int64_t> sizes(part + 2, part + 2 + part[1]);
-    torch::Tensor tensor = torch::empty(sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(part[0])));
-    if (tensor.numel() > 0) links_->wait(links_->post_recv(rank(from), tag(key), tensor), rank(from));
-    out.items.push_back(tensor);
+    pending = it->second;
+    // Bounded: the thread's own wait on the header ends, or throws, as any wait of the Links does.
+    posted_.wait(lock, [&] { return pending->posted || failure_ != nullptr; });
+    if (!pending->posted) std::rethrow_exception(failure_);
+    receives_.erase(it);
   }
-  return out;
+  for (const auto& work : pending->data) links_->wait(work, rank(from));
+  return pending->tensors;
 }
 
-void C10dTransport::finish() { links_->wait_sends(); }
+void C10dTransport::finish() {
+  links_->wait_sends();
+  stop_receiving();  // every receive of the step was taken: the thread has ended
+}
 
 void C10dTransport::cancel(const std::string& why) {
   if (!cancelled_.empty()) return;
@@ -368,17 +418,26 @@ void C10dTransport::begin(const std::vector<const std::vector<Action>*>& program
   if (!cancelled_.empty())  // the runtime's mistake, not the caller's
     throw std::logic_error("gpipe: the c10d transport was cancelled; a failed step is followed by a transport of "
                            "its own");
+  stop_receiving();
   if (!receives_.empty())
     throw std::logic_error("gpipe: the c10d transport still expects " + std::to_string(receives_.size()) +
                            " messages from a failed step; a failed step is followed by a transport of its own");
+  failure_ = nullptr;
   const int self = links_->rank();
+  std::vector<Key> order;  // the receives in the order the programs take them
   for (const std::vector<Action>* program : programs)
     for (const Action& a : *program) {
       // A receive from a stage of this process is the executor's own hand-over: no message to post.
       if (a.kind != ActionKind::kRecv || rank(a.peer) == self) continue;
       const Key key{a.peer, a.stage, static_cast<int>(a.channel), a.micro_batch};
-      if (receives_.count(key) == 0) receives_.emplace(key, post_header(key));
+      if (receives_.count(key) > 0) continue;
+      auto pending = std::make_shared<PendingRecv>();
+      pending->header = torch::empty({kHeader}, torch::kLong);
+      pending->work = links_->post_recv(rank(a.peer), tag(key), pending->header);
+      receives_.emplace(key, pending);
+      order.push_back(key);
     }
+  if (!order.empty()) receiver_ = std::thread(&C10dTransport::receive_ahead, this, std::move(order));
 }
 
 }  // namespace gpipe::c10d

@@ -40,7 +40,7 @@ int whole_variable(const char* name, int low, int high) {
 
 // The started job; never destroyed: the watcher runs until the process ends.
 World* the_world = nullptr;
-std::mutex world_mutex;  // the_world's store, used by one thread at a time
+std::mutex world_mutex;  // the_world
 
 // The error flags' watcher: every live Links' flag, and the job's end, looked at every 100 ms.
 struct Watcher {
@@ -84,7 +84,7 @@ void watch_forever(Watcher* w) {
 bool launched() {
   for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
     if (variable(name).empty()) return false;
-  return true;
+  return variable("WORLD_SIZE") != "1";  // a job of one process runs as one process
 }
 
 bool started() {
@@ -100,18 +100,20 @@ World& world() {
   return *the_world;
 }
 
-c10::intrusive_ptr<::c10d::Store> connect_store(const std::string& prefix) {
+c10::intrusive_ptr<::c10d::Store> connect_store(const std::string& prefix, std::chrono::milliseconds timeout) {
   const World& w = world();
   ::c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(w.port);
   options.isServer = false;
   options.waitWorkers = false;
-  options.timeout = w.timeout;
+  options.timeout = timeout.count() > 0 ? timeout : w.timeout;
   auto store = c10::make_intrusive<::c10d::TCPStore>(w.host, options);
   return c10::make_intrusive<::c10d::PrefixStore>(prefix.empty() ? w.prefix : w.prefix + "/" + prefix, store);
 }
 
 World& start() {
+  static std::mutex start_mutex;  // one start, whichever threads ask
+  const std::lock_guard<std::mutex> starting(start_mutex);
   {
     const std::lock_guard<std::mutex> lock(world_mutex);
     if (the_world != nullptr) return *the_world;
@@ -133,8 +135,8 @@ World& start() {
     } catch (const std::exception&) {
       used = 0;
     }
-    GPIPE_CHECK(used == timeout.size() && seconds > 0 && seconds <= 1e6, "GPIPE_TIMEOUT is \"", timeout,
-                "\"; give the seconds any wait of the job may last (default 1800)");
+    GPIPE_CHECK(used == timeout.size() && seconds >= 1 && seconds <= 1e6, "GPIPE_TIMEOUT is \"", timeout,
+                "\"; give the seconds any wait of the job may last, from 1 (default 1800)");
   }
   w->timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   w->agent_store = variable("TORCHELASTIC_USE_AGENT_STORE") == "True";
@@ -143,8 +145,7 @@ World& start() {
   ::c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(w->port);
   options.isServer = !w->agent_store && w->rank == 0;  // else torchrun's agent, or rank 0, hosts it
-  if (options.isServer) options.numWorkers = static_cast<size_t>(w->size);
-  options.waitWorkers = options.isServer;
+  options.waitWorkers = false;  // the ranks meet in Gloo's rendezvous, each waiting for the others there
   options.timeout = w->timeout;
   options.multiTenant = true;
   try {
@@ -161,13 +162,17 @@ World& start() {
     const std::lock_guard<std::mutex> lock(world_mutex);
     the_world = w.release();
   }
-  auto* watcher = new Watcher;  // never destroyed, as its thread is never joined
-  watcher->store = connect_store("");
-  {
-    const std::lock_guard<std::mutex> lock(world_mutex);
+  try {
+    auto* watcher = new Watcher;  // never destroyed, as its thread is never joined
+    watcher->store = connect_store("");
     the_watcher = watcher;
+    std::thread(watch_forever, watcher).detach();
+  } catch (...) {
+    const std::lock_guard<std::mutex> lock(world_mutex);
+    delete the_world;  // not started: a later start tries again
+    the_world = nullptr;
+    throw;
   }
-  std::thread(watch_forever, watcher).detach();
   return *the_world;
 }
 
@@ -181,26 +186,10 @@ void unwatch(Links* links) {
   the_watcher->links.erase(links);
 }
 
-std::vector<std::string> all_gather(const std::string& scope, const std::string& mine) {
-  World& w = world();
-  static std::map<std::string, int64_t> calls;  // under world_mutex
-  const std::lock_guard<std::mutex> lock(world_mutex);
-  const std::string base = "gather/" + scope + "/" + std::to_string(calls[scope]++) + "/";
-  std::vector<std::string> out;
-  try {
-    w.store->set(base + std::to_string(w.rank), bytes_of(mine));
-    for (int r = 0; r < w.size; ++r) out.push_back(text_of(w.store->get(base + std::to_string(r))));
-  } catch (const std::exception& e) {
-    GPIPE_CHECK(false, "rank ", w.rank, " waited ", w.timeout.count() / 1000, " s (GPIPE_TIMEOUT) for rank ",
-                out.size(), " to reach the same point (", e.what(), "); it failed, is stuck, or runs other settings");
-  }
-  return out;
-}
-
 void abort(int status) {
   if (started()) {
     try {
-      connect_store("")->set(kAbortKey, bytes_of(std::to_string(status)));
+      connect_store("", std::chrono::seconds(5))->set(kAbortKey, bytes_of(std::to_string(status)));
     } catch (const std::exception&) {
       // The store is gone: the launcher ends the others.
     }
@@ -215,7 +204,7 @@ void end_job(int status, const std::string& message, const std::function<void(co
   const World& w = world();
   std::vector<std::string> all;
   try {
-    auto store = connect_store("end");
+    auto store = connect_store("end", std::chrono::seconds(5));
     store->set(std::to_string(w.rank), bytes_of(message));
     std::vector<std::string> keys;
     for (int r = 0; r < w.size; ++r) keys.push_back(std::to_string(r));

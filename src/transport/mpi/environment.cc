@@ -1,5 +1,5 @@
 // environment.cc: MPI's set-up for a process, communicators, the collectives over a whole job
-// (all_gather, the layout of a gather), and where a rank sits in the pipeline.
+// (all_gather, the layout of a gather).
 #include "transport/mpi/group.h"
 
 #include "gpipe/check.h"

@@ -1,5 +1,5 @@
-// group.cc: the ranks of an MPI job as one pipeline: agreement on the configuration before any work,
-// the communicators of the steps, starting over after a failed step, sums and gathers over the job.
+// group.cc: the ranks of an MPI job as one pipeline: the communicators of the steps, starting over
+// after a failed step, and the collectives RankGroup asks for (sums, gathers, broadcasts).
 #include "transport/mpi/group.h"
 
 #include "gpipe/check.h"

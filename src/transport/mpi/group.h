@@ -1,6 +1,6 @@
 // group.h (internal): the ranks of an MPI job as one pipeline's backend (gpipe/backend.h), and the MPI
 // helpers its files share. The group's parts live in files of their own:
-//   environment.cc    MPI's set-up and the collectives over the job (all_gather, gathers), placement
+//   environment.cc    MPI's set-up and the collectives over the job (all_gather, gathers)
 //   error_channel.cc  the channel on which a failing rank stops every other
 //   transport.cc      MpiTransport: boundary tensors between the ranks of a replica
 //   group.cc          the group: communicators, starting over, the collectives RankGroup asks for

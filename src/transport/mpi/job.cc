@@ -1,5 +1,4 @@
-// job.cc (MPI): the MPI side of job.h: starting MPI, gathering the ranks' settings, and ending the
-// whole job together.
+// job.cc (MPI): the MPI side of job.h: starting MPI, ending the whole job together, timing the link.
 #include "transport/mpi/job.h"
 
 #include "gpipe/mpi_backend.h"
