@@ -6,6 +6,7 @@
 // Every test is collective: each rank runs the same tests in the same order and checks its own
 // stages; a failure on any rank makes torchrun exit non-zero.
 #include "helpers.h"
+#include "rank_tests.h"
 
 #include <gpipe/backend.h>
 
@@ -222,29 +223,11 @@ TEST(C10dFailure, ARankThatLetsGoEndsTheOthersWaits) {
 }  // namespace
 }  // namespace gpipe::testing
 
-// Every rank runs the tests; rank 0 prints them, the others print only their failures.
-class RankFailures : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailures(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (result.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, result.file_name() ? result.file_name() : "?",
-                   result.line_number(), result.summary());
-  }
-
- private:
-  int rank_;
-};
-
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   gpipe::start_backends(gpipe::Runtime::kC10d);
   at::set_num_threads(1);
   const int rank = gpipe::backend(gpipe::Runtime::kC10d).process().first;
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new RankFailures(rank));
-  }
+  gpipe::testing::print_only_failures_unless_first(rank);
   return RUN_ALL_TESTS();
 }

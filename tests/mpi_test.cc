@@ -4,6 +4,7 @@
 // Every test is collective: each rank runs the same tests in the same order and
 // checks its own stage; a failure on any rank makes mpirun exit non-zero.
 #include "helpers.h"
+#include "rank_tests.h"
 
 #include <gpipe/mpi.h>
 
@@ -815,28 +816,10 @@ TEST(MpiFailure, RandomFaultsRetriedEndAsAFaultFreeRun) {
 }  // namespace
 }  // namespace gpipe::testing
 
-// Every rank runs the tests; rank 0 prints them, the others print only their failures.
-class RankFailures : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailures(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (result.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, result.file_name() ? result.file_name() : "?",
-                   result.line_number(), result.summary());
-  }
-
- private:
-  int rank_;
-};
-
 int main(int argc, char** argv) {
   gpipe::mpi::Environment mpi(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   at::set_num_threads(1);
-  if (mpi.rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new RankFailures(mpi.rank()));
-  }
+  gpipe::testing::print_only_failures_unless_first(mpi.rank());
   return RUN_ALL_TESTS();
 }

@@ -42,28 +42,35 @@ torch::nn::Sequential device_layers(const LayerBuilder& build, const PipelinePla
   return mine;
 }
 
+namespace {
+
+// The entry of a backend this gpipe was built without: `fix` says how to build it in.
+[[maybe_unused]] BackendEntry not_built(Runtime runtime, const std::string& name, const std::string& fix) {
+  BackendEntry entry;
+  entry.runtime = runtime;
+  entry.name = name;
+  entry.not_built = fix;
+  return entry;
+}
+
+}  // namespace
+
 const std::vector<BackendEntry>& backends() {
   static const std::vector<BackendEntry> all = [] {
     std::vector<BackendEntry> list;
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
     list.push_back(mpi::backend_entry());
 #else
-    BackendEntry entry;  // MPI, not built in
-    entry.runtime = Runtime::kMpi;
-    entry.name = "mpi";
-    entry.not_built = "this gpipe was built without MPI (GPIPE_MPI=OFF, or no MPI found); install libopenmpi-dev and "
-                    "rebuild with -DGPIPE_MPI=ON";
-    list.push_back(entry);
+    list.push_back(not_built(Runtime::kMpi, "mpi",
+                             "this gpipe was built without MPI (GPIPE_MPI=OFF, or no MPI found); install "
+                             "libopenmpi-dev and rebuild with -DGPIPE_MPI=ON"));
 #endif
 #if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
     list.push_back(c10d::backend_entry());
 #else
-    BackendEntry c10d;  // c10d, not built in
-    c10d.runtime = Runtime::kC10d;
-    c10d.name = "c10d";
-    c10d.not_built = "this gpipe was built without the c10d backend (GPIPE_C10D=OFF, or Gloo's headers not found); "
-                     "install libgloo-dev and rebuild with -DGPIPE_C10D=ON";
-    list.push_back(c10d);
+    list.push_back(not_built(Runtime::kC10d, "c10d",
+                             "this gpipe was built without the c10d backend (GPIPE_C10D=OFF, or Gloo's headers not "
+                             "found); install libgloo-dev and rebuild with -DGPIPE_C10D=ON"));
 #endif
     return list;
   }();
