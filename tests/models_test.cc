@@ -4,6 +4,7 @@
 #include "helpers.h"
 
 #include <gpipe/microbatch.h>
+#include <gpipe/workloads.h>
 
 #include <cmath>
 #include <filesystem>
@@ -25,6 +26,34 @@ TEST(ModelsTest, ShapesAndLayerCounts) {
   EXPECT_EQ(unet->forward(x).sizes(), x.sizes());
   EXPECT_EQ(gpipe::skip_connections(resnet).size(), 3u);
   EXPECT_EQ(gpipe::skip_connections(unet).size(), 2u);
+}
+
+// A workload's shape (what a task list and a cut read) is the built workload's, and costs no random
+// number: the generator's next draw is the one it would have been.
+TEST(ModelsTest, AWorkloadsShapeIsItsBuildsAndDrawsNothing) {
+  for (const std::string& name : gpipe::workload_names()) {
+    for (const bool tie : {false, true}) {
+      if (tie && name != "transformer") continue;
+      SCOPED_TRACE(name + (tie ? " tied" : ""));
+      const gpipe::Workload built = gpipe::make_workload(name, 3, {}, tie);
+      torch::manual_seed(11);
+      const gpipe::Workload shape = gpipe::workload_shape(name, tie);
+      const torch::Tensor next = torch::rand({4});
+      torch::manual_seed(11);
+      EXPECT_TRUE(torch::equal(next, torch::rand({4})));
+      EXPECT_EQ(shape.layers, built.layers);
+      EXPECT_EQ(static_cast<int>(built.model->size()), built.layers);
+      EXPECT_EQ(shape.model->size(), 0u);
+      EXPECT_EQ(shape.block_layers, built.block_layers);
+      EXPECT_EQ(shape.lead_layers, built.lead_layers);
+      EXPECT_EQ(shape.tail_layers, built.tail_layers);
+      EXPECT_EQ(shape.tied, built.tied);
+      EXPECT_EQ(shape.input.sizes(), built.input.sizes());
+      EXPECT_EQ(shape.input.scalar_type(), built.input.scalar_type());
+      EXPECT_EQ(shape.target.sizes(), built.target.sizes());
+      EXPECT_EQ(shape.target.scalar_type(), built.target.scalar_type());
+    }
+  }
 }
 
 // The cost model profiles layer by layer; a Pop finds what its Stash put, on every pass.

@@ -76,4 +76,9 @@ std::vector<std::string> workload_names();
 /// an unknown name, or tie_embeddings for a workload without embeddings.
 Workload make_workload(const std::string& name, uint64_t seed = 0, LayerRange keep = {}, bool tie_embeddings = false);
 
+/// Workload `name`'s shape: its layer count, blocks, loss, tied names, and an input and a target of
+/// the right shapes and types but no values; no layer is built and no random number drawn (what a
+/// task list or a cut needs, at no cost).
+Workload workload_shape(const std::string& name, bool tie_embeddings = false);
+
 }  // namespace gpipe

@@ -31,17 +31,35 @@ std::vector<std::string> workload_names() { return {"mlp", "transformer", "tiny"
 
 namespace {
 
+// What a build makes: the layers `keep` holds, the input and the target from the seed; or, for
+// workload_shape, nothing but the counts and an uninitialised input and target of the right shapes.
+struct Build {
+  LayerRange keep;
+  bool values = true;
+
+  // Appends the layer make() returns (as layer w.layers); for a shape, only counts it.
+  template <typename Make>
+  void add(Workload& w, Make make) const {
+    if (values) add_layer(w.model, torch::nn::AnyModule(make()), w.layers, keep);
+    ++w.layers;
+  }
+  torch::Tensor normal(at::IntArrayRef shape) const { return values ? torch::randn(shape) : torch::empty(shape); }
+  torch::Tensor classes(int64_t n, at::IntArrayRef shape) const {
+    return values ? torch::randint(n, shape, torch::kLong) : torch::empty(shape, torch::kLong);
+  }
+};
+
 // widths.size()-1 blocks of [Linear(w_i, w_{i+1}), ReLU].
-Workload linear_relu(const std::string& name, const std::vector<int64_t>& widths, int64_t batch, LayerRange keep) {
+Workload linear_relu(const std::string& name, const std::vector<int64_t>& widths, int64_t batch, const Build& build) {
   Workload w;
   w.name = name;
   for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    add_layer(w.model, torch::nn::AnyModule(torch::nn::Linear(widths[i], widths[i + 1])), w.layers++, keep);
-    add_layer(w.model, torch::nn::AnyModule(torch::nn::ReLU()), w.layers++, keep);
+    build.add(w, [&] { return torch::nn::Linear(widths[i], widths[i + 1]); });
+    build.add(w, [] { return torch::nn::ReLU(); });
     w.block_layers.push_back(2);
   }
-  w.input = torch::randn({batch, widths.front()});
-  w.target = torch::randn({batch, widths.back()});
+  w.input = build.normal({batch, widths.front()});
+  w.target = build.normal({batch, widths.back()});
   w.loss = mse_loss;
   return w;
 }
@@ -62,34 +80,36 @@ torch::Tensor TiedProjectionImpl::forward(const torch::Tensor& x) {
   return torch::nn::functional::linear(x, weight, bias);
 }
 
-Workload make_workload(const std::string& name, uint64_t seed, LayerRange keep, bool tie_embeddings) {
+namespace {
+
+Workload build_workload(const std::string& name, uint64_t seed, const Build& build, bool tie_embeddings) {
   GPIPE_CHECK(!tie_embeddings || name == "transformer", "workload ", name, " has no embedding to tie; "
               "`tie_embeddings` is for the transformer workload");
-  torch::manual_seed(seed);
-  if (name == "mlp") return linear_relu(name, std::vector<int64_t>(17, 1024), 256, keep);
-  if (name == "tiny") return linear_relu(name, std::vector<int64_t>(9, 64), 256, keep);
+  if (build.values) torch::manual_seed(seed);
+  if (name == "mlp") return linear_relu(name, std::vector<int64_t>(17, 1024), 256, build);
+  if (name == "tiny") return linear_relu(name, std::vector<int64_t>(9, 64), 256, build);
   if (name == "imbalanced")
-    return linear_relu(name, {256, 512, 768, 1024, 1280, 1536, 1792, 2048, 2048}, 128, keep);
+    return linear_relu(name, {256, 512, 768, 1024, 1280, 1536, 1792, 2048, 2048}, 128, build);
   if (name == "transformer") {
     const int64_t vocab = 2048, d_model = 256, batch = 32, tokens = 64;
     Workload w;
     w.name = name;
-    const torch::nn::Embedding embedding(vocab, d_model);
-    add_layer(w.model, torch::nn::AnyModule(embedding), w.layers++, keep);
+    torch::nn::Embedding embedding{nullptr};
+    build.add(w, [&] { return embedding = torch::nn::Embedding(vocab, d_model); });
     for (int b = 0; b < 8; ++b) {
-      add_layer(w.model, torch::nn::AnyModule(EncoderBlock(d_model, 8, 1024, 0.0)), w.layers++, keep);
+      build.add(w, [&] { return EncoderBlock(d_model, 8, 1024, 0.0); });
       w.block_layers.push_back(1);
     }
     if (tie_embeddings) {
       w.tied = {{"0.weight", std::to_string(w.layers) + ".weight"}};
-      add_layer(w.model, torch::nn::AnyModule(TiedProjection(embedding->weight)), w.layers++, keep);
+      build.add(w, [&] { return TiedProjection(embedding->weight); });
     } else {
-      add_layer(w.model, torch::nn::AnyModule(torch::nn::Linear(d_model, vocab)), w.layers++, keep);
+      build.add(w, [&] { return torch::nn::Linear(d_model, vocab); });
     }
     w.lead_layers = 1;
     w.tail_layers = 1;
-    w.input = torch::randint(vocab, {batch, tokens}, torch::kLong);
-    w.target = torch::randint(vocab, {batch, tokens}, torch::kLong);
+    w.input = build.classes(vocab, {batch, tokens});
+    w.target = build.classes(vocab, {batch, tokens});
     w.loss = cross_entropy_loss;
     return w;
   }
@@ -97,12 +117,12 @@ Workload make_workload(const std::string& name, uint64_t seed, LayerRange keep, 
     const bool resnet = name == "resnet";
     Workload w;
     w.name = name;
-    w.model = resnet ? fashion_resnet(keep) : fashion_unet(keep);
+    if (build.values) w.model = resnet ? fashion_resnet(build.keep) : fashion_unet(build.keep);
     w.layers = resnet ? kFashionResnetLayers : kFashionUnetLayers;
     w.block_layers.assign(static_cast<size_t>(w.layers), 1);
     const int64_t batch = resnet ? 128 : 64;
-    w.input = torch::randn({batch, 1, 28, 28});
-    w.target = resnet ? torch::randint(10, {batch}, torch::kLong) : torch::randn({batch, 1, 28, 28});
+    w.input = build.normal({batch, 1, 28, 28});
+    w.target = resnet ? build.classes(10, {batch}) : build.normal({batch, 1, 28, 28});
     w.loss = resnet ? LossFn(cross_entropy_loss) : LossFn(mse_loss);
     return w;
   }
@@ -110,6 +130,16 @@ Workload make_workload(const std::string& name, uint64_t seed, LayerRange keep, 
   for (const auto& n : workload_names()) known += (known.empty() ? "" : ", ") + n;
   GPIPE_CHECK(false, "unknown workload \"", name, "\"; choose one of ", known);
   return {};
+}
+
+}  // namespace
+
+Workload make_workload(const std::string& name, uint64_t seed, LayerRange keep, bool tie_embeddings) {
+  return build_workload(name, seed, Build{keep, true}, tie_embeddings);
+}
+
+Workload workload_shape(const std::string& name, bool tie_embeddings) {
+  return build_workload(name, 0, Build{LayerRange{0, 0}, false}, tie_embeddings);
 }
 
 }  // namespace gpipe

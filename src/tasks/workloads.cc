@@ -35,7 +35,7 @@ Task workload(const std::string& name) {
   std::string summary;
   for (const auto& entry : workload_summaries())
     if (entry.first == name) summary = entry.second;
-  const Workload shape = make_workload(name, 0, LayerRange{0, 0});  // its sizes and blocks, no layers kept
+  const Workload shape = workload_shape(name);
   Task t;
   t.name = name;
   t.title = name;
@@ -46,7 +46,7 @@ Task workload(const std::string& name) {
   t.loss = shape.loss;
   t.loss_name = shape.target.scalar_type() == torch::kLong ? "cross_entropy" : "mse";
   t.model = [name](const TaskOptions& o) {
-    const Workload w = make_workload(name, o.seed(), LayerRange{0, 0}, o.tie_embeddings());
+    const Workload w = workload_shape(name, o.tie_embeddings());
     Model m = Model::of(name, w.layers, [name, o](LayerRange keep) {
       return make_workload(name, o.seed(), keep, o.tie_embeddings()).model;
     });
