@@ -337,8 +337,10 @@ int table1(const Args& a) {
   emit({{"kind", "table1_setup"}, {"device", cpu ? "cpu" : "cuda:0"}, {"shape", shape_json(s)}, {"cap_bytes", cap}, {"held_bytes", held.defined() ? held.numel() : 0},
         {"micro_batches", M}, {"steps", steps}});
   const auto begin = Clock::now();
-  for (const auto& [mode, m] : {std::pair<gpipe::Checkpoint, int>{gpipe::Checkpoint::kNever, 1},
-                                std::pair<gpipe::Checkpoint, int>{gpipe::Checkpoint::kAlways, M}}) {
+  for (const auto& [mode_, m_] : {std::pair<gpipe::Checkpoint, int>{gpipe::Checkpoint::kNever, 1},
+                                  std::pair<gpipe::Checkpoint, int>{gpipe::Checkpoint::kAlways, M}}) {
+    const gpipe::Checkpoint mode = mode_;  // structured bindings cannot be captured before C++20
+    const int m = m_;
     const std::string name = gpipe::to_string(mode);
     auto run = [&](int64_t blocks) {
       const Trial t = try_blocks(s, blocks, mode, m, steps, cpu, cap);

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages gpipe needs, only those that are missing.
-#   scripts/install-deps.sh [PACKAGE...]   also these (scripts/sanitize.sh adds clang for the fuzzers)
+#   scripts/install-deps.sh [PACKAGE...]   also these (scripts/sanitize.sh adds libFuzzer's runtime)
 set -euo pipefail
 
 packages=(
   build-essential cmake git
+  clang                   # the compiler scripts/build.sh prefers: a fresh build in about two thirds of g++'s time
   ccache                  # a rebuild (a clean build, another branch) reuses what an earlier build compiled
   libtorch-dev            # PyTorch's C++ API (libtorch)
   libopenblas0-pthread    # fast system BLAS: without it libtorch's matmuls are ~35x slower

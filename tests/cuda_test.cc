@@ -292,7 +292,7 @@ TEST(CudaTest, WithoutAGpuACudaDeviceIsRefusedByName) {
   if (torch::cuda::is_available() || on_cpu()) GTEST_SKIP() << "a GPU is visible: nothing to refuse";
   gpipe::testing::expect_invalid([] { gpipe::check_device(Device::cuda(0)); }, "cuda:0");
   // The stream helpers do nothing on CPU.
-  const gpipe::DeviceStream none(torch::Device(torch::kCPU));
+  const gpipe::DeviceStream none{torch::Device(torch::kCPU)};
   EXPECT_FALSE(none.active());
   EXPECT_EQ(none.record(), nullptr);
   EXPECT_EQ(gpipe::record_current_stream(torch::Device(torch::kCPU)), nullptr);

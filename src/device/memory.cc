@@ -69,7 +69,11 @@ void release_block(void* data) {
 }
 
 // libtorch 1.13 declares allocate() const, 2.x non-const with copy_data():
-// this class provides both, so it builds against either.
+// this class provides both, so it builds against either (and so marks neither `override`).
+#if defined(__clang__)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Winconsistent-missing-override"
+#endif
 class TrackingAllocator final : public c10::Allocator {
  public:
   explicit TrackingAllocator(c10::Allocator* base) : base_(base) {}
@@ -97,6 +101,9 @@ class TrackingAllocator final : public c10::Allocator {
 
   c10::Allocator* base_;
 };
+#if defined(__clang__)
+#pragma clang diagnostic pop
+#endif
 
 }  // namespace
 
