@@ -114,17 +114,8 @@ std::unique_ptr<Backend> make_backend(MPI_Comm comm, const PipelinePlan* plan = 
 /// Where this rank sits in the pipeline of `backend`, one make_backend made.
 const Placement& placement_of(const Backend& backend);
 
-/// Thrown on every other rank when one rank's stage fails: the job cannot go
-/// on. what() carries the failing rank's own message. (A Cancelled, so the
-/// stage executor passes it on rather than blaming its own stage.)
-class RemoteError : public Cancelled {
- public:
-  RemoteError(int rank, const std::string& message);
-  int rank() const { return rank_; }
-
- private:
-  int rank_;
-};
+/// Thrown on every other rank when one rank fails (transport.h's, shared by every backend).
+using gpipe::RemoteError;
 
 /// A channel on which a failing rank tells every other rank, so that no rank
 /// waits forever for a message that will not come. Every wait of the MPI

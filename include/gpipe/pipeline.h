@@ -78,8 +78,8 @@ class EvalScope {
 /// constructor or from train_step/forward before any work. An exception inside
 /// a stage stops every stage of the step and is rethrown as StageError naming
 /// the stage and micro-batch; the gradients are then as they were before the
-/// step, and the next step works. Under MPI the other ranks throw
-/// mpi::RemoteError with that message.
+/// step, and the next step works. In a job of several processes (MPI, c10d)
+/// the other ranks throw RemoteError (transport.h) with that message.
 ///
 /// Thread: call train_step and forward from one thread at a time.
 ///

@@ -36,6 +36,20 @@ struct Cancelled : std::runtime_error {
   explicit Cancelled(const std::string& why = "") : std::runtime_error(why.empty() ? "gpipe: step cancelled" : why) {}
 };
 
+/// Thrown on every other process of a job of several (MPI, c10d) when one process fails or leaves:
+/// the job cannot go on. what() carries the failing process's own message. (A Cancelled, so the
+/// executor passes it on rather than blaming its own stage.)
+class RemoteError : public Cancelled {
+ public:
+  RemoteError(int rank, const std::string& message)
+      : Cancelled("gpipe: stopped because rank " + std::to_string(rank) + " failed: " + message), rank_(rank) {}
+  /// The rank of the process that failed.
+  int rank() const { return rank_; }
+
+ private:
+  int rank_;
+};
+
 /// The interface between the devices' executors: in one process, mailboxes;
 /// across processes, MPI. Each device calls send/recv only from its own thread.
 ///

@@ -239,6 +239,43 @@ std::vector<SkipUse> RankGroup::all_skip_uses(const torch::nn::Sequential& layer
   return uses;
 }
 
+void RankGroup::connect(const PipelinePlan& plan, const torch::nn::Sequential& layers, const PipelineOptions& options) {
+  plan_ = plan;
+  find_tied_copies(layers, options);
+  open();
+  share_tied_values();
+}
+
+// After a failed call every process has thrown (StageError where it failed, RemoteError elsewhere),
+// but messages of that call may still be in flight, a process may have heard of more than one
+// failure, and a collective may have been started by some processes only. Starting over on fresh
+// connections (open) leaves all of that behind; the old ones are abandoned, not freed, so that the
+// failed call's stray messages reach nothing new.
+void RankGroup::begin_call() {
+  GPIPE_CHECK(!left_, "this rank left the ", name_, " job (at its exit): its pipelines take no more calls");
+  auto [rank, left] = heard_leaving();
+  if (!left.empty()) {
+    failed_ = true;  // the next call cannot start over: fresh connections need every process
+    throw RemoteError(rank, left);
+  }
+  if (!failed_) return;
+  abandon();
+  open();
+  failed_ = false;
+}
+
+void RankGroup::fail(const std::string& why) {
+  // A failure outside the transport's steps (a sum, the gradients' reduction, a loss in evaluation)
+  // is told here; one the transport cancelled was told already.
+  if (!failed_ && !why.empty()) tell_failure(who() + why);
+  failed_ = true;
+}
+
+std::string RankGroup::leaving_message(const std::string& what) const {
+  return who() + what + " while this rank still called into gpipe; every rank makes the same calls (the same number of "
+         "train_step, forward, save, sum...), so end every rank's loop together";
+}
+
 std::string RankGroup::who() const {
   return "rank " + std::to_string(rank()) + " (device " + std::to_string(placement_.device) + ", replica " +
          std::to_string(placement_.replica) + "): ";

@@ -15,6 +15,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
@@ -30,6 +31,38 @@ void print_by_message(const std::vector<std::string>& messages, const std::funct
 /// process is `rank`): job.h's time_link, for any backend.
 std::vector<LinkTiming> time_transport(Transport& transport, int rank, int warmup);
 
+/// The live groups of one backend in this process (its Group type), which the backend's leave()
+/// tells the other processes about at exit. Never destroyed: leave() runs at exit.
+template <typename Group>
+class LiveGroups {
+ public:
+  static void add(Group* group) {
+    const std::lock_guard<std::mutex> lock(mutex());
+    groups().insert(group);
+  }
+  static void remove(Group* group) {
+    const std::lock_guard<std::mutex> lock(mutex());
+    groups().erase(group);
+  }
+  /// Every live group's leave(), then `then()`, under the lock.
+  template <typename Then>
+  static void leave_all(Then then) {
+    const std::lock_guard<std::mutex> lock(mutex());
+    for (Group* group : groups()) group->leave();
+    then();
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static auto* m = new std::mutex;
+    return *m;
+  }
+  static std::set<Group*>& groups() {
+    static auto* g = new std::set<Group*>;
+    return *g;
+  }
+};
+
 class RankGroup : public Backend {
  public:
   /// `name`: how describe() names the backend ("MPI").
@@ -42,6 +75,9 @@ class RankGroup : public Backend {
   std::vector<int> local_devices() const override { return {placement_.device}; }
   bool on_caller_thread() const override { return true; }
   void agree(std::exception_ptr failure) override;
+  void connect(const PipelinePlan& plan, const torch::nn::Sequential& layers, const PipelineOptions& options) override;
+  void begin_call() override;
+  void fail(const std::string& why) override;
 
   std::string who() const override;
   std::pair<int64_t, int64_t> share(int64_t rows) const override;
@@ -70,6 +106,19 @@ class RankGroup : public Backend {
   virtual void broadcast_tie(size_t tie, torch::Tensor& value) = 0;
   virtual void sum_tie(size_t tie, const std::shared_ptr<torch::Tensor>& values) = 0;
 
+  // ---- the step's connections and the error channel, which a backend gives
+
+  /// Fresh connections for the steps (the transport, what the collectives use) for plan_.
+  virtual void open() = 0;
+  /// The step's connections, left as they are after a failure: another process may still write
+  /// into them (a fresh set comes with open()).
+  virtual void abandon() = 0;
+  /// Tells every other process that this one failed with `message` (their waits throw
+  /// RemoteError), unless the transport's cancelled step told them already.
+  virtual void tell_failure(const std::string& message) = 0;
+  /// The rank and message of a process that left the job (leaving_message), or an empty message.
+  virtual std::pair<int, std::string> heard_leaving() const = 0;
+
   // ---- for the backend's own use
 
   /// Uses `plan`, one make_plan made for the pipeline's options on every process alike, as it is.
@@ -85,6 +134,9 @@ class RankGroup : public Backend {
   /// process's; connect() calls it before the backend connects the holders, then share_tied_values.
   void find_tied_copies(const torch::nn::Sequential& layers, const PipelineOptions& options);
   void share_tied_values();
+  /// What this process tells the others when it makes no more calls: `what` it did ("ended its
+  /// program"), and that every rank must end its loop together.
+  std::string leaving_message(const std::string& what) const;
 
   struct Tie {
     std::vector<torch::Tensor> copies;  // this process's, one per distinct tensor; maybe none
@@ -94,6 +146,7 @@ class RankGroup : public Backend {
   Placement placement_;
   PipelinePlan plan_;
   bool failed_ = false;  // a call failed: the next starts over (begin_call)
+  bool left_ = false;    // this process left the job (its backend's leave()): no more calls
 
  private:
   // Every process's settings, checked alike on every process; sets placement_.

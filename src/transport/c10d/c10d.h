@@ -92,18 +92,6 @@ std::vector<LinkTiming> time_link(int warmup);
 /// c10d's entry in backends().
 BackendEntry backend_entry();
 
-/// Thrown on every other process when one process fails: the job cannot go on. what() carries the
-/// failing process's own message. (A Cancelled, so the executor passes it on rather than blaming its
-/// own stage.)
-class RemoteError : public Cancelled {
- public:
-  RemoteError(int rank, const std::string& message);
-  int rank() const { return rank_; }
-
- private:
-  int rank_;
-};
-
 /// One generation of a pipeline's connections: a ProcessGroupGloo over every process of the job, on
 /// keys of its own, and the flag on which a failing process stops every other. A failed call is
 /// followed by a new generation (the old one's messages in flight cannot reach it).
@@ -236,9 +224,6 @@ class C10dGroup : public detail::RankGroup {
   explicit C10dGroup(const PipelinePlan& plan);
   ~C10dGroup() override;
 
-  void connect(const PipelinePlan& plan, const torch::nn::Sequential& layers, const PipelineOptions& options) override;
-  void begin_call() override;
-  void fail(const std::string& why) override;
   Transport& transport() override { return *transport_; }
   void reduce(double* values, int count, bool largest) override;
   std::vector<std::string> gather(const std::string& bytes) override;
@@ -252,17 +237,20 @@ class C10dGroup : public detail::RankGroup {
   void sum_replicas(const std::shared_ptr<torch::Tensor>& values, const char* what) override;
   void broadcast_tie(size_t tie, torch::Tensor& value) override;
   void sum_tie(size_t tie, const std::shared_ptr<torch::Tensor>& values) override;
+  // A new generation of connections; abandoned, the old one is kept (Gloo may still write into a
+  // failed call's buffers, which its operations hold).
+  void open() override;
+  void abandon() override;
+  void tell_failure(const std::string& message) override;
+  std::pair<int, std::string> heard_leaving() const override;
 
  private:
-  void open();
-  void abandon();
   std::vector<int> tie_ranks(size_t tie) const;
 
   std::string scope_;  // this pipeline's keys in the store
   int generation_ = 0;
   std::unique_ptr<Links> links_;
   std::unique_ptr<C10dTransport> transport_;
-  bool left_ = false;
 };
 
 }  // namespace gpipe::c10d

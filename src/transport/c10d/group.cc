@@ -7,21 +7,17 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
+
 namespace gpipe::c10d {
 
 namespace {
 
-// The live groups of this process, which leave() tells the other processes about.
-std::mutex live_mutex;
-std::set<C10dGroup*>& live_groups() {
-  static auto* groups = new std::set<C10dGroup*>;  // never destroyed: leave() runs at exit
-  return *groups;
-}
+using Live = detail::LiveGroups<C10dGroup>;  // the groups leave() tells the other processes about
 
 // Each pipeline's keys in the store: the n-th made in this process, as on every other.
 std::string next_scope() {
-  static int made = 0;
-  const std::lock_guard<std::mutex> lock(live_mutex);
+  static std::atomic<int> made{0};
   return "pipeline" + std::to_string(made++);
 }
 
@@ -30,8 +26,7 @@ std::string next_scope() {
 C10dGroup::C10dGroup() : RankGroup("c10d (Gloo)"), scope_(next_scope()) {
   world();  // throws, naming the fix, where no job is started
   links_ = std::make_unique<Links>(scope_, generation_++);  // the set-up's gathers, then the first calls
-  const std::lock_guard<std::mutex> lock(live_mutex);
-  live_groups().insert(this);
+  Live::add(this);
 }
 
 C10dGroup::C10dGroup(const PipelinePlan& plan) : C10dGroup() {
@@ -39,19 +34,14 @@ C10dGroup::C10dGroup(const PipelinePlan& plan) : C10dGroup() {
 }
 
 C10dGroup::~C10dGroup() {
-  {
-    const std::lock_guard<std::mutex> lock(live_mutex);
-    live_groups().erase(this);
-  }
+  Live::remove(this);
   if (failed_ || left_) {
     abandon();  // a failed call may have left messages no process will finish
     return;
   }
   // A process still using the pipeline (its loop longer than this one's) stops rather than waiting.
   if (links_)
-    links_->leave(who() + "let go of its pipeline (its Pipeline or Python GPipe was deleted, or its program ended) "
-                  "while this rank still called into gpipe; every rank makes the same calls (the same number of "
-                  "train_step, forward, save, sum...), so end every rank's loop together");
+    links_->leave(leaving_message("let go of its pipeline (its Pipeline or Python GPipe was deleted, or its program ended)"));
   transport_.reset();
   links_.reset();
 }
@@ -60,20 +50,11 @@ void C10dGroup::leave() {
   if (left_) return;
   left_ = true;
   if (links_ && !failed_)  // after a failure the others have heard of it already
-    links_->leave(who() + "ended its program (the end of main or of the script, exit, sys.exit) while this rank "
-                  "still called into gpipe; every rank makes the same calls (the same number of train_step, forward, "
-                  "save, sum...), so end every rank's loop together");
+    links_->leave(leaving_message("ended its program (the end of main or of the script, exit, sys.exit)"));
   abandon();
 }
 
 std::vector<std::string> C10dGroup::all_gather_setup(const std::string& mine) { return links_->all_gather(mine); }
-
-void C10dGroup::connect(const PipelinePlan& plan, const torch::nn::Sequential& layers, const PipelineOptions& options) {
-  plan_ = plan;
-  find_tied_copies(layers, options);
-  open();
-  share_tied_values();
-}
 
 void C10dGroup::open() {
   if (!links_) links_ = std::make_unique<Links>(scope_, generation_++);
@@ -96,23 +77,13 @@ void C10dGroup::abandon() {
   }
 }
 
-void C10dGroup::begin_call() {
-  GPIPE_CHECK(!left_, "this rank left the c10d job (at its exit): its pipelines take no more calls");
-  if (links_ && !links_->left().empty()) {
-    failed_ = true;  // the next call cannot start over: a new generation needs every process
-    throw RemoteError(links_->left_rank(), links_->left());
-  }
-  if (!failed_) return;
-  abandon();
-  open();
-  failed_ = false;
+void C10dGroup::tell_failure(const std::string& message) {
+  if (links_ && transport_ && !transport_->cancelled()) links_->raise(message);
 }
 
-void C10dGroup::fail(const std::string& why) {
-  // A failure outside the transport's steps (a sum, the gradients' reduction, a loss in evaluation) is
-  // told here; one the transport cancelled was told already.
-  if (!failed_ && !why.empty() && links_ && transport_ && !transport_->cancelled()) links_->raise(who() + why);
-  failed_ = true;
+std::pair<int, std::string> C10dGroup::heard_leaving() const {
+  if (!links_) return {-1, ""};
+  return {links_->left_rank(), links_->left()};
 }
 
 void C10dGroup::reduce(double* values, int count, bool largest) {
@@ -144,8 +115,7 @@ void C10dGroup::sum_tie(size_t tie, const std::shared_ptr<torch::Tensor>& values
 }
 
 void leave() {
-  const std::lock_guard<std::mutex> lock(live_mutex);
-  for (C10dGroup* group : live_groups()) group->leave();
+  Live::leave_all([] {});
 }
 
 std::pair<int, int> start_job() {

@@ -222,7 +222,4 @@ void end_job(int status, const std::string& message, const std::function<void(co
   abort(status);
 }
 
-RemoteError::RemoteError(int rank, const std::string& message)
-    : Cancelled("gpipe: stopped because rank " + std::to_string(rank) + " failed: " + message), rank_(rank) {}
-
 }  // namespace gpipe::c10d

@@ -15,9 +15,6 @@ constexpr int kErrorTag = 1;
 constexpr char kLeaving = '\x01';  // the first byte of a leaving rank's message (mpi::leave)
 }  // namespace
 
-RemoteError::RemoteError(int rank, const std::string& message)
-    : Cancelled("gpipe: stopped because rank " + std::to_string(rank) + " failed: " + message), rank_(rank) {}
-
 namespace {
 
 // The channels retired and not yet drained (ErrorChannel::retire); never destroyed, as they may be

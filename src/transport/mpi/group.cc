@@ -7,38 +7,20 @@
 #include <torch/torch.h>
 
 #include <climits>
-#include <mutex>
-#include <set>
 
 namespace gpipe::mpi {
 namespace detail {
 
-namespace {
+using Live = gpipe::detail::LiveGroups<MpiGroup>;  // the groups mpi::leave tells the other ranks about
 
-// The live groups of this process, which mpi::leave tells the other ranks about.
-std::mutex live_mutex;
-std::set<MpiGroup*>& live_groups() {
-  static auto* groups = new std::set<MpiGroup*>;  // never destroyed: leave() runs at exit
-  return *groups;
-}
-
-}  // namespace
-
-MpiGroup::MpiGroup(MPI_Comm comm) : RankGroup("MPI"), control_(Communicator::duplicate(comm)) {
-  const std::lock_guard<std::mutex> lock(live_mutex);
-  live_groups().insert(this);
-}
+MpiGroup::MpiGroup(MPI_Comm comm) : RankGroup("MPI"), control_(Communicator::duplicate(comm)) { Live::add(this); }
 
 MpiGroup::MpiGroup(MPI_Comm comm, const PipelinePlan& plan) : RankGroup("MPI", plan), control_(Communicator::duplicate(comm)) {
-  const std::lock_guard<std::mutex> lock(live_mutex);
-  live_groups().insert(this);
+  Live::add(this);
 }
 
 MpiGroup::~MpiGroup() {
-  {
-    const std::lock_guard<std::mutex> lock(live_mutex);
-    live_groups().erase(this);
-  }
+  Live::remove(this);
   transport_.reset();
   if (failed_ || left_) {
     abandon();  // a failed step may have left messages and operations no rank will finish
@@ -55,8 +37,7 @@ bool MpiGroup::tell_leaving(const std::string& what) {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || !errors_) return false;
-  errors_->leave(who() + what + " while this rank still called into gpipe; every rank makes the same calls (the "
-                 "same number of train_step, forward, save, sum...), so end every rank's loop together");
+  errors_->leave(leaving_message(what));
   return true;
 }
 
@@ -98,13 +79,6 @@ std::vector<std::string> MpiGroup::all_gather_setup(const std::string& mine) {
   return all_gather(control_.get(), mine);
 }
 
-void MpiGroup::connect(const PipelinePlan& plan, const torch::nn::Sequential& layers, const PipelineOptions& options) {
-  plan_ = plan;
-  find_tied_copies(layers, options);
-  open();
-  share_tied_values();
-}
-
 // Fresh communicators for everything a step does (control_ is used for nothing else).
 void MpiGroup::open() {
   world_ = Communicator::duplicate(control_.get());
@@ -130,30 +104,13 @@ void MpiGroup::abandon() {
   for (Communicator& comm : tie_comms_) comm.abandon();
 }
 
-// After a failed step every rank has thrown (StageError where it failed,
-// RemoteError elsewhere), but messages of that step may still be in flight, a
-// rank may have heard of more than one failure, and a collective may have been
-// started by some ranks only. Starting over on new communicators leaves all of
-// that behind. The old ones are abandoned, not freed: MPI would give a freed
-// communicator's context to a new one, where the old step's stray messages
-// would then arrive.
-void MpiGroup::begin_call() {
-  GPIPE_CHECK(!left_, "this rank left the MPI job (mpi::leave, at its exit): its pipelines take no more calls");
-  if (errors_ && !errors_->left().empty()) {
-    failed_ = true;  // the next call cannot start over: the communicators need every rank
-    throw RemoteError(errors_->left_rank(), errors_->left());
-  }
-  if (!failed_) return;
-  abandon();
-  open();
-  failed_ = false;
+void MpiGroup::tell_failure(const std::string& message) {
+  if (errors_ && transport_ && !transport_->cancelled()) errors_->raise(message);
 }
 
-void MpiGroup::fail(const std::string& why) {
-  // A failure outside the transport's steps (a sum, the gradients' reduction, a loss in evaluation)
-  // is told here; one the transport cancelled was told already.
-  if (!failed_ && !why.empty() && errors_ && transport_ && !transport_->cancelled()) errors_->raise(who() + why);
-  failed_ = true;
+std::pair<int, std::string> MpiGroup::heard_leaving() const {
+  if (!errors_) return {-1, ""};
+  return {errors_->left_rank(), errors_->left()};
 }
 
 void MpiGroup::reduce(double* values, int count, bool largest) {
@@ -204,9 +161,8 @@ void leave() {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (!initialized || finalized) return;
-  const std::lock_guard<std::mutex> lock(detail::live_mutex);
-  for (detail::MpiGroup* group : detail::live_groups()) group->leave();
-  ErrorChannel::retire(nullptr);  // the deleted pipelines' channels whose notices have all come: freed
+  // Then the deleted pipelines' channels whose notices have all come: freed.
+  detail::Live::leave_all([] { ErrorChannel::retire(nullptr); });
 }
 
 }  // namespace gpipe::mpi

@@ -56,9 +56,6 @@ class MpiGroup : public gpipe::detail::RankGroup {
   MpiGroup(MPI_Comm comm, const PipelinePlan& plan);
   ~MpiGroup() override;
 
-  void connect(const PipelinePlan& plan, const torch::nn::Sequential& layers, const PipelineOptions& options) override;
-  void begin_call() override;
-  void fail(const std::string& why) override;
   Transport& transport() override { return *transport_; }
   void reduce(double* values, int count, bool largest) override;
   std::vector<std::string> gather(const std::string& bytes) override;
@@ -72,12 +69,15 @@ class MpiGroup : public gpipe::detail::RankGroup {
   void sum_replicas(const std::shared_ptr<torch::Tensor>& values, const char* what) override;
   void broadcast_tie(size_t tie, torch::Tensor& value) override;
   void sum_tie(size_t tie, const std::shared_ptr<torch::Tensor>& values) override;
+  // Fresh communicators, error channel and transport for the steps; abandoned, they are kept, not
+  // freed: MPI would give a freed communicator's context to a new one, where the failed step's stray
+  // messages would then arrive.
+  void open() override;
+  void abandon() override;
+  void tell_failure(const std::string& message) override;
+  std::pair<int, std::string> heard_leaving() const override;
 
  private:
-  // Fresh communicators, error channel and transport for the steps.
-  void open();
-  // The step's communicators, left as they are after a failure (see begin_call).
-  void abandon();
   // Tells the other ranks that this one makes no more calls, having done `what` (mpi::leave); false
   // if there is no channel to tell them on (or MPI has ended).
   bool tell_leaving(const std::string& what);
@@ -89,7 +89,6 @@ class MpiGroup : public gpipe::detail::RankGroup {
   std::vector<Communicator> tie_comms_;  // per tied group, the replica's ranks that hold a copy (null elsewhere)
   std::unique_ptr<ErrorChannel> errors_;
   std::unique_ptr<MpiTransport> transport_;
-  bool left_ = false;  // this rank left (leave)
 };
 
 }  // namespace gpipe::mpi::detail
