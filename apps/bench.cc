@@ -114,7 +114,7 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   sub->add_option("--schedule", w.schedules,
                   "schedules to sweep: gpipe (fill-drain), 1f1b, interleaved (with --virtual-stages), zb1p, zbv or v-half; "
                   "each later one is also compared with the first, step by step; auto: at each K and M, the schedule and "
-                  "V predicted fastest from bench's profile (row auto:NAME; under mpirun the task's own)")
+                  "V predicted fastest from bench's profile (row auto:NAME; under mpirun or torchrun the task's own)")
       ->delimiter(',')->check(CLI::IsMember([] {
         std::vector<std::string> names = schedule_names();
         names.push_back("auto");
@@ -144,7 +144,7 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
                 "first and the last stage, one gradient, one update");
   CLI::Option* transport = sub->add_flag(
       "--transport", o->transport,
-      "under mpirun -np 2: latency and bandwidth of the MPI transport per message size (ping-pong; of the "
+      "under mpirun -np 2 or torchrun --nproc_per_node 2: latency and bandwidth of the job's transport (MPI or c10d) per message size (ping-pong; of the "
       "other flags only --warmup, --json and --results apply)");
   for (const char* sweep_only : {"--workload", "--stages", "--micro-batches", "--checkpoint", "--schedule",
                                  "--virtual-stages", "--threads-per-stage", "--steps", "--balance", "--balance-by",

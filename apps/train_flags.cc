@@ -53,7 +53,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
       ->check(CLI::IsMember({"cross_entropy", "mse"}))->capture_default_str();
   sub->add_option("--stages", o->devices,
                   "K, the number of devices (with --schedule interleaved each runs V stages); the built-in CNN on "
-                  "2 is cut {3, 1, 2, 5} interleaved, or {3, 8}; otherwise evenly; under mpirun -np N, one rank per "
+                  "2 is cut {3, 1, 2, 5} interleaved, or {3, 8}; otherwise evenly; under mpirun -np N or torchrun --nproc_per_node N, one rank per "
                   "device and N/K pipeline replicas")
       ->check(at_least(1))->capture_default_str();
   sub->add_option("--balance", o->balance, "layers per stage, K x V entries, e.g. --balance 3,8 (overrides the cut)")
@@ -88,7 +88,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "otherwise; auto: the layers profiled on one micro-batch, every schedule x V x M (M only when "
                   "--micro-batches is not given) that fits this machine's memory at --stages and --batch-size "
                   "simulated, and the fastest predicted run with its cut (unless --balance, or --balance-by's from the "
-                  "same profile); printed with its predicted and measured step and bubble; under mpirun: task. See "
+                  "same profile); printed with its predicted and measured step and bubble; under mpirun or torchrun: task. See "
                   "gpipe schedule and docs/schedules.md")
       ->check(CLI::IsMember([] {
         std::vector<std::string> names = schedule_names();
@@ -153,8 +153,8 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
       ->check(at_least(0, kMostInt64))->capture_default_str();
   sub->add_option("--save", o->save,
                   "write a checkpoint file (model, optimizer, step, random states) after every epoch and at the end, "
-                  "whole or not at all; with --model it is TorchScript that torch.jit.load reads; under mpirun the "
-                  "first rank gathers every stage into this one file. With --save, SIGINT (Ctrl-C), SIGTERM or "
+                  "whole or not at all; with --model it is TorchScript that torch.jit.load reads; under mpirun or torchrun "
+                  "the first rank gathers every stage into this one file. With --save, SIGINT (Ctrl-C), SIGTERM or "
                   "SIGHUP lets the step in progress finish (one abandoned after 10 s is undone), saves, prints the "
                   "command that resumes, and exits 130, 143 or 129; a second signal ends at once, the file saved before intact. "
                   "Without --save they end the run at once")->check(non_empty());
@@ -166,8 +166,8 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "continue from a checkpoint file written by --save, with the same model and optimizer and any "
                   "--stages, schedule or number of ranks")->check(non_empty());
   sub->add_flag("--per-device-files,--per-stage-files", o->per_device_files,
-                "under mpirun, --save and --resume use one file per device (its stages), FILE.stage<j>-of-<K>, "
-                "for checkpoint files above the 2 GiB one MPI gather carries (resume with the same K); "
+                "under mpirun or torchrun, --save and --resume use one file per device (its stages), "
+                "FILE.stage<j>-of-<K>, for checkpoint files above the 2 GiB one MPI gather carries (resume with the same K); "
                 "--per-stage-files is its old name");
   sub->add_option("--trace", o->trace,
                   "write the last training step's timeline: an SVG chart if FILE ends in .svg (any case), otherwise "

@@ -144,7 +144,7 @@ if part errors; then  # cost 53
   expect_error "per-stage files saved with another K are refused" "no such file: $work/split.pt.stage0-of-3" \
     bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3 --resume "$work/split.pt" --per-stage-files
   # Per-device files and whole files mixed up: each error names the files there are and the fix.
-  expect_error "per-device files resumed by one process" "there are per-device files $work/split.pt.stage0-of-2 ..., one per MPI rank: resume them under mpirun -np 2" \
+  expect_error "per-device files resumed by one process" "there are per-device files $work/split.pt.stage0-of-2 ..., one per rank of a job: resume them under mpirun -np 2 or torchrun --nproc_per_node 2" \
     "$gpipe" train "${small[@]}" --resume "$work/split.pt"
   expect_error "a whole file resumed with --per-device-files" "ckpt.pt is one whole checkpoint file, not a set of per-device files: leave out --per-device-files" \
     bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --resume "$work/ckpt.pt" --per-device-files

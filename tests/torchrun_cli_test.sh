@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # torchrun_cli_test.sh: `gpipe train` and a Python script under torchrun, one device per process over
-# c10d: the parameters of one process, bit for bit; a rank that fails ends the job with its message,
-# and no process is left.
+# c10d: the parameters of one process, bit for bit; a rank that fails, or is killed (SIGKILL), ends
+# the job with its message, and no process is left; a rank started alone says that it waits.
 # Usage: [GPIPE_TEST_PART=PART] torchrun_cli_test.sh PATH/TO/gpipe PYTHONPATH   (parts: tests/parts_lib.sh)
 set -u
 gpipe="$1"
@@ -52,6 +52,89 @@ PY
   out=$(PYTHONPATH="$python_path" timeout -k 10 240 bash "$torchrun_sh" 2 /usr/bin/python3 "$work/train.py" 2>/dev/null)
   if [[ "$out" == "$one c10d (Gloo): 2 ranks"* ]]; then pass "gpipe.GPipe under torchrun: the loss of one process ($one)"
   else fail "gpipe.GPipe under torchrun printed \"$out\", one process \"$one\""; fi
+fi
+
+# The pid of RANK's process among those whose command line holds `marker` (a path of this test's own).
+rank_pid() {  # MARKER RANK
+  local p
+  for p in $(pgrep -f "$1"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2"; then echo "$p"; return; fi
+  done
+}
+
+# kill_rank1 MARKER FILE LINE: waits until FILE (the job's standard error) has LINE, kills rank 1 with
+# SIGKILL, then waits for the job ($job, a background torchrun) to end: 60 s at most. Sets $status
+# and $took (seconds from the kill to the end).
+kill_rank1() {
+  local deadline=$((SECONDS + 120)) victim begin
+  until grep -q -- "$3" "$2" 2>/dev/null; do
+    if ! kill -0 "$job" 2>/dev/null || [ $SECONDS -gt $deadline ]; then status=none; return; fi
+    sleep 0.05
+  done
+  victim=$(rank_pid "$1" 1)
+  [ -n "$victim" ] || { status=none; return; }
+  kill -9 "$victim"
+  begin=$SECONDS
+  if timeout 60 tail --pid="$job" -s 0.1 -f /dev/null; then wait "$job"; status=$?; else status=hung; kill -9 "$job"; fi
+  took=$((SECONDS - begin))
+}
+
+if part kill; then  # cost 15
+  # A rank killed with SIGKILL: the job ends, naming it, no process is left, and the last file saved
+  # (every 3 steps) resumes in one process to the parameters of an unbroken run.
+  run=(train --train-samples 640 --test-samples 100 --batch-size 64 --epochs 50 --stages 2)
+  bash "$torchrun_sh" 2 "$gpipe" "${run[@]}" --save "$work/kill.pt" --save-every 3 >/dev/null 2>"$work/kill.err" &
+  job=$!
+  kill_rank1 "$work/kill.pt" "$work/kill.err" "epoch 2/50 step $((RANDOM % 10 + 1))/10"
+  if [ "$status" = none ] || [ "$status" = hung ] || [ "$status" = 0 ]; then
+    fail "rank 1 killed under torchrun: $status"; tail -5 "$work/kill.err"
+  elif pgrep -f "$work/kill.pt" >/dev/null; then fail "rank 1 killed under torchrun: a process was left"; pgrep -af "$work/kill.pt"
+  elif ! grep -q "rank *: 1 .*" "$work/kill.err" || ! grep -q "Signal 9 (SIGKILL)" "$work/kill.err"; then
+    fail "rank 1 killed under torchrun: no line names it"; tail -12 "$work/kill.err"
+  elif "$gpipe" "${run[@]}" --steps 25 --resume "$work/kill.pt" --json >"$work/resumed.json" 2>/dev/null &&
+       "$gpipe" "${run[@]}" --steps 25 --json >"$work/unbroken.json" 2>/dev/null &&
+       [ "$(checksum "$work/resumed.json")" = "$(checksum "$work/unbroken.json")" ]; then
+    pass "rank 1 killed under torchrun: the job ended in $took s (exit $status), naming it, no process left; the file resumes to unbroken"
+  else fail "rank 1 killed under torchrun: the file left does not resume to unbroken"; fi
+fi
+
+if part python_kill; then  # cost 12
+  # The same for a Python script: the job ends, no process is left.
+  cat >"$work/loop.py" <<'PY'
+import sys, torch, gpipe
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+pipe = gpipe.GPipe(model, devices=2, chunks=4, balance=[2, 1])
+opt = torch.optim.SGD(pipe.parameters(), lr=0.05)
+for step in range(100000):
+    x, y = torch.randn(16, 12), torch.randn(16, 4)
+    opt.zero_grad()
+    pipe.train_step(x, y, loss="mse")
+    opt.step()
+    if step == 20 and pipe.rank == 0:
+        print("step 20", file=sys.stderr, flush=True)
+PY
+  PYTHONPATH="$python_path" bash "$torchrun_sh" 2 /usr/bin/python3 "$work/loop.py" >/dev/null 2>"$work/py.err" &
+  job=$!
+  kill_rank1 "$work/loop.py" "$work/py.err" "step 20"
+  if [ "$status" = none ] || [ "$status" = hung ] || [ "$status" = 0 ]; then
+    fail "a Python rank killed under torchrun: $status"; tail -5 "$work/py.err"
+  elif pgrep -f "$work/loop.py" >/dev/null; then fail "a Python rank killed: a process was left"; pgrep -af "$work/loop.py"
+  else pass "a Python rank killed under torchrun: the job ended in $took s (exit $status), no process left"; fi
+fi
+
+if part lone; then  # cost 18
+  # A rank started without the others (RANK and WORLD_SIZE set by hand) says it waits, how many came
+  # and for how long at most, then ends with the fix.
+  port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GPIPE_TIMEOUT=12 timeout 60 "$gpipe" train --epochs 1 \
+    >/dev/null 2>"$work/lone.err"
+  status=$?
+  if [ "$status" != 0 ] && [ "$status" != 124 ] &&
+     grep -q "gpipe: rank 0 has waited 10 s for the job's other ranks to connect (1 of 2 here); it waits 12 s at most (GPIPE_TIMEOUT)" "$work/lone.err" &&
+     grep -q "could not connect to the job's other ranks within 12 s (GPIPE_TIMEOUT).*check that every rank was started" "$work/lone.err"; then
+    pass "a lone rank says it waits, then ends (exit $status): $(head -c 150 "$work/lone.err")"
+  else fail "a lone rank (exit $status): $(cat "$work/lone.err")"; fi
 fi
 
 parts_end || failures=$((failures + 1))

@@ -14,7 +14,9 @@ namespace gpipe {
 struct Job {
   int rank = 0;
   int size = 1;
-  bool distributed = false;  ///< more than one rank (started by an MPI launcher)
+  bool distributed = false;  ///< more than one rank (started by mpirun or torchrun)
+  /// What started the job, for messages: "mpirun" (MPI), "torchrun" (c10d), or "" (one process).
+  std::string launcher;
   /// Whether this rank prints progress, tables and summaries (the first rank does).
   bool prints() const { return rank == 0; }
 };
@@ -47,8 +49,9 @@ void check_same_bytes(const std::vector<std::pair<std::string, uint64_t>>& input
 /// The command that runs this process again from the snapshot `file` (snapshot.h), for a program
 /// whose option `flag` (gpipe train's "--resume") names the file to resume from: this process's
 /// command line (as the kernel has it, /proc/self/cmdline) with `flag` FILE in place of any `flag`
-/// given, each word quoted for a shell where it needs it; under mpirun, after the launcher's words
-/// (its own command line when it is this process's parent, else "mpirun -np N").
+/// given, each word quoted for a shell where it needs it; under mpirun or torchrun, after the
+/// launcher's words (its own command line when it is this process's parent, else "mpirun -np N" or
+/// "torchrun --nproc_per_node N --no_python").
 std::string resume_command(const std::string& file, const std::string& flag);
 
 /// Writes `line` and a newline to standard error in one write, so that lines of ranks sharing a

@@ -254,7 +254,7 @@ void check_bench(const BenchSweep& o) {
   check_listed_once(o.balance_by, "balance_by");
   check_threads_per_device(o.threads);
   GPIPE_CHECK(!job().distributed || o.balance_by == std::vector<std::string>{"even"},
-              "`balance_by` profiles the whole model in one process; under mpirun pass a cut with `balance`");
+              "`balance_by` profiles the whole model in one process; under ", job().launcher, " pass a cut with `balance`");
   if (!o.balance.empty() && o.balance_by_given) {
     std::string methods;
     for (const std::string& m : o.balance_by) methods += (methods.empty() ? "" : " ") + m;

@@ -360,7 +360,7 @@ bool generates(const Task& task) { return task.metric == Metric::kBitsPerByte &&
 // Every setting that can be judged without reading a file.
 void check_settings(const TrainSettings& s) {
   GPIPE_CHECK(!job().distributed || s.balance_by.empty(), "`balance_by` profiles the whole model in one process; "
-              "run it once without mpirun and pass the cut it prints with `balance`");
+              "run it once without ", job().launcher, " and pass the cut it prints with `balance`");
   const bool builtin = is_builtin_task(s.model);
   GPIPE_CHECK(!builtin || !std::filesystem::exists(s.model), "`model` ", s.model, " names a built-in model, and "
               "there is also a file ", s.model, " here; for the file, say `model` ./", s.model);
@@ -391,8 +391,8 @@ void check_settings(const TrainSettings& s) {
   GPIPE_CHECK(!s.per_device_files || !s.save.empty() || !s.resume.empty(), "`per_device_files` says how `save` "
               "writes and `resume` reads a checkpoint file; give `save` FILE or `resume` FILE with it");
   // Outputs: found unwritable now, not after training.
-  GPIPE_CHECK(!s.per_device_files || job().distributed, "`per_device_files` is for mpirun, where each device "
-              "writes its own file; in one process `save` writes the whole model");
+  GPIPE_CHECK(!s.per_device_files || job().distributed, "`per_device_files` is for a job of several processes "
+              "(mpirun, torchrun), where each device writes its own file; in one process `save` writes the whole model");
   // No output may replace an input or the other output (`save` may replace `resume`'s file).
   auto same_file = [](const std::string& a, const std::string& b) {
     std::error_code error;
@@ -451,8 +451,9 @@ void apply_task(TrainSettings& s, const Task& task) {
               " belongs to `bytes` N, the bytes to sample from `model` gpt; add ", generates(task) ? "" : "`model` gpt ",
               "`bytes` 200, say");
   GenerateOptions().bytes(s.generate).temperature(s.temperature).check();
-  GPIPE_CHECK(s.generate == 0 || !job().distributed, "`bytes` samples byte by byte in one process; train under "
-              "mpirun with `save` FILE, then run gpipe train `model` gpt `resume` FILE `epochs` 0 `bytes` N without mpirun");
+  GPIPE_CHECK(s.generate == 0 || !job().distributed, "`bytes` samples byte by byte in one process; train under ",
+              job().launcher, " with `save` FILE, then run gpipe train `model` gpt `resume` FILE `epochs` 0 `bytes` N "
+              "without ", job().launcher);
   GPIPE_CHECK(!s.epochs_given || s.epochs != 0 || s.save.empty(), "`epochs` 0 trains nothing, so `save` would write "
               "the checkpoint it resumed; leave out `save`");
   GPIPE_CHECK(!s.epochs_given || s.epochs != 0 || s.trace.empty(), "`epochs` 0 trains nothing, so there is no "

@@ -185,7 +185,8 @@ Model Model::of(std::string name, const ScriptModel& source) {
   const auto shared_buffers = shared_tensors(all, /*buffers=*/true);
   GPIPE_CHECK(running_backend() == Runtime::kThreads || shared_buffers.empty(), shared_buffers.empty() ? "" : shared_buffers.front().front(),
               " and ", shared_buffers.empty() ? "" : shared_buffers.front().back(),
-              " are one buffer (a module used twice in the Sequential); under mpirun each rank would keep a copy of "
+              " are one buffer (a module used twice in the Sequential); in a job of several processes each rank would keep a "
+              "copy of "
               "its own: train this model in one process, or give each use its own module");
   m.build = [all](LayerRange keep) {  // the loaded layers themselves: they share the script module's tensors
     torch::nn::Sequential part;
@@ -636,8 +637,9 @@ void Trainer::resume(const std::string& resume_path) {
       const std::string k = counts_text(sets);
       if (!per_device && !std::filesystem::exists(path) && !sets.empty())
         throw std::invalid_argument("no such file: " + path + "; there are per-device files " + path + ".stage0-of-" +
-                                    std::to_string(sets.front()) + " ..., one per MPI rank: resume them under "
-                                    "mpirun -np " + k + " with `devices` " + k + " `per_device_files`");
+                                    std::to_string(sets.front()) + " ..., one per rank of a job: resume them "
+                                    "under mpirun -np " + k + " or torchrun --nproc_per_node " + k + " with `devices` " +
+                                    k + " `per_device_files`");
       if (!per_device) check_input_file(path);  // a folder, a FIFO, a device: says which
       if (std::filesystem::is_regular_file(resume_path))
         throw std::invalid_argument(resume_path + " is one whole checkpoint file, not a set of per-device files: "

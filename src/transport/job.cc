@@ -69,7 +69,7 @@ const Job& start_job(int* argc, char*** argv) {
   if (mpi::launched()) {
     const auto [rank, size] = mpi::start_job(argc, argv);
     // One rank is one process: it runs as without mpirun (threads, one checkpoint file).
-    the_job() = Job{rank, size, size > 1};
+    the_job() = Job{rank, size, size > 1, "mpirun"};
     job_backend() = Runtime::kMpi;
     return job();
   }
@@ -83,7 +83,7 @@ const Job& start_job(int* argc, char*** argv) {
 #if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
   if (c10d::launched()) {
     const auto [rank, size] = c10d::start_job();
-    the_job() = Job{rank, size, size > 1};
+    the_job() = Job{rank, size, size > 1, "torchrun"};
     job_backend() = Runtime::kC10d;
   }
 #endif

@@ -73,6 +73,23 @@ World& world();
 c10::intrusive_ptr<::c10d::Store> connect_store(const std::string& prefix,
                                                 std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
+/// While alive, says on standard error that this process still waits, after 10 s and then every
+/// minute: `line(seconds waited)`. For the waits of the set-up no output shows (the store's
+/// connection, the other ranks' arrival), which last up to GPIPE_TIMEOUT.
+class WaitNotice {
+ public:
+  explicit WaitNotice(std::function<std::string(int)> line);
+  ~WaitNotice();
+  WaitNotice(const WaitNotice&) = delete;
+  WaitNotice& operator=(const WaitNotice&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ended_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 /// The watcher looks at `links`' flag (Links::flag_key) until unwatch, and calls Links::flagged
 /// with its value while it is set.
 void watch(Links* links);

@@ -35,7 +35,16 @@ Links::Links(const std::string& scope, int generation) {
   auto options = ::c10d::ProcessGroupGloo::Options::create(w.timeout);
   options->devices.push_back(w.device);
   options->threads = 1;  // its collectives are not used
+  // Each process counts itself in, so that one left waiting can say how many came.
+  const std::string arrived = base + "arrived";
+  store_->add(arrived, 1);
   try {
+    const WaitNotice notice([&w, &arrived](int seconds) {
+      const int64_t came = connect_store("")->add(arrived, 0);  // a connection of the notice's thread
+      return "rank " + std::to_string(w.rank) + " has waited " + std::to_string(seconds) + " s for the job's other " +
+             "ranks to connect (" + std::to_string(came) + " of " + std::to_string(w.size) + " here); it waits " +
+             std::to_string(w.timeout.count() / 1000) + " s at most (GPIPE_TIMEOUT): check that every rank was started";
+    });
     group_ = c10::make_intrusive<::c10d::ProcessGroupGloo>(c10::make_intrusive<::c10d::PrefixStore>(base + "gloo", store_),
                                                            rank_, w.size, options);
   } catch (const std::exception& e) {

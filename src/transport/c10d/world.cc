@@ -111,6 +111,31 @@ c10::intrusive_ptr<::c10d::Store> connect_store(const std::string& prefix, std::
   return c10::make_intrusive<::c10d::PrefixStore>(prefix.empty() ? w.prefix : w.prefix + "/" + prefix, store);
 }
 
+WaitNotice::WaitNotice(std::function<std::string(int)> line) {
+  thread_ = std::thread([this, line = std::move(line)] {
+    const auto begin = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (auto next = std::chrono::seconds(10);; next += std::chrono::seconds(60)) {
+      if (ended_.wait_until(lock, begin + next, [this] { return done_; })) return;
+      lock.unlock();
+      try {
+        print_error_line("gpipe: " + line(static_cast<int>(next.count())));
+      } catch (const std::exception&) {  // a notice that cannot be worded is not said
+      }
+      lock.lock();
+    }
+  });
+}
+
+WaitNotice::~WaitNotice() {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+  }
+  ended_.notify_all();
+  thread_.join();
+}
+
 World& start() {
   static std::mutex start_mutex;  // one start, whichever threads ask
   const std::lock_guard<std::mutex> starting(start_mutex);
@@ -149,6 +174,11 @@ World& start() {
   options.timeout = w->timeout;
   options.multiTenant = true;
   try {
+    const WaitNotice notice([&w](int seconds) {
+      return "rank " + std::to_string(w->rank) + " has waited " + std::to_string(seconds) + " s for the job's store at " +
+             w->host + ":" + std::to_string(w->port) + " (torchrun's agent or rank 0 hosts it); it waits " +
+             std::to_string(w->timeout.count() / 1000) + " s at most (GPIPE_TIMEOUT): check that rank 0 was started";
+    });
     w->store = c10::make_intrusive<::c10d::PrefixStore>(
         w->prefix, c10::make_intrusive<::c10d::TCPStore>(w->host, options));
   } catch (const std::exception& e) {
