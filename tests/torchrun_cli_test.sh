@@ -131,7 +131,7 @@ if part lone; then  # cost 18
     >/dev/null 2>"$work/lone.err"
   status=$?
   if [ "$status" != 0 ] && [ "$status" != 124 ] &&
-     grep -q "gpipe: rank 0 has waited 10 s for the job's other ranks to connect (1 of 2 here); it waits 12 s at most (GPIPE_TIMEOUT)" "$work/lone.err" &&
+     grep -q "gpipe: rank 0 has waited 10 s for the job's other ranks to connect (1 here, 2 in all); it waits 12 s at most (GPIPE_TIMEOUT)" "$work/lone.err" &&
      grep -q "could not connect to the job's other ranks within 12 s (GPIPE_TIMEOUT).*check that every rank was started" "$work/lone.err"; then
     pass "a lone rank says it waits, then ends (exit $status): $(head -c 150 "$work/lone.err")"
   else fail "a lone rank (exit $status): $(cat "$work/lone.err")"; fi

@@ -150,6 +150,34 @@ def _end_the_job_on_an_uncaught_exception():
     sys.excepthook = hook
 
 
+def _group_store(group):
+    """The store, this process's rank, the size and the ranks (as text, to tell apart groups that share
+    a store) of torch.distributed process group `group` (GPipe's process_group; None: the default
+    group, if one is initialized), or None."""
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        if group is None:
+            return None
+        raise ValueError("gpipe: process_group was given, but torch.distributed is not initialized in this process; "
+                         "call torch.distributed.init_process_group(...) first, or give no process_group")
+    from torch.distributed import distributed_c10d as c10d
+    if group is None:
+        group = c10d._get_default_group()
+    if group is c10d.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("gpipe: this process is not a member of process_group; build the GPipe on the group's "
+                         "processes only")
+    world = getattr(c10d, "_world", None)  # torch 2.x; torch 1.13 keeps _pg_map
+    groups = world.pg_map if world is not None else c10d._pg_map
+    if group not in groups:
+        raise ValueError(f"gpipe: process_group must be a torch.distributed process group of this process (one "
+                         f"init_process_group or new_group made; got {type(group).__name__})")
+    if hasattr(dist, "get_process_group_ranks"):  # torch 2.x
+        ranks = dist.get_process_group_ranks(group)
+    else:
+        ranks = sorted(c10d._pg_group_ranks[group])
+    return groups[group][1], group.rank(), group.size(), "ranks " + ",".join(str(r) for r in ranks)
+
+
 def _batch(value, name):
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"gpipe: {name} must be a torch.Tensor (got {type(value).__name__})")
@@ -215,12 +243,19 @@ class GPipe:
     batch_norm     "deferred": BatchNorm's running statistics once per mini-batch from all its rows
                    (the paper's rule); "per-micro-batch": as M small batches would
     threads        intra-op threads of each device
-    runtime        the backend: "threads" (this process), "mpi" (one rank per device; mpirun -np K·D), or
-                   "auto": MPI when started by mpirun with more than one rank (gpipe/backend.h's backends())
+    runtime        the backend: "threads" (this process), "mpi" (one rank per device; mpirun -np K·D), "c10d"
+                   (one process per device over torch.distributed's c10d and Gloo; torchrun), or "auto": the
+                   backend of the job that started this process, if it has more than one process (MPI under
+                   mpirun; c10d under torchrun or with torch.distributed initialized), else threads
+    process_group  with runtime "auto" or "c10d": the torch.distributed process group whose processes run
+                   the devices (rank r of the group: device r mod K of replica r div K); by default the
+                   default group when torch.distributed is initialized. gpipe keeps keys of its own in the
+                   group's store and sends over Gloo connections of its own (whatever the group's backend);
+                   every GPipe of a process uses the same group
     """
 
     def __init__(self, model, balance=None, chunks=1, checkpoint="except_last", schedule="gpipe", devices=None,
-                 virtual_stages=None, batch_norm="deferred", threads=1, runtime="auto"):
+                 virtual_stages=None, batch_norm="deferred", threads=1, runtime="auto", process_group=None):
         _end_the_job_on_an_uncaught_exception()
         if isinstance(model, torch.nn.Sequential) and type(model).forward is not torch.nn.Sequential.forward:
             raise ValueError(f"gpipe: the model's class {type(model).__name__} overrides Sequential's forward; gpipe "
@@ -248,6 +283,13 @@ class GPipe:
         settings.threads = _whole(threads, "threads")
         _gpipe.check_threads_per_device(settings.threads)
         settings.runtime = _one_of(runtime, "runtime", tuple(_gpipe.runtime_names()))
+        if process_group is not None and runtime not in ("auto", "c10d"):
+            raise ValueError(f"gpipe: process_group runs the pipeline over the c10d backend; give runtime=\"c10d\" "
+                             f"or \"auto\" with it (got runtime={runtime!r})")
+        group = _group_store(process_group) if runtime in ("auto", "c10d") else None
+        if group is not None and (group[2] > 1 or process_group is not None):
+            _gpipe.use_process_group(*group)
+            settings.runtime = "c10d"
         # The plan (K, V, M, the cut, the schedule) is checked now, before any work, whatever the balance.
         try:
             self.devices, self.virtual_stages = _gpipe.check_plan(len(model), settings)

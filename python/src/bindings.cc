@@ -2,6 +2,9 @@
 // pipeline, its devices C++ threads (or MPI ranks) that never take the GIL. The Python layer
 // (python/gpipe/pipe.py) checks the arguments and scripts the model; this file only translates.
 #include <gpipe/gpipe.h>
+#if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
+#include <gpipe/c10d_backend.h>
+#endif
 
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
@@ -396,6 +399,16 @@ PYBIND11_MODULE(_gpipe, m) {
   // At the script's end (atexit): the other ranks of a job of several processes, still in a call or
   // making one, stop with an error naming this rank instead of waiting for it (mpi::leave).
   m.def("leave_job", [] { leave_processes(); });
+  // process_group=: the c10d backend over a torch.distributed process group's store (pipe.py finds it).
+  m.def("use_process_group", [](const py::object& store, int rank, int size, const std::string& scope) {
+#if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
+    gpipe::c10d::start_over(store.cast<c10::intrusive_ptr<::c10d::Store>>(), rank, size, scope);
+#else
+    (void)store, (void)rank, (void)size, (void)scope;
+    throw std::invalid_argument("this gpipe was built without the c10d backend, which process_group needs; install "
+                                "libgloo-dev and rebuild with it (cmake -DGPIPE_C10D=ON)");
+#endif
+  }, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("scope"));
   m.def("schedule_names", &schedule_names);
   m.def("checkpoint_names", &checkpoint_names);
   // runtime=: "auto", "threads", then each backend's name (backends(), built in or not).

@@ -56,6 +56,10 @@ struct World {
   std::string prefix;        // every key of this job: "gpipe/<restart>"
   std::chrono::milliseconds timeout{0};  // of every blocking call (GPIPE_TIMEOUT, in seconds)
   c10::intrusive_ptr<::c10d::Store> store;  // the first connection (on rank 0 without torchrun's agent, the store itself)
+  /// A process group's store (start_over): every connection is this one, shared (c10d's stores
+  /// take calls from several threads); null where gpipe connects to MASTER_ADDR itself.
+  c10::intrusive_ptr<::c10d::Store> shared;
+  std::string scope;  // start_over's: the group's keys within the shared store
   std::shared_ptr<::gloo::transport::Device> device;  // Gloo's, shared by every Links
 };
 

@@ -40,9 +40,11 @@ Links::Links(const std::string& scope, int generation) {
   store_->add(arrived, 1);
   try {
     const WaitNotice notice([&w, &arrived](int seconds) {
-      const int64_t came = connect_store("")->add(arrived, 0);  // a connection of the notice's thread
+      // The count from a connection of the notice's thread; a shared store (a process group's) is
+      // busy with the rendezvous' wait until it ends.
+      const std::string came = w.shared ? "" : std::to_string(connect_store("")->add(arrived, 0)) + " here, ";
       return "rank " + std::to_string(w.rank) + " has waited " + std::to_string(seconds) + " s for the job's other " +
-             "ranks to connect (" + std::to_string(came) + " of " + std::to_string(w.size) + " here); it waits " +
+             "ranks to connect (" + came + std::to_string(w.size) + " in all); it waits " +
              std::to_string(w.timeout.count() / 1000) + " s at most (GPIPE_TIMEOUT): check that every rank was started";
     });
     group_ = c10::make_intrusive<::c10d::ProcessGroupGloo>(c10::make_intrusive<::c10d::PrefixStore>(base + "gloo", store_),

@@ -2,6 +2,7 @@
 // thread that watches the error flags, and the job's end.
 #include "transport/c10d/c10d.h"
 
+#include "gpipe/c10d_backend.h"
 #include "gpipe/check.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -102,6 +103,7 @@ World& world() {
 
 c10::intrusive_ptr<::c10d::Store> connect_store(const std::string& prefix, std::chrono::milliseconds timeout) {
   const World& w = world();
+  if (w.shared) return c10::make_intrusive<::c10d::PrefixStore>(prefix.empty() ? w.prefix : w.prefix + "/" + prefix, w.shared);
   ::c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(w.port);
   options.isServer = false;
@@ -136,21 +138,12 @@ WaitNotice::~WaitNotice() {
   thread_.join();
 }
 
-World& start() {
-  static std::mutex start_mutex;  // one start, whichever threads ask
-  const std::lock_guard<std::mutex> starting(start_mutex);
-  {
-    const std::lock_guard<std::mutex> lock(world_mutex);
-    if (the_world != nullptr) return *the_world;
-  }
-  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
-    GPIPE_CHECK(!variable(name).empty(), "the environment variable ", name, " is not set; start the job with torchrun "
-                "(one process per device), which sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE");
-  auto w = std::make_unique<World>();
-  w->size = whole_variable("WORLD_SIZE", 1, 1 << 20);
-  w->rank = whole_variable("RANK", 0, w->size - 1);
-  w->host = variable("MASTER_ADDR");
-  w->port = whole_variable("MASTER_PORT", 1, 65535);
+namespace {
+
+std::mutex start_mutex;  // one start, whichever threads ask
+
+// GPIPE_TIMEOUT, or its default, and the job's keys (per torchrun restart) of a World being made.
+void set_timeout_and_prefix(World& w) {
   const std::string timeout = variable("GPIPE_TIMEOUT");
   double seconds = 1800;
   if (!timeout.empty()) {
@@ -163,28 +156,14 @@ World& start() {
     GPIPE_CHECK(used == timeout.size() && seconds >= 1 && seconds <= 1e6, "GPIPE_TIMEOUT is \"", timeout,
                 "\"; give the seconds any wait of the job may last, from 1 (default 1800)");
   }
-  w->timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-  w->agent_store = variable("TORCHELASTIC_USE_AGENT_STORE") == "True";
+  w.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   const std::string restart = variable("TORCHELASTIC_RESTART_COUNT");
-  w->prefix = "gpipe/" + (restart.empty() ? std::string("0") : restart);
-  ::c10d::TCPStoreOptions options;
-  options.port = static_cast<std::uint16_t>(w->port);
-  options.isServer = !w->agent_store && w->rank == 0;  // else torchrun's agent, or rank 0, hosts it
-  options.waitWorkers = false;  // the ranks meet in Gloo's rendezvous, each waiting for the others there
-  options.timeout = w->timeout;
-  options.multiTenant = true;
-  try {
-    const WaitNotice notice([&w](int seconds) {
-      return "rank " + std::to_string(w->rank) + " has waited " + std::to_string(seconds) + " s for the job's store at " +
-             w->host + ":" + std::to_string(w->port) + " (torchrun's agent or rank 0 hosts it); it waits " +
-             std::to_string(w->timeout.count() / 1000) + " s at most (GPIPE_TIMEOUT): check that rank 0 was started";
-    });
-    w->store = c10::make_intrusive<::c10d::PrefixStore>(
-        w->prefix, c10::make_intrusive<::c10d::TCPStore>(w->host, options));
-  } catch (const std::exception& e) {
-    GPIPE_CHECK(false, "rank ", w->rank, " could not reach the job's store at ", w->host, ":", w->port, " (",
-                e.what(), "); check MASTER_ADDR and MASTER_PORT, and that every rank of the job was started");
-  }
+  w.prefix = "gpipe/" + (restart.empty() ? std::string("0") : restart);
+}
+
+// The World made, with its store: Gloo's device, then the job started for the rest of the process
+// (start_mutex held).
+World& begin(std::unique_ptr<World> w) {
   const std::string interface = variable("GLOO_SOCKET_IFNAME");
   w->device = interface.empty() ? ::c10d::ProcessGroupGloo::createDefaultDevice()
                                 : ::c10d::ProcessGroupGloo::createDeviceForInterface(interface);
@@ -204,6 +183,73 @@ World& start() {
     throw;
   }
   return *the_world;
+}
+
+}  // namespace
+
+void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope) {
+  GPIPE_CHECK(store, "the c10d backend needs a store (a torch.distributed process group's)");
+  GPIPE_CHECK(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " of ", size,
+              " processes: a rank runs from 0 to the processes less 1");
+  const std::lock_guard<std::mutex> starting(start_mutex);
+  {
+    const std::lock_guard<std::mutex> lock(world_mutex);
+    if (the_world != nullptr) {
+      GPIPE_CHECK(the_world->shared == store && the_world->scope == scope && the_world->rank == rank &&
+                      the_world->size == size,
+                  "the c10d backend of this process runs over ",
+                  the_world->shared ? "another process group" : "the job torchrun started (MASTER_ADDR, RANK...)",
+                  " already (rank ", the_world->rank, " of ", the_world->size, "); every pipeline of a process uses "
+                  "the same one: pass the same process_group, or none");
+      return;
+    }
+  }
+  auto w = std::make_unique<World>();
+  w->rank = rank;
+  w->size = size;
+  set_timeout_and_prefix(*w);
+  if (!scope.empty()) w->prefix += "/" + scope;
+  w->shared = store;
+  w->scope = scope;
+  w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, store);
+  begin(std::move(w));
+}
+
+World& start() {
+  const std::lock_guard<std::mutex> starting(start_mutex);
+  {
+    const std::lock_guard<std::mutex> lock(world_mutex);
+    if (the_world != nullptr) return *the_world;
+  }
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+    GPIPE_CHECK(!variable(name).empty(), "the environment variable ", name, " is not set; start the job with torchrun "
+                "(one process per device), which sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE");
+  auto w = std::make_unique<World>();
+  w->size = whole_variable("WORLD_SIZE", 1, 1 << 20);
+  w->rank = whole_variable("RANK", 0, w->size - 1);
+  w->host = variable("MASTER_ADDR");
+  w->port = whole_variable("MASTER_PORT", 1, 65535);
+  set_timeout_and_prefix(*w);
+  w->agent_store = variable("TORCHELASTIC_USE_AGENT_STORE") == "True";
+  ::c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(w->port);
+  options.isServer = !w->agent_store && w->rank == 0;  // else torchrun's agent, or rank 0, hosts it
+  options.waitWorkers = false;  // the ranks meet in Gloo's rendezvous, each waiting for the others there
+  options.timeout = w->timeout;
+  options.multiTenant = true;
+  try {
+    const WaitNotice notice([&w](int seconds) {
+      return "rank " + std::to_string(w->rank) + " has waited " + std::to_string(seconds) + " s for the job's store at " +
+             w->host + ":" + std::to_string(w->port) + " (torchrun's agent or rank 0 hosts it); it waits " +
+             std::to_string(w->timeout.count() / 1000) + " s at most (GPIPE_TIMEOUT): check that rank 0 was started";
+    });
+    w->store = c10::make_intrusive<::c10d::PrefixStore>(
+        w->prefix, c10::make_intrusive<::c10d::TCPStore>(w->host, options));
+  } catch (const std::exception& e) {
+    GPIPE_CHECK(false, "rank ", w->rank, " could not reach the job's store at ", w->host, ":", w->port, " (",
+                e.what(), "); check MASTER_ADDR and MASTER_PORT, and that every rank of the job was started");
+  }
+  return begin(std::move(w));
 }
 
 void watch(Links* links) {

@@ -1,0 +1,21 @@
+// c10d_backend.h: the c10d backend (a process per device over torch.distributed's c10d and Gloo;
+// docs/distributed.md) started over a store the caller has, such as a torch.distributed process
+// group's, instead of the env:// variables torchrun sets (MASTER_ADDR, MASTER_PORT, RANK,
+// WORLD_SIZE). Available when gpipe is built with GPIPE_C10D (the macro GPIPE_HAS_C10D is then 1).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace gpipe::c10d {
+
+/// Starts the c10d backend for the rest of the process as process `rank` of `size`, over `store`:
+/// the same store on every process of the job (a process group's: Python's GPipe(process_group=)
+/// gives it), whose keys gpipe keeps under its own prefix and `scope`, which tells apart groups that
+/// share a store (torch.distributed's groups share the default group's; Python passes the group's
+/// ranks). Pipelines made after it with Runtime::kC10d (or kAuto) run over it. Throws
+/// std::invalid_argument for a rank outside the processes, or when the backend was started already
+/// over another store, scope, rank or size (every pipeline of a process uses the same one); a call
+/// with the same ones does nothing.
+void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope = "");
+
+}  // namespace gpipe::c10d

@@ -1,0 +1,84 @@
+"""GPipe(process_group=...): processes that initialized torch.distributed themselves (tcp://, without
+torchrun's variables) run one device each over the group's store, with the losses and parameters of
+one process bit for bit; subgroups run pipelines of their own; wrong uses are refused up front."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gpipe
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "process_group_train.py")
+LAUNCHER = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(size, groups):
+    """Each process's JSON line (size 1: one process alone)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, SCRIPT, str(r), str(size), port, groups], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(size)]
+    out = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        assert p.returncode == 0, stderr[-3000:]
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def alone():
+    return run_job(1, "default")[0]
+
+
+@pytest.mark.parametrize("groups", ["default", "world"])
+def test_a_group_of_two_equals_one_process_bit_for_bit(alone, groups):
+    ranks = run_job(2, groups)
+    assert alone["describe"] == "one process, 2 device threads"
+    for r in ranks:
+        assert r["describe"] == "c10d (Gloo): 2 ranks = 2 devices x 1 replicas"
+        assert r["losses"] == alone["losses"]
+        for name, values in r["parameters"].items():
+            assert values == alone["parameters"][name], name
+    assert set(ranks[0]["parameters"]) | set(ranks[1]["parameters"]) == set(alone["parameters"])
+
+
+def test_subgroups_run_pipelines_of_their_own(alone):
+    ranks = run_job(4, "pairs")
+    for r in ranks:
+        assert r["describe"] == "c10d (Gloo): 2 ranks = 2 devices x 1 replicas"
+        assert r["losses"] == alone["losses"]
+        for name, values in r["parameters"].items():
+            assert values == alone["parameters"][name], name
+
+
+def model():
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+
+def test_a_group_without_torch_distributed_is_refused():
+    with pytest.raises(ValueError, match="torch.distributed is not initialized in this process; call "
+                                         "torch.distributed.init_process_group"):
+        gpipe.GPipe(model(), balance=[2, 1], process_group=object())
+
+
+def test_a_group_with_another_runtime_is_refused():
+    with pytest.raises(ValueError, match='process_group runs the pipeline over the c10d backend; give '
+                                         'runtime="c10d" or "auto" with it \\(got runtime=\'threads\'\\)'):
+        gpipe.GPipe(model(), balance=[2, 1], runtime="threads", process_group=object())
