@@ -23,7 +23,7 @@ declare -A home=(
   [schedule]=schedule
   [device]=device [memory]=device [trace]=device
   [layers]=plan [partition]=plan [plan]=plan [skip_connections]=plan
-  [transport]=transport [backend]=transport [mpi_backend]=transport [job]=transport
+  [transport]=transport [backend]=transport [mpi_backend]=transport [c10d_backend]=transport [job]=transport
   [executor]=runtime [microbatch]=runtime [pipeline]=runtime [skip]=runtime [stage]=runtime [mpi]=runtime
   [models]=model [script_model]=model [workloads]=model
   [cost_model]=cost [planner]=cost
