@@ -4,8 +4,8 @@
 # and past findings), then fuzzes each parser for a short while (FUZZ_SECONDS, default 20;
 # scripts/fuzz.sh). CI runs it after scripts/test.sh, which runs every test without the sanitizers.
 # The tests here (SANITIZED_TESTS, a space-separated list, replaces them): the pipeline and its
-# schedules, checkpointing, skips, tied weights and the I/W split; the in-process and MPI transports
-# (mpi_test at np 2 and 3); failures and faults; the training loop with save and resume; file I/O;
+# schedules, checkpointing, skips, tied weights and the I/W split; the in-process, MPI and c10d
+# transports (mpi_test at np 2 and 3, c10d_test at np 2 under torchrun); failures and faults; the training loop with save and resume; file I/O;
 # partitioning and plans. Left out, for time (each a compile of minutes under the sanitizers): the
 # tests that run these same paths over more models and configurations (transparency, BatchNorm, the
 # model zoo, memory, the cost model and planner, tasks, make_pipeline, tuples, CUDA).
@@ -23,7 +23,7 @@ if [ -f build-asan/CMakeCache.txt ] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang' b
 fi
 # shellcheck disable=SC2206  # SANITIZED_TESTS: a list, split at its spaces
 tests=(${SANITIZED_TESTS:-pipeline_test schedule_test microbatch_test partition_test plan_test transport_test fault_test
-        io_test train_test rematerialization_test backward_split_test skip_test tied_weights_test mpi_test})
+        io_test train_test rematerialization_test backward_split_test skip_test tied_weights_test mpi_test c10d_test})
 fuzzers=(fuzz_schedule_text fuzz_byte_size fuzz_checkpoint fuzz_idx fuzz_torch_save fuzz_flags)
 # The tests and fuzz targets as one target, gpipe_together (CMakeLists.txt), so that make spreads
 # them over the cores. -O1 -g1 (line tables): compiles in less time than -O2 -g, and reports still
@@ -34,12 +34,15 @@ CC=clang CXX=clang++ BUILD_TYPE=RelWithDebInfo BUILD_TARGET=gpipe_together bash 
   -DGPIPE_BUILD_PYTHON=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DGPIPE_BUILD_TOGETHER="${together%;}"
 targets=("${fuzzers[@]}")
 for t in "${tests[@]}"; do
-  # mpi_test where MPI is built
-  if [ "$t" != mpi_test ] || grep -q 'mpi_test_np2' build-asan/tests/CTestTestfile.cmake; then targets+=("$t"); fi
+  # mpi_test where MPI is built, c10d_test where c10d is
+  case "$t" in
+    mpi_test|c10d_test) grep -q "${t}_np2" build-asan/tests/CTestTestfile.cmake && targets+=("$t") ;;
+    *) targets+=("$t") ;;
+  esac
 done
-# Each test built, mpi_test at np 2 and 3 (np 4 runs 4 sanitized ranks on this machine's cores), and
-# the fuzz targets over their inputs.
-names=$(printf '%s|' "${targets[@]}" | sed 's/|$//; s/mpi_test/mpi_test_np[23]/')
+# Each test built, mpi_test at np 2 and 3 (np 4 runs 4 sanitized ranks on this machine's cores),
+# c10d_test at np 2, and the fuzz targets over their inputs.
+names=$(printf '%s|' "${targets[@]}" | sed 's/|$//; s/mpi_test/mpi_test_np[23]/; s/c10d_test/c10d_test_np2/')
 (cd build-asan && ctest --output-on-failure -j "$(nproc)" -R "^(${names})\$")
 
 echo "== fuzz each parser for ${FUZZ_SECONDS:-20} s =="
