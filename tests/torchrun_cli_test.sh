@@ -75,7 +75,7 @@ kill_rank1() {
   [ -n "$victim" ] || { status=none; return; }
   kill -9 "$victim"
   begin=$SECONDS
-  if timeout 60 tail --pid="$job" -s 0.1 -f /dev/null; then wait "$job"; status=$?; else status=hung; kill -9 "$job"; fi
+  if timeout 60 tail --pid="$job" -s 0.1 -f /dev/null; then wait "$job"; status=$?; else status=hung; pkill -9 -f "$1"; kill -9 "$job"; fi
   took=$((SECONDS - begin))
 }
 

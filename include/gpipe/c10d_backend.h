@@ -6,6 +6,8 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <string>
+
 namespace gpipe::c10d {
 
 /// Starts the c10d backend for the rest of the process as process `rank` of `size`, over `store`:
@@ -15,7 +17,8 @@ namespace gpipe::c10d {
 /// ranks). Pipelines made after it with Runtime::kC10d (or kAuto) run over it. Throws
 /// std::invalid_argument for a rank outside the processes, or when the backend was started already
 /// over another store, scope, rank or size (every pipeline of a process uses the same one); a call
-/// with the same ones does nothing.
+/// with the same ones does nothing. job() (job.h) stays a job of one process: its calls across the
+/// ranks (check_same_settings, end_job) are for jobs a launcher started.
 void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope = "");
 
 }  // namespace gpipe::c10d

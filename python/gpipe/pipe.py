@@ -168,14 +168,31 @@ def _group_store(group):
                          "processes only")
     world = getattr(c10d, "_world", None)  # torch 2.x; torch 1.13 keeps _pg_map
     groups = world.pg_map if world is not None else c10d._pg_map
-    if group not in groups:
+    try:
+        known = group in groups
+    except TypeError:  # unhashable: not a group
+        known = False
+    if not known:
         raise ValueError(f"gpipe: process_group must be a torch.distributed process group of this process (one "
                          f"init_process_group or new_group made; got {type(group).__name__})")
-    if hasattr(dist, "get_process_group_ranks"):  # torch 2.x
+    store = groups[group][1]
+    if store is None:
+        raise ValueError("gpipe: process_group has no store (an MPI group's); give a Gloo or NCCL group, whose "
+                         "store gpipe keeps its keys in, or run under mpirun with runtime=\"mpi\"")
+    if hasattr(dist, "get_process_group_ranks"):  # torch 1.13 and later
         ranks = dist.get_process_group_ranks(group)
     else:
         ranks = sorted(c10d._pg_group_ranks[group])
-    return groups[group][1], group.rank(), group.size(), "ranks " + ",".join(str(r) for r in ranks)
+    return store, group.rank(), group.size(), "ranks " + ",".join(str(r) for r in ranks)
+
+
+def _launched():
+    """Whether mpirun or torchrun (env://) started this process as one of a job of several: its job
+    is the one auto runs over, whatever torch.distributed holds."""
+    if os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE"):
+        return True
+    return all(os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")) and \
+        os.environ.get("WORLD_SIZE") != "1"
 
 
 def _batch(value, name):
@@ -249,9 +266,10 @@ class GPipe:
                    mpirun; c10d under torchrun or with torch.distributed initialized), else threads
     process_group  with runtime "auto" or "c10d": the torch.distributed process group whose processes run
                    the devices (rank r of the group: device r mod K of replica r div K); by default the
-                   default group when torch.distributed is initialized. gpipe keeps keys of its own in the
-                   group's store and sends over Gloo connections of its own (whatever the group's backend);
-                   every GPipe of a process uses the same group
+                   default group when torch.distributed is initialized and neither mpirun nor torchrun
+                   started the process. gpipe keeps keys of its own in the group's store and sends over
+                   Gloo connections of its own (the group's backend Gloo or NCCL, not MPI); every GPipe of
+                   a process uses the same group
     """
 
     def __init__(self, model, balance=None, chunks=1, checkpoint="except_last", schedule="gpipe", devices=None,
@@ -286,10 +304,15 @@ class GPipe:
         if process_group is not None and runtime not in ("auto", "c10d"):
             raise ValueError(f"gpipe: process_group runs the pipeline over the c10d backend; give runtime=\"c10d\" "
                              f"or \"auto\" with it (got runtime={runtime!r})")
-        group = _group_store(process_group) if runtime in ("auto", "c10d") else None
+        # The group given; or the default group, where torch.distributed is initialized and no launcher
+        # started a job of several (under mpirun, MPI's; under torchrun, its env:// job as it is).
+        group = None
+        if runtime in ("auto", "c10d") and (process_group is not None or not _launched()):
+            group = _group_store(process_group)
         if group is not None and (group[2] > 1 or process_group is not None):
-            _gpipe.use_process_group(*group)
             settings.runtime = "c10d"
+        else:
+            group = None
         # The plan (K, V, M, the cut, the schedule) is checked now, before any work, whatever the balance.
         try:
             self.devices, self.virtual_stages = _gpipe.check_plan(len(model), settings)
@@ -299,6 +322,8 @@ class GPipe:
                              f"schedule={schedule!r}, virtual_stages={virtual_stages!r}, threads={threads!r}): "
                              f"K is devices, M chunks, V virtual_stages)") from None
         settings.devices = self.devices
+        if group is not None:  # once the plan is accepted: the process keeps the group it gives
+            _gpipe.use_process_group(*group)
         self.chunks = settings.micro_batches
         self.model = model
         self._settings = settings

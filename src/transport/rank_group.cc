@@ -252,7 +252,7 @@ void RankGroup::connect(const PipelinePlan& plan, const torch::nn::Sequential& l
 // connections (open) leaves all of that behind; the old ones are abandoned, not freed, so that the
 // failed call's stray messages reach nothing new.
 void RankGroup::begin_call() {
-  GPIPE_CHECK(!left_, "this rank left the ", name_, " job (at its exit): its pipelines take no more calls");
+  GPIPE_CHECK(!left_, "this rank left the job (at its exit): its pipelines take no more calls");
   auto [rank, left] = heard_leaving();
   if (!left.empty()) {
     failed_ = true;  // the next call cannot start over: fresh connections need every process
@@ -271,7 +271,10 @@ void RankGroup::fail(const std::string& why) {
   failed_ = true;
 }
 
-std::string RankGroup::leaving_message(const std::string& what) const {
+std::string RankGroup::leaving_message(bool program_ended) const {
+  const char* what = program_ended
+                         ? "ended its program (the end of main or of the script, exit, sys.exit)"
+                         : "let go of its pipeline (its Pipeline or Python GPipe was deleted, or its program ended)";
   return who() + what + " while this rank still called into gpipe; every rank makes the same calls (the same number of "
          "train_step, forward, save, sum...), so end every rank's loop together";
 }

@@ -134,9 +134,9 @@ class RankGroup : public Backend {
   /// process's; connect() calls it before the backend connects the holders, then share_tied_values.
   void find_tied_copies(const torch::nn::Sequential& layers, const PipelineOptions& options);
   void share_tied_values();
-  /// What this process tells the others when it makes no more calls: `what` it did ("ended its
-  /// program"), and that every rank must end its loop together.
-  std::string leaving_message(const std::string& what) const;
+  /// What this process tells the others when it makes no more calls: that it let go of its pipeline
+  /// or (`program_ended`) ended its program, and that every rank must end its loop together.
+  std::string leaving_message(bool program_ended) const;
 
   struct Tie {
     std::vector<torch::Tensor> copies;  // this process's, one per distinct tensor; maybe none

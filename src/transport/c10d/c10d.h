@@ -53,13 +53,15 @@ struct World {
   std::string host;  // the store's
   int port = 0;
   bool agent_store = false;  // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE)
-  std::string prefix;        // every key of this job: "gpipe/<restart>"
+  std::string prefix;        // every key of this job: "gpipe/<restart>", then "/<scope>" if start_over has one
   std::chrono::milliseconds timeout{0};  // of every blocking call (GPIPE_TIMEOUT, in seconds)
   c10::intrusive_ptr<::c10d::Store> store;  // the first connection (on rank 0 without torchrun's agent, the store itself)
-  /// A process group's store (start_over): every connection is this one, shared (c10d's stores
-  /// take calls from several threads); null where gpipe connects to MASTER_ADDR itself.
+  /// start_over's store (a process group's), and its scope (the group's keys).
+  c10::intrusive_ptr<::c10d::Store> given;
+  std::string scope;
+  /// Where start_over's store is not a TCPStore (gpipe connects to a TCPStore's server itself): every
+  /// connection is that one, shared by the threads, one call at a time (a wait holds up the others).
   c10::intrusive_ptr<::c10d::Store> shared;
-  std::string scope;  // start_over's: the group's keys within the shared store
   std::shared_ptr<::gloo::transport::Device> device;  // Gloo's, shared by every Links
 };
 
@@ -105,8 +107,15 @@ void unwatch(Links* links);
 [[noreturn]] void abort(int status);
 /// Tells every other process of each live pipeline that this one makes no more calls (as mpi::leave).
 void leave();
-/// Starts the job (start()); returns this rank and the ranks.
+/// Starts the job (start()) for a command-line program, bound to cores first (bind_to_cores); returns
+/// this rank and the ranks.
 std::pair<int, int> start_job();
+/// As mpirun binds its ranks: the calling thread, and the threads it starts after (a program's main
+/// thread, before any other), on the LOCAL_RANK-th of LOCAL_WORLD_SIZE even shares of the machine's
+/// cores. Not where a process has fewer cores than the machine (taskset, numactl or Slurm bound it
+/// already), nor with fewer cores than processes, nor with GPIPE_BIND_CORES=0. Measured (2 cores,
+/// the main job under torchrun): docs/distributed.md.
+void bind_to_cores();
 /// job.h's time_link, on this rank of a job of two.
 std::vector<LinkTiming> time_link(int warmup);
 
@@ -141,9 +150,8 @@ class Links {
   void raise(const std::string& message);
   /// Tells every other process that this one makes no more calls (`message` says why).
   void leave(const std::string& message);
-  /// The message of a process that left (empty if none has), and its rank.
-  std::string left() const;
-  int left_rank() const;
+  /// The rank and message of a process that left (an empty message if none has), read together.
+  std::pair<int, std::string> left() const;
 
   // ---- collectives made of point-to-point messages, over `ranks` (ascending, this one among them)
 

@@ -41,7 +41,7 @@ C10dGroup::~C10dGroup() {
   }
   // A process still using the pipeline (its loop longer than this one's) stops rather than waiting.
   if (links_)
-    links_->leave(leaving_message("let go of its pipeline (its Pipeline or Python GPipe was deleted, or its program ended)"));
+    links_->leave(leaving_message(/*program_ended=*/false));
   transport_.reset();
   links_.reset();
 }
@@ -50,7 +50,7 @@ void C10dGroup::leave() {
   if (left_) return;
   left_ = true;
   if (links_ && !failed_)  // after a failure the others have heard of it already
-    links_->leave(leaving_message("ended its program (the end of main or of the script, exit, sys.exit)"));
+    links_->leave(leaving_message(/*program_ended=*/true));
   abandon();
 }
 
@@ -83,7 +83,7 @@ void C10dGroup::tell_failure(const std::string& message) {
 
 std::pair<int, std::string> C10dGroup::heard_leaving() const {
   if (!links_) return {-1, ""};
-  return {links_->left_rank(), links_->left()};
+  return links_->left();
 }
 
 void C10dGroup::reduce(double* values, int count, bool largest) {
@@ -119,6 +119,7 @@ void leave() {
 }
 
 std::pair<int, int> start_job() {
+  bind_to_cores();
   const World& w = start();
   return {w.rank, w.size};
 }

@@ -42,7 +42,8 @@ Links::Links(const std::string& scope, int generation) {
     const WaitNotice notice([&w, &arrived](int seconds) {
       // The count from a connection of the notice's thread; a shared store (a process group's) is
       // busy with the rendezvous' wait until it ends.
-      const std::string came = w.shared ? "" : std::to_string(connect_store("")->add(arrived, 0)) + " here, ";
+      const std::string came =
+          w.shared ? "" : std::to_string(connect_store("", std::chrono::seconds(5))->add(arrived, 0)) + " here, ";
       return "rank " + std::to_string(w.rank) + " has waited " + std::to_string(seconds) + " s for the job's other " +
              "ranks to connect (" + came + std::to_string(w.size) + " in all); it waits " +
              std::to_string(w.timeout.count() / 1000) + " s at most (GPIPE_TIMEOUT): check that every rank was started";
@@ -85,14 +86,9 @@ void Links::flagged(const std::string& value) {
   for (::c10d::Work* work : waiting_) work->abort();
 }
 
-std::string Links::left() const {
+std::pair<int, std::string> Links::left() const {
   const std::lock_guard<std::mutex> lock(mutex_);
-  return left_;
-}
-
-int Links::left_rank() const {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  return left_rank_;
+  return {left_rank_, left_};
 }
 
 void Links::raise(const std::string& message) {

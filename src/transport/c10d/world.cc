@@ -123,7 +123,7 @@ WaitNotice::WaitNotice(std::function<std::string(int)> line) {
       lock.unlock();
       try {
         print_error_line("gpipe: " + line(static_cast<int>(next.count())));
-      } catch (const std::exception&) {  // a notice that cannot be worded is not said
+      } catch (...) {  // a notice that cannot be worded is not said
       }
       lock.lock();
     }
@@ -162,10 +162,8 @@ void set_timeout_and_prefix(World& w) {
   w.prefix = "gpipe/" + (restart.empty() ? std::string("0") : restart);
 }
 
-// As mpirun binds its ranks: this process (and the threads it starts after) on its share of the cores
-// it may use, the LOCAL_RANK-th of LOCAL_WORLD_SIZE even shares, where each gets one at least; not
-// with GPIPE_BIND_CORES=0. Measured here (2 cores, the main job under torchrun): 2,034 samples/s
-// unbound, 2,230-2,269 bound.
+}  // namespace
+
 void bind_to_cores() {
   if (variable("GPIPE_BIND_CORES") == "0") return;
   const std::string local_rank = variable("LOCAL_RANK"), local_size = variable("LOCAL_WORLD_SIZE");
@@ -185,12 +183,16 @@ void bind_to_cores() {
     if (CPU_ISSET(c, &allowed)) cores.push_back(c);
   const size_t n = cores.size(), first = n * static_cast<size_t>(rank) / static_cast<size_t>(size),
                last = n * static_cast<size_t>(rank + 1) / static_cast<size_t>(size);
-  if (n < static_cast<size_t>(size)) return;  // fewer cores than processes: the kernel shares them
+  // Fewer cores than processes: the kernel shares them. Fewer than the machine's: already bound (by
+  // taskset, numactl, Slurm), which is kept.
+  if (n < static_cast<size_t>(size) || static_cast<long>(n) < sysconf(_SC_NPROCESSORS_ONLN)) return;
   cpu_set_t mine;
   CPU_ZERO(&mine);
   for (size_t c = first; c < last; ++c) CPU_SET(cores[c], &mine);
   sched_setaffinity(0, sizeof(mine), &mine);
 }
+
+namespace {
 
 // The World made, with its store: Gloo's device, then the job started for the rest of the process
 // (start_mutex held).
@@ -226,10 +228,10 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
   {
     const std::lock_guard<std::mutex> lock(world_mutex);
     if (the_world != nullptr) {
-      GPIPE_CHECK(the_world->shared == store && the_world->scope == scope && the_world->rank == rank &&
+      GPIPE_CHECK(the_world->given == store && the_world->scope == scope && the_world->rank == rank &&
                       the_world->size == size,
                   "the c10d backend of this process runs over ",
-                  the_world->shared ? "another process group" : "the job torchrun started (MASTER_ADDR, RANK...)",
+                  the_world->given ? "another process group" : "the job torchrun started (MASTER_ADDR, RANK...)",
                   " already (rank ", the_world->rank, " of ", the_world->size, "); every pipeline of a process uses "
                   "the same one: pass the same process_group, or none");
       return;
@@ -240,9 +242,25 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
   w->size = size;
   set_timeout_and_prefix(*w);
   if (!scope.empty()) w->prefix += "/" + scope;
-  w->shared = store;
+  w->given = store;
   w->scope = scope;
-  w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, store);
+  // A TCPStore under the group's prefixes: connections of gpipe's own to its server (a wait on one
+  // then holds up no other thread's calls); any other store is shared.
+  c10::intrusive_ptr<::c10d::Store> base = store;
+  while (auto* prefixed = dynamic_cast<::c10d::PrefixStore*>(base.get())) base = prefixed->getUnderlyingStore();
+  if (auto* tcp = dynamic_cast<::c10d::TCPStore*>(base.get())) {
+    w->host = tcp->getHost();
+    w->port = tcp->getPort();
+    ::c10d::TCPStoreOptions options;
+    options.port = static_cast<std::uint16_t>(w->port);
+    options.isServer = false;
+    options.waitWorkers = false;
+    options.timeout = w->timeout;
+    w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, c10::make_intrusive<::c10d::TCPStore>(w->host, options));
+  } else {
+    w->shared = store;
+    w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, store);
+  }
   begin(std::move(w));
 }
 

@@ -29,15 +29,15 @@ MpiGroup::~MpiGroup() {
   // A rank still using the pipeline (its loop longer than this one's) stops rather than waiting.
   // The others' notices may still come: the channel's communicator goes once they all have (retire),
   // so that no later communicator, given its context, receives them.
-  if (tell_leaving("let go of its pipeline (its Pipeline or Python GPipe was deleted, or its program ended)"))
+  if (tell_leaving(/*program_ended=*/false))
     ErrorChannel::retire(std::move(errors_));
 }
 
-bool MpiGroup::tell_leaving(const std::string& what) {
+bool MpiGroup::tell_leaving(bool program_ended) {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || !errors_) return false;
-  errors_->leave(leaving_message(what));
+  errors_->leave(leaving_message(program_ended));
   return true;
 }
 
@@ -45,7 +45,7 @@ void MpiGroup::leave() {
   if (left_) return;
   left_ = true;
   transport_.reset();
-  tell_leaving("ended its program (the end of main or of the script, exit, sys.exit)");
+  tell_leaving(/*program_ended=*/true);
   abandon();  // its messages may still arrive: nothing here is freed
 }
 

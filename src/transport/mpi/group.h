@@ -78,9 +78,9 @@ class MpiGroup : public gpipe::detail::RankGroup {
   std::pair<int, std::string> heard_leaving() const override;
 
  private:
-  // Tells the other ranks that this one makes no more calls, having done `what` (mpi::leave); false
+  // Tells the other ranks that this one makes no more calls (leaving_message; mpi::leave); false
   // if there is no channel to tell them on (or MPI has ended).
-  bool tell_leaving(const std::string& what);
+  bool tell_leaving(bool program_ended);
 
   Communicator control_;   // a duplicate of the caller's: setting up, and starting over after a failed step
   Communicator world_;     // every rank, for the steps' sums and gathers
