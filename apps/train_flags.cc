@@ -167,7 +167,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "--stages, schedule or number of ranks")->check(non_empty());
   sub->add_flag("--per-device-files,--per-stage-files", o->per_device_files,
                 "under mpirun or torchrun, --save and --resume use one file per device (its stages), "
-                "FILE.stage<j>-of-<K>, for checkpoint files above the 2 GiB one MPI gather carries (resume with the same K); "
+                "FILE.stage<j>-of-<K>, for checkpoint files above the 2 GiB one MPI gather carries (or too large for rank 0's memory) (resume with the same K); "
                 "--per-stage-files is its old name");
   sub->add_option("--trace", o->trace,
                   "write the last training step's timeline: an SVG chart if FILE ends in .svg (any case), otherwise "

@@ -73,8 +73,8 @@ struct LinkTiming {
 
 /// Latency and bandwidth of the transport between the two ranks of a job of 2, by ping-pong per
 /// message size (8 B to 64 MiB; header and data messages, as a pipeline sends them), after `warmup`
-/// untimed rounds; collective. Throws std::invalid_argument in a job of another size, or in a build
-/// without MPI.
+/// untimed rounds; collective. Throws std::invalid_argument in a job of another size, or in a job of
+/// one process.
 std::vector<LinkTiming> time_link(int warmup);
 
 }  // namespace gpipe

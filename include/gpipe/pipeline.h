@@ -219,11 +219,11 @@ class Pipeline {
   bool root() const;
   /// Which pipeline replica this process belongs to (0 in one process).
   int replica() const;
-  /// The device this process runs under MPI (0..K-1); -1 in one process, which runs them all.
+  /// The device this process runs in a job of several (0..K-1); -1 in one process, which runs them all.
   int device() const;
-  /// This process's rank in the MPI job (0 in one process).
+  /// This process's rank in its job (MPI, c10d; 0 in one process).
   int rank() const;
-  /// "one process, 2 device threads" or "MPI: 4 ranks = 2 devices x 2 replicas".
+  /// "one process, 2 device threads", "MPI: 4 ranks = 2 devices x 2 replicas" or "c10d (Gloo): ...".
   std::string describe() const;
 
   /// `interrupted` is called about every 100 ms while a step waits for its

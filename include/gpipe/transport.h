@@ -51,7 +51,8 @@ class RemoteError : public Cancelled {
 };
 
 /// The interface between the devices' executors: in one process, mailboxes;
-/// across processes, MPI. Each device calls send/recv only from its own thread.
+/// across processes, the backend's (MPI, c10d). Each device calls send/recv only
+/// from its own thread.
 ///
 /// A step: begin() with the programs this process runs, the executors' send
 /// and recv, then finish() once they have all run; or, when an action fails,

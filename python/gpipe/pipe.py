@@ -130,10 +130,11 @@ def _in_python_words(error, names=None):
 
 
 def _end_the_job_on_an_uncaught_exception():
-    """Under MPI, an exception that ends one rank's script ends the job: the other ranks would wait
-    for that rank in their next call. A script that ends otherwise (its last line, sys.exit) tells
-    the other ranks at exit: one still in a call, or making one later, raises RuntimeError naming
-    this rank within a few seconds (mpi::leave), instead of waiting for it forever. (In one process
+    """In a job of several processes (MPI, c10d), an exception that ends one rank's script ends the
+    job: the other ranks would wait for that rank in their next call. A script that ends otherwise
+    (its last line, sys.exit) tells the other ranks at exit: one still in a call, or making one
+    later, raises RuntimeError naming this rank within a few seconds, instead of waiting for it
+    forever. (In one process
     it changes nothing.)"""
     global _hook_installed
     if _hook_installed:
@@ -494,5 +495,5 @@ class GPipe:
 
     @property
     def rank(self):
-        """This process's MPI rank (0 in one process): rank 0 prints."""
+        """This process's rank in its job (MPI, c10d; 0 in one process): rank 0 prints."""
         return 0 if self._pipe is None else self._pipe.rank

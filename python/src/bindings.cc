@@ -1,5 +1,5 @@
 // bindings.cc: the `gpipe._gpipe` extension: a TorchScript nn.Sequential from Python run by gpipe's
-// pipeline, its devices C++ threads (or MPI ranks) that never take the GIL. The Python layer
+// pipeline, its devices C++ threads (or the ranks of a job: MPI, c10d) that never take the GIL. The Python layer
 // (python/gpipe/pipe.py) checks the arguments and scripts the model; this file only translates.
 #include <gpipe/gpipe.h>
 #if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
@@ -103,7 +103,7 @@ PipelinePlan check_plan(int layers, const Settings& settings) {
   return make_plan(layers, settings.options());
 }
 
-// Rank 0's `values` on every rank of a job of several processes (MPI); `values` itself in one process.
+// Rank 0's `values` on every rank of a job of several processes (MPI, c10d); `values` itself in one process.
 std::vector<int> first_rank_list(const std::vector<int>& values) {
   if (running_backend() != Runtime::kThreads) {
     const std::string mine(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int));
@@ -115,7 +115,7 @@ std::vector<int> first_rank_list(const std::vector<int>& values) {
   return values;
 }
 
-// In a job of several processes (MPI), refuses on every rank a model that is not the same on every
+// In a job of several processes (MPI, c10d), refuses on every rank a model that is not the same on every
 // rank (its parameters' shapes and values, by a fingerprint): each rank trains its stages of what it
 // was given.
 void check_same_model(const torch::jit::Module& module) {
@@ -393,11 +393,11 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_readwrite("placement", &RunFigures::placement)
       .def_readwrite("devices", &RunFigures::devices);
   m.def("format_run_figures", &format_run_figures, py::arg("figures"));
-  // An uncaught exception on one rank of a job of several processes (MPI) ends the job (the others
+  // An uncaught exception on one rank of a job of several processes (MPI, c10d) ends the job (the others
   // would wait for it).
   m.def("abort_job", [](int status) { abort_processes(status); }, py::arg("status"));
   // At the script's end (atexit): the other ranks of a job of several processes, still in a call or
-  // making one, stop with an error naming this rank instead of waiting for it (mpi::leave).
+  // making one, stop with an error naming this rank instead of waiting for it (leave_processes).
   m.def("leave_job", [] { leave_processes(); });
   // process_group=: the c10d backend over a torch.distributed process group's store (pipe.py finds it).
   m.def("use_process_group", [](const py::object& store, int rank, int size, const std::string& scope) {
