@@ -229,6 +229,18 @@ TEST(CostModelTest, BytesParseAndPrint) {
   EXPECT_EQ(parse_bytes("2 KiB"), 2048);
   for (const char* bad : {"", "GiB", "-1GiB", "16 gigs", "nan", "1e30TB", "0", "0.1"})
     EXPECT_THROW(parse_bytes(bad), std::invalid_argument) << bad;
+  // A size read but out of range says so, not that it cannot be read.
+  auto message = [](const char* text) {
+    try {
+      parse_bytes(text);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message("0GiB").find("\"0GiB\" is less than one byte"), std::string::npos) << message("0GiB");
+  EXPECT_NE(message("1e30TB").find("\"1e30TB\" is more bytes than a machine has"), std::string::npos);
+  EXPECT_NE(message("16 gigs").find("cannot read \"16 gigs\" as a size in bytes"), std::string::npos);
   EXPECT_EQ(format_bytes(41.2 * (1 << 30)), "41.2 GiB");
   EXPECT_EQ(format_bytes(512), "512 B");
 }

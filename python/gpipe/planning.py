@@ -252,6 +252,8 @@ def plan(model=None, sample=None, *, devices, batch, memory_per_device="16GiB", 
     settings.memory_per_device = _bytes(memory_per_device, "memory_per_device")
     if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
         raise ValueError(f"gpipe: batch must be a whole number of rows, at least 1 (got {batch!r})")
+    if batch >= 2**63:
+        raise ValueError(f"gpipe: batch is out of range (got {batch}); give a whole number of rows below 2^63")
     settings.batch = int(batch)
     _one_of(optimizer, "optimizer", _OPTIMIZERS)
     settings.schedules = _list(schedules, "schedules", lambda s: _one_of(s, "every entry of schedules",

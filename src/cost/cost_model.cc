@@ -700,10 +700,12 @@ int64_t parse_bytes(const std::string& text) {
       {"GiB", 1024.0 * 1024 * 1024}, {"TiB", 1024.0 * 1024 * 1024 * 1024}, {"KB", 1e3},
       {"MB", 1e6},        {"GB", 1e9},         {"TB", 1e12}};
   const auto it = units.find(unit);
-  GPIPE_CHECK(used > 0 && it != units.end() && std::isfinite(number) && number * it->second >= 1 &&
-                  number * it->second < 9.0e18,
+  GPIPE_CHECK(used > 0 && it != units.end() && std::isfinite(number),
               "cannot read \"", text, "\" as a size in bytes; write a positive number with B, KiB, MiB, GiB, TiB, "
               "KB, MB, GB or TB, e.g. 16GiB");
+  GPIPE_CHECK(number * it->second >= 1 && number * it->second < 9.0e18, "\"", text, "\" is ",
+              number * it->second < 1 ? "less than one byte" : "more bytes than a machine has",
+              "; give a size of 1B or more, below 8 EiB, e.g. 16GiB");
   return static_cast<int64_t>(std::llround(number * it->second));
 }
 

@@ -198,6 +198,8 @@ def test_errors_are_value_errors_in_python_words():
     refused("no model given", gpipe.plan, devices=2, batch=8)
     refused("more than one model given", gpipe.plan, m, x, task="tiny", devices=2, batch=8)
     refused("needs a sample", gpipe.plan, m, devices=2, batch=8)
+    refused(r"batch is out of range \(got 9223372036854775808\)", gpipe.plan, task="tiny", devices=2, batch=2**63)
+    refused('"0GiB" is less than one byte', gpipe.plan, task="tiny", devices=2, batch=8, memory_per_device="0GiB")
     refused("devices must be at least 1", gpipe.plan, m, x, devices=0, batch=8)
     refused("batch must be a whole number", gpipe.plan, m, x, devices=2, batch=0)
     refused("memory_per_device: .*16gigs", gpipe.plan, m, x, devices=2, batch=8, memory_per_device="16gigs")
