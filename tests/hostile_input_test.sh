@@ -193,8 +193,11 @@ if part nonfinite; then  # cost 12
     else fail "4. the checkpoint was replaced"; fi
   fi
 
-  run "4. a learning rate beyond float's range" 1 "the learning rate of step 1 is 1e\+39, beyond float's range" \
+  # Refused before any step, where the schedule starts or ends beyond float's range.
+  run "4. a learning rate beyond float's range" 2 "the learning rate of the last step, 2, would be 1e\+39, beyond float's range .*lower --lr$" \
     train "${tiny[@]}" --steps 2 --optimizer sgd --lr 1e39
+  run "4. a step schedule that grows beyond float's range" 2 "the learning rate of the last step, 4, would be inf, beyond float's range .*lower --lr, --lr-gamma or the steps" \
+    train "${tiny[@]}" --steps 4 --lr-schedule step --lr-gamma 1e300 --lr-step-size 1
 fi
 
 if part outputs; then  # cost 23

@@ -461,6 +461,12 @@ Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOpt
               "): the learning rate would never reach its value (the last step would run at ", total_steps_, "/", W,
               " of it); give at most ", total_steps_, total_steps_ == 1 ? " warm-up step" : " warm-up steps",
               ", or a longer run");
+  // The schedules rise only in the warm-up (to `lr`) and with a step factor above 1 (to the last step's):
+  // a learning rate beyond float's range is refused now, not at the step that reaches it.
+  const double last_lr = learning_rate(options_.optimizer().lr(), lr_schedule_, total_steps_ - 1, total_steps_);
+  GPIPE_CHECK(last_lr <= std::numeric_limits<float>::max(), "the learning rate of the last step, ", total_steps_,
+              ", would be ", last_lr, ", beyond float's range (3.4e38): the parameters could not take it; lower `lr`",
+              lr_schedule_.kind() == LrSchedule::kStep ? ", `lr_gamma` or the steps" : "");
   // The test hook (train.h).
   if (const char* text = std::getenv("GPIPE_TEST_FAULT"); text != nullptr && *text != '\0') {
     const std::string hook(text);
