@@ -290,6 +290,9 @@ if part internals; then  # cost 19
     head -c 2000 "$work/model.pt" >"$work/broken-model.pt"
     run "8. a broken model file" 2 "broken-model.pt is not a TorchScript module .*: PytorchStreamReader failed" \
       train --model "$work/broken-model.pt" --data "$work/data.pt" --loss mse
+    "$gpipe" train --train-samples 64 --test-samples 16 --steps 1 --save "$work/cnn-checkpoint.pt" >/dev/null 2>&1
+    run "8. a built-in model's checkpoint as --model" 2 "cnn-checkpoint.pt is a checkpoint file gpipe wrote \(--save\), not a model: resume it with --resume" \
+      train --model "$work/cnn-checkpoint.pt" --data "$work/data.pt" --loss mse
 
     # 9. Messages that name the real problem.
     run "9. a dict of one entry" 2 "no-target.pt holds a dict of one entry" train "${model[@]}" --data "$work/no-target.pt"

@@ -64,6 +64,11 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
 /// checkpoint files, and the checkpoint fuzzer.
 std::string seal_snapshot(std::string payload);
 
+/// Whether the file at `path` is sealed as save_snapshot seals the checkpoint files of built-in
+/// models and per-device files (its digest matches): what a model file given by mistake may be.
+/// False for a file that cannot be read.
+bool is_sealed_snapshot(const std::string& path);
+
 /// Restores what this process holds of `snapshot` into `layers` and
 /// `optimizer`, by name: the layers read_snapshot checked it against.
 void restore_snapshot(const Snapshot& snapshot, const torch::nn::Sequential& layers,

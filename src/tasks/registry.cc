@@ -4,6 +4,7 @@
 
 #include "gpipe/check.h"
 #include "gpipe/script_model.h"
+#include "gpipe/snapshot.h"
 
 #include <torch/torch.h>
 
@@ -81,7 +82,14 @@ Task script_task(const std::string& model_file, const std::string& data_file, co
   t.cut = nullptr;
   t.schedule = nullptr;
   t.batch = nullptr;
-  const ScriptModel source = load_script_model(model_file);
+  ScriptModel source;
+  try {
+    source = load_script_model(model_file);
+  } catch (const std::runtime_error&) {
+    GPIPE_CHECK(!is_sealed_snapshot(model_file), model_file, " is a checkpoint file gpipe wrote (`save`), not a "
+                "model: resume it with `resume` ", model_file, " and the `model` that saved it");
+    throw;
+  }
   t.layers = static_cast<int>(source.layers->size());
   t.model = [model_file, source](const TaskOptions& o) {
     torch::manual_seed(o.seed());  // the stream each step's Dropout seed is drawn from, as a built-in model's

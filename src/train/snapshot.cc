@@ -222,6 +222,14 @@ std::string seal_snapshot(std::string bytes) {
   return bytes + kDigestTag + digest;
 }
 
+bool is_sealed_snapshot(const std::string& path) {
+  try {
+    return is_sealed(read_file(path));
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 std::string encode_snapshot_part(const torch::nn::Sequential& layers, torch::optim::Optimizer& optimizer) {
   std::map<std::string, torch::Tensor> parameters, buffers;
   Dict states = new_dict();
