@@ -71,7 +71,7 @@ int run_transport(int warmup, bool json, const std::string& results, const std::
     std::cout << std::setw(12) << t.bytes << std::setw(10) << t.repeats << std::fixed << std::setprecision(1)
               << std::setw(16) << t.one_way_s * 1e6 << std::setw(22)
               << "(" + fixed(t.min_s * 1e6, 1) + " .. " + fixed(t.max_s * 1e6, 1) + ")" << std::setprecision(3)
-              << std::setw(12) << static_cast<double>(t.bytes) / t.one_way_s * 1e-9 << std::endl;
+              << std::setw(12) << t.gb_per_s() << std::endl;
   }
   write_results(results, rows, command);
   return 0;

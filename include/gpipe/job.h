@@ -69,6 +69,8 @@ struct LinkTiming {
   int64_t bytes = 0;
   int repeats = 0;
   double one_way_s = 0, min_s = 0, max_s = 0;
+  /// The bandwidth of the median one-way time, in GB/s (10^9 bytes per second).
+  double gb_per_s() const { return one_way_s > 0 ? static_cast<double>(bytes) / one_way_s * 1e-9 : 0.0; }
 };
 
 /// Latency and bandwidth of the transport between the two ranks of a job of 2, by ping-pong per

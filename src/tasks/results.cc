@@ -57,7 +57,7 @@ std::string json_of(const LinkTiming& t) {
                         {"one_way_us", t.one_way_s * 1e6},
                         {"one_way_us_min", t.min_s * 1e6},
                         {"one_way_us_max", t.max_s * 1e6},
-                        {"gb_per_s", static_cast<double>(t.bytes) / t.one_way_s * 1e-9}}
+                        {"gb_per_s", t.gb_per_s()}}
       .dump();
 }
 
