@@ -2,7 +2,8 @@
 # bench/torchrun.sh: the c10d (Gloo) transport on loopback under torchrun, then gpipe train's main job
 # (Fashion-MNIST, 8,192 training samples, one epoch) with 2 ranks under torchrun and under mpirun,
 # alternated ROUNDS times; prints each round's samples/s and the median of the per-round ratios, and
-# writes bench/results/c10d-transport.json and bench/results/torchrun-vs-mpirun.json.
+# writes bench/results/c10d-transport.json and bench/results/torchrun-vs-mpirun.json. Each torchrun
+# rank binds itself to its share of the cores (GPIPE_BIND_CORES=1), as mpirun binds its ranks.
 # Usage: bench/torchrun.sh [PATH/TO/gpipe] [ROUNDS]   (default build/apps/gpipe, 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ echo "== c10d transport, ranks 0 and 1 on this machine (torchrun)"
 bash tests/torchrun.sh 2 "$gpipe" bench --transport --results bench/results/c10d-transport.json 2>/dev/null
 run=(train --epochs 1 --train-samples 8192 --test-samples 512)
 for r in $(seq "$rounds"); do
-  bash tests/torchrun.sh 2 "$gpipe" "${run[@]}" > "$work/torchrun-$r.txt" 2>/dev/null
+  GPIPE_BIND_CORES=1 bash tests/torchrun.sh 2 "$gpipe" "${run[@]}" > "$work/torchrun-$r.txt" 2>/dev/null
   "${mpi[@]}" "$gpipe" "${run[@]}" > "$work/mpirun-$r.txt" 2>/dev/null
 done
 /usr/bin/python3 - "$work" "$rounds" "$*" <<'PY'
@@ -37,7 +38,8 @@ median = statistics.median(row["ratio"] for row in rows)
 print(f"torchrun / mpirun, median of {rounds} rounds: {median:.3f}")
 json.dump({"command": "bench/torchrun.sh " + sys.argv[3],
            "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
-           "workload": "gpipe train, Fashion-MNIST CNN, 8192 training samples, 1 epoch, 2 ranks",
+           "workload": "gpipe train, Fashion-MNIST CNN, 8192 training samples, 1 epoch, 2 ranks "
+                       "(torchrun's bound to their cores: GPIPE_BIND_CORES=1)",
            "rounds": rows, "median_ratio": median}, open("bench/results/torchrun-vs-mpirun.json", "w"), indent=2)
 print("results written to bench/results/torchrun-vs-mpirun.json")
 PY

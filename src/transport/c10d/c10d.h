@@ -110,11 +110,11 @@ void leave();
 /// Starts the job (start()) for a command-line program, bound to cores first (bind_to_cores); returns
 /// this rank and the ranks.
 std::pair<int, int> start_job();
-/// As mpirun binds its ranks: the calling thread, and the threads it starts after (a program's main
-/// thread, before any other), on the LOCAL_RANK-th of LOCAL_WORLD_SIZE even shares of the machine's
-/// cores. Not where a process has fewer cores than the machine (taskset, numactl or Slurm bound it
-/// already), nor with fewer cores than processes, nor with GPIPE_BIND_CORES=0. Measured (2 cores,
-/// the main job under torchrun): docs/distributed.md.
+/// With GPIPE_BIND_CORES=1, as mpirun binds its ranks: the calling thread, and the threads it starts
+/// after (a program's main thread, before any other), on the LOCAL_RANK-th of LOCAL_WORLD_SIZE even
+/// shares of the machine's cores. Not where a process has fewer cores than the machine (taskset,
+/// numactl or Slurm bound it already), nor with fewer cores than processes. Not by default: a rank
+/// whose threads per stage outnumber its share runs many times slower (docs/distributed.md).
 void bind_to_cores();
 /// job.h's time_link, on this rank of a job of two.
 std::vector<LinkTiming> time_link(int warmup);
@@ -187,6 +187,9 @@ class Links {
   int rank_ = 0;
   bool raised_ = false;
   [[noreturn]] void throw_heard() const;
+  // Throws for the connection to `peer` that broke (`broken`: Gloo's words): the failure or leave
+  // notice it came with, if any, else a RemoteError naming `peer`.
+  [[noreturn]] void throw_broken(int peer, const std::string& broken);
 };
 
 /// Transport between the processes of one pipeline replica over Links: each boundary message a

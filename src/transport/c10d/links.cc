@@ -37,7 +37,6 @@ Links::Links(const std::string& scope, int generation) {
   options->threads = 1;  // its collectives are not used
   // Each process counts itself in, so that one left waiting can say how many came.
   const std::string arrived = base + "arrived";
-  store_->add(arrived, 1);
   try {
     const WaitNotice notice([&w, &arrived](int seconds) {
       // The count from a connection of the notice's thread; a shared store (a process group's) is
@@ -48,6 +47,7 @@ Links::Links(const std::string& scope, int generation) {
              "ranks to connect (" + came + std::to_string(w.size) + " in all); it waits " +
              std::to_string(w.timeout.count() / 1000) + " s at most (GPIPE_TIMEOUT): check that every rank was started";
     });
+    store_->add(arrived, 1);  // within the notice: a store that never answers is said too
     group_ = c10::make_intrusive<::c10d::ProcessGroupGloo>(c10::make_intrusive<::c10d::PrefixStore>(base + "gloo", store_),
                                                            rank_, w.size, options);
   } catch (const std::exception& e) {
@@ -107,12 +107,38 @@ void Links::leave(const std::string& message) { raise(std::string(1, kLeaving) +
 
 void Links::send(int peer, int tag, const torch::Tensor& tensor) {
   std::vector<at::Tensor> one{tensor};
-  sends_.emplace_back(group_->send(one, peer, tag), peer);
+  try {
+    sends_.emplace_back(group_->send(one, peer, tag), peer);
+  } catch (const std::exception& e) {
+    throw_broken(peer, e.what());  // Gloo refuses a send on a closed connection at once
+  }
 }
 
 c10::intrusive_ptr<::c10d::Work> Links::post_recv(int peer, int tag, torch::Tensor& into) {
   std::vector<at::Tensor> one{into};
-  return group_->recv(one, peer, tag);
+  try {
+    return group_->recv(one, peer, tag);
+  } catch (const std::exception& e) {
+    throw_broken(peer, e.what());
+  }
+}
+
+void Links::throw_broken(int peer, const std::string& broken) {
+  // A process that failed or left may have said so just before its connections closed: the watcher
+  // may not have looked yet.
+  try {
+    if (store_->check({flag_key_})) {
+      const auto value = store_->get(flag_key_);
+      flagged(std::string(value.begin(), value.end()));
+    }
+  } catch (const std::exception&) {
+  }
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (!heard_.empty()) throw_heard();
+  if (!left_.empty()) throw RemoteError(left_rank_, left_);
+  throw RemoteError(peer, "the connection between rank " + std::to_string(rank_) + " and rank " +
+                              std::to_string(peer) + " broke (" + first_line(broken) +
+                              "): that rank ended, was killed, or did not answer within GPIPE_TIMEOUT");
 }
 
 void Links::wait(const c10::intrusive_ptr<::c10d::Work>& work, int peer) {
@@ -136,23 +162,7 @@ void Links::wait(const c10::intrusive_ptr<::c10d::Work>& work, int peer) {
     waiting_.erase(work.get());
     if (!heard_.empty()) throw_heard();
   }
-  if (!broken.empty()) {
-    // A process that failed or left may have said so just before its connections closed: the watcher
-    // may not have looked yet.
-    try {
-      if (store_->check({flag_key_})) {
-        const auto value = store_->get(flag_key_);
-        flagged(std::string(value.begin(), value.end()));
-      }
-    } catch (const std::exception&) {
-    }
-    const std::lock_guard<std::mutex> lock(mutex_);
-    if (!heard_.empty()) throw_heard();
-    if (!left_.empty()) throw RemoteError(left_rank_, left_);
-    throw RemoteError(peer, "the connection between rank " + std::to_string(rank_) + " and rank " +
-                                std::to_string(peer) + " broke (" + first_line(broken) +
-                                "): that rank ended, was killed, or did not answer within GPIPE_TIMEOUT");
-  }
+  if (!broken.empty()) throw_broken(peer, broken);
   if (!done) throw Cancelled("gpipe: a wait of rank " + std::to_string(rank_) + " was stopped");
 }
 

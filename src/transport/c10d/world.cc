@@ -70,8 +70,13 @@ void watch_forever(Watcher* w) {
         if (w->links.count(links) > 0) links->flagged(value);  // still watched
       }
       if (w->store->check({kAbortKey})) {
-        // Another process ends the job (abort): this one ends with it, at once and quietly.
-        _exit(std::atoi(text_of(w->store->get(kAbortKey)).c_str()));
+        // Another process ends the job (abort): this one ends with it, at once, saying which did.
+        const std::string value = text_of(w->store->get(kAbortKey));  // "STATUS RANK"
+        const size_t space = value.find(' ');
+        if (space != std::string::npos)
+          print_error_line("gpipe: rank " + value.substr(space + 1) + " ended the job (exit status " +
+                           value.substr(0, space) + "); its output says why");
+        _exit(std::atoi(value.c_str()));
       }
       std::unique_lock<std::mutex> lock(w->mutex);
       w->woken.wait_for(lock, std::chrono::milliseconds(100));
@@ -155,7 +160,7 @@ void set_timeout_and_prefix(World& w) {
       used = 0;
     }
     GPIPE_CHECK(used == timeout.size() && seconds >= 1 && seconds <= 1e6, "GPIPE_TIMEOUT is \"", timeout,
-                "\"; give the seconds any wait of the job may last, from 1 (default 1800)");
+                "\"; give the seconds any wait of the job may last, from 1 to 1000000 (default 1800)");
   }
   w.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   const std::string restart = variable("TORCHELASTIC_RESTART_COUNT");
@@ -165,7 +170,7 @@ void set_timeout_and_prefix(World& w) {
 }  // namespace
 
 void bind_to_cores() {
-  if (variable("GPIPE_BIND_CORES") == "0") return;
+  if (variable("GPIPE_BIND_CORES") != "1") return;
   const std::string local_rank = variable("LOCAL_RANK"), local_size = variable("LOCAL_WORLD_SIZE");
   if (local_rank.empty() || local_size.empty()) return;
   int rank = 0, size = 0;
@@ -315,7 +320,8 @@ void unwatch(Links* links) {
 void abort(int status) {
   if (started()) {
     try {
-      connect_store("", std::chrono::seconds(5))->set(kAbortKey, bytes_of(std::to_string(status)));
+      connect_store("", std::chrono::seconds(5))
+          ->set(kAbortKey, bytes_of(std::to_string(status) + " " + std::to_string(world().rank)));
     } catch (const std::exception&) {
       // The store is gone: the launcher ends the others.
     }
