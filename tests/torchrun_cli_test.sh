@@ -135,6 +135,12 @@ if part lone; then  # cost 20
      grep -q "could not connect to the job's other ranks within 14 s (GPIPE_TIMEOUT).*check that every rank was started" "$work/lone.err"; then
     pass "a lone rank says it waits, then ends (exit $status): $(head -c 150 "$work/lone.err")"
   else fail "a lone rank (exit $status): $(cat "$work/lone.err")"; fi
+  # Some of env://'s variables, one of them empty: a warning, and the process runs alone.
+  if RANK= WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$gpipe" train --train-samples 64 \
+       --test-samples 16 --steps 1 >/dev/null 2>"$work/some.err" &&
+     grep -q "some of RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set, not all: this process runs alone" "$work/some.err"
+  then pass "RANK empty, the other three set: a warning, and the process runs alone"
+  else fail "RANK empty: $(cat "$work/some.err")"; fi
 fi
 
 parts_end || failures=$((failures + 1))

@@ -90,7 +90,7 @@ const Job& start_job(int* argc, char*** argv) {
   // Some of env://'s variables without the others: not a job, which a user who meant one would not see.
   const char* env_vars[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
   int set = 0;
-  for (const char* name : env_vars) set += std::getenv(name) != nullptr ? 1 : 0;
+  for (const char* name : env_vars) set += std::getenv(name) != nullptr && *std::getenv(name) != '\0' ? 1 : 0;
   if (set > 0 && set < 4 && std::getenv("WORLD_SIZE") != nullptr && std::string(std::getenv("WORLD_SIZE")) != "1")
     print_error_line("gpipe: warning: some of RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set, not all: this "
                      "process runs alone; start a job of several with torchrun, which sets them all");
