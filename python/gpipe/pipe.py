@@ -134,8 +134,7 @@ def _end_the_job_on_an_uncaught_exception():
     job: the other ranks would wait for that rank in their next call. A script that ends otherwise
     (its last line, sys.exit) tells the other ranks at exit: one still in a call, or making one
     later, raises RuntimeError naming this rank within a few seconds, instead of waiting for it
-    forever. (In one process
-    it changes nothing.)"""
+    forever. (In one process it changes nothing.)"""
     global _hook_installed
     if _hook_installed:
         return

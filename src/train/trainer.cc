@@ -186,8 +186,7 @@ Model Model::of(std::string name, const ScriptModel& source) {
   GPIPE_CHECK(running_backend() == Runtime::kThreads || shared_buffers.empty(), shared_buffers.empty() ? "" : shared_buffers.front().front(),
               " and ", shared_buffers.empty() ? "" : shared_buffers.front().back(),
               " are one buffer (a module used twice in the Sequential); in a job of several processes each rank would keep a "
-              "copy of "
-              "its own: train this model in one process, or give each use its own module");
+              "copy of its own: train this model in one process, or give each use its own module");
   m.build = [all](LayerRange keep) {  // the loaded layers themselves: they share the script module's tensors
     torch::nn::Sequential part;
     const auto names = all->named_children().keys();

@@ -79,6 +79,9 @@ World& world();
 c10::intrusive_ptr<::c10d::Store> connect_store(const std::string& prefix,
                                                 std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
+/// "it waits N s at most (GPIPE_TIMEOUT)": what WaitNotice's lines say of the job's timeout.
+std::string most_wait(const World& w);
+
 /// While alive, says on standard error that this process still waits, after 10 s and then every
 /// minute: `line(seconds waited)`. For the waits of the set-up no output shows (the store's
 /// connection, the other ranks' arrival), which last up to GPIPE_TIMEOUT.

@@ -44,8 +44,8 @@ Links::Links(const std::string& scope, int generation) {
       const std::string came =
           w.shared ? "" : std::to_string(connect_store("", std::chrono::seconds(5))->add(arrived, 0)) + " here, ";
       return "rank " + std::to_string(w.rank) + " has waited " + std::to_string(seconds) + " s for the job's other " +
-             "ranks to connect (" + came + std::to_string(w.size) + " in all); it waits " +
-             std::to_string(w.timeout.count() / 1000) + " s at most (GPIPE_TIMEOUT): check that every rank was started";
+             "ranks to connect (" + came + std::to_string(w.size) + " in all); " + most_wait(w) +
+             ": check that every rank was started";
     });
     store_->add(arrived, 1);  // within the notice: a store that never answers is said too
     group_ = c10::make_intrusive<::c10d::ProcessGroupGloo>(c10::make_intrusive<::c10d::PrefixStore>(base + "gloo", store_),

@@ -107,15 +107,27 @@ World& world() {
   return *the_world;
 }
 
-c10::intrusive_ptr<::c10d::Store> connect_store(const std::string& prefix, std::chrono::milliseconds timeout) {
-  const World& w = world();
-  if (w.shared) return c10::make_intrusive<::c10d::PrefixStore>(prefix.empty() ? w.prefix : w.prefix + "/" + prefix, w.shared);
+namespace {
+
+// A client connection of its own to the TCPStore server at host:port.
+c10::intrusive_ptr<::c10d::Store> tcp_client(const std::string& host, int port, std::chrono::milliseconds timeout) {
   ::c10d::TCPStoreOptions options;
-  options.port = static_cast<std::uint16_t>(w.port);
+  options.port = static_cast<std::uint16_t>(port);
   options.isServer = false;
   options.waitWorkers = false;
-  options.timeout = timeout.count() > 0 ? timeout : w.timeout;
-  auto store = c10::make_intrusive<::c10d::TCPStore>(w.host, options);
+  options.timeout = timeout;
+  return c10::make_intrusive<::c10d::TCPStore>(host, options);
+}
+
+}  // namespace
+
+std::string most_wait(const World& w) {
+  return "it waits " + std::to_string(w.timeout.count() / 1000) + " s at most (GPIPE_TIMEOUT)";
+}
+
+c10::intrusive_ptr<::c10d::Store> connect_store(const std::string& prefix, std::chrono::milliseconds timeout) {
+  const World& w = world();
+  auto store = w.shared ? w.shared : tcp_client(w.host, w.port, timeout.count() > 0 ? timeout : w.timeout);
   return c10::make_intrusive<::c10d::PrefixStore>(prefix.empty() ? w.prefix : w.prefix + "/" + prefix, store);
 }
 
@@ -256,12 +268,7 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
   if (auto* tcp = dynamic_cast<::c10d::TCPStore*>(base.get())) {
     w->host = tcp->getHost();
     w->port = tcp->getPort();
-    ::c10d::TCPStoreOptions options;
-    options.port = static_cast<std::uint16_t>(w->port);
-    options.isServer = false;
-    options.waitWorkers = false;
-    options.timeout = w->timeout;
-    w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, c10::make_intrusive<::c10d::TCPStore>(w->host, options));
+    w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, tcp_client(w->host, w->port, w->timeout));
   } else {
     w->shared = store;
     w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, store);
@@ -278,7 +285,6 @@ World& start() {
   for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
     GPIPE_CHECK(!variable(name).empty(), "the environment variable ", name, " is not set; start the job with torchrun "
                 "(one process per device), which sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE");
-  bind_to_cores();
   auto w = std::make_unique<World>();
   w->size = whole_variable("WORLD_SIZE", 1, 1 << 20);
   w->rank = whole_variable("RANK", 0, w->size - 1);
@@ -295,8 +301,8 @@ World& start() {
   try {
     const WaitNotice notice([&w](int seconds) {
       return "rank " + std::to_string(w->rank) + " has waited " + std::to_string(seconds) + " s for the job's store at " +
-             w->host + ":" + std::to_string(w->port) + " (torchrun's agent or rank 0 hosts it); it waits " +
-             std::to_string(w->timeout.count() / 1000) + " s at most (GPIPE_TIMEOUT): check that rank 0 was started";
+             w->host + ":" + std::to_string(w->port) + " (torchrun's agent or rank 0 hosts it); " + most_wait(*w) +
+             ": check that rank 0 was started";
     });
     w->store = c10::make_intrusive<::c10d::PrefixStore>(
         w->prefix, c10::make_intrusive<::c10d::TCPStore>(w->host, options));
