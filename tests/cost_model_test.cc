@@ -180,13 +180,16 @@ TEST(CostModelTest, ProfilingLeavesTheModelsBuffersGradientsAndRandomNumbers) {
   torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::BatchNorm1d(16), torch::nn::Dropout(0.5),
                           torch::nn::Linear(16, 4));
   for (auto& p : m->parameters()) p.mutable_grad() = torch::full_like(p, 0.25);
-  std::vector<torch::Tensor> buffers, grads;
+  std::vector<torch::Tensor> buffers, grads, values;
   for (const auto& b : m->buffers()) buffers.push_back(b.clone());
-  for (const auto& p : m->parameters()) grads.push_back(p.grad().clone());
+  for (const auto& p : m->parameters()) grads.push_back(p.grad().clone()), values.push_back(p.detach().clone());
   const torch::Tensor sample = torch::randn({6, 8});
   at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
   const torch::Tensor random_state = generator.get_state();
-  profile_layers(m, sample, 1);
+  // The optimizer's update is timed (Adam's, for 3 bytes of state per parameter byte) on copies.
+  const CostModel costs = profile_layers(m, sample, 1, /*state_per_parameter_byte=*/3);
+  EXPECT_GT(costs.update_s_per_parameter_byte, 0);
+  for (size_t n = 0; n < values.size(); ++n) EXPECT_TRUE(torch::equal(m->parameters()[n], values[n])) << "parameter " << n;
   const torch::Tensor random_after = generator.get_state();
   EXPECT_TRUE(torch::equal(random_after, random_state));
   const auto now = m->buffers();

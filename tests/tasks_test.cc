@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
 
 #include <zlib.h>
@@ -171,6 +172,30 @@ TEST(TasksTest, AutoIsTheFastestPredictedConfigurationOfWhatIsLeftOpen) {
   // Where nothing profiles the model, "auto" is the task's own.
   EXPECT_EQ(pipeline_options_of(find_task("cnn"), {2, 4, "auto"}).schedule(), ScheduleKind::kInterleaved);
   EXPECT_EQ(resolve_run(find_task("cnn"), {2, 4, "task"}).schedule, "interleaved");
+}
+
+// "auto" predicts each M from the layers' costs at that M's rows, each size asked for once: a kernel on
+// fewer rows does less per second, which one profile scaled per sample does not show.
+TEST(TasksTest, AutoPredictsEachMicroBatchCountFromItsOwnRows) {
+  const PlannedModel model = plan_model_of(find_task("tiny"));
+  const int64_t batch = 32, memory = int64_t{1} << 40;
+  RunRequest open{2, 4, "auto"};
+  open.micro_batches_given = false;
+  std::map<int64_t, int> asked;
+  // Micro-batches of fewer than 8 rows cost 10x per sample: M above 4 must not be chosen.
+  const CostsAtRows costs_at = [&](int64_t rows) {
+    ++asked[rows];
+    CostModel costs = model.costs;
+    if (rows < 8)
+      for (LayerCost& layer : costs.layers)
+        for (double* t : {&layer.forward_s, &layer.backward_s, &layer.input_grad_s, &layer.weight_grad_s}) *t *= 10;
+    return costs;
+  };
+  const std::vector<PlanCandidate> found = schedule_candidates(costs_at, open, batch, Checkpoint::kNever, memory);
+  EXPECT_EQ(asked, (std::map<int64_t, int>{{32, 1}, {16, 1}, {8, 1}, {4, 1}}));  // M = 1, 2, 4, 8
+  EXPECT_LE(found.front().micro_batches, 4);
+  for (const PlanCandidate& c : found)
+    if (c.micro_batches == 8) EXPECT_GT(c.step_s, 5 * found.front().step_s) << to_string(c.schedule);
 }
 
 // A training run's "auto": prepare_training profiles the model once and its settings take the choice;

@@ -97,7 +97,8 @@ struct CostModel {
   /// 2 for SGD with momentum, 3 for Adam (two moments).
   double state_per_parameter_byte = 1;
   /// Seconds of the optimizer's update per parameter byte (0: not counted); profile_layers
-  /// times a plain SGD step.
+  /// times the optimizer `state_per_parameter_byte` stands for (1 SGD, 2 SGD with momentum, 3 Adam)
+  /// on copies of the parameters.
   double update_s_per_parameter_byte = 0;
   /// The link between two devices: a boundary tensor of b bytes takes latency + b / bandwidth
   /// on the sending device (bandwidth 0: sends are free, as between threads).

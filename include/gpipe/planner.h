@@ -89,6 +89,11 @@ struct PlanCandidate {
 /// asks for more: what keeps an answer within seconds.
 constexpr int64_t kMostPlannedPairs = int64_t{1} << 17;
 
+/// The M a search considers by default for K devices per pipeline and `rows` rows per replica: 1, 2,
+/// 4, ... up to max(8, 4·K), while every micro-batch keeps `least_rows` rows and K·M stays within
+/// kMostPlannedPairs / 2.
+std::vector<int> default_micro_batch_counts(int K, int64_t rows, int64_t least_rows = 1);
+
 /// Most stage x micro-batch pairs one search simulates in all (K x V x M over every configuration
 /// and checkpoint mode): what keeps an answer within about a minute (a 128-device search of a
 /// 128-layer Transformer is about 2.1 million, 30 s on one core here).

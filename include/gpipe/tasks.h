@@ -266,20 +266,34 @@ struct ScheduleChoice {
   bool chose_micro_batches = false;  ///< M was left open
 };
 
-/// The configurations "auto" weighs for `request`, as search_plans predicts them from `costs` (one
+/// A model's layers' costs profiled on micro-batches of `rows` rows (profile_layers' per-sample
+/// figures). A kernel on fewer rows does less per second, which one profile scaled per sample does not
+/// show: "auto" predicts each M from a profile at that M's rows (measured on the main job's CNN: a
+/// profile at 32 rows predicted M=8 10 ms under the measured 55.6 ms step).
+using CostsAtRows = std::function<CostModel(int64_t rows)>;
+
+/// The configurations "auto" weighs for `request`, as search_plans predicts them from `costs_at` (one
 /// replica of K devices on a batch of `batch` rows, the run's `checkpoint`; those that fit first,
-/// fastest first). What the request gives stays: K (`devices`; with a given balance and no K, its
-/// length over V), M (when `micro_batches_given`; else 1, 2, 4, ... up to max(8, 4K) and the
-/// rows), V (when above 0: only the schedules that take it), the cut (a given `balance`, or the
-/// min-max of `layer_costs`; else the min-max of the profiled time, "even" the even cut); the
-/// schedule, and what is left open, is chosen. `memory_per_device` 0: this machine's memory over
-/// K (the devices of one process share it). Throws std::invalid_argument as search_plans does.
+/// fastest first), each M from the costs at its largest micro-batch's rows (each size asked for
+/// once). What the request gives stays: K (`devices`; with a given balance and no K, its length over
+/// V), M (when `micro_batches_given`; else default_micro_batch_counts), V (when above 0: only the
+/// schedules that take it), the cut (a given `balance`, or the min-max of `layer_costs`; else the
+/// min-max of the profiled time, "even" the even cut); the schedule, and what is left open, is
+/// chosen. `memory_per_device` 0: this machine's memory over K (the devices of one process share
+/// it). Throws std::invalid_argument as search_plans does.
+std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, const RunRequest& request, int64_t batch,
+                                               Checkpoint checkpoint, int64_t memory_per_device = 0,
+                                               int64_t least_micro_batch_rows = 1);
+/// The same from one profile for every M (its per-sample figures at any rows).
 std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const RunRequest& request, int64_t batch,
                                                Checkpoint checkpoint, int64_t memory_per_device = 0,
                                                int64_t least_micro_batch_rows = 1);
 
 /// The first of schedule_candidates: the fastest predicted that fits (or, where none fits, the one
 /// that needs the least memory).
+ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const RunRequest& request, int64_t batch,
+                               Checkpoint checkpoint, int64_t memory_per_device = 0,
+                               int64_t least_micro_batch_rows = 1);
 ScheduleChoice choose_schedule(const CostModel& costs, const RunRequest& request, int64_t batch,
                                Checkpoint checkpoint, int64_t memory_per_device = 0,
                                int64_t least_micro_batch_rows = 1);

@@ -59,6 +59,13 @@ bool considered(const std::vector<int>& list, int value) {
 
 }  // namespace
 
+std::vector<int> default_micro_batch_counts(int K, int64_t rows, int64_t least_rows) {
+  std::vector<int> out;
+  for (int64_t M = 1; M * least_rows <= rows && M <= std::max(8, 4 * K) && 2 * K * M <= kMostPlannedPairs; M *= 2)
+    out.push_back(static_cast<int>(M));
+  return out;
+}
+
 void PlanSearch::check() const {
   GPIPE_CHECK(devices >= 1, "the cluster needs at least 1 device (got ", devices, ")");
   GPIPE_CHECK(memory_per_device >= 1, "a device needs at least 1 byte of memory (got ", memory_per_device, ")");
@@ -105,8 +112,7 @@ std::vector<Shape> shapes_of(const PlanSearch& search, int L) {
     if (rows < least) continue;  // not even one micro-batch of enough rows
     std::vector<int> micro;
     if (search.micro_batches.empty()) {
-      for (int64_t M = 1; M * least <= rows && M <= std::max(8, 4 * K) && 2 * K * M <= kMostPlannedPairs; M *= 2)
-        micro.push_back(static_cast<int>(M));
+      micro = default_micro_batch_counts(K, rows, least);
     } else {
       for (int M : search.micro_batches) {
         GPIPE_CHECK(M <= rows, "M = ", M, " micro-batches is more than the ", rows, " rows a replica gets at K=", K,

@@ -26,6 +26,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
@@ -116,7 +117,7 @@ std::string configuration(const ScheduleChoice& c) {
 
 }  // namespace
 
-std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const RunRequest& r, int64_t batch,
+std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, const RunRequest& r, int64_t batch,
                                                Checkpoint checkpoint, int64_t memory_per_device,
                                                int64_t least_micro_batch_rows) {
   // K: given; with a given balance and no K, its length over V (V given, or 1 and 2: the schedules' own).
@@ -135,8 +136,16 @@ std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const Run
       if (S % 2 == 0) Ks.push_back(S / 2);
     }
   }
+  std::map<int64_t, CostModel> profiles;  // by rows per micro-batch: each size profiled once
+  auto costs_of = [&](int M) -> const CostModel& {
+    const int64_t rows = micro_batch_sizes(batch, static_cast<int>(std::clamp<int64_t>(M, 1, batch))).front();
+    auto it = profiles.find(rows);
+    if (it == profiles.end()) it = profiles.emplace(rows, costs_at(rows)).first;
+    return it->second;
+  };
   std::vector<PlanCandidate> found;
   std::string first_error;
+  int searches = 0;
   for (int K : Ks) {
     PlanSearch search;
     search.devices = K;
@@ -144,7 +153,6 @@ std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const Run
     search.memory_per_device = memory_per_device > 0 ? memory_per_device : std::max<int64_t>(1, machine_memory() / K);
     search.batch = batch;
     search.checkpoints = {checkpoint};
-    if (r.micro_batches_given) search.micro_batches = {r.micro_batches};
     search.virtual_stages = r.virtual_stages;
     if (r.devices == 0 && r.virtual_stages == 0) search.virtual_stages = static_cast<int>(r.balance.size()) / K;
     search.least_micro_batch_rows = least_micro_batch_rows;
@@ -158,11 +166,18 @@ std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const Run
       search.given_cut = true;
       search.cut = CutRequest::even();
     }
-    try {
-      for (PlanCandidate& c : search_plans(costs, search)) found.push_back(std::move(c));
-    } catch (const std::invalid_argument& e) {
-      if (Ks.size() == 1) throw;
-      if (first_error.empty()) first_error = e.what();
+    // Each M predicted from the costs at its own micro-batches' rows.
+    std::vector<int> Ms{r.micro_batches};
+    if (!r.micro_batches_given) Ms = default_micro_batch_counts(K, batch, least_micro_batch_rows);
+    if (Ms.empty()) Ms = {1};  // no M fits the rows: search_plans says why
+    for (int M : Ms) {
+      search.micro_batches = {M};
+      ++searches;
+      try {
+        for (PlanCandidate& c : search_plans(costs_of(M), search)) found.push_back(std::move(c));
+      } catch (const std::invalid_argument& e) {
+        if (first_error.empty()) first_error = e.what();
+      }
     }
   }
   if (found.empty()) throw std::invalid_argument(first_error);
@@ -173,10 +188,23 @@ std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const Run
   return found;
 }
 
+std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const RunRequest& request, int64_t batch,
+                                               Checkpoint checkpoint, int64_t memory_per_device,
+                                               int64_t least_micro_batch_rows) {
+  return schedule_candidates([&costs](int64_t) { return costs; }, request, batch, checkpoint, memory_per_device,
+                             least_micro_batch_rows);
+}
+
 ScheduleChoice choose_schedule(const CostModel& costs, const RunRequest& request, int64_t batch, Checkpoint checkpoint,
                                int64_t memory_per_device, int64_t least_micro_batch_rows) {
+  return choose_schedule([&costs](int64_t) { return costs; }, request, batch, checkpoint, memory_per_device,
+                         least_micro_batch_rows);
+}
+
+ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const RunRequest& request, int64_t batch,
+                               Checkpoint checkpoint, int64_t memory_per_device, int64_t least_micro_batch_rows) {
   const std::vector<PlanCandidate> found =
-      schedule_candidates(costs, request, batch, checkpoint, memory_per_device, least_micro_batch_rows);
+      schedule_candidates(costs_at, request, batch, checkpoint, memory_per_device, least_micro_batch_rows);
   const PlanCandidate& best = found.front();
   ScheduleChoice c;
   c.schedule = best.schedule;
@@ -525,20 +553,23 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
   const torch::nn::Sequential whole = c.model.build(LayerRange{});
   const torch::Tensor sample = train.input.narrow(0, 0, rows);
   const std::string optimizer = s.optimizer == "sgd" ? (s.momentum > 0 ? "momentum" : "sgd") : "adam";
-  const CostModel profile = profile_model(whole, sample, PlanProfileOptions()
-                                                             .optimizer(optimizer)
-                                                             .threads(s.threads_per_device)
-                                                             .loss(c.task.loss)
-                                                             .target(train.target.narrow(0, 0, rows)));
+  // Each M is predicted from the layers profiled on micro-batches of its rows.
+  const CostsAtRows profile_at = [&](int64_t n) {
+    return profile_model(whole, train.input.narrow(0, 0, n), PlanProfileOptions()
+                                                                 .optimizer(optimizer)
+                                                                 .threads(s.threads_per_device)
+                                                                 .loss(c.task.loss)
+                                                                 .target(train.target.narrow(0, 0, n)));
+  };
   RunRequest request = run_request(s);
   request.schedule = "auto";
   std::vector<double> costs;  // `balance_by`'s, for its plan
   if (!s.balance_by.empty()) {
-    costs = layer_costs_by(s.balance_by, whole, profile, rows);
+    costs = layer_costs_by(s.balance_by, whole, profile_at(rows), rows);
     if (s.balance_by != "time") request.layer_costs = costs;  // by time: the search's own cut
   }
   const ScheduleChoice choice = said_about("`schedule` auto", [&] {
-    return choose_schedule(profile, request, batch, parse_checkpoint(s.checkpoint), 0,
+    return choose_schedule(profile_at, request, batch, parse_checkpoint(s.checkpoint), 0,
                            least_micro_batch_rows(whole, sample));
   });
   s.schedule = to_string(choice.schedule);
