@@ -185,17 +185,29 @@ TEST(TasksTest, AutoPredictsEachMicroBatchCountFromItsOwnRows) {
   // Micro-batches of fewer than 8 rows cost 10x per sample: M above 4 must not be chosen.
   const CostsAtRows costs_at = [&](int64_t rows) {
     ++asked[rows];
-    CostModel costs = model.costs;
-    if (rows < 8)
-      for (LayerCost& layer : costs.layers)
-        for (double* t : {&layer.forward_s, &layer.backward_s, &layer.input_grad_s, &layer.weight_grad_s}) *t *= 10;
-    return costs;
+    return with_compute_scaled(model.costs, rows < 8 ? 10 : 1);
   };
   const std::vector<PlanCandidate> found = schedule_candidates(costs_at, open, batch, Checkpoint::kNever, memory);
   EXPECT_EQ(asked, (std::map<int64_t, int>{{32, 1}, {16, 1}, {8, 1}, {4, 1}}));  // M = 1, 2, 4, 8
   EXPECT_LE(found.front().micro_batches, 4);
   for (const PlanCandidate& c : found)
     if (c.micro_batches == 8) EXPECT_GT(c.step_s, 5 * found.front().step_s) << to_string(c.schedule);
+  // The devices of one process share its cores: a cut of 4 stages weighs K=4 and K=2 (V=2), and on 2
+  // cores every K=4 configuration computes twice as long as on 4; K=2 is the same on both.
+  RunRequest four{0, 4, "auto"};
+  four.balance = {1, 1, 1, model.costs.layer_count() - 3};
+  std::map<std::pair<std::string, int>, double> on_four;
+  for (const PlanCandidate& c : schedule_candidates(model.costs, four, batch, Checkpoint::kNever, memory, 1, 4))
+    on_four[{to_string(c.schedule), c.devices}] = c.predicted.step_s;
+  std::map<int, int> weighed;  // configurations per K
+  for (const PlanCandidate& c : schedule_candidates(model.costs, four, batch, Checkpoint::kNever, memory, 1, 2)) {
+    const double alone = on_four.at({to_string(c.schedule), c.devices});
+    if (c.devices == 4) EXPECT_GT(c.predicted.step_s, 1.5 * alone) << to_string(c.schedule);
+    if (c.devices == 2) EXPECT_EQ(c.predicted.step_s, alone) << to_string(c.schedule);
+    ++weighed[c.devices];
+  }
+  EXPECT_GT(weighed[4], 0);
+  EXPECT_GT(weighed[2], 0);
 }
 
 // A training run's "auto": prepare_training profiles the model once and its settings take the choice;

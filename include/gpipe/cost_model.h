@@ -125,6 +125,10 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
                          const LossFn& loss = nullptr, const torch::Tensor& target = {},
                          const std::vector<int>& whole = {});
 
+/// `costs` with every layer's compute (forward, backward, I and W) `factor` times as long: a device
+/// that much slower. The update and the bytes stay.
+CostModel with_compute_scaled(CostModel costs, double factor);
+
 /// Per-layer costs for balance_by_cost on micro-batches of `rows` rows: each
 /// layer's forward plus backward time, in seconds.
 std::vector<double> layer_times(const CostModel& costs, int64_t rows);

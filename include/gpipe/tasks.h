@@ -280,23 +280,25 @@ using CostsAtRows = std::function<CostModel(int64_t rows)>;
 /// schedules that take it), the cut (a given `balance`, or the min-max of `layer_costs`; else the
 /// min-max of the profiled time, "even" the even cut); the schedule, and what is left open, is
 /// chosen. `memory_per_device` 0: this machine's memory over K (the devices of one process share
-/// it). Throws std::invalid_argument as search_plans does.
+/// it). The devices of one process share its `cores` too (0: this machine's): where K is more, every
+/// device's compute is predicted K / cores times as long (4 devices on 2 cores ran 53 ms, not the 32 ms
+/// predicted alone). Throws std::invalid_argument as search_plans does.
 std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, const RunRequest& request, int64_t batch,
                                                Checkpoint checkpoint, int64_t memory_per_device = 0,
-                                               int64_t least_micro_batch_rows = 1);
+                                               int64_t least_micro_batch_rows = 1, int cores = 0);
 /// The same from one profile for every M (its per-sample figures at any rows).
 std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const RunRequest& request, int64_t batch,
                                                Checkpoint checkpoint, int64_t memory_per_device = 0,
-                                               int64_t least_micro_batch_rows = 1);
+                                               int64_t least_micro_batch_rows = 1, int cores = 0);
 
 /// The first of schedule_candidates: the fastest predicted that fits (or, where none fits, the one
 /// that needs the least memory).
 ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const RunRequest& request, int64_t batch,
                                Checkpoint checkpoint, int64_t memory_per_device = 0,
-                               int64_t least_micro_batch_rows = 1);
+                               int64_t least_micro_batch_rows = 1, int cores = 0);
 ScheduleChoice choose_schedule(const CostModel& costs, const RunRequest& request, int64_t batch,
                                Checkpoint checkpoint, int64_t memory_per_device = 0,
-                               int64_t least_micro_batch_rows = 1);
+                               int64_t least_micro_batch_rows = 1, int cores = 0);
 
 /// `request` as `choice` runs: its schedule, K, M, V and cut (a given balance).
 RunRequest with_choice(RunRequest request, const ScheduleChoice& choice);

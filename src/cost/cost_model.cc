@@ -430,6 +430,12 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
   return costs;  // `untouched` puts back the gradients, buffers and random numbers
 }
 
+CostModel with_compute_scaled(CostModel costs, double factor) {
+  for (LayerCost& layer : costs.layers)
+    for (double* t : {&layer.forward_s, &layer.backward_s, &layer.input_grad_s, &layer.weight_grad_s}) *t *= factor;
+  return costs;
+}
+
 std::vector<int64_t> Prediction::total_bytes() const {
   std::vector<int64_t> out;
   for (size_t d = 0; d < peak_bytes.size(); ++d) out.push_back(peak_bytes[d] + static_bytes[d]);

@@ -95,13 +95,7 @@ CostModel profile_model(const torch::nn::Sequential& model, const Tensors& sampl
     costs = profile_layers(model, sample, options.threads(), state, options.warmup(), options.repetitions(),
                            options.loss(), options.target());
   }
-  for (LayerCost& c : costs.layers) {
-    c.forward_s /= options.speed();
-    c.backward_s /= options.speed();
-    c.input_grad_s /= options.speed();
-    c.weight_grad_s /= options.speed();
-  }
-  return costs;
+  return with_compute_scaled(std::move(costs), 1.0 / options.speed());
 }
 
 PlannedModel plan_model_of(const torch::nn::Sequential& model, const Tensors& sample, const PlanProfileOptions& options) {

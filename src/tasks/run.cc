@@ -29,6 +29,7 @@
 #include <map>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace gpipe {
 using tasks::said_about;
@@ -119,7 +120,7 @@ std::string configuration(const ScheduleChoice& c) {
 
 std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, const RunRequest& r, int64_t batch,
                                                Checkpoint checkpoint, int64_t memory_per_device,
-                                               int64_t least_micro_batch_rows) {
+                                               int64_t least_micro_batch_rows, int cores) {
   // K: given; with a given balance and no K, its length over V (V given, or 1 and 2: the schedules' own).
   std::vector<int> Ks;
   if (r.devices > 0) {
@@ -137,11 +138,14 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
     }
   }
   std::map<int64_t, CostModel> profiles;  // by rows per micro-batch: each size profiled once
-  auto costs_of = [&](int M) -> const CostModel& {
+  const int shared = cores > 0 ? cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The costs of K devices at M: at M's rows, each device's compute slowed by K / cores where the
+  // devices outnumber the cores.
+  auto costs_of = [&](int K, int M) {
     const int64_t rows = micro_batch_sizes(batch, static_cast<int>(std::clamp<int64_t>(M, 1, batch))).front();
     auto it = profiles.find(rows);
     if (it == profiles.end()) it = profiles.emplace(rows, costs_at(rows)).first;
-    return it->second;
+    return K > shared ? with_compute_scaled(it->second, static_cast<double>(K) / shared) : it->second;
   };
   std::vector<PlanCandidate> found;
   std::string first_error;
@@ -174,7 +178,7 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
       search.micro_batches = {M};
       ++searches;
       try {
-        for (PlanCandidate& c : search_plans(costs_of(M), search)) found.push_back(std::move(c));
+        for (PlanCandidate& c : search_plans(costs_of(K, M), search)) found.push_back(std::move(c));
       } catch (const std::invalid_argument& e) {
         if (first_error.empty()) first_error = e.what();
       }
@@ -190,21 +194,22 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
 
 std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const RunRequest& request, int64_t batch,
                                                Checkpoint checkpoint, int64_t memory_per_device,
-                                               int64_t least_micro_batch_rows) {
+                                               int64_t least_micro_batch_rows, int cores) {
   return schedule_candidates([&costs](int64_t) { return costs; }, request, batch, checkpoint, memory_per_device,
-                             least_micro_batch_rows);
+                             least_micro_batch_rows, cores);
 }
 
 ScheduleChoice choose_schedule(const CostModel& costs, const RunRequest& request, int64_t batch, Checkpoint checkpoint,
-                               int64_t memory_per_device, int64_t least_micro_batch_rows) {
+                               int64_t memory_per_device, int64_t least_micro_batch_rows, int cores) {
   return choose_schedule([&costs](int64_t) { return costs; }, request, batch, checkpoint, memory_per_device,
-                         least_micro_batch_rows);
+                         least_micro_batch_rows, cores);
 }
 
 ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const RunRequest& request, int64_t batch,
-                               Checkpoint checkpoint, int64_t memory_per_device, int64_t least_micro_batch_rows) {
+                               Checkpoint checkpoint, int64_t memory_per_device, int64_t least_micro_batch_rows,
+                               int cores) {
   const std::vector<PlanCandidate> found =
-      schedule_candidates(costs_at, request, batch, checkpoint, memory_per_device, least_micro_batch_rows);
+      schedule_candidates(costs_at, request, batch, checkpoint, memory_per_device, least_micro_batch_rows, cores);
   const PlanCandidate& best = found.front();
   ScheduleChoice c;
   c.schedule = best.schedule;
