@@ -34,6 +34,7 @@ std::string in_flags(const std::string& message) {
       {"lr_step_size", "--lr-step-size"}, {"lr_gamma", "--lr-gamma"}, {"shuffle", "--no-shuffle"},
       {"augment", "--augment"}, {"balance_by", "--balance-by"}, {"tie_embeddings", "--tie-embeddings"},
       {"model", "--model"}, {"verbose", "--verbose"}, {"deferred_batch_norm=false", "--batch-norm per-micro-batch"},
+      {"update_on_devices=false", "--update-after-step"},
       {"input_shape", "--input-shape"}, {"workload", "--workload"}, {"layers", "--layers"}, {"width", "--width"},
       {"data", "--data"}, {"train_samples", "--train-samples"}, {"test_samples", "--test-samples"},
       {"samples", "--samples"}, {"prompt", "--prompt"}, {"trace", "--trace"}};

@@ -165,6 +165,10 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--resume", o->resume,
                   "continue from a checkpoint file written by --save, with the same model and optimizer and any "
                   "--stages, schedule or number of ranks")->check(non_empty());
+  sub->add_flag("--update-after-step", o->update_after_step,
+                "apply each step's optimizer update after the step on one thread, while the devices wait (default: "
+                "each stage's share on its device during the next step, before the stage's first action, in time "
+                "the device would wait for its input; the same update to the bit)");
   sub->add_flag("--per-device-files,--per-stage-files", o->per_device_files,
                 "under mpirun or torchrun, --save and --resume use one file per device (its stages), "
                 "FILE.stage<j>-of-<K>, for checkpoint files above the 2 GiB one MPI gather carries (or too large for rank 0's memory) (resume with the same K); "

@@ -73,7 +73,7 @@ class Run {
     if (o_.epochs == 0) return;  // --resume FILE --epochs 0: the checkpoint's model, evaluated
     TrainingProgress progress(o_.epochs, trainer_.steps_per_epoch(), job().prints());
     TrainerCallbacks callbacks;
-    callbacks.after_step = [&](int epoch, int64_t batch) {
+    callbacks.progress = [&](int epoch, int64_t batch) {
       if (!o_.trace.empty() && trainer_.step() == trainer_.total_steps()) last_trace_ = pipeline_.trace();
       const TrainStats& t = trainer_.stats();
       progress.update(epoch, batch, t.last_loss, t.samples_per_s(),

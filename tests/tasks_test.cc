@@ -600,7 +600,8 @@ TEST(AgreementTest, EveryTrainerOptionIsASetting) {
       TrainerOptions().save("elsewhere.pt"),
       TrainerOptions().save_every(5),
       TrainerOptions().stop_timeout(1),
-      TrainerOptions().per_device_files(true)};
+      TrainerOptions().per_device_files(true),
+      TrainerOptions().update_on_devices(false)};
   for (size_t n = 0; n < changed.size(); ++n) EXPECT_NE(settings_of(changed[n]), base) << "option " << n;
 }
 

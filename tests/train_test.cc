@@ -478,6 +478,51 @@ class TestFaultEnvironment {
   ~TestFaultEnvironment() { unsetenv("GPIPE_TEST_FAULT"); }
 };
 
+// Each step's update applied on the devices during the next step (update_on_devices, the default) is
+// the update after the step on the calling thread, to the bit: parameters and optimizer state, for
+// SGD with momentum, Adam and AdamW, interleaved on 2 devices. The progress callback sees the
+// parameters before the step's update (held for the devices), after_step sees them whole.
+TEST(TrainerTest, UpdateOnDevicesIsTheUpdateAfterTheStepToTheBit) {
+  const gpipe::Dataset data = regression_data();
+  const PipelineOptions interleaved = PipelineOptions().devices(2).micro_batches(2).schedule(
+      gpipe::ScheduleKind::kInterleaved);
+  for (const OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    TrainerOptions options = sgd_options();
+    if (kind != OptimizerKind::kSgd) options.optimizer(OptimizerOptions().kind(kind).lr(1e-2).weight_decay(1e-2));
+    const std::string held_path = temp_path("held.pt"), after_path = temp_path("after.pt");
+    Trainer held(mlp(), interleaved, TrainerOptions(options).save(held_path), data);
+    Trainer after(mlp(), interleaved, TrainerOptions(options).save(after_path).update_on_devices(false), data);
+    std::vector<torch::Tensor> seen_in_progress, seen_after_step;
+    gpipe::TrainerCallbacks callbacks;
+    callbacks.progress = [&](int, int64_t) { seen_in_progress = values(held); };
+    callbacks.after_step = [&](int, int64_t) {
+      seen_after_step = values(held);
+      bool changed = false;  // the update was held: applying it changed the parameters
+      for (size_t n = 0; n < seen_after_step.size(); ++n) changed = changed || !torch::equal(seen_after_step[n], seen_in_progress[n]);
+      EXPECT_TRUE(changed) << "step " << held.step();
+    };
+    held.fit(callbacks);
+    // after_step applied each update on this thread: take the callbacks away to see the devices do it.
+    Trainer devices(mlp(), interleaved, options, data);
+    double device_seconds = 0;  // the devices' time in held updates, counted busy
+    devices.fit({nullptr, nullptr, nullptr, [&](int, int64_t) {
+                  for (int64_t ns : devices.pipeline().last_trace().other_ns) device_seconds += static_cast<double>(ns) * 1e-9;
+                }});
+    after.fit();
+    expect_equal(values(held), values(after));
+    expect_equal(values(devices), values(after));
+    EXPECT_GT(device_seconds, 0) << "no update ran on a device";
+    // The optimizer state too: the two files hold the same bytes.
+    std::ifstream a(held_path, std::ios::binary), b(after_path, std::ios::binary);
+    const std::string bytes_a((std::istreambuf_iterator<char>(a)), {}), bytes_b((std::istreambuf_iterator<char>(b)), {});
+    EXPECT_FALSE(bytes_a.empty());
+    EXPECT_EQ(bytes_a, bytes_b);
+    std::remove(held_path.c_str());
+    std::remove(after_path.c_str());
+  }
+}
+
 TEST(TrainerTest, TestFaultThrowsInTheLossOfItsStepAndChangesNothing) {
   const gpipe::Dataset data = regression_data();
   const TestFaultEnvironment fault("throw:2");

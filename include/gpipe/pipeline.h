@@ -232,6 +232,14 @@ class Pipeline {
   /// For a front end that must react to Ctrl-C during a step.
   void set_interrupt(std::function<bool()> interrupted) { interrupted_ = std::move(interrupted); }
 
+  /// `work(stage)` runs on each stage's device thread (and stream) before the stage's first action
+  /// of every train_step, its receives included; on a device whose program starts with a receive
+  /// (it waits for its input while the pipeline fills), for all its stages at the start: in time
+  /// the device would otherwise wait. A trainer applies the previous step's update of the stage's parameters there (Trainer).
+  /// The trace counts it as busy. A step that fails or is interrupted may end before `work` ran for
+  /// every stage; what it throws fails the step as a stage's error does. Empty: none.
+  void set_before_stage(std::function<void(int stage)> work) { before_stage_ = std::move(work); }
+
   /// The backend this pipeline runs on.
   const Backend& backend() const { return *group_; }
 
@@ -263,6 +271,7 @@ class Pipeline {
   StepTrace trace_;
   std::vector<int64_t> memory_at_start_;  // each local device's tracked bytes when the last step began
   std::function<bool()> interrupted_;
+  std::function<void(int stage)> before_stage_;
 };
 
 /// A pipeline of the model that `build` makes (`layers` layers in all) with

@@ -108,6 +108,9 @@ struct StepData {
   /// and where it writes it: per micro-batch, an entry per tensor of the input.
   bool keep_input_gradients = false;
   std::vector<Tensors> input_gradients;
+  /// Work each device runs before a stage's first action of the step (its receives included), on
+  /// the device's thread and the stage's stream: Pipeline::set_before_stage's. Empty: none.
+  std::function<void(int stage)> before_stage;
 };
 
 /// A layer that draws random numbers in training without being one of torch::nn's

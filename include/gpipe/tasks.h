@@ -352,6 +352,7 @@ struct TrainSettings {
   int64_t train_samples = 0, test_samples = 0, save_every = 0;  ///< save_every 0: every epoch and the end only
   std::string save, resume, trace;  ///< `trace`: the file of the last step's timeline
   bool per_device_files = false;
+  bool update_after_step = false;  ///< TrainerOptions::update_on_devices false
   std::string samples;  ///< kPsnr: a PNG of denoised test images (denoising_picture)
   /// kBitsPerByte: bytes to sample after training (generate_text), continuing `prompt`; errors name it
   /// `bytes`, as GenerateOptions does

@@ -26,10 +26,12 @@ struct StepTrace {
   int64_t begin_ns = 0;
   int64_t end_ns = 0;
   std::vector<std::vector<ActionSpan>> devices;  ///< devices[d]: device d's compute actions in order
+  /// Per device: nanoseconds of work outside the program (Pipeline::set_before_stage's), counted busy.
+  std::vector<int64_t> other_ns;
 
   /// Wall time of the step, in seconds.
   double seconds() const;
-  /// Time device d spent inside compute actions, in seconds (0 before any step).
+  /// Time device d spent inside compute actions and other work, in seconds (0 before any step).
   double busy_seconds(int device) const;
   /// The measured bubble: the share of device-time in which devices were idle,
   /// 1 - Σ_d busy_d / (K · step time). 0 for an empty trace.

@@ -24,6 +24,7 @@ double StepTrace::busy_seconds(int device) const {
   int64_t busy = 0;
   if (device < 0 || static_cast<size_t>(device) >= devices.size()) return 0;  // no step recorded yet
   for (const ActionSpan& span : devices[static_cast<size_t>(device)]) busy += span.end_ns - span.begin_ns;
+  if (static_cast<size_t>(device) < other_ns.size()) busy += other_ns[static_cast<size_t>(device)];
   return static_cast<double>(busy) * 1e-9;
 }
 

@@ -71,7 +71,8 @@ void Executor::synchronize() {
   for (const auto& [index, copy] : copy_streams_) copy.synchronize();
 }
 
-void Executor::run(const std::vector<Action>& program, StepData& step, std::vector<ActionSpan>* trace) {
+void Executor::run(const std::vector<Action>& program, StepData& step, std::vector<ActionSpan>* trace,
+                   int64_t* other_ns) {
   c10::DeviceGuard device_guard(device_.device);
   torch::AutoGradMode grad_mode(step.training);
   std::optional<MemoryScope> memory_scope;
@@ -116,9 +117,24 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
 
   try {
     if (transport_ == nullptr) throw std::logic_error("gpipe: the executor of " + device_.str() + " has no transport");
+    // step.before_stage: for every stage at once where the program starts with a receive (the device
+    // waits for its input in the fill), else for each stage before its first action.
+    std::set<int> entered;  // the stages whose before_stage has run
+    auto before = [&](int s) {
+      if (!step.before_stage || !entered.insert(s).second) return;
+      if (transport_->cancelled()) throw Cancelled();
+      const int64_t begin = now_ns();
+      c10::OptionalStreamGuard on_stream;
+      if (const DeviceStream& own = stage(s).stream(); own.active()) on_stream.reset_stream(own.stream());
+      step.before_stage(s);
+      if (other_ns != nullptr) *other_ns += now_ns() - begin;
+    };
+    if (!program.empty() && program.front().kind == ActionKind::kRecv)
+      for (const Action& a : program) before(a.stage);
     for (const Action& a : program) {
       // Another device failed (or the step was interrupted): stop before the next piece of work.
       if (a.is_compute() && transport_->cancelled()) throw Cancelled();
+      before(a.stage);
       const int64_t begin = now_ns();
       std::string operand;  // the shape of what the action was given, for its error message
       auto name_operand = [&operand](const char* what, const Tensors& t) {

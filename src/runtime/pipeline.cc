@@ -248,6 +248,7 @@ torch::Tensor Pipeline::train_step(const Tensors& input, const torch::Tensor& ta
     const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));
     StepData step;
     step.loss = loss;
+    step.before_stage = before_stage_;
     if (M > 0 && holds(plan_.first_device()))
       step.inputs = scatter(narrow_rows(input, first, count, whole_inputs_), M, whole_inputs_);
     if (M > 0 && holds(plan_.last_device())) step.targets = scatter(target.narrow(0, first, count), M);
@@ -343,6 +344,7 @@ void Pipeline::run(const Schedule& program, StepData& step) {
   reset_memory_peaks();
   trace_ = StepTrace{};
   trace_.devices.assign(static_cast<size_t>(plan_.devices), {});
+  trace_.other_ns.assign(static_cast<size_t>(plan_.devices), 0);
 
   std::mutex mutex;
   std::condition_variable finished;
@@ -352,7 +354,8 @@ void Pipeline::run(const Schedule& program, StepData& step) {
   auto run_device = [&](size_t j) {
     try {
       const int d = local_[j];
-      executors_[j]->run(program.actions[static_cast<size_t>(d)], step, &trace_.devices[static_cast<size_t>(d)]);
+      executors_[j]->run(program.actions[static_cast<size_t>(d)], step, &trace_.devices[static_cast<size_t>(d)],
+                         &trace_.other_ns[static_cast<size_t>(d)]);
     } catch (const Cancelled&) {
       std::lock_guard<std::mutex> lock(mutex);
       if (!cancelled) cancelled = std::current_exception();

@@ -653,7 +653,8 @@ TrainerOptions trainer_options_of(const TrainSettings& s, const Task& task) {
       .classification(task.metric == Metric::kAccuracy)
       .save(s.save)
       .save_every(s.save_every)
-      .per_device_files(s.per_device_files);
+      .per_device_files(s.per_device_files)
+      .update_on_devices(!s.update_after_step);
   if (s.augment == "flip") {
     const uint64_t seed = s.seed;
     options.augment([seed](const torch::Tensor& x, const torch::Tensor& rows, int epoch) {

@@ -58,7 +58,8 @@ std::vector<std::pair<std::string, std::string>> settings_of(const TrainerOption
           {"save", o.save()},
           {"save_every", text(o.save_every())},
           {"stop_timeout", text(o.stop_timeout())},
-          {"per_device_files", text(o.per_device_files())}};
+          {"per_device_files", text(o.per_device_files())},
+          {"update_on_devices", text(o.update_on_devices())}};
 }
 
 void check_same_on_every_rank(Pipeline& pipeline, const std::vector<std::pair<std::string, std::string>>& settings) {

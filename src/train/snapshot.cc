@@ -5,6 +5,7 @@
 #include "gpipe/check.h"
 #include "gpipe/data.h"
 #include "gpipe/io.h"
+#include "train/optimizer_state.h"
 
 #include <torch/torch.h>
 #include <caffe2/serialize/inline_container.h>
@@ -22,22 +23,9 @@ const char* kFormat = "gpipe-checkpoint-2";
 const char* kExtraFile = "gpipe_checkpoint.pkl";  // inside a TorchScript file
 
 using Dict = c10::impl::GenericDict;
+using detail::state_key;
 
 Dict new_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
-
-// The optimizer's state of `p`, keyed as libtorch keys it (a string of the
-// TensorImpl's address in 1.13, the address itself in 2.x).
-template <typename States>
-auto state_key(const States&, const torch::Tensor& p) {
-  using Key = typename States::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream out;
-    out << p.unsafeGetTensorImpl();
-    return out.str();
-  } else {
-    return static_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
 
 // One parameter's optimizer state as a dict of its tensors and step count, or an empty dict.
 Dict encode_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p) {

@@ -12,6 +12,7 @@
 #include "gpipe/io.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/transport.h"
+#include "train/stage_updates.h"
 
 #include <torch/torch.h>
 
@@ -502,6 +503,10 @@ Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOpt
   shared.emplace_back("training data", std::to_string(tensors_digest({train_.input, train_.target})));
   check_same_on_every_rank(*pipeline_, shared);
   optimizer_ = make_optimizer(options_.optimizer(), pipeline_->parameters());
+  if (options_.update_on_devices() && detail::StageUpdates::possible(*pipeline_)) {
+    stage_updates_ = std::make_unique<detail::StageUpdates>(*pipeline_, options_.optimizer());
+    pipeline_->set_before_stage([updates = stage_updates_.get()](int stage) { updates->apply(stage); });
+  }
   // A step still running stop_timeout seconds after a stop request is abandoned (in one process).
   const double timeout = options_.stop_timeout();
   pipeline_->set_interrupt([timeout] { return stop_requested() != 0 && seconds_since_stop_request() >= timeout; });
@@ -721,9 +726,31 @@ void Trainer::resume(const std::string& resume_path) {
   note_saved(saved_name(resume_path, options_.per_device_files()), step_);
 }
 
+Trainer::~Trainer() = default;
+
+void Trainer::finish_held_update() {
+  if (!stage_updates_) return;
+  const int64_t begin = now_ns();
+  const bool held = stage_updates_->holding();
+  stage_updates_->finish(*optimizer_);
+  if (held) stats_.train_seconds += static_cast<double>(now_ns() - begin) * 1e-9;
+}
+
 void Trainer::fit(const TrainerCallbacks& callbacks) {
   const int64_t N = train_.size(), B = options_.batch_size();
   stopped_by_ = 0;
+  // Updates held for the devices are applied, and their state given back, however fit() ends.
+  in_fit_ = true;
+  struct Finish {
+    Trainer& t;
+    ~Finish() {
+      t.in_fit_ = false;
+      try {
+        t.finish_held_update();
+      } catch (...) {  // an exception already on its way is the one to report
+      }
+    }
+  } finish{*this};
   // A stop request is honoured at a step boundary that every rank reaches: saved, then return.
   auto stop_here = [this] {
     stopped_by_ = agreed_stop();
@@ -738,7 +765,10 @@ void Trainer::fit(const TrainerCallbacks& callbacks) {
     const torch::Tensor order = options_.shuffle() ? torch::randperm(N, shuffle_, torch::kLong) : torch::arange(N);
     drawn_epoch_ = epoch - 1;
     for (int64_t b = step_ % steps_per_epoch_; b < steps_per_epoch_ && step_ < total_steps_; ++b) {
-      if (callbacks.before_step) callbacks.before_step(step_);
+      if (callbacks.before_step) {
+        finish_held_update();
+        callbacks.before_step(step_);
+      }
       try {
         train_step(order.narrow(0, b * B, std::min(B, N - b * B)), epoch);
       } catch (const Interrupted&) {  // abandoned after a stop request: the parameters are as they were
@@ -747,19 +777,26 @@ void Trainer::fit(const TrainerCallbacks& callbacks) {
         save();
         return;
       }
-      if (callbacks.after_step) callbacks.after_step(epoch, b + 1);
+      if (callbacks.progress) callbacks.progress(epoch, b + 1);
+      if (callbacks.after_step) {
+        finish_held_update();
+        callbacks.after_step(epoch, b + 1);
+      }
       if (options_.save_every() > 0 && step_ % options_.save_every() == 0) save();
       if (stop_here()) {
         // A stop after an epoch's last step: the epoch is whole, so its evaluation follows the save,
         // as in an unbroken run (which a resumed one continues from the next epoch).
+        finish_held_update();
         if (b + 1 == steps_per_epoch_ && callbacks.after_epoch) callbacks.after_epoch(epoch);
         return;
       }
     }
+    finish_held_update();
     if (callbacks.after_epoch) callbacks.after_epoch(epoch);
     save();
   }
   save();
+  finish_held_update();
 }
 
 double Trainer::train_step(const torch::Tensor& rows, int epoch) {
@@ -773,7 +810,15 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
     throw std::runtime_error("injected fault in the loss (GPIPE_TEST_FAULT)");
   };
   const bool inject = fault_.kind == "throw" && fault_.step == step_;
-  const double loss = pipeline_->train_step(x, y, inject ? injected : options_.loss()).item<double>();
+  double loss = 0;
+  try {
+    loss = pipeline_->train_step(x, y, inject ? injected : options_.loss()).item<double>();
+  } catch (...) {
+    // The update of the step before is applied whole: the parameters as they were before this step.
+    if (stage_updates_) stage_updates_->finish(*optimizer_);
+    throw;
+  }
+  if (stage_updates_) stage_updates_->finish(*optimizer_);  // a share no action of this step reached
   // The loss is the same on every rank: all stop together, before the update, the parameters as they were.
   if (!std::isfinite(loss))
     throw std::runtime_error("gpipe: the loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") +
@@ -796,8 +841,12 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
          << (options_.lr_schedule().kind() == LrSchedule::kStep ? " or `lr_gamma`" : "");
     throw std::runtime_error(text.str());
   }
-  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
-  optimizer_->step();
+  if (stage_updates_ && in_fit_) {
+    stage_updates_->hold(lr, *optimizer_);  // applied on the devices during the next step
+  } else {
+    for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+    optimizer_->step();
+  }
   stats_.train_seconds += static_cast<double>(now_ns() - begin) * 1e-9;
   if (stats_.samples == 0) stats_.first_loss = loss;
   stats_.last_loss = loss;
@@ -810,6 +859,7 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
 void Trainer::save() {
   const std::string& path = options_.save();
   if (path.empty() || saved_at_ == step_) return;
+  finish_held_update();
   if (!pipeline_->all_finite())
     throw std::runtime_error("gpipe: the parameters hold NaN or infinite values at step " + std::to_string(step_) +
                              ": no checkpoint file is written for it" +
@@ -898,6 +948,7 @@ void save_whole_snapshot(Pipeline& pipeline, const Model& model, torch::optim::O
 }
 
 Evaluation Trainer::evaluate(const Dataset& data) {
+  finish_held_update();
   return pipeline_->evaluate(data.input, data.target, options_.loss(), options_.classification());
 }
 
