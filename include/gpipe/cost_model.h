@@ -100,6 +100,11 @@ struct CostModel {
   /// times the optimizer `state_per_parameter_byte` stands for (1 SGD, 2 SGD with momentum, 3 Adam)
   /// on copies of the parameters.
   double update_s_per_parameter_byte = 0;
+  /// Where the update runs: false, after the step on one thread while the devices wait (a Pipeline
+  /// user's optimizer); true, each stage's share on its device during the next step, before the
+  /// stage's first action, or all of a device's at its start where its program begins with a
+  /// receive (the Trainer's TrainerOptions::update_on_devices).
+  bool update_on_devices = false;
   /// The link between two devices: a boundary tensor of b bytes takes latency + b / bandwidth
   /// on the sending device (bandwidth 0: sends are free, as between threads).
   double link_latency_s = 0;
@@ -150,7 +155,8 @@ std::string cost_unit(const std::string& method);
 /// What predict() expects of a configuration.
 struct Prediction {
   double step_s = 0;   ///< the simulated step plus one optimizer update of every parameter on one
-                       ///< thread (as a Pipeline user's optimizer runs)
+                       ///< thread (as a Pipeline user's optimizer runs); with update_on_devices, the
+                       ///< simulated step with each stage's update in it
   double bubble = 0;   ///< the simulated idle share, as SimulatedRun::bubble
   /// Per device: peak bytes above what it held before the step (activations,
   /// boundary tensors, backward buffers), what Pipeline::memory()'s peak_bytes measures.

@@ -326,9 +326,11 @@ struct SimulatedRun {
 
 /// Simulates `schedule` (lowered first with Checkpoint::kNever if it is
 /// compute-only): each device runs its list in order; an action starts when the
-/// device is free and, for a receive, when its send has happened. Throws
+/// device is free and, for a receive, when its send has happened. With
+/// `work_before`, a device first spends work_before(action) on work outside the
+/// program (counted busy), a receive's wait overlapping it. Throws
 /// std::invalid_argument, with the lists and the stuck row marked, on deadlock.
-SimulatedRun simulate(const Schedule& schedule, const CostFn& cost = unit_cost);
+SimulatedRun simulate(const Schedule& schedule, const CostFn& cost = unit_cost, const CostFn& work_before = nullptr);
 
 /// The compute actions as a grid, one row per device and one column per time
 /// slot of a unit-cost simulation; idle slots show as ".":

@@ -18,6 +18,7 @@
 #include <iomanip>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 namespace gpipe {
@@ -536,7 +537,30 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
     }
     return 0.0;
   };
-  const SimulatedRun run = simulate(schedule, cost);
+  // The update on the devices (update_on_devices): each stage's share before its first action on its
+  // device, or all of a device's before its first action where that is a receive, as the Trainer
+  // applies it. Keyed by the action's text, unique in a program.
+  std::map<std::string, double> update_before;
+  if (costs.update_on_devices) {
+    std::vector<double> share(static_cast<size_t>(S), 0.0);
+    for (int s = 0, l = 0; s < S; ++s)
+      for (int n = 0; n < balance[static_cast<size_t>(s)]; ++n, ++l)
+        share[static_cast<size_t>(s)] += costs.update_s_per_parameter_byte *
+                                         static_cast<double>(costs.layers[static_cast<size_t>(l)].parameter_bytes);
+    for (int d = 0; d < K; ++d) {
+      const std::vector<Action>& row = schedule.actions[static_cast<size_t>(d)];
+      if (row.empty()) continue;
+      std::set<int> entered;
+      for (const Action& a : row)
+        if (entered.insert(a.stage).second)
+          update_before[(row.front().kind == ActionKind::kRecv ? row.front() : a).str()] += share[static_cast<size_t>(a.stage)];
+    }
+  }
+  const CostFn work_before = [&](const Action& a) {
+    const auto it = update_before.find(a.str());
+    return it == update_before.end() ? 0.0 : it->second;
+  };
+  const SimulatedRun run = simulate(schedule, cost, costs.update_on_devices ? work_before : CostFn());
   const Schedule& program = run.program;  // lowered
   const double nan = std::nan("");
 
@@ -624,7 +648,7 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
     parameter_bytes_all += parameters;
     p.static_bytes.push_back(static_cast<int64_t>(std::min(parameters * (1.0 + costs.state_per_parameter_byte), 4.0e18)));
   }
-  p.step_s = run.makespan + costs.update_s_per_parameter_byte * parameter_bytes_all;
+  p.step_s = run.makespan + (costs.update_on_devices ? 0.0 : costs.update_s_per_parameter_byte * parameter_bytes_all);
   return p;
 }
 

@@ -703,7 +703,7 @@ void check_structure(const Schedule& schedule) {
 
 double unit_cost(const Action& action) { return action.is_compute() ? 1.0 : 0.0; }
 
-SimulatedRun simulate(const Schedule& schedule, const CostFn& cost) {
+SimulatedRun simulate(const Schedule& schedule, const CostFn& cost, const CostFn& work_before) {
   SimulatedRun run;
   run.program = schedule.lowered() ? schedule : lower(schedule, Checkpoint::kNever);
   const Schedule& p = run.program;
@@ -730,6 +730,11 @@ SimulatedRun simulate(const Schedule& schedule, const CostFn& cost) {
           const auto it = sent.find(comm_key(a));
           if (it == sent.end()) break;
           begin = std::max(begin, it->second);
+        }
+        if (work_before) {  // done before the action, while a receive waits
+          const double work = work_before(a);
+          run.busy[d] += work;
+          begin = std::max(begin, free_at[d] + work);
         }
         const double finish = begin + cost(a);
         if (a.kind == ActionKind::kSend) sent[comm_key(a)] = finish;

@@ -559,12 +559,15 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
   const torch::Tensor sample = train.input.narrow(0, 0, rows);
   const std::string optimizer = s.optimizer == "sgd" ? (s.momentum > 0 ? "momentum" : "sgd") : "adam";
   // Each M is predicted from the layers profiled on micro-batches of its rows.
+  // The Trainer applies the update on the devices unless told otherwise: predicted so.
   const CostsAtRows profile_at = [&](int64_t n) {
-    return profile_model(whole, train.input.narrow(0, 0, n), PlanProfileOptions()
-                                                                 .optimizer(optimizer)
-                                                                 .threads(s.threads_per_device)
-                                                                 .loss(c.task.loss)
-                                                                 .target(train.target.narrow(0, 0, n)));
+    CostModel costs = profile_model(whole, train.input.narrow(0, 0, n), PlanProfileOptions()
+                                                                            .optimizer(optimizer)
+                                                                            .threads(s.threads_per_device)
+                                                                            .loss(c.task.loss)
+                                                                            .target(train.target.narrow(0, 0, n)));
+    costs.update_on_devices = !s.update_after_step;
+    return costs;
   };
   RunRequest request = run_request(s);
   request.schedule = "auto";
