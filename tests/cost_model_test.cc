@@ -173,20 +173,13 @@ TEST(CostModelTest, LayerCostsForThePartitionerComeFromTheProfile) {
   expect_invalid([&] { profile_layers(m, torch::randn({5, 100}), 1, -1); }, "state_per_parameter_byte");
 }
 
-// Profiling runs the layers in training mode, forward and backward, many times: the model is left as
-// it was, BatchNorm's running statistics, the gradients already there and the random numbers.
 // The update on the devices (CostModel::update_on_devices) is predicted where the Trainer applies
 // it: fill-drain on 2 devices, device 0 starts with its forward, so its share comes first and delays
 // the whole step; device 1 starts by waiting for its input, and its share (shorter than that wait)
 // is hidden. After the step on one thread, the whole update adds to the step.
 TEST(CostModelTest, TheUpdateOnTheDevicesIsPredictedWhereItRuns) {
-  CostModel costs;
-  costs.layers.resize(4);
-  for (LayerCost& c : costs.layers) {
-    c.forward_s = 1e-3;
-    c.backward_s = 2e-3;
-    c.parameter_bytes = 1000;
-  }
+  CostModel costs = uniform_costs(4, 1e-3, 2e-3);
+  for (LayerCost& c : costs.layers) c.parameter_bytes = 1000;
   costs.layers[3].parameter_bytes = 3000;  // stage 1's share: 4000 bytes, stage 0's 2000
   const PipelinePlan plan = make_plan(4, PipelineOptions().devices(2).micro_batches(2).balance({2, 2}));
   const std::vector<int64_t> rows{1, 1};
@@ -201,6 +194,8 @@ TEST(CostModelTest, TheUpdateOnTheDevicesIsPredictedWhereItRuns) {
   EXPECT_LT(devices.bubble, 1.0 - (2 * 2 * 2 * 3e-3) / (2 * devices.step_s));
 }
 
+// Profiling runs the layers in training mode, forward and backward, many times: the model is left as
+// it was, BatchNorm's running statistics, the gradients already there and the random numbers.
 TEST(CostModelTest, ProfilingLeavesTheModelsBuffersGradientsAndRandomNumbers) {
   torch::manual_seed(0);
   torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::BatchNorm1d(16), torch::nn::Dropout(0.5),

@@ -107,6 +107,17 @@ inline torch::nn::Sequential tuple_model(uint64_t seed, LayerRange keep = {}) {
 }
 
 /// The same model on one device: loss of the whole mini-batch, gradients accumulated.
+// A cost model of `layers` layers that each take `forward_s` and `backward_s` per sample, and nothing else.
+inline CostModel uniform_costs(int layers, double forward_s, double backward_s) {
+  CostModel costs;
+  costs.layers.resize(static_cast<size_t>(layers));
+  for (LayerCost& c : costs.layers) {
+    c.forward_s = forward_s;
+    c.backward_s = backward_s;
+  }
+  return costs;
+}
+
 inline torch::Tensor reference_step(torch::nn::Sequential model, const torch::Tensor& x,
                                     const torch::Tensor& y, const LossFn& loss) {
   torch::Tensor l = loss(model->forward(x), y);

@@ -136,14 +136,8 @@ TEST(PlannerTest, RefusesWhatNoConfigurationCanRun) {
 // of a proposed cut ends after it; the min-max cut goes around it. With only two layers on either
 // side of it and K = 4 stages, no cut can: K = 4 is not proposed at all.
 TEST(PlannerTest, NoCutEndsAStageAfterALayerOfMoreTensorsThanAMessageCarries) {
-  CostModel costs;
-  costs.layers.resize(4);
-  for (LayerCost& c : costs.layers) {
-    c.forward_s = 1e-3;
-    c.backward_s = 2e-3;
-    c.output_bytes = 64;
-    c.kept_bytes = 64;
-  }
+  CostModel costs = uniform_costs(4, 1e-3, 2e-3);
+  for (LayerCost& c : costs.layers) c.output_bytes = c.kept_bytes = 64;
   costs.layers[1].output_tensors = kMostBoundaryTensors + 1;
   PlanSearch search;
   search.devices = 4;

@@ -490,7 +490,8 @@ TEST(TrainerTest, UpdateOnDevicesIsTheUpdateAfterTheStepToTheBit) {
     SCOPED_TRACE(static_cast<int>(kind));
     TrainerOptions options = sgd_options();
     if (kind != OptimizerKind::kSgd) options.optimizer(OptimizerOptions().kind(kind).lr(1e-2).weight_decay(1e-2));
-    const std::string held_path = temp_path("held.pt"), after_path = temp_path("after.pt");
+    const std::string held_path = temp_path("held.pt"), after_path = temp_path("after.pt"),
+                      devices_path = temp_path("devices.pt");
     Trainer held(mlp(), interleaved, TrainerOptions(options).save(held_path), data);
     Trainer after(mlp(), interleaved, TrainerOptions(options).save(after_path).update_on_devices(false), data);
     std::vector<torch::Tensor> seen_in_progress, seen_after_step;
@@ -504,22 +505,26 @@ TEST(TrainerTest, UpdateOnDevicesIsTheUpdateAfterTheStepToTheBit) {
     };
     held.fit(callbacks);
     // after_step applied each update on this thread: take the callbacks away to see the devices do it.
-    Trainer devices(mlp(), interleaved, options, data);
+    Trainer devices(mlp(), interleaved, TrainerOptions(options).save(devices_path), data);
     double device_seconds = 0;  // the devices' time in held updates, counted busy
-    devices.fit({nullptr, nullptr, nullptr, [&](int, int64_t) {
-                  for (int64_t ns : devices.pipeline().last_trace().other_ns) device_seconds += static_cast<double>(ns) * 1e-9;
-                }});
+    gpipe::TrainerCallbacks progress_only;
+    progress_only.progress = [&](int, int64_t) {
+      for (int64_t ns : devices.pipeline().last_trace().other_ns) device_seconds += static_cast<double>(ns) * 1e-9;
+    };
+    devices.fit(progress_only);
     after.fit();
     expect_equal(values(held), values(after));
     expect_equal(values(devices), values(after));
     EXPECT_GT(device_seconds, 0) << "no update ran on a device";
-    // The optimizer state too: the two files hold the same bytes.
-    std::ifstream a(held_path, std::ios::binary), b(after_path, std::ios::binary);
-    const std::string bytes_a((std::istreambuf_iterator<char>(a)), {}), bytes_b((std::istreambuf_iterator<char>(b)), {});
-    EXPECT_FALSE(bytes_a.empty());
-    EXPECT_EQ(bytes_a, bytes_b);
-    std::remove(held_path.c_str());
-    std::remove(after_path.c_str());
+    // The optimizer state too: the files hold the same bytes.
+    auto bytes = [](const std::string& path) {
+      std::ifstream in(path, std::ios::binary);
+      return std::string((std::istreambuf_iterator<char>(in)), {});
+    };
+    EXPECT_FALSE(bytes(after_path).empty());
+    EXPECT_EQ(bytes(held_path), bytes(after_path));
+    EXPECT_EQ(bytes(devices_path), bytes(after_path));
+    for (const std::string& path : {held_path, after_path, devices_path}) std::remove(path.c_str());
   }
 }
 

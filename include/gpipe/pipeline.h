@@ -221,6 +221,8 @@ class Pipeline {
   int replica() const;
   /// The device this process runs in a job of several (0..K-1); -1 in one process, which runs them all.
   int device() const;
+  /// The stages this process runs, in increasing order: every stage in one process.
+  std::vector<int> stages_here() const;
   /// This process's rank in its job (MPI, c10d; 0 in one process).
   int rank() const;
   /// "one process, 2 device threads", "MPI: 4 ranks = 2 devices x 2 replicas" or "c10d (Gloo): ...".

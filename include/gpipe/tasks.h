@@ -401,9 +401,10 @@ struct TrainingRun {
 /// file checked against the model before a profile, and the cut: given, the task's own, or with
 /// `balance_by` the min-max cut of each layer's cost on one micro-batch (in one process). Throws
 /// std::invalid_argument naming the setting (`model`, `data`, `data_dir`, `resume`, the plan's) and
-/// the problem. With `schedule` auto (in one process) the layers are profiled once on one micro-batch
-/// and choose_schedule picks the schedule, V, the cut (unless given) and M (unless given): `settings`
-/// then hold the choice, TrainingRun::choice its prediction; `balance_by` cuts from that profile.
+/// the problem. With `schedule` auto (in one process) the layers are profiled on micro-batches of each M
+/// weighed and choose_schedule picks the schedule, V, the cut (unless given) and M (unless given):
+/// `settings` then hold the choice, TrainingRun::choice its prediction; `balance_by` cuts from the
+/// profile at the M given (or the default's).
 TrainingRun prepare_training(TrainSettings& settings, const Task& known);
 
 /// --generate: `bytes` bytes sampled one at a time from a byte-level language model: each from the

@@ -153,7 +153,8 @@ struct TrainerOptions {
   /// share on its device, before the stage's first action, in time the device would otherwise wait
   /// for its input (on the main job the whole update on the calling thread, while both devices
   /// waited, was 3.4 ms of a 47 ms step). The same update to the bit: the optimizer's arithmetic is
-  /// per parameter. false: after each step, on the calling thread. In one process a weight tied
+  /// per parameter. The step's gradients are held until the next step has run: one more copy of
+  /// them in memory. false: after each step, on the calling thread. In one process a weight tied
   /// across stages is always updated on the calling thread.
   TORCH_ARG(bool, update_on_devices) = true;
 };
@@ -305,6 +306,10 @@ struct TrainerCallbacks {
   std::function<void(int epoch, int64_t batch)> progress;
 };
 
+namespace detail {
+class StageUpdates;
+}
+
 /// A training run of a pipeline: the pipeline, its optimizer, the data order,
 /// and where the run stands.
 ///
@@ -323,10 +328,6 @@ struct TrainerCallbacks {
 /// per-device file of step STEP fail once written (every device's file is then put
 /// back as it was). Unset or empty: no fault;
 /// another value: std::invalid_argument.
-namespace detail {
-class StageUpdates;
-}
-
 class Trainer {
  public:
   /// Checks the model against its data before any work (check_model_and_data, for the built-in
@@ -339,6 +340,8 @@ class Trainer {
   Trainer(const Model& model, const PipelinePlan& plan, const PipelineOptions& pipeline, const TrainerOptions& options,
           Dataset train, Runtime runtime = Runtime::kAuto);
   ~Trainer();
+  Trainer(Trainer&&) noexcept;
+  Trainer& operator=(Trainer&&) noexcept;
 
   /// Restores a run saved by save() (any K, in one process or under MPI):
   /// parameters, buffers, optimizer state, step, the shuffling and the

@@ -401,17 +401,19 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
       costs.layers[l].chain_kept_bytes -= costs.layers[l].output_bytes;
   // The optimizer's update, timed on copies of the parameters (the model's stay as they are) with
   // gradients, by the optimizer the state per parameter byte stands for: 1 plain SGD, 2 SGD with
-  // momentum, 3 Adam. The update is elementwise: a model of more than kMostTimedUpdateBytes is timed on
-  // its first parameters up to that size and scaled by bytes.
+  // momentum, 3 Adam. The update is elementwise: of a model of more than kMostTimedUpdateBytes, the
+  // parameters in order up to that size are timed (the last one cut short) and the time scaled by bytes.
   constexpr int64_t kMostTimedUpdateBytes = int64_t{256} << 20;
   std::vector<torch::Tensor> copies;
   int64_t timed_bytes = 0;
   for (const auto& p : model->parameters()) {
-    if (timed_bytes + static_cast<int64_t>(p.nbytes()) > kMostTimedUpdateBytes && !copies.empty()) continue;
-    torch::Tensor copy = p.detach().clone().requires_grad_(true);
+    const int64_t room = (kMostTimedUpdateBytes - timed_bytes) / std::max<int64_t>(1, p.element_size());
+    if (room <= 0) break;
+    if (p.numel() == 0) continue;
+    torch::Tensor copy = p.detach().flatten().narrow(0, 0, std::min(room, p.numel())).clone().requires_grad_(true);
     copy.mutable_grad() = torch::ones_like(copy);
+    timed_bytes += static_cast<int64_t>(copy.nbytes());
     copies.push_back(copy);
-    timed_bytes += static_cast<int64_t>(p.nbytes());
   }
   if (timed_bytes > 0) {
     std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -542,18 +544,15 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
   // applies it. Keyed by the action's text, unique in a program.
   std::map<std::string, double> update_before;
   if (costs.update_on_devices) {
-    std::vector<double> share(static_cast<size_t>(S), 0.0);
-    for (int s = 0, l = 0; s < S; ++s)
-      for (int n = 0; n < balance[static_cast<size_t>(s)]; ++n, ++l)
-        share[static_cast<size_t>(s)] += costs.update_s_per_parameter_byte *
-                                         static_cast<double>(costs.layers[static_cast<size_t>(l)].parameter_bytes);
+    const Schedule lowered = schedule.lowered() ? schedule : lower(schedule, Checkpoint::kNever);
     for (int d = 0; d < K; ++d) {
-      const std::vector<Action>& row = schedule.actions[static_cast<size_t>(d)];
+      const std::vector<Action>& row = lowered.actions[static_cast<size_t>(d)];
       if (row.empty()) continue;
       std::set<int> entered;
       for (const Action& a : row)
         if (entered.insert(a.stage).second)
-          update_before[(row.front().kind == ActionKind::kRecv ? row.front() : a).str()] += share[static_cast<size_t>(a.stage)];
+          update_before[(row.front().kind == ActionKind::kRecv ? row.front() : a).str()] +=
+              costs.update_s_per_parameter_byte * static_cast<double>(at(a.stage).parameter_bytes);
     }
   }
   const CostFn work_before = [&](const Action& a) {

@@ -120,21 +120,25 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
     // step.before_stage: for every stage at once where the program starts with a receive (the device
     // waits for its input in the fill), else for each stage before its first action.
     std::set<int> entered;  // the stages whose before_stage has run
-    auto before = [&](int s) {
-      if (!step.before_stage || !entered.insert(s).second) return;
+    auto before = [&](const Action& a) {  // `a`: the stage's first action, named by a failure
+      if (!step.before_stage || !entered.insert(a.stage).second) return;
       if (transport_->cancelled()) throw Cancelled();
       const int64_t begin = now_ns();
-      c10::OptionalStreamGuard on_stream;
-      if (const DeviceStream& own = stage(s).stream(); own.active()) on_stream.reset_stream(own.stream());
-      step.before_stage(s);
+      try {
+        c10::OptionalStreamGuard on_stream;
+        if (const DeviceStream& own = stage(a.stage).stream(); own.active()) on_stream.reset_stream(own.stream());
+        step.before_stage(a.stage);
+      } catch (const std::exception& e) {
+        throw StageError(a, e.what());
+      }
       if (other_ns != nullptr) *other_ns += now_ns() - begin;
     };
     if (!program.empty() && program.front().kind == ActionKind::kRecv)
-      for (const Action& a : program) before(a.stage);
+      for (const Action& a : program) before(a);
     for (const Action& a : program) {
       // Another device failed (or the step was interrupted): stop before the next piece of work.
       if (a.is_compute() && transport_->cancelled()) throw Cancelled();
-      before(a.stage);
+      before(a);
       const int64_t begin = now_ns();
       std::string operand;  // the shape of what the action was given, for its error message
       auto name_operand = [&operand](const char* what, const Tensors& t) {

@@ -69,10 +69,7 @@ Pipeline::Pipeline(std::unique_ptr<Backend> group, torch::nn::Sequential layers,
   const int S = plan_.stages();
 
   // This process's stages, cut from its layers: those of its devices' stages, in stage order.
-  std::vector<int> mine;
-  for (int d : local_)
-    for (int s : plan_.stages_of(d)) mine.push_back(s);
-  std::sort(mine.begin(), mine.end());
+  const std::vector<int> mine = stages_here();
   const bool track = options.track_memory() ||
                      std::any_of(plan_.device_list.begin(), plan_.device_list.end(),
                                  [](const Device& d) { return d.memory_cap_bytes > 0; });
@@ -317,6 +314,14 @@ void Pipeline::update_batch_norms(const torch::Tensor& statistics) {
       if (n > 0) stage->update_batch_norm(statistics.narrow(0, at, n));
       at += n;
     }
+}
+
+std::vector<int> Pipeline::stages_here() const {
+  std::vector<int> out;
+  for (int d : local_)
+    for (int s : plan_.stages_of(d)) out.push_back(s);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 bool Pipeline::holds(int device) const { return std::count(local_.begin(), local_.end(), device) > 0; }

@@ -547,9 +547,9 @@ void check_same_inputs(const TrainSettings& s, const TrainingRun& c) {
   check_same_bytes(inputs);
 }
 
-// `schedule` auto: the layers profiled once on one micro-batch (of the M given, or the default's), and
-// the fastest predicted configuration of those the settings leave open; `settings` take it. With
-// `balance_by`, its cut by that cost of the same profile.
+// `schedule` auto: the layers profiled on micro-batches of each M weighed (the M given, or each left
+// open), and the fastest predicted configuration of those the settings leave open; `settings` take it.
+// With `balance_by`, its cut by that cost of the profile at the M given (or the default's).
 void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
   const Dataset& train = c.data.train;
   const int64_t batch = std::min(s.batch_size, train.size());
@@ -558,15 +558,17 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
   const torch::nn::Sequential whole = c.model.build(LayerRange{});
   const torch::Tensor sample = train.input.narrow(0, 0, rows);
   const std::string optimizer = s.optimizer == "sgd" ? (s.momentum > 0 ? "momentum" : "sgd") : "adam";
-  // Each M is predicted from the layers profiled on micro-batches of its rows.
-  // The Trainer applies the update on the devices unless told otherwise: predicted so.
+  // Each M is predicted from the layers profiled on micro-batches of its rows. The Trainer applies the
+  // update on the devices unless told otherwise, or a weight is shared by layers (it may be tied
+  // across stages, which the Trainer updates on the calling thread): predicted so.
+  const bool update_on_devices = !s.update_after_step && shared_tensors(whole).empty();
   const CostsAtRows profile_at = [&](int64_t n) {
     CostModel costs = profile_model(whole, train.input.narrow(0, 0, n), PlanProfileOptions()
                                                                             .optimizer(optimizer)
                                                                             .threads(s.threads_per_device)
                                                                             .loss(c.task.loss)
                                                                             .target(train.target.narrow(0, 0, n)));
-    costs.update_on_devices = !s.update_after_step;
+    costs.update_on_devices = update_on_devices;
     return costs;
   };
   RunRequest request = run_request(s);
@@ -577,8 +579,10 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
     if (s.balance_by != "time") request.layer_costs = costs;  // by time: the search's own cut
   }
   const ScheduleChoice choice = said_about("`schedule` auto", [&] {
+    // The devices of this process share its cores, each running threads_per_device of them.
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     return choose_schedule(profile_at, request, batch, parse_checkpoint(s.checkpoint), 0,
-                           least_micro_batch_rows(whole, sample));
+                           least_micro_batch_rows(whole, sample), std::max(1, cores / s.threads_per_device));
   });
   s.schedule = to_string(choice.schedule);
   s.micro_batches = choice.micro_batches;

@@ -3,19 +3,13 @@
 
 #include "train/optimizer_state.h"
 
+#include <exception>
 #include <set>
+#include <stdexcept>
+#include <string>
 
 namespace gpipe::detail {
 namespace {
-
-// The stages this process holds: every stage in one process, else those of its device.
-std::vector<int> stages_here(const Pipeline& pipeline) {
-  std::vector<int> out;
-  const PipelinePlan& plan = pipeline.plan();
-  for (int s = 0; s < plan.stages(); ++s)
-    if (pipeline.device() < 0 || plan.placement[static_cast<size_t>(s)] == pipeline.device()) out.push_back(s);
-  return out;
-}
 
 // Moves the state of `parameters` from `from` to `to` (a parameter without state has none to move).
 void move_state(torch::optim::Optimizer& from, torch::optim::Optimizer& to, const std::vector<torch::Tensor>& parameters) {
@@ -29,18 +23,37 @@ void move_state(torch::optim::Optimizer& from, torch::optim::Optimizer& to, cons
   }
 }
 
+// The parameters' .grad set to `stand_in` while it lives, then put back as they were.
+class StandInGradients {
+ public:
+  StandInGradients(std::vector<torch::Tensor>& parameters, const std::vector<torch::Tensor>& stand_in)
+      : parameters_(parameters) {
+    for (size_t n = 0; n < parameters_.size(); ++n) {
+      kept_.push_back(parameters_[n].grad());
+      parameters_[n].mutable_grad() = stand_in[n];
+    }
+  }
+  ~StandInGradients() {
+    for (size_t n = 0; n < parameters_.size(); ++n) parameters_[n].mutable_grad() = kept_[n];
+  }
+
+ private:
+  std::vector<torch::Tensor>& parameters_;
+  std::vector<torch::Tensor> kept_;
+};
+
 }  // namespace
 
 bool StageUpdates::possible(const Pipeline& pipeline) {
   std::set<const void*> seen;
-  for (int s : stages_here(pipeline))
+  for (int s : pipeline.stages_here())
     for (const torch::Tensor& p : unique_parameters(*pipeline.stage(s)))
       if (!seen.insert(p.unsafeGetTensorImpl()).second) return false;
   return true;
 }
 
 StageUpdates::StageUpdates(const Pipeline& pipeline, const OptimizerOptions& options) {
-  for (int s : stages_here(pipeline)) {
+  for (int s : pipeline.stages_here()) {
     std::vector<torch::Tensor> parameters = unique_parameters(*pipeline.stage(s));
     if (parameters.empty()) continue;
     Share& share = shares_[s];
@@ -51,8 +64,10 @@ StageUpdates::StageUpdates(const Pipeline& pipeline, const OptimizerOptions& opt
 
 void StageUpdates::hold(double lr, torch::optim::Optimizer& whole) {
   if (holding_) throw std::logic_error("gpipe: StageUpdates::hold with an update held");
+  const bool move = !state_here_;
+  state_here_ = true;  // give_back moves back whatever moved, should a move below fail
   for (auto& [stage, share] : shares_) {
-    if (!state_here_) move_state(whole, *share.optimizer, share.parameters);
+    if (move) move_state(whole, *share.optimizer, share.parameters);
     share.gradients.clear();
     for (torch::Tensor& p : share.parameters) {
       share.gradients.push_back(p.grad());
@@ -61,7 +76,6 @@ void StageUpdates::hold(double lr, torch::optim::Optimizer& whole) {
     for (auto& group : share.optimizer->param_groups()) group.options().set_lr(lr);
     share.due = true;
   }
-  state_here_ = true;
   holding_ = true;
 }
 
@@ -69,29 +83,43 @@ void StageUpdates::apply(int stage) {
   const auto it = shares_.find(stage);
   if (it == shares_.end() || !it->second.due) return;
   Share& share = it->second;
-  share.due = false;  // once, even if the update fails part way
-  // The optimizer reads .grad: the held gradients stand in for the ones this step is writing.
-  std::vector<torch::Tensor> current;
-  for (size_t n = 0; n < share.parameters.size(); ++n) {
-    current.push_back(share.parameters[n].grad());
-    share.parameters[n].mutable_grad() = share.gradients[n];
-  }
+  share.due = false;  // once: a share that fails part way is not applied again
   try {
+    // The optimizer reads .grad: the held gradients stand in for the ones this step is writing.
+    // They stay held until apply_remaining (on a GPU the update may still be queued on the stream).
+    const StandInGradients stand_in(share.parameters, share.gradients);
     share.optimizer->step();
-  } catch (...) {
-    for (size_t n = 0; n < share.parameters.size(); ++n) share.parameters[n].mutable_grad() = current[n];
-    throw;
+  } catch (const std::exception& e) {
+    throw std::runtime_error("gpipe: the optimizer's update of stage " + std::to_string(stage) +
+                             " failed part way, leaving its parameters part updated: " + e.what());
   }
-  for (size_t n = 0; n < share.parameters.size(); ++n) share.parameters[n].mutable_grad() = current[n];
-  share.gradients.clear();
 }
 
-void StageUpdates::finish(torch::optim::Optimizer& whole) {
-  for (auto& [stage, share] : shares_) apply(stage);
+void StageUpdates::apply_remaining() {
+  std::exception_ptr first;
+  for (auto& [stage, share] : shares_) {
+    try {
+      apply(stage);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+    share.gradients.clear();
+  }
+  holding_ = false;
+  if (first) std::rethrow_exception(first);
+}
+
+void StageUpdates::give_back(torch::optim::Optimizer& whole) {
+  std::exception_ptr failed;
+  try {
+    apply_remaining();
+  } catch (...) {
+    failed = std::current_exception();
+  }
   if (state_here_)
     for (auto& [stage, share] : shares_) move_state(*share.optimizer, whole, share.parameters);
   state_here_ = false;
-  holding_ = false;
+  if (failed) std::rethrow_exception(failed);
 }
 
 }  // namespace gpipe::detail

@@ -3,11 +3,12 @@
 //
 //   step t:   devices run the program ........ | Trainer: hold(lr)  (the gradients taken, nothing applied)
 //   step t+1: device d, before stage s's first action: apply(s), in time it would wait for its input
-//             ... | Trainer: hold(lr) again; finish() before a save, an evaluation, or fit's return
+//             ... | Trainer: apply_remaining(), hold(lr) again; give_back() before a save, an
+//             evaluation, or fit's return
 //
 // Each stage held here gets an optimizer of its own over its parameters (the update is elementwise
 // per parameter, so it is the whole optimizer's to the bit); the optimizer state moves into those
-// on the first hold and back into the whole optimizer on finish, where snapshots read and write it.
+// on the first hold and back into the whole optimizer on give_back, where snapshots read and write it.
 #pragma once
 
 #include "gpipe/pipeline.h"
@@ -31,17 +32,20 @@ class StageUpdates {
   StageUpdates(const Pipeline& pipeline, const OptimizerOptions& options);
 
   /// Takes the gradients the parameters hold now (they are left without) as the update to apply
-  /// at learning rate `lr`; the first hold after finish() moves `whole`'s state to the stages.
+  /// at learning rate `lr`; the first hold after give_back() moves `whole`'s state to the stages.
   /// Nothing may be held already.
   void hold(double lr, torch::optim::Optimizer& whole);
   /// Applies stage `stage`'s share of what is held, once; nothing for a stage without a share or
-  /// whose share is applied (a device thread calls it: Pipeline::set_before_stage).
+  /// whose share is applied (a device thread calls it: Pipeline::set_before_stage). Throws
+  /// std::runtime_error naming the stage if its optimizer fails, its parameters then part updated.
   void apply(int stage);
-  /// Applies every share not yet applied and moves the optimizer state back to `whole`: the
-  /// parameters and `whole` are then as one update of `whole` would have left them. Call it once
-  /// every device thread has stopped.
-  void finish(torch::optim::Optimizer& whole);
-  /// Whether an update is held and not finished.
+  /// Applies every share not yet applied (once every device thread has stopped), and lets go of the
+  /// held gradients: nothing is held after it. Every share is tried; the first failure is rethrown.
+  void apply_remaining();
+  /// apply_remaining(), then moves the optimizer state back to `whole`, also when a share fails:
+  /// the parameters and `whole` are then as one update of `whole` would have left them.
+  void give_back(torch::optim::Optimizer& whole);
+  /// Whether an update is held and not yet applied by apply_remaining().
   bool holding() const { return holding_; }
 
  private:

@@ -727,12 +727,14 @@ void Trainer::resume(const std::string& resume_path) {
 }
 
 Trainer::~Trainer() = default;
+Trainer::Trainer(Trainer&&) noexcept = default;
+Trainer& Trainer::operator=(Trainer&&) noexcept = default;
 
 void Trainer::finish_held_update() {
   if (!stage_updates_) return;
   const int64_t begin = now_ns();
   const bool held = stage_updates_->holding();
-  stage_updates_->finish(*optimizer_);
+  stage_updates_->give_back(*optimizer_);
   if (held) stats_.train_seconds += static_cast<double>(now_ns() - begin) * 1e-9;
 }
 
@@ -815,10 +817,15 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
     loss = pipeline_->train_step(x, y, inject ? injected : options_.loss()).item<double>();
   } catch (...) {
     // The update of the step before is applied whole: the parameters as they were before this step.
-    if (stage_updates_) stage_updates_->finish(*optimizer_);
+    if (stage_updates_) {
+      try {
+        stage_updates_->apply_remaining();
+      } catch (...) {  // the step's own error is the one to report
+      }
+    }
     throw;
   }
-  if (stage_updates_) stage_updates_->finish(*optimizer_);  // a share no action of this step reached
+  if (stage_updates_) stage_updates_->apply_remaining();  // a share no action of this step reached
   // The loss is the same on every rank: all stop together, before the update, the parameters as they were.
   if (!std::isfinite(loss))
     throw std::runtime_error("gpipe: the loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") +
