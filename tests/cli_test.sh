@@ -104,6 +104,11 @@ assert 0 <= a["measured_bubble"] < 1 and a["configurations"] >= 1 and sum(s["bal
 PY
   then pass "train --schedule auto --micro-batches 2 keeps M; --json has predicted and measured"
   else fail "train --schedule auto --micro-batches 2 --json"; cat "$work/auto.json"; fi
+  # M left to auto is chosen among those a batch of one row takes (not refused for the default's 4).
+  if "$gpipe" train --train-samples 64 --test-samples 16 --steps 2 --batch-size 1 --schedule auto \
+       >"$work/auto-one.txt" 2>&1 && grep -q "^schedule auto: .*, M=1, " "$work/auto-one.txt"
+  then pass "train --schedule auto --batch-size 1 chooses M=1"
+  else fail "train --schedule auto --batch-size 1"; cat "$work/auto-one.txt"; fi
   # gpipe bench and gpipe plan take auto too.
   if "$gpipe" bench --workload tiny --stages 2 --micro-batches 4 --schedule auto --steps 1 --warmup 0 --json \
        >"$work/auto_bench.jsonl" 2>"$work/auto_bench.err" && grep -q '"schedule":"auto:' "$work/auto_bench.jsonl"; then

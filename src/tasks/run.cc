@@ -474,6 +474,8 @@ void apply_task(TrainSettings& s, const Task& task) {
               : !s.data.empty()                     ? "`data`"
                                                     : "`model` " + s.model,
               ": use `augment` none");
+  // M left to `schedule` auto is chosen among those the batch takes: the default's 4 is only its profile's.
+  if (predicted(s) && !s.micro_batches_given) s.micro_batches = static_cast<int>(std::min<int64_t>(s.micro_batches, s.batch_size));
   GPIPE_CHECK(s.micro_batches <= s.batch_size, "`micro_batches` ", s.micro_batches, " is larger than `batch_size` ",
               s.batch_size, "; every micro-batch needs a sample");
   // The task's extras: `bytes` sampled from a language model, `samples` of a denoiser.
@@ -676,6 +678,8 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known) {
   c.task = is_builtin_task(s.model) ? known : said_about("`model`", [&] { return script_task(s.model, s.data, s.loss); });
   c.model = c.task.model(task_options_of(s));
   c.data = said_about(s.data.empty() ? "`data_dir`" : "`data`", [&] { return c.task.data(task_options_of(s)); });
+  if (predicted(s) && !s.micro_batches_given)  // M is chosen among those the data takes
+    s.micro_batches = static_cast<int>(std::clamp<int64_t>(c.data.train.size(), 1, s.micro_batches));
   check_run_data(c.task, c.data, s.micro_batches, s.batch_size_given ? s.batch_size : 0);
   check_same_inputs(s, c);
   // The model against its data before `balance_by` profiles it (the Trainer checks it too).
