@@ -51,9 +51,12 @@ PY
 import json, sys
 s = json.load(open(sys.argv[1]))
 assert s["steps"] == 3 and s["stages"] == 3
-events = [e for e in json.load(open(sys.argv[2]))["traceEvents"] if e["ph"] == "X"]
+spans = [e for e in json.load(open(sys.argv[2]))["traceEvents"] if e["ph"] == "X"]
+events = [e for e in spans if e["cat"] != "update"]
 assert len(events) == 3 * 2 * 5, len(events)  # K stages x (F and B) x M micro-batches
 assert sorted({e["tid"] for e in events}) == [0, 1, 2]
+# The step before's update, each stage's on its device.
+assert sorted((e["name"], e["tid"]) for e in spans if e["cat"] == "update") == [("0U", 0), ("1U", 1), ("2U", 2)]
 PY
   then
     pass "--steps with --stages 3 --checkpoint always; --trace timeline has every action"

@@ -89,10 +89,12 @@ PY
 import json, sys
 events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
 for device in (0, 1):
-    names = sorted(e["name"] for e in events if e["tid"] == device)
+    names = sorted(e["name"] for e in events if e["tid"] == device and e["cat"] != "update")
     assert names == sorted(f"{s}{p}{i}" for s in (device, device + 2) for p in "FB" for i in range(6)), names
+    updates = sorted(e["name"] for e in events if e["tid"] == device and e["cat"] == "update")
+    assert updates == [f"{device}U", f"{device + 2}U"], updates  # the step before's, gathered too
 PY
-  then pass "--trace: rank 0 writes both ranks' 24 actions"
+  then pass "--trace: rank 0 writes both ranks' 24 actions and their stages' updates"
   else fail "--trace under mpirun"; fi
 
   # 2 stages x 2 replicas: trains, one summary from rank 0, which names the layout.

@@ -1,7 +1,12 @@
 // pipeline_test.cc: the facade's configuration, its errors before any work, and inference.
 #include "helpers.h"
 
+#include <chrono>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
 
 using gpipe::PipelineOptions;
 using gpipe::testing::expect_invalid;
@@ -204,6 +209,54 @@ TEST(PipelineTest, ChromeTraceHasOneEventPerActionOnItsDevicesRow) {
   std::ifstream in(path);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), json);
   EXPECT_THROW(gpipe::write_chrome_trace(pipe.last_trace(), "/nonexistent-dir/t.json"), std::runtime_error);
+}
+
+// Work a device does before a stage's first action (set_before_stage: a trainer's held update) runs
+// once per stage and step on the stage's device, and the trace shows it ("1U") and counts it busy.
+TEST(PipelineTest, WorkBeforeEachStageRunsOnItsDeviceAndCountsBusy) {
+  gpipe::Pipeline pipe(small_mlp(0), PipelineOptions().devices(2).micro_batches(2).checkpoint(gpipe::Checkpoint::kNever));
+  std::mutex mutex;
+  std::map<int, std::set<std::thread::id>> threads;  // per stage: the threads that ran its work
+  std::map<int, int> calls;
+  pipe.set_before_stage([&](int stage) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // work the trace must count
+    std::lock_guard<std::mutex> lock(mutex);
+    threads[stage].insert(std::this_thread::get_id());
+    ++calls[stage];
+  });
+  for (int step = 0; step < 2; ++step) pipe.train_step(torch::randn({4, 12}), torch::randn({4, 4}), mse);
+  EXPECT_EQ(calls, (std::map<int, int>{{0, 2}, {1, 2}}));
+  ASSERT_EQ(threads.size(), 2u);
+  EXPECT_EQ(threads[0].size(), 1u);
+  EXPECT_NE(*threads[0].begin(), *threads[1].begin());  // each on its own device's thread
+  EXPECT_NE(*threads[0].begin(), std::this_thread::get_id());
+  const gpipe::StepTrace& trace = pipe.last_trace();
+  ASSERT_EQ(trace.other.size(), 2u);
+  for (int d = 0; d < 2; ++d) {
+    ASSERT_EQ(trace.other[static_cast<size_t>(d)].size(), 1u);
+    EXPECT_EQ(trace.other[static_cast<size_t>(d)][0].stage, d);
+    double actions = 0;
+    for (const gpipe::ActionSpan& span : trace.devices[static_cast<size_t>(d)])
+      actions += static_cast<double>(span.end_ns - span.begin_ns) * 1e-9;
+    EXPECT_GE(trace.busy_seconds(d), actions + 0.005);
+  }
+  const std::string json = gpipe::chrome_trace_json(trace);
+  EXPECT_NE(json.find("\"name\": \"1U\", \"cat\": \"update\", \"ph\": \"X\", \"pid\": 0, \"tid\": 1"), std::string::npos)
+      << json;
+  EXPECT_NE(gpipe::timeline_svg(trace).find("<title>0U: stage 0's update"), std::string::npos);
+  // A failing work fails the step as a stage's error, naming the stage.
+  pipe.set_before_stage([](int stage) {
+    if (stage == 1) throw std::runtime_error("held update broke");
+  });
+  try {
+    pipe.train_step(torch::randn({4, 12}), torch::randn({4, 4}), mse);
+    ADD_FAILURE() << "the step did not fail";
+  } catch (const gpipe::StageError& e) {
+    EXPECT_NE(std::string(e.what()).find("held update broke"), std::string::npos) << e.what();
+    EXPECT_EQ(e.action().stage, 1);
+  }
+  pipe.set_before_stage(nullptr);
+  EXPECT_NO_THROW(pipe.train_step(torch::randn({4, 12}), torch::randn({4, 4}), mse));
 }
 
 TEST(PipelineTest, SvgTimelineDrawsEveryActionOnItsDevicesRow) {

@@ -509,7 +509,8 @@ TEST(TrainerTest, UpdateOnDevicesIsTheUpdateAfterTheStepToTheBit) {
     double device_seconds = 0;  // the devices' time in held updates, counted busy
     gpipe::TrainerCallbacks progress_only;
     progress_only.progress = [&](int, int64_t) {
-      for (int64_t ns : devices.pipeline().last_trace().other_ns) device_seconds += static_cast<double>(ns) * 1e-9;
+      for (const auto& row : devices.pipeline().last_trace().other)
+        for (const gpipe::WorkSpan& span : row) device_seconds += static_cast<double>(span.end_ns - span.begin_ns) * 1e-9;
     };
     devices.fit(progress_only);
     after.fit();

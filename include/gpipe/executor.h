@@ -42,11 +42,11 @@ class Executor {
   /// have been received before it starts, and it ends before its output is
   /// sent, so a span is work alone). Before a stage's first action it runs
   /// step.before_stage (when set; for every stage at the start where the
-  /// program starts with a receive), adding its time to `other_ns` when given.
+  /// program starts with a receive), appending its span to `other` when given.
   /// Throws StageError for a failure in an action, and Cancelled when another
   /// device failed; either way the stages drop what they kept for this step.
   void run(const std::vector<Action>& program, StepData& step, std::vector<ActionSpan>* trace,
-           int64_t* other_ns = nullptr);
+           std::vector<WorkSpan>* other = nullptr);
 
   /// Where sends and receives go from now on (under MPI a new transport after
   /// a failed step).

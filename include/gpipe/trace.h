@@ -19,6 +19,14 @@ struct ActionSpan {
   int64_t end_ns = 0;
 };
 
+/// Work a device did outside its program before stage `stage`'s first action: the stage's held
+/// optimizer update (Pipeline::set_before_stage).
+struct WorkSpan {
+  int stage = 0;
+  int64_t begin_ns = 0;
+  int64_t end_ns = 0;
+};
+
 /// The timeline of one step: its compute actions (F, B, I, W) per device.
 /// Each device appends only to its own row, so recording takes no lock; rows
 /// are read after the step has ended.
@@ -26,8 +34,7 @@ struct StepTrace {
   int64_t begin_ns = 0;
   int64_t end_ns = 0;
   std::vector<std::vector<ActionSpan>> devices;  ///< devices[d]: device d's compute actions in order
-  /// Per device: nanoseconds of work outside the program (Pipeline::set_before_stage's), counted busy.
-  std::vector<int64_t> other_ns;
+  std::vector<std::vector<WorkSpan>> other;     ///< other[d]: device d's work outside the program, counted busy
 
   /// Wall time of the step, in seconds.
   double seconds() const;
@@ -49,7 +56,8 @@ double overhead_seconds(const StepTrace& trace, const Schedule& program);
 
 /// The trace as Chrome-trace JSON (the Trace Event Format that Perfetto and
 /// chrome://tracing open): one complete event per action, named by its text
-/// form ("1F0"), on one row per device, in microseconds from the step's start.
+/// form ("1F0"), on one row per device, in microseconds from the step's start; work outside the
+/// program as "1U" (stage 1's update).
 std::string chrome_trace_json(const StepTrace& trace);
 
 /// Writes chrome_trace_json(trace) to `path`, whole or not at all (a

@@ -24,7 +24,8 @@ double StepTrace::busy_seconds(int device) const {
   int64_t busy = 0;
   if (device < 0 || static_cast<size_t>(device) >= devices.size()) return 0;  // no step recorded yet
   for (const ActionSpan& span : devices[static_cast<size_t>(device)]) busy += span.end_ns - span.begin_ns;
-  if (static_cast<size_t>(device) < other_ns.size()) busy += other_ns[static_cast<size_t>(device)];
+  if (static_cast<size_t>(device) < other.size())
+    for (const WorkSpan& span : other[static_cast<size_t>(device)]) busy += span.end_ns - span.begin_ns;
   return static_cast<double>(busy) * 1e-9;
 }
 
@@ -77,6 +78,12 @@ std::string chrome_trace_json(const StepTrace& trace) {
           << ", \"dur\": " << static_cast<double>(span.end_ns - span.begin_ns) * 1e-3
           << ", \"args\": {\"micro_batch\": " << span.action.micro_batch << "}}";
     }
+  for (size_t j = 0; j < trace.other.size(); ++j)
+    for (const WorkSpan& span : trace.other[j])
+      out << sep << "{\"name\": \"" << span.stage << "U\", \"cat\": \"update\", \"ph\": \"X\", \"pid\": 0, \"tid\": " << j
+          << ", \"ts\": " << static_cast<double>(span.begin_ns - trace.begin_ns) * 1e-3
+          << ", \"dur\": " << static_cast<double>(span.end_ns - span.begin_ns) * 1e-3 << ", \"args\": {\"stage\": "
+          << span.stage << "}}";
   out << "\n]}\n";
   return out.str();
 }
@@ -105,7 +112,9 @@ std::string timeline_svg(const StepTrace& trace) {
       << "<rect x=\"" << left + 80 << "\" y=\"32\" width=\"12\" height=\"12\" fill=\"#f58518\"/>"
       << "<text x=\"" << left + 96 << "\" y=\"43\">backward (B, I)</text>"
       << "<rect x=\"" << left + 210 << "\" y=\"32\" width=\"12\" height=\"12\" fill=\"#54a24b\"/>"
-      << "<text x=\"" << left + 226 << "\" y=\"43\">weight gradients (W)</text>\n";
+      << "<text x=\"" << left + 226 << "\" y=\"43\">weight gradients (W)</text>"
+      << "<rect x=\"" << left + 370 << "\" y=\"32\" width=\"12\" height=\"12\" fill=\"#9d9d9d\"/>"
+      << "<text x=\"" << left + 386 << "\" y=\"43\">a stage's update (U)</text>\n";
   for (size_t j = 0; j < K; ++j) {
     const double y = top + static_cast<double>(j) * row;
     out << "<text x=\"" << left - 8 << "\" y=\"" << y + row / 2 + 4 << "\" text-anchor=\"end\">device " << j
@@ -121,6 +130,14 @@ std::string timeline_svg(const StepTrace& trace) {
         out << "<text x=\"" << x + w / 2 << "\" y=\"" << y + row / 2 + 4 << "\" text-anchor=\"middle\" fill=\"white\">"
             << span.action.str() << "</text>\n";
     }
+    if (j < trace.other.size())
+      for (const WorkSpan& span : trace.other[j]) {  // a stage's held update, grey
+        const double x = x_of(span.begin_ns), w = std::max(1.0, x_of(span.end_ns) - x);
+        out << "<rect x=\"" << x << "\" y=\"" << y + gap / 2 << "\" width=\"" << w << "\" height=\"" << row - gap
+            << "\" fill=\"#9d9d9d\" stroke=\"white\" stroke-width=\"0.5\"><title>" << span.stage << "U: stage "
+            << span.stage << "'s update, " << static_cast<double>(span.end_ns - span.begin_ns) * 1e-6
+            << " ms</title></rect>\n";
+      }
   }
   // A time axis with about ten ticks at round milliseconds.
   const double axis_y = top + static_cast<double>(K) * row + 8, span_ms = span_ns * 1e-6;

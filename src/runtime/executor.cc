@@ -72,7 +72,7 @@ void Executor::synchronize() {
 }
 
 void Executor::run(const std::vector<Action>& program, StepData& step, std::vector<ActionSpan>* trace,
-                   int64_t* other_ns) {
+                   std::vector<WorkSpan>* other) {
   c10::DeviceGuard device_guard(device_.device);
   torch::AutoGradMode grad_mode(step.training);
   std::optional<MemoryScope> memory_scope;
@@ -131,7 +131,7 @@ void Executor::run(const std::vector<Action>& program, StepData& step, std::vect
       } catch (const std::exception& e) {
         throw StageError(a, e.what());
       }
-      if (other_ns != nullptr) *other_ns += now_ns() - begin;
+      if (other != nullptr) other->push_back({a.stage, begin, now_ns()});
     };
     if (!program.empty() && program.front().kind == ActionKind::kRecv)
       for (const Action& a : program) before(a);

@@ -349,7 +349,7 @@ void Pipeline::run(const Schedule& program, StepData& step) {
   reset_memory_peaks();
   trace_ = StepTrace{};
   trace_.devices.assign(static_cast<size_t>(plan_.devices), {});
-  trace_.other_ns.assign(static_cast<size_t>(plan_.devices), 0);
+  trace_.other.assign(static_cast<size_t>(plan_.devices), {});
 
   std::mutex mutex;
   std::condition_variable finished;
@@ -360,7 +360,7 @@ void Pipeline::run(const Schedule& program, StepData& step) {
     try {
       const int d = local_[j];
       executors_[j]->run(program.actions[static_cast<size_t>(d)], step, &trace_.devices[static_cast<size_t>(d)],
-                         &trace_.other_ns[static_cast<size_t>(d)]);
+                         &trace_.other[static_cast<size_t>(d)]);
     } catch (const Cancelled&) {
       std::lock_guard<std::mutex> lock(mutex);
       if (!cancelled) cancelled = std::current_exception();

@@ -453,22 +453,35 @@ bool RankGroup::counts(const torch::Tensor& parameter) const {
 
 StepTrace RankGroup::gather_trace(const StepTrace& trace, const PipelinePlan& plan) {
   // Per action: stage, kind, micro-batch, recompute flag, begin and end in ns from this process's
-  // step start. Processes start a step within a message latency of each other, as the previous one
-  // ends with a collective.
+  // step start; work outside the program (a stage's update) as kind kOtherWork. Processes start a step
+  // within a message latency of each other, as the previous one ends with a collective.
   constexpr size_t kFields = 6;
+  constexpr int64_t kOtherWork = -1;
   std::vector<int64_t> mine;
-  if (placement_.replica == 0 && static_cast<int>(trace.devices.size()) > placement_.device)
-    for (const ActionSpan& span : trace.devices[static_cast<size_t>(placement_.device)])
+  const auto d = static_cast<size_t>(placement_.device);
+  if (placement_.replica == 0 && static_cast<int>(trace.devices.size()) > placement_.device) {
+    for (const ActionSpan& span : trace.devices[d])
       mine.insert(mine.end(), {span.action.stage, static_cast<int64_t>(span.action.kind), span.action.micro_batch,
                                span.action.recompute ? 1 : 0, span.begin_ns - trace.begin_ns,
                                span.end_ns - trace.begin_ns});
+    if (d < trace.other.size())
+      for (const WorkSpan& span : trace.other[d])
+        mine.insert(mine.end(), {span.stage, kOtherWork, 0, 0, span.begin_ns - trace.begin_ns, span.end_ns - trace.begin_ns});
+  }
   const std::vector<std::string> parts = gather(bytes_of(mine));
   StepTrace out;
   if (parts.empty()) return out;  // not the first process
   out.devices.assign(static_cast<size_t>(plan.devices), {});
+  out.other.assign(static_cast<size_t>(plan.devices), {});
   for (const std::string& part : parts) {
     const std::vector<int64_t> all = values_of<int64_t>(part);
     for (size_t n = 0; n + kFields <= all.size(); n += kFields) {
+      const auto device = static_cast<size_t>(plan.placement[static_cast<size_t>(all[n])]);
+      out.end_ns = std::max(out.end_ns, all[n + 5]);
+      if (all[n + 1] == kOtherWork) {
+        out.other[device].push_back({static_cast<int>(all[n]), all[n + 4], all[n + 5]});
+        continue;
+      }
       ActionSpan span;
       span.action.stage = static_cast<int>(all[n]);
       span.action.kind = static_cast<ActionKind>(all[n + 1]);
@@ -476,8 +489,7 @@ StepTrace RankGroup::gather_trace(const StepTrace& trace, const PipelinePlan& pl
       span.action.recompute = all[n + 3] != 0;
       span.begin_ns = all[n + 4];
       span.end_ns = all[n + 5];
-      out.end_ns = std::max(out.end_ns, span.end_ns);
-      out.devices[static_cast<size_t>(plan.placement[static_cast<size_t>(span.action.stage)])].push_back(span);
+      out.devices[device].push_back(span);
     }
   }
   return out;
