@@ -210,6 +210,10 @@ TEST(CostModelTest, ProfilingLeavesTheModelsBuffersGradientsAndRandomNumbers) {
   // The optimizer's update is timed (Adam's, for 3 bytes of state per parameter byte) on copies.
   const CostModel costs = profile_layers(m, sample, 1, /*state_per_parameter_byte=*/3);
   EXPECT_GT(costs.update_s_per_parameter_byte, 0);
+  // Three micro-batches in flight: every layer timed, and the model left as it was too.
+  const CostModel three = profile_layers(m, sample, 1, 3, 1, 3, nullptr, {}, {}, /*in_flight=*/3);
+  for (const LayerCost& layer : three.layers) EXPECT_GT(layer.forward_s, 0);
+  expect_invalid([&] { profile_layers(m, sample, 1, 3, 1, 3, nullptr, {}, {}, 0); }, "in flight");
   for (size_t n = 0; n < values.size(); ++n) EXPECT_TRUE(torch::equal(m->parameters()[n], values[n])) << "parameter " << n;
   const torch::Tensor random_after = generator.get_state();
   EXPECT_TRUE(torch::equal(random_after, random_state));

@@ -145,6 +145,8 @@ struct PlanProfileOptions {
   TORCH_ARG(torch::Tensor, target) = {};
   /// What the description calls the model: "model m.pt", "task cnn".
   TORCH_ARG(std::string, name) = "model";
+  /// Micro-batches profiled at once (profile_layers' `in_flight`).
+  TORCH_ARG(int, in_flight) = 1;
 };
 
 /// Bytes of gradient and optimizer state per parameter byte of `optimizer` ("sgd" 1, "momentum" 2,

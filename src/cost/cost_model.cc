@@ -225,7 +225,7 @@ class UntouchedModel {
 
 CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& sample_in, int threads,
                          double state_per_parameter_byte, int warmup, int repetitions, const LossFn& loss,
-                         const torch::Tensor& target, const std::vector<int>& whole) {
+                         const torch::Tensor& target, const std::vector<int>& whole, int in_flight) {
   GPIPE_CHECK(sample_in.size() > 0, "profile_layers needs a sample");
   int lead = 0;  // the first tensor with the batch dimension gives the rows
   while (std::find(whole.begin(), whole.end(), lead) != whole.end()) ++lead;
@@ -233,6 +233,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
   const torch::Tensor sample = sample_in.items[static_cast<size_t>(lead)];
   GPIPE_CHECK(repetitions >= 1, "profile_layers needs at least 1 repetition (got ", repetitions, ")");
   GPIPE_CHECK(threads >= 1, "profile_layers needs at least 1 thread (got ", threads, ")");
+  GPIPE_CHECK(in_flight >= 1, "profile_layers needs at least 1 micro-batch in flight (got ", in_flight, ")");
   GPIPE_CHECK(sample.dim() >= 1 && sample.size(0) >= 1, "profile_layers needs a sample of at least one row");
   GPIPE_CHECK(state_per_parameter_byte >= 0 && std::isfinite(state_per_parameter_byte),
               "state_per_parameter_byte must be finite and not negative (got ", state_per_parameter_byte,
@@ -263,50 +264,64 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
     return seconds_since(begin);
   };
   const std::vector<std::string> names = layer_names(model);
+  {
+  // `in_flight` micro-batches at once, their forwards before their backwards (as a schedule holds
+  // them): each layer's time then includes the cache it loses to the others' activations.
+  const int copies = in_flight;
   for (int rep = 0; rep < warmup + repetitions; ++rep) {
     const bool timed = rep >= warmup;
     for (bool split : {false, true}) {
-      std::vector<Tensors> ins(L), outs(L);
-      Tensors h = sample_in;
-      size_t l = 0;
-      for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
-        ins[l] = leaves_of(h, LeafGrad::kFloating);
-        double forward = 0;
-        try {
-          forward = seconds_of([&] { outs[l] = run_layer(*it, ins[l], names[l]); });
-        } catch (const std::exception& e) {
-          // Each layer is timed by itself on a leaf input, as a stage's first layer runs.
-          const std::string what = e.what();
-          GPIPE_CHECK(what.find("in-place") == std::string::npos && what.find("inplace") == std::string::npos,
-                      "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in place, so it "
-                      "cannot be timed by itself (nor begin a stage: a stage keeps its input for the backward pass); "
-                      "make the layer return a new tensor (e.g. ReLU(inplace=False)), or balance by parameters "
-                      "(`balance_by` params)");
-          throw;
-        }
-        if (timed && !split) f[l].push_back(forward);
-        h = outs[l];
-      }
-      std::vector<detail::WeightBackward> weights(L);
-      for (size_t n = L; n-- > 0;) {
-        if (!requires_grad(outs[n])) continue;
-        const std::vector<torch::Tensor> grads = ones_for(outs[n]);
-        if (!split) {
-          const double backward = seconds_of([&] { backward_from(outs[n], grads); });
-          if (timed) b[n].push_back(backward);
-        } else {
-          const double input_grad = seconds_of(
-              [&] { detail::WeightBackward::input_backward(outs[n], ins[n], grads, weights[n]); });
-          if (timed) i[n].push_back(input_grad);
+      std::vector<std::vector<Tensors>> ins(copies, std::vector<Tensors>(L)), outs(copies, std::vector<Tensors>(L));
+      std::vector<double> fsum(L, 0.0), bsum(L, 0.0), isum(L, 0.0), wsum(L, 0.0);
+      for (int c = 0; c < copies; ++c) {
+        Tensors h = sample_in;
+        size_t l = 0;
+        for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
+          ins[c][l] = leaves_of(h, LeafGrad::kFloating);
+          double forward = 0;
+          try {
+            forward = seconds_of([&] { outs[c][l] = run_layer(*it, ins[c][l], names[l]); });
+          } catch (const std::exception& e) {
+            const std::string what = e.what();
+            GPIPE_CHECK(what.find("in-place") == std::string::npos && what.find("inplace") == std::string::npos,
+                        "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in place, so it "
+                        "cannot be timed by itself (nor begin a stage: a stage keeps its input for the backward pass); "
+                        "make the layer return a new tensor (e.g. ReLU(inplace=False)), or balance by parameters "
+                        "(`balance_by` params)");
+            throw;
+          }
+          fsum[l] += forward;
+          h = outs[c][l];
         }
       }
-      if (split)
+      if (timed && !split)
+        for (size_t l = 0; l < L; ++l) f[l].push_back(fsum[l] / copies);
+      std::vector<std::vector<detail::WeightBackward>> weights(copies, std::vector<detail::WeightBackward>(L));
+      for (int c = copies; c-- > 0;)
         for (size_t n = L; n-- > 0;) {
-          if (!requires_grad(outs[n])) continue;
-          const double weight_grad = seconds_of([&] { weights[n].run(); });
-          if (timed) w[n].push_back(weight_grad);
+          if (!requires_grad(outs[c][n])) continue;
+          const std::vector<torch::Tensor> grads = ones_for(outs[c][n]);
+          if (!split) {
+            bsum[n] += seconds_of([&] { backward_from(outs[c][n], grads); });
+          } else {
+            isum[n] += seconds_of(
+                [&] { detail::WeightBackward::input_backward(outs[c][n], ins[c][n], grads, weights[c][n]); });
+          }
+        }
+      if (split)
+        for (int c = copies; c-- > 0;)
+          for (size_t n = L; n-- > 0;) {
+            if (!requires_grad(outs[c][n])) continue;
+            wsum[n] += seconds_of([&] { weights[c][n].run(); });
+          }
+      if (timed)
+        for (size_t n = 0; n < L; ++n) {
+          if (!requires_grad(outs[0][n])) continue;
+          if (!split) b[n].push_back(bsum[n] / copies);
+          else i[n].push_back(isum[n] / copies), w[n].push_back(wsum[n] / copies);
         }
     }
+  }
   }
   Tensors x = sample_in;
   size_t index = 0;

@@ -565,11 +565,14 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
   // across stages, which the Trainer updates on the calling thread): predicted so.
   const bool update_on_devices = !s.update_after_step && shared_tensors(whole).empty();
   const CostsAtRows profile_at = [&](int64_t n) {
+    // As many micro-batches at once as the batch holds: a schedule keeps up to M in flight.
+    const int in_flight = static_cast<int>(std::max<int64_t>(1, batch / n));
     CostModel costs = profile_model(whole, train.input.narrow(0, 0, n), PlanProfileOptions()
                                                                             .optimizer(optimizer)
                                                                             .threads(s.threads_per_device)
                                                                             .loss(c.task.loss)
-                                                                            .target(train.target.narrow(0, 0, n)));
+                                                                            .target(train.target.narrow(0, 0, n))
+                                                                            .in_flight(in_flight));
     costs.update_on_devices = update_on_devices;
     return costs;
   };
