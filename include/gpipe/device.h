@@ -48,6 +48,9 @@ void check_device(const Device& device);
 /// "`threads_per_device` " (PipelineOptions, checked by make_plan), "--threads-per-stage ", "threads=".
 void check_threads_per_device(int threads, const std::string& name = "`threads_per_device` ");
 
+/// The cores of this machine (std::thread::hardware_concurrency, at least 1).
+int machine_cores();
+
 /// Makes the calling thread run with `device`'s intra-op thread count.
 /// (With the OpenMP backend of ATen this is a per-thread setting.)
 void bind_current_thread(const Device& device);

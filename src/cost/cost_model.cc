@@ -264,16 +264,14 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
     return seconds_since(begin);
   };
   const std::vector<std::string> names = layer_names(model);
-  {
   // `in_flight` micro-batches at once, their forwards before their backwards (as a schedule holds
   // them): each layer's time then includes the cache it loses to the others' activations.
-  const int copies = in_flight;
   for (int rep = 0; rep < warmup + repetitions; ++rep) {
     const bool timed = rep >= warmup;
     for (bool split : {false, true}) {
-      std::vector<std::vector<Tensors>> ins(copies, std::vector<Tensors>(L)), outs(copies, std::vector<Tensors>(L));
+      std::vector<std::vector<Tensors>> ins(in_flight, std::vector<Tensors>(L)), outs(in_flight, std::vector<Tensors>(L));
       std::vector<double> fsum(L, 0.0), bsum(L, 0.0), isum(L, 0.0), wsum(L, 0.0);
-      for (int c = 0; c < copies; ++c) {
+      for (int c = 0; c < in_flight; ++c) {
         Tensors h = sample_in;
         size_t l = 0;
         for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
@@ -282,6 +280,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
           try {
             forward = seconds_of([&] { outs[c][l] = run_layer(*it, ins[c][l], names[l]); });
           } catch (const std::exception& e) {
+            // Each layer is timed by itself on a leaf input, as a stage's first layer runs.
             const std::string what = e.what();
             GPIPE_CHECK(what.find("in-place") == std::string::npos && what.find("inplace") == std::string::npos,
                         "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in place, so it "
@@ -295,9 +294,9 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
         }
       }
       if (timed && !split)
-        for (size_t l = 0; l < L; ++l) f[l].push_back(fsum[l] / copies);
-      std::vector<std::vector<detail::WeightBackward>> weights(copies, std::vector<detail::WeightBackward>(L));
-      for (int c = copies; c-- > 0;)
+        for (size_t l = 0; l < L; ++l) f[l].push_back(fsum[l] / in_flight);
+      std::vector<std::vector<detail::WeightBackward>> weights(in_flight, std::vector<detail::WeightBackward>(L));
+      for (int c = in_flight; c-- > 0;)
         for (size_t n = L; n-- > 0;) {
           if (!requires_grad(outs[c][n])) continue;
           const std::vector<torch::Tensor> grads = ones_for(outs[c][n]);
@@ -309,7 +308,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
           }
         }
       if (split)
-        for (int c = copies; c-- > 0;)
+        for (int c = in_flight; c-- > 0;)
           for (size_t n = L; n-- > 0;) {
             if (!requires_grad(outs[c][n])) continue;
             wsum[n] += seconds_of([&] { weights[c][n].run(); });
@@ -317,11 +316,10 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
       if (timed)
         for (size_t n = 0; n < L; ++n) {
           if (!requires_grad(outs[0][n])) continue;
-          if (!split) b[n].push_back(bsum[n] / copies);
-          else i[n].push_back(isum[n] / copies), w[n].push_back(wsum[n] / copies);
+          if (!split) b[n].push_back(bsum[n] / in_flight);
+          else i[n].push_back(isum[n] / in_flight), w[n].push_back(wsum[n] / in_flight);
         }
     }
-  }
   }
   Tensors x = sample_in;
   size_t index = 0;

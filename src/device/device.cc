@@ -59,8 +59,10 @@ void check_device(const Device& device) {
   }
 }
 
+int machine_cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
 void check_threads_per_device(int threads, const std::string& name) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = machine_cores();
   GPIPE_CHECK(threads <= cores, name, threads, " is more than this machine's ", cores, " cores; use 1 to ", cores,
               " (intra-op threads of each device)");
 }

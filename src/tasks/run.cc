@@ -29,7 +29,6 @@
 #include <map>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
 
 namespace gpipe {
 using tasks::said_about;
@@ -138,7 +137,7 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
     }
   }
   std::map<int64_t, CostModel> profiles;  // by rows per micro-batch: each size profiled once
-  const int shared = cores > 0 ? cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int shared = cores > 0 ? cores : machine_cores();
   // The costs of K devices at M: at M's rows, each device's compute slowed by K / cores where the
   // devices outnumber the cores.
   auto costs_of = [&](int K, int M) {
@@ -149,7 +148,6 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
   };
   std::vector<PlanCandidate> found;
   std::string first_error;
-  int searches = 0;
   for (int K : Ks) {
     PlanSearch search;
     search.devices = K;
@@ -176,7 +174,6 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
     if (Ms.empty()) Ms = {1};  // no M fits the rows: search_plans says why
     for (int M : Ms) {
       search.micro_batches = {M};
-      ++searches;
       try {
         for (PlanCandidate& c : search_plans(costs_of(K, M), search)) found.push_back(std::move(c));
       } catch (const std::invalid_argument& e) {
@@ -564,7 +561,10 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
   // update on the devices unless told otherwise, or a weight is shared by layers (it may be tied
   // across stages, which the Trainer updates on the calling thread): predicted so.
   const bool update_on_devices = !s.update_after_step && shared_tensors(whole).empty();
+  // Each size profiled once: `balance_by`'s cut and the search share the profile at `rows`.
+  std::map<int64_t, CostModel> profiled;
   const CostsAtRows profile_at = [&](int64_t n) {
+    if (const auto it = profiled.find(n); it != profiled.end()) return it->second;
     // As many micro-batches at once as the batch holds: a schedule keeps up to M in flight.
     const int in_flight = static_cast<int>(std::max<int64_t>(1, batch / n));
     CostModel costs = profile_model(whole, train.input.narrow(0, 0, n), PlanProfileOptions()
@@ -574,7 +574,7 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
                                                                             .target(train.target.narrow(0, 0, n))
                                                                             .in_flight(in_flight));
     costs.update_on_devices = update_on_devices;
-    return costs;
+    return profiled[n] = costs;
   };
   RunRequest request = run_request(s);
   request.schedule = "auto";
@@ -585,9 +585,8 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
   }
   const ScheduleChoice choice = said_about("`schedule` auto", [&] {
     // The devices of this process share its cores, each running threads_per_device of them.
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     return choose_schedule(profile_at, request, batch, parse_checkpoint(s.checkpoint), 0,
-                           least_micro_batch_rows(whole, sample), std::max(1, cores / s.threads_per_device));
+                           least_micro_batch_rows(whole, sample), std::max(1, machine_cores() / s.threads_per_device));
   });
   s.schedule = to_string(choice.schedule);
   s.micro_batches = choice.micro_batches;
