@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <numeric>
 
@@ -162,6 +163,24 @@ TEST(TasksTest, AutoIsTheFastestPredictedConfigurationOfWhatIsLeftOpen) {
   EXPECT_EQ(cut.balance, given.balance);
   EXPECT_EQ(cut.devices, 2);
   EXPECT_EQ(cut.virtual_stages, 1);
+  // Re-materialization left open: none where the memory fits; where it does not, the fastest mode
+  // that fits, recomputing activations to keep fewer of them.
+  RunRequest recompute = open;
+  recompute.checkpoint_given = false;
+  EXPECT_EQ(choose_schedule(model.costs, recompute, batch, Checkpoint::kExceptLast, memory).checkpoint,
+            Checkpoint::kNever);
+  EXPECT_EQ(choice.checkpoint, Checkpoint::kNever);  // given: the run's
+  const std::vector<PlanCandidate> modes = schedule_candidates(model.costs, recompute, batch, Checkpoint::kNever, memory);
+  int64_t least_without = std::numeric_limits<int64_t>::max(), least_with = least_without;
+  for (const PlanCandidate& c : modes)
+    (c.checkpoint == Checkpoint::kNever ? least_without : least_with) =
+        std::min(c.checkpoint == Checkpoint::kNever ? least_without : least_with, c.largest_total_bytes);
+  ASSERT_LT(least_with, least_without);
+  const ScheduleChoice tight = choose_schedule(model.costs, recompute, batch, Checkpoint::kNever, least_with);
+  EXPECT_TRUE(tight.fits);
+  EXPECT_NE(tight.checkpoint, Checkpoint::kNever);
+  EXPECT_NE(format_choice(tight).find(", checkpoint " + to_string(tight.checkpoint)), std::string::npos)
+      << format_choice(tight);
   // The choice as a run takes it, and in words.
   const RunRequest chosen = with_choice(open, choice);
   const PipelineOptions options = pipeline_options_of(find_task("tiny"), chosen);

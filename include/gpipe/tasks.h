@@ -185,6 +185,9 @@ struct RunRequest {
   std::string balance_by;
   std::vector<double> layer_costs;  ///< with a cost method: one cost per layer (layer_costs_by)
   bool micro_batches_given = true;  ///< with "auto": false lets the prediction choose M too
+  /// with "auto": false lets the prediction choose re-materialization too: none where the memory
+  /// predicted fits, else the fastest mode that fits (except_last, then always)
+  bool checkpoint_given = true;
 };
 
 /// `request` with what it leaves to the task decided: the schedule of "task" (and of "auto" left
@@ -259,6 +262,7 @@ std::string divergence_error(const Trainer& trainer, const Evaluation& evaluatio
 struct ScheduleChoice {
   ScheduleKind schedule = ScheduleKind::kGPipe;
   int devices = 1, micro_batches = 1, virtual_stages = 1;
+  Checkpoint checkpoint = Checkpoint::kNever;  ///< the run's, or the one chosen (RunRequest::checkpoint_given)
   std::vector<int> balance;  ///< the cut it was predicted with, which the run takes
   Prediction predicted;      ///< its step and bubble
   bool fits = true;          ///< false: none fits the memory; this one needs the least
@@ -273,7 +277,8 @@ struct ScheduleChoice {
 using CostsAtRows = std::function<CostModel(int64_t rows)>;
 
 /// The configurations "auto" weighs for `request`, as search_plans predicts them from `costs_at` (one
-/// replica of K devices on a batch of `batch` rows, the run's `checkpoint`; those that fit first,
+/// replica of K devices on a batch of `batch` rows, the run's `checkpoint` unless the request leaves
+/// it open; those that fit first,
 /// fastest first), each M from the costs at its largest micro-batch's rows (each size asked for
 /// once). What the request gives stays: K (`devices`; with a given balance and no K, its length over
 /// V), M (when `micro_batches_given`; else default_micro_batch_counts), V (when above 0: only the

@@ -287,7 +287,9 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
                         "cannot be timed by itself (nor begin a stage: a stage keeps its input for the backward pass); "
                         "make the layer return a new tensor (e.g. ReLU(inplace=False)), or balance by parameters "
                         "(`balance_by` params)");
-            throw;
+            if (dynamic_cast<const std::invalid_argument*>(&e) != nullptr) throw;
+            throw std::runtime_error("layer " + std::to_string(l) + " ('" + layers->named_children()[l].key() +
+                                     "') failed when profiled on " + ins[c][l].shape() + ": " + short_error(e));
           }
           fsum[l] += forward;
           h = outs[c][l];

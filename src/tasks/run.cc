@@ -112,7 +112,9 @@ std::string percent(double share) {
 std::string configuration(const ScheduleChoice& c) {
   std::string out = to_string(c.schedule);
   if (c.virtual_stages > 1) out += " (V=" + std::to_string(c.virtual_stages) + ")";
-  return out + ", M=" + std::to_string(c.micro_batches);
+  out += ", M=" + std::to_string(c.micro_batches);
+  if (c.checkpoint != Checkpoint::kNever) out += ", checkpoint " + to_string(c.checkpoint);
+  return out;
 }
 
 }  // namespace
@@ -155,6 +157,7 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
     search.memory_per_device = memory_per_device > 0 ? memory_per_device : std::max<int64_t>(1, machine_memory() / K);
     search.batch = batch;
     search.checkpoints = {checkpoint};
+    if (!r.checkpoint_given) search.checkpoints = {Checkpoint::kNever, Checkpoint::kExceptLast, Checkpoint::kAlways};
     search.virtual_stages = r.virtual_stages;
     if (r.devices == 0 && r.virtual_stages == 0) search.virtual_stages = static_cast<int>(r.balance.size()) / K;
     search.least_micro_batch_rows = least_micro_batch_rows;
@@ -213,6 +216,7 @@ ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const RunRequest& re
   c.devices = best.devices;
   c.micro_batches = best.micro_batches;
   c.virtual_stages = best.virtual_stages;
+  c.checkpoint = best.checkpoint;
   c.balance = best.balance;
   c.predicted = best.predicted;
   c.fits = best.fits;
