@@ -39,7 +39,7 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
                             torch.nn.Linear(16, 4))
 pipe = gpipe.GPipe(model, devices=2, chunks=4, balance=[2, 3])
-opt = torch.optim.SGD(pipe.parameters(), lr=0.05)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
 for step in range(3):
     x, y = torch.randn(16, 12), torch.randn(16, 4)
     opt.zero_grad()
@@ -105,7 +105,7 @@ import sys, torch, gpipe
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 pipe = gpipe.GPipe(model, devices=2, chunks=4, balance=[2, 1])
-opt = torch.optim.SGD(pipe.parameters(), lr=0.05)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
 for step in range(100000):
     x, y = torch.randn(16, 12), torch.randn(16, 4)
     opt.zero_grad()

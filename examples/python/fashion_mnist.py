@@ -102,11 +102,11 @@ def main():
               f"cut {pipe.balance}, {args.chunks} micro-batches of a batch of {args.batch_size}", flush=True)
     acc = 0.0
     for epoch in range(1, args.epochs + 1):
-        for x, y in loader:
-            with summary.step(len(x)):
-                opt.zero_grad()
-                loss = pipe.train_step(x, y, loss="cross_entropy")
-                opt.step()
+        # As gpipe train does: each step's Adam update runs on the devices during the next step.
+        with pipe.update_on_devices(opt):
+            for x, y in loader:
+                with summary.step(len(x)):
+                    loss = pipe.train_step(x, y, loss="cross_entropy")
         acc = accuracy(pipe, model, test_loader)
         if pipe.rank == 0:
             print(f"epoch {epoch}: loss {loss:.4f}, test accuracy {100 * acc:.2f}%", flush=True)

@@ -1,9 +1,11 @@
 """GPipe: a torch.nn.Sequential trained through gpipe's C++ pipeline."""
 import atexit
+import contextlib
 import numbers
 import os
 import re
 import sys
+import threading
 import time
 import warnings
 
@@ -226,6 +228,101 @@ class _OneRowBatchNorm:
             f"(at least 2 rows per micro-batch), or run the model in eval mode") from None
 
 
+# torch.optim's optimizers whose step updates each parameter from its own gradient, state and group
+# settings alone: a stage's share of the step, run by an optimizer over that stage's parameters, is
+# then the whole step's to the bit.
+_PER_PARAMETER = tuple(getattr(torch.optim, name) for name in (
+    "SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "ASGD", "NAdam", "RAdam", "RMSprop")
+    if hasattr(torch.optim, name))
+
+
+class _DeviceUpdates:
+    """A torch.optim optimizer's step split by stage (GPipe.update_on_devices): after each train_step
+    the gradients are held (the parameters are left without) with the optimizer's settings of the
+    moment; during the next train_step each stage's share runs on its device, before the stage's
+    first action, on an optimizer of the same class over that stage's parameters that shares the
+    whole one's state."""
+
+    def __init__(self, optimizer, model):
+        mine = {id(p) for p in model.parameters()}
+        if any(id(p) not in mine for group in optimizer.param_groups for p in group["params"]):
+            raise ValueError("gpipe: the optimizer holds a parameter that is not the model's; update_on_devices "
+                             "updates the model's parameters stage by stage: give it an optimizer of "
+                             "model.parameters()")
+        self.optimizer = optimizer
+        self._stages = None  # {stage: its optimizer}; made on the first hold, once the pipeline is cut
+        self._stage_of = {}  # id(parameter) -> stage
+        self._held = {}      # stage -> [(parameter, gradient)], not yet applied
+
+    def cut(self, pipe):
+        """The stages' optimizers, once the pipeline is built; refuses a parameter used by two stages."""
+        if self._stages is not None:
+            return
+        self._stages = {}
+        for stage, parameters in sorted(pipe.stage_parameters().items()):
+            for p in parameters:
+                if id(p) in self._stage_of:
+                    raise ValueError(f"gpipe: a parameter is used by stages {self._stage_of[id(p)]} and {stage}; "
+                                     f"update_on_devices updates each stage's parameters on its own device: "
+                                     f"call optimizer.step() after train_step instead")
+                self._stage_of[id(p)] = stage
+            share = object.__new__(type(self.optimizer))
+            share.__setstate__({"defaults": self.optimizer.defaults, "state": self.optimizer.state,
+                                "param_groups": []})
+            self._stages[stage] = share
+
+    def hold(self):
+        """Takes the gradients of the step just run, to apply in the next (nothing may be held)."""
+        groups = {stage: [] for stage in self._stages}
+        for group in self.optimizer.param_groups:
+            settings = {k: v for k, v in group.items() if k != "params"}  # this step's (an LR scheduler's)
+            mine = {stage: [] for stage in self._stages}
+            for p in group["params"]:
+                stage = self._stage_of.get(id(p))
+                if stage is not None and p.grad is not None:
+                    mine[stage].append(p)
+            for stage, params in mine.items():
+                if params:
+                    groups[stage].append(dict(settings, params=params))
+        for stage, parts in groups.items():
+            if not parts:
+                continue
+            self._stages[stage].param_groups = parts
+            self._held[stage] = [(p, p.grad) for part in parts for p in part["params"]]
+            for p, _ in self._held[stage]:
+                p.grad = None
+        # What optimizer.step() counts, which an LR scheduler reads.
+        if hasattr(self.optimizer, "_step_count"):
+            self.optimizer._step_count += 1
+        if hasattr(self.optimizer, "_opt_called"):
+            self.optimizer._opt_called = True
+
+    def apply(self, stage):
+        """Stage `stage`'s share of the held update, once (a device thread calls it, holding the GIL)."""
+        held = self._held.pop(stage, None)
+        if held is None:
+            return
+        kept = [p.grad for p, _ in held]  # the running step's, untouched before the stage's first action
+        for p, g in held:
+            p.grad = g
+        try:
+            self._stages[stage].step()
+        finally:
+            for (p, _), g in zip(held, kept):
+                p.grad = g
+
+    def apply_remaining(self):
+        """Every share not yet applied, here; the first failure is raised once every share was tried."""
+        failure = None
+        for stage in sorted(self._held):
+            try:
+                self.apply(stage)
+            except Exception as e:  # noqa: BLE001 - every share is tried, the first failure raised
+                failure = failure or e
+        if failure is not None:
+            raise failure
+
+
 class GPipe:
     """A torch.nn.Sequential cut into consecutive stages over `devices` devices, trained with GPipe:
     each mini-batch split into `chunks` micro-batches that flow through the stages, the devices C++
@@ -248,13 +345,17 @@ class GPipe:
     model          a torch.nn.Sequential that torch.jit.script accepts (or a subclass that keeps its
                    forward); its children are the layers
     balance        layers per stage (K·V entries), or None: cut by the layers' measured time on the
-                   first batch's first micro-batch (until then `balance` is None)
-    chunks         M, micro-batches per mini-batch
-    checkpoint     re-materialization: "always", "except_last" or "never"
-    schedule       "gpipe" (fill-drain), "1f1b", "interleaved", "zb1p", "zbv" or "v-half" (schedule_names()),
-                   or "auto": on the first batch the layers are profiled on its first micro-batch and the
-                   schedule, V (unless given) and cut (unless `balance`) predicted fastest at K and M run
-                   (under MPI, rank 0's choice); `schedule` and `predicted` say which and what it expects
+                   first batch (until then `balance` is None)
+    chunks         M, micro-batches per mini-batch; None: chosen with schedule="auto", else 4 per device
+                   (4·K, where the paper finds the bubble negligible)
+    checkpoint     re-materialization: "always", "except_last" or "never"; None: chosen with
+                   schedule="auto" (none where the memory predicted fits, else the fastest mode that
+                   fits), else "except_last"
+    schedule       "auto" (the default): on the first batch the layers are profiled on its micro-batches
+                   and the schedule, V, M, checkpoint and cut predicted fastest at K run, each unless
+                   given (under MPI, rank 0's choice; `schedule`, `chunks`, `checkpoint` and `predicted`
+                   say which and what it expects); or "gpipe" (fill-drain), "1f1b", "interleaved",
+                   "zb1p", "zbv" or "v-half" (schedule_names())
     devices        K; by default len(balance) / V, or 2 without a balance
     virtual_stages V, stages per device (interleaved: 2 by default; zbv, v-half: 2, stages d and 2K-1-d on device d)
     batch_norm     "deferred": BatchNorm's running statistics once per mini-batch from all its rows
@@ -272,7 +373,7 @@ class GPipe:
                    a process uses the same group
     """
 
-    def __init__(self, model, balance=None, chunks=1, checkpoint="except_last", schedule="gpipe", devices=None,
+    def __init__(self, model, balance=None, chunks=None, checkpoint=None, schedule="auto", devices=None,
                  virtual_stages=None, batch_norm="deferred", threads=1, runtime="auto", process_group=None):
         _end_the_job_on_an_uncaught_exception()
         if isinstance(model, torch.nn.Sequential) and type(model).forward is not torch.nn.Sequential.forward:
@@ -291,9 +392,11 @@ class GPipe:
             raise ValueError(f"gpipe: balance must be a list of layers per stage, e.g. [3, 8] (got {balance!r})")
         settings = _gpipe.Settings()
         settings.balance = [] if balance is None else [_whole(b, "every entry of balance") for b in balance]
-        settings.micro_batches = _whole(chunks, "chunks")
-        settings.checkpoint = _one_of(checkpoint, "checkpoint", tuple(_gpipe.checkpoint_names()))
+        settings.micro_batches = 1 if chunks is None else _whole(chunks, "chunks")
+        settings.choose_micro_batches = chunks is None and schedule == "auto"
         settings.schedule = _one_of(schedule, "schedule", tuple(schedule_names()) + ("auto",))
+        settings.checkpoint = ("auto" if schedule == "auto" else "except_last") if checkpoint is None else \
+            _one_of(checkpoint, "checkpoint", tuple(_gpipe.checkpoint_names()))
         settings.devices = 0 if devices is None and balance is not None else 2 if devices is None \
             else _whole(devices, "devices")
         settings.virtual_stages = 0 if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
@@ -316,6 +419,9 @@ class GPipe:
         # The plan (K, V, M, the cut, the schedule) is checked now, before any work, whatever the balance.
         try:
             self.devices, self.virtual_stages = _gpipe.check_plan(len(model), settings)
+            if chunks is None and schedule != "auto":
+                settings.micro_batches = 4 * self.devices
+                _gpipe.check_plan(len(model), settings)
         except ValueError as e:
             raise ValueError(f"{_in_python_words(e, _NAMES)} (GPipe(balance={balance!r}, chunks={chunks!r}, "
                              f"devices={devices!r}, "
@@ -324,16 +430,21 @@ class GPipe:
         settings.devices = self.devices
         if group is not None:  # once the plan is accepted: the process keeps the group it gives
             _gpipe.use_process_group(*group)
-        self.chunks = settings.micro_batches
+        # schedule="auto" without chunks: chosen on the first batch
+        self.chunks = None if settings.choose_micro_batches else settings.micro_batches
         self.model = model
         self._settings = settings
         self._scripted = _script(layers)
         _check_layer_types(self._scripted)
         self._fingerprint = _fingerprint(model)
         self._pipe = None
+        self._building = threading.Lock()
+        self._updates = None  # update_on_devices' held update
         self._step_seconds = 0.0
         if balance is not None and schedule != "auto":
             self._pipe = _gpipe.Pipeline(self._scripted, settings, None)
+        else:  # built on the first batch: what it would refuse of the model, refused now
+            _gpipe.check_model(self._scripted)
 
     def _unchanged(self):
         """Refuses a call after the model changed under the pipeline, which runs what it compiled."""
@@ -346,15 +457,21 @@ class GPipe:
                              f"followed)")
 
     def _ready(self, input):
-        """The pipeline; without a balance it is cut by measured time on `input`'s first micro-batch."""
+        """The pipeline; without a balance it is cut by measured time on `input` (schedule="auto": chosen)."""
         _batch(input, "input")
         self._unchanged()
-        if self._pipe is None:
-            if input.dim() == 0 or input.size(0) == 0:
-                raise ValueError("gpipe: the first batch has no rows to measure the layers on; give at least one")
-            with _OneRowBatchNorm(self.chunks, input.size(0)):
-                self._pipe = _gpipe.Pipeline(self._scripted, self._settings, input[:-(-input.size(0) // self.chunks)])
-            self.virtual_stages = self._pipe.virtual_stages  # schedule="auto": the V chosen
+        with self._building:  # another Python thread's first call waits for this one's pipeline
+            if self._pipe is None:
+                if input.dim() == 0:
+                    raise ValueError(f"gpipe: the input has no batch dimension (shape {list(input.shape)}); give a "
+                                     f"batch of rows, e.g. input.unsqueeze(0) for one sample")
+                if input.size(0) == 0:
+                    raise ValueError("gpipe: the first batch has no rows to measure the layers on; give at least one")
+                with _OneRowBatchNorm(self.chunks or 1, input.size(0)):
+                    pipe = _gpipe.Pipeline(self._scripted, self._settings, input)
+                self.virtual_stages = pipe.virtual_stages  # schedule="auto": the V and M chosen
+                self.chunks = pipe.micro_batches
+                self._pipe = pipe
         return self._pipe
 
     def train_step(self, input, target, loss="cross_entropy"):
@@ -374,11 +491,70 @@ class GPipe:
             raise ValueError("gpipe: loss must be \"cross_entropy\", \"mse\" or a torch.jit.script-ed function "
                              "(output, target) -> scalar; decorate yours with @torch.jit.script")
         pipe = self._ready(input)
+        updates = self._updates
+        if updates is not None:
+            updates.cut(pipe)
         begin = time.perf_counter()
-        with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
-            value = pipe.train_step(input, target, loss, self.model.training)
+        try:
+            with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
+                value = pipe.train_step(input, target, loss, self.model.training)
+        finally:
+            if updates is not None:  # what the devices did not apply (a failed step: the last step's whole)
+                updates.apply_remaining()
+        if updates is not None:
+            updates.hold()
+            pipe.set_before_stage(updates.apply)
         self._step_seconds = time.perf_counter() - begin
         return value
+
+    @contextlib.contextmanager
+    def update_on_devices(self, optimizer):
+        """Within the block, each train_step also takes `optimizer`'s step, and each stage's share of it
+        runs on the stage's device during the next train_step, before the stage's first action, while
+        the devices would wait for the pipeline to fill (gpipe train's default), instead of on the
+        calling thread while every device waits:
+
+            with pipe.update_on_devices(opt):
+                for x, y in loader:
+                    loss = pipe.train_step(x, y)   # then no opt.zero_grad() or opt.step() is needed
+
+        The parameters and the optimizer state are then exactly those of opt.zero_grad();
+        pipe.train_step(x, y); opt.step() (an LR scheduler's settings at each step are kept with its
+        update). Within the block a step's update is held until the next train_step, so the parameters
+        read directly lag one update behind; pipe(x), pipe.save and leaving the block apply it first.
+        The held gradients leave .grad None (opt.zero_grad() and opt.step() find nothing to do), so
+        clip with torch.optim outside the block. `optimizer`: one of torch.optim's per-parameter
+        optimizers (SGD, Adam, AdamW, Adagrad, Adadelta, Adamax, ASGD, NAdam, RAdam, RMSprop) of the
+        model's parameters, without step hooks. A failed train_step leaves the parameters as the last
+        step left them."""
+        if type(optimizer) not in _PER_PARAMETER:
+            raise ValueError(f"gpipe: update_on_devices takes one of torch.optim's per-parameter optimizers "
+                             f"({', '.join(c.__name__ for c in _PER_PARAMETER)}), whose step a stage can take for "
+                             f"its own parameters (got {type(optimizer).__name__}); call optimizer.step() after "
+                             f"train_step instead")
+        if getattr(optimizer, "_optimizer_step_pre_hooks", None) or \
+                getattr(optimizer, "_optimizer_step_post_hooks", None):
+            raise ValueError("gpipe: the optimizer has step hooks, which a stage's share of its step would not run; "
+                             "call optimizer.step() after train_step instead")
+        if self._updates is not None:
+            raise ValueError("gpipe: update_on_devices is already active for this GPipe; leave the first block first")
+        updates = _DeviceUpdates(optimizer, self.model)
+        if self._pipe is not None:
+            updates.cut(self._pipe)
+        self._updates = updates
+        try:
+            yield self
+        finally:
+            self._finish_update()
+            self._updates = None
+
+    def _finish_update(self):
+        """The held update (update_on_devices) applied here, before the parameters are read or used."""
+        if self._updates is None:
+            return
+        if self._pipe is not None:
+            self._pipe.set_before_stage(None)
+        self._updates.apply_remaining()
 
     def __reduce__(self):
         raise TypeError("gpipe: a GPipe cannot be pickled or saved with torch.save (it holds a compiled pipeline "
@@ -392,6 +568,7 @@ class GPipe:
         train_step; with batch_norm="per-micro-batch", once per micro-batch): the output (under MPI: on the rank of each replica's last stage, its replica's rows; None on
         the other ranks)."""
         pipe = self._ready(input)
+        self._finish_update()
         with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
             return pipe.forward(input, self.model.training)
 
@@ -414,13 +591,21 @@ class GPipe:
 
     @property
     def balance(self):
-        """Layers per stage; None until the first batch when the pipeline balances by time."""
-        return None if self._pipe is None else list(self._pipe.balance)
+        """Layers per stage: the balance given, or, without one, None until the first batch cuts the model."""
+        if self._pipe is None:
+            return list(self._settings.balance) or None
+        return list(self._pipe.balance)
 
     @property
     def schedule(self):
         """The schedule run ("auto": the one chosen); None until the pipeline is built."""
         return None if self._pipe is None else self._pipe.schedule
+
+    @property
+    def checkpoint(self):
+        """The re-materialization run ("always", "except_last" or "never"; checkpoint=None with
+        schedule="auto": the one chosen); None until the pipeline is built."""
+        return None if self._pipe is None else self._pipe.checkpoint
 
     @property
     def predicted(self):
@@ -459,6 +644,9 @@ class GPipe:
         under MPI); scales the gradients down to `max_norm` if above it. Returns the norm before."""
         if self._pipe is None:
             return 0.0
+        if self._updates is not None:
+            raise ValueError("gpipe: within update_on_devices the gradients are held by the next update (.grad is "
+                             "None), so there is nothing to clip; clip outside the block, before optimizer.step()")
         return self._pipe.clip_grad_norm(float(max_norm))
 
     def save(self, path):
@@ -471,6 +659,7 @@ class GPipe:
         if self._pipe is None:
             raise ValueError("gpipe: the pipeline is built on the first batch (balance=None); train a step first")
         self._unchanged()
+        self._finish_update()
         self._pipe.save(path)
 
     def parameters(self):
@@ -479,8 +668,9 @@ class GPipe:
         model.parameters(): under MPI the other ranks' parameters get no gradient, and torch.optim
         leaves them alone."""
         if self._pipe is None:
-            raise ValueError("gpipe: with balance=None the pipeline is cut on the first batch, so which parameters "
-                             "this process trains is not known yet; build the optimizer on model.parameters()")
+            raise ValueError("gpipe: with balance=None or schedule=\"auto\" the pipeline is built on the first batch, "
+                             "so which parameters this process trains is not known yet; build the optimizer on "
+                             "model.parameters()")
         return list(self._pipe.parameters())
 
     def describe(self):

@@ -16,10 +16,12 @@
 #include <unistd.h>
 
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,6 +32,12 @@ namespace py = pybind11;
 
 namespace gpipe::python {
 namespace {
+
+// The rows of the first of `micro_batches` micro-batches of a batch of `rows` (all of them for a batch
+// smaller than M, which runs one row per micro-batch).
+int64_t first_micro_batch_rows(int64_t rows, int micro_batches) {
+  return micro_batch_sizes(rows, static_cast<int>(std::clamp<int64_t>(micro_batches, 1, rows))).front();
+}
 
 // Whether the interpreter is shutting down (Python 3.13 made the call public).
 bool interpreter_exiting() {
@@ -69,8 +77,9 @@ LossFn loss_of(const py::object& loss) {
 struct Settings {
   std::vector<int> balance;  // empty: an even cut into `devices` x V stages
   int micro_batches = 1;
-  std::string checkpoint = "except_last";
-  std::string schedule = "gpipe";  // or "auto": chosen by prediction on the first batch
+  bool choose_micro_batches = false;  // with the schedule "auto": M chosen too
+  std::string checkpoint = "auto";  // "auto": chosen with the schedule "auto", else except_last
+  std::string schedule = "auto";    // "auto": chosen by prediction on the first batch
   int devices = 2;
   int virtual_stages = 0;
   bool deferred_batch_norm = true;
@@ -82,7 +91,7 @@ struct Settings {
         .devices(devices)
         .balance(balance)
         .micro_batches(micro_batches)
-        .checkpoint(parse_checkpoint(checkpoint))
+        .checkpoint(checkpoint == "auto" ? Checkpoint::kExceptLast : parse_checkpoint(checkpoint))
         .schedule(schedule == "auto" ? ScheduleKind::kGPipe : parse_schedule(schedule))
         .virtual_stages(schedule == "auto" ? 0 : virtual_stages)
         .deferred_batch_norm(deferred_batch_norm)
@@ -95,7 +104,7 @@ struct Settings {
 // not given); the schedule and V come on the first batch.
 PipelinePlan check_plan(int layers, const Settings& settings) {
   parse_runtime(settings.runtime);
-  if (settings.schedule == "auto" && settings.virtual_stages > 1) {
+  if (settings.schedule == "auto" && settings.virtual_stages != 0 && settings.virtual_stages != 1) {
     Settings interleaved = settings;
     interleaved.schedule = "interleaved";
     return make_plan(layers, interleaved.options());
@@ -166,9 +175,10 @@ class PythonPipeline {
     return std::move(*result);
   }
 
-  // Without a balance in `settings`, the model is cut by its layers' measured time on `sample` (one
-  // micro-batch); under MPI every rank takes rank 0's cut.
-  PythonPipeline(const py::object& scripted, const Settings& settings, const std::optional<torch::Tensor>& sample)
+  // Without a balance in `settings`, the model is cut by its layers' measured time on `batch`'s first
+  // micro-batch (schedule "auto": by prediction, each M on its own rows); under MPI every rank takes
+  // rank 0's cut.
+  PythonPipeline(const py::object& scripted, const Settings& settings, const std::optional<torch::Tensor>& batch)
       : model_(Model::of("model", script_model(scripted.attr("_c").cast<torch::jit::Module>(), "the scripted model"))) {
     const Runtime kind = parse_runtime(settings.runtime);
     PipelineOptions options = settings.options();
@@ -177,11 +187,13 @@ class PythonPipeline {
     start_backends_for(kind);
     check_same_model(*model_.script);
     if (settings.schedule == "auto") {
-      GPIPE_CHECK(sample.has_value(), "schedule=\"auto\" is chosen on the first batch; no batch was given");
-      choose(settings, *sample, options);
-    } else if (options.balance().empty() && sample) {
-      const CostBalance by = balance_by("time", model_, *sample, settings.devices, settings.micro_batches,
-                                        settings.threads, 2.0, options.schedule(), settings.virtual_stages);
+      GPIPE_CHECK(batch.has_value(), "schedule=\"auto\" is chosen on the first batch; no batch was given");
+      choose(settings, *batch, options);
+    } else if (options.balance().empty() && batch) {
+      const int M = options.micro_batches();
+      const torch::Tensor sample = batch->narrow(0, 0, first_micro_batch_rows(batch->size(0), M));
+      const CostBalance by = balance_by("time", model_, sample, settings.devices, M, settings.threads, 2.0,
+                                        options.schedule(), settings.virtual_stages);
       options.balance(first_rank_list(by.balance));
     }
     pipe_ = make_pipeline(model_.build, model_.layers, options, kind);
@@ -198,29 +210,50 @@ class PythonPipeline {
     });
   }
 
-  // schedule="auto": the layers profiled on `sample` (the first micro-batch), and the fastest predicted
-  // schedule, V and (without a balance) cut at K and M (choose_schedule); under MPI every rank takes
+  // schedule="auto": the layers profiled on `batch`'s micro-batches of each M weighed (the M given, or
+  // each left open), and the fastest predicted schedule, V, (without chunks) M, (without a checkpoint)
+  // re-materialization and (without a balance) cut at K (choose_schedule); under MPI every rank takes
   // rank 0's choice.
-  void choose(const Settings& settings, const torch::Tensor& sample, PipelineOptions& options) {
+  void choose(const Settings& settings, const torch::Tensor& batch, PipelineOptions& options) {
     const RandomStateGuard guard;
     const torch::nn::Sequential whole = model_.build(LayerRange{});
-    const CostModel costs = profile_model(whole, sample, PlanProfileOptions().optimizer("momentum").threads(settings.threads));
+    const int64_t rows = batch.size(0);
+    std::map<int64_t, CostModel> profiled;  // each size once
+    const CostsAtRows profile_at = [&](int64_t n) {
+      if (const auto it = profiled.find(n); it != profiled.end()) return it->second;
+      {  // Ctrl-C between profiles: KeyboardInterrupt
+        py::gil_scoped_acquire gil;
+        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      }
+      // As many micro-batches at once as the batch holds: a schedule keeps up to M in flight.
+      return profiled[n] = profile_model(whole, batch.narrow(0, 0, n), PlanProfileOptions()
+                                                                         .optimizer("momentum")
+                                                                         .threads(settings.threads)
+                                                                         .in_flight(static_cast<int>(rows / n)));
+    };
     RunRequest request;
     request.devices = settings.devices;
-    request.micro_batches = settings.micro_batches;
+    // A first batch of fewer rows than M runs one row per micro-batch: predicted so.
+    request.micro_batches = static_cast<int>(std::min<int64_t>(settings.micro_batches, rows));
+    request.micro_batches_given = !settings.choose_micro_batches;
+    request.checkpoint_given = settings.checkpoint != "auto";
     request.schedule = "auto";
     request.virtual_stages = settings.virtual_stages;
     request.balance = settings.balance;
-    const ScheduleChoice choice = choose_schedule(costs, request, sample.size(0) * settings.micro_batches,
-                                                  parse_checkpoint(settings.checkpoint), 0,
-                                                  least_micro_batch_rows(whole, sample));
-    std::vector<int> chosen{static_cast<int>(choice.schedule), choice.devices, choice.virtual_stages};
+    const torch::Tensor first = batch.narrow(0, 0, first_micro_batch_rows(rows, request.micro_batches));
+    const ScheduleChoice choice = choose_schedule(profile_at, request, rows, options.checkpoint(), 0,
+                                                  least_micro_batch_rows(whole, first),
+                                                  std::max(1, machine_cores() / settings.threads));
+    std::vector<int> chosen{static_cast<int>(choice.schedule), choice.devices, choice.virtual_stages,
+                            choice.micro_batches, static_cast<int>(choice.checkpoint)};
     chosen.insert(chosen.end(), choice.balance.begin(), choice.balance.end());
     chosen = first_rank_list(chosen);
     options.schedule(static_cast<ScheduleKind>(chosen[0]))
         .devices(chosen[1])
         .virtual_stages(chosen[2])
-        .balance(std::vector<int>(chosen.begin() + 3, chosen.end()));
+        .micro_batches(settings.choose_micro_batches ? chosen[3] : settings.micro_batches)
+        .checkpoint(static_cast<Checkpoint>(chosen[4]))
+        .balance(std::vector<int>(chosen.begin() + 5, chosen.end()));
     predicted_ = choice.predicted;
   }
 
@@ -274,6 +307,34 @@ class PythonPipeline {
   Pipeline& pipe() { return *pipe_; }
   const Prediction& predicted() const { return predicted_; }  // schedule="auto": the choice's
 
+  // `work(stage)` run by the stage's device before the stage's first action of each step (Python, the
+  // GIL taken there); None: nothing. What it raises fails the step as a stage's error, named by it.
+  void set_before_stage(const py::object& work) {
+    if (work.is_none()) {
+      pipe_->set_before_stage(nullptr);
+      before_stage_ = py::none();
+      return;
+    }
+    before_stage_ = work;
+    pipe_->set_before_stage([this](int stage) {
+      // An interpreter that is exiting cannot give this thread the GIL: the step fails instead.
+      if (interpreter_exiting()) throw std::runtime_error("the Python interpreter is exiting");
+      py::gil_scoped_acquire gil;
+      try {
+        before_stage_(stage);
+      } catch (py::error_already_set& e) {
+        throw std::runtime_error(e.what());
+      }
+    });
+  }
+
+  // This process's stages' parameters (each once), by stage.
+  std::map<int, std::vector<torch::Tensor>> stage_parameters() const {
+    std::map<int, std::vector<torch::Tensor>> out;
+    for (int s : pipe_->stages_here()) out[s] = unique_parameters(*pipe_->stage(s));
+    return out;
+  }
+
  private:
   // Runs `write` (collective, rank 0 writing `path`); if it fails on any rank it raises on every
   // rank: the failing rank its own error, the others one that points to it.
@@ -298,6 +359,7 @@ class PythonPipeline {
   Model model_;
   std::unique_ptr<Pipeline> pipe_;
   Prediction predicted_;
+  py::object before_stage_ = py::none();
   std::mutex calling_;
   int64_t gil_held_ns_ = 0;  // in the last step's interrupt checks
   double gil_free_s_ = 0;
@@ -333,6 +395,7 @@ PYBIND11_MODULE(_gpipe, m) {
       .def(py::init<>())
       .def_readwrite("balance", &Settings::balance)
       .def_readwrite("micro_batches", &Settings::micro_batches)
+      .def_readwrite("choose_micro_batches", &Settings::choose_micro_batches)
       .def_readwrite("checkpoint", &Settings::checkpoint)
       .def_readwrite("schedule", &Settings::schedule)
       .def_readwrite("devices", &Settings::devices)
@@ -341,6 +404,10 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_readwrite("threads", &Settings::threads)
       .def_readwrite("runtime", &Settings::runtime);
   // The plan's K and V, or ValueError naming what the settings get wrong.
+  // What the pipeline refuses of a scripted model (a Pop's merge with parameters...), before any batch.
+  m.def("check_model", [](const py::object& scripted) {
+    script_model(scripted.attr("_c").cast<torch::jit::Module>(), "the scripted model");
+  }, py::arg("scripted"));
   m.def("check_threads_per_device", [](int threads) { gpipe::check_threads_per_device(threads, "threads="); },
         py::arg("threads"));
   m.def("check_plan",
@@ -356,6 +423,8 @@ PYBIND11_MODULE(_gpipe, m) {
       .def(py::init<const py::object&, const Settings&, const std::optional<torch::Tensor>&>(), py::arg("scripted"),
            py::arg("settings"), py::arg("sample"))
       .def("parameters", [](PythonPipeline& p) { return p.pipe().parameters(); })
+      .def("stage_parameters", &PythonPipeline::stage_parameters)
+      .def("set_before_stage", &PythonPipeline::set_before_stage, py::arg("work"))
       .def("train_step", &PythonPipeline::train_step, py::arg("input"), py::arg("target"), py::arg("loss"),
            py::arg("training"))
       .def("forward", &PythonPipeline::forward, py::arg("input"), py::arg("training"))
@@ -368,6 +437,8 @@ PYBIND11_MODULE(_gpipe, m) {
       .def("schedule_text", [](PythonPipeline& p) { return format_grid(p.pipe().schedule()); })
       .def_property_readonly("schedule", [](PythonPipeline& p) { return to_string(p.pipe().plan().schedule); })
       .def_property_readonly("virtual_stages", [](PythonPipeline& p) { return p.pipe().plan().virtual_stages; })
+      .def_property_readonly("micro_batches", [](PythonPipeline& p) { return p.pipe().plan().micro_batches; })
+      .def_property_readonly("checkpoint", [](PythonPipeline& p) { return to_string(p.pipe().plan().checkpoint); })
       .def_property_readonly("predicted", [](PythonPipeline& p) {
         return std::make_pair(p.predicted().step_s, p.predicted().bubble);
       })

@@ -9,7 +9,8 @@ test_mpi.py in one process and under `mpirun -np 2`.
 --schedule and --checkpoint pick the step program (default: interleaved over 4 stages, except_last);
 a schedule of one stage per device cuts the model in 2 stages, interleaved, zbv and v-half in 4.
 --configs trains each SCHEDULE:CHECKPOINT in turn, a new model and pipeline each, in one process (one
-interpreter, one job, not one per configuration), into OUT_DIR/SCHEDULE-CHECKPOINT.
+interpreter, one job, not one per configuration), into OUT_DIR/SCHEDULE-CHECKPOINT; SCHEDULE:CHECKPOINT:held
+trains within pipe.update_on_devices(opt), into OUT_DIR/SCHEDULE-CHECKPOINT-held.
 
 With --by-time the model is cut by measured time (balance=None): under MPI every rank takes rank 0's cut.
 With --unseeded each rank draws its own batches: every rank refuses the first step.
@@ -19,6 +20,7 @@ while rank 0 goes on: rank 0 stops with an error naming rank 1, and the job ends
 With --raise-on-rank-1 rank 1's script raises after a step and a trace to a path rank 0 cannot write:
 the trace fails on every rank, and the uncaught exception ends the job.
 """
+import contextlib
 import os
 import sys
 
@@ -53,15 +55,15 @@ def flag(name, default):
 def main():
     if "--configs" in sys.argv:
         for config in flag("--configs", "").split(","):
-            schedule, checkpoint = config.split(":")
-            out = os.path.join(sys.argv[1], f"{schedule}-{checkpoint}")
+            schedule, checkpoint, *held = config.split(":")
+            out = os.path.join(sys.argv[1], config.replace(":", "-"))
             os.makedirs(out, exist_ok=True)
-            train(out, "--tied" in sys.argv, schedule, checkpoint)
+            train(out, "--tied" in sys.argv, schedule, checkpoint, held == ["held"])
         return
     train(sys.argv[1], "--tied" in sys.argv, flag("--schedule", "interleaved"), flag("--checkpoint", "except_last"))
 
 
-def train(out, tied, schedule, checkpoint):
+def train(out, tied, schedule, checkpoint, held=False):
     m = model(tied)
     balance = None if "--by-time" in sys.argv else [3, 3, 2, 1] if schedule in ("interleaved", "zbv", "v-half") else [5, 4]
     if "--unseeded-model" in sys.argv:
@@ -102,11 +104,12 @@ def train(out, tied, schedule, checkpoint):
             pipe.train_step(torch.randint(24, (10, 5), generator=g), torch.randint(24, (10, 5), generator=g))
         return
     losses = []
-    for _ in range(3):
-        x, y = torch.randint(24, (10, 5), generator=g), torch.randint(24, (10, 5), generator=g)
-        opt.zero_grad()
-        losses.append(pipe.train_step(x, y, loss="cross_entropy"))
-        opt.step()
+    with pipe.update_on_devices(opt) if held else contextlib.nullcontext():  # each step's update on the devices
+        for _ in range(3):
+            x, y = torch.randint(24, (10, 5), generator=g), torch.randint(24, (10, 5), generator=g)
+            opt.zero_grad()
+            losses.append(pipe.train_step(x, y, loss="cross_entropy"))
+            opt.step()
     held = {name: p.detach().clone() for name, p in m.named_parameters() if any(p is q for q in pipe.parameters())}
     torch.save({"losses": losses, "parameters": held, "describe": pipe.describe(), "balance": pipe.balance},
                f"{out}/rank{pipe.rank}.pt")

@@ -92,11 +92,16 @@ def test_bad_batches_and_losses_before_any_work():
 def test_a_failure_inside_a_stage_names_it_and_leaves_the_gradients():
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(7, 3))  # 8 != 7
-    pipe = gpipe.GPipe(model, balance=[2, 1], chunks=2)
+    pipe = gpipe.GPipe(model, balance=[2, 1], chunks=2, schedule="gpipe")
     for p in model.parameters():
         p.grad = torch.full_like(p, 0.25)
     with pytest.raises(RuntimeError, match=r"stage 1 failed in the forward of micro-batch 0 \(action 1F0") as e:
         pipe.train_step(torch.randn(4, 6), torch.randint(3, (4,)))
+    assert "frame #" not in str(e.value), "no C++ stack in the message"
+    assert all(torch.equal(p.grad, torch.full_like(p, 0.25)) for p in model.parameters())
+    # schedule="auto" (the default) meets it when it profiles the layers on the first batch: named there.
+    with pytest.raises(RuntimeError, match=r"layer 2 \('2'\) failed when profiled on \[\d+, 8\]: mat1 and mat2") as e:
+        gpipe.GPipe(model, devices=2).train_step(torch.randn(4, 6), torch.randint(3, (4,)))
     assert "frame #" not in str(e.value), "no C++ stack in the message"
     assert all(torch.equal(p.grad, torch.full_like(p, 0.25)) for p in model.parameters())
 

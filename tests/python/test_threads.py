@@ -21,7 +21,7 @@ def heavy():
 
 def test_another_python_thread_runs_during_the_step():
     model = heavy()
-    pipe = gpipe.GPipe(model, balance=[3, 3], chunks=4)
+    pipe = gpipe.GPipe(model, balance=[3, 3], chunks=4, schedule="gpipe")
     x, y = torch.randn(512, 1536), torch.randn(512, 1536)
     pipe.train_step(x[:8], y[:8], loss="mse")  # warm up
     counts = []
@@ -50,7 +50,7 @@ def test_another_python_thread_runs_during_the_step():
 
 def test_ctrl_c_during_a_step_raises_keyboard_interrupt_at_once_and_changes_nothing():
     model = heavy()
-    pipe = gpipe.GPipe(model, balance=[3, 3], chunks=8, checkpoint="always")
+    pipe = gpipe.GPipe(model, balance=[3, 3], chunks=8, checkpoint="always", schedule="gpipe")
     x, y = torch.randn(2048, 1536), torch.randn(2048, 1536)
     for p in model.parameters():
         p.grad = torch.full_like(p, 0.5)
@@ -94,7 +94,7 @@ def test_calls_from_two_python_threads_take_turns():
 
     x, y = torch.randn(96, 64), torch.randn(96, 8)
     model, reference = small(), small()
-    pipe = gpipe.GPipe(model, balance=[2, 3], chunks=4)
+    pipe = gpipe.GPipe(model, balance=[2, 3], chunks=4, schedule="gpipe")
     failures = []
 
     def steps():
@@ -112,7 +112,7 @@ def test_calls_from_two_python_threads_take_turns():
         w.join()
     assert not failures, failures
     # Every step adds the same gradient (no optimizer step between them): 12 of them, in any order.
-    alone = gpipe.GPipe(reference, balance=[2, 3], chunks=4)
+    alone = gpipe.GPipe(reference, balance=[2, 3], chunks=4, schedule="gpipe")
     for _ in range(12):
         alone.train_step(x, y, loss="mse")
     for p, r in zip(model.parameters(), reference.parameters()):
@@ -123,7 +123,7 @@ def test_the_interpreter_exits_cleanly_while_a_daemon_thread_is_inside_a_step():
     script = """
 import sys, threading, time, torch, gpipe
 model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(6)])
-pipe = gpipe.GPipe(model, balance=[3, 3], chunks=8)
+pipe = gpipe.GPipe(model, balance=[3, 3], chunks=8, schedule="gpipe")
 x = torch.randn(4096, 1024)
 threading.Thread(target=lambda: pipe.train_step(x, x, loss="mse"), daemon=True).start()
 time.sleep(0.5)

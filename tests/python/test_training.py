@@ -1,6 +1,7 @@
 """gpipe.GPipe trains as plain PyTorch on one device: parameters compared after several optimizer
 steps, for every schedule and checkpoint mode, uneven micro-batches, skips, tied weights, BatchNorm,
 Dropout."""
+import contextlib
 import copy
 import os
 import subprocess
@@ -185,7 +186,7 @@ def test_mse_and_a_scripted_loss(loss, loss_fn):
 def test_balance_none_cuts_by_measured_time_on_the_first_batch():
     model, reference = mlp(), mlp()
     data = batches(2, 16)
-    pipe = gpipe.GPipe(model, chunks=4, devices=2)
+    pipe = gpipe.GPipe(model, chunks=4, devices=2, schedule="gpipe")
     assert pipe.balance is None
     make_opt = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
     train_gpipe(pipe, model, data, "cross_entropy", make_opt)
@@ -211,6 +212,109 @@ def test_schedule_auto_runs_the_fastest_predicted_on_the_first_batch_and_trains_
     kept = gpipe.GPipe(mlp(), balance=[3, 5], chunks=4, schedule="auto")
     kept.train_step(*data[0])
     assert kept.balance == [3, 5] and kept.virtual_stages == 1 and kept.schedule in ("gpipe", "1f1b", "zb1p")
+
+
+def test_defaults_choose_the_schedule_chunks_and_checkpoint_on_the_first_batch_and_train_as_one_device():
+    model, reference = mlp(), mlp()
+    data = batches(2, 32)
+    pipe = gpipe.GPipe(model, devices=2)
+    assert pipe.chunks is None and pipe.checkpoint is None  # chosen on the first batch
+    make_opt = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    train_gpipe(pipe, model, data, "cross_entropy", make_opt)
+    assert pipe.schedule in gpipe.schedule_names() and pipe.chunks >= 1 and pipe.predicted is not None
+    assert pipe.checkpoint == "never"  # the memory predicted fits: no re-materialization
+    train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
+    assert_same_parameters(model, reference)
+    # A named schedule without chunks: 4 micro-batches per device; the paper's re-materialization.
+    named = gpipe.GPipe(mlp(), devices=2, schedule="1f1b", balance=[4, 4])
+    assert named.chunks == 8 and named.checkpoint == "except_last"
+
+
+OPTIMIZERS = [lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), lambda p: torch.optim.Adam(p, lr=1e-2),
+              lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1)]
+
+
+def same_to_the_bit(model, reference):
+    return all(torch.equal(p, q) for p, q in zip(model.parameters(), reference.parameters()))
+
+
+@pytest.mark.parametrize("make_opt", OPTIMIZERS, ids=["sgd-momentum", "adam", "adamw"])
+def test_update_on_devices_is_the_step_after_train_step_to_the_bit(make_opt):
+    # Dropout draws from the step's seed: both runs start from the same generator state.
+    data = batches(5, 24)
+    runs = []
+    for on_devices in (False, True):
+        model = mlp(dropout=0.2)
+        pipe = gpipe.GPipe(model, balance=[2, 2, 2, 2], chunks=4, schedule="interleaved")
+        opt = make_opt(model.parameters())
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)  # each step's update at that step's rate
+        torch.manual_seed(7)
+        outputs = []
+        with pipe.update_on_devices(opt) if on_devices else contextlib.nullcontext():
+            for n, (x, y) in enumerate(data):
+                opt.zero_grad()
+                pipe.train_step(x, y)
+                opt.step()  # within the block: nothing to do (.grad is None), as a plain loop may still call it
+                scheduler.step()
+                if n == 2:  # pipe(x) applies the held update first
+                    model.eval()
+                    outputs.append(pipe(x))
+                    model.train()
+        runs.append((model, opt, outputs))
+    (plain, plain_opt, plain_out), (held, held_opt, held_out) = runs
+    assert same_to_the_bit(held, plain)
+    assert all(torch.equal(a, b) for a, b in zip(held_out, plain_out))
+    for p, q in zip(plain.parameters(), held.parameters()):
+        for key, value in plain_opt.state[p].items():
+            other = held_opt.state[q][key]
+            assert torch.equal(value, other) if torch.is_tensor(value) else value == other, key
+    assert all(p.grad is None for p in held.parameters())  # the last step's gradients went with its update
+
+
+def test_update_on_devices_after_a_failed_step_leaves_the_last_steps_parameters():
+    data = batches(3, 12)
+    model, reference = mlp(), mlp()
+    make_opt = OPTIMIZERS[1]
+    ref_opt = make_opt(reference.parameters())
+    for x, y in data[:2]:
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        ref_opt.step()
+
+    @torch.jit.script
+    def not_a_scalar(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return output.sum(1)
+
+    pipe = gpipe.GPipe(model, balance=[2, 2, 2, 2], chunks=4, schedule="interleaved")
+    opt = make_opt(model.parameters())
+    with pipe.update_on_devices(opt):
+        for x, y in data[:2]:
+            pipe.train_step(x, y)
+        with pytest.raises(RuntimeError, match="scalar"):
+            pipe.train_step(*data[2], loss=not_a_scalar)
+        assert_same_parameters(model, reference)  # the second step's update applied, the failed one's none
+        pipe.train_step(*data[2])  # and training goes on
+    assert not same_to_the_bit(model, reference)
+
+
+def test_update_on_devices_refuses_what_it_cannot_split():
+    model = mlp()
+    pipe = gpipe.GPipe(model, balance=[4, 4], chunks=2, schedule="gpipe")
+    with pytest.raises(ValueError, match="per-parameter optimizers.*LBFGS.*optimizer.step"):
+        with pipe.update_on_devices(torch.optim.LBFGS(model.parameters())):
+            pass
+    stranger = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="not the model's"):
+        with pipe.update_on_devices(torch.optim.SGD(list(model.parameters()) + [stranger], lr=0.1)):
+            pass
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pipe.update_on_devices(opt):
+        with pytest.raises(ValueError, match="already active"):
+            with pipe.update_on_devices(opt):
+                pass
+        pipe.train_step(*batches(1, 4)[0])
+        with pytest.raises(ValueError, match="clip outside the block"):
+            pipe.clip_grad_norm_(1.0)
 
 
 def unet_like():
@@ -413,7 +517,7 @@ def test_inference_equals_the_model_and_keeps_no_graph():
 
 def test_parameters_are_the_models_own():
     model = mlp()
-    pipe = gpipe.GPipe(model, balance=[4, 4])
+    pipe = gpipe.GPipe(model, balance=[4, 4], schedule="gpipe")
     assert all(any(p is q for q in model.parameters()) for p in pipe.parameters())
     assert len(pipe.parameters()) == len(list(model.parameters()))
 
