@@ -10,10 +10,12 @@ median of the ratios is reported with its min and max. Results: bench/results/py
                with its defaults (schedule, M and cut chosen by prediction) and Adam's update on the
                devices (update_on_devices), against the same model in plain PyTorch on 2 threads and
                on 1.
-  cli          gpipe.GPipe's samples/s against `gpipe train`'s own for the same configuration (the
-               main job's: interleaved, cut {3, 1, 2, 5}, M=4, no re-materialization, the update on
-               the devices): one epoch each per round (the CLI cannot be stepped from outside, so
-               rounds).
+  cli          one epoch each per round (the CLI cannot be stepped from outside, so rounds), as
+               bench/train_vs_pytorch.sh measures the main job: `gpipe train` with its defaults,
+               gpipe.GPipe(model, devices=2) with its defaults and Adam's update on the devices,
+               and the same model in plain PyTorch on one thread; gpipe.GPipe's samples/s over
+               `gpipe train`'s, and each one's fraction of the 2-core limit (twice plain
+               PyTorch's rate on one thread), per round.
   transformer  docs/benchmarks.md's transformer at K=2, M=8, checkpoint except_last: gpipe.GPipe
                against torch.distributed.pipeline.sync.Pipe; and the share of gpipe's step time
                spent holding the GIL. Pipe needs torch's RPC, whose TensorPipe agent keeps a core
@@ -177,27 +179,37 @@ def cnn(args):
 
 def cli(args):
     import_path = os.environ.get("PYTHONPATH", "")
-    cli_rates, python_rates = [], []
+    rates = {"gpipe train": [], "gpipe.GPipe": [], "pytorch 1": []}
     for r in range(args.rounds):
         out = subprocess.run([args.gpipe, "train", "--train-samples", str(args.samples), "--test-samples", "500",
                               "--epochs", "1", "--json"], capture_output=True, text=True, check=True).stdout
-        cli_rates.append(json.loads(out)["samples_per_s"])
-        out = subprocess.run([sys.executable, __file__, "--epoch", "--samples", str(args.samples), "--data-dir",
-                              args.data_dir], capture_output=True, text=True, check=True,
-                             env=dict(os.environ, PYTHONPATH=import_path)).stdout
-        python_rates.append(json.loads(out.strip().splitlines()[-1])["samples_per_s"])
-        print(f"cli  round {r + 1}: gpipe train {cli_rates[-1]:.0f}, gpipe.GPipe {python_rates[-1]:.0f} samples/s",
-              flush=True)
-    row = {"comparison": "cli", "gpipe_train_samples_per_s": statistics.median(cli_rates),
-           "python_samples_per_s": statistics.median(python_rates),
-           "python_over_gpipe_train": ratios(python_rates, cli_rates), "rounds": args.rounds,
-           "per_round": {"gpipe_train": cli_rates, "python": python_rates}}
+        rates["gpipe train"].append(json.loads(out)["samples_per_s"])
+        for contender, name in (("gpipe", "gpipe.GPipe"), ("pytorch", "pytorch 1")):
+            env = dict(os.environ, PYTHONPATH=import_path, **(KEPT_MALLOC if contender == "pytorch" else {}))
+            out = subprocess.run([sys.executable, __file__, "--epoch", contender, "--samples", str(args.samples),
+                                  "--data-dir", args.data_dir], capture_output=True, text=True, check=True,
+                                 env=env).stdout
+            rates[name].append(json.loads(out.strip().splitlines()[-1])["samples_per_s"])
+        print(f"cli  round {r + 1}: " + ", ".join(f"{name} {values[-1]:.0f}" for name, values in rates.items()) +
+              " samples/s", flush=True)
+    limit = [2 * x for x in rates["pytorch 1"]]
+    row = {"comparison": "cli", "gpipe_train_samples_per_s": statistics.median(rates["gpipe train"]),
+           "python_samples_per_s": statistics.median(rates["gpipe.GPipe"]),
+           "pytorch_1_thread_samples_per_s": statistics.median(rates["pytorch 1"]),
+           "python_over_gpipe_train": ratios(rates["gpipe.GPipe"], rates["gpipe train"]),
+           "python_of_2_core_limit": ratios(rates["gpipe.GPipe"], limit),
+           "gpipe_train_of_2_core_limit": ratios(rates["gpipe train"], limit),
+           "rounds": args.rounds, "per_round": rates}
     print(f"cli  gpipe.GPipe / gpipe train {span(row['python_over_gpipe_train'])} per round")
+    print(f"cli  of the 2-core limit: gpipe.GPipe {span(row['python_of_2_core_limit'])}, gpipe train "
+          f"{span(row['gpipe_train_of_2_core_limit'])} per round")
     return [row]
 
 
 def epoch(args):
-    """One epoch of the CNN through gpipe.GPipe, its steps timed as `gpipe train` times them; prints JSON."""
+    """One epoch of the CNN, its steps timed as `gpipe train` times them; prints JSON. `args.epoch`:
+    "gpipe", gpipe.GPipe with its defaults and the update on the devices; "pytorch", plain PyTorch on
+    one thread."""
     import torch
     import gpipe
     sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
@@ -207,13 +219,25 @@ def epoch(args):
                                          shuffle=True)
     model = make_cnn()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    pipe = gpipe.GPipe(model, balance=[3, 1, 2, 5], chunks=4, schedule="interleaved", checkpoint="never", devices=2)
+    if args.epoch == "pytorch":
+        set_threads(1)
+        seconds = 0.0
+        for x, y in loader:
+            begin = time.perf_counter()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            seconds += time.perf_counter() - begin
+        print(json.dumps({"samples_per_s": len(loader.dataset) / seconds}))
+        return
+    pipe = gpipe.GPipe(model, devices=2)
     summary = gpipe.Summary(pipe)
     with pipe.update_on_devices(opt):  # as `gpipe train` updates by default
         for x, y in loader:
             with summary.step(len(x)):
                 pipe.train_step(x, y)
-    print(json.dumps({"samples_per_s": summary.samples_per_s}))
+    print(json.dumps({"samples_per_s": summary.samples_per_s, "schedule": pipe.schedule, "chunks": pipe.chunks,
+                      "balance": pipe.balance}))
 
 
 def transformer(args):
@@ -242,7 +266,7 @@ def main():
     parser.add_argument("--gpipe", default=os.path.join(HERE, "..", "build", "apps", "gpipe"))
     parser.add_argument("--only", choices=["cnn", "cli", "transformer"], action="append")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--epoch", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--epoch", choices=["gpipe", "pytorch"], help=argparse.SUPPRESS)
     parser.add_argument("--results", default=os.path.join(HERE, "results", "python-compare.json"))
     args = parser.parse_args()
     if args.worker:

@@ -254,6 +254,17 @@ class _DeviceUpdates:
         self._stage_of = {}  # id(parameter) -> stage
         self._held = {}      # stage -> [(parameter, gradient)], not yet applied
 
+    def kind(self):
+        """The optimizer as the cost model times it: "adam" (two state tensors per parameter), "momentum"
+        (one) or "sgd" (none)."""
+        if isinstance(self.optimizer, (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax,
+                                       torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adadelta)):
+            return "adam"
+        if isinstance(self.optimizer, torch.optim.SGD) and \
+                not any(group.get("momentum", 0) for group in self.optimizer.param_groups):
+            return "sgd"
+        return "momentum"
+
     def cut(self, pipe):
         """The stages' optimizers, once the pipeline is built; refuses a parameter used by two stages."""
         if self._stages is not None:
@@ -341,6 +352,12 @@ class GPipe:
     ValueError, and a new GPipe(model, ...) takes the changed model.
 
     A GPipe cannot be pickled (pickle, torch.save): save model.state_dict(), or pipe.save(path).
+
+    With the defaults the first batch chooses the schedule, M, re-materialization and cut (it takes a
+    few seconds, `build_seconds`, which gpipe.Summary leaves out of the step times), and the choice may
+    differ from run to run where configurations are predicted alike: give schedule, chunks, checkpoint
+    and balance for a run that repeats bit for bit. `with pipe.update_on_devices(opt):` runs the
+    optimizer's step on the devices, as `gpipe train` does.
 
     model          a torch.nn.Sequential that torch.jit.script accepts (or a subclass that keeps its
                    forward); its children are the layers
@@ -438,11 +455,14 @@ class GPipe:
         _check_layer_types(self._scripted)
         self._fingerprint = _fingerprint(model)
         self._pipe = None
+        self.build_seconds = 0.0  # the first batch's build of the pipeline (schedule="auto": its profile)
         self._building = threading.Lock()
         self._updates = None  # update_on_devices' held update
         self._step_seconds = 0.0
         if balance is not None and schedule != "auto":
+            begin = time.perf_counter()
             self._pipe = _gpipe.Pipeline(self._scripted, settings, None)
+            self.build_seconds = time.perf_counter() - begin
         else:  # built on the first batch: what it would refuse of the model, refused now
             _gpipe.check_model(self._scripted)
 
@@ -467,8 +487,13 @@ class GPipe:
                                      f"batch of rows, e.g. input.unsqueeze(0) for one sample")
                 if input.size(0) == 0:
                     raise ValueError("gpipe: the first batch has no rows to measure the layers on; give at least one")
+                if self._updates is not None:  # schedule="auto" predicts the update where it will run
+                    self._settings.update_on_devices = True
+                    self._settings.optimizer = self._updates.kind()
+                begin = time.perf_counter()
                 with _OneRowBatchNorm(self.chunks or 1, input.size(0)):
                     pipe = _gpipe.Pipeline(self._scripted, self._settings, input)
+                self.build_seconds = time.perf_counter() - begin
                 self.virtual_stages = pipe.virtual_stages  # schedule="auto": the V and M chosen
                 self.chunks = pipe.micro_batches
                 self._pipe = pipe

@@ -85,6 +85,10 @@ struct Settings {
   bool deferred_batch_norm = true;
   int threads = 1;
   std::string runtime = "auto";
+  // What "auto" predicts of the update: the optimizer timed ("sgd", "momentum", "adam"), and whether it
+  // runs on the devices (GPipe.update_on_devices) or on the calling thread after the step.
+  std::string optimizer = "momentum";
+  bool update_on_devices = false;
 
   PipelineOptions options() const {
     return PipelineOptions()
@@ -215,6 +219,7 @@ class PythonPipeline {
   // re-materialization and (without a balance) cut at K (choose_schedule); under MPI every rank takes
   // rank 0's choice.
   void choose(const Settings& settings, const torch::Tensor& batch, PipelineOptions& options) {
+    keep_freed_memory();  // profiled with the allocator's settings the pipeline runs with
     const RandomStateGuard guard;
     const torch::nn::Sequential whole = model_.build(LayerRange{});
     const int64_t rows = batch.size(0);
@@ -226,10 +231,13 @@ class PythonPipeline {
         if (PyErr_CheckSignals() != 0) throw py::error_already_set();
       }
       // As many micro-batches at once as the batch holds: a schedule keeps up to M in flight.
-      return profiled[n] = profile_model(whole, batch.narrow(0, 0, n), PlanProfileOptions()
-                                                                         .optimizer("momentum")
-                                                                         .threads(settings.threads)
-                                                                         .in_flight(static_cast<int>(rows / n)));
+      CostModel costs = profile_model(whole, batch.narrow(0, 0, n), PlanProfileOptions()
+                                                                        .optimizer(settings.optimizer)
+                                                                        .threads(settings.threads)
+                                                                        .in_flight(static_cast<int>(rows / n)));
+      // A weight shared by layers may be tied across stages, which update_on_devices refuses.
+      costs.update_on_devices = settings.update_on_devices && shared_tensors(whole).empty();
+      return profiled[n] = costs;
     };
     RunRequest request;
     request.devices = settings.devices;
@@ -402,7 +410,9 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_readwrite("virtual_stages", &Settings::virtual_stages)
       .def_readwrite("deferred_batch_norm", &Settings::deferred_batch_norm)
       .def_readwrite("threads", &Settings::threads)
-      .def_readwrite("runtime", &Settings::runtime);
+      .def_readwrite("runtime", &Settings::runtime)
+      .def_readwrite("optimizer", &Settings::optimizer)
+      .def_readwrite("update_on_devices", &Settings::update_on_devices);
   // The plan's K and V, or ValueError naming what the settings get wrong.
   // What the pipeline refuses of a scripted model (a Pop's merge with parameters...), before any batch.
   m.def("check_model", [](const py::object& scripted) {

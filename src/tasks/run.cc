@@ -554,6 +554,7 @@ void check_same_inputs(const TrainSettings& s, const TrainingRun& c) {
 // open), and the fastest predicted configuration of those the settings leave open; `settings` take it.
 // With `balance_by`, its cut by that cost of the profile at the M given (or the default's).
 void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
+  keep_freed_memory();  // profiled with the allocator's settings the pipeline runs with
   const Dataset& train = c.data.train;
   const int64_t batch = std::min(s.batch_size, train.size());
   const int64_t rows = micro_batch_sizes(batch, static_cast<int>(std::min<int64_t>(s.micro_batches, batch))).front();
