@@ -5,6 +5,7 @@ import contextlib
 import copy
 import os
 import subprocess
+import time
 from typing import Tuple
 
 import pytest
@@ -651,6 +652,18 @@ def test_summary_prints_the_lines_gpipe_train_prints():
     assert lines[6] == ("  partition      stage 0 (device 0): 2 layers | stage 1 (device 1): 2 layers | "
                         "stage 2 (device 0): 2 layers | stage 3 (device 1): 2 layers")
     assert len(lines) == 7
+
+
+def test_summary_leaves_out_the_first_batchs_build():
+    pipe = gpipe.GPipe(mlp(), devices=2)  # schedule="auto": the first batch profiles the layers
+    summary = gpipe.Summary(pipe)
+    (x, y), = batches(1, 16)
+    begin = time.perf_counter()
+    with summary.step(len(x)):
+        pipe.train_step(x, y)
+    whole = time.perf_counter() - begin
+    assert 0 < pipe.build_seconds < whole
+    assert 0 < summary.seconds <= whole - pipe.build_seconds + 1e-6
 
 
 def test_balance_none_keeps_the_gradients_already_there():
