@@ -50,10 +50,11 @@ def contender(name, args):
         batches = list(torch.utils.data.DataLoader(data, batch_size=128, shuffle=True, drop_last=True))
         model = cnn()
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        pipe = None
+        pipe = block = None
         if name == "cnn gpipe":
             pipe = gpipe.GPipe(model, devices=2)
-            pipe.update_on_devices(opt).__enter__()  # for the process's life
+            block = pipe.update_on_devices(opt)  # entered for the process's life (kept: its exit applies the update)
+            block.__enter__()
         else:
             set_threads(int(name.split()[-1]))
         at = [0]
@@ -61,7 +62,7 @@ def contender(name, args):
         def step():
             x, y = batches[at[0] % len(batches)]
             at[0] += 1
-            if pipe is not None:
+            if block is not None:
                 pipe.train_step(x, y)  # and Adam's step, on the devices
             else:
                 opt.zero_grad()
@@ -171,7 +172,8 @@ def cnn(args):
         print(f"cnn  {name:15s} {row['samples_per_s']:7.0f} samples/s   gpipe.GPipe K=2 "
               f"{span(row['gpipe_speedup_per_step'])} per step", flush=True)
     # The fraction of the 2-core limit: twice plain PyTorch's rate on one core, per step.
-    limit = {k: v / 2 for k, v in rows[-1]["gpipe_speedup_per_step"].items()}
+    one_thread = next(r for r in rows if r["contender"] == "cnn pytorch 1")
+    limit = {k: v / 2 for k, v in one_thread["gpipe_speedup_per_step"].items()}
     rows[0]["of_2_core_limit"] = limit
     print(f"cnn  gpipe.GPipe: {span(limit)} of the 2-core limit per step", flush=True)
     return rows
@@ -179,12 +181,12 @@ def cnn(args):
 
 def cli(args):
     import_path = os.environ.get("PYTHONPATH", "")
-    rates = {"gpipe train": [], "gpipe.GPipe": [], "pytorch 1": []}
+    rates = {"gpipe_train": [], "gpipe_python": [], "pytorch_1_thread": []}
     for r in range(args.rounds):
         out = subprocess.run([args.gpipe, "train", "--train-samples", str(args.samples), "--test-samples", "500",
                               "--epochs", "1", "--json"], capture_output=True, text=True, check=True).stdout
-        rates["gpipe train"].append(json.loads(out)["samples_per_s"])
-        for contender, name in (("gpipe", "gpipe.GPipe"), ("pytorch", "pytorch 1")):
+        rates["gpipe_train"].append(json.loads(out)["samples_per_s"])
+        for contender, name in (("gpipe", "gpipe_python"), ("pytorch", "pytorch_1_thread")):
             env = dict(os.environ, PYTHONPATH=import_path, **(KEPT_MALLOC if contender == "pytorch" else {}))
             out = subprocess.run([sys.executable, __file__, "--epoch", contender, "--samples", str(args.samples),
                                   "--data-dir", args.data_dir], capture_output=True, text=True, check=True,
@@ -192,13 +194,13 @@ def cli(args):
             rates[name].append(json.loads(out.strip().splitlines()[-1])["samples_per_s"])
         print(f"cli  round {r + 1}: " + ", ".join(f"{name} {values[-1]:.0f}" for name, values in rates.items()) +
               " samples/s", flush=True)
-    limit = [2 * x for x in rates["pytorch 1"]]
-    row = {"comparison": "cli", "gpipe_train_samples_per_s": statistics.median(rates["gpipe train"]),
-           "python_samples_per_s": statistics.median(rates["gpipe.GPipe"]),
-           "pytorch_1_thread_samples_per_s": statistics.median(rates["pytorch 1"]),
-           "python_over_gpipe_train": ratios(rates["gpipe.GPipe"], rates["gpipe train"]),
-           "python_of_2_core_limit": ratios(rates["gpipe.GPipe"], limit),
-           "gpipe_train_of_2_core_limit": ratios(rates["gpipe train"], limit),
+    limit = [2 * x for x in rates["pytorch_1_thread"]]
+    row = {"comparison": "cli", "gpipe_train_samples_per_s": statistics.median(rates["gpipe_train"]),
+           "python_samples_per_s": statistics.median(rates["gpipe_python"]),
+           "pytorch_1_thread_samples_per_s": statistics.median(rates["pytorch_1_thread"]),
+           "python_over_gpipe_train": ratios(rates["gpipe_python"], rates["gpipe_train"]),
+           "python_of_2_core_limit": ratios(rates["gpipe_python"], limit),
+           "gpipe_train_of_2_core_limit": ratios(rates["gpipe_train"], limit),
            "rounds": args.rounds, "per_round": rates}
     print(f"cli  gpipe.GPipe / gpipe train {span(row['python_over_gpipe_train'])} per round")
     print(f"cli  of the 2-core limit: gpipe.GPipe {span(row['python_of_2_core_limit'])}, gpipe train "
@@ -282,7 +284,7 @@ def main():
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
                        "torch": torch.__version__},
-           "results": rows}
+           "results": [dict(r, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())) for r in rows]}
     try:  # the comparisons not run this time stay as they were
         with open(args.results) as f:
             doc["results"] = [r for r in json.load(f)["results"] if r["comparison"] not in {x["comparison"] for x in rows}] + rows

@@ -17,6 +17,10 @@ namespace gpipe {
 ///   micro_batch_sizes(10, 4) == {3, 3, 2, 2}
 std::vector<int64_t> micro_batch_sizes(int64_t batch, int micro_batches);
 
+/// The rows of the first (the largest) of `micro_batches` micro-batches of a batch of `batch` rows, M
+/// taken within [1, batch] (a batch of fewer rows than M runs one row per micro-batch). `batch` >= 1.
+int64_t first_micro_batch_rows(int64_t batch, int micro_batches);
+
 /// Splits `batch` along dim 0 into micro-batches of micro_batch_sizes(batch.size(0), micro_batches).
 /// The pieces are views: no data is copied.
 std::vector<torch::Tensor> scatter(const torch::Tensor& batch, int micro_batches);

@@ -185,8 +185,8 @@ struct RunRequest {
   std::string balance_by;
   std::vector<double> layer_costs;  ///< with a cost method: one cost per layer (layer_costs_by)
   bool micro_batches_given = true;  ///< with "auto": false lets the prediction choose M too
-  /// with "auto": false lets the prediction choose re-materialization too: none where the memory
-  /// predicted fits, else the fastest mode that fits (except_last, then always)
+  /// with "auto": false lets the prediction choose re-materialization too: the fastest mode predicted
+  /// to fit (no re-materialization, where it fits: recomputing only adds work)
   bool checkpoint_given = true;
 };
 
@@ -275,6 +275,15 @@ struct ScheduleChoice {
 /// show: "auto" predicts each M from a profile at that M's rows (measured on the main job's CNN: a
 /// profile at 32 rows predicted M=8 10 ms under the measured 55.6 ms step).
 using CostsAtRows = std::function<CostModel(int64_t rows)>;
+
+/// The costs "auto" weighs, as front ends profile them: `whole` profiled (profile_model, `options`)
+/// on the first `rows` rows of `input` (and of `target`, where defined, for `options`' loss) at each
+/// size asked, once per size, with as many micro-batches in flight as `batch` holds (a schedule keeps
+/// up to M), and CostModel::update_on_devices set to `update_on_devices`. `before_each` runs before
+/// each new profile (a front end checks for an interrupt there).
+CostsAtRows profiles_at_rows(const torch::nn::Sequential& whole, const torch::Tensor& input,
+                             const torch::Tensor& target, int64_t batch, const PlanProfileOptions& options,
+                             bool update_on_devices, std::function<void()> before_each = {});
 
 /// The configurations "auto" weighs for `request`, as search_plans predicts them from `costs_at` (one
 /// replica of K devices on a batch of `batch` rows, the run's `checkpoint` unless the request leaves

@@ -1,4 +1,5 @@
-"""gpipe: GPipe pipeline parallelism for PyTorch models, its devices C++ threads that never take the GIL.
+"""gpipe: GPipe pipeline parallelism for PyTorch models, its devices C++ threads that take the GIL only for
+torch.optim's update within GPipe.update_on_devices.
 
     import torch, gpipe
     pipe = gpipe.GPipe(torch.nn.Sequential(...), chunks=4, devices=2)

@@ -244,19 +244,19 @@ class _DeviceUpdates:
     whole one's state."""
 
     def __init__(self, optimizer, model):
-        mine = {id(p) for p in model.parameters()}
-        if any(id(p) not in mine for group in optimizer.param_groups for p in group["params"]):
+        owned = {id(p) for p in model.parameters()}
+        if any(id(p) not in owned for group in optimizer.param_groups for p in group["params"]):
             raise ValueError("gpipe: the optimizer holds a parameter that is not the model's; update_on_devices "
                              "updates the model's parameters stage by stage: give it an optimizer of "
                              "model.parameters()")
         self.optimizer = optimizer
-        self._stages = None  # {stage: its optimizer}; made on the first hold, once the pipeline is cut
+        self._stages = None  # {stage: its optimizer}; made once the pipeline is cut
         self._stage_of = {}  # id(parameter) -> stage
         self._held = {}      # stage -> [(parameter, gradient)], not yet applied
 
-    def kind(self):
-        """The optimizer as the cost model times it: "adam" (two state tensors per parameter), "momentum"
-        (one) or "sgd" (none)."""
+    def profiled_optimizer(self):
+        """The optimizer as the cost model times its update (planning's `optimizer`): "adam", "momentum"
+        or "sgd"."""
         if isinstance(self.optimizer, (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax,
                                        torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adadelta)):
             return "adam"
@@ -269,30 +269,32 @@ class _DeviceUpdates:
         """The stages' optimizers, once the pipeline is built; refuses a parameter used by two stages."""
         if self._stages is not None:
             return
-        self._stages = {}
+        stages, stage_of = {}, {}
         for stage, parameters in sorted(pipe.stage_parameters().items()):
             for p in parameters:
-                if id(p) in self._stage_of:
-                    raise ValueError(f"gpipe: a parameter is used by stages {self._stage_of[id(p)]} and {stage}; "
+                if id(p) in stage_of:
+                    raise ValueError(f"gpipe: a parameter is used by stages {stage_of[id(p)]} and {stage}; "
                                      f"update_on_devices updates each stage's parameters on its own device: "
                                      f"call optimizer.step() after train_step instead")
-                self._stage_of[id(p)] = stage
+                stage_of[id(p)] = stage
             share = object.__new__(type(self.optimizer))
             share.__setstate__({"defaults": self.optimizer.defaults, "state": self.optimizer.state,
                                 "param_groups": []})
-            self._stages[stage] = share
+            stages[stage] = share
+        self._stages, self._stage_of = stages, stage_of
 
     def hold(self):
-        """Takes the gradients of the step just run, to apply in the next (nothing may be held)."""
+        """Takes the gradients of the step just run, with the optimizer's settings now (an LR
+        scheduler's), to apply in the next; nothing may be held."""
         groups = {stage: [] for stage in self._stages}
         for group in self.optimizer.param_groups:
-            settings = {k: v for k, v in group.items() if k != "params"}  # this step's (an LR scheduler's)
-            mine = {stage: [] for stage in self._stages}
+            settings = {k: v for k, v in group.items() if k != "params"}
+            by_stage = {stage: [] for stage in self._stages}
             for p in group["params"]:
                 stage = self._stage_of.get(id(p))
                 if stage is not None and p.grad is not None:
-                    mine[stage].append(p)
-            for stage, params in mine.items():
+                    by_stage[stage].append(p)
+            for stage, params in by_stage.items():
                 if params:
                     groups[stage].append(dict(settings, params=params))
         for stage, parts in groups.items():
@@ -309,7 +311,8 @@ class _DeviceUpdates:
             self.optimizer._opt_called = True
 
     def apply(self, stage):
-        """Stage `stage`'s share of the held update, once (a device thread calls it, holding the GIL)."""
+        """Stage `stage`'s share of the held update, once (a device thread calls it, holding the GIL).
+        A share that fails is not tried again: its stage may be part updated."""
         held = self._held.pop(stage, None)
         if held is None:
             return
@@ -337,7 +340,8 @@ class _DeviceUpdates:
 class GPipe:
     """A torch.nn.Sequential cut into consecutive stages over `devices` devices, trained with GPipe:
     each mini-batch split into `chunks` micro-batches that flow through the stages, the devices C++
-    threads that run at the same time and never hold the GIL (or, under mpirun, one rank each).
+    threads that run at the same time without the GIL (or, under mpirun, one rank each), which they
+    take only for torch.optim's update within update_on_devices.
 
     The model's own parameters are trained in place: train_step adds to each parameter's .grad
     exactly what loss.backward() on one device would, so torch.optim optimizers, LR schedulers and
@@ -361,8 +365,8 @@ class GPipe:
 
     model          a torch.nn.Sequential that torch.jit.script accepts (or a subclass that keeps its
                    forward); its children are the layers
-    balance        layers per stage (K·V entries), or None: cut by the layers' measured time on the
-                   first batch (until then `balance` is None)
+    balance        layers per stage (K·V entries), or None: on the first batch, the cut predicted fastest
+                   (schedule="auto") or by the layers' measured time (until then `balance` is None)
     chunks         M, micro-batches per mini-batch; None: chosen with schedule="auto", else 4 per device
                    (4·K, where the paper finds the bubble negligible)
     checkpoint     re-materialization: "always", "except_last" or "never"; None: chosen with
@@ -410,10 +414,11 @@ class GPipe:
         settings = _gpipe.Settings()
         settings.balance = [] if balance is None else [_whole(b, "every entry of balance") for b in balance]
         settings.micro_batches = 1 if chunks is None else _whole(chunks, "chunks")
-        settings.choose_micro_batches = chunks is None and schedule == "auto"
+        settings.micro_batches_given = chunks is not None or schedule != "auto"
         settings.schedule = _one_of(schedule, "schedule", tuple(schedule_names()) + ("auto",))
-        settings.checkpoint = ("auto" if schedule == "auto" else "except_last") if checkpoint is None else \
+        settings.checkpoint = "except_last" if checkpoint is None else \
             _one_of(checkpoint, "checkpoint", tuple(_gpipe.checkpoint_names()))
+        settings.checkpoint_given = checkpoint is not None or schedule != "auto"
         settings.devices = 0 if devices is None and balance is not None else 2 if devices is None \
             else _whole(devices, "devices")
         settings.virtual_stages = 0 if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
@@ -435,10 +440,11 @@ class GPipe:
             group = None
         # The plan (K, V, M, the cut, the schedule) is checked now, before any work, whatever the balance.
         try:
-            self.devices, self.virtual_stages = _gpipe.check_plan(len(model), settings)
-            if chunks is None and schedule != "auto":
+            if chunks is None and schedule != "auto":  # 4 per device: K first, at an M every K takes
+                settings.micro_batches = 4 * max(settings.devices, len(settings.balance), 1)
+                self.devices, _ = _gpipe.check_plan(len(model), settings)
                 settings.micro_batches = 4 * self.devices
-                _gpipe.check_plan(len(model), settings)
+            self.devices, self.virtual_stages = _gpipe.check_plan(len(model), settings)
         except ValueError as e:
             raise ValueError(f"{_in_python_words(e, _NAMES)} (GPipe(balance={balance!r}, chunks={chunks!r}, "
                              f"devices={devices!r}, "
@@ -448,7 +454,7 @@ class GPipe:
         if group is not None:  # once the plan is accepted: the process keeps the group it gives
             _gpipe.use_process_group(*group)
         # schedule="auto" without chunks: chosen on the first batch
-        self.chunks = None if settings.choose_micro_batches else settings.micro_batches
+        self.chunks = settings.micro_batches if settings.micro_batches_given else None
         self.model = model
         self._settings = settings
         self._scripted = _script(layers)
@@ -456,7 +462,7 @@ class GPipe:
         self._fingerprint = _fingerprint(model)
         self._pipe = None
         self.build_seconds = 0.0  # the first batch's build of the pipeline (schedule="auto": its profile)
-        self._building = threading.Lock()
+        self._turn = threading.RLock()  # one call at a time, with its build and its update's hold
         self._updates = None  # update_on_devices' held update
         self._step_seconds = 0.0
         if balance is not None and schedule != "auto":
@@ -480,7 +486,7 @@ class GPipe:
         """The pipeline; without a balance it is cut by measured time on `input` (schedule="auto": chosen)."""
         _batch(input, "input")
         self._unchanged()
-        with self._building:  # another Python thread's first call waits for this one's pipeline
+        with self._turn:  # another Python thread's first call waits for this one's pipeline
             if self._pipe is None:
                 if input.dim() == 0:
                     raise ValueError(f"gpipe: the input has no batch dimension (shape {list(input.shape)}); give a "
@@ -489,7 +495,7 @@ class GPipe:
                     raise ValueError("gpipe: the first batch has no rows to measure the layers on; give at least one")
                 if self._updates is not None:  # schedule="auto" predicts the update where it will run
                     self._settings.update_on_devices = True
-                    self._settings.optimizer = self._updates.kind()
+                    self._settings.optimizer = self._updates.profiled_optimizer()
                 begin = time.perf_counter()
                 with _OneRowBatchNorm(self.chunks or 1, input.size(0)):
                     pipe = _gpipe.Pipeline(self._scripted, self._settings, input)
@@ -515,22 +521,31 @@ class GPipe:
         if not isinstance(loss, (str, torch.jit.ScriptFunction)):
             raise ValueError("gpipe: loss must be \"cross_entropy\", \"mse\" or a torch.jit.script-ed function "
                              "(output, target) -> scalar; decorate yours with @torch.jit.script")
-        pipe = self._ready(input)
-        updates = self._updates
-        if updates is not None:
+        with self._turn:  # another Python thread's call waits for this step and its update's hold
+            pipe = self._ready(input)
+            updates = self._updates
+            if updates is None:
+                begin = time.perf_counter()
+                with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
+                    value = pipe.train_step(input, target, loss, self.model.training)
+                self._step_seconds = time.perf_counter() - begin
+                return value
             updates.cut(pipe)
-        begin = time.perf_counter()
-        try:
-            with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
-                value = pipe.train_step(input, target, loss, self.model.training)
-        finally:
-            if updates is not None:  # what the devices did not apply (a failed step: the last step's whole)
-                updates.apply_remaining()
-        if updates is not None:
-            updates.hold()
-            pipe.set_before_stage(updates.apply)
-        self._step_seconds = time.perf_counter() - begin
-        return value
+            begin = time.perf_counter()
+            done = False
+            try:
+                with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
+                    value = pipe.train_step(input, target, loss, self.model.training)
+                done = True
+            finally:
+                try:  # what the devices did not apply (after a failed step: the last step's update, whole)
+                    updates.apply_remaining()
+                finally:
+                    if done:  # this step's gradients held for the next, even if the last update failed
+                        updates.hold()
+                        pipe.set_before_stage(updates.apply)
+            self._step_seconds = time.perf_counter() - begin
+            return value
 
     @contextlib.contextmanager
     def update_on_devices(self, optimizer):
@@ -544,14 +559,17 @@ class GPipe:
                     loss = pipe.train_step(x, y)   # then no opt.zero_grad() or opt.step() is needed
 
         The parameters and the optimizer state are then exactly those of opt.zero_grad();
-        pipe.train_step(x, y); opt.step() (an LR scheduler's settings at each step are kept with its
-        update). Within the block a step's update is held until the next train_step, so the parameters
-        read directly lag one update behind; pipe(x), pipe.save and leaving the block apply it first.
-        The held gradients leave .grad None (opt.zero_grad() and opt.step() find nothing to do), so
-        clip with torch.optim outside the block. `optimizer`: one of torch.optim's per-parameter
-        optimizers (SGD, Adam, AdamW, Adagrad, Adadelta, Adamax, ASGD, NAdam, RAdam, RMSprop) of the
-        model's parameters, without step hooks. A failed train_step leaves the parameters as the last
-        step left them."""
+        pipe.train_step(x, y); opt.step(): each update takes the optimizer's settings (param_groups:
+        an LR scheduler's rate) as they are when its train_step returns. Within the block a step's
+        update is held until the next train_step, so the parameters and opt.state_dict() read
+        directly lag one update behind; pipe(x), pipe.save and leaving the block apply it first.
+        The held gradients leave .grad None: opt.zero_grad() and opt.step() find nothing to do, and
+        so does torch.nn.utils.clip_grad_norm_ (a loop that clips calls opt.step() itself, outside
+        the block). `optimizer`: one of torch.optim's per-parameter optimizers (SGD, Adam, AdamW,
+        Adagrad, Adadelta, Adamax, ASGD, NAdam, RAdam, RMSprop) of the model's parameters, without
+        step hooks of its own (a global one, torch.optim.optimizer.register_optimizer_step_pre_hook,
+        runs once per stage). A failed train_step leaves the parameters as the last step left them;
+        a stage's share that fails is not tried again (that stage may be part updated)."""
         if type(optimizer) not in _PER_PARAMETER:
             raise ValueError(f"gpipe: update_on_devices takes one of torch.optim's per-parameter optimizers "
                              f"({', '.join(c.__name__ for c in _PER_PARAMETER)}), whose step a stage can take for "
@@ -561,25 +579,31 @@ class GPipe:
                 getattr(optimizer, "_optimizer_step_post_hooks", None):
             raise ValueError("gpipe: the optimizer has step hooks, which a stage's share of its step would not run; "
                              "call optimizer.step() after train_step instead")
-        if self._updates is not None:
-            raise ValueError("gpipe: update_on_devices is already active for this GPipe; leave the first block first")
-        updates = _DeviceUpdates(optimizer, self.model)
-        if self._pipe is not None:
-            updates.cut(self._pipe)
-        self._updates = updates
+        with self._turn:
+            if self._updates is not None:
+                raise ValueError("gpipe: update_on_devices is already active for this GPipe; leave the first block "
+                                 "first")
+            updates = _DeviceUpdates(optimizer, self.model)
+            if self._pipe is not None:
+                updates.cut(self._pipe)
+            self._updates = updates
         try:
             yield self
         finally:
-            self._finish_update()
-            self._updates = None
+            with self._turn:
+                try:
+                    self._finish_update()
+                finally:
+                    self._updates = None
 
     def _finish_update(self):
         """The held update (update_on_devices) applied here, before the parameters are read or used."""
-        if self._updates is None:
-            return
-        if self._pipe is not None:
-            self._pipe.set_before_stage(None)
-        self._updates.apply_remaining()
+        with self._turn:
+            if self._updates is None:
+                return
+            if self._pipe is not None:
+                self._pipe.set_before_stage(None)
+            self._updates.apply_remaining()
 
     def __reduce__(self):
         raise TypeError("gpipe: a GPipe cannot be pickled or saved with torch.save (it holds a compiled pipeline "
@@ -592,10 +616,11 @@ class GPipe:
         training mode BatchNorm's running statistics are updated once from every row, as by
         train_step; with batch_norm="per-micro-batch", once per micro-batch): the output (under MPI: on the rank of each replica's last stage, its replica's rows; None on
         the other ranks)."""
-        pipe = self._ready(input)
-        self._finish_update()
-        with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
-            return pipe.forward(input, self.model.training)
+        with self._turn:
+            pipe = self._ready(input)
+            self._finish_update()
+            with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
+                return pipe.forward(input, self.model.training)
 
     forward = __call__
 
@@ -608,8 +633,9 @@ class GPipe:
 
     @property
     def gil_share(self):
-        """The share of the last train_step's wall time in which gpipe held the GIL (the rest, the
-        devices' work, other Python threads could run)."""
+        """The share of the last train_step's wall time in which gpipe held the GIL, its devices'
+        torch.optim update within update_on_devices included (the rest, the devices' own work, other
+        Python threads could run)."""
         if self._pipe is None or not self._step_seconds:
             return 0.0
         return max(0.0, 1.0 - self._pipe.gil_free_seconds / self._step_seconds)
@@ -684,8 +710,9 @@ class GPipe:
         if self._pipe is None:
             raise ValueError("gpipe: the pipeline is built on the first batch (balance=None); train a step first")
         self._unchanged()
-        self._finish_update()
-        self._pipe.save(path)
+        with self._turn:
+            self._finish_update()
+            self._pipe.save(path)
 
     def parameters(self):
         """The parameters this process trains (all of them in one process; under MPI this rank's

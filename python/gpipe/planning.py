@@ -338,10 +338,13 @@ def profile(model, sample, *, optimizer="sgd", speed=1.0, threads=1, warmup=1, r
 def predict(model, sample, *, chunks=1, devices=None, schedule="gpipe", checkpoint="except_last", balance=None,
             virtual_stages=None, batch=None, optimizer="sgd", speed=1.0, threads=1, loss=None, target=None):
     """What one training step of GPipe(model, balance, chunks, checkpoint, schedule, devices,
-    virtual_stages) costs (devices: K, by default len(balance) / V, or 2 without a balance), predicted before it runs (cost_model.h's predict over the plan): the
+    virtual_stages) costs with these (named schedule) arguments, whose defaults here are chunks=1,
+    fill-drain and except_last, not GPipe's (devices: K, by default len(balance) / V, or 2 without a
+    balance), predicted before it runs (cost_model.h's predict over the plan): the
     model profiled here on `sample` (one micro-batch, as gpipe.profile), then a step of `batch`
     rows (default: the sample's rows times chunks) in `chunks` micro-batches simulated. Without a
-    balance the layers are cut by their profiled time, as GPipe(balance=None) cuts them. Returns
+    balance the layers are cut by their profiled time, as GPipe(balance=None) with a named schedule
+    cuts them. Returns
     a Prediction: step_s, bubble, and peak, static and total bytes per device. `optimizer` sets
     the optimizer state counted per parameter. The model is left as it was."""
     scripted = _sequential(model)

@@ -1,5 +1,6 @@
 // bindings.cc: the `gpipe._gpipe` extension: a TorchScript nn.Sequential from Python run by gpipe's
-// pipeline, its devices C++ threads (or the ranks of a job: MPI, c10d) that never take the GIL. The Python layer
+// pipeline, its devices C++ threads (or the ranks of a job: MPI, c10d) that take the GIL only for the work a Python
+// layer gives them before a stage (GPipe.update_on_devices' torch.optim update). The Python layer
 // (python/gpipe/pipe.py) checks the arguments and scripts the model; this file only translates.
 #include <gpipe/gpipe.h>
 #if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -32,12 +34,6 @@ namespace py = pybind11;
 
 namespace gpipe::python {
 namespace {
-
-// The rows of the first of `micro_batches` micro-batches of a batch of `rows` (all of them for a batch
-// smaller than M, which runs one row per micro-batch).
-int64_t first_micro_batch_rows(int64_t rows, int micro_batches) {
-  return micro_batch_sizes(rows, static_cast<int>(std::clamp<int64_t>(micro_batches, 1, rows))).front();
-}
 
 // Whether the interpreter is shutting down (Python 3.13 made the call public).
 bool interpreter_exiting() {
@@ -77,8 +73,9 @@ LossFn loss_of(const py::object& loss) {
 struct Settings {
   std::vector<int> balance;  // empty: an even cut into `devices` x V stages
   int micro_batches = 1;
-  bool choose_micro_batches = false;  // with the schedule "auto": M chosen too
-  std::string checkpoint = "auto";  // "auto": chosen with the schedule "auto", else except_last
+  bool micro_batches_given = true;  // false, with the schedule "auto": M chosen too
+  std::string checkpoint = "except_last";
+  bool checkpoint_given = true;     // false, with the schedule "auto": chosen too
   std::string schedule = "auto";    // "auto": chosen by prediction on the first batch
   int devices = 2;
   int virtual_stages = 0;
@@ -95,7 +92,7 @@ struct Settings {
         .devices(devices)
         .balance(balance)
         .micro_batches(micro_batches)
-        .checkpoint(checkpoint == "auto" ? Checkpoint::kExceptLast : parse_checkpoint(checkpoint))
+        .checkpoint(parse_checkpoint(checkpoint))
         .schedule(schedule == "auto" ? ScheduleKind::kGPipe : parse_schedule(schedule))
         .virtual_stages(schedule == "auto" ? 0 : virtual_stages)
         .deferred_batch_norm(deferred_batch_norm)
@@ -104,16 +101,17 @@ struct Settings {
 };
 
 // The plan `settings` make for a model of `layers` layers: throws (ValueError) what make_plan refuses.
-// With schedule "auto", K and M are checked under fill-drain (a given balance by its length when V is
-// not given); the schedule and V come on the first batch.
+// With schedule "auto", K and M are checked under fill-drain, or interleaved for a V given (a given
+// balance by its length when V is not given); M left to it as 4 per stage, which every schedule takes;
+// the schedule and V come on the first batch.
 PipelinePlan check_plan(int layers, const Settings& settings) {
   parse_runtime(settings.runtime);
-  if (settings.schedule == "auto" && settings.virtual_stages != 0 && settings.virtual_stages != 1) {
-    Settings interleaved = settings;
-    interleaved.schedule = "interleaved";
-    return make_plan(layers, interleaved.options());
-  }
-  return make_plan(layers, settings.options());
+  Settings checked = settings;
+  if (settings.schedule == "auto" && !settings.micro_batches_given)
+    checked.micro_batches = 4 * std::max({1, settings.devices, static_cast<int>(settings.balance.size())});
+  if (settings.schedule == "auto" && settings.virtual_stages != 0 && settings.virtual_stages != 1)
+    checked.schedule = "interleaved";
+  return make_plan(layers, checked.options());
 }
 
 // Rank 0's `values` on every rank of a job of several processes (MPI, c10d); `values` itself in one process.
@@ -222,34 +220,30 @@ class PythonPipeline {
     keep_freed_memory();  // profiled with the allocator's settings the pipeline runs with
     const RandomStateGuard guard;
     const torch::nn::Sequential whole = model_.build(LayerRange{});
-    const int64_t rows = batch.size(0);
-    std::map<int64_t, CostModel> profiled;  // each size once
-    const CostsAtRows profile_at = [&](int64_t n) {
-      if (const auto it = profiled.find(n); it != profiled.end()) return it->second;
-      {  // Ctrl-C between profiles: KeyboardInterrupt
-        py::gil_scoped_acquire gil;
-        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-      }
-      // As many micro-batches at once as the batch holds: a schedule keeps up to M in flight.
-      CostModel costs = profile_model(whole, batch.narrow(0, 0, n), PlanProfileOptions()
-                                                                        .optimizer(settings.optimizer)
-                                                                        .threads(settings.threads)
-                                                                        .in_flight(static_cast<int>(rows / n)));
-      // A weight shared by layers may be tied across stages, which update_on_devices refuses.
-      costs.update_on_devices = settings.update_on_devices && shared_tensors(whole).empty();
-      return profiled[n] = costs;
-    };
+    // A replica's share of the batch (under MPI or c10d with replicas), which its pipeline runs. A first
+    // batch of fewer rows than a given M runs one row per micro-batch: predicted at M, on those rows.
+    const int processes =
+        running_backend() == Runtime::kThreads ? 1 : static_cast<int>(all_gather_processes(std::string()).size());
+    const int64_t share = first_micro_batch_rows(batch.size(0), std::max(1, processes / settings.devices));
+    const int64_t planned = settings.micro_batches_given ? std::max<int64_t>(share, settings.micro_batches) : share;
+    // A weight shared by layers may be tied across stages, which update_on_devices refuses.
+    const CostsAtRows profile_at = profiles_at_rows(
+        whole, batch.narrow(0, 0, share), torch::Tensor(), planned,
+        PlanProfileOptions().optimizer(settings.optimizer).threads(settings.threads),
+        settings.update_on_devices && shared_tensors(whole).empty(), [] {
+          py::gil_scoped_acquire gil;  // Ctrl-C between profiles: KeyboardInterrupt
+          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        });
     RunRequest request;
     request.devices = settings.devices;
-    // A first batch of fewer rows than M runs one row per micro-batch: predicted so.
-    request.micro_batches = static_cast<int>(std::min<int64_t>(settings.micro_batches, rows));
-    request.micro_batches_given = !settings.choose_micro_batches;
-    request.checkpoint_given = settings.checkpoint != "auto";
+    request.micro_batches = settings.micro_batches;
+    request.micro_batches_given = settings.micro_batches_given;
+    request.checkpoint_given = settings.checkpoint_given;
     request.schedule = "auto";
     request.virtual_stages = settings.virtual_stages;
     request.balance = settings.balance;
-    const torch::Tensor first = batch.narrow(0, 0, first_micro_batch_rows(rows, request.micro_batches));
-    const ScheduleChoice choice = choose_schedule(profile_at, request, rows, options.checkpoint(), 0,
+    const torch::Tensor first = batch.narrow(0, 0, first_micro_batch_rows(share, request.micro_batches));
+    const ScheduleChoice choice = choose_schedule(profile_at, request, planned, options.checkpoint(), 0,
                                                   least_micro_batch_rows(whole, first),
                                                   std::max(1, machine_cores() / settings.threads));
     std::vector<int> chosen{static_cast<int>(choice.schedule), choice.devices, choice.virtual_stages,
@@ -259,7 +253,7 @@ class PythonPipeline {
     options.schedule(static_cast<ScheduleKind>(chosen[0]))
         .devices(chosen[1])
         .virtual_stages(chosen[2])
-        .micro_batches(settings.choose_micro_batches ? chosen[3] : settings.micro_batches)
+        .micro_batches(chosen[3])
         .checkpoint(static_cast<Checkpoint>(chosen[4]))
         .balance(std::vector<int>(chosen.begin() + 5, chosen.end()));
     predicted_ = choice.predicted;
@@ -273,7 +267,7 @@ class PythonPipeline {
       set_training(training);
       return pipe_->train_step(input, target, fn).item<double>();
     });
-    gil_free_s_ = static_cast<double>(now_ns() - begin - gil_held_ns_) * 1e-9;
+    gil_free_s_ = static_cast<double>(now_ns() - begin - gil_held_ns_.load()) * 1e-9;
     return value;
   }
 
@@ -327,12 +321,15 @@ class PythonPipeline {
     pipe_->set_before_stage([this](int stage) {
       // An interpreter that is exiting cannot give this thread the GIL: the step fails instead.
       if (interpreter_exiting()) throw std::runtime_error("the Python interpreter is exiting");
+      const int64_t begin = now_ns();
       py::gil_scoped_acquire gil;
       try {
         before_stage_(stage);
       } catch (py::error_already_set& e) {
+        gil_held_ns_ += now_ns() - begin;
         throw std::runtime_error(e.what());
       }
+      gil_held_ns_ += now_ns() - begin;
     });
   }
 
@@ -369,7 +366,8 @@ class PythonPipeline {
   Prediction predicted_;
   py::object before_stage_ = py::none();
   std::mutex calling_;
-  int64_t gil_held_ns_ = 0;  // in the last step's interrupt checks
+  // In the last step's interrupt checks and its devices' work before a stage (update_on_devices).
+  std::atomic<int64_t> gil_held_ns_{0};
   double gil_free_s_ = 0;
 };
 
@@ -403,7 +401,8 @@ PYBIND11_MODULE(_gpipe, m) {
       .def(py::init<>())
       .def_readwrite("balance", &Settings::balance)
       .def_readwrite("micro_batches", &Settings::micro_batches)
-      .def_readwrite("choose_micro_batches", &Settings::choose_micro_batches)
+      .def_readwrite("micro_batches_given", &Settings::micro_batches_given)
+      .def_readwrite("checkpoint_given", &Settings::checkpoint_given)
       .def_readwrite("checkpoint", &Settings::checkpoint)
       .def_readwrite("schedule", &Settings::schedule)
       .def_readwrite("devices", &Settings::devices)
@@ -431,7 +430,7 @@ PYBIND11_MODULE(_gpipe, m) {
   // so that other Python threads run.
   py::class_<PythonPipeline>(m, "Pipeline")
       .def(py::init<const py::object&, const Settings&, const std::optional<torch::Tensor>&>(), py::arg("scripted"),
-           py::arg("settings"), py::arg("sample"))
+           py::arg("settings"), py::arg("batch"))
       .def("parameters", [](PythonPipeline& p) { return p.pipe().parameters(); })
       .def("stage_parameters", &PythonPipeline::stage_parameters)
       .def("set_before_stage", &PythonPipeline::set_before_stage, py::arg("work"))

@@ -21,6 +21,10 @@ std::vector<int64_t> micro_batch_sizes(int64_t batch, int micro_batches) {
   return sizes;
 }
 
+int64_t first_micro_batch_rows(int64_t batch, int micro_batches) {
+  return micro_batch_sizes(batch, static_cast<int>(std::clamp<int64_t>(micro_batches, 1, batch))).front();
+}
+
 std::vector<torch::Tensor> scatter(const torch::Tensor& batch, int micro_batches) {
   GPIPE_CHECK(batch.defined() && batch.dim() >= 1,
               "a batch must be a tensor with a batch dimension (dim 0); got ",

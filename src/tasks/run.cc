@@ -143,7 +143,7 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
   // The costs of K devices at M: at M's rows, each device's compute slowed by K / cores where the
   // devices outnumber the cores.
   auto costs_of = [&](int K, int M) {
-    const int64_t rows = micro_batch_sizes(batch, static_cast<int>(std::clamp<int64_t>(M, 1, batch))).front();
+    const int64_t rows = first_micro_batch_rows(batch, M);
     auto it = profiles.find(rows);
     if (it == profiles.end()) it = profiles.emplace(rows, costs_at(rows)).first;
     return K > shared ? with_compute_scaled(it->second, static_cast<double>(K) / shared) : it->second;
@@ -190,6 +190,23 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
     return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;
   });
   return found;
+}
+
+CostsAtRows profiles_at_rows(const torch::nn::Sequential& whole, const torch::Tensor& input,
+                             const torch::Tensor& target, int64_t batch, const PlanProfileOptions& options,
+                             bool update_on_devices, std::function<void()> before_each) {
+  auto profiled = std::make_shared<std::map<int64_t, CostModel>>();
+  return [=](int64_t rows) {
+    if (const auto it = profiled->find(rows); it != profiled->end()) return it->second;
+    if (before_each) before_each();
+    const int64_t n = std::min(rows, input.size(0));
+    PlanProfileOptions o = options;
+    o.in_flight(static_cast<int>(std::max<int64_t>(1, batch / n)));
+    if (target.defined()) o.target(target.narrow(0, 0, n));
+    CostModel costs = profile_model(whole, input.narrow(0, 0, n), o);
+    costs.update_on_devices = update_on_devices;
+    return (*profiled)[rows] = costs;
+  };
 }
 
 std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const RunRequest& request, int64_t batch,
@@ -557,7 +574,7 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
   keep_freed_memory();  // profiled with the allocator's settings the pipeline runs with
   const Dataset& train = c.data.train;
   const int64_t batch = std::min(s.batch_size, train.size());
-  const int64_t rows = micro_batch_sizes(batch, static_cast<int>(std::min<int64_t>(s.micro_batches, batch))).front();
+  const int64_t rows = first_micro_batch_rows(batch, s.micro_batches);
   const RandomStateGuard guard;  // building the whole model draws random numbers
   const torch::nn::Sequential whole = c.model.build(LayerRange{});
   const torch::Tensor sample = train.input.narrow(0, 0, rows);
@@ -567,20 +584,9 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
   // across stages, which the Trainer updates on the calling thread): predicted so.
   const bool update_on_devices = !s.update_after_step && shared_tensors(whole).empty();
   // Each size profiled once: `balance_by`'s cut and the search share the profile at `rows`.
-  std::map<int64_t, CostModel> profiled;
-  const CostsAtRows profile_at = [&](int64_t n) {
-    if (const auto it = profiled.find(n); it != profiled.end()) return it->second;
-    // As many micro-batches at once as the batch holds: a schedule keeps up to M in flight.
-    const int in_flight = static_cast<int>(std::max<int64_t>(1, batch / n));
-    CostModel costs = profile_model(whole, train.input.narrow(0, 0, n), PlanProfileOptions()
-                                                                            .optimizer(optimizer)
-                                                                            .threads(s.threads_per_device)
-                                                                            .loss(c.task.loss)
-                                                                            .target(train.target.narrow(0, 0, n))
-                                                                            .in_flight(in_flight));
-    costs.update_on_devices = update_on_devices;
-    return profiled[n] = costs;
-  };
+  const CostsAtRows profile_at = profiles_at_rows(
+      whole, train.input.narrow(0, 0, batch), train.target.narrow(0, 0, batch), batch,
+      PlanProfileOptions().optimizer(optimizer).threads(s.threads_per_device).loss(c.task.loss), update_on_devices);
   RunRequest request = run_request(s);
   request.schedule = "auto";
   std::vector<double> costs;  // `balance_by`'s, for its plan

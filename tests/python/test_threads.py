@@ -119,6 +119,45 @@ def test_calls_from_two_python_threads_take_turns():
         assert torch.equal(p.grad, r.grad)
 
 
+def test_steps_from_two_python_threads_within_update_on_devices_take_turns_with_their_updates():
+    """Each step and the hold of its update are one turn: 12 steps on the same batch from two threads
+    leave the parameters of 12 steps one after another."""
+    def small():
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+                                   torch.nn.Tanh(), torch.nn.Linear(64, 8))
+
+    x, y = torch.randn(96, 64), torch.randn(96, 8)
+    model, reference = small(), small()
+    pipe = gpipe.GPipe(model, balance=[2, 3], chunks=4, schedule="gpipe")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    failures = []
+
+    def steps():
+        try:
+            for _ in range(6):
+                pipe.train_step(x, y, loss="mse")
+                pipe(x)
+        except Exception as e:  # noqa: BLE001  (reported below)
+            failures.append(e)
+
+    with pipe.update_on_devices(opt):
+        workers = [threading.Thread(target=steps) for _ in range(2)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    assert not failures, failures
+    alone = gpipe.GPipe(reference, balance=[2, 3], chunks=4, schedule="gpipe")
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.01, momentum=0.9)
+    for _ in range(12):
+        ref_opt.zero_grad()
+        alone.train_step(x, y, loss="mse")
+        ref_opt.step()
+    for p, r in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, r)
+
+
 def test_the_interpreter_exits_cleanly_while_a_daemon_thread_is_inside_a_step():
     script = """
 import sys, threading, time, torch, gpipe

@@ -229,6 +229,11 @@ def test_defaults_choose_the_schedule_chunks_and_checkpoint_on_the_first_batch_a
     # A named schedule without chunks: 4 micro-batches per device; the paper's re-materialization.
     named = gpipe.GPipe(mlp(), devices=2, schedule="1f1b", balance=[4, 4])
     assert named.chunks == 8 and named.checkpoint == "except_last"
+    assert gpipe.GPipe(mlp(), schedule="interleaved", balance=[2, 2, 2, 2]).chunks == 8  # K=2, V=2
+    assert gpipe.GPipe(mlp(), schedule="interleaved", devices=2).chunks == 8
+    two = gpipe.GPipe(mlp(), devices=2, virtual_stages=2)  # auto among the schedules of V=2
+    two.train_step(*data[0])
+    assert two.virtual_stages == 2 and len(two.balance) == 4
 
 
 OPTIMIZERS = [lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), lambda p: torch.optim.Adam(p, lr=1e-2),
@@ -666,7 +671,8 @@ def test_summary_leaves_out_the_first_batchs_build():
     assert 0 < summary.seconds <= whole - pipe.build_seconds + 1e-6
 
 
-def test_balance_none_keeps_the_gradients_already_there():
+@pytest.mark.parametrize("schedule", ["gpipe", "auto"])  # cut by measured time; auto: profiled for its choice
+def test_balance_none_keeps_the_gradients_already_there(schedule):
     """Timing the layers for the cut runs backward through the model's parameters: the gradients
     they held before are kept, and the first step adds to them as loss.backward() would."""
     model, reference = mlp(), mlp()
@@ -674,22 +680,23 @@ def test_balance_none_keeps_the_gradients_already_there():
         for p in m.parameters():
             p.grad = torch.ones_like(p)
     (x, y), = batches(1, 16)
-    gpipe.GPipe(model, chunks=4, devices=2).train_step(x, y)
+    gpipe.GPipe(model, chunks=4, devices=2, schedule=schedule).train_step(x, y)
     torch.nn.functional.cross_entropy(reference(x), y).backward()
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.allclose(p.grad, q.grad, rtol=RTOL, atol=1e-7)
 
 
-def test_balance_none_profiles_without_touching_the_models_buffers_or_random_numbers():
+@pytest.mark.parametrize("schedule", ["gpipe", "auto"])
+def test_balance_none_profiles_without_touching_the_models_buffers_or_random_numbers(schedule):
     """The cut by measured time runs the layers in training mode; BatchNorm's running statistics
     and the random numbers are as if it had not: the same as a pipeline given its balance."""
     timed, given = bn_model(), bn_model()
     (x, y), = batches(1, 16)
     torch.manual_seed(3)
-    gpipe.GPipe(timed, chunks=2, devices=2).train_step(x, y)
+    gpipe.GPipe(timed, chunks=2, devices=2, schedule=schedule).train_step(x, y)
     timed_rng = torch.get_rng_state()
     torch.manual_seed(3)
-    gpipe.GPipe(given, balance=[3, 3], chunks=2).train_step(x, y)
+    gpipe.GPipe(given, balance=[3, 3], chunks=2, schedule="gpipe").train_step(x, y)
     assert torch.equal(timed_rng, torch.get_rng_state())
     for (name, a), b in zip(timed.named_buffers(), given.buffers()):
         if name.endswith("num_batches_tracked"):
