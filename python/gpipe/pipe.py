@@ -231,6 +231,9 @@ class _OneRowBatchNorm:
 # torch.optim's optimizers whose step updates each parameter from its own gradient, state and group
 # settings alone: a stage's share of the step, run by an optimizer over that stage's parameters, is
 # then the whole step's to the bit.
+# id(parameter) -> the _DeviceUpdates of the update_on_devices block that holds its updates.
+_HELD_BY = {}
+
 _PER_PARAMETER = tuple(getattr(torch.optim, name) for name in (
     "SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "ASGD", "NAdam", "RAdam", "RMSprop")
     if hasattr(torch.optim, name))
@@ -250,9 +253,22 @@ class _DeviceUpdates:
                              "updates the model's parameters stage by stage: give it an optimizer of "
                              "model.parameters()")
         self.optimizer = optimizer
+        self._state = optimizer.state  # the state the stages' optimizers share (load_state_dict replaces it)
         self._stages = None  # {stage: its optimizer}; made once the pipeline is cut
         self._stage_of = {}  # id(parameter) -> stage
         self._held = {}      # stage -> [(parameter, gradient)], not yet applied
+        self._claimed = [id(p) for p in model.parameters()]
+        if any(_HELD_BY.get(i, self) is not self for i in self._claimed):
+            raise ValueError("gpipe: another GPipe's update_on_devices block holds updates of this model's "
+                             "parameters, which this pipeline would read a step behind; leave that block first")
+        for i in self._claimed:
+            _HELD_BY[i] = self
+
+    def release(self):
+        """The parameters no longer held by this block (its end)."""
+        for i in self._claimed:
+            if _HELD_BY.get(i) is self:
+                del _HELD_BY[i]
 
     def profiled_optimizer(self):
         """The optimizer as the cost model times its update (planning's `optimizer`): "adam", "momentum"
@@ -283,6 +299,19 @@ class _DeviceUpdates:
             stages[stage] = share
         self._stages, self._stage_of = stages, stage_of
 
+    def state_replaced(self):
+        """Whether the optimizer's state was replaced (load_state_dict) since the last hold: then the
+        held update, taken from the model before, is dropped, and the stages share the new state.
+        Returns whether an update was dropped."""
+        if self.optimizer.state is self._state:
+            return False
+        self._state = self.optimizer.state
+        for share in (self._stages or {}).values():
+            share.state = self._state
+        dropped = bool(self._held)
+        self._held.clear()
+        return dropped
+
     def hold(self):
         """Takes the gradients of the step just run, with the optimizer's settings now (an LR
         scheduler's), to apply in the next; nothing may be held."""
@@ -292,6 +321,10 @@ class _DeviceUpdates:
             by_stage = {stage: [] for stage in self._stages}
             for p in group["params"]:
                 stage = self._stage_of.get(id(p))
+                if stage is None and p.grad is not None and id(p) not in _HELD_BY:
+                    raise ValueError("gpipe: the optimizer holds a parameter that is not the model's (added by "
+                                     "add_param_group?), which update_on_devices would never update; give it "
+                                     "the model's parameters only, or call optimizer.step() outside the block")
                 if stage is not None and p.grad is not None:
                     by_stage[stage].append(p)
             for stage, params in by_stage.items():
@@ -416,6 +449,9 @@ class GPipe:
         settings.micro_batches = 1 if chunks is None else _whole(chunks, "chunks")
         settings.micro_batches_given = chunks is not None or schedule != "auto"
         settings.schedule = _one_of(schedule, "schedule", tuple(schedule_names()) + ("auto",))
+        if checkpoint == "auto":
+            raise ValueError("gpipe: checkpoint must be one of 'always', 'except_last', 'never', or None (the "
+                             "default), which lets schedule=\"auto\" choose it (got 'auto')")
         settings.checkpoint = "except_last" if checkpoint is None else \
             _one_of(checkpoint, "checkpoint", tuple(_gpipe.checkpoint_names()))
         settings.checkpoint_given = checkpoint is not None or schedule != "auto"
@@ -516,7 +552,8 @@ class GPipe:
         loss.backward() would (under MPI: on the ranks of the first device, their replica's rows;
         zero elsewhere). The layers run in the model's mode
         (model.train(), model.eval()). The GIL is released for the whole step; Ctrl-C raises
-        KeyboardInterrupt with parameters and gradients as they were."""
+        KeyboardInterrupt with parameters and gradients as they were (one that comes as the step
+        ends raises it after the step, which then counts)."""
         _batch(target, "target")
         if not isinstance(loss, (str, torch.jit.ScriptFunction)):
             raise ValueError("gpipe: loss must be \"cross_entropy\", \"mse\" or a torch.jit.script-ed function "
@@ -529,8 +566,15 @@ class GPipe:
                 with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
                     value = pipe.train_step(input, target, loss, self.model.training)
                 self._step_seconds = time.perf_counter() - begin
+                if pipe.take_interrupt():  # Ctrl-C as the step ended: after it, which counts
+                    raise KeyboardInterrupt
                 return value
             updates.cut(pipe)
+            if updates.state_replaced():
+                warnings.warn("gpipe: the optimizer's state was replaced (load_state_dict) within update_on_devices "
+                              "while the last step's update was held; that update was dropped, as loading a "
+                              "checkpoint would replace what it did. Load checkpoints outside the block to keep "
+                              "every step's update", RuntimeWarning, stacklevel=2)
             begin = time.perf_counter()
             done = False
             try:
@@ -545,6 +589,8 @@ class GPipe:
                         updates.hold()
                         pipe.set_before_stage(updates.apply)
             self._step_seconds = time.perf_counter() - begin
+            if pipe.take_interrupt():  # Ctrl-C as the step ended: after it and its hold, which count
+                raise KeyboardInterrupt
             return value
 
     @contextlib.contextmanager
@@ -584,8 +630,12 @@ class GPipe:
                 raise ValueError("gpipe: update_on_devices is already active for this GPipe; leave the first block "
                                  "first")
             updates = _DeviceUpdates(optimizer, self.model)
-            if self._pipe is not None:
-                updates.cut(self._pipe)
+            try:
+                if self._pipe is not None:
+                    updates.cut(self._pipe)
+            except BaseException:
+                updates.release()
+                raise
             self._updates = updates
         try:
             yield self
@@ -595,6 +645,7 @@ class GPipe:
                     self._finish_update()
                 finally:
                     self._updates = None
+                    updates.release()
 
     def _finish_update(self):
         """The held update (update_on_devices) applied here, before the parameters are read or used."""
@@ -603,6 +654,10 @@ class GPipe:
                 return
             if self._pipe is not None:
                 self._pipe.set_before_stage(None)
+            if self._updates.state_replaced():
+                warnings.warn("gpipe: the optimizer's state was replaced (load_state_dict) within update_on_devices "
+                              "while the last step's update was held; that update was dropped", RuntimeWarning,
+                              stacklevel=3)
             self._updates.apply_remaining()
 
     def __reduce__(self):

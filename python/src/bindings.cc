@@ -28,6 +28,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace py = pybind11;
@@ -268,8 +269,18 @@ class PythonPipeline {
       return pipe_->train_step(input, target, fn).item<double>();
     });
     gil_free_s_ = static_cast<double>(now_ns() - begin - gil_held_ns_.load()) * 1e-9;
+    // Ctrl-C as the step ended, after its last interrupt check: the step counts, and the caller raises
+    // KeyboardInterrupt once it has taken it in (take_interrupt), not in the middle of that.
+    if (PyErr_CheckSignals() != 0) {
+      if (!PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw py::error_already_set();
+      PyErr_Clear();
+      interrupted_after_step_ = true;
+    }
     return value;
   }
+
+  // Whether Ctrl-C came as the last step ended (train_step); asking forgets it.
+  bool take_interrupt() { return std::exchange(interrupted_after_step_, false); }
 
   /// Seconds of the last train_step during which this process did not hold the GIL.
   double gil_free_seconds() const { return gil_free_s_; }
@@ -365,6 +376,7 @@ class PythonPipeline {
   std::unique_ptr<Pipeline> pipe_;
   Prediction predicted_;
   py::object before_stage_ = py::none();
+  bool interrupted_after_step_ = false;
   std::mutex calling_;
   // In the last step's interrupt checks and its devices' work before a stage (update_on_devices).
   std::atomic<int64_t> gil_held_ns_{0};
@@ -433,6 +445,7 @@ PYBIND11_MODULE(_gpipe, m) {
            py::arg("settings"), py::arg("batch"))
       .def("parameters", [](PythonPipeline& p) { return p.pipe().parameters(); })
       .def("stage_parameters", &PythonPipeline::stage_parameters)
+      .def("take_interrupt", &PythonPipeline::take_interrupt)
       .def("set_before_stage", &PythonPipeline::set_before_stage, py::arg("work"))
       .def("train_step", &PythonPipeline::train_step, py::arg("input"), py::arg("target"), py::arg("loss"),
            py::arg("training"))

@@ -323,6 +323,60 @@ def test_update_on_devices_refuses_what_it_cannot_split():
             pipe.clip_grad_norm_(1.0)
 
 
+def test_update_on_devices_refuses_a_second_block_over_the_same_parameters_and_a_foreign_one_later():
+    model = mlp()
+    first = gpipe.GPipe(model, balance=[4, 4], chunks=2, schedule="gpipe")
+    second = gpipe.GPipe(model, balance=[4, 4], chunks=2, schedule="1f1b")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = batches(2, 8)
+    with first.update_on_devices(opt):
+        first.train_step(*data[0])
+        with pytest.raises(ValueError, match="another GPipe's update_on_devices block holds"):
+            with second.update_on_devices(opt):
+                pass
+        stranger = torch.nn.Parameter(torch.zeros(3))
+        stranger.grad = torch.ones(3)
+        opt.add_param_group({"params": [stranger]})
+        with pytest.raises(ValueError, match="not the model's .added by add_param_group"):
+            first.train_step(*data[1])
+        opt.param_groups.pop()
+    with second.update_on_devices(opt):  # the first block has ended
+        second.train_step(*data[1])
+
+
+def test_update_on_devices_drops_the_held_update_when_the_optimizer_state_is_loaded():
+    model = mlp()
+    pipe = gpipe.GPipe(model, balance=[4, 4], chunks=2, schedule="gpipe")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    data = batches(3, 8)
+    with pipe.update_on_devices(opt):
+        pipe.train_step(*data[0])
+        pipe(data[0][0])  # applies the held update: the checkpoint is taken after it, as a plain loop's
+        saved_model, saved_opt = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+        pipe.train_step(*data[1])
+        model.load_state_dict(saved_model)  # back to the checkpoint: the update held since is dropped
+        opt.load_state_dict(saved_opt)
+        with pytest.warns(RuntimeWarning, match="update was dropped"):
+            pipe.train_step(*data[2])
+    # As a plain loop that reloads the same checkpoint after its second step.
+    reference = mlp()
+    ref_pipe = gpipe.GPipe(reference, balance=[4, 4], chunks=2, schedule="gpipe")
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    for n, (x, y) in enumerate(data):
+        ref_opt.zero_grad()
+        ref_pipe.train_step(x, y)
+        ref_opt.step()
+        if n == 0:
+            ref_pipe(x)
+            ref_saved = copy.deepcopy(reference.state_dict()), copy.deepcopy(ref_opt.state_dict())
+        if n == 1:
+            reference.load_state_dict(ref_saved[0])
+            ref_opt.load_state_dict(ref_saved[1])
+    assert same_to_the_bit(model, reference)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(opt.state[p]["exp_avg"], ref_opt.state[q]["exp_avg"])
+
+
 def unet_like():
     torch.manual_seed(4)
     return torch.nn.Sequential(
