@@ -182,6 +182,7 @@ def cnn(args):
 def cli(args):
     import_path = os.environ.get("PYTHONPATH", "")
     rates = {"gpipe_train": [], "gpipe_python": [], "pytorch_1_thread": []}
+    choices = []  # gpipe.GPipe's, per round: schedule="auto" may choose differently
     for r in range(args.rounds):
         out = subprocess.run([args.gpipe, "train", "--train-samples", str(args.samples), "--test-samples", "500",
                               "--epochs", "1", "--json"], capture_output=True, text=True, check=True).stdout
@@ -191,9 +192,12 @@ def cli(args):
             out = subprocess.run([sys.executable, __file__, "--epoch", contender, "--samples", str(args.samples),
                                   "--data-dir", args.data_dir], capture_output=True, text=True, check=True,
                                  env=env).stdout
-            rates[name].append(json.loads(out.strip().splitlines()[-1])["samples_per_s"])
+            answer = json.loads(out.strip().splitlines()[-1])
+            rates[name].append(answer["samples_per_s"])
+            if contender == "gpipe":
+                choices.append({k: answer[k] for k in ("schedule", "chunks", "balance")})
         print(f"cli  round {r + 1}: " + ", ".join(f"{name} {values[-1]:.0f}" for name, values in rates.items()) +
-              " samples/s", flush=True)
+              f" samples/s; gpipe.GPipe ran {choices[-1]}", flush=True)
     limit = [2 * x for x in rates["pytorch_1_thread"]]
     row = {"comparison": "cli", "gpipe_train_samples_per_s": statistics.median(rates["gpipe_train"]),
            "python_samples_per_s": statistics.median(rates["gpipe_python"]),
@@ -201,7 +205,7 @@ def cli(args):
            "python_over_gpipe_train": ratios(rates["gpipe_python"], rates["gpipe_train"]),
            "python_of_2_core_limit": ratios(rates["gpipe_python"], limit),
            "gpipe_train_of_2_core_limit": ratios(rates["gpipe_train"], limit),
-           "rounds": args.rounds, "per_round": rates}
+           "rounds": args.rounds, "per_round": rates, "python_choices": choices}
     print(f"cli  gpipe.GPipe / gpipe train {span(row['python_over_gpipe_train'])} per round")
     print(f"cli  of the 2-core limit: gpipe.GPipe {span(row['python_of_2_core_limit'])}, gpipe train "
           f"{span(row['gpipe_train_of_2_core_limit'])} per round")
