@@ -84,17 +84,14 @@ def test_ctrl_c_during_a_step_raises_keyboard_interrupt_at_once_and_changes_noth
     assert isinstance(pipe.train_step(x[:16], y[:16], loss="mse"), float)
 
 
-def test_calls_from_two_python_threads_take_turns():
-    """The pipeline runs one call at a time: steps from two threads at once wait for each other, and
-    the gradients are those of the same steps run one after another."""
-    def small():
-        torch.manual_seed(3)
-        return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
-                                   torch.nn.Tanh(), torch.nn.Linear(64, 8))
+def small():
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+                               torch.nn.Tanh(), torch.nn.Linear(64, 8))
 
-    x, y = torch.randn(96, 64), torch.randn(96, 8)
-    model, reference = small(), small()
-    pipe = gpipe.GPipe(model, balance=[2, 3], chunks=4, schedule="gpipe")
+
+def six_steps_from_each_of_two_threads(pipe, x, y):
+    """Each thread: 6 times train_step and pipe(x); the exceptions they raised."""
     failures = []
 
     def steps():
@@ -102,7 +99,7 @@ def test_calls_from_two_python_threads_take_turns():
             for _ in range(6):
                 pipe.train_step(x, y, loss="mse")
                 pipe(x)
-        except Exception as e:  # noqa: BLE001  (reported below)
+        except Exception as e:  # noqa: BLE001  (reported by the caller)
             failures.append(e)
 
     workers = [threading.Thread(target=steps) for _ in range(2)]
@@ -110,6 +107,16 @@ def test_calls_from_two_python_threads_take_turns():
         w.start()
     for w in workers:
         w.join()
+    return failures
+
+
+def test_calls_from_two_python_threads_take_turns():
+    """The pipeline runs one call at a time: steps from two threads at once wait for each other, and
+    the gradients are those of the same steps run one after another."""
+    x, y = torch.randn(96, 64), torch.randn(96, 8)
+    model, reference = small(), small()
+    pipe = gpipe.GPipe(model, balance=[2, 3], chunks=4, schedule="gpipe")
+    failures = six_steps_from_each_of_two_threads(pipe, x, y)
     assert not failures, failures
     # Every step adds the same gradient (no optimizer step between them): 12 of them, in any order.
     alone = gpipe.GPipe(reference, balance=[2, 3], chunks=4, schedule="gpipe")
@@ -122,31 +129,12 @@ def test_calls_from_two_python_threads_take_turns():
 def test_steps_from_two_python_threads_within_update_on_devices_take_turns_with_their_updates():
     """Each step and the hold of its update are one turn: 12 steps on the same batch from two threads
     leave the parameters of 12 steps one after another."""
-    def small():
-        torch.manual_seed(3)
-        return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
-                                   torch.nn.Tanh(), torch.nn.Linear(64, 8))
-
     x, y = torch.randn(96, 64), torch.randn(96, 8)
     model, reference = small(), small()
     pipe = gpipe.GPipe(model, balance=[2, 3], chunks=4, schedule="gpipe")
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    failures = []
-
-    def steps():
-        try:
-            for _ in range(6):
-                pipe.train_step(x, y, loss="mse")
-                pipe(x)
-        except Exception as e:  # noqa: BLE001  (reported below)
-            failures.append(e)
-
     with pipe.update_on_devices(opt):
-        workers = [threading.Thread(target=steps) for _ in range(2)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
+        failures = six_steps_from_each_of_two_threads(pipe, x, y)
     assert not failures, failures
     alone = gpipe.GPipe(reference, balance=[2, 3], chunks=4, schedule="gpipe")
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.01, momentum=0.9)
