@@ -87,6 +87,9 @@ struct Settings {
   // runs on the devices (GPipe.update_on_devices) or on the calling thread after the step.
   std::string optimizer = "momentum";
   bool update_on_devices = false;
+  // The loop's own optimizer's update, timed in Python (seconds per parameter byte); 0: libtorch's
+  // optimizer of `optimizer`'s kind, as the profile times it.
+  double update_s_per_parameter_byte = 0;
 
   PipelineOptions options() const {
     return PipelineOptions()
@@ -228,13 +231,19 @@ class PythonPipeline {
     const int64_t share = first_micro_batch_rows(batch.size(0), std::max(1, processes / settings.devices));
     const int64_t planned = settings.micro_batches_given ? std::max<int64_t>(share, settings.micro_batches) : share;
     // A weight shared by layers may be tied across stages, which update_on_devices refuses.
-    const CostsAtRows profile_at = profiles_at_rows(
+    const CostsAtRows profiled = profiles_at_rows(
         whole, batch.narrow(0, 0, share), torch::Tensor(), planned,
         PlanProfileOptions().optimizer(settings.optimizer).threads(settings.threads),
         settings.update_on_devices && shared_tensors(whole).empty(), [] {
           py::gil_scoped_acquire gil;  // Ctrl-C between profiles: KeyboardInterrupt
           if (PyErr_CheckSignals() != 0) throw py::error_already_set();
         });
+    const double update_s = settings.update_s_per_parameter_byte;
+    const CostsAtRows profile_at = [profiled, update_s](int64_t rows) {
+      CostModel costs = profiled(rows);
+      if (update_s > 0) costs.update_s_per_parameter_byte = update_s;
+      return costs;
+    };
     RunRequest request;
     request.devices = settings.devices;
     request.micro_batches = settings.micro_batches;
@@ -423,7 +432,8 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_readwrite("threads", &Settings::threads)
       .def_readwrite("runtime", &Settings::runtime)
       .def_readwrite("optimizer", &Settings::optimizer)
-      .def_readwrite("update_on_devices", &Settings::update_on_devices);
+      .def_readwrite("update_on_devices", &Settings::update_on_devices)
+      .def_readwrite("update_s_per_parameter_byte", &Settings::update_s_per_parameter_byte);
   // The plan's K and V, or ValueError naming what the settings get wrong.
   // What the pipeline refuses of a scripted model (a Pop's merge with parameters...), before any batch.
   m.def("check_model", [](const py::object& scripted) {
