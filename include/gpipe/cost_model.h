@@ -54,6 +54,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -128,11 +129,13 @@ struct CostModel {
 /// over that many passes of `sample` at once, every forward before the backwards, as a schedule holds
 /// its micro-batches: a layer then finds less of its data in cache than when one micro-batch's
 /// backward follows its forward (the main job's ResNet at M=8 on one device: predicted 22% under the
-/// measured step with 1, 5% with 8).
+/// measured step with 1, 5% with 8). `between` runs before each repetition and before the update is
+/// timed (a front end checks for an interrupt there; what it throws ends the profile).
 CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& sample, int threads = 1,
                          double state_per_parameter_byte = 1, int warmup = 1, int repetitions = 3,
                          const LossFn& loss = nullptr, const torch::Tensor& target = {},
-                         const std::vector<int>& whole = {}, int in_flight = 1);
+                         const std::vector<int>& whole = {}, int in_flight = 1,
+                         const std::function<void()>& between = {});
 
 /// `costs` with every layer's compute (forward, backward, I and W) `factor` times as long: a device
 /// that much slower. The update and the bytes stay.

@@ -147,6 +147,8 @@ struct PlanProfileOptions {
   TORCH_ARG(std::string, name) = "model";
   /// Micro-batches profiled at once (profile_layers' `in_flight`).
   TORCH_ARG(int, in_flight) = 1;
+  /// Run before each of the profile's repetitions (profile_layers' `between`); empty: nothing.
+  TORCH_ARG(std::function<void()>, between) = nullptr;
 };
 
 /// Bytes of gradient and optimizer state per parameter byte of `optimizer` ("sgd" 1, "momentum" 2,

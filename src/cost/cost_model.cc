@@ -225,7 +225,8 @@ class UntouchedModel {
 
 CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& sample_in, int threads,
                          double state_per_parameter_byte, int warmup, int repetitions, const LossFn& loss,
-                         const torch::Tensor& target, const std::vector<int>& whole, int in_flight) {
+                         const torch::Tensor& target, const std::vector<int>& whole, int in_flight,
+                         const std::function<void()>& between) {
   GPIPE_CHECK(sample_in.size() > 0, "profile_layers needs a sample");
   int lead = 0;  // the first tensor with the batch dimension gives the rows
   while (std::find(whole.begin(), whole.end(), lead) != whole.end()) ++lead;
@@ -267,6 +268,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
   // `in_flight` micro-batches at once, their forwards before their backwards (as a schedule holds
   // them): each layer's time then includes the cache it loses to the others' activations.
   for (int rep = 0; rep < warmup + repetitions; ++rep) {
+    if (between) between();
     const bool timed = rep >= warmup;
     for (bool split : {false, true}) {
       std::vector<std::vector<Tensors>> ins(in_flight, std::vector<Tensors>(L)), outs(in_flight, std::vector<Tensors>(L));
@@ -431,6 +433,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
     copies.push_back(copy);
   }
   if (timed_bytes > 0) {
+    if (between) between();
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     if (state_per_parameter_byte >= 3)
       optimizer = std::make_unique<torch::optim::Adam>(copies, torch::optim::AdamOptions(1e-3));

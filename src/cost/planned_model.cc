@@ -93,7 +93,7 @@ CostModel profile_model(const torch::nn::Sequential& model, const Tensors& sampl
     torch::nn::Sequential layers = model;  // a handle to the same modules, to set their mode
     layers->train();
     costs = profile_layers(model, sample, options.threads(), state, options.warmup(), options.repetitions(),
-                           options.loss(), options.target(), {}, options.in_flight());
+                           options.loss(), options.target(), {}, options.in_flight(), options.between());
   }
   return with_compute_scaled(std::move(costs), 1.0 / options.speed());
 }

@@ -202,6 +202,7 @@ CostsAtRows profiles_at_rows(const torch::nn::Sequential& whole, const torch::Te
     const int64_t n = std::min(rows, input.size(0));
     PlanProfileOptions o = options;
     o.in_flight(static_cast<int>(std::max<int64_t>(1, batch / n)));
+    if (before_each && !o.between()) o.between(before_each);  // within the profile too
     if (target.defined()) o.target(target.narrow(0, 0, n));
     CostModel costs = profile_model(whole, input.narrow(0, 0, n), o);
     costs.update_on_devices = update_on_devices;

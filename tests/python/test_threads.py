@@ -84,6 +84,36 @@ def test_ctrl_c_during_a_step_raises_keyboard_interrupt_at_once_and_changes_noth
     assert isinstance(pipe.train_step(x[:16], y[:16], loss="mse"), float)
 
 
+def test_ctrl_c_during_autos_profile_raises_keyboard_interrupt_within_a_repetition():
+    """schedule="auto" profiles the layers on the first batch, for about as long as 70 steps of this
+    model: Ctrl-C ends the profile within one of its repetitions (one core passing the whole batch
+    forward and backward twice: a few steps), not at its end (ten seconds and more here)."""
+    model = heavy()
+    pipe = gpipe.GPipe(model, devices=2)
+    x, y = torch.randn(2048, 1536), torch.randn(2048, 1536)
+    sent = []
+
+    def interrupt():
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(0.5, interrupt)
+    timer.start()
+    try:
+        pipe.train_step(x, y, loss="mse")
+        raised = None
+    except KeyboardInterrupt:
+        raised = time.perf_counter()
+    timer.join()
+    assert raised is not None and pipe.schedule is None, "the profile ended without KeyboardInterrupt"
+    assert all(p.grad is None for p in model.parameters())
+    named = gpipe.GPipe(model, balance=[3, 3], chunks=8, schedule="gpipe")
+    whole = time.perf_counter()
+    named.train_step(x, y, loss="mse")
+    whole = time.perf_counter() - whole
+    assert raised - sent[0] < 6 * whole, f"KeyboardInterrupt came {raised - sent[0]:.2f} s after Ctrl-C; a step takes {whole:.2f} s"
+
+
 def small():
     torch.manual_seed(3)
     return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
