@@ -54,7 +54,8 @@ Dict encode_state(torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
 }
 
 torch::Tensor tensor_or_none(const Dict& d, const char* name) {
-  return d.contains(name) ? d.at(name).toTensor() : torch::Tensor();
+  // A copy of its own, contiguous: a stored tensor may alias itself (strides of 0), which in-place steps refuse
+  return d.contains(name) ? d.at(name).toTensor().clone(at::MemoryFormat::Contiguous) : torch::Tensor();
 }
 
 // An Adam or AdamW state from the fields encode_state wrote.
