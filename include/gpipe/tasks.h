@@ -279,11 +279,10 @@ using CostsAtRows = std::function<CostModel(int64_t rows)>;
 /// The costs "auto" weighs, as front ends profile them: `whole` profiled (profile_model, `options`)
 /// on the first `rows` rows of `input` (and of `target`, where defined, for `options`' loss) at each
 /// size asked, once per size, with as many micro-batches in flight as `batch` holds (a schedule keeps
-/// up to M), and CostModel::update_on_devices set to `update_on_devices`. `before_each` runs before
-/// each new profile and each of its repetitions (a front end checks for an interrupt there).
+/// up to M), and CostModel::update_on_devices set to `update_on_devices`.
 CostsAtRows profiles_at_rows(const torch::nn::Sequential& whole, const torch::Tensor& input,
                              const torch::Tensor& target, int64_t batch, const PlanProfileOptions& options,
-                             bool update_on_devices, std::function<void()> before_each = {});
+                             bool update_on_devices);
 
 /// The configurations "auto" weighs for `request`, as search_plans predicts them from `costs_at` (one
 /// replica of K devices on a batch of `batch` rows, the run's `checkpoint` unless the request leaves

@@ -322,18 +322,20 @@ class _DeviceUpdates:
             stages[stage] = share
         self._stages, self._stage_of = stages, stage_of
 
-    def state_replaced(self):
-        """Whether the optimizer's state was replaced (load_state_dict) since the last hold: then the
-        held update, taken from the model before, is dropped, and the stages share the new state.
-        Returns whether an update was dropped."""
+    def follow_replaced_state(self):
+        """If the optimizer's state was replaced (load_state_dict) since the last hold, the stages share
+        the new one, and the held update, taken from the model before, is dropped, with a warning."""
         if self.optimizer.state is self._state:
-            return False
+            return
         self._state = self.optimizer.state
         for share in (self._stages or {}).values():
             share.state = self._state
-        dropped = bool(self._held)
-        self._held.clear()
-        return dropped
+        if self._held:
+            self._held.clear()
+            warnings.warn("gpipe: the optimizer's state was replaced (load_state_dict) within update_on_devices "
+                          "while the last step's update was held; that update was dropped, as loading a "
+                          "checkpoint would replace what it did. Load checkpoints outside the block to keep "
+                          "every step's update", RuntimeWarning, stacklevel=3)
 
     def hold(self):
         """Takes the gradients of the step just run, with the optimizer's settings now (an LR
@@ -526,11 +528,17 @@ class GPipe:
         self._updates = None  # update_on_devices' held update
         self._step_seconds = 0.0
         if balance is not None and schedule != "auto":
-            begin = time.perf_counter()
-            self._pipe = _gpipe.Pipeline(self._scripted, settings, None)
-            self.build_seconds = time.perf_counter() - begin
+            self._pipe = self._build(None)
         else:  # built on the first batch: what it would refuse of the model, refused now
             _gpipe.check_model(self._scripted)
+
+    def _build(self, batch):
+        """The pipeline of the settings (on `batch`, the first one, where it is chosen or cut there);
+        the seconds it took in build_seconds."""
+        begin = time.perf_counter()
+        pipe = _gpipe.Pipeline(self._scripted, self._settings, batch)
+        self.build_seconds = time.perf_counter() - begin
+        return pipe
 
     def _unchanged(self):
         """Refuses a call after the model changed under the pipeline, which runs what it compiled."""
@@ -559,10 +567,8 @@ class GPipe:
                     self._settings.optimizer = self._updates.profiled_optimizer()
                     self._settings.update_s_per_parameter_byte = \
                         self._updates.seconds_per_parameter_byte(self.model)
-                begin = time.perf_counter()
                 with _OneRowBatchNorm(self.chunks or 1, input.size(0)):
-                    pipe = _gpipe.Pipeline(self._scripted, self._settings, input)
-                self.build_seconds = time.perf_counter() - begin
+                    pipe = self._build(input)
                 self.virtual_stages = pipe.virtual_stages  # schedule="auto": the V and M chosen
                 self.chunks = pipe.micro_batches
                 self._pipe = pipe
@@ -588,20 +594,9 @@ class GPipe:
         with self._turn:  # another Python thread's call waits for this step and its update's hold
             pipe = self._ready(input)
             updates = self._updates
-            if updates is None:
-                begin = time.perf_counter()
-                with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
-                    value = pipe.train_step(input, target, loss, self.model.training)
-                self._step_seconds = time.perf_counter() - begin
-                if pipe.take_interrupt():  # Ctrl-C as the step ended: after it, which counts
-                    raise KeyboardInterrupt
-                return value
-            updates.cut(pipe)
-            if updates.state_replaced():
-                warnings.warn("gpipe: the optimizer's state was replaced (load_state_dict) within update_on_devices "
-                              "while the last step's update was held; that update was dropped, as loading a "
-                              "checkpoint would replace what it did. Load checkpoints outside the block to keep "
-                              "every step's update", RuntimeWarning, stacklevel=2)
+            if updates is not None:
+                updates.cut(pipe)
+                updates.follow_replaced_state()
             begin = time.perf_counter()
             done = False
             try:
@@ -609,14 +604,15 @@ class GPipe:
                     value = pipe.train_step(input, target, loss, self.model.training)
                 done = True
             finally:
-                try:  # what the devices did not apply (after a failed step: the last step's update, whole)
-                    updates.apply_remaining()
-                finally:
-                    if done:  # this step's gradients held for the next, even if the last update failed
-                        updates.hold()
-                        pipe.set_before_stage(updates.apply)
+                if updates is not None:
+                    try:  # what the devices did not apply (after a failed step: the last step's update, whole)
+                        updates.apply_remaining()
+                    finally:
+                        if done:  # this step's gradients held for the next, even if the last update failed
+                            updates.hold()
+                            pipe.set_before_stage(updates.apply)
             self._step_seconds = time.perf_counter() - begin
-            if pipe.take_interrupt():  # Ctrl-C as the step ended: after it and its hold, which count
+            if pipe.take_interrupt():  # Ctrl-C as the step ended: after it (and its hold), which count
                 raise KeyboardInterrupt
             return value
 
@@ -681,10 +677,7 @@ class GPipe:
                 return
             if self._pipe is not None:
                 self._pipe.set_before_stage(None)
-            if self._updates.state_replaced():
-                warnings.warn("gpipe: the optimizer's state was replaced (load_state_dict) within update_on_devices "
-                              "while the last step's update was held; that update was dropped", RuntimeWarning,
-                              stacklevel=3)
+            self._updates.follow_replaced_state()
             self._updates.apply_remaining()
 
     def __reduce__(self):

@@ -231,13 +231,14 @@ class PythonPipeline {
     const int64_t share = first_micro_batch_rows(batch.size(0), std::max(1, processes / settings.devices));
     const int64_t planned = settings.micro_batches_given ? std::max<int64_t>(share, settings.micro_batches) : share;
     // A weight shared by layers may be tied across stages, which update_on_devices refuses.
+    const auto interrupted = [] {
+      py::gil_scoped_acquire gil;  // Ctrl-C during the profile: KeyboardInterrupt
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    };
     const CostsAtRows profiled = profiles_at_rows(
         whole, batch.narrow(0, 0, share), torch::Tensor(), planned,
-        PlanProfileOptions().optimizer(settings.optimizer).threads(settings.threads),
-        settings.update_on_devices && shared_tensors(whole).empty(), [] {
-          py::gil_scoped_acquire gil;  // Ctrl-C between profiles: KeyboardInterrupt
-          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-        });
+        PlanProfileOptions().optimizer(settings.optimizer).threads(settings.threads).between(interrupted),
+        settings.update_on_devices && shared_tensors(whole).empty());
     const double update_s = settings.update_s_per_parameter_byte;
     const CostsAtRows profile_at = [profiled, update_s](int64_t rows) {
       CostModel costs = profiled(rows);
@@ -342,14 +343,17 @@ class PythonPipeline {
       // An interpreter that is exiting cannot give this thread the GIL: the step fails instead.
       if (interpreter_exiting()) throw std::runtime_error("the Python interpreter is exiting");
       const int64_t begin = now_ns();
-      py::gil_scoped_acquire gil;
-      try {
-        before_stage_(stage);
-      } catch (py::error_already_set& e) {
-        gil_held_ns_ += now_ns() - begin;
-        throw std::runtime_error(e.what());
+      std::optional<std::string> failure;
+      {
+        py::gil_scoped_acquire gil;
+        try {
+          before_stage_(stage);
+        } catch (py::error_already_set& e) {
+          failure = e.what();
+        }
       }
       gil_held_ns_ += now_ns() - begin;
+      if (failure) throw std::runtime_error(*failure);
     });
   }
 
@@ -434,11 +438,11 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_readwrite("optimizer", &Settings::optimizer)
       .def_readwrite("update_on_devices", &Settings::update_on_devices)
       .def_readwrite("update_s_per_parameter_byte", &Settings::update_s_per_parameter_byte);
-  // The plan's K and V, or ValueError naming what the settings get wrong.
   // What the pipeline refuses of a scripted model (a Pop's merge with parameters...), before any batch.
   m.def("check_model", [](const py::object& scripted) {
     script_model(scripted.attr("_c").cast<torch::jit::Module>(), "the scripted model");
   }, py::arg("scripted"));
+  // The plan's K and V, or ValueError naming what the settings get wrong.
   m.def("check_threads_per_device", [](int threads) { gpipe::check_threads_per_device(threads, "threads="); },
         py::arg("threads"));
   m.def("check_plan",

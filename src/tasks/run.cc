@@ -194,15 +194,13 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
 
 CostsAtRows profiles_at_rows(const torch::nn::Sequential& whole, const torch::Tensor& input,
                              const torch::Tensor& target, int64_t batch, const PlanProfileOptions& options,
-                             bool update_on_devices, std::function<void()> before_each) {
+                             bool update_on_devices) {
   auto profiled = std::make_shared<std::map<int64_t, CostModel>>();
   return [=](int64_t rows) {
     if (const auto it = profiled->find(rows); it != profiled->end()) return it->second;
-    if (before_each) before_each();
     const int64_t n = std::min(rows, input.size(0));
     PlanProfileOptions o = options;
     o.in_flight(static_cast<int>(std::max<int64_t>(1, batch / n)));
-    if (before_each && !o.between()) o.between(before_each);  // within the profile too
     if (target.defined()) o.target(target.narrow(0, 0, n));
     CostModel costs = profile_model(whole, input.narrow(0, 0, n), o);
     costs.update_on_devices = update_on_devices;

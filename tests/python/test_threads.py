@@ -48,6 +48,26 @@ def test_another_python_thread_runs_during_the_step():
     assert len(during) > 10, f"the other thread advanced {len(during)} times in a {end - begin:.2f} s step"
 
 
+def ctrl_c_during(call, after=0.5):
+    """Runs `call`, sending Ctrl-C to this process `after` seconds in: the seconds from the signal to
+    the KeyboardInterrupt `call` raised, or None if it returned."""
+    sent = []
+
+    def interrupt():
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(after, interrupt)
+    timer.start()
+    try:
+        call()
+        raised = None
+    except KeyboardInterrupt:
+        raised = time.perf_counter()
+    timer.join()
+    return None if raised is None else raised - sent[0]
+
+
 def test_ctrl_c_during_a_step_raises_keyboard_interrupt_at_once_and_changes_nothing():
     model = heavy()
     pipe = gpipe.GPipe(model, balance=[3, 3], chunks=8, checkpoint="always", schedule="gpipe")
@@ -55,22 +75,9 @@ def test_ctrl_c_during_a_step_raises_keyboard_interrupt_at_once_and_changes_noth
     for p in model.parameters():
         p.grad = torch.full_like(p, 0.5)
     before = [p.detach().clone() for p in model.parameters()]
-    sent = []
-
-    def interrupt():
-        sent.append(time.perf_counter())
-        os.kill(os.getpid(), signal.SIGINT)
-
-    timer = threading.Timer(0.5, interrupt)
     begin = time.perf_counter()
-    timer.start()
-    try:
-        pipe.train_step(x, y, loss="mse")
-        raised = None
-    except KeyboardInterrupt:
-        raised = time.perf_counter()
-    timer.join()
-    assert raised is not None, f"the step ({time.perf_counter() - begin:.1f} s) ended without KeyboardInterrupt"
+    latency = ctrl_c_during(lambda: pipe.train_step(x, y, loss="mse"))
+    assert latency is not None, f"the step ({time.perf_counter() - begin:.1f} s) ended without KeyboardInterrupt"
     for p, b in zip(model.parameters(), before):
         assert torch.equal(p.detach(), b)
         assert torch.equal(p.grad, torch.full_like(p, 0.5))
@@ -79,7 +86,7 @@ def test_ctrl_c_during_a_step_raises_keyboard_interrupt_at_once_and_changes_noth
     whole = time.perf_counter()
     pipe.train_step(x, y, loss="mse")
     whole = time.perf_counter() - whole
-    assert raised - sent[0] < whole / 2, f"KeyboardInterrupt came {raised - sent[0]:.2f} s after Ctrl-C; a step takes {whole:.2f} s"
+    assert latency < whole / 2, f"KeyboardInterrupt came {latency:.2f} s after Ctrl-C; a step takes {whole:.2f} s"
     # The pipeline works on after the interrupt.
     assert isinstance(pipe.train_step(x[:16], y[:16], loss="mse"), float)
 
@@ -91,27 +98,14 @@ def test_ctrl_c_during_autos_profile_raises_keyboard_interrupt_within_a_repetiti
     model = heavy()
     pipe = gpipe.GPipe(model, devices=2)
     x, y = torch.randn(2048, 1536), torch.randn(2048, 1536)
-    sent = []
-
-    def interrupt():
-        sent.append(time.perf_counter())
-        os.kill(os.getpid(), signal.SIGINT)
-
-    timer = threading.Timer(0.5, interrupt)
-    timer.start()
-    try:
-        pipe.train_step(x, y, loss="mse")
-        raised = None
-    except KeyboardInterrupt:
-        raised = time.perf_counter()
-    timer.join()
-    assert raised is not None and pipe.schedule is None, "the profile ended without KeyboardInterrupt"
+    latency = ctrl_c_during(lambda: pipe.train_step(x, y, loss="mse"))
+    assert latency is not None and pipe.schedule is None, "the profile ended without KeyboardInterrupt"
     assert all(p.grad is None for p in model.parameters())
     named = gpipe.GPipe(model, balance=[3, 3], chunks=8, schedule="gpipe")
     whole = time.perf_counter()
     named.train_step(x, y, loss="mse")
     whole = time.perf_counter() - whole
-    assert raised - sent[0] < 6 * whole, f"KeyboardInterrupt came {raised - sent[0]:.2f} s after Ctrl-C; a step takes {whole:.2f} s"
+    assert latency < 6 * whole, f"KeyboardInterrupt came {latency:.2f} s after Ctrl-C; a step takes {whole:.2f} s"
 
 
 def small():
