@@ -14,7 +14,7 @@
 #include <torch/optim/sgd.h>
 #include <torch/python.h>
 
-#include <unistd.h>
+#include "gil.h"
 
 
 #include <algorithm>
@@ -35,15 +35,6 @@ namespace py = pybind11;
 
 namespace gpipe::python {
 namespace {
-
-// Whether the interpreter is shutting down (Python 3.13 made the call public).
-bool interpreter_exiting() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing() != 0;
-#else
-  return _Py_IsFinalizing() != 0;
-#endif
-}
 
 // The backends whose launcher started this process (mpirun -np K python3 train.py: MPI) started for
 // the rest of the process, and the one `runtime` names even without its launcher.
@@ -162,17 +153,13 @@ class PythonPipeline {
     std::optional<decltype(work())> result;
     std::exception_ptr failure;
     {
-      py::gil_scoped_release free;
+      const GilReleased free;  // the interpreter exited meanwhile (a daemon thread's call): waits there
       try {
         const std::lock_guard<std::mutex> one_call(calling_);
         result.emplace(work());
       } catch (...) {
         failure = std::current_exception();
       }
-      // The interpreter exited meanwhile (this is a daemon thread's call): taking the GIL back would
-      // end this thread inside C++ frames, so it waits here for the process to end.
-      if (interpreter_exiting())
-        for (;;) ::pause();
     }
     if (failure) {
       if (PyErr_Occurred()) throw py::error_already_set();
@@ -189,7 +176,7 @@ class PythonPipeline {
     const Runtime kind = parse_runtime(settings.runtime);
     PipelineOptions options = settings.options();
     options.tied_parameters(model_.tied);
-    py::gil_scoped_release free;
+    const GilReleased free;
     start_backends_for(kind);
     check_same_model(*model_.script);
     if (settings.schedule == "auto") {
@@ -205,11 +192,10 @@ class PythonPipeline {
     pipe_ = make_pipeline(model_.build, model_.layers, options, kind);
     // Ctrl-C while the devices work: Python's handler runs on this (the calling) thread.
     pipe_->set_interrupt([this] {
-      // An interpreter that is exiting (a daemon thread's step outliving the main thread) ends the
-      // step: taking the GIL then would end this thread inside the pipeline.
-      if (interpreter_exiting()) return true;
       const int64_t begin = now_ns();
-      py::gil_scoped_acquire gil;
+      const GilTaken gil;
+      // An interpreter that is exiting (a daemon thread's step outliving the main thread) ends the step.
+      if (!gil.held()) return true;
       const bool interrupted = PyErr_CheckSignals() != 0;
       gil_held_ns_ += now_ns() - begin;
       return interrupted;
@@ -232,7 +218,8 @@ class PythonPipeline {
     const int64_t planned = settings.micro_batches_given ? std::max<int64_t>(share, settings.micro_batches) : share;
     // A weight shared by layers may be tied across stages, which update_on_devices refuses.
     const auto interrupted = [] {
-      py::gil_scoped_acquire gil;  // Ctrl-C during the profile: KeyboardInterrupt
+      const GilTaken gil;  // Ctrl-C during the profile: KeyboardInterrupt
+      if (!gil.held()) throw std::runtime_error("the Python interpreter is exiting");
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     };
     const CostsAtRows profiled = profiles_at_rows(
@@ -340,12 +327,12 @@ class PythonPipeline {
     }
     before_stage_ = work;
     pipe_->set_before_stage([this](int stage) {
-      // An interpreter that is exiting cannot give this thread the GIL: the step fails instead.
-      if (interpreter_exiting()) throw std::runtime_error("the Python interpreter is exiting");
       const int64_t begin = now_ns();
       std::optional<std::string> failure;
       {
-        py::gil_scoped_acquire gil;
+        const GilTaken gil;
+        // An interpreter that is exiting cannot give this thread the GIL: the step fails instead.
+        if (!gil.held()) throw std::runtime_error("the Python interpreter is exiting");
         try {
           before_stage_(stage);
         } catch (py::error_already_set& e) {
@@ -525,4 +512,5 @@ PYBIND11_MODULE(_gpipe, m) {
     return names;
   });
   gpipe::python::add_planning(m);
+  gpipe::python::close_gil_gate_at_exit();
 }

@@ -8,6 +8,8 @@
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
+#include "gil.h"
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -123,7 +125,7 @@ py::dict search(PlannedModel model, const SearchSettings& s, const std::string& 
   model.costs.link_bytes_per_s = s.bytes_per_s;
   std::vector<PlanCandidate> found;
   {
-    py::gil_scoped_release free;
+    const GilReleased free;
     found = search_plans(model, search);
   }
   py::list rows;
@@ -209,7 +211,7 @@ void add_planning(py::module_& m) {
           const PlanProfileOptions o = profile_options(optimizer, speed, threads, loss, target).name("model");
           PlannedModel model;
           {
-            py::gil_scoped_release free;
+            const GilReleased free;
             check_trains(layers, x);
             model = plan_model_of(layers, x, o);
           }
@@ -222,7 +224,7 @@ void add_planning(py::module_& m) {
            const SearchSettings& settings) {
           PlannedModel model;
           {
-            py::gil_scoped_release free;
+            const GilReleased free;
             model = plan_model_of(find_task(name), TaskOptions().seed(seed),
                                   PlanProfileOptions().optimizer(optimizer).speed(speed).threads(threads));
           }
@@ -251,7 +253,7 @@ void add_planning(py::module_& m) {
           CostModel costs;
           int64_t least = 1;
           {
-            py::gil_scoped_release free;
+            const GilReleased free;
             costs = profile_model(layers, x, o);
             least = least_micro_batch_rows(layers, x);
           }
@@ -286,7 +288,7 @@ void add_planning(py::module_& m) {
           const std::vector<int64_t> rows = micro_batch_sizes(batch, micro_batches);
           Prediction p;
           {
-            py::gil_scoped_release free;
+            const GilReleased free;
             const CostModel costs = profile_model(layers, x, o);
             if (balance.empty()) {
               // Cut by time as GPipe(balance=None) cuts: make_plan balances the schedule's devices.
@@ -341,7 +343,7 @@ void add_planning(py::module_& m) {
               TaskOptions().data_dir(data_dir).train_samples(train_samples).test_samples(test_samples).seed(seed);
           TaskData d;
           {
-            py::gil_scoped_release free;
+            const GilReleased free;
             d = t.data(o);
           }
           return task_data_dict(d);
@@ -353,7 +355,7 @@ void add_planning(py::module_& m) {
           const Task& t = find_task(name);
           torch::nn::Sequential layers;
           {
-            py::gil_scoped_release free;
+            const GilReleased free;
             const RandomStateGuard guard;
             layers = t.model(TaskOptions().seed(seed)).build(LayerRange{});
           }

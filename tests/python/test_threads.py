@@ -182,3 +182,28 @@ sys.exit(3)
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr[-2000:]
+
+
+def test_the_interpreter_exits_cleanly_while_a_daemon_thread_steps_with_updates_on_the_devices():
+    # Steps of a few milliseconds whose devices take the GIL for the update before each stage, and whose
+    # caller takes it for each Ctrl-C check: the exit lands somewhere among thousands of takings
+    # (once, one in about twenty such exits aborted the process).
+    script = """
+import sys, threading, time, torch, gpipe
+model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(6)])
+pipe = gpipe.GPipe(model, balance=[3, 3], chunks=8, schedule="gpipe")
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(512, 256)
+def steps():
+    with pipe.update_on_devices(opt):
+        while True:
+            pipe.train_step(x, x, loss="mse")
+threading.Thread(target=steps, daemon=True).start()
+time.sleep(float(sys.argv[1]))
+sys.exit(3)
+"""
+    exits = [subprocess.Popen([sys.executable, "-c", script, str(0.3 + 0.15 * i)], stderr=subprocess.PIPE, text=True)
+             for i in range(6)]
+    for done in exits:
+        _, err = done.communicate(timeout=120)
+        assert done.returncode == 3, err[-2000:]

@@ -1,0 +1,48 @@
+// gil.h: taking the GIL back from C++ while the interpreter may be exiting.
+//
+// A thread that takes the GIL once the interpreter has begun to finalize (a daemon thread's step outliving
+// the main script) is ended by Python there and then, inside whatever C++ frames it is in: unwinding
+// the pipeline's frames that way aborts the process. Asking Py_IsFinalizing() first leaves a window
+// between the answer and the taking. So C++ frames take the GIL only through one gate, which Python's
+// atexit (it runs before finalizing begins) closes once no thread is inside; after that only the
+// exiting thread passes, and every other thread stays out of Python.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <optional>
+
+namespace gpipe::python {
+
+// Closes the gate when the interpreter exits (atexit; the extension registers it once, on import).
+void close_gil_gate_at_exit();
+
+// The GIL taken for this scope by a thread running C++ (a device thread, or the caller inside a step)
+// or, when the interpreter is exiting, not taken: held() says which.
+class GilTaken {
+ public:
+  GilTaken();
+  ~GilTaken();
+  GilTaken(const GilTaken&) = delete;
+  GilTaken& operator=(const GilTaken&) = delete;
+
+  bool held() const { return state_.has_value(); }
+
+ private:
+  std::optional<PyGILState_STATE> state_;
+};
+
+// The GIL released for this scope, taken back through the gate at its end; when the interpreter is exiting
+// instead, this thread waits there for the process to end.
+class GilReleased {
+ public:
+  GilReleased();
+  ~GilReleased();
+  GilReleased(const GilReleased&) = delete;
+  GilReleased& operator=(const GilReleased&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
+}  // namespace gpipe::python
