@@ -1,7 +1,8 @@
 // c10d_test.cc: run under torchrun (tests/torchrun.sh NP c10d_test): a pipeline over c10d, one device
 // per process, trains as the same pipeline on threads in one process: bit for bit with one replica,
 // up to rounding with several (D = NP/K); every schedule, skips, tuples, tied weights, BatchNorm; a
-// failing rank stops the others, and a rank that lets go of its pipeline ends their waits.
+// failing rank stops the others, and a rank that lets go of its pipeline ends their waits. Ranks of one
+// machine meet through shared memory, except where GPIPE_SHM=0 says Gloo.
 //
 // Every test is collective: each rank runs the same tests in the same order and checks its own
 // stages; a failure on any rank makes torchrun exit non-zero.
@@ -90,6 +91,23 @@ TEST(C10dPipeline, EverySchedulesTrainingEqualsThreads) {
         if (schedule == ScheduleKind::kInterleaved) options.virtual_stages(2);
         expect_trains_as_threads(mlp(dropout), layers, options, rows_of(16, 12, 4));
       }
+}
+
+// Between ranks of one machine, a boundary of 32 MiB a micro-batch, larger than a shared-memory ring
+// (8 MiB), crosses in parts, and the same through Gloo (GPIPE_SHM=0).
+TEST(C10dPipeline, ABoundaryLargerThanARingEqualsThreads) {
+  const LayerBuilder wide = [](LayerRange keep) {
+    torch::manual_seed(3);
+    torch::nn::Sequential all(torch::nn::Linear(16, 4096), torch::nn::ReLU(), torch::nn::Linear(4096, 4)), mine;
+    int n = 0;
+    for (auto it = all->begin(); it != all->end(); ++it) add_layer(mine, *it, n++, keep);
+    return mine;
+  };
+  const auto options = PipelineOptions().devices(2).micro_batches(2).balance({2, 1});
+  expect_trains_as_threads(wide, 3, options, rows_of(4096 * world_size() / 2, 16, 4));
+  setenv("GPIPE_SHM", "0", 1);
+  expect_trains_as_threads(wide, 3, options, rows_of(4096 * world_size() / 2, 16, 4));
+  unsetenv("GPIPE_SHM");
 }
 
 TEST(C10dPipeline, SkipConnectionsEqualThreads) {

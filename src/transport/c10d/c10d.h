@@ -9,7 +9,8 @@
 //       (Gloo's own collectives cannot be stopped, and would wait out their timeout).
 //
 // Files: world.cc (the job, its store, its end, the flags' watcher), links.cc (Links and the
-// transport), group.cc (the pipeline's backend and c10d's entry in backends()).
+// transport), shm.cc (the rings between processes of one machine), group.cc (the pipeline's backend
+// and c10d's entry in backends()).
 #pragma once
 
 #include "gpipe/backend.h"
@@ -37,6 +38,9 @@
 namespace gpipe::c10d {
 
 class Links;
+class ShmRing;
+struct ShmPeer;
+class ShmRecv;
 
 /// A store value from text, and back.
 inline std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
@@ -127,7 +131,9 @@ BackendEntry backend_entry();
 
 /// One generation of a pipeline's connections: a ProcessGroupGloo over every process of the job, on
 /// keys of its own, and the flag on which a failing process stops every other. A failed call is
-/// followed by a new generation (the old one's messages in flight cannot reach it).
+/// followed by a new generation (the old one's messages in flight cannot reach it). Between two
+/// processes of one machine, messages go through shared memory instead (shm.h), each way where
+/// /dev/shm has room for a ring (GPIPE_SHM=0: never).
 class Links {
  public:
   /// Collective over the job. `scope` names the pipeline (its keys in the store).
@@ -137,6 +143,8 @@ class Links {
   Links& operator=(const Links&) = delete;
 
   int rank() const { return rank_; }
+  /// Whether messages from `peer` come through shared memory (taken by the thread that waits for them).
+  bool shared_memory_from(int peer) const;
 
   /// Sends `tensor` (contiguous, on the CPU) to `peer` without waiting: kept until wait_sends().
   void send(int peer, int tag, const torch::Tensor& tensor);
@@ -189,7 +197,18 @@ class Links {
   std::string flag_key_;
   int rank_ = 0;
   bool raised_ = false;
+  std::map<int, std::unique_ptr<ShmPeer>> shm_;  // the processes of this machine, by rank
   [[noreturn]] void throw_heard() const;
+  // The rings to and from the other processes of this machine (collective, at construction).
+  void connect_shared_memory(const std::string& base);
+  ShmPeer* shm_to(int peer);
+  // What came from `peer` through shared memory, read into the receives posted, or kept until
+  // they are; what waits to be sent to every peer, written as far as there is room.
+  void take_in(ShmPeer& peer);
+  // Returns the first ring that is full, if any.
+  ShmRing* push_out();
+  // Waits for `work` from `peer`: false when it was aborted.
+  bool wait_shm(ShmRecv& work, int peer);
   // Throws for the connection to `peer` that broke (`broken`: Gloo's words): the failure or leave
   // notice it came with, if any, else a RemoteError naming `peer`.
   [[noreturn]] void throw_broken(int peer, const std::string& broken);
@@ -202,7 +221,8 @@ class Links {
 /// Gloo sends a message once its receive is posted, and a tensor's receive can be posted only once
 /// its header has come: a thread of the transport takes the step's headers in the order the program
 /// receives them and posts each one's data receives at once, so that the data crosses while the
-/// receiving device computes.
+/// receiving device computes. Messages through shared memory (a rank of this machine) cross as they
+/// are sent; the device's own thread takes them.
 class C10dTransport : public Transport {
  public:
   /// `rank_of_stage[s]`: the job's rank that runs stage s.

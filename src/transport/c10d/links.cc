@@ -3,11 +3,20 @@
 #include "transport/c10d/c10d.h"
 
 #include "gpipe/check.h"
+#include "transport/c10d/shm.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/torch.h>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
 
 namespace gpipe::c10d {
 
@@ -24,7 +33,71 @@ constexpr char kLeaving = '\x01';  // the first byte of a leaving process's mess
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+// Each way between two processes of a machine: a ring of 8 MiB, less where a process has many
+// peers there (32 MiB of rings at most, 1 MiB each at least), as /dev/shm has room. A message larger
+// than its ring crosses in parts, as the receiver reads.
+size_t ring_bytes(size_t peers) {
+  size_t bytes = size_t{8} << 20;
+  while (bytes > (size_t{1} << 20) && bytes * peers > (size_t{32} << 20)) bytes /= 2;
+  return bytes;
+}
+// A message in a ring: its tag and its size in bytes, then its bytes.
+struct MessageHead {
+  int64_t tag;
+  int64_t bytes;
+};
+
+// A message through shared memory has the size of the receive that takes it, as Gloo checks.
+void expect_size(const torch::Tensor& into, int64_t bytes, int64_t tag) {
+  GPIPE_CHECK(static_cast<int64_t>(into.nbytes()) == bytes, "a message of ", bytes, " bytes came where ",
+              into.nbytes(), " were expected (tag ", tag, ")");
+}
+
 }  // namespace
+
+/// A receive through shared memory: done once its bytes were read from the ring into `into`.
+class ShmRecv : public ::c10d::Work {
+ public:
+  ShmRecv(torch::Tensor into, ShmRing* ring) : into(std::move(into)), ring(ring) {}
+  bool isCompleted() override { return done.load(); }
+  void abort() override {
+    aborted = true;
+    ring->wake_reader();
+  }
+
+  torch::Tensor into;
+  ShmRing* ring;
+  std::atomic<bool> done{false};
+  std::atomic<bool> aborted{false};
+};
+
+/// A process of this machine: the ring to it and the one from it (either may be missing: Gloo then).
+struct ShmPeer {
+  int pid = 0;
+  std::unique_ptr<ShmRing> out, in;
+
+  // What waits to be written to `out`, in order (kept alive until it is).
+  struct Outgoing {
+    MessageHead head;
+    torch::Tensor data;
+    size_t written = 0;  // of the head, then of the data
+  };
+  std::mutex out_mutex;
+  std::deque<Outgoing> sending;
+
+  // The message being read from `in`: into a receive, or into a copy kept for one not posted yet.
+  std::mutex in_mutex;
+  struct Incoming {
+    MessageHead head{};
+    size_t head_read = 0;
+    uint8_t* into = nullptr;
+    size_t read = 0;
+    c10::intrusive_ptr<ShmRecv> receive;
+    std::vector<uint8_t> kept;
+  } current;
+  std::map<int64_t, std::deque<c10::intrusive_ptr<ShmRecv>>> posted;  // by tag, in the order posted
+  std::map<int64_t, std::deque<std::vector<uint8_t>>> early;          // by tag, in the order sent
+};
 
 Links::Links(const std::string& scope, int generation) {
   const World& w = world();
@@ -50,6 +123,7 @@ Links::Links(const std::string& scope, int generation) {
     store_->add(arrived, 1);  // within the notice: a store that never answers is said too
     group_ = c10::make_intrusive<::c10d::ProcessGroupGloo>(c10::make_intrusive<::c10d::PrefixStore>(base + "gloo", store_),
                                                            rank_, w.size, options);
+    connect_shared_memory(base);
   } catch (const std::exception& e) {
     GPIPE_CHECK(false, "rank ", rank_, " could not connect to the job's other ranks within ", w.timeout.count() / 1000,
                 " s (GPIPE_TIMEOUT): ", first_line(e.what()), "; check that every rank was started and reaches the "
@@ -59,6 +133,154 @@ Links::Links(const std::string& scope, int generation) {
 }
 
 Links::~Links() { unwatch(this); }
+
+void Links::connect_shared_memory(const std::string& base) {
+  const World& w = world();
+  const char* wanted = std::getenv("GPIPE_SHM");
+  if (w.size < 2 || (wanted != nullptr && std::string(wanted) == "0")) return;
+  // The processes of this machine: the same host name (another container's /dev/shm is not found).
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string key = base + "shm/";
+  store_->set(key + "host/" + std::to_string(rank_), bytes_of(host));
+  std::vector<int> here;
+  for (int r = 0; r < w.size; ++r)
+    if (r != rank_ && text_of(store_->get(key + "host/" + std::to_string(r))) == host) here.push_back(r);
+  // Each process makes its rings to the others, each opens the others' rings to it, then the names go.
+  static std::atomic<int> made{0};
+  std::map<int, std::string> names;
+  for (int p : here) {
+    auto peer = std::make_unique<ShmPeer>();
+    const std::string name = "/gpipe." + std::to_string(getpid()) + "." + std::to_string(made++);
+    peer->out = ShmRing::create(name, ring_bytes(here.size()));
+    if (peer->out) names[p] = name;
+    store_->set(key + std::to_string(rank_) + "-" + std::to_string(p),
+                bytes_of(std::to_string(getpid()) + " " + (peer->out ? name : std::string())));
+    shm_[p] = std::move(peer);
+  }
+  for (int p : here) {
+    const std::string made_by = text_of(store_->get(key + std::to_string(p) + "-" + std::to_string(rank_)));
+    const size_t space = made_by.find(' ');
+    ShmPeer& peer = *shm_[p];
+    peer.pid = std::atoi(made_by.substr(0, space).c_str());
+    if (space + 1 < made_by.size()) peer.in = ShmRing::open(made_by.substr(space + 1));
+    store_->set(key + "opened/" + std::to_string(p) + "-" + std::to_string(rank_), bytes_of(peer.in ? "1" : "0"));
+  }
+  for (int p : here) {
+    ShmPeer& peer = *shm_[p];
+    if (peer.out) {
+      const bool opened = text_of(store_->get(key + "opened/" + std::to_string(rank_) + "-" + std::to_string(p))) == "1";
+      ShmRing::unlink(names[p]);
+      if (!opened) peer.out.reset();
+    }
+    if (!peer.out && !peer.in) shm_.erase(p);
+  }
+}
+
+bool Links::shared_memory_from(int peer) const {
+  const auto it = shm_.find(peer);
+  return it != shm_.end() && it->second->in != nullptr;
+}
+
+ShmPeer* Links::shm_to(int peer) {
+  const auto it = shm_.find(peer);
+  return it != shm_.end() && it->second->out ? it->second.get() : nullptr;
+}
+
+ShmRing* Links::push_out() {
+  ShmRing* full = nullptr;
+  for (auto& [r, peer] : shm_) {
+    if (!peer->out) continue;
+    const std::lock_guard<std::mutex> lock(peer->out_mutex);
+    while (!peer->sending.empty()) {
+      ShmPeer::Outgoing& o = peer->sending.front();
+      const size_t head = sizeof(MessageHead), bytes = static_cast<size_t>(o.head.bytes);
+      if (o.written < head)
+        o.written += peer->out->write_some(reinterpret_cast<const uint8_t*>(&o.head) + o.written, head - o.written);
+      if (o.written >= head && o.written < head + bytes)
+        o.written += peer->out->write_some(static_cast<const uint8_t*>(o.data.data_ptr()) + (o.written - head),
+                                           head + bytes - o.written);
+      if (o.written < head + bytes) {
+        full = peer->out.get();
+        break;
+      }
+      peer->sending.pop_front();
+    }
+  }
+  return full;
+}
+
+void Links::take_in(ShmPeer& peer) {
+  const std::lock_guard<std::mutex> lock(peer.in_mutex);
+  ShmPeer::Incoming& c = peer.current;
+  for (;;) {
+    if (c.head_read < sizeof(MessageHead)) {
+      c.head_read += peer.in->read_some(reinterpret_cast<uint8_t*>(&c.head) + c.head_read, sizeof(MessageHead) - c.head_read);
+      if (c.head_read < sizeof(MessageHead)) return;
+      GPIPE_CHECK(c.head.bytes >= 0, "a message of ", c.head.bytes, " bytes came from a process of this machine");
+      auto& waiting = peer.posted[c.head.tag];
+      if (!waiting.empty()) {
+        c.receive = waiting.front();
+        waiting.pop_front();
+        if (waiting.empty()) peer.posted.erase(c.head.tag);
+        expect_size(c.receive->into, c.head.bytes, c.head.tag);
+        c.into = static_cast<uint8_t*>(c.receive->into.data_ptr());
+      } else {
+        peer.posted.erase(c.head.tag);
+        c.kept.resize(static_cast<size_t>(c.head.bytes));
+        c.into = c.kept.data();
+      }
+      c.read = 0;
+    }
+    const auto bytes = static_cast<size_t>(c.head.bytes);
+    if (c.read < bytes) c.read += peer.in->read_some(c.into + c.read, bytes - c.read);
+    if (c.read < bytes) return;
+    if (!c.receive) {  // a receive posted while the message came takes it now
+      const auto waiting = peer.posted.find(c.head.tag);
+      if (waiting != peer.posted.end()) {
+        c.receive = waiting->second.front();
+        waiting->second.pop_front();
+        if (waiting->second.empty()) peer.posted.erase(waiting);
+        expect_size(c.receive->into, c.head.bytes, c.head.tag);
+        if (bytes > 0) std::memcpy(c.receive->into.data_ptr(), c.kept.data(), bytes);
+      }
+    }
+    if (c.receive)
+      c.receive->done = true;
+    else
+      peer.early[c.head.tag].push_back(std::move(c.kept));
+    c = ShmPeer::Incoming{};
+  }
+}
+
+bool Links::wait_shm(ShmRecv& work, int peer) {
+  ShmPeer& from = *shm_.at(peer);
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline = Clock::now() + world().timeout;
+  Clock::time_point look = Clock::now();
+  for (;;) {
+    take_in(from);
+    if (work.done) return true;
+    if (work.aborted) return false;
+    // What did not fit in a ring goes on as its reader makes room (the reader may wait for it first).
+    if (ShmRing* full = push_out()) {
+      full->wait_writable(std::chrono::milliseconds(1));
+    } else {
+      // The waiting thread has nothing else to do: a short spin spares the wake-up's latency.
+      const Clock::time_point spin = Clock::now() + std::chrono::microseconds(50);
+      while (from.in->readable() == 0 && !work.aborted && Clock::now() < spin) {
+      }
+      if (from.in->readable() == 0) from.in->wait_readable(std::chrono::milliseconds(20));
+    }
+    const Clock::time_point now = Clock::now();
+    if (now >= look) {  // a process of this machine that ended sends nothing more
+      look = now + std::chrono::milliseconds(100);
+      if (from.pid > 0 && kill(from.pid, 0) != 0 && errno == ESRCH)
+        throw_broken(peer, "rank " + std::to_string(peer) + "'s process ended");
+    }
+    if (now >= deadline) throw_broken(peer, "nothing came within GPIPE_TIMEOUT");
+  }
+}
 
 void Links::throw_heard() const { throw RemoteError(heard_rank_, heard_); }
 
@@ -106,6 +328,14 @@ void Links::raise(const std::string& message) {
 void Links::leave(const std::string& message) { raise(std::string(1, kLeaving) + message); }
 
 void Links::send(int peer, int tag, const torch::Tensor& tensor) {
+  if (ShmPeer* to = shm_to(peer)) {
+    {
+      const std::lock_guard<std::mutex> lock(to->out_mutex);
+      to->sending.push_back({MessageHead{tag, static_cast<int64_t>(tensor.nbytes())}, tensor});
+    }
+    push_out();
+    return;
+  }
   std::vector<at::Tensor> one{tensor};
   try {
     sends_.emplace_back(group_->send(one, peer, tag), peer);
@@ -115,6 +345,23 @@ void Links::send(int peer, int tag, const torch::Tensor& tensor) {
 }
 
 c10::intrusive_ptr<::c10d::Work> Links::post_recv(int peer, int tag, torch::Tensor& into) {
+  if (shared_memory_from(peer)) {
+    ShmPeer& from = *shm_.at(peer);
+    auto work = c10::make_intrusive<ShmRecv>(into, from.in.get());
+    const std::lock_guard<std::mutex> lock(from.in_mutex);
+    const auto early = from.early.find(tag);
+    if (early == from.early.end()) {
+      from.posted[tag].push_back(work);
+      return work;
+    }
+    const std::vector<uint8_t>& bytes = early->second.front();
+    expect_size(into, static_cast<int64_t>(bytes.size()), tag);
+    if (!bytes.empty()) std::memcpy(into.data_ptr(), bytes.data(), bytes.size());
+    early->second.pop_front();
+    if (early->second.empty()) from.early.erase(early);
+    work->done = true;
+    return work;
+  }
   std::vector<at::Tensor> one{into};
   try {
     return group_->recv(one, peer, tag);
@@ -153,7 +400,12 @@ void Links::wait(const c10::intrusive_ptr<::c10d::Work>& work, int peer) {
   bool done = false;
   std::string broken;
   try {
-    done = work->wait();
+    auto* shm = dynamic_cast<ShmRecv*>(work.get());
+    done = shm != nullptr ? wait_shm(*shm, peer) : work->wait();
+  } catch (const RemoteError&) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    waiting_.erase(work.get());
+    throw;
   } catch (const std::exception& e) {
     broken = e.what();
   }
@@ -171,6 +423,23 @@ void Links::wait_sends() {
   auto sends = std::move(sends_);
   sends_.clear();
   for (const auto& [work, peer] : sends) wait(work, peer);
+  // Through shared memory: until every message is in its ring, reading meanwhile what comes (a peer
+  // may be waiting for room in its ring to this process too).
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline = Clock::now() + world().timeout;
+  while (ShmRing* full = push_out()) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (!heard_.empty()) throw_heard();
+    }
+    for (auto& [r, peer] : shm_)
+      if (peer->in) take_in(*peer);
+    full->wait_writable(std::chrono::milliseconds(1));
+    for (auto& [r, peer] : shm_)
+      if (peer->out.get() == full && peer->pid > 0 && kill(peer->pid, 0) != 0 && errno == ESRCH)
+        throw_broken(r, "rank " + std::to_string(r) + "'s process ended");
+    if (Clock::now() >= deadline) throw_broken(-1, "a ring to a process of this machine stayed full for GPIPE_TIMEOUT");
+  }
 }
 
 void Links::combine(const std::vector<int>& ranks, torch::Tensor& values, bool largest) {
@@ -445,7 +714,8 @@ void C10dTransport::begin(const std::vector<const std::vector<Action>*>& program
   for (const std::vector<Action>* program : programs)
     for (const Action& a : *program) {
       // A receive from a stage of this process is the executor's own hand-over: no message to post.
-      if (a.kind != ActionKind::kRecv || rank(a.peer) == self) continue;
+      // One through shared memory is read by the thread that waits for it.
+      if (a.kind != ActionKind::kRecv || rank(a.peer) == self || links_->shared_memory_from(rank(a.peer))) continue;
       const Key key{a.peer, a.stage, static_cast<int>(a.channel), a.micro_batch};
       if (receives_.count(key) > 0) continue;
       auto pending = std::make_shared<PendingRecv>();
