@@ -105,9 +105,11 @@ TEST(C10dPipeline, ABoundaryLargerThanARingEqualsThreads) {
   };
   const auto options = PipelineOptions().devices(2).micro_batches(2).balance({2, 1});
   expect_trains_as_threads(wide, 3, options, rows_of(4096 * world_size() / 2, 16, 4));
-  setenv("GPIPE_SHM", "0", 1);
+  struct GlooOnly {
+    GlooOnly() { setenv("GPIPE_SHM", "0", 1); }
+    ~GlooOnly() { unsetenv("GPIPE_SHM"); }
+  } gloo_only;
   expect_trains_as_threads(wide, 3, options, rows_of(4096 * world_size() / 2, 16, 4));
-  unsetenv("GPIPE_SHM");
 }
 
 TEST(C10dPipeline, SkipConnectionsEqualThreads) {

@@ -46,6 +46,10 @@ class ShmRecv;
 inline std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 inline std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 
+/// GPIPE_SHM: whether the ranks of one machine meet through shared memory (1, the default) or Gloo (0);
+/// std::invalid_argument for any other value.
+bool shared_memory_wanted();
+
 /// Whether an env:// launcher (torchrun) started this process as one of a job of several: RANK,
 /// WORLD_SIZE (above 1), MASTER_ADDR and MASTER_PORT are set.
 bool launched();
@@ -143,8 +147,10 @@ class Links {
   Links& operator=(const Links&) = delete;
 
   int rank() const { return rank_; }
-  /// Whether messages from `peer` come through shared memory (taken by the thread that waits for them).
-  bool shared_memory_from(int peer) const;
+  /// Whether messages to and from `peer` go through shared memory (taken by the thread that waits for them).
+  bool shared_memory_with(int peer) const;
+  /// Lets go of the rings to the processes of this machine (a failed generation's, kept for Gloo).
+  void release_shared_memory();
 
   /// Sends `tensor` (contiguous, on the CPU) to `peer` without waiting: kept until wait_sends().
   void send(int peer, int tag, const torch::Tensor& tensor);
@@ -198,15 +204,23 @@ class Links {
   int rank_ = 0;
   bool raised_ = false;
   std::map<int, std::unique_ptr<ShmPeer>> shm_;  // the processes of this machine, by rank
+  // The thread that writes what did not fit in a ring as its reader makes room (started by the first
+  // such message).
+  std::thread pusher_;
+  std::mutex push_mutex_;
+  std::condition_variable push_wake_;
+  bool push_more_ = false;
+  bool push_stop_ = false;
   [[noreturn]] void throw_heard() const;
   // The rings to and from the other processes of this machine (collective, at construction).
-  void connect_shared_memory(const std::string& base);
-  ShmPeer* shm_to(int peer);
-  // What came from `peer` through shared memory, read into the receives posted, or kept until
-  // they are; what waits to be sent to every peer, written as far as there is room.
-  void take_in(ShmPeer& peer);
-  // Returns the first ring that is full, if any.
-  ShmRing* push_out();
+  void connect_shared_memory(bool wanted);
+  // Writes what waits to be sent through shared memory as far as the rings have room; returns a
+  // peer whose ring is full, if any.
+  ShmPeer* push_out();
+  void push_until_sent();  // the pusher's loop
+  // Reads what came from `peer` into the receives posted, or keeps it until they are; stops once
+  // `awaited` is done.
+  void take_in(ShmPeer& peer, const ShmRecv* awaited = nullptr);
   // Waits for `work` from `peer`: false when it was aborted.
   bool wait_shm(ShmRecv& work, int peer);
   // Throws for the connection to `peer` that broke (`broken`: Gloo's words): the failure or leave

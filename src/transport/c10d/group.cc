@@ -73,6 +73,7 @@ void C10dGroup::abandon() {
   }
   if (links_) {
     unwatch(links_.get());
+    links_->release_shared_memory();  // no other process writes into this one's receives
     new std::unique_ptr<Links>(std::move(links_));
   }
 }

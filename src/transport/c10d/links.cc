@@ -15,8 +15,13 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <deque>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <sstream>
 
 namespace gpipe::c10d {
 
@@ -33,14 +38,15 @@ constexpr char kLeaving = '\x01';  // the first byte of a leaving process's mess
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
-// Each way between two processes of a machine: a ring of 8 MiB, less where a process has many
-// peers there (32 MiB of rings at most, 1 MiB each at least), as /dev/shm has room. A message larger
-// than its ring crosses in parts, as the receiver reads.
+// Each way between two processes of a machine: a ring of 8 MiB, halved while a process's rings to
+// the others there pass 32 MiB, down to 1 MiB. A message larger than its ring crosses in parts, as the
+// receiver reads.
 size_t ring_bytes(size_t peers) {
   size_t bytes = size_t{8} << 20;
   while (bytes > (size_t{1} << 20) && bytes * peers > (size_t{32} << 20)) bytes /= 2;
   return bytes;
 }
+
 // A message in a ring: its tag and its size in bytes, then its bytes.
 struct MessageHead {
   int64_t tag;
@@ -53,28 +59,69 @@ void expect_size(const torch::Tensor& into, int64_t bytes, int64_t tag) {
               into.nbytes(), " were expected (tag ", tag, ")");
 }
 
+// This process's PID namespace: another's pids name nothing here (a container's).
+std::string pid_namespace() {
+  char link[128] = {};
+  const ssize_t n = readlink("/proc/self/ns/pid", link, sizeof(link) - 1);
+  return n > 0 ? std::string(link, static_cast<size_t>(n)) : std::string();
+}
+
+// A ring's name in /dev/shm that no other process has made, nor another container of the same host name.
+std::string ring_name() {
+  std::random_device random;
+  const uint64_t bits = (uint64_t{random()} << 32) ^ random();
+  char name[40];
+  std::snprintf(name, sizeof(name), "/gpipe.%016llx", static_cast<unsigned long long>(bits));
+  return name;
+}
+
+std::vector<std::string> fields(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string field; in >> field;) out.push_back(field);
+  return out;
+}
+
 }  // namespace
 
 /// A receive through shared memory: done once its bytes were read from the ring into `into`.
 class ShmRecv : public ::c10d::Work {
  public:
-  ShmRecv(torch::Tensor into, ShmRing* ring) : into(std::move(into)), ring(ring) {}
+  ShmRecv(torch::Tensor into, std::shared_ptr<ShmRing> ring) : into(std::move(into)), ring(std::move(ring)) {}
   bool isCompleted() override { return done.load(); }
   void abort() override {
     aborted = true;
     ring->wake_reader();
   }
+  // Links::wait waits for it, reading the ring meanwhile.
+  bool wait(std::chrono::milliseconds /*timeout*/) override {
+    throw std::logic_error("gpipe: a receive through shared memory is waited for by Links::wait");
+  }
 
   torch::Tensor into;
-  ShmRing* ring;
+  std::shared_ptr<ShmRing> ring;  // kept for abort() after a failed generation let go of its rings
   std::atomic<bool> done{false};
   std::atomic<bool> aborted{false};
 };
 
-/// A process of this machine: the ring to it and the one from it (either may be missing: Gloo then).
+/// A process of this machine and the rings to it and from it.
 struct ShmPeer {
+  int rank = 0;
   int pid = 0;
-  std::unique_ptr<ShmRing> out, in;
+  bool pid_here = false;  // its pid is of this process's namespace
+  std::shared_ptr<ShmRing> out, in;
+
+  // Whether its process is known to have ended: gone, or a zombie its parent (torchrun) has not yet
+  // reaped.
+  bool ended() const {
+    if (!pid_here || pid <= 0) return false;
+    if (kill(pid, 0) != 0) return errno == ESRCH;
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    const std::string line((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t name_end = line.rfind(')');
+    const char state = name_end != std::string::npos && name_end + 2 < line.size() ? line[name_end + 2] : '?';
+    return state == 'Z' || state == 'X';
+  }
 
   // What waits to be written to `out`, in order (kept alive until it is).
   struct Outgoing {
@@ -97,6 +144,17 @@ struct ShmPeer {
   } current;
   std::map<int64_t, std::deque<c10::intrusive_ptr<ShmRecv>>> posted;  // by tag, in the order posted
   std::map<int64_t, std::deque<std::vector<uint8_t>>> early;          // by tag, in the order sent
+
+  // The oldest receive posted under `tag`, if any, which takes a message of `bytes`.
+  c10::intrusive_ptr<ShmRecv> take_posted(int64_t tag, int64_t bytes) {
+    const auto it = posted.find(tag);
+    if (it == posted.end()) return {};
+    c10::intrusive_ptr<ShmRecv> receive = it->second.front();
+    it->second.pop_front();
+    if (it->second.empty()) posted.erase(it);
+    expect_size(receive->into, bytes, tag);
+    return receive;
+  }
 };
 
 Links::Links(const std::string& scope, int generation) {
@@ -108,6 +166,7 @@ Links::Links(const std::string& scope, int generation) {
   auto options = ::c10d::ProcessGroupGloo::Options::create(w.timeout);
   options->devices.push_back(w.device);
   options->threads = 1;  // its collectives are not used
+  const bool shared_memory = shared_memory_wanted();
   // Each process counts itself in, so that one left waiting can say how many came.
   const std::string arrived = base + "arrived";
   try {
@@ -123,7 +182,7 @@ Links::Links(const std::string& scope, int generation) {
     store_->add(arrived, 1);  // within the notice: a store that never answers is said too
     group_ = c10::make_intrusive<::c10d::ProcessGroupGloo>(c10::make_intrusive<::c10d::PrefixStore>(base + "gloo", store_),
                                                            rank_, w.size, options);
-    connect_shared_memory(base);
+    connect_shared_memory(shared_memory);
   } catch (const std::exception& e) {
     GPIPE_CHECK(false, "rank ", rank_, " could not connect to the job's other ranks within ", w.timeout.count() / 1000,
                 " s (GPIPE_TIMEOUT): ", first_line(e.what()), "; check that every rank was started and reaches the "
@@ -132,65 +191,93 @@ Links::Links(const std::string& scope, int generation) {
   watch(this);
 }
 
-Links::~Links() { unwatch(this); }
+Links::~Links() {
+  unwatch(this);
+  release_shared_memory();
+}
 
-void Links::connect_shared_memory(const std::string& base) {
+bool shared_memory_wanted() {
+  const char* setting = std::getenv("GPIPE_SHM");
+  const std::string value = setting == nullptr ? "1" : setting;
+  if (value != "0" && value != "1")
+    throw std::invalid_argument("gpipe: GPIPE_SHM=" + value + " is neither 0 nor 1: 1 (the default) sends between the "
+                                "ranks of one machine through shared memory, 0 through Gloo");
+  return value == "1";
+}
+
+void Links::connect_shared_memory(bool wanted) {
   const World& w = world();
-  const char* wanted = std::getenv("GPIPE_SHM");
-  if (w.size < 2 || (wanted != nullptr && std::string(wanted) == "0")) return;
-  // The processes of this machine: the same host name (another container's /dev/shm is not found).
+  if (w.size < 2) return;
+  // The processes of this machine: the same host name, where both want shared memory (a ring another
+  // container's /dev/shm holds is not found under its name).
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
-  const std::string key = base + "shm/";
-  store_->set(key + "host/" + std::to_string(rank_), bytes_of(host));
+  const std::string pids = pid_namespace();
+  const std::vector<std::string> who = all_gather((wanted ? std::string("+") + host : std::string("-")) + "\n" +
+                                                  pids + "\n" + std::to_string(getpid()));
   std::vector<int> here;
-  for (int r = 0; r < w.size; ++r)
-    if (r != rank_ && text_of(store_->get(key + "host/" + std::to_string(r))) == host) here.push_back(r);
-  // Each process makes its rings to the others, each opens the others' rings to it, then the names go.
-  static std::atomic<int> made{0};
-  std::map<int, std::string> names;
-  for (int p : here) {
+  std::map<int, std::unique_ptr<ShmPeer>> found;
+  for (int r = 0; r < w.size; ++r) {
+    std::istringstream in(who[static_cast<size_t>(r)]);
+    std::string their_host, their_pids, their_pid;
+    std::getline(in, their_host);
+    std::getline(in, their_pids);
+    std::getline(in, their_pid);
+    if (r == rank_ || !wanted || their_host != std::string("+") + host) continue;
     auto peer = std::make_unique<ShmPeer>();
-    const std::string name = "/gpipe." + std::to_string(getpid()) + "." + std::to_string(made++);
-    peer->out = ShmRing::create(name, ring_bytes(here.size()));
-    if (peer->out) names[p] = name;
-    store_->set(key + std::to_string(rank_) + "-" + std::to_string(p),
-                bytes_of(std::to_string(getpid()) + " " + (peer->out ? name : std::string())));
-    shm_[p] = std::move(peer);
+    peer->rank = r;
+    peer->pid = std::atoi(their_pid.c_str());
+    peer->pid_here = !pids.empty() && their_pids == pids;
+    found[r] = std::move(peer);
+    here.push_back(r);
   }
+  // Each process makes its rings to the others ("-" where /dev/shm has no room), opens theirs to it,
+  // and says which it opened; the names then go from /dev/shm. A pair keeps its rings only where both
+  // ways opened: a message waiting for room in a ring moves as its reader reads, which a process
+  // waiting on Gloo for the same peer would not.
+  std::vector<std::string> names(static_cast<size_t>(w.size), "-");
   for (int p : here) {
-    const std::string made_by = text_of(store_->get(key + std::to_string(p) + "-" + std::to_string(rank_)));
-    const size_t space = made_by.find(' ');
-    ShmPeer& peer = *shm_[p];
-    peer.pid = std::atoi(made_by.substr(0, space).c_str());
-    if (space + 1 < made_by.size()) peer.in = ShmRing::open(made_by.substr(space + 1));
-    store_->set(key + "opened/" + std::to_string(p) + "-" + std::to_string(rank_), bytes_of(peer.in ? "1" : "0"));
+    const std::string name = ring_name();
+    found[p]->out = ShmRing::create(name, ring_bytes(here.size()));
+    if (found[p]->out) names[static_cast<size_t>(p)] = name;
   }
+  std::string mine;
+  for (const std::string& name : names) mine += name + " ";
+  const std::vector<std::string> made = all_gather(mine);
+  std::string opened(static_cast<size_t>(w.size), '0');
   for (int p : here) {
-    ShmPeer& peer = *shm_[p];
-    if (peer.out) {
-      const bool opened = text_of(store_->get(key + "opened/" + std::to_string(rank_) + "-" + std::to_string(p))) == "1";
-      ShmRing::unlink(names[p]);
-      if (!opened) peer.out.reset();
+    const std::vector<std::string> theirs = fields(made[static_cast<size_t>(p)]);
+    const std::string& name = theirs.at(static_cast<size_t>(rank_));
+    if (name != "-") found[p]->in = ShmRing::open(name);
+    if (found[p]->in) {
+      opened[static_cast<size_t>(p)] = '1';
+      ShmRing::unlink(name);  // at once: a process that dies before the maker does leaves no file
     }
-    if (!peer.out && !peer.in) shm_.erase(p);
   }
+  const std::vector<std::string> opens = all_gather(opened);
+  for (int p : here) {
+    if (names[static_cast<size_t>(p)] != "-") ShmRing::unlink(names[static_cast<size_t>(p)]);
+    const bool out_opened = opens[static_cast<size_t>(p)][static_cast<size_t>(rank_)] == '1';
+    if (!out_opened || !found[p]->in) found.erase(p);
+  }
+  shm_ = std::move(found);  // the gathers above went through Gloo
 }
 
-bool Links::shared_memory_from(int peer) const {
-  const auto it = shm_.find(peer);
-  return it != shm_.end() && it->second->in != nullptr;
+void Links::release_shared_memory() {
+  {
+    const std::lock_guard<std::mutex> lock(push_mutex_);
+    push_stop_ = true;
+  }
+  push_wake_.notify_all();
+  if (pusher_.joinable()) pusher_.join();
+  shm_.clear();
 }
 
-ShmPeer* Links::shm_to(int peer) {
-  const auto it = shm_.find(peer);
-  return it != shm_.end() && it->second->out ? it->second.get() : nullptr;
-}
+bool Links::shared_memory_with(int peer) const { return shm_.count(peer) > 0; }
 
-ShmRing* Links::push_out() {
-  ShmRing* full = nullptr;
+ShmPeer* Links::push_out() {
+  ShmPeer* full = nullptr;
   for (auto& [r, peer] : shm_) {
-    if (!peer->out) continue;
     const std::lock_guard<std::mutex> lock(peer->out_mutex);
     while (!peer->sending.empty()) {
       ShmPeer::Outgoing& o = peer->sending.front();
@@ -201,7 +288,7 @@ ShmRing* Links::push_out() {
         o.written += peer->out->write_some(static_cast<const uint8_t*>(o.data.data_ptr()) + (o.written - head),
                                            head + bytes - o.written);
       if (o.written < head + bytes) {
-        full = peer->out.get();
+        if (full == nullptr) full = peer.get();
         break;
       }
       peer->sending.pop_front();
@@ -210,23 +297,38 @@ ShmRing* Links::push_out() {
   return full;
 }
 
-void Links::take_in(ShmPeer& peer) {
+void Links::push_until_sent() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(push_mutex_);
+      push_wake_.wait(lock, [this] { return push_stop_ || push_more_; });
+      if (push_stop_) return;
+      push_more_ = false;
+    }
+    while (ShmPeer* full = push_out()) {
+      {
+        const std::lock_guard<std::mutex> lock(push_mutex_);
+        if (push_stop_) return;
+      }
+      full->out->wait_writable(std::chrono::milliseconds(20));
+    }
+  }
+}
+
+void Links::take_in(ShmPeer& peer, const ShmRecv* awaited) {
   const std::lock_guard<std::mutex> lock(peer.in_mutex);
   ShmPeer::Incoming& c = peer.current;
   for (;;) {
+    // The receive waited for came: what follows stays in the ring, for the receive posted next.
+    if (awaited != nullptr && awaited->done) return;
     if (c.head_read < sizeof(MessageHead)) {
       c.head_read += peer.in->read_some(reinterpret_cast<uint8_t*>(&c.head) + c.head_read, sizeof(MessageHead) - c.head_read);
       if (c.head_read < sizeof(MessageHead)) return;
-      GPIPE_CHECK(c.head.bytes >= 0, "a message of ", c.head.bytes, " bytes came from a process of this machine");
-      auto& waiting = peer.posted[c.head.tag];
-      if (!waiting.empty()) {
-        c.receive = waiting.front();
-        waiting.pop_front();
-        if (waiting.empty()) peer.posted.erase(c.head.tag);
-        expect_size(c.receive->into, c.head.bytes, c.head.tag);
+      GPIPE_CHECK(c.head.bytes >= 0, "a message of ", c.head.bytes, " bytes came from rank ", peer.rank);
+      c.receive = peer.take_posted(c.head.tag, c.head.bytes);
+      if (c.receive) {
         c.into = static_cast<uint8_t*>(c.receive->into.data_ptr());
       } else {
-        peer.posted.erase(c.head.tag);
         c.kept.resize(static_cast<size_t>(c.head.bytes));
         c.into = c.kept.data();
       }
@@ -236,14 +338,8 @@ void Links::take_in(ShmPeer& peer) {
     if (c.read < bytes) c.read += peer.in->read_some(c.into + c.read, bytes - c.read);
     if (c.read < bytes) return;
     if (!c.receive) {  // a receive posted while the message came takes it now
-      const auto waiting = peer.posted.find(c.head.tag);
-      if (waiting != peer.posted.end()) {
-        c.receive = waiting->second.front();
-        waiting->second.pop_front();
-        if (waiting->second.empty()) peer.posted.erase(waiting);
-        expect_size(c.receive->into, c.head.bytes, c.head.tag);
-        if (bytes > 0) std::memcpy(c.receive->into.data_ptr(), c.kept.data(), bytes);
-      }
+      c.receive = peer.take_posted(c.head.tag, c.head.bytes);
+      if (c.receive && bytes > 0) std::memcpy(c.receive->into.data_ptr(), c.kept.data(), bytes);
     }
     if (c.receive)
       c.receive->done = true;
@@ -259,24 +355,18 @@ bool Links::wait_shm(ShmRecv& work, int peer) {
   const Clock::time_point deadline = Clock::now() + world().timeout;
   Clock::time_point look = Clock::now();
   for (;;) {
-    take_in(from);
+    take_in(from, &work);
     if (work.done) return true;
     if (work.aborted) return false;
-    // What did not fit in a ring goes on as its reader makes room (the reader may wait for it first).
-    if (ShmRing* full = push_out()) {
-      full->wait_writable(std::chrono::milliseconds(1));
-    } else {
-      // The waiting thread has nothing else to do: a short spin spares the wake-up's latency.
-      const Clock::time_point spin = Clock::now() + std::chrono::microseconds(50);
-      while (from.in->readable() == 0 && !work.aborted && Clock::now() < spin) {
-      }
-      if (from.in->readable() == 0) from.in->wait_readable(std::chrono::milliseconds(20));
+    // The waiting thread has nothing else to do: a short spin spares the wake-up's latency.
+    const Clock::time_point spin = Clock::now() + std::chrono::microseconds(50);
+    while (from.in->readable() == 0 && !work.aborted && Clock::now() < spin) {
     }
+    if (from.in->readable() == 0 && !work.aborted) from.in->wait_readable(std::chrono::milliseconds(20));
     const Clock::time_point now = Clock::now();
-    if (now >= look) {  // a process of this machine that ended sends nothing more
+    if (now >= look) {
       look = now + std::chrono::milliseconds(100);
-      if (from.pid > 0 && kill(from.pid, 0) != 0 && errno == ESRCH)
-        throw_broken(peer, "rank " + std::to_string(peer) + "'s process ended");
+      if (from.ended()) throw_broken(peer, "rank " + std::to_string(peer) + "'s process ended");
     }
     if (now >= deadline) throw_broken(peer, "nothing came within GPIPE_TIMEOUT");
   }
@@ -328,12 +418,20 @@ void Links::raise(const std::string& message) {
 void Links::leave(const std::string& message) { raise(std::string(1, kLeaving) + message); }
 
 void Links::send(int peer, int tag, const torch::Tensor& tensor) {
-  if (ShmPeer* to = shm_to(peer)) {
+  if (shared_memory_with(peer)) {
+    ShmPeer& to = *shm_.at(peer);
     {
-      const std::lock_guard<std::mutex> lock(to->out_mutex);
-      to->sending.push_back({MessageHead{tag, static_cast<int64_t>(tensor.nbytes())}, tensor});
+      const std::lock_guard<std::mutex> lock(to.out_mutex);
+      to.sending.push_back({MessageHead{tag, static_cast<int64_t>(tensor.nbytes())}, tensor});
     }
-    push_out();
+    if (push_out() != nullptr) {  // the rest goes as the reader makes room, whatever this thread waits on
+      {
+        const std::lock_guard<std::mutex> lock(push_mutex_);
+        push_more_ = true;
+      }
+      if (!pusher_.joinable()) pusher_ = std::thread(&Links::push_until_sent, this);
+      push_wake_.notify_all();
+    }
     return;
   }
   std::vector<at::Tensor> one{tensor};
@@ -345,9 +443,9 @@ void Links::send(int peer, int tag, const torch::Tensor& tensor) {
 }
 
 c10::intrusive_ptr<::c10d::Work> Links::post_recv(int peer, int tag, torch::Tensor& into) {
-  if (shared_memory_from(peer)) {
+  if (shared_memory_with(peer)) {
     ShmPeer& from = *shm_.at(peer);
-    auto work = c10::make_intrusive<ShmRecv>(into, from.in.get());
+    auto work = c10::make_intrusive<ShmRecv>(into, from.in);
     const std::lock_guard<std::mutex> lock(from.in_mutex);
     const auto early = from.early.find(tag);
     if (early == from.early.end()) {
@@ -399,14 +497,15 @@ void Links::wait(const c10::intrusive_ptr<::c10d::Work>& work, int peer) {
   }
   bool done = false;
   std::string broken;
+  auto* shm = dynamic_cast<ShmRecv*>(work.get());
   try {
-    auto* shm = dynamic_cast<ShmRecv*>(work.get());
     done = shm != nullptr ? wait_shm(*shm, peer) : work->wait();
-  } catch (const RemoteError&) {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    waiting_.erase(work.get());
-    throw;
   } catch (const std::exception& e) {
+    if (shm != nullptr) {  // its errors say what they are; Gloo's say that the connection broke
+      const std::lock_guard<std::mutex> lock(mutex_);
+      waiting_.erase(work.get());
+      throw;
+    }
     broken = e.what();
   }
   {
@@ -427,18 +526,16 @@ void Links::wait_sends() {
   // may be waiting for room in its ring to this process too).
   using Clock = std::chrono::steady_clock;
   const Clock::time_point deadline = Clock::now() + world().timeout;
-  while (ShmRing* full = push_out()) {
+  while (ShmPeer* full = push_out()) {
     {
       const std::lock_guard<std::mutex> lock(mutex_);
       if (!heard_.empty()) throw_heard();
     }
-    for (auto& [r, peer] : shm_)
-      if (peer->in) take_in(*peer);
-    full->wait_writable(std::chrono::milliseconds(1));
-    for (auto& [r, peer] : shm_)
-      if (peer->out.get() == full && peer->pid > 0 && kill(peer->pid, 0) != 0 && errno == ESRCH)
-        throw_broken(r, "rank " + std::to_string(r) + "'s process ended");
-    if (Clock::now() >= deadline) throw_broken(-1, "a ring to a process of this machine stayed full for GPIPE_TIMEOUT");
+    for (auto& [r, peer] : shm_) take_in(*peer);
+    full->out->wait_writable(std::chrono::milliseconds(1));
+    if (full->ended()) throw_broken(full->rank, "rank " + std::to_string(full->rank) + "'s process ended");
+    if (Clock::now() >= deadline)
+      throw_broken(full->rank, "rank " + std::to_string(full->rank) + " read nothing within GPIPE_TIMEOUT");
   }
 }
 
@@ -715,7 +812,7 @@ void C10dTransport::begin(const std::vector<const std::vector<Action>*>& program
     for (const Action& a : *program) {
       // A receive from a stage of this process is the executor's own hand-over: no message to post.
       // One through shared memory is read by the thread that waits for it.
-      if (a.kind != ActionKind::kRecv || rank(a.peer) == self || links_->shared_memory_from(rank(a.peer))) continue;
+      if (a.kind != ActionKind::kRecv || rank(a.peer) == self || links_->shared_memory_with(rank(a.peer))) continue;
       const Key key{a.peer, a.stage, static_cast<int>(a.channel), a.micro_batch};
       if (receives_.count(key) > 0) continue;
       auto pending = std::make_shared<PendingRecv>();

@@ -21,9 +21,9 @@ struct ShmRing::Shared {
   alignas(64) std::atomic<uint64_t> written;  // bytes written in all (the writer's)
   alignas(64) std::atomic<uint64_t> read;     // bytes read in all (the reader's)
   alignas(64) std::atomic<uint32_t> writes;   // the reader's futex word: counts the writes
-  std::atomic<uint32_t> reader_sleeps;
+  std::atomic<uint32_t> reader_sleeps;  // how many threads sleep on `writes`
   alignas(64) std::atomic<uint32_t> reads;    // the writer's: counts the reads
-  std::atomic<uint32_t> writer_sleeps;
+  std::atomic<uint32_t> writer_sleeps;  // how many threads sleep on `reads`
   uint64_t capacity;
 };
 
@@ -100,7 +100,9 @@ size_t ShmRing::write_some(const void* data, size_t bytes) {
   const size_t first = std::min(n, capacity_ - at);
   std::memcpy(data_ + at, data, first);
   std::memcpy(data_, static_cast<const uint8_t*>(data) + first, n - first);
-  shared_->written.store(written + n);  // sequentially consistent, as reader_sleeps' load below
+  // Sequentially consistent, as the reader's: either it sees the bytes before it sleeps, or this sees
+  // it sleeping and wakes it (and a futex wait on a `writes` that moved returns at once).
+  shared_->written.store(written + n);
   shared_->writes.fetch_add(1);
   if (shared_->reader_sleeps.load() != 0) futex_wake(&shared_->writes);
   return n;
@@ -127,16 +129,16 @@ size_t ShmRing::read_some(void* into, size_t bytes) {
 
 void ShmRing::wait_readable(std::chrono::milliseconds most) {
   const uint32_t writes = shared_->writes.load();
-  shared_->reader_sleeps.store(1);
-  if (readable() == 0) futex_wait(&shared_->writes, writes, most);
-  shared_->reader_sleeps.store(0);
+  shared_->reader_sleeps.fetch_add(1);
+  if (shared_->written.load() == shared_->read.load()) futex_wait(&shared_->writes, writes, most);
+  shared_->reader_sleeps.fetch_sub(1);
 }
 
 void ShmRing::wait_writable(std::chrono::milliseconds most) {
   const uint32_t reads = shared_->reads.load();
-  shared_->writer_sleeps.store(1);
+  shared_->writer_sleeps.fetch_add(1);
   if (shared_->written.load() - shared_->read.load() == capacity_) futex_wait(&shared_->reads, reads, most);
-  shared_->writer_sleeps.store(0);
+  shared_->writer_sleeps.fetch_sub(1);
 }
 
 void ShmRing::wake_reader() {
