@@ -5,7 +5,9 @@
 // the pipeline's frames that way aborts the process. Asking Py_IsFinalizing() first leaves a window
 // between the answer and the taking. So C++ frames take the GIL only through one gate, which Python's
 // atexit (it runs before finalizing begins) closes once no thread is inside; after that only the
-// exiting thread passes, and every other thread stays out of Python.
+// exiting thread passes, and every other thread stays out of Python. Closing waits for the threads
+// inside without a limit: a before_stage callback that never returns holds up the exit. (Only
+// gpipe's own frames pass the gate; libtorch's take the GIL as they always did.)
 #pragma once
 
 #include <pybind11/pybind11.h>
