@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench/torchrun.sh: the c10d (Gloo) transport on loopback under torchrun, then gpipe train's main job
-# (Fashion-MNIST, 8,192 training samples, one epoch) with 2 ranks under torchrun and under mpirun,
+# bench/torchrun.sh: the c10d transport under torchrun (shared memory between two ranks of this
+# machine), then gpipe train's main job (Fashion-MNIST, 8,192 training samples, one epoch) with 2 ranks under torchrun and under mpirun,
 # alternated ROUNDS times; prints each round's samples/s and the median of the per-round ratios, and
 # writes bench/results/c10d-transport.json and bench/results/torchrun-vs-mpirun.json. Each torchrun
 # rank binds itself to its share of the cores (GPIPE_BIND_CORES=1), as mpirun binds its ranks.
