@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/torchrun.sh: the c10d transport under torchrun (shared memory between two ranks of this
-# machine), then gpipe train's main job (Fashion-MNIST, 8,192 training samples, one epoch) with 2 ranks under torchrun and under mpirun,
-# alternated ROUNDS times; prints each round's samples/s and the median of the per-round ratios, and
+# machine), then gpipe train's main job (Fashion-MNIST, 8,192 training samples, one epoch) with 2
+# ranks under torchrun and under mpirun, alternated ROUNDS times; prints each round's samples/s and the median of the per-round ratios, and
 # writes bench/results/c10d-transport.json and bench/results/torchrun-vs-mpirun.json. Each torchrun
 # rank binds itself to its share of the cores (GPIPE_BIND_CORES=1), as mpirun binds its ranks.
 # Usage: bench/torchrun.sh [PATH/TO/gpipe] [ROUNDS]   (default build/apps/gpipe, 3)
