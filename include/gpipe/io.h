@@ -29,6 +29,10 @@ void write_file_atomically(const std::string& path, const std::string& contents)
 /// process (_exit), so that no PATH.tmp.* file outlives it.
 void remove_partial_files();
 
+/// Whether a process with this id runs on this machine (in this PID namespace): not one that
+/// ended, nor a zombie whose parent has not yet reaped it.
+bool process_runs(long pid);
+
 /// Deletes the PATH.tmp.* files beside `path` that write_file_atomically left
 /// in a process that no longer runs (or in this one). Errors are ignored.
 void remove_stale_temporaries(const std::string& path);

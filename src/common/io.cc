@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <stdexcept>
@@ -80,8 +81,6 @@ PartialFile* claim_partial(const std::string& name_template) {
   return nullptr;
 }
 
-// Whether a process with this id runs (on this machine).
-bool process_runs(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH); }
 
 // While it lives, SIGXFSZ (a write past the file-size limit, `ulimit -f`) is blocked on this thread,
 // so that write() fails with EFBIG rather than the signal ending the process; one that came is
@@ -296,6 +295,17 @@ bool has_extension(const std::string& path, const std::string& extension) {
         std::tolower(static_cast<unsigned char>(extension[n])))
       return false;
   return true;
+}
+
+bool process_runs(long pid) {
+  if (pid <= 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno != ESRCH;
+  // A zombie (ended, its parent not yet told) runs no more: the state after the name in /proc/PID/stat.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  const std::string line((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t name_end = line.rfind(')');
+  const char state = name_end != std::string::npos && name_end + 2 < line.size() ? line[name_end + 2] : '?';
+  return state != 'Z' && state != 'X';
 }
 
 }  // namespace gpipe

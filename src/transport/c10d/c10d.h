@@ -214,6 +214,7 @@ class Links {
   [[noreturn]] void throw_heard() const;
   // The rings to and from the other processes of this machine (collective, at construction).
   void connect_shared_memory(bool wanted);
+  ShmPeer* shared_memory_peer(int peer);  // nullptr: Gloo
   // Writes what waits to be sent through shared memory as far as the rings have room; returns a
   // peer whose ring is full, if any.
   ShmPeer* push_out();

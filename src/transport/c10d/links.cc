@@ -3,23 +3,20 @@
 #include "transport/c10d/c10d.h"
 
 #include "gpipe/check.h"
+#include "gpipe/io.h"
 #include "transport/c10d/shm.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/torch.h>
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <fstream>
-#include <iterator>
 #include <random>
 #include <sstream>
 
@@ -113,15 +110,7 @@ struct ShmPeer {
 
   // Whether its process is known to have ended: gone, or a zombie its parent (torchrun) has not yet
   // reaped.
-  bool ended() const {
-    if (!pid_here || pid <= 0) return false;
-    if (kill(pid, 0) != 0) return errno == ESRCH;
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    const std::string line((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const size_t name_end = line.rfind(')');
-    const char state = name_end != std::string::npos && name_end + 2 < line.size() ? line[name_end + 2] : '?';
-    return state == 'Z' || state == 'X';
-  }
+  bool ended() const { return pid_here && pid > 0 && !process_runs(pid); }
 
   // What waits to be written to `out`, in order (kept alive until it is).
   struct Outgoing {
@@ -215,7 +204,6 @@ void Links::connect_shared_memory(bool wanted) {
   const std::string pids = pid_namespace();
   const std::vector<std::string> who = all_gather((wanted ? std::string("+") + host : std::string("-")) + "\n" +
                                                   pids + "\n" + std::to_string(getpid()));
-  std::vector<int> here;
   std::map<int, std::unique_ptr<ShmPeer>> found;
   for (int r = 0; r < w.size; ++r) {
     std::istringstream in(who[static_cast<size_t>(r)]);
@@ -229,36 +217,36 @@ void Links::connect_shared_memory(bool wanted) {
     peer->pid = std::atoi(their_pid.c_str());
     peer->pid_here = !pids.empty() && their_pids == pids;
     found[r] = std::move(peer);
-    here.push_back(r);
   }
   // Each process makes its rings to the others ("-" where /dev/shm has no room), opens theirs to it,
   // and says which it opened; the names then go from /dev/shm. A pair keeps its rings only where both
   // ways opened: a message waiting for room in a ring moves as its reader reads, which a process
   // waiting on Gloo for the same peer would not.
   std::vector<std::string> names(static_cast<size_t>(w.size), "-");
-  for (int p : here) {
+  for (auto& [p, peer] : found) {
     const std::string name = ring_name();
-    found[p]->out = ShmRing::create(name, ring_bytes(here.size()));
-    if (found[p]->out) names[static_cast<size_t>(p)] = name;
+    peer->out = ShmRing::create(name, ring_bytes(found.size()));
+    if (peer->out) names[static_cast<size_t>(p)] = name;
   }
   std::string mine;
   for (const std::string& name : names) mine += name + " ";
   const std::vector<std::string> made = all_gather(mine);
   std::string opened(static_cast<size_t>(w.size), '0');
-  for (int p : here) {
+  for (auto& [p, peer] : found) {
     const std::vector<std::string> theirs = fields(made[static_cast<size_t>(p)]);
     const std::string& name = theirs.at(static_cast<size_t>(rank_));
-    if (name != "-") found[p]->in = ShmRing::open(name);
-    if (found[p]->in) {
+    if (name != "-") peer->in = ShmRing::open(name);
+    if (peer->in) {
       opened[static_cast<size_t>(p)] = '1';
       ShmRing::unlink(name);  // at once: a process that dies before the maker does leaves no file
     }
   }
   const std::vector<std::string> opens = all_gather(opened);
-  for (int p : here) {
-    if (names[static_cast<size_t>(p)] != "-") ShmRing::unlink(names[static_cast<size_t>(p)]);
-    const bool out_opened = opens[static_cast<size_t>(p)][static_cast<size_t>(rank_)] == '1';
-    if (!out_opened || !found[p]->in) found.erase(p);
+  for (auto it = found.begin(); it != found.end();) {
+    const auto p = static_cast<size_t>(it->first);
+    if (names[p] != "-") ShmRing::unlink(names[p]);
+    const bool out_opened = opens[p][static_cast<size_t>(rank_)] == '1';
+    it = out_opened && it->second->in ? std::next(it) : found.erase(it);
   }
   shm_ = std::move(found);  // the gathers above went through Gloo
 }
@@ -274,6 +262,11 @@ void Links::release_shared_memory() {
 }
 
 bool Links::shared_memory_with(int peer) const { return shm_.count(peer) > 0; }
+
+ShmPeer* Links::shared_memory_peer(int peer) {
+  const auto it = shm_.find(peer);
+  return it != shm_.end() ? it->second.get() : nullptr;
+}
 
 ShmPeer* Links::push_out() {
   ShmPeer* full = nullptr;
@@ -418,11 +411,10 @@ void Links::raise(const std::string& message) {
 void Links::leave(const std::string& message) { raise(std::string(1, kLeaving) + message); }
 
 void Links::send(int peer, int tag, const torch::Tensor& tensor) {
-  if (shared_memory_with(peer)) {
-    ShmPeer& to = *shm_.at(peer);
+  if (ShmPeer* to = shared_memory_peer(peer)) {
     {
-      const std::lock_guard<std::mutex> lock(to.out_mutex);
-      to.sending.push_back({MessageHead{tag, static_cast<int64_t>(tensor.nbytes())}, tensor});
+      const std::lock_guard<std::mutex> lock(to->out_mutex);
+      to->sending.push_back({MessageHead{tag, static_cast<int64_t>(tensor.nbytes())}, tensor});
     }
     if (push_out() != nullptr) {  // the rest goes as the reader makes room, whatever this thread waits on
       {
@@ -443,20 +435,19 @@ void Links::send(int peer, int tag, const torch::Tensor& tensor) {
 }
 
 c10::intrusive_ptr<::c10d::Work> Links::post_recv(int peer, int tag, torch::Tensor& into) {
-  if (shared_memory_with(peer)) {
-    ShmPeer& from = *shm_.at(peer);
-    auto work = c10::make_intrusive<ShmRecv>(into, from.in);
-    const std::lock_guard<std::mutex> lock(from.in_mutex);
-    const auto early = from.early.find(tag);
-    if (early == from.early.end()) {
-      from.posted[tag].push_back(work);
+  if (ShmPeer* from = shared_memory_peer(peer)) {
+    auto work = c10::make_intrusive<ShmRecv>(into, from->in);
+    const std::lock_guard<std::mutex> lock(from->in_mutex);
+    const auto early = from->early.find(tag);
+    if (early == from->early.end()) {
+      from->posted[tag].push_back(work);
       return work;
     }
     const std::vector<uint8_t>& bytes = early->second.front();
     expect_size(into, static_cast<int64_t>(bytes.size()), tag);
     if (!bytes.empty()) std::memcpy(into.data_ptr(), bytes.data(), bytes.size());
     early->second.pop_front();
-    if (early->second.empty()) from.early.erase(early);
+    if (early->second.empty()) from->early.erase(early);
     work->done = true;
     return work;
   }
