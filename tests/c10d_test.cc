@@ -29,9 +29,11 @@ Batch rows_of(int64_t rows, int64_t in, int64_t out, double scale = 1.0) {
 
 // Two SGD steps of the pipeline over c10d (K devices, D replicas of M micro-batches) and of the same
 // on threads in one process (D·M micro-batches: the same rows in each), on the same batches and
-// Dropout streams; then every parameter and buffer this rank holds compared.
+// Dropout streams; then every parameter and buffer this rank holds compared. How the c10d pipeline
+// describes its backend goes to `described`, if given.
 void expect_trains_as_threads(const LayerBuilder& build, int layers, const PipelineOptions& options,
-                              const Batch& batch, bool bitwise = true, double tolerance = 1e-5) {
+                              const Batch& batch, bool bitwise = true, double tolerance = 1e-5,
+                              std::string* described = nullptr) {
   const int K = options.devices();
   if (world_size() % K != 0) return;
   const int D = world_size() / K;
@@ -63,6 +65,7 @@ void expect_trains_as_threads(const LayerBuilder& build, int layers, const Pipel
   for (const auto& b : ranks->layers()->named_buffers())
     EXPECT_TRUE(close(b.value().to(torch::kDouble), their_buffers[b.key()].to(torch::kDouble), tolerance))
         << "rank " << world_rank() << ": buffer " << b.key();
+  if (described) *described = ranks->describe();
 }
 
 // small_mlp: 7 layers, 10 with Dropout.
@@ -94,7 +97,8 @@ TEST(C10dPipeline, EverySchedulesTrainingEqualsThreads) {
 }
 
 // Between ranks of one machine, a boundary of 32 MiB a micro-batch, larger than a shared-memory ring
-// (8 MiB), crosses in parts, and the same through Gloo (GPIPE_SHM=0).
+// (8 MiB), crosses in parts, and the same through Gloo (GPIPE_SHM=0). The test's ranks share one
+// machine: each reaches every other through shared memory, unless told not to.
 TEST(C10dPipeline, ABoundaryLargerThanARingEqualsThreads) {
   const LayerBuilder wide = [](LayerRange keep) {
     torch::manual_seed(3);
@@ -104,12 +108,17 @@ TEST(C10dPipeline, ABoundaryLargerThanARingEqualsThreads) {
     return mine;
   };
   const auto options = PipelineOptions().devices(2).micro_batches(2).balance({2, 1});
-  expect_trains_as_threads(wide, 3, options, rows_of(4096 * world_size() / 2, 16, 4));
+  const std::string others = std::to_string(world_size() - 1);
+  std::string described;
+  expect_trains_as_threads(wide, 3, options, rows_of(4096 * world_size() / 2, 16, 4), true, 1e-5, &described);
+  EXPECT_EQ(described, "c10d (Gloo; shared memory with " + others + " of " + others + " other ranks): " +
+                std::to_string(world_size()) + " ranks = 2 devices x " + std::to_string(world_size() / 2) + " replicas");
   struct GlooOnly {
     GlooOnly() { setenv("GPIPE_SHM", "0", 1); }
     ~GlooOnly() { unsetenv("GPIPE_SHM"); }
   } gloo_only;
-  expect_trains_as_threads(wide, 3, options, rows_of(4096 * world_size() / 2, 16, 4));
+  expect_trains_as_threads(wide, 3, options, rows_of(4096 * world_size() / 2, 16, 4), true, 1e-5, &described);
+  EXPECT_EQ(described.rfind("c10d (Gloo): ", 0), 0u) << described;
 }
 
 TEST(C10dPipeline, SkipConnectionsEqualThreads) {

@@ -285,7 +285,7 @@ std::string RankGroup::who() const {
 }
 
 std::string RankGroup::describe() const {
-  return name_ + ": " + std::to_string(placement_.devices * placement_.replicas) + " ranks = " +
+  return backend_name() + ": " + std::to_string(placement_.devices * placement_.replicas) + " ranks = " +
          std::to_string(placement_.devices) + " devices x " + std::to_string(placement_.replicas) + " replicas";
 }
 

@@ -121,6 +121,9 @@ class RankGroup : public Backend {
 
   // ---- for the backend's own use
 
+  /// How describe() names the backend: the name given, or more that only the backend knows.
+  virtual std::string backend_name() const { return name_; }
+
   /// Uses `plan`, one make_plan made for the pipeline's options on every process alike, as it is.
   void made_plan(const PipelinePlan& plan) {
     made_ = true;

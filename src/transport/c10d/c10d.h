@@ -149,6 +149,8 @@ class Links {
   int rank() const { return rank_; }
   /// Whether messages to and from `peer` go through shared memory (taken by the thread that waits for them).
   bool shared_memory_with(int peer) const;
+  /// How many other processes messages reach through shared memory.
+  int shared_memory_peers() const { return static_cast<int>(shm_.size()); }
   /// Lets go of the rings to the processes of this machine (a failed generation's, kept for Gloo).
   void release_shared_memory();
 
@@ -304,6 +306,8 @@ class C10dGroup : public detail::RankGroup {
 
  protected:
   std::vector<std::string> all_gather_setup(const std::string& mine) override;
+  // "c10d (Gloo)", with how many of the other ranks this one reaches through shared memory.
+  std::string backend_name() const override;
   void sum_replicas(const std::shared_ptr<torch::Tensor>& values, const char* what) override;
   void broadcast_tie(size_t tie, torch::Tensor& value) override;
   void sum_tie(size_t tie, const std::shared_ptr<torch::Tensor>& values) override;

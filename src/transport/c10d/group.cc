@@ -54,6 +54,13 @@ void C10dGroup::leave() {
   abandon();
 }
 
+std::string C10dGroup::backend_name() const {
+  const int peers = links_ ? links_->shared_memory_peers() : 0;
+  if (peers == 0) return "c10d (Gloo)";
+  return "c10d (Gloo; shared memory with " + std::to_string(peers) + " of " + std::to_string(world().size - 1) +
+         " other ranks)";
+}
+
 std::vector<std::string> C10dGroup::all_gather_setup(const std::string& mine) { return links_->all_gather(mine); }
 
 void C10dGroup::open() {
