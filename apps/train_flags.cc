@@ -64,9 +64,9 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "optimizer state); the exact min-max cut (of the devices where a schedule puts several stages "
                   "on one), printed with its predicted step")
       ->check(CLI::IsMember({"params", "time", "memory"}));
-  sub->add_option("--micro-batches", o->micro_batches, "micro-batches M per mini-batch (with --schedule auto: chosen "
-                  "unless given)")
-      ->check(at_least(1))->capture_default_str();
+  sub->add_option("--micro-batches", o->micro_batches, "micro-batches M per mini-batch (default: chosen by "
+                  "--schedule auto; 4 with a schedule named, or task)")
+      ->check(at_least(1));
   sub->add_option("--checkpoint", o->checkpoint,
                   "re-materialization: always, except_last or never (the CNN's activations are small)")
       ->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
@@ -83,13 +83,15 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--schedule", o->schedule,
                   "the order of forwards and backwards: gpipe (fill-drain), 1f1b, interleaved (V stages per "
                   "device; --micro-batches a multiple of K), zb1p (zero bubble), zbv (zero bubble, 2 stages per "
-                  "device placed as a V) or v-half (zbv's V in (K+1)/2K of its activation memory); task: the task's "
-                  "own, interleaved with the cut {3, 1, 2, 5} for the built-in CNN on 2 stages (measured fastest), gpipe "
-                  "otherwise; auto: the layers profiled on one micro-batch, every schedule x V x M (M only when "
+                  "device placed as a V) or v-half (zbv's V in (K+1)/2K of its activation memory); auto (the "
+                  "default): the layers profiled (a few seconds), every schedule x V x M (M only when "
                   "--micro-batches is not given) that fits this machine's memory at --stages and --batch-size "
                   "simulated, and the fastest predicted run with its cut (unless --balance, or --balance-by's from the "
-                  "same profile); printed with its predicted and measured step and bubble; under mpirun or torchrun: task. See "
-                  "gpipe schedule and docs/schedules.md")
+                  "same profile); printed with its predicted and measured step and bubble; with --resume, the "
+                  "pipeline the file was trained with; under mpirun or torchrun: task. The choice follows measured "
+                  "times, so two runs may choose differently and differ in the last bits: name a schedule, or task, "
+                  "for runs that repeat bit for bit. task: the task's own, interleaved with the cut {3, 1, 2, 5} for "
+                  "the built-in CNN on 2 stages, gpipe otherwise. See gpipe schedule and docs/schedules.md")
       ->check(CLI::IsMember([] {
         std::vector<std::string> names = schedule_names();
         names.insert(names.begin(), {"task", "auto"});
@@ -198,6 +200,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
     install_signal_handlers(OnSignal::kEndNow);
     o->devices_given = sub->count("--stages") > 0;
     o->micro_batches_given = sub->count("--micro-batches") > 0;
+    o->schedule_given = sub->count("--schedule") > 0;
     o->data_dir_given = sub->count("--data-dir") > 0;
     o->batch_size_given = sub->count("--batch-size") > 0;
     o->epochs_given = sub->count("--epochs") > 0;

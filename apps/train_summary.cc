@@ -52,6 +52,11 @@ nlohmann::json summary_json(const TrainOptions& o, const TrainingRun& c, const R
     j["auto"] = {{"predicted_step_s", c.choice->predicted.step_s}, {"predicted_bubble", c.choice->predicted.bubble},
                  {"measured_step_s", measured}, {"measured_bubble", s.figures.bubble},
                  {"configurations", c.choice->considered}, {"fits", c.choice->fits}};
+    if (!c.choice->taken_from.empty()) {  // the resumed file's pipeline: nothing predicted
+      j["auto"]["taken_from"] = c.choice->taken_from;
+      j["auto"]["predicted_step_s"] = nullptr;
+      j["auto"]["predicted_bubble"] = nullptr;
+    }
   }
   if (job().distributed) j["mpi"] = {{"ranks", job().size}, {"replicas", s.replicas}};
   for (const auto& [name, value] : s.scores) j[name] = value;

@@ -30,7 +30,10 @@ s = json.load(open(sys.argv[1]))
 assert s["steps"] == 32, s["steps"]
 assert s["final_loss"] < s["first_loss"], (s["first_loss"], s["final_loss"])
 assert s["test_accuracy"] > 0.5, s["test_accuracy"]
-assert len(s["epochs"]) == 2 and s["balance"] == [3, 1, 2, 5] and s["schedule"] == "interleaved"
+assert len(s["epochs"]) == 2 and sum(s["balance"]) == 11
+# By default the pipeline is auto's choice, predicted, and measured after the run.
+assert s["auto"]["configurations"] > 1 and s["auto"]["predicted_step_s"] > 0 and s["auto"]["measured_step_s"] > 0, s["auto"]
+assert s["micro_batches"] == 4  # given
 assert 0 <= s["bubble"] < 1
 assert s["samples_per_s"] > 0, s["samples_per_s"]
 PY
@@ -45,7 +48,7 @@ PY
   fi
 
   # --steps stops early, with any K, M and checkpoint mode; --trace writes the last step's timeline.
-  if "$gpipe" train --train-samples 512 --test-samples 100 --steps 3 --stages 3 --micro-batches 5 \
+  if "$gpipe" train --train-samples 512 --test-samples 100 --steps 3 --stages 3 --micro-batches 5 --schedule gpipe \
        --checkpoint always --json --trace "$work/trace.json" >"$work/steps.json" 2>/dev/null &&
      /usr/bin/python3 - "$work/steps.json" "$work/trace.json" <<'PY'
 import json, sys
@@ -126,18 +129,26 @@ fi
 if part resume; then  # cost 21
   # Save and resume: a run stopped at step 14 and resumed ends where an unbroken run of 25 steps ends
   # (Adam state, shuffling, dropout streams and all); bad checkpoints fail clearly and change nothing.
-  "$gpipe" train "${small[@]}" --steps 25 >"$work/unbroken.json" 2>/dev/null
+  # The first run's pipeline is auto's choice, saved in the file, which the resumed run (auto too)
+  # takes again without a profile; the unbroken run names it.
   "$gpipe" train "${small[@]}" --steps 14 --save "$work/ckpt.pt" >"$work/first.json" 2>/dev/null
+  chosen=$(/usr/bin/python3 -c 'import json, sys; s = json.load(open(sys.argv[1]))
+print(s["schedule"], s["micro_batches"], s["virtual_stages"], ",".join(map(str, s["balance"])))' "$work/first.json")
+  read -r schedule m v balance <<<"$chosen"
+  "$gpipe" train "${small[@]}" --steps 25 --schedule "$schedule" --micro-batches "$m" --virtual-stages "$v" --balance "$balance" \
+    >"$work/unbroken.json" 2>/dev/null
   "$gpipe" train "${small[@]}" --steps 25 --resume "$work/ckpt.pt" >"$work/resumed.json" 2>/dev/null
   if /usr/bin/python3 - "$work/unbroken.json" "$work/first.json" "$work/resumed.json" <<'PY'
 import json, sys
 unbroken, first, resumed = (json.load(open(f)) for f in sys.argv[1:4])
 assert resumed["steps"] == 25 and resumed["steps_this_run"] == 11, resumed["steps_this_run"]
 assert first["parameter_checksum"] != unbroken["parameter_checksum"]
+assert first["auto"]["predicted_step_s"] > 0 and resumed["auto"]["taken_from"].endswith("ckpt.pt"), resumed["auto"]
+assert (resumed["schedule"], resumed["micro_batches"], resumed["balance"]) == (first["schedule"], first["micro_batches"], first["balance"])
 assert resumed["parameter_checksum"] == unbroken["parameter_checksum"], (resumed["parameter_checksum"], unbroken["parameter_checksum"])
 PY
-  then pass "stopped at step 14 and resumed: same parameters as 25 unbroken steps"
-  else fail "save/resume exactness"; fi
+  then pass "stopped at step 14 and resumed: auto takes the saved pipeline; same parameters as 25 unbroken steps"
+  else fail "save/resume exactness"; cat "$work/first.json" "$work/resumed.json"; fi
   cp "$work/ckpt.pt" "$work/ckpt.keep"
   head -c 100000 "$work/ckpt.pt" >"$work/truncated.pt"
   if ! ls "$work"/*.tmp* >/dev/null 2>&1; then pass "no temporary file left behind"; else fail "temporary file left"; fi
@@ -184,7 +195,7 @@ fi
 if part models; then  # cost 6
   # The built-in ResNet (BatchNorm once per step, residual skips across stages, cut by measured time)
   # and U-Net (long skips across 3 stages; PSNR; a PNG of samples) train a few steps.
-  if "$gpipe" train --model resnet --train-samples 256 --test-samples 100 --steps 4 --batch-size 64 --json \
+  if "$gpipe" train --model resnet --schedule task --train-samples 256 --test-samples 100 --steps 4 --batch-size 64 --json \
        >"$work/resnet.json" 2>/dev/null &&
      /usr/bin/python3 - "$work/resnet.json" <<'PY'
 import json, sys

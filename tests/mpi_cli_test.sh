@@ -13,11 +13,13 @@ source "$tests_dir/parts_lib.sh"
 hang=240
 
 # same_as_one "NP ARGS"...: one stage per rank gives the parameters of one process, bit for bit
-# (Dropout included).
+# (Dropout included). Without a schedule named, both run the task's own (in one process the default
+# would be auto's choice, which a job of several processes does not make).
 same_as_one() {
   local case np args
   for case in "$@"; do
     read -r np args <<<"$case"
+    [[ "$args" == *--schedule* ]] || args="$args --schedule task"
     if "$gpipe" train "${small[@]}" --steps 10 $args >"$work/one.json" 2>/dev/null &&
        bash "$mpirun_sh" "$np" "$gpipe" train "${small[@]}" --steps 10 $args >"$work/mpi.json" 2>"$work/mpi.err"; then
       a=$(checksum "$work/one.json"); b=$(checksum "$work/mpi.json")
@@ -53,7 +55,7 @@ if part launch; then  # cost 25
   # The GPT with its embedding on rank 0 and the head tied to it on rank 1 (the copies' gradients
   # summed): the parameters of one process, up to the order of that sum's additions.
   if [ -d /usr/share/games/fortunes ]; then
-    gpt=(--model gpt --train-samples 32 --test-samples 4 --batch-size 8 --steps 3 --json)
+    gpt=(--model gpt --schedule task --train-samples 32 --test-samples 4 --batch-size 8 --steps 3 --json)
     if "$gpipe" train "${gpt[@]}" >"$work/gpt-one.json" 2>/dev/null &&
        bash "$mpirun_sh" 2 "$gpipe" train "${gpt[@]}" >"$work/gpt-mpi.json" 2>"$work/mpi.err" &&
        /usr/bin/python3 - "$work/gpt-one.json" "$work/gpt-mpi.json" <<'PY'
@@ -121,7 +123,7 @@ if part resume; then  # cost 43
   # Another K: 3 ranks resume the 2-rank file; one process resuming it with K=3 gets the same parameters.
   if bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --steps 10 --stages 3 --resume "$work/ckpt.pt" \
        >"$work/k3-mpi.json" 2>"$work/k3.err" &&
-     "$gpipe" train "${small[@]}" --steps 10 --stages 3 --resume "$work/ckpt.pt" >"$work/k3-one.json" 2>>"$work/k3.err"; then
+     "$gpipe" train "${small[@]}" --steps 10 --stages 3 --schedule task --resume "$work/ckpt.pt" >"$work/k3-one.json" 2>>"$work/k3.err"; then
     a=$(checksum "$work/k3-one.json"); b=$(checksum "$work/k3-mpi.json")
     if [ "$a" = "$b" ]; then pass "a 2-rank checkpoint resumed by 3 ranks equals one process resuming it ($a)"
     else fail "resume with K=3: mpirun $b, one process $a"; fi

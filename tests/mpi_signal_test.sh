@@ -13,7 +13,7 @@ mpirun_sh="$(dirname "$0")/mpirun.sh"
 work=$(mktemp -d -t gpipe-mpi-signal-test.XXXXXX)
 source "$(dirname "$0")/signal_lib.sh"
 source "$(dirname "$0")/parts_lib.sh"
-run=(train --train-samples 640 --test-samples 100 --batch-size 64 --epochs 3 --json)  # 10 steps an epoch
+run=(train --schedule task --train-samples 640 --test-samples 100 --batch-size 64 --epochs 3 --json)  # 10 steps an epoch
 
 rank_pid() {  # MPIRUN_PID RANK: the pid of that rank (mpirun starts the ranks here as its children)
   local p try
@@ -40,7 +40,7 @@ make_unbroken() {
 # stage: only the same K gives the unbroken run's parameters bit for bit; mpi_cli_test covers another K.)
 sigterm_trials() {  # TRIAL...
   local trial end
-  long=(train --train-samples 640 --test-samples 100 --batch-size 64 --epochs 100 --json)  # 1,000 steps
+  long=(train --schedule task --train-samples 640 --test-samples 100 --batch-size 64 --epochs 100 --json)  # 1,000 steps
   for trial in "$@"; do
     step=$((RANDOM % 10 + 1))
     rm -f "$work/run.pt"

@@ -116,7 +116,7 @@ if across 60 sh -c 'echo "$OMPI_COMM_WORLD_RANK $(sed -n "s/^Cpus_allowed_list:\
 else fail "the ranks' cores: $(cat "$work/cores.txt"), not $cores each"; tail -20 "$work/where.err"; fi
 
 # (a) Two hosts train to the parameters of one process, bit for bit.
-small=(train --train-samples 1024 --test-samples 200 --steps 10 --json)
+small=(train --schedule task --train-samples 1024 --test-samples 200 --steps 10 --json)
 sent_before=$(veth_bytes)
 if bounded 120 "$gpipe" "${small[@]}" >"$work/one.json" 2>"$work/one.err" &&
    across 120 "$gpipe" "${small[@]}" >"$work/two.json" 2>"$work/two.err"; then

@@ -9,7 +9,7 @@ ulimit -c 0  # SIGQUIT's default action dumps core: none here
 gpipe="$1"
 work=$(mktemp -d)
 source "$(dirname "$0")/signal_lib.sh"
-run=(train --train-samples 640 --test-samples 100 --batch-size 64 --epochs 3)
+run=(train --schedule task --train-samples 640 --test-samples 100 --batch-size 64 --epochs 3)
 
 start() {  # start ARGS...: the run in the background, its standard error in $work/err.txt
   rm -f "$work/err.txt"

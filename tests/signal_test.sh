@@ -10,7 +10,7 @@ gpipe="$1"
 work=$(mktemp -d)
 source "$(dirname "$0")/signal_lib.sh"
 # 10 steps an epoch, 30 in all; a progress line after every step.
-run=(train --train-samples 640 --test-samples 100 --batch-size 64 --epochs 3 --json)
+run=(train --schedule task --train-samples 640 --test-samples 100 --batch-size 64 --epochs 3 --json)
 source "$(dirname "$0")/parts_lib.sh"
 
 # make_unbroken: the parameters of the 30 steps unbroken, in $unbroken.
@@ -156,7 +156,7 @@ if part save_every; then  # cost 21
   # 3. A stale temporary file of the same FILE (a writer killed with SIGKILL) is removed by the next save.
   : >"$work/run.pt.tmp.999999999.abcdef"
   : >"$work/run.pt.tmp.$$.ghijkl"  # this shell runs: its file is kept
-  if "$gpipe" train --train-samples 640 --test-samples 100 --batch-size 64 --steps 2 --save "$work/run.pt" \
+  if "$gpipe" train --schedule task --train-samples 640 --test-samples 100 --batch-size 64 --steps 2 --save "$work/run.pt" \
        >/dev/null 2>&1 && [ ! -e "$work/run.pt.tmp.999999999.abcdef" ] && [ -e "$work/run.pt.tmp.$$.ghijkl" ]; then
     pass "a save removes the temporary files of writers that no longer run, and only those"
   else fail "stale temporary files"; ls "$work"; fi
@@ -206,7 +206,7 @@ if part head; then  # cost 20
   # 6. A closed standard output: | head -1 neither kills the training nor loses its file; the
   # closing is said once on standard error, and the exit status is 0.
   rm -f "$work/sp.pt"
-  "$gpipe" train --train-samples 640 --test-samples 100 --batch-size 64 --epochs 3 --save "$work/sp.pt" \
+  "$gpipe" train --schedule task --train-samples 640 --test-samples 100 --batch-size 64 --epochs 3 --save "$work/sp.pt" \
     2>"$work/err.txt" | head -1 >"$work/head.txt"
   rc=${PIPESTATUS[0]}
   if [ "$rc" = 0 ] && [ -s "$work/sp.pt" ] && grep -q "^gpipe train:" "$work/head.txt" &&

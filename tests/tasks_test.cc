@@ -255,7 +255,9 @@ TEST(TasksTest, TrainingRunsTheScheduleAutoChose) {
     if (m_given) EXPECT_EQ(s.micro_batches, 2);
     EXPECT_EQ(run.choice->chose_micro_batches, !m_given);
   }
-  TrainSettings own;  // the default: the task's own, no profile
+  EXPECT_EQ(TrainSettings().schedule, "auto");  // gpipe train's default
+  TrainSettings own;  // the task's own: no profile
+  own.schedule = "task";
   own.train_samples = 256;
   own.test_samples = 10;
   const Task cnn = known_task(own);

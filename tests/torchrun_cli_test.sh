@@ -13,7 +13,7 @@ checksum() { /usr/bin/python3 -c 'import json,sys; print(repr(json.load(open(sys
 source "$tests_dir/parts_lib.sh"
 
 if part train; then  # cost 25
-  for args in "--stages 2" "--stages 2 --schedule zbv --micro-batches 4"; do
+  for args in "--stages 2 --schedule task" "--stages 2 --schedule zbv --micro-batches 4"; do
     if "$gpipe" train "${small[@]}" $args >"$work/one.json" 2>/dev/null &&
        timeout -k 10 240 bash "$torchrun_sh" 2 "$gpipe" train "${small[@]}" $args >"$work/c10d.json" 2>"$work/c10d.err"; then
       a=$(checksum "$work/one.json"); b=$(checksum "$work/c10d.json")
@@ -82,7 +82,7 @@ kill_rank1() {
 if part kill; then  # cost 15
   # A rank killed with SIGKILL: the job ends, naming it, no process is left, and the last file saved
   # (every 3 steps) resumes in one process to the parameters of an unbroken run.
-  run=(train --train-samples 640 --test-samples 100 --batch-size 64 --epochs 50 --stages 2)
+  run=(train --train-samples 640 --test-samples 100 --batch-size 64 --epochs 50 --stages 2 --schedule task)
   bash "$torchrun_sh" 2 "$gpipe" "${run[@]}" --save "$work/kill.pt" --save-every 3 >/dev/null 2>"$work/kill.err" &
   job=$!
   kill_rank1 "$work/kill.pt" "$work/kill.err" "epoch 2/50 step $((RANDOM % 10 + 1))/10"

@@ -7,6 +7,8 @@
 // from MPI ranks, resumes with any other: each process takes what it holds.
 #pragma once
 
+#include "gpipe/schedule.h"
+
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/script.h>
 
@@ -20,11 +22,24 @@
 
 namespace gpipe {
 
+/// How the pipeline that saved a snapshot ran its steps. The micro-batches and the cut decide the
+/// order in which a step's sums are taken, so a resumed run that takes this again (what `gpipe
+/// train`'s `schedule` auto does) repeats the unbroken run bit for bit.
+struct SavedPipeline {
+  ScheduleKind schedule = ScheduleKind::kGPipe;
+  int devices = 1;         ///< K
+  int micro_batches = 1;   ///< M
+  int virtual_stages = 1;  ///< V
+  std::vector<int> balance;                   ///< layers per stage, K·V entries
+  Checkpoint checkpoint = Checkpoint::kNever;  ///< re-materialization
+};
+
 /// What a training run needs to continue exactly where it stopped.
 struct TrainState {
   int64_t step = 0;               ///< optimizer steps taken
   torch::Tensor shuffle_state;    ///< the shuffling generator at the start of the current epoch
   torch::Tensor random_state;     ///< the default generator (dropout seeds)
+  std::optional<SavedPipeline> pipeline;  ///< absent in files of the Python package and of gpipe before it
 };
 
 /// What one process holds of a snapshot, as bytes: the parameters and

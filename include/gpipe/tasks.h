@@ -268,6 +268,8 @@ struct ScheduleChoice {
   bool fits = true;          ///< false: none fits the memory; this one needs the least
   int considered = 0;        ///< the configurations predicted
   bool chose_micro_batches = false;  ///< M was left open
+  /// The checkpoint file whose pipeline this repeats (a resumed run; nothing is predicted), or empty.
+  std::string taken_from;
 };
 
 /// A model's layers' costs profiled on micro-batches of `rows` rows (profile_layers' per-sample
@@ -344,9 +346,10 @@ struct TrainSettings {
   bool micro_batches_given = true;  ///< false: with `schedule` auto, M is chosen too
   std::string checkpoint = "never", batch_norm = "deferred";
   std::string augment = "auto";   ///< "auto": the task's own (flip for resnet), none otherwise
-  /// "task": the task's own (resolve_run); "auto": chosen by prediction (prepare_training), or the
-  /// task's own under MPI.
-  std::string schedule = "task";
+  /// "auto": chosen by prediction (prepare_training), or on `resume` the pipeline the file was
+  /// trained with; the task's own under MPI and torchrun. "task": the task's own (resolve_run).
+  std::string schedule = "auto";
+  bool schedule_given = false;  ///< `schedule` asked for: auto then fails where the model cannot be profiled
   int virtual_stages = 0;         ///< 0: 2 for the interleaved schedule, 1 for the others
   int64_t batch_size = 128;
   bool drop_last = false, shuffle = true;
@@ -407,6 +410,9 @@ struct TrainingRun {
   PipelinePlan plan;
   std::optional<CostBalance> cost;  ///< with `balance_by`: the min-max cut of the measured costs
   std::optional<ScheduleChoice> choice;  ///< with `schedule` auto (in one process): what was chosen
+  /// With `schedule` auto by default (not given) where the model could not be profiled: why, and that
+  /// the task's own schedule runs instead. Empty otherwise.
+  std::string auto_fallback;
 };
 
 /// The run `settings` (resolved by resolve_training) ask of `known`: its model and data read and
@@ -417,8 +423,10 @@ struct TrainingRun {
 /// the problem. With `schedule` auto (in one process) the layers are profiled on micro-batches of each M
 /// weighed and choose_schedule picks the schedule, V, the cut (unless given) and M (unless given):
 /// `settings` then hold the choice, TrainingRun::choice its prediction; `balance_by` cuts from the
-/// profile at the M given (or the default's).
-TrainingRun prepare_training(TrainSettings& settings, const Task& known);
+/// profile at the M given (or the default's). `profiling`, if given, is called just before the
+/// profile (a few seconds), once the settings are found to leave auto a configuration.
+TrainingRun prepare_training(TrainSettings& settings, const Task& known,
+                             const std::function<void()>& profiling = nullptr);
 
 /// --generate: `bytes` bytes sampled one at a time from a byte-level language model: each from the
 /// model's scores for the byte after the last `context` ones, divided by `temperature`, drawn

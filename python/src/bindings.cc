@@ -296,7 +296,7 @@ class PythonPipeline {
   void save(const std::string& path) {
     torch::optim::SGD no_optimizer(std::vector<torch::Tensor>{}, torch::optim::SGDOptions(0.1));
     at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
-    const TrainState state{0, generator.get_state(), generator.get_state()};
+    const TrainState state{0, generator.get_state(), generator.get_state(), std::nullopt};
     released([&] {
       on_every_rank(path, [&] { save_whole_snapshot(*pipe_, model_, no_optimizer, "none", state, path); });
       return 0;

@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -257,6 +258,10 @@ std::string format_choice(const ScheduleChoice& c) {
   std::ostringstream out;
   out << "schedule auto: " << configuration(c) << ", cut [";
   for (size_t j = 0; j < c.balance.size(); ++j) out << (j ? ", " : "") << c.balance[j];
+  if (!c.taken_from.empty()) {
+    out << "]: as " << c.taken_from << " was trained (saved with it; not profiled again)";
+    return out.str();
+  }
   out << "]: predicted step " << milliseconds(c.predicted.step_s) << ", bubble " << percent(c.predicted.bubble)
       << " (" << (c.fits ? "the fastest of " : "none fits this machine's memory: the least memory of ")
       << c.considered << (c.considered == 1 ? " configuration" : " configurations") << " predicted)";
@@ -265,6 +270,10 @@ std::string format_choice(const ScheduleChoice& c) {
 
 std::string format_choice_measured(const ScheduleChoice& c, const RunFigures& f) {
   const double step_s = f.steps > 0 ? f.train_seconds / static_cast<double>(f.steps) : 0.0;
+  if (!c.taken_from.empty())
+    return "  auto's choice  " + configuration(c) + ", as " + c.taken_from + " was trained: step " +
+           (f.steps > 0 ? milliseconds(step_s) : std::string("none")) + " measured; bubble " +
+           (f.steps > 0 ? percent(f.bubble) : std::string("none")) + " measured\n";
   return "  auto's choice  " + configuration(c) + ": step " + milliseconds(c.predicted.step_s) + " predicted, " +
          (f.steps > 0 ? milliseconds(step_s) : std::string("none")) + " measured; bubble " +
          percent(c.predicted.bubble) + " predicted, " + (f.steps > 0 ? percent(f.bubble) : std::string("none")) +
@@ -404,6 +413,17 @@ RunRequest run_request(const TrainSettings& s) {
 // `schedule` auto, chosen by prediction in this process (under MPI each rank would profile alone:
 // the task's own there).
 bool predicted(const TrainSettings& s) { return s.schedule == "auto" && !job().distributed; }
+
+// The schedule of "task" (or of "auto" under MPI), V and the cut by time: the task's own choices.
+void resolve_own(TrainSettings& s, const Task& task) {
+  RunRequest r = run_request(s);
+  r.devices = s.devices;
+  if (r.schedule == "auto") r.schedule = "task";
+  r = resolve_run(task, r);
+  s.schedule = r.schedule;
+  s.virtual_stages = r.virtual_stages;
+  s.balance_by = r.balance_by;
+}
 
 bool generates(const Task& task) { return task.metric == Metric::kBitsPerByte && task.context > 0; }
 
@@ -566,6 +586,62 @@ void check_same_inputs(const TrainSettings& s, const TrainingRun& c) {
   check_same_bytes(inputs);
 }
 
+// `schedule` auto on `resume`: the pipeline the checkpoint file was trained with, where the settings
+// leave it open (the same K; M, V and the cut not given otherwise) and it fits the batch and the
+// model, so the run repeats the unbroken one; else nothing (the choice is predicted again).
+std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const TrainingRun& c,
+                                           const std::optional<SavedPipeline>& saved) {
+  if (!saved || saved->devices != s.devices || !s.balance.empty() || !s.balance_by.empty()) return std::nullopt;
+  if (s.micro_batches_given && s.micro_batches != saved->micro_batches) return std::nullopt;
+  if (s.virtual_stages != 0 && s.virtual_stages != saved->virtual_stages) return std::nullopt;
+  if (saved->micro_batches > std::min(s.batch_size, c.data.train.size())) return std::nullopt;
+  if (std::accumulate(saved->balance.begin(), saved->balance.end(), 0) != c.task.layers) return std::nullopt;
+  ScheduleChoice choice;
+  choice.schedule = saved->schedule;
+  choice.devices = saved->devices;
+  choice.micro_batches = saved->micro_batches;
+  choice.virtual_stages = saved->virtual_stages;
+  choice.checkpoint = parse_checkpoint(s.checkpoint);  // re-materialization changes no result: the run's own
+  choice.balance = saved->balance;
+  choice.considered = 1;
+  choice.chose_micro_batches = !s.micro_batches_given;
+  choice.taken_from = s.resume;
+  return choice;
+}
+
+void take_choice(TrainSettings& s, TrainingRun& c, const ScheduleChoice& choice) {
+  s.schedule = to_string(choice.schedule);
+  s.micro_batches = choice.micro_batches;
+  s.virtual_stages = choice.virtual_stages;
+  c.choice = choice;
+}
+
+// Settings that leave `schedule` auto no configuration at all (K, `balance`, V and M against the
+// model's layers and the batch) are refused before the profile: with the error the task's own run
+// gives them, which names the setting, where it has one; else auto's.
+void check_some_configuration(const TrainSettings& s, const TrainingRun& c) {
+  LayerCost layer;  // any positive costs: what fits does not depend on them
+  layer.forward_s = layer.backward_s = 2e-3;
+  layer.input_grad_s = layer.weight_grad_s = 1e-3;
+  CostModel uniform;
+  uniform.layers.assign(static_cast<size_t>(c.task.layers), layer);
+  RunRequest request = run_request(s);
+  request.schedule = "auto";
+  auto search = [&] {
+    return schedule_candidates(uniform, request, std::min(s.batch_size, c.data.train.size()),
+                               parse_checkpoint(s.checkpoint), 0, 1, 0);
+  };
+  try {
+    search();
+  } catch (const std::invalid_argument&) {
+    TrainSettings own = s;
+    resolve_own(own, c.task);
+    TrainingRun probe = c;
+    choose_cut(own, probe);  // throws the task's run's error
+    said_about("`schedule` auto", search);
+  }
+}
+
 // `schedule` auto: the layers profiled on micro-batches of each M weighed (the M given, or each left
 // open), and the fastest predicted configuration of those the settings leave open; `settings` take it.
 // With `balance_by`, its cut by that cost of the profile at the M given (or the default's).
@@ -598,15 +674,12 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
     return choose_schedule(profile_at, request, batch, parse_checkpoint(s.checkpoint), 0,
                            least_micro_batch_rows(whole, sample), std::max(1, machine_cores() / s.threads_per_device));
   });
-  s.schedule = to_string(choice.schedule);
-  s.micro_batches = choice.micro_batches;
-  s.virtual_stages = choice.virtual_stages;
+  take_choice(s, c, choice);
   if (!s.balance_by.empty())
     c.cost = CostBalance{choice.balance,
                          plan_partition(costs, choice.balance, make_schedule(choice.schedule, choice.devices,
                                                                              choice.micro_batches, choice.virtual_stages)),
                          cost_unit(s.balance_by)};
-  c.choice = choice;
 }
 
 }  // namespace
@@ -626,14 +699,7 @@ Task known_task(const TrainSettings& s) {
 void resolve_training(TrainSettings& s, const Task& task) {
   // The schedule of "task", V and the cut by time: the task's own choices ("auto" is chosen by
   // prediction in prepare_training, once the model and the data are read; under MPI it is "task").
-  if (!predicted(s)) {
-    RunRequest r = run_request(s);
-    r.devices = s.devices;
-    r = resolve_run(task, r);
-    s.schedule = r.schedule;
-    s.virtual_stages = r.virtual_stages;
-    s.balance_by = r.balance_by;
-  }
+  if (!predicted(s)) resolve_own(s, task);
   check_settings(s);
   s.weight_decay = optimizer_options_of(s).decay();
   apply_task(s, task);
@@ -685,7 +751,7 @@ TrainerOptions trainer_options_of(const TrainSettings& s, const Task& task) {
   return options;
 }
 
-TrainingRun prepare_training(TrainSettings& s, const Task& known) {
+TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::function<void()>& profiling) {
   TrainingRun c;
   c.task = is_builtin_task(s.model) ? known : said_about("`model`", [&] { return script_task(s.model, s.data, s.loss); });
   c.model = c.task.model(task_options_of(s));
@@ -699,12 +765,32 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known) {
     check_model_and_data(c.model, c.data.train, c.task.loss_name == "cross_entropy");
   // `resume` read and checked against the whole model before the profile, which would otherwise be
   // done for a file refused after it (in one process; under MPI there is no profile).
+  // Under `schedule` auto, the pipeline it was trained with is taken again rather than predicted.
+  std::optional<SavedPipeline> saved;
   if (!s.resume.empty() && (!s.balance_by.empty() || predicted(s)) && !s.per_device_files && !job().distributed)
-    said_about("`resume`", [&] {
-      check_snapshot_of(s.resume, c.model, optimizer_name(parse_optimizer(s.optimizer)));
-      return 0;
+    saved = said_about("`resume`", [&] {
+      return check_snapshot_of(s.resume, c.model, optimizer_name(parse_optimizer(s.optimizer)));
     });
-  if (predicted(s)) choose_by_prediction(s, c);
+  if (predicted(s)) {
+    if (const std::optional<ScheduleChoice> taken = saved_choice(s, c, saved)) {
+      take_choice(s, c, *taken);
+    } else {
+      check_some_configuration(s, c);
+      if (profiling) profiling();
+      try {
+        choose_by_prediction(s, c);
+      } catch (const std::invalid_argument& e) {
+        // A model the profile cannot run (a layer that changes its input in place, one that fails)
+        // still runs the task's own schedule when auto was only the default; its failure, if any,
+        // is then the training's.
+        if (s.schedule_given) throw;
+        const std::string what = e.what(), prefix = "gpipe: ";
+        c.auto_fallback = "schedule auto: the model could not be profiled, so the task's own schedule runs (" +
+                          (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what) + ")";
+        resolve_own(s, c.task);
+      }
+    }
+  }
   choose_cut(s, c);
   return c;
 }

@@ -204,6 +204,51 @@ void check_generator_state(const char* what, const torch::Tensor& state) {
   }
 }
 
+Dict encode_pipeline(const SavedPipeline& p) {
+  Dict out = new_dict();
+  out.insert("schedule", to_string(p.schedule));
+  out.insert("devices", static_cast<int64_t>(p.devices));
+  out.insert("micro_batches", static_cast<int64_t>(p.micro_batches));
+  out.insert("virtual_stages", static_cast<int64_t>(p.virtual_stages));
+  out.insert("balance", std::vector<int64_t>(p.balance.begin(), p.balance.end()));
+  out.insert("checkpoint", to_string(p.checkpoint));
+  return out;
+}
+
+// Throws std::runtime_error saying what is wrong with a stored pipeline.
+SavedPipeline decode_pipeline(const c10::IValue& value) {
+  if (!value.isGenericDict()) throw std::runtime_error("its pipeline is not a dict");
+  const Dict d = value.toGenericDict();
+  auto count = [&](const char* key) {
+    if (!d.contains(key) || !d.at(key).isInt()) throw std::runtime_error(std::string("its pipeline has no ") + key);
+    const int64_t n = d.at(key).toInt();
+    if (n < 1 || n > (1 << 20)) throw std::runtime_error(std::string("its pipeline's ") + key + " is " + std::to_string(n));
+    return static_cast<int>(n);
+  };
+  auto text = [&](const char* key) {
+    if (!d.contains(key) || !d.at(key).isString()) throw std::runtime_error(std::string("its pipeline has no ") + key);
+    return d.at(key).toStringRef();
+  };
+  SavedPipeline p;
+  try {
+    p.schedule = parse_schedule(text("schedule"));
+    p.checkpoint = parse_checkpoint(text("checkpoint"));
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(std::string("its pipeline: ") + e.what());
+  }
+  p.devices = count("devices");
+  p.micro_batches = count("micro_batches");
+  p.virtual_stages = count("virtual_stages");
+  if (!d.contains("balance") || !d.at("balance").isIntList()) throw std::runtime_error("its pipeline has no balance");
+  for (const int64_t layers : d.at("balance").toIntVector()) {
+    if (layers < 1 || layers > (1 << 20)) throw std::runtime_error("its pipeline's balance holds " + std::to_string(layers));
+    p.balance.push_back(static_cast<int>(layers));
+  }
+  if (p.balance.size() != static_cast<size_t>(p.devices) * static_cast<size_t>(p.virtual_stages))
+    throw std::runtime_error("its pipeline's balance has " + std::to_string(p.balance.size()) + " stages, not K·V");
+  return p;
+}
+
 }  // namespace
 
 std::string seal_snapshot(std::string bytes) {
@@ -255,6 +300,7 @@ void save_snapshot(const std::string& path, const std::vector<std::string>& part
   dict.insert("step", state.step);
   dict.insert("shuffle_state", state.shuffle_state);
   dict.insert("random_state", state.random_state);
+  if (state.pipeline) dict.insert("pipeline", encode_pipeline(*state.pipeline));
   const std::string payload = seal_snapshot(pickle(dict));
   if (!script) {
     write_file_atomically(path, payload);
@@ -329,6 +375,7 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
     if (out.state.step < 0) throw std::runtime_error("its step count is negative");
     check_generator_state("shuffling", out.state.shuffle_state);
     check_generator_state("random", out.state.random_state);
+    if (dict.contains("pipeline")) out.state.pipeline = decode_pipeline(dict.at("pipeline"));
     for (const auto& p : layers->named_parameters())
       if (out.optimizer_states.contains(p.key()))
         check_state(p.key(), p.value(), optimizer_name, out.optimizer_states.at(p.key()));

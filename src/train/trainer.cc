@@ -330,12 +330,19 @@ std::string saved_name(const std::string& path, bool per_device) {
 
 }  // namespace
 
-void check_snapshot_of(const std::string& path, const Model& model, const std::string& optimizer_name) {
+namespace {
+void refuse_per_device_set(const std::string& path);  // below, with the per-device files
+}  // namespace
+
+std::optional<SavedPipeline> check_snapshot_of(const std::string& path, const Model& model,
+                                               const std::string& optimizer_name) {
+  refuse_per_device_set(path);
   const RandomStateGuard guard;  // building the model draws random numbers
   const torch::nn::Sequential whole = model.build(LayerRange{});
   const Snapshot file = read_snapshot(path, whole, optimizer_name, model.script.has_value());
   GPIPE_CHECK(file.parameters_in_file == file.parameters_taken, path, " is a checkpoint file of another model: "
               "it holds ", file.parameters_in_file, " parameters, this model ", file.parameters_taken);
+  return file.state.pipeline;
 }
 
 CostBalance balance_by(const std::string& method, const Model& model, const Tensors& sample, int devices,
@@ -595,6 +602,18 @@ std::string counts_text(const std::vector<int>& sets) {
   return out;
 }
 
+// A whole checkpoint file `path` that is not there, where a job saved per-device files under its
+// name: refused, saying how to resume them.
+void refuse_per_device_set(const std::string& path) {
+  const std::vector<int> sets = per_device_sets(path);
+  if (std::filesystem::exists(path) || sets.empty()) return;
+  const std::string k = counts_text(sets);
+  throw std::invalid_argument("no such file: " + path + "; there are per-device files " + path + ".stage0-of-" +
+                              std::to_string(sets.front()) + " ..., one per rank of a job: resume them under "
+                              "mpirun -np " + k + " or torchrun --nproc_per_node " + k + " with `devices` " + k +
+                              " `per_device_files`");
+}
+
 // What per-device files hold: each device's layers of the cut that saved them.
 const char* kPerDeviceCut =
     "; per-device files hold the layers each device had when they were saved: resume them with the same "
@@ -645,11 +664,7 @@ void Trainer::resume(const std::string& resume_path) {
     if (!std::filesystem::is_regular_file(path) && !(per_device && std::filesystem::is_regular_file(previous))) {
       const std::vector<int> sets = per_device_sets(resume_path);
       const std::string k = counts_text(sets);
-      if (!per_device && !std::filesystem::exists(path) && !sets.empty())
-        throw std::invalid_argument("no such file: " + path + "; there are per-device files " + path + ".stage0-of-" +
-                                    std::to_string(sets.front()) + " ..., one per rank of a job: resume them "
-                                    "under mpirun -np " + k + " or torchrun --nproc_per_node " + k + " with `devices` " +
-                                    k + " `per_device_files`");
+      if (!per_device) refuse_per_device_set(path);
       if (!per_device) check_input_file(path);  // a folder, a FIFO, a device: says which
       if (std::filesystem::is_regular_file(resume_path))
         throw std::invalid_argument(resume_path + " is one whole checkpoint file, not a set of per-device files: "
@@ -876,8 +891,11 @@ void Trainer::save() {
   // The shuffling state from which the epoch of the next step is drawn: that epoch's start when
   // its order was drawn already, else the generator as it is.
   const bool drawn = drawn_epoch_ == step_ / steps_per_epoch_;
-  const TrainState now{step_, drawn ? epoch_start_shuffle_ : generator_state(shuffle_),
-                       generator_state(default_generator())};
+  TrainState now{step_, drawn ? epoch_start_shuffle_ : generator_state(shuffle_),
+                 generator_state(default_generator()), std::nullopt};
+  const PipelinePlan& plan = pipeline_->plan();
+  now.pipeline = SavedPipeline{plan.schedule,      plan.devices, plan.micro_batches, plan.virtual_stages,
+                               plan.balance, plan.checkpoint};
   const std::string optimizer = optimizer_name(options_.optimizer().kind());
   if (options_.per_device_files()) {
     save_per_device_files(path, now, optimizer);
