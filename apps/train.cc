@@ -18,11 +18,12 @@ int run_train(TrainOptions o) {
   resolve_training(o, known);
   const bool quiet = o.json || !job().prints();
   const TrainingRun c = prepare_training(o, known, [quiet] {
-    if (!quiet) std::cout << "schedule auto: profiling the layers to choose the pipeline (a named --schedule skips this)" << std::endl;
+    if (!quiet) std::cout << "schedule auto: profiling the layers to choose the pipeline (--schedule task or another "
+                             "schedule named skips this)" << std::endl;
   });  // with --schedule auto, `o` takes the choice
-  if (c.choice && !o.json && job().prints()) std::cout << format_choice(*c.choice) << "\n";
-  if (!c.auto_fallback.empty() && job().prints()) std::cerr << "gpipe: " << c.auto_fallback << "\n";
-  if (c.cost && !o.json && job().prints())
+  if (c.choice && !quiet) std::cout << format_choice(*c.choice) << "\n";
+  if (!c.auto_fallback.empty() && job().prints()) std::cerr << "gpipe: " << in_flags(c.auto_fallback) << "\n";
+  if (c.cost && !quiet)
     std::cout << "balance by " << o.balance_by << ":\n" << format_plan(c.cost->plan, c.cost->unit);
   return train_and_report(o, c);
 }

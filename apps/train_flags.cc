@@ -52,8 +52,9 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--loss", o->loss, "cross_entropy (integer class targets) or mse (mean reduction)")
       ->check(CLI::IsMember({"cross_entropy", "mse"}))->capture_default_str();
   sub->add_option("--stages", o->devices,
-                  "K, the number of devices (with --schedule interleaved each runs V stages); the built-in CNN on "
-                  "2 is cut {3, 1, 2, 5} interleaved, or {3, 8}; otherwise evenly; under mpirun -np N or torchrun --nproc_per_node N, one rank per "
+                  "K, the number of devices (with --schedule interleaved each runs V stages); cut as --schedule "
+                  "auto predicts fastest, or with another schedule: the built-in CNN on 2 {3, 1, 2, 5} interleaved "
+                  "(--schedule task), or {3, 8}; otherwise evenly; under mpirun -np N or torchrun --nproc_per_node N, one rank per "
                   "device and N/K pipeline replicas")
       ->check(at_least(1))->capture_default_str();
   sub->add_option("--balance", o->balance, "layers per stage, K x V entries, e.g. --balance 3,8 (overrides the cut)")
@@ -166,7 +167,9 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
       ->check(at_least(1, kMostInt64));
   sub->add_option("--resume", o->resume,
                   "continue from a checkpoint file written by --save, with the same model and optimizer and any "
-                  "--stages, schedule or number of ranks")->check(non_empty());
+                  "--stages, schedule or number of ranks; under --schedule auto in one process, with the pipeline "
+                  "the file records, where the run has its --stages and --batch-size and names no other "
+                  "--micro-batches, --virtual-stages or --balance")->check(non_empty());
   sub->add_flag("--update-after-step", o->update_after_step,
                 "apply each step's optimizer update after the step on one thread, while the devices wait (default: "
                 "each stage's share on its device during the next step, before the stage's first action, in time "

@@ -54,8 +54,8 @@ nlohmann::json summary_json(const TrainOptions& o, const TrainingRun& c, const R
                  {"configurations", c.choice->considered}, {"fits", c.choice->fits}};
     if (!c.choice->taken_from.empty()) {  // the resumed file's pipeline: nothing predicted
       j["auto"]["taken_from"] = c.choice->taken_from;
-      j["auto"]["predicted_step_s"] = nullptr;
-      j["auto"]["predicted_bubble"] = nullptr;
+      for (const char* predicted : {"predicted_step_s", "predicted_bubble", "configurations", "fits"})
+        j["auto"][predicted] = nullptr;
     }
   }
   if (job().distributed) j["mpi"] = {{"ranks", job().size}, {"replicas", s.replicas}};

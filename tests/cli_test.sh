@@ -10,12 +10,12 @@ small=(--train-samples 700 --test-samples 200 --batch-size 64 --epochs 3 --json)
 echo "not a checkpoint" >"$work/junk.pt"
 
 # Bad flags: a one-line error naming the flag, a non-zero exit, before any training.
-expect_error() {  # expect_error NEEDLE ARGS...
+expect_error() {  # expect_error NEEDLE ARGS...: refused before any work (no profile, no step)
   local needle="$1"; shift
   if "$gpipe" train "$@" >"$work/out.txt" 2>"$work/err.txt"; then
     fail "train $* should fail"; return
   fi
-  if grep -q -- "$needle" "$work/err.txt" && ! grep -q "epoch" "$work/out.txt"; then
+  if grep -q -- "$needle" "$work/err.txt" && ! grep -q "epoch\|profiling" "$work/out.txt"; then
     pass "train $* -> $(head -c 120 "$work/err.txt" | head -n 1)"
   else fail "train $*: expected '$needle' in: $(cat "$work/err.txt")"; fi
 }
@@ -33,7 +33,7 @@ assert s["test_accuracy"] > 0.5, s["test_accuracy"]
 assert len(s["epochs"]) == 2 and sum(s["balance"]) == 11
 # By default the pipeline is auto's choice, predicted, and measured after the run.
 assert s["auto"]["configurations"] > 1 and s["auto"]["predicted_step_s"] > 0 and s["auto"]["measured_step_s"] > 0, s["auto"]
-assert s["micro_batches"] == 4  # given
+assert s["schedule"] in ("gpipe", "1f1b", "interleaved", "zb1p", "zbv", "v-half"), s["schedule"]
 assert 0 <= s["bubble"] < 1
 assert s["samples_per_s"] > 0, s["samples_per_s"]
 PY
@@ -66,7 +66,7 @@ PY
   else fail "--steps / --trace"; fi
 
   # --balance-by cuts by measured cost and reports the plan.
-  if "$gpipe" train --train-samples 256 --test-samples 100 --steps 2 --stages 3 --balance-by memory --json \
+  if "$gpipe" train --train-samples 256 --test-samples 100 --steps 2 --stages 3 --schedule gpipe --balance-by memory --json \
        >"$work/plan.json" 2>/dev/null &&
      /usr/bin/python3 - "$work/plan.json" <<'PY'
 import json, sys
@@ -149,6 +149,15 @@ assert resumed["parameter_checksum"] == unbroken["parameter_checksum"], (resumed
 PY
   then pass "stopped at step 14 and resumed: auto takes the saved pipeline; same parameters as 25 unbroken steps"
   else fail "save/resume exactness"; cat "$work/first.json" "$work/resumed.json"; fi
+  # Another batch is another run: auto predicts again. Evaluating only (--epochs 0) profiles nothing.
+  if "$gpipe" train --train-samples 700 --test-samples 200 --batch-size 32 --steps 30 --json --resume "$work/ckpt.pt" \
+       >"$work/other.json" 2>/dev/null &&
+     /usr/bin/python3 -c 'import json, sys; a = json.load(open(sys.argv[1]))["auto"]
+assert "taken_from" not in a and a["predicted_step_s"] > 0, a' "$work/other.json" &&
+     "$gpipe" train --train-samples 700 --test-samples 200 --epochs 0 --resume "$work/ckpt.pt" >"$work/eval.txt" 2>&1 &&
+     grep -q "test accuracy" "$work/eval.txt" && ! grep -q "profiling" "$work/eval.txt"
+  then pass "resumed with another --batch-size: predicted again; --epochs 0: no profile"
+  else fail "resume with another batch, or --epochs 0"; cat "$work/other.json" "$work/eval.txt"; fi
   cp "$work/ckpt.pt" "$work/ckpt.keep"
   head -c 100000 "$work/ckpt.pt" >"$work/truncated.pt"
   if ! ls "$work"/*.tmp* >/dev/null 2>&1; then pass "no temporary file left behind"; else fail "temporary file left"; fi

@@ -50,7 +50,7 @@ if pipe.rank == 0:
 PY
   one=$(PYTHONPATH="$python_path" /usr/bin/python3 "$work/train.py" | cut -d' ' -f1)
   out=$(PYTHONPATH="$python_path" timeout -k 10 240 bash "$torchrun_sh" 2 /usr/bin/python3 "$work/train.py" 2>/dev/null)
-  if [[ "$out" == "$one c10d (Gloo; shared memory with 1 of 1 other ranks): 2 ranks"* ]]; then pass "gpipe.GPipe under torchrun: the loss of one process ($one)"
+  if [[ "$out" == "$one c10d (Gloo; shared memory with 1 of 1 other rank): 2 ranks"* ]]; then pass "gpipe.GPipe under torchrun: the loss of one process ($one)"
   else fail "gpipe.GPipe under torchrun printed \"$out\", one process \"$one\""; fi
 fi
 

@@ -611,6 +611,7 @@ TEST(TrainerTest, ASnapshotRecordsItsPipeline) {
   EXPECT_EQ(saved->schedule, gpipe::ScheduleKind::kZBV);
   EXPECT_EQ(saved->devices, 2);
   EXPECT_EQ(saved->micro_batches, 3);
+  EXPECT_EQ(saved->batch, std::min<int64_t>(TrainerOptions(sgd_options()).batch_size(), data.size()));
   EXPECT_EQ(saved->virtual_stages, 2);
   EXPECT_EQ(saved->balance, (std::vector<int>{1, 2, 2, 2}));
   EXPECT_EQ(saved->checkpoint, gpipe::Checkpoint::kAlways);
@@ -626,7 +627,7 @@ TEST(TrainerTest, ASnapshotRecordsItsPipeline) {
   };
   save();
   EXPECT_FALSE(gpipe::check_snapshot_of(path, mlp(), sgd).has_value());
-  state.pipeline = gpipe::SavedPipeline{gpipe::ScheduleKind::kGPipe, 2, 4, 1, {3, 2, 2}, gpipe::Checkpoint::kNever};
+  state.pipeline = gpipe::SavedPipeline{gpipe::ScheduleKind::kGPipe, 2, 64, 4, 1, {3, 2, 2}, gpipe::Checkpoint::kNever};
   save();
   try {
     gpipe::check_snapshot_of(path, mlp(), sgd);

@@ -92,7 +92,7 @@ def main():
     train = loader.dataset
 
     model = cnn()
-    # gpipe train's default: 2 devices, the model as 4 interleaved stages cut {3, 1, 2, 5}, no re-materialization.
+    # gpipe train --schedule task: 2 devices, the model as 4 interleaved stages cut {3, 1, 2, 5}, no re-materialization.
     pipe = gpipe.GPipe(model, balance=[3, 1, 2, 5], chunks=args.chunks, schedule="interleaved", checkpoint="never",
                        devices=2)
     opt = torch.optim.Adam(pipe.parameters(), lr=1e-3)  # the model's own parameters (under MPI, this rank's)

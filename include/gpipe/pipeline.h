@@ -225,7 +225,7 @@ class Pipeline {
   std::vector<int> stages_here() const;
   /// This process's rank in its job (MPI, c10d; 0 in one process).
   int rank() const;
-  /// "one process, 2 device threads", "MPI: 4 ranks = 2 devices x 2 replicas" or "c10d (Gloo; shared memory with 1 of 1 other ranks): ...".
+  /// "one process, 2 device threads", "MPI: 4 ranks = 2 devices x 2 replicas" or "c10d (Gloo; shared memory with 1 of 1 other rank): ...".
   std::string describe() const;
 
   /// `interrupted` is called about every 100 ms while a step waits for its

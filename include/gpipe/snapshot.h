@@ -28,6 +28,7 @@ namespace gpipe {
 struct SavedPipeline {
   ScheduleKind schedule = ScheduleKind::kGPipe;
   int devices = 1;         ///< K
+  int64_t batch = 1;       ///< rows per step (a shorter last batch of an epoch aside)
   int micro_batches = 1;   ///< M
   int virtual_stages = 1;  ///< V
   std::vector<int> balance;                   ///< layers per stage, K·V entries

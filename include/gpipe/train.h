@@ -216,8 +216,9 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
 /// Reads the snapshot file `path` against the whole of `model` (built here; the random numbers left as
 /// they were) for an optimizer named `optimizer_name`, before work that a refused file would waste (a
 /// profile of the model). Throws std::runtime_error for a file read_snapshot refuses, and
-/// std::invalid_argument naming both counts for a file of another model. Returns how the pipeline
-/// that saved it ran, where the file says (SavedPipeline).
+/// std::invalid_argument naming both counts for a file of another model, or naming the per-device
+/// files saved under `path` where there is no whole file. Returns how the pipeline that saved it
+/// ran, where the file says (SavedPipeline).
 std::optional<SavedPipeline> check_snapshot_of(const std::string& path, const Model& model, const std::string& optimizer_name);
 
 /// The layer checks of check_model_and_data, for a model without data: runs `whole` layer by layer

@@ -26,6 +26,12 @@ std::function<Dataset(const TaskOptions&)> workload_batch(const std::string& nam
 Model seeded_model(const std::string& title, int layers, uint64_t seed,
                    std::function<torch::nn::Sequential(LayerRange)> build);
 
+/// An error's message without the "gpipe: " it may begin with.
+inline std::string without_program_name(const std::string& what) {
+  const std::string prefix = "gpipe: ";
+  return what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
+}
+
 /// fn()'s result; any exception it throws said as a std::invalid_argument after `context` (the
 /// options it is about): "gpipe: `devices` 3: ...".
 template <typename Fn>
@@ -33,8 +39,7 @@ auto said_about(const std::string& context, Fn&& fn) {
   try {
     return fn();
   } catch (const std::exception& e) {
-    const std::string what = what_of(e), prefix = "gpipe: ";
-    throw std::invalid_argument(prefix + context + ": " + (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what));
+    throw std::invalid_argument("gpipe: " + context + ": " + without_program_name(what_of(e)));
   }
 }
 

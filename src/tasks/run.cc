@@ -33,6 +33,7 @@
 
 namespace gpipe {
 using tasks::said_about;
+using tasks::without_program_name;
 
 namespace {
 
@@ -418,8 +419,7 @@ bool predicted(const TrainSettings& s) { return s.schedule == "auto" && !job().d
 void resolve_own(TrainSettings& s, const Task& task) {
   RunRequest r = run_request(s);
   r.devices = s.devices;
-  if (r.schedule == "auto") r.schedule = "task";
-  r = resolve_run(task, r);
+  r = resolve_run(task, r);  // "auto" is "task" there
   s.schedule = r.schedule;
   s.virtual_stages = r.virtual_stages;
   s.balance_by = r.balance_by;
@@ -586,15 +586,16 @@ void check_same_inputs(const TrainSettings& s, const TrainingRun& c) {
   check_same_bytes(inputs);
 }
 
-// `schedule` auto on `resume`: the pipeline the checkpoint file was trained with, where the settings
-// leave it open (the same K; M, V and the cut not given otherwise) and it fits the batch and the
-// model, so the run repeats the unbroken one; else nothing (the choice is predicted again).
+// `schedule` auto on `resume`: the pipeline the checkpoint file was trained with, where the run is
+// the one it was saved by (the same K and batch; M, V and the cut not given otherwise; a cut of this
+// model's layers), so the run repeats the unbroken one; else nothing (the choice is predicted again).
 std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const TrainingRun& c,
                                            const std::optional<SavedPipeline>& saved) {
-  if (!saved || saved->devices != s.devices || !s.balance.empty() || !s.balance_by.empty()) return std::nullopt;
+  if (!saved || saved->devices != s.devices || !s.balance_by.empty()) return std::nullopt;
+  if (!s.balance.empty() && s.balance != saved->balance) return std::nullopt;
   if (s.micro_batches_given && s.micro_batches != saved->micro_batches) return std::nullopt;
   if (s.virtual_stages != 0 && s.virtual_stages != saved->virtual_stages) return std::nullopt;
-  if (saved->micro_batches > std::min(s.batch_size, c.data.train.size())) return std::nullopt;
+  if (saved->batch != std::min(s.batch_size, c.data.train.size())) return std::nullopt;
   if (std::accumulate(saved->balance.begin(), saved->balance.end(), 0) != c.task.layers) return std::nullopt;
   ScheduleChoice choice;
   choice.schedule = saved->schedule;
@@ -645,7 +646,7 @@ void check_some_configuration(const TrainSettings& s, const TrainingRun& c) {
 // `schedule` auto: the layers profiled on micro-batches of each M weighed (the M given, or each left
 // open), and the fastest predicted configuration of those the settings leave open; `settings` take it.
 // With `balance_by`, its cut by that cost of the profile at the M given (or the default's).
-void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
+void choose_by_prediction(TrainSettings& s, TrainingRun& c, bool& profile_failed) {
   keep_freed_memory();  // profiled with the allocator's settings the pipeline runs with
   const Dataset& train = c.data.train;
   const int64_t batch = std::min(s.batch_size, train.size());
@@ -659,9 +660,17 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c) {
   // across stages, which the Trainer updates on the calling thread): predicted so.
   const bool update_on_devices = !s.update_after_step && shared_tensors(whole).empty();
   // Each size profiled once: `balance_by`'s cut and the search share the profile at `rows`.
-  const CostsAtRows profile_at = profiles_at_rows(
+  const CostsAtRows profiled = profiles_at_rows(
       whole, train.input.narrow(0, 0, batch), train.target.narrow(0, 0, batch), batch,
       PlanProfileOptions().optimizer(optimizer).threads(s.threads_per_device).loss(c.task.loss), update_on_devices);
+  const CostsAtRows profile_at = [&](int64_t at) {
+    try {
+      return profiled(at);
+    } catch (...) {
+      profile_failed = true;  // the model's failure, not the settings'
+      throw;
+    }
+  };
   RunRequest request = run_request(s);
   request.schedule = "auto";
   std::vector<double> costs;  // `balance_by`'s, for its plan
@@ -771,22 +780,29 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
     saved = said_about("`resume`", [&] {
       return check_snapshot_of(s.resume, c.model, optimizer_name(parse_optimizer(s.optimizer)));
     });
+  // Where auto is only the default, a run that trains nothing (`epochs` 0) and a file that does not
+  // say how it was trained (saved by the Python package or an older gpipe) take the task's own, as
+  // that default was: nothing to choose for, and the run the file was saved by, most likely.
+  const bool evaluates_only = s.epochs_given && s.epochs == 0;
+  if (predicted(s) && !s.schedule_given && (evaluates_only || (!s.resume.empty() && !saved && !s.per_device_files)))
+    resolve_own(s, c.task);
   if (predicted(s)) {
     if (const std::optional<ScheduleChoice> taken = saved_choice(s, c, saved)) {
       take_choice(s, c, *taken);
     } else {
       check_some_configuration(s, c);
       if (profiling) profiling();
+      bool profile_failed = false;
       try {
-        choose_by_prediction(s, c);
+        choose_by_prediction(s, c, profile_failed);
       } catch (const std::invalid_argument& e) {
-        // A model the profile cannot run (a layer that changes its input in place, one that fails)
-        // still runs the task's own schedule when auto was only the default; its failure, if any,
-        // is then the training's.
-        if (s.schedule_given) throw;
-        const std::string what = e.what(), prefix = "gpipe: ";
-        c.auto_fallback = "schedule auto: the model could not be profiled, so the task's own schedule runs (" +
-                          (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what) + ")";
+        // A model the profile cannot run (a layer that changes its input in place, one that fails,
+        // too little memory) still runs the task's own schedule when auto was only the default;
+        // its failure, if any, is then the training's.
+        if (s.schedule_given || !profile_failed) throw;
+        std::string why = without_program_name(e.what());
+        if (const std::string context = "`schedule` auto: "; why.rfind(context, 0) == 0) why = why.substr(context.size());
+        c.auto_fallback = "`schedule` auto could not profile the model, so the task's own schedule runs: " + why;
         resolve_own(s, c.task);
       }
     }

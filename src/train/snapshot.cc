@@ -11,6 +11,7 @@
 #include <caffe2/serialize/inline_container.h>
 
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -208,6 +209,7 @@ Dict encode_pipeline(const SavedPipeline& p) {
   Dict out = new_dict();
   out.insert("schedule", to_string(p.schedule));
   out.insert("devices", static_cast<int64_t>(p.devices));
+  out.insert("batch", p.batch);
   out.insert("micro_batches", static_cast<int64_t>(p.micro_batches));
   out.insert("virtual_stages", static_cast<int64_t>(p.virtual_stages));
   out.insert("balance", std::vector<int64_t>(p.balance.begin(), p.balance.end()));
@@ -219,11 +221,11 @@ Dict encode_pipeline(const SavedPipeline& p) {
 SavedPipeline decode_pipeline(const c10::IValue& value) {
   if (!value.isGenericDict()) throw std::runtime_error("its pipeline is not a dict");
   const Dict d = value.toGenericDict();
-  auto count = [&](const char* key) {
+  auto count = [&](const char* key, int64_t most = 1 << 20) {
     if (!d.contains(key) || !d.at(key).isInt()) throw std::runtime_error(std::string("its pipeline has no ") + key);
     const int64_t n = d.at(key).toInt();
-    if (n < 1 || n > (1 << 20)) throw std::runtime_error(std::string("its pipeline's ") + key + " is " + std::to_string(n));
-    return static_cast<int>(n);
+    if (n < 1 || n > most) throw std::runtime_error(std::string("its pipeline's ") + key + " is " + std::to_string(n));
+    return n;
   };
   auto text = [&](const char* key) {
     if (!d.contains(key) || !d.at(key).isString()) throw std::runtime_error(std::string("its pipeline has no ") + key);
@@ -236,9 +238,10 @@ SavedPipeline decode_pipeline(const c10::IValue& value) {
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(std::string("its pipeline: ") + e.what());
   }
-  p.devices = count("devices");
-  p.micro_batches = count("micro_batches");
-  p.virtual_stages = count("virtual_stages");
+  p.devices = static_cast<int>(count("devices"));
+  p.batch = count("batch", std::numeric_limits<int64_t>::max());
+  p.micro_batches = static_cast<int>(count("micro_batches"));
+  p.virtual_stages = static_cast<int>(count("virtual_stages"));
   if (!d.contains("balance") || !d.at("balance").isIntList()) throw std::runtime_error("its pipeline has no balance");
   for (const int64_t layers : d.at("balance").toIntVector()) {
     if (layers < 1 || layers > (1 << 20)) throw std::runtime_error("its pipeline's balance holds " + std::to_string(layers));

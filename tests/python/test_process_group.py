@@ -52,7 +52,7 @@ def test_a_group_of_two_equals_one_process_bit_for_bit(alone, groups):
     ranks = run_job(2, groups)
     assert alone["describe"] == "one process, 2 device threads"
     for r in ranks:
-        assert r["describe"] == "c10d (Gloo; shared memory with 1 of 1 other ranks): 2 ranks = 2 devices x 1 replicas"
+        assert r["describe"] == "c10d (Gloo; shared memory with 1 of 1 other rank): 2 ranks = 2 devices x 1 replicas"
         assert r["losses"] == alone["losses"]
         for name, values in r["parameters"].items():
             assert values == alone["parameters"][name], name
@@ -62,7 +62,7 @@ def test_a_group_of_two_equals_one_process_bit_for_bit(alone, groups):
 def test_subgroups_run_pipelines_of_their_own(alone):
     ranks = run_job(4, "pairs")
     for r in ranks:
-        assert r["describe"] == "c10d (Gloo; shared memory with 1 of 1 other ranks): 2 ranks = 2 devices x 1 replicas"
+        assert r["describe"] == "c10d (Gloo; shared memory with 1 of 1 other rank): 2 ranks = 2 devices x 1 replicas"
         assert r["losses"] == alone["losses"]
         for name, values in r["parameters"].items():
             assert values == alone["parameters"][name], name

@@ -57,8 +57,9 @@ void C10dGroup::leave() {
 std::string C10dGroup::backend_name() const {
   const int peers = links_ ? links_->shared_memory_peers() : 0;
   if (peers == 0) return "c10d (Gloo)";
-  return "c10d (Gloo; shared memory with " + std::to_string(peers) + " of " + std::to_string(world().size - 1) +
-         " other ranks)";
+  const int others = world().size - 1;
+  return "c10d (Gloo; shared memory with " + std::to_string(peers) + " of " + std::to_string(others) + " other rank" +
+         (others == 1 ? ")" : "s)");
 }
 
 std::vector<std::string> C10dGroup::all_gather_setup(const std::string& mine) { return links_->all_gather(mine); }
