@@ -57,11 +57,12 @@ class Run {
     const std::string devices = std::to_string(K_) + (K_ == 1 ? " device" : " devices");
     std::cout << "gpipe train: " << c_.model.name << " on " << data_.source << ", " << trainer_.samples()
               << (c_.task.metric == Metric::kBitsPerByte ? " training windows of " + std::to_string(data_.train.input.size(1)) + " bytes; "
-                                   : " training samples; ")
+                                   : trainer_.samples() == 1 ? " training sample; " : " training samples; ")
               << (o_.virtual_stages > 1 ? devices + " x " + std::to_string(o_.virtual_stages) + " stages "
                                         : std::to_string(K_) + (K_ == 1 ? " stage " : " stages "))
-              << nlohmann::json(c_.plan.balance).dump() << ", " << o_.micro_batches << " micro-batches of a batch of "
-              << o_.batch_size << ", schedule " << o_.schedule << ", checkpoint " << o_.checkpoint << ", "
+              << nlohmann::json(c_.plan.balance).dump() << ", " << o_.micro_batches
+              << (o_.micro_batches == 1 ? " micro-batch" : " micro-batches") << " of a batch of "
+              << std::min(o_.batch_size, trainer_.samples()) << ", schedule " << o_.schedule << ", checkpoint " << o_.checkpoint << ", "
               << o_.optimizer << " lr " << o_.lr << (o_.lr_schedule != "constant" ? " (" + o_.lr_schedule + ")" : "")
               << (job().distributed ? ", " + pipeline_.describe() : "")
               << (o_.resume.empty() ? "" : ", resumed at step " + std::to_string(trainer_.start_step())) << "\n";
