@@ -271,14 +271,13 @@ std::string format_choice(const ScheduleChoice& c) {
 
 std::string format_choice_measured(const ScheduleChoice& c, const RunFigures& f) {
   const double step_s = f.steps > 0 ? f.train_seconds / static_cast<double>(f.steps) : 0.0;
+  const std::string step = f.steps > 0 ? milliseconds(step_s) : "none";
+  const std::string bubble = f.steps > 0 ? percent(f.bubble) : "none";
   if (!c.taken_from.empty())
-    return "  auto's choice  " + configuration(c) + ", as " + c.taken_from + " was trained: step " +
-           (f.steps > 0 ? milliseconds(step_s) : std::string("none")) + " measured; bubble " +
-           (f.steps > 0 ? percent(f.bubble) : std::string("none")) + " measured\n";
-  return "  auto's choice  " + configuration(c) + ": step " + milliseconds(c.predicted.step_s) + " predicted, " +
-         (f.steps > 0 ? milliseconds(step_s) : std::string("none")) + " measured; bubble " +
-         percent(c.predicted.bubble) + " predicted, " + (f.steps > 0 ? percent(f.bubble) : std::string("none")) +
-         " measured\n";
+    return "  auto's choice  " + configuration(c) + ", as " + c.taken_from + " was trained: step " + step +
+           " measured; bubble " + bubble + " measured\n";
+  return "  auto's choice  " + configuration(c) + ": step " + milliseconds(c.predicted.step_s) + " predicted, " + step +
+         " measured; bubble " + percent(c.predicted.bubble) + " predicted, " + bubble + " measured\n";
 }
 
 
@@ -604,7 +603,6 @@ std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const Trainin
   choice.virtual_stages = saved->virtual_stages;
   choice.checkpoint = parse_checkpoint(s.checkpoint);  // re-materialization changes no result: the run's own
   choice.balance = saved->balance;
-  choice.considered = 1;
   choice.chose_micro_batches = !s.micro_batches_given;
   choice.taken_from = s.resume;
   return choice;
@@ -645,8 +643,9 @@ void check_some_configuration(const TrainSettings& s, const TrainingRun& c) {
 
 // `schedule` auto: the layers profiled on micro-batches of each M weighed (the M given, or each left
 // open), and the fastest predicted configuration of those the settings leave open; `settings` take it.
-// With `balance_by`, its cut by that cost of the profile at the M given (or the default's).
-void choose_by_prediction(TrainSettings& s, TrainingRun& c, bool& profile_failed) {
+// With `balance_by`, its cut by that cost of the profile at the M given (or the default's). A failure
+// of the profile itself (the model's, not the settings') also leaves its message in `profile_error`.
+void choose_by_prediction(TrainSettings& s, TrainingRun& c, std::optional<std::string>& profile_error) {
   keep_freed_memory();  // profiled with the allocator's settings the pipeline runs with
   const Dataset& train = c.data.train;
   const int64_t batch = std::min(s.batch_size, train.size());
@@ -666,8 +665,8 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c, bool& profile_failed
   const CostsAtRows profile_at = [&](int64_t at) {
     try {
       return profiled(at);
-    } catch (...) {
-      profile_failed = true;  // the model's failure, not the settings'
+    } catch (const std::exception& e) {
+      profile_error = without_program_name(what_of(e));
       throw;
     }
   };
@@ -784,7 +783,7 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
   // say how it was trained (saved by the Python package or an older gpipe) take the task's own, as
   // that default was: nothing to choose for, and the run the file was saved by, most likely.
   const bool evaluates_only = s.epochs_given && s.epochs == 0;
-  if (predicted(s) && !s.schedule_given && (evaluates_only || (!s.resume.empty() && !saved && !s.per_device_files)))
+  if (predicted(s) && !s.schedule_given && (evaluates_only || (!s.resume.empty() && !saved)))
     resolve_own(s, c.task);
   if (predicted(s)) {
     if (const std::optional<ScheduleChoice> taken = saved_choice(s, c, saved)) {
@@ -792,17 +791,15 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
     } else {
       check_some_configuration(s, c);
       if (profiling) profiling();
-      bool profile_failed = false;
+      std::optional<std::string> profile_error;
       try {
-        choose_by_prediction(s, c, profile_failed);
-      } catch (const std::invalid_argument& e) {
+        choose_by_prediction(s, c, profile_error);
+      } catch (const std::invalid_argument&) {
         // A model the profile cannot run (a layer that changes its input in place, one that fails,
         // too little memory) still runs the task's own schedule when auto was only the default;
         // its failure, if any, is then the training's.
-        if (s.schedule_given || !profile_failed) throw;
-        std::string why = without_program_name(e.what());
-        if (const std::string context = "`schedule` auto: "; why.rfind(context, 0) == 0) why = why.substr(context.size());
-        c.auto_fallback = "`schedule` auto could not profile the model, so the task's own schedule runs: " + why;
+        if (s.schedule_given || !profile_error) throw;
+        c.auto_fallback = "`schedule` auto could not profile the model, so the task's own schedule runs: " + *profile_error;
         resolve_own(s, c.task);
       }
     }
