@@ -173,6 +173,21 @@ TEST(CostModelTest, LayerCostsForThePartitionerComeFromTheProfile) {
   expect_invalid([&] { profile_layers(m, torch::randn({5, 100}), 1, -1); }, "state_per_parameter_byte");
 }
 
+// The model's first layer is profiled on the data as it comes, as the first stage runs it: without a
+// gradient of its input unless the data asks for one (a convolution's input gradient can cost more
+// than its weights'). Every other layer is profiled as a stage's first, whose input takes one.
+TEST(CostModelTest, TheFirstLayerIsProfiledWithoutAnInputGradientUnlessTheDataAsksForOne) {
+  torch::manual_seed(0);
+  torch::nn::Sequential m(torch::nn::Linear(1000, 4), torch::nn::Linear(4, 1000), torch::nn::Linear(1000, 4));
+  const torch::Tensor x = torch::randn({50, 1000});
+  const double input_grad_bytes = 1000 * 4;  // per row, of a layer whose input is 1000 floats
+  const CostModel data = profile_layers(m, x, 1, 1.0);
+  const CostModel asks = profile_layers(m, x.clone().requires_grad_(true), 1, 1.0);
+  EXPECT_LT(data.layers[0].backward_peak_bytes, input_grad_bytes / 2);
+  EXPECT_GE(asks.layers[0].backward_peak_bytes, input_grad_bytes);
+  EXPECT_GE(data.layers[2].backward_peak_bytes, input_grad_bytes);
+}
+
 // The update on the devices (CostModel::update_on_devices) is predicted where the Trainer applies
 // it: fill-drain on 2 devices, device 0 starts with its forward, so its share comes first and delays
 // the whole step; device 1 starts by waiting for its input, and its share (shorter than that wait)

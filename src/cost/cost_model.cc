@@ -265,6 +265,10 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
     return seconds_since(begin);
   };
   const std::vector<std::string> names = layer_names(model);
+  // Each layer is timed as the first layer of a stage, on a leaf input that takes a gradient, except
+  // the model's first: the first stage's input is the data, which takes a gradient only where it
+  // asks for one (a convolution's input gradient can cost more than its weights').
+  const auto input_grad_of = [](size_t l) { return l == 0 ? LeafGrad::kKept : LeafGrad::kFloating; };
   // `in_flight` micro-batches at once, their forwards before their backwards (as a schedule holds
   // them): each layer's time then includes the cache it loses to the others' activations.
   for (int rep = 0; rep < warmup + repetitions; ++rep) {
@@ -277,7 +281,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
         Tensors h = sample_in;
         size_t l = 0;
         for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
-          ins[c][l] = leaves_of(h, LeafGrad::kFloating);
+          ins[c][l] = leaves_of(h, input_grad_of(l));
           double forward = 0;
           try {
             forward = seconds_of([&] { outs[c][l] = run_layer(*it, ins[c][l], names[l]); });
@@ -330,7 +334,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
   for (auto it = layers->begin(); it != layers->end(); ++it, ++index) {
     LayerCost c;
     for (const auto& p : it->ptr()->parameters()) c.parameter_bytes += static_cast<int64_t>(p.nbytes());
-    auto input = [&x] { return leaves_of(x, LeafGrad::kFloating); };
+    auto input = [&x, &input_grad_of, index] { return leaves_of(x, input_grad_of(index)); };
     Tensors out;
     c.forward_s = median_of(f[index]) / rows;
     if (!b[index].empty() && !i[index].empty() && !w[index].empty()) {
