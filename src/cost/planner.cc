@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 namespace gpipe {
@@ -51,6 +52,54 @@ std::vector<int> cut_around(const std::vector<double>& cost, const std::vector<b
     balance.push_back(layers);
   }
   return balance;
+}
+
+// Most boundary moves refine_cut makes: the min-max cut is close, and the moves keep a search of
+// hundreds of layers within its time.
+constexpr int kMostCutMoves = 32;
+
+// A cut improved by the simulation itself: a stage boundary moved by one layer at a time, the move
+// that shortens the predicted step most taken, until none does. The min-max cut balances the sums of
+// the devices' layer times; the simulation also counts what those sums leave out: the order in which
+// the schedule runs each device's stages (a V's first stage holds back the other device at every
+// turn), the transfers over the links, the skip tensors that cross stages, and the update. A move
+// never ends a stage after an uncuttable layer, and a configuration that fit stays within
+// `memory_per_device`. `plan` and `predicted` are the cut's, replaced by the better one's.
+void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips, const std::vector<bool>& uncuttable,
+                const std::vector<int64_t>& rows, int64_t memory_per_device, PipelinePlan& plan, Prediction& predicted) {
+  const bool fit = predicted.largest_total_bytes() <= memory_per_device;
+  const PipelineOptions options = PipelineOptions()
+                                      .devices(plan.devices)
+                                      .virtual_stages(plan.virtual_stages)
+                                      .micro_batches(plan.micro_batches)
+                                      .schedule(plan.schedule)
+                                      .checkpoint(plan.checkpoint);
+  for (int moves = 0; moves < kMostCutMoves; ++moves) {
+    std::optional<std::pair<PipelinePlan, Prediction>> best;
+    double best_step = predicted.step_s;
+    for (size_t b = 0; b + 1 < plan.balance.size(); ++b)
+      for (int shift : {-1, 1}) {  // the boundary after stage b one layer earlier, or later
+        std::vector<int> balance = plan.balance;
+        balance[b] += shift;
+        balance[b + 1] -= shift;
+        if (balance[b] < 1 || balance[b + 1] < 1) continue;
+        if (uncuttable[static_cast<size_t>(stage_offsets(balance)[b + 1] - 1)]) continue;
+        PipelinePlan moved;
+        try {
+          moved = make_plan(plan.layers, PipelineOptions(options).cut(CutRequest::given(balance)), skips);
+        } catch (const std::invalid_argument&) {
+          continue;
+        }
+        Prediction p = predict(costs, moved, rows);
+        // A shorter step by more than rounding, and within the memory where the cut was.
+        if (p.step_s >= best_step * (1 - 1e-9) || (fit && p.largest_total_bytes() > memory_per_device)) continue;
+        best_step = p.step_s;
+        best.emplace(std::move(moved), std::move(p));
+      }
+    if (!best) return;
+    plan = std::move(best->first);
+    predicted = std::move(best->second);
+  }
 }
 
 bool considered(const std::vector<int>& list, int value) {
@@ -163,6 +212,11 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
               "answer within about a minute; narrow it with `stages` (the K to consider), `micro_batches`, `schedule` "
               "or `checkpoint`");
   const CutRequest cut = search_cut(costs, search);
+  // The search's own min-max cut is then improved by the simulation (refine_cut); a cut given, or of
+  // blocks, is taken as it is.
+  const bool refined = !search.given_cut && search.blocks == 0;
+  std::vector<SkipConnection> skips;  // simulated where they cross stages: their transfers and memory
+  for (const SkipCost& skip : costs.skips) skips.push_back(skip.connection);
   // A boundary after a layer whose output is a tuple of more tensors than one message carries is
   // never proposed: the min-max cut goes around it, and a cut by blocks that ends a stage there is
   // left out.
@@ -189,7 +243,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
       PipelinePlan plan;
       try {
         plan = make_plan(L, PipelineOptions().devices(K).virtual_stages(V).cut(shape_cut).micro_batches(M)
-                                .schedule(kind).checkpoint(checkpoint));
+                                .schedule(kind).checkpoint(checkpoint), skips);
       } catch (const std::invalid_argument&) {
         break;  // a shape this schedule does not take (interleaved with M not a multiple of K, say)
       }
@@ -200,6 +254,9 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
         ++left_out_for_tensors;
         continue;
       }
+      const std::vector<int64_t> micro_rows = micro_batch_sizes(rows, M);
+      Prediction predicted = predict(costs, plan, micro_rows);
+      if (refined) refine_cut(costs, skips, uncuttable, micro_rows, search.memory_per_device, plan, predicted);
       PlanCandidate c;
       c.devices = K;
       c.replicas = D;
@@ -208,7 +265,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
       c.schedule = kind;
       c.checkpoint = checkpoint;
       c.balance = plan.balance;
-      c.predicted = predict(costs, plan, micro_batch_sizes(rows, M));
+      c.predicted = std::move(predicted);
       // Replicas sum their gradients: a ring all-reduce of the largest stage's gradients.
       int64_t largest_static = 0;
       for (int64_t s : c.predicted.static_bytes) largest_static = std::max(largest_static, s);
