@@ -249,6 +249,13 @@ SavedPipeline decode_pipeline(const c10::IValue& value) {
   }
   if (p.balance.size() != static_cast<size_t>(p.devices) * static_cast<size_t>(p.virtual_stages))
     throw std::runtime_error("its pipeline's balance has " + std::to_string(p.balance.size()) + " stages, not K·V");
+  try {  // a pipeline that ran: its schedule takes its V, and its M on its K
+    const ScheduleTraits& traits = schedule_traits(p.schedule);
+    traits.check_virtual_stages(p.virtual_stages);
+    traits.check_micro_batches(p.devices, p.micro_batches);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(std::string("its pipeline cannot have run: ") + e.what());
+  }
   return p;
 }
 
