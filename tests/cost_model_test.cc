@@ -188,6 +188,24 @@ TEST(CostModelTest, TheFirstLayerIsProfiledWithoutAnInputGradientUnlessTheDataAs
   EXPECT_GE(data.layers[2].backward_peak_bytes, input_grad_bytes);
 }
 
+// A stage that holds a skip connection's Stash or Pop splits its backward in one piece: I takes the
+// input's gradient from the whole graph and W walks the graph again into the parameters, so W is
+// predicted as the stage's whole backward, not as its layers' weight gradients. zb1p at K=2, M=1
+// ends with stage 0's W after its I: the step is longer by stage 0's B - W.
+TEST(CostModelTest, AStageWithASkipInsideIsPredictedToWalkItsGraphTwice) {
+  CostModel costs = uniform_costs(4, 1e-3, 2e-3);
+  for (LayerCost& c : costs.layers) c.input_grad_s = c.weight_grad_s = 1e-3;
+  const std::vector<int64_t> rows{8};
+  const PipelinePlan plain =
+      make_plan(4, PipelineOptions().devices(2).micro_batches(1).balance({2, 2}).schedule(ScheduleKind::kZB1P));
+  const double split = predict(costs, plain, rows).step_s;
+  const SkipConnection inside{"inside", 0, 1};
+  costs.skips.push_back({inside, 4.0});
+  const PipelinePlan skipped = make_plan(4, PipelineOptions().devices(2).micro_batches(1).balance({2, 2})
+                                                .schedule(ScheduleKind::kZB1P), {inside});
+  EXPECT_NEAR(predict(costs, skipped, rows).step_s - split, 2 * (2e-3 - 1e-3) * 8, 1e-12);
+}
+
 // The update on the devices (CostModel::update_on_devices) is predicted where the Trainer applies
 // it: fill-drain on 2 devices, device 0 starts with its forward, so its share comes first and delays
 // the whole step; device 1 starts by waiting for its input, and its share (shorter than that wait)

@@ -59,8 +59,8 @@ struct StageCost {
   double recompute_peak = 0;  // forward without autograd (a re-materialized F)
   double backward_extra = 0;  // during B, above the stage's kept bytes
   int64_t parameter_bytes = 0;
-  // The stage holds a Stash or Pop: a split backward runs in one piece, its W keeping the whole
-  // graph and the gradients the stage received until it ends.
+  // The stage holds a Stash or Pop: a split backward runs in one piece, its W walking the whole
+  // graph again and keeping it, and the gradients the stage received, until it ends.
   bool whole = false;
   // A split backward's W keeps the gradient of the stage's output (whole, or weights in the last layer).
   bool weight_keeps_output_grad = false;
@@ -118,7 +118,13 @@ std::vector<StageCost> stage_costs_of(const CostModel& costs, const std::vector<
       const auto inside = [&](int layer) { return layer >= first && layer < last; };
       return inside(skip.connection.stash_layer) || inside(skip.connection.pop_layer);
     });
-    if (c.whole) c.split_kept = c.weight_kept = c.kept;  // the whole graph, from F until W
+    // In one piece, I takes the input's (and skip tensors') gradients from the whole graph, and W
+    // walks the graph again into the parameters: about a whole backward (U-Net's stage of 12 layers
+    // at 64 rows: I 4.5 ms, W 7.6 ms, the forward 4.4 ms), which it keeps from F until W.
+    if (c.whole) {
+      c.split_kept = c.weight_kept = c.kept;
+      c.weight_grad_s = c.backward_s;
+    }
     c.weight_keeps_output_grad = c.whole || costs.layers[static_cast<size_t>(last - 1)].parameter_bytes > 0;
   }
   return out;
