@@ -37,7 +37,10 @@ struct PlanSearch {
   /// The cut into S stages. With `blocks` > 0, the model is `lead` layers, `blocks` equal blocks
   /// and `tail` layers: the blocks split evenly, the lead layers go with the first stage and the
   /// tail layers with the last (a stage needs a block). With `blocks` 0, the min-max cut of the
-  /// layers' forward + backward time (a stage needs a layer).
+  /// layers' forward + backward time (a stage needs a layer), then refined by the simulation: a
+  /// boundary moved one layer at a time while the predicted step shortens, within the memory where
+  /// the cut fit (what the devices' sums of time leave out: the order of each device's stages, the
+  /// transfers, the skip connections that cross stages, the update).
   int lead = 0, blocks = 0, tail = 0;
   /// With `given_cut`, the cut every configuration takes instead of the above: a given balance
   /// (CutRequest::given, which keeps only the K·V it has entries for), the min-max of other per-layer
