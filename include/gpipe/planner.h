@@ -40,7 +40,8 @@ struct PlanSearch {
   /// layers' forward + backward time (a stage needs a layer), then refined by the simulation: a
   /// boundary moved one layer at a time while the predicted step shortens, within the memory where
   /// the cut fit (what the devices' sums of time leave out: the order of each device's stages, the
-  /// transfers, the skip connections that cross stages, the update).
+  /// transfers, the skip connections that cross stages, the update), the fastest configurations
+  /// first, within kMostRefinedPairs.
   int lead = 0, blocks = 0, tail = 0;
   /// With `given_cut`, the cut every configuration takes instead of the above: a given balance
   /// (CutRequest::given, which keeps only the K·V it has entries for), the min-max of other per-layer
@@ -101,6 +102,11 @@ std::vector<int> default_micro_batch_counts(int K, int64_t rows, int64_t least_r
 /// and checkpoint mode): what keeps an answer within about a minute (a 128-device search of a
 /// 128-layer Transformer is about 2.1 million, 30 s on one core here).
 constexpr int64_t kMostSearchedPairs = int64_t{1} << 22;
+
+/// Most stage x micro-batch pairs the search simulates, in all, to refine its own cuts (PlanSearch's
+/// `blocks` 0): the configurations are refined fastest first until it is spent (about 2 s here), so
+/// a search of many layers and devices refines its leading configurations only.
+constexpr int64_t kMostRefinedPairs = int64_t{1} << 17;
 
 /// Every configuration of `search` the model of `costs` (its layers, and the cluster's link:
 /// link_latency_s, link_bytes_per_s) can be cut into, predicted: those that fit first, fastest

@@ -8,7 +8,9 @@
 #include "gpipe/transport.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 
@@ -54,29 +56,31 @@ std::vector<int> cut_around(const std::vector<double>& cost, const std::vector<b
   return balance;
 }
 
-// Most boundary moves refine_cut makes: the min-max cut is close, and the moves keep a search of
-// hundreds of layers within its time.
-constexpr int kMostCutMoves = 32;
-
 // A cut improved by the simulation itself: a stage boundary moved by one layer at a time, the move
-// that shortens the predicted step most taken, until none does. The min-max cut balances the sums of
-// the devices' layer times; the simulation also counts what those sums leave out: the order in which
-// the schedule runs each device's stages (a V's first stage holds back the other device at every
-// turn), the transfers over the links, the skip tensors that cross stages, and the update. A move
-// never ends a stage after an uncuttable layer, and a configuration that fit stays within
-// `memory_per_device`. `plan` and `predicted` are the cut's, replaced by the better one's.
+// that shortens the predicted step most taken, until none does or the simulation's `budget` (stage x
+// micro-batch pairs, each prediction charged its K·V·M) is spent. The min-max cut balances the sums
+// of the devices' layer times; the simulation also counts what those sums leave out: the order in
+// which the schedule runs each device's stages (a V's first stage holds back the other device at
+// every turn), the transfers over the links, the skip tensors that cross stages, and the update. A
+// move never ends a stage after an uncuttable layer, and a configuration that fit stays within
+// `memory_per_device`. `step_of` is the step a prediction stands for; `plan` and `predicted` are the
+// cut's, replaced by the better one's.
 void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips, const std::vector<bool>& uncuttable,
-                const std::vector<int64_t>& rows, int64_t memory_per_device, PipelinePlan& plan, Prediction& predicted) {
+                const std::vector<int64_t>& rows, int64_t memory_per_device,
+                const std::function<double(const Prediction&)>& step_of, int64_t& budget, PipelinePlan& plan,
+                Prediction& predicted) {
   const bool fit = predicted.largest_total_bytes() <= memory_per_device;
+  const int64_t cost = static_cast<int64_t>(plan.balance.size()) * plan.micro_batches;  // of one prediction
   const PipelineOptions options = PipelineOptions()
                                       .devices(plan.devices)
                                       .virtual_stages(plan.virtual_stages)
                                       .micro_batches(plan.micro_batches)
                                       .schedule(plan.schedule)
                                       .checkpoint(plan.checkpoint);
-  for (int moves = 0; moves < kMostCutMoves; ++moves) {
+  double step = step_of(predicted);
+  for (;;) {  // each move shortens the step: no cut is visited twice
     std::optional<std::pair<PipelinePlan, Prediction>> best;
-    double best_step = predicted.step_s;
+    double best_step = step;
     for (size_t b = 0; b + 1 < plan.balance.size(); ++b)
       for (int shift : {-1, 1}) {  // the boundary after stage b one layer earlier, or later
         std::vector<int> balance = plan.balance;
@@ -84,6 +88,8 @@ void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips
         balance[b + 1] -= shift;
         if (balance[b] < 1 || balance[b + 1] < 1) continue;
         if (uncuttable[static_cast<size_t>(stage_offsets(balance)[b + 1] - 1)]) continue;
+        if (budget < cost) return;
+        budget -= cost;
         PipelinePlan moved;
         try {
           moved = make_plan(plan.layers, PipelineOptions(options).cut(CutRequest::given(balance)), skips);
@@ -92,13 +98,15 @@ void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips
         }
         Prediction p = predict(costs, moved, rows);
         // A shorter step by more than rounding, and within the memory where the cut was.
-        if (p.step_s >= best_step * (1 - 1e-9) || (fit && p.largest_total_bytes() > memory_per_device)) continue;
-        best_step = p.step_s;
+        const double moved_step = step_of(p);
+        if (moved_step >= best_step * (1 - 1e-9) || (fit && p.largest_total_bytes() > memory_per_device)) continue;
+        best_step = moved_step;
         best.emplace(std::move(moved), std::move(p));
       }
     if (!best) return;
     plan = std::move(best->first);
     predicted = std::move(best->second);
+    step = best_step;
   }
 }
 
@@ -215,6 +223,23 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
   // The search's own min-max cut is then improved by the simulation (refine_cut); a cut given, or of
   // blocks, is taken as it is.
   const bool refined = !search.given_cut && search.blocks == 0;
+  std::vector<PipelinePlan> plans;  // found[n]'s, to refine
+  // A candidate's step, speed, memory and fit from its prediction. Replicas sum their gradients: a
+  // ring all-reduce of the largest stage's gradients.
+  auto step_of = [&](const Prediction& p, int D) {
+    int64_t largest_static = 0;
+    for (int64_t s : p.static_bytes) largest_static = std::max(largest_static, s);
+    const double gradient_bytes = static_cast<double>(largest_static) / (1 + costs.state_per_parameter_byte);
+    const double send_s = costs.link_bytes_per_s > 0 ? gradient_bytes / D / costs.link_bytes_per_s : 0.0;
+    const double all_reduce = D > 1 ? 2.0 * (D - 1) * (costs.link_latency_s + send_s) : 0.0;
+    return p.step_s + all_reduce;
+  };
+  auto complete = [&](PlanCandidate& c) {
+    c.step_s = step_of(c.predicted, c.replicas);
+    c.samples_per_s = static_cast<double>(search.batch) / c.step_s;
+    c.largest_total_bytes = c.predicted.largest_total_bytes();
+    c.fits = c.largest_total_bytes <= search.memory_per_device;
+  };
   std::vector<SkipConnection> skips;  // simulated where they cross stages: their transfers and memory
   for (const SkipCost& skip : costs.skips) skips.push_back(skip.connection);
   // A boundary after a layer whose output is a tuple of more tensors than one message carries is
@@ -254,9 +279,6 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
         ++left_out_for_tensors;
         continue;
       }
-      const std::vector<int64_t> micro_rows = micro_batch_sizes(rows, M);
-      Prediction predicted = predict(costs, plan, micro_rows);
-      if (refined) refine_cut(costs, skips, uncuttable, micro_rows, search.memory_per_device, plan, predicted);
       PlanCandidate c;
       c.devices = K;
       c.replicas = D;
@@ -265,18 +287,10 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
       c.schedule = kind;
       c.checkpoint = checkpoint;
       c.balance = plan.balance;
-      c.predicted = std::move(predicted);
-      // Replicas sum their gradients: a ring all-reduce of the largest stage's gradients.
-      int64_t largest_static = 0;
-      for (int64_t s : c.predicted.static_bytes) largest_static = std::max(largest_static, s);
-      const double gradient_bytes = static_cast<double>(largest_static) / (1 + costs.state_per_parameter_byte);
-      const double send_s = costs.link_bytes_per_s > 0 ? gradient_bytes / D / costs.link_bytes_per_s : 0.0;
-      const double all_reduce = D > 1 ? 2.0 * (D - 1) * (costs.link_latency_s + send_s) : 0.0;
-      c.step_s = c.predicted.step_s + all_reduce;
-      c.samples_per_s = static_cast<double>(search.batch) / c.step_s;
-      c.largest_total_bytes = c.predicted.largest_total_bytes();
-      c.fits = c.largest_total_bytes <= search.memory_per_device;
+      c.predicted = predict(costs, plan, micro_batch_sizes(rows, M));
+      complete(c);
       found.push_back(std::move(c));
+      if (refined) plans.push_back(std::move(plan));
     }
     done += int64_t{K} * V * M * static_cast<int64_t>(search.checkpoints.size());
     if (search.progress) search.progress(done, total);
@@ -302,10 +316,27 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
                                              std::to_string(left_out_for_tensors) + " configurations were left out "
                                              "for that: one MPI message carries at most that many)"
                                        : std::string());
-  std::stable_sort(found.begin(), found.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+  auto before = [](const PlanCandidate& a, const PlanCandidate& b) {
     if (a.fits != b.fits) return a.fits;
     return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;
-  });
+  };
+  if (refined) {
+    // The cuts refined in the order the search ranks them, the fastest first, while the budget lasts.
+    std::vector<size_t> order(found.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return before(found[a], found[b]); });
+    int64_t budget = kMostRefinedPairs;
+    for (size_t n : order) {
+      PlanCandidate& c = found[n];
+      const auto step = [&](const Prediction& p) { return step_of(p, c.replicas); };
+      refine_cut(costs, skips, uncuttable, micro_batch_sizes(micro_batch_sizes(search.batch, c.replicas).front(),
+                                                              c.micro_batches),
+                 search.memory_per_device, step, budget, plans[n], c.predicted);
+      c.balance = plans[n].balance;
+      complete(c);
+    }
+  }
+  std::stable_sort(found.begin(), found.end(), before);
   return found;
 }
 
