@@ -162,7 +162,7 @@ TEST(PlannerTest, NoCutEndsAStageAfterALayerOfMoreTensorsThanAMessageCarries) {
 // The search's own min-max cut balances the sums of each device's layer times; the simulation then
 // moves its boundaries while the predicted step shortens: every cut found is the min-max cut or one
 // the simulation predicts faster, and no single move shortens it further.
-TEST(PlannerTest, TheSearchesOwnCutIsImprovedByTheSimulation) {
+TEST(PlannerTest, SearchPlansImprovesItsOwnCutBySimulation) {
   // A heavy first and last layer, outputs that take time to cross, and a skip connection across the
   // model: what the devices' sums of layer times do not see.
   CostModel costs = uniform_costs(10, 1e-3, 2e-3);
@@ -181,6 +181,7 @@ TEST(PlannerTest, TheSearchesOwnCutIsImprovedByTheSimulation) {
   search.memory_per_device = int64_t{1} << 40;
   search.batch = 16;
   search.checkpoints = {Checkpoint::kNever};
+  search.stages = {2};  // one replica: the pipeline's step is the candidate's
   const std::vector<PlanCandidate> refined = search_plans(costs, search);
   // The same search with the min-max cut taken as it is.
   std::vector<double> time;

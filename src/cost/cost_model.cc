@@ -59,8 +59,8 @@ struct StageCost {
   double recompute_peak = 0;  // forward without autograd (a re-materialized F)
   double backward_extra = 0;  // during B, above the stage's kept bytes
   int64_t parameter_bytes = 0;
-  // The stage holds a Stash or Pop: a split backward runs in one piece, its W walking the whole
-  // graph again and keeping it, and the gradients the stage received, until it ends.
+  // The stage holds a Stash or Pop: a split backward runs in one piece. Its W walks the whole graph
+  // again, so the stage keeps the graph and the gradients it received until W ends.
   bool whole = false;
   // A split backward's W keeps the gradient of the stage's output (whole, or weights in the last layer).
   bool weight_keeps_output_grad = false;
@@ -274,7 +274,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
   // Each layer is timed as the first layer of a stage, on a leaf input that takes a gradient, except
   // the model's first: the first stage's input is the data, which takes a gradient only where it
   // asks for one (a convolution's input gradient can cost more than its weights').
-  const auto input_grad_of = [](size_t l) { return l == 0 ? LeafGrad::kKept : LeafGrad::kFloating; };
+  const auto leaf_grad_of = [](size_t l) { return l == 0 ? LeafGrad::kKept : LeafGrad::kFloating; };
   // `in_flight` micro-batches at once, their forwards before their backwards (as a schedule holds
   // them): each layer's time then includes the cache it loses to the others' activations.
   for (int rep = 0; rep < warmup + repetitions; ++rep) {
@@ -287,7 +287,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
         Tensors h = sample_in;
         size_t l = 0;
         for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
-          ins[c][l] = leaves_of(h, input_grad_of(l));
+          ins[c][l] = leaves_of(h, leaf_grad_of(l));
           double forward = 0;
           try {
             forward = seconds_of([&] { outs[c][l] = run_layer(*it, ins[c][l], names[l]); });
@@ -340,7 +340,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
   for (auto it = layers->begin(); it != layers->end(); ++it, ++index) {
     LayerCost c;
     for (const auto& p : it->ptr()->parameters()) c.parameter_bytes += static_cast<int64_t>(p.nbytes());
-    auto input = [&x, &input_grad_of, index] { return leaves_of(x, input_grad_of(index)); };
+    auto input = [&x, &leaf_grad_of, index] { return leaves_of(x, leaf_grad_of(index)); };
     Tensors out;
     c.forward_s = median_of(f[index]) / rows;
     if (!b[index].empty() && !i[index].empty() && !w[index].empty()) {

@@ -63,7 +63,7 @@ std::vector<int> cut_around(const std::vector<double>& cost, const std::vector<b
 // which the schedule runs each device's stages (a V's first stage holds back the other device at
 // every turn), the transfers over the links, the skip tensors that cross stages, and the update. A
 // move never ends a stage after an uncuttable layer, and a configuration that fit stays within
-// `memory_per_device`. `step_of` is the step a prediction stands for; `plan` and `predicted` are the
+// `memory_per_device` (one that did not needs no more than it did). `step_of` is the step a prediction stands for; `plan` and `predicted` are the
 // cut's, replaced by the better one's.
 void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips, const std::vector<bool>& uncuttable,
                 const std::vector<int64_t>& rows, int64_t memory_per_device,
@@ -78,17 +78,21 @@ void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips
                                       .schedule(plan.schedule)
                                       .checkpoint(plan.checkpoint);
   double step = step_of(predicted);
-  for (;;) {  // each move shortens the step: no cut is visited twice
+  bool spent = false;
+  while (!spent) {  // each move shortens the step: no cut is visited twice
     std::optional<std::pair<PipelinePlan, Prediction>> best;
     double best_step = step;
-    for (size_t b = 0; b + 1 < plan.balance.size(); ++b)
+    for (size_t b = 0; b + 1 < plan.balance.size() && !spent; ++b)
       for (int shift : {-1, 1}) {  // the boundary after stage b one layer earlier, or later
         std::vector<int> balance = plan.balance;
         balance[b] += shift;
         balance[b + 1] -= shift;
         if (balance[b] < 1 || balance[b + 1] < 1) continue;
         if (uncuttable[static_cast<size_t>(stage_offsets(balance)[b + 1] - 1)]) continue;
-        if (budget < cost) return;
+        if (budget < cost) {  // the best move found so far is still taken
+          spent = true;
+          break;
+        }
         budget -= cost;
         PipelinePlan moved;
         try {
@@ -97,9 +101,11 @@ void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips
           continue;
         }
         Prediction p = predict(costs, moved, rows);
-        // A shorter step by more than rounding, and within the memory where the cut was.
+        // A shorter step by more than rounding, within the memory where the cut fit, and needing no
+        // more where it did not.
         const double moved_step = step_of(p);
-        if (moved_step >= best_step * (1 - 1e-9) || (fit && p.largest_total_bytes() > memory_per_device)) continue;
+        const int64_t most = fit ? memory_per_device : predicted.largest_total_bytes();
+        if (moved_step >= best_step * (1 - 1e-9) || p.largest_total_bytes() > most) continue;
         best_step = moved_step;
         best.emplace(std::move(moved), std::move(p));
       }
@@ -329,9 +335,9 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
     for (size_t n : order) {
       PlanCandidate& c = found[n];
       const auto step = [&](const Prediction& p) { return step_of(p, c.replicas); };
-      refine_cut(costs, skips, uncuttable, micro_batch_sizes(micro_batch_sizes(search.batch, c.replicas).front(),
-                                                              c.micro_batches),
-                 search.memory_per_device, step, budget, plans[n], c.predicted);
+      const int64_t rows = micro_batch_sizes(search.batch, c.replicas).front();  // a replica's (Shape::rows)
+      refine_cut(costs, skips, uncuttable, micro_batch_sizes(rows, c.micro_batches), search.memory_per_device, step,
+                 budget, plans[n], c.predicted);
       c.balance = plans[n].balance;
       complete(c);
     }

@@ -129,20 +129,25 @@ std::optional<RunningStatistics> statistics_of(torch::nn::Module& module) {
 }
 
 // Adds what `input` holds to a deferred BatchNorm's statistics: its rows and positions, and per
-// channel (dim 1) the sum and the sum of squares, from the input's own mean and variance. The
-// variance in two passes, the mean's then the squared distances' (libtorch's var_mean over the
-// dimensions around the channels took 3x as long as the BatchNorm itself on the CPU).
+// channel (dim 1) the sum and the sum of squares, from the input's own mean and variance. On the
+// CPU in two passes and in float at least, the mean's then the squared distances' (libtorch's
+// var_mean over the dimensions around the channels took 3x as long as the BatchNorm itself there);
+// elsewhere var_mean's one pass.
 void gather_statistics(torch::Tensor& count, torch::Tensor& sum, torch::Tensor& squares, const torch::Tensor& input) {
   torch::NoGradGuard no_grad;
   std::vector<int64_t> dims;
-  std::vector<int64_t> per_channel(static_cast<size_t>(input.dim()), 1);  // the mean's shape against the input
   for (int64_t d = 0; d < input.dim(); ++d)
     if (d != 1) dims.push_back(d);
-  per_channel[1] = input.size(1);
   const double n = static_cast<double>(input.numel() / input.size(1));
-  const torch::Tensor x = input.detach();
-  torch::Tensor mean = x.mean(dims);
-  torch::Tensor var = (x - mean.view(per_channel)).square().mean(dims);
+  torch::Tensor var, mean;
+  if (input.is_cpu()) {
+    const torch::Tensor x = input.detach().to(torch::promote_types(input.scalar_type(), torch::kFloat));
+    mean = x.mean(dims, /*keepdim=*/true);
+    var = (x - mean).square_().mean(dims);
+    mean = mean.flatten();
+  } else {
+    std::tie(var, mean) = torch::var_mean(input.detach(), at::IntArrayRef(dims), /*unbiased=*/false, /*keepdim=*/false);
+  }
   mean = mean.to(torch::kDouble);  // on the layer's device: no wait for it here
   var = var.to(torch::kDouble);
   count += n;
