@@ -186,6 +186,10 @@ TEST(CostModelTest, TheFirstLayerIsProfiledWithoutAnInputGradientUnlessTheDataAs
   EXPECT_LT(data.layers[0].backward_peak_bytes, input_grad_bytes / 2);
   EXPECT_GE(asks.layers[0].backward_peak_bytes, input_grad_bytes);
   EXPECT_GE(data.layers[2].backward_peak_bytes, input_grad_bytes);
+  // A first layer that changes the data in place (autograd does not object: the data takes no
+  // gradient) is refused, naming it.
+  torch::nn::Sequential in_place(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)), torch::nn::Linear(1000, 4));
+  expect_invalid([&] { profile_layers(in_place, x.clone(), 1, 1.0); }, "layer 0 ('0') changes its input in place");
 }
 
 // A stage that holds a skip connection's Stash or Pop splits its backward in one piece: I takes the

@@ -161,6 +161,30 @@ TEST(PipelineTest, SplitBackwardRefusesInPlaceLayersUpFront) {
   EXPECT_EQ(ok.stages(), 2);
 }
 
+// A first layer that changes its input in place would change the caller's data, of which the
+// micro-batches are views (the next epoch would train on other values): refused at the step,
+// naming it, in training and in evaluation, also with one micro-batch on one device.
+TEST(PipelineTest, AFirstLayerThatChangesTheDataInPlaceIsRefused) {
+  auto model = [] {
+    return torch::nn::Sequential(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)), torch::nn::Linear(4, 2));
+  };
+  const torch::Tensor x = torch::randn({6, 4}), y = torch::randn({6, 2});
+  auto expect_refused = [](const std::function<void()>& step) {
+    try {
+      step();
+      ADD_FAILURE() << "a first layer that changes the data in place ran";
+    } catch (const gpipe::StageError& e) {
+      EXPECT_NE(std::string(e.what()).find("change its input, the caller's data, in place"), std::string::npos)
+          << e.what();
+    }
+  };
+  for (int M : {1, 3}) {
+    gpipe::Pipeline pipe(model(), PipelineOptions().devices(1).micro_batches(M));
+    expect_refused([&] { pipe.train_step(x, y, mse); });
+    expect_refused([&] { pipe.forward(x); });
+  }
+}
+
 TEST(PipelineTest, ForwardMatchesTheModelAndKeepsNoGraph) {
   auto model = small_mlp(0);
   gpipe::Pipeline pipe(model, PipelineOptions().devices(3).micro_batches(4));

@@ -288,21 +288,27 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
         size_t l = 0;
         for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
           ins[c][l] = leaves_of(h, leaf_grad_of(l));
+          // A layer that changes its input in place: autograd refuses it on an input that takes a
+          // gradient, and the version counter shows it on one that takes none (the data).
+          auto check_not_in_place = [&](bool in_place) {
+            GPIPE_CHECK(!in_place, "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in "
+                        "place, so it cannot be timed by itself (nor begin a stage: a stage keeps its input for the "
+                        "backward pass, and the first stage's is the caller's data); make the layer return a new "
+                        "tensor (e.g. ReLU(inplace=False)), or balance by parameters (`balance_by` params)");
+          };
+          const std::vector<int64_t> versions = versions_of(ins[c][l]);
           double forward = 0;
           try {
             forward = seconds_of([&] { outs[c][l] = run_layer(*it, ins[c][l], names[l]); });
           } catch (const std::exception& e) {
             // Each layer is timed by itself on a leaf input, as a stage's first layer runs.
             const std::string what = e.what();
-            GPIPE_CHECK(what.find("in-place") == std::string::npos && what.find("inplace") == std::string::npos,
-                        "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in place, so it "
-                        "cannot be timed by itself (nor begin a stage: a stage keeps its input for the backward pass); "
-                        "make the layer return a new tensor (e.g. ReLU(inplace=False)), or balance by parameters "
-                        "(`balance_by` params)");
+            check_not_in_place(what.find("in-place") != std::string::npos || what.find("inplace") != std::string::npos);
             if (dynamic_cast<const std::invalid_argument*>(&e) != nullptr) throw;
             throw std::runtime_error("layer " + std::to_string(l) + " ('" + layers->named_children()[l].key() +
                                      "') failed when profiled on " + ins[c][l].shape() + ": " + short_error(e));
           }
+          check_not_in_place(!changed_in_place(ins[c][l], versions).empty());
           fsum[l] += forward;
           h = outs[c][l];
         }

@@ -471,8 +471,18 @@ Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, 
   }
   Tensors y;
   torch::Tensor loss;
+  // The first stage's input is the caller's data, of which the micro-batches are views: no layer
+  // may change it.
+  const std::vector<int64_t> data_versions = first() ? versions_of(x) : std::vector<int64_t>{};
+  auto check_data = [&] {
+    if (const std::string changed = changed_in_place(x, data_versions); !changed.empty())
+      throw std::invalid_argument("the stage's layers change " + changed + ", the caller's data, in place (the "
+                                  "micro-batches are views of its batch): make the layer return a new tensor (e.g. "
+                                  "ReLU(inplace=False))");
+  };
   if (!step.training) {
     y = run_layers(i, x, false, /*gather=*/true, k, step);
+    check_data();
   } else {
     // Re-materialized, the input kept must stay as it was for the forward to run again.
     const std::vector<int64_t> versions = recompute ? versions_of(x) : std::vector<int64_t>{};
@@ -483,6 +493,7 @@ Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, 
       y = run_layers(i, x, split && !recompute && !skips_inside_, /*gather=*/true, k, step);
     }
     loss = k.loss;
+    check_data();
     if (const std::string changed = changed_in_place(x, versions); !changed.empty())
       throw std::invalid_argument(
           "the stage's layers change " + changed +
