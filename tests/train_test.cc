@@ -636,10 +636,12 @@ TEST(TrainerTest, ASnapshotRecordsItsPipeline) {
     EXPECT_NE(std::string(e.what()).find("is corrupt: its pipeline's balance has 3 stages, not K·V"), std::string::npos)
         << e.what();
   }
-  // A pipeline no run could have had: 1F1B with 3 stages per device; interleaved M=3 on K=2.
+  // A pipeline no run could have had: 1F1B with 3 stages per device; interleaved M=3 on K=2; more
+  // micro-batches than rows.
   for (const gpipe::SavedPipeline& impossible :
        {gpipe::SavedPipeline{gpipe::ScheduleKind::k1F1B, 1, 64, 4, 3, {3, 2, 2}, gpipe::Checkpoint::kNever},
-        gpipe::SavedPipeline{gpipe::ScheduleKind::kInterleaved, 2, 64, 3, 2, {1, 2, 2, 2}, gpipe::Checkpoint::kNever}}) {
+        gpipe::SavedPipeline{gpipe::ScheduleKind::kInterleaved, 2, 64, 3, 2, {1, 2, 2, 2}, gpipe::Checkpoint::kNever},
+        gpipe::SavedPipeline{gpipe::ScheduleKind::kGPipe, 2, 64, 65, 1, {3, 4}, gpipe::Checkpoint::kNever}}) {
     state.pipeline = impossible;
     save();
     try {

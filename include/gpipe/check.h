@@ -60,6 +60,12 @@ std::string concat(Args&&... args) {
 
 namespace gpipe {
 
+/// An error's message without the "gpipe: " it may begin with: to quote it inside another one.
+inline std::string without_program_name(const std::string& what) {
+  const std::string prefix = "gpipe: ";
+  return what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
+}
+
 /// Throws std::invalid_argument unless each of `values` (an option's list, named `name`) is listed
 /// once: a value listed twice would run or plan its configurations twice.
 template <typename T>

@@ -26,12 +26,6 @@ std::function<Dataset(const TaskOptions&)> workload_batch(const std::string& nam
 Model seeded_model(const std::string& title, int layers, uint64_t seed,
                    std::function<torch::nn::Sequential(LayerRange)> build);
 
-/// An error's message without the "gpipe: " it may begin with.
-inline std::string without_program_name(const std::string& what) {
-  const std::string prefix = "gpipe: ";
-  return what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
-}
-
 /// fn()'s result; any exception it throws said as a std::invalid_argument after `context` (the
 /// options it is about): "gpipe: `devices` 3: ...".
 template <typename Fn>

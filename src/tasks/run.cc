@@ -33,7 +33,6 @@
 
 namespace gpipe {
 using tasks::said_about;
-using tasks::without_program_name;
 
 namespace {
 

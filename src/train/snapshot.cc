@@ -236,7 +236,7 @@ SavedPipeline decode_pipeline(const c10::IValue& value) {
     p.schedule = parse_schedule(text("schedule"));
     p.checkpoint = parse_checkpoint(text("checkpoint"));
   } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(std::string("its pipeline: ") + e.what());
+    throw std::runtime_error("its pipeline: " + without_program_name(e.what()));
   }
   p.devices = static_cast<int>(count("devices"));
   p.batch = count("batch", std::numeric_limits<int64_t>::max());
@@ -254,8 +254,11 @@ SavedPipeline decode_pipeline(const c10::IValue& value) {
     traits.check_virtual_stages(p.virtual_stages);
     traits.check_micro_batches(p.devices, p.micro_batches);
   } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(std::string("its pipeline cannot have run: ") + e.what());
+    throw std::runtime_error("its pipeline cannot have run: " + without_program_name(e.what()));
   }
+  if (p.micro_batches > p.batch)
+    throw std::runtime_error("its pipeline cannot have run: " + std::to_string(p.micro_batches) +
+                             " micro-batches of a batch of " + std::to_string(p.batch));
   return p;
 }
 
