@@ -181,7 +181,8 @@ struct RunRequest {
   std::vector<int> balance;   ///< a given cut, K·V entries; empty: none
   /// How the cut is chosen when none is given: "" the task's own (Task::cut); "even" (a workload's
   /// blocks evenly, else the layers evenly: never a tuned cut); or a cost method of layer_costs_by
-  /// ("params", "time", "memory"): the min-max cut of `layer_costs`.
+  /// ("params", "time", "memory"): the min-max cut of `layer_costs` (with "auto", "time" is the
+  /// search's own cut: the min-max of the same times, refined by the simulation).
   std::string balance_by;
   std::vector<double> layer_costs;  ///< with a cost method: one cost per layer (layer_costs_by)
   bool micro_batches_given = true;  ///< with "auto": false lets the prediction choose M too

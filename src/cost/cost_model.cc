@@ -275,6 +275,14 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
   // the model's first: the first stage's input is the data, which takes a gradient only where it
   // asks for one (a convolution's input gradient can cost more than its weights').
   const auto leaf_grad_of = [](size_t l) { return l == 0 ? LeafGrad::kKept : LeafGrad::kFloating; };
+  // A layer that changes its input in place: autograd refuses it on an input that takes a gradient,
+  // and the version counter shows it on one that takes none (the data).
+  const auto check_not_in_place = [&](size_t l, bool in_place) {
+    GPIPE_CHECK(!in_place, "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in place, "
+                "so it cannot be timed by itself (nor begin a stage: a stage keeps its input for the backward pass, "
+                "and the first stage's is the caller's data); make the layer return a new tensor (e.g. "
+                "ReLU(inplace=False)), or balance by parameters (`balance_by` params)");
+  };
   // `in_flight` micro-batches at once, their forwards before their backwards (as a schedule holds
   // them): each layer's time then includes the cache it loses to the others' activations.
   for (int rep = 0; rep < warmup + repetitions; ++rep) {
@@ -288,14 +296,6 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
         size_t l = 0;
         for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
           ins[c][l] = leaves_of(h, leaf_grad_of(l));
-          // A layer that changes its input in place: autograd refuses it on an input that takes a
-          // gradient, and the version counter shows it on one that takes none (the data).
-          auto check_not_in_place = [&](bool in_place) {
-            GPIPE_CHECK(!in_place, "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in "
-                        "place, so it cannot be timed by itself (nor begin a stage: a stage keeps its input for the "
-                        "backward pass, and the first stage's is the caller's data); make the layer return a new "
-                        "tensor (e.g. ReLU(inplace=False)), or balance by parameters (`balance_by` params)");
-          };
           const std::vector<int64_t> versions = versions_of(ins[c][l]);
           double forward = 0;
           try {
@@ -303,12 +303,12 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
           } catch (const std::exception& e) {
             // Each layer is timed by itself on a leaf input, as a stage's first layer runs.
             const std::string what = e.what();
-            check_not_in_place(what.find("in-place") != std::string::npos || what.find("inplace") != std::string::npos);
+            check_not_in_place(l, what.find("in-place") != std::string::npos || what.find("inplace") != std::string::npos);
             if (dynamic_cast<const std::invalid_argument*>(&e) != nullptr) throw;
             throw std::runtime_error("layer " + std::to_string(l) + " ('" + layers->named_children()[l].key() +
                                      "') failed when profiled on " + ins[c][l].shape() + ": " + short_error(e));
           }
-          check_not_in_place(!changed_in_place(ins[c][l], versions).empty());
+          check_not_in_place(l, !changed_in_place(ins[c][l], versions).empty());
           fsum[l] += forward;
           h = outs[c][l];
         }

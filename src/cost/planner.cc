@@ -63,8 +63,8 @@ std::vector<int> cut_around(const std::vector<double>& cost, const std::vector<b
 // which the schedule runs each device's stages (a V's first stage holds back the other device at
 // every turn), the transfers over the links, the skip tensors that cross stages, and the update. A
 // move never ends a stage after an uncuttable layer, and a configuration that fit stays within
-// `memory_per_device` (one that did not needs no more than it did). `step_of` is the step a prediction stands for; `plan` and `predicted` are the
-// cut's, replaced by the better one's.
+// `memory_per_device` (one that did not needs no more than it did). `step_of` is the step a
+// prediction stands for; `plan` and `predicted` are the cut's, replaced by the better one's.
 void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips, const std::vector<bool>& uncuttable,
                 const std::vector<int64_t>& rows, int64_t memory_per_device,
                 const std::function<double(const Prediction&)>& step_of, int64_t& budget, PipelinePlan& plan,

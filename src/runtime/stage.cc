@@ -471,36 +471,27 @@ Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, 
   }
   Tensors y;
   torch::Tensor loss;
-  // The first stage's input is the caller's data, of which the micro-batches are views: no layer
-  // may change it.
-  const std::vector<int64_t> data_versions = first() ? versions_of(x) : std::vector<int64_t>{};
-  auto check_data = [&] {
-    if (const std::string changed = changed_in_place(x, data_versions); !changed.empty())
-      throw std::invalid_argument("the stage's layers change " + changed + ", the caller's data, in place (the "
-                                  "micro-batches are views of its batch): make the layer return a new tensor (e.g. "
-                                  "ReLU(inplace=False))");
-  };
+  // The input must stay as it was: the first stage's is the caller's data, of which the micro-batches
+  // are views, and a re-materialized forward runs again from the input it keeps.
+  const bool recomputed = step.training && recompute;
+  const std::vector<int64_t> versions = first() || recomputed ? versions_of(x) : std::vector<int64_t>{};
   if (!step.training) {
     y = run_layers(i, x, false, /*gather=*/true, k, step);
-    check_data();
   } else {
-    // Re-materialized, the input kept must stay as it was for the forward to run again.
-    const std::vector<int64_t> versions = recompute ? versions_of(x) : std::vector<int64_t>{};
-    {
-      RandomStream stream(stochastic_, device_.device, seed_of(i, step));
-      torch::AutoGradMode keep_graph(!recompute);
-      // A stage with skip connections inside splits its backward in one piece: its whole graph is kept.
-      y = run_layers(i, x, split && !recompute && !skips_inside_, /*gather=*/true, k, step);
-    }
+    RandomStream stream(stochastic_, device_.device, seed_of(i, step));
+    torch::AutoGradMode keep_graph(!recompute);
+    // A stage with skip connections inside splits its backward in one piece: its whole graph is kept.
+    y = run_layers(i, x, split && !recompute && !skips_inside_, /*gather=*/true, k, step);
     loss = k.loss;
-    check_data();
-    if (const std::string changed = changed_in_place(x, versions); !changed.empty())
-      throw std::invalid_argument(
-          "the stage's layers change " + changed +
-          " in place, and re-materialization runs the forward again from the input it keeps: make the layer "
-          "return a new tensor (m.logical_not() rather than m.logical_not_()), cut the model so that another "
-          "layer begins the stage, or use checkpoint never");
   }
+  if (const std::string changed = changed_in_place(x, versions); !changed.empty())
+    throw std::invalid_argument(
+        first() ? "the stage's layers change " + changed + ", the caller's data, in place (the micro-batches are "
+                  "views of its batch): make the layer return a new tensor (e.g. ReLU(inplace=False))"
+                : "the stage's layers change " + changed +
+                      " in place, and re-materialization runs the forward again from the input it keeps: make the "
+                      "layer return a new tensor (m.logical_not() rather than m.logical_not_()), cut the model so "
+                      "that another layer begins the stage, or use checkpoint never");
   for (const auto& [skip, name] : stashed_)  // [2], for each skip connection
     skip_outbox_[{i, static_cast<int>(skip_channel(skip, false))}] = k.stashed.at(skip).detach();
   if (!step.training) {

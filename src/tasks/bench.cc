@@ -123,10 +123,7 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
     return;
   }
   RunRequest request = request_of(c.devices, M, c.schedule, c.balance_by, o);
-  // By cost: the profiled costs of one micro-batch. Auto by time takes the search's own cut, the
-  // min-max of the layers' time refined by the simulation, as gpipe train's does.
-  const bool own_cut = c.schedule == "auto" && request.balance_by == "time";
-  if (request.balance.empty() && request.balance_by != "even" && !own_cut)
+  if (request.balance.empty() && request.balance_by != "even")  // by cost: the profiled costs of one micro-batch
     request = with_layer_costs(request, model.build(LayerRange{}), costs, micro_batch_sizes(c.batch.size(), M).front());
   if (c.schedule == "auto" && !job().distributed) {  // the schedule and V predicted fastest at this K, M and cut
     const ScheduleChoice choice = choose_schedule(costs, request, micro_batch_sizes(c.batch.size(), replicas_of(c.devices)).front(), mode);

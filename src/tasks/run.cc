@@ -165,7 +165,8 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
     if (!r.balance.empty()) {
       search.given_cut = true;
       search.cut = CutRequest::given(r.balance);
-    } else if (!r.layer_costs.empty()) {
+    } else if (!r.layer_costs.empty() && r.balance_by != "time") {
+      // By time the search's own cut: the min-max of the same times, refined by the simulation.
       search.given_cut = true;
       search.cut = CutRequest::by_cost(r.layer_costs);
     } else if (r.balance_by == "even") {
@@ -674,7 +675,7 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c, std::optional<std::s
   std::vector<double> costs;  // `balance_by`'s, for its plan
   if (!s.balance_by.empty()) {
     costs = layer_costs_by(s.balance_by, whole, profile_at(rows), rows);
-    if (s.balance_by != "time") request.layer_costs = costs;  // by time: the search's own cut
+    request.layer_costs = costs;
   }
   const ScheduleChoice choice = said_about("`schedule` auto", [&] {
     // The devices of this process share its cores, each running threads_per_device of them.
