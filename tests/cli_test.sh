@@ -234,7 +234,7 @@ if part gpt; then  # cost 18
   # steps lower the loss; bits per byte beside the bigram's and gzip's; --generate samples after
   # training and, the same bytes again, from the saved model with --resume FILE --epochs 0.
   if [ -d /usr/share/games/fortunes ]; then
-    gpt=(--model gpt --train-samples 64 --test-samples 8 --batch-size 16 --micro-batches 4 --lr 3e-3 --json)
+    gpt=(--model gpt --train-samples 64 --test-samples 8 --batch-size 16 --micro-batches 4 --lr 3e-3 --json --schedule task)  # the task's own cut, [3, 4]: auto's follows the profile's noise
     if "$gpipe" train "${gpt[@]}" --epochs 2 --steps 6 --save "$work/gpt.pt" --generate 24 --prompt 'Q: ' >"$work/gpt.json" \
          2>"$work/gpt.err" &&
        "$gpipe" train "${gpt[@]}" --resume "$work/gpt.pt" --epochs 0 --generate 24 --prompt 'Q: ' \
