@@ -137,6 +137,54 @@ TEST(CostModelTest, SkipConnectionsAcrossStagesArePredictedWithin15Percent) {
   }
 }
 
+TEST(CostModelTest, ATiedWeightCountsOncePerDeviceThatHoldsItAndItsGradientsAreSummedOverTheLink) {
+  // The first Linear's weight read again by a last layer (a tied projection, as a language model's
+  // head reads its embedding). The V runs both ends on device 0, which holds the tensor once;
+  // fill-drain puts them on two devices, each holding it.
+  torch::nn::Sequential model = wide_mlp();
+  const torch::Tensor tied = model[0]->as<torch::nn::Linear>()->weight;
+  model->push_back(TiedProjection(tied));
+  torch::manual_seed(4);
+  const torch::Tensor x = torch::randn({4 * kRows, kWidth}), y = torch::randn({4 * kRows, kWidth});
+  const CostModel costs = profile_layers(model, x.narrow(0, 0, kRows), 1, /*state_per_parameter_byte=*/1, 1, 3,
+                                         mse_loss, y.narrow(0, 0, kRows));
+  const int last = static_cast<int>(model->size()) - 1;
+  ASSERT_EQ(costs.shared.size(), 1u);
+  EXPECT_EQ(costs.shared[0].bytes, static_cast<int64_t>(tied.nbytes()));
+  EXPECT_EQ(costs.shared[0].layers, (std::vector<int>{0, last}));
+
+  int64_t unique = 0;  // every parameter once, with its gradient (plain SGD); parameters() lists the tied one twice
+  std::set<const void*> seen;
+  for (const auto& p : model->parameters())
+    if (seen.insert(p.unsafeGetTensorImpl()).second) unique += 2 * static_cast<int64_t>(p.nbytes());
+  const int64_t copy = 2 * static_cast<int64_t>(tied.nbytes());
+  for (const Case& c : {Case{2, 4, 2, ScheduleKind::kZBV, Checkpoint::kNever},
+                        Case{2, 4, 1, ScheduleKind::kGPipe, Checkpoint::kNever}}) {
+    SCOPED_TRACE(name_of(c));
+    expect_predicted_peaks(model, x, y, mse_loss, costs, c, 0.35, 4);  // the static bytes exactly
+    const PipelinePlan plan = make_plan(last + 1, PipelineOptions()
+                                                      .balance(even_balance(last + 1, c.K * c.V))
+                                                      .micro_batches(c.M)
+                                                      .schedule(c.schedule)
+                                                      .virtual_stages(c.V));
+    const std::vector<int64_t> rows = micro_batch_sizes(x.size(0), c.M);
+    const Prediction p = predict(costs, plan, rows);
+    const bool apart = c.schedule == ScheduleKind::kGPipe;  // the two ends on two devices
+    EXPECT_EQ(p.static_bytes[0] + p.static_bytes[1], unique + (apart ? copy : 0));
+
+    // Over a link of 1 MB/s, two copies' gradients are summed after the step: the ring all-reduce of
+    // two holders sends the tensor's bytes once.
+    CostModel linked = costs;
+    linked.link_latency_s = 1e-3;
+    linked.link_bytes_per_s = 1e6;
+    CostModel untied = linked;
+    untied.shared.clear();
+    const double extra = predict(linked, plan, rows).step_s - predict(untied, plan, rows).step_s;
+    const double update = costs.update_s_per_parameter_byte * static_cast<double>(tied.nbytes());  // stepped once
+    EXPECT_NEAR(extra, (apart ? 1e-3 + static_cast<double>(tied.nbytes()) / 1e6 : 0.0) - update, 1e-9);
+  }
+}
+
 TEST(CostModelTest, FillDrainHoldsEveryMicroBatchAndOneFOneBOnlyKMinusD) {
   // Without re-materialization, one device under fill-drain holds all M micro-batches' activations
   // at once, under 1F1B one: the prediction says so before anything runs.

@@ -40,7 +40,8 @@
 //       splits in one piece or its last layer has weights.
 // A device's predicted peak is the largest held total plus the transient of
 // the action running at that moment; static bytes (parameters, gradients,
-// optimizer state) come on top, as Pipeline::DeviceMemory reports them apart.
+// optimizer state; a tied weight once per device) come on top, as
+// Pipeline::DeviceMemory reports them apart.
 // Timing decides how many sent tensors are still held at a device's peak: the
 // simulation's order, not the threads', may hold one micro-batch's more or less.
 #pragma once
@@ -88,10 +89,19 @@ struct SkipCost {
   double bytes = 0;
 };
 
+/// A parameter tensor that several layers use (a tied weight: an input embedding read again by the
+/// output projection). Each of those layers counts it in its LayerCost::parameter_bytes; a device
+/// holds it once however many of them it runs, and one process steps it once.
+struct SharedParameter {
+  int64_t bytes = 0;        ///< the tensor's bytes
+  std::vector<int> layers;  ///< the layers that use it, in order (two or more)
+};
+
 /// A model's layers' costs, and what every parameter byte brings with it.
 struct CostModel {
   std::vector<LayerCost> layers;
   std::vector<SkipCost> skips;     ///< the model's skip connections, in skip_connections' order
+  std::vector<SharedParameter> shared;  ///< parameters tied across layers, in the order first used
   double loss_kept_bytes = 0;      ///< per sample, what the loss keeps for backward (on the last stage)
   double loss_backward_peak_bytes = 0;  ///< per sample, peak of the loss's backward above that
   /// Bytes of gradient and optimizer state per parameter byte: 1 for plain SGD,
@@ -163,7 +173,8 @@ std::string cost_unit(const std::string& method);
 struct Prediction {
   double step_s = 0;   ///< the simulated step plus one optimizer update of every parameter on one
                        ///< thread (as a Pipeline user's optimizer runs); with update_on_devices, the
-                       ///< simulated step with each stage's update in it
+                       ///< simulated step with each stage's update in it. With a link, a weight tied
+                       ///< across devices adds the sum of its copies' gradients (a ring all-reduce).
   double bubble = 0;   ///< the simulated idle share, as SimulatedRun::bubble
   /// Per device: peak bytes above what it held before the step (activations,
   /// boundary tensors, backward buffers), what Pipeline::memory()'s peak_bytes measures.

@@ -177,7 +177,7 @@ class Pipeline {
 
   /// Memory of one device (of its stages), with track_memory on.
   struct DeviceMemory {
-    int64_t parameter_bytes = 0;  ///< its parameters and their gradients
+    int64_t parameter_bytes = 0;  ///< its parameters and their gradients (a tied weight once)
     int64_t peak_bytes = 0;       ///< peak, above what it held before the last step, of the
                                   ///< activations it allocated: those kept for backward (or
                                   ///< recomputed), boundary tensors it sent, backward's buffers.

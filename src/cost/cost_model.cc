@@ -343,9 +343,15 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
   }
   Tensors x = sample_in;
   size_t index = 0;
+  std::map<const void*, size_t> shared_index;  // a parameter tensor → its entry in costs.shared
   for (auto it = layers->begin(); it != layers->end(); ++it, ++index) {
     LayerCost c;
-    for (const auto& p : it->ptr()->parameters()) c.parameter_bytes += static_cast<int64_t>(p.nbytes());
+    for (const auto& p : it->ptr()->parameters()) {
+      c.parameter_bytes += static_cast<int64_t>(p.nbytes());
+      const auto [entry, first] = shared_index.emplace(p.unsafeGetTensorImpl(), costs.shared.size());
+      if (first) costs.shared.push_back({static_cast<int64_t>(p.nbytes()), {}});
+      costs.shared[entry->second].layers.push_back(static_cast<int>(index));
+    }
     auto input = [&x, &leaf_grad_of, index] { return leaves_of(x, leaf_grad_of(index)); };
     Tensors out;
     c.forward_s = median_of(f[index]) / rows;
@@ -414,6 +420,10 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
     x = leaves_of(out, LeafGrad::kNone);
     costs.layers.push_back(c);
   }
+  // Of the parameters, those that more than one layer uses (a tied weight), renumbered in order.
+  costs.shared.erase(std::remove_if(costs.shared.begin(), costs.shared.end(),
+                                    [](const SharedParameter& p) { return p.layers.size() < 2; }),
+                     costs.shared.end());
   const torch::Tensor model_output =
       loss ? x.only("the model's output", "end the model with a layer that returns one tensor, for the loss")
            : torch::Tensor();
@@ -558,6 +568,35 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
     return carries_gradient(a.channel) ? at(a.stage).input : at(a.stage).output;
   };
 
+  // The parameter bytes each stage adds to its device's: a tensor tied across layers (CostModel::shared)
+  // counts on the first of its stages on each device. Across devices, each holds a copy, whose
+  // gradients are summed when every stage is done (over the link; free between threads), and one
+  // process steps the tensor once.
+  std::vector<double> held_parameter_bytes;
+  double parameter_bytes_once = 0;
+  for (int s = 0; s < S; ++s) {
+    held_parameter_bytes.push_back(static_cast<double>(at(s).parameter_bytes));
+    parameter_bytes_once += held_parameter_bytes.back();
+  }
+  double tied_sum_s = 0;
+  {
+    const std::vector<int> offsets = stage_offsets(balance);
+    for (const SharedParameter& tied : costs.shared) {
+      std::set<int> holders;
+      for (int l : tied.layers) {
+        GPIPE_CHECK(l >= 0 && l < costs.layer_count(), "a tied parameter is used by layer ", l,
+                    ", which the cost model does not have (layers 0..", costs.layer_count() - 1, ")");
+        const int s = static_cast<int>(std::upper_bound(offsets.begin(), offsets.end(), l) - offsets.begin()) - 1;
+        if (!holders.insert(schedule.placement[static_cast<size_t>(s)]).second)
+          held_parameter_bytes[static_cast<size_t>(s)] -= static_cast<double>(tied.bytes);
+      }
+      const double bytes = static_cast<double>(tied.bytes), n = static_cast<double>(holders.size());
+      parameter_bytes_once -= bytes * static_cast<double>(tied.layers.size() - 1);
+      if (holders.size() > 1 && costs.link_bytes_per_s > 0)
+        tied_sum_s += costs.link_latency_s + 2 * (n - 1) / n * bytes / costs.link_bytes_per_s;  // a ring all-reduce
+    }
+  }
+
   const CostFn cost = [&](const Action& a) -> double {
     const StageCost& c = at(a.stage);
     const double n = rows(a);
@@ -586,7 +625,7 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
       for (const Action& a : row)
         if (entered.insert(a.stage).second)
           update_before[(row.front().kind == ActionKind::kRecv ? row.front() : a).str()] +=
-              costs.update_s_per_parameter_byte * static_cast<double>(at(a.stage).parameter_bytes);
+              costs.update_s_per_parameter_byte * held_parameter_bytes[static_cast<size_t>(a.stage)];
     }
   }
   const CostFn work_before = [&](const Action& a) {
@@ -673,15 +712,14 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
 
   Prediction p;
   p.bubble = run.bubble;
-  double parameter_bytes_all = 0;
   for (int d = 0; d < K; ++d) {
     p.peak_bytes.push_back(peak_of(ledger[static_cast<size_t>(d)]));
     double parameters = 0;
-    for (int s : program.stages_of(d)) parameters += static_cast<double>(at(s).parameter_bytes);
-    parameter_bytes_all += parameters;
+    for (int s : program.stages_of(d)) parameters += held_parameter_bytes[static_cast<size_t>(s)];
     p.static_bytes.push_back(static_cast<int64_t>(std::min(parameters * (1.0 + costs.state_per_parameter_byte), 4.0e18)));
   }
-  p.step_s = run.makespan + (costs.update_on_devices ? 0.0 : costs.update_s_per_parameter_byte * parameter_bytes_all);
+  p.step_s = run.makespan + tied_sum_s +
+             (costs.update_on_devices ? 0.0 : costs.update_s_per_parameter_byte * parameter_bytes_once);
   return p;
 }
 
