@@ -35,7 +35,7 @@ std::string in_flags(const std::string& message) {
       {"augment", "--augment"}, {"balance_by", "--balance-by"}, {"tie_embeddings", "--tie-embeddings"},
       {"model", "--model"}, {"verbose", "--verbose"}, {"deferred_batch_norm=false", "--batch-norm per-micro-batch"},
       {"update_on_devices=false", "--update-after-step"},
-      {"input_shape", "--input-shape"}, {"workload", "--workload"}, {"layers", "--layers"}, {"width", "--width"},
+      {"input_shape", "--input-shape"}, {"input_tokens", "--input-tokens"}, {"workload", "--workload"}, {"layers", "--layers"}, {"width", "--width"},
       {"data", "--data"}, {"train_samples", "--train-samples"}, {"test_samples", "--test-samples"},
       {"samples", "--samples"}, {"prompt", "--prompt"}, {"trace", "--trace"}};
   std::string out;

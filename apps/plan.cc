@@ -23,6 +23,7 @@ struct PlanOptions {
   std::string workload;
   std::string model;
   std::vector<int64_t> input_shape;  // one sample's shape, for --model
+  int64_t input_tokens = 0;          // with --model: samples of token ids below it (0: random floats)
   TransformerShape transformer;
   // The cluster.
   int devices = 0;
@@ -59,7 +60,7 @@ PlannedModel profiled_model(const PlanOptions& o) {
   const PlanProfileOptions profile = PlanProfileOptions().optimizer(o.optimizer).speed(o.speed).name("model " + o.model);
   if (!o.workload.empty())
     return or_usage_error("--workload", [&] { return plan_model_of(find_task(o.workload), TaskOptions(), profile); });
-  return plan_model_of(o.model, o.input_shape, profile);
+  return plan_model_of(o.model, o.input_shape, profile, o.input_tokens);
 }
 
 // "{3, 3, 2}" for short cuts, "{5, 4, ..., 5} (16 stages)" for long ones.
@@ -81,13 +82,13 @@ int run(const PlanOptions& o) {
                 ": give one of --workload NAME, --model FILE.pt --input-shape ..., or a Transformer by --layers, "
                 "--width, --heads, --ffn, --vocab and --seq");
   // Flags that belong to the other kind of model would be silently ignored: refuse them.
-  for (const std::string& f : by_shape ? std::vector<std::string>{"--speed", "--input-shape"}
+  for (const std::string& f : by_shape ? std::vector<std::string>{"--speed", "--input-shape", "--input-tokens"}
                                        : std::vector<std::string>{"--flops", "--bytes-per-value"})
     if (o.given.count(f))
       usage_error(f + " applies to " + (by_shape ? "a profiled model (--workload or --model)" : "a Transformer given by shape") +
                   "; leave it out");
-  if (!o.workload.empty() && o.given.count("--input-shape"))
-    usage_error("--input-shape applies to --model; a workload has its own input");
+  for (const std::string f : {"--input-shape", "--input-tokens"})
+    if (!o.workload.empty() && o.given.count(f)) usage_error(f + " applies to --model; a workload has its own input");
   if (by_shape) {
     for (const std::string& f : shape_flags)
       if (!o.given.count(f)) usage_error("a Transformer given by shape needs " + f + " too");
@@ -172,6 +173,10 @@ void add_plan_command(CLI::App& app, const std::string&, int& status) {
                   "--input-shape)");
   sub->add_option("--input-shape", o->input_shape, "one sample's shape for --model, e.g. 1,28,28")
       ->delimiter(',')->check(at_least(1));
+  sub->add_option("--input-tokens", o->input_tokens,
+                  "with --model: samples of token ids 0..N-1 (a model that starts with an Embedding of N entries) "
+                  "rather than random floats")
+      ->check(at_least(1));
   sub->add_option("--layers", o->transformer.layers, "a Transformer's encoder blocks")->check(at_least(1));
   sub->add_option("--width", o->transformer.width, "its model width")->check(at_least(1));
   sub->add_option("--heads", o->transformer.heads, "its attention heads")->check(at_least(1));

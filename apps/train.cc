@@ -21,7 +21,7 @@ int run_train(TrainOptions o) {
     if (!quiet) std::cout << "schedule auto: profiling the layers to choose the pipeline (--schedule task or another "
                              "schedule named skips this)" << std::endl;
   });  // with --schedule auto, `o` takes the choice
-  if (c.choice && !quiet) std::cout << format_choice(*c.choice) << "\n";
+  if (c.choice && !quiet) std::cout << in_flags(format_choice(*c.choice)) << "\n";
   if (!c.auto_fallback.empty() && job().prints()) std::cerr << "gpipe: " << in_flags(c.auto_fallback) << "\n";
   if (c.cost && !quiet)
     std::cout << "balance by " << o.balance_by << ":\n" << format_plan(c.cost->plan, c.cost->unit);

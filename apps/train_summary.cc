@@ -57,6 +57,7 @@ nlohmann::json summary_json(const TrainOptions& o, const TrainingRun& c, const R
       for (const char* predicted : {"predicted_step_s", "predicted_bubble", "configurations", "fits"})
         j["auto"][predicted] = nullptr;
     }
+    if (!c.choice->not_as_saved.empty()) j["auto"]["not_as_saved"] = in_flags(c.choice->not_as_saved);
   }
   if (job().distributed) j["mpi"] = {{"ranks", job().size}, {"replicas", s.replicas}};
   for (const auto& [name, value] : s.scores) j[name] = value;

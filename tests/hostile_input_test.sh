@@ -120,6 +120,8 @@ save("input-u8", input=(x * 10).to(torch.uint8), target=torch.randn(40, 3))
 torch.save({"input": x, "target": torch.randn(40, 3)}, f"{work}/old-format.pt", _use_new_zipfile_serialization=False)
 save("sparse", input=x.to_sparse(), target=torch.randn(40, 3))
 save("overflow", input=x * 1e20, target=torch.randn(40, 3))
+torch.save([x, torch.randn(40, 3)], f"{work}/list.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 3))).save(f"{work}/embedding.pt")
 PY
   then torch=1
   else echo "skipped: the cases with models and data from Python (no python3-torch: $(tail -1 "$work/python.err"))"
@@ -298,6 +300,8 @@ if part internals; then  # cost 19
     run "9. a dict of one entry" 2 "no-target.pt holds a dict of one entry" train "${model[@]}" --data "$work/no-target.pt"
     run "9. a dict without 'target'" 2 "typo.pt has no tensor 'target'" train "${model[@]}" --data "$work/typo.pt"
     run "9. no rows" 2 "empty.pt holds no samples" train "${model[@]}" --data "$work/empty.pt"
+    run "9. a list, not a dict" 2 "list.pt holds a list of 2 items, not a dict; save it with torch.save\(\{'input': X, 'target': Y\}, path\)" \
+      train "${model[@]}" --data "$work/list.pt"
     run "9. a folder as --model" 2 "--model: $work is a folder, not a file" train --model "$work" --data "$work/data.pt" --loss mse
   fi
   run "9. --stages 0" 2 "--stages: must be at least 1 \(got 0\)" train --stages 0
@@ -524,6 +528,15 @@ if part late_models; then  # cost 35
     run "15. plan --input-shape the model does not take" 2 "--input-shape 5: layer 0 fails on .*mat1 and mat2 shapes cannot be multiplied" \
       plan --model "$work/model.pt" --input-shape 5 --devices 2 --batch 8
     if grep -q "Traceback of TorchScript" "$work/err.txt"; then fail "15. plan: TorchScript's traceback without --verbose"; fi
+    run "15. plan: an Embedding first, random floats" 2 "--input-shape 5: layer 0 fails on .*--input-tokens" \
+      plan --model "$work/embedding.pt" --input-shape 5 --devices 2 --batch 8
+    if timeout "$hang" "$gpipe" plan --model "$work/embedding.pt" --input-shape 5 --input-tokens 16 --devices 2 \
+         --batch 8 --json >"$work/out.txt" 2>"$work/err.txt" &&
+       "$python" -c 'import json, sys; assert json.loads(open(sys.argv[1]).readline())["predicted_step_s"] > 0' "$work/out.txt"; then
+      pass "15. plan: an Embedding first, --input-tokens 16: planned"
+    else fail "15. plan --input-tokens: $(head -c 300 "$work/err.txt")"; fi
+    run "15. plan: token ids beyond the Embedding" 2 "--input-tokens 1000: layer 0 fails on" \
+      plan --model "$work/embedding.pt" --input-shape 5 --input-tokens 1000 --devices 2 --batch 8
     run "15. plan --input-shape too large to profile" 2 "--input-shape 100000,100000: the model is profiled here on 8 samples of this shape, 298 GiB" \
       plan --model "$work/model.pt" --input-shape 100000,100000 --devices 2 --batch 8
   fi

@@ -141,11 +141,13 @@ PlannedModel plan_model_of(const Task& task, const TaskOptions& options = TaskOp
 
 /// The TorchScript nn.Sequential saved in `model_file` as the planner takes it: checked as a Trainer
 /// checks a model (check_layers_train), then profiled here on kPlanProfileRows random samples of
-/// `input_shape` (one sample's shape, without the batch). Throws std::invalid_argument naming
-/// `model` or `input_shape` and the problem: no shape, a file that is no such model, samples of more
-/// than a quarter of this machine's memory, a model that cannot train on them.
+/// `input_shape` (one sample's shape, without the batch): floats from a normal distribution, or with
+/// `input_tokens` N > 0, token ids 0..N-1 (int64, for a model that starts with an Embedding of N
+/// entries). Throws std::invalid_argument naming `model`, `input_shape` or `input_tokens` and the
+/// problem: no shape, a file that is no such model, samples of more than a quarter of this machine's
+/// memory, a negative N, a model that cannot train on them.
 PlannedModel plan_model_of(const std::string& model_file, const std::vector<int64_t>& input_shape,
-                           const PlanProfileOptions& profile = PlanProfileOptions());
+                           const PlanProfileOptions& profile = PlanProfileOptions(), int64_t input_tokens = 0);
 
 /// The score of `loss` (the mean test loss) in the task's metric: bits per byte for kBitsPerByte,
 /// dB for kPsnr, the loss otherwise (accuracy comes from Evaluation::accuracy).
@@ -271,6 +273,9 @@ struct ScheduleChoice {
   bool chose_micro_batches = false;  ///< M was left open
   /// The checkpoint file whose pipeline this repeats (a resumed run; nothing is predicted), or empty.
   std::string taken_from;
+  /// Of a resumed run predicted again: why its file's pipeline is not repeated ("m.pt was trained
+  /// otherwise: its batch was 128 rows, this run's is 64"), or empty.
+  std::string not_as_saved;
 };
 
 /// A model's layers' costs profiled on micro-batches of `rows` rows (profile_layers' per-sample

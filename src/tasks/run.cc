@@ -266,6 +266,7 @@ std::string format_choice(const ScheduleChoice& c) {
   out << "]: predicted step " << milliseconds(c.predicted.step_s) << ", bubble " << percent(c.predicted.bubble)
       << " (" << (c.fits ? "the fastest of " : "none fits this machine's memory: the least memory of ")
       << c.considered << (c.considered == 1 ? " configuration" : " configurations") << " predicted)";
+  if (!c.not_as_saved.empty()) out << "; " << c.not_as_saved;
   return out.str();
 }
 
@@ -587,15 +588,31 @@ void check_same_inputs(const TrainSettings& s, const TrainingRun& c) {
 
 // `schedule` auto on `resume`: the pipeline the checkpoint file was trained with, where the run is
 // the one it was saved by (the same K and batch; M, V and the cut not given otherwise; a cut of this
-// model's layers), so the run repeats the unbroken one; else nothing (the choice is predicted again).
+// model's layers), so the run repeats the unbroken one; else nothing (the choice is predicted again)
+// and `why_not` says what differs.
 std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const TrainingRun& c,
-                                           const std::optional<SavedPipeline>& saved) {
-  if (!saved || saved->devices != s.devices || !s.balance_by.empty()) return std::nullopt;
-  if (!s.balance.empty() && s.balance != saved->balance) return std::nullopt;
-  if (s.micro_batches_given && s.micro_batches != saved->micro_batches) return std::nullopt;
-  if (s.virtual_stages != 0 && s.virtual_stages != saved->virtual_stages) return std::nullopt;
-  if (saved->batch != std::min(s.batch_size, c.data.train.size())) return std::nullopt;
-  if (std::accumulate(saved->balance.begin(), saved->balance.end(), 0) != c.task.layers) return std::nullopt;
+                                           const std::optional<SavedPipeline>& saved, std::string& why_not) {
+  if (!saved) return std::nullopt;
+  const int64_t batch = std::min(s.batch_size, c.data.train.size());
+  const int layers = std::accumulate(saved->balance.begin(), saved->balance.end(), 0);
+  std::ostringstream differs;
+  if (saved->devices != s.devices)
+    differs << "it was trained on " << saved->devices << " devices, this run has " << s.devices;
+  else if (!s.balance_by.empty())
+    differs << "`balance_by` asks for a new cut";
+  else if (!s.balance.empty() && s.balance != saved->balance)
+    differs << "`balance` asks for another cut than its " << format_balance(saved->balance);
+  else if (s.micro_batches_given && s.micro_batches != saved->micro_batches)
+    differs << "`micro_batches` " << s.micro_batches << " differs from its " << saved->micro_batches;
+  else if (s.virtual_stages != 0 && s.virtual_stages != saved->virtual_stages)
+    differs << "`virtual_stages` " << s.virtual_stages << " differs from its " << saved->virtual_stages;
+  else if (saved->batch != batch)
+    differs << "its batch was " << saved->batch << " rows, this run's is " << batch;
+  else if (layers != c.task.layers)
+    differs << "its cut " << format_balance(saved->balance) << " holds " << layers << " layers, the model "
+            << c.task.layers;
+  why_not = differs.str();
+  if (!why_not.empty()) return std::nullopt;
   ScheduleChoice choice;
   choice.schedule = saved->schedule;
   choice.devices = saved->devices;
@@ -786,7 +803,8 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
   if (predicted(s) && !s.schedule_given && (evaluates_only || (!s.resume.empty() && !saved)))
     resolve_own(s, c.task);
   if (predicted(s)) {
-    if (const std::optional<ScheduleChoice> taken = saved_choice(s, c, saved)) {
+    std::string why_not;
+    if (const std::optional<ScheduleChoice> taken = saved_choice(s, c, saved, why_not)) {
       take_choice(s, c, *taken);
     } else {
       check_some_configuration(s, c);
@@ -794,6 +812,7 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
       std::optional<std::string> profile_error;
       try {
         choose_by_prediction(s, c, profile_error);
+        if (c.choice && !why_not.empty()) c.choice->not_as_saved = s.resume + " was trained otherwise: " + why_not;
       } catch (const std::invalid_argument&) {
         // A model the profile cannot run (a layer that changes its input in place, one that fails,
         // too little memory) still runs the task's own schedule when auto was only the default;

@@ -293,6 +293,10 @@ Dataset load_tensor_data(const std::string& path) {
     if (what.find("Unknown opcode for unpickling at 0x73") != std::string::npos)
       throw std::runtime_error(path + " holds a dict of one entry; gpipe needs both: save it with "
                                "torch.save({'input': X, 'target': Y}, path)");
+    // Nor APPEND, which Python writes for a list of one item.
+    if (what.find("Unknown opcode for unpickling at 0x61") != std::string::npos)
+      throw std::runtime_error(path + " holds a list of one item (or a dict holding one); gpipe reads a dict of two tensors: save it with "
+                               "torch.save({'input': X, 'target': Y}, path)");
     // torch.save(..., _use_new_zipfile_serialization=False) begins with a pickled magic number.
     static const std::string legacy("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 14);
     if (bytes.compare(0, legacy.size(), legacy) == 0)
@@ -304,8 +308,13 @@ Dataset load_tensor_data(const std::string& path) {
                                "(X.to_dense()) with torch.save({'input': X, 'target': Y}, path)");
     throw std::runtime_error(path + " is not a file written by torch.save: " + what.substr(0, 300));
   }
-  if (!value.isGenericDict())
-    throw std::runtime_error(path + " holds no dict; save it with torch.save({'input': X, 'target': Y}, path)");
+  if (!value.isGenericDict()) {
+    const std::string held = value.isList()    ? "a list of " + std::to_string(value.toListRef().size()) + " items"
+                             : value.isTuple() ? "a tuple of " + std::to_string(value.toTupleRef().elements().size()) + " items"
+                             : value.isTensor() ? "one tensor"
+                                                : std::string("a ") + value.tagKind();
+    throw std::runtime_error(path + " holds " + held + ", not a dict; save it with torch.save({'input': X, 'target': Y}, path)");
+  }
   auto dict = value.toGenericDict();
   auto get = [&](const char* key) {
     if (dict.contains(key) && !dict.at(key).isTensor())
