@@ -57,9 +57,12 @@ py::dict costs_dict(const CostModel& costs) {
   py::list layers, skips;
   for (const LayerCost& c : costs.layers) layers.append(layer_dict(c));
   for (const SkipCost& s : costs.skips) skips.append(py::make_tuple(s.connection.name, s.bytes));
+  py::list shared;
+  for (const SharedParameter& p : costs.shared) shared.append(py::make_tuple(p.bytes, p.layers));
   py::dict d;
   d["layers"] = layers;
   d["skips"] = skips;
+  d["shared"] = shared;
   d["loss_kept_bytes"] = costs.loss_kept_bytes;
   d["loss_backward_peak_bytes"] = costs.loss_backward_peak_bytes;
   d["state_per_parameter_byte"] = costs.state_per_parameter_byte;
