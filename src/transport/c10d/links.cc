@@ -334,9 +334,11 @@ void Links::take_in(ShmPeer& peer, const ShmRecv* awaited) {
       c.receive = peer.take_posted(c.head.tag, c.head.bytes);
       if (c.receive && bytes > 0) std::memcpy(c.receive->into.data_ptr(), c.kept.data(), bytes);
     }
-    if (c.receive)
+    if (c.receive) {
       c.receive->done = true;
-    else
+      // Another thread's receive, taken in by this one: wake it rather than leave it to its timeout.
+      if (c.receive.get() != awaited) peer.in->wake_reader();
+    } else
       peer.early[c.head.tag].push_back(std::move(c.kept));
     c = ShmPeer::Incoming{};
   }
@@ -348,14 +350,18 @@ bool Links::wait_shm(ShmRecv& work, int peer) {
   const Clock::time_point deadline = Clock::now() + world().timeout;
   Clock::time_point look = Clock::now();
   for (;;) {
+    // Taken before looking: bytes written, or this receive completed by another thread, after it
+    // end the sleep below at once.
+    const uint32_t ticket = from.in->wake_count();
     take_in(from, &work);
     if (work.done) return true;
     if (work.aborted) return false;
     // The waiting thread has nothing else to do: a short spin spares the wake-up's latency.
+    const auto idle = [&] { return from.in->readable() == 0 && !work.aborted && !work.done; };
     const Clock::time_point spin = Clock::now() + std::chrono::microseconds(50);
-    while (from.in->readable() == 0 && !work.aborted && Clock::now() < spin) {
+    while (idle() && Clock::now() < spin) {
     }
-    if (from.in->readable() == 0 && !work.aborted) from.in->wait_readable(std::chrono::milliseconds(20));
+    if (idle()) from.in->wait_readable(ticket, std::chrono::milliseconds(20));
     const Clock::time_point now = Clock::now();
     if (now >= look) {
       look = now + std::chrono::milliseconds(100);

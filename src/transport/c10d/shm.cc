@@ -127,10 +127,11 @@ size_t ShmRing::read_some(void* into, size_t bytes) {
   return n;
 }
 
-void ShmRing::wait_readable(std::chrono::milliseconds most) {
-  const uint32_t writes = shared_->writes.load();
+uint32_t ShmRing::wake_count() const { return shared_->writes.load(); }
+
+void ShmRing::wait_readable(uint32_t ticket, std::chrono::milliseconds most) {
   shared_->reader_sleeps.fetch_add(1);
-  if (shared_->written.load() == shared_->read.load()) futex_wait(&shared_->writes, writes, most);
+  if (shared_->written.load() == shared_->read.load()) futex_wait(&shared_->writes, ticket, most);
   shared_->reader_sleeps.fetch_sub(1);
 }
 

@@ -38,11 +38,15 @@ class ShmRing {
   size_t read_some(void* into, size_t bytes);
   /// The reader: how many bytes wait to be read.
   size_t readable() const;
-  /// The reader: sleeps until something was written, woken, or `most` passed.
-  void wait_readable(std::chrono::milliseconds most);
+  /// The reader: a ticket for wait_readable, taken before looking at what the sleep would be for.
+  uint32_t wake_count() const;
+  /// The reader: sleeps until something was written or the reader woken since `ticket` was taken
+  /// (wake_count), or `most` passed.
+  void wait_readable(uint32_t ticket, std::chrono::milliseconds most);
   /// The writer: sleeps until something was read (there is room), or `most` passed.
   void wait_writable(std::chrono::milliseconds most);
-  /// Wakes this process's reader from wait_readable (to look at a failure elsewhere).
+  /// Wakes this process's readers from wait_readable (to look at a failure elsewhere, or at a receive
+  /// another thread completed for them).
   void wake_reader();
 
  private:
