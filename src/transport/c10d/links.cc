@@ -223,6 +223,15 @@ void Links::connect_shared_memory(bool wanted) {
   // ways opened: a message waiting for room in a ring moves as its reader reads, which a process
   // waiting on Gloo for the same peer would not.
   std::vector<std::string> names(static_cast<size_t>(w.size), "-");
+  // The names made go from /dev/shm when this ends, also when a gather below fails (a peer that died
+  // before opening its ring).
+  struct Unlinked {
+    const std::vector<std::string>& names;
+    ~Unlinked() {
+      for (const std::string& name : names)
+        if (name != "-") ShmRing::unlink(name);
+    }
+  } unlinked{names};
   for (auto& [p, peer] : found) {
     const std::string name = ring_name();
     peer->out = ShmRing::create(name, ring_bytes(found.size()));
@@ -244,7 +253,6 @@ void Links::connect_shared_memory(bool wanted) {
   const std::vector<std::string> opens = all_gather(opened);
   for (auto it = found.begin(); it != found.end();) {
     const auto p = static_cast<size_t>(it->first);
-    if (names[p] != "-") ShmRing::unlink(names[p]);
     const bool out_opened = opens[p][static_cast<size_t>(rank_)] == '1';
     it = out_opened && it->second->in ? std::next(it) : found.erase(it);
   }
