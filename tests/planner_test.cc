@@ -229,5 +229,57 @@ TEST(PlannerTest, SearchPlansImprovesItsOwnCutBySimulation) {
   EXPECT_GT(faster, 0) << "the simulation improved no configuration's cut";
 }
 
+// The V's devices balanced by the sums of their layer times can still wait at every turn (a stage of
+// many layers against one of few): refined_plan predicts every cut where that is cheap, and takes the
+// best; on a model of too many cuts it moves boundaries from the min-max cut and from the even cut.
+// Layers of random times, as profiles differ.
+TEST(PlannerTest, RefinedPlanTakesTheBestPredictedCut) {
+  std::mt19937 random(11);
+  std::uniform_real_distribution<double> ms(0.5e-3, 3e-3);
+  for (int model = 0; model < 24; ++model) {
+    const int layers = model < 20 ? 10 : 64;
+    SCOPED_TRACE("model " + std::to_string(model) + ", " + std::to_string(layers) + " layers");
+    CostModel costs = uniform_costs(layers, 1e-3, 2e-3);
+    for (LayerCost& c : costs.layers) {
+      c.forward_s = ms(random);
+      c.backward_s = 2 * c.forward_s;
+      c.input_grad_s = c.weight_grad_s = c.forward_s;
+      c.output_bytes = c.kept_bytes = 1024;
+    }
+    const int M = 4;
+    const std::vector<int64_t> rows(M, 8);
+    std::vector<double> time;
+    for (const LayerCost& c : costs.layers) time.push_back(c.forward_s + c.backward_s);
+    const PipelineOptions asked =
+        PipelineOptions().devices(2).virtual_stages(2).micro_batches(M).schedule(ScheduleKind::kZBV).cut(CutRequest::by_cost(time));
+    const auto step_of = [&](const std::vector<int>& balance) {
+      return predict(costs, make_plan(layers, PipelineOptions(asked).cut(CutRequest::given(balance))), rows).step_s;
+    };
+    const PipelinePlan refined = refined_plan(costs, asked, rows);
+    const double step = predict(costs, refined, rows).step_s;
+    EXPECT_LE(step, step_of(make_plan(layers, asked).balance)) << format_balance(refined.balance);
+    EXPECT_LE(step, step_of(even_balance(layers, 4))) << format_balance(refined.balance);
+    if (layers == 10) {  // 84 cuts: every one predicted
+      double best = std::numeric_limits<double>::infinity();
+      std::vector<int> best_cut;
+      for (int a = 1; a <= layers - 3; ++a)
+        for (int b = 1; a + b <= layers - 2; ++b)
+          for (int c = 1; a + b + c <= layers - 1; ++c) {
+            const std::vector<int> cut{a, b, c, layers - a - b - c};
+            const double s = step_of(cut);
+            if (s < best) best = s, best_cut = cut;
+          }
+      EXPECT_DOUBLE_EQ(step, best) << format_balance(refined.balance) << " against " << format_balance(best_cut);
+    }
+    for (size_t b = 0; b + 1 < refined.balance.size(); ++b)  // and no single move shortens it
+      for (int shift : {-1, 1}) {
+        std::vector<int> moved = refined.balance;
+        moved[b] += shift;
+        moved[b + 1] -= shift;
+        if (moved[b] >= 1 && moved[b + 1] >= 1) EXPECT_GE(step_of(moved), step * (1 - 1e-9)) << format_balance(moved);
+      }
+  }
+}
+
 }  // namespace
 }  // namespace gpipe::testing

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,17 @@ constexpr int64_t kMostSearchedPairs = int64_t{1} << 22;
 /// `blocks` 0): the configurations are refined fastest first until it is spent (about 2 s here), so
 /// a search of many layers and devices refines its leading configurations only.
 constexpr int64_t kMostRefinedPairs = int64_t{1} << 17;
+
+/// The plan `options` asks for (its cut, schedule, K, V, M and checkpoint mode; the skip connections
+/// of `costs`) with its cut improved by the simulation, as search_plans improves its own cuts: every
+/// cut predicted where that is cheap (the main job's 11 layers in 4 stages at M=8, say), else the
+/// stage boundaries moved one layer at a time from that cut and from the even cut while the step
+/// predicted on micro-batches of `micro_batch_rows` shortens, within kMostRefinedPairs; each device
+/// within `memory_per_device` bytes where the cut asked for is (default: any). Throws
+/// std::invalid_argument where make_plan or predict does.
+PipelinePlan refined_plan(const CostModel& costs, const PipelineOptions& options,
+                          const std::vector<int64_t>& micro_batch_rows,
+                          int64_t memory_per_device = std::numeric_limits<int64_t>::max());
 
 /// Every configuration of `search` the model of `costs` (its layers, and the cluster's link:
 /// link_latency_s, link_bytes_per_s) can be cut into, predicted: those that fit first, fastest

@@ -252,7 +252,7 @@ struct RunFigures {
 /// "  partition ...", each ending in a newline.
 std::string format_run_figures(const RunFigures& figures);
 
-/// A cut by per-layer cost: the exact min-max partition, and its plan.
+/// A cut by per-layer cost: the exact min-max partition (by time, improved by the simulation), and its plan.
 struct CostBalance {
   std::vector<int> balance;  ///< layers per stage
   PartitionPlan plan;        ///< stage costs, bottleneck, predicted step (the schedule simulated)
@@ -262,7 +262,8 @@ struct CostBalance {
 /// Cuts `model` into contiguous stages, V for each of `devices` devices (V =
 /// `virtual_stages`, 0 for the schedule's own: 2 for interleaved, else 1), by per-layer cost on one
 /// micro-batch `sample`: `method` "params" (parameter counts), "time"
-/// (forward+backward, profile_layers with `threads` intra-op threads) or
+/// (forward+backward, profile_layers with `threads` intra-op threads; the min-max cut then improved
+/// by the simulated step of `schedule`, refined_plan) or
 /// "memory" (activations kept, and parameters with `optimizer_copies` bytes of
 /// gradient and optimizer state per parameter byte: layer_memory). The plan
 /// predicts the step of `schedule` over `micro_batches` micro-batches. The

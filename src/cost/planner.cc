@@ -56,20 +56,64 @@ std::vector<int> cut_around(const std::vector<double>& cost, const std::vector<b
   return balance;
 }
 
-// A cut improved by the simulation itself: a stage boundary moved by one layer at a time, the move
-// that shortens the predicted step most taken, until none does or the simulation's `budget` (stage x
-// micro-batch pairs, each prediction charged its K·V·M) is spent. The min-max cut balances the sums
-// of the devices' layer times; the simulation also counts what those sums leave out: the order in
-// which the schedule runs each device's stages (a V's first stage holds back the other device at
-// every turn), the transfers over the links, the skip tensors that cross stages, and the update. A
-// move never ends a stage after an uncuttable layer, and a configuration that fit stays within
-// `memory_per_device` (one that did not needs no more than it did). `step_of` is the step a
-// prediction stands for; `plan` and `predicted` are the cut's, replaced by the better one's.
+// Cuts of `layers` layers into `stages` stages of at least one layer each, where fewer than `most`.
+int64_t cut_count(int layers, int stages, int64_t most) {
+  // C(layers - 1, stages - 1), computed while it stays below `most`.
+  const int64_t n = layers - 1, k = std::min(stages - 1, layers - stages);
+  if (k < 0) return 0;
+  int64_t count = 1;
+  for (int64_t i = 1; i <= k; ++i) {
+    count = count * (n - k + i) / i;
+    if (count >= most) return most;
+  }
+  return count;
+}
+
+// Calls `visit` with every cut of `layers` layers into `stages` stages that ends no stage after an
+// uncuttable layer.
+void for_each_cut(int layers, int stages, const std::vector<bool>& uncuttable,
+                  const std::function<void(const std::vector<int>&)>& visit) {
+  std::vector<int> balance;
+  std::function<void(int, int)> place = [&](int first, int left) {  // stages from layer `first` on
+    if (left == 1) {
+      balance.push_back(layers - first);
+      visit(balance);
+      balance.pop_back();
+      return;
+    }
+    for (int last = first + 1; last <= layers - (left - 1); ++last) {  // this stage ends before `last`
+      if (uncuttable[static_cast<size_t>(last - 1)]) continue;
+      balance.push_back(last - first);
+      place(last, left - 1);
+      balance.pop_back();
+    }
+  };
+  place(0, stages);
+}
+
+// Most stage x micro-batch pairs one configuration's cut may take to predict every cut of the model
+// (each charged its K·V·M): the main job's 11 layers in 4 stages, 120 cuts, up to M=8.
+constexpr int64_t kMostExhaustivePairs = int64_t{1} << 12;
+
+// A cut improved by the simulation itself. The min-max cut balances the sums of the devices' layer
+// times; the simulation also counts what those sums leave out: the order in which the schedule runs
+// each device's stages (a V's first stage holds back the other device at every turn), the transfers
+// over the links, the skip tensors that cross stages, tied weights, and the update. Where every cut
+// can be predicted within kMostExhaustivePairs (and the `budget`), every one is, and the shortest
+// step taken. Otherwise a stage boundary moves by one layer at a time, the move that shortens the
+// predicted step most taken, until none does: from the cut given, then from the even cut (a V's
+// devices balanced by time can still wait at every turn on a stage of many layers), the better kept.
+// Every prediction is charged its K·V·M to the `budget` of stage x micro-batch pairs; when it is
+// spent, the best found so far is taken. No stage ends after an uncuttable layer, and a
+// configuration that fit stays within `memory_per_device` (one that did not needs no more than it
+// did). `step_of` is the step a prediction stands for; `plan` and `predicted` are the cut's, replaced
+// by the better one's.
 void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips, const std::vector<bool>& uncuttable,
                 const std::vector<int64_t>& rows, int64_t memory_per_device,
                 const std::function<double(const Prediction&)>& step_of, int64_t& budget, PipelinePlan& plan,
                 Prediction& predicted) {
-  const bool fit = predicted.largest_total_bytes() <= memory_per_device;
+  const int64_t most = predicted.largest_total_bytes() <= memory_per_device ? memory_per_device
+                                                                            : predicted.largest_total_bytes();
   const int64_t cost = static_cast<int64_t>(plan.balance.size()) * plan.micro_batches;  // of one prediction
   const PipelineOptions options = PipelineOptions()
                                       .devices(plan.devices)
@@ -79,40 +123,65 @@ void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips
                                       .checkpoint(plan.checkpoint);
   double step = step_of(predicted);
   bool spent = false;
-  while (!spent) {  // each move shortens the step: no cut is visited twice
-    std::optional<std::pair<PipelinePlan, Prediction>> best;
-    double best_step = step;
-    for (size_t b = 0; b + 1 < plan.balance.size() && !spent; ++b)
-      for (int shift : {-1, 1}) {  // the boundary after stage b one layer earlier, or later
-        std::vector<int> balance = plan.balance;
-        balance[b] += shift;
-        balance[b + 1] -= shift;
-        if (balance[b] < 1 || balance[b + 1] < 1) continue;
-        if (uncuttable[static_cast<size_t>(stage_offsets(balance)[b + 1] - 1)]) continue;
-        if (budget < cost) {  // the best move found so far is still taken
-          spent = true;
-          break;
+  // Predicts `balance`; true when it is shorter than the best so far by more than rounding (within
+  // the memory), which it then becomes.
+  auto try_cut = [&](const std::vector<int>& balance, PipelinePlan& best_plan, Prediction& best, double& best_step) {
+    if (budget < cost) {
+      spent = true;
+      return false;
+    }
+    budget -= cost;
+    PipelinePlan moved;
+    try {
+      moved = make_plan(plan.layers, PipelineOptions(options).cut(CutRequest::given(balance)), skips);
+    } catch (const std::invalid_argument&) {
+      return false;
+    }
+    Prediction p = predict(costs, moved, rows);
+    const double moved_step = step_of(p);
+    if (moved_step >= best_step * (1 - 1e-9) || p.largest_total_bytes() > most) return false;
+    best_step = moved_step;
+    best_plan = std::move(moved);
+    best = std::move(p);
+    return true;
+  };
+  const int S = static_cast<int>(plan.balance.size());
+  if (cut_count(plan.layers, S, kMostExhaustivePairs) * cost <= std::min(budget, kMostExhaustivePairs)) {
+    for_each_cut(plan.layers, S, uncuttable, [&](const std::vector<int>& balance) {
+      if (balance != plan.balance) try_cut(balance, plan, predicted, step);
+    });
+    return;
+  }
+  // From a cut, the best single moves while they shorten the step: no cut is visited twice.
+  auto climb = [&](PipelinePlan& from, Prediction& from_predicted, double& from_step) {
+    for (bool moved = true; moved && !spent;) {
+      moved = false;
+      const std::vector<int> at = from.balance;
+      for (size_t b = 0; b + 1 < at.size() && !spent; ++b)
+        for (int shift : {-1, 1}) {  // the boundary after stage b one layer earlier, or later
+          std::vector<int> balance = at;
+          balance[b] += shift;
+          balance[b + 1] -= shift;
+          if (balance[b] < 1 || balance[b + 1] < 1) continue;
+          if (uncuttable[static_cast<size_t>(stage_offsets(balance)[b + 1] - 1)]) continue;
+          moved = try_cut(balance, from, from_predicted, from_step) || moved;
+          if (spent) break;
         }
-        budget -= cost;
-        PipelinePlan moved;
-        try {
-          moved = make_plan(plan.layers, PipelineOptions(options).cut(CutRequest::given(balance)), skips);
-        } catch (const std::invalid_argument&) {
-          continue;
-        }
-        Prediction p = predict(costs, moved, rows);
-        // A shorter step by more than rounding, within the memory where the cut fit, and needing no
-        // more where it did not.
-        const double moved_step = step_of(p);
-        const int64_t most = fit ? memory_per_device : predicted.largest_total_bytes();
-        if (moved_step >= best_step * (1 - 1e-9) || p.largest_total_bytes() > most) continue;
-        best_step = moved_step;
-        best.emplace(std::move(moved), std::move(p));
-      }
-    if (!best) return;
-    plan = std::move(best->first);
-    predicted = std::move(best->second);
-    step = best_step;
+    }
+  };
+  climb(plan, predicted, step);
+  const std::vector<int> even = even_balance(plan.layers, S);
+  bool even_cuttable = true;
+  for (size_t b = 1; b < even.size(); ++b) even_cuttable = even_cuttable && !uncuttable[static_cast<size_t>(stage_offsets(even)[b] - 1)];
+  if (spent || !even_cuttable || even == plan.balance) return;
+  PipelinePlan other = plan;
+  Prediction other_predicted;
+  double other_step = std::numeric_limits<double>::infinity();
+  if (!try_cut(even, other, other_predicted, other_step)) return;
+  climb(other, other_predicted, other_step);
+  if (other_step < step * (1 - 1e-9)) {
+    plan = std::move(other);
+    predicted = std::move(other_predicted);
   }
 }
 
@@ -121,6 +190,18 @@ bool considered(const std::vector<int>& list, int value) {
 }
 
 }  // namespace
+
+PipelinePlan refined_plan(const CostModel& costs, const PipelineOptions& options,
+                          const std::vector<int64_t>& micro_batch_rows, int64_t memory_per_device) {
+  std::vector<SkipConnection> skips;
+  for (const SkipCost& skip : costs.skips) skips.push_back(skip.connection);
+  PipelinePlan plan = make_plan(costs.layer_count(), options, skips);
+  Prediction predicted = predict(costs, plan, micro_batch_rows);
+  int64_t budget = kMostRefinedPairs;
+  refine_cut(costs, skips, uncuttable_after(costs), micro_batch_rows, memory_per_device,
+             [](const Prediction& p) { return p.step_s; }, budget, plan, predicted);
+  return plan;
+}
 
 std::vector<int> default_micro_batch_counts(int K, int64_t rows, int64_t least_rows) {
   std::vector<int> out;

@@ -125,8 +125,12 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
   RunRequest request = request_of(c.devices, M, c.schedule, c.balance_by, o);
   if (request.balance.empty() && request.balance_by != "even")  // by cost: the profiled costs of one micro-batch
     request = with_layer_costs(request, model.build(LayerRange{}), costs, micro_batch_sizes(c.batch.size(), M).front());
+  const int64_t share = micro_batch_sizes(c.batch.size(), replicas_of(c.devices)).front();  // replica 0's rows
+  if (request.balance_by == "time" && c.schedule != "auto")  // the min-max cut improved by the simulation
+    request.balance =
+        refined_plan(costs, pipeline_options_of(task, request).checkpoint(mode), micro_batch_sizes(share, M)).balance;
   if (c.schedule == "auto" && !job().distributed) {  // the schedule and V predicted fastest at this K, M and cut
-    const ScheduleChoice choice = choose_schedule(costs, request, micro_batch_sizes(c.batch.size(), replicas_of(c.devices)).front(), mode);
+    const ScheduleChoice choice = choose_schedule(costs, request, share, mode);
     request = with_choice(request, choice);
     c.chosen = to_string(choice.schedule);
     c.virtual_stages = choice.virtual_stages;
@@ -139,7 +143,6 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
   c.pipe = make_pipeline(model.build, task.layers, options);
   c.sgd = make_optimizer(kBenchOptimizer, c.pipe->parameters());
   // Replica 0's pipeline on its share of the rows (the replicas' gradient sum is not modelled).
-  const int64_t share = micro_batch_sizes(c.batch.size(), replicas_of(c.devices)).front();
   if (job().prints()) c.predicted = predict(costs, c.pipe->plan(), micro_batch_sizes(share, M));
 }
 

@@ -9,6 +9,7 @@
 
 #include "gpipe/check.h"
 #include "gpipe/cost_model.h"
+#include "gpipe/planner.h"
 #include "gpipe/io.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/transport.h"
@@ -368,12 +369,16 @@ CostBalance balance_by(const std::string& method, const Model& model, const Tens
                                                : profile_layers(layers, sample, threads, optimizer_copies, 1, 3,
                                                                 nullptr, {}, whole);
   const std::vector<double> costs = layer_costs_by(method, layers, profile, rows);
-  const PipelinePlan plan = make_plan(static_cast<int>(costs.size()), PipelineOptions()
-                                                                         .devices(devices)
-                                                                         .virtual_stages(virtual_stages)
-                                                                         .schedule(schedule)
-                                                                         .micro_batches(micro_batches)
-                                                                         .cut(CutRequest::by_cost(costs)));
+  const PipelineOptions options = PipelineOptions()
+                                      .devices(devices)
+                                      .virtual_stages(virtual_stages)
+                                      .schedule(schedule)
+                                      .micro_batches(micro_batches)
+                                      .cut(CutRequest::by_cost(costs));
+  // By time, the min-max cut is then improved by the simulated step (what the sums of times leave out).
+  const PipelinePlan plan =
+      method == "time" ? refined_plan(profile, options, std::vector<int64_t>(static_cast<size_t>(micro_batches), rows))
+                       : make_plan(static_cast<int>(costs.size()), options);
   CostBalance out;
   out.balance = plan.balance;
   out.plan = plan_partition(costs, out.balance,
