@@ -63,8 +63,9 @@ std::string pid_namespace() {
   return n > 0 ? std::string(link, static_cast<size_t>(n)) : std::string();
 }
 
-// A ring's name in /dev/shm that no other process has made, nor another container of the same host name.
-std::string ring_name() {
+// The prefix of a process's rings' names in /dev/shm (each ring adds the rank it goes to): random, so
+// that no other process has made them, nor another container of the same host name.
+std::string ring_prefix() {
   std::random_device random;
   const uint64_t bits = (uint64_t{random()} << 32) ^ random();
   char name[40];
@@ -173,8 +174,12 @@ Links::Links(const std::string& scope, int generation) {
                                                            rank_, w.size, options);
     connect_shared_memory(shared_memory);
   } catch (const std::exception& e) {
+    // A rank that ended while the others connected is said as the others hear of it; anything else is
+    // a connection that did not come.
+    const std::string what = without_program_name(first_line(e.what()));
+    GPIPE_CHECK(what.rfind("stopped because rank", 0) != 0, what);
     GPIPE_CHECK(false, "rank ", rank_, " could not connect to the job's other ranks within ", w.timeout.count() / 1000,
-                " s (GPIPE_TIMEOUT): ", first_line(e.what()), "; check that every rank was started and reaches the "
+                " s (GPIPE_TIMEOUT): ", what, "; check that every rank was started and reaches the "
                 "same point (GLOO_SOCKET_IFNAME picks the network interface)");
   }
   watch(this);
@@ -202,38 +207,46 @@ void Links::connect_shared_memory(bool wanted) {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   const std::string pids = pid_namespace();
+  // Each process's rings are named by a prefix it draws and says here, and the rank they go to: a
+  // process that dies after making its ring to this one leaves a name this one knows, and removes.
+  const std::string prefix = ring_prefix();
   const std::vector<std::string> who = all_gather((wanted ? std::string("+") + host : std::string("-")) + "\n" +
-                                                  pids + "\n" + std::to_string(getpid()));
+                                                  pids + "\n" + std::to_string(getpid()) + "\n" + prefix);
   std::map<int, std::unique_ptr<ShmPeer>> found;
+  std::vector<std::string> names(static_cast<size_t>(w.size), "-");  // of the rings this process makes
+  std::vector<std::string> incoming;                                   // of those the others make to it
+  // The names made, and those made for this process, go from /dev/shm when this ends, also when a
+  // gather below fails (a peer that died before its ring was opened, or before it said it made it).
+  struct Unlinked {
+    const std::vector<std::string>& names;
+    const std::vector<std::string>& incoming;
+    ~Unlinked() {
+      for (const auto* list : {&names, &incoming})
+        for (const std::string& name : *list)
+          if (name != "-") ShmRing::unlink(name);
+    }
+  } unlinked{names, incoming};
   for (int r = 0; r < w.size; ++r) {
     std::istringstream in(who[static_cast<size_t>(r)]);
-    std::string their_host, their_pids, their_pid;
+    std::string their_host, their_pids, their_pid, their_prefix;
     std::getline(in, their_host);
     std::getline(in, their_pids);
     std::getline(in, their_pid);
+    std::getline(in, their_prefix);
     if (r == rank_ || !wanted || their_host != std::string("+") + host) continue;
     auto peer = std::make_unique<ShmPeer>();
     peer->rank = r;
     peer->pid = std::atoi(their_pid.c_str());
     peer->pid_here = !pids.empty() && their_pids == pids;
     found[r] = std::move(peer);
+    incoming.push_back(their_prefix + "." + std::to_string(rank_));
   }
   // Each process makes its rings to the others ("-" where /dev/shm has no room), opens theirs to it,
   // and says which it opened; the names then go from /dev/shm. A pair keeps its rings only where both
   // ways opened: a message waiting for room in a ring moves as its reader reads, which a process
   // waiting on Gloo for the same peer would not.
-  std::vector<std::string> names(static_cast<size_t>(w.size), "-");
-  // The names made go from /dev/shm when this ends, also when a gather below fails (a peer that died
-  // before opening its ring).
-  struct Unlinked {
-    const std::vector<std::string>& names;
-    ~Unlinked() {
-      for (const std::string& name : names)
-        if (name != "-") ShmRing::unlink(name);
-    }
-  } unlinked{names};
   for (auto& [p, peer] : found) {
-    const std::string name = ring_name();
+    const std::string name = prefix + "." + std::to_string(p);
     peer->out = ShmRing::create(name, ring_bytes(found.size()));
     if (peer->out) names[static_cast<size_t>(p)] = name;
   }
@@ -360,7 +373,7 @@ bool Links::wait_shm(ShmRecv& work, int peer) {
   for (;;) {
     // Taken before looking: bytes written, or this receive completed by another thread, after it
     // end the sleep below at once.
-    const uint32_t ticket = from.in->wake_count();
+    const uint32_t ticket = from.in->wait_ticket();
     take_in(from, &work);
     if (work.done) return true;
     if (work.aborted) return false;

@@ -20,7 +20,7 @@ namespace gpipe::c10d {
 struct ShmRing::Shared {
   alignas(64) std::atomic<uint64_t> written;  // bytes written in all (the writer's)
   alignas(64) std::atomic<uint64_t> read;     // bytes read in all (the reader's)
-  alignas(64) std::atomic<uint32_t> writes;   // the reader's futex word: counts the writes
+  alignas(64) std::atomic<uint32_t> writes;   // the reader's futex word: counts the writes and wake-ups
   std::atomic<uint32_t> reader_sleeps;  // how many threads sleep on `writes`
   alignas(64) std::atomic<uint32_t> reads;    // the writer's: counts the reads
   std::atomic<uint32_t> writer_sleeps;  // how many threads sleep on `reads`
@@ -127,7 +127,7 @@ size_t ShmRing::read_some(void* into, size_t bytes) {
   return n;
 }
 
-uint32_t ShmRing::wake_count() const { return shared_->writes.load(); }
+uint32_t ShmRing::wait_ticket() const { return shared_->writes.load(); }
 
 void ShmRing::wait_readable(uint32_t ticket, std::chrono::milliseconds most) {
   shared_->reader_sleeps.fetch_add(1);
@@ -143,8 +143,9 @@ void ShmRing::wait_writable(std::chrono::milliseconds most) {
 }
 
 void ShmRing::wake_reader() {
+  // As write_some: a reader about to sleep sees the count move, or is seen sleeping and woken.
   shared_->writes.fetch_add(1);
-  futex_wake(&shared_->writes);
+  if (shared_->reader_sleeps.load() != 0) futex_wake(&shared_->writes);
 }
 
 }  // namespace gpipe::c10d

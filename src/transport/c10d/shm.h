@@ -39,9 +39,9 @@ class ShmRing {
   /// The reader: how many bytes wait to be read.
   size_t readable() const;
   /// The reader: a ticket for wait_readable, taken before looking at what the sleep would be for.
-  uint32_t wake_count() const;
+  uint32_t wait_ticket() const;
   /// The reader: sleeps until something was written or the reader woken since `ticket` was taken
-  /// (wake_count), or `most` passed.
+  /// (wait_ticket), or `most` passed.
   void wait_readable(uint32_t ticket, std::chrono::milliseconds most);
   /// The writer: sleeps until something was read (there is room), or `most` passed.
   void wait_writable(std::chrono::milliseconds most);
