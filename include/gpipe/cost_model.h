@@ -92,16 +92,16 @@ struct SkipCost {
 /// A parameter tensor that several layers use (a tied weight: an input embedding read again by the
 /// output projection). Each of those layers counts it in its LayerCost::parameter_bytes; a device
 /// holds it once however many of them it runs, and one process steps it once.
-struct SharedParameter {
+struct TiedParameter {
   int64_t bytes = 0;        ///< the tensor's bytes
-  std::vector<int> layers;  ///< the layers that use it, in order (two or more)
+  std::vector<int> layers;  ///< the layers that use it, in order (two or more, each once)
 };
 
 /// A model's layers' costs, and what every parameter byte brings with it.
 struct CostModel {
   std::vector<LayerCost> layers;
   std::vector<SkipCost> skips;     ///< the model's skip connections, in skip_connections' order
-  std::vector<SharedParameter> shared;  ///< parameters tied across layers, in the order first used
+  std::vector<TiedParameter> tied;  ///< parameters tied across layers, in the order first used
   double loss_kept_bytes = 0;      ///< per sample, what the loss keeps for backward (on the last stage)
   double loss_backward_peak_bytes = 0;  ///< per sample, peak of the loss's backward above that
   /// Bytes of gradient and optimizer state per parameter byte: 1 for plain SGD,
@@ -151,6 +151,10 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
 /// that much slower. The update and the bytes stay.
 CostModel with_compute_scaled(CostModel costs, double factor);
 
+/// Seconds of a ring all-reduce of `bytes` among `holders` devices over the link of `costs`: 2(n-1)
+/// steps, each a latency and bytes/n (0 for fewer than two holders; the bytes free between threads).
+double ring_all_reduce_s(const CostModel& costs, double bytes, int holders);
+
 /// Per-layer costs for balance_by_cost on micro-batches of `rows` rows: each
 /// layer's forward plus backward time, in seconds.
 std::vector<double> layer_times(const CostModel& costs, int64_t rows);
@@ -173,8 +177,8 @@ std::string cost_unit(const std::string& method);
 struct Prediction {
   double step_s = 0;   ///< the simulated step plus one optimizer update of every parameter on one
                        ///< thread (as a Pipeline user's optimizer runs); with update_on_devices, the
-                       ///< simulated step with each stage's update in it. With a link, a weight tied
-                       ///< across devices adds the sum of its copies' gradients (a ring all-reduce).
+                       ///< simulated step with each stage's update in it. A weight tied across
+                       ///< devices adds the sum of its copies' gradients (ring_all_reduce_s).
   double bubble = 0;   ///< the simulated idle share, as SimulatedRun::bubble
   /// Per device: peak bytes above what it held before the step (activations,
   /// boundary tensors, backward buffers), what Pipeline::memory()'s peak_bytes measures.

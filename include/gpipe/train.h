@@ -263,7 +263,7 @@ struct CostBalance {
 /// `virtual_stages`, 0 for the schedule's own: 2 for interleaved, else 1), by per-layer cost on one
 /// micro-batch `sample`: `method` "params" (parameter counts), "time"
 /// (forward+backward, profile_layers with `threads` intra-op threads; the min-max cut then improved
-/// by the simulated step of `schedule`, refined_plan) or
+/// by the simulated step of `schedule` under `checkpoint`, refined_plan) or
 /// "memory" (activations kept, and parameters with `optimizer_copies` bytes of
 /// gradient and optimizer state per parameter byte: layer_memory). The plan
 /// predicts the step of `schedule` over `micro_batches` micro-batches. The
@@ -272,7 +272,7 @@ struct CostBalance {
 CostBalance balance_by(const std::string& method, const Model& model, const Tensors& sample, int devices,
                        int micro_batches, int threads = 1, double optimizer_copies = 2.0,
                        ScheduleKind schedule = ScheduleKind::kGPipe, int virtual_stages = 0,
-                       const std::vector<int>& whole = {});
+                       const std::vector<int>& whole = {}, Checkpoint checkpoint = Checkpoint::kExceptLast);
 
 /// Writes the snapshot of a whole run to `path` in one file: every process's part (its layers and
 /// `optimizer`'s state of them, named `optimizer_name`) gathered on the root, which writes it

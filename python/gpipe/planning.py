@@ -92,7 +92,7 @@ class LayerProfile:
 class Profile(list):
     """gpipe.profile's answer: one LayerProfile per layer of the model, in order, and rows (the
     sample's rows it was timed on), least_micro_batch_rows, skips ((name, bytes per sample) of each
-    Stash/Pop connection), shared ((bytes, [layers]) of each parameter tensor several layers use: a
+    Stash/Pop connection), tied ((bytes, [layers]) of each parameter tensor several layers use: a
     tied weight, held once per device), loss_kept_bytes and loss_backward_peak_bytes (per sample;
     with a loss), state_per_parameter_byte (of the optimizer)."""
 
@@ -101,7 +101,7 @@ class Profile(list):
         self.rows = rows
         self.least_micro_batch_rows = info["least_micro_batch_rows"]
         self.skips = [tuple(s) for s in info["skips"]]
-        self.shared = [(bytes_, list(layers)) for bytes_, layers in info["shared"]]
+        self.tied = [(bytes_, list(users)) for bytes_, users in info["tied"]]
         self.loss_kept_bytes = info["loss_kept_bytes"]
         self.loss_backward_peak_bytes = info["loss_backward_peak_bytes"]
         self.state_per_parameter_byte = info["state_per_parameter_byte"]

@@ -186,7 +186,7 @@ class PythonPipeline {
       const int M = options.micro_batches();
       const torch::Tensor sample = batch->narrow(0, 0, first_micro_batch_rows(batch->size(0), M));
       const CostBalance by = balance_by("time", model_, sample, settings.devices, M, settings.threads, 2.0,
-                                        options.schedule(), settings.virtual_stages);
+                                        options.schedule(), settings.virtual_stages, {}, options.checkpoint());
       options.balance(first_rank_list(by.balance));
     }
     pipe_ = make_pipeline(model_.build, model_.layers, options, kind);

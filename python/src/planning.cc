@@ -57,12 +57,12 @@ py::dict costs_dict(const CostModel& costs) {
   py::list layers, skips;
   for (const LayerCost& c : costs.layers) layers.append(layer_dict(c));
   for (const SkipCost& s : costs.skips) skips.append(py::make_tuple(s.connection.name, s.bytes));
-  py::list shared;
-  for (const SharedParameter& p : costs.shared) shared.append(py::make_tuple(p.bytes, p.layers));
+  py::list tied;
+  for (const TiedParameter& p : costs.tied) tied.append(py::make_tuple(p.bytes, p.layers));
   py::dict d;
   d["layers"] = layers;
   d["skips"] = skips;
-  d["shared"] = shared;
+  d["tied"] = tied;
   d["loss_kept_bytes"] = costs.loss_kept_bytes;
   d["loss_backward_peak_bytes"] = costs.loss_backward_peak_bytes;
   d["state_per_parameter_byte"] = costs.state_per_parameter_byte;
@@ -294,11 +294,12 @@ void add_planning(py::module_& m) {
             const GilReleased free;
             const CostModel costs = profile_model(layers, x, o);
             if (balance.empty()) {
-              // Cut by time as GPipe(balance=None) cuts: make_plan balances the schedule's devices.
+              // Cut by time as GPipe(balance=None) cuts: the min-max of the devices' time, refined by the
+              // simulated step (refined_plan).
               RunRequest by_time;
               by_time.balance_by = "time";
               options.cut(CutRequest::by_cost(with_layer_costs(by_time, layers, costs, rows.front()).layer_costs));
-              plan = make_plan(static_cast<int>(layers->size()), options, skips);
+              plan = refined_plan(costs, options, rows);
             }
             p = predict(costs, plan, rows);
           }

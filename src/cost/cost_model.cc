@@ -343,14 +343,16 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
   }
   Tensors x = sample_in;
   size_t index = 0;
-  std::map<const void*, size_t> shared_index;  // a parameter tensor → its entry in costs.shared
+  std::map<const void*, size_t> tied_index;  // a parameter tensor → its entry in costs.tied
   for (auto it = layers->begin(); it != layers->end(); ++it, ++index) {
     LayerCost c;
+    std::set<const void*> here;  // a layer that registers a tensor under two names uses it once
     for (const auto& p : it->ptr()->parameters()) {
+      if (!here.insert(p.unsafeGetTensorImpl()).second) continue;
       c.parameter_bytes += static_cast<int64_t>(p.nbytes());
-      const auto [entry, first] = shared_index.emplace(p.unsafeGetTensorImpl(), costs.shared.size());
-      if (first) costs.shared.push_back({static_cast<int64_t>(p.nbytes()), {}});
-      costs.shared[entry->second].layers.push_back(static_cast<int>(index));
+      const auto [entry, first] = tied_index.emplace(p.unsafeGetTensorImpl(), costs.tied.size());
+      if (first) costs.tied.push_back({static_cast<int64_t>(p.nbytes()), {}});
+      costs.tied[entry->second].layers.push_back(static_cast<int>(index));
     }
     auto input = [&x, &leaf_grad_of, index] { return leaves_of(x, leaf_grad_of(index)); };
     Tensors out;
@@ -421,9 +423,9 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
     costs.layers.push_back(c);
   }
   // Of the parameters, those that more than one layer uses (a tied weight), renumbered in order.
-  costs.shared.erase(std::remove_if(costs.shared.begin(), costs.shared.end(),
-                                    [](const SharedParameter& p) { return p.layers.size() < 2; }),
-                     costs.shared.end());
+  costs.tied.erase(std::remove_if(costs.tied.begin(), costs.tied.end(),
+                                    [](const TiedParameter& p) { return p.layers.size() < 2; }),
+                     costs.tied.end());
   const torch::Tensor model_output =
       loss ? x.only("the model's output", "end the model with a layer that returns one tensor, for the loss")
            : torch::Tensor();
@@ -500,6 +502,12 @@ int64_t Prediction::largest_total_bytes() const {
   return d < 0 ? 0 : total_bytes()[static_cast<size_t>(d)];
 }
 
+double ring_all_reduce_s(const CostModel& costs, double bytes, int holders) {
+  if (holders < 2) return 0.0;
+  const double send_s = costs.link_bytes_per_s > 0 ? bytes / holders / costs.link_bytes_per_s : 0.0;
+  return 2.0 * (holders - 1) * (costs.link_latency_s + send_s);
+}
+
 std::vector<double> layer_times(const CostModel& costs, int64_t rows) {
   std::vector<double> out;
   for (const LayerCost& l : costs.layers) out.push_back((l.forward_s + l.backward_s) * static_cast<double>(rows));
@@ -568,20 +576,20 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
     return carries_gradient(a.channel) ? at(a.stage).input : at(a.stage).output;
   };
 
-  // The parameter bytes each stage adds to its device's: a tensor tied across layers (CostModel::shared)
+  // The parameter bytes each stage adds to its device's: a tensor tied across layers (CostModel::tied)
   // counts on the first of its stages on each device. Across devices, each holds a copy, whose
   // gradients are summed when every stage is done (over the link; free between threads), and one
   // process steps the tensor once.
   std::vector<double> held_parameter_bytes;
-  double parameter_bytes_once = 0;
+  double unique_parameter_bytes = 0;
   for (int s = 0; s < S; ++s) {
     held_parameter_bytes.push_back(static_cast<double>(at(s).parameter_bytes));
-    parameter_bytes_once += held_parameter_bytes.back();
+    unique_parameter_bytes += held_parameter_bytes.back();
   }
-  double tied_sum_s = 0;
+  double tied_all_reduce_s = 0;
   {
     const std::vector<int> offsets = stage_offsets(balance);
-    for (const SharedParameter& tied : costs.shared) {
+    for (const TiedParameter& tied : costs.tied) {
       std::set<int> holders;
       for (int l : tied.layers) {
         GPIPE_CHECK(l >= 0 && l < costs.layer_count(), "a tied parameter is used by layer ", l,
@@ -590,10 +598,8 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
         if (!holders.insert(schedule.placement[static_cast<size_t>(s)]).second)
           held_parameter_bytes[static_cast<size_t>(s)] -= static_cast<double>(tied.bytes);
       }
-      const double bytes = static_cast<double>(tied.bytes), n = static_cast<double>(holders.size());
-      parameter_bytes_once -= bytes * static_cast<double>(tied.layers.size() - 1);
-      if (holders.size() > 1 && costs.link_bytes_per_s > 0)
-        tied_sum_s += costs.link_latency_s + 2 * (n - 1) / n * bytes / costs.link_bytes_per_s;  // a ring all-reduce
+      unique_parameter_bytes -= static_cast<double>(tied.bytes) * static_cast<double>(tied.layers.size() - 1);
+      tied_all_reduce_s += ring_all_reduce_s(costs, static_cast<double>(tied.bytes), static_cast<int>(holders.size()));
     }
   }
 
@@ -718,8 +724,8 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
     for (int s : program.stages_of(d)) parameters += held_parameter_bytes[static_cast<size_t>(s)];
     p.static_bytes.push_back(static_cast<int64_t>(std::min(parameters * (1.0 + costs.state_per_parameter_byte), 4.0e18)));
   }
-  p.step_s = run.makespan + tied_sum_s +
-             (costs.update_on_devices ? 0.0 : costs.update_s_per_parameter_byte * parameter_bytes_once);
+  p.step_s = run.makespan + tied_all_reduce_s +
+             (costs.update_on_devices ? 0.0 : costs.update_s_per_parameter_byte * unique_parameter_bytes);
   return p;
 }
 

@@ -35,6 +35,22 @@ std::vector<bool> uncuttable_after(const CostModel& costs) {
   return out;
 }
 
+// Whether no stage of `balance` ends after an uncuttable layer (the model's last layer ends none).
+bool cuttable(const std::vector<int>& balance, const std::vector<bool>& uncuttable) {
+  const std::vector<int> offsets = stage_offsets(balance);
+  for (size_t s = 1; s + 1 < offsets.size(); ++s)
+    if (uncuttable[static_cast<size_t>(offsets[s] - 1)]) return false;
+  return true;
+}
+
+// The skip connections of the model `costs` profiled: simulated where they cross stages (their
+// transfers and memory).
+std::vector<SkipConnection> skip_connections_of(const CostModel& costs) {
+  std::vector<SkipConnection> skips;
+  for (const SkipCost& skip : costs.skips) skips.push_back(skip.connection);
+  return skips;
+}
+
 // The min-max cut by `cost` into `stages` stages that ends no stage after an uncuttable layer: the
 // layers joined across those boundaries are cut as one; empty when too few such groups remain.
 std::vector<int> cut_around(const std::vector<double>& cost, const std::vector<bool>& uncuttable, int stages) {
@@ -56,7 +72,7 @@ std::vector<int> cut_around(const std::vector<double>& cost, const std::vector<b
   return balance;
 }
 
-// Cuts of `layers` layers into `stages` stages of at least one layer each, where fewer than `most`.
+// Cuts of `layers` layers into `stages` stages of at least one layer each, or `most` where that many or more.
 int64_t cut_count(int layers, int stages, int64_t most) {
   // C(layers - 1, stages - 1), computed while it stays below `most`.
   const int64_t n = layers - 1, k = std::min(stages - 1, layers - stages);
@@ -121,7 +137,8 @@ void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips
                                       .micro_batches(plan.micro_batches)
                                       .schedule(plan.schedule)
                                       .checkpoint(plan.checkpoint);
-  double step = step_of(predicted);
+  // A start that ends a stage after an uncuttable layer gives way to any cut that does not.
+  double step = cuttable(plan.balance, uncuttable) ? step_of(predicted) : std::numeric_limits<double>::infinity();
   bool spent = false;
   // Predicts `balance`; true when it is shorter than the best so far by more than rounding (within
   // the memory), which it then becomes.
@@ -162,8 +179,7 @@ void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips
           std::vector<int> balance = at;
           balance[b] += shift;
           balance[b + 1] -= shift;
-          if (balance[b] < 1 || balance[b + 1] < 1) continue;
-          if (uncuttable[static_cast<size_t>(stage_offsets(balance)[b + 1] - 1)]) continue;
+          if (balance[b] < 1 || balance[b + 1] < 1 || !cuttable(balance, uncuttable)) continue;
           moved = try_cut(balance, from, from_predicted, from_step) || moved;
           if (spent) break;
         }
@@ -171,9 +187,7 @@ void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips
   };
   climb(plan, predicted, step);
   const std::vector<int> even = even_balance(plan.layers, S);
-  bool even_cuttable = true;
-  for (size_t b = 1; b < even.size(); ++b) even_cuttable = even_cuttable && !uncuttable[static_cast<size_t>(stage_offsets(even)[b] - 1)];
-  if (spent || !even_cuttable || even == plan.balance) return;
+  if (spent || !cuttable(even, uncuttable) || even == plan.balance) return;
   PipelinePlan other = plan;
   Prediction other_predicted;
   double other_step = std::numeric_limits<double>::infinity();
@@ -193,8 +207,7 @@ bool considered(const std::vector<int>& list, int value) {
 
 PipelinePlan refined_plan(const CostModel& costs, const PipelineOptions& options,
                           const std::vector<int64_t>& micro_batch_rows, int64_t memory_per_device) {
-  std::vector<SkipConnection> skips;
-  for (const SkipCost& skip : costs.skips) skips.push_back(skip.connection);
+  const std::vector<SkipConnection> skips = skip_connections_of(costs);
   PipelinePlan plan = make_plan(costs.layer_count(), options, skips);
   Prediction predicted = predict(costs, plan, micro_batch_rows);
   int64_t budget = kMostRefinedPairs;
@@ -317,9 +330,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
     int64_t largest_static = 0;
     for (int64_t s : p.static_bytes) largest_static = std::max(largest_static, s);
     const double gradient_bytes = static_cast<double>(largest_static) / (1 + costs.state_per_parameter_byte);
-    const double send_s = costs.link_bytes_per_s > 0 ? gradient_bytes / D / costs.link_bytes_per_s : 0.0;
-    const double all_reduce = D > 1 ? 2.0 * (D - 1) * (costs.link_latency_s + send_s) : 0.0;
-    return p.step_s + all_reduce;
+    return p.step_s + ring_all_reduce_s(costs, gradient_bytes, D);
   };
   auto complete = [&](PlanCandidate& c) {
     c.step_s = step_of(c.predicted, c.replicas);
@@ -327,8 +338,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
     c.largest_total_bytes = c.predicted.largest_total_bytes();
     c.fits = c.largest_total_bytes <= search.memory_per_device;
   };
-  std::vector<SkipConnection> skips;  // simulated where they cross stages: their transfers and memory
-  for (const SkipCost& skip : costs.skips) skips.push_back(skip.connection);
+  const std::vector<SkipConnection> skips = skip_connections_of(costs);
   // A boundary after a layer whose output is a tuple of more tensors than one message carries is
   // never proposed: the min-max cut goes around it, and a cut by blocks that ends a stage there is
   // left out.
@@ -359,10 +369,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
       } catch (const std::invalid_argument&) {
         break;  // a shape this schedule does not take (interleaved with M not a multiple of K, say)
       }
-      bool passable = true;
-      const std::vector<int> offsets = stage_offsets(plan.balance);
-      for (size_t s = 1; s + 1 < offsets.size(); ++s) passable = passable && !uncuttable[static_cast<size_t>(offsets[s] - 1)];
-      if (!passable) {
+      if (!cuttable(plan.balance, uncuttable)) {
         ++left_out_for_tensors;
         continue;
       }

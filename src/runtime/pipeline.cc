@@ -175,10 +175,10 @@ std::vector<Pipeline::DeviceMemory> Pipeline::memory() const {
     const auto& e = executors_[j];
     if (!e->memory()) return {};
     DeviceMemory m;
-    std::set<const void*> counted;  // a weight tied across stages of the device, once
+    std::set<const void*> held;  // a weight tied across stages of the device, once
     for (const auto& stage : e->stages())
       for (const auto& p : stage->layers()->parameters()) {
-        if (!counted.insert(p.unsafeGetTensorImpl()).second) continue;
+        if (!held.insert(p.unsafeGetTensorImpl()).second) continue;
         m.parameter_bytes += p.numel() * static_cast<int64_t>(p.element_size());
         if (p.grad().defined()) m.parameter_bytes += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
       }

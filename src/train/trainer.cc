@@ -348,7 +348,7 @@ std::optional<SavedPipeline> check_snapshot_of(const std::string& path, const Mo
 
 CostBalance balance_by(const std::string& method, const Model& model, const Tensors& sample, int devices,
                        int micro_batches, int threads, double optimizer_copies, ScheduleKind schedule,
-                       int virtual_stages, const std::vector<int>& whole) {
+                       int virtual_stages, const std::vector<int>& whole, Checkpoint checkpoint) {
   const std::string unit = cost_unit(method);  // throws for an unknown method, before any work
   const RandomStateGuard guard;  // building the whole model and running it draw random numbers
   const torch::nn::Sequential layers = model.build(LayerRange{});
@@ -374,6 +374,7 @@ CostBalance balance_by(const std::string& method, const Model& model, const Tens
                                       .virtual_stages(virtual_stages)
                                       .schedule(schedule)
                                       .micro_batches(micro_batches)
+                                      .checkpoint(checkpoint)
                                       .cut(CutRequest::by_cost(costs));
   // By time, the min-max cut is then improved by the simulated step (what the sums of times leave out).
   const PipelinePlan plan =

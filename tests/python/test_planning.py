@@ -135,11 +135,11 @@ def test_profile_has_one_entry_per_layer_and_leaves_the_model_as_it_was():
     assert torch.equal(rng, torch.get_rng_state())
 
 
-def test_a_weight_two_layers_use_is_profiled_as_shared_and_held_once_per_device():
+def test_a_weight_two_layers_use_is_profiled_as_tied_and_held_once_per_device():
     shared = torch.nn.Linear(6, 6)
     model = torch.nn.Sequential(shared, torch.nn.Tanh(), torch.nn.Linear(6, 6), torch.nn.Tanh(), shared)
     profile = gpipe.profile(model, torch.randn(8, 6))
-    assert profile.shared == [(6 * 6 * 4, [0, 4]), (6 * 4, [0, 4])]  # the weight and the bias
+    assert profile.tied == [(6 * 6 * 4, [0, 4]), (6 * 4, [0, 4])]  # the weight and the bias
     # On one device the tensors are held once: parameters and their gradients (plain SGD).
     one = gpipe.predict(model, torch.randn(8, 6), chunks=2, devices=1, optimizer="sgd")
     assert one.static_bytes == [2 * 4 * (6 * 6 + 6) * 2]
