@@ -28,7 +28,7 @@ std::string mebibytes(const std::vector<int64_t>& bytes) {
 
 void print_header() {
   std::cout << std::left << std::setw(12) << "workload" << std::right << std::setw(3) << "K" << std::setw(3) << "D"
-            << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(16) << "schedule" << std::setw(11)
+            << std::setw(5) << "M" << std::setw(13) << "checkpoint" << std::setw(20) << "schedule" << std::setw(11)
             << "samples/s" << std::setw(9) << "speedup" << std::setw(17) << "(min .. max)" << std::setw(7) << "ideal"
             << std::setw(6) << "eff" << std::setw(8) << "bubble" << std::setw(9) << "vs unspl" << std::setw(9)
             << "sim/meas" << std::setw(8) << "pred t" << std::setw(9) << "pred mem" << std::setw(9) << "sent MiB"
@@ -40,7 +40,7 @@ void print_row(const BenchRow& r) {
   const std::string range = r.has_baselines ? "(" + fixed(r.speedup.min, 2) + " .. " + fixed(r.speedup.max, 2) + ")" : "-";
   const int V = r.virtual_stages;
   std::cout << std::left << std::setw(12) << r.workload << std::right << std::setw(3) << r.stages << std::setw(3)
-            << r.replicas << std::setw(5) << r.micro_batches << std::setw(13) << r.checkpoint << std::setw(16)
+            << r.replicas << std::setw(5) << r.micro_batches << std::setw(13) << r.checkpoint << std::setw(20)
             << r.schedule + (V > 1 ? "/" + std::to_string(V) : "") << std::setw(11) << fixed(r.samples_per_s, 1)
             << std::setw(9) << baseline(r.speedup.median, 3) << std::setw(17) << range << std::setw(7)
             << fixed(r.ideal, 3) << std::setw(6) << baseline(r.efficiency, 2) << std::setw(8) << fixed(r.bubble, 3)

@@ -85,7 +85,10 @@ int run(const PlanOptions& o) {
   for (const std::string& f : by_shape ? std::vector<std::string>{"--speed", "--input-shape", "--input-tokens"}
                                        : std::vector<std::string>{"--flops", "--bytes-per-value"})
     if (o.given.count(f))
-      usage_error(f + " applies to " + (by_shape ? "a profiled model (--workload or --model)" : "a Transformer given by shape") +
+      usage_error(f + " applies to " +
+                  (!by_shape                ? "a Transformer given by shape"
+                   : f == "--speed"        ? "a profiled model (--workload or --model)"
+                                           : "--model, a TorchScript file") +
                   "; leave it out");
   for (const std::string f : {"--input-shape", "--input-tokens"})
     if (!o.workload.empty() && o.given.count(f)) usage_error(f + " applies to --model; a workload has its own input");

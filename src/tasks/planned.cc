@@ -53,7 +53,10 @@ PlannedModel plan_model_of(const std::string& model_file, const std::vector<int6
     detail::throw_invalid_argument(text.str());
   }
   const torch::Tensor sample = said_about("`input_shape`", [&] {
-    return input_tokens > 0 ? torch::randint(input_tokens, shape, torch::kLong) : torch::randn(shape);
+    if (input_tokens == 0) return torch::randn(shape);
+    torch::Tensor ids = torch::randint(input_tokens, shape, torch::kLong);
+    ids.view(-1)[0] = input_tokens - 1;  // the largest id always: a vocabulary too small fails every time
+    return ids;
   });
   // A model that cannot train (no parameters, an argmax output, a layer that drops rows) fits nothing.
   // A first layer that fails names the samples made here.
@@ -63,11 +66,18 @@ PlannedModel plan_model_of(const std::string& model_file, const std::vector<int6
     try {
       return check_layers_train(layers, sample);
     } catch (const std::invalid_argument& e) {
-      // An Embedding given floats: say how to give it token ids.
+      // Token ids where the first layer takes them, and only there.
       const std::string what = without_program_name(what_of(e));
-      if (input_tokens > 0 || what.find("'indices'") == std::string::npos) throw;
-      detail::throw_invalid_argument(what + "; a model that starts with an Embedding takes token ids: give "
-                                     "`input_tokens`, its vocabulary");
+      if (input_tokens == 0 && what.find("'indices'") != std::string::npos)
+        detail::throw_invalid_argument(what + "; a model that starts with an Embedding takes token ids: give "
+                                       "`input_tokens`, its vocabulary");
+      if (input_tokens > 0 && what.find("index out of range") != std::string::npos)
+        detail::throw_invalid_argument(what + "; the samples hold token ids up to " + std::to_string(input_tokens - 1) +
+                                       ": give `input_tokens` no more than the first Embedding's entries");
+      if (input_tokens > 0)
+        detail::throw_invalid_argument(what + "; the samples were token ids (`input_tokens`), for a model that "
+                                       "starts with an Embedding: leave it out for a model that takes floats");
+      throw;
     }
   });
   return said_about("`input_shape`", [&] { return plan_model_of(layers, sample, profile); });

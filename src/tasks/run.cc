@@ -110,6 +110,13 @@ std::string percent(double share) {
   return out.str();
 }
 
+// "[3, 1, 2, 5]": a cut as the choice's line writes it.
+std::string bracketed(const std::vector<int>& balance) {
+  std::string out = "[";
+  for (size_t j = 0; j < balance.size(); ++j) out += (j ? ", " : "") + std::to_string(balance[j]);
+  return out + "]";
+}
+
 std::string configuration(const ScheduleChoice& c) {
   std::string out = to_string(c.schedule);
   if (c.virtual_stages > 1) out += " (V=" + std::to_string(c.virtual_stages) + ")";
@@ -257,13 +264,12 @@ RunRequest with_choice(RunRequest r, const ScheduleChoice& c) {
 
 std::string format_choice(const ScheduleChoice& c) {
   std::ostringstream out;
-  out << "schedule auto: " << configuration(c) << ", cut [";
-  for (size_t j = 0; j < c.balance.size(); ++j) out << (j ? ", " : "") << c.balance[j];
+  out << "schedule auto: " << configuration(c) << ", cut " << bracketed(c.balance);
   if (!c.taken_from.empty()) {
-    out << "]: as " << c.taken_from << " was trained (saved with it; not profiled again)";
+    out << ": as " << c.taken_from << " was trained (saved with it; not profiled again)";
     return out.str();
   }
-  out << "]: predicted step " << milliseconds(c.predicted.step_s) << ", bubble " << percent(c.predicted.bubble)
+  out << ": predicted step " << milliseconds(c.predicted.step_s) << ", bubble " << percent(c.predicted.bubble)
       << " (" << (c.fits ? "the fastest of " : "none fits this machine's memory: the least memory of ")
       << c.considered << (c.considered == 1 ? " configuration" : " configurations") << " predicted)";
   if (!c.not_as_saved.empty()) out << "; " << c.not_as_saved;
@@ -565,7 +571,8 @@ void choose_cut(const TrainSettings& s, TrainingRun& c) {
   const torch::Tensor sample =
       train.input.narrow(0, 0, micro_batch_sizes(std::min(s.batch_size, train.size()), s.micro_batches).front());
   c.cost = balance_by(s.balance_by, c.model, sample, s.devices, s.micro_batches, s.threads_per_device,
-                      state_per_parameter_byte(optimizer_options_of(s)), parse_schedule(s.schedule), V);
+                      state_per_parameter_byte(optimizer_options_of(s)), parse_schedule(s.schedule), V, {},
+                      parse_checkpoint(s.checkpoint));
   c.options.cut(CutRequest::given(c.cost->balance));
   c.plan = make_plan(c.task.layers, c.options);
 }
@@ -596,21 +603,21 @@ std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const Trainin
   const int64_t batch = std::min(s.batch_size, c.data.train.size());
   const int layers = std::accumulate(saved->balance.begin(), saved->balance.end(), 0);
   std::ostringstream differs;
+  // (By time is auto's own cut, which the file's is.)
   if (saved->devices != s.devices)
-    differs << "it was trained on " << saved->devices << " devices, this run has " << s.devices;
-  else if (!s.balance_by.empty())
-    differs << "`balance_by` asks for a new cut";
+    differs << "`devices` " << s.devices << " differs from its " << saved->devices;
+  else if (!s.balance_by.empty() && s.balance_by != "time")
+    differs << "`balance_by` " << s.balance_by << " asks for a new cut";
   else if (!s.balance.empty() && s.balance != saved->balance)
-    differs << "`balance` asks for another cut than its " << format_balance(saved->balance);
+    differs << "`balance` " << bracketed(s.balance) << " differs from its " << bracketed(saved->balance);
   else if (s.micro_batches_given && s.micro_batches != saved->micro_batches)
     differs << "`micro_batches` " << s.micro_batches << " differs from its " << saved->micro_batches;
   else if (s.virtual_stages != 0 && s.virtual_stages != saved->virtual_stages)
     differs << "`virtual_stages` " << s.virtual_stages << " differs from its " << saved->virtual_stages;
   else if (saved->batch != batch)
-    differs << "its batch was " << saved->batch << " rows, this run's is " << batch;
+    differs << "`batch_size` " << batch << " differs from its " << saved->batch;
   else if (layers != c.task.layers)
-    differs << "its cut " << format_balance(saved->balance) << " holds " << layers << " layers, the model "
-            << c.task.layers;
+    differs << "its cut " << bracketed(saved->balance) << " holds " << layers << " layers, the model " << c.task.layers;
   why_not = differs.str();
   if (!why_not.empty()) return std::nullopt;
   ScheduleChoice choice;
@@ -818,7 +825,8 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
         // too little memory) still runs the task's own schedule when auto was only the default;
         // its failure, if any, is then the training's.
         if (s.schedule_given || !profile_error) throw;
-        c.auto_fallback = "`schedule` auto could not profile the model, so the task's own schedule runs: " + *profile_error;
+        c.auto_fallback = "`schedule` auto could not profile the model, so the task's own schedule runs: " + *profile_error +
+                          (why_not.empty() ? "" : "; " + s.resume + " was trained otherwise: " + why_not);
         resolve_own(s, c.task);
       }
     }

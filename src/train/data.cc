@@ -283,37 +283,39 @@ double psnr_db(double mse) {
 }
 
 Dataset load_tensor_data(const std::string& path) {
+  const std::string save_it = "save it with torch.save({'input': X, 'target': Y}, path)";
   const std::string bytes = read_file(path);
   torch::IValue value;
   try {
     value = load_torch_save(bytes);
   } catch (const std::exception& e) {
     const std::string what = what_of(e);
-    // libtorch's unpickler has no SETITEM, which Python writes for a dict of one entry.
-    if (what.find("Unknown opcode for unpickling at 0x73") != std::string::npos)
-      throw std::runtime_error(path + " holds a dict of one entry; gpipe needs both: save it with "
-                               "torch.save({'input': X, 'target': Y}, path)");
-    // Nor APPEND, which Python writes for a list of one item.
-    if (what.find("Unknown opcode for unpickling at 0x61") != std::string::npos)
-      throw std::runtime_error(path + " holds a list of one item (or a dict holding one); gpipe reads a dict of two tensors: save it with "
-                               "torch.save({'input': X, 'target': Y}, path)");
+    // libtorch's unpickler has neither SETITEM nor APPEND, which Python writes for a dict of one entry
+    // and a list of one item, at the top or inside.
+    for (const auto& [opcode, held] : {std::pair<const char*, const char*>{"0x73", "a dict of one entry"},
+                                       {"0x61", "a list of one item"}})
+      if (what.find(std::string("Unknown opcode for unpickling at ") + opcode) != std::string::npos)
+        throw std::runtime_error(path + " holds " + held + " (at its top or inside); gpipe reads a dict of two "
+                                 "tensors: " + save_it);
     // torch.save(..., _use_new_zipfile_serialization=False) begins with a pickled magic number.
     static const std::string legacy("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 14);
     if (bytes.compare(0, legacy.size(), legacy) == 0)
       throw std::runtime_error(path + " was written in torch.save's old format (_use_new_zipfile_serialization="
-                               "False), which libtorch does not read; save it again with torch.save({'input': X, "
-                               "'target': Y}, path), whose default format it reads");
+                               "False), which libtorch does not read; " + save_it + " again, whose default format "
+                               "it reads");
     if (what.find("_get_layout") != std::string::npos || what.find("sparse") != std::string::npos)
       throw std::runtime_error(path + " holds a sparse tensor, which gpipe does not train on; save dense ones "
                                "(X.to_dense()) with torch.save({'input': X, 'target': Y}, path)");
     throw std::runtime_error(path + " is not a file written by torch.save: " + what.substr(0, 300));
   }
   if (!value.isGenericDict()) {
-    const std::string held = value.isList()    ? "a list of " + std::to_string(value.toListRef().size()) + " items"
-                             : value.isTuple() ? "a tuple of " + std::to_string(value.toTupleRef().elements().size()) + " items"
+    auto items = [](size_t n) { return std::to_string(n) + (n == 1 ? " item" : " items"); };
+    const std::string held = value.isList()     ? "a list of " + items(value.toListRef().size())
+                             : value.isTuple()  ? "a tuple of " + items(value.toTupleRef().elements().size())
                              : value.isTensor() ? "one tensor"
-                                                : std::string("a ") + value.tagKind();
-    throw std::runtime_error(path + " holds " + held + ", not a dict; save it with torch.save({'input': X, 'target': Y}, path)");
+                             : value.isNone()   ? "None"
+                                                : std::string("a value of kind ") + value.tagKind();
+    throw std::runtime_error(path + " holds " + held + ", not a dict; " + save_it);
   }
   auto dict = value.toGenericDict();
   auto get = [&](const char* key) {
@@ -322,8 +324,7 @@ Dataset load_tensor_data(const std::string& path) {
                                ", not a tensor; gpipe train reads one tensor per key (a model whose first layer "
                                "takes several tensors is trained through the library, with a tuple input)");
     if (!dict.contains(key))
-      throw std::runtime_error(path + " has no tensor '" + key +
-                               "'; save it with torch.save({'input': X, 'target': Y}, path)");
+      throw std::runtime_error(path + " has no tensor '" + key + "'; " + save_it);
     return dict.at(key).toTensor();
   };
   torch::Tensor input = get("input"), target = get("target");
