@@ -159,6 +159,18 @@ TEST(PlannerTest, NoCutEndsAStageAfterALayerOfMoreTensorsThanAMessageCarries) {
 }
 
 
+// No cut one boundary move away from `balance` has a step (`step_of`) shorter than `step`.
+void expect_no_shorter_move(const std::vector<int>& balance, double step,
+                            const std::function<double(const std::vector<int>&)>& step_of) {
+  for (size_t b = 0; b + 1 < balance.size(); ++b)
+    for (int shift : {-1, 1}) {
+      std::vector<int> moved = balance;
+      moved[b] += shift;
+      moved[b + 1] -= shift;
+      if (moved[b] >= 1 && moved[b + 1] >= 1) EXPECT_GE(step_of(moved), step * (1 - 1e-9)) << "moved: " << format_balance(moved);
+    }
+}
+
 // The search's own min-max cut balances the sums of each device's layer times; the simulation then
 // moves its boundaries while the predicted step shortens: every cut found is the min-max cut or one
 // the simulation predicts faster, and no single move shortens it further.
@@ -216,15 +228,7 @@ TEST(PlannerTest, SearchPlansImprovesItsOwnCutBySimulation) {
     EXPECT_DOUBLE_EQ(step, step_of(c, c.balance));
     EXPECT_LE(step, same->predicted.step_s);
     if (step < same->predicted.step_s * (1 - 1e-9)) ++faster;
-    if (c.balance.size() < 2) continue;
-    for (size_t b = 0; b + 1 < c.balance.size(); ++b)
-      for (int shift : {-1, 1}) {
-        std::vector<int> moved = c.balance;
-        moved[b] += shift;
-        moved[b + 1] -= shift;
-        if (moved[b] >= 1 && moved[b + 1] >= 1)
-          EXPECT_GE(step_of(c, moved), step * (1 - 1e-9)) << "moved: " << format_balance(moved);
-      }
+    expect_no_shorter_move(c.balance, step, [&](const std::vector<int>& moved) { return step_of(c, moved); });
   }
   EXPECT_GT(faster, 0) << "the simulation improved no configuration's cut";
 }
@@ -271,13 +275,7 @@ TEST(PlannerTest, RefinedPlanTakesTheBestPredictedCut) {
           }
       EXPECT_DOUBLE_EQ(step, best) << format_balance(refined.balance) << " against " << format_balance(best_cut);
     }
-    for (size_t b = 0; b + 1 < refined.balance.size(); ++b)  // and no single move shortens it
-      for (int shift : {-1, 1}) {
-        std::vector<int> moved = refined.balance;
-        moved[b] += shift;
-        moved[b + 1] -= shift;
-        if (moved[b] >= 1 && moved[b + 1] >= 1) EXPECT_GE(step_of(moved), step * (1 - 1e-9)) << format_balance(moved);
-      }
+    expect_no_shorter_move(refined.balance, step, step_of);
   }
 }
 
