@@ -11,7 +11,6 @@
 #include <functional>
 #include <limits>
 #include <numeric>
-#include <optional>
 #include <stdexcept>
 
 namespace gpipe {

@@ -596,7 +596,7 @@ void check_same_inputs(const TrainSettings& s, const TrainingRun& c) {
 // `schedule` auto on `resume`: the pipeline the checkpoint file was trained with, where the run is
 // the one it was saved by (the same K and batch; M, V and the cut not given otherwise; a cut of this
 // model's layers), so the run repeats the unbroken one; else nothing (the choice is predicted again)
-// and `why_not` says what differs.
+// and `why_not` says what differs ("m.pt was trained otherwise: ...").
 std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const TrainingRun& c,
                                            const std::optional<SavedPipeline>& saved, std::string& why_not) {
   if (!saved) return std::nullopt;
@@ -618,8 +618,10 @@ std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const Trainin
     differs << "`batch_size` " << batch << " differs from its " << saved->batch;
   else if (layers != c.task.layers)
     differs << "its cut " << bracketed(saved->balance) << " holds " << layers << " layers, the model " << c.task.layers;
-  why_not = differs.str();
-  if (!why_not.empty()) return std::nullopt;
+  if (!differs.str().empty()) {
+    why_not = s.resume + " was trained otherwise: " + differs.str();
+    return std::nullopt;
+  }
   ScheduleChoice choice;
   choice.schedule = saved->schedule;
   choice.devices = saved->devices;
@@ -819,14 +821,14 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
       std::optional<std::string> profile_error;
       try {
         choose_by_prediction(s, c, profile_error);
-        if (c.choice && !why_not.empty()) c.choice->not_as_saved = s.resume + " was trained otherwise: " + why_not;
+        if (c.choice) c.choice->not_as_saved = why_not;
       } catch (const std::invalid_argument&) {
         // A model the profile cannot run (a layer that changes its input in place, one that fails,
         // too little memory) still runs the task's own schedule when auto was only the default;
         // its failure, if any, is then the training's.
         if (s.schedule_given || !profile_error) throw;
         c.auto_fallback = "`schedule` auto could not profile the model, so the task's own schedule runs: " + *profile_error +
-                          (why_not.empty() ? "" : "; " + s.resume + " was trained otherwise: " + why_not);
+                          (why_not.empty() ? "" : "; " + why_not);
         resolve_own(s, c.task);
       }
     }

@@ -9,9 +9,9 @@
 
 #include "gpipe/check.h"
 #include "gpipe/cost_model.h"
-#include "gpipe/planner.h"
 #include "gpipe/io.h"
 #include "gpipe/microbatch.h"
+#include "gpipe/planner.h"
 #include "gpipe/transport.h"
 #include "train/stage_updates.h"
 
