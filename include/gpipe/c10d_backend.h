@@ -14,11 +14,14 @@ namespace gpipe::c10d {
 /// the same store on every process of the job (a process group's: Python's GPipe(process_group=)
 /// gives it), whose keys gpipe keeps under its own prefix and `scope`, which tells apart groups that
 /// share a store (torch.distributed's groups share the default group's; Python passes the group's
-/// ranks). Pipelines made after it with Runtime::kC10d (or kAuto) run over it. Throws
-/// std::invalid_argument for a rank outside the processes, or when the backend was started already
-/// over another store, scope, rank or size (every pipeline of a process uses the same one); a call
-/// with the same ones does nothing. job() (job.h) stays a job of one process: its calls across the
-/// ranks (check_same_settings, end_job) are for jobs a launcher started.
+/// ranks). Pipelines made after it with Runtime::kC10d (or kAuto) run over it. A call with the
+/// same store, scope, rank and size does nothing; with others (a group made after the one before
+/// was destroyed) the backend starts over them, letting go of the store before, once no pipeline of
+/// this process runs over it. Throws std::invalid_argument for a rank outside the processes, or
+/// while a pipeline of this process still runs over another store (every pipeline of a process
+/// uses the same one); call it from one thread, with no pipeline being made. job() (job.h) stays a
+/// job of one process: its calls across the ranks (check_same_settings, end_job) are for jobs a
+/// launcher started.
 void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope = "");
 
 }  // namespace gpipe::c10d

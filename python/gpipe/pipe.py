@@ -449,8 +449,9 @@ class GPipe:
                    the devices (rank r of the group: device r mod K of replica r div K); by default the
                    default group when torch.distributed is initialized and neither mpirun nor torchrun
                    started the process. gpipe keeps keys of its own in the group's store and sends over
-                   Gloo connections of its own (the group's backend Gloo or NCCL, not MPI); every GPipe of
-                   a process uses the same group
+                   Gloo connections of its own (the group's backend Gloo or NCCL, not MPI); the GPipe
+                   objects alive in a process use the same group (after destroy_process_group, delete
+                   them before building one over a new group)
     """
 
     def __init__(self, model, balance=None, chunks=None, checkpoint=None, schedule="auto", devices=None,

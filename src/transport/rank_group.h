@@ -44,6 +44,10 @@ class LiveGroups {
     const std::lock_guard<std::mutex> lock(mutex());
     groups().erase(group);
   }
+  static size_t count() {
+    const std::lock_guard<std::mutex> lock(mutex());
+    return groups().size();
+  }
   /// Every live group's leave(), then `then()`, under the lock.
   template <typename Then>
   static void leave_all(Then then) {

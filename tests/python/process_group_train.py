@@ -2,8 +2,11 @@
 no torchrun and none of its variables), then GPipe over a process group; prints a JSON line with the
 losses and this rank's own parameters (those it trains).
 
-Usage: process_group_train.py RANK WORLD_SIZE PORT GROUPS   (GROUPS: "default", "world", or "pairs":
-ranks {0, 1} and {2, 3} each a pipeline of their own); WORLD_SIZE 1 with RANK 0: one process alone."""
+Usage: process_group_train.py RANK WORLD_SIZE PORT GROUPS   (GROUPS: "default", "world", "pairs":
+ranks {0, 1} and {2, 3} each a pipeline of their own, or "again": the default group, then
+destroy_process_group and a new default group at AGAIN_PORT (PORT given as "PORT,AGAIN_PORT"), over which a new GPipe trains once the
+first is deleted); WORLD_SIZE 1 with RANK 0: one process alone."""
+import gc
 import json
 import sys
 
@@ -12,7 +15,8 @@ import torch.distributed as dist
 
 import gpipe
 
-rank, size, port, groups = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+rank, size, groups = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4]
+port, _, again_port = sys.argv[3].partition(",")
 group = None
 if size > 1:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
@@ -21,21 +25,42 @@ if size > 1:
     elif groups == "pairs":
         pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every process makes every group
         group = pairs[rank // 2]
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
-                            torch.nn.Linear(16, 4))
-pipe = gpipe.GPipe(model, devices=2, chunks=4, balance=[2, 3], schedule="1f1b", process_group=group)
-opt = torch.optim.SGD(pipe.parameters(), lr=0.05)
-data = torch.Generator().manual_seed(1)
-losses = []
-for step in range(4):
-    x, y = torch.randn(16, 12, generator=data), torch.randn(16, 4, generator=data)
-    opt.zero_grad()
-    losses.append(pipe.train_step(x, y, loss="mse"))
-    opt.step()
+
+
+def train():
+    """The model and its pipeline over `group`, after 4 steps, and the losses."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 4))
+    pipe = gpipe.GPipe(model, devices=2, chunks=4, balance=[2, 3], schedule="1f1b", process_group=group)
+    opt = torch.optim.SGD(pipe.parameters(), lr=0.05)
+    data = torch.Generator().manual_seed(1)
+    losses = []
+    for step in range(4):
+        x, y = torch.randn(16, 12, generator=data), torch.randn(16, 4, generator=data)
+        opt.zero_grad()
+        losses.append(pipe.train_step(x, y, loss="mse"))
+        opt.step()
+    return model, pipe, losses
+
+
+model, pipe, losses = train()
+refused = None
+if groups == "again":
+    first = losses
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{again_port}", rank=rank, world_size=size)
+    try:
+        train()  # the first GPipe still runs over the group before
+    except ValueError as e:
+        refused = str(e)
+    del model, pipe
+    gc.collect()
+    model, pipe, losses = train()
+    assert losses == first, (losses, first)
 # Device d's layers (balance [2, 3]): 0-1 on device 0, 2-4 on device 1; alone, every layer.
 device = pipe.rank % 2 if size > 1 else None
 own = [n for n, _ in model.named_parameters() if device is None or (int(n.split(".")[0]) >= 2) == (device == 1)]
 params = dict(model.named_parameters())
-print(json.dumps({"losses": [repr(v) for v in losses], "describe": pipe.describe(),
+print(json.dumps({"losses": [repr(v) for v in losses], "describe": pipe.describe(), "refused": refused,
                   "parameters": {n: params[n].detach().flatten().tolist() for n in own}}), flush=True)

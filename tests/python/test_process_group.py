@@ -26,7 +26,7 @@ def free_port():
 def run_job(size, groups):
     """Each process's JSON line (size 1: one process alone)."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
-    port = str(free_port())
+    port = str(free_port()) + ("," + str(free_port()) if groups == "again" else "")
     procs = [subprocess.Popen([sys.executable, SCRIPT, str(r), str(size), port, groups], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(size)]
     out = []
@@ -62,6 +62,18 @@ def test_a_group_of_two_equals_one_process_bit_for_bit(alone, groups):
 def test_subgroups_run_pipelines_of_their_own(alone):
     ranks = run_job(4, "pairs")
     for r in ranks:
+        assert r["describe"] == "c10d (Gloo; shared memory with 1 of 1 other rank): 2 ranks = 2 devices x 1 replicas"
+        assert r["losses"] == alone["losses"]
+        for name, values in r["parameters"].items():
+            assert values == alone["parameters"][name], name
+
+
+def test_a_new_group_after_destroy_process_group_once_the_old_pipelines_are_gone(alone):
+    ranks = run_job(2, "again")
+    for r in ranks:
+        assert "which 1 pipeline of this process still uses; every pipeline of a process runs over the same " \
+               "group: pass the same process_group, or end those pipelines first (Python: del the GPipe " \
+               "objects)" in r["refused"], r["refused"]
         assert r["describe"] == "c10d (Gloo; shared memory with 1 of 1 other rank): 2 ranks = 2 devices x 1 replicas"
         assert r["losses"] == alone["losses"]
         for name, values in r["parameters"].items():

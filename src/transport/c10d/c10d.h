@@ -118,6 +118,8 @@ void unwatch(Links* links);
 [[noreturn]] void abort(int status);
 /// Tells every other process of each live pipeline that this one makes no more calls (as mpi::leave).
 void leave();
+/// The pipelines of this process over the c10d backend that are alive.
+size_t live_pipelines();
 /// Starts the job (start()) for a command-line program, bound to cores first (bind_to_cores); returns
 /// this rank and the ranks.
 std::pair<int, int> start_job();

@@ -127,6 +127,8 @@ void leave() {
   Live::leave_all([] {});
 }
 
+size_t live_pipelines() { return Live::count(); }
+
 std::pair<int, int> start_job() {
   bind_to_cores();
   const World& w = start();

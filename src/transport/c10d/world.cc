@@ -40,7 +40,7 @@ int whole_variable(const char* name, int low, int high) {
 }
 
 
-// The started job; never destroyed: the watcher runs until the process ends.
+// The started job; never destroyed (a World that start_over replaces is kept, its stores let go).
 World* the_world = nullptr;
 std::mutex world_mutex;  // the_world
 
@@ -50,6 +50,7 @@ struct Watcher {
   std::condition_variable woken;
   std::set<Links*> links;
   c10::intrusive_ptr<::c10d::Store> store;
+  bool stopped = false;  // its job replaced (start_over): it watches no more
 };
 Watcher* the_watcher = nullptr;
 
@@ -79,7 +80,7 @@ void watch_forever(Watcher* w) {
         _exit(std::atoi(value.c_str()));
       }
       std::unique_lock<std::mutex> lock(w->mutex);
-      w->woken.wait_for(lock, std::chrono::milliseconds(100));
+      if (w->woken.wait_for(lock, std::chrono::milliseconds(100), [w] { return w->stopped; })) return;
     }
   } catch (const std::exception&) {
     // The store is gone (the launcher ended): nothing more can be heard.
@@ -235,6 +236,22 @@ World& begin(std::unique_ptr<World> w) {
   return *the_world;
 }
 
+// A World start_over replaces: its watcher stops and its stores are let go (a process group's
+// server with them); the World itself stays, for any reference still held (world_mutex held).
+void retire(World* old) {
+  if (the_watcher != nullptr) {
+    {
+      const std::lock_guard<std::mutex> lock(the_watcher->mutex);
+      the_watcher->stopped = true;
+    }
+    the_watcher->woken.notify_all();
+    the_watcher = nullptr;  // its thread ends; the Watcher is never destroyed
+  }
+  old->store.reset();
+  old->given.reset();
+  old->shared.reset();
+}
+
 }  // namespace
 
 void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope) {
@@ -245,13 +262,20 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
   {
     const std::lock_guard<std::mutex> lock(world_mutex);
     if (the_world != nullptr) {
-      GPIPE_CHECK(the_world->given == store && the_world->scope == scope && the_world->rank == rank &&
-                      the_world->size == size,
-                  "the c10d backend of this process runs over ",
+      if (the_world->given == store && the_world->scope == scope && the_world->rank == rank &&
+          the_world->size == size)
+        return;
+      // Another group (one made after torch.distributed.destroy_process_group, say): taken once no
+      // pipeline of this process runs over the one before.
+      const size_t alive = live_pipelines();
+      GPIPE_CHECK(alive == 0, "the c10d backend of this process runs over ",
                   the_world->given ? "another process group" : "the job torchrun started (MASTER_ADDR, RANK...)",
-                  " already (rank ", the_world->rank, " of ", the_world->size, "); every pipeline of a process uses "
-                  "the same one: pass the same process_group, or none");
-      return;
+                  " (rank ", the_world->rank, " of ", the_world->size, "), which ", alive,
+                  alive == 1 ? " pipeline" : " pipelines", " of this process still use", alive == 1 ? "s" : "",
+                  "; every pipeline of a process runs over the same group: pass the same process_group, or end "
+                  "those pipelines first (Python: del the GPipe objects)");
+      retire(the_world);
+      the_world = nullptr;
     }
   }
   auto w = std::make_unique<World>();
