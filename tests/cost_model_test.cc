@@ -279,6 +279,24 @@ TEST(CostModelTest, TheUpdateOnTheDevicesIsPredictedWhereItRuns) {
   EXPECT_LT(devices.bubble, 1.0 - (2 * 2 * 2 * 3e-3) / (2 * devices.step_s));
 }
 
+// The pipeline's own overhead (CostModel::action_overhead_s, step_overhead_s): fill-drain on 2
+// devices at M=2 has 6 actions one after the other (device 0's two forwards, device 1's forward and
+// backward of micro-batch 1, device 0's two backwards), each that much longer, and the step longer by
+// the step's overhead.
+TEST(CostModelTest, ThePipelinesOwnOverheadLengthensEachActionOnThePathAndTheStep) {
+  CostModel costs = uniform_costs(4, 1e-3, 2e-3);
+  const PipelinePlan plan =
+      make_plan(4, PipelineOptions().devices(2).micro_batches(2).balance({2, 2}).checkpoint(Checkpoint::kNever));
+  const std::vector<int64_t> rows{1, 1};
+  const Prediction none = predict(costs, plan, rows);
+  EXPECT_NEAR(none.step_s, 18e-3, 1e-12);
+  costs.action_overhead_s = 1e-4;
+  costs.step_overhead_s = 5e-4;
+  EXPECT_NEAR(predict(costs, plan, rows).step_s, 18e-3 + 6 * 1e-4 + 5e-4, 1e-12);
+  // A device slower by a factor computes longer; the pipeline's own overhead stays.
+  EXPECT_NEAR(predict(with_compute_scaled(costs, 2.0), plan, rows).step_s, 36e-3 + 6 * 1e-4 + 5e-4, 1e-12);
+}
+
 // Profiling runs the layers in training mode, forward and backward, many times: the model is left as
 // it was, BatchNorm's running statistics, the gradients already there and the random numbers.
 TEST(CostModelTest, ProfilingLeavesTheModelsBuffersGradientsAndRandomNumbers) {

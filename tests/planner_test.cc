@@ -279,5 +279,28 @@ TEST(PlannerTest, RefinedPlanTakesTheBestPredictedCut) {
   }
 }
 
+// The pipeline's own overhead is measured once per process and thread count, and profile_model puts
+// it into the costs unless told not to. Measured: a pipeline of threads never runs a step in less
+// time than its layers take alone, so some of it is above 0.
+TEST(PlannerTest, TheProfileCarriesThePipelinesOwnOverheadMeasuredOnce) {
+  const PipelineOverhead first = pipeline_overhead(1);
+  EXPECT_TRUE(std::isfinite(first.action_s) && std::isfinite(first.step_s));
+  EXPECT_GE(first.action_s, 0.0);
+  EXPECT_GE(first.step_s, 0.0);
+  EXPECT_GT(first.action_s + first.step_s, 0.0);
+  const PipelineOverhead again = pipeline_overhead(1);
+  EXPECT_EQ(again.action_s, first.action_s);
+  EXPECT_EQ(again.step_s, first.step_s);
+  EXPECT_THROW(pipeline_overhead(0), std::invalid_argument);
+  torch::nn::Sequential model(torch::nn::Linear(8, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+  const torch::Tensor sample = torch::randn({4, 8});
+  const CostModel with = profile_model(model, sample);
+  EXPECT_EQ(with.action_overhead_s, first.action_s);
+  EXPECT_EQ(with.step_overhead_s, first.step_s);
+  const CostModel without = profile_model(model, sample, PlanProfileOptions().pipeline_overhead(false));
+  EXPECT_EQ(without.action_overhead_s, 0.0);
+  EXPECT_EQ(without.step_overhead_s, 0.0);
+}
+
 }  // namespace
 }  // namespace gpipe::testing

@@ -120,6 +120,12 @@ struct CostModel {
   /// on the sending device (bandwidth 0: sends are free, as between threads).
   double link_latency_s = 0;
   double link_bytes_per_s = 0;
+  /// What the pipeline itself adds to the layers' profiled times (0: nothing; profile_model measures
+  /// it, planner.h's pipeline_overhead): seconds each F, B, I and W takes beyond its layers (the
+  /// executor taking it from the program, a device waking for it), and seconds per step (the batch
+  /// split and the step started and ended on every device).
+  double action_overhead_s = 0;
+  double step_overhead_s = 0;
 
   int layer_count() const { return static_cast<int>(layers.size()); }
 };
@@ -178,7 +184,8 @@ struct Prediction {
   double step_s = 0;   ///< the simulated step plus one optimizer update of every parameter on one
                        ///< thread (as a Pipeline user's optimizer runs); with update_on_devices, the
                        ///< simulated step with each stage's update in it. A weight tied across
-                       ///< devices adds the sum of its copies' gradients (ring_all_reduce_s).
+                       ///< devices adds the sum of its copies' gradients (ring_all_reduce_s); the
+                       ///< pipeline's own overhead (CostModel::step_overhead_s) is in it.
   double bubble = 0;   ///< the simulated idle share, as SimulatedRun::bubble
   /// Per device: peak bytes above what it held before the step (activations,
   /// boundary tensors, backward buffers), what Pipeline::memory()'s peak_bytes measures.

@@ -94,7 +94,8 @@ class Profile(list):
     sample's rows it was timed on), least_micro_batch_rows, skips ((name, bytes per sample) of each
     Stash/Pop connection), tied ((bytes, [layers]) of each parameter tensor several layers use: a
     tied weight, held once per device), loss_kept_bytes and loss_backward_peak_bytes (per sample;
-    with a loss), state_per_parameter_byte (of the optimizer)."""
+    with a loss), state_per_parameter_byte (of the optimizer), action_overhead_s and step_overhead_s
+    (what gpipe's pipeline adds on this machine to each forward or backward and to each step)."""
 
     def __init__(self, layers, rows, info):
         super().__init__(layers)
@@ -105,6 +106,8 @@ class Profile(list):
         self.loss_kept_bytes = info["loss_kept_bytes"]
         self.loss_backward_peak_bytes = info["loss_backward_peak_bytes"]
         self.state_per_parameter_byte = info["state_per_parameter_byte"]
+        self.action_overhead_s = info["action_overhead_s"]
+        self.step_overhead_s = info["step_overhead_s"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,6 +67,8 @@ py::dict costs_dict(const CostModel& costs) {
   d["loss_backward_peak_bytes"] = costs.loss_backward_peak_bytes;
   d["state_per_parameter_byte"] = costs.state_per_parameter_byte;
   d["update_s_per_parameter_byte"] = costs.update_s_per_parameter_byte;
+  d["action_overhead_s"] = costs.action_overhead_s;
+  d["step_overhead_s"] = costs.step_overhead_s;
   return d;
 }
 

@@ -606,11 +606,12 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
   const CostFn cost = [&](const Action& a) -> double {
     const StageCost& c = at(a.stage);
     const double n = rows(a);
+    const double own = costs.action_overhead_s;
     switch (a.kind) {
-      case ActionKind::kForward: return c.forward_s * n;
-      case ActionKind::kBackward: return (again(a) ? c.forward_s * n : 0.0) + c.backward_s * n;
-      case ActionKind::kInputGrad: return (again(a) ? c.forward_s * n : 0.0) + c.input_grad_s * n;
-      case ActionKind::kWeightGrad: return c.weight_grad_s * n;
+      case ActionKind::kForward: return own + c.forward_s * n;
+      case ActionKind::kBackward: return own + (again(a) ? c.forward_s * n : 0.0) + c.backward_s * n;
+      case ActionKind::kInputGrad: return own + (again(a) ? c.forward_s * n : 0.0) + c.input_grad_s * n;
+      case ActionKind::kWeightGrad: return own + c.weight_grad_s * n;
       case ActionKind::kSend:  // between two stages of one device the executor hands it over: free
         if (schedule.placement[static_cast<size_t>(a.stage)] == schedule.placement[static_cast<size_t>(a.peer)]) return 0.0;
         return costs.link_bytes_per_s > 0 ? costs.link_latency_s + sent(a) * n / costs.link_bytes_per_s : 0.0;
@@ -724,7 +725,7 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
     for (int s : program.stages_of(d)) parameters += held_parameter_bytes[static_cast<size_t>(s)];
     p.static_bytes.push_back(static_cast<int64_t>(std::min(parameters * (1.0 + costs.state_per_parameter_byte), 4.0e18)));
   }
-  p.step_s = run.makespan + tied_all_reduce_s +
+  p.step_s = run.makespan + costs.step_overhead_s + tied_all_reduce_s +
              (costs.update_on_devices ? 0.0 : costs.update_s_per_parameter_byte * unique_parameter_bytes);
   return p;
 }

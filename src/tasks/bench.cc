@@ -72,9 +72,11 @@ RunRequest request_of(int K, int M, const std::string& schedule, const std::stri
 CostModel profile_task(const Task& task, int M, const BenchSweep& o) {
   const Dataset batch = task.batch(task_options(o));
   const int64_t rows = micro_batch_sizes(batch.size(), M).front();
-  return profile_layers(task.model(task_options(o)).build(LayerRange{}), batch.input.narrow(0, 0, rows), o.threads,
-                        state_per_parameter_byte(kBenchOptimizer), /*warmup=*/3, /*repetitions=*/5, task.loss,
-                        batch.target.narrow(0, 0, rows));
+  return with_pipeline_overhead(
+      profile_layers(task.model(task_options(o)).build(LayerRange{}), batch.input.narrow(0, 0, rows), o.threads,
+                     state_per_parameter_byte(kBenchOptimizer), /*warmup=*/3, /*repetitions=*/5, task.loss,
+                     batch.target.narrow(0, 0, rows)),
+      o.threads);
 }
 
 // One configuration: the whole batch on one device (unsplit), or a pipeline, and what its timed steps measured.
