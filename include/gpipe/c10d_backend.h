@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <string>
+#include <vector>
 
 namespace gpipe::c10d {
 
@@ -21,7 +22,9 @@ namespace gpipe::c10d {
 /// while a pipeline of this process still runs over another store (every pipeline of a process
 /// uses the same one); call it from one thread, with no pipeline being made. job() (job.h) stays a
 /// job of one process: its calls across the ranks (check_same_settings, end_job) are for jobs a
-/// launcher started.
-void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope = "");
+/// launcher started. `known_as`, one number per rank or none: what messages call each rank beside
+/// its own (a subgroup's ranks in the default group: "rank 1 (3 in the default group)").
+void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope = "",
+                const std::vector<int>& known_as = {});
 
 }  // namespace gpipe::c10d

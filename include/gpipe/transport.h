@@ -41,8 +41,11 @@ struct Cancelled : std::runtime_error {
 /// executor passes it on rather than blaming its own stage.)
 class RemoteError : public Cancelled {
  public:
-  RemoteError(int rank, const std::string& message)
-      : Cancelled("gpipe: stopped because rank " + std::to_string(rank) + " failed: " + message), rank_(rank) {}
+  /// `named`: how the message names the rank (empty: "rank N").
+  RemoteError(int rank, const std::string& message, const std::string& named = "")
+      : Cancelled("gpipe: stopped because " + (named.empty() ? "rank " + std::to_string(rank) : named) +
+                  " failed: " + message),
+        rank_(rank) {}
   /// The rank of the process that failed.
   int rank() const { return rank_; }
 

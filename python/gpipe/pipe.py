@@ -153,9 +153,9 @@ def _end_the_job_on_an_uncaught_exception():
 
 
 def _group_store(group):
-    """The store, this process's rank, the size and the ranks (as text, to tell apart groups that share
-    a store) of torch.distributed process group `group` (GPipe's process_group; None: the default
-    group, if one is initialized), or None."""
+    """The store, this process's rank, the size, the ranks (as text, to tell apart groups that share
+    a store) and the default group's rank of each of torch.distributed process group `group`
+    (GPipe's process_group; None: the default group, if one is initialized), or None."""
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
         if group is None:
@@ -185,7 +185,7 @@ def _group_store(group):
         ranks = dist.get_process_group_ranks(group)
     else:
         ranks = sorted(c10d._pg_group_ranks[group])
-    return store, group.rank(), group.size(), "ranks " + ",".join(str(r) for r in ranks)
+    return store, group.rank(), group.size(), "ranks " + ",".join(str(r) for r in ranks), list(ranks)
 
 
 def _launched():

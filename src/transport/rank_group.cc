@@ -80,7 +80,7 @@ void RankGroup::agree_on(const std::string& local_error) {
     if (!errors[r].empty()) {
       const std::string prefix = "gpipe: ";
       const std::string& what = errors[r];
-      throw std::invalid_argument("gpipe: rank " + std::to_string(r) + " refused the configuration: " +
+      throw std::invalid_argument("gpipe: " + rank_name(static_cast<int>(r)) + " refused the configuration: " +
                                   (what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what));
     }
 }
@@ -174,8 +174,8 @@ void RankGroup::check_agreement(const torch::nn::Sequential& layers, const Pipel
         reference = r;
         continue;
       }
-      GPIPE_CHECK(at(r, field) == at(reference, field), "the ranks disagree on ", names[field], ": rank ", reference,
-                  " has ", describe(field, at(reference, field)), ", rank ", r, " has ", describe(field, at(r, field)),
+      GPIPE_CHECK(at(r, field) == at(reference, field), "the ranks disagree on ", names[field], ": ", rank_name(reference),
+                  " has ", describe(field, at(reference, field)), ", ", rank_name(r), " has ", describe(field, at(r, field)),
                   "; start every rank with the same model and settings");
     }
   }
@@ -187,8 +187,8 @@ void RankGroup::check_agreement(const torch::nn::Sequential& layers, const Pipel
     return std::vector<int>(fields.begin() + kFields, fields.end());
   };
   for (int r = 1; r < size; ++r)
-    GPIPE_CHECK(balance_of(r) == balance_of(0), "the ranks disagree on the balance: rank 0 has ",
-                format_balance(balance_of(0)), ", rank ", r, " has ", format_balance(balance_of(r)),
+    GPIPE_CHECK(balance_of(r) == balance_of(0), "the ranks disagree on the balance: ", rank_name(0), " has ",
+                format_balance(balance_of(0)), ", ", rank_name(r), " has ", format_balance(balance_of(r)),
                 "; start every rank with the same cut");
   for (int r = 0; r < size; ++r) {
     const int device = place(r, size, plan.devices).device;
@@ -198,7 +198,7 @@ void RankGroup::check_agreement(const torch::nn::Sequential& layers, const Pipel
       expected += balance[static_cast<size_t>(s)];
       which += (which.empty() ? "" : ", ") + std::to_string(s);
     }
-    GPIPE_CHECK(at(r, kGiven) == expected, "rank ", r, " runs stage", plan.virtual_stages > 1 ? "s " : " ", which,
+    GPIPE_CHECK(at(r, kGiven) == expected, rank_name(r), " runs stage", plan.virtual_stages > 1 ? "s " : " ", which,
                 ", which the balance ", format_balance(balance), " gives ", expected, " layers, but it was given ",
                 at(r, kGiven), "; build each rank's layers with gpipe::device_layers");
   }
@@ -256,7 +256,7 @@ void RankGroup::begin_call() {
   auto [rank, left] = heard_leaving();
   if (!left.empty()) {
     failed_ = true;  // the next call cannot start over: fresh connections need every process
-    throw RemoteError(rank, left);
+    throw RemoteError(rank, left, rank_name(rank));
   }
   if (!failed_) return;
   abandon();
@@ -280,7 +280,7 @@ std::string RankGroup::leaving_message(bool program_ended) const {
 }
 
 std::string RankGroup::who() const {
-  return "rank " + std::to_string(rank()) + " (device " + std::to_string(placement_.device) + ", replica " +
+  return rank_name(rank()) + " (device " + std::to_string(placement_.device) + ", replica " +
          std::to_string(placement_.replica) + "): ";
 }
 

@@ -127,6 +127,8 @@ class RankGroup : public Backend {
 
   /// How describe() names the backend: the name given, or more that only the backend knows.
   virtual std::string backend_name() const { return name_; }
+  /// How messages name rank `r`: "rank r", or more that only the backend knows.
+  virtual std::string rank_name(int r) const { return "rank " + std::to_string(r); }
 
   /// Uses `plan`, one make_plan made for the pipeline's options on every process alike, as it is.
   void made_plan(const PipelinePlan& plan) {

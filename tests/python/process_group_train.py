@@ -3,7 +3,8 @@ no torchrun and none of its variables), then GPipe over a process group; prints 
 losses and this rank's own parameters (those it trains).
 
 Usage: process_group_train.py RANK WORLD_SIZE PORT GROUPS   (GROUPS: "default", "world", "pairs":
-ranks {0, 1} and {2, 3} each a pipeline of their own, or "again": the default group, then
+ranks {0, 1} and {2, 3} each a pipeline of their own, "pairs_leave": the same, but rank 3 ends after
+one step, so that rank 2's next step fails (its message printed as "error"), or "again": the default group, then
 destroy_process_group and a new default group at AGAIN_PORT (PORT given as "PORT,AGAIN_PORT"), over which a new GPipe trains once the
 first is deleted); WORLD_SIZE 1 with RANK 0: one process alone."""
 import gc
@@ -22,7 +23,7 @@ if size > 1:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
     if groups == "world":
         group = dist.group.WORLD
-    elif groups == "pairs":
+    elif groups in ("pairs", "pairs_leave"):
         pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every process makes every group
         group = pairs[rank // 2]
 
@@ -36,10 +37,16 @@ def train():
     opt = torch.optim.SGD(pipe.parameters(), lr=0.05)
     data = torch.Generator().manual_seed(1)
     losses = []
-    for step in range(4):
+    for step in range(1 if groups == "pairs_leave" and rank == 3 else 4):
         x, y = torch.randn(16, 12, generator=data), torch.randn(16, 4, generator=data)
         opt.zero_grad()
-        losses.append(pipe.train_step(x, y, loss="mse"))
+        try:
+            losses.append(pipe.train_step(x, y, loss="mse"))
+        except RuntimeError as e:
+            if groups != "pairs_leave":
+                raise
+            losses.append(str(e))
+            break
         opt.step()
     return model, pipe, losses
 

@@ -68,6 +68,14 @@ def test_subgroups_run_pipelines_of_their_own(alone):
             assert values == alone["parameters"][name], name
 
 
+def test_a_subgroups_ranks_are_named_with_their_number_in_the_default_group():
+    ranks = run_job(4, "pairs_leave")
+    assert len(ranks[0]["losses"]) == len(ranks[1]["losses"]) == 4  # the other pair trains on
+    error = ranks[2]["losses"][-1]
+    assert "stopped because rank 1 (3 in the default group) failed: rank 1 (3 in the default group) (device 1, " \
+           "replica 0): " in error, error
+
+
 def test_a_new_group_after_destroy_process_group_once_the_old_pipelines_are_gone(alone):
     ranks = run_job(2, "again")
     for r in ranks:

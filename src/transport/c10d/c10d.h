@@ -71,7 +71,13 @@ struct World {
   /// connection is that one, shared by the threads, one call at a time (a wait holds up the others).
   c10::intrusive_ptr<::c10d::Store> shared;
   std::shared_ptr<::gloo::transport::Device> device;  // Gloo's, shared by every Links
+  /// What messages call each rank beside its own number: start_over's `known_as` (a subgroup's
+  /// ranks in the default group); empty: nothing more.
+  std::vector<int> known_as;
 };
+
+/// How messages name rank `r` of `w`: "rank r", or "rank r (3 in the default group)" for a subgroup.
+std::string rank_name(const World& w, int r);
 
 /// Starts the job for the rest of the process on the first call (connects to the store, and starts
 /// the thread that watches the error flags); returns it. Throws std::invalid_argument naming the
@@ -302,6 +308,7 @@ class C10dGroup : public detail::RankGroup {
   void reduce(double* values, int count, bool largest) override;
   std::vector<std::string> gather(const std::string& bytes) override;
   int rank() const override { return world().rank; }
+  std::string rank_name(int r) const override { return c10d::rank_name(world(), r); }
 
   /// Tells the other processes that this one makes no more calls; takes none after.
   void leave();

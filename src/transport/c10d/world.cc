@@ -122,6 +122,13 @@ c10::intrusive_ptr<::c10d::Store> tcp_client(const std::string& host, int port, 
 
 }  // namespace
 
+std::string rank_name(const World& w, int r) {
+  std::string name = "rank " + std::to_string(r);
+  if (r >= 0 && static_cast<size_t>(r) < w.known_as.size() && w.known_as[static_cast<size_t>(r)] != r)
+    name += " (" + std::to_string(w.known_as[static_cast<size_t>(r)]) + " in the default group)";
+  return name;
+}
+
 std::string most_wait(const World& w) {
   return "it waits " + std::to_string(w.timeout.count() / 1000) + " s at most (GPIPE_TIMEOUT)";
 }
@@ -254,10 +261,13 @@ void retire(World* old) {
 
 }  // namespace
 
-void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope) {
+void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope,
+                const std::vector<int>& known_as) {
   GPIPE_CHECK(store, "the c10d backend needs a store (a torch.distributed process group's)");
   GPIPE_CHECK(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " of ", size,
               " processes: a rank runs from 0 to the processes less 1");
+  GPIPE_CHECK(known_as.empty() || known_as.size() == static_cast<size_t>(size), "`known_as` names ", known_as.size(),
+              " ranks of a group of ", size, "; give one number per rank, or none");
   const std::lock_guard<std::mutex> starting(start_mutex);
   {
     const std::lock_guard<std::mutex> lock(world_mutex);
@@ -285,6 +295,7 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
   if (!scope.empty()) w->prefix += "/" + scope;
   w->given = store;
   w->scope = scope;
+  w->known_as = known_as;
   // A TCPStore under the group's prefixes: connections of gpipe's own to its server (a wait on one
   // then holds up no other thread's calls); any other store is shared.
   c10::intrusive_ptr<::c10d::Store> base = store;
