@@ -602,24 +602,27 @@ std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const Trainin
   if (!saved) return std::nullopt;
   const int64_t batch = std::min(s.batch_size, c.data.train.size());
   const int layers = std::accumulate(saved->balance.begin(), saved->balance.end(), 0);
-  std::ostringstream differs;
+  std::vector<std::string> differs;  // every setting the file's pipeline does not meet
+  auto say = [&differs](const auto&... parts) {
+    std::ostringstream out;
+    (out << ... << parts);
+    differs.push_back(out.str());
+  };
+  if (saved->devices != s.devices) say("`devices` ", s.devices, " differs from its ", saved->devices);
   // (By time is auto's own cut, which the file's is.)
-  if (saved->devices != s.devices)
-    differs << "`devices` " << s.devices << " differs from its " << saved->devices;
-  else if (!s.balance_by.empty() && s.balance_by != "time")
-    differs << "`balance_by` " << s.balance_by << " asks for a new cut";
-  else if (!s.balance.empty() && s.balance != saved->balance)
-    differs << "`balance` " << bracketed(s.balance) << " differs from its " << bracketed(saved->balance);
-  else if (s.micro_batches_given && s.micro_batches != saved->micro_batches)
-    differs << "`micro_batches` " << s.micro_batches << " differs from its " << saved->micro_batches;
-  else if (s.virtual_stages != 0 && s.virtual_stages != saved->virtual_stages)
-    differs << "`virtual_stages` " << s.virtual_stages << " differs from its " << saved->virtual_stages;
-  else if (saved->batch != batch)
-    differs << "`batch_size` " << batch << " differs from its " << saved->batch;
-  else if (layers != c.task.layers)
-    differs << "its cut " << bracketed(saved->balance) << " holds " << layers << " layers, the model " << c.task.layers;
-  if (!differs.str().empty()) {
-    why_not = s.resume + " was trained otherwise: " + differs.str();
+  if (!s.balance_by.empty() && s.balance_by != "time") say("`balance_by` ", s.balance_by, " asks for a new cut");
+  if (!s.balance.empty() && s.balance != saved->balance)
+    say("`balance` ", bracketed(s.balance), " differs from its ", bracketed(saved->balance));
+  if (s.micro_batches_given && s.micro_batches != saved->micro_batches)
+    say("`micro_batches` ", s.micro_batches, " differs from its ", saved->micro_batches);
+  if (s.virtual_stages != 0 && s.virtual_stages != saved->virtual_stages)
+    say("`virtual_stages` ", s.virtual_stages, " differs from its ", saved->virtual_stages);
+  if (saved->batch != batch) say("`batch_size` ", batch, " differs from its ", saved->batch);
+  if (layers != c.task.layers)
+    say("its cut ", bracketed(saved->balance), " holds ", layers, " layers, the model ", c.task.layers);
+  if (!differs.empty()) {
+    why_not = s.resume + " was trained otherwise: ";
+    for (size_t n = 0; n < differs.size(); ++n) why_not += (n ? ", " : "") + differs[n];
     return std::nullopt;
   }
   ScheduleChoice choice;
