@@ -17,14 +17,18 @@ namespace gpipe::c10d {
 /// share a store (torch.distributed's groups share the default group's; Python passes the group's
 /// ranks). Pipelines made after it with Runtime::kC10d (or kAuto) run over it. A call with the
 /// same store, scope, rank and size does nothing; with others (a group made after the one before
-/// was destroyed) the backend starts over them, letting go of the store before, once no pipeline of
-/// this process runs over it. Throws std::invalid_argument for a rank outside the processes, or
-/// while a pipeline of this process still runs over another store (every pipeline of a process
-/// uses the same one); call it from one thread, with no pipeline being made. job() (job.h) stays a
+/// was destroyed) the backend lets go of the store before and starts over the new one, where no
+/// pipeline of this process runs over the one before. Throws std::invalid_argument for a rank
+/// outside the processes, while a pipeline of this process still runs over another store (every
+/// pipeline of a process uses the same one), or in a job torchrun started, whose store is the
+/// process's for good; call it from one thread, with no pipeline being made. job() (job.h) stays a
 /// job of one process: its calls across the ranks (check_same_settings, end_job) are for jobs a
 /// launcher started. `known_as`, one number per rank or none: what messages call each rank beside
-/// its own (a subgroup's ranks in the default group: "rank 1 (3 in the default group)").
+/// its own (a subgroup's ranks in the default group: "rank 1 (3 in the default group)"). With
+/// `let_go` (Python's GPipe), the backend lets go of the store when the last pipeline over it ends
+/// (a process group's server then goes when the group is destroyed), and a pipeline made after needs
+/// start_over again, with that store or another.
 void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope = "",
-                const std::vector<int>& known_as = {});
+                const std::vector<int>& known_as = {}, bool let_go = false);
 
 }  // namespace gpipe::c10d

@@ -46,7 +46,7 @@ class RemoteError : public Cancelled {
       : Cancelled("gpipe: stopped because " + (named.empty() ? "rank " + std::to_string(rank) : named) +
                   " failed: " + message),
         rank_(rank) {}
-  /// The rank of the process that failed.
+  /// The rank of the process that failed, in the job or process group the pipeline runs over.
   int rank() const { return rank_; }
 
  private:

@@ -514,8 +514,9 @@ class GPipe:
                              f"schedule={schedule!r}, virtual_stages={virtual_stages!r}, threads={threads!r}): "
                              f"K is devices, M chunks, V virtual_stages)") from None
         settings.devices = self.devices
-        if group is not None:  # once the plan is accepted: the process keeps the group it gives
-            _gpipe.use_process_group(*group)
+        self._group = group
+        if group is not None:  # once the plan is accepted; again before each pipeline is built
+            _gpipe.use_process_group(*group, let_go=True)
         # schedule="auto" without chunks: chosen on the first batch
         self.chunks = settings.micro_batches if settings.micro_batches_given else None
         self.model = model
@@ -537,6 +538,8 @@ class GPipe:
         """The pipeline of the settings (on `batch`, the first one, where it is chosen or cut there);
         the seconds it took in build_seconds."""
         begin = time.perf_counter()
+        if self._group is not None:  # the backend lets go of the group's store when no pipeline uses it
+            _gpipe.use_process_group(*self._group, let_go=True)
         pipe = _gpipe.Pipeline(self._scripted, self._settings, batch)
         self.build_seconds = time.perf_counter() - begin
         return pipe

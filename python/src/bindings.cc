@@ -495,15 +495,15 @@ PYBIND11_MODULE(_gpipe, m) {
   m.def("leave_job", [] { leave_processes(); });
   // process_group=: the c10d backend over a torch.distributed process group's store (pipe.py finds it).
   m.def("use_process_group", [](const py::object& store, int rank, int size, const std::string& scope,
-                                 const std::vector<int>& known_as) {
+                                 const std::vector<int>& known_as, bool let_go) {
 #if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
-    gpipe::c10d::start_over(store.cast<c10::intrusive_ptr<::c10d::Store>>(), rank, size, scope, known_as);
+    gpipe::c10d::start_over(store.cast<c10::intrusive_ptr<::c10d::Store>>(), rank, size, scope, known_as, let_go);
 #else
-    (void)store, (void)rank, (void)size, (void)scope, (void)known_as;
+    (void)store, (void)rank, (void)size, (void)scope, (void)known_as, (void)let_go;
     throw std::invalid_argument("this gpipe was built without the c10d backend, which process_group needs; install "
                                 "libgloo-dev and rebuild with it (cmake -DGPIPE_C10D=ON)");
 #endif
-  }, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("scope"), py::arg("known_as"));
+  }, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("scope"), py::arg("known_as"), py::arg("let_go"));
   m.def("schedule_names", &schedule_names);
   m.def("checkpoint_names", &checkpoint_names);
   // runtime=: "auto", "threads", then each backend's name (backends(), built in or not).

@@ -6,7 +6,7 @@ Usage: process_group_train.py RANK WORLD_SIZE PORT GROUPS   (GROUPS: "default", 
 ranks {0, 1} and {2, 3} each a pipeline of their own, "pairs_leave": the same, but rank 3 ends after
 one step, so that rank 2's next step fails (its message printed as "error"), or "again": the default group, then
 destroy_process_group and a new default group at AGAIN_PORT (PORT given as "PORT,AGAIN_PORT"), over which a new GPipe trains once the
-first is deleted); WORLD_SIZE 1 with RANK 0: one process alone."""
+first is deleted, and then a GPipe after another over it); WORLD_SIZE 1 with RANK 0: one process alone."""
 import gc
 import json
 import sys
@@ -61,6 +61,12 @@ if groups == "again":
         train()  # the first GPipe still runs over the group before
     except ValueError as e:
         refused = str(e)
+    del model, pipe
+    gc.collect()
+    model, pipe, losses = train()
+    assert losses == first, (losses, first)
+    # A pipeline after another over one group (gpipe lets go of the group's store when its last
+    # pipeline ends, and starts over it with keys of their own) trains alike.
     del model, pipe
     gc.collect()
     model, pipe, losses = train()

@@ -42,6 +42,14 @@ def run_job(size, groups):
     return out
 
 
+def assert_as_alone(rank, alone):
+    """A rank of a 2-device pipeline over c10d: the losses and its parameters of one process, bit for bit."""
+    assert rank["describe"] == "c10d (Gloo; shared memory with 1 of 1 other rank): 2 ranks = 2 devices x 1 replicas"
+    assert rank["losses"] == alone["losses"]
+    for name, values in rank["parameters"].items():
+        assert values == alone["parameters"][name], name
+
+
 @pytest.fixture(scope="module")
 def alone():
     return run_job(1, "default")[0]
@@ -52,20 +60,14 @@ def test_a_group_of_two_equals_one_process_bit_for_bit(alone, groups):
     ranks = run_job(2, groups)
     assert alone["describe"] == "one process, 2 device threads"
     for r in ranks:
-        assert r["describe"] == "c10d (Gloo; shared memory with 1 of 1 other rank): 2 ranks = 2 devices x 1 replicas"
-        assert r["losses"] == alone["losses"]
-        for name, values in r["parameters"].items():
-            assert values == alone["parameters"][name], name
+        assert_as_alone(r, alone)
     assert set(ranks[0]["parameters"]) | set(ranks[1]["parameters"]) == set(alone["parameters"])
 
 
 def test_subgroups_run_pipelines_of_their_own(alone):
     ranks = run_job(4, "pairs")
     for r in ranks:
-        assert r["describe"] == "c10d (Gloo; shared memory with 1 of 1 other rank): 2 ranks = 2 devices x 1 replicas"
-        assert r["losses"] == alone["losses"]
-        for name, values in r["parameters"].items():
-            assert values == alone["parameters"][name], name
+        assert_as_alone(r, alone)
 
 
 def test_a_subgroups_ranks_are_named_with_their_number_in_the_default_group():
@@ -82,10 +84,7 @@ def test_a_new_group_after_destroy_process_group_once_the_old_pipelines_are_gone
         assert "which 1 pipeline of this process still uses; every pipeline of a process runs over the same " \
                "group: pass the same process_group, or end those pipelines first (Python: del the GPipe " \
                "objects)" in r["refused"], r["refused"]
-        assert r["describe"] == "c10d (Gloo; shared memory with 1 of 1 other rank): 2 ranks = 2 devices x 1 replicas"
-        assert r["losses"] == alone["losses"]
-        for name, values in r["parameters"].items():
-            assert values == alone["parameters"][name], name
+        assert_as_alone(r, alone)
 
 
 def model():

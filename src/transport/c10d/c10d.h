@@ -21,6 +21,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -74,10 +75,15 @@ struct World {
   /// What messages call each rank beside its own number: start_over's `known_as` (a subgroup's
   /// ranks in the default group); empty: nothing more.
   std::vector<int> known_as;
+  /// start_over's `let_go`: the store is let go of when the last pipeline over it ends.
+  bool let_go = false;
+  std::atomic<int> pipelines_made{0};  // each pipeline's keys: the n-th made over this World
+  std::unique_ptr<Links> job;          // the job's own connections (BackendEntry::all_gather)
 };
 
-/// How messages name rank `r` of `w`: "rank r", or "rank r (3 in the default group)" for a subgroup.
-std::string rank_name(const World& w, int r);
+/// How messages name rank `r` of a World whose known_as is `known_as`: "rank r", or "rank r (3 in the
+/// default group)" for a subgroup.
+std::string rank_name(const std::vector<int>& known_as, int r);
 
 /// Starts the job for the rest of the process on the first call (connects to the store, and starts
 /// the thread that watches the error flags); returns it. Throws std::invalid_argument naming the
@@ -126,6 +132,8 @@ void unwatch(Links* links);
 void leave();
 /// The pipelines of this process over the c10d backend that are alive.
 size_t live_pipelines();
+/// Called as a pipeline ends: a World start_over made with `let_go` is let go of once none is left.
+void pipeline_ended();
 /// Starts the job (start()) for a command-line program, bound to cores first (bind_to_cores); returns
 /// this rank and the ranks.
 std::pair<int, int> start_job();
@@ -212,6 +220,8 @@ class Links {
   c10::intrusive_ptr<::c10d::ProcessGroupGloo> group_;
   std::string flag_key_;
   int rank_ = 0;
+  std::vector<int> known_as_;  // the World's, for messages made while mutex_ is held
+  std::string name(int r) const { return rank_name(known_as_, r); }
   bool raised_ = false;
   std::map<int, std::unique_ptr<ShmPeer>> shm_;  // the processes of this machine, by rank
   // The thread that writes what did not fit in a ring as its reader makes room (started by the first
@@ -308,7 +318,7 @@ class C10dGroup : public detail::RankGroup {
   void reduce(double* values, int count, bool largest) override;
   std::vector<std::string> gather(const std::string& bytes) override;
   int rank() const override { return world().rank; }
-  std::string rank_name(int r) const override { return c10d::rank_name(world(), r); }
+  std::string rank_name(int r) const override { return c10d::rank_name(world().known_as, r); }
 
   /// Tells the other processes that this one makes no more calls; takes none after.
   void leave();

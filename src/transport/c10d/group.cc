@@ -15,11 +15,8 @@ namespace {
 
 using Live = detail::LiveGroups<C10dGroup>;  // the groups leave() tells the other processes about
 
-// Each pipeline's keys in the store: the n-th made in this process, as on every other.
-std::string next_scope() {
-  static std::atomic<int> made{0};
-  return "pipeline" + std::to_string(made++);
-}
+// Each pipeline's keys in the store: the n-th made over this job in this process, as on every other.
+std::string next_scope() { return "pipeline" + std::to_string(world().pipelines_made++); }
 
 }  // namespace
 
@@ -37,13 +34,16 @@ C10dGroup::~C10dGroup() {
   Live::remove(this);
   if (failed_ || left_) {
     abandon();  // a failed call may have left messages no process will finish
-    return;
+  } else {
+    // A process still using the pipeline (its loop longer than this one's) stops rather than waiting.
+    if (links_) links_->leave(leaving_message(/*program_ended=*/false));
+    transport_.reset();
+    links_.reset();
   }
-  // A process still using the pipeline (its loop longer than this one's) stops rather than waiting.
-  if (links_)
-    links_->leave(leaving_message(/*program_ended=*/false));
-  transport_.reset();
-  links_.reset();
+  try {
+    pipeline_ended();
+  } catch (...) {  // a destructor throws nothing; the store is then kept
+  }
 }
 
 void C10dGroup::leave() {
@@ -159,9 +159,9 @@ BackendEntry backend_entry() {
   entry.make = [](const PipelinePlan& plan) { return std::unique_ptr<Backend>(new C10dGroup(plan)); };
   entry.all_gather = [](const std::string& mine) {
     // The job's own connections, made at the first gather (every process gathers at the same points).
-    static std::unique_ptr<Links> job;
-    if (!job) job = std::make_unique<Links>("job", 0);
-    return job->all_gather(mine);
+    World& w = world();
+    if (!w.job) w.job = std::make_unique<Links>("job", 0);
+    return w.job->all_gather(mine);
   };
   entry.abort = [](int status) { abort(status); };
   entry.leave = [] { leave(); };

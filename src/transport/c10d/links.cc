@@ -150,6 +150,7 @@ struct ShmPeer {
 Links::Links(const std::string& scope, int generation) {
   const World& w = world();
   rank_ = w.rank;
+  known_as_ = w.known_as;
   const std::string base = scope + "/" + std::to_string(generation) + "/";
   store_ = connect_store("");  // the watcher's keys: the flag is flag_key_ in both
   flag_key_ = base + "flag";
@@ -165,7 +166,7 @@ Links::Links(const std::string& scope, int generation) {
       // busy with the rendezvous' wait until it ends.
       const std::string came =
           w.shared ? "" : std::to_string(connect_store("", std::chrono::seconds(5))->add(arrived, 0)) + " here, ";
-      return rank_name(w, w.rank) + " has waited " + std::to_string(seconds) + " s for the job's other " +
+      return rank_name(w.known_as, w.rank) + " has waited " + std::to_string(seconds) + " s for the job's other " +
              "ranks to connect (" + came + std::to_string(w.size) + " in all); " + most_wait(w) +
              ": check that every rank was started";
     });
@@ -178,7 +179,7 @@ Links::Links(const std::string& scope, int generation) {
     // a connection that did not come.
     const std::string what = without_program_name(first_line(e.what()));
     GPIPE_CHECK(what.rfind("stopped because rank", 0) != 0, what);
-    GPIPE_CHECK(false, rank_name(w, rank_), " could not connect to the job's other ranks within ", w.timeout.count() / 1000,
+    GPIPE_CHECK(false, name(rank_), " could not connect to the job's other ranks within ", w.timeout.count() / 1000,
                 " s (GPIPE_TIMEOUT): ", what, "; check that every rank was started and reaches the "
                 "same point (GLOO_SOCKET_IFNAME picks the network interface)");
   }
@@ -338,7 +339,7 @@ void Links::take_in(ShmPeer& peer, const ShmRecv* awaited) {
     if (c.head_read < sizeof(MessageHead)) {
       c.head_read += peer.in->read_some(reinterpret_cast<uint8_t*>(&c.head) + c.head_read, sizeof(MessageHead) - c.head_read);
       if (c.head_read < sizeof(MessageHead)) return;
-      GPIPE_CHECK(c.head.bytes >= 0, "a message of ", c.head.bytes, " bytes came from ", rank_name(world(), peer.rank));
+      GPIPE_CHECK(c.head.bytes >= 0, "a message of ", c.head.bytes, " bytes came from ", name(peer.rank));
       c.receive = peer.take_posted(c.head.tag, c.head.bytes);
       if (c.receive) {
         c.into = static_cast<uint8_t*>(c.receive->into.data_ptr());
@@ -386,13 +387,13 @@ bool Links::wait_shm(ShmRecv& work, int peer) {
     const Clock::time_point now = Clock::now();
     if (now >= look) {
       look = now + std::chrono::milliseconds(100);
-      if (from.ended()) throw_broken(peer, rank_name(world(), peer) + "'s process ended");
+      if (from.ended()) throw_broken(peer, name(peer) + "'s process ended");
     }
     if (now >= deadline) throw_broken(peer, "nothing came within GPIPE_TIMEOUT");
   }
 }
 
-void Links::throw_heard() const { throw RemoteError(heard_rank_, heard_, rank_name(world(), heard_rank_)); }
+void Links::throw_heard() const { throw RemoteError(heard_rank_, heard_, name(heard_rank_)); }
 
 void Links::flagged(const std::string& value) {
   const size_t end = value.find('\n');
@@ -498,12 +499,11 @@ void Links::throw_broken(int peer, const std::string& broken) {
   }
   const std::lock_guard<std::mutex> lock(mutex_);
   if (!heard_.empty()) throw_heard();
-  const World& w = world();
-  if (!left_.empty()) throw RemoteError(left_rank_, left_, rank_name(w, left_rank_));
+  if (!left_.empty()) throw RemoteError(left_rank_, left_, name(left_rank_));
   throw RemoteError(peer,
-                    "the connection between " + rank_name(w, rank_) + " and " + rank_name(w, peer) + " broke (" +
+                    "the connection between " + name(rank_) + " and " + name(peer) + " broke (" +
                         first_line(broken) + "): that rank ended, was killed, or did not answer within GPIPE_TIMEOUT",
-                    rank_name(w, peer));
+                    name(peer));
 }
 
 void Links::wait(const c10::intrusive_ptr<::c10d::Work>& work, int peer) {
@@ -534,7 +534,7 @@ void Links::wait(const c10::intrusive_ptr<::c10d::Work>& work, int peer) {
     if (!heard_.empty()) throw_heard();
   }
   if (!broken.empty()) throw_broken(peer, broken);
-  if (!done) throw Cancelled("gpipe: a wait of " + rank_name(world(), rank_) + " was stopped");
+  if (!done) throw Cancelled("gpipe: a wait of " + name(rank_) + " was stopped");
 }
 
 void Links::wait_sends() {
@@ -553,9 +553,9 @@ void Links::wait_sends() {
     }
     for (auto& [r, peer] : shm_) take_in(*peer);
     full->out->wait_writable(std::chrono::milliseconds(1));
-    if (full->ended()) throw_broken(full->rank, rank_name(world(), full->rank) + "'s process ended");
+    if (full->ended()) throw_broken(full->rank, name(full->rank) + "'s process ended");
     if (Clock::now() >= deadline)
-      throw_broken(full->rank, rank_name(world(), full->rank) + " read nothing within GPIPE_TIMEOUT");
+      throw_broken(full->rank, name(full->rank) + " read nothing within GPIPE_TIMEOUT");
   }
 }
 

@@ -85,6 +85,8 @@ void watch_forever(Watcher* w) {
   } catch (const std::exception&) {
     // The store is gone (the launcher ended): nothing more can be heard.
   }
+  const std::lock_guard<std::mutex> lock(w->mutex);
+  w->store.reset();  // its connection closed (the Watcher itself stays: others may still point to it)
 }
 
 }  // namespace
@@ -122,10 +124,10 @@ c10::intrusive_ptr<::c10d::Store> tcp_client(const std::string& host, int port, 
 
 }  // namespace
 
-std::string rank_name(const World& w, int r) {
+std::string rank_name(const std::vector<int>& known_as, int r) {
   std::string name = "rank " + std::to_string(r);
-  if (r >= 0 && static_cast<size_t>(r) < w.known_as.size() && w.known_as[static_cast<size_t>(r)] != r)
-    name += " (" + std::to_string(w.known_as[static_cast<size_t>(r)]) + " in the default group)";
+  if (r >= 0 && static_cast<size_t>(r) < known_as.size() && known_as[static_cast<size_t>(r)] != r)
+    name += " (" + std::to_string(known_as[static_cast<size_t>(r)]) + " in the default group)";
   return name;
 }
 
@@ -257,12 +259,13 @@ void retire(World* old) {
   old->store.reset();
   old->given.reset();
   old->shared.reset();
+  old->device.reset();
 }
 
 }  // namespace
 
 void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope,
-                const std::vector<int>& known_as) {
+                const std::vector<int>& known_as, bool let_go) {
   GPIPE_CHECK(store, "the c10d backend needs a store (a torch.distributed process group's)");
   GPIPE_CHECK(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " of ", size,
               " processes: a rank runs from 0 to the processes less 1");
@@ -275,12 +278,14 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
       if (the_world->given == store && the_world->scope == scope && the_world->rank == rank &&
           the_world->size == size)
         return;
+      // The job torchrun started is this process's for good (rank 0 hosts its store).
+      GPIPE_CHECK(the_world->given, "the c10d backend of this process runs over the job torchrun started ",
+                  "(MASTER_ADDR, RANK...; ", rank_name(the_world->known_as, the_world->rank), " of ", the_world->size,
+                  "), and every pipeline of a process runs over it: give no process_group");
       // Another group (one made after torch.distributed.destroy_process_group, say): taken once no
       // pipeline of this process runs over the one before.
       const size_t alive = live_pipelines();
-      GPIPE_CHECK(alive == 0, "the c10d backend of this process runs over ",
-                  the_world->given ? "another process group" : "the job torchrun started (MASTER_ADDR, RANK...)",
-                  " (rank ", the_world->rank, " of ", the_world->size, "), which ", alive,
+      GPIPE_CHECK(alive == 0, "the c10d backend of this process runs over another process group (", rank_name(the_world->known_as, the_world->rank), " of ", the_world->size, "), which ", alive,
                   alive == 1 ? " pipeline" : " pipelines", " of this process still use", alive == 1 ? "s" : "",
                   "; every pipeline of a process runs over the same group: pass the same process_group, or end "
                   "those pipelines first (Python: del the GPipe objects)");
@@ -293,9 +298,14 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
   w->size = size;
   set_timeout_and_prefix(*w);
   if (!scope.empty()) w->prefix += "/" + scope;
+  // The n-th start over this store by this rank, as by every other: keys of its own, so that a store
+  // started over before (its pipelines let go of, then another made) holds nothing of the last time.
+  w->prefix += "/" + std::to_string(
+                         c10::make_intrusive<::c10d::PrefixStore>(w->prefix + "/started", store)->add(std::to_string(rank), 1));
   w->given = store;
   w->scope = scope;
   w->known_as = known_as;
+  w->let_go = let_go;
   // A TCPStore under the group's prefixes: connections of gpipe's own to its server (a wait on one
   // then holds up no other thread's calls); any other store is shared.
   c10::intrusive_ptr<::c10d::Store> base = store;
@@ -346,6 +356,14 @@ World& start() {
                 e.what(), "); check MASTER_ADDR and MASTER_PORT, and that every rank of the job was started");
   }
   return begin(std::move(w));
+}
+
+void pipeline_ended() {
+  const std::lock_guard<std::mutex> starting(start_mutex);
+  const std::lock_guard<std::mutex> lock(world_mutex);
+  if (the_world == nullptr || !the_world->let_go || live_pipelines() > 0) return;
+  retire(the_world);
+  the_world = nullptr;
 }
 
 void watch(Links* links) {
