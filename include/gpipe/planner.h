@@ -155,7 +155,8 @@ constexpr int64_t kPlanProfileRows = 8;
 struct PlanProfileOptions {
   /// "sgd", "momentum" or "adam": the state kept per parameter (state_per_parameter_byte_of).
   TORCH_ARG(std::string, optimizer) = "adam";
-  /// The planned device's speed relative to this machine's core: every time is divided by it.
+  /// The planned device's speed relative to this machine's core: every layer's time is divided by
+  /// it (the pipeline's own overhead, this machine's threads', is not).
   TORCH_ARG(double, speed) = 1.0;
   /// Intra-op threads the layers are profiled with (as a stage's device runs them).
   TORCH_ARG(int, threads) = 1;
@@ -172,7 +173,7 @@ struct PlanProfileOptions {
   TORCH_ARG(std::function<void()>, between) = nullptr;
   /// Whether the pipeline's own overhead on this machine (pipeline_overhead at `threads`) goes into
   /// the costs (CostModel::action_overhead_s, step_overhead_s).
-  TORCH_ARG(bool, pipeline_overhead) = true;
+  TORCH_ARG(bool, count_pipeline_overhead) = true;
 };
 
 /// What gpipe's pipeline of threads adds on this machine to the time its layers take alone:
@@ -187,9 +188,15 @@ struct PipelineOverhead {
 /// layers (8 x [Linear(64, 64), ReLU], 256 rows) on 2 devices, fill-drain at M = 1, 4 and 16; the
 /// median of its timed steps less the step predicted from its profiled layers, fitted by least
 /// squares to a time per step plus a time per action on the predicted critical path, neither below
-/// 0. The default random generator is left as it was. Throws std::invalid_argument for fewer than 1
-/// thread.
+/// 0; with gradients on whatever the caller's mode, and at most half the machine's cores per device. The
+/// default random generator is left as it was. Throws std::invalid_argument for fewer than 1 thread.
 PipelineOverhead pipeline_overhead(int threads = 1);
+
+/// The fit pipeline_overhead makes: `residuals` holds, per probe, the measured step less the predicted
+/// one and the actions on the predicted critical path; the least-squares time per step plus time per
+/// action, neither below 0 (one at 0, the other fitted alone; a residual that is not finite counts
+/// as 0).
+PipelineOverhead fit_pipeline_overhead(const std::vector<std::pair<double, double>>& residuals);
 
 /// `costs` with pipeline_overhead(threads) as its action_overhead_s and step_overhead_s.
 CostModel with_pipeline_overhead(CostModel costs, int threads);

@@ -3,6 +3,7 @@
 #include "gpipe/planner.h"
 
 #include "gpipe/check.h"
+#include "gpipe/device.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/stage.h"
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <mutex>
 
@@ -36,8 +38,7 @@ torch::nn::Sequential small_layers(LayerRange keep) {
   return out;
 }
 
-// Fill-drain on 2 devices at M micro-batches: its pipeline, its timed steps, and the actions on its
-// predicted critical path.
+// Fill-drain on 2 devices at M micro-batches: its pipeline and its timed steps.
 struct Probe {
   int micro_batches = 1;
   std::unique_ptr<Pipeline> pipe;
@@ -84,6 +85,11 @@ std::vector<std::pair<double, double>> residuals(int threads) {
 }
 
 PipelineOverhead measure(int threads) {
+  // Trained whatever the caller's mode (torch.no_grad, inference mode): the modes are the thread's.
+  const c10::InferenceMode not_inference(false);
+  const torch::AutoGradMode grad(true);
+  // Each of the 2 devices has at most half the machine's cores: a plan for more is measured at those.
+  threads = std::clamp(threads, 1, std::max(1, machine_cores() / 2));
   // The layers are built from the default generator's numbers, which are put back.
   at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
   const torch::Tensor state = generator.get_state();
@@ -95,25 +101,7 @@ PipelineOverhead measure(int threads) {
     throw;
   }
   generator.set_state(state);
-  // residual = step + action x actions, by least squares, neither below 0.
-  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (const auto& [residual, actions] : found) {
-    n += 1, sx += actions, sy += residual, sxx += actions * actions, sxy += actions * residual;
-  }
-  PipelineOverhead o;
-  const double spread = n * sxx - sx * sx;
-  o.action_s = spread > 0 ? (n * sxy - sx * sy) / spread : 0.0;
-  o.step_s = (sy - o.action_s * sx) / n;
-  if (o.action_s < 0) {
-    o.action_s = 0;
-    o.step_s = sy / n;
-  } else if (o.step_s < 0) {
-    o.step_s = 0;
-    o.action_s = sxx > 0 ? sxy / sxx : 0.0;
-  }
-  o.action_s = std::max(0.0, o.action_s);
-  o.step_s = std::max(0.0, o.step_s);
-  return o;
+  return fit_pipeline_overhead(found);
 }
 
 }  // namespace
@@ -125,6 +113,30 @@ PipelineOverhead pipeline_overhead(int threads) {
   const std::lock_guard<std::mutex> lock(mutex);
   if (const auto it = measured.find(threads); it != measured.end()) return it->second;
   return measured[threads] = measure(threads);
+}
+
+PipelineOverhead fit_pipeline_overhead(const std::vector<std::pair<double, double>>& residuals) {
+  // residual = step + action x actions, by least squares.
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [measured, actions] : residuals) {
+    const double y = std::isfinite(measured) ? measured : 0.0;
+    n += 1, sx += actions, sy += y, sxx += actions * actions, sxy += actions * y;
+  }
+  PipelineOverhead o;
+  if (n == 0) return o;
+  const double spread = n * sxx - sx * sx;
+  o.action_s = spread > 0 ? (n * sxy - sx * sy) / spread : 0.0;
+  o.step_s = (sy - o.action_s * sx) / n;
+  if (o.action_s < 0) {  // the step's alone
+    o.action_s = 0;
+    o.step_s = sy / n;
+  } else if (o.step_s < 0) {  // the actions' alone
+    o.step_s = 0;
+    o.action_s = sxx > 0 ? sxy / sxx : 0.0;
+  }
+  o.action_s = std::max(0.0, o.action_s);
+  o.step_s = std::max(0.0, o.step_s);
+  return o;
 }
 
 CostModel with_pipeline_overhead(CostModel costs, int threads) {

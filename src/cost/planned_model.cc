@@ -95,7 +95,7 @@ CostModel profile_model(const torch::nn::Sequential& model, const Tensors& sampl
     costs = profile_layers(model, sample, options.threads(), state, options.warmup(), options.repetitions(),
                            options.loss(), options.target(), {}, options.in_flight(), options.between());
   }
-  if (options.pipeline_overhead()) costs = with_pipeline_overhead(std::move(costs), options.threads());
+  if (options.count_pipeline_overhead()) costs = with_pipeline_overhead(std::move(costs), options.threads());
   return with_compute_scaled(std::move(costs), 1.0 / options.speed());
 }
 
@@ -108,7 +108,7 @@ PlannedModel plan_model_of(const torch::nn::Sequential& model, const Tensors& sa
   d << options.name() << ": " << model->size() << " layers, " << m.parameters << " parameters (profiled here, device "
     << options.speed() << "x this machine's core)"
     << (m.least_micro_batch_rows > 1 ? "; its BatchNorm trains on micro-batches of 2 rows or more" : "");
-  if (options.pipeline_overhead())
+  if (options.count_pipeline_overhead())
     d << "; the pipeline's own overhead here " << std::fixed << std::setprecision(0) << m.costs.action_overhead_s * 1e6
       << " us per action and " << m.costs.step_overhead_s * 1e6 << " us per step";
   m.description = d.str();

@@ -622,7 +622,7 @@ std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const Trainin
     say("its cut ", bracketed(saved->balance), " holds ", layers, " layers, the model ", c.task.layers);
   if (!differs.empty()) {
     why_not = s.resume + " was trained otherwise: ";
-    for (size_t n = 0; n < differs.size(); ++n) why_not += (n ? ", " : "") + differs[n];
+    for (size_t n = 0; n < differs.size(); ++n) why_not += (n ? "; " : "") + differs[n];
     return std::nullopt;
   }
   ScheduleChoice choice;
