@@ -617,7 +617,12 @@ std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const Trainin
     say("`micro_batches` ", s.micro_batches, " differs from its ", saved->micro_batches);
   if (s.virtual_stages != 0 && s.virtual_stages != saved->virtual_stages)
     say("`virtual_stages` ", s.virtual_stages, " differs from its ", saved->virtual_stages);
-  if (saved->batch != batch) say("`batch_size` ", batch, " differs from its ", saved->batch);
+  if (saved->batch != batch) {
+    if (batch == s.batch_size)
+      say("`batch_size` ", batch, " differs from its ", saved->batch);
+    else  // the training set is smaller than the batch asked for
+      say("the batch of ", batch, " rows (every training sample) differs from its ", saved->batch);
+  }
   if (layers != c.task.layers)
     say("its cut ", bracketed(saved->balance), " holds ", layers, " layers, the model ", c.task.layers);
   if (!differs.empty()) {
