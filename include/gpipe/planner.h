@@ -184,7 +184,7 @@ struct PipelineOverhead {
 };
 
 /// The pipeline's own overhead with `threads` intra-op threads per device, measured the first time
-/// it is asked in this process (about a quarter of a second) and remembered: a pipeline of 16 small
+/// it is asked in this process (a few tenths of a second) and remembered: a pipeline of 16 small
 /// layers (8 x [Linear(64, 64), ReLU], 256 rows) on 2 devices, fill-drain at M = 1, 4 and 16; the
 /// median of its timed steps less the step predicted from its profiled layers, fitted by least
 /// squares to a time per step plus a time per action on the predicted critical path, neither below

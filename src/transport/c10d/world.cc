@@ -245,9 +245,12 @@ World& begin(std::unique_ptr<World> w) {
   return *the_world;
 }
 
-// A World start_over replaces: its watcher stops and its stores are let go (a process group's
-// server with them); the World itself stays, for any reference still held (world_mutex held).
-void retire(World* old) {
+// The World start_over replaces, or let go of: its watcher stops and its stores are let go (a
+// process group's server with them); no World is then started. The World itself stays, for any
+// reference still held (world_mutex held).
+void retire_the_world() {
+  World* old = the_world;
+  the_world = nullptr;
   if (the_watcher != nullptr) {
     {
       const std::lock_guard<std::mutex> lock(the_watcher->mutex);
@@ -285,12 +288,12 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
       // Another group (one made after torch.distributed.destroy_process_group, say): taken once no
       // pipeline of this process runs over the one before.
       const size_t alive = live_pipelines();
-      GPIPE_CHECK(alive == 0, "the c10d backend of this process runs over another process group (", rank_name(the_world->known_as, the_world->rank), " of ", the_world->size, "), which ", alive,
+      GPIPE_CHECK(alive == 0, "the c10d backend of this process runs over another process group (",
+                  rank_name(the_world->known_as, the_world->rank), " of ", the_world->size, "), which ", alive,
                   alive == 1 ? " pipeline" : " pipelines", " of this process still use", alive == 1 ? "s" : "",
                   "; every pipeline of a process runs over the same group: pass the same process_group, or end "
                   "those pipelines first (Python: del the GPipe objects)");
-      retire(the_world);
-      the_world = nullptr;
+      retire_the_world();
     }
   }
   auto w = std::make_unique<World>();
@@ -362,8 +365,7 @@ void pipeline_ended() {
   const std::lock_guard<std::mutex> starting(start_mutex);
   const std::lock_guard<std::mutex> lock(world_mutex);
   if (the_world == nullptr || !the_world->let_go || live_pipelines() > 0) return;
-  retire(the_world);
-  the_world = nullptr;
+  retire_the_world();
 }
 
 void watch(Links* links) {
