@@ -6,10 +6,13 @@ Usage: process_group_train.py RANK WORLD_SIZE PORT GROUPS   (GROUPS: "default", 
 ranks {0, 1} and {2, 3} each a pipeline of their own, "pairs_leave": the same, but rank 3 ends after
 one step, so that rank 2's next step fails (its message printed as "error"), or "again": the default group, then
 destroy_process_group and a new default group at AGAIN_PORT (PORT given as "PORT,AGAIN_PORT"), over which a new GPipe trains once the
-first is deleted, and then a GPipe after another over it); WORLD_SIZE 1 with RANK 0: one process alone."""
+first is deleted, and then a GPipe after another over it), or "again_one": the same, but only rank 0 keeps
+its first GPipe over the new group's first attempt, so that rank 1 hears why rank 0 cannot take the
+group; WORLD_SIZE 1 with RANK 0: one process alone."""
 import gc
 import json
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -52,17 +55,23 @@ def train():
 
 
 model, pipe, losses = train()
-refused = None
-if groups == "again":
+refused = refused_s = None
+if groups in ("again", "again_one"):
     first = losses
+    if groups == "again_one" and rank == 1:
+        del model, pipe
+        gc.collect()
     dist.destroy_process_group()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{again_port}", rank=rank, world_size=size)
+    began = time.monotonic()
     try:
-        train()  # the first GPipe still runs over the group before
+        train()  # the first GPipe still runs over the group before (rank 0's only, with "again_one")
     except ValueError as e:
         refused = str(e)
-    del model, pipe
-    gc.collect()
+    refused_s = time.monotonic() - began
+    if groups == "again" or rank == 0:
+        del model, pipe
+        gc.collect()
     model, pipe, losses = train()
     assert losses == first, (losses, first)
     # A pipeline after another over one group (gpipe lets go of the group's store when its last
@@ -76,4 +85,5 @@ device = pipe.rank % 2 if size > 1 else None
 own = [n for n, _ in model.named_parameters() if device is None or (int(n.split(".")[0]) >= 2) == (device == 1)]
 params = dict(model.named_parameters())
 print(json.dumps({"losses": [repr(v) for v in losses], "describe": pipe.describe(), "refused": refused,
+                  "refused_s": refused_s,
                   "parameters": {n: params[n].detach().flatten().tolist() for n in own}}), flush=True)

@@ -26,7 +26,7 @@ def free_port():
 def run_job(size, groups):
     """Each process's JSON line (size 1: one process alone)."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
-    port = str(free_port()) + ("," + str(free_port()) if groups == "again" else "")
+    port = str(free_port()) + ("," + str(free_port()) if groups.startswith("again") else "")
     procs = [subprocess.Popen([sys.executable, SCRIPT, str(r), str(size), port, groups], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(size)]
     out = []
@@ -84,6 +84,17 @@ def test_a_new_group_after_destroy_process_group_once_the_old_pipelines_are_gone
         assert "which 1 pipeline of this process still uses; every pipeline of a process runs over the same " \
                "group: pass the same process_group, or end those pipelines first (Python: del the GPipe " \
                "objects)" in r["refused"], r["refused"]
+        assert_as_alone(r, alone)
+
+
+def test_a_rank_that_cannot_take_a_new_group_stops_the_others_at_once(alone):
+    ranks = run_job(2, "again_one")
+    assert "which 1 pipeline of this process still uses" in ranks[0]["refused"], ranks[0]["refused"]
+    assert ranks[1]["refused"] == "gpipe: rank 0 could not take the new process group, so neither does rank 1: " \
+        "1 pipeline of its process still uses the group before; end those pipelines first (Python: del the " \
+        "GPipe objects), then make the GPipe over the new group on every rank", ranks[1]["refused"]
+    assert ranks[1]["refused_s"] < 30  # heard of at once, not after GPIPE_TIMEOUT (1800 s)
+    for r in ranks:
         assert_as_alone(r, alone)
 
 

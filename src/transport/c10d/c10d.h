@@ -46,6 +46,8 @@ class ShmRecv;
 /// A store value from text, and back.
 inline std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 inline std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+/// The first line of `text` (an exception's message, say).
+inline std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 /// GPIPE_SHM: whether the ranks of one machine meet through shared memory (1, the default) or Gloo (0);
 /// std::invalid_argument for any other value.

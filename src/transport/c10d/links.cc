@@ -33,8 +33,6 @@ constexpr int kGatherTag = kTransportTags + 2;
 constexpr char kLeaving = '\x01';  // the first byte of a leaving process's message
 
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
 // Each way between two processes of a machine: a ring of 8 MiB, halved while a process's rings to
 // the others there pass 32 MiB, down to 1 MiB. A message larger than its ring crosses in parts, as the
 // receiver reads.

@@ -265,6 +265,54 @@ void retire_the_world() {
   old->device.reset();
 }
 
+// What this process's pipelines still over `old` (another group's World) say of themselves, as
+// `own` (the message this process gives) and `theirs` (what its peers hear); both "" when none is
+// alive (world_mutex held).
+struct InUse {
+  std::string own, theirs;
+};
+InUse still_in_use(const World& old) {
+  const size_t alive = live_pipelines();
+  if (alive == 0) return {};
+  const std::string pipelines = std::to_string(alive) + (alive == 1 ? " pipeline" : " pipelines");
+  const std::string use = alive == 1 ? " uses" : " use";
+  const std::string fix = "end those pipelines first (Python: del the GPipe objects)";
+  return {"the c10d backend of this process runs over another process group (" + rank_name(old.known_as, old.rank) +
+              " of " + std::to_string(old.size) + "), which " + pipelines + " of this process still" + use +
+              "; every pipeline of a process runs over the same group: pass the same process_group, or " + fix,
+          pipelines + " of its process still" + use + " the group before; " + fix +
+              ", then make the GPipe over the new group on every rank"};
+}
+
+// Every rank starting over a new group says, under the start's own keys, whether it takes the group
+// or why not (`refused`); one that does not throws `refused.own` at once, and the others, once they
+// have heard, throw naming it: no rank waits for one that will not come (start_mutex held).
+void agree_to_start(const World& w, const c10::intrusive_ptr<::c10d::Store>& store, const InUse& refused) {
+  const auto said = c10::make_intrusive<::c10d::PrefixStore>(w.prefix + "/taken", store);
+  said->set(std::to_string(w.rank), bytes_of(refused.own.empty() ? "+" : "-" + refused.theirs));
+  GPIPE_CHECK(refused.own.empty(), refused.own);
+  for (int r = 0; r < w.size; ++r) {
+    if (r == w.rank) continue;
+    const std::string key = std::to_string(r);
+    try {
+      const WaitNotice notice([&w, r](int seconds) {
+        return rank_name(w.known_as, w.rank) + " has waited " + std::to_string(seconds) + " s for " +
+               rank_name(w.known_as, r) + " to take the new process group; " + most_wait(w) +
+               ": check that every rank makes its GPipe over the group";
+      });
+      said->wait({key}, w.timeout);
+    } catch (const std::exception& e) {
+      GPIPE_CHECK(false, rank_name(w.known_as, w.rank), " could not start over the new process group: ",
+                  rank_name(w.known_as, r), " did not take it within ", w.timeout.count() / 1000,
+                  " s (GPIPE_TIMEOUT): ", first_line(e.what()),
+                  "; check that every rank of the group makes its GPipe over it");
+    }
+    const std::string answer = text_of(said->get(key));
+    GPIPE_CHECK(answer == "+", rank_name(w.known_as, r), " could not take the new process group, so neither does ",
+                rank_name(w.known_as, w.rank), ": ", answer.substr(1));
+  }
+}
+
 }  // namespace
 
 void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope,
@@ -275,6 +323,7 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
   GPIPE_CHECK(known_as.empty() || known_as.size() == static_cast<size_t>(size), "`known_as` names ", known_as.size(),
               " ranks of a group of ", size, "; give one number per rank, or none");
   const std::lock_guard<std::mutex> starting(start_mutex);
+  InUse refused;  // why this process cannot take the group, which its peers hear of too
   {
     const std::lock_guard<std::mutex> lock(world_mutex);
     if (the_world != nullptr) {
@@ -285,15 +334,7 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
       GPIPE_CHECK(the_world->given, "the c10d backend of this process runs over the job torchrun started ",
                   "(MASTER_ADDR, RANK...; ", rank_name(the_world->known_as, the_world->rank), " of ", the_world->size,
                   "), and every pipeline of a process runs over it: give no process_group");
-      // Another group (one made after torch.distributed.destroy_process_group, say): taken once no
-      // pipeline of this process runs over the one before.
-      const size_t alive = live_pipelines();
-      GPIPE_CHECK(alive == 0, "the c10d backend of this process runs over another process group (",
-                  rank_name(the_world->known_as, the_world->rank), " of ", the_world->size, "), which ", alive,
-                  alive == 1 ? " pipeline" : " pipelines", " of this process still use", alive == 1 ? "s" : "",
-                  "; every pipeline of a process runs over the same group: pass the same process_group, or end "
-                  "those pipelines first (Python: del the GPipe objects)");
-      retire_the_world();
+      refused = still_in_use(*the_world);
     }
   }
   auto w = std::make_unique<World>();
@@ -305,9 +346,18 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
   // started over before (its pipelines let go of, then another made) holds nothing of the last time.
   w->prefix += "/" + std::to_string(
                          c10::make_intrusive<::c10d::PrefixStore>(w->prefix + "/started", store)->add(std::to_string(rank), 1));
+  w->known_as = known_as;
+  agree_to_start(*w, store, refused);
+  {
+    const std::lock_guard<std::mutex> lock(world_mutex);
+    if (the_world != nullptr) {
+      refused = still_in_use(*the_world);  // a pipeline made over it meanwhile
+      GPIPE_CHECK(refused.own.empty(), refused.own);
+      retire_the_world();
+    }
+  }
   w->given = store;
   w->scope = scope;
-  w->known_as = known_as;
   w->let_go = let_go;
   // A TCPStore under the group's prefixes: connections of gpipe's own to its server (a wait on one
   // then holds up no other thread's calls); any other store is shared.
