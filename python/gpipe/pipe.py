@@ -432,8 +432,8 @@ class GPipe:
                    fits), else "except_last"
     schedule       "auto" (the default): on the first batch the layers are profiled on its micro-batches
                    and the schedule, V, M, checkpoint and cut predicted fastest at K run, each unless
-                   given (under MPI, rank 0's choice; `schedule`, `chunks`, `checkpoint` and `predicted`
-                   say which and what it expects; Ctrl-C ends the profile with KeyboardInterrupt); or
+                   given (over several processes rank 0 alone profiles and every rank runs its
+                   choice; `schedule`, `chunks`, `checkpoint` and `predicted` say which and what it expects; Ctrl-C ends the profile with KeyboardInterrupt); or
                    "gpipe" (fill-drain), "1f1b", "interleaved",
                    "zb1p", "zbv" or "v-half" (schedule_names())
     devices        K; by default len(balance) / V, or 2 without a balance
@@ -739,8 +739,8 @@ class GPipe:
 
     @property
     def predicted(self):
-        """schedule="auto": (step seconds, bubble) the cost model predicted of the choice (this rank's
-        prediction); None otherwise or before the first batch."""
+        """schedule="auto": (step seconds, bubble) the cost model predicted of the choice (rank 0's,
+        over several processes); None otherwise or before the first batch."""
         if self._pipe is None or self._settings.schedule != "auto":
             return None
         return tuple(self._pipe.predicted)

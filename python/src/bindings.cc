@@ -110,16 +110,19 @@ PipelinePlan check_plan(int layers, const Settings& settings) {
 }
 
 // Rank 0's `values` on every rank of a job of several processes (MPI, c10d); `values` itself in one process.
-std::vector<int> first_rank_list(const std::vector<int>& values) {
+template <typename T>
+std::vector<T> first_rank_values(const std::vector<T>& values) {
   if (running_backend() != Runtime::kThreads) {
-    const std::string mine(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int));
+    const std::string mine(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
     const std::string first = all_gather_processes(mine).front();
-    std::vector<int> out(first.size() / sizeof(int));
+    std::vector<T> out(first.size() / sizeof(T));
     std::memcpy(out.data(), first.data(), first.size());
     return out;
   }
   return values;
 }
+
+std::vector<int> first_rank_list(const std::vector<int>& values) { return first_rank_values(values); }
 
 // In a job of several processes (MPI, c10d), refuses on every rank a model that is not the same on every
 // rank (its parameters' shapes and values, by a fingerprint): each rank trains its stages of what it
@@ -204,16 +207,52 @@ class PythonPipeline {
 
   // schedule="auto": the layers profiled on `batch`'s micro-batches of each M weighed (the M given, or
   // each left open), and the fastest predicted schedule, V, (without chunks) M, (without a checkpoint)
-  // re-materialization and (without a balance) cut at K (choose_schedule); under MPI every rank takes
-  // rank 0's choice.
+  // re-materialization and (without a balance) cut at K (choose_schedule). In a job of several
+  // processes rank 0 alone profiles (on a machine the others leave to it) and every rank takes its
+  // choice and prediction; a failure there fails every rank.
   void choose(const Settings& settings, const torch::Tensor& batch, PipelineOptions& options) {
+    const Runtime running = running_backend();
+    const int processes =
+        running == Runtime::kThreads ? 1 : static_cast<int>(all_gather_processes(std::string()).size());
+    const bool profiles = running == Runtime::kThreads || backend(running).process().first == 0;
+    std::vector<int> chosen;  // schedule, K, V, M, checkpoint, then the cut; none where rank 0 failed
+    std::vector<double> predicted;  // step seconds, bubble
+    std::exception_ptr failure;
+    if (profiles) {
+      try {
+        const ScheduleChoice choice = predicted_choice(settings, batch, processes, options.checkpoint());
+        chosen = {static_cast<int>(choice.schedule), choice.devices, choice.virtual_stages, choice.micro_batches,
+                  static_cast<int>(choice.checkpoint)};
+        chosen.insert(chosen.end(), choice.balance.begin(), choice.balance.end());
+        predicted = {choice.predicted.step_s, choice.predicted.bubble};
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    chosen = first_rank_list(chosen);  // every rank, also where rank 0 failed: none waits for it
+    predicted = first_rank_values(predicted);
+    if (failure) std::rethrow_exception(failure);
+    GPIPE_CHECK(!chosen.empty(), "schedule=\"auto\": rank 0 could not profile the model to choose the schedule; "
+                "its error says why");
+    options.schedule(static_cast<ScheduleKind>(chosen[0]))
+        .devices(chosen[1])
+        .virtual_stages(chosen[2])
+        .micro_batches(chosen[3])
+        .checkpoint(static_cast<Checkpoint>(chosen[4]))
+        .balance(std::vector<int>(chosen.begin() + 5, chosen.end()));
+    predicted_.step_s = predicted.at(0);
+    predicted_.bubble = predicted.at(1);
+  }
+
+  // choose's profile and prediction, on this process (of `processes`, each running its share of
+  // `batch` where there are replicas).
+  ScheduleChoice predicted_choice(const Settings& settings, const torch::Tensor& batch, int processes,
+                                  Checkpoint checkpoint) {
     keep_freed_memory();  // profiled with the allocator's settings the pipeline runs with
     const RandomStateGuard guard;
     const torch::nn::Sequential whole = model_.build(LayerRange{});
     // A replica's share of the batch (under MPI or c10d with replicas), which its pipeline runs. A first
     // batch of fewer rows than a given M runs one row per micro-batch: predicted at M, on those rows.
-    const int processes =
-        running_backend() == Runtime::kThreads ? 1 : static_cast<int>(all_gather_processes(std::string()).size());
     const int64_t share = first_micro_batch_rows(batch.size(0), std::max(1, processes / settings.devices));
     const int64_t planned = settings.micro_batches_given ? std::max<int64_t>(share, settings.micro_batches) : share;
     // A weight shared by layers may be tied across stages, which update_on_devices refuses.
@@ -241,20 +280,8 @@ class PythonPipeline {
     request.virtual_stages = settings.virtual_stages;
     request.balance = settings.balance;
     const torch::Tensor first = batch.narrow(0, 0, first_micro_batch_rows(share, request.micro_batches));
-    const ScheduleChoice choice = choose_schedule(profile_at, request, planned, options.checkpoint(), 0,
-                                                  least_micro_batch_rows(whole, first),
-                                                  std::max(1, machine_cores() / settings.threads));
-    std::vector<int> chosen{static_cast<int>(choice.schedule), choice.devices, choice.virtual_stages,
-                            choice.micro_batches, static_cast<int>(choice.checkpoint)};
-    chosen.insert(chosen.end(), choice.balance.begin(), choice.balance.end());
-    chosen = first_rank_list(chosen);
-    options.schedule(static_cast<ScheduleKind>(chosen[0]))
-        .devices(chosen[1])
-        .virtual_stages(chosen[2])
-        .micro_batches(chosen[3])
-        .checkpoint(static_cast<Checkpoint>(chosen[4]))
-        .balance(std::vector<int>(chosen.begin() + 5, chosen.end()));
-    predicted_ = choice.predicted;
+    return choose_schedule(profile_at, request, planned, checkpoint, 0, least_micro_batch_rows(whole, first),
+                           std::max(1, machine_cores() / settings.threads));
   }
 
   double train_step(const torch::Tensor& input, const torch::Tensor& target, const py::object& loss, bool training) {

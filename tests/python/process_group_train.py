@@ -8,7 +8,9 @@ one step, so that rank 2's next step fails (its message printed as "error"), or 
 destroy_process_group and a new default group at AGAIN_PORT (PORT given as "PORT,AGAIN_PORT"), over which a new GPipe trains once the
 first is deleted, and then a GPipe after another over it), or "again_one": the same, but only rank 0 keeps
 its first GPipe over the new group's first attempt, so that rank 1 hears why rank 0 cannot take the
-group; WORLD_SIZE 1 with RANK 0: one process alone."""
+group, or "profile_fails": schedule="auto" over a model whose forward fails on rank 0 alone (a buffer
+says so: rank 0 profiles for every rank, and the others hear that it failed); WORLD_SIZE 1 with RANK 0:
+one process alone."""
 import gc
 import json
 import sys
@@ -29,6 +31,33 @@ if size > 1:
     elif groups in ("pairs", "pairs_leave"):
         pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every process makes every group
         group = pairs[rank // 2]
+
+
+class FailsOnRankZero(torch.nn.Module):
+    """Its input as it is; raises in forward where its buffer says so (rank 0's copy)."""
+
+    def __init__(self, fails):
+        super().__init__()
+        self.register_buffer("fails", torch.tensor(1 if fails else 0))
+
+    def forward(self, x):
+        if bool(self.fails):
+            raise RuntimeError("this layer fails on rank 0")
+        return x
+
+
+if groups == "profile_fails":
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), FailsOnRankZero(rank == 0), torch.nn.Linear(16, 4))
+    began = time.monotonic()
+    try:
+        gpipe.GPipe(model, devices=2, chunks=4, process_group=group).train_step(torch.randn(16, 12),
+                                                                                 torch.randn(16, 4), loss="mse")
+        error = None
+    except (RuntimeError, ValueError) as e:
+        error = f"{type(e).__name__}: {e}"
+    print(json.dumps({"error": error, "seconds": time.monotonic() - began}), flush=True)
+    sys.exit(0)
 
 
 def train():

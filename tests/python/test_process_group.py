@@ -98,6 +98,14 @@ def test_a_rank_that_cannot_take_a_new_group_stops_the_others_at_once(alone):
         assert_as_alone(r, alone)
 
 
+def test_rank_zero_alone_profiles_for_auto_and_its_failure_fails_every_rank():
+    ranks = run_job(2, "profile_fails")
+    assert "this layer fails on rank 0" in ranks[0]["error"], ranks[0]["error"]
+    assert ranks[1]["error"] == 'ValueError: gpipe: schedule="auto": rank 0 could not profile the model to choose ' \
+        "the schedule; its error says why", ranks[1]["error"]
+    assert ranks[1]["seconds"] < 30, ranks[1]["seconds"]
+
+
 def model():
     return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
 
