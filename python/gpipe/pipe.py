@@ -433,9 +433,9 @@ class GPipe:
     schedule       "auto" (the default): on the first batch the layers are profiled on its micro-batches
                    and the schedule, V, M, checkpoint and cut predicted fastest at K run, each unless
                    given (over several processes rank 0 alone profiles and every rank runs its
-                   choice; `schedule`, `chunks`, `checkpoint` and `predicted` say which and what it expects; Ctrl-C ends the profile with KeyboardInterrupt); or
-                   "gpipe" (fill-drain), "1f1b", "interleaved",
-                   "zb1p", "zbv" or "v-half" (schedule_names())
+                   choice; `schedule`, `chunks`, `checkpoint` and `predicted` say which and what it
+                   expects; Ctrl-C ends the profile with KeyboardInterrupt); or "gpipe" (fill-drain),
+                   "1f1b", "interleaved", "zb1p", "zbv" or "v-half" (schedule_names())
     devices        K; by default len(balance) / V, or 2 without a balance
     virtual_stages V, stages per device (interleaved: 2 by default; zbv, v-half: 2, stages d and 2K-1-d on device d)
     batch_norm     "deferred": BatchNorm's running statistics once per mini-batch from all its rows
