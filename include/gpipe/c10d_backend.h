@@ -17,11 +17,14 @@ namespace gpipe::c10d {
 /// share a store (torch.distributed's groups share the default group's; Python passes the group's
 /// ranks). Pipelines made after it with Runtime::kC10d (or kAuto) run over it. A call with the
 /// same store, scope, rank and size does nothing; with others (a group made after the one before
-/// was destroyed) the backend lets go of the store before and starts over the new one, where no
+/// was destroyed) it is collective: every rank of the group calls it, and each says in the new store
+/// whether it takes it; the backend lets go of the store before and starts over the new one, where no
 /// pipeline of this process runs over the one before. Throws std::invalid_argument for a rank
 /// outside the processes, while a pipeline of this process still runs over another store (every
-/// pipeline of a process uses the same one), or in a job torchrun started, whose store is the
-/// process's for good; call it from one thread, with no pipeline being made. job() (job.h) stays a
+/// pipeline of a process uses the same one), in a job torchrun started, whose store is the
+/// process's for good, or as soon as another rank says it cannot take the new store for one of
+/// these reasons (naming it); a rank that never calls it is waited for up to GPIPE_TIMEOUT. Call it
+/// from one thread, with no pipeline being made. job() (job.h) stays a
 /// job of one process: its calls across the ranks (check_same_settings, end_job) are for jobs a
 /// launcher started. `known_as`, one number per rank or none: what messages call each rank beside
 /// its own (a subgroup's ranks in the default group: "rank 1 (3 in the default group)"). With

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -27,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -110,19 +112,16 @@ PipelinePlan check_plan(int layers, const Settings& settings) {
 }
 
 // Rank 0's `values` on every rank of a job of several processes (MPI, c10d); `values` itself in one process.
-template <typename T>
-std::vector<T> first_rank_values(const std::vector<T>& values) {
+std::vector<int> first_rank_list(const std::vector<int>& values) {
   if (running_backend() != Runtime::kThreads) {
-    const std::string mine(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+    const std::string mine(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int));
     const std::string first = all_gather_processes(mine).front();
-    std::vector<T> out(first.size() / sizeof(T));
-    std::memcpy(out.data(), first.data(), first.size());
+    std::vector<int> out(first.size() / sizeof(int));
+    if (!out.empty()) std::memcpy(out.data(), first.data(), out.size() * sizeof(int));
     return out;
   }
   return values;
 }
-
-std::vector<int> first_rank_list(const std::vector<int>& values) { return first_rank_values(values); }
 
 // In a job of several processes (MPI, c10d), refuses on every rank a model that is not the same on every
 // rank (its parameters' shapes and values, by a fingerprint): each rank trains its stages of what it
@@ -214,39 +213,57 @@ class PythonPipeline {
     const Runtime running = running_backend();
     const int processes =
         running == Runtime::kThreads ? 1 : static_cast<int>(all_gather_processes(std::string()).size());
-    const bool profiles = running == Runtime::kThreads || backend(running).process().first == 0;
-    std::vector<int> chosen;  // schedule, K, V, M, checkpoint, then the cut; none where rank 0 failed
-    std::vector<double> predicted;  // step seconds, bubble
+    const bool profiles_here = running == Runtime::kThreads || backend(running).process().first == 0;
+    // Rank 0's answer, to every rank: "+" and the choice's numbers (schedule, K, V, M, checkpoint,
+    // step seconds, bubble, then the cut), or "-" and the first line of its error.
+    std::string answer;
     std::exception_ptr failure;
-    if (profiles) {
+    if (profiles_here) {
       try {
-        const ScheduleChoice choice = predicted_choice(settings, batch, processes, options.checkpoint());
-        chosen = {static_cast<int>(choice.schedule), choice.devices, choice.virtual_stages, choice.micro_batches,
-                  static_cast<int>(choice.checkpoint)};
-        chosen.insert(chosen.end(), choice.balance.begin(), choice.balance.end());
-        predicted = {choice.predicted.step_s, choice.predicted.bubble};
+        const ScheduleChoice c = profile_and_choose(settings, batch, processes, options.checkpoint());
+        std::ostringstream out;
+        out << std::hexfloat << "+ " << static_cast<int>(c.schedule) << ' ' << c.devices << ' ' << c.virtual_stages
+            << ' ' << c.micro_batches << ' ' << static_cast<int>(c.checkpoint) << ' ' << c.predicted.step_s << ' '
+            << c.predicted.bubble;
+        for (int layers : c.balance) out << ' ' << layers;
+        answer = out.str();
+      } catch (const py::error_already_set&) {  // its text needs the GIL, which this thread has not
+        failure = std::current_exception();
+        answer = "-a Python exception there (KeyboardInterrupt, say)";
+      } catch (const std::exception& e) {
+        failure = std::current_exception();
+        const std::string what = without_program_name(e.what());
+        answer = "-" + what.substr(0, what.find('\n'));
       } catch (...) {
         failure = std::current_exception();
+        answer = "-an error that is not an exception";
       }
     }
-    chosen = first_rank_list(chosen);  // every rank, also where rank 0 failed: none waits for it
-    predicted = first_rank_values(predicted);
+    if (running != Runtime::kThreads) answer = all_gather_processes(answer).front();  // none waits for rank 0
     if (failure) std::rethrow_exception(failure);
-    GPIPE_CHECK(!chosen.empty(), "schedule=\"auto\": rank 0 could not profile the model to choose the schedule; "
-                "its error says why");
-    options.schedule(static_cast<ScheduleKind>(chosen[0]))
-        .devices(chosen[1])
-        .virtual_stages(chosen[2])
-        .micro_batches(chosen[3])
-        .checkpoint(static_cast<Checkpoint>(chosen[4]))
-        .balance(std::vector<int>(chosen.begin() + 5, chosen.end()));
-    predicted_.step_s = predicted.at(0);
-    predicted_.bubble = predicted.at(1);
+    if (answer.rfind('-', 0) == 0)
+      throw std::runtime_error("gpipe: schedule=\"auto\": rank 0 could not profile the model to choose the "
+                               "schedule: " + answer.substr(1));
+    std::vector<std::string> words;
+    std::istringstream in(answer.substr(1));
+    for (std::string word; in >> word;) words.push_back(word);
+    GPIPE_CHECK(words.size() >= 7, "schedule=\"auto\": rank 0's choice came incomplete (\"", answer, "\")");
+    const auto whole = [&words](size_t n) { return std::stoi(words[n]); };
+    std::vector<int> balance;
+    for (size_t n = 7; n < words.size(); ++n) balance.push_back(whole(n));
+    options.schedule(static_cast<ScheduleKind>(whole(0)))
+        .devices(whole(1))
+        .virtual_stages(whole(2))
+        .micro_batches(whole(3))
+        .checkpoint(static_cast<Checkpoint>(whole(4)))
+        .balance(balance);
+    predicted_.step_s = std::strtod(words[5].c_str(), nullptr);
+    predicted_.bubble = std::strtod(words[6].c_str(), nullptr);
   }
 
-  // choose's profile and prediction, on this process (of `processes`, each running its share of
+  // choose's profile and prediction, made on this process (of `processes`, each running its share of
   // `batch` where there are replicas).
-  ScheduleChoice predicted_choice(const Settings& settings, const torch::Tensor& batch, int processes,
+  ScheduleChoice profile_and_choose(const Settings& settings, const torch::Tensor& batch, int processes,
                                   Checkpoint checkpoint) {
     keep_freed_memory();  // profiled with the allocator's settings the pipeline runs with
     const RandomStateGuard guard;
@@ -524,7 +541,9 @@ PYBIND11_MODULE(_gpipe, m) {
   m.def("use_process_group", [](const py::object& store, int rank, int size, const std::string& scope,
                                  const std::vector<int>& known_as, bool let_go) {
 #if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
-    gpipe::c10d::start_over(store.cast<c10::intrusive_ptr<::c10d::Store>>(), rank, size, scope, known_as, let_go);
+    const auto given = store.cast<c10::intrusive_ptr<::c10d::Store>>();
+    const py::gil_scoped_release free;  // the ranks' vote on a new group waits for them all
+    gpipe::c10d::start_over(given, rank, size, scope, known_as, let_go);
 #else
     (void)store, (void)rank, (void)size, (void)scope, (void)known_as, (void)let_go;
     throw std::invalid_argument("this gpipe was built without the c10d backend, which process_group needs; install "

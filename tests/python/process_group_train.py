@@ -9,7 +9,8 @@ destroy_process_group and a new default group at AGAIN_PORT (PORT given as "PORT
 first is deleted, and then a GPipe after another over it), or "again_one": the same, but only rank 0 keeps
 its first GPipe over the new group's first attempt, so that rank 1 hears why rank 0 cannot take the
 group, or "profile_fails": schedule="auto" over a model whose forward fails on rank 0 alone (a buffer
-says so: rank 0 profiles for every rank, and the others hear that it failed); WORLD_SIZE 1 with RANK 0:
+says so, which the check that every rank has the same model leaves out, as it compares parameters
+only: rank 0 profiles for every rank, and the others hear that it failed); WORLD_SIZE 1 with RANK 0:
 one process alone."""
 import gc
 import json

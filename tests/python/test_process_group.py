@@ -101,8 +101,9 @@ def test_a_rank_that_cannot_take_a_new_group_stops_the_others_at_once(alone):
 def test_rank_zero_alone_profiles_for_auto_and_its_failure_fails_every_rank():
     ranks = run_job(2, "profile_fails")
     assert "this layer fails on rank 0" in ranks[0]["error"], ranks[0]["error"]
-    assert ranks[1]["error"] == 'ValueError: gpipe: schedule="auto": rank 0 could not profile the model to choose ' \
-        "the schedule; its error says why", ranks[1]["error"]
+    assert ranks[1]["error"] == 'RuntimeError: gpipe: schedule="auto": rank 0 could not profile the model to ' \
+        "choose the schedule: layer 1 ('1') failed when profiled on [4, 16]: builtins.RuntimeError: this layer " \
+        "fails on rank 0", ranks[1]["error"]
     assert ranks[1]["seconds"] < 30, ranks[1]["seconds"]
 
 

@@ -265,13 +265,20 @@ void retire_the_world() {
   old->device.reset();
 }
 
-// What this process's pipelines still over `old` (another group's World) say of themselves, as
-// `own` (the message this process gives) and `theirs` (what its peers hear); both "" when none is
-// alive (world_mutex held).
-struct InUse {
+// Why this process cannot take a new group: `own`, the message it raises, and `theirs`, what its
+// peers hear; both "" where it can.
+struct Refusal {
   std::string own, theirs;
 };
-InUse still_in_use(const World& old) {
+
+// The refusal to replace `old` (world_mutex held): a job torchrun started is the process's for good,
+// and another group's World is replaced once no pipeline of this process runs over it.
+Refusal refusal_to_replace(const World& old) {
+  if (!old.given)
+    return {"the c10d backend of this process runs over the job torchrun started (MASTER_ADDR, RANK...; " +
+                rank_name(old.known_as, old.rank) + " of " + std::to_string(old.size) +
+                "), and every pipeline of a process runs over it: give no process_group",
+            "its process runs over the job torchrun started, for good; give no process_group under torchrun"};
   const size_t alive = live_pipelines();
   if (alive == 0) return {};
   const std::string pipelines = std::to_string(alive) + (alive == 1 ? " pipeline" : " pipelines");
@@ -284,11 +291,11 @@ InUse still_in_use(const World& old) {
               ", then make the GPipe over the new group on every rank"};
 }
 
-// Every rank starting over a new group says, under the start's own keys, whether it takes the group
-// or why not (`refused`); one that does not throws `refused.own` at once, and the others, once they
-// have heard, throw naming it: no rank waits for one that will not come (start_mutex held).
-void agree_to_start(const World& w, const c10::intrusive_ptr<::c10d::Store>& store, const InUse& refused) {
-  const auto said = c10::make_intrusive<::c10d::PrefixStore>(w.prefix + "/taken", store);
+// The vote of a start over a new group: every rank says under the start's own keys (`said`, a
+// connection of this thread's) whether it takes the group or why not; one that does not throws
+// `refused.own` at once, and the others, once they have heard, throw naming it: no rank waits for
+// one that will not come (start_mutex held, not world_mutex).
+void vote_on_new_group(const World& w, const c10::intrusive_ptr<::c10d::Store>& said, const Refusal& refused) {
   said->set(std::to_string(w.rank), bytes_of(refused.own.empty() ? "+" : "-" + refused.theirs));
   GPIPE_CHECK(refused.own.empty(), refused.own);
   for (int r = 0; r < w.size; ++r) {
@@ -302,10 +309,10 @@ void agree_to_start(const World& w, const c10::intrusive_ptr<::c10d::Store>& sto
       });
       said->wait({key}, w.timeout);
     } catch (const std::exception& e) {
-      GPIPE_CHECK(false, rank_name(w.known_as, w.rank), " could not start over the new process group: ",
-                  rank_name(w.known_as, r), " did not take it within ", w.timeout.count() / 1000,
-                  " s (GPIPE_TIMEOUT): ", first_line(e.what()),
-                  "; check that every rank of the group makes its GPipe over it");
+      GPIPE_CHECK(false, rank_name(w.known_as, w.rank), " could not start over the new process group: no answer from ",
+                  rank_name(w.known_as, r), " (", without_program_name(first_line(e.what())),
+                  "); check that every rank of the group makes its GPipe over it within ", w.timeout.count() / 1000,
+                  " s (GPIPE_TIMEOUT)");
     }
     const std::string answer = text_of(said->get(key));
     GPIPE_CHECK(answer == "+", rank_name(w.known_as, r), " could not take the new process group, so neither does ",
@@ -323,53 +330,52 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
   GPIPE_CHECK(known_as.empty() || known_as.size() == static_cast<size_t>(size), "`known_as` names ", known_as.size(),
               " ranks of a group of ", size, "; give one number per rank, or none");
   const std::lock_guard<std::mutex> starting(start_mutex);
-  InUse refused;  // why this process cannot take the group, which its peers hear of too
   {
     const std::lock_guard<std::mutex> lock(world_mutex);
-    if (the_world != nullptr) {
-      if (the_world->given == store && the_world->scope == scope && the_world->rank == rank &&
-          the_world->size == size)
-        return;
-      // The job torchrun started is this process's for good (rank 0 hosts its store).
-      GPIPE_CHECK(the_world->given, "the c10d backend of this process runs over the job torchrun started ",
-                  "(MASTER_ADDR, RANK...; ", rank_name(the_world->known_as, the_world->rank), " of ", the_world->size,
-                  "), and every pipeline of a process runs over it: give no process_group");
-      refused = still_in_use(*the_world);
-    }
+    if (the_world != nullptr && the_world->given == store && the_world->scope == scope &&
+        the_world->rank == rank && the_world->size == size)
+      return;
   }
   auto w = std::make_unique<World>();
   w->rank = rank;
   w->size = size;
+  w->known_as = known_as;
+  w->given = store;
+  w->scope = scope;
+  w->let_go = let_go;
   set_timeout_and_prefix(*w);
   if (!scope.empty()) w->prefix += "/" + scope;
+  // A TCPStore under the group's prefixes: connections of gpipe's own to its server (a wait on one
+  // then holds up no other thread's calls, the caller's torch.distributed among them); any other
+  // store is shared.
+  c10::intrusive_ptr<::c10d::Store> base = store;
+  while (auto* prefixed = dynamic_cast<::c10d::PrefixStore*>(base.get())) base = prefixed->getUnderlyingStore();
+  c10::intrusive_ptr<::c10d::Store> own = store;
+  if (auto* tcp = dynamic_cast<::c10d::TCPStore*>(base.get())) {
+    w->host = tcp->getHost();
+    w->port = tcp->getPort();
+    own = tcp_client(w->host, w->port, w->timeout);
+  }
   // The n-th start over this store by this rank, as by every other: keys of its own, so that a store
   // started over before (its pipelines let go of, then another made) holds nothing of the last time.
   w->prefix += "/" + std::to_string(
                          c10::make_intrusive<::c10d::PrefixStore>(w->prefix + "/started", store)->add(std::to_string(rank), 1));
-  w->known_as = known_as;
-  agree_to_start(*w, store, refused);
+  // Whether this process can take the group, decided and acted on at once: where it can, the World
+  // before (if any) is let go of before the vote, so that no pipeline is made over it meanwhile.
+  Refusal refused;
   {
     const std::lock_guard<std::mutex> lock(world_mutex);
     if (the_world != nullptr) {
-      refused = still_in_use(*the_world);  // a pipeline made over it meanwhile
-      GPIPE_CHECK(refused.own.empty(), refused.own);
-      retire_the_world();
+      refused = refusal_to_replace(*the_world);
+      if (refused.own.empty()) retire_the_world();
     }
   }
-  w->given = store;
-  w->scope = scope;
-  w->let_go = let_go;
-  // A TCPStore under the group's prefixes: connections of gpipe's own to its server (a wait on one
-  // then holds up no other thread's calls); any other store is shared.
-  c10::intrusive_ptr<::c10d::Store> base = store;
-  while (auto* prefixed = dynamic_cast<::c10d::PrefixStore*>(base.get())) base = prefixed->getUnderlyingStore();
-  if (auto* tcp = dynamic_cast<::c10d::TCPStore*>(base.get())) {
-    w->host = tcp->getHost();
-    w->port = tcp->getPort();
-    w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, tcp_client(w->host, w->port, w->timeout));
-  } else {
+  vote_on_new_group(*w, c10::make_intrusive<::c10d::PrefixStore>(w->prefix + "/taken", own), refused);
+  if (w->host.empty()) {
     w->shared = store;
     w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, store);
+  } else {
+    w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, tcp_client(w->host, w->port, w->timeout));
   }
   begin(std::move(w));
 }
