@@ -6,6 +6,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,11 @@ namespace gpipe::c10d {
 /// its own (a subgroup's ranks in the default group: "rank 1 (3 in the default group)"). With
 /// `let_go` (Python's GPipe), the backend lets go of the store when the last pipeline over it ends
 /// (a process group's server then goes when the group is destroyed), and a pipeline made after needs
-/// start_over again, with that store or another.
+/// start_over again, with that store or another. While it waits for the other ranks' word on a new
+/// store it calls `between` every 100 ms or so, which may throw to stop waiting (Python: Ctrl-C); the
+/// others then hear that this rank gave up, as they do when it stops at GPIPE_TIMEOUT.
 void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope = "",
-                const std::vector<int>& known_as = {}, bool let_go = false);
+                const std::vector<int>& known_as = {}, bool let_go = false,
+                const std::function<void()>& between = {});
 
 }  // namespace gpipe::c10d

@@ -8,12 +8,14 @@ one step, so that rank 2's next step fails (its message printed as "error"), or 
 destroy_process_group and a new default group at AGAIN_PORT (PORT given as "PORT,AGAIN_PORT"), over which a new GPipe trains once the
 first is deleted, and then a GPipe after another over it), or "again_one": the same, but only rank 0 keeps
 its first GPipe over the new group's first attempt, so that rank 1 hears why rank 0 cannot take the
-group, or "profile_fails": schedule="auto" over a model whose forward fails on rank 0 alone (a buffer
+group, or "again_late": the same, both first GPipes deleted, but rank 1 comes to the new group after
+rank 0 has given up on it (GPIPE_TIMEOUT 3 s), and each tries again until it trains, or "profile_fails": schedule="auto" over a model whose forward fails on rank 0 alone (a buffer
 says so, which the check that every rank has the same model leaves out, as it compares parameters
 only: rank 0 profiles for every rank, and the others hear that it failed); WORLD_SIZE 1 with RANK 0:
 one process alone."""
 import gc
 import json
+import os
 import sys
 import time
 
@@ -86,6 +88,24 @@ def train():
 
 model, pipe, losses = train()
 refused = refused_s = None
+if groups == "again_late":
+    first = losses
+    del model, pipe
+    gc.collect()
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{again_port}", rank=rank, world_size=size)
+    os.environ["GPIPE_TIMEOUT"] = "3"
+    if rank == 1:
+        time.sleep(4)
+    refused = []
+    while True:
+        try:
+            model, pipe, losses = train()
+            break
+        except ValueError as e:
+            refused.append(str(e))
+            assert len(refused) < 3, refused
+    assert losses == first, (losses, first)
 if groups in ("again", "again_one"):
     first = losses
     if groups == "again_one" and rank == 1:

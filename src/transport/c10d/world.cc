@@ -294,10 +294,15 @@ Refusal refusal_to_replace(const World& old) {
 // The vote of a start over a new group: every rank says under the start's own keys (`said`, a
 // connection of this thread's) whether it takes the group or why not; one that does not throws
 // `refused.own` at once, and the others, once they have heard, throw naming it: no rank waits for
-// one that will not come (start_mutex held, not world_mutex).
-void vote_on_new_group(const World& w, const c10::intrusive_ptr<::c10d::Store>& said, const Refusal& refused) {
-  said->set(std::to_string(w.rank), bytes_of(refused.own.empty() ? "+" : "-" + refused.theirs));
+// one that will not come. A rank that stops waiting (GPIPE_TIMEOUT, or `between` throwing) says it
+// gave up, so that one that comes later does not take the group alone (start_mutex held, not
+// world_mutex).
+void vote_on_new_group(const World& w, const c10::intrusive_ptr<::c10d::Store>& said, const Refusal& refused,
+                       const std::function<void()>& between) {
+  const std::string mine = std::to_string(w.rank);
+  said->set(mine, bytes_of(refused.own.empty() ? "+" : "-" + refused.theirs));
   GPIPE_CHECK(refused.own.empty(), refused.own);
+  const auto deadline = std::chrono::steady_clock::now() + w.timeout;
   for (int r = 0; r < w.size; ++r) {
     if (r == w.rank) continue;
     const std::string key = std::to_string(r);
@@ -307,12 +312,36 @@ void vote_on_new_group(const World& w, const c10::intrusive_ptr<::c10d::Store>& 
                rank_name(w.known_as, r) + " to take the new process group; " + most_wait(w) +
                ": check that every rank makes its GPipe over the group";
       });
-      said->wait({key}, w.timeout);
-    } catch (const std::exception& e) {
-      GPIPE_CHECK(false, rank_name(w.known_as, w.rank), " could not start over the new process group: no answer from ",
-                  rank_name(w.known_as, r), " (", without_program_name(first_line(e.what())),
-                  "); check that every rank of the group makes its GPipe over it within ", w.timeout.count() / 1000,
-                  " s (GPIPE_TIMEOUT)");
+      // In slices, between which `between` may stop the wait; a store that stops answering throws.
+      while (!said->check({key})) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                                std::chrono::steady_clock::now());
+        GPIPE_CHECK(left.count() > 0, "no answer");
+        try {
+          said->wait({key}, std::min(left, std::chrono::milliseconds(100)));
+        } catch (const std::exception&) {
+          if (between) between();  // the slice ran out (or the store broke: check says so)
+        }
+      }
+    } catch (...) {
+      try {
+        said->set(mine, bytes_of("-" + rank_name(w.known_as, w.rank) + " gave up waiting for " +
+                                 rank_name(w.known_as, r) + "; make the GPipe over the new group again on every rank"));
+      } catch (const std::exception&) {
+        // The store is gone: the others hear nothing more from it either.
+      }
+      try {
+        throw;
+      } catch (const std::invalid_argument& e) {
+        (void)e;
+        GPIPE_CHECK(false, rank_name(w.known_as, w.rank), " could not start over the new process group: ",
+                    rank_name(w.known_as, r), " did not say whether it takes it within ", w.timeout.count() / 1000,
+                    " s (GPIPE_TIMEOUT); check that every rank of the group makes its GPipe over it");
+      } catch (const c10::Error& e) {
+        GPIPE_CHECK(false, rank_name(w.known_as, w.rank), " could not start over the new process group: the store "
+                    "stopped answering while it waited for ", rank_name(w.known_as, r), " (",
+                    first_line(e.what_without_backtrace()), "); check that the process hosting it still runs");
+      }
     }
     const std::string answer = text_of(said->get(key));
     GPIPE_CHECK(answer == "+", rank_name(w.known_as, r), " could not take the new process group, so neither does ",
@@ -323,7 +352,7 @@ void vote_on_new_group(const World& w, const c10::intrusive_ptr<::c10d::Store>& 
 }  // namespace
 
 void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, const std::string& scope,
-                const std::vector<int>& known_as, bool let_go) {
+                const std::vector<int>& known_as, bool let_go, const std::function<void()>& between) {
   GPIPE_CHECK(store, "the c10d backend needs a store (a torch.distributed process group's)");
   GPIPE_CHECK(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " of ", size,
               " processes: a rank runs from 0 to the processes less 1");
@@ -370,7 +399,7 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
       if (refused.own.empty()) retire_the_world();
     }
   }
-  vote_on_new_group(*w, c10::make_intrusive<::c10d::PrefixStore>(w->prefix + "/taken", own), refused);
+  vote_on_new_group(*w, c10::make_intrusive<::c10d::PrefixStore>(w->prefix + "/taken", own), refused, between);
   if (w->host.empty()) {
     w->shared = store;
     w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, store);
