@@ -134,3 +134,26 @@ TEST(PlanTest, MicroBatchesAboveTheCapAreRefusedBeforeTheProgramsAreBuilt) {
   const gpipe::PipelinePlan plan = gpipe::make_plan(4, PipelineOptions().devices(2).micro_batches(64));
   EXPECT_EQ(plan.training_program(8).micro_batches, 8);
 }
+
+// Stage times order a V schedule's program (and its programs for fewer micro-batches); one per stage.
+TEST(PlanTest, StageTimesOrderTheVSchedulesOnePerStage) {
+  using gpipe::ActionTimes;
+  const std::vector<ActionTimes> times{{3, 3, 3}, {1, 1, 1}, {3, 3, 3}, {1.5, 1.5, 1.5}};
+  const auto options = PipelineOptions().devices(2).micro_batches(8).schedule(gpipe::ScheduleKind::kZBV);
+  const gpipe::PipelinePlan unit = gpipe::make_plan(10, options);
+  const gpipe::PipelinePlan timed = gpipe::make_plan(10, PipelineOptions(options).stage_times(times));
+  EXPECT_NE(gpipe::format_grid(timed.training), gpipe::format_grid(unit.training));
+  EXPECT_EQ(gpipe::format_grid(timed.training),
+            gpipe::format_grid(gpipe::lower(gpipe::zbv(2, 8, times), timed.checkpoint)));
+  EXPECT_EQ(gpipe::format_grid(timed.training_program(6)),
+            gpipe::format_grid(gpipe::lower(gpipe::zbv(2, 6, times), timed.checkpoint)));
+  EXPECT_EQ(gpipe::format_grid(gpipe::ordered_by_times(unit, times).training), gpipe::format_grid(timed.training));
+  EXPECT_EQ(gpipe::format_grid(gpipe::ordered_by_times(timed, {}).training), gpipe::format_grid(unit.training));
+  // A schedule that does not order by times keeps its order.
+  const auto one = PipelineOptions().devices(4).micro_batches(8).schedule(gpipe::ScheduleKind::k1F1B);
+  EXPECT_EQ(gpipe::format_grid(gpipe::make_plan(10, PipelineOptions(one).stage_times(times)).training),
+            gpipe::format_grid(gpipe::make_plan(10, one).training));
+  expect_invalid([&] { gpipe::make_plan(10, PipelineOptions(options).stage_times({{1, 1, 1}})); },
+                 "`stage_times` holds 1 entry for a pipeline of 4 stages; give one per stage (K·V), or none");
+  expect_invalid([&] { gpipe::ordered_by_times(unit, {{1, 1, 1}}); }, "`stage_times` holds 1 entry");
+}

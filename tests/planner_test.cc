@@ -52,12 +52,26 @@ TEST(PlannerTest, EveryConfigurationIsPredictedAsPredictDoesAndSortedFastestFirs
     cut.front() += 1;
     cut.back() += 1;
     EXPECT_EQ(c.balance, cut);
+    // A V schedule is ordered by its stages' times at the micro-batches' rows; the others by none.
+    const int64_t rows = micro_batch_sizes(search.batch, c.replicas).front();
+    if (schedule_traits(c.schedule).ordered_by_times) {
+      const std::vector<ActionTimes> times =
+          stage_action_times(costs, c.balance, micro_batch_sizes(rows, c.micro_batches).front(), c.checkpoint);
+      ASSERT_EQ(c.stage_times.size(), times.size());
+      for (size_t s = 0; s < times.size(); ++s) {
+        EXPECT_EQ(c.stage_times[s].forward, times[s].forward);
+        EXPECT_EQ(c.stage_times[s].input_grad, times[s].input_grad);
+        EXPECT_EQ(c.stage_times[s].weight_grad, times[s].weight_grad);
+      }
+    } else {
+      EXPECT_TRUE(c.stage_times.empty());
+    }
     // The prediction is predict()'s of the same plan on a replica's rows.
     const PipelinePlan plan = make_plan(costs.layer_count(), PipelineOptions().balance(c.balance)
                                                                  .micro_batches(c.micro_batches)
                                                                  .schedule(c.schedule)
-                                                                 .checkpoint(c.checkpoint));
-    const int64_t rows = micro_batch_sizes(search.batch, c.replicas).front();
+                                                                 .checkpoint(c.checkpoint)
+                                                                 .stage_times(c.stage_times));
     const Prediction p = predict(costs, plan, micro_batch_sizes(rows, c.micro_batches));
     EXPECT_EQ(c.predicted.peak_bytes, p.peak_bytes);
     EXPECT_EQ(c.predicted.static_bytes, p.static_bytes);
@@ -212,7 +226,10 @@ TEST(PlannerTest, SearchPlansImprovesItsOwnCutBySimulation) {
                                                                  .schedule(c.schedule)
                                                                  .checkpoint(c.checkpoint),
                                         skips);
-    return predict(costs, plan, micro_batch_sizes(search.batch / c.replicas, c.micro_batches)).step_s;
+    const std::vector<int64_t> rows = micro_batch_sizes(search.batch / c.replicas, c.micro_batches);
+    // A V schedule ordered by the stages' times, as the search orders it.
+    return predict(costs, ordered_by_times(plan, stage_action_times(costs, balance, rows.front(), c.checkpoint)), rows)
+        .step_s;
   };
   int faster = 0;
   for (const PlanCandidate& c : refined) {
@@ -256,8 +273,11 @@ TEST(PlannerTest, RefinedPlanTakesTheBestPredictedCut) {
     for (const LayerCost& c : costs.layers) time.push_back(c.forward_s + c.backward_s);
     const PipelineOptions asked =
         PipelineOptions().devices(2).virtual_stages(2).micro_batches(M).schedule(ScheduleKind::kZBV).cut(CutRequest::by_cost(time));
+    // Each cut's V ordered by its stages' times, as the planner orders it.
     const auto step_of = [&](const std::vector<int>& balance) {
-      return predict(costs, make_plan(layers, PipelineOptions(asked).cut(CutRequest::given(balance))), rows).step_s;
+      const PipelinePlan plan = make_plan(layers, PipelineOptions(asked).cut(CutRequest::given(balance)));
+      const PipelinePlan timed = ordered_by_times(plan, stage_action_times(costs, balance, 8, plan.checkpoint));
+      return predict(costs, timed, rows).step_s;
     };
     const PipelinePlan refined = refined_plan(costs, asked, rows);
     const double step = predict(costs, refined, rows).step_s;

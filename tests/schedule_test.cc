@@ -4,6 +4,7 @@
 #include "helpers.h"
 
 #include <algorithm>
+#include <random>
 #include <cmath>
 #include <functional>
 #include <sstream>
@@ -334,6 +335,66 @@ TEST(ZBVTest, HoldsAtMostOneFOneBsPeak) {
       }
       if (M >= 2 * K) EXPECT_EQ(zb[0], 2 * K) << K << "x" << M;
     }
+}
+
+// zbv and v-half ordered by each stage's F, I and W times: every program valid and within its memory
+// bound, whatever the times (random, and some zero, as a stage without weights has no W), and the
+// simulated step with those times no longer than the order of unit slots, and shorter where a device's
+// two stages differ in length (the transformer's cut [4, 1, 3, 2]: 3, 1, 3 and 1.5 blocks).
+std::vector<gpipe::ActionTimes> random_times(int stages, std::mt19937& random) {
+  std::uniform_real_distribution<double> time(0.2, 3.0);
+  std::vector<gpipe::ActionTimes> times;
+  for (int s = 0; s < stages; ++s) times.push_back({time(random), time(random), s % 3 == 1 ? 0.0 : time(random)});
+  return times;
+}
+
+gpipe::CostFn cost_of(const std::vector<gpipe::ActionTimes>& times) {
+  return [times](const gpipe::Action& a) {
+    const gpipe::ActionTimes& t = times[static_cast<size_t>(a.stage)];
+    switch (a.kind) {
+      case gpipe::ActionKind::kForward: return t.forward;
+      case gpipe::ActionKind::kInputGrad: return t.input_grad;
+      case gpipe::ActionKind::kWeightGrad: return t.weight_grad;
+      default: return 0.0;
+    }
+  };
+}
+
+TEST(ZBVTest, OrderedByTimesEveryProgramIsValidAndWithinItsBound) {
+  std::mt19937 random(5);
+  for (int K = 1; K <= 5; ++K)
+    for (int M = 1; M <= 10; ++M)
+      for (int draw = 0; draw < 4; ++draw) {
+        const std::vector<gpipe::ActionTimes> times = random_times(2 * K, random);
+        for (const gpipe::Schedule& s : {gpipe::zbv(K, M, times), gpipe::v_half(K, M, times)}) {
+          SCOPED_TRACE(s.name + " " + std::to_string(K) + "x" + std::to_string(M) + " draw " + std::to_string(draw));
+          EXPECT_EQ(s.placement, gpipe::zbv(K, M).placement);
+          ASSERT_NO_THROW(gpipe::validate(gpipe::lower(s, gpipe::Checkpoint::kNever)));
+          const auto peak = gpipe::simulate(s, cost_of(times)).peak_in_flight;
+          const int bound = s.name == "zbv" ? 2 * K : K + 1;
+          for (int held : peak) EXPECT_LE(held, bound);
+        }
+      }
+}
+
+TEST(ZBVTest, OrderedByTimesAStepOfUnequalStagesIsShorter) {
+  const std::vector<gpipe::ActionTimes> times{{3, 3.6, 2.8}, {1, 1.3, 0.9}, {3, 3.7, 2.7}, {1.5, 1.9, 1.7}};
+  for (int M : {4, 8, 16}) {
+    const gpipe::SimulatedRun slots = gpipe::simulate(gpipe::zbv(2, M), cost_of(times));
+    const gpipe::SimulatedRun timed = gpipe::simulate(gpipe::zbv(2, M, times), cost_of(times));
+    EXPECT_LT(timed.makespan, slots.makespan * (M <= 8 ? 0.97 : 0.99)) << "M=" << M;
+    EXPECT_LT(timed.bubble, slots.bubble) << "M=" << M;
+  }
+  // Equal times of one slot give the unit order itself.
+  for (int K = 1; K <= 4; ++K)
+    for (int M = 1; M <= 9; ++M) {
+      const std::vector<gpipe::ActionTimes> ones(static_cast<size_t>(2 * K));
+      EXPECT_EQ(gpipe::format_grid(gpipe::zbv(K, M, ones)), gpipe::format_grid(gpipe::zbv(K, M))) << K << "x" << M;
+      EXPECT_EQ(gpipe::format_grid(gpipe::v_half(K, M, ones)), gpipe::format_grid(gpipe::v_half(K, M)))
+          << K << "x" << M;
+    }
+  EXPECT_THROW(gpipe::zbv(2, 4, std::vector<gpipe::ActionTimes>(3)), std::invalid_argument);
+  EXPECT_THROW(gpipe::zbv(2, 4, {{1, 1, 1}, {1, -1, 1}, {1, 1, 1}, {1, 1, 1}}), std::invalid_argument);
 }
 
 TEST(ForwardOnlyTest, EveryStageRunsEveryForward) {

@@ -2,6 +2,7 @@
 #include "helpers.h"
 
 #include <algorithm>
+#include <random>
 #include <tuple>
 
 using gpipe::Checkpoint;
@@ -107,6 +108,37 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(Checkpoint::kAlways, Checkpoint::kExceptLast, Checkpoint::kNever),
                        ::testing::Values(int64_t{120}, int64_t{13})),
     name);
+
+// The V schedules ordered by their stages' times (PipelineOptions::stage_times, what auto gives them):
+// another order of the same actions, the same loss and gradients as one device.
+TEST(TransparencyScheduleTest, VSchedulesOrderedByTimesEqualOneDevice) {
+  std::mt19937 random(3);
+  std::uniform_real_distribution<double> time(0.1, 4.0);
+  int reordered = 0;
+  for (const gpipe::ScheduleKind schedule : {gpipe::ScheduleKind::kZBV, gpipe::ScheduleKind::kVHalf})
+    for (int K : {2, 3})
+      for (int M : {5, 8})
+        for (const Checkpoint mode : {Checkpoint::kNever, Checkpoint::kAlways}) {
+          SCOPED_TRACE(gpipe::to_string(schedule) + " K=" + std::to_string(K) + " M=" + std::to_string(M) + " " +
+                       gpipe::to_string(mode));
+          std::vector<gpipe::ActionTimes> times;
+          for (int s = 0; s < 2 * K; ++s) times.push_back({time(random), time(random), time(random)});
+          const Model m = transformer();
+          torch::manual_seed(100);
+          const torch::Tensor x = m.input(13), y = m.target(13);
+          auto reference = m.build(1);
+          const torch::Tensor expected = gpipe::testing::reference_step(reference, x, y, m.loss);
+          auto piped = m.build(1);
+          const auto options = gpipe::PipelineOptions().devices(K).micro_batches(M).checkpoint(mode).schedule(schedule);
+          gpipe::Pipeline pipe(piped, gpipe::PipelineOptions(options).stage_times(times));
+          const gpipe::PipelinePlan unit = gpipe::make_plan(static_cast<int>(piped->size()), options);
+          if (gpipe::format_grid(pipe.plan().training) != gpipe::format_grid(unit.training)) ++reordered;
+          const torch::Tensor loss = pipe.train_step(x, y, m.loss);
+          EXPECT_TRUE(gpipe::testing::close(loss.to(torch::kFloat), expected));
+          EXPECT_TRUE(same_parameters(piped, reference, /*values=*/false));
+        }
+  EXPECT_GT(reordered, 8) << "the times changed few orders; the test would not show they are run alike";
+}
 
 // Dropout: every schedule draws the same masks (a stream per step, stage and
 // micro-batch), so its gradients equal fill-drain's over the same stages,

@@ -206,6 +206,13 @@ struct Prediction {
 /// together (the layers, M, a skip connection the costs do not have).
 Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::vector<int64_t>& micro_batch_rows);
 
+/// Each stage's F, I and W of a micro-batch of `rows` rows under the cut `balance`, as predict
+/// charges them (a stage's layers' times, a re-materialized F again inside I unless `mode` is never,
+/// the pipeline's own overhead on each): the times the V schedules order by (PipelineOptions::
+/// stage_times). Throws std::invalid_argument for a balance that does not cut the costs' layers.
+std::vector<ActionTimes> stage_action_times(const CostModel& costs, const std::vector<int>& balance, int64_t rows,
+                                            Checkpoint mode);
+
 /// A Transformer as gpipe plan takes it: an embedding, `layers` encoder blocks
 /// (self-attention and a feed-forward of `ffn` with ReLU, post-norm, as
 /// libtorch's TransformerEncoderLayer), and a projection to the vocabulary.

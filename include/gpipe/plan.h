@@ -102,6 +102,11 @@ struct PipelineOptions {
   TORCH_ARG(int, micro_batches) = 1;
   /// Which micro-batches re-materialize in backward.
   TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::kExceptLast;
+  /// How long each stage's F, I and W of a micro-batch take (cost_model.h's stage_action_times),
+  /// K·V entries: the V schedules (zbv, v-half) order each device's actions by them, so that two
+  /// stages of unequal length on a device do not leave it waiting on an order made for equal ones.
+  /// Empty: the order of equal times. Only the order changes, never the result.
+  TORCH_ARG(std::vector<ActionTimes>, stage_times) = {};
   /// What each of the K devices is. Empty: a CPU core group of `threads_per_device` threads each.
   TORCH_ARG(std::vector<Device>, device_list) = {};
   /// Intra-op threads of each CPU device when `device_list` is empty.
@@ -144,6 +149,7 @@ struct PipelinePlan {
   std::vector<SkipRoute> skip_routes;      ///< the skip connections that cross stages, route k on skip_channel(k, ...)
   std::vector<std::string> skip_names;     ///< the name of route k
   std::vector<Device> device_list;         ///< what each device is (K entries)
+  std::vector<ActionTimes> stage_times;    ///< what the schedule's order took (PipelineOptions::stage_times)
   Schedule training;                       ///< the lowered, validated program of a step of M micro-batches
   Schedule inference;                      ///< the lowered program of pipelined inference of M micro-batches
 
@@ -166,6 +172,11 @@ struct PipelinePlan {
   /// The inference program for `micro_batches` micro-batches.
   Schedule inference_program(int micro_batches) const;
 };
+
+/// `plan` with its training program ordered by `times` (PipelineOptions::stage_times: one per stage;
+/// empty: equal times), as make_plan would have made it with them. Throws std::invalid_argument for a
+/// count of times other than the plan's stages.
+PipelinePlan ordered_by_times(PipelinePlan plan, std::vector<ActionTimes> times);
 
 /// The most micro-batches M a plan takes. A micro-batch needs at least one row, and a batch of
 /// fewer rows than M runs in one micro-batch per row (PipelinePlan::training_program), so a

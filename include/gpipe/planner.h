@@ -82,6 +82,8 @@ struct PlanCandidate {
   ScheduleKind schedule = ScheduleKind::kGPipe;
   Checkpoint checkpoint = Checkpoint::kNever;
   std::vector<int> balance;  ///< layers per stage
+  /// What its V schedule's order was predicted with (PipelineOptions::stage_times); empty for another.
+  std::vector<ActionTimes> stage_times;
   Prediction predicted;      ///< the pipeline of one replica, on its share of the batch
   /// predicted.step_s plus the replicas' ring all-reduce of the largest stage's gradients.
   double step_s = 0;

@@ -104,6 +104,15 @@ struct Action {
 };
 std::ostream& operator<<(std::ostream& out, const Action& action);
 
+/// How long a stage's F, I and W of one micro-batch take, in any one unit (seconds, say): what the
+/// V schedules (zbv, v-half) order their actions by, where given (cost_model.h's stage_times
+/// measures them). An I without the I/W split is the whole backward.
+struct ActionTimes {
+  double forward = 1;
+  double input_grad = 1;
+  double weight_grad = 1;
+};
+
 /// A step: for each device, the actions it runs in order. A generator fills
 /// only compute actions; lower() adds the sends and receives.
 struct Schedule {
@@ -152,7 +161,10 @@ struct ScheduleTraits {
   std::string name;  ///< its name in text (parse_schedule, --schedule), and Schedule::name
   /// Builds the compute schedule of K devices, M micro-batches and V stages per device; called
   /// by make_schedule once K, M and V have passed the rules below.
-  std::function<Schedule(int devices, int micro_batches, int virtual_stages)> generate;
+  std::function<Schedule(int devices, int micro_batches, int virtual_stages, const std::vector<ActionTimes>& times)>
+      generate;
+  /// Whether `generate` orders the actions by the stages' times (ActionTimes) where given.
+  bool ordered_by_times = false;
   /// V when none is asked for.
   int default_virtual_stages = 1;
   /// The V it takes: least_virtual_stages <= V, and V <= most_virtual_stages unless that is 0 (no bound).
@@ -247,7 +259,7 @@ Schedule zb1p(int devices, int micro_batches);
 /// so a micro-batch goes down the devices and back up (a V) and the first and the
 /// last stage (the loss) share device 0; at the V's turn, stage K-1 to K on device
 /// K-1, the tensor stays on the device. Each backward is split into I and W. A
-/// unit-time list schedule: when free, device d runs the first ready of: the next
+/// list schedule: when free, device d runs the first ready of: the next
 /// I of its stage d, the next I of its stage 2K-1-d, the next F of stage 2K-1-d,
 /// the next F of stage d, the oldest W waiting; an F only while fewer than 2K
 /// stage-micro-batches are held on the device (from the start of their F to the
@@ -256,8 +268,11 @@ Schedule zb1p(int devices, int micro_batches);
 /// With F, I and W of equal time, the steady state has no bubble: for M >= K
 /// and K <= 4 a step takes 6M+K-1 slots, the least possible (device K-1 cannot
 /// start before slot K-1), so its bubble is (K-1)/(6M+K-1) against fill-drain's
-/// (K-1)/(M+K-1) (a few slots more at some larger K and M). Any K, M.
-Schedule zbv(int devices, int micro_batches);
+/// (K-1)/(M+K-1) (a few slots more at some larger K and M). Any K, M. With `times`
+/// (one per stage), each action takes its stage's time rather than one slot, so that
+/// a device whose two stages differ in length does not wait on the order unit slots
+/// would give: where none is ready, it waits for the next action to end.
+Schedule zbv(int devices, int micro_batches, const std::vector<ActionTimes>& times = {});
 
 /// V-Half (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): ZB-V's
 /// V, I/W split and order of preference in less activation memory, about half at large K. A
@@ -269,7 +284,7 @@ Schedule zbv(int devices, int micro_batches);
 /// crosses device 0, a bubble of 10/58 for M=8 (fill-drain's 1/9, zbv's 1/49);
 /// from K=4 it is below fill-drain's: 12/60 for M=8 and 12/108 for M=16 (fill-drain's
 /// 3/11 and 3/19). Any K, M.
-Schedule v_half(int devices, int micro_batches);
+Schedule v_half(int devices, int micro_batches, const std::vector<ActionTimes>& times = {});
 
 /// Inference: every device runs the forwards of micro-batches 0..M-1 of its
 /// stages, in increasing stage order (stage s on device s mod K, or on
@@ -277,10 +292,12 @@ Schedule v_half(int devices, int micro_batches);
 Schedule forward_only(int devices, int micro_batches, int virtual_stages = 1, const std::vector<int>& placement = {});
 
 /// The schedule `kind` for K devices, M micro-batches and V stages per device: its
-/// table entry's generator. Throws std::invalid_argument naming the rule and the fix if the
+/// table entry's generator, with each stage's action times where it orders by them (zbv, v-half;
+/// the others take none, and ignore them). Throws std::invalid_argument naming the rule and the fix if the
 /// schedule cannot run that configuration (interleaved with M not a multiple of K, a
 /// V the schedule does not take (takes_virtual_stages), ...).
-Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int virtual_stages = 1);
+Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int virtual_stages = 1,
+                       const std::vector<ActionTimes>& times = {});
 
 /// Turns a compute schedule into a program: before each action that needs a
 /// tensor from another stage, a receive from that stage; after each action that

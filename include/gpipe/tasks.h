@@ -267,6 +267,8 @@ struct ScheduleChoice {
   int devices = 1, micro_batches = 1, virtual_stages = 1;
   Checkpoint checkpoint = Checkpoint::kNever;  ///< the run's, or the one chosen (RunRequest::checkpoint_given)
   std::vector<int> balance;  ///< the cut it was predicted with, which the run takes
+  /// The order it was predicted with, which the run takes (PipelineOptions::stage_times; V schedules).
+  std::vector<ActionTimes> stage_times;
   Prediction predicted;      ///< its step and bubble
   bool fits = true;          ///< false: none fits the memory; this one needs the least
   int considered = 0;        ///< the configurations predicted

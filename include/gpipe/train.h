@@ -257,6 +257,9 @@ struct CostBalance {
   std::vector<int> balance;  ///< layers per stage
   PartitionPlan plan;        ///< stage costs, bottleneck, predicted step (the schedule simulated)
   std::string unit;          ///< "parameters", "s" or "bytes"
+  /// By time: the stages' times its V schedule (zbv, v-half) was predicted in the order of
+  /// (PipelineOptions::stage_times); empty otherwise.
+  std::vector<ActionTimes> stage_times;
 };
 
 /// Cuts `model` into contiguous stages, V for each of `devices` devices (V =

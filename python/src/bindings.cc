@@ -111,6 +111,14 @@ PipelinePlan check_plan(int layers, const Settings& settings) {
   return make_plan(layers, checked.options());
 }
 
+// For long work without the GIL (a profile, a wait for the other ranks): Ctrl-C, or another signal
+// Python's handler raises for, as that exception (KeyboardInterrupt); an exiting interpreter ends it.
+void throw_if_interrupted() {
+  const GilTaken gil;
+  if (!gil.held()) throw std::runtime_error("the Python interpreter is exiting");
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+}
+
 // Rank 0's `values` on every rank of a job of several processes (MPI, c10d); `values` itself in one process.
 std::vector<int> first_rank_list(const std::vector<int>& values) {
   if (running_backend() != Runtime::kThreads) {
@@ -190,6 +198,8 @@ class PythonPipeline {
       const CostBalance by = balance_by("time", model_, sample, settings.devices, M, settings.threads, 2.0,
                                         options.schedule(), settings.virtual_stages, {}, options.checkpoint());
       options.balance(first_rank_list(by.balance));
+      // In one process, the order its V schedule was predicted in (every rank would need the same).
+      if (running_backend() == Runtime::kThreads) options.stage_times(by.stage_times);
     }
     pipe_ = make_pipeline(model_.build, model_.layers, options, kind);
     // Ctrl-C while the devices work: Python's handler runs on this (the calling) thread.
@@ -215,7 +225,8 @@ class PythonPipeline {
         running == Runtime::kThreads ? 1 : static_cast<int>(all_gather_processes(std::string()).size());
     const bool profiles_here = running == Runtime::kThreads || backend(running).process().first == 0;
     // Rank 0's answer, to every rank: "+" and the choice's numbers (schedule, K, V, M, checkpoint,
-    // step seconds, bubble, then the cut), or "-" and the first line of its error.
+    // step seconds, bubble, the stages, each stage's layers, then, for a V schedule, each stage's F, I
+    // and W times), or "-" and the first line of its error.
     std::string answer;
     std::exception_ptr failure;
     if (profiles_here) {
@@ -225,7 +236,10 @@ class PythonPipeline {
         out << std::hexfloat << "+ " << static_cast<int>(c.schedule) << ' ' << c.devices << ' ' << c.virtual_stages
             << ' ' << c.micro_batches << ' ' << static_cast<int>(c.checkpoint) << ' ' << c.predicted.step_s << ' '
             << c.predicted.bubble;
+        out << ' ' << c.balance.size();
         for (int layers : c.balance) out << ' ' << layers;
+        for (const ActionTimes& t : c.stage_times)
+          out << ' ' << t.forward << ' ' << t.input_grad << ' ' << t.weight_grad;
         answer = out.str();
       } catch (const py::error_already_set&) {  // its text needs the GIL, which this thread has not
         failure = std::current_exception();
@@ -247,18 +261,26 @@ class PythonPipeline {
     std::vector<std::string> words;
     std::istringstream in(answer.substr(1));
     for (std::string word; in >> word;) words.push_back(word);
-    GPIPE_CHECK(words.size() >= 7, "schedule=\"auto\": rank 0's choice came incomplete (\"", answer, "\")");
     const auto whole = [&words](size_t n) { return std::stoi(words[n]); };
+    const auto real = [&words](size_t n) { return std::strtod(words[n].c_str(), nullptr); };
+    const size_t stages = words.size() >= 8 ? static_cast<size_t>(whole(7)) : 0;
+    const size_t timed = words.size() == 8 + stages ? 0 : stages;
+    GPIPE_CHECK(words.size() >= 8 && words.size() == 8 + stages + 3 * timed,
+                "schedule=\"auto\": rank 0's choice came incomplete (\"", answer, "\")");
     std::vector<int> balance;
-    for (size_t n = 7; n < words.size(); ++n) balance.push_back(whole(n));
+    for (size_t n = 0; n < stages; ++n) balance.push_back(whole(8 + n));
+    std::vector<ActionTimes> times;
+    for (size_t n = 0, at = 8 + stages; n < timed; ++n, at += 3)
+      times.push_back({real(at), real(at + 1), real(at + 2)});
     options.schedule(static_cast<ScheduleKind>(whole(0)))
         .devices(whole(1))
         .virtual_stages(whole(2))
         .micro_batches(whole(3))
         .checkpoint(static_cast<Checkpoint>(whole(4)))
-        .balance(balance);
-    predicted_.step_s = std::strtod(words[5].c_str(), nullptr);
-    predicted_.bubble = std::strtod(words[6].c_str(), nullptr);
+        .balance(balance)
+        .stage_times(times);
+    predicted_.step_s = real(5);
+    predicted_.bubble = real(6);
   }
 
   // choose's profile and prediction, made on this process (of `processes`, each running its share of
@@ -273,14 +295,9 @@ class PythonPipeline {
     const int64_t share = first_micro_batch_rows(batch.size(0), std::max(1, processes / settings.devices));
     const int64_t planned = settings.micro_batches_given ? std::max<int64_t>(share, settings.micro_batches) : share;
     // A weight shared by layers may be tied across stages, which update_on_devices refuses.
-    const auto interrupted = [] {
-      const GilTaken gil;  // Ctrl-C during the profile: KeyboardInterrupt
-      if (!gil.held()) throw std::runtime_error("the Python interpreter is exiting");
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    };
     const CostsAtRows profiled = profiles_at_rows(
         whole, batch.narrow(0, 0, share), torch::Tensor(), planned,
-        PlanProfileOptions().optimizer(settings.optimizer).threads(settings.threads).between(interrupted),
+        PlanProfileOptions().optimizer(settings.optimizer).threads(settings.threads).between(throw_if_interrupted),
         settings.update_on_devices && shared_tensors(whole).empty());
     const double update_s = settings.update_s_per_parameter_byte;
     const CostsAtRows profile_at = [profiled, update_s](int64_t rows) {
@@ -542,8 +559,8 @@ PYBIND11_MODULE(_gpipe, m) {
                                  const std::vector<int>& known_as, bool let_go) {
 #if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
     const auto given = store.cast<c10::intrusive_ptr<::c10d::Store>>();
-    const py::gil_scoped_release free;  // the ranks' vote on a new group waits for them all
-    gpipe::c10d::start_over(given, rank, size, scope, known_as, let_go);
+    const gpipe::python::GilReleased free;  // the ranks' vote on a new group waits for them all; Ctrl-C stops it
+    gpipe::c10d::start_over(given, rank, size, scope, known_as, let_go, gpipe::python::throw_if_interrupted);
 #else
     (void)store, (void)rank, (void)size, (void)scope, (void)known_as, (void)let_go;
     throw std::invalid_argument("this gpipe was built without the c10d backend, which process_group needs; install "

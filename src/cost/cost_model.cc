@@ -535,6 +535,17 @@ std::vector<double> layer_costs_by(const std::string& method, const torch::nn::S
   return method == "time" ? layer_times(profile, rows) : layer_memory(profile, rows);
 }
 
+std::vector<ActionTimes> stage_action_times(const CostModel& costs, const std::vector<int>& balance, int64_t rows,
+                                            Checkpoint mode) {
+  const double n = static_cast<double>(rows), own = costs.action_overhead_s;
+  std::vector<ActionTimes> out;
+  for (const StageCost& c : stage_costs_of(costs, balance)) {
+    const double again = mode == Checkpoint::kNever ? 0.0 : c.forward_s * n;
+    out.push_back({own + c.forward_s * n, own + again + c.input_grad_s * n, own + c.weight_grad_s * n});
+  }
+  return out;
+}
+
 Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::vector<int64_t>& micro_batch_rows) {
   const std::vector<int>& balance = plan.balance;
   const Schedule& schedule = plan.training;

@@ -106,6 +106,14 @@ void for_each_cut(int layers, int stages, const std::vector<bool>& uncuttable,
   place(0, stages);
 }
 
+// `plan` ordered by its stages' times in `costs` at micro-batches of `rows` rows, where its schedule
+// orders by them (zbv, v-half): as the pipeline runs once the plan is chosen.
+PipelinePlan ordered_by_costs(PipelinePlan plan, const CostModel& costs, int64_t rows) {
+  if (!schedule_traits(plan.schedule).ordered_by_times) return plan;
+  std::vector<ActionTimes> times = stage_action_times(costs, plan.balance, rows, plan.checkpoint);
+  return ordered_by_times(std::move(plan), std::move(times));
+}
+
 // Most stage x micro-batch pairs one configuration's cut may take to predict every cut of the model
 // (each charged its K·V·M): the main job's 11 layers in 4 stages, 120 cuts, up to M=8.
 constexpr int64_t kMostExhaustivePairs = int64_t{1} << 12;
@@ -149,7 +157,8 @@ void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips
     budget -= cost;
     PipelinePlan moved;
     try {
-      moved = make_plan(plan.layers, PipelineOptions(options).cut(CutRequest::given(balance)), skips);
+      moved = ordered_by_costs(make_plan(plan.layers, PipelineOptions(options).cut(CutRequest::given(balance)), skips),
+                               costs, rows.front());
     } catch (const std::invalid_argument&) {
       return false;
     }
@@ -207,7 +216,7 @@ bool considered(const std::vector<int>& list, int value) {
 PipelinePlan refined_plan(const CostModel& costs, const PipelineOptions& options,
                           const std::vector<int64_t>& micro_batch_rows, int64_t memory_per_device) {
   const std::vector<SkipConnection> skips = skip_connections_of(costs);
-  PipelinePlan plan = make_plan(costs.layer_count(), options, skips);
+  PipelinePlan plan = ordered_by_costs(make_plan(costs.layer_count(), options, skips), costs, micro_batch_rows.front());
   Prediction predicted = predict(costs, plan, micro_batch_rows);
   int64_t budget = kMostRefinedPairs;
   refine_cut(costs, skips, uncuttable_after(costs), micro_batch_rows, memory_per_device,
@@ -365,6 +374,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
       try {
         plan = make_plan(L, PipelineOptions().devices(K).virtual_stages(V).cut(shape_cut).micro_batches(M)
                                 .schedule(kind).checkpoint(checkpoint), skips);
+        plan = ordered_by_costs(std::move(plan), costs, micro_batch_sizes(rows, M).front());
       } catch (const std::invalid_argument&) {
         break;  // a shape this schedule does not take (interleaved with M not a multiple of K, say)
       }
@@ -380,6 +390,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
       c.schedule = kind;
       c.checkpoint = checkpoint;
       c.balance = plan.balance;
+      c.stage_times = plan.stage_times;
       c.predicted = predict(costs, plan, micro_batch_sizes(rows, M));
       complete(c);
       found.push_back(std::move(c));
@@ -426,6 +437,7 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
       refine_cut(costs, skips, uncuttable, micro_batch_sizes(rows, c.micro_batches), search.memory_per_device, step,
                  budget, plans[n], c.predicted);
       c.balance = plans[n].balance;
+      c.stage_times = plans[n].stage_times;
       complete(c);
     }
   }

@@ -33,7 +33,7 @@ Schedule PipelinePlan::training_program(int m) const {
   if (m == micro_batches) return training;
   Schedule compute;
   try {
-    compute = make_schedule(schedule, devices, m, virtual_stages);
+    compute = make_schedule(schedule, devices, m, virtual_stages, stage_times);
   } catch (const std::invalid_argument&) {  // interleaved with m not a multiple of K, say
     compute = fill_drain(devices, m, virtual_stages, placement);
   }
@@ -160,6 +160,24 @@ void check_plan_of(const PipelinePlan& plan, int layers, const PipelineOptions& 
     GPIPE_CHECK(group.size() >= 2, "a group of tied parameters needs at least two names (got ", group.size(), ")");
 }
 
+namespace {
+
+// The plan's training program from its schedule, K, M, V, stage times, checkpoint and skip routes.
+void lower_training(PipelinePlan& plan) {
+  plan.training = lower(make_schedule(plan.schedule, plan.devices, plan.micro_batches, plan.virtual_stages,
+                                      plan.stage_times),
+                        plan.checkpoint, plan.skip_routes);
+  validate(plan.training);
+}
+
+void check_stage_times(const std::vector<ActionTimes>& times, int stages) {
+  GPIPE_CHECK(times.empty() || times.size() == static_cast<size_t>(stages), "`stage_times` holds ", times.size(),
+              times.size() == 1 ? " entry" : " entries", " for a pipeline of ", stages,
+              " stages; give one per stage (K·V), or none");
+}
+
+}  // namespace
+
 void route_skips(PipelinePlan& plan, const std::vector<SkipConnection>& skips) {
   // The skip connections that cross stages; those inside a stage meet in its tray.
   const std::vector<int> offsets = stage_offsets(plan.balance);
@@ -180,11 +198,17 @@ void route_skips(PipelinePlan& plan, const std::vector<SkipConnection>& skips) {
   if (lowered && routes.empty() && plan.skip_routes.empty()) return;  // the programs stand as they are
   plan.skip_routes = std::move(routes);
   plan.skip_names = std::move(names);
+  lower_training(plan);
   const int K = plan.devices, V = plan.virtual_stages;
-  plan.training = lower(make_schedule(plan.schedule, K, plan.micro_batches, V), plan.checkpoint, plan.skip_routes);
-  validate(plan.training);
   plan.placement = plan.training.placement;  // where the schedule puts each stage: every reader takes it from here
   plan.inference = lower(forward_only(K, plan.micro_batches, V, plan.placement), Checkpoint::kNever, plan.skip_routes);
+}
+
+PipelinePlan ordered_by_times(PipelinePlan plan, std::vector<ActionTimes> times) {
+  check_stage_times(times, plan.stages());
+  plan.stage_times = std::move(times);
+  if (schedule_traits(plan.schedule).ordered_by_times) lower_training(plan);
+  return plan;
 }
 
 PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::vector<SkipConnection>& skips) {
@@ -253,6 +277,8 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
               "batch of fewer rows than M runs in one micro-batch per row, so an M above a batch's rows only costs "
               "time and memory; give M at most the rows of a batch");
 
+  check_stage_times(options.stage_times(), plan.stages());
+  plan.stage_times = options.stage_times();
   // The programs, with the skip connections that cross stages: a schedule that cannot take K, M and V
   // is refused here, before anything is built.
   route_skips(plan, skips);

@@ -5,10 +5,12 @@
 #include "gpipe/check.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <ostream>
 #include <regex>
 #include <set>
@@ -271,33 +273,52 @@ namespace {
 // When a V schedule's device may start an F, given the stage-micro-batches it holds (from the
 // start of their F to the end of their W) and its bound on them.
 enum class ForwardRule {
-  kUnderTheBound,    // any F while fewer than the bound are held (zbv)
-  kRoomToComeBack,   // an F on the way down only while the F's back up of every micro-batch taken
-                     // down still fit under the bound; one on the way up always (its place was
-                     // kept): no bound of 2 or more stops a micro-batch halfway (v-half)
+  kUnderTheBound,          // any F while fewer than the bound are held (zbv)
+  kUnderTheBoundWithRoom,  // the same, and one on the way down only as kRoomToComeBack allows (zbv
+                           // ordered by times, where the bound alone leaves every device waiting)
+  kRoomToComeBack,         // an F on the way down only while the F's back up of every micro-batch taken
+                           // down still fit under the bound; one on the way up always (its place
+                           // was kept): no bound of 2 or more stops a micro-batch halfway (v-half)
 };
 
-// The V schedules: a unit-time list schedule (schedule.h) of 2K stages, device d running stage d
-// and stage 2K-1-d, at most `held_bound` stage-micro-batches held per device.
-Schedule v_schedule(const char* name, int devices, int micro_batches, int held_bound, ForwardRule rule) {
-  check_shape(devices, micro_batches, 2);
+// The V schedules: a list schedule (schedule.h) of 2K stages, device d running stage d and stage
+// 2K-1-d, at most `held_bound` stage-micro-batches held per device. Each device, whenever it is free,
+// starts the first of these that is ready: an I (on the way down, then up), an F (up, then down),
+// the oldest W waiting; where none is, it waits for the next action to end. Each action takes its
+// stage's time in `times` (one slot each where empty): in unit slots, an action ready at the slot's
+// start runs in it. Nothing where every device waits and none will end (the bound alone, with times
+// of their own, can fill a device with micro-batches on their way down whose way back finds no room).
+std::optional<Schedule> v_order(const char* name, int devices, int micro_batches, int held_bound, ForwardRule rule,
+                                const std::vector<ActionTimes>& times) {
   const int K = devices, M = micro_batches, S = 2 * K;
   Schedule s = empty_schedule(name, K, M, 2, true, place_stages(StagePlacement::kV, K, 2));
+  auto time_of = [&times](int stage, ActionKind kind) {
+    if (times.empty()) return 1.0;
+    const ActionTimes& t = times[static_cast<size_t>(stage)];
+    return kind == ActionKind::kForward ? t.forward : kind == ActionKind::kInputGrad ? t.input_grad : t.weight_grad;
+  };
   // Per stage: when its F's and I's end (by micro-batch), and the next F and I to run, each in
   // micro-batch order.
-  constexpr int kNever = std::numeric_limits<int>::max();
-  std::vector<std::vector<int>> f_end(static_cast<size_t>(S), std::vector<int>(static_cast<size_t>(M), kNever));
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> f_end(static_cast<size_t>(S), std::vector<double>(static_cast<size_t>(M), kNever));
   auto i_end = f_end;
   std::vector<int> next_f(static_cast<size_t>(S), 0), next_i(static_cast<size_t>(S), 0);
   std::vector<std::deque<std::pair<int, int>>> waiting_w(static_cast<size_t>(K));  // (stage, micro-batch)
   std::vector<int> held(static_cast<size_t>(K), 0);
-  auto ended = [&](const std::vector<std::vector<int>>& end, int stage, int i, int t) {
+  std::vector<double> free_at(static_cast<size_t>(K), 0.0);
+  std::multiset<double> ends;  // of the actions placed, to wait for the next
+  auto ended = [](const std::vector<std::vector<double>>& end, int stage, int i, double t) {
     return end[static_cast<size_t>(stage)][static_cast<size_t>(i)] <= t;
   };
-  int remaining = 3 * S * M;
-  for (int t = 0; remaining > 0; ++t) {
+  for (int remaining = 3 * S * M; remaining > 0;) {
+    // The devices free first choose, in device order; those that find nothing ready wait for the next
+    // action to end, of those placed until then.
+    const double t = *std::min_element(free_at.begin(), free_at.end());
+    const int remaining_before = remaining;
+    std::vector<size_t> waiting;
     for (int d = 0; d < K; ++d) {
       const size_t dd = static_cast<size_t>(d);
+      if (free_at[dd] != t) continue;
       auto& row = s.actions[dd];
       const int down = d, up = S - 1 - d;  // the device's stage on the way down, and on the way back up
       // The I of `stage` is ready when its F has ended and the next stage's I has (the last stage: its F alone).
@@ -309,52 +330,89 @@ Schedule v_schedule(const char* name, int devices, int micro_batches, int held_b
       auto f_ready = [&](int stage) {
         const int i = next_f[static_cast<size_t>(stage)];
         if (i >= M || (stage > 0 && !ended(f_end, stage - 1, i, t))) return false;
-        if (rule == ForwardRule::kUnderTheBound) return held[dd] < held_bound;
         const int coming_back = next_f[static_cast<size_t>(down)] - next_f[static_cast<size_t>(up)];
-        return stage == up || held[dd] + coming_back + 2 <= held_bound;
+        const bool room_to_come_back = held[dd] + coming_back + 2 <= held_bound;
+        if (rule == ForwardRule::kUnderTheBound) return held[dd] < held_bound;
+        if (rule == ForwardRule::kUnderTheBoundWithRoom)
+          return held[dd] < held_bound && (stage == up || room_to_come_back);
+        return stage == up || room_to_come_back;
       };
-      auto run = [&](int stage, ActionKind kind) {
+      auto run = [&](int stage, ActionKind kind, int i) {
+        row.push_back(compute(stage, kind, i));
+        free_at[dd] = t + time_of(stage, kind);
+        ends.insert(free_at[dd]);
+        --remaining;
+        return free_at[dd];
+      };
+      auto run_next = [&](int stage, ActionKind kind) {
         const size_t ss = static_cast<size_t>(stage);
         if (kind == ActionKind::kForward) {
-          row.push_back(compute(stage, kind, next_f[ss]));
-          f_end[ss][static_cast<size_t>(next_f[ss]++)] = t + 1;
+          const int i = next_f[ss]++;
+          f_end[ss][static_cast<size_t>(i)] = run(stage, kind, i);
           ++held[dd];
         } else {
-          row.push_back(compute(stage, kind, next_i[ss]));
-          i_end[ss][static_cast<size_t>(next_i[ss])] = t + 1;
-          waiting_w[dd].push_back({stage, next_i[ss]++});
+          const int i = next_i[ss]++;
+          i_end[ss][static_cast<size_t>(i)] = run(stage, kind, i);
+          waiting_w[dd].push_back({stage, i});
         }
       };
       if (i_ready(down)) {
-        run(down, ActionKind::kInputGrad);
+        run_next(down, ActionKind::kInputGrad);
       } else if (i_ready(up)) {
-        run(up, ActionKind::kInputGrad);
+        run_next(up, ActionKind::kInputGrad);
       } else if (f_ready(up)) {
-        run(up, ActionKind::kForward);
+        run_next(up, ActionKind::kForward);
       } else if (f_ready(down)) {
-        run(down, ActionKind::kForward);
+        run_next(down, ActionKind::kForward);
       } else if (!waiting_w[dd].empty()) {
         const auto [stage, i] = waiting_w[dd].front();
         waiting_w[dd].pop_front();
-        row.push_back(compute(stage, ActionKind::kWeightGrad, i));
+        run(stage, ActionKind::kWeightGrad, i);
         --held[dd];
       } else {
-        continue;  // idle this slot
+        waiting.push_back(dd);
       }
-      --remaining;
     }
+    if (waiting.empty()) continue;
+    // Where an action was placed at t after a device looked, the device looks again at t (one of no
+    // time, a stage without weights' W, may have readied it); else it waits for the next to end.
+    const auto next = ends.upper_bound(t);
+    const bool placed_now = remaining < remaining_before;
+    if (next == ends.end() && !placed_now) return std::nullopt;
+    for (size_t dd : waiting) free_at[dd] = placed_now ? t : *next;
   }
   return s;
 }
 
-}  // namespace
-
-Schedule zbv(int devices, int micro_batches) {
-  return v_schedule("zbv", devices, micro_batches, 2 * devices, ForwardRule::kUnderTheBound);
+// v_order's schedule, checked; where zbv's bound alone leaves the devices waiting for each other (with
+// times of their own), ordered again keeping room for every micro-batch to come back.
+Schedule v_schedule(const char* name, int devices, int micro_batches, int held_bound, ForwardRule rule,
+                    const std::vector<ActionTimes>& times) {
+  check_shape(devices, micro_batches, 2);
+  GPIPE_CHECK(times.empty() || times.size() == static_cast<size_t>(2 * devices), "the ", name, " schedule of ",
+              devices, " devices runs ", 2 * devices, " stages, but ", times.size(),
+              times.size() == 1 ? " stage's times were" : " stages' times were", " given; give one per stage, or none");
+  for (const ActionTimes& t : times)
+    GPIPE_CHECK(t.forward >= 0 && t.input_grad >= 0 && t.weight_grad >= 0 && std::isfinite(t.forward) &&
+                    std::isfinite(t.input_grad) && std::isfinite(t.weight_grad),
+                "a stage's action times must be finite and at least 0 (got F ", t.forward, ", I ", t.input_grad,
+                ", W ", t.weight_grad, ")");
+  std::optional<Schedule> s = v_order(name, devices, micro_batches, held_bound, rule, times);
+  if (!s && rule == ForwardRule::kUnderTheBound)
+    s = v_order(name, devices, micro_batches, held_bound, ForwardRule::kUnderTheBoundWithRoom, times);
+  GPIPE_CHECK(s.has_value(), "the ", name, " schedule of ", devices, " devices and ", micro_batches,
+              " micro-batches left every device waiting; this is a bug in gpipe");
+  return std::move(*s);
 }
 
-Schedule v_half(int devices, int micro_batches) {
-  return v_schedule("v-half", devices, micro_batches, devices + 1, ForwardRule::kRoomToComeBack);
+}  // namespace
+
+Schedule zbv(int devices, int micro_batches, const std::vector<ActionTimes>& times) {
+  return v_schedule("zbv", devices, micro_batches, 2 * devices, ForwardRule::kUnderTheBound, times);
+}
+
+Schedule v_half(int devices, int micro_batches, const std::vector<ActionTimes>& times) {
+  return v_schedule("v-half", devices, micro_batches, devices + 1, ForwardRule::kRoomToComeBack, times);
 }
 
 Schedule forward_only(int devices, int micro_batches, int virtual_stages, const std::vector<int>& placement) {
@@ -390,15 +448,15 @@ const std::vector<ScheduleTraits>& schedule_table() {
     std::vector<ScheduleTraits> t(6);
     t[0].kind = ScheduleKind::kGPipe;
     t[0].name = "gpipe";
-    t[0].generate = [](int K, int M, int) { return fill_drain(K, M); };
+    t[0].generate = [](int K, int M, int, const std::vector<ActionTimes>&) { return fill_drain(K, M); };
     t[0].peak_in_flight = [](int, int M, int V, int) { return V * M; };  // every micro-batch, until the drain
     t[1].kind = ScheduleKind::k1F1B;
     t[1].name = "1f1b";
-    t[1].generate = [](int K, int M, int) { return one_f_one_b(K, M); };
+    t[1].generate = [](int K, int M, int, const std::vector<ActionTimes>&) { return one_f_one_b(K, M); };
     t[1].peak_in_flight = [](int K, int M, int, int d) { return std::min(K - d, M); };
     t[2].kind = ScheduleKind::kInterleaved;
     t[2].name = "interleaved";
-    t[2].generate = [](int K, int M, int V) { return interleaved(K, M, V); };
+    t[2].generate = [](int K, int M, int V, const std::vector<ActionTimes>&) { return interleaved(K, M, V); };
     t[2].default_virtual_stages = 2;
     t[2].least_virtual_stages = 2;
     t[2].most_virtual_stages = 0;
@@ -408,22 +466,25 @@ const std::vector<ScheduleTraits>& schedule_table() {
     t[2].peak_in_flight = [](int K, int M, int V, int d) { return std::min((V - 1) * K + 2 * (K - 1 - d) + 1, V * M); };
     t[3].kind = ScheduleKind::kZB1P;
     t[3].name = "zb1p";
-    t[3].generate = [](int K, int M, int) { return zb1p(K, M); };
+    t[3].generate = [](int K, int M, int, const std::vector<ActionTimes>&) { return zb1p(K, M); };
     t[3].splits_backward = true;
     t[3].peak_in_flight = [](int, int M, int, int) { return M; };  // the W's wait for the drain
     t[4].kind = ScheduleKind::kZBV;
     t[4].name = "zbv";
-    t[4].generate = [](int K, int M, int) { return zbv(K, M); };
+    t[4].generate = [](int K, int M, int, const std::vector<ActionTimes>& times) { return zbv(K, M, times); };
     t[4].peak_in_flight = [](int K, int M, int, int) { return std::min(2 * K, 2 * M); };
     t[5].kind = ScheduleKind::kVHalf;
     t[5].name = "v-half";
-    t[5].generate = [](int K, int M, int) { return v_half(K, M); };
+    t[5].generate = [](int K, int M, int, const std::vector<ActionTimes>& times) {
+      return v_half(K, M, times);
+    };
     t[5].peak_in_flight = [](int K, int M, int, int) { return std::min(K + 1, 2 * M); };
     for (ScheduleTraits& e : t) {
       if (e.kind == ScheduleKind::kZBV || e.kind == ScheduleKind::kVHalf) {
         e.default_virtual_stages = e.least_virtual_stages = e.most_virtual_stages = 2;
         e.placement = StagePlacement::kV;
         e.splits_backward = true;
+        e.ordered_by_times = true;
         e.virtual_stages_rule = "the " + e.name + v_stages;
       } else if (e.virtual_stages_rule.empty()) {
         e.virtual_stages_rule = "the " + e.name + one_stage;
@@ -499,12 +560,14 @@ ScheduleKind parse_schedule(const std::string& text) {
   return ScheduleKind::kGPipe;
 }
 
-Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int virtual_stages) {
+Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int virtual_stages,
+                       const std::vector<ActionTimes>& times) {
   check_shape(devices, micro_batches, virtual_stages);
   const ScheduleTraits& traits = schedule_traits(kind);
   traits.check_virtual_stages(virtual_stages);
   traits.check_micro_batches(devices, micro_batches);
-  return traits.generate(devices, micro_batches, virtual_stages);
+  return traits.generate(devices, micro_batches, virtual_stages,
+                         traits.ordered_by_times ? times : std::vector<ActionTimes>{});
 }
 
 // ---------------------------------------------------------------- lowering

@@ -243,6 +243,7 @@ ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const RunRequest& re
   c.virtual_stages = best.virtual_stages;
   c.checkpoint = best.checkpoint;
   c.balance = best.balance;
+  c.stage_times = best.stage_times;
   c.predicted = best.predicted;
   c.fits = best.fits;
   c.considered = static_cast<int>(found.size());
@@ -559,6 +560,7 @@ void choose_cut(const TrainSettings& s, TrainingRun& c) {
                   .checkpoint(parse_checkpoint(s.checkpoint))
                   .deferred_batch_norm(s.batch_norm == "deferred")
                   .threads_per_device(s.threads_per_device);
+  if (c.choice) c.options.stage_times(c.choice->stage_times);  // the order auto predicted (V schedules)
   // Every setting the plan is made of, with its value, before what the plan says is wrong with them.
   std::string settings = s.balance.empty() || s.devices_given ? "`devices` " + std::to_string(s.devices) : "";
   if (!s.balance.empty()) settings += (settings.empty() ? "" : " ") + ("`balance` " + format_balance(s.balance));
@@ -573,7 +575,7 @@ void choose_cut(const TrainSettings& s, TrainingRun& c) {
   c.cost = balance_by(s.balance_by, c.model, sample, s.devices, s.micro_batches, s.threads_per_device,
                       state_per_parameter_byte(optimizer_options_of(s)), parse_schedule(s.schedule), V, {},
                       parse_checkpoint(s.checkpoint));
-  c.options.cut(CutRequest::given(c.cost->balance));
+  c.options.cut(CutRequest::given(c.cost->balance)).stage_times(c.cost->stage_times);
   c.plan = make_plan(c.task.layers, c.options);
 }
 

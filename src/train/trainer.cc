@@ -385,6 +385,7 @@ CostBalance balance_by(const std::string& method, const Model& model, const Tens
   out.plan = plan_partition(costs, out.balance,
                             make_schedule(plan.schedule, plan.devices, plan.micro_batches, plan.virtual_stages));
   out.unit = unit;
+  out.stage_times = plan.stage_times;
   return out;
 }
 
