@@ -276,7 +276,8 @@ TEST(PlannerTest, RefinedPlanTakesTheBestPredictedCut) {
     // Each cut's V ordered by its stages' times, as the planner orders it.
     const auto step_of = [&](const std::vector<int>& balance) {
       const PipelinePlan plan = make_plan(layers, PipelineOptions(asked).cut(CutRequest::given(balance)));
-      const PipelinePlan timed = ordered_by_times(plan, stage_action_times(costs, balance, 8, plan.checkpoint));
+      const PipelinePlan timed =
+          ordered_by_times(plan, stage_action_times(costs, balance, rows.front(), plan.checkpoint));
       return predict(costs, timed, rows).step_s;
     };
     const PipelinePlan refined = refined_plan(costs, asked, rows);

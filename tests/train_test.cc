@@ -601,8 +601,9 @@ TEST(TrainerTest, ASnapshotIsCheckedAgainstTheWholeModel) {
 TEST(TrainerTest, ASnapshotRecordsItsPipeline) {
   const gpipe::Dataset data = regression_data();
   const std::string path = temp_path("pipeline_of.pt");
+  const std::vector<gpipe::ActionTimes> times{{0.1, 0.3, 1.0 / 3}, {1, 1, 0}, {2.5, 2.5, 2.5}, {1e-4, 7, 0.25}};
   const PipelineOptions options = PipelineOptions().devices(2).micro_batches(3).schedule(gpipe::ScheduleKind::kZBV)
-                                      .balance({1, 2, 2, 2}).checkpoint(gpipe::Checkpoint::kAlways);
+                                      .balance({1, 2, 2, 2}).checkpoint(gpipe::Checkpoint::kAlways).stage_times(times);
   Trainer saver(mlp(), options, TrainerOptions(sgd_options()).epochs(1).save(path), data);
   saver.fit();
   const std::string sgd = gpipe::optimizer_name(OptimizerKind::kSgd);
@@ -615,6 +616,12 @@ TEST(TrainerTest, ASnapshotRecordsItsPipeline) {
   EXPECT_EQ(saved->virtual_stages, 2);
   EXPECT_EQ(saved->balance, (std::vector<int>{1, 2, 2, 2}));
   EXPECT_EQ(saved->checkpoint, gpipe::Checkpoint::kAlways);
+  ASSERT_EQ(saved->stage_times.size(), times.size());  // the order it ran in, bit for bit
+  for (size_t s = 0; s < times.size(); ++s) {
+    EXPECT_EQ(saved->stage_times[s].forward, times[s].forward);
+    EXPECT_EQ(saved->stage_times[s].input_grad, times[s].input_grad);
+    EXPECT_EQ(saved->stage_times[s].weight_grad, times[s].weight_grad);
+  }
 
   // Saved without a record (as the Python package saves): none read back. With a cut of other than
   // K·V stages: refused, naming it.
@@ -635,6 +642,17 @@ TEST(TrainerTest, ASnapshotRecordsItsPipeline) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("is corrupt: its pipeline's balance has 3 stages, not K·V"), std::string::npos)
         << e.what();
+  }
+  // Stage times of other than 3 per stage: refused, naming them.
+  state.pipeline = gpipe::SavedPipeline{gpipe::ScheduleKind::kZBV, 2, 64, 4, 2, {1, 2, 2, 2}, gpipe::Checkpoint::kNever,
+                                        {{1, 1, 1}, {1, 1, 1}}};
+  save();
+  try {
+    gpipe::check_snapshot_of(path, mlp(), sgd);
+    ADD_FAILURE() << "2 stages' times for 4 stages were read";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("is corrupt: its pipeline's stage_times holds 6 times, not 3 for each of its "
+                                         "4 stages"), std::string::npos) << e.what();
   }
   // A pipeline no run could have had: 1F1B with 3 stages per device; interleaved M=3 on K=2; more
   // micro-batches than rows.

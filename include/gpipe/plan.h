@@ -105,7 +105,8 @@ struct PipelineOptions {
   /// How long each stage's F, I and W of a micro-batch take (cost_model.h's stage_action_times),
   /// K·V entries: the V schedules (zbv, v-half) order each device's actions by them, so that two
   /// stages of unequal length on a device do not leave it waiting on an order made for equal ones.
-  /// Empty: the order of equal times. Only the order changes, never the result.
+  /// Empty: the order of equal times. Only the order changes (and with it the order in which a weight
+  /// tied across a device's stages sums its gradients).
   TORCH_ARG(std::vector<ActionTimes>, stage_times) = {};
   /// What each of the K devices is. Empty: a CPU core group of `threads_per_device` threads each.
   TORCH_ARG(std::vector<Device>, device_list) = {};

@@ -105,7 +105,7 @@ struct Action {
 std::ostream& operator<<(std::ostream& out, const Action& action);
 
 /// How long a stage's F, I and W of one micro-batch take, in any one unit (seconds, say): what the
-/// V schedules (zbv, v-half) order their actions by, where given (cost_model.h's stage_times
+/// V schedules (zbv, v-half) order their actions by, where given (cost_model.h's stage_action_times
 /// measures them). An I without the I/W split is the whole backward.
 struct ActionTimes {
   double forward = 1;
@@ -271,7 +271,9 @@ Schedule zb1p(int devices, int micro_batches);
 /// (K-1)/(M+K-1) (a few slots more at some larger K and M). Any K, M. With `times`
 /// (one per stage), each action takes its stage's time rather than one slot, so that
 /// a device whose two stages differ in length does not wait on the order unit slots
-/// would give: where none is ready, it waits for the next action to end.
+/// would give: where none is ready, it waits for the next action to end. Where the
+/// bound alone would then leave every device waiting (possible with unequal times), it
+/// is ordered again keeping room for each micro-batch to come back, as v-half does.
 Schedule zbv(int devices, int micro_batches, const std::vector<ActionTimes>& times = {});
 
 /// V-Half (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): ZB-V's
@@ -283,7 +285,7 @@ Schedule zbv(int devices, int micro_batches, const std::vector<ActionTimes>& tim
 /// is slots, with F, I and W of equal time: at K=2 one micro-batch at a time
 /// crosses device 0, a bubble of 10/58 for M=8 (fill-drain's 1/9, zbv's 1/49);
 /// from K=4 it is below fill-drain's: 12/60 for M=8 and 12/108 for M=16 (fill-drain's
-/// 3/11 and 3/19). Any K, M.
+/// 3/11 and 3/19). Any K, M. With `times`, ordered by them as zbv is.
 Schedule v_half(int devices, int micro_batches, const std::vector<ActionTimes>& times = {});
 
 /// Inference: every device runs the forwards of micro-batches 0..M-1 of its

@@ -33,6 +33,8 @@ struct SavedPipeline {
   int virtual_stages = 1;  ///< V
   std::vector<int> balance;                   ///< layers per stage, K·V entries
   Checkpoint checkpoint = Checkpoint::kNever;  ///< re-materialization
+  /// The stages' times its V schedule was ordered by (PipelineOptions::stage_times); empty: unit order.
+  std::vector<ActionTimes> stage_times;
 };
 
 /// What a training run needs to continue exactly where it stopped.

@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -28,7 +27,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -109,6 +107,19 @@ PipelinePlan check_plan(int layers, const Settings& settings) {
   if (settings.schedule == "auto" && settings.virtual_stages != 0 && settings.virtual_stages != 1)
     checked.schedule = "interleaved";
   return make_plan(layers, checked.options());
+}
+
+// A double's bits as a 64-bit word, and back: what crosses between ranks, exactly.
+int64_t bits_of(double value) {
+  int64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+double double_of(int64_t bits) {
+  double value = 0;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
 }
 
 // For long work without the GIL (a profile, a wait for the other ranks): Ctrl-C, or another signal
@@ -224,23 +235,21 @@ class PythonPipeline {
     const int processes =
         running == Runtime::kThreads ? 1 : static_cast<int>(all_gather_processes(std::string()).size());
     const bool profiles_here = running == Runtime::kThreads || backend(running).process().first == 0;
-    // Rank 0's answer, to every rank: "+" and the choice's numbers (schedule, K, V, M, checkpoint,
-    // step seconds, bubble, the stages, each stage's layers, then, for a V schedule, each stage's F, I
-    // and W times), or "-" and the first line of its error.
+    // Rank 0's answer, to every rank: "+" and the choice's numbers as 64-bit words (schedule, K, V, M,
+    // checkpoint, step seconds and bubble bit for bit, the stages S, each stage's layers, then, for a V
+    // schedule, each stage's F, I and W times bit for bit), or "-" and the first line of its error.
     std::string answer;
     std::exception_ptr failure;
     if (profiles_here) {
       try {
         const ScheduleChoice c = profile_and_choose(settings, batch, processes, options.checkpoint());
-        std::ostringstream out;
-        out << std::hexfloat << "+ " << static_cast<int>(c.schedule) << ' ' << c.devices << ' ' << c.virtual_stages
-            << ' ' << c.micro_batches << ' ' << static_cast<int>(c.checkpoint) << ' ' << c.predicted.step_s << ' '
-            << c.predicted.bubble;
-        out << ' ' << c.balance.size();
-        for (int layers : c.balance) out << ' ' << layers;
+        std::vector<int64_t> words{static_cast<int64_t>(c.schedule), c.devices, c.virtual_stages, c.micro_batches,
+                                   static_cast<int64_t>(c.checkpoint), bits_of(c.predicted.step_s),
+                                   bits_of(c.predicted.bubble), static_cast<int64_t>(c.balance.size())};
+        words.insert(words.end(), c.balance.begin(), c.balance.end());
         for (const ActionTimes& t : c.stage_times)
-          out << ' ' << t.forward << ' ' << t.input_grad << ' ' << t.weight_grad;
-        answer = out.str();
+          words.insert(words.end(), {bits_of(t.forward), bits_of(t.input_grad), bits_of(t.weight_grad)});
+        answer = "+" + std::string(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int64_t));
       } catch (const py::error_already_set&) {  // its text needs the GIL, which this thread has not
         failure = std::current_exception();
         answer = "-a Python exception there (KeyboardInterrupt, say)";
@@ -258,15 +267,15 @@ class PythonPipeline {
     if (answer.rfind('-', 0) == 0)
       throw std::runtime_error("gpipe: schedule=\"auto\": rank 0 could not profile the model to choose the "
                                "schedule: " + answer.substr(1));
-    std::vector<std::string> words;
-    std::istringstream in(answer.substr(1));
-    for (std::string word; in >> word;) words.push_back(word);
-    const auto whole = [&words](size_t n) { return std::stoi(words[n]); };
-    const auto real = [&words](size_t n) { return std::strtod(words[n].c_str(), nullptr); };
-    const size_t stages = words.size() >= 8 ? static_cast<size_t>(whole(7)) : 0;
+    std::vector<int64_t> words((answer.size() - 1) / sizeof(int64_t));
+    if (!words.empty()) std::memcpy(words.data(), answer.data() + 1, words.size() * sizeof(int64_t));
+    const size_t stages = words.size() >= 8 && words[7] >= 1 ? static_cast<size_t>(words[7]) : 0;
     const size_t timed = words.size() == 8 + stages ? 0 : stages;
-    GPIPE_CHECK(words.size() >= 8 && words.size() == 8 + stages + 3 * timed,
-                "schedule=\"auto\": rank 0's choice came incomplete (\"", answer, "\")");
+    GPIPE_CHECK(answer.size() == 1 + words.size() * sizeof(int64_t) && stages >= 1 &&
+                    words.size() == 8 + stages + 3 * timed,
+                "schedule=\"auto\": rank 0's choice came incomplete (", answer.size(), " bytes)");
+    const auto whole = [&words](size_t n) { return static_cast<int>(words[n]); };
+    const auto real = [&words](size_t n) { return double_of(words[n]); };
     std::vector<int> balance;
     for (size_t n = 0; n < stages; ++n) balance.push_back(whole(8 + n));
     std::vector<ActionTimes> times;

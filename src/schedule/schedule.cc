@@ -15,6 +15,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <tuple>
 
 namespace gpipe {
@@ -400,8 +401,10 @@ Schedule v_schedule(const char* name, int devices, int micro_batches, int held_b
   std::optional<Schedule> s = v_order(name, devices, micro_batches, held_bound, rule, times);
   if (!s && rule == ForwardRule::kUnderTheBound)
     s = v_order(name, devices, micro_batches, held_bound, ForwardRule::kUnderTheBoundWithRoom, times);
-  GPIPE_CHECK(s.has_value(), "the ", name, " schedule of ", devices, " devices and ", micro_batches,
-              " micro-batches left every device waiting; this is a bug in gpipe");
+  if (!s)  // not a bad argument: no caller may take it for a shape the schedule does not run
+    throw std::logic_error("gpipe: the " + std::string(name) + " schedule of " + std::to_string(devices) +
+                           " devices and " + std::to_string(micro_batches) +
+                           " micro-batches left every device waiting; this is a bug in gpipe");
   return std::move(*s);
 }
 

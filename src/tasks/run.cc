@@ -639,6 +639,7 @@ std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const Trainin
   choice.virtual_stages = saved->virtual_stages;
   choice.checkpoint = parse_checkpoint(s.checkpoint);  // re-materialization changes no result: the run's own
   choice.balance = saved->balance;
+  choice.stage_times = saved->stage_times;  // the order it ran in (a tied weight's gradients are summed in it)
   choice.chose_micro_batches = !s.micro_batches_given;
   choice.taken_from = s.resume;
   return choice;
@@ -721,9 +722,10 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c, std::optional<std::s
   take_choice(s, c, choice);
   if (!s.balance_by.empty())
     c.cost = CostBalance{choice.balance,
-                         plan_partition(costs, choice.balance, make_schedule(choice.schedule, choice.devices,
-                                                                             choice.micro_batches, choice.virtual_stages)),
-                         cost_unit(s.balance_by)};
+                         plan_partition(costs, choice.balance,
+                                        make_schedule(choice.schedule, choice.devices, choice.micro_batches,
+                                                      choice.virtual_stages, choice.stage_times)),
+                         cost_unit(s.balance_by), choice.stage_times};
 }
 
 }  // namespace

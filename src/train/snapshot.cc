@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 #include <caffe2/serialize/inline_container.h>
 
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -214,6 +215,9 @@ Dict encode_pipeline(const SavedPipeline& p) {
   out.insert("virtual_stages", static_cast<int64_t>(p.virtual_stages));
   out.insert("balance", std::vector<int64_t>(p.balance.begin(), p.balance.end()));
   out.insert("checkpoint", to_string(p.checkpoint));
+  std::vector<double> times;  // F, I, W of each stage
+  for (const ActionTimes& t : p.stage_times) times.insert(times.end(), {t.forward, t.input_grad, t.weight_grad});
+  if (!times.empty()) out.insert("stage_times", times);
   return out;
 }
 
@@ -259,6 +263,20 @@ SavedPipeline decode_pipeline(const c10::IValue& value) {
   if (p.micro_batches > p.batch)
     throw std::runtime_error("its pipeline cannot have run: " + std::to_string(p.micro_batches) +
                              " micro-batches of a batch of " + std::to_string(p.batch));
+  if (d.contains("stage_times")) {  // files of gpipe before the V schedules were ordered by time have none
+    if (!d.at("stage_times").isDoubleList())
+      throw std::runtime_error("its pipeline's stage_times is not a list of floats");
+    const std::vector<double> times = d.at("stage_times").toDoubleVector();
+    if (times.size() != 3 * p.balance.size())
+      throw std::runtime_error("its pipeline's stage_times holds " + std::to_string(times.size()) + " times, not 3 for "
+                               "each of its " + std::to_string(p.balance.size()) + " stages");
+    for (size_t n = 0; n < times.size(); n += 3) {
+      for (size_t k = n; k < n + 3; ++k)
+        if (!std::isfinite(times[k]) || times[k] < 0)
+          throw std::runtime_error("its pipeline's stage_times holds " + std::to_string(times[k]));
+      p.stage_times.push_back({times[n], times[n + 1], times[n + 2]});
+    }
+  }
   return p;
 }
 

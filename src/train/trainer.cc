@@ -383,7 +383,8 @@ CostBalance balance_by(const std::string& method, const Model& model, const Tens
   CostBalance out;
   out.balance = plan.balance;
   out.plan = plan_partition(costs, out.balance,
-                            make_schedule(plan.schedule, plan.devices, plan.micro_batches, plan.virtual_stages));
+                            make_schedule(plan.schedule, plan.devices, plan.micro_batches, plan.virtual_stages,
+                                          plan.stage_times));
   out.unit = unit;
   out.stage_times = plan.stage_times;
   return out;
@@ -903,7 +904,7 @@ void Trainer::save() {
   const PipelinePlan& plan = pipeline_->plan();
   now.pipeline = SavedPipeline{plan.schedule,       plan.devices,        std::min(options_.batch_size(), train_.size()),
                                plan.micro_batches, plan.virtual_stages, plan.balance,
-                               plan.checkpoint};
+                               plan.checkpoint,    plan.stage_times};
   const std::string optimizer = optimizer_name(options_.optimizer().kind());
   if (options_.per_device_files()) {
     save_per_device_files(path, now, optimizer);
