@@ -232,9 +232,9 @@ class PythonPipeline {
   // choice and prediction; a failure there fails every rank.
   void choose(const Settings& settings, const torch::Tensor& batch, PipelineOptions& options) {
     const Runtime running = running_backend();
-    const int processes =
-        running == Runtime::kThreads ? 1 : static_cast<int>(all_gather_processes(std::string()).size());
-    const bool profiles_here = running == Runtime::kThreads || backend(running).process().first == 0;
+    const auto [rank, processes] =
+        running == Runtime::kThreads ? std::pair<int, int>{0, 1} : backend(running).process();
+    const bool profiles_here = rank == 0;
     // Rank 0's answer, to every rank: "+" and the choice's numbers as 64-bit words (schedule, K, V, M,
     // checkpoint, step seconds and bubble bit for bit, the stages S, each stage's layers, then, for a V
     // schedule, each stage's F, I and W times bit for bit), or "-" and the first line of its error.

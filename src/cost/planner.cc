@@ -106,11 +106,18 @@ void for_each_cut(int layers, int stages, const std::vector<bool>& uncuttable,
   place(0, stages);
 }
 
-// `plan` ordered by its stages' times in `costs` at micro-batches of `rows` rows, where its schedule
-// orders by them (zbv, v-half): as the pipeline runs once the plan is chosen.
+// The stages' times in `costs` at micro-batches of `rows` rows that `schedule` orders its actions by
+// on the cut `balance` (zbv, v-half: as the pipeline runs once the plan is chosen); none for another.
+std::vector<ActionTimes> order_times(const CostModel& costs, ScheduleKind schedule, const std::vector<int>& balance,
+                                     int64_t rows, Checkpoint mode) {
+  if (!schedule_traits(schedule).ordered_by_times) return {};
+  return stage_action_times(costs, balance, rows, mode);
+}
+
+// `plan` ordered by order_times, where its cut was made with it.
 PipelinePlan ordered_by_costs(PipelinePlan plan, const CostModel& costs, int64_t rows) {
-  if (!schedule_traits(plan.schedule).ordered_by_times) return plan;
-  std::vector<ActionTimes> times = stage_action_times(costs, plan.balance, rows, plan.checkpoint);
+  std::vector<ActionTimes> times = order_times(costs, plan.schedule, plan.balance, rows, plan.checkpoint);
+  if (times.empty()) return plan;
   return ordered_by_times(std::move(plan), std::move(times));
 }
 
@@ -157,8 +164,11 @@ void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips
     budget -= cost;
     PipelinePlan moved;
     try {
-      moved = ordered_by_costs(make_plan(plan.layers, PipelineOptions(options).cut(CutRequest::given(balance)), skips),
-                               costs, rows.front());
+      moved = make_plan(plan.layers,
+                        PipelineOptions(options)
+                            .cut(CutRequest::given(balance))
+                            .stage_times(order_times(costs, plan.schedule, balance, rows.front(), plan.checkpoint)),
+                        skips);
     } catch (const std::invalid_argument&) {
       return false;
     }

@@ -149,9 +149,9 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
                                 .track_memory(!job().distributed);
   // In one process only: the ranks of a job would each need the same times (only one profiles).
   if (job().distributed) times.clear();
-  else if (times.empty() && !costs.layers.empty())  // a cut given, or even
+  else if (times.empty() && !costs.layers.empty() && schedule_traits(options.schedule()).ordered_by_times)
     times = stage_action_times(costs, make_plan(task.layers, options).balance, micro_batch_sizes(share, M).front(),
-                               mode);
+                               mode);  // a V schedule on a cut given, or even
   c.pipe = make_pipeline(model.build, task.layers, options.stage_times(times));
   c.sgd = make_optimizer(kBenchOptimizer, c.pipe->parameters());
   // Replica 0's pipeline on its share of the rows (the replicas' gradient sum is not modelled).

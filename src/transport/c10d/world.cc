@@ -306,6 +306,16 @@ void vote_on_new_group(const World& w, const c10::intrusive_ptr<::c10d::Store>& 
   for (int r = 0; r < w.size; ++r) {
     if (r == w.rank) continue;
     const std::string key = std::to_string(r);
+    // Said before this rank stops waiting, whatever stops it.
+    const auto give_up = [&] {
+      try {
+        said->set(mine, bytes_of("-" + rank_name(w.known_as, w.rank) + " gave up waiting for " +
+                                 rank_name(w.known_as, r) + "; make the GPipe over the new group again on every rank"));
+      } catch (const std::exception&) {
+        // The store is gone: the others hear nothing more from it either.
+      }
+    };
+    bool answered = false;
     try {
       const WaitNotice notice([&w, r](int seconds) {
         return rank_name(w.known_as, w.rank) + " has waited " + std::to_string(seconds) + " s for " +
@@ -313,35 +323,30 @@ void vote_on_new_group(const World& w, const c10::intrusive_ptr<::c10d::Store>& 
                ": check that every rank makes its GPipe over the group";
       });
       // In slices, between which `between` may stop the wait; a store that stops answering throws.
-      while (!said->check({key})) {
+      while (!(answered = said->check({key}))) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
                                                                                 std::chrono::steady_clock::now());
-        GPIPE_CHECK(left.count() > 0, "no answer");
+        if (left.count() <= 0) break;
         try {
           said->wait({key}, std::min(left, std::chrono::milliseconds(100)));
         } catch (const std::exception&) {
           if (between) between();  // the slice ran out (or the store broke: check says so)
         }
       }
-    } catch (...) {
-      try {
-        said->set(mine, bytes_of("-" + rank_name(w.known_as, w.rank) + " gave up waiting for " +
-                                 rank_name(w.known_as, r) + "; make the GPipe over the new group again on every rank"));
-      } catch (const std::exception&) {
-        // The store is gone: the others hear nothing more from it either.
-      }
-      try {
-        throw;
-      } catch (const std::invalid_argument& e) {
-        (void)e;
-        GPIPE_CHECK(false, rank_name(w.known_as, w.rank), " could not start over the new process group: ",
-                    rank_name(w.known_as, r), " did not say whether it takes it within ", w.timeout.count() / 1000,
-                    " s (GPIPE_TIMEOUT); check that every rank of the group makes its GPipe over it");
-      } catch (const c10::Error& e) {
-        GPIPE_CHECK(false, rank_name(w.known_as, w.rank), " could not start over the new process group: the store "
-                    "stopped answering while it waited for ", rank_name(w.known_as, r), " (",
-                    first_line(e.what_without_backtrace()), "); check that the process hosting it still runs");
-      }
+    } catch (const c10::Error& e) {
+      give_up();
+      GPIPE_CHECK(false, rank_name(w.known_as, w.rank), " could not start over the new process group: the store "
+                  "stopped answering while it waited for ", rank_name(w.known_as, r), " (",
+                  first_line(e.what_without_backtrace()), "); check that the process hosting it still runs");
+    } catch (...) {  // `between` stopped it
+      give_up();
+      throw;
+    }
+    if (!answered) {
+      give_up();
+      GPIPE_CHECK(false, rank_name(w.known_as, w.rank), " could not start over the new process group: ",
+                  rank_name(w.known_as, r), " did not say whether it takes it within ", w.timeout.count() / 1000,
+                  " s (GPIPE_TIMEOUT); check that every rank of the group makes its GPipe over it");
     }
     const std::string answer = text_of(said->get(key));
     GPIPE_CHECK(answer == "+", rank_name(w.known_as, r), " could not take the new process group, so neither does ",
@@ -400,12 +405,8 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
     }
   }
   vote_on_new_group(*w, c10::make_intrusive<::c10d::PrefixStore>(w->prefix + "/taken", own), refused, between);
-  if (w->host.empty()) {
-    w->shared = store;
-    w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, store);
-  } else {
-    w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, tcp_client(w->host, w->port, w->timeout));
-  }
+  if (w->host.empty()) w->shared = store;
+  w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, own);  // the vote's connection, kept
   begin(std::move(w));
 }
 
