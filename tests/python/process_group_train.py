@@ -9,7 +9,9 @@ destroy_process_group and a new default group at AGAIN_PORT (PORT given as "PORT
 first is deleted, and then a GPipe after another over it), or "again_one": the same, but only rank 0 keeps
 its first GPipe over the new group's first attempt, so that rank 1 hears why rank 0 cannot take the
 group, or "again_late": the same, both first GPipes deleted, but rank 1 comes to the new group after
-rank 0 has given up on it (GPIPE_TIMEOUT 3 s), and each tries again until it trains, or "profile_fails": schedule="auto" over a model whose forward fails on rank 0 alone (a buffer
+rank 0 has given up on it once (GPIPE_TIMEOUT 5 s; rank 1 comes at 7.5 s, 2.5 s from either end),
+and each tries again until it trains, or "profile_fails": schedule="auto" over a model whose forward
+fails on rank 0 alone (a buffer
 says so, which the check that every rank has the same model leaves out, as it compares parameters
 only: rank 0 profiles for every rank, and the others hear that it failed); WORLD_SIZE 1 with RANK 0:
 one process alone."""
@@ -94,9 +96,9 @@ if groups == "again_late":
     gc.collect()
     dist.destroy_process_group()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{again_port}", rank=rank, world_size=size)
-    os.environ["GPIPE_TIMEOUT"] = "3"
+    os.environ["GPIPE_TIMEOUT"] = "5"
     if rank == 1:
-        time.sleep(4)
+        time.sleep(7.5)
     refused = []
     while True:
         try:
