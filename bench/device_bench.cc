@@ -2,9 +2,12 @@
 // standard output; bench/device.sh runs it and writes bench/results/device.json.
 //
 //   device_bench table2 [...]  GPipe's Table 2 on CPU cores: a Transformer of --layers encoder blocks cut
-//                              evenly into K stages, K devices of --threads cores each, M micro-batches;
-//                              samples/s and the bubble per (K, M, threads). Speedups are over K = 1 with
-//                              the same M and threads (device.sh divides).
+//                              into K stages, K devices of --threads cores each, M micro-batches;
+//                              samples/s and the bubble per (K, M, threads, cut). --cuts even,time: the
+//                              blocks evenly (the embedding with the first, the head with the last), and/or
+//                              by the layers' profiled time (the min-max cut refined by the simulation, as
+//                              `gpipe bench --balance-by time` cuts). Speedups are over K = 1 with the
+//                              same M and threads (device.sh divides).
 //   device_bench gpu [...]     a Transformer on one GPU: K stages on the GPU (each its own stream), samples/s
 //                              with Adam; --trace FILE writes a Perfetto trace of the last step of the
 //                              largest K. Plain PyTorch's figure comes from bench/device_pytorch.py.
@@ -72,6 +75,23 @@ struct Args {
     }
     if (used != t.size() || !(v > 0)) throw std::invalid_argument("--" + key + " takes a positive number (got " + t + ")");
     return v;
+  }
+  std::vector<std::string> words(const std::string& key, const std::vector<std::string>& known,
+                                 const std::vector<std::string>& otherwise) const {
+    const std::string t = text(key, "");
+    if (t.empty()) return otherwise;
+    std::vector<std::string> out;
+    std::stringstream in(t);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      if (std::find(known.begin(), known.end(), item) == known.end()) {
+        std::string names;
+        for (const std::string& k : known) names += (names.empty() ? "" : ", ") + k;
+        throw std::invalid_argument("--" + key + " takes a comma-separated list of " + names + " (got " + t + ")");
+      }
+      out.push_back(item);
+    }
+    return out;
   }
   std::vector<int> list(const std::string& key, const std::vector<int>& otherwise) const {
     const std::string t = text(key, "");
@@ -153,6 +173,12 @@ double median(std::vector<double> v) {
 
 void emit(const json& row) { std::cout << row.dump() << std::endl; }
 
+// `row` with the fields of `more` added.
+json with(json row, const json& more) {
+  row.update(more);
+  return row;
+}
+
 // Steps of `pipe` with `optimizer` (or none): the median seconds of the timed ones.
 template <typename Optimizer>
 double time_steps(gpipe::Pipeline& pipe, const gpipe::Workload& w, Optimizer* optimizer, int warmup, int steps) {
@@ -172,6 +198,7 @@ int table2(const Args& a) {
   const Shape s = shape_of(a, Shape{});
   const std::vector<int> stages = a.list("stages", {1, 2, 4, 8}), micro = a.list("micro-batches", {1, 4, 32});
   const std::vector<int> threads = a.list("threads", {1});
+  const std::vector<std::string> cuts = a.words("cuts", {"even", "time"}, {"even"});
   const std::vector<int> wide = a.list("wide-stages", {8});  // K also run with --wide-threads per device
   const int wide_threads = static_cast<int>(a.integer("wide-threads", 2));
   const int steps = static_cast<int>(a.integer("steps", 2)), warmup = static_cast<int>(a.integer("warmup", 1));
@@ -192,28 +219,48 @@ int table2(const Args& a) {
     runs.push_back({1, wide_threads});
     runs.push_back({K, wide_threads});
   }
+  // The layers profiled on one micro-batch at M, on `threads` cores, once per (M, threads) a time cut needs.
+  std::map<std::pair<int, int>, gpipe::CostModel> profiles;
+  const auto profile = [&](int M, int threads) -> const gpipe::CostModel& {
+    auto it = profiles.find({M, threads});
+    if (it != profiles.end()) return it->second;
+    const int64_t rows = gpipe::micro_batch_sizes(s.batch, M).front();
+    return profiles[{M, threads}] =
+               gpipe::profile_layers(w.model, w.input.narrow(0, 0, rows), threads, /*state_per_parameter_byte=*/0,
+                                     /*warmup=*/2, /*repetitions=*/3, w.loss, w.target.narrow(0, 0, rows), {},
+                                     /*in_flight=*/std::min(M, 8));
+  };
   for (int M : micro)
-    for (const Run& r : runs) {
-      if (seconds_since(begin) > budget) {
-        emit({{"kind", "table2_skipped"}, {"K", r.K}, {"M", M}, {"threads_per_device", r.t},
-              {"why", "the phase's budget of " + std::to_string(budget) + " s was spent"}});
-        continue;
+    for (const Run& r : runs)
+      for (const std::string& cut : cuts) {
+        if (cut == "time" && r.K == 1) continue;  // one stage: the even cut's run is the base
+        const json row = {{"K", r.K}, {"M", M}, {"threads_per_device", r.t}, {"cut", cut}};
+        if (seconds_since(begin) > budget) {
+          emit(with(row, {{"kind", "table2_skipped"},
+                          {"why", "the phase's budget of " + std::to_string(budget) + " s was spent"}}));
+          continue;
+        }
+        if (r.K * r.t > static_cast<int>(std::thread::hardware_concurrency())) {
+          emit(with(row, {{"kind", "table2_skipped"}, {"why", "more cores asked than the machine has"}}));
+          continue;
+        }
+        const gpipe::Workload mine = transformer(s, torch::kCPU);
+        gpipe::PipelineOptions options = gpipe::PipelineOptions()
+                                             .balance(mine.balance(r.K))
+                                             .threads_per_device(r.t)
+                                             .micro_batches(M)
+                                             .checkpoint(gpipe::Checkpoint::kExceptLast);
+        if (cut == "time") {
+          const gpipe::CostModel& costs = profile(M, r.t);
+          const std::vector<int64_t> rows = gpipe::micro_batch_sizes(s.batch, M);
+          options.balance(gpipe::balance_by_cost(gpipe::layer_times(costs, rows.front()), r.K));
+          options.balance(gpipe::refined_plan(costs, options, rows).balance);
+        }
+        gpipe::Pipeline pipe(mine.model, options);
+        const double seconds = time_steps<torch::optim::SGD>(pipe, mine, nullptr, warmup, steps);
+        emit(with(row, {{"kind", "table2"}, {"balance", options.balance()}, {"step_s", seconds},
+                        {"samples_per_s", static_cast<double>(s.batch) / seconds}, {"bubble", pipe.bubble()}}));
       }
-      if (r.K * r.t > static_cast<int>(std::thread::hardware_concurrency())) {
-        emit({{"kind", "table2_skipped"}, {"K", r.K}, {"M", M}, {"threads_per_device", r.t},
-              {"why", "more cores asked than the machine has"}});
-        continue;
-      }
-      const gpipe::Workload mine = transformer(s, torch::kCPU);
-      gpipe::Pipeline pipe(mine.model, gpipe::PipelineOptions()
-                                           .balance(mine.balance(r.K))
-                                           .threads_per_device(r.t)
-                                           .micro_batches(M)
-                                           .checkpoint(gpipe::Checkpoint::kExceptLast));
-      const double seconds = time_steps<torch::optim::SGD>(pipe, mine, nullptr, warmup, steps);
-      emit({{"kind", "table2"}, {"K", r.K}, {"M", M}, {"threads_per_device", r.t}, {"step_s", seconds},
-            {"samples_per_s", static_cast<double>(s.batch) / seconds}, {"bubble", pipe.bubble()}});
-    }
   return 0;
 }
 
@@ -405,7 +452,7 @@ int main(int argc, char** argv) {
     }
     static const std::vector<std::string> known{"layers", "width", "heads", "ffn", "sequence", "batch", "vocab",
                                                 "stages", "micro-batches", "threads", "wide-stages", "wide-threads",
-                                                "steps", "warmup", "budget", "trace", "cap", "free", "device"};
+                                                "steps", "warmup", "budget", "trace", "cap", "free", "device", "cuts"};
     for (const auto& [key, value] : a.values)
       if (std::find(known.begin(), known.end(), key) == known.end())
         throw std::invalid_argument("unknown flag --" + key + "; see the usage at the top of bench/device_bench.cc");
