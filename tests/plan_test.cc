@@ -147,13 +147,13 @@ TEST(PlanTest, StageTimesOrderTheVSchedulesOnePerStage) {
             gpipe::format_grid(gpipe::lower(gpipe::zbv(2, 8, times), timed.checkpoint)));
   EXPECT_EQ(gpipe::format_grid(timed.training_program(6)),
             gpipe::format_grid(gpipe::lower(gpipe::zbv(2, 6, times), timed.checkpoint)));
-  EXPECT_EQ(gpipe::format_grid(gpipe::ordered_by_times(unit, times).training), gpipe::format_grid(timed.training));
-  EXPECT_EQ(gpipe::format_grid(gpipe::ordered_by_times(timed, {}).training), gpipe::format_grid(unit.training));
+  EXPECT_EQ(gpipe::format_grid(gpipe::with_stage_times(unit, times).training), gpipe::format_grid(timed.training));
+  EXPECT_EQ(gpipe::format_grid(gpipe::with_stage_times(timed, {}).training), gpipe::format_grid(unit.training));
   // A schedule that does not order by times keeps its order.
   const auto one = PipelineOptions().devices(4).micro_batches(8).schedule(gpipe::ScheduleKind::k1F1B);
   EXPECT_EQ(gpipe::format_grid(gpipe::make_plan(10, PipelineOptions(one).stage_times(times)).training),
             gpipe::format_grid(gpipe::make_plan(10, one).training));
   expect_invalid([&] { gpipe::make_plan(10, PipelineOptions(options).stage_times({{1, 1, 1}})); },
                  "`stage_times` holds 1 entry for a pipeline of 4 stages; give one per stage (K·V), or none");
-  expect_invalid([&] { gpipe::ordered_by_times(unit, {{1, 1, 1}}); }, "`stage_times` holds 1 entry");
+  expect_invalid([&] { gpipe::with_stage_times(unit, {{1, 1, 1}}); }, "`stage_times` holds 1 entry");
 }

@@ -54,7 +54,7 @@ TEST(PlannerTest, EveryConfigurationIsPredictedAsPredictDoesAndSortedFastestFirs
     EXPECT_EQ(c.balance, cut);
     // A V schedule is ordered by its stages' times at the micro-batches' rows; the others by none.
     const int64_t rows = micro_batch_sizes(search.batch, c.replicas).front();
-    if (schedule_traits(c.schedule).ordered_by_times) {
+    if (schedule_traits(c.schedule).orders_by_times) {
       const std::vector<ActionTimes> times =
           stage_action_times(costs, c.balance, micro_batch_sizes(rows, c.micro_batches).front(), c.checkpoint);
       ASSERT_EQ(c.stage_times.size(), times.size());
@@ -228,7 +228,7 @@ TEST(PlannerTest, SearchPlansImprovesItsOwnCutBySimulation) {
                                         skips);
     const std::vector<int64_t> rows = micro_batch_sizes(search.batch / c.replicas, c.micro_batches);
     // A V schedule ordered by the stages' times, as the search orders it.
-    return predict(costs, ordered_by_times(plan, stage_action_times(costs, balance, rows.front(), c.checkpoint)), rows)
+    return predict(costs, with_stage_times(plan, stage_action_times(costs, balance, rows.front(), c.checkpoint)), rows)
         .step_s;
   };
   int faster = 0;
@@ -277,7 +277,7 @@ TEST(PlannerTest, RefinedPlanTakesTheBestPredictedCut) {
     const auto step_of = [&](const std::vector<int>& balance) {
       const PipelinePlan plan = make_plan(layers, PipelineOptions(asked).cut(CutRequest::given(balance)));
       const PipelinePlan timed =
-          ordered_by_times(plan, stage_action_times(costs, balance, rows.front(), plan.checkpoint));
+          with_stage_times(plan, stage_action_times(costs, balance, rows.front(), plan.checkpoint));
       return predict(costs, timed, rows).step_s;
     };
     const PipelinePlan refined = refined_plan(costs, asked, rows);

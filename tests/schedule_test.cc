@@ -385,13 +385,25 @@ TEST(ZBVTest, OrderedByTimesAStepOfUnequalStagesIsShorter) {
     EXPECT_LT(timed.makespan, slots.makespan * (M <= 8 ? 0.97 : 0.99)) << "M=" << M;
     EXPECT_LT(timed.bubble, slots.bubble) << "M=" << M;
   }
-  // Equal times of one slot give the unit order itself.
-  for (int K = 1; K <= 4; ++K)
-    for (int M = 1; M <= 9; ++M) {
-      const std::vector<gpipe::ActionTimes> ones(static_cast<size_t>(2 * K));
-      EXPECT_EQ(gpipe::format_grid(gpipe::zbv(K, M, ones)), gpipe::format_grid(gpipe::zbv(K, M))) << K << "x" << M;
-      EXPECT_EQ(gpipe::format_grid(gpipe::v_half(K, M, ones)), gpipe::format_grid(gpipe::v_half(K, M)))
-          << K << "x" << M;
+  // Equal times give the unit order itself: of one slot, and of a tenth (not a sum of exact binary fractions).
+  for (double each : {1.0, 0.1})
+    for (int K = 1; K <= 4; ++K)
+      for (int M = 1; M <= 9; ++M) {
+        const std::vector<gpipe::ActionTimes> equal(static_cast<size_t>(2 * K), {each, each, each});
+        EXPECT_EQ(gpipe::format_grid(gpipe::zbv(K, M, equal)), gpipe::format_grid(gpipe::zbv(K, M)))
+            << K << "x" << M << " times " << each;
+        EXPECT_EQ(gpipe::format_grid(gpipe::v_half(K, M, equal)), gpipe::format_grid(gpipe::v_half(K, M)))
+            << K << "x" << M << " times " << each;
+      }
+  // Times of zero (all of them, or a stage's F or I): valid programs within their bounds all the same.
+  for (const std::vector<gpipe::ActionTimes>& times :
+       {std::vector<gpipe::ActionTimes>(4, {0, 0, 0}), std::vector<gpipe::ActionTimes>{{0, 1, 1}, {1, 0, 1}, {1, 1, 0}, {0, 0, 1}}})
+    for (int M : {1, 3, 8}) {
+      for (const gpipe::Schedule& s : {gpipe::zbv(2, M, times), gpipe::v_half(2, M, times)}) {
+        SCOPED_TRACE(s.name + " M=" + std::to_string(M));
+        ASSERT_NO_THROW(gpipe::validate(gpipe::lower(s, gpipe::Checkpoint::kNever)));
+        for (int held : gpipe::simulate(s, cost_of(times)).peak_in_flight) EXPECT_LE(held, s.name == "zbv" ? 4 : 3);
+      }
     }
   EXPECT_THROW(gpipe::zbv(2, 4, std::vector<gpipe::ActionTimes>(3)), std::invalid_argument);
   EXPECT_THROW(gpipe::zbv(2, 4, {{1, 1, 1}, {1, -1, 1}, {1, 1, 1}, {1, 1, 1}}), std::invalid_argument);

@@ -209,7 +209,9 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
 /// Each stage's F, I and W of a micro-batch of `rows` rows under the cut `balance`, as predict
 /// charges them (a stage's layers' times, a re-materialized F again inside I unless `mode` is never,
 /// the pipeline's own overhead on each): the times the V schedules order by (PipelineOptions::
-/// stage_times). Throws std::invalid_argument for a balance that does not cut the costs' layers.
+/// stage_times). The order comes before lowering decides which forwards keep their activations, so
+/// under except_last every I is charged its F again (predict charges it only where it runs).
+/// Throws std::invalid_argument for a balance that does not cut the costs' layers, or `rows` under 1.
 std::vector<ActionTimes> stage_action_times(const CostModel& costs, const std::vector<int>& balance, int64_t rows,
                                             Checkpoint mode);
 

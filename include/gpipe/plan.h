@@ -177,7 +177,7 @@ struct PipelinePlan {
 /// `plan` with its training program ordered by `times` (PipelineOptions::stage_times: one per stage;
 /// empty: equal times), as make_plan would have made it with them. Throws std::invalid_argument for a
 /// count of times other than the plan's stages.
-PipelinePlan ordered_by_times(PipelinePlan plan, std::vector<ActionTimes> times);
+PipelinePlan with_stage_times(PipelinePlan plan, std::vector<ActionTimes> times);
 
 /// The most micro-batches M a plan takes. A micro-batch needs at least one row, and a batch of
 /// fewer rows than M runs in one micro-batch per row (PipelinePlan::training_program), so a

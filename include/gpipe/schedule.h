@@ -106,7 +106,7 @@ std::ostream& operator<<(std::ostream& out, const Action& action);
 
 /// How long a stage's F, I and W of one micro-batch take, in any one unit (seconds, say): what the
 /// V schedules (zbv, v-half) order their actions by, where given (cost_model.h's stage_action_times
-/// measures them). An I without the I/W split is the whole backward.
+/// derives them from the profiled layers).
 struct ActionTimes {
   double forward = 1;
   double input_grad = 1;
@@ -164,7 +164,7 @@ struct ScheduleTraits {
   std::function<Schedule(int devices, int micro_batches, int virtual_stages, const std::vector<ActionTimes>& times)>
       generate;
   /// Whether `generate` orders the actions by the stages' times (ActionTimes) where given.
-  bool ordered_by_times = false;
+  bool orders_by_times = false;
   /// V when none is asked for.
   int default_virtual_stages = 1;
   /// The V it takes: least_virtual_stages <= V, and V <= most_virtual_stages unless that is 0 (no bound).

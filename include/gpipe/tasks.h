@@ -187,6 +187,9 @@ struct RunRequest {
   /// search's own cut: the min-max of the same times, refined by the simulation).
   std::string balance_by;
   std::vector<double> layer_costs;  ///< with a cost method: one cost per layer (layer_costs_by)
+  /// The order of a V schedule by its stages' F, I and W times (PipelineOptions::stage_times), as a
+  /// choice predicted it; empty: the unit order.
+  std::vector<ActionTimes> stage_times;
   bool micro_batches_given = true;  ///< with "auto": false lets the prediction choose M too
   /// with "auto": false lets the prediction choose re-materialization too: the fastest mode predicted
   /// to fit (no re-materialization, where it fits: recomputing only adds work)
@@ -323,7 +326,8 @@ ScheduleChoice choose_schedule(const CostModel& costs, const RunRequest& request
                                Checkpoint checkpoint, int64_t memory_per_device = 0,
                                int64_t least_micro_batch_rows = 1, int cores = 0);
 
-/// `request` as `choice` runs: its schedule, K, M, V and cut (a given balance).
+/// `request` as `choice` runs: its schedule, K, M, V, cut (a given balance) and, for a V schedule, the
+/// order of its stages' times.
 RunRequest with_choice(RunRequest request, const ScheduleChoice& choice);
 
 /// "schedule auto: zbv (V=2), M=8, cut [3, 2, 2, 3]: predicted step 12.3 ms, bubble 11.4% (the fastest of

@@ -257,8 +257,8 @@ struct CostBalance {
   std::vector<int> balance;  ///< layers per stage
   PartitionPlan plan;        ///< stage costs, bottleneck, predicted step (the schedule simulated)
   std::string unit;          ///< "parameters", "s" or "bytes"
-  /// By time: the stages' times its V schedule (zbv, v-half) was predicted in the order of
-  /// (PipelineOptions::stage_times); empty otherwise.
+  /// The stages' times its V schedule (zbv, v-half) was predicted in the order of
+  /// (PipelineOptions::stage_times); empty for another schedule.
   std::vector<ActionTimes> stage_times;
 };
 

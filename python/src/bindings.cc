@@ -122,6 +122,19 @@ double double_of(int64_t bits) {
   return value;
 }
 
+// Each stage's F, I and W times as words (bits_of), in stage order, appended to `words`; and the
+// `stages` stages' times read back from `words` at `at`.
+void append_times(std::vector<int64_t>& words, const std::vector<ActionTimes>& times) {
+  for (const ActionTimes& t : times) words.insert(words.end(), {bits_of(t.forward), bits_of(t.input_grad), bits_of(t.weight_grad)});
+}
+
+std::vector<ActionTimes> times_at(const std::vector<int64_t>& words, size_t at, size_t stages) {
+  std::vector<ActionTimes> times;
+  for (size_t n = 0; n < stages; ++n, at += 3)
+    times.push_back({double_of(words[at]), double_of(words[at + 1]), double_of(words[at + 2])});
+  return times;
+}
+
 // For long work without the GIL (a profile, a wait for the other ranks): Ctrl-C, or another signal
 // Python's handler raises for, as that exception (KeyboardInterrupt); an exiting interpreter ends it.
 void throw_if_interrupted() {
@@ -140,6 +153,19 @@ std::vector<int> first_rank_list(const std::vector<int>& values) {
     return out;
   }
   return values;
+}
+
+// Rank 0's stage times (the order of its V schedule) on every rank of a job of several processes (MPI,
+// c10d), bit for bit; `times` itself in one process.
+std::vector<ActionTimes> first_rank_times(const std::vector<ActionTimes>& times) {
+  if (running_backend() == Runtime::kThreads) return times;
+  std::vector<int64_t> words;
+  append_times(words, times);
+  const std::string first = all_gather_processes(std::string(reinterpret_cast<const char*>(words.data()),
+                                                             words.size() * sizeof(int64_t))).front();
+  words.assign(first.size() / sizeof(int64_t), 0);
+  if (!words.empty()) std::memcpy(words.data(), first.data(), words.size() * sizeof(int64_t));
+  return times_at(words, 0, words.size() / 3);
 }
 
 // In a job of several processes (MPI, c10d), refuses on every rank a model that is not the same on every
@@ -208,9 +234,8 @@ class PythonPipeline {
       const torch::Tensor sample = batch->narrow(0, 0, first_micro_batch_rows(batch->size(0), M));
       const CostBalance by = balance_by("time", model_, sample, settings.devices, M, settings.threads, 2.0,
                                         options.schedule(), settings.virtual_stages, {}, options.checkpoint());
-      options.balance(first_rank_list(by.balance));
-      // In one process, the order its V schedule was predicted in (every rank would need the same).
-      if (running_backend() == Runtime::kThreads) options.stage_times(by.stage_times);
+      // Rank 0's cut, and the order its V schedule was predicted in: every rank runs the same program.
+      options.balance(first_rank_list(by.balance)).stage_times(first_rank_times(by.stage_times));
     }
     pipe_ = make_pipeline(model_.build, model_.layers, options, kind);
     // Ctrl-C while the devices work: Python's handler runs on this (the calling) thread.
@@ -247,8 +272,7 @@ class PythonPipeline {
                                    static_cast<int64_t>(c.checkpoint), bits_of(c.predicted.step_s),
                                    bits_of(c.predicted.bubble), static_cast<int64_t>(c.balance.size())};
         words.insert(words.end(), c.balance.begin(), c.balance.end());
-        for (const ActionTimes& t : c.stage_times)
-          words.insert(words.end(), {bits_of(t.forward), bits_of(t.input_grad), bits_of(t.weight_grad)});
+        append_times(words, c.stage_times);
         answer = "+" + std::string(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int64_t));
       } catch (const py::error_already_set&) {  // its text needs the GIL, which this thread has not
         failure = std::current_exception();
@@ -273,14 +297,13 @@ class PythonPipeline {
     const size_t timed = words.size() == 8 + stages ? 0 : stages;
     GPIPE_CHECK(answer.size() == 1 + words.size() * sizeof(int64_t) && stages >= 1 &&
                     words.size() == 8 + stages + 3 * timed,
-                "schedule=\"auto\": rank 0's choice came incomplete (", answer.size(), " bytes)");
+                "schedule=\"auto\": rank 0's choice came incomplete (", answer.size(), " bytes): do the ranks run "
+                "the same gpipe? install one build of it for every rank");
     const auto whole = [&words](size_t n) { return static_cast<int>(words[n]); };
     const auto real = [&words](size_t n) { return double_of(words[n]); };
     std::vector<int> balance;
     for (size_t n = 0; n < stages; ++n) balance.push_back(whole(8 + n));
-    std::vector<ActionTimes> times;
-    for (size_t n = 0, at = 8 + stages; n < timed; ++n, at += 3)
-      times.push_back({real(at), real(at + 1), real(at + 2)});
+    const std::vector<ActionTimes> times = times_at(words, 8 + stages, timed);
     options.schedule(static_cast<ScheduleKind>(whole(0)))
         .devices(whole(1))
         .virtual_stages(whole(2))

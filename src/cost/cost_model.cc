@@ -66,6 +66,21 @@ struct StageCost {
   bool weight_keeps_output_grad = false;
 };
 
+// The compute of one action of a stage on `rows` rows, with the pipeline's own overhead: a B or I whose
+// forward was re-materialized (`recomputed`) runs that forward again first.
+double compute_seconds(const StageCost& c, ActionKind kind, double rows, bool recomputed, double own) {
+  const double again = recomputed ? c.forward_s * rows : 0.0;
+  switch (kind) {
+    case ActionKind::kForward: return own + c.forward_s * rows;
+    case ActionKind::kBackward: return own + again + c.backward_s * rows;
+    case ActionKind::kInputGrad: return own + again + c.input_grad_s * rows;
+    case ActionKind::kWeightGrad: return own + c.weight_grad_s * rows;
+    case ActionKind::kSend:
+    case ActionKind::kRecv: break;  // no compute: the link's time, where there is one, is the caller's
+  }
+  return 0.0;
+}
+
 std::vector<StageCost> stage_costs_of(const CostModel& costs, const std::vector<int>& balance) {
   check_balance(balance, costs.layer_count());
   const std::vector<int> offsets = stage_offsets(balance);
@@ -537,12 +552,16 @@ std::vector<double> layer_costs_by(const std::string& method, const torch::nn::S
 
 std::vector<ActionTimes> stage_action_times(const CostModel& costs, const std::vector<int>& balance, int64_t rows,
                                             Checkpoint mode) {
+  GPIPE_CHECK(rows >= 1, "a micro-batch needs at least 1 row (got ", rows, ")");
   const double n = static_cast<double>(rows), own = costs.action_overhead_s;
+  // The order is made before lowering decides which forwards keep their activations: under except_last
+  // every I is charged its forward again.
+  const bool recomputed = mode != Checkpoint::kNever;
   std::vector<ActionTimes> out;
-  for (const StageCost& c : stage_costs_of(costs, balance)) {
-    const double again = mode == Checkpoint::kNever ? 0.0 : c.forward_s * n;
-    out.push_back({own + c.forward_s * n, own + again + c.input_grad_s * n, own + c.weight_grad_s * n});
-  }
+  for (const StageCost& c : stage_costs_of(costs, balance))
+    out.push_back({compute_seconds(c, ActionKind::kForward, n, false, own),
+                   compute_seconds(c, ActionKind::kInputGrad, n, recomputed, own),
+                   compute_seconds(c, ActionKind::kWeightGrad, n, false, own)});
   return out;
 }
 
@@ -615,14 +634,13 @@ Prediction predict(const CostModel& costs, const PipelinePlan& plan, const std::
   }
 
   const CostFn cost = [&](const Action& a) -> double {
-    const StageCost& c = at(a.stage);
     const double n = rows(a);
-    const double own = costs.action_overhead_s;
     switch (a.kind) {
-      case ActionKind::kForward: return own + c.forward_s * n;
-      case ActionKind::kBackward: return own + (again(a) ? c.forward_s * n : 0.0) + c.backward_s * n;
-      case ActionKind::kInputGrad: return own + (again(a) ? c.forward_s * n : 0.0) + c.input_grad_s * n;
-      case ActionKind::kWeightGrad: return own + c.weight_grad_s * n;
+      case ActionKind::kForward:
+      case ActionKind::kBackward:
+      case ActionKind::kInputGrad:
+      case ActionKind::kWeightGrad:
+        return compute_seconds(at(a.stage), a.kind, n, again(a), costs.action_overhead_s);
       case ActionKind::kSend:  // between two stages of one device the executor hands it over: free
         if (schedule.placement[static_cast<size_t>(a.stage)] == schedule.placement[static_cast<size_t>(a.peer)]) return 0.0;
         return costs.link_bytes_per_s > 0 ? costs.link_latency_s + sent(a) * n / costs.link_bytes_per_s : 0.0;

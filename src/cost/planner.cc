@@ -108,17 +108,17 @@ void for_each_cut(int layers, int stages, const std::vector<bool>& uncuttable,
 
 // The stages' times in `costs` at micro-batches of `rows` rows that `schedule` orders its actions by
 // on the cut `balance` (zbv, v-half: as the pipeline runs once the plan is chosen); none for another.
-std::vector<ActionTimes> order_times(const CostModel& costs, ScheduleKind schedule, const std::vector<int>& balance,
+std::vector<ActionTimes> v_order_times(const CostModel& costs, ScheduleKind schedule, const std::vector<int>& balance,
                                      int64_t rows, Checkpoint mode) {
-  if (!schedule_traits(schedule).ordered_by_times) return {};
+  if (!schedule_traits(schedule).orders_by_times) return {};
   return stage_action_times(costs, balance, rows, mode);
 }
 
-// `plan` ordered by order_times, where its cut was made with it.
-PipelinePlan ordered_by_costs(PipelinePlan plan, const CostModel& costs, int64_t rows) {
-  std::vector<ActionTimes> times = order_times(costs, plan.schedule, plan.balance, rows, plan.checkpoint);
+// `plan` ordered by v_order_times, where its cut was made with it.
+PipelinePlan with_profiled_stage_times(PipelinePlan plan, const CostModel& costs, int64_t rows) {
+  std::vector<ActionTimes> times = v_order_times(costs, plan.schedule, plan.balance, rows, plan.checkpoint);
   if (times.empty()) return plan;
-  return ordered_by_times(std::move(plan), std::move(times));
+  return with_stage_times(std::move(plan), std::move(times));
 }
 
 // Most stage x micro-batch pairs one configuration's cut may take to predict every cut of the model
@@ -167,7 +167,7 @@ void refine_cut(const CostModel& costs, const std::vector<SkipConnection>& skips
       moved = make_plan(plan.layers,
                         PipelineOptions(options)
                             .cut(CutRequest::given(balance))
-                            .stage_times(order_times(costs, plan.schedule, balance, rows.front(), plan.checkpoint)),
+                            .stage_times(v_order_times(costs, plan.schedule, balance, rows.front(), plan.checkpoint)),
                         skips);
     } catch (const std::invalid_argument&) {
       return false;
@@ -225,8 +225,11 @@ bool considered(const std::vector<int>& list, int value) {
 
 PipelinePlan refined_plan(const CostModel& costs, const PipelineOptions& options,
                           const std::vector<int64_t>& micro_batch_rows, int64_t memory_per_device) {
+  GPIPE_CHECK(!micro_batch_rows.empty() && *std::min_element(micro_batch_rows.begin(), micro_batch_rows.end()) >= 1,
+              "refined_plan needs each micro-batch's rows, each at least 1 (got ", micro_batch_rows.size(),
+              " row counts)");
   const std::vector<SkipConnection> skips = skip_connections_of(costs);
-  PipelinePlan plan = ordered_by_costs(make_plan(costs.layer_count(), options, skips), costs, micro_batch_rows.front());
+  PipelinePlan plan = with_profiled_stage_times(make_plan(costs.layer_count(), options, skips), costs, micro_batch_rows.front());
   Prediction predicted = predict(costs, plan, micro_batch_rows);
   int64_t budget = kMostRefinedPairs;
   refine_cut(costs, skips, uncuttable_after(costs), micro_batch_rows, memory_per_device,
@@ -384,10 +387,10 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
       try {
         plan = make_plan(L, PipelineOptions().devices(K).virtual_stages(V).cut(shape_cut).micro_batches(M)
                                 .schedule(kind).checkpoint(checkpoint), skips);
-        plan = ordered_by_costs(std::move(plan), costs, micro_batch_sizes(rows, M).front());
       } catch (const std::invalid_argument&) {
         break;  // a shape this schedule does not take (interleaved with M not a multiple of K, say)
       }
+      plan = with_profiled_stage_times(std::move(plan), costs, micro_batch_sizes(rows, M).front());
       if (!cuttable(plan.balance, uncuttable)) {
         ++left_out_for_tensors;
         continue;

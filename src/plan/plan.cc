@@ -204,10 +204,10 @@ void route_skips(PipelinePlan& plan, const std::vector<SkipConnection>& skips) {
   plan.inference = lower(forward_only(K, plan.micro_batches, V, plan.placement), Checkpoint::kNever, plan.skip_routes);
 }
 
-PipelinePlan ordered_by_times(PipelinePlan plan, std::vector<ActionTimes> times) {
+PipelinePlan with_stage_times(PipelinePlan plan, std::vector<ActionTimes> times) {
   check_stage_times(times, plan.stages());
   plan.stage_times = std::move(times);
-  if (schedule_traits(plan.schedule).ordered_by_times) lower_training(plan);
+  if (schedule_traits(plan.schedule).orders_by_times) lower_training(plan);
   return plan;
 }
 

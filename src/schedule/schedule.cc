@@ -393,18 +393,24 @@ Schedule v_schedule(const char* name, int devices, int micro_batches, int held_b
   GPIPE_CHECK(times.empty() || times.size() == static_cast<size_t>(2 * devices), "the ", name, " schedule of ",
               devices, " devices runs ", 2 * devices, " stages, but ", times.size(),
               times.size() == 1 ? " stage's times were" : " stages' times were", " given; give one per stage, or none");
-  for (const ActionTimes& t : times)
+  for (size_t stage = 0; stage < times.size(); ++stage) {
+    const ActionTimes& t = times[stage];
     GPIPE_CHECK(t.forward >= 0 && t.input_grad >= 0 && t.weight_grad >= 0 && std::isfinite(t.forward) &&
                     std::isfinite(t.input_grad) && std::isfinite(t.weight_grad),
-                "a stage's action times must be finite and at least 0 (got F ", t.forward, ", I ", t.input_grad,
-                ", W ", t.weight_grad, ")");
+                "stage ", stage, "'s action times must be finite and at least 0 (got F ", t.forward, ", I ",
+                t.input_grad, ", W ", t.weight_grad, "); give each stage's F, I and W in seconds, or no times");
+  }
   std::optional<Schedule> s = v_order(name, devices, micro_batches, held_bound, rule, times);
   if (!s && rule == ForwardRule::kUnderTheBound)
     s = v_order(name, devices, micro_batches, held_bound, ForwardRule::kUnderTheBoundWithRoom, times);
-  if (!s)  // not a bad argument: no caller may take it for a shape the schedule does not run
+  if (!s) {  // not a bad argument: no caller may take it for a shape the schedule does not run
+    std::ostringstream given;  // the times, so that a report can be reproduced
+    for (const ActionTimes& t : times) given << (given.tellp() > 0 ? ", " : "") << "{" << t.forward << ", " << t.input_grad << ", " << t.weight_grad << "}";
     throw std::logic_error("gpipe: the " + std::string(name) + " schedule of " + std::to_string(devices) +
-                           " devices and " + std::to_string(micro_batches) +
-                           " micro-batches left every device waiting; this is a bug in gpipe");
+                           " devices and " + std::to_string(micro_batches) + " micro-batches left every device "
+                           "waiting (stage times: " + (times.empty() ? std::string("none") : given.str()) +
+                           "); this is a bug in gpipe");
+  }
   return std::move(*s);
 }
 
@@ -487,7 +493,7 @@ const std::vector<ScheduleTraits>& schedule_table() {
         e.default_virtual_stages = e.least_virtual_stages = e.most_virtual_stages = 2;
         e.placement = StagePlacement::kV;
         e.splits_backward = true;
-        e.ordered_by_times = true;
+        e.orders_by_times = true;
         e.virtual_stages_rule = "the " + e.name + v_stages;
       } else if (e.virtual_stages_rule.empty()) {
         e.virtual_stages_rule = "the " + e.name + one_stage;
@@ -570,7 +576,7 @@ Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int vi
   traits.check_virtual_stages(virtual_stages);
   traits.check_micro_batches(devices, micro_batches);
   return traits.generate(devices, micro_batches, virtual_stages,
-                         traits.ordered_by_times ? times : std::vector<ActionTimes>{});
+                         traits.orders_by_times ? times : std::vector<ActionTimes>{});
 }
 
 // ---------------------------------------------------------------- lowering

@@ -128,19 +128,18 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
   if (request.balance.empty() && request.balance_by != "even")  // by cost: the profiled costs of one micro-batch
     request = with_layer_costs(request, model.build(LayerRange{}), costs, micro_batch_sizes(c.batch.size(), M).front());
   const int64_t share = micro_batch_sizes(c.batch.size(), replicas_of(c.devices)).front();  // replica 0's rows
-  std::vector<ActionTimes> times;  // the order of a V schedule: by the profiled times, where at hand
+  // The order of a V schedule: by the profiled times, where at hand (RunRequest::stage_times).
   if (request.balance_by == "time" && c.schedule != "auto") {  // the min-max cut improved by the simulation
     const PipelinePlan refined =
         refined_plan(costs, pipeline_options_of(task, request).checkpoint(mode), micro_batch_sizes(share, M));
     request.balance = refined.balance;
-    times = refined.stage_times;
+    request.stage_times = refined.stage_times;
   }
   if (c.schedule == "auto" && !job().distributed) {  // the schedule and V predicted fastest at this K, M and cut
     const ScheduleChoice choice = choose_schedule(costs, request, share, mode);
     request = with_choice(request, choice);
     c.chosen = to_string(choice.schedule);
     c.virtual_stages = choice.virtual_stages;
-    times = choice.stage_times;
   }
   PipelineOptions options = pipeline_options_of(task, request)
                                 .checkpoint(mode)
@@ -148,11 +147,11 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
                                 .tied_parameters(model.tied)
                                 .track_memory(!job().distributed);
   // In one process only: the ranks of a job would each need the same times (only one profiles).
-  if (job().distributed) times.clear();
-  else if (times.empty() && !costs.layers.empty() && schedule_traits(options.schedule()).ordered_by_times)
-    times = stage_action_times(costs, make_plan(task.layers, options).balance, micro_batch_sizes(share, M).front(),
-                               mode);  // a V schedule on a cut given, or even
-  c.pipe = make_pipeline(model.build, task.layers, options.stage_times(times));
+  if (job().distributed) options.stage_times({});
+  else if (options.stage_times().empty() && !costs.layers.empty() && schedule_traits(options.schedule()).orders_by_times)
+    options.stage_times(stage_action_times(costs, make_plan(task.layers, options).balance,
+                                           micro_batch_sizes(share, M).front(), mode));  // any other cut: even, given, params, memory
+  c.pipe = make_pipeline(model.build, task.layers, options);
   c.sgd = make_optimizer(kBenchOptimizer, c.pipe->parameters());
   // Replica 0's pipeline on its share of the rows (the replicas' gradient sum is not modelled).
   if (job().prints()) c.predicted = predict(costs, c.pipe->plan(), micro_batch_sizes(share, M));

@@ -68,7 +68,8 @@ std::string json_of(const PlanCandidate& c) {
       {"checkpoint", to_string(c.checkpoint)}, {"balance", c.balance}, {"predicted_samples_per_s", c.samples_per_s},
       {"predicted_step_s", c.step_s}, {"predicted_bubble", c.predicted.bubble},
       {"predicted_peak_bytes", c.predicted.peak_bytes}, {"predicted_static_bytes", c.predicted.static_bytes},
-      {"predicted_total_bytes", c.predicted.total_bytes()}, {"fits", c.fits}}
+      {"predicted_total_bytes", c.predicted.total_bytes()}, {"fits", c.fits},
+      {"order", c.stage_times.empty() ? "unit" : "stage_times"}}
       .dump();
 }
 

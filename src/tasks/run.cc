@@ -86,7 +86,8 @@ PipelineOptions pipeline_options_of(const Task& task, const RunRequest& request)
       .micro_batches(r.micro_batches)
       .schedule(parse_schedule(r.schedule))
       .virtual_stages(r.virtual_stages)
-      .cut(cut_of(task, r));
+      .cut(cut_of(task, r))
+      .stage_times(r.stage_times);
 }
 
 // ---------------------------------------------------------------- the schedule chosen by prediction
@@ -260,12 +261,15 @@ RunRequest with_choice(RunRequest r, const ScheduleChoice& c) {
   r.balance = c.balance;
   r.balance_by.clear();
   r.layer_costs.clear();
+  r.stage_times = c.stage_times;
   return r;
 }
 
 std::string format_choice(const ScheduleChoice& c) {
   std::ostringstream out;
   out << "schedule auto: " << configuration(c) << ", cut " << bracketed(c.balance);
+  // A V schedule ordered by its stages' profiled times: naming it runs the unit order instead.
+  if (!c.stage_times.empty()) out << ", ordered by the stages' times";
   if (!c.taken_from.empty()) {
     out << ": as " << c.taken_from << " was trained (saved with it; not profiled again)";
     return out.str();
@@ -560,7 +564,6 @@ void choose_cut(const TrainSettings& s, TrainingRun& c) {
                   .checkpoint(parse_checkpoint(s.checkpoint))
                   .deferred_batch_norm(s.batch_norm == "deferred")
                   .threads_per_device(s.threads_per_device);
-  if (c.choice) c.options.stage_times(c.choice->stage_times);  // the order auto predicted (V schedules)
   // Every setting the plan is made of, with its value, before what the plan says is wrong with them.
   std::string settings = s.balance.empty() || s.devices_given ? "`devices` " + std::to_string(s.devices) : "";
   if (!s.balance.empty()) settings += (settings.empty() ? "" : " ") + ("`balance` " + format_balance(s.balance));

@@ -13,8 +13,10 @@ rank 0 has given up on it once (GPIPE_TIMEOUT 5 s; rank 1 comes at 7.5 s, 2.5 s 
 and each tries again until it trains, or "profile_fails": schedule="auto" over a model whose forward
 fails on rank 0 alone (a buffer
 says so, which the check that every rank has the same model leaves out, as it compares parameters
-only: rank 0 profiles for every rank, and the others hear that it failed); WORLD_SIZE 1 with RANK 0:
-one process alone."""
+only: rank 0 profiles for every rank, and the others hear that it failed), or "named_v": a named zbv
+without a balance over a model of four layers of very unequal time (its cut [1, 1, 1, 1]), cut and
+ordered by the layers' profiled time (each rank profiles; every rank takes rank 0's cut and times),
+printing its program; WORLD_SIZE 1 with RANK 0: one process alone."""
 import gc
 import json
 import os
@@ -62,6 +64,20 @@ if groups == "profile_fails":
     except (RuntimeError, ValueError) as e:
         error = f"{type(e).__name__}: {e}"
     print(json.dumps({"error": error, "seconds": time.monotonic() - began}), flush=True)
+    sys.exit(0)
+
+
+def unequal_layers():
+    """Four layers whose times differ by orders of magnitude: zbv's two stages per device unequal."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.Linear(1024, 16), torch.nn.Linear(16, 16),
+                               torch.nn.Linear(16, 8))
+
+
+if groups == "named_v":
+    pipe = gpipe.GPipe(unequal_layers(), devices=2, chunks=8, schedule="zbv", process_group=group)
+    pipe.train_step(torch.randn(64, 64), torch.randn(64, 8), loss="mse")  # the first batch cuts the model
+    print(json.dumps({"balance": pipe.balance, "program": pipe.schedule_text()}), flush=True)
     sys.exit(0)
 
 

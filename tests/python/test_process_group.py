@@ -118,6 +118,19 @@ def test_rank_zero_alone_profiles_for_auto_and_its_failure_fails_every_rank():
     assert ranks[1]["seconds"] < 30, ranks[1]["seconds"]
 
 
+def test_a_named_v_schedule_without_a_balance_runs_rank_zeros_cut_and_order_on_every_rank():
+    ranks = run_job(2, "named_v")
+    assert ranks[0] == ranks[1]
+    assert ranks[0]["balance"] == [1, 1, 1, 1]
+    # Ordered by rank 0's times of the unequal stages, not the unit order a given balance runs.
+    torch.manual_seed(0)
+    unit = gpipe.GPipe(torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.Linear(1024, 16),
+                                           torch.nn.Linear(16, 16), torch.nn.Linear(16, 8)),
+                       devices=2, chunks=8, schedule="zbv", balance=[1, 1, 1, 1])
+    unit.train_step(torch.randn(64, 64), torch.randn(64, 8), loss="mse")
+    assert ranks[0]["program"] != unit.schedule_text(), ranks[0]["program"]
+
+
 def model():
     return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
 
