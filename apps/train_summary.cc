@@ -50,7 +50,8 @@ nlohmann::json summary_json(const TrainOptions& o, const TrainingRun& c, const R
   if (c.choice) {
     const double measured = s.figures.steps > 0 ? s.figures.train_seconds / static_cast<double>(s.figures.steps) : 0.0;
     j["auto"] = {{"predicted_step_s", c.choice->predicted.step_s}, {"predicted_bubble", c.choice->predicted.bubble},
-                 {"measured_step_s", measured}, {"measured_bubble", s.figures.bubble},
+                 {"measured_step_s", measured}, {"measured_median_step_s", s.figures.median_step_s},
+                 {"measured_bubble", s.figures.bubble},
                  {"order", c.choice->stage_times.empty() ? "unit" : "stage_times"},
                  {"configurations", c.choice->considered}, {"fits", c.choice->fits}};
     if (!c.choice->taken_from.empty()) {  // the resumed file's pipeline: nothing predicted

@@ -34,6 +34,7 @@ for task in tasks:
     per_round = [{"schedule": j["schedule"], "virtual_stages": j["virtual_stages"],
                   "micro_batches": j["micro_batches"], "balance": j["balance"],
                   "predicted_step_s": j["auto"]["predicted_step_s"], "measured_step_s": j["auto"]["measured_step_s"],
+                  "measured_median_step_s": j["auto"].get("measured_median_step_s"),
                   "predicted_bubble": j["auto"]["predicted_bubble"], "measured_bubble": j["auto"]["measured_bubble"],
                   "samples_per_s": j["samples_per_s"]} for j in runs]
     ratios = [r["measured_step_s"] / r["predicted_step_s"] for r in per_round]
@@ -45,7 +46,8 @@ for task in tasks:
           f"({row['measured_over_predicted_min']:.3f} .. {row['measured_over_predicted_max']:.3f})")
     for r in per_round:
         print(f"          {r['schedule']} V={r['virtual_stages']} M={r['micro_batches']} {r['balance']}: "
-              f"step {1e3 * r['predicted_step_s']:.1f} ms predicted, {1e3 * r['measured_step_s']:.1f} measured; "
+              f"step {1e3 * r['predicted_step_s']:.1f} ms predicted, {1e3 * r['measured_step_s']:.1f} measured"
+              + (f" (median {1e3 * r['measured_median_step_s']:.1f})" if r["measured_median_step_s"] else "") + "; "
               f"bubble {r['predicted_bubble']:.3f} predicted, {r['measured_bubble']:.3f} measured")
 json.dump({"command": f"bash bench/auto_predictions.sh {rounds} {steps}",
            "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"), "rounds": rounds,

@@ -95,7 +95,7 @@ if part auto; then  # cost 12
   # the run the measured step and bubble next to it; a given --micro-batches is kept.
   if "$gpipe" train --train-samples 256 --test-samples 100 --steps 3 --schedule auto >"$work/auto.txt" 2>/dev/null &&
      grep -Eq "^schedule auto: [a-z0-9-]+( \(V=2\))?, M=[0-9]+, cut \[[0-9, ]+\](, ordered by the stages' times)?: predicted step [0-9.]+ ms, bubble [0-9.]+% \(the fastest of [0-9]+ configurations predicted\)" "$work/auto.txt" &&
-     grep -Eq "^  auto's choice  .*: step [0-9.]+ ms predicted, [0-9.]+ ms measured; bubble [0-9.]+% predicted, [0-9.]+% measured" "$work/auto.txt"; then
+     grep -Eq "^  auto's choice  .*: step [0-9.]+ ms predicted, [0-9.]+ ms measured \(median [0-9.]+ ms\); bubble [0-9.]+% predicted, [0-9.]+% measured" "$work/auto.txt"; then
     pass "train --schedule auto prints its choice, predicted, and measured after the run"
   else fail "train --schedule auto"; cat "$work/auto.txt"; fi
   if "$gpipe" train --train-samples 256 --test-samples 100 --steps 2 --schedule auto --micro-batches 2 --json \

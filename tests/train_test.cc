@@ -5,6 +5,7 @@
 
 #include <caffe2/serialize/inline_container.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -118,12 +119,34 @@ TEST(OptimizerOptionsTest, RefusesAnotherOptimizersSettings) {
 
 // The trainer over 2 stages, 3 micro-batches, against the loop a PyTorch user writes on one device:
 // the same shuffled batches, clip_grad_norm_, the learning rate of each step, SGD with Nesterov.
+TEST(TrainStatsTest, MedianStepOfOddAndEvenCounts) {
+  gpipe::TrainStats stats;
+  EXPECT_EQ(stats.median_step_s(), 0);
+  stats.step_seconds = {1.0f, 5.0f, 2.0f};
+  EXPECT_DOUBLE_EQ(stats.median_step_s(), 2.0);
+  stats.step_seconds = {4.0f, 1.0f, 3.0f, 2.0f};
+  EXPECT_DOUBLE_EQ(stats.median_step_s(), 2.5);
+  stats.step_seconds = {0.5f, 9.0f};
+  EXPECT_DOUBLE_EQ(stats.median_step_s(), 4.75);
+}
+
 TEST(TrainerTest, EqualsAPlainLoopOnOneDevice) {
   const gpipe::Dataset data = regression_data();
   const TrainerOptions options = sgd_options();
   Trainer trainer(mlp(), PipelineOptions().devices(2).micro_batches(3), options, data);
   trainer.fit();
   EXPECT_EQ(trainer.step(), 4 * 3);  // 4 batches per epoch (the last of 2 rows), 3 epochs
+  // Each step's time, once: the training time is their sum and the updates given back at the end.
+  const gpipe::TrainStats& stats = trainer.stats();
+  ASSERT_EQ(stats.step_seconds.size(), 12u);
+  double sum = 0;
+  for (float t : stats.step_seconds) sum += t;
+  EXPECT_LE(sum, stats.train_seconds * (1 + 1e-6));
+  EXPECT_GT(sum, 0.5 * stats.train_seconds);
+  const auto [least, most] = std::minmax_element(stats.step_seconds.begin(), stats.step_seconds.end());
+  EXPECT_GT(stats.median_step_s(), 0);
+  EXPECT_GE(stats.median_step_s(), *least);
+  EXPECT_LE(stats.median_step_s(), *most);
 
   torch::nn::Sequential model = mlp().build(gpipe::LayerRange{});
   torch::optim::SGD sgd(model->parameters(),

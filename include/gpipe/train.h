@@ -246,6 +246,7 @@ struct RunFigures {
   std::vector<int> balance;     ///< layers per stage
   std::vector<int> placement;   ///< the device of each stage
   int devices = 1;              ///< K: with more stages than devices each stage names its device
+  double median_step_s = 0;     ///< the median of the steps' wall times (0: not measured)
 };
 
 /// The lines "  training time ...", "  throughput ...", "  bubble ..." and
@@ -292,9 +293,13 @@ struct TrainStats {
   double bubble_sum = 0;      ///< the measured bubble, summed over steps
   double first_loss = 0;      ///< the first step's mean loss in this run
   double last_loss = 0;       ///< the last step's
+  std::vector<float> step_seconds;  ///< each step's wall time in this run, in order
 
   /// Samples per second of training-step time; 0 before any step.
   double samples_per_s() const { return train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0.0; }
+  /// The median of step_seconds (the mean of the middle two of an even count); 0 before any step.
+  /// Beside train_seconds' mean, what a typical step took: a machine's stalls lengthen the mean.
+  double median_step_s() const;
 };
 
 /// What fit() tells its caller as it goes.

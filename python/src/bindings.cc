@@ -578,7 +578,8 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_readwrite("bubble", &RunFigures::bubble)
       .def_readwrite("balance", &RunFigures::balance)
       .def_readwrite("placement", &RunFigures::placement)
-      .def_readwrite("devices", &RunFigures::devices);
+      .def_readwrite("devices", &RunFigures::devices)
+      .def_readwrite("median_step_s", &RunFigures::median_step_s);
   m.def("format_run_figures", &format_run_figures, py::arg("figures"));
   // An uncaught exception on one rank of a job of several processes (MPI, c10d) ends the job (the others
   // would wait for it).

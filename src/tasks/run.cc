@@ -288,8 +288,10 @@ std::string format_choice_measured(const ScheduleChoice& c, const RunFigures& f)
   if (!c.taken_from.empty())
     return "  auto's choice  " + configuration(c) + ", as " + c.taken_from + " was trained: step " + step +
            " measured; bubble " + bubble + " measured\n";
+  // The median beside the mean: on a busy machine a few stalled steps lengthen the mean alone.
+  const std::string median = f.steps > 0 && f.median_step_s > 0 ? " (median " + milliseconds(f.median_step_s) + ")" : "";
   return "  auto's choice  " + configuration(c) + ": step " + milliseconds(c.predicted.step_s) + " predicted, " + step +
-         " measured; bubble " + percent(c.predicted.bubble) + " predicted, " + bubble + " measured\n";
+         " measured" + median + "; bubble " + percent(c.predicted.bubble) + " predicted, " + bubble + " measured\n";
 }
 
 
@@ -355,7 +357,7 @@ RunSummary summarize_run(Trainer& trainer, const Task& task, const TaskData& dat
   s.final_loss = stats.last_loss;
   s.figures = {stats.train_seconds, run_steps, stats.samples_per_s(),
                run_steps > 0 ? stats.bubble_sum / static_cast<double>(run_steps) : 0.0,
-               plan.balance, plan.placement, pipeline.devices()};
+               plan.balance, plan.placement, pipeline.devices(), stats.median_step_s()};
   s.steps = trainer.step();
   s.total_steps = trainer.total_steps();
   s.steps_per_epoch = trainer.steps_per_epoch();

@@ -753,6 +753,16 @@ Trainer::~Trainer() = default;
 Trainer::Trainer(Trainer&&) noexcept = default;
 Trainer& Trainer::operator=(Trainer&&) noexcept = default;
 
+double TrainStats::median_step_s() const {
+  if (step_seconds.empty()) return 0.0;
+  std::vector<float> sorted = step_seconds;
+  const size_t half = sorted.size() / 2;
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(half), sorted.end());
+  const double upper = sorted[half];
+  if (sorted.size() % 2 == 1) return upper;
+  return (upper + *std::max_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(half))) / 2;
+}
+
 void Trainer::finish_held_update() {
   if (!stage_updates_) return;
   const int64_t begin = now_ns();
@@ -877,7 +887,9 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
     optimizer_->step();
   }
-  stats_.train_seconds += static_cast<double>(now_ns() - begin) * 1e-9;
+  const double took = static_cast<double>(now_ns() - begin) * 1e-9;
+  stats_.train_seconds += took;
+  stats_.step_seconds.push_back(static_cast<float>(took));
   if (stats_.samples == 0) stats_.first_loss = loss;
   stats_.last_loss = loss;
   stats_.bubble_sum += pipeline_->bubble();
