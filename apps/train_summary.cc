@@ -61,6 +61,8 @@ nlohmann::json summary_json(const TrainOptions& o, const TrainingRun& c, const R
     }
     if (!c.choice->not_as_saved.empty()) j["auto"]["not_as_saved"] = in_flags(c.choice->not_as_saved);
   }
+  // `schedule` auto by default, where the model could not be profiled: why, and that the task's own ran.
+  if (!c.auto_fallback.empty()) j["auto_fallback"] = in_flags(c.auto_fallback);
   if (job().distributed) j["mpi"] = {{"ranks", job().size}, {"replicas", s.replicas}};
   for (const auto& [name, value] : s.scores) j[name] = value;
   if (c.task.metric == Metric::kBitsPerByte) {

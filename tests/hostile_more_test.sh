@@ -30,10 +30,12 @@ run "--batch-size above the training samples" 2 \
   "--batch-size 100000 is more than the 64 training samples the data holds; .* give --batch-size 64 or less" \
   train "${tiny[@]}" --batch-size 100000
 
-# A warm-up longer than the run would never reach --lr: refused with the run's steps.
+# A warm-up longer than the run would never reach --lr: refused with the run's steps, before auto's
+# profile (seconds of work for a setting read from the flags).
 run "--warmup-steps longer than the run" 2 \
   "the warm-up of 1000000 steps \(--warmup-steps\) is longer than the run's 2 steps.*give at most 2 warm-up steps" \
-  train --train-samples 256 --test-samples 64 --batch-size 64 --steps 2 --warmup-steps 1000000
+  train --train-samples 256 --test-samples 64 --batch-size 64 --steps 2 --warmup-steps 1000000 &&
+  if grep -q "profiling" "$work/out.txt"; then fail "--warmup-steps refused only after the profile"; fi
 
 # A model diverged to a NaN test loss with finite parameters (one step at --lr 1e30): exit 1, the
 # cause named, and no checkpoint written for it.

@@ -302,6 +302,19 @@ struct TrainStats {
   double median_step_s() const;
 };
 
+/// How long a run of `options` over `samples` training samples is: its steps per epoch, its steps in
+/// all, and its learning-rate schedule with the step size resolved (one epoch where not given).
+struct RunLength {
+  int64_t steps_per_epoch = 0;
+  int64_t total_steps = 0;
+  LrScheduleOptions lr_schedule;
+};
+/// `options` over `samples` training samples, checked as the Trainer checks them (the batch, epochs,
+/// steps, saves, optimizer, schedule, warm-up against the run's steps, the last step's learning rate):
+/// throws std::invalid_argument naming the problem, so that a front end refuses them before any work
+/// (a profile, say).
+RunLength run_length(const TrainerOptions& options, int64_t samples);
+
 /// What fit() tells its caller as it goes.
 struct TrainerCallbacks {
   /// Before each step; `step` counts the steps taken so far.

@@ -296,7 +296,8 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
     GPIPE_CHECK(!in_place, "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in place, "
                 "so it cannot be timed by itself (nor begin a stage: a stage keeps its input for the backward pass, "
                 "and the first stage's is the caller's data); make the layer return a new tensor (e.g. "
-                "ReLU(inplace=False)), or balance by parameters (`balance_by` params)");
+                "ReLU(inplace=False)), or cut the model without profiling it: name a `schedule` (not auto) and give "
+                "the cut (`balance`; gpipe train also cuts by parameters: --schedule gpipe --balance-by params)");
   };
   // `in_flight` micro-batches at once, their forwards before their backwards (as a schedule holds
   // them): each layer's time then includes the cache it loses to the others' activations.

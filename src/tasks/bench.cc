@@ -62,6 +62,9 @@ RunRequest request_of(int K, int M, const std::string& schedule, const std::stri
   r.schedule = schedule;
   r.virtual_stages = virtual_stages(schedule, o);
   if (!o.balance.empty() && K > 1) r.balance = o.balance;
+  // Auto with a cut of several stages per device and no V given: the V the cut holds (as gpipe train's).
+  if (schedule == "auto" && r.virtual_stages == 0 && !r.balance.empty() && r.balance.size() % static_cast<size_t>(K) == 0)
+    r.virtual_stages = static_cast<int>(r.balance.size()) / K;
   r.balance_by = balance_by == "given" ? "" : balance_by;
   return r;
 }

@@ -811,6 +811,7 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
     s.micro_batches = static_cast<int>(std::clamp<int64_t>(c.data.train.size(), 1, s.micro_batches));
   check_run_data(c.task, c.data, s.micro_batches, s.batch_size_given ? s.batch_size : 0);
   check_same_inputs(s, c);
+  run_length(trainer_options_of(s, c.task), c.data.train.size());  // the run's length and schedule, before a profile
   // The model against its data before `balance_by` profiles it (the Trainer checks it too).
   if (!s.balance_by.empty() || predicted(s))
     check_model_and_data(c.model, c.data.train, c.task.loss_name == "cross_entropy");

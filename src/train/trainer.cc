@@ -427,6 +427,55 @@ int64_t fault_number(const std::string& part, const std::string& text) {
 
 }  // namespace
 
+RunLength run_length(const TrainerOptions& options, int64_t samples) {
+  RunLength out;
+  GPIPE_CHECK(samples > 0, "the training data has no samples");
+  GPIPE_CHECK(options.batch_size() >= 1, "the batch size must be at least 1 (got ", options.batch_size(), ")");
+  GPIPE_CHECK(options.epochs() >= 1, "the run needs at least 1 epoch (got ", options.epochs(), ")");
+  GPIPE_CHECK(options.steps() >= 0, "the step limit must be 0 (none) or more (got ", options.steps(), ")");
+  GPIPE_CHECK(options.save_every() >= 0, "the steps between saves must be 0 (only after every epoch) or more (got ",
+              options.save_every(), ")");
+  GPIPE_CHECK(options.save_every() == 0 || !options.save().empty(),
+              "saving every ", options.save_every(), " steps needs a file to save to (TrainerOptions::save)");
+  GPIPE_CHECK(std::isfinite(options.stop_timeout()) && options.stop_timeout() >= 0,
+              "the time a step may take after a stop request must be a finite number of seconds, 0 or more (got ",
+              options.stop_timeout(), ")");
+  GPIPE_CHECK(options.loss() != nullptr, "the trainer needs a loss function");
+  options.optimizer().check();
+  options.lr_schedule().check();
+  GPIPE_CHECK(std::isfinite(options.clip_grad_norm()) && options.clip_grad_norm() >= 0,
+              "the gradient norm to clip to must be 0 (never) or a finite number above 0 (got ",
+              options.clip_grad_norm(), ")");
+  // A last batch smaller than the batch size is kept (as PyTorch's DataLoader), unless drop_last.
+  const int64_t B = options.batch_size();
+  out.steps_per_epoch = options.drop_last() ? samples / B : (samples + B - 1) / B;
+  GPIPE_CHECK(out.steps_per_epoch > 0, "`drop_last` with `batch_size` ", B, " and ", samples,
+              " training samples leaves no step; use a smaller batch");
+  const int64_t all = out.steps_per_epoch * options.epochs();
+  out.total_steps = options.steps() > 0 ? std::min(options.steps(), all) : all;
+  out.lr_schedule = options.lr_schedule();
+  if (out.lr_schedule.step_size() == 0) out.lr_schedule.step_size(out.steps_per_epoch);
+  // A warm-up longer than the run would end it below the learning rate asked for.
+  const int64_t W = out.lr_schedule.warmup_steps();
+  GPIPE_CHECK(W <= out.total_steps, "the warm-up of ", W, " steps (`warmup_steps`) is longer than the run's ",
+              out.total_steps, out.total_steps == 1 ? " step" : " steps", " (", options.epochs(),
+              options.epochs() == 1 ? " epoch of " : " epochs of ", out.steps_per_epoch,
+              out.steps_per_epoch == 1 ? " step" : " steps",
+              options.steps() > 0 && options.steps() < all ? ", limited by `steps` " + std::to_string(options.steps())
+                                                            : std::string(),
+              "): the learning rate would never reach its value (the last step would run at ", out.total_steps, "/", W,
+              " of it); give at most ", out.total_steps, out.total_steps == 1 ? " warm-up step" : " warm-up steps",
+              ", or a longer run");
+  // The schedules rise only in the warm-up (to `lr`) and with a step factor above 1 (to the last step's):
+  // a learning rate beyond float's range is refused now, not at the step that reaches it.
+  const double last_lr = learning_rate(options.optimizer().lr(), out.lr_schedule, out.total_steps - 1, out.total_steps);
+  GPIPE_CHECK(last_lr <= std::numeric_limits<float>::max(), "the learning rate of the last step, ", out.total_steps,
+              ", would be ", last_lr, ", beyond float's range (3.4e38): the parameters could not take it; lower `lr`",
+              out.lr_schedule.kind() == LrSchedule::kStep ? ", `lr_gamma` or the steps" : "");
+  return out;
+}
+
+
 Trainer::Trainer(const Model& model, const PipelineOptions& pipeline, const TrainerOptions& options, Dataset train,
                  Runtime runtime)
     : Trainer(model, nullptr, pipeline, options, std::move(train), runtime) {}
@@ -438,50 +487,10 @@ Trainer::Trainer(const Model& model, const PipelinePlan& plan, const PipelineOpt
 Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOptions& pipeline,
                  const TrainerOptions& options, Dataset train, Runtime runtime)
     : model_(model), options_(options), train_(std::move(train)), shuffle_(at::detail::createCPUGenerator(options.seed())) {
-  const int64_t N = train_.size();
-  GPIPE_CHECK(N > 0, "the training data has no samples");
-  GPIPE_CHECK(options_.batch_size() >= 1, "the batch size must be at least 1 (got ", options_.batch_size(), ")");
-  GPIPE_CHECK(options_.epochs() >= 1, "the run needs at least 1 epoch (got ", options_.epochs(), ")");
-  GPIPE_CHECK(options_.steps() >= 0, "the step limit must be 0 (none) or more (got ", options_.steps(), ")");
-  GPIPE_CHECK(options_.save_every() >= 0, "the steps between saves must be 0 (only after every epoch) or more (got ",
-              options_.save_every(), ")");
-  GPIPE_CHECK(options_.save_every() == 0 || !options_.save().empty(),
-              "saving every ", options_.save_every(), " steps needs a file to save to (TrainerOptions::save)");
-  GPIPE_CHECK(std::isfinite(options_.stop_timeout()) && options_.stop_timeout() >= 0,
-              "the time a step may take after a stop request must be a finite number of seconds, 0 or more (got ",
-              options_.stop_timeout(), ")");
-  GPIPE_CHECK(options_.loss() != nullptr, "the trainer needs a loss function");
-  options_.optimizer().check();
-  options_.lr_schedule().check();
-  GPIPE_CHECK(std::isfinite(options_.clip_grad_norm()) && options_.clip_grad_norm() >= 0,
-              "the gradient norm to clip to must be 0 (never) or a finite number above 0 (got ",
-              options_.clip_grad_norm(), ")");
-  // A last batch smaller than the batch size is kept (as PyTorch's DataLoader), unless drop_last.
-  const int64_t B = options_.batch_size();
-  steps_per_epoch_ = options_.drop_last() ? N / B : (N + B - 1) / B;
-  GPIPE_CHECK(steps_per_epoch_ > 0, "`drop_last` with `batch_size` ", B, " and ", N,
-              " training samples leaves no step; use a smaller batch");
-  const int64_t all = steps_per_epoch_ * options_.epochs();
-  total_steps_ = options_.steps() > 0 ? std::min(options_.steps(), all) : all;
-  lr_schedule_ = options_.lr_schedule();
-  if (lr_schedule_.step_size() == 0) lr_schedule_.step_size(steps_per_epoch_);
-  // A warm-up longer than the run would end it below the learning rate asked for.
-  const int64_t W = lr_schedule_.warmup_steps();
-  GPIPE_CHECK(W <= total_steps_, "the warm-up of ", W, " steps (`warmup_steps`) is longer than the run's ",
-              total_steps_, total_steps_ == 1 ? " step" : " steps", " (", options_.epochs(),
-              options_.epochs() == 1 ? " epoch of " : " epochs of ", steps_per_epoch_,
-              steps_per_epoch_ == 1 ? " step" : " steps",
-              options_.steps() > 0 && options_.steps() < all ? ", limited by `steps` " + std::to_string(options_.steps())
-                                                            : std::string(),
-              "): the learning rate would never reach its value (the last step would run at ", total_steps_, "/", W,
-              " of it); give at most ", total_steps_, total_steps_ == 1 ? " warm-up step" : " warm-up steps",
-              ", or a longer run");
-  // The schedules rise only in the warm-up (to `lr`) and with a step factor above 1 (to the last step's):
-  // a learning rate beyond float's range is refused now, not at the step that reaches it.
-  const double last_lr = learning_rate(options_.optimizer().lr(), lr_schedule_, total_steps_ - 1, total_steps_);
-  GPIPE_CHECK(last_lr <= std::numeric_limits<float>::max(), "the learning rate of the last step, ", total_steps_,
-              ", would be ", last_lr, ", beyond float's range (3.4e38): the parameters could not take it; lower `lr`",
-              lr_schedule_.kind() == LrSchedule::kStep ? ", `lr_gamma` or the steps" : "");
+  const RunLength length = run_length(options_, train_.size());
+  steps_per_epoch_ = length.steps_per_epoch;
+  total_steps_ = length.total_steps;
+  lr_schedule_ = length.lr_schedule;
   // The test hook (train.h).
   if (const char* text = std::getenv("GPIPE_TEST_FAULT"); text != nullptr && *text != '\0') {
     const std::string hook(text);
@@ -511,7 +520,7 @@ Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOpt
                               : make_pipeline(model_.build, model_.layers, with_ties, runtime);
   // A layer that begins a stage and changes its input in place would fail in step 1: refused now.
   // Under MPI a boundary passes at most kMostBoundaryTensors in one message: a cut past it is refused too.
-  check_stage_inputs(model_, train_.input.narrow(0, 0, std::min<int64_t>(2, N)), pipeline_->plan().balance,
+  check_stage_inputs(model_, train_.input.narrow(0, 0, std::min<int64_t>(2, train_.size())), pipeline_->plan().balance,
                      job().distributed ? kMostBoundaryTensors : 0);
   // Every rank trains alike, on the same rows: its settings and its training data are compared.
   std::vector<std::pair<std::string, std::string>> shared = settings_of(options_);
