@@ -352,8 +352,16 @@ for r in rows:
 PY
     then pass "11. gpipe plan with BatchNorm: every micro-batch of 2 rows or more"
     else fail "11. gpipe plan with BatchNorm: $(cat "$work/err.txt")"; fi
+    # At K=1 (2 replicas of 4 rows) asked for; left to choose K, the plan passes K=1 over and plans K=2.
     run "11. gpipe plan with BatchNorm, M asked for gives one row" 2 "leaves micro-batches of 1 row, but the model needs at least 2" \
-      plan --model "$work/batch-norm.pt" --input-shape 6 --devices 2 --batch 8 --micro-batches 4
+      plan --model "$work/batch-norm.pt" --input-shape 6 --devices 2 --stages 1 --batch 8 --micro-batches 4
+    if timeout "$hang" "$gpipe" plan --model "$work/batch-norm.pt" --input-shape 6 --devices 2 --batch 8 \
+         --micro-batches 4 >"$work/out.txt" 2>"$work/err.txt" &&
+       grep -Eq "^ +2 +1 +4 " "$work/out.txt" && ! grep -Eq "^ +1 +2 +4 " "$work/out.txt"; then
+      pass "11b. gpipe plan with BatchNorm, K left open: K=2 alone, whose micro-batches have 2 rows"
+    else
+      fail "11b. gpipe plan with BatchNorm, K left open: not K=2 alone: $(head -c 600 "$work/out.txt" "$work/err.txt")"
+    fi
 
     # A weight tied by a module used twice (the optimizer state is kept under either of its two names):
     # saved at step 3 and resumed to 6, the parameters of 6 unbroken steps.

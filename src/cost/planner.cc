@@ -293,6 +293,9 @@ std::vector<Shape> shapes_of(const PlanSearch& search, int L) {
       micro = default_micro_batch_counts(K, rows, least);
     } else {
       for (int M : search.micro_batches) {
+        // A K the search was left to choose (no `stages` given) is passed over where an M asked for
+        // does not fit its replicas' rows; a K asked for is refused with the reason.
+        if (search.stages.empty() && (M > rows || rows / M < least)) continue;
         GPIPE_CHECK(M <= rows, "M = ", M, " micro-batches is more than the ", rows, " rows a replica gets at K=", K,
                     " (", D, " replicas); every micro-batch needs a row");
         GPIPE_CHECK(rows / M >= least, "M = ", M, " micro-batches of the ", rows, " rows a replica gets at K=", K,

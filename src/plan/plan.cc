@@ -257,7 +257,7 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
         ways.push_back("with " + std::to_string(K) + " devices use at most " + std::to_string(layers / K) +
                        " stages per device");
       if (layers / V >= 1)
-        ways.push_back("use at most " + std::to_string(layers / V) + " devices" +
+        ways.push_back("use at most " + count(layers / V, "device") +
                        (V > 1 ? " of " + std::to_string(V) + " stages" : std::string()));
       if (ways.empty()) ways.push_back("use a model with more layers");
       GPIPE_CHECK(false, "cannot cut ", count(layers, "layer"), " into ", count(K, "device"), per_device,

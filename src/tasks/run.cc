@@ -678,7 +678,13 @@ void check_some_configuration(const TrainSettings& s, const TrainingRun& c) {
     TrainSettings own = s;
     resolve_own(own, c.task);
     TrainingRun probe = c;
-    choose_cut(own, probe);  // throws the task's run's error
+    try {
+      choose_cut(own, probe);  // throws the task's run's error, the more precise one, said to be that
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("gpipe: `schedule` auto finds no pipeline these settings allow; the task's own (`schedule` " +
+                                  own.schedule + ", `micro_batches` " + std::to_string(own.micro_batches) +
+                                  ") says why: " + without_program_name(what_of(e)));
+    }
     said_about("`schedule` auto", search);
   }
 }
