@@ -504,6 +504,9 @@ struct BenchRatio {
 /// What gpipe bench reports of one configuration (its JSON row has these names).
 struct BenchRow {
   std::string workload, transport, checkpoint, schedule, balance_by;
+  /// "stage_times": a V schedule ordered by its stages' profiled times (in one process, whatever the
+  /// cut); "unit": the unit order, as a schedule named in gpipe train runs on a cut given or even.
+  std::string order = "unit";
   bool tie_embeddings = false;
   int stages = 1, replicas = 1, micro_batches = 1, virtual_stages = 1, threads_per_device = 1, steps = 0, warmup = 0;
   std::vector<int> balance;

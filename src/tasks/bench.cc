@@ -216,6 +216,7 @@ BenchRow row_of(const Contender& c, const Contender* unsplit, const Contender* o
   r.threads_per_device = o.threads;
   r.balance = c.pipe->balance();
   r.balance_by = c.balance_by;
+  r.order = c.pipe->plan().stage_times.empty() ? "unit" : "stage_times";
   r.samples_per_s = batch / median(c.step_s);
   r.samples_per_s_min = batch / *std::max_element(c.step_s.begin(), c.step_s.end());
   r.samples_per_s_max = batch / *std::min_element(c.step_s.begin(), c.step_s.end());
