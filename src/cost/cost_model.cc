@@ -297,7 +297,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
                 "so it cannot be timed by itself (nor begin a stage: a stage keeps its input for the backward pass, "
                 "and the first stage's is the caller's data); make the layer return a new tensor (e.g. "
                 "ReLU(inplace=False)), or cut the model without profiling it: name a `schedule` (not auto) and give "
-                "the cut (`balance`; gpipe train also cuts by parameters: --schedule gpipe --balance-by params)");
+                "the cut (`balance`), or in gpipe train cut it by parameters (`schedule` gpipe, `balance_by` params)");
   };
   // `in_flight` micro-batches at once, their forwards before their backwards (as a schedule holds
   // them): each layer's time then includes the cache it loses to the others' activations.
