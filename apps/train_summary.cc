@@ -52,7 +52,7 @@ nlohmann::json summary_json(const TrainOptions& o, const TrainingRun& c, const R
     j["auto"] = {{"predicted_step_s", c.choice->predicted.step_s}, {"predicted_bubble", c.choice->predicted.bubble},
                  {"measured_step_s", measured}, {"measured_median_step_s", s.figures.median_step_s},
                  {"measured_bubble", s.figures.bubble},
-                 {"order", c.choice->stage_times.empty() ? "unit" : "stage_times"},
+                 {"order", order_name(c.choice->stage_times)},
                  {"configurations", c.choice->considered}, {"fits", c.choice->fits}};
     if (!c.choice->taken_from.empty()) {  // the resumed file's pipeline: nothing predicted
       j["auto"]["taken_from"] = c.choice->taken_from;

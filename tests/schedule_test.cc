@@ -397,7 +397,8 @@ TEST(ZBVTest, OrderedByTimesAStepOfUnequalStagesIsShorter) {
       }
   // Times of zero (all of them, or a stage's F or I): valid programs within their bounds all the same.
   for (const std::vector<gpipe::ActionTimes>& times :
-       {std::vector<gpipe::ActionTimes>(4, {0, 0, 0}), std::vector<gpipe::ActionTimes>{{0, 1, 1}, {1, 0, 1}, {1, 1, 0}, {0, 0, 1}}})
+       {std::vector<gpipe::ActionTimes>(4, {0, 0, 0}),
+        std::vector<gpipe::ActionTimes>{{0, 1, 1}, {1, 0, 1}, {1, 1, 0}, {0, 0, 1}}})
     for (int M : {1, 3, 8}) {
       for (const gpipe::Schedule& s : {gpipe::zbv(2, M, times), gpipe::v_half(2, M, times)}) {
         SCOPED_TRACE(s.name + " M=" + std::to_string(M));

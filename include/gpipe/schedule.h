@@ -113,6 +113,10 @@ struct ActionTimes {
   double weight_grad = 1;
 };
 
+/// How a program orders its actions, as reports name it: "stage_times" where `times` are given (a V
+/// schedule ordered by them), "unit" where none are (the order of equal times).
+std::string order_name(const std::vector<ActionTimes>& times);
+
 /// A step: for each device, the actions it runs in order. A generator fills
 /// only compute actions; lower() adds the sends and receives.
 struct Schedule {

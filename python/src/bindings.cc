@@ -122,10 +122,23 @@ double double_of(int64_t bits) {
   return value;
 }
 
+// 64-bit words as the bytes that cross between ranks, and back (from byte `from`; a partial word at the
+// end is left out).
+std::string bytes_of(const std::vector<int64_t>& words) {
+  return std::string(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int64_t));
+}
+
+std::vector<int64_t> words_of(const std::string& bytes, size_t from = 0) {
+  std::vector<int64_t> words((bytes.size() - std::min(from, bytes.size())) / sizeof(int64_t));
+  if (!words.empty()) std::memcpy(words.data(), bytes.data() + from, words.size() * sizeof(int64_t));
+  return words;
+}
+
 // Each stage's F, I and W times as words (bits_of), in stage order, appended to `words`; and the
 // `stages` stages' times read back from `words` at `at`.
 void append_times(std::vector<int64_t>& words, const std::vector<ActionTimes>& times) {
-  for (const ActionTimes& t : times) words.insert(words.end(), {bits_of(t.forward), bits_of(t.input_grad), bits_of(t.weight_grad)});
+  for (const ActionTimes& t : times)
+    words.insert(words.end(), {bits_of(t.forward), bits_of(t.input_grad), bits_of(t.weight_grad)});
 }
 
 std::vector<ActionTimes> times_at(const std::vector<int64_t>& words, size_t at, size_t stages) {
@@ -159,13 +172,10 @@ std::vector<int> first_rank_list(const std::vector<int>& values) {
 // c10d), bit for bit; `times` itself in one process.
 std::vector<ActionTimes> first_rank_times(const std::vector<ActionTimes>& times) {
   if (running_backend() == Runtime::kThreads) return times;
-  std::vector<int64_t> words;
-  append_times(words, times);
-  const std::string first = all_gather_processes(std::string(reinterpret_cast<const char*>(words.data()),
-                                                             words.size() * sizeof(int64_t))).front();
-  words.assign(first.size() / sizeof(int64_t), 0);
-  if (!words.empty()) std::memcpy(words.data(), first.data(), words.size() * sizeof(int64_t));
-  return times_at(words, 0, words.size() / 3);
+  std::vector<int64_t> mine;
+  append_times(mine, times);
+  const std::vector<int64_t> first = words_of(all_gather_processes(bytes_of(mine)).front());
+  return times_at(first, 0, first.size() / 3);
 }
 
 // In a job of several processes (MPI, c10d), refuses on every rank a model that is not the same on every
@@ -273,7 +283,7 @@ class PythonPipeline {
                                    bits_of(c.predicted.bubble), static_cast<int64_t>(c.balance.size())};
         words.insert(words.end(), c.balance.begin(), c.balance.end());
         append_times(words, c.stage_times);
-        answer = "+" + std::string(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int64_t));
+        answer = "+" + bytes_of(words);
       } catch (const py::error_already_set&) {  // its text needs the GIL, which this thread has not
         failure = std::current_exception();
         answer = "-a Python exception there (KeyboardInterrupt, say)";
@@ -291,8 +301,7 @@ class PythonPipeline {
     if (answer.rfind('-', 0) == 0)
       throw std::runtime_error("gpipe: schedule=\"auto\": rank 0 could not profile the model to choose the "
                                "schedule: " + answer.substr(1));
-    std::vector<int64_t> words((answer.size() - 1) / sizeof(int64_t));
-    if (!words.empty()) std::memcpy(words.data(), answer.data() + 1, words.size() * sizeof(int64_t));
+    const std::vector<int64_t> words = words_of(answer, 1);
     const size_t stages = words.size() >= 8 && words[7] >= 1 ? static_cast<size_t>(words[7]) : 0;
     const size_t timed = words.size() == 8 + stages ? 0 : stages;
     GPIPE_CHECK(answer.size() == 1 + words.size() * sizeof(int64_t) && stages >= 1 &&

@@ -229,7 +229,8 @@ PipelinePlan refined_plan(const CostModel& costs, const PipelineOptions& options
               "refined_plan needs each micro-batch's rows, each at least 1 (got ", micro_batch_rows.size(),
               " row counts)");
   const std::vector<SkipConnection> skips = skip_connections_of(costs);
-  PipelinePlan plan = with_profiled_stage_times(make_plan(costs.layer_count(), options, skips), costs, micro_batch_rows.front());
+  PipelinePlan plan =
+      with_profiled_stage_times(make_plan(costs.layer_count(), options, skips), costs, micro_batch_rows.front());
   Prediction predicted = predict(costs, plan, micro_batch_rows);
   int64_t budget = kMostRefinedPairs;
   refine_cut(costs, skips, uncuttable_after(costs), micro_batch_rows, memory_per_device,

@@ -405,7 +405,9 @@ Schedule v_schedule(const char* name, int devices, int micro_batches, int held_b
     s = v_order(name, devices, micro_batches, held_bound, ForwardRule::kUnderTheBoundWithRoom, times);
   if (!s) {  // not a bad argument: no caller may take it for a shape the schedule does not run
     std::ostringstream given;  // the times, so that a report can be reproduced
-    for (const ActionTimes& t : times) given << (given.tellp() > 0 ? ", " : "") << "{" << t.forward << ", " << t.input_grad << ", " << t.weight_grad << "}";
+    for (const ActionTimes& t : times)
+      given << (given.tellp() > 0 ? ", " : "") << "{" << t.forward << ", " << t.input_grad << ", " << t.weight_grad
+            << "}";
     throw std::logic_error("gpipe: the " + std::string(name) + " schedule of " + std::to_string(devices) +
                            " devices and " + std::to_string(micro_batches) + " micro-batches left every device "
                            "waiting (stage times: " + (times.empty() ? std::string("none") : given.str()) +
@@ -415,6 +417,8 @@ Schedule v_schedule(const char* name, int devices, int micro_batches, int held_b
 }
 
 }  // namespace
+
+std::string order_name(const std::vector<ActionTimes>& times) { return times.empty() ? "unit" : "stage_times"; }
 
 Schedule zbv(int devices, int micro_batches, const std::vector<ActionTimes>& times) {
   return v_schedule("zbv", devices, micro_batches, 2 * devices, ForwardRule::kUnderTheBound, times);

@@ -63,7 +63,8 @@ RunRequest request_of(int K, int M, const std::string& schedule, const std::stri
   r.virtual_stages = virtual_stages(schedule, o);
   if (!o.balance.empty() && K > 1) r.balance = o.balance;
   // Auto with a cut of several stages per device and no V given: the V the cut holds (as gpipe train's).
-  if (schedule == "auto" && r.virtual_stages == 0 && !r.balance.empty() && r.balance.size() % static_cast<size_t>(K) == 0)
+  const size_t stages = r.balance.size();
+  if (schedule == "auto" && r.virtual_stages == 0 && stages > 0 && stages % static_cast<size_t>(K) == 0)
     r.virtual_stages = static_cast<int>(r.balance.size()) / K;
   r.balance_by = balance_by == "given" ? "" : balance_by;
   return r;
@@ -151,9 +152,10 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
                                 .track_memory(!job().distributed);
   // In one process only: the ranks of a job would each need the same times (only one profiles).
   if (job().distributed) options.stage_times({});
-  else if (options.stage_times().empty() && !costs.layers.empty() && schedule_traits(options.schedule()).orders_by_times)
+  else if (options.stage_times().empty() && !costs.layers.empty() &&
+           schedule_traits(options.schedule()).orders_by_times)  // any other cut: even, given, params, memory
     options.stage_times(stage_action_times(costs, make_plan(task.layers, options).balance,
-                                           micro_batch_sizes(share, M).front(), mode));  // any other cut: even, given, params, memory
+                                           micro_batch_sizes(share, M).front(), mode));
   c.pipe = make_pipeline(model.build, task.layers, options);
   c.sgd = make_optimizer(kBenchOptimizer, c.pipe->parameters());
   // Replica 0's pipeline on its share of the rows (the replicas' gradient sum is not modelled).
@@ -216,7 +218,7 @@ BenchRow row_of(const Contender& c, const Contender* unsplit, const Contender* o
   r.threads_per_device = o.threads;
   r.balance = c.pipe->balance();
   r.balance_by = c.balance_by;
-  r.order = c.pipe->plan().stage_times.empty() ? "unit" : "stage_times";
+  r.order = order_name(c.pipe->plan().stage_times);
   r.samples_per_s = batch / median(c.step_s);
   r.samples_per_s_min = batch / *std::max_element(c.step_s.begin(), c.step_s.end());
   r.samples_per_s_max = batch / *std::min_element(c.step_s.begin(), c.step_s.end());

@@ -24,7 +24,8 @@ std::string json_of(const BenchRow& r) {
       {"workload", r.workload}, {"tie_embeddings", r.tie_embeddings}, {"transport", r.transport},
       {"stages", r.stages}, {"replicas", r.replicas}, {"micro_batches", r.micro_batches},
       {"checkpoint", r.checkpoint}, {"schedule", r.schedule}, {"virtual_stages", r.virtual_stages},
-      {"threads_per_device", r.threads_per_device}, {"balance", r.balance}, {"balance_by", r.balance_by}, {"order", r.order},
+      {"threads_per_device", r.threads_per_device}, {"balance", r.balance}, {"balance_by", r.balance_by},
+      {"order", r.order},
       {"samples_per_s", r.samples_per_s}, {"samples_per_s_min", r.samples_per_s_min},
       {"samples_per_s_max", r.samples_per_s_max}, {"ideal", r.ideal}, {"bubble", r.bubble},
       {"overhead_us_per_step", r.overhead_us_per_step}, {"step_s", r.step_s}, {"predicted_step_s", p.step_s},
@@ -69,7 +70,7 @@ std::string json_of(const PlanCandidate& c) {
       {"predicted_step_s", c.step_s}, {"predicted_bubble", c.predicted.bubble},
       {"predicted_peak_bytes", c.predicted.peak_bytes}, {"predicted_static_bytes", c.predicted.static_bytes},
       {"predicted_total_bytes", c.predicted.total_bytes()}, {"fits", c.fits},
-      {"order", c.stage_times.empty() ? "unit" : "stage_times"}}
+      {"order", order_name(c.stage_times)}}
       .dump();
 }
 

@@ -289,7 +289,8 @@ std::string format_choice_measured(const ScheduleChoice& c, const RunFigures& f)
     return "  auto's choice  " + configuration(c) + ", as " + c.taken_from + " was trained: step " + step +
            " measured; bubble " + bubble + " measured\n";
   // The median beside the mean: on a busy machine a few stalled steps lengthen the mean alone.
-  const std::string median = f.steps > 0 && f.median_step_s > 0 ? " (median " + milliseconds(f.median_step_s) + ")" : "";
+  const std::string median =
+      f.steps > 0 && f.median_step_s > 0 ? " (median " + milliseconds(f.median_step_s) + ")" : "";
   return "  auto's choice  " + configuration(c) + ": step " + milliseconds(c.predicted.step_s) + " predicted, " + step +
          " measured" + median + "; bubble " + percent(c.predicted.bubble) + " predicted, " + bubble + " measured\n";
 }
@@ -681,8 +682,9 @@ void check_some_configuration(const TrainSettings& s, const TrainingRun& c) {
     try {
       choose_cut(own, probe);  // throws the task's run's error, the more precise one, said to be that
     } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument("gpipe: `schedule` auto finds no pipeline these settings allow; the task's own (`schedule` " +
-                                  own.schedule + ", `micro_batches` " + std::to_string(own.micro_batches) +
+      throw std::invalid_argument("gpipe: `schedule` auto finds no pipeline these settings allow; the task's own "
+                                  "(`schedule` " + own.schedule +
+                                  ", `micro_batches` " + std::to_string(own.micro_batches) +
                                   ") says why: " + without_program_name(what_of(e)));
     }
     said_about("`schedule` auto", search);
