@@ -12,6 +12,8 @@ namespace gpipe::cli {
 
 /// `gpipe bench`: benchmark workloads through the pipeline.
 void add_bench_command(CLI::App& app, const std::string& command, int& status);
+/// `gpipe machine`: the CPU, the BLAS and its kernel, as gpipe sees them.
+void add_machine_command(CLI::App& app, const std::string& command, int& status);
 /// `gpipe plan`: predict the configurations that fit a model on a cluster, fastest first.
 void add_plan_command(CLI::App& app, const std::string& command, int& status);
 /// `gpipe schedule`: print a schedule's step program.

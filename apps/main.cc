@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
+#include <iostream>
 #include <regex>
 #include <stdexcept>
 #include <vector>
@@ -49,11 +51,28 @@ std::string readable(const std::string& message, const std::string& command) {
          (command.empty() ? "" : command + " ") + "--help";
 }
 
+
+// Whether this process is the first (or only) of its job, by what mpirun and torchrun set before it
+// starts: the one that prints what the whole job does alike.
+bool first_process() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"})
+    if (const char* rank = std::getenv(name); rank != nullptr && *rank != '\0') return std::string(rank) == "0";
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace gpipe;
   using namespace gpipe::cli;
+  // First, before any work: the BLAS kernel this CPU deserves (blas.h), starting again with it if needed.
+  try {
+    if (const std::string line = run_with_best_blas_kernel(argv); !line.empty() && first_process())
+      std::cerr << line << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
   CLI::App app{"gpipe: train neural networks with GPipe pipeline parallelism"};
   app.require_subcommand(1);
   app.fallthrough();  // --verbose after the command too
@@ -65,6 +84,7 @@ int main(int argc, char** argv) {
   add_bench_command(app, command, status);
   add_schedule_command(app, command, status);
   add_plan_command(app, command, status);
+  add_machine_command(app, command, status);
   // Errors come here after the run has unwound (its device threads joined).
   // Under mpirun every rank runs the same command; an error on one ends them all.
   try {

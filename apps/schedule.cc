@@ -33,6 +33,15 @@ struct ScheduleOptions {
 constexpr int64_t kMostShownPairs = int64_t{1} << 16;
 constexpr int64_t kMostShownCells = int64_t{1} << 24;
 
+// A bubble with 3 decimals, or as many as it takes not to read as 1.000 (or 0.000) when it is not.
+std::string bubble_text(double bubble) {
+  int digits = 3;
+  while (digits < 9 && ((bubble < 1 && fixed(bubble, digits) == fixed(1, digits)) ||
+                        (bubble > 0 && fixed(bubble, digits) == fixed(0, digits))))
+    ++digits;
+  return fixed(bubble, digits);
+}
+
 int run(ScheduleOptions o) {
   RunRequest request;
   request.devices = o.stages;
@@ -54,7 +63,7 @@ int run(ScheduleOptions o) {
                 (o.virtual_stages > 1 ? " x " + std::to_string(o.virtual_stages) + " stages per device" : "") +
                 " is " + std::to_string(pairs) + " stage x micro-batch pairs; gpipe schedule shows at most " +
                 std::to_string(kMostShownPairs) + " (a grid of K x V rows, V x M + K slots wide): ask for fewer. "
-                "Fill-drain's bubble at this size is (K-1)/(M+K-1) = " + fixed(ideal_bubble(o.stages, o.micro_batches), 3));
+                "Fill-drain's bubble at this size is (K-1)/(M+K-1) = " + bubble_text(ideal_bubble(o.stages, o.micro_batches)));
   // The plan of a model of one layer per stage: make_plan resolves and checks K, V and M, and lowers
   // and validates the program, as for any pipeline.
   const PipelinePlan plan = make_plan(o.stages * o.virtual_stages, pipeline_options_of(Task(), request)

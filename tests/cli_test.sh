@@ -90,6 +90,38 @@ PY
   else fail "--balance-by with --virtual-stages"; fi
 fi
 
+if part blas; then  # cost 8
+  # The BLAS kernel: GPIPE_BLAS_CORETYPE naming one starts the program again with it, saying so in one
+  # line; keep, or OPENBLAS_CORETYPE set, leaves OpenBLAS's choice; a value it does not take is refused.
+  chosen=$(env GPIPE_BLAS_CORETYPE=keep "$gpipe" machine --kernel)
+  target=Prescott
+  [ "$chosen" = Prescott ] && target=Sandybridge
+  if env GPIPE_BLAS_CORETYPE=$target "$gpipe" train --train-samples 256 --test-samples 64 --batch-size 64 \
+       --epochs 1 --schedule gpipe --micro-batches 2 --json >"$work/blas.json" 2>"$work/blas.err" &&
+     [ "$(grep -c "running with OpenBLAS's $target kernel (GPIPE_BLAS_CORETYPE), where it chose $chosen" "$work/blas.err")" = 1 ] &&
+     /usr/bin/python3 - "$work/blas.json" "$target" <<'PY'
+import json, sys
+k = json.load(open(sys.argv[1]))["machine"]["blas_kernel"]
+assert k["running"] == sys.argv[2] and k["chosen_by"] == "gpipe" and k["gflops_one_thread"] > 0, k
+PY
+  then pass "GPIPE_BLAS_CORETYPE=$target: trained with that kernel (OpenBLAS chose $chosen), said once"
+  else fail "GPIPE_BLAS_CORETYPE=$target: $(cat "$work/blas.err")"; fi
+  if env GPIPE_BLAS_CORETYPE=keep "$gpipe" machine --json >"$work/keep.json" 2>"$work/keep.err" && [ ! -s "$work/keep.err" ] &&
+     /usr/bin/python3 -c "import json,sys; k=json.load(open(sys.argv[1]))['blas_kernel']; assert k['chosen_by'] != 'gpipe' and k['running'] == sys.argv[2], k" \
+       "$work/keep.json" "$chosen"
+  then pass "GPIPE_BLAS_CORETYPE=keep: OpenBLAS's own $chosen, nothing said"
+  else fail "GPIPE_BLAS_CORETYPE=keep: $(cat "$work/keep.err" "$work/keep.json")"; fi
+  if [ "$(env -u GPIPE_BLAS_CORETYPE OPENBLAS_CORETYPE=$target "$gpipe" machine --kernel 2>"$work/set.err")" = "$target" ] &&
+     [ ! -s "$work/set.err" ] && [ "$(env GPIPE_BLAS_CORETYPE= OPENBLAS_CORETYPE=$target "$gpipe" machine --kernel)" = "$target" ]
+  then pass "OPENBLAS_CORETYPE set by the user: left as it is (GPIPE_BLAS_CORETYPE unset or empty)"
+  else fail "OPENBLAS_CORETYPE=$target was not kept: $(cat "$work/set.err")"; fi
+  if env GPIPE_BLAS_CORETYPE=fastest "$gpipe" train --epochs 1 >"$work/out.txt" 2>"$work/err.txt"; then
+    fail "GPIPE_BLAS_CORETYPE=fastest was taken"
+  elif [ $? -eq 2 ] && grep -q "GPIPE_BLAS_CORETYPE=fastest is not one of auto, keep, Katmai" "$work/err.txt" && [ ! -s "$work/out.txt" ]; then
+    pass "GPIPE_BLAS_CORETYPE=fastest refused at once: $(head -c 100 "$work/err.txt")"
+  else fail "GPIPE_BLAS_CORETYPE=fastest: $(cat "$work/err.txt")"; fi
+fi
+
 if part auto; then  # cost 12
   # --schedule auto: the schedule, V, M and cut predicted fastest, printed with its prediction, and after
   # the run the measured step and bubble next to it; a given --micro-batches is kept.
@@ -378,6 +410,11 @@ PY
      ! grep -q "is 4000000000000000000 stage x micro-batch pairs; gpipe schedule shows at most 65536" "$work/schedule.err"; then
     fail "gpipe schedule at K = M = 2e9"; cat "$work/schedule.err"
   else pass "gpipe schedule at K = M = 2e9: refused with the exact pair count"; fi
+  # ... and the bubble it names at such a size reads below 1, as it is: (K-1)/(M+K-1) < 1.
+  if "$gpipe" schedule --stages 100000 >/dev/null 2>"$work/schedule.err" ||
+     ! grep -q "(K-1)/(M+K-1) = 0.99996$" "$work/schedule.err"; then
+    fail "gpipe schedule at K = 100000: the bubble"; cat "$work/schedule.err"
+  else pass "gpipe schedule at K = 100000: the bubble reads 0.99996, not 1.000"; fi
   # Figures beyond a column's width (a device of 1e21 FLOP/s) stay apart from the next column.
   if "$gpipe" plan --layers 8 --width 64 --heads 4 --ffn 256 --vocab 100 --seq 16 --devices 8 --batch 65536 \
        --flops 1e21 --bandwidth-gb-s 1e9 --latency-us 0 --memory-per-device 1TiB >"$work/plan.txt" 2>"$work/plan.err" &&

@@ -19,9 +19,9 @@ rung[umbrella]=${#ladder[@]}  # gpipe.h, all of them: for users, never for src/
 
 # Each public header and the folder that implements it (header-only ones: the folder they belong to).
 declare -A home=(
-  [check]=common [command_line]=common [digest]=common [io]=common [progress]=common [stop]=common [tensors]=common
+  [check]=common [environment]=common [command_line]=common [digest]=common [io]=common [progress]=common [stop]=common [tensors]=common
   [schedule]=schedule
-  [device]=device [memory]=device [trace]=device
+  [blas]=device [device]=device [memory]=device [trace]=device
   [layers]=plan [partition]=plan [plan]=plan [skip_connections]=plan
   [transport]=transport [backend]=transport [mpi_backend]=transport [c10d_backend]=transport [job]=transport
   [executor]=runtime [microbatch]=runtime [pipeline]=runtime [skip]=runtime [stage]=runtime [mpi]=runtime

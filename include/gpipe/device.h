@@ -1,6 +1,8 @@
 // device.h: where a stage runs: a CPU core group (a thread with its own intra-op threads) or a CUDA device.
 #pragma once
 
+#include "gpipe/blas.h"
+
 #include <torch/types.h>
 
 #include <c10/core/Event.h>
@@ -55,11 +57,6 @@ int machine_cores();
 /// (With the OpenMP backend of ATen this is a per-thread setting.)
 void bind_current_thread(const Device& device);
 
-/// Sets the number of OpenBLAS threads, when OpenBLAS is the BLAS of this
-/// process. OpenBLAS' pthread build has one process-wide pool: gpipe sets it to
-/// the largest thread count among CPU stages, so two stages with one core each
-/// do not fight over cores. Returns false when OpenBLAS is not loaded.
-bool set_blas_threads(int threads);
 
 /// Keeps freed memory in the process for reuse instead of returning it to the
 /// system at once. glibc gives each device thread its own arena, and by default
@@ -76,8 +73,6 @@ bool keep_freed_memory();
 /// Whether keep_freed_memory() has changed glibc's settings in this process.
 bool freed_memory_kept();
 
-/// A short description of the BLAS in use, e.g. "OpenBLAS 0.3.21 ... MAX_THREADS=64".
-std::string blas_info();
 
 /// Where the work of a stage (or of a copy) is queued on its device: on a CUDA device, a stream
 /// of its own from c10's pool, never the default stream, so that stages on one GPU run side by

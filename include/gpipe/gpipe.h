@@ -2,12 +2,14 @@
 #pragma once
 
 #include "gpipe/backend.h"
+#include "gpipe/blas.h"
 #include "gpipe/check.h"
 #include "gpipe/command_line.h"
 #include "gpipe/cost_model.h"
 #include "gpipe/data.h"
 #include "gpipe/device.h"
 #include "gpipe/digest.h"
+#include "gpipe/environment.h"
 #include "gpipe/executor.h"
 #include "gpipe/io.h"
 #include "gpipe/job.h"

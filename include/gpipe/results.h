@@ -25,7 +25,8 @@ std::string json_of(const PlanCandidate& candidate);
 std::string json_of(const Schedule& program, const SimulatedRun& run, const std::string& name,
                     const std::string& checkpoint);
 
-/// Cores, CPU, BLAS, memory allocator, libtorch version and CUDA: the machine of a result file, a JSON object.
+/// Cores, CPU, BLAS (its kernel, who chose it, the best for the CPU, its GFLOP/s on one thread), memory
+/// allocator, libtorch version and CUDA: the machine of a result file, a JSON object.
 std::string machine_json();
 
 /// Refuses, before the work, a result file write_results could not write: makes its folder, as

@@ -22,10 +22,25 @@ try:
 finally:
     sys.setdlopenflags(_flags)
 
+from ._gpipe import blas_gflops, blas_kernel  # noqa: E402
 from .pipe import GPipe, schedule_names  # noqa: E402
 from .planning import plan, predict, profile  # noqa: E402
 from . import tasks  # noqa: E402
 from .report import Summary  # noqa: E402
 from .skip import Pop, Stash  # noqa: E402
 
-__all__ = ["GPipe", "Pop", "Stash", "Summary", "plan", "predict", "profile", "schedule_names", "tasks"]
+__all__ = ["GPipe", "Pop", "Stash", "Summary", "blas_gflops", "blas_kernel", "plan", "predict", "profile",
+           "schedule_names", "tasks"]
+
+
+def _warn_of_a_generic_blas_kernel():
+    """Once, at import: torch has loaded OpenBLAS, which reads OPENBLAS_CORETYPE only then, so where it
+    fell back to a generic kernel on a CPU with AVX2 or AVX-512, gpipe can only name the variable to
+    export. GPIPE_BLAS_CORETYPE=keep silences it; a value gpipe does not take raises, naming the choices."""
+    import warnings
+    advice = _gpipe.blas_warning()
+    if advice:
+        warnings.warn(advice, RuntimeWarning, stacklevel=3)
+
+
+_warn_of_a_generic_blas_kernel()

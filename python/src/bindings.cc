@@ -611,6 +611,20 @@ PYBIND11_MODULE(_gpipe, m) {
   }, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("scope"), py::arg("known_as"), py::arg("let_go"));
   m.def("schedule_names", &schedule_names);
   m.def("checkpoint_names", &checkpoint_names);
+  // The BLAS kernel (blas.h): what gpipe.blas_kernel() shows and the warning at import.
+  py::class_<BlasKernel>(m, "BlasKernel")
+      .def_readonly("running", &BlasKernel::running)
+      .def_readonly("best", &BlasKernel::best)
+      .def_readonly("coretype", &BlasKernel::coretype)
+      .def_readonly("vector_isa", &BlasKernel::vector_isa)
+      .def_readonly("chosen_by", &BlasKernel::chosen_by)
+      .def_property_readonly("generic", &BlasKernel::generic)
+      .def("__repr__", [](const BlasKernel& k) {
+        return "BlasKernel(running='" + k.running + "', best='" + k.best + "', chosen_by='" + k.chosen_by + "')";
+      });
+  m.def("blas_kernel", &blas_kernel);
+  m.def("blas_warning", &blas_warning);
+  m.def("blas_gflops", &blas_gflops);
   // runtime=: "auto", "threads", then each backend's name (backends(), built in or not).
   m.def("runtime_names", [] {
     std::vector<std::string> names = {"auto", "threads"};

@@ -7,7 +7,6 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
-#include <dlfcn.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -72,20 +71,6 @@ void bind_current_thread(const Device& device) {
 }
 
 namespace {
-template <typename Fn>
-Fn* openblas_symbol(const char* name) {
-  return reinterpret_cast<Fn*>(dlsym(RTLD_DEFAULT, name));
-}
-}  // namespace
-
-bool set_blas_threads(int threads) {
-  auto* set = openblas_symbol<void(int)>("openblas_set_num_threads");
-  if (set == nullptr) return false;
-  set(threads);
-  return true;
-}
-
-namespace {
 std::atomic<bool> memory_kept{false};
 }  // namespace
 
@@ -106,15 +91,6 @@ bool keep_freed_memory() {
 #else
   return false;
 #endif
-}
-
-std::string blas_info() {
-  auto* config = openblas_symbol<char*()>("openblas_get_config");
-  if (config == nullptr) return "not OpenBLAS (reference or other BLAS)";
-  std::string info = config();
-  if (auto* threads = openblas_symbol<int()>("openblas_get_num_threads"))
-    info += " threads=" + std::to_string(threads());
-  return "OpenBLAS " + info;
 }
 
 void allow_tf32(bool allowed) {

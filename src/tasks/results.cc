@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -93,6 +94,12 @@ std::string json_of(const Schedule& program, const SimulatedRun& run, const std:
       .dump();
 }
 
+static nlohmann::json blas_kernel_json() {
+  const BlasKernel kernel = blas_kernel();
+  return {{"running", kernel.running}, {"best", kernel.best}, {"chosen_by", kernel.chosen_by},
+          {"cpu_vectors", kernel.vector_isa}, {"gflops_one_thread", std::round(blas_gflops() * 10) / 10}};
+}
+
 std::string machine_json() {
   std::string cpu = "unknown";
   std::ifstream info("/proc/cpuinfo");
@@ -105,6 +112,7 @@ std::string machine_json() {
       {"cores", std::thread::hardware_concurrency()},
       {"cpu", cpu},
       {"blas", blas_info()},
+      {"blas_kernel", blas_kernel_json()},
       {"malloc", freed_memory_kept() ? "glibc, freed memory kept (trim 256 MiB, mmap 32 MiB, top pad 64 MiB)"
                                      : "as the environment or the C library sets it"},
       {"libtorch", TORCH_VERSION},
