@@ -40,7 +40,7 @@ nlohmann::json summary_json(const TrainOptions& o, const TrainingRun& c, const R
                       {"lr_schedule", o.lr_schedule}, {"augment", o.augment}, {"batch_norm", o.batch_norm},
                       {"warmup_steps", o.warmup_steps}, {"weight_decay", o.weight_decay},
                       {"clip_grad_norm", o.clip_grad_norm}, {"seed", o.seed}, {"bubble", s.figures.bubble},
-                      {"parameter_checksum", s.checksum}, {"machine", machine()}};
+                      {"parameter_checksum", s.checksum}, {"transport", s.transport}, {"machine", machine()}};
   if (o.optimizer == "sgd") {
     j["momentum"] = o.momentum;
     j["nesterov"] = o.nesterov;

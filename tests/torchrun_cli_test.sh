@@ -98,6 +98,35 @@ if part kill; then  # cost 15
   else fail "rank 1 killed under torchrun: the file left does not resume to unbroken"; fi
 fi
 
+if part agent_kill; then  # cost 15
+  # torchrun's agent killed with SIGKILL: its ranks stop at a step boundary within seconds, each file
+  # whole, no process left, and rank 0 prints a resume command with the flags Debian's torchrun needs.
+  run=(train --train-samples 640 --test-samples 100 --batch-size 64 --epochs 50 --stages 2 --schedule task)
+  port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  mkdir -p "$work/logs"
+  /usr/bin/python3 -m torch.distributed.run --redirects 2 --tee 2 --log_dir "$work/logs" --nproc_per_node 2 \
+    --master_addr 127.0.0.1 --master_port "$port" --no_python "$gpipe" "${run[@]}" --save "$work/agent.pt" \
+    >/dev/null 2>"$work/agent.err" &
+  agent=$!
+  deadline=$((SECONDS + 120))
+  until grep -q "epoch 2/50" "$work/agent.err" 2>/dev/null || ! kill -0 "$agent" 2>/dev/null || [ $SECONDS -gt $deadline ]; do
+    sleep 0.05
+  done
+  kill -9 "$agent"
+  begin=$SECONDS
+  until ! pgrep -f "$work/agent.pt" >/dev/null || [ $((SECONDS - begin)) -gt 30 ]; do sleep 0.1; done
+  took=$((SECONDS - begin))
+  rank0_err=$(find "$work/logs" -path '*/0/stderr.log' | head -n 1)
+  if pgrep -f "$work/agent.pt" >/dev/null; then
+    fail "torchrun's agent killed: ranks still run after 30 s"; pgrep -af "$work/agent.pt"; pkill -9 -f "$work/agent.pt"
+  elif [ $took -gt 15 ]; then fail "torchrun's agent killed: the ranks took $took s to stop"
+  elif ! grep -q -- "--redirects 2 --tee 2 --log_dir $work/logs .*--resume $work/agent.pt" "$rank0_err"; then
+    fail "torchrun's agent killed: rank 0's resume command"; tail -5 "$rank0_err"
+  elif "$gpipe" "${run[@]}" --steps 25 --resume "$work/agent.pt" --json >/dev/null 2>"$work/resumed.err"; then
+    pass "torchrun's agent killed: its ranks stopped in $took s with a whole file and a resume command that starts"
+  else fail "torchrun's agent killed: the file left does not resume"; cat "$work/resumed.err"; fi
+fi
+
 if part python_kill; then  # cost 12
   # The same for a Python script: the job ends, no process is left.
   cat >"$work/loop.py" <<'PY'
@@ -121,6 +150,39 @@ PY
     fail "a Python rank killed under torchrun: $status"; tail -5 "$work/py.err"
   elif pgrep -f "$work/loop.py" >/dev/null; then fail "a Python rank killed: a process was left"; pgrep -af "$work/loop.py"
   else pass "a Python rank killed under torchrun: the job ended in $took s (exit $status), no process left"; fi
+fi
+
+if part busy_peer; then  # cost 20
+  # A rank alive but busy elsewhere between its calls: the rank waiting for it says so after 10 s,
+  # naming it and the timeout, and the job goes on when it comes.
+  cat >"$work/busy.py" <<'PY'
+import sys, time, torch, gpipe
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+pipe = gpipe.GPipe(model, devices=2, chunks=4, balance=[2, 1])
+for step in range(2):
+    if step == 1 and pipe.rank == 1:
+        time.sleep(11)  # busy with something else: no pipeline call for 11 s
+    pipe.train_step(torch.randn(16, 12), torch.randn(16, 4), loss="mse")
+print("done", file=sys.stderr)
+PY
+  if PYTHONPATH="$python_path" timeout -k 10 120 bash "$torchrun_sh" 2 /usr/bin/python3 "$work/busy.py" >/dev/null 2>"$work/busy.err" &&
+     grep -q "rank 0 has waited 10 s for rank 1 in a pipeline call; it waits 1800 s at most (GPIPE_TIMEOUT)" "$work/busy.err"; then
+    pass "a rank busy elsewhere for 11 s: the one waiting for it says so at 10 s, and the job goes on"
+  else fail "a rank busy elsewhere: $(tail -5 "$work/busy.err")"; fi
+fi
+
+if part small_shm; then  # cost 15
+  # A /dev/shm too small for the rings (a container's 1 MiB): each rank says so with the room it needed
+  # and the reason, the ranks exchange through Gloo, and --json names the transport.
+  if ! unshare -m true 2>/dev/null; then
+    echo "skipped: no mount namespace to give /dev/shm 1 MiB in (unshare -m)"
+  elif unshare -m bash -c 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$@"' _ timeout -k 10 240 \
+         bash "$torchrun_sh" 2 "$gpipe" train "${small[@]}" --stages 2 --schedule task >"$work/shm.json" 2>"$work/shm.err" &&
+       grep -q "rank 0 could not make its shared-memory ring to rank 1 in /dev/shm (No space left on device; each needs 8 MiB" "$work/shm.err" &&
+       /usr/bin/python3 -c 'import json, sys; t = json.load(open(sys.argv[1]))["transport"]; assert t.startswith("c10d (Gloo") and "shared memory" not in t, t' "$work/shm.json"
+  then pass "/dev/shm of 1 MiB: said on standard error with the room needed; --json names Gloo as the transport"
+  else fail "/dev/shm of 1 MiB: $(grep -m3 "gpipe\|Error" "$work/shm.err")"; fi
 fi
 
 if part lone; then  # cost 20

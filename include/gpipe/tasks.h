@@ -233,6 +233,7 @@ struct RunSummary {
   int64_t total_steps = 0;   ///< the step the run ends at (Trainer::total_steps)
   int64_t steps_per_epoch = 0;
   int replicas = 1;          ///< pipeline replicas (ranks / K under mpirun)
+  std::string transport;     ///< Pipeline::describe(): threads, MPI, or c10d and whether over shared memory
   double checksum = 0;       ///< of the parameters, over every rank (Pipeline::checksum)
   struct Stage {
     int stage = 0, device = 0, layers = 0;

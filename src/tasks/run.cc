@@ -353,6 +353,7 @@ RunSummary summarize_run(Trainer& trainer, const Task& task, const TaskData& dat
   const int64_t run_steps = trainer.step() - trainer.start_step();
   s.evaluated_on = data.test_name;
   s.evaluation = evaluation;
+  s.transport = pipeline.describe();
   s.no_step_ran = run_steps == 0;
   s.first_loss = stats.first_loss;
   s.final_loss = stats.last_loss;

@@ -64,6 +64,10 @@ std::vector<std::pair<std::string, std::string>> split(const std::string& text) 
 
 const Job& job() { return the_job(); }
 
+namespace {
+void remember_launcher_words();  // below, with the launcher's words
+}  // namespace
+
 const Job& start_job(int* argc, char*** argv) {
 #if defined(GPIPE_HAS_MPI) && GPIPE_HAS_MPI
   if (mpi::launched()) {
@@ -71,6 +75,7 @@ const Job& start_job(int* argc, char*** argv) {
     // One rank is one process: it runs as without mpirun (threads, one checkpoint file).
     the_job() = Job{rank, size, size > 1, "mpirun"};
     job_backend() = Runtime::kMpi;
+    remember_launcher_words();
     return job();
   }
 #else
@@ -85,6 +90,7 @@ const Job& start_job(int* argc, char*** argv) {
     const auto [rank, size] = c10d::start_job();
     the_job() = Job{rank, size, size > 1, "torchrun"};
     job_backend() = Runtime::kC10d;
+    remember_launcher_words();
   }
 #endif
   // Some of env://'s variables without the others: not a job, which a user who meant one would not see.
@@ -197,16 +203,31 @@ std::string launcher_words(const std::string& program) {
       return out;
     }
   }
-  if (job_backend() == Runtime::kC10d)
-    return "torchrun --nproc_per_node " + std::to_string(job().size) + " --no_python";
+  if (job_backend() == Runtime::kC10d)  // Debian's torchrun (torch 1.13) starts only with the three log flags
+    return "torchrun --redirects 2 --tee 2 --log_dir torchrun-logs --nproc_per_node " + std::to_string(job().size) +
+           " --no_python";
   return "mpirun -np " + std::to_string(job().size);
+}
+
+// The launcher's words, read as the job starts, while the launcher is this process's parent: a rank
+// whose torchrun agent was killed (and that stops for it) still prints the command it was started by.
+std::string& launcher_words_at_start() {
+  static std::string words;
+  return words;
+}
+
+void remember_launcher_words() {
+  const std::vector<std::string> args = arguments_of("self");
+  if (job().distributed && !args.empty()) launcher_words_at_start() = launcher_words(args[0]);
 }
 
 }  // namespace
 
 std::string resume_command(const std::string& file, const std::string& flag) {
   const std::vector<std::string> args = arguments_of("self");
-  std::string out = job().distributed && !args.empty() ? launcher_words(args[0]) : "";
+  std::string out = !job().distributed || args.empty() ? ""
+                    : !launcher_words_at_start().empty() ? launcher_words_at_start()
+                                                         : launcher_words(args[0]);
   for (size_t n = 0; n < args.size(); ++n) {
     if (args[n] == flag) {  // and its value
       ++n;

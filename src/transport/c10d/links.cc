@@ -3,6 +3,7 @@
 #include "transport/c10d/c10d.h"
 
 #include "gpipe/check.h"
+#include "gpipe/environment.h"
 #include "gpipe/io.h"
 #include "transport/c10d/shm.h"
 
@@ -190,12 +191,9 @@ Links::~Links() {
 }
 
 bool shared_memory_wanted() {
-  const char* setting = std::getenv("GPIPE_SHM");
-  const std::string value = setting == nullptr ? "1" : setting;
-  if (value != "0" && value != "1")
-    throw std::invalid_argument("gpipe: GPIPE_SHM=" + value + " is neither 0 nor 1: 1 (the default) sends between the "
-                                "ranks of one machine through shared memory, 0 through Gloo");
-  return value == "1";
+  return environment_choice("GPIPE_SHM", {"0", "1"},
+                            "1, the default, sends between the ranks of one machine through shared memory; 0 "
+                            "through Gloo") != "0";
 }
 
 void Links::connect_shared_memory(bool wanted) {
@@ -244,11 +242,22 @@ void Links::connect_shared_memory(bool wanted) {
   // and says which it opened; the names then go from /dev/shm. A pair keeps its rings only where both
   // ways opened: a message waiting for room in a ring moves as its reader reads, which a process
   // waiting on Gloo for the same peer would not.
+  std::string not_made, why;  // the ranks this process could make no ring to, and the system's reason
   for (auto& [p, peer] : found) {
     const std::string name = prefix + "." + std::to_string(p);
-    peer->out = ShmRing::create(name, ring_bytes(found.size()));
-    if (peer->out) names[static_cast<size_t>(p)] = name;
+    peer->out = ShmRing::create(name, ring_bytes(found.size()), &why);
+    if (peer->out)
+      names[static_cast<size_t>(p)] = name;
+    else
+      not_made += (not_made.empty() ? "" : ", ") + this->name(p);
   }
+  // Said, not silent: Gloo over TCP is slower than a ring (0.70 of mpirun's speed, docs/distributed.md).
+  if (!not_made.empty())
+    print_error_line("gpipe: " + this->name(rank_) + " could not make its shared-memory ring to " + not_made + " in " +
+                     "/dev/shm (" + why + "; each needs " + std::to_string(ring_bytes(found.size()) >> 20) + " MiB, " +
+                     std::to_string((ring_bytes(found.size()) >> 20) * found.size() * 2) + " MiB for this process's " +
+                     "rings both ways): those ranks exchange through Gloo over TCP instead, slower; give /dev/shm room "
+                     "(a container's shm size of 1 GiB) or set GPIPE_SHM=0 to choose Gloo");
   std::string mine;
   for (const std::string& name : names) mine += name + " ";
   const std::vector<std::string> made = all_gather(mine);
@@ -367,8 +376,11 @@ void Links::take_in(ShmPeer& peer, const ShmRecv* awaited) {
 bool Links::wait_shm(ShmRecv& work, int peer) {
   ShmPeer& from = *shm_.at(peer);
   using Clock = std::chrono::steady_clock;
-  const Clock::time_point deadline = Clock::now() + world().timeout;
-  Clock::time_point look = Clock::now();
+  const Clock::time_point begin = Clock::now(), deadline = begin + world().timeout;
+  Clock::time_point look = begin;
+  // A peer alive but not calling (busy elsewhere, or waiting on this rank for something else): said
+  // after 10 s, then every minute, as the start-up's waits are.
+  std::chrono::seconds notice(10);
   for (;;) {
     // Taken before looking: bytes written, or this receive completed by another thread, after it
     // end the sleep below at once.
@@ -386,6 +398,12 @@ bool Links::wait_shm(ShmRecv& work, int peer) {
     if (now >= look) {
       look = now + std::chrono::milliseconds(100);
       if (from.ended()) throw_broken(peer, name(peer) + "'s process ended");
+    }
+    if (now >= begin + notice) {
+      print_error_line("gpipe: " + name(rank_) + " has waited " + std::to_string(notice.count()) + " s for " +
+                       name(peer) + " in a pipeline call; " + most_wait(world()) +
+                       ": check that every rank makes the same calls (train_step, forward, evaluate) in turn");
+      notice += std::chrono::seconds(60);
     }
     if (now >= deadline) throw_broken(peer, "nothing came within GPIPE_TIMEOUT");
   }

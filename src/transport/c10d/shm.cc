@@ -55,12 +55,17 @@ ShmRing::ShmRing(void* mapping, size_t mapped)
       mapped_(mapped),
       capacity_(static_cast<size_t>(shared_->capacity)) {}
 
-std::unique_ptr<ShmRing> ShmRing::create(const std::string& name, size_t capacity) {
+std::unique_ptr<ShmRing> ShmRing::create(const std::string& name, size_t capacity, std::string* why) {
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return nullptr;
+  if (fd < 0) {
+    if (why != nullptr) *why = std::strerror(errno);
+    return nullptr;
+  }
   const size_t bytes = kPage + capacity;
   // Reserved now: a /dev/shm without room fails here, not with SIGBUS at a later write.
-  void* at = posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0 ? map(fd, bytes) : nullptr;
+  const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  void* at = reserved == 0 ? map(fd, bytes) : nullptr;
+  if (at == nullptr && why != nullptr) *why = std::strerror(reserved != 0 ? reserved : errno);
   close(fd);
   if (at == nullptr) {
     shm_unlink(name.c_str());

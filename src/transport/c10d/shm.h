@@ -21,8 +21,9 @@ namespace gpipe::c10d {
 class ShmRing {
  public:
   /// A new ring of `capacity` bytes (a power of two) under `name` (/dev/shm), its memory reserved now;
-  /// nullptr where the machine has no room for it (a container's small /dev/shm), or no shared memory.
-  static std::unique_ptr<ShmRing> create(const std::string& name, size_t capacity);
+  /// nullptr where the machine has no room for it (a container's small /dev/shm), or no shared memory;
+  /// then `why`, when given, receives the system's reason ("No space left on device").
+  static std::unique_ptr<ShmRing> create(const std::string& name, size_t capacity, std::string* why = nullptr);
   /// The ring another process created under `name`; nullptr where it cannot be reached (another machine,
   /// or another container's /dev/shm).
   static std::unique_ptr<ShmRing> open(const std::string& name);

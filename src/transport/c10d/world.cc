@@ -4,6 +4,7 @@
 
 #include "gpipe/c10d_backend.h"
 #include "gpipe/check.h"
+#include "gpipe/environment.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include <sched.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 namespace gpipe::c10d {
@@ -192,7 +194,10 @@ void set_timeout_and_prefix(World& w) {
 }  // namespace
 
 void bind_to_cores() {
-  if (variable("GPIPE_BIND_CORES") != "1") return;
+  if (environment_choice("GPIPE_BIND_CORES", {"0", "1"},
+                         "1 binds each torchrun rank of a machine to its share of the cores, as mpirun does; "
+                         "0, the default, leaves them to the kernel") != "1")
+    return;
   const std::string local_rank = variable("LOCAL_RANK"), local_size = variable("LOCAL_WORLD_SIZE");
   if (local_rank.empty() || local_size.empty()) return;
   int rank = 0, size = 0;
@@ -410,6 +415,20 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
   begin(std::move(w));
 }
 
+namespace {
+
+// torchrun's agent is this rank's parent: it hosts the store and ends the ranks when one fails. An
+// agent killed outright (SIGKILL) would leave its ranks training, orphaned; the kernel sends them
+// SIGTERM as it dies instead, which stops them as the agent's own SIGTERM does (at a step boundary,
+// the file saved).
+void stop_when_the_agent_dies() {
+  const pid_t agent = getppid();
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != agent) raise(SIGTERM);  // it died before the call
+}
+
+}  // namespace
+
 World& start() {
   const std::lock_guard<std::mutex> starting(start_mutex);
   {
@@ -426,6 +445,7 @@ World& start() {
   w->port = whole_variable("MASTER_PORT", 1, 65535);
   set_timeout_and_prefix(*w);
   w->agent_store = variable("TORCHELASTIC_USE_AGENT_STORE") == "True";
+  if (w->agent_store) stop_when_the_agent_dies();
   ::c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(w->port);
   options.isServer = !w->agent_store && w->rank == 0;  // else torchrun's agent, or rank 0, hosts it
