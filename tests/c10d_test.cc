@@ -114,7 +114,8 @@ TEST(C10dPipeline, ABoundaryLargerThanARingEqualsThreads) {
   if (world_size() % 2 != 0) return;  // no replica of 2 devices: nothing ran
   EXPECT_EQ(described, "c10d (Gloo; shared memory with " + others + " of " + others + " other rank" +
                            (world_size() == 2 ? "" : "s") + "): " +
-                std::to_string(world_size()) + " ranks = 2 devices x " + std::to_string(world_size() / 2) + " replicas");
+                std::to_string(world_size()) + " ranks = 2 devices x " + std::to_string(world_size() / 2) +
+                (world_size() == 2 ? " replica" : " replicas"));
   struct GlooOnly {
     GlooOnly() { setenv("GPIPE_SHM", "0", 1); }
     ~GlooOnly() { unsetenv("GPIPE_SHM"); }

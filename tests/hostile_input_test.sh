@@ -52,6 +52,11 @@ class Picky(torch.nn.Module):  # fails on micro-batches of 3 rows only
         if x.size(0) == 3:
             return x.view(-1, 7)
         return x
+class FourRows(torch.nn.Module):  # needs at least 4 rows
+    def forward(self, x):
+        if x.size(0) < 4:
+            raise RuntimeError("FourRows needs at least 4 rows")
+        return x
 class First(torch.nn.Module):  # keeps the first row only
     def forward(self, x):
         return x[:1]
@@ -81,6 +86,8 @@ torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), to
     f"{work}/mismatched.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), models.Picky(),
                                      torch.nn.Linear(8, 3))).save(f"{work}/picky.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), models.FourRows(), torch.nn.Linear(8, 3))).save(
+    f"{work}/four-rows.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), models.First(),
                                      torch.nn.Linear(8, 3))).save(f"{work}/first-row.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3),
@@ -174,6 +181,10 @@ if part targets; then  # cost 10
       train "${model[@]}" --data "$work/classes.pt"
     run "3. classes the model does not output" 2 "the targets hold class 9, but the model outputs 3 classes" \
       train --model "$work/model.pt" --data "$work/class-9.pt" --loss cross_entropy
+    # A layer that needs 4 rows is not refused for the check's two samples: micro-batches of 10 rows train.
+    run "3. a layer that needs 4 rows, micro-batches of 10" 0 "" \
+      train --model "$work/four-rows.pt" --data "$work/data.pt" --loss mse --batch-size 20 --micro-batches 2 \
+      --schedule gpipe --steps 2
   fi
 fi
 
@@ -259,6 +270,11 @@ if part outputs; then  # cost 23
   printf 'XXXXXXXXXXXXXXXX' | dd of="$work/corrupt.pt" bs=1 seek=$(($(stat -c %s "$work/ckpt.pt") / 2)) conv=notrunc 2>/dev/null
   run "6. a corrupted checkpoint" 2 "corrupt.pt is truncated, corrupt or not a gpipe checkpoint file \(its digest does not match" \
     train "${tiny[@]}" --steps 4 --resume "$work/corrupt.pt"
+  # The checkpoint read by torch.load and written again by torch.save: the reason, not a missing field.
+  if "$python" -c 'import sys, torch; torch.save(torch.load(sys.argv[1]), sys.argv[2])' "$work/ckpt.pt" "$work/resaved.pt"; then
+    run "6. a checkpoint written again by torch.save" 2 "resaved.pt holds a gpipe checkpoint written again by another program \(torch.save" \
+      train "${tiny[@]}" --steps 4 --resume "$work/resaved.pt"
+  else fail "6. torch.load could not read gpipe's checkpoint"; fi
 
   # 7. A resume that runs no step says so; no loss is made up.
   timeout "$hang" "$gpipe" train "${tiny[@]}" --steps 2 --resume "$work/ckpt.pt" --json >"$work/none.json" 2>/dev/null

@@ -395,7 +395,8 @@ TEST(MakePipeline, EachRankBuildsItsStagesAndTrainsAsThreads) {
     auto threads = make_pipeline(build, 8, options, Runtime::kThreads);
     EXPECT_EQ(ranks->balance(), threads->balance());
     EXPECT_EQ(ranks->describe(), "MPI: " + std::to_string(world_size()) + " ranks = " + std::to_string(K) +
-                                     " devices x " + std::to_string(world_size() / K) + " replicas");
+                                     " devices x " + std::to_string(world_size() / K) +
+                                     (world_size() / K == 1 ? " replica" : " replicas"));
     torch::optim::SGD opt_ranks(ranks->parameters(), 0.05), opt_threads(threads->parameters(), 0.05);
     for (int s = 0; s < 2; ++s) {
       torch::manual_seed(40 + s);

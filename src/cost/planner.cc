@@ -298,9 +298,9 @@ std::vector<Shape> shapes_of(const PlanSearch& search, int L) {
         // does not fit its replicas' rows; a K asked for is refused with the reason.
         if (search.stages.empty() && (M > rows || rows / M < least)) continue;
         GPIPE_CHECK(M <= rows, "M = ", M, " micro-batches is more than the ", rows, " rows a replica gets at K=", K,
-                    " (", D, " replicas); every micro-batch needs a row");
+                    " (", D, D == 1 ? " replica" : " replicas", "); every micro-batch needs a row");
         GPIPE_CHECK(rows / M >= least, "M = ", M, " micro-batches of the ", rows, " rows a replica gets at K=", K,
-                    " (", D, " replicas) leaves micro-batches of ", rows / M, " row", rows / M == 1 ? "" : "s",
+                    " (", D, D == 1 ? " replica" : " replicas", ") leaves micro-batches of ", rows / M, " row", rows / M == 1 ? "" : "s",
                     ", but the model needs at least ", least, " (BatchNorm in training normalizes each micro-batch "
                     "by its own statistics); ask for fewer micro-batches or a larger batch");
         micro.push_back(M);

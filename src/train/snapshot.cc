@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <type_traits>
@@ -125,6 +126,19 @@ bool is_script_checkpoint(const std::string& bytes) {
   }
 }
 
+// Whether `bytes`, without gpipe's digest, are a torch.save archive of a gpipe checkpoint's dict.
+bool is_resaved_checkpoint(const std::string& bytes) {
+  if (bytes.rfind("PK\x03\x04", 0) != 0 || bytes.find(kDigestTag) != std::string::npos) return false;
+  try {
+    const c10::IValue value = load_torch_save(bytes);
+    if (!value.isGenericDict()) return false;
+    const Dict dict = value.toGenericDict();
+    return dict.contains("format") && dict.at("format").isString() && dict.at("format").toStringRef() == kFormat;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // The bytes without their digest; throws if it is missing or does not match.
 std::string unsealed(const std::string& path, std::string bytes) {
   const size_t trailer = kDigestTag.size() + kDigestDigits;
@@ -132,6 +146,10 @@ std::string unsealed(const std::string& path, std::string bytes) {
   if (!is_sealed(bytes) && is_script_checkpoint(bytes))
     throw std::runtime_error(path + " is the checkpoint file of a TorchScript model (`model` FILE.pt): "
                              "resume it with the model file it was trained from");
+  if (!is_sealed(bytes) && is_resaved_checkpoint(bytes))
+    throw std::runtime_error(path + " holds a gpipe checkpoint written again by another program (torch.save of what "
+                             "torch.load read?), without the digest gpipe ends its files with, so it cannot be checked "
+                             "whole; resume from the file gpipe wrote (`save`), which torch.load reads as it is");
   if (!is_sealed(bytes))
     throw std::runtime_error(path + " is truncated, corrupt or not a gpipe checkpoint file (its digest does not match "
                              "its contents); resume from a checkpoint file gpipe wrote (`save`)");
@@ -222,6 +240,24 @@ Dict encode_pipeline(const SavedPipeline& p) {
 }
 
 // Throws std::runtime_error saying what is wrong with a stored pipeline.
+// A list of whole numbers, or of numbers, as gpipe writes it (typed) or as Python writes it back
+// (torch.save of a loaded file: a list of any); nullopt for anything else.
+template <typename T>
+std::optional<std::vector<T>> numbers_of(const c10::IValue& value) {
+  if constexpr (std::is_same_v<T, int64_t>) {
+    if (value.isIntList()) return value.toIntVector();
+  } else {
+    if (value.isDoubleList()) return value.toDoubleVector();
+  }
+  if (!value.isList()) return std::nullopt;
+  std::vector<T> out;
+  for (const c10::IValue& item : value.toList().vec()) {
+    if (std::is_same_v<T, int64_t> ? !item.isInt() : !(item.isDouble() || item.isInt())) return std::nullopt;
+    out.push_back(item.isInt() ? static_cast<T>(item.toInt()) : static_cast<T>(item.toDouble()));
+  }
+  return out;
+}
+
 SavedPipeline decode_pipeline(const c10::IValue& value) {
   if (!value.isGenericDict()) throw std::runtime_error("its pipeline is not a dict");
   const Dict d = value.toGenericDict();
@@ -246,8 +282,9 @@ SavedPipeline decode_pipeline(const c10::IValue& value) {
   p.batch = count("batch", std::numeric_limits<int64_t>::max());
   p.micro_batches = static_cast<int>(count("micro_batches"));
   p.virtual_stages = static_cast<int>(count("virtual_stages"));
-  if (!d.contains("balance") || !d.at("balance").isIntList()) throw std::runtime_error("its pipeline has no balance");
-  for (const int64_t layers : d.at("balance").toIntVector()) {
+  const auto balance = d.contains("balance") ? numbers_of<int64_t>(d.at("balance")) : std::nullopt;
+  if (!balance) throw std::runtime_error("its pipeline has no balance (a list of whole numbers)");
+  for (const int64_t layers : *balance) {
     if (layers < 1 || layers > (1 << 20)) throw std::runtime_error("its pipeline's balance holds " + std::to_string(layers));
     p.balance.push_back(static_cast<int>(layers));
   }
@@ -264,9 +301,9 @@ SavedPipeline decode_pipeline(const c10::IValue& value) {
     throw std::runtime_error("its pipeline cannot have run: " + std::to_string(p.micro_batches) +
                              " micro-batches of a batch of " + std::to_string(p.batch));
   if (d.contains("stage_times")) {  // files of gpipe before the V schedules were ordered by time have none
-    if (!d.at("stage_times").isDoubleList())
-      throw std::runtime_error("its pipeline's stage_times is not a list of floats");
-    const std::vector<double> times = d.at("stage_times").toDoubleVector();
+    const auto stage_times = numbers_of<double>(d.at("stage_times"));
+    if (!stage_times) throw std::runtime_error("its pipeline's stage_times is not a list of floats");
+    const std::vector<double> times = *stage_times;
     if (times.size() != 3 * p.balance.size())
       throw std::runtime_error("its pipeline's stage_times holds " + std::to_string(times.size()) + " times, not 3 for "
                                "each of its " + std::to_string(p.balance.size()) + " stages");

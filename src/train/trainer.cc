@@ -216,6 +216,28 @@ std::string dtype_text(const torch::Tensor& t) {
 
 }  // namespace
 
+namespace {
+
+// fn on the first two rows of `input`, or, where it fails on two, on up to 64: a layer may need more
+// rows than two (a view by 4, a statistic over the batch), which its micro-batches will have. Where
+// it fails on both, what it said on two.
+template <typename Fn>
+auto on_the_first_rows(const torch::Tensor& input, Fn&& fn) {
+  try {
+    return fn(input.narrow(0, 0, std::min<int64_t>(2, input.size(0))));
+  } catch (const std::exception&) {
+    if (input.size(0) <= 2) throw;
+    const std::exception_ptr on_two = std::current_exception();
+    try {
+      return fn(input.narrow(0, 0, std::min<int64_t>(64, input.size(0))));
+    } catch (const std::exception&) {
+      std::rethrow_exception(on_two);
+    }
+  }
+}
+
+}  // namespace
+
 torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tensor& sample) {
   // In eval mode, with gradients (on a few rows, the graph freed at once): an output that no
   // gradient reaches would train nothing.
@@ -289,12 +311,11 @@ torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tenso
 
 void check_model_and_data(const Model& model, const Dataset& data, bool classification) {
   GPIPE_CHECK(data.size() > 0, "the training data has no samples");
-  const torch::Tensor sample = data.input.narrow(0, 0, std::min<int64_t>(2, data.input.size(0)));
-  torch::Tensor out;
-  {
+  const torch::Tensor out = on_the_first_rows(data.input, [&model](const torch::Tensor& rows) {
     const RandomStateGuard guard;  // building the whole model draws random numbers
-    out = check_layers_train(model.build(LayerRange{}), sample);
-  }
+    return check_layers_train(model.build(LayerRange{}), rows);
+  });
+  const std::string samples = std::to_string(out.size(0)) + " samples";
   const torch::Tensor& target = data.target;
   if (!classification && target.is_floating_point() && target.scalar_type() != out.scalar_type())
     refuse("`loss` mse: the targets are " + dtype_text(target) + ", but the model outputs " + dtype_text(out) +
@@ -303,10 +324,10 @@ void check_model_and_data(const Model& model, const Dataset& data, bool classifi
   if (classification) {
     if (out.dim() < 2)
       refuse("`loss` cross_entropy needs the model to output a score per class (shape [N, classes]), but it "
-                  "outputs " + shape_text(out) + " for 2 samples");
+                  "outputs " + shape_text(out) + " for " + samples);
     const int64_t classes = out.size(-1);
     if (target_row != out_row.slice(0, out_row.size() - 1))
-      refuse("`loss` cross_entropy: the model outputs " + shape_text(out) + " for 2 samples, so the targets "
+      refuse("`loss` cross_entropy: the model outputs " + shape_text(out) + " for " + samples + ", so the targets "
                   "must be class indices of shape [N" + (out.dim() > 2 ? ", ..." : std::string()) + "], but they have "
                   "shape " + shape_text(target) + (target.dim() == 2 && target.size(1) == 1 ? "; squeeze the last "
                   "dimension (target.squeeze(1) in Python)" : ""));
@@ -520,8 +541,10 @@ Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOpt
                               : make_pipeline(model_.build, model_.layers, with_ties, runtime);
   // A layer that begins a stage and changes its input in place would fail in step 1: refused now.
   // Under MPI a boundary passes at most kMostBoundaryTensors in one message: a cut past it is refused too.
-  check_stage_inputs(model_, train_.input.narrow(0, 0, std::min<int64_t>(2, train_.size())), pipeline_->plan().balance,
-                     job().distributed ? kMostBoundaryTensors : 0);
+  on_the_first_rows(train_.input, [&](const torch::Tensor& rows) {
+    check_stage_inputs(model_, rows, pipeline_->plan().balance, job().distributed ? kMostBoundaryTensors : 0);
+    return 0;
+  });
   // Every rank trains alike, on the same rows: its settings and its training data are compared.
   std::vector<std::pair<std::string, std::string>> shared = settings_of(options_);
   shared.emplace_back("training data", std::to_string(tensors_digest({train_.input, train_.target})));

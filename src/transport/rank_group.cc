@@ -286,7 +286,8 @@ std::string RankGroup::who() const {
 
 std::string RankGroup::describe() const {
   return backend_name() + ": " + std::to_string(placement_.devices * placement_.replicas) + " ranks = " +
-         std::to_string(placement_.devices) + " devices x " + std::to_string(placement_.replicas) + " replicas";
+         std::to_string(placement_.devices) + " devices x " + std::to_string(placement_.replicas) +
+         (placement_.replicas == 1 ? " replica" : " replicas");
 }
 
 void RankGroup::check_same_batch(const Tensors& input, const torch::Tensor& target) {

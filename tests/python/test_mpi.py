@@ -52,7 +52,7 @@ def test_two_ranks_equal_one_process_bit_for_bit(trained):
     alone = torch.load(one / "rank0.pt")
     ranks = [torch.load(two / f"rank{r}.pt") for r in range(2)]
     assert alone["describe"] == "one process, 2 device threads"
-    assert ranks[0]["describe"] == "MPI: 2 ranks = 2 devices x 1 replicas"
+    assert ranks[0]["describe"] == "MPI: 2 ranks = 2 devices x 1 replica"
     assert ranks[0]["losses"] == alone["losses"] == ranks[1]["losses"]
     # Each rank trained its stages' parameters (device 0: stages 0 and 2; the tied weight's copy on
     # both), which together are the whole model's.

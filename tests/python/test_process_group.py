@@ -44,7 +44,7 @@ def run_job(size, groups):
 
 def assert_as_alone(rank, alone):
     """A rank of a 2-device pipeline over c10d: the losses and its parameters of one process, bit for bit."""
-    assert rank["describe"] == "c10d (Gloo; shared memory with 1 of 1 other rank): 2 ranks = 2 devices x 1 replicas"
+    assert rank["describe"] == "c10d (Gloo; shared memory with 1 of 1 other rank): 2 ranks = 2 devices x 1 replica"
     assert rank["losses"] == alone["losses"]
     for name, values in rank["parameters"].items():
         assert values == alone["parameters"][name], name
