@@ -1,6 +1,8 @@
 """GPipe: a torch.nn.Sequential trained through gpipe's C++ pipeline."""
 import atexit
 import contextlib
+import functools
+import inspect
 import numbers
 import os
 import re
@@ -239,12 +241,64 @@ _PER_PARAMETER = tuple(getattr(torch.optim, name) for name in (
     if hasattr(torch.optim, name))
 
 
+def _zero_grad_keeps_tensors(optimizer):
+    """Whether optimizer.zero_grad() leaves zeros in .grad (torch 1.x: set_to_none=False) rather than None."""
+    try:
+        return inspect.signature(optimizer.zero_grad).parameters["set_to_none"].default is False
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+# torch.nn.utils' clips of .grad, which find nothing within update_on_devices (the gradients are
+# held): while a block is active they refuse the parameters it holds, naming what clips them.
+_CLIPS = ("clip_grad_norm_", "clip_grad_value_")
+_clips_lock = threading.Lock()
+_clips_blocks = [0, {}]  # active blocks; (module, name) -> the function replaced
+
+
+def _refusing_held(name, clip):
+    @functools.wraps(clip)
+    def guarded(parameters, *args, **kwargs):
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        held = {i for updates in set(list(_HELD_BY.values())) for i in updates.held_ids()}
+        if held and any(id(p) in held for p in parameters):
+            fix = "clip them with pipe.clip_grad_norm_(max_norm) after train_step, which scales the held " \
+                  "gradients as clip_grad_norm_ scales .grad (the norm over every stage and rank), or " \
+                  if name == "clip_grad_norm_" else ""
+            raise ValueError(f"gpipe: torch.nn.utils.{name} within update_on_devices finds no gradient to clip: "
+                             f"the last train_step's gradients are held for its update, which runs during the next "
+                             f"train_step (.grad is None until then); {fix}call opt.zero_grad(); "
+                             f"pipe.train_step(x, y); torch.nn.utils.{name}(...); opt.step() outside the block")
+        return clip(parameters, *args, **kwargs)
+    guarded._gpipe_guard = True
+    return guarded
+
+
+def _guard_clips(entering):
+    """Installs the refusing clips at the first active block, and puts torch's back after the last."""
+    import torch.nn.utils.clip_grad as clip_grad
+    with _clips_lock:
+        _clips_blocks[0] += 1 if entering else -1
+        saved = _clips_blocks[1]
+        for module in (torch.nn.utils, clip_grad):
+            for name in _CLIPS:
+                if entering and _clips_blocks[0] == 1:
+                    saved[module, name] = getattr(module, name)
+                    setattr(module, name, _refusing_held(name, saved[module, name]))
+                elif not entering and _clips_blocks[0] == 0 and (module, name) in saved:
+                    if getattr(getattr(module, name), "_gpipe_guard", False):  # not replaced since by another
+                        setattr(module, name, saved[module, name])
+                    del saved[module, name]
+
+
 class _DeviceUpdates:
     """A torch.optim optimizer's step split by stage (GPipe.update_on_devices): after each train_step
     the gradients are held (the parameters are left without) with the optimizer's settings of the
     moment; during the next train_step each stage's share runs on its device, before the stage's
     first action, on an optimizer of the same class over that stage's parameters that shares the
-    whole one's state."""
+    whole one's state. Before each step the optimizer's zero_grad() runs, as the plain loop's
+    opt.zero_grad() before pipe.train_step: the parameters it holds now start from its zeros (a
+    parameter that joined it since the last step too, not from what it gathered while outside)."""
 
     def __init__(self, optimizer, model):
         owned = {id(p) for p in model.parameters()}
@@ -257,6 +311,8 @@ class _DeviceUpdates:
         self._stages = None  # {stage: its optimizer}; made once the pipeline is cut
         self._stage_of = {}  # id(parameter) -> stage
         self._held = {}      # stage -> [(parameter, gradient)], not yet applied
+        self._last_held = set()  # id(parameter) of those the last hold took
+        self._keeps_zeros = _zero_grad_keeps_tensors(optimizer)
         self._claimed = [id(p) for p in model.parameters()]
         if any(_HELD_BY.get(i, self) is not self for i in self._claimed):
             raise ValueError("gpipe: another GPipe's update_on_devices block holds updates of this model's "
@@ -337,6 +393,17 @@ class _DeviceUpdates:
                           "checkpoint would replace what it did. Load checkpoints outside the block to keep "
                           "every step's update", RuntimeWarning, stacklevel=3)
 
+    def begin_step(self):
+        """Before a step: refuses a parameter of the optimizer that is not the model's, then runs the
+        optimizer's zero_grad(), as the plain loop does before pipe.train_step."""
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in self._stage_of and _HELD_BY.get(id(p)) is not self:
+                    raise ValueError("gpipe: the optimizer holds a parameter that is not the model's (added by "
+                                     "add_param_group?), which update_on_devices would never update; give it "
+                                     "the model's parameters only, or call optimizer.step() outside the block")
+        self.optimizer.zero_grad()
+
     def hold(self):
         """Takes the gradients of the step just run, with the optimizer's settings now (an LR
         scheduler's), to apply in the next; nothing may be held."""
@@ -346,11 +413,13 @@ class _DeviceUpdates:
             by_stage = {stage: [] for stage in self._stages}
             for p in group["params"]:
                 stage = self._stage_of.get(id(p))
-                if stage is None and p.grad is not None and id(p) not in _HELD_BY:
-                    raise ValueError("gpipe: the optimizer holds a parameter that is not the model's (added by "
-                                     "add_param_group?), which update_on_devices would never update; give it "
-                                     "the model's parameters only, or call optimizer.step() outside the block")
-                if stage is not None and p.grad is not None:
+                if stage is None:  # another rank's
+                    continue
+                if p.grad is None and self._keeps_zeros and id(p) in self._last_held:
+                    # The plain loop's zero_grad() left zeros in the last step's .grad, which the hold
+                    # took: a parameter that got no gradient since (frozen) is stepped on those zeros.
+                    p.grad = torch.zeros_like(p)
+                if p.grad is not None:
                     by_stage[stage].append(p)
             for stage, params in by_stage.items():
                 if params:
@@ -362,11 +431,28 @@ class _DeviceUpdates:
             self._held[stage] = [(p, p.grad) for part in parts for p in part["params"]]
             for p, _ in self._held[stage]:
                 p.grad = None
+        self._last_held = {id(p) for pairs in self._held.values() for p, _ in pairs}
         # What optimizer.step() counts, which an LR scheduler reads.
         if hasattr(self.optimizer, "_step_count"):
             self.optimizer._step_count += 1
         if hasattr(self.optimizer, "_opt_called"):
             self.optimizer._opt_called = True
+
+    def held_ids(self):
+        """The ids of the parameters whose gradients are held now."""
+        return {id(p) for pairs in list(self._held.values()) for p, _ in pairs}
+
+    @contextlib.contextmanager
+    def exposed(self):
+        """The held gradients back in .grad for the block (pipe.clip_grad_norm_ scales them in place)."""
+        pairs = [pair for pairs in self._held.values() for pair in pairs]
+        for p, g in pairs:
+            p.grad = g
+        try:
+            yield
+        finally:
+            for p, _ in pairs:
+                p.grad = None
 
     def apply(self, stage):
         """Stage `stage`'s share of the held update, once (a device thread calls it, holding the GIL).
@@ -601,6 +687,7 @@ class GPipe:
             if updates is not None:
                 updates.cut(pipe)
                 updates.follow_replaced_state()
+                updates.begin_step()
             begin = time.perf_counter()
             done = False
             try:
@@ -632,13 +719,18 @@ class GPipe:
                     loss = pipe.train_step(x, y)   # then no opt.zero_grad() or opt.step() is needed
 
         The parameters and the optimizer state are then exactly those of opt.zero_grad();
-        pipe.train_step(x, y); opt.step(): each update takes the optimizer's settings (param_groups:
-        an LR scheduler's rate) as they are when its train_step returns. Within the block a step's
+        pipe.train_step(x, y); opt.step(): each train_step runs opt.zero_grad() first, and each
+        update takes the optimizer's settings and parameters (param_groups: an LR scheduler's rate,
+        groups added or removed) as they are when its train_step returns. Within the block a step's
         update is held until the next train_step, so the parameters and opt.state_dict() read
         directly lag one update behind; pipe(x), pipe.save and leaving the block apply it first.
-        The held gradients leave .grad None: opt.zero_grad() and opt.step() find nothing to do, and
-        so does torch.nn.utils.clip_grad_norm_ (a loop that clips calls opt.step() itself, outside
-        the block). `optimizer`: one of torch.optim's per-parameter optimizers (SGD, Adam, AdamW,
+        The held gradients leave .grad None: opt.zero_grad() and opt.step() find nothing to do.
+        pipe.clip_grad_norm_(max_norm) after train_step clips the held gradients, as
+        torch.nn.utils.clip_grad_norm_ before opt.step() would clip .grad; torch.nn.utils'
+        clip_grad_norm_ and clip_grad_value_ refuse the held parameters with ValueError while a
+        block is active (a copy of them bound before the block, `from torch.nn.utils import
+        clip_grad_norm_`, clips nothing: use pipe.clip_grad_norm_, or call opt.step() outside the
+        block). `optimizer`: one of torch.optim's per-parameter optimizers (SGD, Adam, AdamW,
         Adagrad, Adadelta, Adamax, ASGD, NAdam, RAdam, RMSprop) of the model's parameters, without
         step hooks of its own (a global one, torch.optim.optimizer.register_optimizer_step_pre_hook,
         runs once per stage). A failed train_step leaves the parameters as the last step left them;
@@ -664,6 +756,7 @@ class GPipe:
                 updates.release()
                 raise
             self._updates = updates
+            _guard_clips(True)
         try:
             yield self
         finally:
@@ -673,6 +766,7 @@ class GPipe:
                 finally:
                     self._updates = None
                     updates.release()
+                    _guard_clips(False)
 
     def _finish_update(self):
         """The held update (update_on_devices) applied here, before the parameters are read or used."""
@@ -771,13 +865,14 @@ class GPipe:
 
     def clip_grad_norm_(self, max_norm):
         """torch.nn.utils.clip_grad_norm_ over the whole model: the norm over every stage (every rank
-        under MPI); scales the gradients down to `max_norm` if above it. Returns the norm before."""
+        under MPI); scales the gradients down to `max_norm` if above it. Returns the norm before.
+        Within update_on_devices it scales the gradients the last train_step left for its update
+        (held, .grad None), as it would scale .grad before opt.step() in the plain loop."""
         if self._pipe is None:
             return 0.0
-        if self._updates is not None:
-            raise ValueError("gpipe: within update_on_devices the gradients are held by the next update (.grad is "
-                             "None), so there is nothing to clip; clip outside the block, before optimizer.step()")
-        return self._pipe.clip_grad_norm(float(max_norm))
+        with self._turn:
+            with self._updates.exposed() if self._updates is not None else contextlib.nullcontext():
+                return self._pipe.clip_grad_norm(float(max_norm))
 
     def save(self, path):
         """Writes the whole model to one file, gathered from every rank under MPI (every rank calls

@@ -244,6 +244,15 @@ def same_to_the_bit(model, reference):
     return all(torch.equal(p, q) for p, q in zip(model.parameters(), reference.parameters()))
 
 
+def assert_same_optimizer_state(opt, model, reference_opt, reference):
+    """The optimizer states of the same parameters of two models, to the bit."""
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert opt.state[p].keys() == reference_opt.state[q].keys(), name
+        for key, value in reference_opt.state[q].items():
+            other = opt.state[p][key]
+            assert torch.equal(value, other) if torch.is_tensor(value) else value == other, (name, key)
+
+
 @pytest.mark.parametrize("make_opt", OPTIMIZERS, ids=["sgd-momentum", "adam", "adamw"])
 def test_update_on_devices_is_the_step_after_train_step_to_the_bit(make_opt):
     # Dropout draws from the step's seed: both runs start from the same generator state.
@@ -270,11 +279,151 @@ def test_update_on_devices_is_the_step_after_train_step_to_the_bit(make_opt):
     (plain, plain_opt, plain_out), (held, held_opt, held_out) = runs
     assert same_to_the_bit(held, plain)
     assert all(torch.equal(a, b) for a, b in zip(held_out, plain_out))
-    for p, q in zip(plain.parameters(), held.parameters()):
-        for key, value in plain_opt.state[p].items():
-            other = held_opt.state[q][key]
-            assert torch.equal(value, other) if torch.is_tensor(value) else value == other, key
+    assert_same_optimizer_state(held_opt, held, plain_opt, plain)
     assert all(p.grad is None for p in held.parameters())  # the last step's gradients went with its update
+
+
+def plain_and_on_devices(setup, steps=6):
+    """(model, optimizer) of the plain loop, opt.zero_grad(); pipe.train_step(x, y); opt.step(), and of
+    the same steps within update_on_devices, each from mlp(). `setup(model)` gives the optimizer and
+    `change(n, when, pipe)`, which both loops run at step n "before" its train_step, "after" it (in
+    the plain loop before opt.step()) and at its "end"."""
+    data = batches(steps, 16)
+    runs = []
+    for on_devices in (False, True):
+        model = mlp()
+        pipe = gpipe.GPipe(model, balance=[2, 2, 2, 2], chunks=4, schedule="interleaved")
+        opt, change = setup(model)
+        with pipe.update_on_devices(opt) if on_devices else contextlib.nullcontext():
+            for n, (x, y) in enumerate(data):
+                change(n, "before", pipe)
+                if not on_devices:
+                    opt.zero_grad()
+                pipe.train_step(x, y)
+                change(n, "after", pipe)
+                if not on_devices:
+                    opt.step()
+                change(n, "end", pipe)
+        runs.append((model, opt))
+    return runs
+
+
+def params(*layers):
+    return [p for layer in layers for p in layer.parameters()]
+
+
+def sgd_with_groups(model):  # momentum and weight decay: a zero gradient still moves a parameter
+    return torch.optim.SGD([{"params": params(model[0])}, {"params": params(model[2]), "lr": 0.05}],
+                           lr=0.1, momentum=0.9, weight_decay=0.01)
+
+
+def adam_with_groups(model):
+    return torch.optim.Adam([{"params": params(model[0])}, {"params": params(model[2]), "lr": 3e-3}], lr=1e-2)
+
+
+def a_group_added(model, make_opt):  # layer 5 trains from the start but joins the optimizer at step 2
+    opt = make_opt(model)
+
+    def change(n, when, pipe):
+        if n == 2 and when == "before":
+            opt.add_param_group({"params": params(model[5], model[7]), "lr": 0.02})
+    return opt, change
+
+
+def a_group_removed_and_added_again(model, make_opt):
+    opt = make_opt(model)
+
+    def change(n, when, pipe):
+        if n == 1 and when == "end":
+            opt.add_param_group({"params": params(model[5])})
+        if n == 3 and when == "before":
+            opt.param_groups.pop()
+        if n == 4 and when == "before":
+            opt.add_param_group({"params": params(model[5]), "lr": 0.03})
+    return opt, change
+
+
+def a_groups_parameters_swapped(model, make_opt):
+    opt = make_opt(model)
+
+    def change(n, when, pipe):
+        if n == 2 and when == "before":
+            opt.param_groups[1]["params"] = params(model[5])
+    return opt, change
+
+
+def step_lr(model, make_opt):  # each group's rate halved after each step
+    opt = make_opt(model)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)
+    return opt, lambda n, when, pipe: when == "end" and scheduler.step()
+
+
+def lambda_lr(model, make_opt):  # a schedule of its own per group
+    opt = make_opt(model)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, [lambda n: 1 / (n + 1), lambda n: 0.9 ** n])
+    return opt, lambda n, when, pipe: when == "end" and scheduler.step()
+
+
+def frozen_from_the_start(model, make_opt):
+    model[2].weight.requires_grad_(False)
+    return make_opt(model), lambda n, when, pipe: None
+
+
+def unfrozen_after_two_steps(model, make_opt):
+    model[2].weight.requires_grad_(False)
+    return make_opt(model), lambda n, when, pipe: n == 2 and when == "before" and model[2].weight.requires_grad_(True)
+
+
+def frozen_after_two_steps(model, make_opt):  # the plain loop's zero_grad() leaves zeros (torch 1.x) or None
+    return make_opt(model), lambda n, when, pipe: n == 2 and when == "before" and model[0].weight.requires_grad_(False)
+
+
+def clipped(model, make_opt):
+    return make_opt(model), lambda n, when, pipe: when == "after" and pipe.clip_grad_norm_(0.2)
+
+
+CHANGES = [a_group_added, a_group_removed_and_added_again, a_groups_parameters_swapped, step_lr, lambda_lr,
+           frozen_from_the_start, unfrozen_after_two_steps, frozen_after_two_steps, clipped]
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=[c.__name__ for c in CHANGES])
+@pytest.mark.parametrize("make_opt", [sgd_with_groups, adam_with_groups], ids=["sgd", "adam"])
+def test_update_on_devices_follows_the_optimizers_changes_to_the_bit(change, make_opt):
+    (plain, plain_opt), (held, held_opt) = plain_and_on_devices(lambda model: change(model, make_opt))
+    for (name, p), q in zip(held.named_parameters(), plain.parameters()):
+        assert torch.equal(p, q), name
+    assert_same_optimizer_state(held_opt, held, plain_opt, plain)
+    assert [len(g["params"]) for g in held_opt.param_groups] == [len(g["params"]) for g in plain_opt.param_groups]
+
+
+def test_torchs_clips_refuse_the_gradients_update_on_devices_holds_and_pipe_clip_grad_norm_clips_them():
+    model, reference = mlp(), mlp()
+    data = batches(4, 16)
+    pipe = gpipe.GPipe(model, balance=[4, 4], chunks=2, schedule="gpipe")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    torchs_own = torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad_value_
+    with pipe.update_on_devices(opt):
+        for x, y in data:
+            pipe.train_step(x, y)
+            with pytest.raises(ValueError, match=r"clip_grad_norm_ within update_on_devices finds no gradient.*"
+                                                 r"pipe\.clip_grad_norm_\(max_norm\)"):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+            with pytest.raises(ValueError, match=r"clip_grad_value_ within update_on_devices.*opt\.step\(\) outside"):
+                torch.nn.utils.clip_grad_value_(model[0].weight, 0.01)
+            other = torch.nn.Linear(2, 2)  # gradients the block does not hold clip as ever
+            other(torch.ones(1, 2)).sum().backward()
+            assert torch.nn.utils.clip_grad_norm_(other.parameters(), 0.1) > 0.1
+            assert torch.nn.utils.clip_grad_norm_(other.parameters(), 0.1) <= 0.1 + 1e-6
+            assert pipe.clip_grad_norm_(0.1) > 0.1
+    assert (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad_value_) == torchs_own
+    # As the plain loop that clips with torch's own (gpipe sums the norm in double: to rounding).
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    for x, y in data:
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(reference(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.1)
+        ref_opt.step()
+    assert_same_parameters(model, reference)
 
 
 def test_update_on_devices_after_a_failed_step_leaves_the_last_steps_parameters():
@@ -318,9 +467,6 @@ def test_update_on_devices_refuses_what_it_cannot_split():
         with pytest.raises(ValueError, match="already active"):
             with pipe.update_on_devices(opt):
                 pass
-        pipe.train_step(*batches(1, 4)[0])
-        with pytest.raises(ValueError, match="clip outside the block"):
-            pipe.clip_grad_norm_(1.0)
 
 
 def test_update_on_devices_refuses_a_second_block_over_the_same_parameters_and_a_foreign_one_later():
