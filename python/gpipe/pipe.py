@@ -127,10 +127,29 @@ _NAMES = {"micro_batches": "chunks", "threads_per_device": "threads",
           "deferred_batch_norm=false": 'batch_norm="per-micro-batch"'}
 
 
+# Passages of the library's errors that name what only `gpipe train` has, as Python has it.
+_PASSAGES = {"name a `schedule` (not auto) and give the cut (`balance`), or in gpipe train cut it by parameters "
+             "(`schedule` gpipe, `balance_by` params)":
+             'name a schedule (not "auto") and give the cut, layers per stage: GPipe(model, schedule="gpipe", '
+             'balance=[...])'}
+
+
 def _in_python_words(error, names=None):
     """A library error with its option names in backquotes as the Python call's argument names."""
     names = names or {}
-    return re.sub(r"`([a-z_=]+)`", lambda m: names.get(m.group(1), m.group(1)), str(error))
+    message = str(error)
+    for passage, python in _PASSAGES.items():
+        message = message.replace(passage, python)
+    return re.sub(r"`([a-z_=]+)`", lambda m: names.get(m.group(1), m.group(1)), message)
+
+
+@contextlib.contextmanager
+def _python_words():
+    """The library's ValueErrors raised within, in GPipe's argument names."""
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(_in_python_words(e, _NAMES)) from None
 
 
 def _end_the_job_on_an_uncaught_exception():
@@ -618,7 +637,8 @@ class GPipe:
         if balance is not None and schedule != "auto":
             self._pipe = self._build(None)
         else:  # built on the first batch: what it would refuse of the model, refused now
-            _gpipe.check_model(self._scripted)
+            with _python_words():
+                _gpipe.check_model(self._scripted)
 
     def _build(self, batch):
         """The pipeline of the settings (on `batch`, the first one, where it is chosen or cut there);
@@ -626,7 +646,8 @@ class GPipe:
         begin = time.perf_counter()
         if self._group is not None:  # the backend lets go of the group's store when no pipeline uses it
             _gpipe.use_process_group(*self._group, let_go=True)
-        pipe = _gpipe.Pipeline(self._scripted, self._settings, batch)
+        with _python_words():
+            pipe = _gpipe.Pipeline(self._scripted, self._settings, batch)
         self.build_seconds = time.perf_counter() - begin
         return pipe
 

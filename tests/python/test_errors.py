@@ -227,3 +227,34 @@ def test_batch_norm_with_one_row_per_micro_batch_is_a_value_error_naming_chunks(
         pipe = gpipe.GPipe(model, balance=balance, chunks=4, devices=2)
         with pytest.raises(ValueError, match="BatchNorm.*chunks"):
             pipe.train_step(torch.randn(4, 6), torch.randint(3, (4,)))
+
+
+class LinearThenBatchNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear, self.norm = torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8)
+
+    def forward(self, x):
+        return self.norm(self.linear(x))
+
+
+def test_a_batch_norm_inside_a_layer_is_refused_in_pythons_words():
+    x, y = torch.randn(8, 6), torch.randint(3, (8,))
+    for kwargs in ({"balance": [1, 1], "schedule": "gpipe"}, {}):  # refused when built, or at the first batch
+        model = torch.nn.Sequential(LinearThenBatchNorm(), torch.nn.Linear(8, 3))
+        with pytest.raises(ValueError, match=r"BatchNorm 0\.norm sits inside a layer") as e:
+            gpipe.GPipe(model, chunks=2, **kwargs).train_step(x, y)
+        assert str(e.value).endswith('update them from each micro-batch instead (batch_norm="per-micro-batch")')
+        assert "deferred_batch_norm" not in str(e.value)
+        gpipe.GPipe(model, chunks=2, batch_norm="per-micro-batch", **kwargs).train_step(x, y)  # as it says
+
+
+def test_a_layer_that_changes_its_input_in_place_is_refused_naming_what_python_has():
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(inplace=True), torch.nn.Linear(8, 3))
+    x, y = torch.randn(8, 6), torch.randint(3, (8,))
+    with pytest.raises(ValueError, match=r"layer 1 .*changes its input in place.*"
+                                         r"GPipe\(model, schedule=\"gpipe\", balance=\[\.\.\.\]\)") as e:
+        gpipe.GPipe(model, chunks=2).train_step(x, y)
+    assert "balance_by" not in str(e.value) and "gpipe train" not in str(e.value) and "`" not in str(e.value)
+    gpipe.GPipe(model, schedule="gpipe", balance=[2, 1], chunks=2).train_step(x, y)  # as it says
+
