@@ -587,8 +587,16 @@ class GPipe:
         settings.checkpoint = "except_last" if checkpoint is None else \
             _one_of(checkpoint, "checkpoint", tuple(_gpipe.checkpoint_names()))
         settings.checkpoint_given = checkpoint is not None or schedule != "auto"
+        if devices is not None and _whole(devices, "devices") < 1:
+            raise ValueError(f"gpipe: devices must be at least 1 (got {devices!r}): it is K, the devices the pipeline "
+                             f"runs on; give devices=1 or more (2 to pipeline over two), or leave devices=None, which "
+                             f"takes K from the balance (2 without one)")
         settings.devices = 0 if devices is None and balance is not None else 2 if devices is None \
             else _whole(devices, "devices")
+        if virtual_stages is not None and _whole(virtual_stages, "virtual_stages") < 1:
+            raise ValueError(f"gpipe: virtual_stages must be at least 1 (got {virtual_stages!r}): it is V, the stages "
+                             f"per device; give 1 or more, or leave virtual_stages=None for the schedule's own "
+                             f"(interleaved, zbv and v-half: 2; the others 1)")
         settings.virtual_stages = 0 if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
         settings.deferred_batch_norm = _one_of(batch_norm, "batch_norm", ("deferred", "per-micro-batch")) == "deferred"
         settings.threads = _whole(threads, "threads")

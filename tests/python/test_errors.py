@@ -29,7 +29,7 @@ def test_bad_arguments_are_value_errors_that_name_the_fix():
     refused("batch_norm must be one of", batch_norm="later")
     refused("intra-op threads per device must be at least 1", threads=0)
     refused("runtime must be one of", runtime="cloud")
-    refused("number of devices K must be at least 1.*K is devices", devices=-1)
+    refused("devices must be at least 1 .got -1.", devices=-1)
     refused("balance must be a list", balance="2,2")
     refused("every entry of balance must be a whole number", balance=[2, 2.0])
     refused("stage 1 of balance \\{4, 0\\} has 0 layers", balance=[4, 0])
@@ -37,7 +37,7 @@ def test_bad_arguments_are_value_errors_that_name_the_fix():
     refused("disagree", balance=[2, 2], devices=3)
     refused("cannot cut 4 layers into 5 devices", devices=5)
     refused("must be a multiple of K", schedule="interleaved", chunks=3, devices=2)
-    refused("stages per device V must be at least 1", virtual_stages=-1)
+    refused("virtual_stages must be at least 1 .got -1.", virtual_stages=-1)
     refused("chunks is out of range .got 2147483648", chunks=2**31)
     refused("threads=100000 is more than this machine's", threads=100000)
 
@@ -227,6 +227,12 @@ def test_batch_norm_with_one_row_per_micro_batch_is_a_value_error_naming_chunks(
         pipe = gpipe.GPipe(model, balance=balance, chunks=4, devices=2)
         with pytest.raises(ValueError, match="BatchNorm.*chunks"):
             pipe.train_step(torch.randn(4, 6), torch.randint(3, (4,)))
+
+
+def test_no_devices_or_no_virtual_stages_is_refused_naming_the_argument_and_its_default():
+    for balance in (None, [2, 2]):  # 0 is not "from the balance" in Python: None is
+        refused(r"devices must be at least 1 \(got 0\).*devices=1 or more.*devices=None", devices=0, balance=balance)
+    refused(r"virtual_stages must be at least 1 \(got 0\).*virtual_stages=None", virtual_stages=0)
 
 
 class LinearThenBatchNorm(torch.nn.Module):
