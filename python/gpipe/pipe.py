@@ -152,6 +152,34 @@ def _python_words():
         raise ValueError(_in_python_words(e, _NAMES)) from None
 
 
+def _mpi_job_size():
+    """The processes of the MPI job that mpirun started this one in: 1 where no launcher started it
+    (MPI's singleton, this process alone), None where one did but does not say how many."""
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    if any(os.environ.get(name) for name in ("PMIX_RANK", "MPI_LOCALNRANKS")):
+        return None
+    return 1
+
+
+def _check_mpi_job(devices):
+    """runtime="mpi": a job of K·D processes, refused at once rather than at the first batch."""
+    size = _mpi_job_size()
+    if size is None or size % devices == 0:
+        return
+    script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else "script.py"
+    start = f"mpirun -np {devices} python3 {script}"
+    if size == 1:
+        raise ValueError(f"gpipe: runtime=\"mpi\" runs one process per device, but mpirun did not start this one, so "
+                         f"its MPI job is this process alone, one process for {devices} devices; start one per device "
+                         f"under mpirun, `{start}` ({2 * devices}, {3 * devices}, ... for replicas), or leave "
+                         f"runtime=\"auto\" (the default) to run the {devices} devices as threads of this process")
+    raise ValueError(f"gpipe: runtime=\"mpi\" runs one process per device, and mpirun started {size} processes, not a "
+                     f"multiple of the {devices} devices; start K·D processes for K devices and D replicas: `{start}` "
+                     f"({2 * devices}, {3 * devices}, ... for replicas)")
+
+
 def _end_the_job_on_an_uncaught_exception():
     """In a job of several processes (MPI, c10d), an exception that ends one rank's script ends the
     job: the other ranks would wait for that rank in their next call. A script that ends otherwise
@@ -627,6 +655,8 @@ class GPipe:
                              f"schedule={schedule!r}, virtual_stages={virtual_stages!r}, threads={threads!r}): "
                              f"K is devices, M chunks, V virtual_stages)") from None
         settings.devices = self.devices
+        if settings.runtime == "mpi":
+            _check_mpi_job(self.devices)
         self._group = group
         if group is not None:  # once the plan is accepted; again before each pipeline is built
             _gpipe.use_process_group(*group, let_go=True)

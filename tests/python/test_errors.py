@@ -264,3 +264,13 @@ def test_a_layer_that_changes_its_input_in_place_is_refused_naming_what_python_h
     assert "balance_by" not in str(e.value) and "gpipe train" not in str(e.value) and "`" not in str(e.value)
     gpipe.GPipe(model, schedule="gpipe", balance=[2, 1], chunks=2).train_step(x, y)  # as it says
 
+
+def test_runtime_mpi_outside_mpirun_is_refused_when_the_gpipe_is_made_naming_mpirun(monkeypatch):
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(name, raising=False)
+    refused(r"runtime=\"mpi\" runs one process per device, but mpirun did not start this one.*"
+            r"`mpirun -np 2 python3 .*`.*runtime=\"auto\"", runtime="mpi", devices=2)
+    refused(r"`mpirun -np 4 python3 ", runtime="mpi", balance=[1, 1, 1, 1], schedule="gpipe")
+    gpipe.GPipe(mlp(), runtime="mpi", devices=1)  # one device: MPI's job of this process alone
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")  # as mpirun -np 3 would start it
+    refused(r"mpirun started 3 processes, not a multiple of the 2 devices.*`mpirun -np 2 ", runtime="mpi", devices=2)
