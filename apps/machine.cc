@@ -20,8 +20,12 @@ struct MachineOptions {
 int run(const MachineOptions& o) {
   const BlasKernel kernel = blas_kernel();
   if (o.kernel) {
+    if (kernel.running.empty()) {
+      std::cerr << "gpipe machine: the BLAS of this process is not OpenBLAS (" << blas_info() << "): no kernel\n";
+      return 1;
+    }
     std::cout << kernel.running << "\n";
-    return kernel.running.empty() ? 1 : 0;
+    return 0;
   }
   const nlohmann::json m = machine();
   if (o.json) {
@@ -50,7 +54,8 @@ void add_machine_command(CLI::App& app, const std::string& /*command*/, int& sta
       "machine", "what gpipe runs on: the CPU, the BLAS, the kernel OpenBLAS runs and who chose it, the best "
                  "kernel for this CPU, and the GFLOP/s of one thread");
   sub->add_flag("--kernel", o->kernel,
-                "print only the kernel gpipe runs with, for OPENBLAS_CORETYPE of another program to compare with");
+                "print only the name of the kernel gpipe runs with, to export as OPENBLAS_CORETYPE for a program "
+                "compared with gpipe");
   sub->add_flag("--json", o->json, "one JSON object: the machine as result files and --json record it");
   sub->callback([o, &status] { status = run(*o); });
 }

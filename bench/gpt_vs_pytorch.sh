@@ -21,7 +21,8 @@ gpipe="${GPIPE:-build/apps/gpipe}"
 python=/usr/bin/python3
 # The same BLAS kernel for gpipe and PyTorch: the one gpipe runs with (gpipe machine --kernel; a generic
 # kernel on a CPU newer than OpenBLAS is replaced), unless OPENBLAS_CORETYPE is set already.
-export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-$("$gpipe" machine --kernel)}"
+kernel="${OPENBLAS_CORETYPE:-$("$gpipe" machine --kernel)}"
+export OPENBLAS_CORETYPE="$kernel"
 steps="${STEPS:-30}"
 out=bench/results/gpt-vs-pytorch.json
 kept=(MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TOP_PAD_=67108864)

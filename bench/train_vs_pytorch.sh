@@ -20,7 +20,8 @@ gpipe=build/apps/gpipe
 python=/usr/bin/python3
 # The same BLAS kernel for gpipe and PyTorch: the one gpipe runs with (gpipe machine --kernel; a generic
 # kernel on a CPU newer than OpenBLAS is replaced), unless OPENBLAS_CORETYPE is set already.
-export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-$("$gpipe" machine --kernel)}"
+kernel="${OPENBLAS_CORETYPE:-$("$gpipe" machine --kernel)}"
+export OPENBLAS_CORETYPE="$kernel"
 samples="${TRAIN_SAMPLES:-12800}"
 out="${RESULTS:-bench/results/train-vs-pytorch.json}"  # RESULTS=FILE: write elsewhere
 kept=(MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TOP_PAD_=67108864)

@@ -82,6 +82,10 @@ torch.manual_seed(0)
 torch.jit.script(models.Doubled()).save(f"{work}/doubled.pt")
 linear = lambda: torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
 torch.jit.script(linear()).save(f"{work}/model.pt")
+diverged = linear()
+with torch.no_grad():
+    diverged[0].weight[0, 0] = float("nan")
+torch.jit.script(diverged).save(f"{work}/nan-weight.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(8, 3))).save(
     f"{work}/mismatched.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), models.Picky(),
@@ -181,6 +185,9 @@ if part targets; then  # cost 10
       train "${model[@]}" --data "$work/classes.pt"
     run "3. classes the model does not output" 2 "the targets hold class 9, but the model outputs 3 classes" \
       train --model "$work/model.pt" --data "$work/class-9.pt" --loss cross_entropy
+    # A parameter that holds NaN: named before any step, not blamed on the data or --lr.
+    run "3. a model whose weight holds NaN" 2 "the model's parameter 0.weight holds NaN or infinite values" \
+      train --model "$work/nan-weight.pt" --data "$work/data.pt" --loss mse
     # A layer that needs 4 rows is not refused for the check's two samples: micro-batches of 10 rows train.
     run "3. a layer that needs 4 rows, micro-batches of 10" 0 "" \
       train --model "$work/four-rows.pt" --data "$work/data.pt" --loss mse --batch-size 20 --micro-batches 2 \
@@ -275,6 +282,41 @@ if part outputs; then  # cost 23
     run "6. a checkpoint written again by torch.save" 2 "resaved.pt holds a gpipe checkpoint written again by another program \(torch.save" \
       train "${tiny[@]}" --steps 4 --resume "$work/resaved.pt"
   else fail "6. torch.load could not read gpipe's checkpoint"; fi
+  # Edited in Python and sealed again with gpipe's digest (a plain FNV-1a of the bytes): a parameter of
+  # another dtype, one that holds NaN, and a parameter without its optimizer state are each named, at once.
+  if "$python" - "$work/ckpt.pt" "$work" <<'PY'
+import io, sys, torch
+path, work = sys.argv[1], sys.argv[2]
+tag = b"gpipe-fnv1a64:"
+body = open(path, "rb").read()[:-(len(tag) + 16)]
+def seal(data):
+    h = 0xcbf29ce484222325
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return data + tag + b"%016x" % h
+def edited(name, change):
+    d = torch.load(io.BytesIO(body))
+    change(d)
+    out = io.BytesIO()
+    torch.save(d, out)
+    open(f"{work}/{name}.pt", "wb").write(seal(out.getvalue()))
+def at(d, name):
+    return d["parameter_names"].index(name)
+def f64(d): d["parameters"][at(d, "0.bias")] = d["parameters"][at(d, "0.bias")].double()
+def nan(d): d["parameters"][at(d, "0.bias")][3] = float("nan")
+def no_state(d): del d["optimizer_states"]["0.bias"]
+edited("f64", f64); edited("nan", nan); edited("no-state", no_state); edited("resealed", lambda d: None)
+PY
+  then
+    run "6. a parameter of another dtype" 2 "f64.pt is corrupt: its parameter 0.bias is Double \(float64\) \[32\], this model's Float \(float32\) \[32\]" \
+      train "${tiny[@]}" --steps 4 --resume "$work/f64.pt"
+    run "6. a parameter that holds NaN" 2 "nan.pt is corrupt: its parameter 0.bias holds NaN or infinite values" \
+      train "${tiny[@]}" --steps 4 --resume "$work/nan.pt"
+    run "6. a parameter without its optimizer state" 2 "no-state.pt is corrupt: it has no optimizer state for 0.bias" \
+      train "${tiny[@]}" --steps 4 --resume "$work/no-state.pt"
+    # Unchanged but written back by Python (its lists untyped): it resumes.
+    run "6. a checkpoint written back by Python and sealed again" 0 "" train "${tiny[@]}" --steps 3 --resume "$work/resealed.pt"
+  else fail "6. the edited checkpoints could not be made"; fi
 
   # 7. A resume that runs no step says so; no loss is made up.
   timeout "$hang" "$gpipe" train "${tiny[@]}" --steps 2 --resume "$work/ckpt.pt" --json >"$work/none.json" 2>/dev/null

@@ -152,7 +152,7 @@ PY
   else pass "a Python rank killed under torchrun: the job ended in $took s (exit $status), no process left"; fi
 fi
 
-if part busy_peer; then  # cost 20
+if part busy_peer; then  # cost 30
   # A rank alive but busy elsewhere between its calls: the rank waiting for it says so after 10 s,
   # naming it and the timeout, and the job goes on when it comes.
   cat >"$work/busy.py" <<'PY'
@@ -170,6 +170,15 @@ PY
      grep -q "rank 0 has waited 10 s for rank 1 in a pipeline call; it waits 1800 s at most (GPIPE_TIMEOUT)" "$work/busy.err"; then
     pass "a rank busy elsewhere for 11 s: the one waiting for it says so at 10 s, and the job goes on"
   else fail "a rank busy elsewhere: $(tail -5 "$work/busy.err")"; fi
+  # Busy for longer than GPIPE_TIMEOUT: the waiting rank's own error names the wait and the peer that
+  # made no call, rather than a failure of that rank.
+  if PYTHONPATH="$python_path" GPIPE_TIMEOUT=5 timeout -k 10 120 bash "$torchrun_sh" 2 /usr/bin/python3 "$work/busy.py" \
+       >/dev/null 2>"$work/late.err"; then
+    fail "a rank busy beyond GPIPE_TIMEOUT: the job did not fail"
+  elif grep -q "rank 0 waited 5 s (GPIPE_TIMEOUT) for rank 1, whose process is alive but made no pipeline call" "$work/late.err" &&
+       ! grep -q "because rank 1 failed" "$work/late.err"; then
+    pass "a rank busy beyond GPIPE_TIMEOUT (5 s): the waiting rank says it waited 5 s for a rank that made no call"
+  else fail "a rank busy beyond GPIPE_TIMEOUT: $(grep -m3 "gpipe" "$work/late.err")"; fi
 fi
 
 if part small_shm; then  # cost 15

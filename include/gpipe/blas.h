@@ -15,11 +15,12 @@ namespace gpipe {
 /// The kernel OpenBLAS runs in this process and the one the CPU's features allow.
 struct BlasKernel {
   std::string running;    ///< openblas_get_corename(): "Prescott", "Haswell", "SkylakeX"...; "" without OpenBLAS
-  std::string best;       ///< the fastest kernel OpenBLAS has for this CPU's features; "" when none is known
+  std::string best;       ///< the newest kernel of OpenBLAS this CPU's features allow; "" when none is known
   std::string coretype;   ///< OPENBLAS_CORETYPE as this process has it; "" when unset
   std::string vector_isa; ///< the CPU's widest vector instructions: "AVX-512", "AVX2", "AVX" or ""
-  /// Who chose `running`: "OpenBLAS" (by the CPU), "OPENBLAS_CORETYPE" (set before the process started)
-  /// or "gpipe" (run_with_best_blas_kernel started the process again with it).
+  /// Who chose `running`: "OpenBLAS" (by the CPU), "OPENBLAS_CORETYPE" (set before the process started),
+  /// "gpipe" (run_with_best_blas_kernel started the process again with it) or "GPIPE_BLAS_CORETYPE"
+  /// (it did, with the kernel that variable names).
   std::string chosen_by;
 
   /// OpenBLAS runs one of its kernels without AVX on a CPU with AVX2 or AVX-512.
@@ -34,7 +35,7 @@ BlasKernel blas_kernel();
 /// OpenBLAS's kernels by the names OPENBLAS_CORETYPE takes (x86-64).
 const std::vector<std::string>& blas_kernel_names();
 
-/// The fastest OpenBLAS kernel for a CPU with `cpu_flags` as /proc/cpuinfo writes them ("avx2", "fma",
+/// The newest OpenBLAS kernel for a CPU with `cpu_flags` as /proc/cpuinfo writes them ("avx2", "fma",
 /// "avx512f", "avx512_bf16", ...): "Cooperlake", "SkylakeX", "Haswell", "Sandybridge", or "" below AVX.
 std::string best_blas_kernel(const std::vector<std::string>& cpu_flags);
 
@@ -42,7 +43,7 @@ std::string best_blas_kernel(const std::vector<std::string>& cpu_flags);
 bool blas_kernel_without_avx(const std::string& kernel);
 
 /// GFLOP/s of a float32 product of two 512 x 512 matrices on one BLAS thread, the median of 5 after one;
-/// 0 without OpenBLAS.
+/// 0 without OpenBLAS. It sets OpenBLAS's process-wide thread count to 1 while it runs: not during a run.
 double blas_gflops();
 
 /// Whether this process's float32 and float64 matrix products agree with a plain loop (to 1e-4 and
@@ -57,7 +58,9 @@ bool blas_products_right();
 /// first in main(), before anything else runs. In the process started again it checks that OpenBLAS
 /// took the kernel and computes right with it (blas_products_right; if not, it starts once more as
 /// OpenBLAS chose), and returns the one line to show; otherwise "". Throws std::invalid_argument for a
-/// GPIPE_BLAS_CORETYPE that is none of these.
+/// GPIPE_BLAS_CORETYPE that is none of these. The program starts at most twice more (each start loads
+/// libtorch again), and only where the kernel changes. Linux only (/proc/self/exe and /proc/cpuinfo): elsewhere
+/// `auto` changes nothing, and a kernel named is refused with a std::runtime_error.
 std::string run_with_best_blas_kernel(char** argv);
 
 /// Sets the number of OpenBLAS threads, when OpenBLAS is the BLAS of this

@@ -31,6 +31,9 @@ std::string what_of(const std::exception& e);
 /// A tensor's shape as text: "[2, 3]".
 std::string shape_text(const at::Tensor& t);
 
+/// A tensor's dtype as libtorch and Python name it: "Double (float64)".
+std::string dtype_text(const at::Tensor& t);
+
 namespace detail {
 
 template <typename... Args>

@@ -297,18 +297,22 @@ def _zero_grad_keeps_tensors(optimizer):
 
 
 # torch.nn.utils' clips of .grad, which find nothing within update_on_devices (the gradients are
-# held): while a block is active they refuse the parameters it holds, naming what clips them.
+# held): while a block is active they refuse the parameters it claims whose .grad is empty (held, or
+# not yet made since), naming what clips them. Process-wide, as torch's functions are: every thread's
+# clips go through the guard while any block is active (nested blocks and two pipelines' are counted).
+# A clip imported by name before the block (from torch.nn.utils import clip_grad_norm_) is not seen.
 _CLIPS = ("clip_grad_norm_", "clip_grad_value_")
 _clips_lock = threading.Lock()
-_clips_blocks = [0, {}]  # active blocks; (module, name) -> the function replaced
+_active_blocks = 0
+_torch_clips = {}      # (module, name) -> torch's function, while a block is active
+_installed_clips = {}  # (module, name) -> the guard put in its place
 
 
 def _refusing_held(name, clip):
     @functools.wraps(clip)
     def guarded(parameters, *args, **kwargs):
         parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        held = {i for updates in set(list(_HELD_BY.values())) for i in updates.held_ids()}
-        if held and any(id(p) in held for p in parameters):
+        if any(id(p) in _HELD_BY and p.grad is None for p in parameters):
             fix = "clip them with pipe.clip_grad_norm_(max_norm) after train_step, which scales the held " \
                   "gradients as clip_grad_norm_ scales .grad (the norm over every stage and rank), or " \
                   if name == "clip_grad_norm_" else ""
@@ -317,25 +321,28 @@ def _refusing_held(name, clip):
                              f"train_step (.grad is None until then); {fix}call opt.zero_grad(); "
                              f"pipe.train_step(x, y); torch.nn.utils.{name}(...); opt.step() outside the block")
         return clip(parameters, *args, **kwargs)
-    guarded._gpipe_guard = True
     return guarded
 
 
 def _guard_clips(entering):
-    """Installs the refusing clips at the first active block, and puts torch's back after the last."""
+    """Installs the refusing clips at the first active block, and puts torch's back after the last
+    (unless something else has replaced the guard since, which is left as it is)."""
+    global _active_blocks
     import torch.nn.utils.clip_grad as clip_grad
     with _clips_lock:
-        _clips_blocks[0] += 1 if entering else -1
-        saved = _clips_blocks[1]
-        for module in (torch.nn.utils, clip_grad):
-            for name in _CLIPS:
-                if entering and _clips_blocks[0] == 1:
-                    saved[module, name] = getattr(module, name)
-                    setattr(module, name, _refusing_held(name, saved[module, name]))
-                elif not entering and _clips_blocks[0] == 0 and (module, name) in saved:
-                    if getattr(getattr(module, name), "_gpipe_guard", False):  # not replaced since by another
-                        setattr(module, name, saved[module, name])
-                    del saved[module, name]
+        _active_blocks += 1 if entering else -1
+        if entering and _active_blocks == 1:
+            for module in (torch.nn.utils, clip_grad):
+                for name in _CLIPS:
+                    _torch_clips[module, name] = getattr(module, name)
+                    _installed_clips[module, name] = _refusing_held(name, _torch_clips[module, name])
+                    setattr(module, name, _installed_clips[module, name])
+        elif not entering and _active_blocks == 0:
+            for (module, name), clip in _torch_clips.items():
+                if getattr(module, name) is _installed_clips[module, name]:
+                    setattr(module, name, clip)
+            _torch_clips.clear()
+            _installed_clips.clear()
 
 
 class _DeviceUpdates:
@@ -485,10 +492,6 @@ class _DeviceUpdates:
         if hasattr(self.optimizer, "_opt_called"):
             self.optimizer._opt_called = True
 
-    def held_ids(self):
-        """The ids of the parameters whose gradients are held now."""
-        return {id(p) for pairs in list(self._held.values()) for p, _ in pairs}
-
     @contextlib.contextmanager
     def exposed(self):
         """The held gradients back in .grad for the block (pipe.clip_grad_norm_ scales them in place)."""
@@ -602,6 +605,10 @@ class GPipe:
         # Sequential's (the same modules, so the same parameters).
         layers = model if type(model) is torch.nn.Sequential else torch.nn.Sequential(model._modules)
         layers.training = model.training  # the container's flag only: children keep their own modes
+        for name, p in layers.named_parameters():  # every loss would be NaN, with no word why
+            if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+                raise ValueError(f"gpipe: the model's parameter {name} holds NaN or infinite values, so every loss "
+                                 f"would be NaN; initialize it anew, or load a state_dict saved before it diverged")
         if balance is not None and (isinstance(balance, (str, bytes)) or not hasattr(balance, "__iter__")):
             raise ValueError(f"gpipe: balance must be a list of layers per stage, e.g. [3, 8] (got {balance!r})")
         settings = _gpipe.Settings()
@@ -824,8 +831,10 @@ class GPipe:
                     self._finish_update()
                 finally:
                     self._updates = None
-                    updates.release()
-                    _guard_clips(False)
+                    try:
+                        updates.release()
+                    finally:
+                        _guard_clips(False)
 
     def _finish_update(self):
         """The held update (update_on_devices) applied here, before the parameters are read or used."""

@@ -619,12 +619,13 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_readonly("vector_isa", &BlasKernel::vector_isa)
       .def_readonly("chosen_by", &BlasKernel::chosen_by)
       .def_property_readonly("generic", &BlasKernel::generic)
+      .def_property_readonly("advice", &BlasKernel::advice)
       .def("__repr__", [](const BlasKernel& k) {
         return "BlasKernel(running='" + k.running + "', best='" + k.best + "', chosen_by='" + k.chosen_by + "')";
       });
   m.def("blas_kernel", &blas_kernel);
   m.def("blas_warning", &blas_warning);
-  m.def("blas_gflops", &blas_gflops);
+  m.def("blas_gflops", &blas_gflops, py::call_guard<py::gil_scoped_release>());
   // runtime=: "auto", "threads", then each backend's name (backends(), built in or not).
   m.def("runtime_names", [] {
     std::vector<std::string> names = {"auto", "threads"};

@@ -24,6 +24,17 @@ std::string shape_text(const torch::Tensor& t) {
   return out.str();
 }
 
+std::string dtype_text(const torch::Tensor& t) {
+  const std::string name = c10::toString(t.scalar_type());
+  const std::string python = t.scalar_type() == torch::kDouble     ? "float64"
+                             : t.scalar_type() == torch::kHalf     ? "float16"
+                             : t.scalar_type() == torch::kBFloat16 ? "bfloat16"
+                             : t.scalar_type() == torch::kByte     ? "uint8"
+                             : t.scalar_type() == torch::kFloat    ? "float32"
+                                                                   : "";
+  return python.empty() ? name : name + " (" + python + ")";
+}
+
 bool& verbose_errors() {
   static bool verbose = false;
   return verbose;

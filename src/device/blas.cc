@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -38,8 +39,9 @@ Fn* openblas_symbol(const char* name) {
 }
 
 bool same_name(const std::string& a, const std::string& b) {
-  return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return std::tolower(x) == std::tolower(y); });
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
 }
 
 bool has(const std::vector<std::string>& flags, const char* flag) {
@@ -68,10 +70,17 @@ std::string vector_isa_of(const std::vector<std::string>& flags) {
 // The environment variable that tells the process started again what it was started from: the
 // kernel before, then OPENBLAS_CORETYPE before (empty: unset), separated by a newline.
 constexpr const char* kStartedFrom = "GPIPE_BLAS_STARTED_FROM";
-bool kernel_set_by_gpipe = false;  // this process was started again with the kernel gpipe chose
+// "gpipe" or "GPIPE_BLAS_CORETYPE" where this process was started again with the kernel gpipe chose
+// or the one that variable names; "" otherwise.
+std::string kernel_chosen_by;
 
 [[noreturn]] void start_again(char** argv) {
+#if defined(__linux__)
   execv("/proc/self/exe", argv);
+#else
+  (void)argv;
+  errno = ENOSYS;  // no /proc/self/exe to start again from
+#endif
   throw std::runtime_error(std::string("gpipe: could not start again to change the BLAS kernel (") +
                            std::strerror(errno) + "); set GPIPE_BLAS_CORETYPE=keep to run without it");
 }
@@ -98,16 +107,36 @@ BlasKernel blas_kernel() {
   kernel.best = best_blas_kernel(flags);
   kernel.vector_isa = vector_isa_of(flags);
   kernel.coretype = environment_value("OPENBLAS_CORETYPE");
-  kernel.chosen_by = kernel_set_by_gpipe ? "gpipe" : kernel.coretype.empty() ? "OpenBLAS" : "OPENBLAS_CORETYPE";
+  kernel.chosen_by = !kernel_chosen_by.empty() ? kernel_chosen_by
+                     : kernel.coretype.empty()  ? "OpenBLAS"
+                                                : "OPENBLAS_CORETYPE";
   return kernel;
 }
 
+namespace {
+
+// OpenBLAS's x86 kernels by the names OPENBLAS_CORETYPE takes, and whether each has AVX.
+struct KnownKernel {
+  const char* name;
+  bool avx;
+};
+constexpr KnownKernel kKernels[] = {
+    {"Katmai", false},      {"Coppermine", false}, {"Northwood", false},    {"Prescott", false},
+    {"Banias", false},      {"Atom", false},       {"Core2", false},        {"Penryn", false},
+    {"Dunnington", false},  {"Nehalem", false},    {"Athlon", false},       {"Opteron", false},
+    {"Opteron_SSE3", false}, {"Barcelona", false}, {"Nano", false},         {"Bobcat", false},
+    {"Sandybridge", true},  {"Bulldozer", true},   {"Piledriver", true},    {"Haswell", true},
+    {"Steamroller", true},  {"Excavator", true},   {"Zen", true},           {"SkylakeX", true},
+    {"Cooperlake", true},   {"SapphireRapids", true}};
+
+}  // namespace
+
 const std::vector<std::string>& blas_kernel_names() {
-  static const std::vector<std::string> names = {
-      "Katmai",     "Coppermine", "Northwood",   "Prescott",  "Banias",    "Atom",     "Core2",
-      "Penryn",     "Dunnington", "Nehalem",     "Athlon",    "Opteron",   "Opteron_SSE3", "Barcelona",
-      "Nano",       "Sandybridge", "Bobcat",     "Bulldozer", "Piledriver", "Haswell", "Steamroller",
-      "Excavator",  "Zen",        "SkylakeX",    "Cooperlake", "SapphireRapids"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const KnownKernel& k : kKernels) out.push_back(k.name);
+    return out;
+  }();
   return names;
 }
 
@@ -119,9 +148,8 @@ std::string best_blas_kernel(const std::vector<std::string>& f) {
 }
 
 bool blas_kernel_without_avx(const std::string& kernel) {
-  for (const char* name : {"Katmai", "Coppermine", "Northwood", "Prescott", "Banias", "Atom", "Core2", "Penryn",
-                           "Dunnington", "Nehalem", "Athlon", "Opteron", "Opteron_SSE3", "Barcelona", "Nano", "Bobcat"})
-    if (same_name(kernel, name)) return true;
+  for (const KnownKernel& k : kKernels)
+    if (same_name(kernel, k.name)) return !k.avx;
   return false;
 }
 
@@ -172,12 +200,16 @@ bool blas_products_right() {
 
 namespace {
 
+// GPIPE_BLAS_CORETYPE: "", auto, keep, or a kernel's name as OpenBLAS writes it (taken in any case).
 std::string coretype_setting() {
-  std::vector<std::string> choices = {"auto", "keep"};
-  choices.insert(choices.end(), blas_kernel_names().begin(), blas_kernel_names().end());
-  return environment_choice("GPIPE_BLAS_CORETYPE", choices,
-                            "auto: the best kernel where OpenBLAS falls back to a generic one; keep: OpenBLAS's own "
-                            "choice; a kernel's name: that kernel");
+  const std::string value = environment_value("GPIPE_BLAS_CORETYPE");
+  if (value.empty() || value == "auto" || value == "keep") return value;
+  for (const std::string& name : blas_kernel_names())
+    if (same_name(value, name)) return name;
+  GPIPE_CHECK(false, "GPIPE_BLAS_CORETYPE=", value, " is neither auto, keep nor one of OpenBLAS's kernels (Haswell, "
+              "SkylakeX, Cooperlake, Zen, Sandybridge, Prescott, ...); unset it for gpipe's choice, keep to leave "
+              "OpenBLAS's own, or name a kernel");
+  return value;
 }
 
 // In the process started again: the line to show, after checking the kernel it runs.
@@ -186,8 +218,14 @@ std::string started_again(char** argv, const std::string& from) {
   const std::string coretype_before = from.find('\n') == std::string::npos ? "" : from.substr(from.find('\n') + 1);
   const BlasKernel kernel = blas_kernel();
   const std::string asked = kernel.coretype;
-  if (!same_name(kernel.running, asked))
-    return "gpipe: this OpenBLAS has no " + asked + " kernel; it runs " + kernel.running;
+  if (!same_name(kernel.running, asked)) {  // as it was: what this process starts runs as OpenBLAS chooses
+    if (coretype_before.empty())
+      unsetenv("OPENBLAS_CORETYPE");
+    else
+      setenv("OPENBLAS_CORETYPE", coretype_before.c_str(), 1);
+    return "gpipe: this OpenBLAS has no " + asked + " kernel and runs " + kernel.running +
+           "; set GPIPE_BLAS_CORETYPE=keep to start without trying";
+  }
   if (!blas_products_right()) {
     std::fprintf(stderr, "gpipe: OpenBLAS's %s kernel computes wrong products on this CPU; running with %s, as "
                  "OpenBLAS chose\n", asked.c_str(), before.c_str());
@@ -198,8 +236,9 @@ std::string started_again(char** argv, const std::string& from) {
     setenv("GPIPE_BLAS_CORETYPE", "keep", 1);
     start_again(argv);
   }
-  kernel_set_by_gpipe = true;
-  if (environment_value("GPIPE_BLAS_CORETYPE") == asked)
+  const bool named = same_name(environment_value("GPIPE_BLAS_CORETYPE"), asked);
+  kernel_chosen_by = named ? "GPIPE_BLAS_CORETYPE" : "gpipe";
+  if (named)
     return "gpipe: running with OpenBLAS's " + asked + " kernel (GPIPE_BLAS_CORETYPE), where it chose " + before;
   return "gpipe: OpenBLAS chose its generic " + before + " kernel on this CPU (" + kernel.vector_isa +
          "); running with OPENBLAS_CORETYPE=" + asked + " (export it to start so, or GPIPE_BLAS_CORETYPE=keep to "

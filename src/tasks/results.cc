@@ -97,7 +97,7 @@ std::string json_of(const Schedule& program, const SimulatedRun& run, const std:
 static nlohmann::json blas_kernel_json() {
   const BlasKernel kernel = blas_kernel();
   return {{"running", kernel.running}, {"best", kernel.best}, {"chosen_by", kernel.chosen_by},
-          {"cpu_vectors", kernel.vector_isa}, {"gflops_one_thread", std::round(blas_gflops() * 10) / 10}};
+          {"vector_isa", kernel.vector_isa}, {"gflops_one_thread", std::round(blas_gflops() * 10) / 10}};
 }
 
 std::string machine_json() {

@@ -203,8 +203,13 @@ void check_state(const std::string& name, const torch::Tensor& p, const std::str
                                          kind + " does not have");
     if (!field.value().isTensor() || field.value().toTensor().sizes() != p.sizes() ||
         field.value().toTensor().dtype() != p.dtype())
-      throw std::runtime_error("the optimizer state " + key + " of " + name + " is not a tensor of its shape " +
-                               shape_text(p));
+      throw std::runtime_error("the optimizer state " + key + " of " + name + " is not a tensor of its dtype and shape, " +
+                               dtype_text(p) + " " + shape_text(p) +
+                               (field.value().isTensor() ? " (it is " + dtype_text(field.value().toTensor()) + " " +
+                                                               shape_text(field.value().toTensor()) + ")"
+                                                         : ""));
+    if (!torch::isfinite(field.value().toTensor()).all().item<bool>())
+      throw std::runtime_error("the optimizer state " + key + " of " + name + " holds NaN or infinite values");
   }
   if (!sgd && saved.toGenericDict().size() > 0)
     for (const char* needed : {"step", "exp_avg", "exp_avg_sq"})
@@ -430,9 +435,17 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
     const auto it = saved.find(name);
     if (it == saved.end())
       throw std::runtime_error(path + " is a checkpoint file of another model: it has no " + what + " " + name);
-    if (it->second.sizes() != mine.sizes() || it->second.dtype() != mine.dtype())
+    if (it->second.sizes() != mine.sizes())
       throw std::runtime_error(path + " is a checkpoint file of another model: its " + what + " " + name + " is " +
                                shape_text(it->second) + ", this model's " + shape_text(mine));
+    if (it->second.dtype() != mine.dtype())
+      throw std::runtime_error(path + " is corrupt: its " + what + " " + name + " is " + dtype_text(it->second) + " " +
+                               shape_text(it->second) + ", this model's " + dtype_text(mine) + " " + shape_text(mine) +
+                               "; resume from a checkpoint file gpipe wrote (`save`)");
+    // A value no step could have made: caught here, not as a loss that became NaN with advice on `lr`.
+    if (it->second.is_floating_point() && !torch::isfinite(it->second).all().item<bool>())
+      throw std::runtime_error(path + " is corrupt: its " + what + " " + name + " holds NaN or infinite values, which "
+                               "gpipe never saves; resume from a checkpoint file gpipe wrote (`save`)");
   };
   for (const auto& p : layers->named_parameters()) check("parameter", p.key(), p.value(), out.parameters);
   for (const auto& b : layers->named_buffers()) check("buffer", b.key(), b.value(), out.buffers);
@@ -444,9 +457,10 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
     check_generator_state("shuffling", out.state.shuffle_state);
     check_generator_state("random", out.state.random_state);
     if (dict.contains("pipeline")) out.state.pipeline = decode_pipeline(dict.at("pipeline"));
-    for (const auto& p : layers->named_parameters())
-      if (out.optimizer_states.contains(p.key()))
-        check_state(p.key(), p.value(), optimizer_name, out.optimizer_states.at(p.key()));
+    for (const auto& p : layers->named_parameters()) {  // gpipe writes one (empty before a step) for each
+      if (!out.optimizer_states.contains(p.key())) throw std::runtime_error("it has no optimizer state for " + p.key());
+      check_state(p.key(), p.value(), optimizer_name, out.optimizer_states.at(p.key()));
+    }
   } catch (const std::runtime_error& e) {
     throw std::runtime_error(path + " is corrupt: " + e.what() + "; resume from a checkpoint file gpipe wrote (`save`)");
   }

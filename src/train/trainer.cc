@@ -203,21 +203,6 @@ Model Model::of(std::string name, const ScriptModel& source) {
 
 namespace {
 
-// "Double (float64)": a dtype as libtorch and Python name it.
-std::string dtype_text(const torch::Tensor& t) {
-  const std::string name = c10::toString(t.scalar_type());
-  const std::string python = t.scalar_type() == torch::kDouble ? "float64"
-                             : t.scalar_type() == torch::kHalf ? "float16"
-                             : t.scalar_type() == torch::kBFloat16 ? "bfloat16"
-                             : t.scalar_type() == torch::kByte ? "uint8"
-                             : t.scalar_type() == torch::kFloat ? "float32" : "";
-  return python.empty() ? name : name + " (" + python + ")";
-}
-
-}  // namespace
-
-namespace {
-
 // fn on the first two rows of `input`, or, where it fails on two, on up to 64: a layer may need more
 // rows than two (a view by 4, a statistic over the batch), which its micro-batches will have. Where
 // it fails on both, what it said on two.
@@ -259,10 +244,14 @@ torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tenso
                : "none of the model's parameters requires a gradient (all are frozen): training would change "
                  "nothing; unfreeze some (requires_grad=True) before saving the model");
   // The parameters, the optimizer's state and the checkpoint files are float32.
-  for (const auto& p : whole->named_parameters())
+  for (const auto& p : whole->named_parameters()) {
     if (p.value().is_floating_point() && p.value().scalar_type() != torch::kFloat)
       refuse("the model's parameter " + p.key() + " is " + dtype_text(p.value()) + ", but gpipe trains float32 "
              "models: save the model as float32 (model.float() in Python before torch.jit.script)");
+    if (p.value().is_floating_point() && !torch::isfinite(p.value()).all().item<bool>())
+      refuse("the model's parameter " + p.key() + " holds NaN or infinite values, so every loss would be NaN; "
+             "initialize it anew, or save the model before it diverged");
+  }
   const int64_t rows = sample.size(0);
   int64_t stopped = -1;  // the layer whose output no gradient reaches, though its input's does
   std::optional<std::string> rows_changed;  // the first layer since which the rows are not the samples'

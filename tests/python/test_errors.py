@@ -255,6 +255,13 @@ def test_a_batch_norm_inside_a_layer_is_refused_in_pythons_words():
         gpipe.GPipe(model, chunks=2, batch_norm="per-micro-batch", **kwargs).train_step(x, y)  # as it says
 
 
+def test_a_parameter_that_holds_nan_is_refused_naming_it():
+    model = mlp()
+    with torch.no_grad():
+        model[2].bias[1] = float("nan")
+    refused(r"the model's parameter 2\.bias holds NaN or infinite values", model=model)
+
+
 def test_a_layer_that_changes_its_input_in_place_is_refused_naming_what_python_has():
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(inplace=True), torch.nn.Linear(8, 3))
     x, y = torch.randn(8, 6), torch.randint(3, (8,))

@@ -401,7 +401,9 @@ def test_torchs_clips_refuse_the_gradients_update_on_devices_holds_and_pipe_clip
     data = batches(4, 16)
     pipe = gpipe.GPipe(model, balance=[4, 4], chunks=2, schedule="gpipe")
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    import torch.nn.utils.clip_grad as clip_grad
     torchs_own = torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad_value_
+    torchs_module_own = clip_grad.clip_grad_norm_, clip_grad.clip_grad_value_
     with pipe.update_on_devices(opt):
         for x, y in data:
             pipe.train_step(x, y)
@@ -415,6 +417,15 @@ def test_torchs_clips_refuse_the_gradients_update_on_devices_holds_and_pipe_clip
             assert torch.nn.utils.clip_grad_norm_(other.parameters(), 0.1) > 0.1
             assert torch.nn.utils.clip_grad_norm_(other.parameters(), 0.1) <= 0.1 + 1e-6
             assert pipe.clip_grad_norm_(0.1) > 0.1
+        pipe(data[0][0])  # the held update applied: nothing held, and .grad still empty
+        with pytest.raises(ValueError, match=r"clip_grad_norm_ within update_on_devices finds no gradient"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    assert (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad_value_) == torchs_own
+    assert (clip_grad.clip_grad_norm_, clip_grad.clip_grad_value_) == torchs_module_own
+    # Torch's own back also when the block ends by an exception.
+    with pytest.raises(RuntimeError, match="leaving the block"):
+        with pipe.update_on_devices(torch.optim.SGD(model.parameters(), lr=0.0)):
+            raise RuntimeError("leaving the block")
     assert (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad_value_) == torchs_own
     # As the plain loop that clips with torch's own (gpipe sums the norm in double: to rounding).
     ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-2)

@@ -249,6 +249,11 @@ class Links {
   // Throws for the connection to `peer` that broke (`broken`: Gloo's words): the failure or leave
   // notice it came with, if any, else a RemoteError naming `peer`.
   [[noreturn]] void throw_broken(int peer, const std::string& broken);
+  /// A wait for `peer`, whose process is alive, that passed GPIPE_TIMEOUT: this rank's own error
+  /// (the peer made no call), unless a failure or a leave was said first.
+  [[noreturn]] void throw_timed_out(int peer);
+  /// Throws what another process said (a failure, or that it left), if it said anything.
+  void throw_what_was_said();
 };
 
 /// Transport between the processes of one pipeline replica over Links: each boundary message a

@@ -401,11 +401,11 @@ bool Links::wait_shm(ShmRecv& work, int peer) {
     }
     if (now >= begin + notice) {
       print_error_line("gpipe: " + name(rank_) + " has waited " + std::to_string(notice.count()) + " s for " +
-                       name(peer) + " in a pipeline call; " + most_wait(world()) +
-                       ": check that every rank makes the same calls (train_step, forward, evaluate) in turn");
+                       name(peer) + " in a pipeline call; " + most_wait(world()) + ": if this goes on, check that " +
+                       name(peer) + " makes the same pipeline calls in turn and is not busy elsewhere");
       notice += std::chrono::seconds(60);
     }
-    if (now >= deadline) throw_broken(peer, "nothing came within GPIPE_TIMEOUT");
+    if (now >= deadline) throw_timed_out(peer);
   }
 }
 
@@ -503,7 +503,7 @@ c10::intrusive_ptr<::c10d::Work> Links::post_recv(int peer, int tag, torch::Tens
   }
 }
 
-void Links::throw_broken(int peer, const std::string& broken) {
+void Links::throw_what_was_said() {
   // A process that failed or left may have said so just before its connections closed: the watcher
   // may not have looked yet.
   try {
@@ -516,6 +516,19 @@ void Links::throw_broken(int peer, const std::string& broken) {
   const std::lock_guard<std::mutex> lock(mutex_);
   if (!heard_.empty()) throw_heard();
   if (!left_.empty()) throw RemoteError(left_rank_, left_, name(left_rank_));
+}
+
+void Links::throw_timed_out(int peer) {
+  throw_what_was_said();
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(world().timeout).count();
+  throw std::runtime_error("gpipe: " + name(rank_) + " waited " + std::to_string(seconds) + " s (GPIPE_TIMEOUT) for " +
+                           name(peer) + ", whose process is alive but made no pipeline call in that time: check that "
+                           "every rank makes the same pipeline calls in turn, or give GPIPE_TIMEOUT more seconds");
+}
+
+void Links::throw_broken(int peer, const std::string& broken) {
+  throw_what_was_said();
+  const std::lock_guard<std::mutex> lock(mutex_);
   throw RemoteError(peer,
                     "the connection between " + name(rank_) + " and " + name(peer) + " broke (" +
                         first_line(broken) + "): that rank ended, was killed, or did not answer within GPIPE_TIMEOUT",
@@ -571,7 +584,7 @@ void Links::wait_sends() {
     full->out->wait_writable(std::chrono::milliseconds(1));
     if (full->ended()) throw_broken(full->rank, name(full->rank) + "'s process ended");
     if (Clock::now() >= deadline)
-      throw_broken(full->rank, name(full->rank) + " read nothing within GPIPE_TIMEOUT");
+      throw_timed_out(full->rank);
   }
 }
 

@@ -15,20 +15,17 @@
 #include <thread>
 
 #include <sched.h>
+#if defined(__linux__)
 #include <sys/prctl.h>
+#endif
 #include <unistd.h>
 
 namespace gpipe::c10d {
 
 namespace {
 
-std::string variable(const char* name) {
-  const char* value = std::getenv(name);
-  return value == nullptr ? "" : value;
-}
-
 int whole_variable(const char* name, int low, int high) {
-  const std::string text = variable(name);
+  const std::string text = environment_value(name);
   size_t used = 0;
   long value = -1;
   try {
@@ -95,8 +92,8 @@ void watch_forever(Watcher* w) {
 
 bool launched() {
   for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
-    if (variable(name).empty()) return false;
-  return variable("WORLD_SIZE") != "1";  // a job of one process runs as one process
+    if (environment_value(name).empty()) return false;
+  return environment_value("WORLD_SIZE") != "1";  // a job of one process runs as one process
 }
 
 bool started() {
@@ -174,7 +171,7 @@ std::mutex start_mutex;  // one start, whichever threads ask
 
 // GPIPE_TIMEOUT, or its default, and the job's keys (per torchrun restart) of a World being made.
 void set_timeout_and_prefix(World& w) {
-  const std::string timeout = variable("GPIPE_TIMEOUT");
+  const std::string timeout = environment_value("GPIPE_TIMEOUT");
   double seconds = 1800;
   if (!timeout.empty()) {
     size_t used = 0;
@@ -187,7 +184,7 @@ void set_timeout_and_prefix(World& w) {
                 "\"; give the seconds any wait of the job may last, from 1 to 1000000 (default 1800)");
   }
   w.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-  const std::string restart = variable("TORCHELASTIC_RESTART_COUNT");
+  const std::string restart = environment_value("TORCHELASTIC_RESTART_COUNT");
   w.prefix = "gpipe/" + (restart.empty() ? std::string("0") : restart);
 }
 
@@ -198,7 +195,7 @@ void bind_to_cores() {
                          "1 binds each torchrun rank of a machine to its share of the cores, as mpirun does; "
                          "0, the default, leaves them to the kernel") != "1")
     return;
-  const std::string local_rank = variable("LOCAL_RANK"), local_size = variable("LOCAL_WORLD_SIZE");
+  const std::string local_rank = environment_value("LOCAL_RANK"), local_size = environment_value("LOCAL_WORLD_SIZE");
   if (local_rank.empty() || local_size.empty()) return;
   int rank = 0, size = 0;
   try {
@@ -229,7 +226,7 @@ namespace {
 // The World made, with its store: Gloo's device, then the job started for the rest of the process
 // (start_mutex held).
 World& begin(std::unique_ptr<World> w) {
-  const std::string interface = variable("GLOO_SOCKET_IFNAME");
+  const std::string interface = environment_value("GLOO_SOCKET_IFNAME");
   w->device = interface.empty() ? ::c10d::ProcessGroupGloo::createDefaultDevice()
                                 : ::c10d::ProcessGroupGloo::createDeviceForInterface(interface);
   {
@@ -421,10 +418,13 @@ namespace {
 // agent killed outright (SIGKILL) would leave its ranks training, orphaned; the kernel sends them
 // SIGTERM as it dies instead, which stops them as the agent's own SIGTERM does (at a step boundary,
 // the file saved).
+// (An agent that died before this rank came here has left it without a store: the start fails.)
 void stop_when_the_agent_dies() {
+#if defined(__linux__)
   const pid_t agent = getppid();
   prctl(PR_SET_PDEATHSIG, SIGTERM);
-  if (getppid() != agent) raise(SIGTERM);  // it died before the call
+  if (getppid() != agent) raise(SIGTERM);  // it died between the two calls
+#endif
 }
 
 }  // namespace
@@ -436,15 +436,15 @@ World& start() {
     if (the_world != nullptr) return *the_world;
   }
   for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
-    GPIPE_CHECK(!variable(name).empty(), "the environment variable ", name, " is not set; start the job with torchrun "
+    GPIPE_CHECK(!environment_value(name).empty(), "the environment variable ", name, " is not set; start the job with torchrun "
                 "(one process per device), which sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE");
   auto w = std::make_unique<World>();
   w->size = whole_variable("WORLD_SIZE", 1, 1 << 20);
   w->rank = whole_variable("RANK", 0, w->size - 1);
-  w->host = variable("MASTER_ADDR");
+  w->host = environment_value("MASTER_ADDR");
   w->port = whole_variable("MASTER_PORT", 1, 65535);
   set_timeout_and_prefix(*w);
-  w->agent_store = variable("TORCHELASTIC_USE_AGENT_STORE") == "True";
+  w->agent_store = environment_value("TORCHELASTIC_USE_AGENT_STORE") == "True";
   if (w->agent_store) stop_when_the_agent_dies();
   ::c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(w->port);
