@@ -51,7 +51,6 @@ std::string readable(const std::string& message, const std::string& command) {
          (command.empty() ? "" : command + " ") + "--help";
 }
 
-
 // Whether this process is the first (or only) of its job, by what mpirun and torchrun set before it
 // starts: the one that prints what the whole job does alike.
 bool first_process() {

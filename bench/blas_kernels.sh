@@ -43,9 +43,9 @@ for r in rows:
     print(f"{r['kernel']:12} (runs {r['running']:11}) mlp K=1 {r['mlp_k1_median']:7.1f} samples/s "
           f"({r['of_the_fastest']:.2f} of the fastest), {r['gflops_median']:5.1f} GFLOP/s one thread")
 m = dict(machine)
-m["blas_kernel"] = {k: v for k, v in m["blas_kernel"].items() if k in ("best", "cpu_vectors")}
+m["blas_kernel"] = {k: v for k, v in m["blas_kernel"].items() if k in ("best", "vector_isa")}
 doc = {"command": " ".join(["bench/blas_kernels.sh", str(rounds)] + kernels),
-       "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": m, "results": rows}
-json.dump(doc, open(out, "w"), indent=2)
+       "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": m, "results": rows}
+open(out, "w").write(json.dumps(doc, indent=2) + "\n")
 print(f"results written to {out}")
 PY

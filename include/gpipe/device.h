@@ -57,7 +57,6 @@ int machine_cores();
 /// (With the OpenMP backend of ATen this is a per-thread setting.)
 void bind_current_thread(const Device& device);
 
-
 /// Keeps freed memory in the process for reuse instead of returning it to the
 /// system at once. glibc gives each device thread its own arena, and by default
 /// trims (or unmaps) an arena's free memory as soon as a step's activations and
@@ -72,7 +71,6 @@ bool keep_freed_memory();
 
 /// Whether keep_freed_memory() has changed glibc's settings in this process.
 bool freed_memory_kept();
-
 
 /// Where the work of a stage (or of a copy) is queued on its device: on a CUDA device, a stream
 /// of its own from c10's pool, never the default stream, so that stages on one GPU run side by

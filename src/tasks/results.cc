@@ -94,11 +94,16 @@ std::string json_of(const Schedule& program, const SimulatedRun& run, const std:
       .dump();
 }
 
-static nlohmann::json blas_kernel_json() {
+namespace {
+
+// This process's BLAS kernel (blas.h) and one thread's GFLOP/s, for machine_json.
+nlohmann::json blas_kernel_json() {
   const BlasKernel kernel = blas_kernel();
   return {{"running", kernel.running}, {"best", kernel.best}, {"chosen_by", kernel.chosen_by},
           {"vector_isa", kernel.vector_isa}, {"gflops_one_thread", std::round(blas_gflops() * 10) / 10}};
 }
+
+}  // namespace
 
 std::string machine_json() {
   std::string cpu = "unknown";

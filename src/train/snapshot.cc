@@ -244,7 +244,6 @@ Dict encode_pipeline(const SavedPipeline& p) {
   return out;
 }
 
-// Throws std::runtime_error saying what is wrong with a stored pipeline.
 // A list of whole numbers, or of numbers, as gpipe writes it (typed) or as Python writes it back
 // (torch.save of a loaded file: a list of any); nullopt for anything else.
 template <typename T>
@@ -263,6 +262,7 @@ std::optional<std::vector<T>> numbers_of(const c10::IValue& value) {
   return out;
 }
 
+// Throws std::runtime_error saying what is wrong with a stored pipeline.
 SavedPipeline decode_pipeline(const c10::IValue& value) {
   if (!value.isGenericDict()) throw std::runtime_error("its pipeline is not a dict");
   const Dict d = value.toGenericDict();
