@@ -181,7 +181,7 @@ PY
   else fail "a rank busy beyond GPIPE_TIMEOUT: $(grep -m3 "gpipe" "$work/late.err")"; fi
 fi
 
-if part small_shm; then  # cost 15
+if part small_shm; then  # cost 20
   # A /dev/shm too small for the rings (a container's 1 MiB): each rank says so with the room it needed
   # and the reason, the ranks exchange through Gloo, and --json names the transport.
   if ! unshare -m true 2>/dev/null; then
@@ -192,6 +192,13 @@ if part small_shm; then  # cost 15
        /usr/bin/python3 -c 'import json, sys; t = json.load(open(sys.argv[1]))["transport"]; assert t.startswith("c10d (Gloo") and "shared memory" not in t, t' "$work/shm.json"
   then pass "/dev/shm of 1 MiB: said on standard error with the room needed; --json names Gloo as the transport"
   else fail "/dev/shm of 1 MiB: $(grep -m3 "gpipe\|Error" "$work/shm.err")"; fi
+  # GPIPE_BIND_CORES as GPIPE_SHM: a value it does not take is refused naming the choices, not ignored.
+  if GPIPE_BIND_CORES=yes timeout -k 10 120 bash "$torchrun_sh" 2 "$gpipe" train "${small[@]}" --stages 2 \
+       --schedule task >/dev/null 2>"$work/bind.err"; then
+    fail "GPIPE_BIND_CORES=yes was taken"
+  elif grep -q "GPIPE_BIND_CORES=yes is not one of 0, 1" "$work/bind.err"; then
+    pass "GPIPE_BIND_CORES=yes: refused naming 0 and 1"
+  else fail "GPIPE_BIND_CORES=yes: $(grep -m3 "gpipe" "$work/bind.err")"; fi
 fi
 
 if part lone; then  # cost 20
