@@ -4,6 +4,7 @@
 #include "common.h"
 
 #include <gpipe/blas.h>
+#include <gpipe/environment.h>
 #include <gpipe/results.h>
 
 #include <iostream>
@@ -42,7 +43,8 @@ int run(const MachineOptions& o) {
             << "; the best for this CPU: " << (kernel.best.empty() ? "none known" : kernel.best) << "\n"
             << "speed    " << fixed(k["gflops_one_thread"].get<double>(), 1)
             << " GFLOP/s on one thread (float32, 512 x 512 product)\n";
-  if (const std::string advice = kernel.advice(); !advice.empty()) std::cout << advice << "\n";
+  if (const std::string advice = kernel.advice(); !advice.empty() && environment_value("GPIPE_BLAS_CORETYPE") != "keep")
+    std::cout << advice << "\n";
   return 0;
 }
 

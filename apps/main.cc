@@ -68,8 +68,8 @@ int main(int argc, char** argv) {
   try {
     if (const std::string line = run_with_best_blas_kernel(argv); !line.empty() && first_process())
       std::cerr << line << "\n";
-  } catch (const std::exception& e) {
-    std::cerr << e.what() << "\n";
+  } catch (const std::exception& e) {  // every process of a job refuses alike: the first says why
+    if (first_process()) std::cerr << e.what() << "\n";
     return 2;
   }
   CLI::App app{"gpipe: train neural networks with GPipe pipeline parallelism"};

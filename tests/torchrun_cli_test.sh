@@ -120,7 +120,10 @@ if part agent_kill; then  # cost 15
   if pgrep -f "$work/agent.pt" >/dev/null; then
     fail "torchrun's agent killed: ranks still run after 30 s"; pgrep -af "$work/agent.pt"; pkill -9 -f "$work/agent.pt"
   elif [ $took -gt 15 ]; then fail "torchrun's agent killed: the ranks took $took s to stop"
-  elif ! grep -q -- "--redirects 2 --tee 2 --log_dir $work/logs .*--resume $work/agent.pt" "$rank0_err"; then
+  # (A busy machine may deliver a second SIGTERM before the step boundary, which ends the run at once with
+  # the last save whole, as documented: then there is no resume line to check, and the file must resume.)
+  elif ! grep -q "a second signal (ended at once); the last save is whole" "$rank0_err" &&
+       ! grep -q -- "--redirects 2 --tee 2 --log_dir $work/logs .*--resume $work/agent.pt" "$rank0_err"; then
     fail "torchrun's agent killed: rank 0's resume command"; tail -5 "$rank0_err"
   elif "$gpipe" "${run[@]}" --steps 25 --resume "$work/agent.pt" --json >/dev/null 2>"$work/resumed.err"; then
     pass "torchrun's agent killed: its ranks stopped in $took s with a whole file and a resume command that starts"
@@ -159,7 +162,8 @@ if part busy_peer; then  # cost 30
 import sys, time, torch, gpipe
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-pipe = gpipe.GPipe(model, devices=2, chunks=4, balance=[2, 1])
+pipe = gpipe.GPipe(model, devices=2, chunks=4)  # built on the first batch; its rank known before
+assert pipe.rank == int(sys.argv[1] if len(sys.argv) > 1 else __import__("os").environ["RANK"]), pipe.rank
 for step in range(2):
     if step == 1 and pipe.rank == 1:
         time.sleep(11)  # busy with something else: no pipeline call for 11 s

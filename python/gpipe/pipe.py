@@ -168,15 +168,16 @@ def _check_mpi_job(devices):
     size = _mpi_job_size()
     if size is None or size % devices == 0:
         return
-    script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else "script.py"
-    start = f"mpirun -np {devices} python3 {script}"
-    if size == 1:
+    import shlex
+    script = shlex.join([sys.executable] + sys.argv) if sys.argv and sys.argv[0] else "python3 script.py"
+    start = f"mpirun -np {devices} {script}"
+    if size == 1 and not any(os.environ.get(name) for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")):
         raise ValueError(f"gpipe: runtime=\"mpi\" runs one process per device, but mpirun did not start this one, so "
                          f"its MPI job is this process alone, one process for {devices} devices; start one per device "
                          f"under mpirun, `{start}` ({2 * devices}, {3 * devices}, ... for replicas), or leave "
                          f"runtime=\"auto\" (the default) to run the {devices} devices as threads of this process")
     raise ValueError(f"gpipe: runtime=\"mpi\" runs one process per device, and mpirun started {size} processes, not a "
-                     f"multiple of the {devices} devices; start K·D processes for K devices and D replicas: `{start}` "
+                     f"multiple of the {devices} devices; start devices × replicas processes: `{start}` "
                      f"({2 * devices}, {3 * devices}, ... for replicas)")
 
 
@@ -978,5 +979,14 @@ class GPipe:
 
     @property
     def rank(self):
-        """This process's rank in its job (MPI, c10d; 0 in one process): rank 0 prints."""
-        return 0 if self._pipe is None else self._pipe.rank
+        """This process's rank in its job (MPI, c10d; 0 in one process): rank 0 prints. Before the pipeline
+        is built (on the first batch), the rank its group or its launcher gives."""
+        if self._pipe is not None:
+            return self._pipe.rank
+        if self._group is not None:
+            return self._group[1]
+        if self._settings.runtime != "threads" and _launched():
+            for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"):
+                if os.environ.get(name, "").isdigit():
+                    return int(os.environ[name])
+        return 0

@@ -223,7 +223,8 @@ std::string started_again(char** argv, const std::string& from) {
       unsetenv("OPENBLAS_CORETYPE");
     else
       setenv("OPENBLAS_CORETYPE", coretype_before.c_str(), 1);
-    return "gpipe: this OpenBLAS has no " + asked + " kernel and runs " + kernel.running +
+    kernel_chosen_by = "OpenBLAS";  // its fallback for a name it lacks, whatever OPENBLAS_CORETYPE said before
+    return "gpipe: this OpenBLAS has no " + asked + " kernel and runs its fallback, " + kernel.running +
            "; set GPIPE_BLAS_CORETYPE=keep to start without trying";
   }
   if (!blas_products_right()) {
@@ -269,7 +270,15 @@ std::string run_with_best_blas_kernel(char** argv) {
 }
 
 std::string blas_warning() {
-  if (coretype_setting() == "keep" || !environment_value("OPENBLAS_CORETYPE").empty()) return "";
+  const std::string setting = coretype_setting();
+  if (!setting.empty() && setting != "auto" && setting != "keep") {
+    const BlasKernel kernel = blas_kernel();
+    if (same_name(kernel.running, setting) || kernel.running.empty()) return "";
+    return "gpipe: GPIPE_BLAS_CORETYPE=" + setting + " changes the kernel of the gpipe program only: this process "
+           "loaded OpenBLAS before gpipe, with " + kernel.running + "; export OPENBLAS_CORETYPE=" + setting +
+           " before it starts";
+  }
+  if (setting == "keep" || !environment_value("OPENBLAS_CORETYPE").empty()) return "";
   return blas_kernel().advice();
 }
 

@@ -489,9 +489,9 @@ Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, 
         first() ? "the stage's layers change " + changed + ", the caller's data, in place (the micro-batches are "
                   "views of its batch): make the layer return a new tensor (e.g. ReLU(inplace=False))"
                 : "the stage's layers change " + changed +
-                      " in place, and re-materialization runs the forward again from the input it keeps: make the "
-                      "layer return a new tensor (m.logical_not() rather than m.logical_not_()), cut the model so "
-                      "that another layer begins the stage, or use checkpoint never");
+                      " in place, and the stage keeps its input for its backward pass (and re-materialization runs "
+                      "the forward again from it): make the layer return a new tensor (e.g. ReLU(inplace=False)), "
+                      "or cut the model so that another layer begins the stage");
   for (const auto& [skip, name] : stashed_)  // [2], for each skip connection
     skip_outbox_[{i, static_cast<int>(skip_channel(skip, false))}] = k.stashed.at(skip).detach();
   if (!step.training) {

@@ -276,8 +276,8 @@ def test_runtime_mpi_outside_mpirun_is_refused_when_the_gpipe_is_made_naming_mpi
     for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"):
         monkeypatch.delenv(name, raising=False)
     refused(r"runtime=\"mpi\" runs one process per device, but mpirun did not start this one.*"
-            r"`mpirun -np 2 python3 .*`.*runtime=\"auto\"", runtime="mpi", devices=2)
-    refused(r"`mpirun -np 4 python3 ", runtime="mpi", balance=[1, 1, 1, 1], schedule="gpipe")
+            r"`mpirun -np 2 \S*python3\S* .*`.*runtime=\"auto\"", runtime="mpi", devices=2)
+    refused(r"`mpirun -np 4 \S*python3", runtime="mpi", balance=[1, 1, 1, 1], schedule="gpipe")
     gpipe.GPipe(mlp(), runtime="mpi", devices=1)  # one device: MPI's job of this process alone
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")  # as mpirun -np 3 would start it
     refused(r"mpirun started 3 processes, not a multiple of the 2 devices.*`mpirun -np 2 ", runtime="mpi", devices=2)

@@ -418,12 +418,17 @@ namespace {
 // agent killed outright (SIGKILL) would leave its ranks training, orphaned; the kernel sends them
 // SIGTERM as it dies instead, which stops them as the agent's own SIGTERM does (at a step boundary,
 // the file saved).
-// (An agent that died before this rank came here has left it without a store: the start fails.)
+// The parent as this process started (the library loads with it): torchrun's agent, for a rank.
+const pid_t parent_at_start = getppid();
+
+// An agent that died before this rank came here left it without a store: refused at once, rather
+// than waiting GPIPE_TIMEOUT for the store.
 void stop_when_the_agent_dies() {
+  GPIPE_CHECK(getppid() == parent_at_start, "torchrun's agent (process ", parent_at_start, ", this rank's parent) "
+              "ended before this rank connected to its store: the job is gone; start it again");
 #if defined(__linux__)
-  const pid_t agent = getppid();
   prctl(PR_SET_PDEATHSIG, SIGTERM);
-  if (getppid() != agent) raise(SIGTERM);  // it died between the two calls
+  if (getppid() != parent_at_start) raise(SIGTERM);  // it died between the check and the call
 #endif
 }
 
