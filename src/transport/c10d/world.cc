@@ -424,8 +424,10 @@ const pid_t parent_at_start = getppid();
 // An agent that died before this rank came here left it without a store: refused at once, rather
 // than waiting GPIPE_TIMEOUT for the store.
 void stop_when_the_agent_dies() {
-  GPIPE_CHECK(getppid() == parent_at_start, "torchrun's agent (process ", parent_at_start, ", this rank's parent) "
-              "ended before this rank connected to its store: the job is gone; start it again");
+  // A rank's parent is its agent; init (1) has it only once the agent is gone, maybe before the
+  // process started (a wrapper script's sleep).
+  GPIPE_CHECK(getppid() == parent_at_start && getppid() != 1, "torchrun's agent (this rank's parent) ended before this "
+              "rank connected to its store: the job is gone; start it again");
 #if defined(__linux__)
   prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (getppid() != parent_at_start) raise(SIGTERM);  // it died between the check and the call
