@@ -39,9 +39,8 @@ def _warn_of_a_generic_blas_kernel():
     export. GPIPE_BLAS_CORETYPE=keep silences it; a value gpipe does not take raises, naming the choices."""
     import warnings
     advice = _gpipe.blas_warning()
-    # The first process of a job says it for all (mpirun's, torchrun's and Slurm's rank variables).
-    rank = next((os.environ[name] for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK") if os.environ.get(name)), "0")
-    if advice and rank == "0":
+    from .pipe import _launcher_rank
+    if advice and _launcher_rank() == 0:  # the first process of a job says it for all
         warnings.warn(advice, RuntimeWarning, stacklevel=3)
 
 

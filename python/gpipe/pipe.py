@@ -247,6 +247,14 @@ def _launched():
         os.environ.get("WORLD_SIZE") != "1"
 
 
+def _launcher_rank():
+    """This process's rank as mpirun or torchrun set it before it started (0 where none did)."""
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
 def _batch(value, name):
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"gpipe: {name} must be a torch.Tensor (got {type(value).__name__})")
@@ -985,8 +993,4 @@ class GPipe:
             return self._pipe.rank
         if self._group is not None:
             return self._group[1]
-        if self._settings.runtime != "threads" and _launched():
-            for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"):
-                if os.environ.get(name, "").isdigit():
-                    return int(os.environ[name])
-        return 0
+        return _launcher_rank() if self._settings.runtime != "threads" and _launched() else 0
