@@ -20,6 +20,7 @@
 #include "gpipe/partition.h"
 #include "gpipe/planner.h"
 #include "gpipe/pipeline.h"
+#include "gpipe/pipeline_config.h"
 #include "gpipe/progress.h"
 #include "gpipe/plan.h"
 #include "gpipe/results.h"
