@@ -4,6 +4,7 @@
 #include "gpipe/backend.h"
 #include "gpipe/blas.h"
 #include "gpipe/check.h"
+#include "gpipe/choose.h"
 #include "gpipe/command_line.h"
 #include "gpipe/cost_model.h"
 #include "gpipe/data.h"
