@@ -145,14 +145,15 @@ int run(const PlanOptions& o) {
             << std::setw(8) << "bubble" << std::setw(13) << "peak/device" << "  cut\n";
   for (size_t n = 0; n < shown; ++n) {
     const PlanCandidate& c = found[n];
-    const std::string schedule = to_string(c.schedule);
-    std::cout << std::setw(4) << c.devices << std::setw(5) << c.replicas << std::setw(5) << c.micro_batches
+    const std::string schedule = to_string(c.config.schedule);
+    std::cout << std::setw(4) << c.config.devices << std::setw(5) << c.replicas << std::setw(5)
+              << c.config.micro_batches
               << std::setw(14)
-              << (c.virtual_stages > 1 ? schedule + "/" + std::to_string(c.virtual_stages) : schedule)
-              << std::setw(13) << to_string(c.checkpoint)
+              << (c.config.virtual_stages > 1 ? schedule + "/" + std::to_string(c.config.virtual_stages) : schedule)
+              << std::setw(13) << to_string(c.config.checkpoint)
               << std::setw(12) << figure(c.samples_per_s, 12, 1) << std::setw(11) << figure(c.step_s, 11, 4)
               << std::setw(8) << std::setprecision(3) << c.predicted.bubble << std::setw(13)
-              << format_bytes(static_cast<double>(c.largest_total_bytes)) << "  " << cut_text(c.balance) << "\n";
+              << format_bytes(static_cast<double>(c.largest_total_bytes)) << "  " << cut_text(c.config.balance) << "\n";
   }
   return 0;
 }

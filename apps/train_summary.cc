@@ -52,7 +52,7 @@ nlohmann::json summary_json(const TrainOptions& o, const TrainingRun& c, const R
     j["auto"] = {{"predicted_step_s", c.choice->predicted.step_s}, {"predicted_bubble", c.choice->predicted.bubble},
                  {"measured_step_s", measured}, {"measured_median_step_s", s.figures.median_step_s},
                  {"measured_bubble", s.figures.bubble},
-                 {"order", order_name(c.choice->stage_times)},
+                 {"order", order_name(c.choice->config.stage_times)},
                  {"configurations", c.choice->considered}, {"fits", c.choice->fits}};
     if (!c.choice->taken_from.empty()) {  // the resumed file's pipeline: nothing predicted
       j["auto"]["taken_from"] = c.choice->taken_from;
@@ -92,8 +92,10 @@ void print_summary(const TrainOptions& o, const TrainingRun& c, const RunSummary
   else if (s.no_step_ran)
     std::cout << "  no step ran: the checkpoint file is at step " << s.steps << ", and the run ends at step "
               << s.total_steps << "\n";
+  const RunFigures& f = s.figures;
   std::cout << "  " << format_score(c.task.metric, s.evaluation, c.data, /*summary=*/true) << "\n"
-            << format_run_figures(s.figures) << (c.choice ? format_choice_measured(*c.choice, s.figures) : "")
+            << format_run_figures(f)
+            << (c.choice ? format_choice_measured(*c.choice, f.steps, f.train_seconds, f.median_step_s, f.bubble) : "")
             << std::flush;
   if (!saved_to.empty()) std::cout << "  saved to       " << saved_to << std::endl;
 }

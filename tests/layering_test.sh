@@ -12,7 +12,7 @@ root="${1:-$(cd "$(dirname "$0")/.." && pwd)}"
 cd "$root"
 
 # The ladder, lowest first.
-ladder=(common schedule device plan transport runtime model cost train tasks)
+ladder=(common schedule device plan transport runtime model cost choose train tasks)
 declare -A rung
 for i in "${!ladder[@]}"; do rung[${ladder[$i]}]=$i; done
 rung[umbrella]=${#ladder[@]}  # gpipe.h, all of them: for users, never for src/
@@ -22,11 +22,12 @@ declare -A home=(
   [check]=common [environment]=common [command_line]=common [digest]=common [io]=common [progress]=common [stop]=common [tensors]=common
   [schedule]=schedule
   [blas]=device [device]=device [memory]=device [trace]=device
-  [layers]=plan [partition]=plan [plan]=plan [skip_connections]=plan
+  [layers]=plan [partition]=plan [pipeline_config]=plan [plan]=plan [skip_connections]=plan
   [transport]=transport [backend]=transport [mpi_backend]=transport [c10d_backend]=transport [job]=transport
   [executor]=runtime [microbatch]=runtime [pipeline]=runtime [skip]=runtime [stage]=runtime [mpi]=runtime
   [models]=model [script_model]=model [workloads]=model
   [cost_model]=cost [planner]=cost
+  [choose]=choose
   [data]=train [snapshot]=train [train]=train
   [tasks]=tasks [results]=tasks
   [gpipe]=umbrella

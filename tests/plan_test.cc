@@ -157,3 +157,61 @@ TEST(PlanTest, StageTimesOrderTheVSchedulesOnePerStage) {
                  "`stage_times` holds 1 entry for a pipeline of 4 stages; give one per stage (K·V), or none");
   expect_invalid([&] { gpipe::with_stage_times(unit, {{1, 1, 1}}); }, "`stage_times` holds 1 entry");
 }
+
+// PipelineConfig: a plan's shape, as the one serializer writes it and reads it back. Every field
+// crosses text_of exactly (a stage time of 1/3 keeps its bits), a plan's config makes the same plan
+// again, and what no pipeline could run is refused naming the field.
+TEST(PipelineConfigTest, RoundTripsExactlyAndRefusesWhatCannotRun) {
+  const std::vector<gpipe::ActionTimes> times{{0.1, 1.0 / 3, 2e-7}, {1, 1, 0}, {2.5, 2.5, 2.5}, {1e-4, 7, 0.25}};
+  const gpipe::PipelinePlan plan = gpipe::make_plan(
+      9, PipelineOptions().devices(2).micro_batches(3).schedule(ScheduleKind::kZBV).balance({1, 2, 2, 4})
+             .checkpoint(gpipe::Checkpoint::kAlways).stage_times(times));
+  const gpipe::PipelineConfig config = plan.config();
+  EXPECT_EQ(config.virtual_stages, 2);
+  EXPECT_EQ(gpipe::describe(config), "zbv (V=2), M=3, checkpoint always");
+  const std::string text = gpipe::text_of(gpipe::fields_of(config));
+  const gpipe::PipelineConfig back = gpipe::config_of(gpipe::fields_of_text(text, "the test's line"), "the line");
+  EXPECT_TRUE(back == config) << text;
+  EXPECT_EQ(back.stage_times[0].input_grad, 1.0 / 3) << text;
+  const gpipe::PipelinePlan again = gpipe::make_plan(9, PipelineOptions().config(back));
+  EXPECT_EQ(again.training.actions, plan.training.actions);
+  EXPECT_TRUE(again.config() == config);
+  // Another value differs.
+  gpipe::PipelineConfig other = config;
+  other.stage_times[3].weight_grad = 0.5;
+  EXPECT_TRUE(other != config);
+
+  auto refused = [&](gpipe::Fields fields, const std::string& expected) {
+    try {
+      gpipe::config_of(fields, "its pipeline");
+      ADD_FAILURE() << "read: " << gpipe::text_of(fields);
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  auto with = [&](const std::string& name, const gpipe::FieldValue& value) {
+    gpipe::Fields fields = gpipe::fields_of(config);
+    for (auto& [key, v] : fields)
+      if (key == name) v = value;
+    return fields;
+  };
+  refused(with("devices", int64_t{0}), "its pipeline's devices is 0");
+  refused(with("devices", std::string("two")), "its pipeline has no devices");
+  refused(with("schedule", std::string("fast")), "its pipeline: ");
+  refused(with("balance", std::vector<int64_t>{1, 2, 6}), "its pipeline's balance has 3 stages, not K·V");
+  refused(with("balance", std::vector<double>{1, 2, 2, 4}), "its pipeline has no balance (a list of whole numbers)");
+  refused(with("schedule", std::string("interleaved")), "its pipeline cannot have run: ");  // M = 3 on K = 2
+  refused(with("stage_times", std::vector<double>{1, 2, 3}), "its pipeline's stage_times holds 3 times, not 3 for "
+                                                             "each of its 4 stages");
+  refused(with("stage_times", std::vector<double>(12, -1.0)), "its pipeline's stage_times holds -1");
+  // A line text_of did not write.
+  for (const std::string bad : {"devices=2", "devices:x=2", "devices:i=two", "balance:I=1,,2"}) {
+    try {
+      gpipe::fields_of_text(bad, "rank 0's pipeline");
+      ADD_FAILURE() << "read: " << bad;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0's pipeline is not a pipeline's fields"), std::string::npos)
+          << e.what();
+    }
+  }
+}

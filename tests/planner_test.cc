@@ -42,37 +42,39 @@ TEST(PlannerTest, EveryConfigurationIsPredictedAsPredictDoesAndSortedFastestFirs
   ASSERT_FALSE(found.empty());
   for (size_t n = 0; n < found.size(); ++n) {
     const PlanCandidate& c = found[n];
-    SCOPED_TRACE("candidate " + std::to_string(n) + ": K=" + std::to_string(c.devices) + " M=" +
-                 std::to_string(c.micro_batches) + " " + to_string(c.schedule) + " " + to_string(c.checkpoint));
+    SCOPED_TRACE("candidate " + std::to_string(n) + ": K=" + std::to_string(c.config.devices) + " M=" +
+                 std::to_string(c.config.micro_batches) + " " + to_string(c.config.schedule) + " " +
+                 to_string(c.config.checkpoint));
     EXPECT_TRUE(c.fits);
-    EXPECT_EQ(c.devices * c.replicas, 8);
-    EXPECT_EQ(c.virtual_stages, default_virtual_stages(c.schedule));
+    EXPECT_EQ(c.config.devices * c.replicas, 8);
+    EXPECT_EQ(c.config.virtual_stages, default_virtual_stages(c.config.schedule));
     // The cut: the blocks evenly, the embedding with the first stage and the projection with the last.
-    std::vector<int> cut = even_balance(12, c.devices * c.virtual_stages);
+    std::vector<int> cut = even_balance(12, c.config.devices * c.config.virtual_stages);
     cut.front() += 1;
     cut.back() += 1;
-    EXPECT_EQ(c.balance, cut);
+    EXPECT_EQ(c.config.balance, cut);
     // A V schedule is ordered by its stages' times at the micro-batches' rows; the others by none.
     const int64_t rows = micro_batch_sizes(search.batch, c.replicas).front();
-    if (schedule_traits(c.schedule).orders_by_times) {
+    if (schedule_traits(c.config.schedule).orders_by_times) {
       const std::vector<ActionTimes> times =
-          stage_action_times(costs, c.balance, micro_batch_sizes(rows, c.micro_batches).front(), c.checkpoint);
-      ASSERT_EQ(c.stage_times.size(), times.size());
+          stage_action_times(costs, c.config.balance, micro_batch_sizes(rows, c.config.micro_batches).front(),
+                             c.config.checkpoint);
+      ASSERT_EQ(c.config.stage_times.size(), times.size());
       for (size_t s = 0; s < times.size(); ++s) {
-        EXPECT_EQ(c.stage_times[s].forward, times[s].forward);
-        EXPECT_EQ(c.stage_times[s].input_grad, times[s].input_grad);
-        EXPECT_EQ(c.stage_times[s].weight_grad, times[s].weight_grad);
+        EXPECT_EQ(c.config.stage_times[s].forward, times[s].forward);
+        EXPECT_EQ(c.config.stage_times[s].input_grad, times[s].input_grad);
+        EXPECT_EQ(c.config.stage_times[s].weight_grad, times[s].weight_grad);
       }
     } else {
-      EXPECT_TRUE(c.stage_times.empty());
+      EXPECT_TRUE(c.config.stage_times.empty());
     }
     // The prediction is predict()'s of the same plan on a replica's rows.
-    const PipelinePlan plan = make_plan(costs.layer_count(), PipelineOptions().balance(c.balance)
-                                                                 .micro_batches(c.micro_batches)
-                                                                 .schedule(c.schedule)
-                                                                 .checkpoint(c.checkpoint)
-                                                                 .stage_times(c.stage_times));
-    const Prediction p = predict(costs, plan, micro_batch_sizes(rows, c.micro_batches));
+    const PipelinePlan plan = make_plan(costs.layer_count(), PipelineOptions().balance(c.config.balance)
+                                                                 .micro_batches(c.config.micro_batches)
+                                                                 .schedule(c.config.schedule)
+                                                                 .checkpoint(c.config.checkpoint)
+                                                                 .stage_times(c.config.stage_times));
+    const Prediction p = predict(costs, plan, micro_batch_sizes(rows, c.config.micro_batches));
     EXPECT_EQ(c.predicted.peak_bytes, p.peak_bytes);
     EXPECT_EQ(c.predicted.static_bytes, p.static_bytes);
     EXPECT_EQ(c.largest_total_bytes, p.largest_total_bytes());
@@ -114,10 +116,10 @@ TEST(PlannerTest, OnlyTheDepthsAndMicroBatchesAskedFor) {
   const std::vector<PlanCandidate> found = search_plans(costs, search);
   ASSERT_EQ(found.size(), 2u);
   for (const PlanCandidate& c : found) {
-    EXPECT_TRUE(c.devices == 2 || c.devices == 4);
-    EXPECT_EQ(c.micro_batches, 4);
-    EXPECT_EQ(c.schedule, ScheduleKind::k1F1B);
-    EXPECT_EQ(c.checkpoint, Checkpoint::kAlways);
+    EXPECT_TRUE(c.config.devices == 2 || c.config.devices == 4);
+    EXPECT_EQ(c.config.micro_batches, 4);
+    EXPECT_EQ(c.config.schedule, ScheduleKind::k1F1B);
+    EXPECT_EQ(c.config.checkpoint, Checkpoint::kAlways);
   }
 }
 
@@ -161,11 +163,12 @@ TEST(PlannerTest, NoCutEndsAStageAfterALayerOfMoreTensorsThanAMessageCarries) {
   const std::vector<PlanCandidate> found = search_plans(costs, search);
   bool two_stages = false;
   for (const PlanCandidate& c : found) {
-    const std::vector<int> offsets = stage_offsets(c.balance);
+    const std::vector<int> offsets = stage_offsets(c.config.balance);
     for (size_t s = 1; s + 1 < offsets.size(); ++s)
-      EXPECT_NE(offsets[s], 2) << "K=" << c.devices << " ends a stage after layer 1: " << format_balance(c.balance);
-    EXPECT_NE(c.devices, 4) << format_balance(c.balance);
-    two_stages = two_stages || c.devices == 2;
+      EXPECT_NE(offsets[s], 2) << "K=" << c.config.devices << " ends a stage after layer 1: "
+                               << format_balance(c.config.balance);
+    EXPECT_NE(c.config.devices, 4) << format_balance(c.config.balance);
+    two_stages = two_stages || c.config.devices == 2;
   }
   EXPECT_TRUE(two_stages);  // {1, 3} or {3, 1}: around the layer, not refused
   search.stages = {4};
@@ -219,33 +222,33 @@ TEST(PlannerTest, SearchPlansImprovesItsOwnCutBySimulation) {
   ASSERT_EQ(refined.size(), min_max.size());
   const std::vector<SkipConnection> skips{costs.skips.front().connection};
   auto step_of = [&](const PlanCandidate& c, const std::vector<int>& balance) {
-    const PipelinePlan plan = make_plan(costs.layer_count(), PipelineOptions().devices(c.devices)
-                                                                 .virtual_stages(c.virtual_stages)
+    const PipelinePlan plan = make_plan(costs.layer_count(), PipelineOptions().devices(c.config.devices)
+                                                                 .virtual_stages(c.config.virtual_stages)
                                                                  .balance(balance)
-                                                                 .micro_batches(c.micro_batches)
-                                                                 .schedule(c.schedule)
-                                                                 .checkpoint(c.checkpoint),
+                                                                 .micro_batches(c.config.micro_batches)
+                                                                 .schedule(c.config.schedule)
+                                                                 .checkpoint(c.config.checkpoint),
                                         skips);
-    const std::vector<int64_t> rows = micro_batch_sizes(search.batch / c.replicas, c.micro_batches);
+    const std::vector<int64_t> rows = micro_batch_sizes(search.batch / c.replicas, c.config.micro_batches);
     // A V schedule ordered by the stages' times, as the search orders it.
-    return predict(costs, with_stage_times(plan, stage_action_times(costs, balance, rows.front(), c.checkpoint)), rows)
-        .step_s;
+    const std::vector<gpipe::ActionTimes> times = stage_action_times(costs, balance, rows.front(), c.config.checkpoint);
+    return predict(costs, with_stage_times(plan, times), rows).step_s;
   };
   int faster = 0;
   for (const PlanCandidate& c : refined) {
     const auto same = std::find_if(min_max.begin(), min_max.end(), [&](const PlanCandidate& m) {
-      return m.devices == c.devices && m.micro_batches == c.micro_batches && m.schedule == c.schedule &&
-             m.virtual_stages == c.virtual_stages;
+      return m.config.devices == c.config.devices && m.config.micro_batches == c.config.micro_batches &&
+             m.config.schedule == c.config.schedule && m.config.virtual_stages == c.config.virtual_stages;
     });
     ASSERT_NE(same, min_max.end());
-    SCOPED_TRACE("K=" + std::to_string(c.devices) + " M=" + std::to_string(c.micro_batches) + " " +
-                 to_string(c.schedule) + ": " + format_balance(c.balance) + " against the min-max cut " +
-                 format_balance(same->balance));
+    SCOPED_TRACE("K=" + std::to_string(c.config.devices) + " M=" + std::to_string(c.config.micro_batches) + " " +
+                 to_string(c.config.schedule) + ": " + format_balance(c.config.balance) + " against the min-max cut " +
+                 format_balance(same->config.balance));
     const double step = c.predicted.step_s;  // the pipeline's, without the replicas' all-reduce
-    EXPECT_DOUBLE_EQ(step, step_of(c, c.balance));
+    EXPECT_DOUBLE_EQ(step, step_of(c, c.config.balance));
     EXPECT_LE(step, same->predicted.step_s);
     if (step < same->predicted.step_s * (1 - 1e-9)) ++faster;
-    expect_no_shorter_move(c.balance, step, [&](const std::vector<int>& moved) { return step_of(c, moved); });
+    expect_no_shorter_move(c.config.balance, step, [&](const std::vector<int>& moved) { return step_of(c, moved); });
   }
   EXPECT_GT(faster, 0) << "the simulation improved no configuration's cut";
 }

@@ -134,60 +134,60 @@ TEST(TasksTest, AutoIsTheFastestPredictedConfigurationOfWhatIsLeftOpen) {
   search.checkpoints = {Checkpoint::kNever};
   const std::vector<PlanCandidate> found = search_plans(model.costs, search);
   ASSERT_GT(found.size(), 6u);
-  EXPECT_EQ(choice.schedule, found.front().schedule);
-  EXPECT_EQ(choice.micro_batches, found.front().micro_batches);
-  EXPECT_EQ(choice.virtual_stages, found.front().virtual_stages);
-  EXPECT_EQ(choice.balance, found.front().balance);
+  EXPECT_EQ(choice.config.schedule, found.front().config.schedule);
+  EXPECT_EQ(choice.config.micro_batches, found.front().config.micro_batches);
+  EXPECT_EQ(choice.config.virtual_stages, found.front().config.virtual_stages);
+  EXPECT_EQ(choice.config.balance, found.front().config.balance);
   EXPECT_EQ(choice.predicted.step_s, found.front().predicted.step_s);
   EXPECT_EQ(choice.considered, static_cast<int>(found.size()));
   EXPECT_TRUE(choice.fits && choice.chose_micro_batches);
   for (const PlanCandidate& c : found) EXPECT_GE(c.step_s, found.front().step_s);
   const ScheduleChoice again = choose_schedule(model.costs, open, batch, Checkpoint::kNever, memory);
-  EXPECT_EQ(again.schedule, choice.schedule);
-  EXPECT_EQ(again.micro_batches, choice.micro_batches);
-  EXPECT_EQ(again.balance, choice.balance);
+  EXPECT_EQ(again.config.schedule, choice.config.schedule);
+  EXPECT_EQ(again.config.micro_batches, choice.config.micro_batches);
+  EXPECT_EQ(again.config.balance, choice.config.balance);
   // A given M, V or cut stays; the schedule is chosen among those that take them.
   RunRequest m = open;
   m.micro_batches = 8;
   m.micro_batches_given = true;
-  EXPECT_EQ(choose_schedule(model.costs, m, batch, Checkpoint::kNever, memory).micro_batches, 8);
+  EXPECT_EQ(choose_schedule(model.costs, m, batch, Checkpoint::kNever, memory).config.micro_batches, 8);
   RunRequest v = open;
   v.virtual_stages = 2;
   const ScheduleChoice two = choose_schedule(model.costs, v, batch, Checkpoint::kNever, memory);
-  EXPECT_EQ(two.virtual_stages, 2);
-  EXPECT_GT(default_virtual_stages(two.schedule), 1);
+  EXPECT_EQ(two.config.virtual_stages, 2);
+  EXPECT_GT(default_virtual_stages(two.config.schedule), 1);
   RunRequest given = open;
   given.devices = 0;
   given.balance = {1, model.costs.layer_count() - 1};
   const ScheduleChoice cut = choose_schedule(model.costs, given, batch, Checkpoint::kNever, memory);
-  EXPECT_EQ(cut.balance, given.balance);
-  EXPECT_EQ(cut.devices, 2);
-  EXPECT_EQ(cut.virtual_stages, 1);
+  EXPECT_EQ(cut.config.balance, given.balance);
+  EXPECT_EQ(cut.config.devices, 2);
+  EXPECT_EQ(cut.config.virtual_stages, 1);
   // Re-materialization left open: none where the memory fits; where it does not, the fastest mode
   // that fits, recomputing activations to keep fewer of them.
   RunRequest recompute = open;
   recompute.checkpoint_given = false;
-  EXPECT_EQ(choose_schedule(model.costs, recompute, batch, Checkpoint::kExceptLast, memory).checkpoint,
+  EXPECT_EQ(choose_schedule(model.costs, recompute, batch, Checkpoint::kExceptLast, memory).config.checkpoint,
             Checkpoint::kNever);
-  EXPECT_EQ(choice.checkpoint, Checkpoint::kNever);  // given: the run's
+  EXPECT_EQ(choice.config.checkpoint, Checkpoint::kNever);  // given: the run's
   const std::vector<PlanCandidate> modes = schedule_candidates(model.costs, recompute, batch, Checkpoint::kNever, memory);
   int64_t least_without = std::numeric_limits<int64_t>::max(), least_with = least_without;
   for (const PlanCandidate& c : modes)
-    (c.checkpoint == Checkpoint::kNever ? least_without : least_with) =
-        std::min(c.checkpoint == Checkpoint::kNever ? least_without : least_with, c.largest_total_bytes);
+    (c.config.checkpoint == Checkpoint::kNever ? least_without : least_with) =
+        std::min(c.config.checkpoint == Checkpoint::kNever ? least_without : least_with, c.largest_total_bytes);
   ASSERT_LT(least_with, least_without);
   const ScheduleChoice tight = choose_schedule(model.costs, recompute, batch, Checkpoint::kNever, least_with);
   EXPECT_TRUE(tight.fits);
-  EXPECT_NE(tight.checkpoint, Checkpoint::kNever);
-  EXPECT_NE(format_choice(tight).find(", checkpoint " + to_string(tight.checkpoint)), std::string::npos)
+  EXPECT_NE(tight.config.checkpoint, Checkpoint::kNever);
+  EXPECT_NE(format_choice(tight).find(", checkpoint " + to_string(tight.config.checkpoint)), std::string::npos)
       << format_choice(tight);
   // The choice as a run takes it, and in words.
   const RunRequest chosen = with_choice(open, choice);
   const PipelineOptions options = pipeline_options_of(find_task("tiny"), chosen);
-  EXPECT_EQ(options.schedule(), choice.schedule);
-  EXPECT_EQ(options.micro_batches(), choice.micro_batches);
-  EXPECT_EQ(make_plan(model.costs.layer_count(), options).balance, choice.balance);
-  EXPECT_EQ(format_choice(choice).rfind("schedule auto: " + to_string(choice.schedule), 0), 0u) << format_choice(choice);
+  EXPECT_EQ(options.schedule(), choice.config.schedule);
+  EXPECT_EQ(options.micro_batches(), choice.config.micro_batches);
+  EXPECT_EQ(make_plan(model.costs.layer_count(), options).balance, choice.config.balance);
+  EXPECT_EQ(format_choice(choice).rfind("schedule auto: " + to_string(choice.config.schedule), 0), 0u) << format_choice(choice);
   // Where nothing profiles the model, "auto" is the task's own.
   EXPECT_EQ(pipeline_options_of(find_task("cnn"), {2, 4, "auto"}).schedule(), ScheduleKind::kInterleaved);
   EXPECT_EQ(resolve_run(find_task("cnn"), {2, 4, "task"}).schedule, "interleaved");
@@ -209,22 +209,22 @@ TEST(TasksTest, AutoPredictsEachMicroBatchCountFromItsOwnRows) {
   };
   const std::vector<PlanCandidate> found = schedule_candidates(costs_at, open, batch, Checkpoint::kNever, memory);
   EXPECT_EQ(asked, (std::map<int64_t, int>{{32, 1}, {16, 1}, {8, 1}, {4, 1}}));  // M = 1, 2, 4, 8
-  EXPECT_LE(found.front().micro_batches, 4);
+  EXPECT_LE(found.front().config.micro_batches, 4);
   for (const PlanCandidate& c : found)
-    if (c.micro_batches == 8) EXPECT_GT(c.step_s, 5 * found.front().step_s) << to_string(c.schedule);
+    if (c.config.micro_batches == 8) EXPECT_GT(c.step_s, 5 * found.front().step_s) << to_string(c.config.schedule);
   // The devices of one process share its cores: a cut of 4 stages weighs K=4 and K=2 (V=2), and on 2
   // cores every K=4 configuration computes twice as long as on 4; K=2 is the same on both.
   RunRequest four{0, 4, "auto"};
   four.balance = {1, 1, 1, model.costs.layer_count() - 3};
   std::map<std::pair<std::string, int>, double> on_four;
   for (const PlanCandidate& c : schedule_candidates(model.costs, four, batch, Checkpoint::kNever, memory, 1, 4))
-    on_four[{to_string(c.schedule), c.devices}] = c.predicted.step_s;
+    on_four[{to_string(c.config.schedule), c.config.devices}] = c.predicted.step_s;
   std::map<int, int> weighed;  // configurations per K
   for (const PlanCandidate& c : schedule_candidates(model.costs, four, batch, Checkpoint::kNever, memory, 1, 2)) {
-    const double alone = on_four.at({to_string(c.schedule), c.devices});
-    if (c.devices == 4) EXPECT_GT(c.predicted.step_s, 1.5 * alone) << to_string(c.schedule);
-    if (c.devices == 2) EXPECT_EQ(c.predicted.step_s, alone) << to_string(c.schedule);
-    ++weighed[c.devices];
+    const double alone = on_four.at({to_string(c.config.schedule), c.config.devices});
+    if (c.config.devices == 4) EXPECT_GT(c.predicted.step_s, 1.5 * alone) << to_string(c.config.schedule);
+    if (c.config.devices == 2) EXPECT_EQ(c.predicted.step_s, alone) << to_string(c.config.schedule);
+    ++weighed[c.config.devices];
   }
   EXPECT_GT(weighed[4], 0);
   EXPECT_GT(weighed[2], 0);
@@ -247,11 +247,11 @@ TEST(TasksTest, TrainingRunsTheScheduleAutoChose) {
     EXPECT_EQ(s.schedule, "auto");  // chosen once the model and data are read
     const TrainingRun run = prepare_training(s, known);
     ASSERT_TRUE(run.choice.has_value());
-    EXPECT_EQ(s.schedule, to_string(run.choice->schedule));
-    EXPECT_EQ(s.micro_batches, run.choice->micro_batches);
-    EXPECT_EQ(s.virtual_stages, run.choice->virtual_stages);
-    EXPECT_EQ(run.plan.schedule, run.choice->schedule);
-    EXPECT_EQ(run.plan.balance, run.choice->balance);
+    EXPECT_EQ(s.schedule, to_string(run.choice->config.schedule));
+    EXPECT_EQ(s.micro_batches, run.choice->config.micro_batches);
+    EXPECT_EQ(s.virtual_stages, run.choice->config.virtual_stages);
+    EXPECT_EQ(run.plan.schedule, run.choice->config.schedule);
+    EXPECT_EQ(run.plan.balance, run.choice->config.balance);
     EXPECT_EQ(run.plan.devices, 2);
     if (m_given) EXPECT_EQ(s.micro_batches, 2);
     EXPECT_EQ(run.choice->chose_micro_batches, !m_given);

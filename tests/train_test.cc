@@ -632,18 +632,18 @@ TEST(TrainerTest, ASnapshotRecordsItsPipeline) {
   const std::string sgd = gpipe::optimizer_name(OptimizerKind::kSgd);
   const std::optional<gpipe::SavedPipeline> saved = gpipe::check_snapshot_of(path, mlp(), sgd);
   ASSERT_TRUE(saved.has_value());
-  EXPECT_EQ(saved->schedule, gpipe::ScheduleKind::kZBV);
-  EXPECT_EQ(saved->devices, 2);
-  EXPECT_EQ(saved->micro_batches, 3);
+  EXPECT_EQ(saved->config.schedule, gpipe::ScheduleKind::kZBV);
+  EXPECT_EQ(saved->config.devices, 2);
+  EXPECT_EQ(saved->config.micro_batches, 3);
   EXPECT_EQ(saved->batch, std::min<int64_t>(TrainerOptions(sgd_options()).batch_size(), data.size()));
-  EXPECT_EQ(saved->virtual_stages, 2);
-  EXPECT_EQ(saved->balance, (std::vector<int>{1, 2, 2, 2}));
-  EXPECT_EQ(saved->checkpoint, gpipe::Checkpoint::kAlways);
-  ASSERT_EQ(saved->stage_times.size(), times.size());  // the order it ran in, bit for bit
+  EXPECT_EQ(saved->config.virtual_stages, 2);
+  EXPECT_EQ(saved->config.balance, (std::vector<int>{1, 2, 2, 2}));
+  EXPECT_EQ(saved->config.checkpoint, gpipe::Checkpoint::kAlways);
+  ASSERT_EQ(saved->config.stage_times.size(), times.size());  // the order it ran in, bit for bit
   for (size_t s = 0; s < times.size(); ++s) {
-    EXPECT_EQ(saved->stage_times[s].forward, times[s].forward);
-    EXPECT_EQ(saved->stage_times[s].input_grad, times[s].input_grad);
-    EXPECT_EQ(saved->stage_times[s].weight_grad, times[s].weight_grad);
+    EXPECT_EQ(saved->config.stage_times[s].forward, times[s].forward);
+    EXPECT_EQ(saved->config.stage_times[s].input_grad, times[s].input_grad);
+    EXPECT_EQ(saved->config.stage_times[s].weight_grad, times[s].weight_grad);
   }
 
   // Saved without a record (as the Python package saves): none read back. With a cut of other than
@@ -657,7 +657,7 @@ TEST(TrainerTest, ASnapshotRecordsItsPipeline) {
   };
   save();
   EXPECT_FALSE(gpipe::check_snapshot_of(path, mlp(), sgd).has_value());
-  state.pipeline = gpipe::SavedPipeline{gpipe::ScheduleKind::kGPipe, 2, 64, 4, 1, {3, 2, 2}, gpipe::Checkpoint::kNever};
+  state.pipeline = gpipe::SavedPipeline{{gpipe::ScheduleKind::kGPipe, 2, 1, 4, {3, 2, 2}, gpipe::Checkpoint::kNever}, 64};
   save();
   try {
     gpipe::check_snapshot_of(path, mlp(), sgd);
@@ -667,8 +667,8 @@ TEST(TrainerTest, ASnapshotRecordsItsPipeline) {
         << e.what();
   }
   // Stage times of other than 3 per stage: refused, naming them.
-  state.pipeline = gpipe::SavedPipeline{gpipe::ScheduleKind::kZBV, 2, 64, 4, 2, {1, 2, 2, 2}, gpipe::Checkpoint::kNever,
-                                        {{1, 1, 1}, {1, 1, 1}}};
+  state.pipeline = gpipe::SavedPipeline{
+      {gpipe::ScheduleKind::kZBV, 2, 2, 4, {1, 2, 2, 2}, gpipe::Checkpoint::kNever, {{1, 1, 1}, {1, 1, 1}}}, 64};
   save();
   try {
     gpipe::check_snapshot_of(path, mlp(), sgd);
@@ -680,14 +680,14 @@ TEST(TrainerTest, ASnapshotRecordsItsPipeline) {
   // A pipeline no run could have had: 1F1B with 3 stages per device; interleaved M=3 on K=2; more
   // micro-batches than rows.
   for (const gpipe::SavedPipeline& impossible :
-       {gpipe::SavedPipeline{gpipe::ScheduleKind::k1F1B, 1, 64, 4, 3, {3, 2, 2}, gpipe::Checkpoint::kNever},
-        gpipe::SavedPipeline{gpipe::ScheduleKind::kInterleaved, 2, 64, 3, 2, {1, 2, 2, 2}, gpipe::Checkpoint::kNever},
-        gpipe::SavedPipeline{gpipe::ScheduleKind::kGPipe, 2, 64, 65, 1, {3, 4}, gpipe::Checkpoint::kNever}}) {
+       {gpipe::SavedPipeline{{gpipe::ScheduleKind::k1F1B, 1, 3, 4, {3, 2, 2}, gpipe::Checkpoint::kNever}, 64},
+        gpipe::SavedPipeline{{gpipe::ScheduleKind::kInterleaved, 2, 2, 3, {1, 2, 2, 2}, gpipe::Checkpoint::kNever}, 64},
+        gpipe::SavedPipeline{{gpipe::ScheduleKind::kGPipe, 2, 1, 65, {3, 4}, gpipe::Checkpoint::kNever}, 64}}) {
     state.pipeline = impossible;
     save();
     try {
       gpipe::check_snapshot_of(path, mlp(), sgd);
-      ADD_FAILURE() << gpipe::to_string(impossible.schedule) << " was read";
+      ADD_FAILURE() << gpipe::to_string(impossible.config.schedule) << " was read";
     } catch (const std::runtime_error& e) {
       EXPECT_NE(std::string(e.what()).find("is corrupt: its pipeline cannot have run: "), std::string::npos) << e.what();
     }

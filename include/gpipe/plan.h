@@ -16,6 +16,7 @@
 
 #include "gpipe/device.h"
 #include "gpipe/layers.h"
+#include "gpipe/pipeline_config.h"
 #include "gpipe/schedule.h"
 #include "gpipe/skip_connections.h"
 
@@ -92,6 +93,8 @@ struct PipelineOptions {
   }
   /// The given balance, or empty when the cut is another request.
   const std::vector<int>& balance() const { return cut_.balance; }
+  /// `config`'s schedule, K, V, M, cut (its balance; empty: even), checkpoint and stage times.
+  PipelineOptions& config(const PipelineConfig& config);
   /// The order in which the devices run forwards and backwards (schedule.h).
   TORCH_ARG(ScheduleKind, schedule) = ScheduleKind::kGPipe;
   /// V, stages per device; the schedule places them (stage s on device s mod K,
@@ -156,6 +159,8 @@ struct PipelinePlan {
 
   /// S, the number of stages (K·V).
   int stages() const { return static_cast<int>(balance.size()); }
+  /// Its schedule, K, V, M, balance, checkpoint and stage times: what a checkpoint records of it.
+  PipelineConfig config() const;
   /// The stages device `device` runs, in increasing order.
   std::vector<int> stages_of(int device) const;
   /// The device that runs the first stage, and the one that runs the last.

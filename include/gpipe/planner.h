@@ -75,15 +75,10 @@ PlanSearch plan_search_of(int devices, int64_t memory_per_device, int64_t batch,
 
 /// One configuration and what the cost model predicts of it.
 struct PlanCandidate {
-  int devices = 1;         ///< K, devices per pipeline
-  int replicas = 1;        ///< D = PlanSearch::devices / K
-  int micro_batches = 1;   ///< M
-  int virtual_stages = 1;  ///< V, the schedule's own
-  ScheduleKind schedule = ScheduleKind::kGPipe;
-  Checkpoint checkpoint = Checkpoint::kNever;
-  std::vector<int> balance;  ///< layers per stage
-  /// What its V schedule's order was predicted with (PipelineOptions::stage_times); empty for another.
-  std::vector<ActionTimes> stage_times;
+  /// K (devices per pipeline), M, V (the schedule's own), the schedule, re-materialization, the cut
+  /// (layers per stage) and, for a V schedule, the order it was predicted with (PipelineOptions::stage_times).
+  PipelineConfig config;
+  int replicas = 1;  ///< D = PlanSearch::devices / K
   Prediction predicted;      ///< the pipeline of one replica, on its share of the batch
   /// predicted.step_s plus the replicas' ring all-reduce of the largest stage's gradients.
   double step_s = 0;

@@ -7,6 +7,7 @@
 // from MPI ranks, resumes with any other: each process takes what it holds.
 #pragma once
 
+#include "gpipe/pipeline_config.h"
 #include "gpipe/schedule.h"
 
 #include <torch/nn/modules/container/sequential.h>
@@ -26,15 +27,8 @@ namespace gpipe {
 /// order in which a step's sums are taken, so a resumed run that takes this again (what `gpipe
 /// train`'s `schedule` auto does) repeats the unbroken run bit for bit.
 struct SavedPipeline {
-  ScheduleKind schedule = ScheduleKind::kGPipe;
-  int devices = 1;         ///< K
-  int64_t batch = 1;       ///< rows per step (a shorter last batch of an epoch aside)
-  int micro_batches = 1;   ///< M
-  int virtual_stages = 1;  ///< V
-  std::vector<int> balance;                   ///< layers per stage, K·V entries
-  Checkpoint checkpoint = Checkpoint::kNever;  ///< re-materialization
-  /// The stages' times its V schedule was ordered by (PipelineOptions::stage_times); empty: unit order.
-  std::vector<ActionTimes> stage_times;
+  PipelineConfig config;  ///< its schedule, K, V, M, cut, re-materialization and stage times
+  int64_t batch = 1;      ///< rows per step (a shorter last batch of an epoch aside)
 };
 
 /// What a training run needs to continue exactly where it stopped.

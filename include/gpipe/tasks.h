@@ -13,6 +13,7 @@
 // registry (src/tasks/registry.cc), its declaration and its entry.
 #pragma once
 
+#include "gpipe/choose.h"
 #include "gpipe/data.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/planner.h"
@@ -168,33 +169,6 @@ std::vector<std::pair<std::string, double>> score_figures(Metric metric, const E
 
 // ---------------------------------------------------------------- a run of a task (run.cc)
 
-/// What a run asks of its pipeline, as a front end's flags give it (gpipe train's --stages,
-/// --micro-batches, --schedule, --virtual-stages, --balance and --balance-by; one point of gpipe
-/// bench's sweep; gpipe schedule's K, M and schedule).
-struct RunRequest {
-  int devices = 1;        ///< K; 0 with a given balance: its length divided by V
-  int micro_batches = 1;  ///< M
-  /// A schedule's name (schedule_names()); "task": the task's own (Task::schedule) when the cut is
-  /// the task's own too, otherwise fill-drain, or interleaved for a V above 1; "auto": the fastest
-  /// predicted (choose_schedule), which a front end that profiles the model resolves first (gpipe
-  /// train and bench in one process): left unresolved (under MPI), it is taken as "task".
-  std::string schedule = "task";
-  int virtual_stages = 0;     ///< V; 0: the schedule's own (the task's, with its own schedule)
-  std::vector<int> balance;   ///< a given cut, K·V entries; empty: none
-  /// How the cut is chosen when none is given: "" the task's own (Task::cut); "even" (a workload's
-  /// blocks evenly, else the layers evenly: never a tuned cut); or a cost method of layer_costs_by
-  /// ("params", "time", "memory"): the min-max cut of `layer_costs` (with "auto", "time" is the
-  /// search's own cut: the min-max of the same times, refined by the simulation).
-  std::string balance_by;
-  std::vector<double> layer_costs;  ///< with a cost method: one cost per layer (layer_costs_by)
-  /// The order of a V schedule by its stages' F, I and W times (PipelineOptions::stage_times), as a
-  /// choice predicted it; empty: the unit order.
-  std::vector<ActionTimes> stage_times;
-  bool micro_batches_given = true;  ///< with "auto": false lets the prediction choose M too
-  /// with "auto": false lets the prediction choose re-materialization too: the fastest mode predicted
-  /// to fit (no re-materialization, where it fits: recomputing only adds work)
-  bool checkpoint_given = true;
-};
 
 /// `request` with what it leaves to the task decided: the schedule of "task" (and of "auto" left
 /// unresolved), the V of 0, and the cut
@@ -261,82 +235,6 @@ void check_run_data(const Task& task, const TaskData& data, int micro_batches, i
 /// Named by `data.test_name`.
 std::string divergence_error(const Trainer& trainer, const Evaluation& evaluation, const TaskData& data, int epoch,
                              const std::string& resume);
-
-// ---------------------------------------------------------------- the schedule chosen by prediction (run.cc)
-
-/// What "auto" chose: of the configurations a run leaves open, the one predicted fastest (search_plans)
-/// among those that fit.
-struct ScheduleChoice {
-  ScheduleKind schedule = ScheduleKind::kGPipe;
-  int devices = 1, micro_batches = 1, virtual_stages = 1;
-  Checkpoint checkpoint = Checkpoint::kNever;  ///< the run's, or the one chosen (RunRequest::checkpoint_given)
-  std::vector<int> balance;  ///< the cut it was predicted with, which the run takes
-  /// The order it was predicted with, which the run takes (PipelineOptions::stage_times; V schedules).
-  std::vector<ActionTimes> stage_times;
-  Prediction predicted;      ///< its step and bubble
-  bool fits = true;          ///< false: none fits the memory; this one needs the least
-  int considered = 0;        ///< the configurations predicted
-  bool chose_micro_batches = false;  ///< M was left open
-  /// The checkpoint file whose pipeline this repeats (a resumed run; nothing is predicted), or empty.
-  std::string taken_from;
-  /// Of a resumed run predicted again: why its file's pipeline is not repeated ("m.pt was trained
-  /// otherwise: its batch was 128 rows, this run's is 64"), or empty.
-  std::string not_as_saved;
-};
-
-/// A model's layers' costs profiled on micro-batches of `rows` rows (profile_layers' per-sample
-/// figures). A kernel on fewer rows does less per second, which one profile scaled per sample does not
-/// show: "auto" predicts each M from a profile at that M's rows (measured on the main job's CNN: a
-/// profile at 32 rows predicted M=8 10 ms under the measured 55.6 ms step).
-using CostsAtRows = std::function<CostModel(int64_t rows)>;
-
-/// The costs "auto" weighs, as front ends profile them: `whole` profiled (profile_model, `options`)
-/// on the first `rows` rows of `input` (and of `target`, where defined, for `options`' loss) at each
-/// size asked, once per size, with as many micro-batches in flight as `batch` holds (a schedule keeps
-/// up to M), and CostModel::update_on_devices set to `update_on_devices`.
-CostsAtRows profiles_at_rows(const torch::nn::Sequential& whole, const torch::Tensor& input,
-                             const torch::Tensor& target, int64_t batch, const PlanProfileOptions& options,
-                             bool update_on_devices);
-
-/// The configurations "auto" weighs for `request`, as search_plans predicts them from `costs_at` (one
-/// replica of K devices on a batch of `batch` rows, the run's `checkpoint` unless the request leaves
-/// it open; those that fit first,
-/// fastest first), each M from the costs at its largest micro-batch's rows (each size asked for
-/// once). What the request gives stays: K (`devices`; with a given balance and no K, its length over
-/// V), M (when `micro_batches_given`; else default_micro_batch_counts), V (when above 0: only the
-/// schedules that take it), the cut (a given `balance`, or the min-max of `layer_costs`; else the
-/// min-max of the profiled time, "even" the even cut); the schedule, and what is left open, is
-/// chosen. `memory_per_device` 0: this machine's memory over K (the devices of one process share
-/// it). The devices of one process share its `cores` too (0: this machine's): where K is more, every
-/// device's compute is predicted K / cores times as long (4 devices on 2 cores ran 53 ms, not the 32 ms
-/// predicted alone). Throws std::invalid_argument as search_plans does.
-std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, const RunRequest& request, int64_t batch,
-                                               Checkpoint checkpoint, int64_t memory_per_device = 0,
-                                               int64_t least_micro_batch_rows = 1, int cores = 0);
-/// The same from one profile for every M (its per-sample figures at any rows).
-std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const RunRequest& request, int64_t batch,
-                                               Checkpoint checkpoint, int64_t memory_per_device = 0,
-                                               int64_t least_micro_batch_rows = 1, int cores = 0);
-
-/// The first of schedule_candidates: the fastest predicted that fits (or, where none fits, the one
-/// that needs the least memory).
-ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const RunRequest& request, int64_t batch,
-                               Checkpoint checkpoint, int64_t memory_per_device = 0,
-                               int64_t least_micro_batch_rows = 1, int cores = 0);
-ScheduleChoice choose_schedule(const CostModel& costs, const RunRequest& request, int64_t batch,
-                               Checkpoint checkpoint, int64_t memory_per_device = 0,
-                               int64_t least_micro_batch_rows = 1, int cores = 0);
-
-/// `request` as `choice` runs: its schedule, K, M, V, cut (a given balance) and, for a V schedule, the
-/// order of its stages' times.
-RunRequest with_choice(RunRequest request, const ScheduleChoice& choice);
-
-/// "schedule auto: zbv (V=2), M=8, cut [3, 2, 2, 3]: predicted step 12.3 ms, bubble 11.4% (the fastest of
-/// 14 configurations predicted)".
-std::string format_choice(const ScheduleChoice& choice);
-/// "  auto's choice  zbv (V=2), M=8: step 12.3 ms predicted, 13.0 ms measured; bubble 11.4% predicted,
-/// 12.0% measured\n", with the measured figures of the run.
-std::string format_choice_measured(const ScheduleChoice& choice, const RunFigures& figures);
 
 // ---------------------------------------------------------------- a training run as asked for (run.cc)
 

@@ -903,6 +903,13 @@ class GPipe:
         return None if self._pipe is None else self._pipe.schedule
 
     @property
+    def config(self):
+        """The pipeline that runs, as a gpipe.PipelineConfig (schedule, devices, virtual_stages, micro_batches,
+        balance, checkpoint and the stage_times its V schedule is ordered by; fields() as a dict): with
+        schedule="auto", the one chosen; the same on every rank. None until the pipeline is built."""
+        return None if self._pipe is None else self._pipe.config
+
+    @property
     def checkpoint(self):
         """The re-materialization run ("always", "except_last" or "never"; checkpoint=None with
         schedule="auto": the one chosen); None until the pipeline is built."""

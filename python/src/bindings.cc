@@ -109,73 +109,12 @@ PipelinePlan check_plan(int layers, const Settings& settings) {
   return make_plan(layers, checked.options());
 }
 
-// A double's bits as a 64-bit word, and back: what crosses between ranks, exactly.
-int64_t bits_of(double value) {
-  int64_t bits = 0;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-}
-
-double double_of(int64_t bits) {
-  double value = 0;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
-// 64-bit words as the bytes that cross between ranks, and back (from byte `from`; a partial word at the
-// end is left out).
-std::string bytes_of(const std::vector<int64_t>& words) {
-  return std::string(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int64_t));
-}
-
-std::vector<int64_t> words_of(const std::string& bytes, size_t from = 0) {
-  std::vector<int64_t> words((bytes.size() - std::min(from, bytes.size())) / sizeof(int64_t));
-  if (!words.empty()) std::memcpy(words.data(), bytes.data() + from, words.size() * sizeof(int64_t));
-  return words;
-}
-
-// Each stage's F, I and W times as words (bits_of), in stage order, appended to `words`; and the
-// `stages` stages' times read back from `words` at `at`.
-void append_times(std::vector<int64_t>& words, const std::vector<ActionTimes>& times) {
-  for (const ActionTimes& t : times)
-    words.insert(words.end(), {bits_of(t.forward), bits_of(t.input_grad), bits_of(t.weight_grad)});
-}
-
-std::vector<ActionTimes> times_at(const std::vector<int64_t>& words, size_t at, size_t stages) {
-  std::vector<ActionTimes> times;
-  for (size_t n = 0; n < stages; ++n, at += 3)
-    times.push_back({double_of(words[at]), double_of(words[at + 1]), double_of(words[at + 2])});
-  return times;
-}
-
 // For long work without the GIL (a profile, a wait for the other ranks): Ctrl-C, or another signal
 // Python's handler raises for, as that exception (KeyboardInterrupt); an exiting interpreter ends it.
 void throw_if_interrupted() {
   const GilTaken gil;
   if (!gil.held()) throw std::runtime_error("the Python interpreter is exiting");
   if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-}
-
-// Rank 0's `values` on every rank of a job of several processes (MPI, c10d); `values` itself in one process.
-std::vector<int> first_rank_list(const std::vector<int>& values) {
-  if (running_backend() != Runtime::kThreads) {
-    const std::string mine(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int));
-    const std::string first = all_gather_processes(mine).front();
-    std::vector<int> out(first.size() / sizeof(int));
-    if (!out.empty()) std::memcpy(out.data(), first.data(), out.size() * sizeof(int));
-    return out;
-  }
-  return values;
-}
-
-// Rank 0's stage times (the order of its V schedule) on every rank of a job of several processes (MPI,
-// c10d), bit for bit; `times` itself in one process.
-std::vector<ActionTimes> first_rank_times(const std::vector<ActionTimes>& times) {
-  if (running_backend() == Runtime::kThreads) return times;
-  std::vector<int64_t> mine;
-  append_times(mine, times);
-  const std::vector<int64_t> first = words_of(all_gather_processes(bytes_of(mine)).front());
-  return times_at(first, 0, first.size() / 3);
 }
 
 // In a job of several processes (MPI, c10d), refuses on every rank a model that is not the same on every
@@ -245,7 +184,8 @@ class PythonPipeline {
       const CostBalance by = balance_by("time", model_, sample, settings.devices, M, settings.threads, 2.0,
                                         options.schedule(), settings.virtual_stages, {}, options.checkpoint());
       // Rank 0's cut, and the order its V schedule was predicted in: every rank runs the same program.
-      options.balance(first_rank_list(by.balance)).stage_times(first_rank_times(by.stage_times));
+      options.balance(by.balance).stage_times(by.stage_times);
+      options.config(first_rank_config(make_plan(model_.layers, options).config()));
     }
     pipe_ = make_pipeline(model_.build, model_.layers, options, kind);
     // Ctrl-C while the devices work: Python's handler runs on this (the calling) thread.
@@ -267,61 +207,29 @@ class PythonPipeline {
   // choice and prediction; a failure there fails every rank.
   void choose(const Settings& settings, const torch::Tensor& batch, PipelineOptions& options) {
     const Runtime running = running_backend();
-    const auto [rank, processes] =
-        running == Runtime::kThreads ? std::pair<int, int>{0, 1} : backend(running).process();
-    const bool profiles_here = rank == 0;
-    // Rank 0's answer, to every rank: "+" and the choice's numbers as 64-bit words (schedule, K, V, M,
-    // checkpoint, step seconds and bubble bit for bit, the stages S, each stage's layers, then, for a V
-    // schedule, each stage's F, I and W times bit for bit), or "-" and the first line of its error.
-    std::string answer;
-    std::exception_ptr failure;
-    if (profiles_here) {
-      try {
-        const ScheduleChoice c = profile_and_choose(settings, batch, processes, options.checkpoint());
-        std::vector<int64_t> words{static_cast<int64_t>(c.schedule), c.devices, c.virtual_stages, c.micro_batches,
-                                   static_cast<int64_t>(c.checkpoint), bits_of(c.predicted.step_s),
-                                   bits_of(c.predicted.bubble), static_cast<int64_t>(c.balance.size())};
-        words.insert(words.end(), c.balance.begin(), c.balance.end());
-        append_times(words, c.stage_times);
-        answer = "+" + bytes_of(words);
-      } catch (const py::error_already_set&) {  // its text needs the GIL, which this thread has not
-        failure = std::current_exception();
-        answer = "-a Python exception there (KeyboardInterrupt, say)";
-      } catch (const std::exception& e) {
-        failure = std::current_exception();
-        const std::string what = without_program_name(e.what());
-        answer = "-" + what.substr(0, what.find('\n'));
-      } catch (...) {
-        failure = std::current_exception();
-        answer = "-an error that is not an exception";
-      }
+    const int processes = running == Runtime::kThreads ? 1 : backend(running).process().second;
+    // A Python exception's text needs the GIL, which this thread has not: rank 0 tells the others it
+    // was one, and raises it itself.
+    std::exception_ptr python_error;
+    try {
+      const ScheduleChoice c = chosen_on_first_rank(
+          [&] {
+            try {
+              return profile_and_choose(settings, batch, processes, options.checkpoint());
+            } catch (const py::error_already_set&) {
+              if (running == Runtime::kThreads) throw;
+              python_error = std::current_exception();
+              throw std::runtime_error("a Python exception there (KeyboardInterrupt, say)");
+            }
+          },
+          "schedule=\"auto\"");
+      options.config(c.config);
+      predicted_.step_s = c.predicted.step_s;  // what every rank has of it
+      predicted_.bubble = c.predicted.bubble;
+    } catch (...) {
+      if (python_error) std::rethrow_exception(python_error);
+      throw;
     }
-    if (running != Runtime::kThreads) answer = all_gather_processes(answer).front();  // none waits for rank 0
-    if (failure) std::rethrow_exception(failure);
-    if (answer.rfind('-', 0) == 0)
-      throw std::runtime_error("gpipe: schedule=\"auto\": rank 0 could not profile the model to choose the "
-                               "schedule: " + answer.substr(1));
-    const std::vector<int64_t> words = words_of(answer, 1);
-    const size_t stages = words.size() >= 8 && words[7] >= 1 ? static_cast<size_t>(words[7]) : 0;
-    const size_t timed = words.size() == 8 + stages ? 0 : stages;
-    GPIPE_CHECK(answer.size() == 1 + words.size() * sizeof(int64_t) && stages >= 1 &&
-                    words.size() == 8 + stages + 3 * timed,
-                "schedule=\"auto\": rank 0's choice came incomplete (", answer.size(), " bytes): do the ranks run "
-                "the same gpipe? install one build of it for every rank");
-    const auto whole = [&words](size_t n) { return static_cast<int>(words[n]); };
-    const auto real = [&words](size_t n) { return double_of(words[n]); };
-    std::vector<int> balance;
-    for (size_t n = 0; n < stages; ++n) balance.push_back(whole(8 + n));
-    const std::vector<ActionTimes> times = times_at(words, 8 + stages, timed);
-    options.schedule(static_cast<ScheduleKind>(whole(0)))
-        .devices(whole(1))
-        .virtual_stages(whole(2))
-        .micro_batches(whole(3))
-        .checkpoint(static_cast<Checkpoint>(whole(4)))
-        .balance(balance)
-        .stage_times(times);
-    predicted_.step_s = real(5);
-    predicted_.bubble = real(6);
   }
 
   // choose's profile and prediction, made on this process (of `processes`, each running its share of
@@ -541,6 +449,34 @@ PYBIND11_MODULE(_gpipe, m) {
         },
         py::arg("layers"), py::arg("settings"));
 
+  // What a pipeline runs, as the one serializer writes it (pipeline_config.h).
+  py::class_<PipelineConfig>(m, "PipelineConfig")
+      .def_property_readonly("schedule", [](const PipelineConfig& c) { return to_string(c.schedule); })
+      .def_readonly("devices", &PipelineConfig::devices)
+      .def_readonly("virtual_stages", &PipelineConfig::virtual_stages)
+      .def_readonly("micro_batches", &PipelineConfig::micro_batches)
+      .def_readonly("balance", &PipelineConfig::balance)
+      .def_property_readonly("checkpoint", [](const PipelineConfig& c) { return to_string(c.checkpoint); })
+      .def_property_readonly("stage_times",
+                             [](const PipelineConfig& c) {
+                               std::vector<std::tuple<double, double, double>> out;
+                               for (const ActionTimes& t : c.stage_times)
+                                 out.emplace_back(t.forward, t.input_grad, t.weight_grad);
+                               return out;
+                             })
+      .def("fields",
+           [](const PipelineConfig& c) {
+             py::dict out;
+             for (const auto& [name, value] : fields_of(c))
+               out[py::str(name)] = std::visit([](const auto& v) { return py::cast(v); }, value);
+             return out;
+           })
+      .def("__eq__", [](const PipelineConfig& a, const PipelineConfig& b) { return a == b; })
+      .def("__repr__", [](const PipelineConfig& c) {
+        return "gpipe.PipelineConfig(" + describe(c) + ", K=" + std::to_string(c.devices) + ", cut " +
+               format_cut(c.balance) + ")";
+      });
+
   // Calls that wait for the devices or for other ranks release the GIL (PythonPipeline::released),
   // so that other Python threads run.
   py::class_<PythonPipeline>(m, "Pipeline")
@@ -564,6 +500,7 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_property_readonly("virtual_stages", [](PythonPipeline& p) { return p.pipe().plan().virtual_stages; })
       .def_property_readonly("micro_batches", [](PythonPipeline& p) { return p.pipe().plan().micro_batches; })
       .def_property_readonly("checkpoint", [](PythonPipeline& p) { return to_string(p.pipe().plan().checkpoint); })
+      .def_property_readonly("config", [](PythonPipeline& p) { return p.pipe().plan().config(); })
       .def_property_readonly("predicted", [](PythonPipeline& p) {
         return std::make_pair(p.predicted().step_s, p.predicted().bubble);
       })

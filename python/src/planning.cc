@@ -85,13 +85,9 @@ py::dict prediction_dict(const Prediction& p) {
 
 py::dict candidate_dict(const PlanCandidate& c) {
   py::dict d = prediction_dict(c.predicted);
-  d["devices"] = c.devices;
+  for (const auto& [name, value] : fields_of(c.config))
+    d[py::str(name)] = std::visit([](const auto& v) { return py::cast(v); }, value);
   d["replicas"] = c.replicas;
-  d["micro_batches"] = c.micro_batches;
-  d["virtual_stages"] = c.virtual_stages;
-  d["schedule"] = to_string(c.schedule);
-  d["checkpoint"] = to_string(c.checkpoint);
-  d["balance"] = c.balance;
   d["step_s"] = c.step_s;  // with the replicas' all-reduce
   d["samples_per_s"] = c.samples_per_s;
   d["largest_total_bytes"] = c.largest_total_bytes;

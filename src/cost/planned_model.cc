@@ -173,7 +173,7 @@ PlanShortfall shortfall_of(const std::vector<PlanCandidate>& found, int64_t memo
   s.least = found.front();
   s.device = s.least.predicted.largest_device();
   const double over = static_cast<double>(s.least.largest_total_bytes) / static_cast<double>(memory_per_device);
-  const double wanted = std::ceil(over * s.least.devices);
+  const double wanted = std::ceil(over * s.least.config.devices);
   s.devices_needed = wanted <= stage_units ? static_cast<int>(wanted) : 0;
   return s;
 }
@@ -185,8 +185,9 @@ std::string no_fit_message(const std::vector<PlanCandidate>& found, const Planne
   const bool always_tried =
       std::find(search.checkpoints.begin(), search.checkpoints.end(), Checkpoint::kAlways) != search.checkpoints.end();
   std::ostringstream out;
-  out << "no configuration fits: the least memory is needed by K=" << least.devices << ", M=" << least.micro_batches
-      << ", " << to_string(least.schedule) << ", checkpoint " << to_string(least.checkpoint) << ", whose device "
+  const PipelineConfig& config = least.config;
+  out << "no configuration fits: the least memory is needed by K=" << config.devices << ", M=" << config.micro_batches
+      << ", " << to_string(config.schedule) << ", checkpoint " << to_string(config.checkpoint) << ", whose device "
       << short_of.device << " needs " << format_bytes(static_cast<double>(least.largest_total_bytes))
       << "; the device has " << format_bytes(static_cast<double>(search.memory_per_device)) << "; try "
       << (always_tried ? "" : names.checkpoint_always + ", ");

@@ -400,14 +400,8 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
         continue;
       }
       PlanCandidate c;
-      c.devices = K;
+      c.config = plan.config();
       c.replicas = D;
-      c.micro_batches = M;
-      c.virtual_stages = V;
-      c.schedule = kind;
-      c.checkpoint = checkpoint;
-      c.balance = plan.balance;
-      c.stage_times = plan.stage_times;
       c.predicted = predict(costs, plan, micro_batch_sizes(rows, M));
       complete(c);
       found.push_back(std::move(c));
@@ -451,10 +445,9 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
       PlanCandidate& c = found[n];
       const auto step = [&](const Prediction& p) { return step_of(p, c.replicas); };
       const int64_t rows = micro_batch_sizes(search.batch, c.replicas).front();  // a replica's (Shape::rows)
-      refine_cut(costs, skips, uncuttable, micro_batch_sizes(rows, c.micro_batches), search.memory_per_device, step,
-                 budget, plans[n], c.predicted);
-      c.balance = plans[n].balance;
-      c.stage_times = plans[n].stage_times;
+      refine_cut(costs, skips, uncuttable, micro_batch_sizes(rows, c.config.micro_batches), search.memory_per_device,
+                 step, budget, plans[n], c.predicted);
+      c.config = plans[n].config();
       complete(c);
     }
   }

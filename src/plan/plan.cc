@@ -9,6 +9,20 @@
 
 namespace gpipe {
 
+PipelineOptions& PipelineOptions::config(const PipelineConfig& c) {
+  return devices(c.devices)
+      .virtual_stages(c.virtual_stages)
+      .micro_batches(c.micro_batches)
+      .schedule(c.schedule)
+      .checkpoint(c.checkpoint)
+      .balance(c.balance)
+      .stage_times(c.stage_times);
+}
+
+PipelineConfig PipelinePlan::config() const {
+  return PipelineConfig{schedule, devices, virtual_stages, micro_batches, balance, checkpoint, stage_times};
+}
+
 std::vector<int> PipelinePlan::stages_of(int device) const {
   std::vector<int> out;
   for (int s = 0; s < stages(); ++s)

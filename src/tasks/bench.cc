@@ -142,8 +142,8 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
   if (c.schedule == "auto" && !job().distributed) {  // the schedule and V predicted fastest at this K, M and cut
     const ScheduleChoice choice = choose_schedule(costs, request, share, mode);
     request = with_choice(request, choice);
-    c.chosen = to_string(choice.schedule);
-    c.virtual_stages = choice.virtual_stages;
+    c.chosen = to_string(choice.config.schedule);
+    c.virtual_stages = choice.config.virtual_stages;
   }
   PipelineOptions options = pipeline_options_of(task, request)
                                 .checkpoint(mode)

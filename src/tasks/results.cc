@@ -63,16 +63,28 @@ std::string json_of(const LinkTiming& t) {
       .dump();
 }
 
+namespace {
+
+// A pipeline's config as its JSON rows have it: its fields (fields_of), K named "stages" as in every
+// row gpipe has written.
+nlohmann::json config_json(const PipelineConfig& config) {
+  nlohmann::json out;
+  for (const auto& [name, value] : fields_of(config))
+    std::visit([&out, &name = name](const auto& v) { out[name == "devices" ? "stages" : name] = v; }, value);
+  return out;
+}
+
+}  // namespace
+
 std::string json_of(const PlanCandidate& c) {
-  return nlohmann::json{
-      {"stages", c.devices}, {"replicas", c.replicas}, {"micro_batches", c.micro_batches},
-      {"schedule", to_string(c.schedule)}, {"virtual_stages", c.virtual_stages},
-      {"checkpoint", to_string(c.checkpoint)}, {"balance", c.balance}, {"predicted_samples_per_s", c.samples_per_s},
-      {"predicted_step_s", c.step_s}, {"predicted_bubble", c.predicted.bubble},
-      {"predicted_peak_bytes", c.predicted.peak_bytes}, {"predicted_static_bytes", c.predicted.static_bytes},
-      {"predicted_total_bytes", c.predicted.total_bytes()}, {"fits", c.fits},
-      {"order", order_name(c.stage_times)}}
-      .dump();
+  nlohmann::json out = config_json(c.config);
+  out.update(nlohmann::json{{"replicas", c.replicas}, {"predicted_samples_per_s", c.samples_per_s},
+                            {"predicted_step_s", c.step_s}, {"predicted_bubble", c.predicted.bubble},
+                            {"predicted_peak_bytes", c.predicted.peak_bytes},
+                            {"predicted_static_bytes", c.predicted.static_bytes},
+                            {"predicted_total_bytes", c.predicted.total_bytes()}, {"fits", c.fits},
+                            {"order", order_name(c.config.stage_times)}});
+  return out.dump();
 }
 
 std::string json_of(const Schedule& program, const SimulatedRun& run, const std::string& name,

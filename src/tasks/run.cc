@@ -90,212 +90,6 @@ PipelineOptions pipeline_options_of(const Task& task, const RunRequest& request)
       .stage_times(r.stage_times);
 }
 
-// ---------------------------------------------------------------- the schedule chosen by prediction
-// ("auto"): of the configurations a run leaves open (the schedule and V; M and the cut unless given),
-// the one search_plans predicts fastest among those that fit, at the run's K, batch and checkpoint mode.
-namespace {
-
-int64_t machine_memory() {
-  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
-}
-
-std::string milliseconds(double seconds) {
-  std::ostringstream out;
-  out << std::fixed << std::setprecision(seconds < 0.01 ? 2 : 1) << 1000 * seconds << " ms";
-  return out.str();
-}
-
-std::string percent(double share) {
-  std::ostringstream out;
-  out << std::fixed << std::setprecision(1) << 100 * share << "%";
-  return out.str();
-}
-
-// "[3, 1, 2, 5]": a cut as the choice's line writes it.
-std::string bracketed(const std::vector<int>& balance) {
-  std::string out = "[";
-  for (size_t j = 0; j < balance.size(); ++j) out += (j ? ", " : "") + std::to_string(balance[j]);
-  return out + "]";
-}
-
-std::string configuration(const ScheduleChoice& c) {
-  std::string out = to_string(c.schedule);
-  if (c.virtual_stages > 1) out += " (V=" + std::to_string(c.virtual_stages) + ")";
-  out += ", M=" + std::to_string(c.micro_batches);
-  if (c.checkpoint != Checkpoint::kNever) out += ", checkpoint " + to_string(c.checkpoint);
-  return out;
-}
-
-}  // namespace
-
-std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, const RunRequest& r, int64_t batch,
-                                               Checkpoint checkpoint, int64_t memory_per_device,
-                                               int64_t least_micro_batch_rows, int cores) {
-  // K: given; with a given balance and no K, its length over V (V given, or 1 and 2: the schedules' own).
-  std::vector<int> Ks;
-  if (r.devices > 0) {
-    Ks.push_back(r.devices);
-  } else {
-    const int S = static_cast<int>(r.balance.size());
-    GPIPE_CHECK(S > 0, "`devices` must be at least 1, or given by `balance`");
-    if (r.virtual_stages > 0) {
-      GPIPE_CHECK(S % r.virtual_stages == 0, "`balance` has ", S, " stages, not a multiple of `virtual_stages` ",
-                  r.virtual_stages);
-      Ks.push_back(S / r.virtual_stages);
-    } else {
-      Ks.push_back(S);
-      if (S % 2 == 0) Ks.push_back(S / 2);
-    }
-  }
-  std::map<int64_t, CostModel> profiles;  // by rows per micro-batch: each size profiled once
-  const int shared = cores > 0 ? cores : machine_cores();
-  // The costs of K devices at M: at M's rows, each device's compute slowed by K / cores where the
-  // devices outnumber the cores.
-  auto costs_of = [&](int K, int M) {
-    const int64_t rows = first_micro_batch_rows(batch, M);
-    auto it = profiles.find(rows);
-    if (it == profiles.end()) it = profiles.emplace(rows, costs_at(rows)).first;
-    return K > shared ? with_compute_scaled(it->second, static_cast<double>(K) / shared) : it->second;
-  };
-  std::vector<PlanCandidate> found;
-  std::string first_error;
-  for (int K : Ks) {
-    PlanSearch search;
-    search.devices = K;
-    search.stages = {K};
-    search.memory_per_device = memory_per_device > 0 ? memory_per_device : std::max<int64_t>(1, machine_memory() / K);
-    search.batch = batch;
-    search.checkpoints = {checkpoint};
-    if (!r.checkpoint_given) search.checkpoints = {Checkpoint::kNever, Checkpoint::kExceptLast, Checkpoint::kAlways};
-    search.virtual_stages = r.virtual_stages;
-    if (r.devices == 0 && r.virtual_stages == 0) search.virtual_stages = static_cast<int>(r.balance.size()) / K;
-    search.least_micro_batch_rows = least_micro_batch_rows;
-    if (!r.balance.empty()) {
-      search.given_cut = true;
-      search.cut = CutRequest::given(r.balance);
-    } else if (!r.layer_costs.empty() && r.balance_by != "time") {
-      // By time the search's own cut: the min-max of the same times, refined by the simulation.
-      search.given_cut = true;
-      search.cut = CutRequest::by_cost(r.layer_costs);
-    } else if (r.balance_by == "even") {
-      search.given_cut = true;
-      search.cut = CutRequest::even();
-    }
-    // Each M predicted from the costs at its own micro-batches' rows.
-    std::vector<int> Ms{r.micro_batches};
-    if (!r.micro_batches_given) Ms = default_micro_batch_counts(K, batch, least_micro_batch_rows);
-    if (Ms.empty()) Ms = {1};  // no M fits the rows: search_plans says why
-    for (int M : Ms) {
-      search.micro_batches = {M};
-      try {
-        for (PlanCandidate& c : search_plans(costs_of(K, M), search)) found.push_back(std::move(c));
-      } catch (const std::invalid_argument& e) {
-        if (first_error.empty()) first_error = e.what();
-      }
-    }
-  }
-  if (found.empty()) throw std::invalid_argument(first_error);
-  std::stable_sort(found.begin(), found.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
-    if (a.fits != b.fits) return a.fits;
-    return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;
-  });
-  return found;
-}
-
-CostsAtRows profiles_at_rows(const torch::nn::Sequential& whole, const torch::Tensor& input,
-                             const torch::Tensor& target, int64_t batch, const PlanProfileOptions& options,
-                             bool update_on_devices) {
-  auto profiled = std::make_shared<std::map<int64_t, CostModel>>();
-  return [=](int64_t rows) {
-    if (const auto it = profiled->find(rows); it != profiled->end()) return it->second;
-    const int64_t n = std::min(rows, input.size(0));
-    PlanProfileOptions o = options;
-    o.in_flight(static_cast<int>(std::max<int64_t>(1, batch / n)));
-    if (target.defined()) o.target(target.narrow(0, 0, n));
-    CostModel costs = profile_model(whole, input.narrow(0, 0, n), o);
-    costs.update_on_devices = update_on_devices;
-    return (*profiled)[rows] = costs;
-  };
-}
-
-std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const RunRequest& request, int64_t batch,
-                                               Checkpoint checkpoint, int64_t memory_per_device,
-                                               int64_t least_micro_batch_rows, int cores) {
-  return schedule_candidates([&costs](int64_t) { return costs; }, request, batch, checkpoint, memory_per_device,
-                             least_micro_batch_rows, cores);
-}
-
-ScheduleChoice choose_schedule(const CostModel& costs, const RunRequest& request, int64_t batch, Checkpoint checkpoint,
-                               int64_t memory_per_device, int64_t least_micro_batch_rows, int cores) {
-  return choose_schedule([&costs](int64_t) { return costs; }, request, batch, checkpoint, memory_per_device,
-                         least_micro_batch_rows, cores);
-}
-
-ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const RunRequest& request, int64_t batch,
-                               Checkpoint checkpoint, int64_t memory_per_device, int64_t least_micro_batch_rows,
-                               int cores) {
-  const std::vector<PlanCandidate> found =
-      schedule_candidates(costs_at, request, batch, checkpoint, memory_per_device, least_micro_batch_rows, cores);
-  const PlanCandidate& best = found.front();
-  ScheduleChoice c;
-  c.schedule = best.schedule;
-  c.devices = best.devices;
-  c.micro_batches = best.micro_batches;
-  c.virtual_stages = best.virtual_stages;
-  c.checkpoint = best.checkpoint;
-  c.balance = best.balance;
-  c.stage_times = best.stage_times;
-  c.predicted = best.predicted;
-  c.fits = best.fits;
-  c.considered = static_cast<int>(found.size());
-  c.chose_micro_batches = !request.micro_batches_given;
-  return c;
-}
-
-RunRequest with_choice(RunRequest r, const ScheduleChoice& c) {
-  r.schedule = to_string(c.schedule);
-  r.devices = c.devices;
-  r.micro_batches = c.micro_batches;
-  r.micro_batches_given = true;
-  r.virtual_stages = c.virtual_stages;
-  r.balance = c.balance;
-  r.balance_by.clear();
-  r.layer_costs.clear();
-  r.stage_times = c.stage_times;
-  return r;
-}
-
-std::string format_choice(const ScheduleChoice& c) {
-  std::ostringstream out;
-  out << "schedule auto: " << configuration(c) << ", cut " << bracketed(c.balance);
-  // A V schedule ordered by its stages' profiled times: naming it runs the unit order instead.
-  if (!c.stage_times.empty()) out << ", ordered by the stages' times";
-  if (!c.taken_from.empty()) {
-    out << ": as " << c.taken_from << " was trained (saved with it; not profiled again)";
-    return out.str();
-  }
-  out << ": predicted step " << milliseconds(c.predicted.step_s) << ", bubble " << percent(c.predicted.bubble)
-      << " (" << (c.fits ? "the fastest of " : "none fits this machine's memory: the least memory of ")
-      << c.considered << (c.considered == 1 ? " configuration" : " configurations") << " predicted)";
-  if (!c.not_as_saved.empty()) out << "; " << c.not_as_saved;
-  return out.str();
-}
-
-std::string format_choice_measured(const ScheduleChoice& c, const RunFigures& f) {
-  const double step_s = f.steps > 0 ? f.train_seconds / static_cast<double>(f.steps) : 0.0;
-  const std::string step = f.steps > 0 ? milliseconds(step_s) : "none";
-  const std::string bubble = f.steps > 0 ? percent(f.bubble) : "none";
-  if (!c.taken_from.empty())
-    return "  auto's choice  " + configuration(c) + ", as " + c.taken_from + " was trained: step " + step +
-           " measured; bubble " + bubble + " measured\n";
-  // The median beside the mean: on a busy machine a few stalled steps lengthen the mean alone.
-  const std::string median =
-      f.steps > 0 && f.median_step_s > 0 ? " (median " + milliseconds(f.median_step_s) + ")" : "";
-  return "  auto's choice  " + configuration(c) + ": step " + milliseconds(c.predicted.step_s) + " predicted, " + step +
-         " measured" + median + "; bubble " + percent(c.predicted.bubble) + " predicted, " + bubble + " measured\n";
-}
-
-
 // ---------------------------------------------------------------- the score
 
 std::string format_score(Metric metric, const Evaluation& evaluation, const TaskData& data, bool summary) {
@@ -610,22 +404,22 @@ std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const Trainin
                                            const std::optional<SavedPipeline>& saved, std::string& why_not) {
   if (!saved) return std::nullopt;
   const int64_t batch = std::min(s.batch_size, c.data.train.size());
-  const int layers = std::accumulate(saved->balance.begin(), saved->balance.end(), 0);
+  const int layers = std::accumulate(saved->config.balance.begin(), saved->config.balance.end(), 0);
   std::vector<std::string> differs;  // every setting the file's pipeline does not meet
   auto say = [&differs](const auto&... parts) {
     std::ostringstream out;
     (out << ... << parts);
     differs.push_back(out.str());
   };
-  if (saved->devices != s.devices) say("`devices` ", s.devices, " differs from its ", saved->devices);
+  if (saved->config.devices != s.devices) say("`devices` ", s.devices, " differs from its ", saved->config.devices);
   // (By time is auto's own cut, which the file's is.)
   if (!s.balance_by.empty() && s.balance_by != "time") say("`balance_by` ", s.balance_by, " asks for a new cut");
-  if (!s.balance.empty() && s.balance != saved->balance)
-    say("`balance` ", bracketed(s.balance), " differs from its ", bracketed(saved->balance));
-  if (s.micro_batches_given && s.micro_batches != saved->micro_batches)
-    say("`micro_batches` ", s.micro_batches, " differs from its ", saved->micro_batches);
-  if (s.virtual_stages != 0 && s.virtual_stages != saved->virtual_stages)
-    say("`virtual_stages` ", s.virtual_stages, " differs from its ", saved->virtual_stages);
+  if (!s.balance.empty() && s.balance != saved->config.balance)
+    say("`balance` ", format_cut(s.balance), " differs from its ", format_cut(saved->config.balance));
+  if (s.micro_batches_given && s.micro_batches != saved->config.micro_batches)
+    say("`micro_batches` ", s.micro_batches, " differs from its ", saved->config.micro_batches);
+  if (s.virtual_stages != 0 && s.virtual_stages != saved->config.virtual_stages)
+    say("`virtual_stages` ", s.virtual_stages, " differs from its ", saved->config.virtual_stages);
   if (saved->batch != batch) {
     if (batch == s.batch_size)
       say("`batch_size` ", batch, " differs from its ", saved->batch);
@@ -633,29 +427,26 @@ std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const Trainin
       say("the batch of ", batch, " rows (every training sample) differs from its ", saved->batch);
   }
   if (layers != c.task.layers)
-    say("its cut ", bracketed(saved->balance), " holds ", layers, " layers, the model ", c.task.layers);
+    say("its cut ", format_cut(saved->config.balance), " holds ", layers, " layers, the model ", c.task.layers);
   if (!differs.empty()) {
     why_not = s.resume + " was trained otherwise: ";
     for (size_t n = 0; n < differs.size(); ++n) why_not += (n ? "; " : "") + differs[n];
     return std::nullopt;
   }
   ScheduleChoice choice;
-  choice.schedule = saved->schedule;
-  choice.devices = saved->devices;
-  choice.micro_batches = saved->micro_batches;
-  choice.virtual_stages = saved->virtual_stages;
-  choice.checkpoint = parse_checkpoint(s.checkpoint);  // re-materialization changes no result: the run's own
-  choice.balance = saved->balance;
-  choice.stage_times = saved->stage_times;  // the order it ran in (a tied weight's gradients are summed in it)
+  // The order it ran in (a tied weight's gradients are summed in it), and the run's own
+  // re-materialization, which changes no result.
+  choice.config = saved->config;
+  choice.config.checkpoint = parse_checkpoint(s.checkpoint);
   choice.chose_micro_batches = !s.micro_batches_given;
   choice.taken_from = s.resume;
   return choice;
 }
 
 void take_choice(TrainSettings& s, TrainingRun& c, const ScheduleChoice& choice) {
-  s.schedule = to_string(choice.schedule);
-  s.micro_batches = choice.micro_batches;
-  s.virtual_stages = choice.virtual_stages;
+  s.schedule = to_string(choice.config.schedule);
+  s.micro_batches = choice.config.micro_batches;
+  s.virtual_stages = choice.config.virtual_stages;
   c.choice = choice;
 }
 
@@ -734,12 +525,13 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c, std::optional<std::s
                            least_micro_batch_rows(whole, sample), std::max(1, machine_cores() / s.threads_per_device));
   });
   take_choice(s, c, choice);
+  const PipelineConfig& chosen = choice.config;
   if (!s.balance_by.empty())
-    c.cost = CostBalance{choice.balance,
-                         plan_partition(costs, choice.balance,
-                                        make_schedule(choice.schedule, choice.devices, choice.micro_batches,
-                                                      choice.virtual_stages, choice.stage_times)),
-                         cost_unit(s.balance_by), choice.stage_times};
+    c.cost = CostBalance{chosen.balance,
+                         plan_partition(costs, chosen.balance,
+                                        make_schedule(chosen.schedule, chosen.devices, chosen.micro_batches,
+                                                      chosen.virtual_stages, chosen.stage_times)),
+                         cost_unit(s.balance_by), chosen.stage_times};
 }
 
 }  // namespace

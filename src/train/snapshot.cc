@@ -229,18 +229,13 @@ void check_generator_state(const char* what, const torch::Tensor& state) {
   }
 }
 
+// The record of the pipeline a snapshot was saved by: its config's fields (fields_of) and the batch.
 Dict encode_pipeline(const SavedPipeline& p) {
   Dict out = new_dict();
-  out.insert("schedule", to_string(p.schedule));
-  out.insert("devices", static_cast<int64_t>(p.devices));
-  out.insert("batch", p.batch);
-  out.insert("micro_batches", static_cast<int64_t>(p.micro_batches));
-  out.insert("virtual_stages", static_cast<int64_t>(p.virtual_stages));
-  out.insert("balance", std::vector<int64_t>(p.balance.begin(), p.balance.end()));
-  out.insert("checkpoint", to_string(p.checkpoint));
-  std::vector<double> times;  // F, I, W of each stage
-  for (const ActionTimes& t : p.stage_times) times.insert(times.end(), {t.forward, t.input_grad, t.weight_grad});
-  if (!times.empty()) out.insert("stage_times", times);
+  for (const auto& [name, value] : fields_of(p.config)) {
+    std::visit([&out, &name = name](const auto& v) { out.insert(name, v); }, value);
+    if (name == "devices") out.insert("batch", p.batch);  // where files have always had it
+  }
   return out;
 }
 
@@ -265,60 +260,33 @@ std::optional<std::vector<T>> numbers_of(const c10::IValue& value) {
 // Throws std::runtime_error saying what is wrong with a stored pipeline.
 SavedPipeline decode_pipeline(const c10::IValue& value) {
   if (!value.isGenericDict()) throw std::runtime_error("its pipeline is not a dict");
-  const Dict d = value.toGenericDict();
-  auto count = [&](const char* key, int64_t most = 1 << 20) {
-    if (!d.contains(key) || !d.at(key).isInt()) throw std::runtime_error(std::string("its pipeline has no ") + key);
-    const int64_t n = d.at(key).toInt();
-    if (n < 1 || n > most) throw std::runtime_error(std::string("its pipeline's ") + key + " is " + std::to_string(n));
-    return n;
-  };
-  auto text = [&](const char* key) {
-    if (!d.contains(key) || !d.at(key).isString()) throw std::runtime_error(std::string("its pipeline has no ") + key);
-    return d.at(key).toStringRef();
-  };
-  SavedPipeline p;
-  try {
-    p.schedule = parse_schedule(text("schedule"));
-    p.checkpoint = parse_checkpoint(text("checkpoint"));
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error("its pipeline: " + without_program_name(e.what()));
-  }
-  p.devices = static_cast<int>(count("devices"));
-  p.batch = count("batch", std::numeric_limits<int64_t>::max());
-  p.micro_batches = static_cast<int>(count("micro_batches"));
-  p.virtual_stages = static_cast<int>(count("virtual_stages"));
-  const auto balance = d.contains("balance") ? numbers_of<int64_t>(d.at("balance")) : std::nullopt;
-  if (!balance) throw std::runtime_error("its pipeline has no balance (a list of whole numbers)");
-  for (const int64_t layers : *balance) {
-    if (layers < 1 || layers > (1 << 20)) throw std::runtime_error("its pipeline's balance holds " + std::to_string(layers));
-    p.balance.push_back(static_cast<int>(layers));
-  }
-  if (p.balance.size() != static_cast<size_t>(p.devices) * static_cast<size_t>(p.virtual_stages))
-    throw std::runtime_error("its pipeline's balance has " + std::to_string(p.balance.size()) + " stages, not K·V");
-  try {  // a pipeline that ran: its schedule takes its V, and its M on its K
-    const ScheduleTraits& traits = schedule_traits(p.schedule);
-    traits.check_virtual_stages(p.virtual_stages);
-    traits.check_micro_batches(p.devices, p.micro_batches);
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error("its pipeline cannot have run: " + without_program_name(e.what()));
-  }
-  if (p.micro_batches > p.batch)
-    throw std::runtime_error("its pipeline cannot have run: " + std::to_string(p.micro_batches) +
-                             " micro-batches of a batch of " + std::to_string(p.batch));
-  if (d.contains("stage_times")) {  // files of gpipe before the V schedules were ordered by time have none
-    const auto stage_times = numbers_of<double>(d.at("stage_times"));
-    if (!stage_times) throw std::runtime_error("its pipeline's stage_times is not a list of floats");
-    const std::vector<double> times = *stage_times;
-    if (times.size() != 3 * p.balance.size())
-      throw std::runtime_error("its pipeline's stage_times holds " + std::to_string(times.size()) + " times, not 3 for "
-                               "each of its " + std::to_string(p.balance.size()) + " stages");
-    for (size_t n = 0; n < times.size(); n += 3) {
-      for (size_t k = n; k < n + 3; ++k)
-        if (!std::isfinite(times[k]) || times[k] < 0)
-          throw std::runtime_error("its pipeline's stage_times holds " + std::to_string(times[k]));
-      p.stage_times.push_back({times[n], times[n + 1], times[n + 2]});
+  Fields fields;
+  for (const auto& item : value.toGenericDict()) {
+    if (!item.key().isString()) continue;
+    const std::string& name = item.key().toStringRef();
+    const c10::IValue& v = item.value();
+    if (v.isInt()) {
+      fields.emplace_back(name, v.toInt());
+    } else if (v.isDouble()) {
+      fields.emplace_back(name, v.toDouble());
+    } else if (v.isString()) {
+      fields.emplace_back(name, v.toStringRef());
+    } else if (const auto whole = numbers_of<int64_t>(v)) {
+      fields.emplace_back(name, *whole);
+    } else if (const auto real = numbers_of<double>(v)) {
+      fields.emplace_back(name, *real);
     }
   }
+  SavedPipeline p;
+  p.config = config_of(fields, "its pipeline");
+  const FieldValue* batch = find_field(fields, "batch");
+  if (batch == nullptr || !std::holds_alternative<int64_t>(*batch))
+    throw std::runtime_error("its pipeline has no batch");
+  p.batch = std::get<int64_t>(*batch);
+  if (p.batch < 1) throw std::runtime_error("its pipeline's batch is " + std::to_string(p.batch));
+  if (p.config.micro_batches > p.batch)
+    throw std::runtime_error("its pipeline cannot have run: " + std::to_string(p.config.micro_batches) +
+                             " micro-batches of a batch of " + std::to_string(p.batch));
   return p;
 }
 

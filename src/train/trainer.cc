@@ -935,9 +935,7 @@ void Trainer::save() {
   TrainState now{step_, drawn ? epoch_start_shuffle_ : generator_state(shuffle_),
                  generator_state(default_generator()), std::nullopt};
   const PipelinePlan& plan = pipeline_->plan();
-  now.pipeline = SavedPipeline{plan.schedule,       plan.devices,        std::min(options_.batch_size(), train_.size()),
-                               plan.micro_batches, plan.virtual_stages, plan.balance,
-                               plan.checkpoint,    plan.stage_times};
+  now.pipeline = SavedPipeline{plan.config(), std::min(options_.batch_size(), train_.size())};
   const std::string optimizer = optimizer_name(options_.optimizer().kind());
   if (options_.per_device_files()) {
     save_per_device_files(path, now, optimizer);

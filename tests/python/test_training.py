@@ -200,13 +200,22 @@ def test_schedule_auto_runs_the_fastest_predicted_on_the_first_batch_and_trains_
     model, reference = mlp(), mlp()
     data = batches(2, 16)
     pipe = gpipe.GPipe(model, chunks=4, devices=2, schedule="auto")
-    assert pipe.schedule is None and pipe.predicted is None
+    assert pipe.schedule is None and pipe.predicted is None and pipe.config is None
     make_opt = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
     train_gpipe(pipe, model, data, "cross_entropy", make_opt)
     assert pipe.schedule in gpipe.schedule_names() and sum(pipe.balance) == len(model)
     assert len(pipe.balance) == 2 * pipe.virtual_stages
     step_s, bubble = pipe.predicted
     assert step_s > 0 and 0 <= bubble < 1
+    # The pipeline that runs, as one value: what the properties say, and its fields as a checkpoint records them.
+    config = pipe.config
+    assert isinstance(config, gpipe.PipelineConfig) and config == pipe.config
+    assert (config.schedule, config.devices, config.virtual_stages, config.micro_batches, config.balance,
+            config.checkpoint) == (pipe.schedule, 2, pipe.virtual_stages, 4, pipe.balance, pipe.checkpoint)
+    fields = config.fields()
+    assert fields["schedule"] == config.schedule and fields["balance"] == config.balance
+    assert ("stage_times" in fields) == bool(config.stage_times)
+    assert all(len(times) == 3 for times in config.stage_times) and config.schedule in repr(config)
     train_reference(reference, data, torch.nn.functional.cross_entropy, make_opt)
     assert_same_parameters(model, reference)
     # A given balance stays: only the schedules of its K·V stages are weighed.

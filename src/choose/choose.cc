@@ -1,0 +1,273 @@
+// choose.cc: "auto"'s search over what a request leaves open, its choice in words, and the ranks'
+// agreement on rank 0's choice.
+#include "gpipe/choose.h"
+
+#include "gpipe/backend.h"
+#include "gpipe/check.h"
+#include "gpipe/device.h"
+#include "gpipe/microbatch.h"
+
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <exception>
+#include <iomanip>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+
+namespace gpipe {
+
+// ---------------------------------------------------------------- the schedule chosen by prediction
+// ("auto"): of the configurations a run leaves open (the schedule and V; M and the cut unless given),
+// the one search_plans predicts fastest among those that fit, at the run's K, batch and checkpoint mode.
+namespace {
+
+int64_t machine_memory() {
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+std::string milliseconds(double seconds) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(seconds < 0.01 ? 2 : 1) << 1000 * seconds << " ms";
+  return out.str();
+}
+
+std::string percent(double share) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1) << 100 * share << "%";
+  return out.str();
+}
+
+}  // namespace
+
+std::string format_cut(const std::vector<int>& balance) {
+  std::string out = "[";
+  for (size_t j = 0; j < balance.size(); ++j) out += (j ? ", " : "") + std::to_string(balance[j]);
+  return out + "]";
+}
+
+std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, const RunRequest& r, int64_t batch,
+                                               Checkpoint checkpoint, int64_t memory_per_device,
+                                               int64_t least_micro_batch_rows, int cores) {
+  // K: given; with a given balance and no K, its length over V (V given, or 1 and 2: the schedules' own).
+  std::vector<int> Ks;
+  if (r.devices > 0) {
+    Ks.push_back(r.devices);
+  } else {
+    const int S = static_cast<int>(r.balance.size());
+    GPIPE_CHECK(S > 0, "`devices` must be at least 1, or given by `balance`");
+    if (r.virtual_stages > 0) {
+      GPIPE_CHECK(S % r.virtual_stages == 0, "`balance` has ", S, " stages, not a multiple of `virtual_stages` ",
+                  r.virtual_stages);
+      Ks.push_back(S / r.virtual_stages);
+    } else {
+      Ks.push_back(S);
+      if (S % 2 == 0) Ks.push_back(S / 2);
+    }
+  }
+  std::map<int64_t, CostModel> profiles;  // by rows per micro-batch: each size profiled once
+  const int shared = cores > 0 ? cores : machine_cores();
+  // The costs of K devices at M: at M's rows, each device's compute slowed by K / cores where the
+  // devices outnumber the cores.
+  auto costs_of = [&](int K, int M) {
+    const int64_t rows = first_micro_batch_rows(batch, M);
+    auto it = profiles.find(rows);
+    if (it == profiles.end()) it = profiles.emplace(rows, costs_at(rows)).first;
+    return K > shared ? with_compute_scaled(it->second, static_cast<double>(K) / shared) : it->second;
+  };
+  std::vector<PlanCandidate> found;
+  std::string first_error;
+  for (int K : Ks) {
+    PlanSearch search;
+    search.devices = K;
+    search.stages = {K};
+    search.memory_per_device = memory_per_device > 0 ? memory_per_device : std::max<int64_t>(1, machine_memory() / K);
+    search.batch = batch;
+    search.checkpoints = {checkpoint};
+    if (!r.checkpoint_given) search.checkpoints = {Checkpoint::kNever, Checkpoint::kExceptLast, Checkpoint::kAlways};
+    search.virtual_stages = r.virtual_stages;
+    if (r.devices == 0 && r.virtual_stages == 0) search.virtual_stages = static_cast<int>(r.balance.size()) / K;
+    search.least_micro_batch_rows = least_micro_batch_rows;
+    if (!r.balance.empty()) {
+      search.given_cut = true;
+      search.cut = CutRequest::given(r.balance);
+    } else if (!r.layer_costs.empty() && r.balance_by != "time") {
+      // By time the search's own cut: the min-max of the same times, refined by the simulation.
+      search.given_cut = true;
+      search.cut = CutRequest::by_cost(r.layer_costs);
+    } else if (r.balance_by == "even") {
+      search.given_cut = true;
+      search.cut = CutRequest::even();
+    }
+    // Each M predicted from the costs at its own micro-batches' rows.
+    std::vector<int> Ms{r.micro_batches};
+    if (!r.micro_batches_given) Ms = default_micro_batch_counts(K, batch, least_micro_batch_rows);
+    if (Ms.empty()) Ms = {1};  // no M fits the rows: search_plans says why
+    for (int M : Ms) {
+      search.micro_batches = {M};
+      try {
+        for (PlanCandidate& c : search_plans(costs_of(K, M), search)) found.push_back(std::move(c));
+      } catch (const std::invalid_argument& e) {
+        if (first_error.empty()) first_error = e.what();
+      }
+    }
+  }
+  if (found.empty()) throw std::invalid_argument(first_error);
+  std::stable_sort(found.begin(), found.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;
+  });
+  return found;
+}
+
+CostsAtRows profiles_at_rows(const torch::nn::Sequential& whole, const torch::Tensor& input,
+                             const torch::Tensor& target, int64_t batch, const PlanProfileOptions& options,
+                             bool update_on_devices) {
+  auto profiled = std::make_shared<std::map<int64_t, CostModel>>();
+  return [=](int64_t rows) {
+    if (const auto it = profiled->find(rows); it != profiled->end()) return it->second;
+    const int64_t n = std::min(rows, input.size(0));
+    PlanProfileOptions o = options;
+    o.in_flight(static_cast<int>(std::max<int64_t>(1, batch / n)));
+    if (target.defined()) o.target(target.narrow(0, 0, n));
+    CostModel costs = profile_model(whole, input.narrow(0, 0, n), o);
+    costs.update_on_devices = update_on_devices;
+    return (*profiled)[rows] = costs;
+  };
+}
+
+std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const RunRequest& request, int64_t batch,
+                                               Checkpoint checkpoint, int64_t memory_per_device,
+                                               int64_t least_micro_batch_rows, int cores) {
+  return schedule_candidates([&costs](int64_t) { return costs; }, request, batch, checkpoint, memory_per_device,
+                             least_micro_batch_rows, cores);
+}
+
+ScheduleChoice choose_schedule(const CostModel& costs, const RunRequest& request, int64_t batch, Checkpoint checkpoint,
+                               int64_t memory_per_device, int64_t least_micro_batch_rows, int cores) {
+  return choose_schedule([&costs](int64_t) { return costs; }, request, batch, checkpoint, memory_per_device,
+                         least_micro_batch_rows, cores);
+}
+
+ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const RunRequest& request, int64_t batch,
+                               Checkpoint checkpoint, int64_t memory_per_device, int64_t least_micro_batch_rows,
+                               int cores) {
+  const std::vector<PlanCandidate> found =
+      schedule_candidates(costs_at, request, batch, checkpoint, memory_per_device, least_micro_batch_rows, cores);
+  const PlanCandidate& best = found.front();
+  ScheduleChoice c;
+  c.config = best.config;
+  c.predicted = best.predicted;
+  c.fits = best.fits;
+  c.considered = static_cast<int>(found.size());
+  c.chose_micro_batches = !request.micro_batches_given;
+  return c;
+}
+
+RunRequest with_choice(RunRequest r, const ScheduleChoice& c) {
+  r.schedule = to_string(c.config.schedule);
+  r.devices = c.config.devices;
+  r.micro_batches = c.config.micro_batches;
+  r.micro_batches_given = true;
+  r.virtual_stages = c.config.virtual_stages;
+  r.balance = c.config.balance;
+  r.balance_by.clear();
+  r.layer_costs.clear();
+  r.stage_times = c.config.stage_times;
+  return r;
+}
+
+std::string format_choice(const ScheduleChoice& c) {
+  std::ostringstream out;
+  out << "schedule auto: " << describe(c.config) << ", cut " << format_cut(c.config.balance);
+  // A V schedule ordered by its stages' profiled times: naming it runs the unit order instead.
+  if (!c.config.stage_times.empty()) out << ", ordered by the stages' times";
+  if (!c.taken_from.empty()) {
+    out << ": as " << c.taken_from << " was trained (saved with it; not profiled again)";
+    return out.str();
+  }
+  out << ": predicted step " << milliseconds(c.predicted.step_s) << ", bubble " << percent(c.predicted.bubble)
+      << " (" << (c.fits ? "the fastest of " : "none fits this machine's memory: the least memory of ")
+      << c.considered << (c.considered == 1 ? " configuration" : " configurations") << " predicted)";
+  if (!c.not_as_saved.empty()) out << "; " << c.not_as_saved;
+  return out.str();
+}
+
+std::string format_choice_measured(const ScheduleChoice& c, int64_t steps, double seconds, double median_step_s,
+                                   double measured_bubble) {
+  const double step_s = steps > 0 ? seconds / static_cast<double>(steps) : 0.0;
+  const std::string step = steps > 0 ? milliseconds(step_s) : "none";
+  const std::string bubble = steps > 0 ? percent(measured_bubble) : "none";
+  if (!c.taken_from.empty())
+    return "  auto's choice  " + describe(c.config) + ", as " + c.taken_from + " was trained: step " + step +
+           " measured; bubble " + bubble + " measured\n";
+  // The median beside the mean: on a busy machine a few stalled steps lengthen the mean alone.
+  const std::string median =
+      steps > 0 && median_step_s > 0 ? " (median " + milliseconds(median_step_s) + ")" : "";
+  return "  auto's choice  " + describe(c.config) + ": step " + milliseconds(c.predicted.step_s) + " predicted, " + step +
+         " measured" + median + "; bubble " + percent(c.predicted.bubble) + " predicted, " + bubble + " measured\n";
+}
+
+// ---------------------------------------------------------------- the ranks' agreement
+
+ScheduleChoice chosen_on_first_rank(const std::function<ScheduleChoice()>& choose, const std::string& what) {
+  const Runtime running = running_backend();
+  if (running == Runtime::kThreads) return choose();
+  const bool first = backend(running).process().first == 0;
+  // Rank 0's answer, to every rank: "+" and the choice's fields (its config's, its predicted step and
+  // bubble, whether it fits and how many were weighed), every number exact; or "-" and the first line of
+  // its error.
+  std::string answer;
+  std::exception_ptr failure;
+  ScheduleChoice mine;
+  if (first) {
+    try {
+      mine = choose();
+      Fields fields = fields_of(mine.config);
+      fields.insert(fields.end(), {{"step_s", mine.predicted.step_s},
+                                   {"bubble", mine.predicted.bubble},
+                                   {"fits", int64_t{mine.fits}},
+                                   {"considered", int64_t{mine.considered}},
+                                   {"chose_micro_batches", int64_t{mine.chose_micro_batches}}});
+      answer = "+" + text_of(fields);
+    } catch (const std::exception& e) {
+      failure = std::current_exception();
+      const std::string text = without_program_name(e.what());
+      answer = "-" + text.substr(0, text.find('\n'));
+    } catch (...) {
+      failure = std::current_exception();
+      answer = "-an error that is not an exception";
+    }
+  }
+  answer = all_gather_processes(answer).front();  // none waits for rank 0
+  if (failure) std::rethrow_exception(failure);
+  if (first) return mine;
+  if (answer.rfind('-', 0) == 0) throw std::runtime_error("gpipe: " + what + ": rank 0 could not profile the model to choose the schedule: " + answer.substr(1));
+  const Fields fields = fields_of_text(answer.substr(1), what + ": rank 0's choice");
+  ScheduleChoice c;
+  c.config = config_of(fields, what + ": rank 0's choice");
+  const auto number = [&](const std::string& name) -> const FieldValue& {
+    const FieldValue* value = find_field(fields, name);
+    if (value == nullptr) throw std::runtime_error(what + ": rank 0's choice came without its " + name +
+                                                   ": do the ranks run the same gpipe? install one build of it for every rank");
+    return *value;
+  };
+  c.predicted.step_s = std::get<double>(number("step_s"));
+  c.predicted.bubble = std::get<double>(number("bubble"));
+  c.fits = std::get<int64_t>(number("fits")) != 0;
+  c.considered = static_cast<int>(std::get<int64_t>(number("considered")));
+  c.chose_micro_batches = std::get<int64_t>(number("chose_micro_batches")) != 0;
+  return c;
+}
+
+PipelineConfig first_rank_config(const PipelineConfig& config) {
+  if (running_backend() == Runtime::kThreads) return config;
+  const std::string first = all_gather_processes(text_of(fields_of(config))).front();
+  return config_of(fields_of_text(first, "rank 0's pipeline"), "rank 0's pipeline");
+}
+
+}  // namespace gpipe
