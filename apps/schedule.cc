@@ -43,13 +43,13 @@ std::string bubble_text(double bubble) {
 }
 
 int run(ScheduleOptions o) {
-  RunRequest request;
+  PipelineRequest request;
   request.devices = o.stages;
   request.micro_batches = o.micro_batches;
   request.schedule = o.schedule;
-  request.virtual_stages = o.virtual_stages;
+  if (o.virtual_stages != 0) request.virtual_stages = o.virtual_stages;
   request = resolve_run(Task(), request);
-  o.virtual_stages = request.virtual_stages;
+  o.virtual_stages = request.virtual_stages.value_or(0);
   or_usage_error("--virtual-stages " + std::to_string(o.virtual_stages),
                  [&] { check_virtual_stages(parse_schedule(o.schedule), o.virtual_stages); });
   const int64_t pairs = int64_t{o.stages} * o.virtual_stages * o.micro_batches;

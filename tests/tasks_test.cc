@@ -85,24 +85,26 @@ TEST(TasksTest, OwnCutsAndSchedules) {
 // the task's own schedule and cut, a given cut leaves both to the flags, "even" is a workload's blocks
 // or the layers evenly, a cost method needs its costs, and a task whose layers differ in time asks
 // for the cut by time where it can be profiled.
-TEST(TasksTest, PipelineOptionsOfARunRequest) {
+TEST(TasksTest, PipelineOptionsOfAPipelineRequest) {
   const Task& cnn = find_task("cnn");
-  auto balance = [](const Task& task, const RunRequest& r) { return make_plan(task.layers, pipeline_options_of(task, r)).balance; };
+  auto balance = [](const Task& task, const PipelineRequest& r) {
+    return make_plan(task.layers, pipeline_options_of(task, r)).balance;
+  };
   PipelineOptions own = pipeline_options_of(cnn, {2, 4});
   EXPECT_EQ(own.schedule(), ScheduleKind::kInterleaved);
   EXPECT_EQ(own.virtual_stages(), 2);
   EXPECT_EQ(balance(cnn, {2, 4}), (std::vector<int>{3, 1, 2, 5}));
   EXPECT_EQ(pipeline_options_of(cnn, {2, 3}).schedule(), ScheduleKind::kGPipe);  // M odd: fill-drain
   EXPECT_EQ(balance(cnn, {2, 3}), (std::vector<int>{3, 8}));
-  RunRequest given{0, 4};
+  PipelineRequest given{std::nullopt, 4};  // K: the balance's length
   given.balance = {5, 6};
   EXPECT_EQ(pipeline_options_of(cnn, given).schedule(), ScheduleKind::kGPipe);
   EXPECT_EQ(balance(cnn, given), (std::vector<int>{5, 6}));
-  RunRequest even{2, 4, "gpipe"};
+  PipelineRequest even{2, 4, "gpipe"};
   even.balance_by = "even";
   EXPECT_EQ(balance(cnn, even), (std::vector<int>{6, 5}));  // never the tuned {3, 8}
   EXPECT_EQ(balance(find_task("transformer"), even), (std::vector<int>{5, 5}));  // its blocks evenly
-  RunRequest by_time = even;
+  PipelineRequest by_time = even;
   by_time.balance_by = "time";
   EXPECT_THROW(pipeline_options_of(cnn, by_time), std::invalid_argument);  // no costs given
   by_time.layer_costs.assign(11, 1.0);
@@ -111,7 +113,7 @@ TEST(TasksTest, PipelineOptionsOfARunRequest) {
   EXPECT_EQ(resolve_run(find_task("resnet"), {2, 4}).balance_by, "time");
   EXPECT_EQ(resolve_run(find_task("resnet"), {1, 4}).balance_by, "");
   EXPECT_EQ(resolve_run(cnn, {2, 4}).balance_by, "");
-  const RunRequest interleaved = resolve_run(Task(), {2, 4, "auto", 3});  // no task: V above 1 interleaves
+  const PipelineRequest interleaved = resolve_run(Task(), {2, 4, "auto", 3});  // no task: V above 1 interleaves
   EXPECT_EQ(interleaved.schedule, "interleaved");
   EXPECT_EQ(interleaved.virtual_stages, 3);
   EXPECT_EQ(resolve_run(Task(), {2, 4, "zbv"}).virtual_stages, 2);
@@ -123,9 +125,9 @@ TEST(TasksTest, PipelineOptionsOfARunRequest) {
 TEST(TasksTest, AutoIsTheFastestPredictedConfigurationOfWhatIsLeftOpen) {
   const PlannedModel model = plan_model_of(find_task("tiny"));
   const int64_t batch = 32, memory = int64_t{1} << 40;
-  RunRequest open{2, 4, "auto"};
-  open.micro_batches_given = false;
-  const ScheduleChoice choice = choose_schedule(model.costs, open, batch, Checkpoint::kNever, memory);
+  PipelineRequest open{2, std::nullopt, "auto"};  // M left to auto
+  open.checkpoint = Checkpoint::kNever;
+  const ScheduleChoice choice = choose_schedule(model.costs, open, batch, memory);
   PlanSearch search;
   search.devices = 2;
   search.stages = {2};
@@ -142,47 +144,46 @@ TEST(TasksTest, AutoIsTheFastestPredictedConfigurationOfWhatIsLeftOpen) {
   EXPECT_EQ(choice.considered, static_cast<int>(found.size()));
   EXPECT_TRUE(choice.fits && choice.chose_micro_batches);
   for (const PlanCandidate& c : found) EXPECT_GE(c.step_s, found.front().step_s);
-  const ScheduleChoice again = choose_schedule(model.costs, open, batch, Checkpoint::kNever, memory);
+  const ScheduleChoice again = choose_schedule(model.costs, open, batch, memory);
   EXPECT_EQ(again.config.schedule, choice.config.schedule);
   EXPECT_EQ(again.config.micro_batches, choice.config.micro_batches);
   EXPECT_EQ(again.config.balance, choice.config.balance);
   // A given M, V or cut stays; the schedule is chosen among those that take them.
-  RunRequest m = open;
+  PipelineRequest m = open;
   m.micro_batches = 8;
-  m.micro_batches_given = true;
-  EXPECT_EQ(choose_schedule(model.costs, m, batch, Checkpoint::kNever, memory).config.micro_batches, 8);
-  RunRequest v = open;
+  EXPECT_EQ(choose_schedule(model.costs, m, batch, memory).config.micro_batches, 8);
+  PipelineRequest v = open;
   v.virtual_stages = 2;
-  const ScheduleChoice two = choose_schedule(model.costs, v, batch, Checkpoint::kNever, memory);
+  const ScheduleChoice two = choose_schedule(model.costs, v, batch, memory);
   EXPECT_EQ(two.config.virtual_stages, 2);
   EXPECT_GT(default_virtual_stages(two.config.schedule), 1);
-  RunRequest given = open;
+  PipelineRequest given = open;
   given.devices = 0;
   given.balance = {1, model.costs.layer_count() - 1};
-  const ScheduleChoice cut = choose_schedule(model.costs, given, batch, Checkpoint::kNever, memory);
+  const ScheduleChoice cut = choose_schedule(model.costs, given, batch, memory);
   EXPECT_EQ(cut.config.balance, given.balance);
   EXPECT_EQ(cut.config.devices, 2);
   EXPECT_EQ(cut.config.virtual_stages, 1);
   // Re-materialization left open: none where the memory fits; where it does not, the fastest mode
   // that fits, recomputing activations to keep fewer of them.
-  RunRequest recompute = open;
-  recompute.checkpoint_given = false;
-  EXPECT_EQ(choose_schedule(model.costs, recompute, batch, Checkpoint::kExceptLast, memory).config.checkpoint,
+  PipelineRequest recompute = open;
+  recompute.checkpoint.reset();
+  EXPECT_EQ(choose_schedule(model.costs, recompute, batch, memory).config.checkpoint,
             Checkpoint::kNever);
   EXPECT_EQ(choice.config.checkpoint, Checkpoint::kNever);  // given: the run's
-  const std::vector<PlanCandidate> modes = schedule_candidates(model.costs, recompute, batch, Checkpoint::kNever, memory);
+  const std::vector<PlanCandidate> modes = schedule_candidates(model.costs, recompute, batch, memory);
   int64_t least_without = std::numeric_limits<int64_t>::max(), least_with = least_without;
   for (const PlanCandidate& c : modes)
     (c.config.checkpoint == Checkpoint::kNever ? least_without : least_with) =
         std::min(c.config.checkpoint == Checkpoint::kNever ? least_without : least_with, c.largest_total_bytes);
   ASSERT_LT(least_with, least_without);
-  const ScheduleChoice tight = choose_schedule(model.costs, recompute, batch, Checkpoint::kNever, least_with);
+  const ScheduleChoice tight = choose_schedule(model.costs, recompute, batch, least_with);
   EXPECT_TRUE(tight.fits);
   EXPECT_NE(tight.config.checkpoint, Checkpoint::kNever);
   EXPECT_NE(format_choice(tight).find(", checkpoint " + to_string(tight.config.checkpoint)), std::string::npos)
       << format_choice(tight);
   // The choice as a run takes it, and in words.
-  const RunRequest chosen = with_choice(open, choice);
+  const PipelineRequest chosen = with_choice(open, choice);
   const PipelineOptions options = pipeline_options_of(find_task("tiny"), chosen);
   EXPECT_EQ(options.schedule(), choice.config.schedule);
   EXPECT_EQ(options.micro_batches(), choice.config.micro_batches);
@@ -199,28 +200,29 @@ TEST(TasksTest, AutoPredictsEachMicroBatchCountFromItsOwnRows) {
   PlannedModel model = plan_model_of(find_task("tiny"));
   model.costs.action_overhead_s = model.costs.step_overhead_s = 0;  // the layers' costs alone, which the rows scale
   const int64_t batch = 32, memory = int64_t{1} << 40;
-  RunRequest open{2, 4, "auto"};
-  open.micro_batches_given = false;
+  PipelineRequest open{2, std::nullopt, "auto"};  // M left to auto
+  open.checkpoint = Checkpoint::kNever;
   std::map<int64_t, int> asked;
   // Micro-batches of fewer than 8 rows cost 10x per sample: M above 4 must not be chosen.
   const CostsAtRows costs_at = [&](int64_t rows) {
     ++asked[rows];
     return with_compute_scaled(model.costs, rows < 8 ? 10 : 1);
   };
-  const std::vector<PlanCandidate> found = schedule_candidates(costs_at, open, batch, Checkpoint::kNever, memory);
+  const std::vector<PlanCandidate> found = schedule_candidates(costs_at, open, batch, memory);
   EXPECT_EQ(asked, (std::map<int64_t, int>{{32, 1}, {16, 1}, {8, 1}, {4, 1}}));  // M = 1, 2, 4, 8
   EXPECT_LE(found.front().config.micro_batches, 4);
   for (const PlanCandidate& c : found)
     if (c.config.micro_batches == 8) EXPECT_GT(c.step_s, 5 * found.front().step_s) << to_string(c.config.schedule);
   // The devices of one process share its cores: a cut of 4 stages weighs K=4 and K=2 (V=2), and on 2
   // cores every K=4 configuration computes twice as long as on 4; K=2 is the same on both.
-  RunRequest four{0, 4, "auto"};
+  PipelineRequest four{std::nullopt, 4, "auto"};
+  four.checkpoint = Checkpoint::kNever;
   four.balance = {1, 1, 1, model.costs.layer_count() - 3};
   std::map<std::pair<std::string, int>, double> on_four;
-  for (const PlanCandidate& c : schedule_candidates(model.costs, four, batch, Checkpoint::kNever, memory, 1, 4))
+  for (const PlanCandidate& c : schedule_candidates(model.costs, four, batch, memory, 1, 4))
     on_four[{to_string(c.config.schedule), c.config.devices}] = c.predicted.step_s;
   std::map<int, int> weighed;  // configurations per K
-  for (const PlanCandidate& c : schedule_candidates(model.costs, four, batch, Checkpoint::kNever, memory, 1, 2)) {
+  for (const PlanCandidate& c : schedule_candidates(model.costs, four, batch, memory, 1, 2)) {
     const double alone = on_four.at({to_string(c.config.schedule), c.config.devices});
     if (c.config.devices == 4) EXPECT_GT(c.predicted.step_s, 1.5 * alone) << to_string(c.config.schedule);
     if (c.config.devices == 2) EXPECT_EQ(c.predicted.step_s, alone) << to_string(c.config.schedule);
@@ -435,10 +437,10 @@ namespace {
 TEST(TasksTest, ARequestByCostTakesTheLayersCosts) {
   const Task& task = find_task("tiny");
   const torch::nn::Sequential model = task.model(TaskOptions()).build(LayerRange{});
-  RunRequest request;
+  PipelineRequest request;
   request.devices = 2;
   request.balance_by = "params";
-  const RunRequest filled = with_layer_costs(request, model, CostModel{}, 4);
+  const PipelineRequest filled = with_layer_costs(request, model, CostModel{}, 4);
   EXPECT_EQ(filled.layer_costs, parameter_costs(model));
   EXPECT_EQ(pipeline_options_of(task, filled).cut().kind, CutKind::kByCost);
   request.balance_by = "even";

@@ -4,10 +4,15 @@
 // for the command line and Python alike. What it chooses is a PipelineConfig (pipeline_config.h), with
 // its prediction and where it came from.
 //
+//   gpipe::PipelineRequest request;               // K = 2, M and re-materialization left open
+//   request.devices = 2;
+//   request.micro_batches.reset();
+//   request.checkpoint.reset();
+//   request.schedule = "auto";
 //   const gpipe::ScheduleChoice choice = gpipe::chosen_on_first_rank([&] {
 //     return gpipe::choose_schedule(gpipe::profiles_at_rows(whole, input, target, batch, profile, false),
-//                                   request, batch, gpipe::Checkpoint::kExceptLast);
-//   });
+//                                   request, batch);
+//   }, "schedule auto");
 //   gpipe::PipelineOptions options = gpipe::PipelineOptions().config(choice.config);
 #pragma once
 
@@ -21,24 +26,28 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace gpipe {
 
 /// What a run asks of its pipeline, as a front end's flags give it (gpipe train's --stages,
-/// --micro-batches, --schedule, --virtual-stages, --balance and --balance-by; one point of gpipe
-/// bench's sweep; gpipe schedule's K, M and schedule).
-struct RunRequest {
-  int devices = 1;        ///< K; 0 with a given balance: its length divided by V
-  int micro_batches = 1;  ///< M
+/// --micro-batches, --schedule, --virtual-stages, --balance, --balance-by and --checkpoint; one point
+/// of gpipe bench's sweep; gpipe schedule's K, M and schedule; Python's GPipe arguments): each field
+/// given, or left to the chooser.
+struct PipelineRequest {
+  std::optional<int> devices = 1;    ///< K; none: a given balance's length divided by V
+  /// M; none: "auto" chooses it (default_micro_batch_counts), and a pipeline made without a choice
+  /// (pipeline_options_of) runs 1.
+  std::optional<int> micro_batches = 1;
   /// A schedule's name (schedule_names()); "task": the task's own (Task::schedule) when the cut is
   /// the task's own too, otherwise fill-drain, or interleaved for a V above 1; "auto": the fastest
   /// predicted (choose_schedule), which a front end that profiles the model resolves first (gpipe
-  /// train and bench in one process): left unresolved (under MPI), it is taken as "task".
+  /// train and bench in one process, Python): left unresolved (under MPI), it is taken as "task".
   std::string schedule = "task";
-  int virtual_stages = 0;     ///< V; 0: the schedule's own (the task's, with its own schedule)
-  std::vector<int> balance;   ///< a given cut, K·V entries; empty: none
+  std::optional<int> virtual_stages;  ///< V; none: the schedule's own (the task's, with its own schedule)
+  std::vector<int> balance;           ///< a given cut, K·V entries; empty: none
   /// How the cut is chosen when none is given: "" the task's own (Task::cut); "even" (a workload's
   /// blocks evenly, else the layers evenly: never a tuned cut); or a cost method of layer_costs_by
   /// ("params", "time", "memory"): the min-max cut of `layer_costs` (with "auto", "time" is the
@@ -48,10 +57,9 @@ struct RunRequest {
   /// The order of a V schedule by its stages' F, I and W times (PipelineOptions::stage_times), as a
   /// choice predicted it; empty: the unit order.
   std::vector<ActionTimes> stage_times;
-  bool micro_batches_given = true;  ///< with "auto": false lets the prediction choose M too
-  /// with "auto": false lets the prediction choose re-materialization too: the fastest mode predicted
-  /// to fit (no re-materialization, where it fits: recomputing only adds work)
-  bool checkpoint_given = true;
+  /// Re-materialization; none: "auto" chooses it too, the fastest mode predicted to fit (none where it
+  /// fits: recomputing only adds work).
+  std::optional<Checkpoint> checkpoint = Checkpoint::kExceptLast;
 };
 
 /// What "auto" chose: of the configurations a run leaves open, the one predicted fastest (search_plans)
@@ -59,7 +67,7 @@ struct RunRequest {
 struct ScheduleChoice {
   /// What runs: the schedule, K, M, V, the cut it was predicted with and, for a V schedule, the order
   /// (PipelineOptions::stage_times); its checkpoint is the run's, or the one chosen
-  /// (RunRequest::checkpoint_given).
+  /// (PipelineRequest::checkpoint).
   PipelineConfig config;
   Prediction predicted;      ///< its step and bubble
   bool fits = true;          ///< false: none fits the memory; this one needs the least
@@ -87,37 +95,36 @@ CostsAtRows profiles_at_rows(const torch::nn::Sequential& whole, const torch::Te
                              bool update_on_devices);
 
 /// The configurations "auto" weighs for `request`, as search_plans predicts them from `costs_at` (one
-/// replica of K devices on a batch of `batch` rows, the run's `checkpoint` unless the request leaves
-/// it open; those that fit first,
-/// fastest first), each M from the costs at its largest micro-batch's rows (each size asked for
-/// once). What the request gives stays: K (`devices`; with a given balance and no K, its length over
-/// V), M (when `micro_batches_given`; else default_micro_batch_counts), V (when above 0: only the
+/// replica of K devices on a batch of `batch` rows; those that fit first, fastest first), each M from
+/// the costs at its largest micro-batch's rows (each size asked for once). What the request gives
+/// stays: K (`devices`; with a given balance and none, its length over V), M (when given; else
+/// default_micro_batch_counts), the checkpoint mode (when given; else every mode), V (when given: only the
 /// schedules that take it), the cut (a given `balance`, or the min-max of `layer_costs`; else the
 /// min-max of the profiled time, "even" the even cut); the schedule, and what is left open, is
 /// chosen. `memory_per_device` 0: this machine's memory over K (the devices of one process share
 /// it). The devices of one process share its `cores` too (0: this machine's): where K is more, every
 /// device's compute is predicted K / cores times as long (4 devices on 2 cores ran 53 ms, not the 32 ms
 /// predicted alone). Throws std::invalid_argument as search_plans does.
-std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, const RunRequest& request, int64_t batch,
-                                               Checkpoint checkpoint, int64_t memory_per_device = 0,
-                                               int64_t least_micro_batch_rows = 1, int cores = 0);
+std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, const PipelineRequest& request, int64_t batch,
+                                               int64_t memory_per_device = 0, int64_t least_micro_batch_rows = 1,
+                                               int cores = 0);
 /// The same from one profile for every M (its per-sample figures at any rows).
-std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const RunRequest& request, int64_t batch,
-                                               Checkpoint checkpoint, int64_t memory_per_device = 0,
+std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const PipelineRequest& request, int64_t batch,
+                                               int64_t memory_per_device = 0,
                                                int64_t least_micro_batch_rows = 1, int cores = 0);
 
 /// The first of schedule_candidates: the fastest predicted that fits (or, where none fits, the one
 /// that needs the least memory).
-ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const RunRequest& request, int64_t batch,
-                               Checkpoint checkpoint, int64_t memory_per_device = 0,
+ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const PipelineRequest& request, int64_t batch,
+                               int64_t memory_per_device = 0,
                                int64_t least_micro_batch_rows = 1, int cores = 0);
-ScheduleChoice choose_schedule(const CostModel& costs, const RunRequest& request, int64_t batch,
-                               Checkpoint checkpoint, int64_t memory_per_device = 0,
+ScheduleChoice choose_schedule(const CostModel& costs, const PipelineRequest& request, int64_t batch,
+                               int64_t memory_per_device = 0,
                                int64_t least_micro_batch_rows = 1, int cores = 0);
 
 /// `request` as `choice` runs: its schedule, K, M, V, cut (a given balance) and, for a V schedule, the
 /// order of its stages' times.
-RunRequest with_choice(RunRequest request, const ScheduleChoice& choice);
+PipelineRequest with_choice(PipelineRequest request, const ScheduleChoice& choice);
 
 /// "schedule auto: zbv (V=2), M=8, cut [3, 2, 2, 3]: predicted step 12.3 ms, bubble 11.4% (the fastest of
 /// 14 configurations predicted)".

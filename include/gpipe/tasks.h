@@ -175,25 +175,25 @@ std::vector<std::pair<std::string, double>> score_figures(Metric metric, const E
 /// by "time" of a task whose layers differ in time by 10x (TaskDefaults::cut_by_time) when no cut is
 /// asked for, K is above 1, V is 1 and this is not an MPI job (each rank would profile alone).
 /// Throws std::invalid_argument for an unknown schedule.
-RunRequest resolve_run(const Task& task, RunRequest request);
+PipelineRequest resolve_run(const Task& task, PipelineRequest request);
 
 /// The cut `request` asks of `task`: given, the task's own (Task::cut, else even), even (a workload's
 /// blocks evenly, else the layers) or by cost. Throws std::invalid_argument for a cost method whose
 /// costs are not given.
-CutRequest cut_of(const Task& task, const RunRequest& request);
+CutRequest cut_of(const Task& task, const PipelineRequest& request);
 
 /// `request` with `layer_costs` filled for a cut by cost (`balance_by` "params", "time" or "memory" and
 /// no given `balance`): layer_costs_by's costs of the layers of `whole` (the whole model) on
 /// micro-batches of `rows` rows, from `profile` (its profile_layers; not read for "params"). Any other
 /// request is returned as it is. gpipe bench and gpipe.predict fill their requests here.
-RunRequest with_layer_costs(RunRequest request, const torch::nn::Sequential& whole, const CostModel& profile,
+PipelineRequest with_layer_costs(PipelineRequest request, const torch::nn::Sequential& whole, const CostModel& profile,
                             int64_t rows);
 
 /// The one place a run's pipeline is chosen: `task` (Task() for a model of no task: fill-drain and the
 /// even cut) on K devices with M micro-batches, the schedule and the cut of `request` (resolve_run,
 /// cut_of), as the PipelineOptions that make_plan, make_pipeline and a Trainer take. The rest
 /// (checkpoint, threads, BatchNorm, ties) keeps PipelineOptions' defaults, for the caller to set.
-PipelineOptions pipeline_options_of(const Task& task, const RunRequest& request);
+PipelineOptions pipeline_options_of(const Task& task, const PipelineRequest& request);
 
 /// What a finished training run reports (gpipe train prints it as text or JSON), from its trainer.
 struct RunSummary {

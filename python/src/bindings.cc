@@ -254,16 +254,17 @@ class PythonPipeline {
       if (update_s > 0) costs.update_s_per_parameter_byte = update_s;
       return costs;
     };
-    RunRequest request;
+    PipelineRequest request;
     request.devices = settings.devices;
-    request.micro_batches = settings.micro_batches;
-    request.micro_batches_given = settings.micro_batches_given;
-    request.checkpoint_given = settings.checkpoint_given;
+    if (settings.micro_batches_given) request.micro_batches = settings.micro_batches;
+    else request.micro_batches.reset();
+    if (settings.checkpoint_given) request.checkpoint = checkpoint;
+    else request.checkpoint.reset();
     request.schedule = "auto";
-    request.virtual_stages = settings.virtual_stages;
+    if (settings.virtual_stages != 0) request.virtual_stages = settings.virtual_stages;
     request.balance = settings.balance;
-    const torch::Tensor first = batch.narrow(0, 0, first_micro_batch_rows(share, request.micro_batches));
-    return choose_schedule(profile_at, request, planned, checkpoint, 0, least_micro_batch_rows(whole, first),
+    const torch::Tensor first = batch.narrow(0, 0, first_micro_batch_rows(share, settings.micro_batches));
+    return choose_schedule(profile_at, request, planned, 0, least_micro_batch_rows(whole, first),
                            std::max(1, machine_cores() / settings.threads));
   }
 

@@ -294,7 +294,7 @@ void add_planning(py::module_& m) {
             if (balance.empty()) {
               // Cut by time as GPipe(balance=None) cuts: the min-max of the devices' time, refined by the
               // simulated step (refined_plan).
-              RunRequest by_time;
+              PipelineRequest by_time;
               by_time.balance_by = "time";
               options.cut(CutRequest::by_cost(with_layer_costs(by_time, layers, costs, rows.front()).layer_costs));
               plan = refined_plan(costs, options, rows);

@@ -50,20 +50,19 @@ std::string format_cut(const std::vector<int>& balance) {
   return out + "]";
 }
 
-std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, const RunRequest& r, int64_t batch,
-                                               Checkpoint checkpoint, int64_t memory_per_device,
-                                               int64_t least_micro_batch_rows, int cores) {
+std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, const PipelineRequest& r, int64_t batch,
+                                               int64_t memory_per_device, int64_t least_micro_batch_rows, int cores) {
+  const int given_K = r.devices.value_or(0), given_V = r.virtual_stages.value_or(0);  // 0: left open
   // K: given; with a given balance and no K, its length over V (V given, or 1 and 2: the schedules' own).
   std::vector<int> Ks;
-  if (r.devices > 0) {
-    Ks.push_back(r.devices);
+  if (given_K > 0) {
+    Ks.push_back(given_K);
   } else {
     const int S = static_cast<int>(r.balance.size());
     GPIPE_CHECK(S > 0, "`devices` must be at least 1, or given by `balance`");
-    if (r.virtual_stages > 0) {
-      GPIPE_CHECK(S % r.virtual_stages == 0, "`balance` has ", S, " stages, not a multiple of `virtual_stages` ",
-                  r.virtual_stages);
-      Ks.push_back(S / r.virtual_stages);
+    if (given_V > 0) {
+      GPIPE_CHECK(S % given_V == 0, "`balance` has ", S, " stages, not a multiple of `virtual_stages` ", given_V);
+      Ks.push_back(S / given_V);
     } else {
       Ks.push_back(S);
       if (S % 2 == 0) Ks.push_back(S / 2);
@@ -87,10 +86,10 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
     search.stages = {K};
     search.memory_per_device = memory_per_device > 0 ? memory_per_device : std::max<int64_t>(1, machine_memory() / K);
     search.batch = batch;
-    search.checkpoints = {checkpoint};
-    if (!r.checkpoint_given) search.checkpoints = {Checkpoint::kNever, Checkpoint::kExceptLast, Checkpoint::kAlways};
-    search.virtual_stages = r.virtual_stages;
-    if (r.devices == 0 && r.virtual_stages == 0) search.virtual_stages = static_cast<int>(r.balance.size()) / K;
+    search.checkpoints = {Checkpoint::kNever, Checkpoint::kExceptLast, Checkpoint::kAlways};
+    if (r.checkpoint) search.checkpoints = {*r.checkpoint};
+    search.virtual_stages = given_V;
+    if (given_K == 0 && given_V == 0) search.virtual_stages = static_cast<int>(r.balance.size()) / K;
     search.least_micro_batch_rows = least_micro_batch_rows;
     if (!r.balance.empty()) {
       search.given_cut = true;
@@ -104,8 +103,8 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
       search.cut = CutRequest::even();
     }
     // Each M predicted from the costs at its own micro-batches' rows.
-    std::vector<int> Ms{r.micro_batches};
-    if (!r.micro_batches_given) Ms = default_micro_batch_counts(K, batch, least_micro_batch_rows);
+    std::vector<int> Ms = r.micro_batches ? std::vector<int>{*r.micro_batches}
+                                          : default_micro_batch_counts(K, batch, least_micro_batch_rows);
     if (Ms.empty()) Ms = {1};  // no M fits the rows: search_plans says why
     for (int M : Ms) {
       search.micro_batches = {M};
@@ -140,39 +139,37 @@ CostsAtRows profiles_at_rows(const torch::nn::Sequential& whole, const torch::Te
   };
 }
 
-std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const RunRequest& request, int64_t batch,
-                                               Checkpoint checkpoint, int64_t memory_per_device,
-                                               int64_t least_micro_batch_rows, int cores) {
-  return schedule_candidates([&costs](int64_t) { return costs; }, request, batch, checkpoint, memory_per_device,
+std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const PipelineRequest& request, int64_t batch,
+                                               int64_t memory_per_device, int64_t least_micro_batch_rows, int cores) {
+  return schedule_candidates([&costs](int64_t) { return costs; }, request, batch, memory_per_device,
                              least_micro_batch_rows, cores);
 }
 
-ScheduleChoice choose_schedule(const CostModel& costs, const RunRequest& request, int64_t batch, Checkpoint checkpoint,
+ScheduleChoice choose_schedule(const CostModel& costs, const PipelineRequest& request, int64_t batch,
                                int64_t memory_per_device, int64_t least_micro_batch_rows, int cores) {
-  return choose_schedule([&costs](int64_t) { return costs; }, request, batch, checkpoint, memory_per_device,
+  return choose_schedule([&costs](int64_t) { return costs; }, request, batch, memory_per_device,
                          least_micro_batch_rows, cores);
 }
 
-ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const RunRequest& request, int64_t batch,
-                               Checkpoint checkpoint, int64_t memory_per_device, int64_t least_micro_batch_rows,
-                               int cores) {
+ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const PipelineRequest& request, int64_t batch,
+                               int64_t memory_per_device, int64_t least_micro_batch_rows, int cores) {
   const std::vector<PlanCandidate> found =
-      schedule_candidates(costs_at, request, batch, checkpoint, memory_per_device, least_micro_batch_rows, cores);
+      schedule_candidates(costs_at, request, batch, memory_per_device, least_micro_batch_rows, cores);
   const PlanCandidate& best = found.front();
   ScheduleChoice c;
   c.config = best.config;
   c.predicted = best.predicted;
   c.fits = best.fits;
   c.considered = static_cast<int>(found.size());
-  c.chose_micro_batches = !request.micro_batches_given;
+  c.chose_micro_batches = !request.micro_batches;
   return c;
 }
 
-RunRequest with_choice(RunRequest r, const ScheduleChoice& c) {
+PipelineRequest with_choice(PipelineRequest r, const ScheduleChoice& c) {
   r.schedule = to_string(c.config.schedule);
   r.devices = c.config.devices;
   r.micro_batches = c.config.micro_batches;
-  r.micro_batches_given = true;
+  r.checkpoint = c.config.checkpoint;
   r.virtual_stages = c.config.virtual_stages;
   r.balance = c.config.balance;
   r.balance_by.clear();

@@ -47,24 +47,25 @@ BenchRatio ratio(const std::vector<double>& a, const std::vector<double>& b) {
 int virtual_stages(const std::string& schedule, const BenchSweep& o) {
   if (schedule == "auto") return o.virtual_stages;  // chosen with the schedule, once profiled (build)
   const bool takes = o.virtual_stages > 0 && takes_virtual_stages(parse_schedule(schedule), o.virtual_stages);
-  RunRequest r;
+  PipelineRequest r;
   r.schedule = schedule;
-  r.virtual_stages = takes ? o.virtual_stages : 0;
-  return resolve_run(Task(), r).virtual_stages;
+  if (takes) r.virtual_stages = o.virtual_stages;
+  return resolve_run(Task(), r).virtual_stages.value_or(0);
 }
 
 // One configuration's request: an explicit cut (for K above 1), a workload's blocks evenly ("even",
 // docs/benchmarks.md; never a task's tuned cut), or by cost.
-RunRequest request_of(int K, int M, const std::string& schedule, const std::string& balance_by, const BenchSweep& o) {
-  RunRequest r;
+PipelineRequest request_of(int K, int M, const std::string& schedule, const std::string& balance_by,
+                           const BenchSweep& o) {
+  PipelineRequest r;
   r.devices = K;
   r.micro_batches = M;
   r.schedule = schedule;
-  r.virtual_stages = virtual_stages(schedule, o);
+  if (const int V = virtual_stages(schedule, o); V > 0) r.virtual_stages = V;
   if (!o.balance.empty() && K > 1) r.balance = o.balance;
   // Auto with a cut of several stages per device and no V given: the V the cut holds (as gpipe train's).
   const size_t stages = r.balance.size();
-  if (schedule == "auto" && r.virtual_stages == 0 && stages > 0 && stages % static_cast<size_t>(K) == 0)
+  if (schedule == "auto" && !r.virtual_stages && stages > 0 && stages % static_cast<size_t>(K) == 0)
     r.virtual_stages = static_cast<int>(r.balance.size()) / K;
   r.balance_by = balance_by == "given" ? "" : balance_by;
   return r;
@@ -128,11 +129,11 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
     c.sgd = make_optimizer(kBenchOptimizer, unique_parameters(*c.whole));
     return;
   }
-  RunRequest request = request_of(c.devices, M, c.schedule, c.balance_by, o);
+  PipelineRequest request = request_of(c.devices, M, c.schedule, c.balance_by, o);
   if (request.balance.empty() && request.balance_by != "even")  // by cost: the profiled costs of one micro-batch
     request = with_layer_costs(request, model.build(LayerRange{}), costs, micro_batch_sizes(c.batch.size(), M).front());
   const int64_t share = micro_batch_sizes(c.batch.size(), replicas_of(c.devices)).front();  // replica 0's rows
-  // The order of a V schedule: by the profiled times, where at hand (RunRequest::stage_times).
+  // The order of a V schedule: by the profiled times, where at hand (PipelineRequest::stage_times).
   if (request.balance_by == "time" && c.schedule != "auto") {  // the min-max cut improved by the simulation
     const PipelinePlan refined =
         refined_plan(costs, pipeline_options_of(task, request).checkpoint(mode), micro_batch_sizes(share, M));
@@ -140,7 +141,8 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
     request.stage_times = refined.stage_times;
   }
   if (c.schedule == "auto" && !job().distributed) {  // the schedule and V predicted fastest at this K, M and cut
-    const ScheduleChoice choice = choose_schedule(costs, request, share, mode);
+    request.checkpoint = mode;
+    const ScheduleChoice choice = choose_schedule(costs, request, share);
     request = with_choice(request, choice);
     c.chosen = to_string(choice.config.schedule);
     c.virtual_stages = choice.config.virtual_stages;

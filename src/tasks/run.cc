@@ -38,54 +38,58 @@ namespace {
 
 // The schedule of "task" (and of "auto" not chosen by prediction) and the V of 0: the task's own
 // schedule when the cut is its own too; otherwise fill-drain, or interleaved for a V above 1.
-RunRequest with_schedule(const Task& task, RunRequest r) {
+PipelineRequest with_schedule(const Task& task, PipelineRequest r) {
+  const int given_V = r.virtual_stages.value_or(0);  // 0: the schedule's own
   if (r.schedule == "task" || r.schedule == "auto") {
     const bool own = task.schedule && r.balance.empty() && r.balance_by.empty();
-    const auto [kind, V] = own ? task.schedule(r.devices, r.micro_batches) : std::pair{ScheduleKind::kGPipe, 1};
-    const bool takes = r.virtual_stages == 0 || takes_virtual_stages(kind, r.virtual_stages);
-    r.schedule = to_string(takes ? kind : r.virtual_stages > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kGPipe);
-    if (takes && r.virtual_stages == 0) r.virtual_stages = V;
+    const auto [kind, V] = own ? task.schedule(r.devices.value_or(0), r.micro_batches.value_or(1))
+                               : std::pair{ScheduleKind::kGPipe, 1};
+    const bool takes = given_V == 0 || takes_virtual_stages(kind, given_V);
+    r.schedule = to_string(takes ? kind : given_V > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kGPipe);
+    if (takes && given_V == 0) r.virtual_stages = V;
   }
-  if (r.virtual_stages == 0) r.virtual_stages = default_virtual_stages(parse_schedule(r.schedule));
+  if (r.virtual_stages.value_or(0) == 0) r.virtual_stages = default_virtual_stages(parse_schedule(r.schedule));
   return r;
 }
 
 }  // namespace
 
-RunRequest resolve_run(const Task& task, RunRequest request) {
-  RunRequest r = with_schedule(task, std::move(request));
+PipelineRequest resolve_run(const Task& task, PipelineRequest request) {
+  PipelineRequest r = with_schedule(task, std::move(request));
   // A model whose layers differ in time by 10x is cut by measured time unless told otherwise (under
   // MPI each rank would profile alone: the task's own cut there).
   if (task.defaults.cut_by_time && r.balance.empty() && r.balance_by.empty() && r.virtual_stages == 1 &&
-      r.devices > 1 && !job().distributed)
+      r.devices.value_or(0) > 1 && !job().distributed)
     r.balance_by = "time";
   return r;
 }
 
-CutRequest cut_of(const Task& task, const RunRequest& r) {
+CutRequest cut_of(const Task& task, const PipelineRequest& r) {
   if (!r.balance.empty()) return CutRequest::given(r.balance);
-  const CutRequest own = task.cut ? task.cut(r.devices, parse_schedule(r.schedule), r.virtual_stages) : CutRequest::even();
+  const CutRequest own =
+      task.cut ? task.cut(r.devices.value_or(0), parse_schedule(r.schedule), r.virtual_stages.value_or(0))
+               : CutRequest::even();
   if (r.balance_by.empty()) return own;
   if (r.balance_by == "even") return own.kind == CutKind::kBlocks ? own : CutRequest::even();
   GPIPE_CHECK(!r.layer_costs.empty(), "the cut by ", r.balance_by, " needs one cost per layer (layer_costs_by, "
-              "RunRequest::layer_costs); profile the model first, or ask for the even cut");
+              "PipelineRequest::layer_costs); profile the model first, or ask for the even cut");
   return CutRequest::by_cost(r.layer_costs);
 }
 
-RunRequest with_layer_costs(RunRequest r, const torch::nn::Sequential& whole, const CostModel& profile,
-                            int64_t rows) {
+PipelineRequest with_layer_costs(PipelineRequest r, const torch::nn::Sequential& whole, const CostModel& profile,
+                                 int64_t rows) {
   if (!r.balance.empty() || r.balance_by.empty() || r.balance_by == "even") return r;
   r.layer_costs = layer_costs_by(r.balance_by, whole, profile, rows);
   return r;
 }
 
-PipelineOptions pipeline_options_of(const Task& task, const RunRequest& request) {
-  const RunRequest r = with_schedule(task, request);
+PipelineOptions pipeline_options_of(const Task& task, const PipelineRequest& request) {
+  const PipelineRequest r = with_schedule(task, request);
   return PipelineOptions()
-      .devices(r.devices)
-      .micro_batches(r.micro_batches)
+      .devices(r.devices.value_or(0))
+      .micro_batches(r.micro_batches.value_or(1))
       .schedule(parse_schedule(r.schedule))
-      .virtual_stages(r.virtual_stages)
+      .virtual_stages(r.virtual_stages.value_or(0))
       .cut(cut_of(task, r))
       .stage_times(r.stage_times);
 }
@@ -208,29 +212,29 @@ std::string divergence_error(const Trainer& trainer, const Evaluation& evaluatio
 
 namespace {
 
-RunRequest run_request(const TrainSettings& s) {
-  RunRequest r;
-  r.devices = s.balance.empty() || s.devices_given ? s.devices : 0;
-  r.micro_batches = s.micro_batches;
-  r.schedule = s.schedule;
-  r.virtual_stages = s.virtual_stages;
-  r.balance = s.balance;
-  r.balance_by = s.balance_by;
-  r.micro_batches_given = s.micro_batches_given;
-  return r;
-}
-
 // `schedule` auto, chosen by prediction in this process (under MPI each rank would profile alone:
 // the task's own there).
 bool predicted(const TrainSettings& s) { return s.schedule == "auto" && !job().distributed; }
 
+// What `s` ask of the pipeline: M left open only to a prediction (otherwise the default's 4 runs).
+PipelineRequest run_request(const TrainSettings& s) {
+  PipelineRequest r;
+  r.devices = s.balance.empty() || s.devices_given ? std::optional<int>(s.devices) : std::nullopt;
+  r.micro_batches = s.micro_batches_given || !predicted(s) ? std::optional<int>(s.micro_batches) : std::nullopt;
+  r.schedule = s.schedule;
+  if (s.virtual_stages != 0) r.virtual_stages = s.virtual_stages;
+  r.balance = s.balance;
+  r.balance_by = s.balance_by;
+  return r;
+}
+
 // The schedule of "task" (or of "auto" under MPI), V and the cut by time: the task's own choices.
 void resolve_own(TrainSettings& s, const Task& task) {
-  RunRequest r = run_request(s);
+  PipelineRequest r = run_request(s);
   r.devices = s.devices;
   r = resolve_run(task, r);  // "auto" is "task" there
   s.schedule = r.schedule;
-  s.virtual_stages = r.virtual_stages;
+  s.virtual_stages = r.virtual_stages.value_or(0);
   s.balance_by = r.balance_by;
 }
 
@@ -355,7 +359,7 @@ void apply_task(TrainSettings& s, const Task& task) {
 // the task's cut) and its plan, made once.
 void choose_cut(const TrainSettings& s, TrainingRun& c) {
   const int V = s.virtual_stages;
-  RunRequest request = run_request(s);
+  PipelineRequest request = run_request(s);
   if (c.choice) request = with_choice(request, *c.choice);  // `schedule` auto: the cut predicted
   else if (!s.balance_by.empty()) request.balance_by = "even";  // checked before the profile, then cut by cost
   c.options = pipeline_options_of(c.task, request)
@@ -459,12 +463,10 @@ void check_some_configuration(const TrainSettings& s, const TrainingRun& c) {
   layer.input_grad_s = layer.weight_grad_s = 1e-3;
   CostModel uniform;
   uniform.layers.assign(static_cast<size_t>(c.task.layers), layer);
-  RunRequest request = run_request(s);
+  PipelineRequest request = run_request(s);
   request.schedule = "auto";
-  auto search = [&] {
-    return schedule_candidates(uniform, request, std::min(s.batch_size, c.data.train.size()),
-                               parse_checkpoint(s.checkpoint), 0, 1, 0);
-  };
+  request.checkpoint = parse_checkpoint(s.checkpoint);
+  auto search = [&] { return schedule_candidates(uniform, request, std::min(s.batch_size, c.data.train.size()), 0, 1, 0); };
   try {
     search();
   } catch (const std::invalid_argument&) {
@@ -512,8 +514,9 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c, std::optional<std::s
       throw;
     }
   };
-  RunRequest request = run_request(s);
+  PipelineRequest request = run_request(s);
   request.schedule = "auto";
+  request.checkpoint = parse_checkpoint(s.checkpoint);
   std::vector<double> costs;  // `balance_by`'s, for its plan
   if (!s.balance_by.empty()) {
     costs = layer_costs_by(s.balance_by, whole, profile_at(rows), rows);
@@ -521,8 +524,8 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c, std::optional<std::s
   }
   const ScheduleChoice choice = said_about("`schedule` auto", [&] {
     // The devices of this process share its cores, each running threads_per_device of them.
-    return choose_schedule(profile_at, request, batch, parse_checkpoint(s.checkpoint), 0,
-                           least_micro_batch_rows(whole, sample), std::max(1, machine_cores() / s.threads_per_device));
+    return choose_schedule(profile_at, request, batch, 0, least_micro_batch_rows(whole, sample),
+                           std::max(1, machine_cores() / s.threads_per_device));
   });
   take_choice(s, c, choice);
   const PipelineConfig& chosen = choice.config;
