@@ -180,16 +180,6 @@ py::dict task_data_dict(const TaskData& d) {
   return out;
 }
 
-const char* metric_name(Metric metric) {
-  switch (metric) {
-    case Metric::kAccuracy: return "accuracy";
-    case Metric::kPsnr: return "psnr_db";
-    case Metric::kBitsPerByte: return "bits_per_byte";
-    case Metric::kLoss: return "loss";
-  }
-  return "loss";
-}
-
 }  // namespace
 
 void add_planning(py::module_& m) {
@@ -328,7 +318,7 @@ void add_planning(py::module_& m) {
     d["summary"] = t.summary;
     d["workload"] = t.workload;
     d["layers"] = t.layers;
-    d["metric"] = metric_name(t.metric);
+    d["metric"] = t.scoring.name;
     d["loss"] = t.loss_name;
     d["data_dir"] = t.data_dir;
     d["context"] = t.context;
