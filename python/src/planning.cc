@@ -180,9 +180,8 @@ py::dict task_data_dict(const TaskData& d) {
   return out;
 }
 
-}  // namespace
-
-void add_planning(py::module_& m) {
+// gpipe.plan: the search's settings, and the plan of a Sequential, a task or a Transformer's shape.
+void add_plans(py::module_& m) {
   py::class_<SearchSettings>(m, "SearchSettings")
       .def(py::init<>())
       .def_readwrite("devices", &SearchSettings::devices)
@@ -235,7 +234,10 @@ void add_planning(py::module_& m) {
           return search(plan_model_of(t, DeviceSpec{flops}, optimizer), settings, optimizer, t.bytes_per_value == 4);
         },
         py::arg("shape"), py::arg("flops"), py::arg("optimizer"), py::arg("settings"));
+}
 
+// gpipe.profile and gpipe.predict: a model's costs and a pipeline's predicted step.
+void add_prediction(py::module_& m) {
   // gpipe.profile: profile_model's costs, per layer and per sample.
   m.def("profile",
         [](const py::object& scripted, const std::vector<torch::Tensor>& sample, bool tuple, const std::string& optimizer,
@@ -307,8 +309,10 @@ void add_planning(py::module_& m) {
         py::arg("micro_batches"), py::arg("schedule"), py::arg("checkpoint"), py::arg("virtual_stages"),
         py::arg("batch"), py::arg("optimizer"), py::arg("speed"), py::arg("threads"), py::arg("loss"),
         py::arg("target"));
+}
 
-  // gpipe.tasks: the registry (tasks.h).
+// gpipe.tasks: the registry (tasks.h).
+void add_tasks(py::module_& m) {
   m.def("task_names", &task_names, py::arg("workloads"));
   m.def("task_info", [](const std::string& name) {
     const Task& t = find_task(name);
@@ -369,6 +373,14 @@ void add_planning(py::module_& m) {
           return d;
         },
         py::arg("name"), py::arg("seed"));
+}
+
+}  // namespace
+
+void add_planning(py::module_& m) {
+  add_plans(m);
+  add_prediction(m);
+  add_tasks(m);
 }
 
 }  // namespace gpipe::python
