@@ -242,8 +242,16 @@ class PythonPipeline {
     } else if (options.balance().empty() && batch) {
       const int M = options.micro_batches();
       const torch::Tensor sample = batch->narrow(0, 0, first_micro_batch_rows(batch->size(0), M));
-      const CostBalance by = balance_by("time", model_, sample, settings.devices, M, settings.threads, 2.0,
-                                        options.schedule(), settings.virtual_stages, {}, options.checkpoint());
+      const CostBalance by = balance_by(model_, sample,
+                                        BalanceByOptions()
+                                            .method("time")
+                                            .devices(settings.devices)
+                                            .virtual_stages(settings.virtual_stages)
+                                            .schedule(options.schedule())
+                                            .micro_batches(M)
+                                            .checkpoint(options.checkpoint())
+                                            .threads(settings.threads)
+                                            .optimizer_copies(2.0));
       // Rank 0's cut, and the order its V schedule was predicted in: every rank runs the same program.
       options.balance(first_rank_list(by.balance)).stage_times(first_rank_times(by.stage_times));
     }

@@ -533,9 +533,16 @@ void choose_cut(const TrainSettings& s, TrainingRun& c) {
   const Dataset& train = c.data.train;
   const torch::Tensor sample =
       train.input.narrow(0, 0, micro_batch_sizes(std::min(s.batch_size, train.size()), s.micro_batches).front());
-  c.cost = balance_by(s.balance_by, c.model, sample, s.devices, s.micro_batches, s.threads_per_device,
-                      state_per_parameter_byte(optimizer_options_of(s)), parse_schedule(s.schedule), V, {},
-                      parse_checkpoint(s.checkpoint));
+  c.cost = balance_by(c.model, sample,
+                      BalanceByOptions()
+                          .method(s.balance_by)
+                          .devices(s.devices)
+                          .virtual_stages(V)
+                          .schedule(parse_schedule(s.schedule))
+                          .micro_batches(s.micro_batches)
+                          .checkpoint(parse_checkpoint(s.checkpoint))
+                          .threads(s.threads_per_device)
+                          .optimizer_copies(state_per_parameter_byte(optimizer_options_of(s))));
   c.options.cut(CutRequest::given(c.cost->balance)).stage_times(c.cost->stage_times);
   c.plan = make_plan(c.task.layers, c.options);
 }

@@ -13,9 +13,10 @@
 
 namespace gpipe {
 
-CostBalance balance_by(const std::string& method, const Model& model, const Tensors& sample, int devices,
-                       int micro_batches, int threads, double optimizer_copies, ScheduleKind schedule,
-                       int virtual_stages, const std::vector<int>& whole, Checkpoint checkpoint) {
+CostBalance balance_by(const Model& model, const Tensors& sample, const BalanceByOptions& o) {
+  const std::string& method = o.method();
+  const int micro_batches = o.micro_batches();
+  const std::vector<int>& whole = o.whole();
   const std::string unit = cost_unit(method);  // throws for an unknown method, before any work
   const RandomStateGuard guard;  // building the whole model and running it draw random numbers
   const torch::nn::Sequential layers = model.build(LayerRange{});
@@ -32,16 +33,16 @@ CostBalance balance_by(const std::string& method, const Model& model, const Tens
     kept.grads.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
   }
   const int64_t rows = batch_rows(sample, whole);
-  const CostModel profile = method == "params" ? CostModel{}
-                                               : profile_layers(layers, sample, threads, optimizer_copies, 1, 3,
-                                                                nullptr, {}, whole);
+  const CostModel profile =
+      method == "params" ? CostModel{}
+                         : profile_layers(layers, sample, o.threads(), o.optimizer_copies(), 1, 3, nullptr, {}, whole);
   const std::vector<double> costs = layer_costs_by(method, layers, profile, rows);
   const PipelineOptions options = PipelineOptions()
-                                      .devices(devices)
-                                      .virtual_stages(virtual_stages)
-                                      .schedule(schedule)
+                                      .devices(o.devices())
+                                      .virtual_stages(o.virtual_stages())
+                                      .schedule(o.schedule())
                                       .micro_batches(micro_batches)
-                                      .checkpoint(checkpoint)
+                                      .checkpoint(o.checkpoint())
                                       .cut(CutRequest::by_cost(costs));
   // By time, the min-max cut is then improved by the simulated step (what the sums of times leave out).
   const PipelinePlan plan =
