@@ -56,8 +56,8 @@ class Run {
     if (!printing()) return;
     const std::string devices = std::to_string(K_) + (K_ == 1 ? " device" : " devices");
     std::cout << "gpipe train: " << c_.model.name << " on " << data_.source << ", " << trainer_.samples()
-              << (c_.task.metric == Metric::kBitsPerByte ? " training windows of " + std::to_string(data_.train.input.size(1)) + " bytes; "
-                                   : trainer_.samples() == 1 ? " training sample; " : " training samples; ")
+              << (c_.task.context > 0 ? " training windows of " + std::to_string(data_.train.input.size(1)) + " bytes; "
+                                      : trainer_.samples() == 1 ? " training sample; " : " training samples; ")
               << (o_.virtual_stages > 1 ? devices + " x " + std::to_string(o_.virtual_stages) + " stages "
                                         : std::to_string(K_) + (K_ == 1 ? " stage " : " stages "))
               << nlohmann::json(c_.plan.balance).dump() << ", " << o_.micro_batches
@@ -205,10 +205,10 @@ class Run {
     check_finite_evaluation(epoch);
     const std::string& eval = data_.test_name;
     epochs_.push_back({{"epoch", epoch}, {"step", trainer_.step()}, {"loss", trainer_.stats().last_loss}, {eval + "_loss", evaluation_.loss}});
-    for (const auto& [name, value] : score_figures(c_.task.metric, evaluation_, data_)) epochs_.back()[name] = value;
+    for (const auto& [name, value] : c_.task.scoring.figures(evaluation_, data_, false)) epochs_.back()[name] = value;
     if (!printing()) return;
     std::cout << "epoch " << epoch << ": loss " << fixed(trainer_.stats().last_loss, 4) << ", "
-              << format_score(c_.task.metric, evaluation_, data_) << std::endl;
+              << c_.task.scoring.format(evaluation_, data_, /*summary=*/false) << std::endl;
     check_stdout();
   }
 

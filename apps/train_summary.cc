@@ -65,7 +65,7 @@ nlohmann::json summary_json(const TrainOptions& o, const TrainingRun& c, const R
   if (!c.auto_fallback.empty()) j["auto_fallback"] = in_flags(c.auto_fallback);
   if (job().distributed) j["mpi"] = {{"ranks", job().size}, {"replicas", s.replicas}};
   for (const auto& [name, value] : s.scores) j[name] = value;
-  if (c.task.metric == Metric::kBitsPerByte) {
+  if (c.task.context > 0) {  // text: its bytes and windows
     j["train_bytes"] = c.data.train_bytes;
     j["test_bytes"] = c.data.test_bytes;
     j["context"] = c.data.train.input.size(1);
@@ -93,7 +93,7 @@ void print_summary(const TrainOptions& o, const TrainingRun& c, const RunSummary
     std::cout << "  no step ran: the checkpoint file is at step " << s.steps << ", and the run ends at step "
               << s.total_steps << "\n";
   const RunFigures& f = s.figures;
-  std::cout << "  " << format_score(c.task.metric, s.evaluation, c.data, /*summary=*/true) << "\n"
+  std::cout << "  " << c.task.scoring.format(s.evaluation, c.data, /*summary=*/true) << "\n"
             << format_run_figures(f)
             << (c.choice ? format_choice_measured(*c.choice, f.steps, f.train_seconds, f.median_step_s, f.bubble) : "")
             << std::flush;

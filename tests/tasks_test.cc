@@ -269,7 +269,8 @@ TEST(TasksTest, TrainingRunsTheScheduleAutoChose) {
   EXPECT_FALSE(prepare_training(own, cnn).choice.has_value());
 }
 
-// A score is formatted in one place, with its unit and its references, after an epoch and in the summary.
+// A task scores itself (Task::scoring): its score with its unit and its references, after an epoch and
+// in the summary, and by name for the JSON.
 TEST(TasksTest, ScoresWithTheirUnitsAndReferences) {
   TaskData data;
   data.noisy_psnr_db = 18.2;
@@ -278,24 +279,64 @@ TEST(TasksTest, ScoresWithTheirUnitsAndReferences) {
   Evaluation e;
   e.loss = 0.25;
   e.accuracy = 0.85;
-  EXPECT_EQ(format_score(Metric::kAccuracy, e, data), "test accuracy 85.00%");
-  EXPECT_EQ(format_score(Metric::kAccuracy, e, data, true), "test accuracy  85.00%");
-  EXPECT_EQ(format_score(Metric::kLoss, e, data), "test loss 0.2500");
-  EXPECT_EQ(format_score(Metric::kLoss, e, data, true), "test loss  0.250000");
+  const Scoring& accuracy = find_task("cnn").scoring;
+  const Scoring& loss = find_task("mlp").scoring;
+  const Scoring& bits = find_task("gpt").scoring;
+  const Scoring& psnr = find_task("unet").scoring;
+  EXPECT_EQ(accuracy.format(e, data, false), "test accuracy 85.00%");
+  EXPECT_EQ(accuracy.format(e, data, true), "test accuracy  85.00%");
+  EXPECT_EQ(accuracy.figures(e, data, false), (std::vector<std::pair<std::string, double>>{{"test_accuracy", 0.85}}));
+  EXPECT_EQ(loss.format(e, data, false), "test loss 0.2500");
+  EXPECT_EQ(loss.format(e, data, true), "test loss  0.250000");
+  EXPECT_TRUE(loss.figures(e, data, true).empty());
   e.loss = std::log(2.0);
-  EXPECT_EQ(format_score(Metric::kBitsPerByte, e, data), "test 1.000 bits per byte (bigram 3.100, gzip -9 2.900)");
-  EXPECT_EQ(format_score(Metric::kBitsPerByte, e, data, true), "test bits per byte  1.000 (bigram 3.100, gzip -9 2.900)");
+  EXPECT_EQ(bits.format(e, data, false), "test 1.000 bits per byte (bigram 3.100, gzip -9 2.900)");
+  EXPECT_EQ(bits.format(e, data, true), "test bits per byte  1.000 (bigram 3.100, gzip -9 2.900)");
+  ASSERT_EQ(bits.figures(e, data, false).size(), 1u);
+  const auto read = bits.figures(e, data, /*references=*/true);
+  ASSERT_EQ(read.size(), 3u);
+  EXPECT_EQ(read[0].first, "test_bits_per_byte");
+  EXPECT_NEAR(read[0].second, 1.0, 1e-12);
+  EXPECT_EQ(read[1], (std::pair<std::string, double>{"bigram_bits_per_byte", 3.1}));
+  EXPECT_EQ(read[2], (std::pair<std::string, double>{"gzip_bits_per_byte", 2.9}));
   e.loss = 0.01;
   char db[32];
   std::snprintf(db, sizeof db, "%.2f", psnr_db(e.loss));
-  EXPECT_EQ(format_score(Metric::kPsnr, e, data), "test PSNR " + std::string(db) + " dB (noisy input 18.20 dB)");
-  EXPECT_EQ(format_score(Metric::kPsnr, e, data, true), "test PSNR      " + std::string(db) + " dB (noisy input 18.20 dB)");
-  const auto figures = score_figures(Metric::kPsnr, e, data, /*references=*/true);
+  EXPECT_EQ(psnr.format(e, data, false), "test PSNR " + std::string(db) + " dB (noisy input 18.20 dB)");
+  EXPECT_EQ(psnr.format(e, data, true), "test PSNR      " + std::string(db) + " dB (noisy input 18.20 dB)");
+  ASSERT_EQ(psnr.figures(e, data, false).size(), 1u);
+  const auto figures = psnr.figures(e, data, /*references=*/true);
   ASSERT_EQ(figures.size(), 2u);
   EXPECT_EQ(figures[0].first, "test_psnr_db");
   EXPECT_DOUBLE_EQ(figures[0].second, psnr_db(e.loss));
   EXPECT_EQ(figures[1].first, "noisy_test_psnr_db");
-  EXPECT_TRUE(score_figures(Metric::kLoss, e, data).empty());
+  // Named by the data's test_name: a task scored on its training data says so.
+  data.test_name = "training";
+  EXPECT_EQ(accuracy.format(e, data, false), "training accuracy 85.00%");
+  EXPECT_EQ(psnr.figures(e, data, true)[1].first, "noisy_training_psnr_db");
+  // The names Python's task "metric" gives; only the accuracy counts classes.
+  EXPECT_EQ(accuracy.name, "accuracy");
+  EXPECT_EQ(psnr.name, "psnr_db");
+  EXPECT_EQ(bits.name, "bits_per_byte");
+  EXPECT_EQ(loss.name, "loss");
+  EXPECT_TRUE(accuracy.classification);
+  EXPECT_FALSE(psnr.classification || bits.classification || loss.classification);
+  EXPECT_TRUE(find_task("resnet").scoring.classification);
+}
+
+// A task of one's own data is scored by its loss: classes by accuracy, real-valued targets by the loss
+// itself; a data file is neither text to sample nor images to denoise.
+TEST(TasksTest, ADataFileOfOnesOwnIsScoredByItsLoss) {
+  const Task classes = with_data_file(find_task("gpt"), "unread.pt", "cross_entropy");
+  EXPECT_EQ(classes.scoring.name, "accuracy");
+  EXPECT_TRUE(classes.trainer_options().classification());
+  EXPECT_EQ(classes.context, 0);
+  const Task values = with_data_file(find_task("unet"), "unread.pt", "mse");
+  EXPECT_EQ(values.scoring.name, "loss");
+  EXPECT_FALSE(values.trainer_options().classification());
+  EXPECT_FALSE(values.denoises);
+  EXPECT_TRUE(find_task("unet").denoises);
+  EXPECT_EQ(find_task("gpt").context, 128);
 }
 
 TEST(TasksTest, TrainerOptionsCarryTheDefaults) {
@@ -307,9 +348,6 @@ TEST(TasksTest, TrainerOptionsCarryTheDefaults) {
   EXPECT_EQ(options.lr_schedule().kind(), LrSchedule::kCosine);
   EXPECT_FALSE(options.classification());
   EXPECT_TRUE(find_task("cnn").trainer_options().classification());
-  EXPECT_NEAR(metric_of_loss(Metric::kBitsPerByte, std::log(2.0)), 1.0, 1e-12);
-  EXPECT_DOUBLE_EQ(metric_of_loss(Metric::kPsnr, 0.01), psnr_db(0.01));
-  EXPECT_DOUBLE_EQ(metric_of_loss(Metric::kLoss, 0.25), 0.25);
 }
 
 // A training run as a front end asks for it: the task's defaults fill what was not given, and the

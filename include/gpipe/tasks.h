@@ -30,14 +30,6 @@
 
 namespace gpipe {
 
-/// What a task is scored by after every epoch.
-enum class Metric {
-  kAccuracy,     ///< the share of test samples whose largest score is their class
-  kPsnr,         ///< peak signal-to-noise ratio of the output images, in dB (psnr_db)
-  kBitsPerByte,  ///< the cross-entropy per byte of held-out text, in bits
-  kLoss,         ///< the loss itself
-};
-
 /// What a run may ask of a task's model and data.
 struct TaskOptions {
   /// The model's weights (every layer range draws as the whole model does) and the data's random
@@ -60,14 +52,39 @@ struct TaskData {
   std::string test_name = "test";
   /// Where the data came from, for a header: "Fashion-MNIST", "fortunes (DIR, ...)", a file.
   std::string source;
-  /// kPsnr: the PSNR of the noisy test images themselves (the score of doing nothing).
+  /// Scored by PSNR: the PSNR of the noisy test images themselves (the score of doing nothing).
   double noisy_psnr_db = 0;
-  /// kBitsPerByte: the bytes of text, and a bigram model's and gzip -9's bits per byte on the
-  /// bytes the model is scored on.
+  /// Scored in bits per byte: the bytes of text, and a bigram model's and gzip -9's bits per byte on
+  /// the bytes the model is scored on.
   int64_t train_bytes = 0;
   int64_t test_bytes = 0;
   double bigram_bits_per_byte = 0;
   double gzip_bits_per_byte = 0;
+};
+
+/// How a task is scored after every epoch: its last evaluation read in the task's metric, beside the
+/// references of its data. Each task file sets its own (Task::scoring), most from the scorings the
+/// built-in tasks share (src/tasks/scoring.cc: accuracy, PSNR, bits per byte, the loss itself); a new
+/// metric is written in the task file that uses it.
+struct Scoring {
+  /// The score's name: Python's task "metric", and in gpipe train's JSON the figure's after
+  /// "test_" ("accuracy", "psnr_db", "bits_per_byte"; "loss", the loss itself, adds no figure).
+  std::string name;
+  /// The evaluation counts the samples whose largest score is their class (the accuracy's:
+  /// TrainerOptions::classification).
+  bool classification = false;
+  /// The evaluation, named by `data.test_name`, with its unit and the references it is read
+  /// against, as gpipe train prints it after an epoch ("test accuracy 85.00%", "test PSNR 24.13 dB
+  /// (noisy input 18.20 dB)", "test 1.234 bits per byte (bigram 3.100, gzip -9 2.900)", "test loss
+  /// 0.1234") or, with `summary`, in a run's summary ("test accuracy  85.00%", "test PSNR      24.13 dB
+  /// (noisy input 18.20 dB)", "test bits per byte  1.234 (bigram ...)", "test loss  0.123456").
+  std::function<std::string(const Evaluation& evaluation, const TaskData& data, bool summary)> format;
+  /// The score by name, as gpipe train's JSON has it: "test_accuracy", "test_psnr_db" or
+  /// "test_bits_per_byte" (none for the loss itself: the loss is the score); with `references`, those
+  /// it is read against too ("noisy_test_psnr_db"; "bigram_bits_per_byte", "gzip_bits_per_byte").
+  std::function<std::vector<std::pair<std::string, double>>(const Evaluation& evaluation, const TaskData& data,
+                                                            bool references)>
+      figures;
 };
 
 /// The settings a task's default run uses (each ends within 15 minutes on 2 cores: README).
@@ -89,7 +106,7 @@ struct Task {
   std::string summary;  ///< one line for a help text
   bool workload = false;  ///< a benchmark workload of docs/benchmarks.md (random data, one batch)
   int layers = 0;
-  Metric metric = Metric::kAccuracy;
+  Scoring scoring;  ///< its metric and references (set by every task)
   LossFn loss;
   std::string loss_name;  ///< "cross_entropy" or "mse"
   /// The data folder read when TaskOptions::data_dir is empty ("" for a task that makes its data).
@@ -109,8 +126,12 @@ struct Task {
   /// The schedule (and V, 0 for its own) this task runs on K `devices` with M micro-batches when
   /// none is asked for ("task"). Unset: fill-drain.
   std::function<std::pair<ScheduleKind, int>(int devices, int micro_batches)> schedule;
-  /// kBitsPerByte: bytes a sample holds (the model's context), for generate_text.
+  /// A byte-level language model's: bytes a sample (a window of text) holds, the model's context,
+  /// for generate_text; 0 for a model that reads no text.
   int64_t context = 0;
+  /// A denoiser of images: its targets are its inputs without the noise (`samples` draws them:
+  /// denoising_picture).
+  bool denoises = false;
 
   /// The options a Trainer runs this task with: its defaults, its loss and metric.
   TrainerOptions trainer_options() const;
@@ -149,23 +170,6 @@ PlannedModel plan_model_of(const Task& task, const TaskOptions& options = TaskOp
 /// memory, a negative N, a model that cannot train on them.
 PlannedModel plan_model_of(const std::string& model_file, const std::vector<int64_t>& input_shape,
                            const PlanProfileOptions& profile = PlanProfileOptions(), int64_t input_tokens = 0);
-
-/// The score of `loss` (the mean test loss) in the task's metric: bits per byte for kBitsPerByte,
-/// dB for kPsnr, the loss otherwise (accuracy comes from Evaluation::accuracy).
-double metric_of_loss(Metric metric, double loss);
-
-/// `evaluation` in `metric`, named by `data.test_name`, with its unit and the references it is read
-/// against, as gpipe train prints it after an epoch ("test accuracy 85.00%", "test PSNR 24.13 dB
-/// (noisy input 18.20 dB)", "test 1.234 bits per byte (bigram 3.100, gzip -9 2.900)", "test loss
-/// 0.1234") or, with `summary`, in a run's summary ("test accuracy  85.00%", "test PSNR      24.13 dB
-/// (noisy input 18.20 dB)", "test bits per byte  1.234 (bigram ...)", "test loss  0.123456").
-std::string format_score(Metric metric, const Evaluation& evaluation, const TaskData& data, bool summary = false);
-
-/// The score of `evaluation` by name, as gpipe train's JSON has it: "test_accuracy", "test_psnr_db" or
-/// "test_bits_per_byte" (none for kLoss: the loss is the score); with `references`, those it is read
-/// against too ("noisy_test_psnr_db"; "bigram_bits_per_byte", "gzip_bits_per_byte").
-std::vector<std::pair<std::string, double>> score_figures(Metric metric, const Evaluation& evaluation,
-                                                          const TaskData& data, bool references = false);
 
 // ---------------------------------------------------------------- a run of a task (run.cc)
 
@@ -214,7 +218,7 @@ struct RunSummary {
     std::vector<std::string> modules;  ///< the stage's layers' names (in one process; empty under MPI)
   };
   std::vector<Stage> partition;
-  std::vector<std::pair<std::string, double>> scores;  ///< score_figures with its references
+  std::vector<std::pair<std::string, double>> scores;  ///< Scoring::figures with its references
 };
 
 /// The summary of `trainer`'s run of `task` on `data`, last evaluated as `evaluation`; `checksum` is
@@ -223,7 +227,7 @@ RunSummary summarize_run(Trainer& trainer, const Task& task, const TaskData& dat
                          double checksum);
 
 /// Checks `task`'s training data against a run's micro-batches and batch before any work: it has
-/// samples (windows of text for kBitsPerByte), at least one per micro-batch, and, for a
+/// samples (windows of text for a language model), at least one per micro-batch, and, for a
 /// `batch_size` given (0: the task's own, which may be all of a small data set), no more rows per
 /// batch than it holds (a batch takes each at most once). Throws std::invalid_argument naming
 /// `micro_batches` or `batch_size` and the fix.
@@ -280,8 +284,8 @@ struct TrainSettings {
   std::string save, resume, trace;  ///< `trace`: the file of the last step's timeline
   bool per_device_files = false;
   bool update_after_step = false;  ///< TrainerOptions::update_on_devices false
-  std::string samples;  ///< kPsnr: a PNG of denoised test images (denoising_picture)
-  /// kBitsPerByte: bytes to sample after training (generate_text), continuing `prompt`; errors name it
+  std::string samples;  ///< a denoiser's: a PNG of denoised test images (denoising_picture)
+  /// A language model's: bytes to sample after training (generate_text), continuing `prompt`; errors name it
   /// `bytes`, as GenerateOptions does
   int64_t generate = 0;
   std::string prompt;

@@ -263,20 +263,30 @@ struct CostBalance {
   std::vector<ActionTimes> stage_times;
 };
 
-/// Cuts `model` into contiguous stages, V for each of `devices` devices (V =
-/// `virtual_stages`, 0 for the schedule's own: 2 for interleaved, else 1), by per-layer cost on one
-/// micro-batch `sample`: `method` "params" (parameter counts), "time"
-/// (forward+backward, profile_layers with `threads` intra-op threads; the min-max cut then improved
-/// by the simulated step of `schedule` under `checkpoint`, refined_plan) or
-/// "memory" (activations kept, and parameters with `optimizer_copies` bytes of
-/// gradient and optimizer state per parameter byte: layer_memory). The plan
-/// predicts the step of `schedule` over `micro_batches` micro-batches. The
-/// run's random numbers are left as they were. A tuple `sample` (a model whose input is a tuple)
-/// takes `whole` as PipelineOptions::whole_inputs.
-CostBalance balance_by(const std::string& method, const Model& model, const Tensors& sample, int devices,
-                       int micro_batches, int threads = 1, double optimizer_copies = 2.0,
-                       ScheduleKind schedule = ScheduleKind::kGPipe, int virtual_stages = 0,
-                       const std::vector<int>& whole = {}, Checkpoint checkpoint = Checkpoint::kExceptLast);
+/// How balance_by cuts a model: by which cost, and for which pipeline.
+struct BalanceByOptions {
+  /// "params" (parameter counts), "time" (forward+backward, profile_layers with `threads` intra-op
+  /// threads; the min-max cut then improved by the simulated step of `schedule` under `checkpoint`,
+  /// refined_plan) or "memory" (activations kept, and parameters with `optimizer_copies` bytes of
+  /// gradient and optimizer state per parameter byte: layer_memory).
+  TORCH_ARG(std::string, method) = "time";
+  /// K, and V stages for each (0 for the schedule's own: 2 for interleaved, else 1).
+  TORCH_ARG(int, devices) = 1;
+  TORCH_ARG(int, virtual_stages) = 0;
+  /// The schedule and micro-batches whose step the plan predicts.
+  TORCH_ARG(ScheduleKind, schedule) = ScheduleKind::kGPipe;
+  TORCH_ARG(int, micro_batches) = 1;
+  TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::kExceptLast;
+  TORCH_ARG(int, threads) = 1;
+  TORCH_ARG(double, optimizer_copies) = 2.0;
+  /// A tuple sample's PipelineOptions::whole_inputs (a model whose input is a tuple).
+  TORCH_ARG(std::vector<int>, whole) = {};
+};
+
+/// Cuts `model` into contiguous stages, `options`' V for each of its devices, by per-layer cost on
+/// one micro-batch `sample` (BalanceByOptions::method). The plan predicts the step of the schedule
+/// over the micro-batches. The run's random numbers are left as they were.
+CostBalance balance_by(const Model& model, const Tensors& sample, const BalanceByOptions& options);
 
 /// Writes the snapshot of a whole run to `path` in one file: every process's part (its layers and
 /// `optimizer`'s state of them, named `optimizer_name`) gathered on the root, which writes it

@@ -181,8 +181,16 @@ class PythonPipeline {
     } else if (options.balance().empty() && batch) {
       const int M = options.micro_batches();
       const torch::Tensor sample = batch->narrow(0, 0, first_micro_batch_rows(batch->size(0), M));
-      const CostBalance by = balance_by("time", model_, sample, settings.devices, M, settings.threads, 2.0,
-                                        options.schedule(), settings.virtual_stages, {}, options.checkpoint());
+      const CostBalance by = balance_by(model_, sample,
+                                        BalanceByOptions()
+                                            .method("time")
+                                            .devices(settings.devices)
+                                            .virtual_stages(settings.virtual_stages)
+                                            .schedule(options.schedule())
+                                            .micro_batches(M)
+                                            .checkpoint(options.checkpoint())
+                                            .threads(settings.threads)
+                                            .optimizer_copies(2.0));
       // Rank 0's cut, and the order its V schedule was predicted in: every rank runs the same program.
       options.balance(by.balance).stage_times(by.stage_times);
       options.config(first_rank_config(make_plan(model_.layers, options).config()));
@@ -398,27 +406,12 @@ class PythonPipeline {
 void add_planning(py::module_& m);  // planning.cc: the planner, profile, prediction and tasks
 }  // namespace gpipe::python
 
-PYBIND11_MODULE(_gpipe, m) {
+namespace {
+
+// The pipeline's settings, what is checked of a model and a plan before any batch, and the Pipeline.
+void add_pipeline(py::module_& m) {
   using namespace gpipe;
   using gpipe::python::PythonPipeline;
-  m.doc() = "gpipe's C++ pipeline (use the gpipe package: gpipe.GPipe)";
-
-  // Errors as Python sees them: bad arguments are ValueError (pybind11 maps std::invalid_argument);
-  // a failure inside a stage a RuntimeError naming the stage, micro-batch and action; libtorch's own
-  // errors as torch raises them, without their C++ stack. Local: other modules keep their own mapping.
-  py::register_local_exception_translator([](std::exception_ptr failure) {
-    try {
-      if (failure) std::rethrow_exception(failure);
-    } catch (const c10::Error& e) {
-      PyObject* kind = dynamic_cast<const c10::ValueError*>(&e)            ? PyExc_ValueError
-                       : dynamic_cast<const c10::IndexError*>(&e)          ? PyExc_IndexError
-                       : dynamic_cast<const c10::TypeError*>(&e)           ? PyExc_TypeError
-                       : dynamic_cast<const c10::NotImplementedError*>(&e) ? PyExc_NotImplementedError
-                                                                           : PyExc_RuntimeError;
-      PyErr_SetString(kind, short_error(e).c_str());
-    }
-  });
-
   using gpipe::python::Settings;
   py::class_<Settings>(m, "Settings")
       .def(py::init<>())
@@ -516,7 +509,12 @@ PYBIND11_MODULE(_gpipe, m) {
       .def_property_readonly("has_trace", [](PythonPipeline& p) {
         return p.released([&] { return p.pipe().last_trace().end_ns > 0; });
       });
+}
 
+// What a run reports, the job's processes, the schedules', checkpoints' and runtimes' names, and the
+// BLAS kernel.
+void add_job(py::module_& m) {
+  using namespace gpipe;
   py::class_<RunFigures>(m, "RunFigures")
       .def(py::init<>())
       .def_readwrite("train_seconds", &RunFigures::train_seconds)
@@ -570,6 +568,32 @@ PYBIND11_MODULE(_gpipe, m) {
     for (const BackendEntry& entry : backends()) names.push_back(entry.name);
     return names;
   });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_gpipe, m) {
+  using namespace gpipe;
+  m.doc() = "gpipe's C++ pipeline (use the gpipe package: gpipe.GPipe)";
+
+  // Errors as Python sees them: bad arguments are ValueError (pybind11 maps std::invalid_argument);
+  // a failure inside a stage a RuntimeError naming the stage, micro-batch and action; libtorch's own
+  // errors as torch raises them, without their C++ stack. Local: other modules keep their own mapping.
+  py::register_local_exception_translator([](std::exception_ptr failure) {
+    try {
+      if (failure) std::rethrow_exception(failure);
+    } catch (const c10::Error& e) {
+      PyObject* kind = dynamic_cast<const c10::ValueError*>(&e)            ? PyExc_ValueError
+                       : dynamic_cast<const c10::IndexError*>(&e)          ? PyExc_IndexError
+                       : dynamic_cast<const c10::TypeError*>(&e)           ? PyExc_TypeError
+                       : dynamic_cast<const c10::NotImplementedError*>(&e) ? PyExc_NotImplementedError
+                                                                           : PyExc_RuntimeError;
+      PyErr_SetString(kind, short_error(e).c_str());
+    }
+  });
+
+  add_pipeline(m);
+  add_job(m);
   gpipe::python::add_planning(m);
   gpipe::python::close_gil_gate_at_exit();
 }

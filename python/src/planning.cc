@@ -176,19 +176,8 @@ py::dict task_data_dict(const TaskData& d) {
   return out;
 }
 
-const char* metric_name(Metric metric) {
-  switch (metric) {
-    case Metric::kAccuracy: return "accuracy";
-    case Metric::kPsnr: return "psnr_db";
-    case Metric::kBitsPerByte: return "bits_per_byte";
-    case Metric::kLoss: return "loss";
-  }
-  return "loss";
-}
-
-}  // namespace
-
-void add_planning(py::module_& m) {
+// gpipe.plan: the search's settings, and the plan of a Sequential, a task or a Transformer's shape.
+void add_plans(py::module_& m) {
   py::class_<SearchSettings>(m, "SearchSettings")
       .def(py::init<>())
       .def_readwrite("devices", &SearchSettings::devices)
@@ -241,7 +230,10 @@ void add_planning(py::module_& m) {
           return search(plan_model_of(t, DeviceSpec{flops}, optimizer), settings, optimizer, t.bytes_per_value == 4);
         },
         py::arg("shape"), py::arg("flops"), py::arg("optimizer"), py::arg("settings"));
+}
 
+// gpipe.profile and gpipe.predict: a model's costs and a pipeline's predicted step.
+void add_prediction(py::module_& m) {
   // gpipe.profile: profile_model's costs, per layer and per sample.
   m.def("profile",
         [](const py::object& scripted, const std::vector<torch::Tensor>& sample, bool tuple, const std::string& optimizer,
@@ -313,8 +305,10 @@ void add_planning(py::module_& m) {
         py::arg("micro_batches"), py::arg("schedule"), py::arg("checkpoint"), py::arg("virtual_stages"),
         py::arg("batch"), py::arg("optimizer"), py::arg("speed"), py::arg("threads"), py::arg("loss"),
         py::arg("target"));
+}
 
-  // gpipe.tasks: the registry (tasks.h).
+// gpipe.tasks: the registry (tasks.h).
+void add_tasks(py::module_& m) {
   m.def("task_names", &task_names, py::arg("workloads"));
   m.def("task_info", [](const std::string& name) {
     const Task& t = find_task(name);
@@ -324,7 +318,7 @@ void add_planning(py::module_& m) {
     d["summary"] = t.summary;
     d["workload"] = t.workload;
     d["layers"] = t.layers;
-    d["metric"] = metric_name(t.metric);
+    d["metric"] = t.scoring.name;
     d["loss"] = t.loss_name;
     d["data_dir"] = t.data_dir;
     d["context"] = t.context;
@@ -375,6 +369,14 @@ void add_planning(py::module_& m) {
           return d;
         },
         py::arg("name"), py::arg("seed"));
+}
+
+}  // namespace
+
+void add_planning(py::module_& m) {
+  add_plans(m);
+  add_prediction(m);
+  add_tasks(m);
 }
 
 }  // namespace gpipe::python

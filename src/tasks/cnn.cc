@@ -11,7 +11,7 @@ Task cnn() {
   t.title = "CNN";
   t.summary = "a small CNN on Fashion-MNIST (the default): 2 convolution blocks and a classifier, 11 layers";
   t.layers = kFashionCnnLayers;
-  t.metric = Metric::kAccuracy;
+  t.scoring = accuracy_scoring();
   t.loss = cross_entropy_loss;
   t.loss_name = "cross_entropy";
   t.data_dir = kFashionMnistDir;

@@ -55,7 +55,7 @@ Task gpt() {
               "bits per byte";
   const GptOptions s = gpt_shape();
   t.layers = s.layers();
-  t.metric = Metric::kBitsPerByte;
+  t.scoring = bits_per_byte_scoring();
   t.loss = cross_entropy_loss;
   t.loss_name = "cross_entropy";
   t.data_dir = kFortunesDir;

@@ -1,5 +1,5 @@
 // registry.cc: the built-in tasks by name, a task of one's own (a TorchScript model and a data
-// file), and what every task shares: its trainer options and its metric.
+// file), and what every task shares: its trainer options.
 #include "tasks/builtin.h"
 
 #include "gpipe/check.h"
@@ -9,7 +9,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <mutex>
 
@@ -68,7 +67,7 @@ TrainerOptions Task::trainer_options() const {
       .batch_size(defaults.batch_size)
       .epochs(defaults.epochs)
       .loss(loss)
-      .classification(metric == Metric::kAccuracy);
+      .classification(scoring.classification);
   return options;
 }
 
@@ -98,21 +97,13 @@ Task script_task(const std::string& model_file, const std::string& data_file, co
   return data_file.empty() ? t : with_data_file(std::move(t), data_file, loss);
 }
 
-double metric_of_loss(Metric metric, double loss) {
-  switch (metric) {
-    case Metric::kBitsPerByte: return loss / std::log(2.0);
-    case Metric::kPsnr: return psnr_db(loss);
-    case Metric::kAccuracy:
-    case Metric::kLoss: return loss;
-  }
-  return loss;
-}
-
 Task with_data_file(Task t, const std::string& data_file, const std::string& loss) {
   GPIPE_CHECK(loss == "cross_entropy" || loss == "mse", "unknown `loss` \"", loss, "\"; use cross_entropy (integer "
               "class targets) or mse (real-valued targets)");
   const bool classes = loss == "cross_entropy";
-  t.metric = classes ? Metric::kAccuracy : Metric::kLoss;
+  t.scoring = classes ? tasks::accuracy_scoring() : tasks::loss_scoring();
+  t.context = 0;  // a data file of one's own is no text to sample
+  t.denoises = false;
   t.loss = classes ? LossFn(cross_entropy_loss) : LossFn(mse_loss);
   t.loss_name = loss;
   t.data_dir = "";

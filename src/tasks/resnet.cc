@@ -13,7 +13,7 @@ Task resnet() {
   t.title = "ResNet";
   t.summary = "a residual network with BatchNorm on Fashion-MNIST, 30 layers, cut by measured time";
   t.layers = kFashionResnetLayers;
-  t.metric = Metric::kAccuracy;
+  t.scoring = accuracy_scoring();
   t.loss = cross_entropy_loss;
   t.loss_name = "cross_entropy";
   t.data_dir = kFashionMnistDir;

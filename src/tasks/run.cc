@@ -94,52 +94,6 @@ PipelineOptions pipeline_options_of(const Task& task, const PipelineRequest& req
       .stage_times(r.stage_times);
 }
 
-// ---------------------------------------------------------------- the score
-
-std::string format_score(Metric metric, const Evaluation& evaluation, const TaskData& data, bool summary) {
-  const std::string& eval = data.test_name;
-  const double score = metric_of_loss(metric, evaluation.loss);
-  std::ostringstream out;
-  out << std::fixed;
-  switch (metric) {
-    case Metric::kAccuracy:
-      out << eval << (summary ? " accuracy  " : " accuracy ") << std::setprecision(2) << 100 * evaluation.accuracy << "%";
-      break;
-    case Metric::kPsnr:
-      out << eval << (summary ? " PSNR      " : " PSNR ") << std::setprecision(2) << score << " dB (noisy input "
-          << data.noisy_psnr_db << " dB)";
-      break;
-    case Metric::kBitsPerByte:
-      out << eval << (summary ? " bits per byte  " : " ") << std::setprecision(3) << score
-          << (summary ? "" : " bits per byte") << " (bigram " << data.bigram_bits_per_byte << ", gzip -9 "
-          << data.gzip_bits_per_byte << ")";
-      break;
-    case Metric::kLoss:
-      out << eval << (summary ? " loss  " : " loss ") << std::setprecision(summary ? 6 : 4) << evaluation.loss;
-      break;
-  }
-  return out.str();
-}
-
-std::vector<std::pair<std::string, double>> score_figures(Metric metric, const Evaluation& evaluation,
-                                                          const TaskData& data, bool references) {
-  const std::string& eval = data.test_name;
-  const double score = metric_of_loss(metric, evaluation.loss);
-  switch (metric) {
-    case Metric::kAccuracy: return {{eval + "_accuracy", evaluation.accuracy}};
-    case Metric::kPsnr:
-      if (!references) return {{eval + "_psnr_db", score}};
-      return {{eval + "_psnr_db", score}, {"noisy_" + eval + "_psnr_db", data.noisy_psnr_db}};
-    case Metric::kBitsPerByte:
-      if (!references) return {{eval + "_bits_per_byte", score}};
-      return {{eval + "_bits_per_byte", score},
-              {"bigram_bits_per_byte", data.bigram_bits_per_byte},
-              {"gzip_bits_per_byte", data.gzip_bits_per_byte}};
-    case Metric::kLoss: return {};
-  }
-  return {};
-}
-
 // ---------------------------------------------------------------- the summary
 
 RunSummary summarize_run(Trainer& trainer, const Task& task, const TaskData& data, const Evaluation& evaluation,
@@ -176,13 +130,13 @@ RunSummary summarize_run(Trainer& trainer, const Task& task, const TaskData& dat
     }
     s.partition.push_back(std::move(stage));
   }
-  s.scores = score_figures(task.metric, evaluation, data, /*references=*/true);
+  s.scores = task.scoring.figures(evaluation, data, /*references=*/true);
   return s;
 }
 
 void check_run_data(const Task& task, const TaskData& data, int micro_batches, int64_t batch_size) {
   const int64_t N = data.train.size();
-  const std::string what = task.metric == Metric::kBitsPerByte ? " training windows" : " training samples";
+  const std::string what = task.context > 0 ? " training windows" : " training samples";
   GPIPE_CHECK(N > 0, "the training data has no samples");
   GPIPE_CHECK(micro_batches <= N, "`micro_batches` ", micro_batches, " is more than the ", N, what,
               "; every micro-batch needs a sample");
@@ -238,7 +192,7 @@ void resolve_own(TrainSettings& s, const Task& task) {
   s.balance_by = r.balance_by;
 }
 
-bool generates(const Task& task) { return task.metric == Metric::kBitsPerByte && task.context > 0; }
+bool generates(const Task& task) { return task.context > 0; }
 
 // Every setting that can be judged without reading a file.
 void check_settings(const TrainSettings& s) {
@@ -250,9 +204,9 @@ void check_settings(const TrainSettings& s) {
   if (builtin && !s.model.empty() && !s.data.empty()) {
     const Task& task = find_task(s.model);
     GPIPE_CHECK(false, "`model` ", s.model, " is built to train on ",
-                task.metric == Metric::kBitsPerByte ? "the fortune files; give their folder with `data_dir`"
-                : task.workload                     ? "its own random batch"
-                                                    : "Fashion-MNIST",
+                task.data_dir == kFortunesDir ? "the fortune files; give their folder with `data_dir`"
+                : task.workload               ? "its own random batch"
+                                              : "Fashion-MNIST",
                 "; leave out `data` (or give a TorchScript model file of your own to `model`)");
   }
   GPIPE_CHECK(!s.epochs_given || s.epochs != 0 || !s.resume.empty(), "`epochs` 0 trains nothing: it evaluates the "
@@ -316,13 +270,13 @@ void apply_task(TrainSettings& s, const Task& task) {
   if (!s.lr_given) s.lr = d.lr;
   if (!s.lr_schedule_given) s.lr_schedule = lr_schedule_name(d.lr_schedule);
   if (s.augment == "auto") s.augment = d.flip ? "flip" : "none";
-  const bool images = task.metric == Metric::kAccuracy && task.data_dir == kFashionMnistDir;
+  const bool images = task.scoring.classification && task.data_dir == kFashionMnistDir;
   GPIPE_CHECK(s.augment != "flip" || images, "`augment` flip mirrors Fashion-MNIST's training images for a "
               "classifier; it is not for ",
-              task.metric == Metric::kPsnr          ? "`model` unet, whose targets are the images themselves"
-              : task.metric == Metric::kBitsPerByte ? "`model` gpt, which reads text"
-              : !s.data.empty()                     ? "`data`"
-                                                    : "`model` " + s.model,
+              task.denoises      ? "`model` unet, whose targets are the images themselves"
+              : task.context > 0 ? "`model` gpt, which reads text"
+              : !s.data.empty()  ? "`data`"
+                                 : "`model` " + s.model,
               ": use `augment` none");
   // M left to `schedule` auto is chosen among those the batch takes: the default's 4 is only its profile's.
   if (predicted(s) && !s.micro_batches_given) s.micro_batches = static_cast<int>(std::min<int64_t>(s.micro_batches, s.batch_size));
@@ -349,7 +303,7 @@ void apply_task(TrainSettings& s, const Task& task) {
               "tasks with a data set; leave them out");
   GPIPE_CHECK(s.data.empty() || !s.data_dir_given, "`data_dir` is the folder of a built-in data set, which `data` ",
               s.data, " replaces; leave out `data_dir`");
-  GPIPE_CHECK(s.samples.empty() || task.metric == Metric::kPsnr, "`samples` writes a picture of denoised test "
+  GPIPE_CHECK(s.samples.empty() || task.denoises, "`samples` writes a picture of denoised test "
               "images: it is for `model` unet");
   GPIPE_CHECK(s.samples.empty() || (s.samples.size() >= 5 && has_extension(s.samples, ".png")), "`samples` ",
               s.samples, ": the picture is a PNG file; give a path that ends in .png");
@@ -377,9 +331,16 @@ void choose_cut(const TrainSettings& s, TrainingRun& c) {
   const Dataset& train = c.data.train;
   const torch::Tensor sample =
       train.input.narrow(0, 0, micro_batch_sizes(std::min(s.batch_size, train.size()), s.micro_batches).front());
-  c.cost = balance_by(s.balance_by, c.model, sample, s.devices, s.micro_batches, s.threads_per_device,
-                      state_per_parameter_byte(optimizer_options_of(s)), parse_schedule(s.schedule), V, {},
-                      parse_checkpoint(s.checkpoint));
+  c.cost = balance_by(c.model, sample,
+                      BalanceByOptions()
+                          .method(s.balance_by)
+                          .devices(s.devices)
+                          .virtual_stages(V)
+                          .schedule(parse_schedule(s.schedule))
+                          .micro_batches(s.micro_batches)
+                          .checkpoint(parse_checkpoint(s.checkpoint))
+                          .threads(s.threads_per_device)
+                          .optimizer_copies(state_per_parameter_byte(optimizer_options_of(s))));
   c.options.cut(CutRequest::given(c.cost->balance)).stage_times(c.cost->stage_times);
   c.plan = make_plan(c.task.layers, c.options);
 }
@@ -592,7 +553,7 @@ TrainerOptions trainer_options_of(const TrainSettings& s, const Task& task) {
       .epochs(std::max(1, s.epochs))  // `epochs` 0: no fit(), only the evaluation
       .steps(s.steps)
       .loss(task.loss)
-      .classification(task.metric == Metric::kAccuracy)
+      .classification(task.scoring.classification)
       .save(s.save)
       .save_every(s.save_every)
       .per_device_files(s.per_device_files)

@@ -19,7 +19,8 @@ Task unet() {
   t.title = "U-Net";
   t.summary = "a U-Net that denoises Fashion-MNIST images (noise of standard deviation 0.3), 29 layers; PSNR";
   t.layers = kFashionUnetLayers;
-  t.metric = Metric::kPsnr;
+  t.scoring = psnr_scoring();
+  t.denoises = true;
   t.loss = mse_loss;
   t.loss_name = "mse";
   t.data_dir = kFashionMnistDir;

@@ -42,7 +42,7 @@ Task workload(const std::string& name) {
   t.summary = summary;
   t.workload = true;
   t.layers = shape.layers;
-  t.metric = Metric::kLoss;
+  t.scoring = loss_scoring();
   t.loss = shape.loss;
   t.loss_name = shape.target.scalar_type() == torch::kLong ? "cross_entropy" : "mse";
   t.model = [name](const TaskOptions& o) {
