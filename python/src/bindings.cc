@@ -409,6 +409,36 @@ void add_planning(py::module_& m);  // planning.cc: the planner, profile, predic
 namespace {
 
 // The pipeline's settings, what is checked of a model and a plan before any batch, and the Pipeline.
+// What a pipeline runs, as the one serializer writes it (pipeline_config.h): GPipe.config.
+void add_config(py::module_& m) {
+  py::class_<PipelineConfig>(m, "PipelineConfig")
+      .def_property_readonly("schedule", [](const PipelineConfig& c) { return to_string(c.schedule); })
+      .def_readonly("devices", &PipelineConfig::devices)
+      .def_readonly("virtual_stages", &PipelineConfig::virtual_stages)
+      .def_readonly("micro_batches", &PipelineConfig::micro_batches)
+      .def_readonly("balance", &PipelineConfig::balance)
+      .def_property_readonly("checkpoint", [](const PipelineConfig& c) { return to_string(c.checkpoint); })
+      .def_property_readonly("stage_times",
+                             [](const PipelineConfig& c) {
+                               std::vector<std::tuple<double, double, double>> out;
+                               for (const ActionTimes& t : c.stage_times)
+                                 out.emplace_back(t.forward, t.input_grad, t.weight_grad);
+                               return out;
+                             })
+      .def("fields",
+           [](const PipelineConfig& c) {
+             py::dict out;
+             for (const auto& [name, value] : fields_of(c))
+               out[py::str(name)] = std::visit([](const auto& v) { return py::cast(v); }, value);
+             return out;
+           })
+      .def("__eq__", [](const PipelineConfig& a, const PipelineConfig& b) { return a == b; })
+      .def("__repr__", [](const PipelineConfig& c) {
+        return "gpipe.PipelineConfig(" + describe(c) + ", K=" + std::to_string(c.devices) + ", cut " +
+               format_cut(c.balance) + ")";
+      });
+}
+
 void add_pipeline(py::module_& m) {
   using namespace gpipe;
   using gpipe::python::PythonPipeline;
@@ -442,34 +472,6 @@ void add_pipeline(py::module_& m) {
           return std::make_pair(plan.devices, plan.virtual_stages);
         },
         py::arg("layers"), py::arg("settings"));
-
-  // What a pipeline runs, as the one serializer writes it (pipeline_config.h).
-  py::class_<PipelineConfig>(m, "PipelineConfig")
-      .def_property_readonly("schedule", [](const PipelineConfig& c) { return to_string(c.schedule); })
-      .def_readonly("devices", &PipelineConfig::devices)
-      .def_readonly("virtual_stages", &PipelineConfig::virtual_stages)
-      .def_readonly("micro_batches", &PipelineConfig::micro_batches)
-      .def_readonly("balance", &PipelineConfig::balance)
-      .def_property_readonly("checkpoint", [](const PipelineConfig& c) { return to_string(c.checkpoint); })
-      .def_property_readonly("stage_times",
-                             [](const PipelineConfig& c) {
-                               std::vector<std::tuple<double, double, double>> out;
-                               for (const ActionTimes& t : c.stage_times)
-                                 out.emplace_back(t.forward, t.input_grad, t.weight_grad);
-                               return out;
-                             })
-      .def("fields",
-           [](const PipelineConfig& c) {
-             py::dict out;
-             for (const auto& [name, value] : fields_of(c))
-               out[py::str(name)] = std::visit([](const auto& v) { return py::cast(v); }, value);
-             return out;
-           })
-      .def("__eq__", [](const PipelineConfig& a, const PipelineConfig& b) { return a == b; })
-      .def("__repr__", [](const PipelineConfig& c) {
-        return "gpipe.PipelineConfig(" + describe(c) + ", K=" + std::to_string(c.devices) + ", cut " +
-               format_cut(c.balance) + ")";
-      });
 
   // Calls that wait for the devices or for other ranks release the GIL (PythonPipeline::released),
   // so that other Python threads run.
@@ -592,6 +594,7 @@ PYBIND11_MODULE(_gpipe, m) {
     }
   });
 
+  add_config(m);
   add_pipeline(m);
   add_job(m);
   gpipe::python::add_planning(m);
