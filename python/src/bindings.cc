@@ -408,9 +408,9 @@ void add_planning(py::module_& m);  // planning.cc: the planner, profile, predic
 
 namespace {
 
-// The pipeline's settings, what is checked of a model and a plan before any batch, and the Pipeline.
 // What a pipeline runs, as the one serializer writes it (pipeline_config.h): GPipe.config.
 void add_config(py::module_& m) {
+  using namespace gpipe;
   py::class_<PipelineConfig>(m, "PipelineConfig")
       .def_property_readonly("schedule", [](const PipelineConfig& c) { return to_string(c.schedule); })
       .def_readonly("devices", &PipelineConfig::devices)
@@ -439,6 +439,7 @@ void add_config(py::module_& m) {
       });
 }
 
+// The pipeline's settings, what is checked of a model and a plan before any batch, and the Pipeline.
 void add_pipeline(py::module_& m) {
   using namespace gpipe;
   using gpipe::python::PythonPipeline;
