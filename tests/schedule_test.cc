@@ -846,6 +846,29 @@ TEST(MakeScheduleTest, NamesParseBack) {
   EXPECT_THROW(gpipe::parse_schedule("GPipe"), std::invalid_argument);
 }
 
+// The registry looked up by name, and the help texts made from it: every entry's name and summary,
+// its rule on M, and its V.
+TEST(ScheduleRegistryTest, LookedUpByNameAndDescribedInTheHelp) {
+  for (const gpipe::ScheduleTraits& traits : gpipe::schedule_table()) {
+    EXPECT_EQ(&gpipe::find_schedule(traits.name), &traits);
+    EXPECT_FALSE(traits.summary.empty()) << traits.name;
+    EXPECT_TRUE(contains(gpipe::schedule_help(), traits.name + " (" + traits.summary)) << traits.name;
+    EXPECT_TRUE(contains(gpipe::virtual_stages_help(), traits.name) || traits.least_virtual_stages == 1)
+        << traits.name;
+  }
+  EXPECT_TRUE(contains(error_of([] { gpipe::find_schedule("zb"); }), "unknown schedule \"zb\"; use one of gpipe|"));
+  EXPECT_EQ(gpipe::schedule_help(),
+            "gpipe (fill-drain), 1f1b (one forward, one backward: PipeDream-Flush), interleaved (1F1B over V stages "
+            "per device: Megatron-LM's; M a multiple of K), zb1p (zero bubble ZB-H1, backward split into I and W), "
+            "zbv (zero bubble ZB-V, 2 stages per device placed as a V) or v-half (zbv's V in (K+1)/2K of its "
+            "activation memory)");
+  EXPECT_EQ(gpipe::virtual_stages_help(),
+            "interleaved: 2 or more, default 2; zbv and v-half: 2, placed as a V (stages d and 2K-1-d on device d); "
+            "the others: 1");
+  EXPECT_EQ(gpipe::schedules_placed(gpipe::StagePlacement::kLoop), "gpipe, 1f1b, interleaved or zb1p");
+  EXPECT_EQ(gpipe::schedules_placed(gpipe::StagePlacement::kV), "zbv or v-half");
+}
+
 // ---------------------------------------------------------------- simulation
 
 TEST(SimulateTest, RecordsWhenEachActionRuns) {
