@@ -86,12 +86,8 @@ int run(ScheduleOptions o) {
   for (int p : run.peak_in_flight) std::cout << ' ' << p;
   std::cout << "\n";
   if (o.program) {
-    std::cout << "program with checkpoint " << o.checkpoint << " (r: the forward keeps only its input):\n";
-    for (size_t d = 0; d < program.actions.size(); ++d) {
-      std::cout << "device " << d << " |";
-      for (const Action& a : program.actions[d]) std::cout << ' ' << a.str();
-      std::cout << "\n";
-    }
+    std::cout << "program with checkpoint " << o.checkpoint << " (r: the forward keeps only its input):\n"
+              << format_program(program);
   }
   return 0;
 }

@@ -335,6 +335,20 @@ Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int vi
 /// executor hands the tensor over itself: no transport message.
 Schedule lower(const Schedule& schedule, Checkpoint mode, const std::vector<SkipRoute>& skips = {});
 
+/// A program as text, one row per device: "device 0 | 0F0 0SEND_F0>1 0B0" (each action's text form, as
+/// gpipe schedule --program prints it, and parse_program reads it back).
+std::string format_program(const Schedule& program);
+
+/// A training program (compute-only or lowered) from its text: a row per device, "device D | A A ...", in
+/// device order from 0, each A an action's text form (Action::parse). Lines without a "|" (a title, the
+/// simulated bubble) and lines that begin with "#" are skipped, and a row of device 0 begins the program
+/// again, so the whole of what gpipe schedule --program prints reads as its program (its grid comes
+/// first). K is the rows, S the highest stage named + 1, M the highest micro-batch + 1, and stage s
+/// is placed on the device whose row names it. Throws std::invalid_argument naming the line for a row
+/// that does not parse, a device out of order, a stage in two rows or in none. The program is not
+/// validated here: validate() it.
+Schedule parse_program(const std::string& text, const std::string& name = "program");
+
 /// Checks that `schedule` (compute-only or lowered) can run: placement, one F per
 /// stage and micro-batch and then one B or one I and one W after it, every
 /// action on the device its stage is placed on, matching sends and receives,

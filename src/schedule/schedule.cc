@@ -835,6 +835,77 @@ void check_structure(const Schedule& schedule) {
 
 }  // namespace
 
+std::string format_program(const Schedule& program) { return format_lists(program, -1); }
+
+Schedule parse_program(const std::string& text, const std::string& name) {
+  // The rows first (a row of device 0 begins the program again: gpipe schedule --program prints its
+  // grid, whose idle slots are no actions, before it), then their actions.
+  struct Row {
+    int line;
+    std::string actions;
+  };
+  std::vector<Row> rows;
+  std::istringstream in(text);
+  int number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    const size_t bar = line.find('|'), first = line.find_first_not_of(" \t\r");
+    if (bar == std::string::npos || line[first] == '#') continue;
+    std::istringstream head(line.substr(0, bar));
+    std::string word, rest;
+    int device = -1;
+    GPIPE_CHECK((head >> word) && word == "device" && (head >> device) && !(head >> rest), "line ", number,
+                " of the program is not a row \"device D | actions\": \"", line.substr(0, bar),
+                "|\"; give one row per device, as gpipe schedule --program prints");
+    if (device == 0) rows.clear();
+    GPIPE_CHECK(device == static_cast<int>(rows.size()), "line ", number, " of the program is the row of device ",
+                device, " where the row of device ", rows.size(), " comes; give one row per device, in order from device 0");
+    rows.push_back({number, line.substr(bar + 1)});
+  }
+  GPIPE_CHECK(!rows.empty(), "the program has no rows; give one line \"device D | actions\" per device, as gpipe "
+              "schedule --program prints");
+
+  Schedule program;
+  program.name = name;
+  program.devices = static_cast<int>(rows.size());
+  size_t count = 0;
+  for (const Row& row : rows) {
+    std::vector<Action> actions;
+    std::istringstream words(row.actions);
+    for (std::string word; words >> word;) {
+      try {
+        actions.push_back(Action::parse(word));
+      } catch (const std::invalid_argument& e) {
+        GPIPE_CHECK(false, "line ", row.line, " of the program: ", without_program_name(e.what()),
+                    word == "." ? " (an idle slot of gpipe schedule's grid: give the program, gpipe schedule --program)"
+                                : "");
+      }
+      program.stages = std::max(program.stages, actions.back().stage + 1);
+      program.micro_batches = std::max(program.micro_batches, actions.back().micro_batch + 1);
+    }
+    count += actions.size();
+    program.actions.push_back(std::move(actions));
+  }
+  // Every stage has at least its forwards, so a stage beyond the actions' count is a typo (and not a
+  // placement of a billion entries).
+  GPIPE_CHECK(static_cast<size_t>(program.stages) <= count, "the program names stage ", program.stages - 1,
+              " but holds only ", count, " actions, too few for ", program.stages, " stages; check its stage numbers");
+  program.placement.assign(static_cast<size_t>(program.stages), -1);
+  for (int d = 0; d < program.devices; ++d)
+    for (const Action& a : program.actions[static_cast<size_t>(d)]) {
+      int& placed = program.placement[static_cast<size_t>(a.stage)];
+      GPIPE_CHECK(placed < 0 || placed == d, "line ", rows[static_cast<size_t>(d)].line, " of the program: ", a.str(),
+                  " is in the row of device ", d, ", but stage ", a.stage, " is in the row of device ", placed,
+                  " (line ", rows[static_cast<size_t>(std::max(placed, 0))].line,
+                  "); a stage runs on one device: keep its actions in one row");
+      placed = d;
+    }
+  for (int s = 0; s < program.stages; ++s)
+    GPIPE_CHECK(program.placement[static_cast<size_t>(s)] >= 0, "the program names stages up to ", program.stages - 1,
+                " but no action of stage ", s, "; every stage needs its forwards and backwards");
+  return program;
+}
+
 double unit_cost(const Action& action) { return action.is_compute() ? 1.0 : 0.0; }
 
 SimulatedRun simulate(const Schedule& schedule, const CostFn& cost, const CostFn& work_before) {
