@@ -914,7 +914,7 @@ TEST(ProgramTextTest, MalformedProgramsAreRefusedNamingTheLine) {
                                                             "but stage 1 is in the row of device 0 (line 1)");
   refused("device 0 | 0F0 0B0\ndevice 1 | 2F0 2B0\n", "no action of stage 1");
   refused("device 0 | 0F0 999999F0\n", "names stage 999999 but holds only 2 actions");
-  refused("device 0 | 0F0  .   .  0B0\n", "an idle slot of gpipe schedule's grid");
+  refused("device 0 | 0F0  .   .  0B0\n", "an idle slot of the grid the gpipe schedule command prints");
   refused("simulated bubble 0.1\n", "the program has no rows");
 }
 

@@ -212,8 +212,8 @@ Schedule given_training(const PipelinePlan& plan) {
       GPIPE_CHECK(false, place, n < got.size() ? got[n].str() : "missing", " where lowering its compute actions with "
                   "checkpoint ", to_string(plan.checkpoint), plan.skip_routes.empty() ? "" : " and the model's skip connections",
                   " puts ", n < want.size() ? want[n].str() : "none", "; give the program without sends and receives ",
-                  "(gpipe adds them), or as gpipe schedule --program --checkpoint ", to_string(plan.checkpoint),
-                  " prints it");
+                  "(gpipe adds them), or as the gpipe schedule command prints it for `checkpoint` ",
+                  to_string(plan.checkpoint));
     }
   }
   return program;

@@ -856,14 +856,14 @@ Schedule parse_program(const std::string& text, const std::string& name) {
     int device = -1;
     GPIPE_CHECK((head >> word) && word == "device" && (head >> device) && !(head >> rest), "line ", number,
                 " of the program is not a row \"device D | actions\": \"", line.substr(0, bar),
-                "|\"; give one row per device, as gpipe schedule --program prints");
+                "|\"; give one row per device, as the program the gpipe schedule command prints");
     if (device == 0) rows.clear();
     GPIPE_CHECK(device == static_cast<int>(rows.size()), "line ", number, " of the program is the row of device ",
                 device, " where the row of device ", rows.size(), " comes; give one row per device, in order from device 0");
     rows.push_back({number, line.substr(bar + 1)});
   }
-  GPIPE_CHECK(!rows.empty(), "the program has no rows; give one line \"device D | actions\" per device, as gpipe "
-              "schedule --program prints");
+  GPIPE_CHECK(!rows.empty(), "the program has no rows; give one line \"device D | actions\" per device, as the "
+              "program the gpipe schedule command prints");
 
   Schedule program;
   program.name = name;
@@ -877,7 +877,7 @@ Schedule parse_program(const std::string& text, const std::string& name) {
         actions.push_back(Action::parse(word));
       } catch (const std::invalid_argument& e) {
         GPIPE_CHECK(false, "line ", row.line, " of the program: ", without_program_name(e.what()),
-                    word == "." ? " (an idle slot of gpipe schedule's grid: give the program, gpipe schedule --program)"
+                    word == "." ? " (an idle slot of the grid the gpipe schedule command prints: give the program it prints)"
                                 : "");
       }
       program.stages = std::max(program.stages, actions.back().stage + 1);
