@@ -112,16 +112,15 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   sub->add_option("--checkpoint", w.checkpoints, "always, except_last, never (several sweep)")
       ->delimiter(',')->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
   sub->add_option("--schedule", w.schedules,
-                  "schedules to sweep: gpipe (fill-drain), 1f1b, interleaved (with --virtual-stages), zb1p, zbv or v-half; "
-                  "each later one is also compared with the first, step by step; auto: at each K and M, the schedule and "
-                  "V predicted fastest from bench's profile (row auto:NAME; under mpirun or torchrun the task's own)")
+                  "schedules to sweep: " + schedule_help() + "; each later one is also compared with the first, "
+                  "step by step; auto: at each K and M, the schedule and V predicted fastest from bench's profile (row auto:NAME; under mpirun or torchrun the task's own)")
       ->delimiter(',')->check(CLI::IsMember([] {
         std::vector<std::string> names = schedule_names();
         names.push_back("auto");
         return names;
       }()))->capture_default_str();
   sub->add_option("--virtual-stages", w.virtual_stages,
-                  "V, stages per device of the interleaved schedule (default 2; zbv and v-half always run 2)")
+                  "V, stages per device of the schedules that let it be chosen (" + virtual_stages_help() + ")")
       ->check(in_range(2, 64, /*whole=*/true));
   sub->add_option("--threads-per-stage", w.threads, "intra-op threads of each device (and of the one device)")
       ->check(at_least(1))->capture_default_str();

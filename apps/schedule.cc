@@ -86,12 +86,8 @@ int run(ScheduleOptions o) {
   for (int p : run.peak_in_flight) std::cout << ' ' << p;
   std::cout << "\n";
   if (o.program) {
-    std::cout << "program with checkpoint " << o.checkpoint << " (r: the forward keeps only its input):\n";
-    for (size_t d = 0; d < program.actions.size(); ++d) {
-      std::cout << "device " << d << " |";
-      for (const Action& a : program.actions[d]) std::cout << ' ' << a.str();
-      std::cout << "\n";
-    }
+    std::cout << "program with checkpoint " << o.checkpoint << " (r: the forward keeps only its input):\n"
+              << format_program(program);
   }
   return 0;
 }
@@ -102,12 +98,12 @@ void add_schedule_command(CLI::App& app, const std::string& /*command*/, int& st
   auto o = std::make_shared<ScheduleOptions>();
   CLI::App* sub = app.add_subcommand("schedule", "print a schedule's step program as a grid, with its simulated "
                                                  "bubble and peak in-flight micro-batches per device");
-  sub->add_option("--schedule", o->schedule, "gpipe (fill-drain), 1f1b, interleaved, zb1p, zbv or v-half")
+  sub->add_option("--schedule", o->schedule, schedule_help())
       ->check(CLI::IsMember(schedule_names()))->capture_default_str();
   sub->add_option("--stages", o->stages, "K, the number of devices")->check(at_least(1))->capture_default_str();
   sub->add_option("--micro-batches", o->micro_batches, "M")->check(at_least(1))->capture_default_str();
   sub->add_option("--virtual-stages", o->virtual_stages,
-                  "V, stages per device (interleaved: 2 or more, default 2; zbv and v-half: 2; the others: 1)")
+                  "V, stages per device (" + virtual_stages_help() + ")")
       ->check(at_least(1));
   sub->add_option("--checkpoint", o->checkpoint, "always, except_last or never: the recompute flags of --program")
       ->check(CLI::IsMember(checkpoint_names()))->capture_default_str();

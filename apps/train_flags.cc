@@ -82,9 +82,7 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
                   "otherwise")
       ->check(CLI::IsMember({"auto", "none", "flip"}))->capture_default_str();
   sub->add_option("--schedule", o->schedule,
-                  "the order of forwards and backwards: gpipe (fill-drain), 1f1b, interleaved (V stages per "
-                  "device; --micro-batches a multiple of K), zb1p (zero bubble), zbv (zero bubble, 2 stages per "
-                  "device placed as a V) or v-half (zbv's V in (K+1)/2K of its activation memory); auto (the "
+                  "the order of forwards and backwards: " + schedule_help() + "; auto (the "
                   "default): the layers profiled (about 8 forward and backward passes of the batch for each M weighed: "
                   "a few seconds for the CNN), every schedule x V x M (M only when "
                   "--micro-batches is not given) that fits this machine's memory at --stages and --batch-size "
@@ -101,8 +99,8 @@ void add_train_command(CLI::App& app, const std::string&, int& status) {
       }()))
       ->capture_default_str();
   sub->add_option("--virtual-stages", o->virtual_stages,
-                  "V, stages per device for --schedule interleaved (default 2): the model is cut into K x V stages, "
-                  "stage s on device s mod K (zbv and v-half: V = 2, stages d and 2K-1-d on device d)")
+                  "V, stages per device (" + virtual_stages_help() + "): the model is cut into K x V stages, "
+                  "stage s on device s mod K unless placed as a V")
       ->check(at_least(1));
   sub->add_option("--batch-size", o->batch_size,
                   "samples per mini-batch (one optimizer step), at most the training samples; default: the task's own (" +

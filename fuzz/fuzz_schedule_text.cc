@@ -1,6 +1,7 @@
 // fuzz_schedule_text: the schedule text forms: actions ("1F0r", "1SEND_F0>2", "0SEND_S1.0>2"),
-// re-materialization modes and schedule names. Promises: malformed text is refused with
-// std::invalid_argument; text that parses prints back to text that parses to the same action.
+// re-materialization modes and schedule names, and the whole input as a program (parse_program).
+// Promises: malformed text is refused with std::invalid_argument; text that parses prints back to
+// text that parses to the same action (or program).
 #include "fuzz_input.h"
 
 #include <gpipe/schedule.h>
@@ -10,7 +11,15 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using gpipe::fuzz::promise;
-  std::istringstream words(gpipe::fuzz::as_string(data, size));
+  const std::string text = gpipe::fuzz::as_string(data, size);
+  try {
+    const gpipe::Schedule p = gpipe::parse_program(text);
+    const gpipe::Schedule back = gpipe::parse_program(gpipe::format_program(p));
+    promise(back.actions == p.actions && back.placement == p.placement && back.micro_batches == p.micro_batches,
+            "parse_program(format_program(p)) is p");
+  } catch (const std::invalid_argument&) {
+  }
+  std::istringstream words(text);
   std::string word;
   // The first 64 words: an exception per malformed word is slow under ASan, and a word's fate
   // does not depend on the words before it.

@@ -91,6 +91,80 @@ TEST(PipelineTest, BatchSmallerThanTheMicroBatchCountTrainsExactly) {
   }
 }
 
+// A program given as text (PipelineOptions::program), the one the named schedule would run printed
+// (compute-only, or lowered as gpipe schedule --program prints it), trains bit for bit as the named
+// schedule does, and as one device does within rounding.
+TEST(PipelineProgramTest, AProgramGivenAsTextTrainsAsItsSchedule) {
+  torch::manual_seed(6);
+  const torch::Tensor x = torch::randn({8, 12}), y = torch::randn({8, 4});
+  for (gpipe::ScheduleKind kind : gpipe::all_schedules()) {
+    SCOPED_TRACE(gpipe::to_string(kind));
+    const PipelineOptions named =
+        PipelineOptions().devices(2).schedule(kind).micro_batches(4).checkpoint(gpipe::Checkpoint::kExceptLast);
+    const gpipe::Schedule compute = gpipe::make_schedule(kind, 2, 4, gpipe::default_virtual_stages(kind));
+    for (const std::string& text :
+         {gpipe::format_program(compute), gpipe::format_program(gpipe::lower(compute, gpipe::Checkpoint::kExceptLast))}) {
+      auto given_model = small_mlp(1), named_model = small_mlp(1), reference = small_mlp(1);
+      gpipe::Pipeline given(given_model, PipelineOptions(named).program(text));
+      gpipe::Pipeline pipe(named_model, named);
+      EXPECT_EQ(given.plan().training.actions, pipe.plan().training.actions);
+      const torch::Tensor loss = given.train_step(x, y, mse);
+      EXPECT_TRUE(torch::equal(loss, pipe.train_step(x, y, mse)));
+      EXPECT_TRUE(gpipe::testing::close(loss.to(torch::kFloat), gpipe::testing::reference_step(reference, x, y, mse)));
+      EXPECT_TRUE(gpipe::testing::same_parameters(given_model, reference, /*values=*/false));
+      // After an update, the parameters are the named schedule's to the bit.
+      for (auto* model : {&given_model, &named_model}) torch::optim::SGD((*model)->parameters(), 0.1).step();
+      EXPECT_TRUE(gpipe::testing::same_parameters(given_model, named_model, /*values=*/true, /*tol=*/0.0));
+    }
+  }
+  // Written by hand, as docs/schedules.md's example: 1F1B's order under the gpipe schedule's placement.
+  const std::string text = "device 0 | 0F0 0F1 0B0 0B1\ndevice 1 | 1F0 1B0 1F1 1B1\n";
+  auto model = small_mlp(1), reference = small_mlp(1);
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(2).micro_batches(2).program(text));
+  const auto lowered = [](const gpipe::Schedule& s) { return gpipe::lower(s, gpipe::Checkpoint::kExceptLast).actions; };
+  EXPECT_EQ(pipe.schedule().actions, lowered(gpipe::parse_program(text)));  // the program, not gpipe's
+  EXPECT_NE(pipe.schedule().actions, lowered(gpipe::fill_drain(2, 2)));
+  const torch::Tensor loss = pipe.train_step(x, y, mse);
+  EXPECT_TRUE(gpipe::testing::close(loss.to(torch::kFloat), gpipe::testing::reference_step(reference, x, y, mse)));
+  EXPECT_TRUE(gpipe::testing::same_parameters(model, reference, /*values=*/false));
+}
+
+// A program that does not fit the pipeline, or cannot run, is refused before any work, naming what
+// differs and the fix.
+TEST(PipelineProgramTest, AProgramThatDoesNotFitIsRefusedBeforeAnyWork) {
+  const std::string zbv = gpipe::format_program(gpipe::zbv(2, 4));
+  const std::string gpipe_never = gpipe::format_program(gpipe::lower(gpipe::fill_drain(2, 4), gpipe::Checkpoint::kNever));
+  auto model = small_mlp(1);
+  auto refused = [&](const PipelineOptions& options, const std::string& needle) {
+    expect_invalid([&] { gpipe::Pipeline pipe(model, options); }, needle);
+  };
+  const PipelineOptions two = PipelineOptions().devices(2).micro_batches(4).checkpoint(gpipe::Checkpoint::kNever);
+  refused(PipelineOptions(two).devices(3).program(gpipe_never), "the program given has rows for 2 devices, the "
+                                                                "pipeline 3 (K); give a program of one row per "
+                                                                "device, or devices(2)");
+  refused(PipelineOptions(two).micro_batches(8).program(gpipe_never),
+          "the program given runs 4 micro-batches (its highest is 3), the pipeline 8 (M)");
+  refused(PipelineOptions(two).program(zbv), "the program given runs 4 stages on its 2 devices, the pipeline 2 (1 per "
+                                             "device, V)");
+  refused(PipelineOptions(two).schedule(gpipe::ScheduleKind::kInterleaved).program(zbv),
+          "the program given runs stage 2 on device 1, but the interleaved schedule places it on device 0; the "
+          "program places its stages as zbv or v-half do: name one of them");
+  refused(PipelineOptions(two).checkpoint(gpipe::Checkpoint::kAlways).program(gpipe_never),
+          "in the row of device 0 of the program given, action 1 is 0F0 where lowering its compute actions with "
+          "checkpoint always puts 0F0r");
+  refused(PipelineOptions(two).program("device 0 | 0F0 0F1 0F2 0F3 0B3 0B2 0B1 0B0\ndevice 1 | 1F0 1F1 1F2 1F3 "
+                                       "1B3 1B2 1B1 1B0 1Q0\n"),
+          "line 2 of the program: cannot parse action \"1Q0\"");
+  refused(PipelineOptions(two).program("device 0 | 0F0 0F1 0F2 0F3 0B3 0B2 0B1 0B0\ndevice 1 | 1F0 1F1 1F2 1B3 1F3 "
+                                       "1B2 1B1 1B0\n"),
+          "1B3 comes before its forward");
+  for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());  // no work done
+  // A plan made with a program is another pipeline's than the options without it.
+  const gpipe::PipelinePlan plan = gpipe::make_plan(7, PipelineOptions(two).program(gpipe_never));
+  expect_invalid([&] { gpipe::check_plan_of(plan, 7, two); }, "it has a program given, the options none");
+  EXPECT_NO_THROW(gpipe::check_plan_of(plan, 7, PipelineOptions(two).program(gpipe_never)));
+}
+
 // Between two stages of one device the executor hands the tensor over itself: the transport carries
 // nothing there. small_mlp cut into 4 stages has 3 boundaries of 16 floats a row. Fill-drain over 4
 // devices sends an activation and a gradient across each; zbv over 2 devices (stages 0 and 3 on device

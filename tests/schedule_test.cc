@@ -846,6 +846,78 @@ TEST(MakeScheduleTest, NamesParseBack) {
   EXPECT_THROW(gpipe::parse_schedule("GPipe"), std::invalid_argument);
 }
 
+// The registry looked up by name, and the help texts made from it: every entry's name and summary,
+// its rule on M, and its V.
+TEST(ScheduleRegistryTest, LookedUpByNameAndDescribedInTheHelp) {
+  for (const gpipe::ScheduleTraits& traits : gpipe::schedule_table()) {
+    EXPECT_EQ(&gpipe::find_schedule(traits.name), &traits);
+    EXPECT_FALSE(traits.summary.empty()) << traits.name;
+    EXPECT_TRUE(contains(gpipe::schedule_help(), traits.name + " (" + traits.summary)) << traits.name;
+    EXPECT_TRUE(contains(gpipe::virtual_stages_help(), traits.name) || traits.least_virtual_stages == 1)
+        << traits.name;
+  }
+  EXPECT_TRUE(contains(error_of([] { gpipe::find_schedule("zb"); }), "unknown schedule \"zb\"; use one of gpipe|"));
+  EXPECT_EQ(gpipe::schedule_help(),
+            "gpipe (fill-drain), 1f1b (one forward, one backward: PipeDream-Flush), interleaved (1F1B over V stages "
+            "per device: Megatron-LM's; M a multiple of K), zb1p (zero bubble ZB-H1, backward split into I and W), "
+            "zbv (zero bubble ZB-V, 2 stages per device placed as a V) or v-half (zbv's V in (K+1)/2K of its "
+            "activation memory)");
+  EXPECT_EQ(gpipe::virtual_stages_help(),
+            "interleaved: 2 or more, default 2; zbv and v-half: 2, placed as a V (stages d and 2K-1-d on device d); "
+            "the others: 1");
+  EXPECT_EQ(gpipe::schedules_placed(gpipe::StagePlacement::kLoop), "gpipe, 1f1b, interleaved or zb1p");
+  EXPECT_EQ(gpipe::schedules_placed(gpipe::StagePlacement::kV), "zbv or v-half");
+}
+
+// ---------------------------------------------------------------- programs as text
+
+// Every schedule's program, compute-only and lowered (with skip connections), printed and read back,
+// is the same program; so is the whole of what gpipe schedule --program prints (its grid first).
+TEST(ProgramTextTest, PrintedProgramsParseBack) {
+  for (const gpipe::ScheduleTraits& traits : gpipe::schedule_table()) {
+    const int V = traits.default_virtual_stages;
+    const Schedule compute = gpipe::make_schedule(traits.kind, 2, 4, V);
+    const Schedule lowered = gpipe::lower(compute, Checkpoint::kExceptLast, {{0, 2 * V - 1}});
+    for (const Schedule& s : {compute, lowered}) {
+      const Schedule back = gpipe::parse_program(gpipe::format_program(s), traits.name);
+      EXPECT_EQ(back.devices, s.devices) << traits.name;
+      EXPECT_EQ(back.stages, s.stages) << traits.name;
+      EXPECT_EQ(back.micro_batches, s.micro_batches) << traits.name;
+      EXPECT_EQ(back.placement, s.placement) << traits.name;
+      EXPECT_EQ(back.actions, s.actions) << traits.name;
+      EXPECT_EQ(back.lowered(), s.lowered()) << traits.name;
+    }
+    const std::string printed = traits.name + ": K=2 devices, M=4 micro-batches\n" + gpipe::format_grid(compute) +
+                                "simulated bubble 0.2\nprogram with checkpoint never:\n" +
+                                gpipe::format_program(gpipe::lower(compute, Checkpoint::kNever));
+    EXPECT_EQ(gpipe::parse_program(printed).actions, gpipe::lower(compute, Checkpoint::kNever).actions) << traits.name;
+  }
+  // Comments and blank lines are skipped.
+  const Schedule s = gpipe::parse_program("# two devices\n\ndevice 0 | 0F0 0B0\n  # the last\ndevice 1 | 1F0 1B0\n");
+  EXPECT_EQ(s.devices, 2);
+  EXPECT_EQ(s.stages, 2);
+  EXPECT_EQ(s.micro_batches, 1);
+  EXPECT_NO_THROW(gpipe::validate(s));
+}
+
+// A program that is not one is refused naming its line and what is wrong.
+TEST(ProgramTextTest, MalformedProgramsAreRefusedNamingTheLine) {
+  auto refused = [](const std::string& text, const std::string& needle) {
+    const std::string what = error_of([&] { gpipe::parse_program(text); });
+    EXPECT_TRUE(contains(what, needle)) << what;
+  };
+  refused("device 0 | 0F0 0B0\ndevice 1 | 1F0 1X0 1B0\n", "line 2 of the program: cannot parse action \"1X0\"");
+  refused("device 0 | 0F0 0B0\ndevise 1 | 1F0 1B0\n", "line 2 of the program is not a row \"device D | actions\"");
+  refused("device 0 | 0F0 0B0\ndevice 2 | 1F0 1B0\n", "line 2 of the program is the row of device 2 where the row "
+                                                        "of device 1 comes");
+  refused("device 0 | 0F0 0B0 1F1\ndevice 1 | 1F0 1B0\n", "line 2 of the program: 1F0 is in the row of device 1, "
+                                                            "but stage 1 is in the row of device 0 (line 1)");
+  refused("device 0 | 0F0 0B0\ndevice 1 | 2F0 2B0\n", "no action of stage 1");
+  refused("device 0 | 0F0 999999F0\n", "names stage 999999 but holds only 2 actions");
+  refused("device 0 | 0F0  .   .  0B0\n", "an idle slot of the grid the gpipe schedule command prints");
+  refused("simulated bubble 0.1\n", "the program has no rows");
+}
+
 // ---------------------------------------------------------------- simulation
 
 TEST(SimulateTest, RecordsWhenEachActionRuns) {

@@ -75,6 +75,8 @@ struct CutRequest {
 ///   gpipe::PipelineOptions().devices(2).micro_batches(8)
 ///   gpipe::PipelineOptions().balance({3, 5}).micro_batches(4).checkpoint(gpipe::Checkpoint::kAlways)
 ///   gpipe::PipelineOptions().devices(2).micro_batches(8).schedule(gpipe::ScheduleKind::kInterleaved)
+///   gpipe::PipelineOptions().devices(2).micro_batches(2).program("device 0 | 0F0 0F1 0B0 0B1\n"
+///                                                                 "device 1 | 1F0 1B0 1F1 1B1")
 struct PipelineOptions {
   /// K, the number of devices. 0: the given balance's length divided by V.
   TORCH_ARG(int, devices) = 0;
@@ -111,6 +113,15 @@ struct PipelineOptions {
   /// Empty: the order of equal times. Only the order changes (and with it the order in which a weight
   /// tied across a device's stages sums its gradients).
   TORCH_ARG(std::vector<ActionTimes>, stage_times) = {};
+  /// A training program given as text (schedule.h's parse_program: one row "device D | actions" per
+  /// device, as gpipe schedule --program prints), run in place of the schedule's generator. Empty: the
+  /// schedule's own. make_plan checks it before any work: its rows, stages and micro-batches must be the
+  /// pipeline's K, K·V and M, and each stage on the device the schedule places it on (so `schedule` names
+  /// its placement and V: gpipe for one stage per device, zbv for a V, ...); a compute-only program is
+  /// lowered with `checkpoint` and the skip connections, and a lowered one must be that lowering of its
+  /// compute actions; then it is validated as every program is. A batch of fewer rows than M runs the
+  /// schedule's own program for its micro-batches (PipelinePlan::training_program).
+  TORCH_ARG(std::string, program) = "";
   /// What each of the K devices is. Empty: a CPU core group of `threads_per_device` threads each.
   TORCH_ARG(std::vector<Device>, device_list) = {};
   /// Intra-op threads of each CPU device when `device_list` is empty.
@@ -154,7 +165,9 @@ struct PipelinePlan {
   std::vector<std::string> skip_names;     ///< the name of route k
   std::vector<Device> device_list;         ///< what each device is (K entries)
   std::vector<ActionTimes> stage_times;    ///< what the schedule's order took (PipelineOptions::stage_times)
+  std::string program;                     ///< the program given as text (PipelineOptions::program), or empty
   Schedule training;                       ///< the lowered, validated program of a step of M micro-batches
+                                           ///< (the given `program`'s, or the schedule's generator's)
   Schedule inference;                      ///< the lowered program of pipelined inference of M micro-batches
 
   /// S, the number of stages (K·V).

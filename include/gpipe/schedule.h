@@ -162,7 +162,10 @@ std::vector<int> place_stages(StagePlacement placement, int devices, int virtual
 /// A new schedule is a generator and one entry.
 struct ScheduleTraits {
   ScheduleKind kind = ScheduleKind::kGPipe;
-  std::string name;  ///< its name in text (parse_schedule, --schedule), and Schedule::name
+  std::string name;  ///< its name in text (find_schedule, --schedule), and Schedule::name
+  /// What it is, in a few words for the help texts (schedule_help): "fill-drain", "zero bubble ZB-V, 2
+  /// stages per device placed as a V". The rules below (V, M) are added there from the entry itself.
+  std::string summary;
   /// Builds the compute schedule of K devices, M micro-batches and V stages per device; called
   /// by make_schedule once K, M and V have passed the rules below.
   std::function<Schedule(int devices, int micro_batches, int virtual_stages, const std::vector<ActionTimes>& times)>
@@ -197,19 +200,31 @@ struct ScheduleTraits {
   void check_micro_batches(int devices, int micro_batches) const;
 };
 
-/// Every schedule's traits, in the order help texts list them.
+/// Every schedule's traits, in the order help texts list them: the registry. Nothing outside it lists
+/// the schedules; the help texts are made from it (schedule_help, virtual_stages_help).
 const std::vector<ScheduleTraits>& schedule_table();
 /// The entry of `kind` in schedule_table().
 const ScheduleTraits& schedule_traits(ScheduleKind kind);
+/// The entry named `name` ("1f1b", "zbv", ...): the registry looked up by name. Throws
+/// std::invalid_argument naming the schedules there are otherwise.
+const ScheduleTraits& find_schedule(const std::string& name);
 
-/// The name of `kind`: "gpipe", "1f1b", "interleaved", "zb1p", "zbv" or "v-half".
+/// The name of `kind`: its entry's name ("gpipe", "1f1b", ...).
 std::string to_string(ScheduleKind kind);
-/// Parses "gpipe", "1f1b", "interleaved", "zb1p", "zbv" or "v-half"; throws std::invalid_argument otherwise.
+/// The kind of the schedule named `text` (find_schedule(text).kind); throws std::invalid_argument otherwise.
 ScheduleKind parse_schedule(const std::string& text);
 /// Every schedule gpipe generates, in the order help texts list them (schedule_table's).
 std::vector<ScheduleKind> all_schedules();
-/// Every schedule's name, in that order: "gpipe", "1f1b", "interleaved", "zb1p", "zbv", "v-half".
+/// Every schedule's name, in that order ("gpipe", "1f1b", ...).
 std::vector<std::string> schedule_names();
+/// The schedules for a help text, made from the registry: each name with its summary and its rule on M,
+/// e.g. "gpipe (fill-drain), 1f1b (one forward, one backward: PipeDream-Flush), ... or v-half (...)".
+std::string schedule_help();
+/// The V each schedule takes, for a help text, made from the registry, e.g. "interleaved: 2 or more,
+/// default 2; zbv and v-half: 2, placed as a V (stages d and 2K-1-d on device d); the others: 1".
+std::string virtual_stages_help();
+/// The schedules that place their stages as `placement` does, for messages: "gpipe, 1f1b or interleaved".
+std::string schedules_placed(StagePlacement placement);
 /// Whether `kind` places its 2 stages per device as a V (zbv, v-half): device d runs stages d and 2K-1-d.
 bool v_shaped(ScheduleKind kind);
 /// V, stages per device, that `kind` runs when none is asked for: 2 for the
@@ -319,6 +334,20 @@ Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int vi
 /// its receive between two stages of one device stay in the program, but the
 /// executor hands the tensor over itself: no transport message.
 Schedule lower(const Schedule& schedule, Checkpoint mode, const std::vector<SkipRoute>& skips = {});
+
+/// A program as text, one row per device: "device 0 | 0F0 0SEND_F0>1 0B0" (each action's text form, as
+/// gpipe schedule --program prints it, and parse_program reads it back).
+std::string format_program(const Schedule& program);
+
+/// A training program (compute-only or lowered) from its text: a row per device, "device D | A A ...", in
+/// device order from 0, each A an action's text form (Action::parse). Lines without a "|" (a title, the
+/// simulated bubble) and lines that begin with "#" are skipped, and a row of device 0 begins the program
+/// again, so the whole of what gpipe schedule --program prints reads as its program (its grid comes
+/// first). K is the rows, S the highest stage named + 1, M the highest micro-batch + 1, and stage s
+/// is placed on the device whose row names it. Throws std::invalid_argument naming the line for a row
+/// that does not parse, a device out of order, a stage in two rows or in none. The program is not
+/// validated here: validate() it.
+Schedule parse_program(const std::string& text, const std::string& name = "program");
 
 /// Checks that `schedule` (compute-only or lowered) can run: placement, one F per
 /// stage and micro-batch and then one B or one I and one W after it, every

@@ -17,7 +17,7 @@ from . import _gpipe
 
 
 def schedule_names():
-    """The schedules gpipe runs: gpipe (fill-drain), 1f1b, interleaved, zb1p, zbv, v-half."""
+    """The names of the schedules gpipe runs, in the order of its registry (schedule.h's schedule_table)."""
     return list(_gpipe.schedule_names())
 
 
@@ -579,10 +579,10 @@ class GPipe:
                    and the schedule, V, M, checkpoint and cut predicted fastest at K run, each unless
                    given (over several processes rank 0 alone profiles and every rank runs its
                    choice; `schedule`, `chunks`, `checkpoint` and `predicted` say which and what it
-                   expects; Ctrl-C ends the profile with KeyboardInterrupt); or "gpipe" (fill-drain),
-                   "1f1b", "interleaved", "zb1p", "zbv" or "v-half" (schedule_names())
+                   expects; Ctrl-C ends the profile with KeyboardInterrupt); or one of schedule_names():
+                   <schedules>
     devices        K; by default len(balance) / V, or 2 without a balance
-    virtual_stages V, stages per device (interleaved: 2 by default; zbv, v-half: 2, stages d and 2K-1-d on device d)
+    virtual_stages V, stages per device (<virtual_stages>)
     batch_norm     "deferred": BatchNorm's running statistics once per mini-batch from all its rows
                    (the paper's rule); "per-micro-batch": as M small batches would
     threads        intra-op threads of each device
@@ -640,7 +640,7 @@ class GPipe:
         if virtual_stages is not None and _whole(virtual_stages, "virtual_stages") < 1:
             raise ValueError(f"gpipe: virtual_stages must be at least 1 (got {virtual_stages!r}): it is V, the stages "
                              f"per device; give 1 or more, or leave virtual_stages=None for the schedule's own "
-                             f"(interleaved, zbv and v-half: 2; the others 1)")
+                             f"({_gpipe.virtual_stages_help()})")
         settings.virtual_stages = 0 if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
         settings.deferred_batch_norm = _one_of(batch_norm, "batch_norm", ("deferred", "per-micro-batch")) == "deferred"
         settings.threads = _whole(threads, "threads")
@@ -925,7 +925,7 @@ class GPipe:
 
     @property
     def placement(self):
-        """The device of each stage (stage s on device s mod K; zbv, v-half: a V); None until the pipeline is built."""
+        """The device of each stage (stage s on device s mod K, or placed as a V); None until the pipeline is built."""
         return None if self._pipe is None else list(self._pipe.placement)
 
     @property
@@ -1001,3 +1001,10 @@ class GPipe:
         if self._group is not None:
             return self._group[1]
         return _launcher_rank() if self._settings.runtime != "threads" and _launched() else 0
+
+
+# The schedules in GPipe's help as the library's registry describes them, so that none is listed by hand
+# (no docstrings under python -OO).
+if GPipe.__doc__:
+    GPipe.__doc__ = GPipe.__doc__.replace("<schedules>", _gpipe.schedule_help()) \
+        .replace("<virtual_stages>", _gpipe.virtual_stages_help())

@@ -549,6 +549,8 @@ void add_job(py::module_& m) {
 #endif
   }, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("scope"), py::arg("known_as"), py::arg("let_go"));
   m.def("schedule_names", &schedule_names);
+  m.def("schedule_help", &schedule_help);
+  m.def("virtual_stages_help", &virtual_stages_help);
   m.def("checkpoint_names", &checkpoint_names);
   // The BLAS kernel (blas.h): what gpipe.blas_kernel() shows and the warning at import.
   py::class_<BlasKernel>(m, "BlasKernel")

@@ -168,6 +168,10 @@ void check_plan_of(const PipelinePlan& plan, int layers, const PipelineOptions& 
     differs("devices", std::to_string(plan.devices), std::to_string(options.devices()));
   if (options.virtual_stages() > 0 && plan.virtual_stages != options.virtual_stages())
     differs("stages per device", std::to_string(plan.virtual_stages), std::to_string(options.virtual_stages()));
+  GPIPE_CHECK(plan.program == options.program(), "the plan given is not one of these options: ",
+              plan.program.empty() ? "it has no program given, the options one" : options.program().empty()
+                  ? "it has a program given, the options none" : "their programs given differ",
+              " (PipelineOptions::program); make the plan with make_plan from the same options");
   if (!options.balance().empty() && plan.balance != options.balance())
     differs("the balance", format_balance(plan.balance), format_balance(options.balance()));
   for (const auto& group : options.tied_parameters())  // the options may add ties the plan was not made with
@@ -176,11 +180,67 @@ void check_plan_of(const PipelinePlan& plan, int layers, const PipelineOptions& 
 
 namespace {
 
-// The plan's training program from its schedule, K, M, V, stage times, checkpoint and skip routes.
+// The training program given as text (PipelineOptions::program), checked against the plan's K, V,
+// M and placement, lowered with its checkpoint and skip routes (or, given lowered, checked to be that
+// lowering).
+Schedule given_training(const PipelinePlan& plan) {
+  const Schedule given = parse_program(plan.program);
+  const int K = plan.devices, V = plan.virtual_stages, M = plan.micro_batches;
+  GPIPE_CHECK(given.devices == K, "the program given has rows for ", given.devices, " devices, the pipeline ", K,
+              " (K); give a program of one row per device, or devices(", given.devices, ")");
+  GPIPE_CHECK(given.stages == plan.stages(), "the program given runs ", given.stages, " stages on its ", K,
+              " devices, the pipeline ", plan.stages(), " (", V, " per device, V); give a program of stages 0..",
+              plan.stages() - 1, ", or the V it runs (virtual_stages, with a schedule that takes it)");
+  GPIPE_CHECK(given.micro_batches == M, "the program given runs ", given.micro_batches,
+              " micro-batches (its highest is ", given.micro_batches - 1, "), the pipeline ", M,
+              " (M); give a program of micro-batches 0..", M - 1, ", or micro_batches(", given.micro_batches, ")");
+  const ScheduleTraits& traits = schedule_traits(plan.schedule);
+  const std::vector<int> placement = place_stages(traits.placement, K, V);
+  for (int s = 0; s < plan.stages(); ++s) {
+    const int d = given.placement[static_cast<size_t>(s)], expected = placement[static_cast<size_t>(s)];
+    if (d == expected) continue;
+    const StagePlacement other =
+        traits.placement == StagePlacement::kLoop ? StagePlacement::kV : StagePlacement::kLoop;
+    const bool fits_other = V == 2 && given.placement == place_stages(other, K, V);
+    GPIPE_CHECK(false, "the program given runs stage ", s, " on device ", d, ", but the ", traits.name,
+                " schedule places it on device ", expected, "; ",
+                fits_other ? "the program places its stages as " + schedules_placed(other) + " do: name one of them"
+                           : "place the stages as the " + traits.name + " schedule does (" +
+                                 (traits.placement == StagePlacement::kV ? "a V: stages d and 2K-1-d on device d"
+                                                                         : "stage s on device s mod K") + ")");
+  }
+  if (!given.lowered()) return lower(given, plan.checkpoint, plan.skip_routes);
+  // Given lowered: its sends, receives and recompute flags must be those lower() puts, so that what
+  // the executors follow is what the checkpoint mode and the skip connections need.
+  Schedule compute = given;
+  for (auto& row : compute.actions)
+    row.erase(std::remove_if(row.begin(), row.end(), [](const Action& a) { return !a.is_compute(); }), row.end());
+  Schedule program = lower(compute, plan.checkpoint, plan.skip_routes);
+  for (int d = 0; d < K; ++d) {
+    const auto& want = program.actions[static_cast<size_t>(d)];
+    const auto& got = given.actions[static_cast<size_t>(d)];
+    for (size_t n = 0; n < std::max(want.size(), got.size()); ++n) {
+      if (n < want.size() && n < got.size() && want[n] == got[n]) continue;
+      const std::string place = "in the row of device " + std::to_string(d) + " of the program given, action " +
+                                std::to_string(n + 1) + " is ";
+      GPIPE_CHECK(false, place, n < got.size() ? got[n].str() : "missing", " where lowering its compute actions with "
+                  "checkpoint ", to_string(plan.checkpoint), plan.skip_routes.empty() ? "" : " and the model's skip connections",
+                  " puts ", n < want.size() ? want[n].str() : "none", "; give the program without sends and receives ",
+                  "(gpipe adds them), or as the gpipe schedule command prints it for `checkpoint` ",
+                  to_string(plan.checkpoint));
+    }
+  }
+  return program;
+}
+
+// The plan's training program from its given program, or from its schedule, K, M, V and stage times;
+// with its checkpoint and skip routes.
 void lower_training(PipelinePlan& plan) {
-  plan.training = lower(make_schedule(plan.schedule, plan.devices, plan.micro_batches, plan.virtual_stages,
-                                      plan.stage_times),
-                        plan.checkpoint, plan.skip_routes);
+  plan.training = !plan.program.empty()
+                      ? given_training(plan)
+                      : lower(make_schedule(plan.schedule, plan.devices, plan.micro_batches, plan.virtual_stages,
+                                            plan.stage_times),
+                              plan.checkpoint, plan.skip_routes);
   validate(plan.training);
 }
 
@@ -293,6 +353,7 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
 
   check_stage_times(options.stage_times(), plan.stages());
   plan.stage_times = options.stage_times();
+  plan.program = options.program();
   // The programs, with the skip connections that cross stages: a schedule that cannot take K, M and V
   // is refused here, before anything is built.
   route_skips(plan, skips);

@@ -461,14 +461,17 @@ const std::vector<ScheduleTraits>& schedule_table() {
     std::vector<ScheduleTraits> t(6);
     t[0].kind = ScheduleKind::kGPipe;
     t[0].name = "gpipe";
+    t[0].summary = "fill-drain";
     t[0].generate = [](int K, int M, int, const std::vector<ActionTimes>&) { return fill_drain(K, M); };
     t[0].peak_in_flight = [](int, int M, int V, int) { return V * M; };  // every micro-batch, until the drain
     t[1].kind = ScheduleKind::k1F1B;
     t[1].name = "1f1b";
+    t[1].summary = "one forward, one backward: PipeDream-Flush";
     t[1].generate = [](int K, int M, int, const std::vector<ActionTimes>&) { return one_f_one_b(K, M); };
     t[1].peak_in_flight = [](int K, int M, int, int d) { return std::min(K - d, M); };
     t[2].kind = ScheduleKind::kInterleaved;
     t[2].name = "interleaved";
+    t[2].summary = "1F1B over V stages per device: Megatron-LM's";
     t[2].generate = [](int K, int M, int V, const std::vector<ActionTimes>&) { return interleaved(K, M, V); };
     t[2].default_virtual_stages = 2;
     t[2].least_virtual_stages = 2;
@@ -479,15 +482,18 @@ const std::vector<ScheduleTraits>& schedule_table() {
     t[2].peak_in_flight = [](int K, int M, int V, int d) { return std::min((V - 1) * K + 2 * (K - 1 - d) + 1, V * M); };
     t[3].kind = ScheduleKind::kZB1P;
     t[3].name = "zb1p";
+    t[3].summary = "zero bubble ZB-H1, backward split into I and W";
     t[3].generate = [](int K, int M, int, const std::vector<ActionTimes>&) { return zb1p(K, M); };
     t[3].splits_backward = true;
     t[3].peak_in_flight = [](int, int M, int, int) { return M; };  // the W's wait for the drain
     t[4].kind = ScheduleKind::kZBV;
     t[4].name = "zbv";
+    t[4].summary = "zero bubble ZB-V, 2 stages per device placed as a V";
     t[4].generate = [](int K, int M, int, const std::vector<ActionTimes>& times) { return zbv(K, M, times); };
     t[4].peak_in_flight = [](int K, int M, int, int) { return std::min(2 * K, 2 * M); };
     t[5].kind = ScheduleKind::kVHalf;
     t[5].name = "v-half";
+    t[5].summary = "zbv's V in (K+1)/2K of its activation memory";
     t[5].generate = [](int K, int M, int, const std::vector<ActionTimes>& times) {
       return v_half(K, M, times);
     };
@@ -564,13 +570,65 @@ void check_virtual_stages(ScheduleKind kind, int virtual_stages) {
   schedule_traits(kind).check_virtual_stages(virtual_stages);
 }
 
-ScheduleKind parse_schedule(const std::string& text) {
+const ScheduleTraits& find_schedule(const std::string& name) {
   for (const ScheduleTraits& traits : schedule_table())
-    if (text == traits.name) return traits.kind;
+    if (name == traits.name) return traits;
   std::string names;
-  for (const std::string& name : schedule_names()) names += (names.empty() ? "" : "|") + name;
-  GPIPE_CHECK(false, "unknown schedule \"", text, "\"; use one of ", names);
-  return ScheduleKind::kGPipe;
+  for (const std::string& known : schedule_names()) names += (names.empty() ? "" : "|") + known;
+  GPIPE_CHECK(false, "unknown schedule \"", name, "\"; use one of ", names);
+  return schedule_table().front();
+}
+
+ScheduleKind parse_schedule(const std::string& text) { return find_schedule(text).kind; }
+
+namespace {
+
+// "a", "a or b", "a, b or c" (`last` "and": "a, b and c").
+std::string listed(const std::vector<std::string>& items, const char* last = " or ") {
+  std::string out;
+  for (size_t n = 0; n < items.size(); ++n)
+    out += (n == 0 ? "" : n + 1 == items.size() ? last : ", ") + items[n];
+  return out;
+}
+
+}  // namespace
+
+std::string schedule_help() {
+  std::vector<std::string> items;
+  for (const ScheduleTraits& e : schedule_table())
+    items.push_back(e.name + " (" + e.summary + (e.micro_batches_multiple_of_devices ? "; M a multiple of K" : "") + ")");
+  return listed(items);
+}
+
+std::string virtual_stages_help() {
+  // The schedules grouped by the V they take, in the table's order; those of one stage per device last.
+  std::vector<std::pair<std::string, std::vector<std::string>>> groups;
+  std::vector<std::string> single;
+  for (const ScheduleTraits& e : schedule_table()) {
+    if (!e.chooses_virtual_stages() && e.least_virtual_stages == 1) {
+      single.push_back(e.name);
+      continue;
+    }
+    std::string rule = std::to_string(e.least_virtual_stages);
+    if (e.chooses_virtual_stages())
+      rule += (e.most_virtual_stages == 0 ? " or more" : " to " + std::to_string(e.most_virtual_stages)) +
+              ", default " + std::to_string(e.default_virtual_stages);
+    if (e.placement == StagePlacement::kV) rule += ", placed as a V (stages d and 2K-1-d on device d)";
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == rule; });
+    if (it == groups.end()) it = groups.emplace(groups.end(), rule, std::vector<std::string>{});
+    it->second.push_back(e.name);
+  }
+  std::string out;
+  for (const auto& [rule, names] : groups) out += (out.empty() ? "" : "; ") + listed(names, " and ") + ": " + rule;
+  if (!single.empty()) out += (out.empty() ? listed(single, " and ") : "; the others") + std::string(": 1");
+  return out;
+}
+
+std::string schedules_placed(StagePlacement placement) {
+  std::vector<std::string> names;
+  for (const ScheduleTraits& e : schedule_table())
+    if (e.placement == placement) names.push_back(e.name);
+  return listed(names);
 }
 
 Schedule make_schedule(ScheduleKind kind, int devices, int micro_batches, int virtual_stages,
@@ -776,6 +834,77 @@ void check_structure(const Schedule& schedule) {
 }
 
 }  // namespace
+
+std::string format_program(const Schedule& program) { return format_lists(program, -1); }
+
+Schedule parse_program(const std::string& text, const std::string& name) {
+  // The rows first (a row of device 0 begins the program again: gpipe schedule --program prints its
+  // grid, whose idle slots are no actions, before it), then their actions.
+  struct Row {
+    int line;
+    std::string actions;
+  };
+  std::vector<Row> rows;
+  std::istringstream in(text);
+  int number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    const size_t bar = line.find('|'), first = line.find_first_not_of(" \t\r");
+    if (bar == std::string::npos || line[first] == '#') continue;
+    std::istringstream head(line.substr(0, bar));
+    std::string word, rest;
+    int device = -1;
+    GPIPE_CHECK((head >> word) && word == "device" && (head >> device) && !(head >> rest), "line ", number,
+                " of the program is not a row \"device D | actions\": \"", line.substr(0, bar),
+                "|\"; give one row per device, as the program the gpipe schedule command prints");
+    if (device == 0) rows.clear();
+    GPIPE_CHECK(device == static_cast<int>(rows.size()), "line ", number, " of the program is the row of device ",
+                device, " where the row of device ", rows.size(), " comes; give one row per device, in order from device 0");
+    rows.push_back({number, line.substr(bar + 1)});
+  }
+  GPIPE_CHECK(!rows.empty(), "the program has no rows; give one line \"device D | actions\" per device, as the "
+              "program the gpipe schedule command prints");
+
+  Schedule program;
+  program.name = name;
+  program.devices = static_cast<int>(rows.size());
+  size_t count = 0;
+  for (const Row& row : rows) {
+    std::vector<Action> actions;
+    std::istringstream words(row.actions);
+    for (std::string word; words >> word;) {
+      try {
+        actions.push_back(Action::parse(word));
+      } catch (const std::invalid_argument& e) {
+        GPIPE_CHECK(false, "line ", row.line, " of the program: ", without_program_name(e.what()),
+                    word == "." ? " (an idle slot of the grid the gpipe schedule command prints: give the program it prints)"
+                                : "");
+      }
+      program.stages = std::max(program.stages, actions.back().stage + 1);
+      program.micro_batches = std::max(program.micro_batches, actions.back().micro_batch + 1);
+    }
+    count += actions.size();
+    program.actions.push_back(std::move(actions));
+  }
+  // Every stage has at least its forwards, so a stage beyond the actions' count is a typo (and not a
+  // placement of a billion entries).
+  GPIPE_CHECK(static_cast<size_t>(program.stages) <= count, "the program names stage ", program.stages - 1,
+              " but holds only ", count, " actions, too few for ", program.stages, " stages; check its stage numbers");
+  program.placement.assign(static_cast<size_t>(program.stages), -1);
+  for (int d = 0; d < program.devices; ++d)
+    for (const Action& a : program.actions[static_cast<size_t>(d)]) {
+      int& placed = program.placement[static_cast<size_t>(a.stage)];
+      GPIPE_CHECK(placed < 0 || placed == d, "line ", rows[static_cast<size_t>(d)].line, " of the program: ", a.str(),
+                  " is in the row of device ", d, ", but stage ", a.stage, " is in the row of device ", placed,
+                  " (line ", rows[static_cast<size_t>(std::max(placed, 0))].line,
+                  "); a stage runs on one device: keep its actions in one row");
+      placed = d;
+    }
+  for (int s = 0; s < program.stages; ++s)
+    GPIPE_CHECK(program.placement[static_cast<size_t>(s)] >= 0, "the program names stages up to ", program.stages - 1,
+                " but no action of stage ", s, "; every stage needs its forwards and backwards");
+  return program;
+}
 
 double unit_cost(const Action& action) { return action.is_compute() ? 1.0 : 0.0; }
 

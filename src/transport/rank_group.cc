@@ -12,6 +12,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <sstream>
@@ -135,10 +136,13 @@ PipelinePlan RankGroup::plan(const torch::nn::Sequential& layers, const Pipeline
 // same error or none does.
 void RankGroup::check_agreement(const torch::nn::Sequential& layers, const PipelineOptions& options,
                                 const PipelinePlan& plan) {
-  enum Field { kLayers, kStages, kMicroBatches, kCheckpoint, kDtype, kSchedule, kVirtual, kBatchNorm, kGiven, kFields };
+  enum Field {
+    kLayers, kStages, kMicroBatches, kCheckpoint, kDtype, kSchedule, kVirtual, kBatchNorm, kProgram, kGiven, kFields
+  };
   const char* names[] = {"the model's layer count", "the number of stages K·V", "the number of micro-batches M",
                          "the checkpoint mode", "the parameters' dtype", "the schedule",
-                         "the number of stages per device V", "deferred BatchNorm statistics (deferred_batch_norm)"};
+                         "the number of stages per device V", "deferred BatchNorm statistics (deferred_batch_norm)",
+                         "the program given (PipelineOptions::program)"};
   // The fields, then the balance.
   std::vector<int64_t> mine(kFields);
   mine[kLayers] = plan.layers;
@@ -154,6 +158,8 @@ void RankGroup::check_agreement(const torch::nn::Sequential& layers, const Pipel
   mine[kSchedule] = static_cast<int64_t>(plan.schedule);
   mine[kVirtual] = plan.virtual_stages;
   mine[kBatchNorm] = options.deferred_batch_norm() ? 1 : 0;
+  // A digest of the text (std::hash of one build is the same in every process); 0 for none.
+  mine[kProgram] = plan.program.empty() ? 0 : static_cast<int64_t>(std::hash<std::string>{}(plan.program) | 1);
   mine[kGiven] = static_cast<int64_t>(layers->size());
   mine.insert(mine.end(), plan.balance.begin(), plan.balance.end());
   std::vector<std::vector<int64_t>> all;
@@ -164,9 +170,10 @@ void RankGroup::check_agreement(const torch::nn::Sequential& layers, const Pipel
     if (field == kCheckpoint) return to_string(static_cast<Checkpoint>(value));
     if (field == kDtype) return c10::toString(static_cast<c10::ScalarType>(value));
     if (field == kSchedule) return to_string(static_cast<ScheduleKind>(value));
+    if (field == kProgram) return value == 0 ? std::string("none") : "one of digest " + std::to_string(value);
     return std::to_string(value);
   };
-  for (int field : {kStages, kVirtual, kLayers, kMicroBatches, kCheckpoint, kDtype, kSchedule, kBatchNorm}) {
+  for (int field : {kStages, kVirtual, kLayers, kMicroBatches, kCheckpoint, kDtype, kSchedule, kBatchNorm, kProgram}) {
     int reference = -1;
     for (int r = 0; r < size; ++r) {
       if (field == kDtype && at(r, field) < 0) continue;  // a device without parameters
