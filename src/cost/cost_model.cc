@@ -242,228 +242,272 @@ class UntouchedModel {
   std::vector<torch::Tensor> params_, grads_, buffers_, values_;
 };
 
-}  // namespace
+double seconds_of(const std::function<void()>& work) {
+  const auto begin = std::chrono::steady_clock::now();
+  work();
+  return seconds_since(begin);
+}
 
-CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& sample_in, int threads,
-                         double state_per_parameter_byte, int warmup, int repetitions, const LossFn& loss,
-                         const torch::Tensor& target, const std::vector<int>& whole, int in_flight,
-                         const std::function<void()>& between) {
-  GPIPE_CHECK(sample_in.size() > 0, "profile_layers needs a sample");
+// Each layer is timed as the first layer of a stage, on a leaf input that takes a gradient, except
+// the model's first: the first stage's input is the data, which takes a gradient only where it
+// asks for one (a convolution's input gradient can cost more than its weights').
+LeafGrad leaf_grad_of(size_t l) { return l == 0 ? LeafGrad::kKept : LeafGrad::kFloating; }
+
+// A layer that changes its input in place: autograd refuses it on an input that takes a gradient,
+// and the version counter shows it on one that takes none (the data).
+void check_not_in_place(const torch::nn::Sequential& layers, size_t l, bool in_place) {
+  GPIPE_CHECK(!in_place, "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in place, "
+              "so it cannot be timed by itself (nor begin a stage: a stage keeps its input for the backward pass, "
+              "and the first stage's is the caller's data); make the layer return a new tensor (e.g. "
+              "ReLU(inplace=False)), or cut the model without profiling it: name a `schedule` (not auto) and give "
+              "the cut (`balance`), or in gpipe train cut it by parameters (`schedule` gpipe, `balance_by` params)");
+}
+
+// The sample's tensor that gives the rows (the first not taken whole), once `options` and the
+// sample have passed profile_layers' checks.
+torch::Tensor checked_rows_tensor(const Tensors& sample, const ProfileLayersOptions& options) {
+  GPIPE_CHECK(sample.size() > 0, "profile_layers needs a sample");
+  const std::vector<int>& whole = options.whole();
   int lead = 0;  // the first tensor with the batch dimension gives the rows
   while (std::find(whole.begin(), whole.end(), lead) != whole.end()) ++lead;
-  GPIPE_CHECK(static_cast<size_t>(lead) < sample_in.size(), "profile_layers needs a sample tensor that is not whole");
-  const torch::Tensor sample = sample_in.items[static_cast<size_t>(lead)];
-  GPIPE_CHECK(repetitions >= 1, "profile_layers needs at least 1 repetition (got ", repetitions, ")");
-  GPIPE_CHECK(threads >= 1, "profile_layers needs at least 1 thread (got ", threads, ")");
-  GPIPE_CHECK(in_flight >= 1, "profile_layers needs at least 1 micro-batch in flight (got ", in_flight, ")");
-  GPIPE_CHECK(sample.dim() >= 1 && sample.size(0) >= 1, "profile_layers needs a sample of at least one row");
-  GPIPE_CHECK(state_per_parameter_byte >= 0 && std::isfinite(state_per_parameter_byte),
-              "state_per_parameter_byte must be finite and not negative (got ", state_per_parameter_byte,
-              "); use 1 for SGD, 2 for SGD with momentum, 3 for Adam");
-  GPIPE_CHECK(!loss || (target.defined() && target.dim() >= 1 && target.size(0) == sample.size(0)),
-              "profile_layers needs the sample's target, ", sample.size(0), " rows, to profile the loss");
-  const UntouchedModel untouched(model);
-  enable_memory_tracking();
-  const IntraOpThreads intra_op(threads);
-  const double rows = static_cast<double>(sample.size(0));
-  CostModel costs;
-  costs.state_per_parameter_byte = state_per_parameter_byte;
-  for (const SkipConnection& connection : skip_connections(model)) costs.skips.push_back({connection, 0.0});
-  auto counter = std::make_shared<MemoryCounter>("profile");
-  std::vector<bool> saves_input, saves_output, views;  // per layer
-  // Where the model's Stash and Pop layers meet (skip.h) while it is profiled here.
-  std::map<std::string, torch::Tensor> tray;
-  const detail::SkipTrayScope tray_scope(tray);
-  torch::nn::Sequential layers = model;  // a handle to the same modules, to call them
-  // Times: whole passes through the layers in a stage's order, forwards first, then backwards in
-  // reverse (a layer timed many times in a row, or its backward right after its forward, would find
-  // its weights in cache, which a pass through many layers does not).
-  const size_t L = model->size();
-  std::vector<std::vector<double>> f(L), b(L), i(L), w(L);
-  auto seconds_of = [](const std::function<void()>& work) {
-    const auto begin = std::chrono::steady_clock::now();
-    work();
-    return seconds_since(begin);
-  };
-  const std::vector<std::string> names = layer_names(model);
-  // Each layer is timed as the first layer of a stage, on a leaf input that takes a gradient, except
-  // the model's first: the first stage's input is the data, which takes a gradient only where it
-  // asks for one (a convolution's input gradient can cost more than its weights').
-  const auto leaf_grad_of = [](size_t l) { return l == 0 ? LeafGrad::kKept : LeafGrad::kFloating; };
-  // A layer that changes its input in place: autograd refuses it on an input that takes a gradient,
-  // and the version counter shows it on one that takes none (the data).
-  const auto check_not_in_place = [&](size_t l, bool in_place) {
-    GPIPE_CHECK(!in_place, "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in place, "
-                "so it cannot be timed by itself (nor begin a stage: a stage keeps its input for the backward pass, "
-                "and the first stage's is the caller's data); make the layer return a new tensor (e.g. "
-                "ReLU(inplace=False)), or cut the model without profiling it: name a `schedule` (not auto) and give "
-                "the cut (`balance`), or in gpipe train cut it by parameters (`schedule` gpipe, `balance_by` params)");
-  };
-  // `in_flight` micro-batches at once, their forwards before their backwards (as a schedule holds
-  // them): each layer's time then includes the cache it loses to the others' activations.
-  for (int rep = 0; rep < warmup + repetitions; ++rep) {
-    if (between) between();
-    const bool timed = rep >= warmup;
+  GPIPE_CHECK(static_cast<size_t>(lead) < sample.size(), "profile_layers needs a sample tensor that is not whole");
+  const torch::Tensor rows = sample.items[static_cast<size_t>(lead)];
+  GPIPE_CHECK(options.repetitions() >= 1, "profile_layers needs at least 1 repetition (got ", options.repetitions(), ")");
+  GPIPE_CHECK(options.threads() >= 1, "profile_layers needs at least 1 thread (got ", options.threads(), ")");
+  GPIPE_CHECK(options.in_flight() >= 1, "profile_layers needs at least 1 micro-batch in flight (got ",
+              options.in_flight(), ")");
+  GPIPE_CHECK(rows.dim() >= 1 && rows.size(0) >= 1, "profile_layers needs a sample of at least one row");
+  const double state = options.state_per_parameter_byte();
+  GPIPE_CHECK(state >= 0 && std::isfinite(state), "state_per_parameter_byte must be finite and not negative (got ",
+              state, "); use 1 for SGD, 2 for SGD with momentum, 3 for Adam");
+  const torch::Tensor& target = options.target();
+  GPIPE_CHECK(!options.loss() || (target.defined() && target.dim() >= 1 && target.size(0) == rows.size(0)),
+              "profile_layers needs the sample's target, ", rows.size(0), " rows, to profile the loss");
+  return rows;
+}
+
+// Each layer's timed passes, seconds per micro-batch: forward, full backward, and the backward split
+// into I and W. [layer][timed pass]; a layer whose output takes no gradient has no backward.
+struct LayerTimings {
+  std::vector<std::vector<double>> forward, backward, input_grad, weight_grad;
+};
+
+// One pass of the tensors of `in_flight` micro-batches through a model's layers, forwards first,
+// then backwards in reverse, full or split into I and W.
+class ProfilePass {
+ public:
+  ProfilePass(torch::nn::Sequential layers, const std::vector<std::string>& names, int in_flight)
+      : layers_(std::move(layers)), names_(names), in_flight_(in_flight), L_(layers_->size()),
+        ins_(in_flight, std::vector<Tensors>(L_)), outs_(in_flight, std::vector<Tensors>(L_)),
+        forward_(L_, 0.0), backward_(L_, 0.0), input_grad_(L_, 0.0), weight_grad_(L_, 0.0) {}
+
+  // Every micro-batch's forward through the layers, each layer on a leaf of the one before's output.
+  void forwards(const Tensors& sample) {
+    for (int c = 0; c < in_flight_; ++c) {
+      Tensors h = sample;
+      size_t l = 0;
+      for (auto it = layers_->begin(); it != layers_->end(); ++it, ++l) {
+        Tensors& in = ins_[c][l];
+        in = leaves_of(h, leaf_grad_of(l));
+        const std::vector<int64_t> versions = versions_of(in);
+        try {
+          forward_[l] += seconds_of([&] { outs_[c][l] = run_layer(*it, in, names_[l]); });
+        } catch (const std::exception& e) {
+          // Each layer is timed by itself on a leaf input, as a stage's first layer runs.
+          const std::string what = e.what();
+          check_not_in_place(layers_, l, what.find("in-place") != std::string::npos ||
+                                             what.find("inplace") != std::string::npos);
+          if (dynamic_cast<const std::invalid_argument*>(&e) != nullptr) throw;
+          throw std::runtime_error("layer " + std::to_string(l) + " ('" + layers_->named_children()[l].key() +
+                                   "') failed when profiled on " + in.shape() + ": " + short_error(e));
+        }
+        check_not_in_place(layers_, l, !changed_in_place(in, versions).empty());
+        h = outs_[c][l];
+      }
+    }
+  }
+
+  // Every micro-batch's backward, the last first and each layer's in reverse: in one piece, or
+  // (`split`) every I, then every W.
+  void backwards(bool split) {
+    std::vector<std::vector<detail::WeightBackward>> weights(in_flight_, std::vector<detail::WeightBackward>(L_));
+    for (int c = in_flight_; c-- > 0;)
+      for (size_t n = L_; n-- > 0;) {
+        if (!requires_grad(outs_[c][n])) continue;
+        const std::vector<torch::Tensor> grads = ones_for(outs_[c][n]);
+        if (!split) {
+          backward_[n] += seconds_of([&] { backward_from(outs_[c][n], grads); });
+        } else {
+          input_grad_[n] += seconds_of(
+              [&] { detail::WeightBackward::input_backward(outs_[c][n], ins_[c][n], grads, weights[c][n]); });
+        }
+      }
+    if (split)
+      for (int c = in_flight_; c-- > 0;)
+        for (size_t n = L_; n-- > 0;) {
+          if (!requires_grad(outs_[c][n])) continue;
+          weight_grad_[n] += seconds_of([&] { weights[c][n].run(); });
+        }
+  }
+
+  // Adds this pass's times, per micro-batch, to `timings`: the forwards' and the full backwards', or
+  // (`split`) the I's and W's.
+  void add_to(LayerTimings& timings, bool split) const {
+    if (!split)
+      for (size_t l = 0; l < L_; ++l) timings.forward[l].push_back(forward_[l] / in_flight_);
+    for (size_t n = 0; n < L_; ++n) {
+      if (!requires_grad(outs_[0][n])) continue;
+      if (!split) {
+        timings.backward[n].push_back(backward_[n] / in_flight_);
+      } else {
+        timings.input_grad[n].push_back(input_grad_[n] / in_flight_);
+        timings.weight_grad[n].push_back(weight_grad_[n] / in_flight_);
+      }
+    }
+  }
+
+ private:
+  torch::nn::Sequential layers_;
+  const std::vector<std::string>& names_;
+  int in_flight_;
+  size_t L_;
+  std::vector<std::vector<Tensors>> ins_, outs_;  // [micro-batch][layer]
+  std::vector<double> forward_, backward_, input_grad_, weight_grad_;  // [layer], summed over the micro-batches
+};
+
+// Times: whole passes through the layers in a stage's order, forwards first, then backwards in
+// reverse (a layer timed many times in a row, or its backward right after its forward, would find
+// its weights in cache, which a pass through many layers does not). `in_flight` micro-batches at
+// once, their forwards before their backwards (as a schedule holds them): each layer's time then
+// includes the cache it loses to the others' activations.
+LayerTimings time_layers(const torch::nn::Sequential& layers, const std::vector<std::string>& names,
+                         const Tensors& sample, const ProfileLayersOptions& options) {
+  const size_t L = layers->size();
+  LayerTimings timings{std::vector<std::vector<double>>(L), std::vector<std::vector<double>>(L),
+                       std::vector<std::vector<double>>(L), std::vector<std::vector<double>>(L)};
+  for (int rep = 0; rep < options.warmup() + options.repetitions(); ++rep) {
+    if (options.between()) options.between()();
     for (bool split : {false, true}) {
-      std::vector<std::vector<Tensors>> ins(in_flight, std::vector<Tensors>(L)), outs(in_flight, std::vector<Tensors>(L));
-      std::vector<double> fsum(L, 0.0), bsum(L, 0.0), isum(L, 0.0), wsum(L, 0.0);
-      for (int c = 0; c < in_flight; ++c) {
-        Tensors h = sample_in;
-        size_t l = 0;
-        for (auto it = layers->begin(); it != layers->end(); ++it, ++l) {
-          ins[c][l] = leaves_of(h, leaf_grad_of(l));
-          const std::vector<int64_t> versions = versions_of(ins[c][l]);
-          double forward = 0;
-          try {
-            forward = seconds_of([&] { outs[c][l] = run_layer(*it, ins[c][l], names[l]); });
-          } catch (const std::exception& e) {
-            // Each layer is timed by itself on a leaf input, as a stage's first layer runs.
-            const std::string what = e.what();
-            check_not_in_place(l, what.find("in-place") != std::string::npos || what.find("inplace") != std::string::npos);
-            if (dynamic_cast<const std::invalid_argument*>(&e) != nullptr) throw;
-            throw std::runtime_error("layer " + std::to_string(l) + " ('" + layers->named_children()[l].key() +
-                                     "') failed when profiled on " + ins[c][l].shape() + ": " + short_error(e));
-          }
-          check_not_in_place(l, !changed_in_place(ins[c][l], versions).empty());
-          fsum[l] += forward;
-          h = outs[c][l];
-        }
-      }
-      if (timed && !split)
-        for (size_t l = 0; l < L; ++l) f[l].push_back(fsum[l] / in_flight);
-      std::vector<std::vector<detail::WeightBackward>> weights(in_flight, std::vector<detail::WeightBackward>(L));
-      for (int c = in_flight; c-- > 0;)
-        for (size_t n = L; n-- > 0;) {
-          if (!requires_grad(outs[c][n])) continue;
-          const std::vector<torch::Tensor> grads = ones_for(outs[c][n]);
-          if (!split) {
-            bsum[n] += seconds_of([&] { backward_from(outs[c][n], grads); });
-          } else {
-            isum[n] += seconds_of(
-                [&] { detail::WeightBackward::input_backward(outs[c][n], ins[c][n], grads, weights[c][n]); });
-          }
-        }
-      if (split)
-        for (int c = in_flight; c-- > 0;)
-          for (size_t n = L; n-- > 0;) {
-            if (!requires_grad(outs[c][n])) continue;
-            wsum[n] += seconds_of([&] { weights[c][n].run(); });
-          }
-      if (timed)
-        for (size_t n = 0; n < L; ++n) {
-          if (!requires_grad(outs[0][n])) continue;
-          if (!split) b[n].push_back(bsum[n] / in_flight);
-          else i[n].push_back(isum[n] / in_flight), w[n].push_back(wsum[n] / in_flight);
-        }
+      ProfilePass pass(layers, names, options.in_flight());
+      pass.forwards(sample);
+      pass.backwards(split);
+      if (rep >= options.warmup()) pass.add_to(timings, split);
     }
   }
-  Tensors x = sample_in;
-  size_t index = 0;
-  std::map<const void*, size_t> tied_index;  // a parameter tensor → its entry in costs.tied
-  for (auto it = layers->begin(); it != layers->end(); ++it, ++index) {
-    LayerCost c;
-    std::set<const void*> here;  // a layer that registers a tensor under two names uses it once
-    for (const auto& p : it->ptr()->parameters()) {
-      if (!here.insert(p.unsafeGetTensorImpl()).second) continue;
-      c.parameter_bytes += static_cast<int64_t>(p.nbytes());
-      const auto [entry, first] = tied_index.emplace(p.unsafeGetTensorImpl(), costs.tied.size());
-      if (first) costs.tied.push_back({static_cast<int64_t>(p.nbytes()), {}});
-      costs.tied[entry->second].layers.push_back(static_cast<int>(index));
-    }
-    auto input = [&x, &leaf_grad_of, index] { return leaves_of(x, leaf_grad_of(index)); };
-    Tensors out;
-    c.forward_s = median_of(f[index]) / rows;
-    if (!b[index].empty() && !i[index].empty() && !w[index].empty()) {
-      c.backward_s = median_of(b[index]) / rows;
-      c.input_grad_s = median_of(i[index]) / rows;
-      c.weight_grad_s = median_of(w[index]) / rows;
-    }
-    // Bytes, charged as a stage's thread would be: the parameters' gradients exist already, the
-    // input belongs to the stage before (a non-leaf, so that only a graph saving it holds it).
-    {
-      const std::map<std::string, torch::Tensor> tray_before = tray;  // the layer runs twice: a Pop takes twice
-      const Tensors leaf = input();
-      Tensors in = leaf;
-      for (auto& t : in.items)
-        if (t.requires_grad()) t = t.clone();
-      const size_t uses_before = input_uses(in, Tensors());
-      MemoryScope scope(counter);
-      counter->reset_peak();
-      const int64_t before = counter->current_bytes();
-      out = run_layer(*it, in, names[index]);
-      for (SkipCost& skip : costs.skips)  // what the layer stashed
-        if (tray.count(skip.connection.name) > tray_before.count(skip.connection.name))
-          skip.bytes = static_cast<double>(tray[skip.connection.name].nbytes()) / rows;
-      c.forward_peak_bytes = static_cast<double>(counter->peak_bytes() - before);
-      c.kept_bytes = static_cast<double>(counter->current_bytes() - before);
-      // Of a tuple, the tensors the layer made, not those it handed on (a mask passed through).
-      bool view = true, output_saved = false;
-      for (const auto& t : out.items) {
-        if (alias_of_input(t, in)) continue;
-        view = false;
-        output_saved = output_saved || t.storage().use_count() > 1;
-      }
-      c.output_bytes = static_cast<double>(out.bytes());
-      c.output_tensors = static_cast<int>(out.size());
-      views.push_back(view);
-      // A graph that saves a tensor holds a reference to it: to the input's TensorImpl, or to the
-      // output's storage (a saved output is a detached alias).
-      saves_input.push_back(view || input_uses(in, out) > uses_before);
-      saves_output.push_back(!view && output_saved);
-      if (requires_grad(out)) {
-        const std::vector<torch::Tensor> grads = ones_for(out);
-        const int64_t held = counter->current_bytes();
-        counter->reset_peak();
-        backward_from(out, grads);
-        c.backward_peak_bytes = static_cast<double>(counter->peak_bytes() - held);
-        const Tensors in2 = input();  // I starts from a leaf, as a stage records its layers
-        tray = tray_before;
-        const int64_t before_split = counter->current_bytes();
-        Tensors again = run_layer(*it, in2, names[index]);
-        detail::WeightBackward weights;
-        const Tensors input_grad =
-            Tensors::tuple_of(detail::WeightBackward::input_backward(again, in2, grads, weights));
-        again = Tensors();  // the stage lets go of the layer's output after I
-        c.weight_kept_bytes = std::max<double>(
-            0.0, static_cast<double>(counter->current_bytes() - before_split) - static_cast<double>(input_grad.bytes()));
-        weights.run();
-      }
-    }
-    c.kept_bytes /= rows;
-    c.chain_kept_bytes = c.kept_bytes;  // until the next layer is known
-    c.output_bytes /= rows;
-    c.forward_peak_bytes /= rows;
-    c.backward_peak_bytes /= rows;
-    c.weight_kept_bytes /= rows;
-    x = leaves_of(out, LeafGrad::kNone);
-    costs.layers.push_back(c);
+  return timings;
+}
+
+// What profiling a model's bytes layer by layer carries from one layer to the next.
+struct ByteProfile {
+  std::shared_ptr<MemoryCounter> counter = std::make_shared<MemoryCounter>("profile");
+  std::map<std::string, torch::Tensor>* tray = nullptr;  // where the model's Stash and Pop layers meet (skip.h)
+  double rows = 1;
+  std::map<const void*, size_t> tied_index;  // a parameter tensor → its entry in CostModel::tied
+  std::vector<bool> saves_input, saves_output, views;  // per layer
+};
+
+// Layer `index`'s parameter bytes into `c`, and each of its parameter tensors into `costs.tied`.
+void count_parameters(torch::nn::AnyModule& layer, size_t index, LayerCost& c, CostModel& costs,
+                      std::map<const void*, size_t>& tied_index) {
+  std::set<const void*> here;  // a layer that registers a tensor under two names uses it once
+  for (const auto& p : layer.ptr()->parameters()) {
+    if (!here.insert(p.unsafeGetTensorImpl()).second) continue;
+    c.parameter_bytes += static_cast<int64_t>(p.nbytes());
+    const auto [entry, first] = tied_index.emplace(p.unsafeGetTensorImpl(), costs.tied.size());
+    if (first) costs.tied.push_back({static_cast<int64_t>(p.nbytes()), {}});
+    costs.tied[entry->second].layers.push_back(static_cast<int>(index));
   }
-  // Of the parameters, those that more than one layer uses (a tied weight), renumbered in order.
-  costs.tied.erase(std::remove_if(costs.tied.begin(), costs.tied.end(),
-                                    [](const TiedParameter& p) { return p.layers.size() < 2; }),
-                     costs.tied.end());
-  const torch::Tensor model_output =
-      loss ? x.only("the model's output", "end the model with a layer that returns one tensor, for the loss")
-           : torch::Tensor();
-  if (model_output.defined() && model_output.is_floating_point()) {  // (an integer output takes no gradient)
-    const torch::Tensor output = model_output.detach().requires_grad_(true);
-    MemoryScope scope(counter);
-    const int64_t before = counter->current_bytes();
-    const torch::Tensor value = loss(output, target);
-    costs.loss_kept_bytes = static_cast<double>(counter->current_bytes() - before) / rows;
-    const int64_t held = counter->current_bytes();
-    counter->reset_peak();
-    value.backward();
-    costs.loss_backward_peak_bytes = static_cast<double>(counter->peak_bytes() - held) / rows;
+}
+
+// The bytes of layer `index`'s backward after its forward made `out` (its input still held): its
+// backward's peak, and what its graph keeps from I to W when run again on its input `x` with the
+// tray as before the forward.
+void measure_backward_bytes(torch::nn::AnyModule& layer, size_t index, const std::string& name, const Tensors& x,
+                            const Tensors& out, const std::map<std::string, torch::Tensor>& tray_before,
+                            ByteProfile& p, LayerCost& c) {
+  MemoryCounter& counter = *p.counter;
+  const std::vector<torch::Tensor> grads = ones_for(out);
+  const int64_t held = counter.current_bytes();
+  counter.reset_peak();
+  backward_from(out, grads);
+  c.backward_peak_bytes = static_cast<double>(counter.peak_bytes() - held);
+  const Tensors leaf = leaves_of(x, leaf_grad_of(index));  // I starts from a leaf, as a stage records its layers
+  *p.tray = tray_before;
+  const int64_t before_split = counter.current_bytes();
+  Tensors again = run_layer(layer, leaf, name);
+  detail::WeightBackward weights;
+  const Tensors input_grad = Tensors::tuple_of(detail::WeightBackward::input_backward(again, leaf, grads, weights));
+  again = Tensors();  // the stage lets go of the layer's output after I
+  c.weight_kept_bytes = std::max<double>(
+      0.0, static_cast<double>(counter.current_bytes() - before_split) - static_cast<double>(input_grad.bytes()));
+  weights.run();
+}
+
+// The bytes of layer `index` on the output `x` of the layers before, into `c` (whole, not yet per
+// row) and `p`'s per-layer flags; returns its output. Charged as a stage's thread would be: the
+// parameters' gradients exist already, the input belongs to the stage before (a non-leaf, so that
+// only a graph saving it holds it).
+Tensors measure_bytes(torch::nn::AnyModule& layer, size_t index, const std::string& name, const Tensors& x,
+                      std::vector<SkipCost>& skips, ByteProfile& p, LayerCost& c) {
+  std::map<std::string, torch::Tensor>& tray = *p.tray;
+  MemoryCounter& counter = *p.counter;
+  const std::map<std::string, torch::Tensor> tray_before = tray;  // the layer runs twice: a Pop takes twice
+  const Tensors leaf = leaves_of(x, leaf_grad_of(index));
+  Tensors in = leaf;
+  for (auto& t : in.items)
+    if (t.requires_grad()) t = t.clone();
+  const size_t uses_before = input_uses(in, Tensors());
+  MemoryScope scope(p.counter);
+  counter.reset_peak();
+  const int64_t before = counter.current_bytes();
+  Tensors out = run_layer(layer, in, name);
+  for (SkipCost& skip : skips)  // what the layer stashed
+    if (tray.count(skip.connection.name) > tray_before.count(skip.connection.name))
+      skip.bytes = static_cast<double>(tray[skip.connection.name].nbytes()) / p.rows;
+  c.forward_peak_bytes = static_cast<double>(counter.peak_bytes() - before);
+  c.kept_bytes = static_cast<double>(counter.current_bytes() - before);
+  // Of a tuple, the tensors the layer made, not those it handed on (a mask passed through).
+  bool view = true, output_saved = false;
+  for (const auto& t : out.items) {
+    if (alias_of_input(t, in)) continue;
+    view = false;
+    output_saved = output_saved || t.storage().use_count() > 1;
   }
-  // A layer's output stays, once the next layer has run, only if one of them saved it.
-  for (size_t l = 0; l + 1 < costs.layers.size(); ++l)
-    if (!views[l] && !saves_output[l] && !saves_input[l + 1])
-      costs.layers[l].chain_kept_bytes -= costs.layers[l].output_bytes;
-  // The optimizer's update, timed on copies of the parameters (the model's stay as they are) with
-  // gradients, by the optimizer the state per parameter byte stands for: 1 plain SGD, 2 SGD with
-  // momentum, 3 Adam. The update is elementwise: of a model of more than kMostTimedUpdateBytes, the
-  // parameters in order up to that size are timed (the last one cut short) and the time scaled by bytes.
+  c.output_bytes = static_cast<double>(out.bytes());
+  c.output_tensors = static_cast<int>(out.size());
+  p.views.push_back(view);
+  // A graph that saves a tensor holds a reference to it: to the input's TensorImpl, or to the
+  // output's storage (a saved output is a detached alias).
+  p.saves_input.push_back(view || input_uses(in, out) > uses_before);
+  p.saves_output.push_back(!view && output_saved);
+  if (requires_grad(out)) measure_backward_bytes(layer, index, name, x, out, tray_before, p, c);
+  return out;
+}
+
+// The loss's bytes per row on the model's output `x` (one floating-point tensor; none for an integer
+// output, which takes no gradient): what it keeps for backward, and its backward's peak above that.
+void measure_loss_bytes(const Tensors& x, const ProfileLayersOptions& options, ByteProfile& p, CostModel& costs) {
+  const torch::Tensor model_output = options.loss() ? x.only("the model's output", "end the model with a layer that "
+                                                                                   "returns one tensor, for the loss")
+                                                    : torch::Tensor();
+  if (!model_output.defined() || !model_output.is_floating_point()) return;
+  const torch::Tensor output = model_output.detach().requires_grad_(true);
+  MemoryScope scope(p.counter);
+  const int64_t before = p.counter->current_bytes();
+  const torch::Tensor value = options.loss()(output, options.target());
+  costs.loss_kept_bytes = static_cast<double>(p.counter->current_bytes() - before) / p.rows;
+  const int64_t held = p.counter->current_bytes();
+  p.counter->reset_peak();
+  value.backward();
+  costs.loss_backward_peak_bytes = static_cast<double>(p.counter->peak_bytes() - held) / p.rows;
+}
+
+// The optimizer's update, timed on copies of the parameters (the model's stay as they are) with
+// gradients, by the optimizer the state per parameter byte stands for: 1 plain SGD, 2 SGD with
+// momentum, 3 Adam; seconds per parameter byte (0 for a model without parameters). The update is
+// elementwise: of a model of more than kMostTimedUpdateBytes, the parameters in order up to that
+// size are timed (the last one cut short) and the time scaled by bytes.
+double update_s_per_parameter_byte(const torch::nn::Sequential& model, const ProfileLayersOptions& options) {
   constexpr int64_t kMostTimedUpdateBytes = int64_t{256} << 20;
   std::vector<torch::Tensor> copies;
   int64_t timed_bytes = 0;
@@ -476,22 +520,81 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
     timed_bytes += static_cast<int64_t>(copy.nbytes());
     copies.push_back(copy);
   }
-  if (timed_bytes > 0) {
-    if (between) between();
-    std::unique_ptr<torch::optim::Optimizer> optimizer;
-    if (state_per_parameter_byte >= 3)
-      optimizer = std::make_unique<torch::optim::Adam>(copies, torch::optim::AdamOptions(1e-3));
-    else
-      optimizer = std::make_unique<torch::optim::SGD>(
-          copies, torch::optim::SGDOptions(1e-3).momentum(state_per_parameter_byte >= 2 ? 0.9 : 0.0));
-    std::vector<double> update;
-    for (int rep = 0; rep < warmup + repetitions; ++rep) {
-      const auto begin = std::chrono::steady_clock::now();
-      optimizer->step();
-      if (rep >= warmup) update.push_back(seconds_since(begin));
-    }
-    costs.update_s_per_parameter_byte = median_of(update) / static_cast<double>(timed_bytes);
+  if (timed_bytes == 0) return 0;
+  if (options.between()) options.between()();
+  const double state = options.state_per_parameter_byte();
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (state >= 3)
+    optimizer = std::make_unique<torch::optim::Adam>(copies, torch::optim::AdamOptions(1e-3));
+  else
+    optimizer = std::make_unique<torch::optim::SGD>(copies,
+                                                    torch::optim::SGDOptions(1e-3).momentum(state >= 2 ? 0.9 : 0.0));
+  std::vector<double> update;
+  for (int rep = 0; rep < options.warmup() + options.repetitions(); ++rep) {
+    const auto begin = std::chrono::steady_clock::now();
+    optimizer->step();
+    if (rep >= options.warmup()) update.push_back(seconds_since(begin));
   }
+  return median_of(update) / static_cast<double>(timed_bytes);
+}
+
+// Each layer's costs from its `timings` and its bytes, profiled layer after layer from `sample`,
+// into `costs` (its tied parameters too); returns the model's output.
+Tensors measure_layers(const torch::nn::Sequential& model, const std::vector<std::string>& names,
+                       const Tensors& sample, const LayerTimings& timings, ByteProfile& p, CostModel& costs) {
+  torch::nn::Sequential layers = model;  // a handle to the same modules, to call them
+  Tensors x = sample;
+  size_t index = 0;
+  for (auto it = layers->begin(); it != layers->end(); ++it, ++index) {
+    LayerCost c;
+    count_parameters(*it, index, c, costs, p.tied_index);
+    c.forward_s = median_of(timings.forward[index]) / p.rows;
+    if (!timings.backward[index].empty() && !timings.input_grad[index].empty() &&
+        !timings.weight_grad[index].empty()) {
+      c.backward_s = median_of(timings.backward[index]) / p.rows;
+      c.input_grad_s = median_of(timings.input_grad[index]) / p.rows;
+      c.weight_grad_s = median_of(timings.weight_grad[index]) / p.rows;
+    }
+    const Tensors out = measure_bytes(*it, index, names[index], x, costs.skips, p, c);
+    for (double* bytes : {&c.kept_bytes, &c.output_bytes, &c.forward_peak_bytes, &c.backward_peak_bytes,
+                          &c.weight_kept_bytes})
+      *bytes /= p.rows;
+    c.chain_kept_bytes = c.kept_bytes;  // until the next layer is known
+    x = leaves_of(out, LeafGrad::kNone);
+    costs.layers.push_back(c);
+  }
+  // Of the parameters, those that more than one layer uses (a tied weight), renumbered in order.
+  costs.tied.erase(std::remove_if(costs.tied.begin(), costs.tied.end(),
+                                  [](const TiedParameter& t) { return t.layers.size() < 2; }),
+                   costs.tied.end());
+  return x;
+}
+
+}  // namespace
+
+CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& sample,
+                         const ProfileLayersOptions& options) {
+  const torch::Tensor rows_tensor = checked_rows_tensor(sample, options);
+  const UntouchedModel untouched(model);
+  enable_memory_tracking();
+  const IntraOpThreads intra_op(options.threads());
+  CostModel costs;
+  costs.state_per_parameter_byte = options.state_per_parameter_byte();
+  for (const SkipConnection& connection : skip_connections(model)) costs.skips.push_back({connection, 0.0});
+  ByteProfile bytes;
+  bytes.rows = static_cast<double>(rows_tensor.size(0));
+  std::map<std::string, torch::Tensor> tray;
+  bytes.tray = &tray;
+  const detail::SkipTrayScope tray_scope(tray);
+  const std::vector<std::string> names = layer_names(model);
+  const LayerTimings timings = time_layers(model, names, sample, options);
+  const Tensors output = measure_layers(model, names, sample, timings, bytes, costs);
+  measure_loss_bytes(output, options, bytes, costs);
+  // A layer's output stays, once the next layer has run, only if one of them saved it.
+  for (size_t l = 0; l + 1 < costs.layers.size(); ++l)
+    if (!bytes.views[l] && !bytes.saves_output[l] && !bytes.saves_input[l + 1])
+      costs.layers[l].chain_kept_bytes -= costs.layers[l].output_bytes;
+  costs.update_s_per_parameter_byte = update_s_per_parameter_byte(model, options);
   return costs;  // `untouched` puts back the gradients, buffers and random numbers
 }
 

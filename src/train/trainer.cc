@@ -376,8 +376,11 @@ CostBalance balance_by(const std::string& method, const Model& model, const Tens
   }
   const int64_t rows = batch_rows(sample, whole);
   const CostModel profile = method == "params" ? CostModel{}
-                                               : profile_layers(layers, sample, threads, optimizer_copies, 1, 3,
-                                                                nullptr, {}, whole);
+                                               : profile_layers(layers, sample,
+                                                                ProfileLayersOptions()
+                                                                    .threads(threads)
+                                                                    .state_per_parameter_byte(optimizer_copies)
+                                                                    .whole(whole));
   const std::vector<double> costs = layer_costs_by(method, layers, profile, rows);
   const PipelineOptions options = PipelineOptions()
                                       .devices(devices)
