@@ -226,9 +226,14 @@ int table2(const Args& a) {
     if (it != profiles.end()) return it->second;
     const int64_t rows = gpipe::micro_batch_sizes(s.batch, M).front();
     return profiles[{M, threads}] =
-               gpipe::profile_layers(w.model, w.input.narrow(0, 0, rows), threads, /*state_per_parameter_byte=*/0,
-                                     /*warmup=*/2, /*repetitions=*/3, w.loss, w.target.narrow(0, 0, rows), {},
-                                     /*in_flight=*/std::min(M, 8));
+               gpipe::profile_layers(w.model, w.input.narrow(0, 0, rows),
+                                     gpipe::ProfileLayersOptions()
+                                         .threads(threads)
+                                         .state_per_parameter_byte(0)
+                                         .warmup(2)
+                                         .loss(w.loss)
+                                         .target(w.target.narrow(0, 0, rows))
+                                         .in_flight(std::min(M, 8)));
   };
   for (int M : micro)
     for (const Run& r : runs)

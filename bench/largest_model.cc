@@ -242,8 +242,11 @@ int run(const std::string& cap_text, const std::vector<int>& stages, double reso
   // The cost model: the two-block model profiled on one micro-batch.
   const gpipe::Workload probe = make_model(shape, 2, 0);
   const int64_t probe_rows = gpipe::micro_batch_sizes(shape.batch, shape.micro_batches).front();
-  const gpipe::CostModel profile = gpipe::profile_layers(probe.model, probe.input.narrow(0, 0, probe_rows), 1, kAdamState,
-                                                         1, 3, probe.loss, probe.target.narrow(0, 0, probe_rows));
+  const gpipe::CostModel profile = gpipe::profile_layers(probe.model, probe.input.narrow(0, 0, probe_rows),
+                                                         gpipe::ProfileLayersOptions()
+                                                             .state_per_parameter_byte(kAdamState)
+                                                             .loss(probe.loss)
+                                                             .target(probe.target.narrow(0, 0, probe_rows)));
   const int64_t block_parameters = gpipe::TransformerShape{1, shape.width, shape.heads, shape.ffn, shape.vocab,
                                                            shape.sequence}.block_parameters();
 

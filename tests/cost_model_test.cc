@@ -92,8 +92,8 @@ TEST(CostModelTest, PredictedPeakBytesMatchTheTrackingAllocatorForEveryScheduleA
   const torch::nn::Sequential model = wide_mlp();
   torch::manual_seed(4);
   const torch::Tensor x = torch::randn({4 * kRows, kWidth}), y = torch::randn({4 * kRows, kWidth});
-  const CostModel costs = profile_layers(model, x.narrow(0, 0, kRows), 1, /*state_per_parameter_byte=*/1, 1, 3,
-                                         mse_loss, y.narrow(0, 0, kRows));
+  const CostModel costs = profile_layers(model, x.narrow(0, 0, kRows),
+                                         ProfileLayersOptions().loss(mse_loss).target(y.narrow(0, 0, kRows)));
   for (auto mode : {Checkpoint::kNever, Checkpoint::kExceptLast, Checkpoint::kAlways}) {
     for (int K : {1, 2, 3})
       for (auto schedule : {ScheduleKind::kGPipe, ScheduleKind::k1F1B})
@@ -108,7 +108,7 @@ TEST(CostModelTest, TheBackwardSplitsMemoryIsPredictedWithinAThird) {
   const torch::nn::Sequential model = wide_mlp();
   torch::manual_seed(4);
   const torch::Tensor x = torch::randn({4 * kRows, kWidth}), y = torch::randn({4 * kRows, kWidth});
-  const CostModel costs = profile_layers(model, x.narrow(0, 0, kRows), 1, 1);
+  const CostModel costs = profile_layers(model, x.narrow(0, 0, kRows));
   for (auto mode : {Checkpoint::kNever, Checkpoint::kAlways})
     expect_predicted_peaks(model, x, y, mse_loss, costs, {2, 4, 1, ScheduleKind::kZB1P, mode}, 0.35, 4);
 }
@@ -123,8 +123,8 @@ TEST(CostModelTest, SkipConnectionsAcrossStagesArePredictedWithin15Percent) {
     const Workload w = make_workload(name);
     const int64_t rows = 32;
     const torch::Tensor x = w.input.narrow(0, 0, rows), y = w.target.narrow(0, 0, rows);
-    const CostModel costs = profile_layers(w.model, x.narrow(0, 0, rows / 4), 1, 1, 1, 3, w.loss,
-                                           y.narrow(0, 0, rows / 4));
+    const CostModel costs = profile_layers(w.model, x.narrow(0, 0, rows / 4),
+                                           ProfileLayersOptions().loss(w.loss).target(y.narrow(0, 0, rows / 4)));
     for (const Case& c : {Case{2, 4, 1, ScheduleKind::kGPipe, Checkpoint::kNever},
                           Case{2, 4, 1, ScheduleKind::kGPipe, Checkpoint::kExceptLast},
                           Case{2, 4, 1, ScheduleKind::k1F1B, Checkpoint::kAlways},
@@ -146,8 +146,8 @@ TEST(CostModelTest, ATiedWeightCountsOncePerDeviceThatHoldsItAndItsGradientsAreS
   model->push_back(TiedProjection(tied));
   torch::manual_seed(4);
   const torch::Tensor x = torch::randn({4 * kRows, kWidth}), y = torch::randn({4 * kRows, kWidth});
-  const CostModel costs = profile_layers(model, x.narrow(0, 0, kRows), 1, /*state_per_parameter_byte=*/1, 1, 3,
-                                         mse_loss, y.narrow(0, 0, kRows));
+  const CostModel costs = profile_layers(model, x.narrow(0, 0, kRows),
+                                         ProfileLayersOptions().loss(mse_loss).target(y.narrow(0, 0, kRows)));
   const int last = static_cast<int>(model->size()) - 1;
   ASSERT_EQ(costs.tied.size(), 1u);
   EXPECT_EQ(costs.tied[0].bytes, static_cast<int64_t>(tied.nbytes()));
@@ -190,7 +190,7 @@ TEST(CostModelTest, FillDrainHoldsEveryMicroBatchAndOneFOneBOnlyKMinusD) {
   // at once, under 1F1B one: the prediction says so before anything runs.
   const torch::nn::Sequential model = wide_mlp();
   torch::manual_seed(4);
-  const CostModel costs = profile_layers(model, torch::randn({kRows, kWidth}), 1, 1);
+  const CostModel costs = profile_layers(model, torch::randn({kRows, kWidth}));
   const std::vector<int64_t> rows(8, kRows);
   auto plan = [](ScheduleKind schedule, Checkpoint mode) {
     return make_plan(32, PipelineOptions().devices(1).micro_batches(8).schedule(schedule).checkpoint(mode));
@@ -205,7 +205,7 @@ TEST(CostModelTest, FillDrainHoldsEveryMicroBatchAndOneFOneBOnlyKMinusD) {
 TEST(CostModelTest, LayerCostsForThePartitionerComeFromTheProfile) {
   torch::manual_seed(0);
   torch::nn::Sequential m(torch::nn::Linear(100, 200), torch::nn::ReLU(), torch::nn::Linear(200, 10));
-  const CostModel profile = profile_layers(m, torch::randn({50, 100}), 1, /*state_per_parameter_byte=*/3.0);
+  const CostModel profile = profile_layers(m, torch::randn({50, 100}), ProfileLayersOptions().state_per_parameter_byte(3.0));
   const std::vector<double> bytes = layer_memory(profile, 50);
   ASSERT_EQ(bytes.size(), 3u);
   // Linear(100, 200): its output (50x200 floats) at least, plus 4x its 20200 parameters.
@@ -218,7 +218,7 @@ TEST(CostModelTest, LayerCostsForThePartitionerComeFromTheProfile) {
   ASSERT_EQ(seconds.size(), 3u);
   for (size_t l = 0; l < 3; ++l)
     EXPECT_DOUBLE_EQ(seconds[l], (profile.layers[l].forward_s + profile.layers[l].backward_s) * 50);
-  expect_invalid([&] { profile_layers(m, torch::randn({5, 100}), 1, -1); }, "state_per_parameter_byte");
+  expect_invalid([&] { profile_layers(m, torch::randn({5, 100}), ProfileLayersOptions().state_per_parameter_byte(-1)); }, "state_per_parameter_byte");
 }
 
 // The model's first layer is profiled on the data as it comes, as the first stage runs it: without a
@@ -229,15 +229,15 @@ TEST(CostModelTest, TheFirstLayerIsProfiledWithoutAnInputGradientUnlessTheDataAs
   torch::nn::Sequential m(torch::nn::Linear(1000, 4), torch::nn::Linear(4, 1000), torch::nn::Linear(1000, 4));
   const torch::Tensor x = torch::randn({50, 1000});
   const double input_grad_bytes = 1000 * 4;  // per row, of a layer whose input is 1000 floats
-  const CostModel data = profile_layers(m, x, 1, 1.0);
-  const CostModel asks = profile_layers(m, x.clone().requires_grad_(true), 1, 1.0);
+  const CostModel data = profile_layers(m, x);
+  const CostModel asks = profile_layers(m, x.clone().requires_grad_(true));
   EXPECT_LT(data.layers[0].backward_peak_bytes, input_grad_bytes / 2);
   EXPECT_GE(asks.layers[0].backward_peak_bytes, input_grad_bytes);
   EXPECT_GE(data.layers[2].backward_peak_bytes, input_grad_bytes);
   // A first layer that changes the data in place (autograd does not object: the data takes no
   // gradient) is refused, naming it.
   torch::nn::Sequential in_place(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)), torch::nn::Linear(1000, 4));
-  expect_invalid([&] { profile_layers(in_place, x.clone(), 1, 1.0); }, "layer 0 ('0') changes its input in place");
+  expect_invalid([&] { profile_layers(in_place, x.clone()); }, "layer 0 ('0') changes its input in place");
 }
 
 // A stage that holds a skip connection's Stash or Pop splits its backward in one piece: I takes the
@@ -311,12 +311,12 @@ TEST(CostModelTest, ProfilingLeavesTheModelsBuffersGradientsAndRandomNumbers) {
   at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
   const torch::Tensor random_state = generator.get_state();
   // The optimizer's update is timed (Adam's, for 3 bytes of state per parameter byte) on copies.
-  const CostModel costs = profile_layers(m, sample, 1, /*state_per_parameter_byte=*/3);
+  const CostModel costs = profile_layers(m, sample, ProfileLayersOptions().state_per_parameter_byte(3));
   EXPECT_GT(costs.update_s_per_parameter_byte, 0);
   // Three micro-batches in flight: every layer timed, and the model left as it was too.
-  const CostModel three = profile_layers(m, sample, 1, 3, 1, 3, nullptr, {}, {}, /*in_flight=*/3);
+  const CostModel three = profile_layers(m, sample, ProfileLayersOptions().state_per_parameter_byte(3).in_flight(3));
   for (const LayerCost& layer : three.layers) EXPECT_GT(layer.forward_s, 0);
-  expect_invalid([&] { profile_layers(m, sample, 1, 3, 1, 3, nullptr, {}, {}, 0); }, "in flight");
+  expect_invalid([&] { profile_layers(m, sample, ProfileLayersOptions().state_per_parameter_byte(3).in_flight(0)); }, "in flight");
   for (size_t n = 0; n < values.size(); ++n) EXPECT_TRUE(torch::equal(m->parameters()[n], values[n])) << "parameter " << n;
   const torch::Tensor random_after = generator.get_state();
   EXPECT_TRUE(torch::equal(random_after, random_state));
@@ -339,7 +339,8 @@ TEST(CostModelTest, TransformerFormulasMatchLibtorchsLayer) {
     int64_t parameters = 0;
     for (const auto& p : model->parameters()) parameters += p.numel();
     EXPECT_EQ(shape.parameters(), parameters) << "width " << width;
-    const CostModel profiled = profile_layers(model, torch::randint(shape.vocab, {4, sequence}), 1, 3);
+    const CostModel profiled = profile_layers(model, torch::randint(shape.vocab, {4, sequence}),
+                                                ProfileLayersOptions().state_per_parameter_byte(3));
     const CostModel formula = transformer_costs(shape, DeviceSpec{1e12}, 3);
     ASSERT_EQ(formula.layer_count(), profiled.layer_count());
     const LayerCost& got = profiled.layers[2];
@@ -377,7 +378,7 @@ TEST(CostModelTest, BytesParseAndPrint) {
 }
 
 TEST(CostModelTest, MismatchedInputsAreRefused) {
-  const CostModel costs = profile_layers(wide_mlp(), torch::randn({4, kWidth}), 1, 1);
+  const CostModel costs = profile_layers(wide_mlp(), torch::randn({4, kWidth}));
   const std::vector<int64_t> rows(4, 4);
   EXPECT_NO_THROW(predict(costs, make_plan(32, PipelineOptions().devices(2).micro_batches(4)), rows));
   EXPECT_THROW(predict(costs, make_plan(31, PipelineOptions().devices(2).micro_batches(4)), rows),

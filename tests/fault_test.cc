@@ -2,6 +2,7 @@
 #include "helpers.h"
 
 #include <random>
+#include <sstream>
 
 #include <future>
 
@@ -14,6 +15,7 @@ class FaultImpl : public torch::nn::Module {
  public:
   torch::Tensor forward(const torch::Tensor& x) {
     if (fail_forward) throw std::runtime_error("injected forward fault");
+    if (forwards_before_fault >= 0 && forwards_before_fault-- == 0) throw std::runtime_error("injected fault");
     torch::Tensor y = x * 1.0;
     if (fail_backward && y.requires_grad())
       y.register_hook([](torch::Tensor) -> torch::Tensor {
@@ -23,6 +25,7 @@ class FaultImpl : public torch::nn::Module {
   }
   bool fail_forward = false;
   bool fail_backward = false;
+  int forwards_before_fault = -1;  // n >= 0: the forward after n more throws (once)
 };
 TORCH_MODULE(Fault);
 
@@ -129,6 +132,40 @@ TEST(FaultTest, ShapeMismatchInALayerNamesStageAndMicroBatch) {
     ADD_FAILURE() << "no error";
   } catch (const gpipe::StageError& e) {
     EXPECT_NE(e.backtrace().find("mat1 and mat2"), std::string::npos) << "the full report stays available";
+  }
+}
+
+// The error of a failing action shows, after its message, the device's program around it with the
+// action marked; the other processes are told the message alone.
+TEST(FaultTest, AFailureShowsTheProgramAroundTheFailingAction) {
+  FaultyModel s = make(4);
+  gpipe::Pipeline pipe(s.model, PipelineOptions().devices(3).micro_batches(6).checkpoint(gpipe::Checkpoint::kNever));
+  const torch::Tensor x = torch::randn({12, 6}), y = torch::randn({12, 3});
+  s.fault->forwards_before_fault = 2;  // stage 1's third forward: micro-batch 2's
+  const std::string what = step_error([&] { pipe.train_step(x, y, gpipe::mse_loss); });
+  std::istringstream text(what);
+  std::string message, heading, program, more;
+  std::getline(text, message);
+  std::getline(text, heading);
+  std::getline(text, program);
+  EXPECT_EQ(message, "gpipe: stage 1 failed in the forward of micro-batch 2 (action 1F2, input [2, 8]): injected fault");
+  // Fill-drain's device 1: 6 x (receive, F, send) forwards, then as many backwards.
+  EXPECT_EQ(heading, "device 1's program at its action 8 of 36 (>>):");
+  EXPECT_EQ(program, "device 1 | ... 1RECV_F1<0 1F1 1SEND_F1>2 1RECV_F2<0 >> 1F2 1SEND_F2>2 1RECV_F3<0 1F3 1SEND_F3>2 ...");
+  EXPECT_FALSE(std::getline(text, more)) << what;
+
+  // Near the start of the program nothing is cut before the failing action; the message alone is
+  // what the other processes hear.
+  s.fault->forwards_before_fault = 0;
+  try {
+    pipe.train_step(x, y, gpipe::mse_loss);
+    ADD_FAILURE() << "no error";
+  } catch (const gpipe::StageError& e) {
+    EXPECT_EQ(e.message(), "gpipe: stage 1 failed in the forward of micro-batch 0 (action 1F0, input [2, 8]): "
+                           "injected fault");
+    EXPECT_EQ(std::string(e.what()), e.message() + "\ndevice 1's program at its action 2 of 36 (>>):\n"
+                                                   "device 1 | 1RECV_F0<0 >> 1F0 1SEND_F0>2 1RECV_F1<0 1F1 1SEND_F1>2 ...");
+    EXPECT_EQ(e.action(), gpipe::Action::parse("1F0"));
   }
 }
 

@@ -60,7 +60,7 @@ TEST(ModelsTest, AWorkloadsShapeIsItsBuildsAndDrawsNothing) {
 TEST(ModelsTest, TheCostModelProfilesModelsWithSkips) {
   for (const auto& m : {gpipe::fashion_resnet(), gpipe::fashion_unet()}) {
     const torch::Tensor x = torch::randn({2, 1, 28, 28});
-    const gpipe::CostModel costs = gpipe::profile_layers(m, x, 1, 1, 0, 1);
+    const gpipe::CostModel costs = gpipe::profile_layers(m, x, gpipe::ProfileLayersOptions().warmup(0).repetitions(1));
     EXPECT_EQ(costs.layers.size(), m->size());
   }
 }

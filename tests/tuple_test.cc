@@ -105,8 +105,9 @@ TEST(TupleTest, BytesSentCountEveryTensorOfATuple) {
 
 TEST(TupleTest, TheCostModelCountsEveryTensorOfATuple) {
   const Batch b = batch(4);
-  const gpipe::CostModel costs = gpipe::profile_layers(tuple_model(5), Tensors::tuple_of(
-      {b.input.items[0], b.input.items[1]}), 1, 1, 0, 1);
+  const Tensors sample = Tensors::tuple_of({b.input.items[0], b.input.items[1]});
+  const gpipe::CostModel costs =
+      gpipe::profile_layers(tuple_model(5), sample, gpipe::ProfileLayersOptions().warmup(0).repetitions(1));
   ASSERT_EQ(costs.layers.size(), 6u);
   // Per row: the embedding's (hidden, mask); the towers' five tensors (three float, positions, mask).
   EXPECT_DOUBLE_EQ(costs.layers[0].output_bytes, kSeq * kWidth * 4 + kSeq);

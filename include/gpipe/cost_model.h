@@ -52,6 +52,7 @@
 #include "gpipe/stage.h"
 #include "gpipe/tensors.h"
 
+#include <torch/arg.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
@@ -130,28 +131,48 @@ struct CostModel {
   int layer_count() const { return static_cast<int>(layers.size()); }
 };
 
-/// Profiles every layer of `model` on the calling thread with `threads` intra-op
-/// threads (and OpenBLAS threads, as a stage runs): `sample` (a micro-batch) passes through the layers in order,
+/// How profile_layers measures, set with chainable setters; the defaults profile a model for plain
+/// SGD with one warm-up and 3 timed passes on one thread:
+///
+///   gpipe::profile_layers(model, micro_batch, gpipe::ProfileLayersOptions().threads(4).loss(mse_loss).target(y))
+struct ProfileLayersOptions {
+  /// Intra-op threads (and OpenBLAS threads, as a stage runs) the layers are profiled with.
+  TORCH_ARG(int, threads) = 1;
+  /// As in CostModel: 1 SGD, 2 SGD with momentum, 3 Adam; the update is timed with that optimizer.
+  TORCH_ARG(double, state_per_parameter_byte) = 1;
+  /// Untimed passes first, then timed ones (each figure the median of the timed).
+  TORCH_ARG(int, warmup) = 1;
+  TORCH_ARG(int, repetitions) = 3;
+  /// With the sample's `target`, the loss's bytes are profiled too (the last stage holds them).
+  TORCH_ARG(LossFn, loss) = nullptr;
+  TORCH_ARG(torch::Tensor, target) = {};
+  /// For a model whose input is a tuple: the positions of the sample's tensors taken whole
+  /// (PipelineOptions::whole_inputs); the first tensor not named gives the rows.
+  TORCH_ARG(std::vector<int>, whole) = {};
+  /// Micro-batches passed at once, every forward before the backwards, as a schedule holds them.
+  TORCH_ARG(int, in_flight) = 1;
+  /// Run before each repetition and before the update is timed (a front end checks for an
+  /// interrupt there; what it throws ends the profile). Empty: nothing.
+  TORCH_ARG(std::function<void()>, between) = nullptr;
+};
+
+/// Profiles every layer of `model` on the calling thread with `options.threads()` intra-op
+/// threads: `sample` (a micro-batch) passes through the layers in order,
 /// `warmup` untimed and `repetitions` timed passes, each time the median; bytes
 /// come from gpipe's tracking allocator on the last pass, with what each skip
 /// connection (skip.h) stashes. I and W are timed with
 /// gpipe's split backward. The model is left as it was found: its parameters' gradients,
 /// its buffers (BatchNorm's running statistics) and the default CPU generator's state.
-/// `state_per_parameter_byte` as in CostModel. With a `loss` and the sample's
-/// `target`, the loss's bytes are profiled too (the last stage holds them).
+/// With a `loss` and the sample's `target`, the loss's bytes are profiled too.
 /// A model whose input is a tuple takes `sample` as one (Tensors::tuple_of); its first tensor
-/// not named in `whole` (PipelineOptions::whole_inputs) gives the rows. Layers that pass tuples
+/// not named in `whole` gives the rows. Layers that pass tuples
 /// are profiled as they run in a stage (tensors.h). With `in_flight` above 1 the times are taken
 /// over that many passes of `sample` at once, every forward before the backwards, as a schedule holds
 /// its micro-batches: a layer then finds less of its data in cache than when one micro-batch's
 /// backward follows its forward (the main job's ResNet at M=8 on one device: predicted 22% under the
-/// measured step with 1, 5% with 8). `between` runs before each repetition and before the update is
-/// timed (a front end checks for an interrupt there; what it throws ends the profile).
-CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& sample, int threads = 1,
-                         double state_per_parameter_byte = 1, int warmup = 1, int repetitions = 3,
-                         const LossFn& loss = nullptr, const torch::Tensor& target = {},
-                         const std::vector<int>& whole = {}, int in_flight = 1,
-                         const std::function<void()>& between = {});
+/// measured step with 1, 5% with 8). Throws std::invalid_argument for options out of range.
+CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& sample,
+                         const ProfileLayersOptions& options = {});
 
 /// `costs` with every layer's compute (forward, backward, I and W) `factor` times as long: a device
 /// that much slower. The update and the bytes stay.

@@ -75,20 +75,26 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tenso
 /// An error raised inside a stage, naming the stage, the action and micro-batch.
 /// The message names the action and the shape of what it was given, e.g.
 /// "gpipe: stage 1 failed in the forward of micro-batch 0 (action 1F0, input
-/// [32, 3136]): mat1 and mat2 shapes cannot be multiplied (32x3136 and 3000x256)".
+/// [32, 3136]): mat1 and mat2 shapes cannot be multiplied (32x3136 and 3000x256)";
+/// what() adds, on the lines after it, the device's program around the action
+/// (the executor's, executor.h).
 class StageError : public std::runtime_error {
  public:
   /// `operand`: the shape of the action's input (a forward's input, a
   /// backward's output gradient), or empty. `backtrace`: where libtorch raised
-  /// the error (its C++ stack), kept apart from the message.
+  /// the error (its C++ stack), kept apart from the message. `program`: the
+  /// device's program around the action, or empty.
   StageError(const Action& action, const std::string& what, const std::string& operand = "",
-             std::string backtrace = "");
+             std::string backtrace = "", const std::string& program = "");
   const Action& action() const { return action_; }
+  /// The message without the program: what the other processes of a job are told.
+  const std::string& message() const { return message_; }
   /// libtorch's full report of the failure, stack frames included (empty if it gave none).
   const std::string& backtrace() const { return backtrace_; }
 
  private:
   Action action_;
+  std::string message_;
   std::string backtrace_;
 };
 

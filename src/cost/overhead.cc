@@ -73,8 +73,13 @@ std::vector<std::pair<double, double>> residuals(int threads) {
   for (Probe& p : probes) {
     std::nth_element(p.steps.begin(), p.steps.begin() + kTimedSteps / 2, p.steps.end());
     const std::vector<int64_t> rows = micro_batch_sizes(kRows, p.micro_batches);
-    CostModel costs = profile_layers(small_layers(LayerRange{}), input.narrow(0, 0, rows.front()), threads, 1,
-                                     /*warmup=*/5, /*repetitions=*/9, mse_loss, target.narrow(0, 0, rows.front()));
+    CostModel costs = profile_layers(small_layers(LayerRange{}), input.narrow(0, 0, rows.front()),
+                                     ProfileLayersOptions()
+                                         .threads(threads)
+                                         .warmup(5)
+                                         .repetitions(9)
+                                         .loss(mse_loss)
+                                         .target(target.narrow(0, 0, rows.front())));
     costs.update_s_per_parameter_byte = 0;  // the steps above do not update
     CostModel unit = with_compute_scaled(costs, 0.0);
     unit.action_overhead_s = 1.0;  // its step is the count of actions one after the other

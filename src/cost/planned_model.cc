@@ -92,8 +92,16 @@ CostModel profile_model(const torch::nn::Sequential& model, const Tensors& sampl
     const ModelStateGuard guard(model);
     torch::nn::Sequential layers = model;  // a handle to the same modules, to set their mode
     layers->train();
-    costs = profile_layers(model, sample, options.threads(), state, options.warmup(), options.repetitions(),
-                           options.loss(), options.target(), {}, options.in_flight(), options.between());
+    costs = profile_layers(model, sample,
+                           ProfileLayersOptions()
+                               .threads(options.threads())
+                               .state_per_parameter_byte(state)
+                               .warmup(options.warmup())
+                               .repetitions(options.repetitions())
+                               .loss(options.loss())
+                               .target(options.target())
+                               .in_flight(options.in_flight())
+                               .between(options.between()));
   }
   if (options.count_pipeline_overhead()) costs = with_pipeline_overhead(std::move(costs), options.threads());
   return with_compute_scaled(std::move(costs), 1.0 / options.speed());

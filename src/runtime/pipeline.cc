@@ -52,6 +52,13 @@ double local_checksum(const std::vector<torch::Tensor>& params) {
   return sum;
 }
 
+// What the other processes (and this one's other devices) are told of a failure here: a StageError's
+// message without the program around the failing action, which this process reports itself.
+std::string told_of(const std::exception& e) {
+  const auto* stage_error = dynamic_cast<const StageError*>(&e);
+  return stage_error != nullptr ? stage_error->message() : std::string(e.what());
+}
+
 }  // namespace
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
@@ -124,7 +131,7 @@ Pipeline::Pipeline(std::unique_ptr<Backend> group, torch::nn::Sequential layers,
       auto memory = track ? std::make_shared<MemoryCounter>("device " + std::to_string(d) + " (" + device.str() + ")",
                                                             device.memory_cap_bytes)
                           : nullptr;
-      executors_.push_back(std::make_unique<Executor>(std::move(placed[d]), device, memory));
+      executors_.push_back(std::make_unique<Executor>(d, std::move(placed[d]), device, memory));
     }
   } catch (...) {  // a bad layer, or no memory on the device: every process stops
     failure = std::current_exception();
@@ -227,7 +234,7 @@ auto Pipeline::collective(Work&& work) {
     group_->fail("");
     throw;
   } catch (const std::exception& e) {
-    group_->fail(e.what());
+    group_->fail(told_of(e));
     throw;
   } catch (...) {
     group_->fail("an unknown exception");
@@ -372,7 +379,7 @@ void Pipeline::run(const Schedule& program, StepData& step) {
         std::lock_guard<std::mutex> lock(mutex);
         if (!first_error) first_error = std::current_exception();
       }
-      transport.cancel(group_->who() + e.what());  // wakes every stage blocked in recv, here and elsewhere
+      transport.cancel(group_->who() + told_of(e));  // wakes every stage blocked in recv, here and elsewhere
     } catch (...) {
       {
         std::lock_guard<std::mutex> lock(mutex);

@@ -109,12 +109,21 @@ uint64_t mix(uint64_t x) {  // splitmix64's finalizer
 
 }  // namespace
 
+namespace {
+
+std::string stage_error_message(const Action& action, const std::string& what, const std::string& operand) {
+  return "gpipe: stage " + std::to_string(action.stage) + " failed in the " + describe(action.kind) +
+         " of micro-batch " + std::to_string(action.micro_batch) + " (action " + action.str() +
+         (operand.empty() ? "" : ", " + operand) + "): " + what;
+}
+
+}  // namespace
+
 StageError::StageError(const Action& action, const std::string& what, const std::string& operand,
-                       std::string backtrace)
-    : std::runtime_error("gpipe: stage " + std::to_string(action.stage) + " failed in the " + describe(action.kind) +
-                         " of micro-batch " + std::to_string(action.micro_batch) + " (action " + action.str() +
-                         (operand.empty() ? "" : ", " + operand) + "): " + what),
+                       std::string backtrace, const std::string& program)
+    : std::runtime_error(stage_error_message(action, what, operand) + (program.empty() ? "" : "\n" + program)),
       action_(action),
+      message_(stage_error_message(action, what, operand)),
       backtrace_(std::move(backtrace)) {}
 
 namespace {

@@ -78,9 +78,14 @@ CostModel profile_task(const Task& task, int M, const BenchSweep& o) {
   const Dataset batch = task.batch(task_options(o));
   const int64_t rows = micro_batch_sizes(batch.size(), M).front();
   return with_pipeline_overhead(
-      profile_layers(task.model(task_options(o)).build(LayerRange{}), batch.input.narrow(0, 0, rows), o.threads,
-                     state_per_parameter_byte(kBenchOptimizer), /*warmup=*/3, /*repetitions=*/5, task.loss,
-                     batch.target.narrow(0, 0, rows)),
+      profile_layers(task.model(task_options(o)).build(LayerRange{}), batch.input.narrow(0, 0, rows),
+                     ProfileLayersOptions()
+                         .threads(o.threads)
+                         .state_per_parameter_byte(state_per_parameter_byte(kBenchOptimizer))
+                         .warmup(3)
+                         .repetitions(5)
+                         .loss(task.loss)
+                         .target(batch.target.narrow(0, 0, rows))),
       o.threads);
 }
 

@@ -34,8 +34,10 @@ CostBalance balance_by(const Model& model, const Tensors& sample, const BalanceB
   }
   const int64_t rows = batch_rows(sample, whole);
   const CostModel profile =
-      method == "params" ? CostModel{}
-                         : profile_layers(layers, sample, o.threads(), o.optimizer_copies(), 1, 3, nullptr, {}, whole);
+      method == "params"
+          ? CostModel{}
+          : profile_layers(layers, sample,
+                           ProfileLayersOptions().threads(o.threads()).state_per_parameter_byte(o.optimizer_copies()).whole(whole));
   const std::vector<double> costs = layer_costs_by(method, layers, profile, rows);
   const PipelineOptions options = PipelineOptions()
                                       .devices(o.devices())
