@@ -37,7 +37,10 @@ CostBalance balance_by(const Model& model, const Tensors& sample, const BalanceB
       method == "params"
           ? CostModel{}
           : profile_layers(layers, sample,
-                           ProfileLayersOptions().threads(o.threads()).state_per_parameter_byte(o.optimizer_copies()).whole(whole));
+                           ProfileLayersOptions()
+                               .threads(o.threads())
+                               .state_per_parameter_byte(o.optimizer_copies())
+                               .whole(whole));
   const std::vector<double> costs = layer_costs_by(method, layers, profile, rows);
   const PipelineOptions options = PipelineOptions()
                                       .devices(o.devices())
