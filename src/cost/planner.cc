@@ -330,6 +330,146 @@ std::vector<Shape> shapes_of(const PlanSearch& search, int L) {
   return out;
 }
 
+// The stage x micro-batch pairs the search simulates for `shape`: K·V·M per checkpoint mode.
+int64_t searched_pairs(const Shape& shape, const PlanSearch& search) {
+  return int64_t{shape.K} * shape.V * shape.M * static_cast<int64_t>(search.checkpoints.size());
+}
+
+// How the search ranks two candidates: those that fit first, the fastest first; then those that do
+// not, the smallest first.
+bool ranks_before(const PlanCandidate& a, const PlanCandidate& b) {
+  if (a.fits != b.fits) return a.fits;
+  return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;
+}
+
+// One search_plans: the candidates of each shape it is given, then their cuts refined and ranked.
+class SearchRun {
+ public:
+  SearchRun(const CostModel& costs, const PlanSearch& search)
+      : costs_(costs),
+        search_(search),
+        cut_(search_cut(costs, search)),
+        // The search's own min-max cut is then improved by the simulation (refine_cut); a cut given, or
+        // of blocks, is taken as it is.
+        refined_(!search.given_cut && search.blocks == 0),
+        skips_(skip_connections_of(costs)),
+        // A boundary after a layer whose output is a tuple of more tensors than one message carries is
+        // never proposed: the min-max cut goes around it, and a cut by blocks that ends a stage there is
+        // left out.
+        uncuttable_(uncuttable_after(costs)),
+        any_uncuttable_(std::find(uncuttable_.begin(), uncuttable_.end(), true) != uncuttable_.end()) {}
+
+  // A candidate of `shape` for each checkpoint mode its schedule takes, planned and predicted.
+  void plan_shape(const Shape& shape) {
+    const int K = shape.K, M = shape.M, V = shape.V;
+    CutRequest shape_cut = cut_;
+    if (any_uncuttable_ && cut_.kind == CutKind::kByCost) {
+      const std::vector<int> around = cut_around(cut_.layer_costs, uncuttable_, K * V);
+      if (around.empty()) {
+        left_out_for_tensors_ += static_cast<int64_t>(search_.checkpoints.size());
+        return;
+      }
+      shape_cut = CutRequest::given(around);
+    }
+    for (Checkpoint checkpoint : search_.checkpoints) {
+      PipelinePlan plan;
+      try {
+        plan = make_plan(costs_.layer_count(), PipelineOptions().devices(K).virtual_stages(V).cut(shape_cut)
+                                                   .micro_batches(M).schedule(shape.kind).checkpoint(checkpoint), skips_);
+      } catch (const std::invalid_argument&) {
+        break;  // a shape this schedule does not take (interleaved with M not a multiple of K, say)
+      }
+      plan = with_profiled_stage_times(std::move(plan), costs_, micro_batch_sizes(shape.rows, M).front());
+      if (!cuttable(plan.balance, uncuttable_)) {
+        ++left_out_for_tensors_;
+        continue;
+      }
+      PlanCandidate c;
+      c.config = plan.config();
+      c.replicas = shape.D;
+      c.predicted = predict(costs_, plan, micro_batch_sizes(shape.rows, M));
+      complete(c);
+      found_.push_back(std::move(c));
+      if (refined_) plans_.push_back(std::move(plan));
+    }
+  }
+
+  // Throws std::invalid_argument, naming what each configuration lacked, where no shape gave a candidate.
+  void check_found() const {
+    // Where every schedule asked for runs several stages per device, a model of fewer blocks fits none.
+    int least_V = std::numeric_limits<int>::max();
+    for (ScheduleKind kind : search_.schedules) least_V = std::min(least_V, default_virtual_stages(kind));
+    const int stage_units = stage_units_of(search_, costs_.layer_count());
+    GPIPE_CHECK(!found_.empty(), "no configuration of ", search_.devices, " devices takes a batch of ", search_.batch,
+                " rows", search_.stages.empty() ? "" : " with the K given",
+                search_.micro_batches.empty() ? "" : " and the M given",
+                least_V > stage_units ? "; the schedules asked for run " + std::to_string(least_V) +
+                                       " stages per device, each of at least one block, and this model has " +
+                                       std::to_string(stage_units) + ": give it more layers, or add `schedule` gpipe or 1f1b"
+                                 : std::string(),
+                "; every stage needs a layer (a block), every replica a row and every micro-batch ",
+                search_.least_micro_batch_rows > 1 ? std::to_string(search_.least_micro_batch_rows) +
+                                                         " rows (this model's BatchNorm)"
+                                                   : std::string("a row"),
+                ", interleaved M a multiple of K, and a schedule at most 2^21 stage x micro-batch pairs",
+                left_out_for_tensors_ > 0 ? "; and no stage may end after a layer whose output passes more than " +
+                                                std::to_string(kMostBoundaryTensors) + " tensors (" +
+                                                std::to_string(left_out_for_tensors_) + " configurations were left out "
+                                                "for that: one MPI message carries at most that many)"
+                                          : std::string());
+  }
+
+  // The candidates, their cuts refined where the search made them, ranked (ranks_before).
+  std::vector<PlanCandidate> ranked() {
+    if (refined_) {
+      // The cuts refined in the order the search ranks them, the fastest first, while the budget lasts.
+      std::vector<size_t> order(found_.size());
+      std::iota(order.begin(), order.end(), size_t{0});
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranks_before(found_[a], found_[b]); });
+      int64_t budget = kMostRefinedPairs;
+      for (size_t n : order) {
+        PlanCandidate& c = found_[n];
+        const auto step = [&](const Prediction& p) { return step_of(p, c.replicas); };
+        const int64_t rows = micro_batch_sizes(search_.batch, c.replicas).front();  // a replica's (Shape::rows)
+        refine_cut(costs_, skips_, uncuttable_, micro_batch_sizes(rows, c.config.micro_batches),
+                   search_.memory_per_device, step, budget, plans_[n], c.predicted);
+        c.config = plans_[n].config();
+        complete(c);
+      }
+    }
+    std::stable_sort(found_.begin(), found_.end(), ranks_before);
+    return std::move(found_);
+  }
+
+ private:
+  // A candidate's step: its prediction's, and its replicas summing their gradients (a ring all-reduce
+  // of the largest stage's gradients).
+  double step_of(const Prediction& p, int D) const {
+    int64_t largest_static = 0;
+    for (int64_t s : p.static_bytes) largest_static = std::max(largest_static, s);
+    const double gradient_bytes = static_cast<double>(largest_static) / (1 + costs_.state_per_parameter_byte);
+    return p.step_s + ring_all_reduce_s(costs_, gradient_bytes, D);
+  }
+  // A candidate's step, speed, memory and fit from its prediction.
+  void complete(PlanCandidate& c) const {
+    c.step_s = step_of(c.predicted, c.replicas);
+    c.samples_per_s = static_cast<double>(search_.batch) / c.step_s;
+    c.largest_total_bytes = c.predicted.largest_total_bytes();
+    c.fits = c.largest_total_bytes <= search_.memory_per_device;
+  }
+
+  const CostModel& costs_;
+  const PlanSearch& search_;
+  const CutRequest cut_;
+  const bool refined_;
+  const std::vector<SkipConnection> skips_;
+  const std::vector<bool> uncuttable_;
+  const bool any_uncuttable_;
+  std::vector<PlanCandidate> found_;
+  std::vector<PipelinePlan> plans_;  // found_[n]'s, to refine
+  int64_t left_out_for_tensors_ = 0;
+};
+
 }  // namespace
 
 std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch& search) {
@@ -339,120 +479,19 @@ std::vector<PlanCandidate> search_plans(const CostModel& costs, const PlanSearch
               " + ", search.blocks, " + ", search.tail, " layers are not the model's ", L);
   const std::vector<Shape> shapes = shapes_of(search, L);
   int64_t total = 0, done = 0;
-  for (const Shape& s : shapes) total += int64_t{s.K} * s.V * s.M * static_cast<int64_t>(search.checkpoints.size());
+  for (const Shape& s : shapes) total += searched_pairs(s, search);
   GPIPE_CHECK(total <= kMostSearchedPairs, "the search would simulate ", total, " stage x micro-batch pairs (K x V x M "
               "over every configuration and checkpoint mode), more than the ", kMostSearchedPairs, " that keep an "
               "answer within about a minute; narrow it with `stages` (the K to consider), `micro_batches`, `schedule` "
               "or `checkpoint`");
-  const CutRequest cut = search_cut(costs, search);
-  // The search's own min-max cut is then improved by the simulation (refine_cut); a cut given, or of
-  // blocks, is taken as it is.
-  const bool refined = !search.given_cut && search.blocks == 0;
-  std::vector<PipelinePlan> plans;  // found[n]'s, to refine
-  // A candidate's step, speed, memory and fit from its prediction. Replicas sum their gradients: a
-  // ring all-reduce of the largest stage's gradients.
-  auto step_of = [&](const Prediction& p, int D) {
-    int64_t largest_static = 0;
-    for (int64_t s : p.static_bytes) largest_static = std::max(largest_static, s);
-    const double gradient_bytes = static_cast<double>(largest_static) / (1 + costs.state_per_parameter_byte);
-    return p.step_s + ring_all_reduce_s(costs, gradient_bytes, D);
-  };
-  auto complete = [&](PlanCandidate& c) {
-    c.step_s = step_of(c.predicted, c.replicas);
-    c.samples_per_s = static_cast<double>(search.batch) / c.step_s;
-    c.largest_total_bytes = c.predicted.largest_total_bytes();
-    c.fits = c.largest_total_bytes <= search.memory_per_device;
-  };
-  const std::vector<SkipConnection> skips = skip_connections_of(costs);
-  // A boundary after a layer whose output is a tuple of more tensors than one message carries is
-  // never proposed: the min-max cut goes around it, and a cut by blocks that ends a stage there is
-  // left out.
-  const std::vector<bool> uncuttable = uncuttable_after(costs);
-  const bool any_uncuttable = std::find(uncuttable.begin(), uncuttable.end(), true) != uncuttable.end();
-  int64_t left_out_for_tensors = 0;
-  std::vector<PlanCandidate> found;
+  SearchRun run(costs, search);
   for (const Shape& shape : shapes) {
-    const int K = shape.K, D = shape.D, M = shape.M, V = shape.V;
-    const int64_t rows = shape.rows;
-    const ScheduleKind kind = shape.kind;
-    CutRequest shape_cut = cut;
-    if (any_uncuttable && cut.kind == CutKind::kByCost) {
-      const std::vector<int> around = cut_around(cut.layer_costs, uncuttable, K * V);
-      if (around.empty()) {
-        left_out_for_tensors += static_cast<int64_t>(search.checkpoints.size());
-        done += int64_t{K} * V * M * static_cast<int64_t>(search.checkpoints.size());
-        if (search.progress) search.progress(done, total);
-        continue;
-      }
-      shape_cut = CutRequest::given(around);
-    }
-    for (Checkpoint checkpoint : search.checkpoints) {
-      PipelinePlan plan;
-      try {
-        plan = make_plan(L, PipelineOptions().devices(K).virtual_stages(V).cut(shape_cut).micro_batches(M)
-                                .schedule(kind).checkpoint(checkpoint), skips);
-      } catch (const std::invalid_argument&) {
-        break;  // a shape this schedule does not take (interleaved with M not a multiple of K, say)
-      }
-      plan = with_profiled_stage_times(std::move(plan), costs, micro_batch_sizes(rows, M).front());
-      if (!cuttable(plan.balance, uncuttable)) {
-        ++left_out_for_tensors;
-        continue;
-      }
-      PlanCandidate c;
-      c.config = plan.config();
-      c.replicas = D;
-      c.predicted = predict(costs, plan, micro_batch_sizes(rows, M));
-      complete(c);
-      found.push_back(std::move(c));
-      if (refined) plans.push_back(std::move(plan));
-    }
-    done += int64_t{K} * V * M * static_cast<int64_t>(search.checkpoints.size());
+    run.plan_shape(shape);
+    done += searched_pairs(shape, search);
     if (search.progress) search.progress(done, total);
   }
-  // Where every schedule asked for runs several stages per device, a model of fewer blocks fits none.
-  int least_V = std::numeric_limits<int>::max();
-  for (ScheduleKind kind : search.schedules) least_V = std::min(least_V, default_virtual_stages(kind));
-  const int stage_units = stage_units_of(search, L);
-  GPIPE_CHECK(!found.empty(), "no configuration of ", search.devices, " devices takes a batch of ", search.batch,
-              " rows", search.stages.empty() ? "" : " with the K given",
-              search.micro_batches.empty() ? "" : " and the M given",
-              least_V > stage_units ? "; the schedules asked for run " + std::to_string(least_V) +
-                                     " stages per device, each of at least one block, and this model has " +
-                                     std::to_string(stage_units) + ": give it more layers, or add `schedule` gpipe or 1f1b"
-                               : std::string(),
-              "; every stage needs a layer (a block), every replica a row and every micro-batch ",
-              search.least_micro_batch_rows > 1 ? std::to_string(search.least_micro_batch_rows) +
-                                                      " rows (this model's BatchNorm)"
-                                                : std::string("a row"),
-              ", interleaved M a multiple of K, and a schedule at most 2^21 stage x micro-batch pairs",
-              left_out_for_tensors > 0 ? "; and no stage may end after a layer whose output passes more than " +
-                                             std::to_string(kMostBoundaryTensors) + " tensors (" +
-                                             std::to_string(left_out_for_tensors) + " configurations were left out "
-                                             "for that: one MPI message carries at most that many)"
-                                       : std::string());
-  auto before = [](const PlanCandidate& a, const PlanCandidate& b) {
-    if (a.fits != b.fits) return a.fits;
-    return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;
-  };
-  if (refined) {
-    // The cuts refined in the order the search ranks them, the fastest first, while the budget lasts.
-    std::vector<size_t> order(found.size());
-    std::iota(order.begin(), order.end(), size_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return before(found[a], found[b]); });
-    int64_t budget = kMostRefinedPairs;
-    for (size_t n : order) {
-      PlanCandidate& c = found[n];
-      const auto step = [&](const Prediction& p) { return step_of(p, c.replicas); };
-      const int64_t rows = micro_batch_sizes(search.batch, c.replicas).front();  // a replica's (Shape::rows)
-      refine_cut(costs, skips, uncuttable, micro_batch_sizes(rows, c.config.micro_batches), search.memory_per_device,
-                 step, budget, plans[n], c.predicted);
-      c.config = plans[n].config();
-      complete(c);
-    }
-  }
-  std::stable_sort(found.begin(), found.end(), before);
-  return found;
+  run.check_found();
+  return run.ranked();
 }
 
 }  // namespace gpipe
