@@ -267,6 +267,32 @@ TEST(TasksTest, TrainingRunsTheScheduleAutoChose) {
   resolve_training(own, cnn);
   EXPECT_EQ(own.schedule, "interleaved");
   EXPECT_FALSE(prepare_training(own, cnn).choice.has_value());
+  // Auto by default with nothing to train (`epochs` 0 on a file that does not say how it was trained)
+  // runs the task's own at the settings' M (4 by default, M not given): the CNN's interleaved on 2
+  // devices, as a named "task" does.
+  const std::string path = (std::filesystem::temp_directory_path() / "gpipe_tasks_test_evaluate.pt").string();
+  {
+    const torch::nn::Sequential whole = cnn.model(TaskOptions()).build(LayerRange{});
+    torch::optim::SGD sgd(whole->parameters(), 0.1);
+    const torch::Tensor generator = at::detail::getDefaultCPUGenerator().get_state();
+    save_snapshot(path, {encode_snapshot_part(whole, sgd)}, whole, std::nullopt, optimizer_name(OptimizerKind::kSgd),
+                  TrainState{0, generator, generator, std::nullopt});
+  }
+  TrainSettings none;
+  none.train_samples = 256;
+  none.test_samples = 10;
+  none.optimizer = "sgd";
+  none.resume = path;
+  none.epochs = 0;
+  none.epochs_given = true;
+  none.micro_batches_given = false;
+  resolve_training(none, cnn);
+  const TrainingRun evaluated = prepare_training(none, cnn);
+  EXPECT_FALSE(evaluated.choice.has_value());
+  EXPECT_EQ(none.schedule, "interleaved");
+  EXPECT_EQ(evaluated.plan.schedule, ScheduleKind::kInterleaved);
+  EXPECT_EQ(evaluated.plan.micro_batches, 4);
+  std::remove(path.c_str());
 }
 
 // A task scores itself (Task::scoring): its score with its unit and its references, after an epoch and

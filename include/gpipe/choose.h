@@ -1,7 +1,8 @@
 // choose.h: the one place a pipeline is chosen from what a run asks (a request) and the model's
 // profile: "auto"'s search over the configurations a request leaves open, the fastest predicted
 // (choose_schedule), and the agreement of the ranks of a job on what rank 0 chose (chosen_on_first_rank),
-// for the command line and Python alike. What it chooses is a PipelineConfig (pipeline_config.h), with
+// which Python's GPipe takes under MPI and torchrun (gpipe train there still runs the task's own
+// schedule: nothing is profiled). What it chooses is a PipelineConfig (pipeline_config.h), with
 // its prediction and where it came from.
 //
 //   gpipe::PipelineRequest request;               // K = 2, M and re-materialization left open

@@ -28,7 +28,7 @@ struct PipelineConfig {
   int devices = 1;         ///< K
   int virtual_stages = 1;  ///< V, stages per device
   int micro_batches = 1;   ///< M
-  std::vector<int> balance;  ///< layers per stage, K·V entries; empty: the even cut
+  std::vector<int> balance;  ///< layers per stage, K·V entries
   Checkpoint checkpoint = Checkpoint::kExceptLast;  ///< re-materialization
   /// Each stage's F, I and W times its V schedule is ordered by (PipelineOptions::stage_times);
   /// empty: the order of equal times.

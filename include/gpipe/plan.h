@@ -95,7 +95,7 @@ struct PipelineOptions {
   }
   /// The given balance, or empty when the cut is another request.
   const std::vector<int>& balance() const { return cut_.balance; }
-  /// `config`'s schedule, K, V, M, cut (its balance; empty: even), checkpoint and stage times.
+  /// `config`'s schedule, K, V, M, cut (its balance, given), checkpoint and stage times.
   PipelineOptions& config(const PipelineConfig& config);
   /// The order in which the devices run forwards and backwards (schedule.h).
   TORCH_ARG(ScheduleKind, schedule) = ScheduleKind::kGPipe;

@@ -117,6 +117,10 @@ PipelinePlan refined_plan(const CostModel& costs, const PipelineOptions& options
                           const std::vector<int64_t>& micro_batch_rows,
                           int64_t memory_per_device = std::numeric_limits<int64_t>::max());
 
+/// How a search ranks two configurations: those that fit first, the fastest first; then those that do
+/// not, the least memory first.
+bool ranks_before(const PlanCandidate& a, const PlanCandidate& b);
+
 /// Every configuration of `search` the model of `costs` (its layers, and the cluster's link:
 /// link_latency_s, link_bytes_per_s) can be cut into, predicted: those that fit first, fastest
 /// first; then those that do not, least memory first. Throws std::invalid_argument when

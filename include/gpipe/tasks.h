@@ -87,6 +87,10 @@ struct Scoring {
       figures;
 };
 
+/// The accuracy's scoring (scoring.cc): the share of test samples whose largest score is their class.
+/// What a Task scores by unless it says otherwise.
+Scoring accuracy_scoring();
+
 /// The settings a task's default run uses (each ends within 15 minutes on 2 cores: README).
 struct TaskDefaults {
   int epochs = 8;
@@ -106,7 +110,7 @@ struct Task {
   std::string summary;  ///< one line for a help text
   bool workload = false;  ///< a benchmark workload of docs/benchmarks.md (random data, one batch)
   int layers = 0;
-  Scoring scoring;  ///< its metric and references (set by every task)
+  Scoring scoring = accuracy_scoring();  ///< its metric and references (each built-in task sets its own)
   LossFn loss;
   std::string loss_name;  ///< "cross_entropy" or "mse"
   /// The data folder read when TaskOptions::data_dir is empty ("" for a task that makes its data).

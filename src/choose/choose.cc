@@ -116,10 +116,7 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
     }
   }
   if (found.empty()) throw std::invalid_argument(first_error);
-  std::stable_sort(found.begin(), found.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
-    if (a.fits != b.fits) return a.fits;
-    return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;
-  });
+  std::stable_sort(found.begin(), found.end(), ranks_before);
   return found;
 }
 
@@ -243,28 +240,34 @@ ScheduleChoice chosen_on_first_rank(const std::function<ScheduleChoice()>& choos
   answer = all_gather_processes(answer).front();  // none waits for rank 0
   if (failure) std::rethrow_exception(failure);
   if (first) return mine;
-  if (answer.rfind('-', 0) == 0) throw std::runtime_error("gpipe: " + what + ": rank 0 could not profile the model to choose the schedule: " + answer.substr(1));
-  const Fields fields = fields_of_text(answer.substr(1), what + ": rank 0's choice");
+  if (answer.rfind('-', 0) == 0)
+    throw std::runtime_error("gpipe: " + what + ": rank 0 could not profile the model to choose the schedule: " +
+                             answer.substr(1));
+  const std::string theirs = "gpipe: " + what + ": rank 0's choice";
+  const Fields fields = fields_of_text(answer.substr(1), theirs);
   ScheduleChoice c;
-  c.config = config_of(fields, what + ": rank 0's choice");
-  const auto number = [&](const std::string& name) -> const FieldValue& {
+  c.config = config_of(fields, theirs);
+  // A field of rank 0's choice of type T, or an error that names a build of gpipe unlike this one.
+  const auto field = [&](const std::string& name, auto type) {
     const FieldValue* value = find_field(fields, name);
-    if (value == nullptr) throw std::runtime_error(what + ": rank 0's choice came without its " + name +
-                                                   ": do the ranks run the same gpipe? install one build of it for every rank");
-    return *value;
+    using T = decltype(type);
+    if (value == nullptr || !std::holds_alternative<T>(*value))
+      throw std::runtime_error(theirs + " came without its " + name +
+                               ": do the ranks run the same gpipe? install one build of it for every rank");
+    return std::get<T>(*value);
   };
-  c.predicted.step_s = std::get<double>(number("step_s"));
-  c.predicted.bubble = std::get<double>(number("bubble"));
-  c.fits = std::get<int64_t>(number("fits")) != 0;
-  c.considered = static_cast<int>(std::get<int64_t>(number("considered")));
-  c.chose_micro_batches = std::get<int64_t>(number("chose_micro_batches")) != 0;
+  c.predicted.step_s = field("step_s", double{});
+  c.predicted.bubble = field("bubble", double{});
+  c.fits = field("fits", int64_t{}) != 0;
+  c.considered = static_cast<int>(field("considered", int64_t{}));
+  c.chose_micro_batches = field("chose_micro_batches", int64_t{}) != 0;
   return c;
 }
 
 PipelineConfig first_rank_config(const PipelineConfig& config) {
   if (running_backend() == Runtime::kThreads) return config;
   const std::string first = all_gather_processes(text_of(fields_of(config))).front();
-  return config_of(fields_of_text(first, "rank 0's pipeline"), "rank 0's pipeline");
+  return config_of(fields_of_text(first, "gpipe: rank 0's pipeline"), "gpipe: rank 0's pipeline");
 }
 
 }  // namespace gpipe

@@ -335,12 +335,14 @@ int64_t searched_pairs(const Shape& shape, const PlanSearch& search) {
   return int64_t{shape.K} * shape.V * shape.M * static_cast<int64_t>(search.checkpoints.size());
 }
 
-// How the search ranks two candidates: those that fit first, the fastest first; then those that do
-// not, the smallest first.
+}  // namespace
+
 bool ranks_before(const PlanCandidate& a, const PlanCandidate& b) {
   if (a.fits != b.fits) return a.fits;
   return a.fits ? a.samples_per_s > b.samples_per_s : a.largest_total_bytes < b.largest_total_bytes;
 }
+
+namespace {
 
 // One search_plans: the candidates of each shape it is given, then their cuts refined and ranked.
 class SearchRun {

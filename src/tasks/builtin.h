@@ -26,11 +26,9 @@ std::function<Dataset(const TaskOptions&)> workload_batch(const std::string& nam
 Model seeded_model(const std::string& title, int layers, uint64_t seed,
                    std::function<torch::nn::Sequential(LayerRange)> build);
 
-/// The scorings the built-in tasks share (scoring.cc), each a Task::scoring: the share of samples
-/// whose largest score is their class; the PSNR of denoised images, beside the noisy input's
-/// (TaskData::noisy_psnr_db); bits per byte of text, beside a bigram model's and gzip -9's; the
-/// loss itself.
-Scoring accuracy_scoring();
+/// The scorings the built-in tasks share (scoring.cc), each a Task::scoring, beside the accuracy's
+/// (tasks.h): the PSNR of denoised images, beside the noisy input's (TaskData::noisy_psnr_db); bits
+/// per byte of text, beside a bigram model's and gzip -9's; the loss itself.
 Scoring psnr_scoring();
 Scoring bits_per_byte_scoring();
 Scoring loss_scoring();

@@ -101,7 +101,7 @@ Task with_data_file(Task t, const std::string& data_file, const std::string& los
   GPIPE_CHECK(loss == "cross_entropy" || loss == "mse", "unknown `loss` \"", loss, "\"; use cross_entropy (integer "
               "class targets) or mse (real-valued targets)");
   const bool classes = loss == "cross_entropy";
-  t.scoring = classes ? tasks::accuracy_scoring() : tasks::loss_scoring();
+  t.scoring = classes ? accuracy_scoring() : tasks::loss_scoring();
   t.context = 0;  // a data file of one's own is no text to sample
   t.denoises = false;
   t.loss = classes ? LossFn(cross_entropy_loss) : LossFn(mse_loss);

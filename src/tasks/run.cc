@@ -186,6 +186,7 @@ PipelineRequest run_request(const TrainSettings& s) {
 void resolve_own(TrainSettings& s, const Task& task) {
   PipelineRequest r = run_request(s);
   r.devices = s.devices;
+  r.micro_batches = s.micro_batches;  // nothing predicts it here: the settings' own (4 by default)
   r = resolve_run(task, r);  // "auto" is "task" there
   s.schedule = r.schedule;
   s.virtual_stages = r.virtual_stages.value_or(0);

@@ -7,7 +7,7 @@
 #include <iomanip>
 #include <sstream>
 
-namespace gpipe::tasks {
+namespace gpipe {
 
 namespace {
 
@@ -35,6 +35,8 @@ Scoring accuracy_scoring() {
   s.figures = [](const Evaluation& e, const TaskData& d, bool) { return Figures{{d.test_name + "_accuracy", e.accuracy}}; };
   return s;
 }
+
+namespace tasks {
 
 Scoring psnr_scoring() {
   Scoring s;
@@ -78,4 +80,5 @@ Scoring loss_scoring() {
   return s;
 }
 
-}  // namespace gpipe::tasks
+}  // namespace tasks
+}  // namespace gpipe

@@ -277,6 +277,8 @@ SavedPipeline decode_pipeline(const c10::IValue& value) {
       fields.emplace_back(name, *real);
     }
   }
+  if (value.toGenericDict().contains("stage_times") && find_field(fields, "stage_times") == nullptr)
+    throw std::runtime_error("its pipeline's stage_times is not a list of floats");
   SavedPipeline p;
   p.config = config_of(fields, "its pipeline");
   const FieldValue* batch = find_field(fields, "batch");
