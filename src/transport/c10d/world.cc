@@ -299,12 +299,20 @@ Refusal refusal_to_replace(const World& old) {
 // one that will not come. A rank that stops waiting (GPIPE_TIMEOUT, or `between` throwing) says it
 // gave up, so that one that comes later does not take the group alone (start_mutex held, not
 // world_mutex).
-void vote_on_new_group(const World& w, const c10::intrusive_ptr<::c10d::Store>& said, const Refusal& refused,
+// The wait's slices go through `waits()`, a connection made for them and dropped with the vote, not
+// through `said`: a TCPStore wait that times out leaves on its connection the server's answer, sent
+// once the key is set, and its 100 ms timeout. On `said`, the check or get after it read that stale
+// answer as their own (the get then waited GPIPE_TIMEOUT for bytes that never came, while the other
+// rank, past the vote, waited for this one to connect) or timed out under load. On `waits()` a stale
+// answer only ends a later slice early, and `said` checks after every slice.
+void vote_on_new_group(const World& w, const c10::intrusive_ptr<::c10d::Store>& said,
+                       const std::function<c10::intrusive_ptr<::c10d::Store>()>& waits, const Refusal& refused,
                        const std::function<void()>& between) {
   const std::string mine = std::to_string(w.rank);
   said->set(mine, bytes_of(refused.own.empty() ? "+" : "-" + refused.theirs));
   GPIPE_CHECK(refused.own.empty(), refused.own);
   const auto deadline = std::chrono::steady_clock::now() + w.timeout;
+  c10::intrusive_ptr<::c10d::Store> waiting;  // the slices' connection, made at the first slice
   for (int r = 0; r < w.size; ++r) {
     if (r == w.rank) continue;
     const std::string key = std::to_string(r);
@@ -329,8 +337,9 @@ void vote_on_new_group(const World& w, const c10::intrusive_ptr<::c10d::Store>& 
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
                                                                                 std::chrono::steady_clock::now());
         if (left.count() <= 0) break;
+        if (!waiting) waiting = waits();
         try {
-          said->wait({key}, std::min(left, std::chrono::milliseconds(100)));
+          waiting->wait({key}, std::min(left, std::chrono::milliseconds(100)));
         } catch (const std::exception&) {
           if (between) between();  // the slice ran out (or the store broke: check says so)
         }
@@ -406,7 +415,12 @@ void start_over(c10::intrusive_ptr<::c10d::Store> store, int rank, int size, con
       if (refused.own.empty()) retire_the_world();
     }
   }
-  vote_on_new_group(*w, c10::make_intrusive<::c10d::PrefixStore>(w->prefix + "/taken", own), refused, between);
+  const std::string taken = w->prefix + "/taken";
+  const auto waits = [&]() -> c10::intrusive_ptr<::c10d::Store> {  // the vote's slices' connection
+    return c10::make_intrusive<::c10d::PrefixStore>(
+        taken, w->host.empty() ? store : tcp_client(w->host, w->port, w->timeout));
+  };
+  vote_on_new_group(*w, c10::make_intrusive<::c10d::PrefixStore>(taken, own), waits, refused, between);
   if (w->host.empty()) w->shared = store;
   w->store = c10::make_intrusive<::c10d::PrefixStore>(w->prefix, own);  // the vote's connection, kept
   begin(std::move(w));
