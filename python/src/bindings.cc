@@ -404,6 +404,8 @@ class PythonPipeline {
 
 }  // namespace
 void add_planning(py::module_& m);  // planning.cc: the planner, profile, prediction and tasks
+// `fields` (pipeline_config.h's serializer) into `dict`, each value as Python has it (planning.cc).
+void add_fields(py::dict& dict, const Fields& fields);
 }  // namespace gpipe::python
 
 namespace {
@@ -428,8 +430,7 @@ void add_config(py::module_& m) {
       .def("fields",
            [](const PipelineConfig& c) {
              py::dict out;
-             for (const auto& [name, value] : fields_of(c))
-               out[py::str(name)] = std::visit([](const auto& v) { return py::cast(v); }, value);
+             gpipe::python::add_fields(out, fields_of(c));
              return out;
            })
       .def("__eq__", [](const PipelineConfig& a, const PipelineConfig& b) { return a == b; })

@@ -17,6 +17,9 @@
 namespace py = pybind11;
 
 namespace gpipe::python {
+
+void add_fields(py::dict& dict, const Fields& fields);  // bindings.cc declares it too
+
 namespace {
 
 // The layers of a scripted nn.Sequential (python/gpipe/pipe.py's _script), sharing its tensors.
@@ -85,8 +88,7 @@ py::dict prediction_dict(const Prediction& p) {
 
 py::dict candidate_dict(const PlanCandidate& c) {
   py::dict d = prediction_dict(c.predicted);
-  for (const auto& [name, value] : fields_of(c.config))
-    d[py::str(name)] = std::visit([](const auto& v) { return py::cast(v); }, value);
+  add_fields(d, fields_of(c.config));
   d["replicas"] = c.replicas;
   d["step_s"] = c.step_s;  // with the replicas' all-reduce
   d["samples_per_s"] = c.samples_per_s;
@@ -372,6 +374,11 @@ void add_tasks(py::module_& m) {
 }
 
 }  // namespace
+
+void add_fields(py::dict& dict, const Fields& fields) {
+  for (const auto& [name, value] : fields)
+    dict[py::str(name)] = std::visit([](const auto& v) { return py::cast(v); }, value);
+}
 
 void add_planning(py::module_& m) {
   add_plans(m);
