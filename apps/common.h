@@ -5,6 +5,7 @@
 #include <gpipe/check.h>
 #include <gpipe/progress.h>
 #include <gpipe/results.h>
+#include <gpipe/settings.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -22,12 +23,13 @@ inline nlohmann::json machine() { return nlohmann::json::parse(machine_json()); 
 /// `value` with `digits` decimals.
 std::string fixed(double value, int digits);
 
+/// A check of the settings' table (settings.h) as a flag's validator.
+CLI::Validator validator(const SettingCheck& check);
+
 /// Checks for numeric flags, each with a message that names the rule and the
 /// value: a whole number of at least `least` ("must be a whole number, at least
 /// 1 (got 0)"); a finite number above 0, or of at least 0; a number in [0, 1).
 CLI::Validator at_least(int64_t least, int64_t most = std::numeric_limits<int32_t>::max());
-/// The largest value of a flag read into an int64_t (at_least's `most` for such flags).
-inline constexpr int64_t kMostInt64 = std::numeric_limits<int64_t>::max();
 CLI::Validator positive_number();
 CLI::Validator non_negative_number();
 CLI::Validator fraction_below_one();
@@ -39,8 +41,6 @@ CLI::Validator one_of(const std::vector<std::string>& choices, const std::string
 /// A file or folder name that is not empty ("--save \"\"" would silently write nothing).
 CLI::Validator non_empty();
 
-/// Parses a seed: a whole number from 0 to 2^64-1; throws UsageError otherwise.
-uint64_t parse_seed(const std::string& text);
 
 /// A mistake in the command line or in the files it names. main() prints its
 /// message and ends with status 2, after everything the run built has been

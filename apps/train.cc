@@ -14,7 +14,6 @@ int run_train(TrainOptions o) {
   // Before any file is read: the built-in task, or for a model file the CNN's run (its data and
   // defaults); with --data, trained and scored on that file.
   const Task known = known_task(o);
-  o.seed = parse_seed(o.seed_text);
   resolve_training(o, known);
   const bool quiet = o.json || !job().prints();
   const TrainingRun c = prepare_training(o, known, [quiet] {

@@ -11,7 +11,6 @@
 namespace gpipe::cli {
 
 struct TrainOptions : TrainSettings {
-  std::string seed_text = "0";  // parsed into TrainSettings::seed
   bool json = false;
 };
 

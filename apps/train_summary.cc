@@ -35,7 +35,7 @@ nlohmann::json summary_json(const TrainOptions& o, const TrainingRun& c, const R
                       {"steps_this_run", s.figures.steps}, {"steps_per_epoch", s.steps_per_epoch}, {"epochs", epochs},
                       {"stages", s.figures.devices}, {"balance", s.figures.balance}, {"partition", stages},
                       {"plan", plan}, {"micro_batches", o.micro_batches}, {"checkpoint", o.checkpoint},
-                      {"schedule", o.schedule}, {"virtual_stages", o.virtual_stages}, {"batch_size", o.batch_size},
+                      {"precision", to_string(c.plan.precision)}, {"schedule", o.schedule}, {"virtual_stages", o.virtual_stages}, {"batch_size", o.batch_size},
                       {"drop_last", o.drop_last}, {"shuffle", o.shuffle}, {"optimizer", o.optimizer}, {"lr", o.lr},
                       {"lr_schedule", o.lr_schedule}, {"augment", o.augment}, {"batch_norm", o.batch_norm},
                       {"warmup_steps", o.warmup_steps}, {"weight_decay", o.weight_decay},

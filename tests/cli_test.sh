@@ -232,6 +232,12 @@ if part flags; then  # cost 27
   expect_error "ends in .png" --model unet --samples "$work/s.jpg"
   expect_error "leave out --data" --model resnet --data "$work/junk.pt"
   expect_error "--batch-norm" --batch-norm sometimes
+  expect_error "--precision: must be fp32 or bf16" --precision fp8
+  # A flag of the settings' table: bf16 trains, and the summary says what ran.
+  if "$gpipe" train "${small[@]}" --steps 2 --schedule gpipe --precision bf16 >"$work/bf16.json" 2>"$work/err.txt" &&
+     /usr/bin/python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); assert s["precision"] == "bf16" and s["steps"] == 2, s' \
+       "$work/bf16.json"; then pass "--precision bf16 trains"
+  else fail "--precision bf16: $(cat "$work/err.txt")"; fi
 fi
 
 if part models; then  # cost 6

@@ -241,9 +241,9 @@ TEST(TasksTest, TrainingRunsTheScheduleAutoChose) {
     s.model = "tiny";
     s.schedule = "auto";
     s.micro_batches = 2;
-    s.micro_batches_given = m_given;
+    if (!m_given) s.given.erase("micro_batches");
     s.batch_size = 32;
-    s.batch_size_given = true;
+    s.given.insert("batch_size");
     const Task known = known_task(s);
     resolve_training(s, known);
     EXPECT_EQ(s.schedule, "auto");  // chosen once the model and data are read
@@ -284,8 +284,8 @@ TEST(TasksTest, TrainingRunsTheScheduleAutoChose) {
   none.optimizer = "sgd";
   none.resume = path;
   none.epochs = 0;
-  none.epochs_given = true;
-  none.micro_batches_given = false;
+  none.given.insert("epochs");
+  none.given.erase("micro_batches");
   resolve_training(none, cnn);
   const TrainingRun evaluated = prepare_training(none, cnn);
   EXPECT_FALSE(evaluated.choice.has_value());
@@ -382,7 +382,7 @@ TEST(TasksTest, TrainSettingsTakeTheTasksDefaultsAndRefuseWhatDoesNotFit) {
   TrainSettings gpt;
   gpt.model = "gpt";
   gpt.lr = 0.5;
-  gpt.lr_given = true;
+  gpt.given.insert("lr");
   const Task known = known_task(gpt);
   resolve_training(gpt, known);
   EXPECT_EQ(gpt.epochs, 4);
@@ -403,7 +403,7 @@ TEST(TasksTest, TrainSettingsTakeTheTasksDefaultsAndRefuseWhatDoesNotFit) {
   TrainSettings many;
   many.micro_batches = 64;
   many.batch_size = 32;
-  many.batch_size_given = true;
+  many.given.insert("batch_size");
   testing::expect_invalid([&] { resolve_training(many, known_task(many)); },
                           "`micro_batches` 64 is larger than `batch_size` 32; every micro-batch needs a sample");
 }

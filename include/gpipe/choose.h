@@ -61,6 +61,7 @@ struct PipelineRequest {
   /// Re-materialization; none: "auto" chooses it too, the fastest mode predicted to fit (none where it
   /// fits: recomputing only adds work).
   std::optional<Checkpoint> checkpoint = Checkpoint::kExceptLast;
+  Precision precision = Precision::kFloat32;  ///< of each stage's forward: kept as asked, never chosen
 };
 
 /// What "auto" chose: of the configurations a run leaves open, the one predicted fastest (search_plans)

@@ -26,6 +26,7 @@
 #include "gpipe/plan.h"
 #include "gpipe/results.h"
 #include "gpipe/schedule.h"
+#include "gpipe/settings.h"
 #include "gpipe/script_model.h"
 #include "gpipe/skip.h"
 #include "gpipe/skip_connections.h"

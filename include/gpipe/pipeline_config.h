@@ -22,6 +22,19 @@
 
 namespace gpipe {
 
+/// The arithmetic of each stage's forward and its recompute (PipelineOptions::precision).
+enum class Precision {
+  kFloat32,   ///< float32 throughout
+  kBFloat16,  ///< under autocast to bfloat16 for the device's kind; parameters and gradients stay float32
+};
+
+/// "fp32" or "bf16".
+std::string to_string(Precision precision);
+/// Parses "fp32" or "bf16"; throws std::invalid_argument naming `precision` otherwise.
+Precision parse_precision(const std::string& text);
+/// Every precision's name: "fp32", "bf16".
+std::vector<std::string> precision_names();
+
 /// What a pipeline runs: the shape make_plan builds a plan from and the Trainer records in a checkpoint.
 struct PipelineConfig {
   ScheduleKind schedule = ScheduleKind::kGPipe;
@@ -33,6 +46,7 @@ struct PipelineConfig {
   /// Each stage's F, I and W times its V schedule is ordered by (PipelineOptions::stage_times);
   /// empty: the order of equal times.
   std::vector<ActionTimes> stage_times;
+  Precision precision = Precision::kFloat32;
 
   bool operator==(const PipelineConfig& other) const;
   bool operator!=(const PipelineConfig& other) const { return !(*this == other); }
@@ -44,7 +58,7 @@ using FieldValue = std::variant<int64_t, double, std::string, std::vector<int64_
 using Fields = std::vector<std::pair<std::string, FieldValue>>;
 
 /// `config`'s fields: schedule and checkpoint by name, devices, micro_batches, virtual_stages, balance,
-/// and stage_times (each stage's F, I and W in one list) where it has any.
+/// precision by name, and stage_times (each stage's F, I and W in one list) where it has any.
 Fields fields_of(const PipelineConfig& config);
 
 /// The config `fields` hold (as fields_of writes them; other fields are left for the caller), checked

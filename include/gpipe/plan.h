@@ -113,6 +113,11 @@ struct PipelineOptions {
   /// Empty: the order of equal times. Only the order changes (and with it the order in which a weight
   /// tied across a device's stages sums its gradients).
   TORCH_ARG(std::vector<ActionTimes>, stage_times) = {};
+  /// The arithmetic of each stage's forward and its recompute: Precision::kBFloat16 runs them under
+  /// autocast to bfloat16 for the device's kind (torch.autocast's rules: matrix products and
+  /// convolutions in bfloat16, reductions and the loss in float32). The parameters, their gradients
+  /// and the optimizer's state stay float32; what crosses between stages crosses in the type it has.
+  TORCH_ARG(Precision, precision) = Precision::kFloat32;
   /// A training program given as text (schedule.h's parse_program: one row "device D | actions" per
   /// device, as gpipe schedule --program prints), run in place of the schedule's generator. Empty: the
   /// schedule's own. make_plan checks it before any work: its rows, stages and micro-batches must be the
@@ -158,6 +163,7 @@ struct PipelinePlan {
   int micro_batches = 1;   ///< M
   ScheduleKind schedule = ScheduleKind::kGPipe;
   Checkpoint checkpoint = Checkpoint::kExceptLast;
+  Precision precision = Precision::kFloat32;  ///< of each stage's forward (PipelineOptions::precision)
   std::vector<int> balance;                ///< layers per stage, S = K·V entries
   CutKind cut = CutKind::kEven;            ///< which request made the balance (PipelineOptions::cut)
   std::vector<int> placement;              ///< placement[s]: the device that runs stage s
@@ -172,7 +178,7 @@ struct PipelinePlan {
 
   /// S, the number of stages (K·V).
   int stages() const { return static_cast<int>(balance.size()); }
-  /// Its schedule, K, V, M, balance, checkpoint and stage times: what a checkpoint records of it.
+  /// Its schedule, K, V, M, balance, checkpoint, stage times and precision: what a checkpoint records of it.
   PipelineConfig config() const;
   /// The stages device `device` runs, in increasing order.
   std::vector<int> stages_of(int device) const;

@@ -39,6 +39,7 @@
 #pragma once
 
 #include "gpipe/device.h"
+#include "gpipe/pipeline_config.h"
 #include "gpipe/schedule.h"
 #include "gpipe/tensors.h"
 
@@ -198,6 +199,9 @@ class Stage {
   /// update_batch_norm (see batch_norm_statistics).
   Stage(int index, int stages, torch::nn::Sequential layers, Device device, bool deferred_batch_norm = false);
 
+  /// Runs the forward (and its recompute and the loss) in `precision` (PipelineOptions::precision).
+  void set_precision(Precision precision) { precision_ = precision; }
+
   /// Forward of micro-batch i of `input` (ignored on stage 0, which reads the step's input).
   /// Keeps what backward needs; with `recompute`, only the input. With
   /// `split`, records each layer's boundary for a later I and W. Returns the
@@ -306,6 +310,7 @@ class Stage {
   int stages_;
   torch::nn::Sequential layers_;
   Device device_;
+  Precision precision_ = Precision::kFloat32;
   std::vector<std::string> names_;         // per layer, as errors name it: "layer 3", "layer 'mask'"
   bool stochastic_;
   std::map<int, Kept> kept_;               // by micro-batch

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -247,13 +248,15 @@ std::string divergence_error(const Trainer& trainer, const Evaluation& evaluatio
 // ---------------------------------------------------------------- a training run as asked for (run.cc)
 
 /// A training run of a task as a front end asks for it (gpipe train's flags), each setting by the
-/// name its errors give in backquotes (`devices`, `batch_size`, ...). The `*_given` marks say what was
-/// asked for rather than left to its default: resolve_training fills the rest with the task's own.
+/// name its errors give in backquotes (`devices`, `batch_size`, ...): the rows of train_settings()
+/// (settings.h), which also check them. `given` names the settings asked for rather than left to
+/// their default: resolve_training fills the rest with the task's own.
 struct TrainSettings {
-  bool data_dir_given = false, loss_given = false, devices_given = false, batch_size_given = false,
-       epochs_given = false, lr_given = false, weight_decay_given = false, betas_given = false,
-       step_settings_given = false /* lr_step_size or lr_gamma */, lr_schedule_given = false,
-       prompt_given = false, temperature_given = false;
+  /// The settings asked for, by name (find_setting's); `micro_batches` unless a caller leaves M to
+  /// `schedule` auto by taking it out.
+  std::set<std::string> given{"micro_batches"};
+  /// Whether the setting `name` was asked for. Throws std::logic_error for a name no setting has.
+  bool was_given(const std::string& name) const;
   std::string data_dir = kFashionMnistDir;
   std::string model;  ///< a built-in task (task_names(true)) by name, or a TorchScript file; empty: cnn
   std::string data;   ///< a dataset file of one's own (with_data_file); empty: the task's
@@ -261,14 +264,13 @@ struct TrainSettings {
   int devices = 2;
   std::vector<int> balance;
   std::string balance_by;
-  int micro_batches = 4;
-  bool micro_batches_given = true;  ///< false: with `schedule` auto, M is chosen too
+  int micro_batches = 4;  ///< not `given`: with `schedule` auto, M is chosen too
   std::string checkpoint = "never", batch_norm = "deferred";
+  std::string precision = "fp32";  ///< of each stage's forward: fp32, bf16 or fp16 (PipelineOptions::precision)
   std::string augment = "auto";   ///< "auto": the task's own (flip for resnet), none otherwise
   /// "auto": chosen by prediction (prepare_training), or on `resume` the pipeline the file was
   /// trained with; the task's own under MPI and torchrun. "task": the task's own (resolve_run).
-  std::string schedule = "auto";
-  bool schedule_given = false;  ///< `schedule` asked for: auto then fails where the model cannot be profiled
+  std::string schedule = "auto";  ///< `given`: auto then fails where the model cannot be profiled
   int virtual_stages = 0;         ///< 0: 2 for the interleaved schedule, 1 for the others
   int64_t batch_size = 128;
   bool drop_last = false, shuffle = true;

@@ -123,8 +123,31 @@ _hook_installed = False
 
 
 # The library's option names in its errors (`micro_batches`), as GPipe's arguments.
-_NAMES = {"micro_batches": "chunks", "threads_per_device": "threads",
-          "deferred_batch_norm=false": 'batch_norm="per-micro-batch"'}
+# The library's names of the settings as GPipe's keyword arguments (its table, settings.h).
+_NAMES = {name: keyword for keyword, (name, _, _) in _gpipe.keyword_settings().items() if name != keyword}
+_NAMES["deferred_batch_norm=false"] = 'batch_norm="per-micro-batch"'
+
+
+def _table_settings(settings, given):
+    """Sets the keyword arguments `given` that GPipe's signature leaves to the settings' table
+    (precision=...) on `settings`, each checked by its row: TypeError for a keyword no row has."""
+    table = _gpipe.keyword_settings()
+    for keyword, value in given.items():
+        if keyword not in table:
+            known = sorted(set(table) | set(inspect.signature(GPipe.__init__).parameters) - {"self", "model", "settings"})
+            raise TypeError(f"gpipe: GPipe() got an unexpected keyword argument {keyword!r}; it takes "
+                            f"{', '.join(known)}")
+        name = table[keyword][0]
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (list, tuple)):
+            text = ",".join(str(v) for v in value)
+        else:
+            text = str(value)
+        try:
+            settings.set(name, text)
+        except ValueError as e:
+            raise ValueError(_in_python_words(e, _NAMES)) from None
 
 
 # Passages of the library's errors that name what only `gpipe train` has, as Python has it.
@@ -597,10 +620,12 @@ class GPipe:
                    Gloo connections of its own (the group's backend Gloo or NCCL, not MPI); the GPipe
                    objects alive in a process use the same group (after destroy_process_group, delete
                    them before building one over a new group)
+<settings>
     """
 
     def __init__(self, model, balance=None, chunks=None, checkpoint=None, schedule="auto", devices=None,
-                 virtual_stages=None, batch_norm="deferred", threads=1, runtime="auto", process_group=None):
+                 virtual_stages=None, batch_norm="deferred", threads=1, runtime="auto", process_group=None,
+                 **settings):
         _end_the_job_on_an_uncaught_exception()
         if isinstance(model, torch.nn.Sequential) and type(model).forward is not torch.nn.Sequential.forward:
             raise ValueError(f"gpipe: the model's class {type(model).__name__} overrides Sequential's forward; gpipe "
@@ -620,7 +645,7 @@ class GPipe:
                                  f"would be NaN; initialize it anew, or load a state_dict saved before it diverged")
         if balance is not None and (isinstance(balance, (str, bytes)) or not hasattr(balance, "__iter__")):
             raise ValueError(f"gpipe: balance must be a list of layers per stage, e.g. [3, 8] (got {balance!r})")
-        settings = _gpipe.Settings()
+        settings, table_settings = _gpipe.Settings(), settings
         settings.balance = [] if balance is None else [_whole(b, "every entry of balance") for b in balance]
         settings.micro_batches = 1 if chunks is None else _whole(chunks, "chunks")
         settings.micro_batches_given = chunks is not None or schedule != "auto"
@@ -646,6 +671,7 @@ class GPipe:
         settings.threads = _whole(threads, "threads")
         _gpipe.check_threads_per_device(settings.threads)
         settings.runtime = _one_of(runtime, "runtime", tuple(_gpipe.runtime_names()))
+        _table_settings(settings, table_settings)
         if process_group is not None and runtime not in ("auto", "c10d"):
             raise ValueError(f"gpipe: process_group runs the pipeline over the c10d backend; give runtime=\"c10d\" "
                              f"or \"auto\" with it (got runtime={runtime!r})")
@@ -1003,8 +1029,25 @@ class GPipe:
         return _launcher_rank() if self._settings.runtime != "threads" and _launched() else 0
 
 
+def _help_line(keyword, help):
+    """A keyword argument's help as GPipe's docstring lists them: its name, then its help in lines of
+    at most 104 characters, the library's names of other settings as Python's."""
+    words = re.sub(r"`([a-z_]+)`", lambda m: _NAMES.get(m.group(1), m.group(1)), help).split()
+    lines, line = [], f"    {keyword:<15}"
+    for word in words:
+        if len(line) + 1 + len(word) > 104:
+            lines.append(line)
+            line = " " * 19 + word
+        else:
+            line += ("" if line.endswith(" ") else " ") + word
+    return "\n".join(lines + [line])
+
+
 # The schedules in GPipe's help as the library's registry describes them, so that none is listed by hand
 # (no docstrings under python -OO).
 if GPipe.__doc__:
     GPipe.__doc__ = GPipe.__doc__.replace("<schedules>", _gpipe.schedule_help()) \
-        .replace("<virtual_stages>", _gpipe.virtual_stages_help())
+        .replace("<virtual_stages>", _gpipe.virtual_stages_help()) \
+        .replace("<settings>", "\n".join(
+            _help_line(keyword, help) for keyword, (name, _, help) in _gpipe.keyword_settings().items()
+            if keyword not in inspect.signature(GPipe.__init__).parameters))

@@ -81,9 +81,12 @@ struct Settings {
   // The loop's own optimizer's update, timed in Python (seconds per parameter byte); 0: libtorch's
   // optimizer of `optimizer`'s kind, as the profile times it.
   double update_s_per_parameter_byte = 0;
+  // The keyword arguments GPipe takes from the settings' table (settings.h) beyond those above:
+  // set by name (Settings.set), carried to the pipeline by with_pipeline_settings.
+  TrainSettings table;
 
   PipelineOptions options() const {
-    return PipelineOptions()
+    return with_pipeline_settings(PipelineOptions(), table)
         .devices(devices)
         .balance(balance)
         .micro_batches(micro_batches)
@@ -269,6 +272,7 @@ class PythonPipeline {
     if (settings.checkpoint_given) request.checkpoint = checkpoint;
     else request.checkpoint.reset();
     request.schedule = "auto";
+    request.precision = settings.options().precision();
     if (settings.virtual_stages != 0) request.virtual_stages = settings.virtual_stages;
     request.balance = settings.balance;
     const torch::Tensor first = batch.narrow(0, 0, first_micro_batch_rows(share, settings.micro_batches));
@@ -460,7 +464,17 @@ void add_pipeline(py::module_& m) {
       .def_readwrite("runtime", &Settings::runtime)
       .def_readwrite("optimizer", &Settings::optimizer)
       .def_readwrite("update_on_devices", &Settings::update_on_devices)
-      .def_readwrite("update_s_per_parameter_byte", &Settings::update_s_per_parameter_byte);
+      .def_readwrite("update_s_per_parameter_byte", &Settings::update_s_per_parameter_byte)
+      .def("set", [](Settings& s, const std::string& name, const std::string& text) {
+        set_setting(find_setting(name), s.table, text);
+      }, py::arg("name"), py::arg("text"));
+  // The settings' table's rows that are keyword arguments of GPipe: keyword -> (name, shape, help).
+  m.def("keyword_settings", [] {
+    py::dict out;
+    for (const Setting& row : train_settings())
+      if (!row.keyword.empty()) out[py::str(row.keyword)] = py::make_tuple(row.name, row.check.shape, row.help);
+    return out;
+  });
   // What the pipeline refuses of a scripted model (a Pop's merge with parameters...), before any batch.
   m.def("check_model", [](const py::object& scripted) {
     script_model(scripted.attr("_c").cast<torch::jit::Module>(), "the scripted model");

@@ -155,6 +155,7 @@ ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const PipelineReques
   const PlanCandidate& best = found.front();
   ScheduleChoice c;
   c.config = best.config;
+  c.config.precision = request.precision;
   c.predicted = best.predicted;
   c.fits = best.fits;
   c.considered = static_cast<int>(found.size());
@@ -167,6 +168,7 @@ PipelineRequest with_choice(PipelineRequest r, const ScheduleChoice& c) {
   r.devices = c.config.devices;
   r.micro_batches = c.config.micro_batches;
   r.checkpoint = c.config.checkpoint;
+  r.precision = c.config.precision;
   r.virtual_stages = c.config.virtual_stages;
   r.balance = c.config.balance;
   r.balance_by.clear();

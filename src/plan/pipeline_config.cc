@@ -22,7 +22,18 @@ bool PipelineConfig::operator==(const PipelineConfig& o) const {
   };
   return schedule == o.schedule && devices == o.devices && virtual_stages == o.virtual_stages &&
          micro_batches == o.micro_batches && balance == o.balance && checkpoint == o.checkpoint &&
-         same_times(stage_times, o.stage_times);
+         same_times(stage_times, o.stage_times) && precision == o.precision;
+}
+
+std::string to_string(Precision precision) { return precision == Precision::kBFloat16 ? "bf16" : "fp32"; }
+
+std::vector<std::string> precision_names() { return {"fp32", "bf16"}; }
+
+Precision parse_precision(const std::string& text) {
+  if (text == "fp32") return Precision::kFloat32;
+  if (text == "bf16") return Precision::kBFloat16;
+  GPIPE_CHECK(false, "`precision` must be fp32 or bf16 (got ", text, ")");
+  return Precision::kFloat32;  // not reached
 }
 
 Fields fields_of(const PipelineConfig& c) {
@@ -31,7 +42,8 @@ Fields fields_of(const PipelineConfig& c) {
              {"micro_batches", int64_t{c.micro_batches}},
              {"virtual_stages", int64_t{c.virtual_stages}},
              {"balance", std::vector<int64_t>(c.balance.begin(), c.balance.end())},
-             {"checkpoint", to_string(c.checkpoint)}};
+             {"checkpoint", to_string(c.checkpoint)},
+             {"precision", to_string(c.precision)}};
   std::vector<double> times;  // F, I, W of each stage
   for (const ActionTimes& t : c.stage_times) times.insert(times.end(), {t.forward, t.input_grad, t.weight_grad});
   if (!times.empty()) out.emplace_back("stage_times", times);
@@ -80,9 +92,11 @@ PipelineConfig config_of(const Fields& fields, const std::string& what) {
   const FieldReader read(fields, what);
   PipelineConfig c;
   const std::string schedule = read.name("schedule"), checkpoint = read.name("checkpoint");
+  const std::string precision = read.find("precision") != nullptr ? read.name("precision") : "fp32";
   try {
     c.schedule = parse_schedule(schedule);
     c.checkpoint = parse_checkpoint(checkpoint);
+    c.precision = parse_precision(precision);
   } catch (const std::invalid_argument& e) {
     read.fail(": " + without_program_name(e.what()));
   }

@@ -16,11 +16,12 @@ PipelineOptions& PipelineOptions::config(const PipelineConfig& c) {
       .schedule(c.schedule)
       .checkpoint(c.checkpoint)
       .balance(c.balance)
-      .stage_times(c.stage_times);
+      .stage_times(c.stage_times)
+      .precision(c.precision);
 }
 
 PipelineConfig PipelinePlan::config() const {
-  return PipelineConfig{schedule, devices, virtual_stages, micro_batches, balance, checkpoint, stage_times};
+  return PipelineConfig{schedule, devices, virtual_stages, micro_batches, balance, checkpoint, stage_times, precision};
 }
 
 std::vector<int> PipelinePlan::stages_of(int device) const {
@@ -292,6 +293,7 @@ PipelinePlan make_plan(int layers, const PipelineOptions& options, const std::ve
   plan.layers = layers;
   plan.schedule = options.schedule();
   plan.checkpoint = options.checkpoint();
+  plan.precision = options.precision();
   plan.micro_batches = options.micro_batches();
   GPIPE_CHECK(options.virtual_stages() >= 0, "the number of stages per device V must be at least 1, or 0 for the "
               "schedule's own (got ", options.virtual_stages(), ")");

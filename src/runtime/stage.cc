@@ -1,6 +1,8 @@
 // stage.cc: one stage: forward, re-materialized backward, the I/W split, and the random stream replay.
 #include "gpipe/stage.h"
 
+#include "runtime/autocast.h"
+
 #include "gpipe/check.h"
 #include "gpipe/skip.h"
 #include "runtime/backward_split.h"
@@ -408,6 +410,7 @@ torch::Tensor Stage::take_skip(int i, Channel channel) {
 }
 
 Tensors Stage::run_layers(int i, const Tensors& x, bool split, bool gather, Kept& kept, StepData& step) {
+  const AutocastScope autocast(precision_, device_.device.type());  // the backward runs outside it, as in torch
   if (stashed_.empty() && popped_.empty() && !skips_inside_) return run_chain(i, x, split, gather, kept, step);
   // The tray the layers' Stash and Pop meet in: what other stages stashed, and what these layers stash.
   std::map<std::string, torch::Tensor> tray;

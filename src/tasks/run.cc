@@ -7,6 +7,8 @@
 // in_flags shows them as flags.
 #include "gpipe/tasks.h"
 
+#include "gpipe/settings.h"
+
 #include "tasks/builtin.h"
 
 #include "gpipe/check.h"
@@ -91,7 +93,8 @@ PipelineOptions pipeline_options_of(const Task& task, const PipelineRequest& req
       .schedule(parse_schedule(r.schedule))
       .virtual_stages(r.virtual_stages.value_or(0))
       .cut(cut_of(task, r))
-      .stage_times(r.stage_times);
+      .stage_times(r.stage_times)
+      .precision(r.precision);
 }
 
 // ---------------------------------------------------------------- the summary
@@ -173,12 +176,13 @@ bool predicted(const TrainSettings& s) { return s.schedule == "auto" && !job().d
 // What `s` ask of the pipeline: M left open only to a prediction (otherwise the default's 4 runs).
 PipelineRequest run_request(const TrainSettings& s) {
   PipelineRequest r;
-  r.devices = s.balance.empty() || s.devices_given ? std::optional<int>(s.devices) : std::nullopt;
-  r.micro_batches = s.micro_batches_given || !predicted(s) ? std::optional<int>(s.micro_batches) : std::nullopt;
+  r.devices = s.balance.empty() || s.was_given("devices") ? std::optional<int>(s.devices) : std::nullopt;
+  r.micro_batches = s.was_given("micro_batches") || !predicted(s) ? std::optional<int>(s.micro_batches) : std::nullopt;
   r.schedule = s.schedule;
   if (s.virtual_stages != 0) r.virtual_stages = s.virtual_stages;
   r.balance = s.balance;
   r.balance_by = s.balance_by;
+  r.precision = parse_precision(s.precision);
   return r;
 }
 
@@ -210,7 +214,7 @@ void check_settings(const TrainSettings& s) {
                                               : "Fashion-MNIST",
                 "; leave out `data` (or give a TorchScript model file of your own to `model`)");
   }
-  GPIPE_CHECK(!s.epochs_given || s.epochs != 0 || !s.resume.empty(), "`epochs` 0 trains nothing: it evaluates the "
+  GPIPE_CHECK(!s.was_given("epochs") || s.epochs != 0 || !s.resume.empty(), "`epochs` 0 trains nothing: it evaluates the "
               "model of a checkpoint; give it with `resume` FILE, or ask for 1 or more epochs");
   check_threads_per_device(s.threads_per_device);
   GPIPE_CHECK(s.balance.empty() || s.balance_by.empty(), "`balance` and `balance_by` ", s.balance_by,
@@ -222,7 +226,7 @@ void check_settings(const TrainSettings& s) {
     });
   // The optimizer's settings, as torch.optim takes them.
   optimizer_options_of(s).check();
-  GPIPE_CHECK(s.lr_schedule == "step" || !s.step_settings_given,
+  GPIPE_CHECK(s.lr_schedule == "step" || !(s.was_given("lr_step_size") || s.was_given("lr_gamma")),
               "`lr_step_size` and `lr_gamma` belong to `lr_schedule` step");
   GPIPE_CHECK(s.save_every == 0 || !s.save.empty(), "`save_every` ", s.save_every, " needs `save` FILE: the file to "
               "save to");
@@ -261,15 +265,15 @@ void check_settings(const TrainSettings& s) {
 // The task's defaults for the settings not given, and the settings that do not fit the task.
 void apply_task(TrainSettings& s, const Task& task) {
   const TaskDefaults& d = task.defaults;
-  if (s.loss_given && s.loss != task.loss_name)
+  if (s.was_given("loss") && s.loss != task.loss_name)
     GPIPE_CHECK(false, is_builtin_task(s.model) && !s.model.empty()
                            ? "`model` " + s.model + ": its loss is " + task.loss_name + "; leave out `loss`"
                            : "`loss` " + s.loss + " needs `data` with real-valued targets; Fashion-MNIST has class labels");
   s.loss = task.loss_name;
-  if (s.epochs == 0 && !s.epochs_given) s.epochs = d.epochs;
-  if (!s.batch_size_given) s.batch_size = d.batch_size;
-  if (!s.lr_given) s.lr = d.lr;
-  if (!s.lr_schedule_given) s.lr_schedule = lr_schedule_name(d.lr_schedule);
+  if (s.epochs == 0 && !s.was_given("epochs")) s.epochs = d.epochs;
+  if (!s.was_given("batch_size")) s.batch_size = d.batch_size;
+  if (!s.was_given("lr")) s.lr = d.lr;
+  if (!s.was_given("lr_schedule")) s.lr_schedule = lr_schedule_name(d.lr_schedule);
   if (s.augment == "auto") s.augment = d.flip ? "flip" : "none";
   const bool images = task.scoring.classification && task.data_dir == kFashionMnistDir;
   GPIPE_CHECK(s.augment != "flip" || images, "`augment` flip mirrors Fashion-MNIST's training images for a "
@@ -280,29 +284,29 @@ void apply_task(TrainSettings& s, const Task& task) {
                                  : "`model` " + s.model,
               ": use `augment` none");
   // M left to `schedule` auto is chosen among those the batch takes: the default's 4 is only its profile's.
-  if (predicted(s) && !s.micro_batches_given) s.micro_batches = static_cast<int>(std::min<int64_t>(s.micro_batches, s.batch_size));
+  if (predicted(s) && !s.was_given("micro_batches")) s.micro_batches = static_cast<int>(std::min<int64_t>(s.micro_batches, s.batch_size));
   GPIPE_CHECK(s.micro_batches <= s.batch_size, "`micro_batches` ", s.micro_batches, " is larger than `batch_size` ",
               s.batch_size, "; every micro-batch needs a sample");
   // The task's extras: `bytes` sampled from a language model, `samples` of a denoiser.
   const std::string model = s.model.empty() ? "the default model" : "`model` " + s.model;
   GPIPE_CHECK(s.generate == 0 || generates(task), "`bytes` samples bytes from a language model: it is for `model` "
               "gpt (", model, " is not one)");
-  GPIPE_CHECK((!s.prompt_given && !s.temperature_given) || s.generate != 0, s.prompt_given ? "`prompt`" : "`temperature`",
+  GPIPE_CHECK((!s.was_given("prompt") && !s.was_given("temperature")) || s.generate != 0, s.was_given("prompt") ? "`prompt`" : "`temperature`",
               " belongs to `bytes` N, the bytes to sample from `model` gpt; add ", generates(task) ? "" : "`model` gpt ",
               "`bytes` 200, say");
   GenerateOptions().bytes(s.generate).temperature(s.temperature).check();
   GPIPE_CHECK(s.generate == 0 || !job().distributed, "`bytes` samples byte by byte in one process; train under ",
               job().launcher, " with `save` FILE, then run gpipe train `model` gpt `resume` FILE `epochs` 0 `bytes` N "
               "without ", job().launcher);
-  GPIPE_CHECK(!s.epochs_given || s.epochs != 0 || s.save.empty(), "`epochs` 0 trains nothing, so `save` would write "
+  GPIPE_CHECK(!s.was_given("epochs") || s.epochs != 0 || s.save.empty(), "`epochs` 0 trains nothing, so `save` would write "
               "the checkpoint it resumed; leave out `save`");
-  GPIPE_CHECK(!s.epochs_given || s.epochs != 0 || s.trace.empty(), "`epochs` 0 trains nothing, so there is no "
+  GPIPE_CHECK(!s.was_given("epochs") || s.epochs != 0 || s.trace.empty(), "`epochs` 0 trains nothing, so there is no "
               "step for `trace` to draw; leave out `trace`");
   // Settings of a data set that this run would not read.
-  GPIPE_CHECK(!task.workload || (s.train_samples == 0 && s.test_samples == 0 && !s.data_dir_given), "`model` ",
+  GPIPE_CHECK(!task.workload || (s.train_samples == 0 && s.test_samples == 0 && !s.was_given("data_dir")), "`model` ",
               s.model, " trains on its own random batch: `train_samples`, `test_samples` and `data_dir` are for the "
               "tasks with a data set; leave them out");
-  GPIPE_CHECK(s.data.empty() || !s.data_dir_given, "`data_dir` is the folder of a built-in data set, which `data` ",
+  GPIPE_CHECK(s.data.empty() || !s.was_given("data_dir"), "`data_dir` is the folder of a built-in data set, which `data` ",
               s.data, " replaces; leave out `data_dir`");
   GPIPE_CHECK(s.samples.empty() || task.denoises, "`samples` writes a picture of denoised test "
               "images: it is for `model` unet");
@@ -317,12 +321,9 @@ void choose_cut(const TrainSettings& s, TrainingRun& c) {
   PipelineRequest request = run_request(s);
   if (c.choice) request = with_choice(request, *c.choice);  // `schedule` auto: the cut predicted
   else if (!s.balance_by.empty()) request.balance_by = "even";  // checked before the profile, then cut by cost
-  c.options = pipeline_options_of(c.task, request)
-                  .checkpoint(parse_checkpoint(s.checkpoint))
-                  .deferred_batch_norm(s.batch_norm == "deferred")
-                  .threads_per_device(s.threads_per_device);
+  c.options = with_pipeline_settings(pipeline_options_of(c.task, request), s);
   // Every setting the plan is made of, with its value, before what the plan says is wrong with them.
-  std::string settings = s.balance.empty() || s.devices_given ? "`devices` " + std::to_string(s.devices) : "";
+  std::string settings = s.balance.empty() || s.was_given("devices") ? "`devices` " + std::to_string(s.devices) : "";
   if (!s.balance.empty()) settings += (settings.empty() ? "" : " ") + ("`balance` " + format_balance(s.balance));
   settings += " `micro_batches` " + std::to_string(s.micro_batches) + " `schedule` " + s.schedule +
               (V > 1 ? " `virtual_stages` " + std::to_string(V) : "");
@@ -382,7 +383,7 @@ std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const Trainin
   if (!s.balance_by.empty() && s.balance_by != "time") say("`balance_by` ", s.balance_by, " asks for a new cut");
   if (!s.balance.empty() && s.balance != saved->config.balance)
     say("`balance` ", format_cut(s.balance), " differs from its ", format_cut(saved->config.balance));
-  if (s.micro_batches_given && s.micro_batches != saved->config.micro_batches)
+  if (s.was_given("micro_batches") && s.micro_batches != saved->config.micro_batches)
     say("`micro_batches` ", s.micro_batches, " differs from its ", saved->config.micro_batches);
   if (s.virtual_stages != 0 && s.virtual_stages != saved->config.virtual_stages)
     say("`virtual_stages` ", s.virtual_stages, " differs from its ", saved->config.virtual_stages);
@@ -404,7 +405,7 @@ std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const Trainin
   // re-materialization, which changes no result.
   choice.config = saved->config;
   choice.config.checkpoint = parse_checkpoint(s.checkpoint);
-  choice.chose_micro_batches = !s.micro_batches_given;
+  choice.chose_micro_batches = !s.was_given("micro_batches");
   choice.taken_from = s.resume;
   return choice;
 }
@@ -516,6 +517,7 @@ Task known_task(const TrainSettings& s) {
 void resolve_training(TrainSettings& s, const Task& task) {
   // The schedule of "task", V and the cut by time: the task's own choices ("auto" is chosen by
   // prediction in prepare_training, once the model and the data are read; under MPI it is "task").
+  check_train_settings(s);  // each setting by its row: what a flag or a keyword argument is checked for
   if (!predicted(s)) resolve_own(s, task);
   check_settings(s);
   s.weight_decay = optimizer_options_of(s).decay();
@@ -525,7 +527,7 @@ void resolve_training(TrainSettings& s, const Task& task) {
 TaskOptions task_options_of(const TrainSettings& s) {
   return TaskOptions()
       .seed(s.seed)
-      .data_dir(s.data_dir_given ? s.data_dir : "")
+      .data_dir(s.was_given("data_dir") ? s.data_dir : "")
       .train_samples(s.train_samples)
       .test_samples(s.test_samples);
 }
@@ -533,8 +535,8 @@ TaskOptions task_options_of(const TrainSettings& s) {
 OptimizerOptions optimizer_options_of(const TrainSettings& s) {
   OptimizerOptions options;
   options.kind(parse_optimizer(s.optimizer)).lr(s.lr).momentum(s.momentum).nesterov(s.nesterov);
-  if (s.weight_decay_given) options.weight_decay(s.weight_decay);
-  if (s.betas_given) options.betas(std::make_tuple(s.betas[0], s.betas[1]));
+  if (s.was_given("weight_decay")) options.weight_decay(s.weight_decay);
+  if (s.was_given("betas")) options.betas(std::make_tuple(s.betas[0], s.betas[1]));
   return options;
 }
 
@@ -573,9 +575,9 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
   c.task = is_builtin_task(s.model) ? known : said_about("`model`", [&] { return script_task(s.model, s.data, s.loss); });
   c.model = c.task.model(task_options_of(s));
   c.data = said_about(s.data.empty() ? "`data_dir`" : "`data`", [&] { return c.task.data(task_options_of(s)); });
-  if (predicted(s) && !s.micro_batches_given)  // M is chosen among those the data takes
+  if (predicted(s) && !s.was_given("micro_batches"))  // M is chosen among those the data takes
     s.micro_batches = static_cast<int>(std::clamp<int64_t>(c.data.train.size(), 1, s.micro_batches));
-  check_run_data(c.task, c.data, s.micro_batches, s.batch_size_given ? s.batch_size : 0);
+  check_run_data(c.task, c.data, s.micro_batches, s.was_given("batch_size") ? s.batch_size : 0);
   check_same_inputs(s, c);
   run_length(trainer_options_of(s, c.task), c.data.train.size());  // the run's length and schedule, before a profile
   // The model against its data before `balance_by` profiles it (the Trainer checks it too).
@@ -592,8 +594,8 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
   // Where auto is only the default, a run that trains nothing (`epochs` 0) and a file that does not
   // say how it was trained (saved by the Python package or an older gpipe) take the task's own, as
   // that default was: nothing to choose for, and the run the file was saved by, most likely.
-  const bool evaluates_only = s.epochs_given && s.epochs == 0;
-  if (predicted(s) && !s.schedule_given && (evaluates_only || (!s.resume.empty() && !saved)))
+  const bool evaluates_only = s.was_given("epochs") && s.epochs == 0;
+  if (predicted(s) && !s.was_given("schedule") && (evaluates_only || (!s.resume.empty() && !saved)))
     resolve_own(s, c.task);
   if (predicted(s)) {
     std::string why_not;
@@ -610,7 +612,7 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
         // A model the profile cannot run (a layer that changes its input in place, one that fails,
         // too little memory) still runs the task's own schedule when auto was only the default;
         // its failure, if any, is then the training's.
-        if (s.schedule_given || !profile_error) throw;
+        if (s.was_given("schedule") || !profile_error) throw;
         c.auto_fallback = "`schedule` auto could not profile the model, so the task's own schedule runs: " + *profile_error +
                           (why_not.empty() ? "" : "; " + why_not);
         resolve_own(s, c.task);

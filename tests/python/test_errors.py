@@ -38,6 +38,7 @@ def test_bad_arguments_are_value_errors_that_name_the_fix():
     refused("cannot cut 4 layers into 5 devices", devices=5)
     refused("must be a multiple of K", schedule="interleaved", chunks=3, devices=2)
     refused("virtual_stages must be at least 1 .got -1.", virtual_stages=-1)
+    refused("precision must be fp32 or bf16; got fp8", precision="fp8")  # a keyword of the settings' table
     refused("chunks is out of range .got 2147483648", chunks=2**31)
     refused("threads=100000 is more than this machine's", threads=100000)
 
@@ -281,3 +282,8 @@ def test_runtime_mpi_outside_mpirun_is_refused_when_the_gpipe_is_made_naming_mpi
     gpipe.GPipe(mlp(), runtime="mpi", devices=1)  # one device: MPI's job of this process alone
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")  # as mpirun -np 3 would start it
     refused(r"mpirun started 3 processes, not a multiple of the 2 devices.*`mpirun -np 2 ", runtime="mpi", devices=2)
+
+
+def test_a_keyword_no_setting_has_is_a_type_error_that_lists_them():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'precison'; it takes .*chunks.*precision"):
+        gpipe.GPipe(mlp(), precison="bf16")

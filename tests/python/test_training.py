@@ -147,6 +147,24 @@ def test_loss_equals_one_device_and_grads_are_added_like_backward():
         assert torch.allclose(p.grad, q.grad, rtol=RTOL, atol=1e-7)
 
 
+def test_bf16_trains_as_one_device_under_torch_autocast():
+    """precision="bf16": each stage's forward under autocast, as torch.autocast("cpu") runs the model on
+    one device. bfloat16 keeps 8 significant bits, and a weight's gradient sums bfloat16 products over
+    each micro-batch's rows instead of the whole batch's, so the gradients agree to a few roundings of
+    2^-8: 3% of each gradient's largest entry (tests/precision_test.cc says more)."""
+    model, reference = mlp(), mlp()
+    x, y = batches(1, 16)[0]
+    pipe = gpipe.GPipe(model, balance=[4, 4], chunks=4, schedule="1f1b", checkpoint="always", precision="bf16")
+    loss = pipe.train_step(x, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = torch.nn.functional.cross_entropy(reference(x), y)
+    expected.backward()
+    assert loss == pytest.approx(expected.item(), rel=0.03)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert p.grad.dtype == torch.float32
+        assert (p.grad - q.grad).abs().max() <= 0.03 * q.grad.abs().max()
+
+
 def test_adam_clipping_and_lr_scheduler_work_unchanged():
     model, reference = mlp(), mlp()
     data = batches(4, 16)

@@ -1,0 +1,77 @@
+// settings_test.cc: the table of a training run's settings (settings.h): one row per setting, the
+// checks a flag, a keyword argument and a C++ caller's member all get, and the marks of what was given.
+#include "helpers.h"
+
+#include <gpipe/gpipe.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace {
+
+using gpipe::testing::expect_invalid;
+
+TEST(SettingsTest, EveryRowHasItsOwnNameFlagAndKeyword) {
+  std::set<std::string> names, flags, keywords;
+  for (const gpipe::Setting& row : gpipe::train_settings()) {
+    SCOPED_TRACE(row.name);
+    EXPECT_TRUE(names.insert(row.name).second);
+    EXPECT_TRUE(flags.insert(row.flag).second);
+    EXPECT_EQ(row.flag.rfind("--", 0), 0u);
+    EXPECT_FALSE(row.help.empty());
+    if (!row.keyword.empty()) EXPECT_TRUE(keywords.insert(row.keyword).second);
+    EXPECT_EQ(&gpipe::find_setting(row.name), &row);
+  }
+  EXPECT_THROW(gpipe::find_setting("no_such_setting"), std::logic_error);
+  EXPECT_THROW(gpipe::TrainSettings().was_given("micro_batch"), std::logic_error);  // a typo is a mistake, not "no"
+  // Python's keyword arguments of the pipeline, by their names in the table.
+  EXPECT_EQ(gpipe::find_setting("micro_batches").keyword, "chunks");
+  EXPECT_EQ(gpipe::find_setting("threads_per_device").keyword, "threads");
+  EXPECT_EQ(gpipe::find_setting("precision").keyword, "precision");
+}
+
+TEST(SettingsTest, ChecksSayWhatIsWrong) {
+  const gpipe::Setting& m = gpipe::find_setting("micro_batches");
+  EXPECT_EQ(gpipe::check_setting(m, "4"), "");
+  EXPECT_EQ(gpipe::check_setting(m, "0"), "must be at least 1 (got 0)");
+  EXPECT_EQ(gpipe::check_setting(m, "2.5"), "must be one whole number, at least 1 (got 2.5)");
+  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("lr"), "-1"), "must be a finite number above 0 (got -1)");
+  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("lr"), "nan"), "must be a finite number above 0 (got nan)");
+  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("precision"), "fp8"), "must be fp32 or bf16; got fp8");
+  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("seed"), "18446744073709551615"), "");
+  EXPECT_NE(gpipe::check_setting(gpipe::find_setting("seed"), "18446744073709551616"), "");
+  EXPECT_NE(gpipe::check_setting(gpipe::find_setting("seed"), "-1"), "");
+}
+
+TEST(SettingsTest, SetByNameChecksAndMarksGiven) {
+  gpipe::TrainSettings s;
+  EXPECT_FALSE(s.was_given("precision"));
+  gpipe::set_setting(gpipe::find_setting("precision"), s, "bf16");
+  EXPECT_EQ(s.precision, "bf16");
+  EXPECT_TRUE(s.was_given("precision"));
+  gpipe::set_setting(gpipe::find_setting("betas"), s, "0.8,0.9");
+  EXPECT_EQ(s.betas, (std::vector<double>{0.8, 0.9}));
+  gpipe::set_setting(gpipe::find_setting("shuffle"), s, "false");
+  EXPECT_FALSE(s.shuffle);
+  expect_invalid([&] { gpipe::set_setting(gpipe::find_setting("betas"), s, "0.9"); }, "`betas` takes 2 values (got 1)");
+  expect_invalid([&] { gpipe::set_setting(gpipe::find_setting("devices"), s, "0"); }, "`devices` must be at least 1");
+  EXPECT_EQ(s.devices, 2);  // a refused value leaves the setting as it was
+  EXPECT_EQ(gpipe::with_pipeline_settings(gpipe::PipelineOptions(), s).precision(), gpipe::Precision::kBFloat16);
+}
+
+// A C++ caller's settings get the checks a flag gets, before any work.
+TEST(SettingsTest, ResolveTrainingChecksEveryMemberByItsRow) {
+  const gpipe::Task task = gpipe::find_task("cnn");
+  gpipe::TrainSettings s;
+  s.schedule = "gpipe";
+  s.lr = -1;
+  expect_invalid([&] { gpipe::resolve_training(s, task); }, "`lr` must be a finite number above 0 (got -1)");
+  s.lr = 0.1;
+  s.precision = "half";
+  expect_invalid([&] { gpipe::resolve_training(s, task); }, "`precision` must be fp32 or bf16; got half");
+  s.precision = "bf16";
+  gpipe::resolve_training(s, task);
+  EXPECT_EQ(gpipe::with_pipeline_settings(gpipe::PipelineOptions(), s).precision(), gpipe::Precision::kBFloat16);
+}
+
+}  // namespace
