@@ -374,7 +374,7 @@ fi
 if part data; then  # cost 22
   make_models
   # 10. No silent change of the data: seeds out of range refused, the last partial batch kept.
-  run "10. --seed -1" 2 "--seed must be a whole number from 0 to 18446744073709551615 \(got -1\)" train --seed -1
+  run "10. --seed -1" 2 "--seed: must be a whole number from 0 to 18446744073709551615 \(got -1\)" train --seed -1
   run "10. --seed 2^64 and more" 2 "\(got 99999999999999999999\)" train --seed 99999999999999999999
   for flags in "" "--drop-last"; do
     timeout "$hang" "$gpipe" train --train-samples 200 --test-samples 64 --batch-size 64 --epochs 2 --json $flags \

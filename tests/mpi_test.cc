@@ -653,6 +653,10 @@ TEST(MpiPipeline, DetectsConfigurationThatDiffersBetweenRanks) {
     mpi::MpiPipeline p(model_layers(1, range),
                        options().checkpoint(odd_one ? Checkpoint::kAlways : Checkpoint::kExceptLast));
   }, "the ranks disagree on the checkpoint mode");
+  expect_invalid([&] {  // a field of the pipeline's value (PipelineConfig), compared with the others
+    mpi::MpiPipeline p(model_layers(1, range),
+                       options().precision(odd_one ? gpipe::Precision::kBFloat16 : gpipe::Precision::kFloat32));
+  }, "the ranks disagree on the precision: rank 0 has fp32, rank 1 has bf16");
   expect_invalid([&] {
     torch::nn::Sequential layers = model_layers(1, range);
     if (odd_one) layers->to(torch::kDouble);

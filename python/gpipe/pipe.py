@@ -647,26 +647,24 @@ class GPipe:
             raise ValueError(f"gpipe: balance must be a list of layers per stage, e.g. [3, 8] (got {balance!r})")
         settings, table_settings = _gpipe.Settings(), settings
         settings.balance = [] if balance is None else [_whole(b, "every entry of balance") for b in balance]
-        settings.micro_batches = 1 if chunks is None else _whole(chunks, "chunks")
-        settings.micro_batches_given = chunks is not None or schedule != "auto"
+        settings.micro_batches = None if chunks is None else _whole(chunks, "chunks")  # None: left open
         settings.schedule = _one_of(schedule, "schedule", tuple(schedule_names()) + ("auto",))
         if checkpoint == "auto":
             raise ValueError("gpipe: checkpoint must be one of 'always', 'except_last', 'never', or None (the "
                              "default), which lets schedule=\"auto\" choose it (got 'auto')")
-        settings.checkpoint = "except_last" if checkpoint is None else \
-            _one_of(checkpoint, "checkpoint", tuple(_gpipe.checkpoint_names()))
-        settings.checkpoint_given = checkpoint is not None or schedule != "auto"
+        settings.checkpoint = _one_of(checkpoint, "checkpoint", tuple(_gpipe.checkpoint_names())) \
+            if checkpoint is not None else None if schedule == "auto" else "except_last"
         if devices is not None and _whole(devices, "devices") < 1:
             raise ValueError(f"gpipe: devices must be at least 1 (got {devices!r}): it is K, the devices the pipeline "
                              f"runs on; give devices=1 or more (2 to pipeline over two), or leave devices=None, which "
                              f"takes K from the balance (2 without one)")
-        settings.devices = 0 if devices is None and balance is not None else 2 if devices is None \
+        settings.devices = None if devices is None and balance is not None else 2 if devices is None \
             else _whole(devices, "devices")
         if virtual_stages is not None and _whole(virtual_stages, "virtual_stages") < 1:
             raise ValueError(f"gpipe: virtual_stages must be at least 1 (got {virtual_stages!r}): it is V, the stages "
                              f"per device; give 1 or more, or leave virtual_stages=None for the schedule's own "
                              f"({_gpipe.virtual_stages_help()})")
-        settings.virtual_stages = 0 if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
+        settings.virtual_stages = None if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
         settings.deferred_batch_norm = _one_of(batch_norm, "batch_norm", ("deferred", "per-micro-batch")) == "deferred"
         settings.threads = _whole(threads, "threads")
         _gpipe.check_threads_per_device(settings.threads)
@@ -687,7 +685,7 @@ class GPipe:
         # The plan (K, V, M, the cut, the schedule) is checked now, before any work, whatever the balance.
         try:
             if chunks is None and schedule != "auto":  # 4 per device: K first, at an M every K takes
-                settings.micro_batches = 4 * max(settings.devices, len(settings.balance), 1)
+                settings.micro_batches = 4 * max(settings.devices or 0, len(settings.balance), 1)
                 self.devices, _ = _gpipe.check_plan(len(model), settings)
                 settings.micro_batches = 4 * self.devices
             self.devices, self.virtual_stages = _gpipe.check_plan(len(model), settings)
@@ -703,7 +701,7 @@ class GPipe:
         if group is not None:  # once the plan is accepted; again before each pipeline is built
             _gpipe.use_process_group(*group, let_go=True)
         # schedule="auto" without chunks: chosen on the first batch
-        self.chunks = settings.micro_batches if settings.micro_batches_given else None
+        self.chunks = settings.micro_batches
         self.model = model
         self._settings = settings
         self._scripted = _script(layers)

@@ -61,16 +61,16 @@ LossFn loss_of(const py::object& loss) {
   };
 }
 
-// What the Python GPipe object asks for (its keyword arguments, checked for type there).
+// What the Python GPipe object asks for (its keyword arguments, checked for type there): the
+// pipeline's shape as a PipelineRequest (schedule "auto" or a name; M and the checkpoint left open to
+// "auto" where not given; K taken from the balance where not given), and how it runs.
 struct Settings {
-  std::vector<int> balance;  // empty: an even cut into `devices` x V stages
-  int micro_batches = 1;
-  bool micro_batches_given = true;  // false, with the schedule "auto": M chosen too
-  std::string checkpoint = "except_last";
-  bool checkpoint_given = true;     // false, with the schedule "auto": chosen too
-  std::string schedule = "auto";    // "auto": chosen by prediction on the first batch
-  int devices = 2;
-  int virtual_stages = 0;
+  PipelineRequest request = [] {
+    PipelineRequest r;
+    r.schedule = "auto";
+    r.devices = 2;
+    return r;
+  }();
   bool deferred_batch_norm = true;
   int threads = 1;
   std::string runtime = "auto";
@@ -85,14 +85,19 @@ struct Settings {
   // set by name (Settings.set), carried to the pipeline by with_pipeline_settings.
   TrainSettings table;
 
+  bool chosen() const { return request.schedule == "auto"; }
+  int devices() const { return request.devices.value_or(0); }  // 0: the balance's length
+  int virtual_stages() const { return request.virtual_stages.value_or(0); }  // 0: the schedule's own
+
+  // The options of a pipeline made as asked (schedule "auto": fill-drain until it is chosen).
   PipelineOptions options() const {
     return with_pipeline_settings(PipelineOptions(), table)
-        .devices(devices)
-        .balance(balance)
-        .micro_batches(micro_batches)
-        .checkpoint(parse_checkpoint(checkpoint))
-        .schedule(schedule == "auto" ? ScheduleKind::kGPipe : parse_schedule(schedule))
-        .virtual_stages(schedule == "auto" ? 0 : virtual_stages)
+        .devices(devices())
+        .balance(request.balance)
+        .micro_batches(request.micro_batches.value_or(1))
+        .checkpoint(request.checkpoint.value_or(Checkpoint::kExceptLast))
+        .schedule(chosen() ? ScheduleKind::kGPipe : parse_schedule(request.schedule))
+        .virtual_stages(chosen() ? 0 : virtual_stages())
         .deferred_batch_norm(deferred_batch_norm)
         .threads_per_device(threads);
   }
@@ -105,10 +110,10 @@ struct Settings {
 PipelinePlan check_plan(int layers, const Settings& settings) {
   parse_runtime(settings.runtime);
   Settings checked = settings;
-  if (settings.schedule == "auto" && !settings.micro_batches_given)
-    checked.micro_batches = 4 * std::max({1, settings.devices, static_cast<int>(settings.balance.size())});
-  if (settings.schedule == "auto" && settings.virtual_stages != 0 && settings.virtual_stages != 1)
-    checked.schedule = "interleaved";
+  PipelineRequest& r = checked.request;
+  if (settings.chosen() && !r.micro_batches)
+    r.micro_batches = 4 * std::max({1, settings.devices(), static_cast<int>(r.balance.size())});
+  if (settings.chosen() && settings.virtual_stages() > 1) r.schedule = "interleaved";
   return make_plan(layers, checked.options());
 }
 
@@ -178,7 +183,7 @@ class PythonPipeline {
     const GilReleased free;
     start_backends_for(kind);
     check_same_model(*model_.script);
-    if (settings.schedule == "auto") {
+    if (settings.chosen()) {
       GPIPE_CHECK(batch.has_value(), "schedule=\"auto\" is chosen on the first batch; no batch was given");
       choose(settings, *batch, options);
     } else if (options.balance().empty() && batch) {
@@ -187,8 +192,8 @@ class PythonPipeline {
       const CostBalance by = balance_by(model_, sample,
                                         BalanceByOptions()
                                             .method("time")
-                                            .devices(settings.devices)
-                                            .virtual_stages(settings.virtual_stages)
+                                            .devices(settings.devices())
+                                            .virtual_stages(settings.virtual_stages())
                                             .schedule(options.schedule())
                                             .micro_batches(M)
                                             .checkpoint(options.checkpoint())
@@ -252,8 +257,9 @@ class PythonPipeline {
     const torch::nn::Sequential whole = model_.build(LayerRange{});
     // A replica's share of the batch (under MPI or c10d with replicas), which its pipeline runs. A first
     // batch of fewer rows than a given M runs one row per micro-batch: predicted at M, on those rows.
-    const int64_t share = first_micro_batch_rows(batch.size(0), std::max(1, processes / settings.devices));
-    const int64_t planned = settings.micro_batches_given ? std::max<int64_t>(share, settings.micro_batches) : share;
+    const std::optional<int> M = settings.request.micro_batches;
+    const int64_t share = first_micro_batch_rows(batch.size(0), std::max(1, processes / settings.devices()));
+    const int64_t planned = M ? std::max<int64_t>(share, *M) : share;
     // A weight shared by layers may be tied across stages, which update_on_devices refuses.
     const CostsAtRows profiled = profiles_at_rows(
         whole, batch.narrow(0, 0, share), torch::Tensor(), planned,
@@ -265,17 +271,9 @@ class PythonPipeline {
       if (update_s > 0) costs.update_s_per_parameter_byte = update_s;
       return costs;
     };
-    PipelineRequest request;
-    request.devices = settings.devices;
-    if (settings.micro_batches_given) request.micro_batches = settings.micro_batches;
-    else request.micro_batches.reset();
-    if (settings.checkpoint_given) request.checkpoint = checkpoint;
-    else request.checkpoint.reset();
-    request.schedule = "auto";
+    PipelineRequest request = settings.request;
     request.precision = settings.options().precision();
-    if (settings.virtual_stages != 0) request.virtual_stages = settings.virtual_stages;
-    request.balance = settings.balance;
-    const torch::Tensor first = batch.narrow(0, 0, first_micro_batch_rows(share, settings.micro_batches));
+    const torch::Tensor first = batch.narrow(0, 0, first_micro_batch_rows(share, M.value_or(1)));
     return choose_schedule(profile_at, request, planned, 0, least_micro_batch_rows(whole, first),
                            std::max(1, machine_cores() / settings.threads));
   }
@@ -451,14 +449,25 @@ void add_pipeline(py::module_& m) {
   using gpipe::python::Settings;
   py::class_<Settings>(m, "Settings")
       .def(py::init<>())
-      .def_readwrite("balance", &Settings::balance)
-      .def_readwrite("micro_batches", &Settings::micro_batches)
-      .def_readwrite("micro_batches_given", &Settings::micro_batches_given)
-      .def_readwrite("checkpoint_given", &Settings::checkpoint_given)
-      .def_readwrite("checkpoint", &Settings::checkpoint)
-      .def_readwrite("schedule", &Settings::schedule)
-      .def_readwrite("devices", &Settings::devices)
-      .def_readwrite("virtual_stages", &Settings::virtual_stages)
+      // The request's fields; None: left open (M and the checkpoint to schedule "auto", K to the balance).
+      .def_property("balance", [](const Settings& s) { return s.request.balance; },
+                    [](Settings& s, const std::vector<int>& b) { s.request.balance = b; })
+      .def_property("micro_batches", [](const Settings& s) { return s.request.micro_batches; },
+                    [](Settings& s, std::optional<int> m) { s.request.micro_batches = m; })
+      .def_property("checkpoint",
+                    [](const Settings& s) {
+                      return s.request.checkpoint ? std::optional<std::string>(to_string(*s.request.checkpoint))
+                                                  : std::nullopt;
+                    },
+                    [](Settings& s, const std::optional<std::string>& c) {
+                      s.request.checkpoint = c ? std::optional<Checkpoint>(parse_checkpoint(*c)) : std::nullopt;
+                    })
+      .def_property("schedule", [](const Settings& s) { return s.request.schedule; },
+                    [](Settings& s, const std::string& name) { s.request.schedule = name; })
+      .def_property("devices", [](const Settings& s) { return s.request.devices; },
+                    [](Settings& s, std::optional<int> k) { s.request.devices = k; })
+      .def_property("virtual_stages", [](const Settings& s) { return s.request.virtual_stages; },
+                    [](Settings& s, std::optional<int> v) { s.request.virtual_stages = v; })
       .def_readwrite("deferred_batch_norm", &Settings::deferred_batch_norm)
       .def_readwrite("threads", &Settings::threads)
       .def_readwrite("runtime", &Settings::runtime)

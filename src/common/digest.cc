@@ -39,6 +39,10 @@ uint64_t file_digest(const std::string& path) {
   return h;
 }
 
+uint64_t text_digest(const std::string& text) {
+  return digest_more(kDigestStart, reinterpret_cast<const unsigned char*>(text.data()), text.size());
+}
+
 uint64_t tensors_digest(const std::vector<torch::Tensor>& tensors) {
   uint64_t h = kDigestStart;
   for (const torch::Tensor& t : tensors) {

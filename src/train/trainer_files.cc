@@ -4,6 +4,7 @@
 #include "gpipe/train.h"
 
 #include "gpipe/check.h"
+#include "gpipe/digest.h"
 #include "gpipe/io.h"
 #include "gpipe/stop.h"
 #include "train/stage_updates.h"
@@ -202,10 +203,8 @@ void Trainer::resume(const std::string& resume_path) {
   if (options_.per_device_files()) {
     // Files of one run draw the data in one order; a file of another run (another --seed) would have
     // each rank draw other batches.
-    const torch::Tensor order = r.state.shuffle_state.contiguous();
-    const size_t hash = std::hash<std::string_view>{}(std::string_view(
-        static_cast<const char*>(order.data_ptr()), static_cast<size_t>(order.numel() * order.element_size())));
-    GPIPE_CHECK(pipeline_->same_everywhere(static_cast<double>(hash & ((uint64_t{1} << 52) - 1))),
+    const uint64_t digest = tensors_digest({r.state.shuffle_state});
+    GPIPE_CHECK(pipeline_->same_everywhere(static_cast<double>(digest & ((uint64_t{1} << 52) - 1))),
                 "the per-device files of ", resume_path, " are of different runs (they draw the data in different "
                 "orders: another `seed`?); resume from the files of one run");
   }

@@ -4,6 +4,8 @@
 #include "transport/rank_group.h"
 
 #include "gpipe/check.h"
+#include "gpipe/digest.h"
+#include "gpipe/pipeline_config.h"
 #include "gpipe/partition.h"
 
 #include <torch/torch.h>
@@ -11,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -132,71 +135,97 @@ PipelinePlan RankGroup::plan(const torch::nn::Sequential& layers, const Pipeline
   return plan_;
 }
 
+namespace {
+
+// What every rank of a pipeline must share, in the order it is checked, and its words: the plan's
+// PipelineConfig as its one serializer writes it (pipeline_config.h), so that a field added there is
+// compared here too (as "the pipeline's <field>" until it has words), and what the config does not
+// hold: the layer counts, the parameters' dtype, deferred BatchNorm, a program given.
+const std::vector<std::pair<std::string, std::string>>& shared_fields() {
+  static const std::vector<std::pair<std::string, std::string>> fields = {
+      {"stages", "the number of stages K·V"}, {"virtual_stages", "the number of stages per device V"},
+      {"layers", "the model's layer count"}, {"micro_batches", "the number of micro-batches M"},
+      {"checkpoint", "the checkpoint mode"}, {"dtype", "the parameters' dtype"}, {"schedule", "the schedule"},
+      {"batch_norm", "deferred BatchNorm statistics (deferred_batch_norm)"},
+      {"program", "the program given (PipelineOptions::program)"}, {"precision", "the precision"},
+      {"devices", "the number of devices K"}, {"balance", "the balance"},
+      {"stage_times", "the stage times the V schedule is ordered by"}};
+  return fields;
+}
+
+// A field's value as an error shows it: a number, a name, a list as {3, 5}.
+std::string shown(const FieldValue& value) {
+  struct Show {
+    std::string operator()(int64_t v) const { return std::to_string(v); }
+    std::string operator()(double v) const { return exact(v); }
+    std::string operator()(const std::string& v) const { return v; }
+    std::string operator()(const std::vector<int64_t>& v) const {
+      return format_balance(std::vector<int>(v.begin(), v.end()));
+    }
+    std::string operator()(const std::vector<double>& v) const {
+      std::string out;
+      for (const double x : v) out += (out.empty() ? "" : ",") + exact(x);
+      return out;
+    }
+    static std::string exact(double v) {
+      char text[32];
+      std::snprintf(text, sizeof(text), "%.17g", v);
+      return text;
+    }
+  };
+  return std::visit(Show{}, value);
+}
+
+}  // namespace
+
 // Every process gathers every process's settings and runs the same checks, so all of them throw the
 // same error or none does.
 void RankGroup::check_agreement(const torch::nn::Sequential& layers, const PipelineOptions& options,
                                 const PipelinePlan& plan) {
-  enum Field {
-    kLayers, kStages, kMicroBatches, kCheckpoint, kDtype, kSchedule, kVirtual, kBatchNorm, kProgram, kGiven, kFields
-  };
-  const char* names[] = {"the model's layer count", "the number of stages K·V", "the number of micro-batches M",
-                         "the checkpoint mode", "the parameters' dtype", "the schedule",
-                         "the number of stages per device V", "deferred BatchNorm statistics (deferred_batch_norm)",
-                         "the program given (PipelineOptions::program)"};
-  // The fields, then the balance.
-  std::vector<int64_t> mine(kFields);
-  mine[kLayers] = plan.layers;
-  mine[kStages] = plan.stages();
-  mine[kMicroBatches] = plan.micro_batches;
-  mine[kCheckpoint] = static_cast<int64_t>(plan.checkpoint);
-  mine[kDtype] = -1;
+  Fields mine = fields_of(plan.config());
+  std::string dtype = "none";  // a device without parameters
   for (const auto& p : layers->parameters())
     if (p.is_floating_point()) {
-      mine[kDtype] = static_cast<int64_t>(p.scalar_type());
+      dtype = c10::toString(p.scalar_type());
       break;
     }
-  mine[kSchedule] = static_cast<int64_t>(plan.schedule);
-  mine[kVirtual] = plan.virtual_stages;
-  mine[kBatchNorm] = options.deferred_batch_norm() ? 1 : 0;
-  // A digest of the text (std::hash of one build is the same in every process); 0 for none.
-  mine[kProgram] = plan.program.empty() ? 0 : static_cast<int64_t>(std::hash<std::string>{}(plan.program) | 1);
-  mine[kGiven] = static_cast<int64_t>(layers->size());
-  mine.insert(mine.end(), plan.balance.begin(), plan.balance.end());
-  std::vector<std::vector<int64_t>> all;
-  for (const std::string& bytes : all_gather_setup(bytes_of(mine))) all.push_back(values_of<int64_t>(bytes));
+  mine.insert(mine.end(), {{"stages", int64_t{plan.stages()}},
+                           {"layers", int64_t{plan.layers}},
+                           {"dtype", dtype},
+                           {"batch_norm", std::string(options.deferred_batch_norm() ? "deferred" : "per-micro-batch")},
+                           {"program", plan.program.empty() ? std::string("none")
+                                                            : "digest-" + std::to_string(text_digest(plan.program))},
+                           {"given", static_cast<int64_t>(layers->size())}});
+  std::vector<Fields> all;
+  for (const std::string& text : all_gather_setup(text_of(mine))) all.push_back(fields_of_text(text, "a rank's settings"));
   const int size = static_cast<int>(all.size());
-  auto at = [&](int rank, int field) { return all[static_cast<size_t>(rank)][static_cast<size_t>(field)]; };
-  auto describe = [&](int field, int64_t value) -> std::string {
-    if (field == kCheckpoint) return to_string(static_cast<Checkpoint>(value));
-    if (field == kDtype) return c10::toString(static_cast<c10::ScalarType>(value));
-    if (field == kSchedule) return to_string(static_cast<ScheduleKind>(value));
-    if (field == kProgram) return value == 0 ? std::string("none") : "one of digest " + std::to_string(value);
-    return std::to_string(value);
+  auto value = [&](int rank, const std::string& name) -> const FieldValue* {
+    return find_field(all[static_cast<size_t>(rank)], name);
   };
-  for (int field : {kStages, kVirtual, kLayers, kMicroBatches, kCheckpoint, kDtype, kSchedule, kBatchNorm, kProgram}) {
+  auto check = [&](const std::string& name, const std::string& words) {
     int reference = -1;
     for (int r = 0; r < size; ++r) {
-      if (field == kDtype && at(r, field) < 0) continue;  // a device without parameters
+      const FieldValue* v = value(r, name);
+      if (name == "dtype" && v != nullptr && shown(*v) == "none") continue;
       if (reference < 0) {
         reference = r;
         continue;
       }
-      GPIPE_CHECK(at(r, field) == at(reference, field), "the ranks disagree on ", names[field], ": ", rank_name(reference),
-                  " has ", describe(field, at(reference, field)), ", ", rank_name(r), " has ", describe(field, at(r, field)),
-                  "; start every rank with the same model and settings");
+      const FieldValue* first = value(reference, name);
+      const std::string a = first ? shown(*first) : "none", b = v ? shown(*v) : "none";
+      GPIPE_CHECK(a == b, "the ranks disagree on ", words, ": ", rank_name(reference), " has ", a, ", ", rank_name(r),
+                  " has ", b, name == "balance" ? "; start every rank with the same cut"
+                                                : "; start every rank with the same model and settings");
     }
-  }
+  };
+  for (const auto& [name, words] : shared_fields()) check(name, words);
+  for (const auto& [name, v] : mine)  // a field of the config that has no words yet
+    if (name != "given" && std::none_of(shared_fields().begin(), shared_fields().end(),
+                                        [&name = name](const auto& f) { return f.first == name; }))
+      check(name, "the pipeline's " + name);
   // K agrees now, so every process reaches the same verdict on the world size.
   placement_ = place(rank(), size, plan.devices);
   const std::vector<int>& balance = plan.balance;
-  auto balance_of = [&](int r) {
-    const auto& fields = all[static_cast<size_t>(r)];
-    return std::vector<int>(fields.begin() + kFields, fields.end());
-  };
-  for (int r = 1; r < size; ++r)
-    GPIPE_CHECK(balance_of(r) == balance_of(0), "the ranks disagree on the balance: ", rank_name(0), " has ",
-                format_balance(balance_of(0)), ", ", rank_name(r), " has ", format_balance(balance_of(r)),
-                "; start every rank with the same cut");
   for (int r = 0; r < size; ++r) {
     const int device = place(r, size, plan.devices).device;
     int expected = 0;
@@ -205,9 +234,10 @@ void RankGroup::check_agreement(const torch::nn::Sequential& layers, const Pipel
       expected += balance[static_cast<size_t>(s)];
       which += (which.empty() ? "" : ", ") + std::to_string(s);
     }
-    GPIPE_CHECK(at(r, kGiven) == expected, rank_name(r), " runs stage", plan.virtual_stages > 1 ? "s " : " ", which,
+    const int64_t given = std::get<int64_t>(*value(r, "given"));
+    GPIPE_CHECK(given == expected, rank_name(r), " runs stage", plan.virtual_stages > 1 ? "s " : " ", which,
                 ", which the balance ", format_balance(balance), " gives ", expected, " layers, but it was given ",
-                at(r, kGiven), "; build each rank's layers with gpipe::device_layers");
+                given, "; build each rank's layers with gpipe::device_layers");
   }
 }
 
