@@ -38,10 +38,11 @@ void print_header() {
 void print_row(const BenchRow& r) {
   auto baseline = [&r](double value, int digits) { return r.has_baselines ? fixed(value, digits) : "-"; };
   const std::string range = r.has_baselines ? "(" + fixed(r.speedup.min, 2) + " .. " + fixed(r.speedup.max, 2) + ")" : "-";
-  const int V = r.virtual_stages;
-  std::cout << std::left << std::setw(12) << r.workload << std::right << std::setw(3) << r.stages << std::setw(3)
-            << r.replicas << std::setw(5) << r.micro_batches << std::setw(13) << r.checkpoint << std::setw(20)
-            << r.schedule + (V > 1 ? "/" + std::to_string(V) : "") << std::setw(11) << fixed(r.samples_per_s, 1)
+  const PipelineConfig& c = r.config;
+  const std::string schedule = (r.chosen ? "auto:" : "") + to_string(c.schedule);
+  std::cout << std::left << std::setw(12) << r.workload << std::right << std::setw(3) << c.devices << std::setw(3)
+            << r.replicas << std::setw(5) << c.micro_batches << std::setw(13) << to_string(c.checkpoint) << std::setw(20)
+            << schedule + (c.virtual_stages > 1 ? "/" + std::to_string(c.virtual_stages) : "") << std::setw(11) << fixed(r.samples_per_s, 1)
             << std::setw(9) << baseline(r.speedup.median, 3) << std::setw(17) << range << std::setw(7)
             << fixed(r.ideal, 3) << std::setw(6) << baseline(r.efficiency, 2) << std::setw(8) << fixed(r.bubble, 3)
             << std::setw(9) << baseline(r.speedup_vs_unsplit.median, 3) << std::setw(9)
@@ -50,7 +51,7 @@ void print_row(const BenchRow& r) {
             << std::setw(9) << fixed(r.bytes_sent_per_step / (1 << 20), 1) << std::setw(10)
             << fixed(r.skip_bytes_per_step / (1 << 20), 2) << "  " << std::left << std::setw(19)
             << mebibytes(r.peak_bytes) << std::right << "  " << r.balance_by << " "
-            << nlohmann::json(r.balance).dump() << std::endl;
+            << nlohmann::json(c.balance).dump() << std::endl;
 }
 
 // `gpipe bench --transport`: latency and bandwidth of the MPI transport between two ranks, by ping-pong

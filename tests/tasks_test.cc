@@ -550,16 +550,18 @@ TEST(BenchTest, ARowPerConfigurationAgainstItsBaselines) {
   run_benchmark(sweep, [&](const BenchRow& row) { rows.push_back(row); });
   ASSERT_EQ(rows.size(), 8u);
   for (const BenchRow& r : rows) {
-    SCOPED_TRACE(r.schedule + " K=" + std::to_string(r.stages) + " " + r.balance_by);
+    const std::string schedule = to_string(r.config.schedule);
+    const std::vector<int>& balance = r.config.balance;
+    SCOPED_TRACE(schedule + " K=" + std::to_string(r.config.devices) + " " + r.balance_by);
     EXPECT_EQ(r.transport, "threads");
     EXPECT_TRUE(r.has_baselines);
     EXPECT_GT(r.samples_per_s, 0);
     EXPECT_GT(r.speedup.median, 0);
     EXPECT_LE(r.samples_per_s_min, r.samples_per_s_max);
-    EXPECT_EQ(std::accumulate(r.balance.begin(), r.balance.end(), 0), find_task("tiny").layers);
-    EXPECT_EQ(static_cast<int>(r.balance.size()), r.stages);
-    EXPECT_EQ(r.vs_schedule, r.schedule == "1f1b" ? "gpipe" : "");
-    EXPECT_EQ(r.peak_bytes.size(), static_cast<size_t>(r.stages));
+    EXPECT_EQ(std::accumulate(balance.begin(), balance.end(), 0), find_task("tiny").layers);
+    EXPECT_EQ(static_cast<int>(balance.size()), r.config.devices);
+    EXPECT_EQ(r.vs_schedule, schedule == "1f1b" ? "gpipe" : "");
+    EXPECT_EQ(r.peak_bytes.size(), static_cast<size_t>(r.config.devices));
   }
   EXPECT_DOUBLE_EQ(rows.front().ideal, 1.0);  // K = 1
 }

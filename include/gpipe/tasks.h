@@ -412,13 +412,16 @@ struct BenchRatio {
 
 /// What gpipe bench reports of one configuration (its JSON row has these names).
 struct BenchRow {
-  std::string workload, transport, checkpoint, schedule, balance_by;
+  /// What ran: its schedule, K, M, V, cut, checkpoint, precision and order (its JSON row has the
+  /// config's fields, K as "stages").
+  PipelineConfig config;
+  bool chosen = false;  ///< the schedule was auto's choice: "auto:zbv" in the row
+  std::string workload, transport, balance_by;
   /// "stage_times": a V schedule ordered by its stages' profiled times (in one process, whatever the
   /// cut); "unit": the unit order, as a schedule named in gpipe train runs on a cut given or even.
   std::string order = "unit";
   bool tie_embeddings = false;
-  int stages = 1, replicas = 1, micro_batches = 1, virtual_stages = 1, threads_per_device = 1, steps = 0, warmup = 0;
-  std::vector<int> balance;
+  int replicas = 1, threads_per_device = 1, steps = 0, warmup = 0;
   double samples_per_s = 0, samples_per_s_min = 0, samples_per_s_max = 0, ideal = 0, bubble = 0;
   double overhead_us_per_step = 0, step_s = 0, simulated_over_measured = 0;
   double bytes_sent_per_step = 0, skip_bytes_per_step = 0;

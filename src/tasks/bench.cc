@@ -210,20 +210,16 @@ void step(Contender& c, const Task& task, bool timed) {
 // The row of `c` against the baselines (none under MPI) and the first schedule asked for at the same K
 // and cut (`first`, or null). Every rank calls it (the skip bytes are summed over the ranks).
 BenchRow row_of(const Contender& c, const Contender* unsplit, const Contender* one, const Contender* first,
-                const std::string& name, int M, const std::string& mode, const BenchSweep& o) {
+                const std::string& name, const BenchSweep& o) {
   const double batch = static_cast<double>(c.batch.size());
   BenchRow r;
   r.workload = name;
   r.tie_embeddings = o.tie_embeddings;
   r.transport = job().distributed ? "mpi" : "threads";
-  r.stages = c.devices;
+  r.config = c.pipe->plan().config();
+  r.chosen = !c.chosen.empty();
   r.replicas = replicas_of(c.devices);
-  r.micro_batches = M;
-  r.checkpoint = mode;
-  r.schedule = c.chosen.empty() ? c.schedule : "auto:" + c.chosen;
-  r.virtual_stages = c.pipe->plan().virtual_stages;
   r.threads_per_device = o.threads;
-  r.balance = c.pipe->balance();
   r.balance_by = c.balance_by;
   r.order = order_name(c.pipe->plan().stage_times);
   r.samples_per_s = batch / median(c.step_s);
@@ -352,8 +348,7 @@ void run_benchmark(const BenchSweep& o, const std::function<void(const BenchRow&
             if (all[m].devices == c.devices && all[m].balance_by == c.balance_by &&
                 all[m].schedule == o.schedules.front() && c.schedule != all[m].schedule)
               first = &all[m];
-          const BenchRow row = row_of(c, baselines ? &all[0] : nullptr, baselines ? &all[1] : nullptr, first, name,
-                                      M, mode, o);
+          const BenchRow row = row_of(c, baselines ? &all[0] : nullptr, baselines ? &all[1] : nullptr, first, name, o);
           if (job().prints()) on_row(row);
         }
       }

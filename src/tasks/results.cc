@@ -19,13 +19,26 @@
 
 namespace gpipe {
 
+namespace {
+
+// A pipeline's config as its JSON rows have it: its fields (fields_of), K named "stages" as in every
+// row gpipe has written.
+nlohmann::json config_json(const PipelineConfig& config) {
+  nlohmann::json out;
+  for (const auto& [name, value] : fields_of(config))
+    std::visit([&out, &name = name](const auto& v) { out[name == "devices" ? "stages" : name] = v; }, value);
+  return out;
+}
+
+}  // namespace
+
 std::string json_of(const BenchRow& r) {
   const Prediction& p = r.predicted;
-  nlohmann::json row = {
+  nlohmann::json row = config_json(r.config);  // schedule, stages (K), micro_batches, V, balance, ...
+  if (r.chosen) row["schedule"] = "auto:" + to_string(r.config.schedule);
+  row.update(nlohmann::json{
       {"workload", r.workload}, {"tie_embeddings", r.tie_embeddings}, {"transport", r.transport},
-      {"stages", r.stages}, {"replicas", r.replicas}, {"micro_batches", r.micro_batches},
-      {"checkpoint", r.checkpoint}, {"schedule", r.schedule}, {"virtual_stages", r.virtual_stages},
-      {"threads_per_device", r.threads_per_device}, {"balance", r.balance}, {"balance_by", r.balance_by},
+      {"replicas", r.replicas}, {"threads_per_device", r.threads_per_device}, {"balance_by", r.balance_by},
       {"order", r.order},
       {"samples_per_s", r.samples_per_s}, {"samples_per_s_min", r.samples_per_s_min},
       {"samples_per_s_max", r.samples_per_s_max}, {"ideal", r.ideal}, {"bubble", r.bubble},
@@ -34,7 +47,7 @@ std::string json_of(const BenchRow& r) {
       {"peak_bytes", r.peak_bytes}, {"peak_held_bytes", r.peak_held_bytes}, {"parameter_bytes", r.parameter_bytes},
       {"bytes_sent_per_step", r.bytes_sent_per_step}, {"skip_bytes_per_step", r.skip_bytes_per_step},
       {"program_actions_per_device", r.program_actions_per_device}, {"steps", r.steps}, {"warmup", r.warmup},
-      {"simulated_over_measured", r.simulated_over_measured}};
+      {"simulated_over_measured", r.simulated_over_measured}});
   auto ratio = [&row](const std::string& name, const BenchRatio& x) {
     row.update({{name, x.median}, {name + "_min", x.min}, {name + "_max", x.max}});
   };
@@ -62,19 +75,6 @@ std::string json_of(const LinkTiming& t) {
                         {"gb_per_s", t.gb_per_s()}}
       .dump();
 }
-
-namespace {
-
-// A pipeline's config as its JSON rows have it: its fields (fields_of), K named "stages" as in every
-// row gpipe has written.
-nlohmann::json config_json(const PipelineConfig& config) {
-  nlohmann::json out;
-  for (const auto& [name, value] : fields_of(config))
-    std::visit([&out, &name = name](const auto& v) { out[name == "devices" ? "stages" : name] = v; }, value);
-  return out;
-}
-
-}  // namespace
 
 std::string json_of(const PlanCandidate& c) {
   nlohmann::json out = config_json(c.config);
