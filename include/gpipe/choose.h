@@ -17,6 +17,7 @@
 //   gpipe::PipelineOptions options = gpipe::PipelineOptions().config(choice.config);
 #pragma once
 
+#include "gpipe/calibrate.h"
 #include "gpipe/cost_model.h"
 #include "gpipe/pipeline_config.h"
 #include "gpipe/plan.h"
