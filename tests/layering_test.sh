@@ -27,7 +27,7 @@ declare -A home=(
   [executor]=runtime [microbatch]=runtime [pipeline]=runtime [skip]=runtime [stage]=runtime [mpi]=runtime
   [models]=model [script_model]=model [workloads]=model
   [cost_model]=cost [planner]=cost
-  [choose]=choose
+  [calibrate]=choose [choose]=choose
   [data]=train [snapshot]=train [train]=train
   [tasks]=tasks [results]=tasks [settings]=tasks
   [gpipe]=umbrella

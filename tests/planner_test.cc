@@ -2,6 +2,7 @@
 // cluster, each predicted as predict() predicts its plan, those that fit first and fastest first.
 #include "helpers.h"
 
+#include <gpipe/calibrate.h>
 #include <gpipe/planner.h>
 
 #include <algorithm>

@@ -1,9 +1,11 @@
 // choose.h: the one place a pipeline is chosen from what a run asks (a request) and the model's
-// profile: "auto"'s search over the configurations a request leaves open, the fastest predicted
-// (choose_schedule), and the agreement of the ranks of a job on what rank 0 chose (chosen_on_first_rank),
-// which Python's GPipe takes under MPI and torchrun (gpipe train there still runs the task's own
-// schedule: nothing is profiled). What it chooses is a PipelineConfig (pipeline_config.h), with
-// its prediction and where it came from.
+// profile (calibrate.h): "auto"'s search over the configurations a request leaves open, the fastest
+// predicted (choose_schedule); a resumed run's, the pipeline its checkpoint file was trained with
+// (resumed_choice); the cut by cost (choose_cut_by_cost); and the agreement of the ranks of a job on
+// what rank 0 chose (chosen_on_first_rank), which Python's GPipe takes under MPI and torchrun (gpipe
+// train there still runs the task's own schedule: nothing is profiled). What it chooses is a
+// PipelineConfig (pipeline_config.h), with its prediction and where it came from. The task's own
+// schedule and cut are a Task's (tasks.h: resolve_run, pipeline_options_of).
 //
 //   gpipe::PipelineRequest request;               // K = 2, M and re-materialization left open
 //   request.devices = 2;
@@ -17,12 +19,15 @@
 //   gpipe::PipelineOptions options = gpipe::PipelineOptions().config(choice.config);
 #pragma once
 
+#include "gpipe/calibrate.h"
 #include "gpipe/cost_model.h"
+#include "gpipe/partition.h"
 #include "gpipe/pipeline_config.h"
 #include "gpipe/plan.h"
 #include "gpipe/planner.h"
 #include "gpipe/schedule.h"
 
+#include <torch/arg.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
@@ -139,6 +144,85 @@ std::string format_choice_measured(const ScheduleChoice& choice, int64_t steps, 
 
 /// "[3, 1, 2, 5]": a cut as auto's lines write it.
 std::string format_cut(const std::vector<int>& balance);
+
+// ---------------------------------------------------------------- the cut by cost (by_cost.cc)
+
+/// `request` with `layer_costs` filled for a cut by cost (`balance_by` "params", "time" or "memory" and
+/// no given `balance`): layer_costs_by's costs of the layers of `whole` (the whole model) on
+/// micro-batches of `rows` rows, from `profile` (its profile_layers; not read for "params"). Any other
+/// request is returned as it is. gpipe bench and gpipe.predict fill their requests here.
+PipelineRequest with_layer_costs(PipelineRequest request, const torch::nn::Sequential& whole, const CostModel& profile,
+                                 int64_t rows);
+
+/// A cut by per-layer cost: the exact min-max partition (by time, improved by the simulation), and its plan.
+struct CostBalance {
+  std::vector<int> balance;  ///< layers per stage
+  PartitionPlan plan;        ///< stage costs, bottleneck, predicted step (the schedule simulated)
+  std::string unit;          ///< "parameters", "s" or "bytes"
+  /// The stages' times its V schedule (zbv, v-half) was predicted in the order of
+  /// (PipelineOptions::stage_times); empty for another schedule.
+  std::vector<ActionTimes> stage_times;
+};
+
+/// How a model is cut by cost: by which cost, and for which pipeline. choose_cut_by_cost reads the
+/// method and the pipeline; the profile's settings (threads, optimizer_copies, whole) are
+/// balance_by's (train.h), which profiles the model.
+struct BalanceByOptions {
+  /// "params" (parameter counts), "time" (forward+backward, profile_layers with `threads` intra-op
+  /// threads; the min-max cut then improved by the simulated step of `schedule` under `checkpoint`,
+  /// refined_plan) or "memory" (activations kept, and parameters with `optimizer_copies` bytes of
+  /// gradient and optimizer state per parameter byte: layer_memory).
+  TORCH_ARG(std::string, method) = "time";
+  /// K, and V stages for each (0 for the schedule's own: 2 for interleaved, else 1).
+  TORCH_ARG(int, devices) = 1;
+  TORCH_ARG(int, virtual_stages) = 0;
+  /// The schedule and micro-batches whose step the plan predicts.
+  TORCH_ARG(ScheduleKind, schedule) = ScheduleKind::kGPipe;
+  TORCH_ARG(int, micro_batches) = 1;
+  TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::kExceptLast;
+  TORCH_ARG(int, threads) = 1;
+  TORCH_ARG(double, optimizer_copies) = 2.0;
+  /// A tuple sample's PipelineOptions::whole_inputs (a model whose input is a tuple).
+  TORCH_ARG(std::vector<int>, whole) = {};
+};
+
+/// The cut of `layers` (the whole model) into `options`' K·V contiguous stages by their cost on
+/// micro-batches of `rows` rows (BalanceByOptions::method; layer_costs_by, from `profile`, profile_layers'
+/// of one micro-batch, not read for "params"): the exact min-max cut, by time then improved by the
+/// simulated step of `options`' schedule under its checkpoint mode (refined_plan); with its plan
+/// (cost_balance_of). Throws std::invalid_argument for an unknown method, or a pipeline make_plan refuses.
+CostBalance choose_cut_by_cost(const torch::nn::Sequential& layers, const CostModel& profile, int64_t rows,
+                               const BalanceByOptions& options);
+
+/// The cut of `config` weighed by the per-layer `costs` of `method` (layer_costs_by): its plan
+/// (plan_partition, `config`'s schedule simulated over its K, M and V, in the order of its stage
+/// times), the costs' unit (cost_unit) and that order. Throws std::invalid_argument as
+/// plan_partition and cost_unit do.
+CostBalance cost_balance_of(const std::vector<double>& costs, const PipelineConfig& config, const std::string& method);
+
+// ---------------------------------------------------------------- a resumed run (resumed.cc)
+
+/// A run resumed from a checkpoint file that says how the pipeline that saved it ran (snapshot.h's
+/// SavedPipeline), and what this run is.
+struct ResumedRun {
+  std::string file;         ///< the checkpoint file, as the choice and its reasons name it
+  PipelineConfig saved;     ///< the pipeline it was trained with
+  int64_t saved_batch = 1;  ///< its rows per step
+  int64_t batch = 1;        ///< this run's rows per step
+  /// The rows per step asked for: more than `batch` where the training set holds fewer.
+  int64_t batch_size = 1;
+  int layers = 0;  ///< the model's layers
+};
+
+/// "auto" on a resumed run: the pipeline `run`'s file was trained with, where `request` is the run that
+/// saved it (the same K, given, and batch; M, V and the cut not asked otherwise, `balance_by` none or
+/// "time", which is auto's own cut; the file's cut of the model's layers), so that the run repeats the
+/// unbroken one bit for bit: its config (the order it ran in: a tied weight's gradients are summed in
+/// it) with `request`'s checkpoint mode, which changes no result; taken_from the file. Else nothing (the
+/// choice is predicted again), and `not_as_saved` says every difference ("m.pt was trained otherwise:
+/// `devices` 2 differs from its 4; `batch_size` 64 differs from its 128").
+std::optional<ScheduleChoice> resumed_choice(const PipelineRequest& request, const ResumedRun& run,
+                                             std::string& not_as_saved);
 
 /// What `choose` returns on rank 0 of a job of several processes (MPI, c10d), on every rank: rank 0
 /// alone calls it (a profile is made once, on a machine the other ranks leave to it) and every rank

@@ -122,7 +122,7 @@ struct CostModel {
   double link_latency_s = 0;
   double link_bytes_per_s = 0;
   /// What the pipeline itself adds to the layers' profiled times (0: nothing; profile_model measures
-  /// it, planner.h's pipeline_overhead): seconds each F, B, I and W takes beyond its layers (the
+  /// it, calibrate.h's pipeline_overhead): seconds each F, B, I and W takes beyond its layers (the
   /// executor taking it from the program, a device waking for it), and seconds per step (the batch
   /// split and the step started and ended on every device).
   double action_overhead_s = 0;

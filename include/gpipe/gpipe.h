@@ -3,6 +3,7 @@
 
 #include "gpipe/backend.h"
 #include "gpipe/blas.h"
+#include "gpipe/calibrate.h"
 #include "gpipe/check.h"
 #include "gpipe/choose.h"
 #include "gpipe/command_line.h"

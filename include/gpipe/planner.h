@@ -3,7 +3,7 @@
 // predicted by the cost model (cost_model.h) and the schedule simulator, before anything runs;
 // fastest first.
 //
-//   PlannedModel model = plan_model_of(sequential, micro-batch, PlanProfileOptions())   // profiled here
+//   PlannedModel model = plan_model_of(sequential, micro-batch, PlanProfileOptions())   // profiled here (calibrate.h)
 //                     or plan_model_of(transformer_shape, DeviceSpec{1e14})            // from FLOPs
 //                     or plan_model_of(find_task("gpt"), TaskOptions())                // tasks.h
 //   model.costs.link_latency_s = ...; model.costs.link_bytes_per_s = ...;   // the cluster's links
@@ -152,7 +152,8 @@ struct PlannedModel {
 /// random samples of a given shape).
 constexpr int64_t kPlanProfileRows = 8;
 
-/// How plan_model_of profiles a model on this machine.
+/// How a model is profiled on this machine (profile_model_alone; profile_model and plan_model_of
+/// of a Sequential, calibrate.h).
 struct PlanProfileOptions {
   /// "sgd", "momentum" or "adam": the state kept per parameter (state_per_parameter_byte_of).
   TORCH_ARG(std::string, optimizer) = "adam";
@@ -172,35 +173,11 @@ struct PlanProfileOptions {
   TORCH_ARG(int, in_flight) = 1;
   /// Run before each of the profile's repetitions (profile_layers' `between`); empty: nothing.
   TORCH_ARG(std::function<void()>, between) = nullptr;
-  /// Whether the pipeline's own overhead on this machine (pipeline_overhead at `threads`) goes into
-  /// the costs (CostModel::action_overhead_s, step_overhead_s).
+  /// Whether the pipeline's own overhead on this machine goes into the costs
+  /// (CostModel::action_overhead_s, step_overhead_s): profile_model (calibrate.h) measures it
+  /// (pipeline_overhead at `threads`) by running a pipeline; profile_model_alone never counts it.
   TORCH_ARG(bool, count_pipeline_overhead) = true;
 };
-
-/// What gpipe's pipeline of threads adds on this machine to the time its layers take alone:
-/// CostModel::action_overhead_s and step_overhead_s.
-struct PipelineOverhead {
-  double action_s = 0;  ///< per F, B, I or W
-  double step_s = 0;    ///< per step
-};
-
-/// The pipeline's own overhead with `threads` intra-op threads per device, measured the first time
-/// it is asked in this process (a few tenths of a second) and remembered: a pipeline of 16 small
-/// layers (8 x [Linear(64, 64), ReLU], 256 rows) on 2 devices, fill-drain at M = 1, 4 and 16; the
-/// median of its timed steps less the step predicted from its profiled layers, fitted by least
-/// squares to a time per step plus a time per action on the predicted critical path, neither below
-/// 0; with gradients on whatever the caller's mode, and at most half the machine's cores per device. The
-/// default random generator is left as it was. Throws std::invalid_argument for fewer than 1 thread.
-PipelineOverhead pipeline_overhead(int threads = 1);
-
-/// The fit pipeline_overhead makes: `residuals` holds, per probe, the measured step less the predicted
-/// one and the actions on the predicted critical path; the least-squares time per step plus time per
-/// action, neither below 0 (one at 0, the other fitted alone; a residual that is not finite counts
-/// as 0).
-PipelineOverhead fit_pipeline_overhead(const std::vector<std::pair<double, double>>& residuals);
-
-/// `costs` with pipeline_overhead(threads) as its action_overhead_s and step_overhead_s.
-CostModel with_pipeline_overhead(CostModel costs, int threads);
 
 /// Bytes of gradient and optimizer state per parameter byte of `optimizer` ("sgd" 1, "momentum" 2,
 /// "adam" 3: CostModel::state_per_parameter_byte). Throws std::invalid_argument naming `optimizer`
@@ -214,17 +191,21 @@ int64_t least_micro_batch_rows(const torch::nn::Sequential& model, const Tensors
 
 /// profile_layers of `model` on `sample` (one micro-batch) in training mode, with `options`' threads,
 /// warmup, repetitions, loss and target, and its optimizer's state per parameter byte; every time
-/// divided by `options.speed`. Profiling leaves the model as it was: its parameters and their
-/// gradients, its buffers (BatchNorm's running statistics and num_batches_tracked), each layer's
-/// training mode, and the random numbers. Throws std::invalid_argument for an unknown `optimizer`, a
-/// speed that is not a positive finite number, or what profile_layers refuses.
-CostModel profile_model(const torch::nn::Sequential& model, const Tensors& sample,
-                        const PlanProfileOptions& options = PlanProfileOptions());
+/// divided by `options.speed`. The layers' times alone: the pipeline's own overhead, which only a
+/// running pipeline shows, is left at 0 (profile_model, calibrate.h, measures and adds it).
+/// Profiling leaves the model as it was: its parameters and their gradients, its buffers
+/// (BatchNorm's running statistics and num_batches_tracked), each layer's training mode, and the
+/// random numbers. Throws std::invalid_argument for an unknown `optimizer`, a speed that is not a
+/// positive finite number, or what profile_layers refuses.
+CostModel profile_model_alone(const torch::nn::Sequential& model, const Tensors& sample,
+                              const PlanProfileOptions& options = PlanProfileOptions());
 
-/// `model` as profile_model profiles it, cut by the min-max of its layers' times, with its least
-/// rows per micro-batch (least_micro_batch_rows); left as it was. Throws as profile_model does.
-PlannedModel plan_model_of(const torch::nn::Sequential& model, const Tensors& sample,
-                           const PlanProfileOptions& options = PlanProfileOptions());
+/// `model`, whose profile on `sample` is `costs` (profile_model's, calibrate.h: with the pipeline's
+/// own overhead where `options` count it), as the planner takes it: cut by the min-max of its
+/// layers' times, with its least rows per micro-batch (least_micro_batch_rows), its parameters and
+/// a line that describes it. The model is left as it was.
+PlannedModel plan_model_from(const CostModel& costs, const torch::nn::Sequential& model, const Tensors& sample,
+                             const PlanProfileOptions& options);
 
 /// Most blocks plan_model_of takes of a Transformer: what keeps an answer within seconds.
 constexpr int64_t kMostPlannedBlocks = 1000000;

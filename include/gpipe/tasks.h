@@ -191,13 +191,6 @@ PipelineRequest resolve_run(const Task& task, PipelineRequest request);
 /// costs are not given.
 CutRequest cut_of(const Task& task, const PipelineRequest& request);
 
-/// `request` with `layer_costs` filled for a cut by cost (`balance_by` "params", "time" or "memory" and
-/// no given `balance`): layer_costs_by's costs of the layers of `whole` (the whole model) on
-/// micro-batches of `rows` rows, from `profile` (its profile_layers; not read for "params"). Any other
-/// request is returned as it is. gpipe bench and gpipe.predict fill their requests here.
-PipelineRequest with_layer_costs(PipelineRequest request, const torch::nn::Sequential& whole, const CostModel& profile,
-                            int64_t rows);
-
 /// The one place a run's pipeline is chosen: `task` (Task() for a model of no task: fill-drain and the
 /// even cut) on K devices with M micro-batches, the schedule and the cut of `request` (resolve_run,
 /// cut_of), as the PipelineOptions that make_plan, make_pipeline and a Trainer take. The rest

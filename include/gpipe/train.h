@@ -14,6 +14,7 @@
 // it, in the same order, with the same data.
 #pragma once
 
+#include "gpipe/choose.h"
 #include "gpipe/data.h"
 #include "gpipe/partition.h"
 #include "gpipe/pipeline.h"
@@ -253,39 +254,12 @@ struct RunFigures {
 /// "  partition ...", each ending in a newline.
 std::string format_run_figures(const RunFigures& figures);
 
-/// A cut by per-layer cost: the exact min-max partition (by time, improved by the simulation), and its plan.
-struct CostBalance {
-  std::vector<int> balance;  ///< layers per stage
-  PartitionPlan plan;        ///< stage costs, bottleneck, predicted step (the schedule simulated)
-  std::string unit;          ///< "parameters", "s" or "bytes"
-  /// The stages' times its V schedule (zbv, v-half) was predicted in the order of
-  /// (PipelineOptions::stage_times); empty for another schedule.
-  std::vector<ActionTimes> stage_times;
-};
-
-/// How balance_by cuts a model: by which cost, and for which pipeline.
-struct BalanceByOptions {
-  /// "params" (parameter counts), "time" (forward+backward, profile_layers with `threads` intra-op
-  /// threads; the min-max cut then improved by the simulated step of `schedule` under `checkpoint`,
-  /// refined_plan) or "memory" (activations kept, and parameters with `optimizer_copies` bytes of
-  /// gradient and optimizer state per parameter byte: layer_memory).
-  TORCH_ARG(std::string, method) = "time";
-  /// K, and V stages for each (0 for the schedule's own: 2 for interleaved, else 1).
-  TORCH_ARG(int, devices) = 1;
-  TORCH_ARG(int, virtual_stages) = 0;
-  /// The schedule and micro-batches whose step the plan predicts.
-  TORCH_ARG(ScheduleKind, schedule) = ScheduleKind::kGPipe;
-  TORCH_ARG(int, micro_batches) = 1;
-  TORCH_ARG(Checkpoint, checkpoint) = Checkpoint::kExceptLast;
-  TORCH_ARG(int, threads) = 1;
-  TORCH_ARG(double, optimizer_copies) = 2.0;
-  /// A tuple sample's PipelineOptions::whole_inputs (a model whose input is a tuple).
-  TORCH_ARG(std::vector<int>, whole) = {};
-};
-
 /// Cuts `model` into contiguous stages, `options`' V for each of its devices, by per-layer cost on
-/// one micro-batch `sample` (BalanceByOptions::method). The plan predicts the step of the schedule
-/// over the micro-batches. The run's random numbers are left as they were.
+/// one micro-batch `sample` (BalanceByOptions::method): its layers profiled here (profile_layers,
+/// with `options`' threads, optimizer_copies and whole; not for "params"), then the cut
+/// choose_cut_by_cost (choose.h) chooses from that profile. The plan predicts the step of the schedule
+/// over the micro-batches. The run's random numbers, and the gradients of the model's parameters, are
+/// left as they were.
 CostBalance balance_by(const Model& model, const Tensors& sample, const BalanceByOptions& options);
 
 /// Writes the snapshot of a whole run to `path` in one file: every process's part (its layers and

@@ -1,5 +1,6 @@
 // planned_model.cc: a model as the planner takes it (PlannedModel): profiled here from a Sequential
-// and a sample, left as it was, or derived from a Transformer's shape; and the search over it.
+// and a sample (its layers alone; calibrate.h adds the pipeline's own overhead), left as it was, or
+// derived from a Transformer's shape; and the search over it.
 #include "gpipe/planner.h"
 
 #include "gpipe/check.h"
@@ -82,7 +83,8 @@ int64_t least_micro_batch_rows(const torch::nn::Sequential& model, const Tensors
   return least_rows_unguarded(model, sample);
 }
 
-CostModel profile_model(const torch::nn::Sequential& model, const Tensors& sample, const PlanProfileOptions& options) {
+CostModel profile_model_alone(const torch::nn::Sequential& model, const Tensors& sample,
+                              const PlanProfileOptions& options) {
   GPIPE_CHECK(options.speed() > 0 && std::isfinite(options.speed()),
               "`speed` must be a positive number, the device's speed relative to this machine's core (got ",
               options.speed(), ")");
@@ -103,13 +105,13 @@ CostModel profile_model(const torch::nn::Sequential& model, const Tensors& sampl
                                .in_flight(options.in_flight())
                                .between(options.between()));
   }
-  if (options.count_pipeline_overhead()) costs = with_pipeline_overhead(std::move(costs), options.threads());
   return with_compute_scaled(std::move(costs), 1.0 / options.speed());
 }
 
-PlannedModel plan_model_of(const torch::nn::Sequential& model, const Tensors& sample, const PlanProfileOptions& options) {
+PlannedModel plan_model_from(const CostModel& costs, const torch::nn::Sequential& model, const Tensors& sample,
+                             const PlanProfileOptions& options) {
   PlannedModel m;
-  m.costs = profile_model(model, sample, options);
+  m.costs = costs;
   m.least_micro_batch_rows = least_micro_batch_rows(model, sample);
   for (const auto& p : model->parameters()) m.parameters += p.numel();
   std::ostringstream d;

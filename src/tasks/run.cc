@@ -1,10 +1,10 @@
-// run.cc: a run of a task: the one place its pipeline is chosen (the schedule, V and the cut a
-// front end's flags ask for, the task's own, or "auto"'s, predicted fastest), its score as it is
-// printed, and its summary; a
-// training run as a front end asks for it (TrainSettings): the settings checked and completed with
-// the task's own before any work, the model, the data and the cut made ready (TrainingRun), and the
-// options a Trainer runs them with. Errors name the settings in backquotes, as gpipe train's
-// in_flags shows them as flags.
+// run.cc: a run of a task: its pipeline (the schedule, V and the cut a front end's flags name, or
+// the task's own, which only a Task knows; "auto"'s prediction, a resumed run's saved pipeline and
+// the cut by cost are chosen in choose/, called from here), its score as it is printed, and its
+// summary; a training run as a front end asks for it (TrainSettings): the settings checked and
+// completed with the task's own before any work, the model, the data and the cut made ready
+// (TrainingRun), and the options a Trainer runs them with. Errors name the settings in backquotes,
+// as gpipe train's in_flags shows them as flags.
 #include "gpipe/tasks.h"
 
 #include "gpipe/settings.h"
@@ -29,7 +29,6 @@
 #include <filesystem>
 #include <iomanip>
 #include <map>
-#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -76,13 +75,6 @@ CutRequest cut_of(const Task& task, const PipelineRequest& r) {
   GPIPE_CHECK(!r.layer_costs.empty(), "the cut by ", r.balance_by, " needs one cost per layer (layer_costs_by, "
               "PipelineRequest::layer_costs); profile the model first, or ask for the even cut");
   return CutRequest::by_cost(r.layer_costs);
-}
-
-PipelineRequest with_layer_costs(PipelineRequest r, const torch::nn::Sequential& whole, const CostModel& profile,
-                                 int64_t rows) {
-  if (!r.balance.empty() || r.balance_by.empty() || r.balance_by == "even") return r;
-  r.layer_costs = layer_costs_by(r.balance_by, whole, profile, rows);
-  return r;
 }
 
 PipelineOptions pipeline_options_of(const Task& task, const PipelineRequest& request) {
@@ -363,51 +355,18 @@ void check_same_inputs(const TrainSettings& s, const TrainingRun& c) {
   check_same_bytes(inputs);
 }
 
-// `schedule` auto on `resume`: the pipeline the checkpoint file was trained with, where the run is
-// the one it was saved by (the same K and batch; M, V and the cut not given otherwise; a cut of this
-// model's layers), so the run repeats the unbroken one; else nothing (the choice is predicted again)
-// and `why_not` says what differs ("m.pt was trained otherwise: ...").
+// `schedule` auto on `resume`: the pipeline the checkpoint file was trained with where the run is the
+// one it was saved by (resumed_choice); else nothing, and `why_not` says what differs.
 std::optional<ScheduleChoice> saved_choice(const TrainSettings& s, const TrainingRun& c,
                                            const std::optional<SavedPipeline>& saved, std::string& why_not) {
   if (!saved) return std::nullopt;
-  const int64_t batch = std::min(s.batch_size, c.data.train.size());
-  const int layers = std::accumulate(saved->config.balance.begin(), saved->config.balance.end(), 0);
-  std::vector<std::string> differs;  // every setting the file's pipeline does not meet
-  auto say = [&differs](const auto&... parts) {
-    std::ostringstream out;
-    (out << ... << parts);
-    differs.push_back(out.str());
-  };
-  if (saved->config.devices != s.devices) say("`devices` ", s.devices, " differs from its ", saved->config.devices);
-  // (By time is auto's own cut, which the file's is.)
-  if (!s.balance_by.empty() && s.balance_by != "time") say("`balance_by` ", s.balance_by, " asks for a new cut");
-  if (!s.balance.empty() && s.balance != saved->config.balance)
-    say("`balance` ", format_cut(s.balance), " differs from its ", format_cut(saved->config.balance));
-  if (s.was_given("micro_batches") && s.micro_batches != saved->config.micro_batches)
-    say("`micro_batches` ", s.micro_batches, " differs from its ", saved->config.micro_batches);
-  if (s.virtual_stages != 0 && s.virtual_stages != saved->config.virtual_stages)
-    say("`virtual_stages` ", s.virtual_stages, " differs from its ", saved->config.virtual_stages);
-  if (saved->batch != batch) {
-    if (batch == s.batch_size)
-      say("`batch_size` ", batch, " differs from its ", saved->batch);
-    else  // the training set is smaller than the batch asked for
-      say("the batch of ", batch, " rows (every training sample) differs from its ", saved->batch);
-  }
-  if (layers != c.task.layers)
-    say("its cut ", format_cut(saved->config.balance), " holds ", layers, " layers, the model ", c.task.layers);
-  if (!differs.empty()) {
-    why_not = s.resume + " was trained otherwise: ";
-    for (size_t n = 0; n < differs.size(); ++n) why_not += (n ? "; " : "") + differs[n];
-    return std::nullopt;
-  }
-  ScheduleChoice choice;
-  // The order it ran in (a tied weight's gradients are summed in it), and the run's own
-  // re-materialization, which changes no result.
-  choice.config = saved->config;
-  choice.config.checkpoint = parse_checkpoint(s.checkpoint);
-  choice.chose_micro_batches = !s.was_given("micro_batches");
-  choice.taken_from = s.resume;
-  return choice;
+  PipelineRequest request = run_request(s);
+  request.devices = s.devices;  // compared even where `balance` gives K
+  request.checkpoint = parse_checkpoint(s.checkpoint);
+  // The file, its pipeline and batch; this run's batch, the one asked for, and the model's layers.
+  const ResumedRun run{s.resume, saved->config, saved->batch, std::min(s.batch_size, c.data.train.size()),
+                       s.batch_size, c.task.layers};
+  return resumed_choice(request, run, why_not);
 }
 
 void take_choice(TrainSettings& s, TrainingRun& c, const ScheduleChoice& choice) {
@@ -491,13 +450,7 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c, std::optional<std::s
                            std::max(1, machine_cores() / s.threads_per_device));
   });
   take_choice(s, c, choice);
-  const PipelineConfig& chosen = choice.config;
-  if (!s.balance_by.empty())
-    c.cost = CostBalance{chosen.balance,
-                         plan_partition(costs, chosen.balance,
-                                        make_schedule(chosen.schedule, chosen.devices, chosen.micro_batches,
-                                                      chosen.virtual_stages, chosen.stage_times)),
-                         cost_unit(s.balance_by), chosen.stage_times};
+  if (!s.balance_by.empty()) c.cost = cost_balance_of(costs, choice.config, s.balance_by);
 }
 
 }  // namespace

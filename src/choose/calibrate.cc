@@ -1,6 +1,8 @@
-// overhead.cc: what gpipe's own pipeline adds to the times its layers take alone, measured on a
-// pipeline of small layers whose steps are timed against the prediction from their profile.
-#include "gpipe/planner.h"
+// calibrate.cc: what gpipe's own pipeline adds to the times its layers take alone, measured on a
+// pipeline of small layers whose steps are timed against the prediction from their profile; and a
+// model's profile with it. Here, where a pipeline is chosen, rather than in cost/, which predicts from
+// profiles and runs no pipeline.
+#include "gpipe/calibrate.h"
 
 #include "gpipe/check.h"
 #include "gpipe/device.h"
@@ -149,6 +151,16 @@ CostModel with_pipeline_overhead(CostModel costs, int threads) {
   costs.action_overhead_s = own.action_s;
   costs.step_overhead_s = own.step_s;
   return costs;
+}
+
+CostModel profile_model(const torch::nn::Sequential& model, const Tensors& sample, const PlanProfileOptions& options) {
+  CostModel costs = profile_model_alone(model, sample, options);
+  // Not scaled by `speed`: the overhead is this machine's threads', whatever device is planned.
+  return options.count_pipeline_overhead() ? with_pipeline_overhead(std::move(costs), options.threads()) : costs;
+}
+
+PlannedModel plan_model_of(const torch::nn::Sequential& model, const Tensors& sample, const PlanProfileOptions& options) {
+  return plan_model_from(profile_model(model, sample, options), model, sample, options);
 }
 
 }  // namespace gpipe
