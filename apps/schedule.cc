@@ -48,7 +48,7 @@ int run(ScheduleOptions o) {
   request.micro_batches = o.micro_batches;
   request.schedule = o.schedule;
   if (o.virtual_stages != 0) request.virtual_stages = o.virtual_stages;
-  request = resolve_run(Task(), request);
+  request = resolve_run(OwnPipeline(), request);
   o.virtual_stages = request.virtual_stages.value_or(0);
   or_usage_error("--virtual-stages " + std::to_string(o.virtual_stages),
                  [&] { check_virtual_stages(parse_schedule(o.schedule), o.virtual_stages); });
@@ -66,7 +66,7 @@ int run(ScheduleOptions o) {
                 "Fill-drain's bubble at this size is (K-1)/(M+K-1) = " + bubble_text(ideal_bubble(o.stages, o.micro_batches)));
   // The plan of a model of one layer per stage: make_plan resolves and checks K, V and M, and lowers
   // and validates the program, as for any pipeline.
-  const PipelinePlan plan = make_plan(o.stages * o.virtual_stages, pipeline_options_of(Task(), request)
+  const PipelinePlan plan = make_plan(o.stages * o.virtual_stages, pipeline_options_of(OwnPipeline(), request)
                                                                         .checkpoint(parse_checkpoint(o.checkpoint)));
   const Schedule& program = plan.training;
   const SimulatedRun run = simulate(program);

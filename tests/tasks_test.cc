@@ -88,17 +88,17 @@ TEST(TasksTest, OwnCutsAndSchedules) {
 TEST(TasksTest, PipelineOptionsOfAPipelineRequest) {
   const Task& cnn = find_task("cnn");
   auto balance = [](const Task& task, const PipelineRequest& r) {
-    return make_plan(task.layers, pipeline_options_of(task, r)).balance;
+    return make_plan(task.layers, pipeline_options_of(task.own(), r)).balance;
   };
-  PipelineOptions own = pipeline_options_of(cnn, {2, 4});
+  PipelineOptions own = pipeline_options_of(cnn.own(), {2, 4});
   EXPECT_EQ(own.schedule(), ScheduleKind::kInterleaved);
   EXPECT_EQ(own.virtual_stages(), 2);
   EXPECT_EQ(balance(cnn, {2, 4}), (std::vector<int>{3, 1, 2, 5}));
-  EXPECT_EQ(pipeline_options_of(cnn, {2, 3}).schedule(), ScheduleKind::kGPipe);  // M odd: fill-drain
+  EXPECT_EQ(pipeline_options_of(cnn.own(), {2, 3}).schedule(), ScheduleKind::kGPipe);  // M odd: fill-drain
   EXPECT_EQ(balance(cnn, {2, 3}), (std::vector<int>{3, 8}));
   PipelineRequest given{std::nullopt, 4};  // K: the balance's length
   given.balance = {5, 6};
-  EXPECT_EQ(pipeline_options_of(cnn, given).schedule(), ScheduleKind::kGPipe);
+  EXPECT_EQ(pipeline_options_of(cnn.own(), given).schedule(), ScheduleKind::kGPipe);
   EXPECT_EQ(balance(cnn, given), (std::vector<int>{5, 6}));
   PipelineRequest even{2, 4, "gpipe"};
   even.balance_by = "even";
@@ -106,17 +106,17 @@ TEST(TasksTest, PipelineOptionsOfAPipelineRequest) {
   EXPECT_EQ(balance(find_task("transformer"), even), (std::vector<int>{5, 5}));  // its blocks evenly
   PipelineRequest by_time = even;
   by_time.balance_by = "time";
-  EXPECT_THROW(pipeline_options_of(cnn, by_time), std::invalid_argument);  // no costs given
+  EXPECT_THROW(pipeline_options_of(cnn.own(), by_time), std::invalid_argument);  // no costs given
   by_time.layer_costs.assign(11, 1.0);
   by_time.layer_costs[0] = 10;
   EXPECT_EQ(balance(cnn, by_time), (std::vector<int>{1, 10}));
-  EXPECT_EQ(resolve_run(find_task("resnet"), {2, 4}).balance_by, "time");
-  EXPECT_EQ(resolve_run(find_task("resnet"), {1, 4}).balance_by, "");
-  EXPECT_EQ(resolve_run(cnn, {2, 4}).balance_by, "");
-  const PipelineRequest interleaved = resolve_run(Task(), {2, 4, "auto", 3});  // no task: V above 1 interleaves
+  EXPECT_EQ(resolve_run(find_task("resnet").own(), {2, 4}).balance_by, "time");
+  EXPECT_EQ(resolve_run(find_task("resnet").own(), {1, 4}).balance_by, "");
+  EXPECT_EQ(resolve_run(cnn.own(), {2, 4}).balance_by, "");
+  const PipelineRequest interleaved = resolve_run(OwnPipeline(), {2, 4, "auto", 3});  // no task: V above 1 interleaves
   EXPECT_EQ(interleaved.schedule, "interleaved");
   EXPECT_EQ(interleaved.virtual_stages, 3);
-  EXPECT_EQ(resolve_run(Task(), {2, 4, "zbv"}).virtual_stages, 2);
+  EXPECT_EQ(resolve_run(OwnPipeline(), {2, 4, "zbv"}).virtual_stages, 2);
 }
 
 // "auto" chooses by prediction: the first of search_plans at the run's K, batch and checkpoint mode,
@@ -184,14 +184,14 @@ TEST(TasksTest, AutoIsTheFastestPredictedConfigurationOfWhatIsLeftOpen) {
       << format_choice(tight);
   // The choice as a run takes it, and in words.
   const PipelineRequest chosen = with_choice(open, choice);
-  const PipelineOptions options = pipeline_options_of(find_task("tiny"), chosen);
+  const PipelineOptions options = pipeline_options_of(find_task("tiny").own(), chosen);
   EXPECT_EQ(options.schedule(), choice.config.schedule);
   EXPECT_EQ(options.micro_batches(), choice.config.micro_batches);
   EXPECT_EQ(make_plan(model.costs.layer_count(), options).balance, choice.config.balance);
   EXPECT_EQ(format_choice(choice).rfind("schedule auto: " + to_string(choice.config.schedule), 0), 0u) << format_choice(choice);
   // Where nothing profiles the model, "auto" is the task's own.
-  EXPECT_EQ(pipeline_options_of(find_task("cnn"), {2, 4, "auto"}).schedule(), ScheduleKind::kInterleaved);
-  EXPECT_EQ(resolve_run(find_task("cnn"), {2, 4, "task"}).schedule, "interleaved");
+  EXPECT_EQ(pipeline_options_of(find_task("cnn").own(), {2, 4, "auto"}).schedule(), ScheduleKind::kInterleaved);
+  EXPECT_EQ(resolve_run(find_task("cnn").own(), {2, 4, "task"}).schedule, "interleaved");
 }
 
 // "auto" predicts each M from the layers' costs at that M's rows, each size asked for once: a kernel on
@@ -506,7 +506,7 @@ TEST(TasksTest, ARequestByCostTakesTheLayersCosts) {
   request.balance_by = "params";
   const PipelineRequest filled = with_layer_costs(request, model, CostModel{}, 4);
   EXPECT_EQ(filled.layer_costs, parameter_costs(model));
-  EXPECT_EQ(pipeline_options_of(task, filled).cut().kind, CutKind::kByCost);
+  EXPECT_EQ(pipeline_options_of(task.own(), filled).cut().kind, CutKind::kByCost);
   request.balance_by = "even";
   EXPECT_TRUE(with_layer_costs(request, model, CostModel{}, 4).layer_costs.empty());
   request.balance_by = "params";

@@ -69,6 +69,36 @@ struct PipelineRequest {
   Precision precision = Precision::kFloat32;  ///< of each stage's forward: kept as asked, never chosen
 };
 
+/// What a task runs where a front end names no schedule or cut (schedule "task", and "auto" left
+/// unresolved): its schedule and V for K devices and M micro-batches, its cut, and whether a model
+/// whose layers differ in time by 10x is cut by measured time. A task's is Task::own(); OwnPipeline()
+/// is a model of no task's: fill-drain on the even cut.
+struct OwnPipeline {
+  /// The schedule and V (0: the schedule's own) on K `devices` with M micro-batches; unset: fill-drain.
+  std::function<std::pair<ScheduleKind, int>(int devices, int micro_batches)> schedule;
+  /// The cut on K `devices` of V stages each under `schedule`: a tuned cut, its blocks evenly, or the
+  /// even cut. Unset: the even cut.
+  std::function<CutRequest(int devices, ScheduleKind schedule, int virtual_stages)> cut;
+  bool cut_by_time = false;
+};
+
+/// `request` with what it leaves to `own` decided: the schedule of "task" (and of "auto" left
+/// unresolved), the V of 0, and the cut by "time" of a model cut by time (OwnPipeline::cut_by_time)
+/// when no cut is asked for, K is above 1, V is 1 and this is not an MPI job (each rank would
+/// profile alone). Throws std::invalid_argument for an unknown schedule.
+PipelineRequest resolve_run(const OwnPipeline& own, PipelineRequest request);
+
+/// The cut `request` asks for: given, the own pipeline's (OwnPipeline::cut, else even), even (a
+/// workload's blocks evenly, else the layers) or by cost. Throws std::invalid_argument for a cost
+/// method whose costs are not given.
+CutRequest cut_of(const OwnPipeline& own, const PipelineRequest& request);
+
+/// The one place a run's pipeline is made of a request: on K devices with M micro-batches, the
+/// schedule and the cut of `request` (resolve_run, cut_of) and its precision, as the PipelineOptions
+/// that make_plan, make_pipeline and a Trainer take. The rest (checkpoint, threads, BatchNorm, ties)
+/// keeps PipelineOptions' defaults, for the caller to set.
+PipelineOptions pipeline_options_of(const OwnPipeline& own, const PipelineRequest& request);
+
 /// What "auto" chose: of the configurations a run leaves open, the one predicted fastest (search_plans)
 /// among those that fit.
 struct ScheduleChoice {

@@ -140,6 +140,9 @@ struct Task {
 
   /// The options a Trainer runs this task with: its defaults, its loss and metric.
   TrainerOptions trainer_options() const;
+  /// Its own pipeline, where none is asked for (choose.h): its schedule, its cut, and whether it is
+  /// cut by measured time.
+  OwnPipeline own() const { return {schedule, cut, defaults.cut_by_time}; }
 };
 
 /// The names find_task knows: the training tasks (cnn, resnet, unet, gpt) and, with
@@ -179,23 +182,8 @@ PlannedModel plan_model_of(const std::string& model_file, const std::vector<int6
 // ---------------------------------------------------------------- a run of a task (run.cc)
 
 
-/// `request` with what it leaves to the task decided: the schedule of "task" (and of "auto" left
-/// unresolved), the V of 0, and the cut
-/// by "time" of a task whose layers differ in time by 10x (TaskDefaults::cut_by_time) when no cut is
-/// asked for, K is above 1, V is 1 and this is not an MPI job (each rank would profile alone).
-/// Throws std::invalid_argument for an unknown schedule.
-PipelineRequest resolve_run(const Task& task, PipelineRequest request);
-
-/// The cut `request` asks of `task`: given, the task's own (Task::cut, else even), even (a workload's
-/// blocks evenly, else the layers) or by cost. Throws std::invalid_argument for a cost method whose
-/// costs are not given.
-CutRequest cut_of(const Task& task, const PipelineRequest& request);
-
-/// The one place a run's pipeline is chosen: `task` (Task() for a model of no task: fill-drain and the
-/// even cut) on K devices with M micro-batches, the schedule and the cut of `request` (resolve_run,
-/// cut_of), as the PipelineOptions that make_plan, make_pipeline and a Trainer take. The rest
-/// (checkpoint, threads, BatchNorm, ties) keeps PipelineOptions' defaults, for the caller to set.
-PipelineOptions pipeline_options_of(const Task& task, const PipelineRequest& request);
+/// A run's pipeline is made of its request and the task's own (Task::own) in choose/ (choose.h:
+/// resolve_run, cut_of, pipeline_options_of).
 
 /// What a finished training run reports (gpipe train prints it as text or JSON), from its trainer.
 struct RunSummary {
@@ -259,7 +247,7 @@ struct TrainSettings {
   std::string balance_by;
   int micro_batches = 4;  ///< not `given`: with `schedule` auto, M is chosen too
   std::string checkpoint = "never", batch_norm = "deferred";
-  std::string precision = "fp32";  ///< of each stage's forward: fp32, bf16 or fp16 (PipelineOptions::precision)
+  std::string precision = "fp32";  ///< of each stage's forward: fp32 or bf16 (PipelineOptions::precision)
   std::string augment = "auto";   ///< "auto": the task's own (flip for resnet), none otherwise
   /// "auto": chosen by prediction (prepare_training), or on `resume` the pipeline the file was
   /// trained with; the task's own under MPI and torchrun. "task": the task's own (resolve_run).

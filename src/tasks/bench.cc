@@ -50,7 +50,7 @@ int virtual_stages(const std::string& schedule, const BenchSweep& o) {
   PipelineRequest r;
   r.schedule = schedule;
   if (takes) r.virtual_stages = o.virtual_stages;
-  return resolve_run(Task(), r).virtual_stages.value_or(0);
+  return resolve_run(OwnPipeline(), r).virtual_stages.value_or(0);
 }
 
 // One configuration's request: an explicit cut (for K above 1), a workload's blocks evenly ("even",
@@ -141,7 +141,7 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
   // The order of a V schedule: by the profiled times, where at hand (PipelineRequest::stage_times).
   if (request.balance_by == "time" && c.schedule != "auto") {  // the min-max cut improved by the simulation
     const PipelinePlan refined =
-        refined_plan(costs, pipeline_options_of(task, request).checkpoint(mode), micro_batch_sizes(share, M));
+        refined_plan(costs, pipeline_options_of(task.own(), request).checkpoint(mode), micro_batch_sizes(share, M));
     request.balance = refined.balance;
     request.stage_times = refined.stage_times;
   }
@@ -152,7 +152,7 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
     c.chosen = to_string(choice.config.schedule);
     c.virtual_stages = choice.config.virtual_stages;
   }
-  PipelineOptions options = pipeline_options_of(task, request)
+  PipelineOptions options = pipeline_options_of(task.own(), request)
                                 .checkpoint(mode)
                                 .threads_per_device(o.threads)
                                 .tied_parameters(model.tied)
@@ -315,13 +315,13 @@ void check_bench(const BenchSweep& o) {
         const int V = virtual_stages(schedule, o);
         said_about("`devices` " + std::to_string(K), [&] { replicas_of(K); });  // whole pipelines of ranks
         const bool given = !o.balance.empty() && K > 1;
-        GPIPE_CHECK(given || !task.workload || schedule == "auto" || cut_of(task, request_of(K, 1, schedule, "even", o)).kind == CutKind::kBlocks,
+        GPIPE_CHECK(given || !task.workload || schedule == "auto" || cut_of(task.own(), request_of(K, 1, schedule, "even", o)).kind == CutKind::kBlocks,
                     "workload ", name, " has too few blocks for `devices` ", K,
                     V > 1 ? " x `virtual_stages` " + std::to_string(V) : std::string(), "; use fewer stages");
         for (int M : o.micro_batches)
           said_about("`devices` " + std::to_string(K) + " `micro_batches` " + std::to_string(M) + " `schedule` " + schedule +
                     (given ? " `balance`" : ""),
-                [&] { make_plan(task.layers, pipeline_options_of(task, request_of(K, M, schedule, "even", o))); });
+                [&] { make_plan(task.layers, pipeline_options_of(task.own(), request_of(K, M, schedule, "even", o))); });
       }
   }
 }

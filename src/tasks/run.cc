@@ -35,60 +35,6 @@
 namespace gpipe {
 using tasks::said_about;
 
-namespace {
-
-// The schedule of "task" (and of "auto" not chosen by prediction) and the V of 0: the task's own
-// schedule when the cut is its own too; otherwise fill-drain, or interleaved for a V above 1.
-PipelineRequest with_schedule(const Task& task, PipelineRequest r) {
-  const int given_V = r.virtual_stages.value_or(0);  // 0: the schedule's own
-  if (r.schedule == "task" || r.schedule == "auto") {
-    const bool own = task.schedule && r.balance.empty() && r.balance_by.empty();
-    const auto [kind, V] = own ? task.schedule(r.devices.value_or(0), r.micro_batches.value_or(1))
-                               : std::pair{ScheduleKind::kGPipe, 1};
-    const bool takes = given_V == 0 || takes_virtual_stages(kind, given_V);
-    r.schedule = to_string(takes ? kind : given_V > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kGPipe);
-    if (takes && given_V == 0) r.virtual_stages = V;
-  }
-  if (r.virtual_stages.value_or(0) == 0) r.virtual_stages = default_virtual_stages(parse_schedule(r.schedule));
-  return r;
-}
-
-}  // namespace
-
-PipelineRequest resolve_run(const Task& task, PipelineRequest request) {
-  PipelineRequest r = with_schedule(task, std::move(request));
-  // A model whose layers differ in time by 10x is cut by measured time unless told otherwise (under
-  // MPI each rank would profile alone: the task's own cut there).
-  if (task.defaults.cut_by_time && r.balance.empty() && r.balance_by.empty() && r.virtual_stages == 1 &&
-      r.devices.value_or(0) > 1 && !job().distributed)
-    r.balance_by = "time";
-  return r;
-}
-
-CutRequest cut_of(const Task& task, const PipelineRequest& r) {
-  if (!r.balance.empty()) return CutRequest::given(r.balance);
-  const CutRequest own =
-      task.cut ? task.cut(r.devices.value_or(0), parse_schedule(r.schedule), r.virtual_stages.value_or(0))
-               : CutRequest::even();
-  if (r.balance_by.empty()) return own;
-  if (r.balance_by == "even") return own.kind == CutKind::kBlocks ? own : CutRequest::even();
-  GPIPE_CHECK(!r.layer_costs.empty(), "the cut by ", r.balance_by, " needs one cost per layer (layer_costs_by, "
-              "PipelineRequest::layer_costs); profile the model first, or ask for the even cut");
-  return CutRequest::by_cost(r.layer_costs);
-}
-
-PipelineOptions pipeline_options_of(const Task& task, const PipelineRequest& request) {
-  const PipelineRequest r = with_schedule(task, request);
-  return PipelineOptions()
-      .devices(r.devices.value_or(0))
-      .micro_batches(r.micro_batches.value_or(1))
-      .schedule(parse_schedule(r.schedule))
-      .virtual_stages(r.virtual_stages.value_or(0))
-      .cut(cut_of(task, r))
-      .stage_times(r.stage_times)
-      .precision(r.precision);
-}
-
 // ---------------------------------------------------------------- the summary
 
 RunSummary summarize_run(Trainer& trainer, const Task& task, const TaskData& data, const Evaluation& evaluation,
@@ -183,7 +129,7 @@ void resolve_own(TrainSettings& s, const Task& task) {
   PipelineRequest r = run_request(s);
   r.devices = s.devices;
   r.micro_batches = s.micro_batches;  // nothing predicts it here: the settings' own (4 by default)
-  r = resolve_run(task, r);  // "auto" is "task" there
+  r = resolve_run(task.own(), r);  // "auto" is "task" there
   s.schedule = r.schedule;
   s.virtual_stages = r.virtual_stages.value_or(0);
   s.balance_by = r.balance_by;
@@ -313,7 +259,7 @@ void choose_cut(const TrainSettings& s, TrainingRun& c) {
   PipelineRequest request = run_request(s);
   if (c.choice) request = with_choice(request, *c.choice);  // `schedule` auto: the cut predicted
   else if (!s.balance_by.empty()) request.balance_by = "even";  // checked before the profile, then cut by cost
-  c.options = with_pipeline_settings(pipeline_options_of(c.task, request), s);
+  c.options = with_pipeline_settings(pipeline_options_of(c.task.own(), request), s);
   // Every setting the plan is made of, with its value, before what the plan says is wrong with them.
   std::string settings = s.balance.empty() || s.was_given("devices") ? "`devices` " + std::to_string(s.devices) : "";
   if (!s.balance.empty()) settings += (settings.empty() ? "" : " ") + ("`balance` " + format_balance(s.balance));
