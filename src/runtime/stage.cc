@@ -1,45 +1,55 @@
-// stage.cc: one stage: forward, re-materialized backward, the I/W split, and the random stream replay.
-#include "gpipe/stage.h"
+// stage.cc: one stage: its forward (through its layers, with the skip tray and a deferred BatchNorm's
+// statistics), the random stream it replays, the weighted loss, and its errors. Its backward (B, and
+// I then W) is in stage_backward.cc; what it asks of a model's layers in layers.cc.
+#include "runtime/stage_parts.h"
 
 #include "runtime/autocast.h"
 
 #include "gpipe/check.h"
 #include "gpipe/skip.h"
-#include "runtime/backward_split.h"
-
-#include <torch/torch.h>
 
 #include <algorithm>
-#include <mutex>
-#include <set>
-#include <unordered_set>
+#include <map>
+#include <string>
 
 namespace gpipe {
+namespace detail {
+
+KeepBuffers::KeepBuffers(std::vector<torch::Tensor> buffers) {
+  for (auto& b : buffers)
+    if (b.defined()) {
+      saved_.push_back(b.clone());
+      buffers_.push_back(std::move(b));
+    }
+}
+
+KeepBuffers::~KeepBuffers() {
+  // Without a version bump: a training-mode BatchNorm's graph holds its running statistics, which
+  // its backward does not read.
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  for (size_t n = 0; n < buffers_.size(); ++n) buffers_[n].copy_(saved_[n]);
+}
+
 namespace {
 
-// Keeps `buffers` (a BatchNorm's running statistics and batch count) as they
-// are for its lifetime: what a forward does to them is undone when it ends.
-class KeepBuffers {
- public:
-  explicit KeepBuffers(std::vector<torch::Tensor> buffers) {
-    for (auto& b : buffers)
-      if (b.defined()) {
-        saved_.push_back(b.clone());
-        buffers_.push_back(std::move(b));
-      }
-  }
-  ~KeepBuffers() {
-    // Without a version bump: a training-mode BatchNorm's graph holds its running statistics, which
-    // its backward does not read.
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    for (size_t n = 0; n < buffers_.size(); ++n) buffers_[n].copy_(saved_[n]);
-  }
-  KeepBuffers(const KeepBuffers&) = delete;
-  KeepBuffers& operator=(const KeepBuffers&) = delete;
+std::mutex& random_stream_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
 
- private:
-  std::vector<torch::Tensor> buffers_, saved_;
-};
+}  // namespace
+
+RandomStream::RandomStream(bool active, const torch::Device& device, uint64_t seed) {
+  if (!active) return;
+  lock_ = std::unique_lock<std::mutex>(random_stream_mutex());
+  at::Generator generator = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> guard(generator.mutex());
+  generator.set_current_seed(seed);
+}
+
+}  // namespace detail
+
+namespace {
 
 const char* describe(ActionKind kind) {
   switch (kind) {
@@ -51,50 +61,6 @@ const char* describe(ActionKind kind) {
     case ActionKind::kRecv: return "receive";
   }
   return "?";
-}
-
-template <typename Impl>
-bool drops(torch::nn::Module& module) {
-  auto* dropout = module.as<Impl>();
-  return dropout != nullptr && dropout->options.p() > 0;
-}
-
-// The default generators are shared by every thread of the process. A
-// stochastic stage holds this lock while it draws, and seeds the generator
-// with a value fixed by (step, stage, micro-batch), so the forward and its
-// re-materialization draw the same numbers whatever the other stages do.
-std::mutex& random_stream_mutex() {
-  static std::mutex mutex;
-  return mutex;
-}
-
-class RandomStream {
- public:
-  RandomStream(bool active, const torch::Device& device, uint64_t seed) {
-    if (!active) return;
-    lock_ = std::unique_lock<std::mutex>(random_stream_mutex());
-    at::Generator generator = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> guard(generator.mutex());
-    generator.set_current_seed(seed);
-  }
-
- private:
-  std::unique_lock<std::mutex> lock_;
-};
-
-// The gradient of a stage's (or a layer's) input `input`: `grads`, one per tensor (undefined for
-// one that takes none, or that no gradient reached: as on one device, nothing flows from there).
-Tensors gradients_of(const Tensors& input, std::vector<torch::Tensor> grads) {
-  Tensors out = input;
-  grads.resize(input.size());
-  out.items = std::move(grads);
-  return out;
-}
-
-// The gradient of this stage's output, checked against the output it belongs to.
-void check_gradient(int stage, const Tensors& output_grad, const Tensors& output) {
-  GPIPE_CHECK(output_grad.size() == output.size(), "stage ", stage, " got a gradient of ", output_grad.size(),
-              " tensors for an output of ", output.size());
 }
 
 // The model's output, which the loss (or the caller of forward) takes: one tensor.
@@ -109,34 +75,10 @@ uint64_t mix(uint64_t x) {  // splitmix64's finalizer
   return x ^ (x >> 31);
 }
 
-}  // namespace
-
-namespace {
-
 std::string stage_error_message(const Action& action, const std::string& what, const std::string& operand) {
   return "gpipe: stage " + std::to_string(action.stage) + " failed in the " + describe(action.kind) +
          " of micro-batch " + std::to_string(action.micro_batch) + " (action " + action.str() +
          (operand.empty() ? "" : ", " + operand) + "): " + what;
-}
-
-}  // namespace
-
-StageError::StageError(const Action& action, const std::string& what, const std::string& operand,
-                       std::string backtrace, const std::string& program)
-    : std::runtime_error(stage_error_message(action, what, operand) + (program.empty() ? "" : "\n" + program)),
-      action_(action),
-      message_(stage_error_message(action, what, operand)),
-      backtrace_(std::move(backtrace)) {}
-
-namespace {
-
-template <typename Impl>
-std::optional<RunningStatistics> statistics_of(torch::nn::Module& module) {
-  auto* norm = module.as<Impl>();
-  if (norm == nullptr || !norm->options.track_running_stats()) return std::nullopt;
-  const auto momentum = norm->options.momentum();  // c10::optional in libtorch 1.x
-  return RunningStatistics{norm->running_mean, norm->running_var, norm->num_batches_tracked,
-                           momentum.has_value() ? std::optional<double>(*momentum) : std::nullopt};
 }
 
 // Adds what `input` holds to a deferred BatchNorm's statistics: its rows and positions, and per
@@ -166,93 +108,14 @@ void gather_statistics(torch::Tensor& count, torch::Tensor& sum, torch::Tensor& 
   squares += (var + mean * mean) * n;
 }
 
-template <typename Impl>
-bool in_place(torch::nn::Module& module) {
-  auto* m = module.as<Impl>();
-  return m != nullptr && m->options.inplace();
-}
-
-bool works_in_place(torch::nn::Module& m) {
-  namespace nn = torch::nn;
-  return in_place<nn::ReLUImpl>(m) || in_place<nn::ReLU6Impl>(m) || in_place<nn::LeakyReLUImpl>(m) ||
-         in_place<nn::ELUImpl>(m) || in_place<nn::SELUImpl>(m) || in_place<nn::CELUImpl>(m) ||
-         in_place<nn::HardtanhImpl>(m) || in_place<nn::ThresholdImpl>(m) || in_place<nn::RReLUImpl>(m) ||
-         in_place<nn::DropoutImpl>(m) || in_place<nn::Dropout2dImpl>(m) || in_place<nn::Dropout3dImpl>(m) ||
-         in_place<nn::AlphaDropoutImpl>(m) || in_place<nn::FeatureAlphaDropoutImpl>(m);
-}
-
 }  // namespace
 
-std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& model) {
-  std::vector<torch::Tensor> out;
-  std::unordered_set<const void*> seen;
-  for (const auto& p : model.parameters())
-    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
-  return out;
-}
-
-void clear_grads(const std::vector<torch::Tensor>& params) {
-  for (auto p : params) p.mutable_grad() = torch::Tensor();
-}
-
-std::vector<std::vector<std::string>> shared_tensors(const torch::nn::Sequential& model, bool buffers) {
-  std::map<const void*, std::vector<std::string>> names;  // tensor → its names, one per layer using it
-  std::vector<const void*> order;
-  for (const auto& layer : model->named_children()) {
-    std::set<const void*> here;  // a layer that registers a tensor twice uses it once
-    const auto tensors = buffers ? layer.value()->named_buffers() : layer.value()->named_parameters();
-    for (const auto& t : tensors) {
-      const void* impl = t.value().unsafeGetTensorImpl();
-      if (!here.insert(impl).second) continue;
-      auto& list = names[impl];
-      if (list.empty()) order.push_back(impl);
-      list.push_back(layer.key() + "." + t.key());
-    }
-  }
-  std::vector<std::vector<std::string>> groups;
-  for (const void* impl : order)
-    if (names[impl].size() > 1) groups.push_back(names[impl]);
-  return groups;
-}
-
-std::optional<RunningStatistics> running_statistics(torch::nn::Module& layer) {
-  if (auto s = statistics_of<torch::nn::BatchNorm1dImpl>(layer)) return s;
-  if (auto s = statistics_of<torch::nn::BatchNorm2dImpl>(layer)) return s;
-  if (auto s = statistics_of<torch::nn::BatchNorm3dImpl>(layer)) return s;
-  if (auto* norm = dynamic_cast<BatchNormLayer*>(&layer)) return norm->running_statistics();
-  return std::nullopt;
-}
-
-std::string nested_batch_norm(const torch::nn::Sequential& layers) {
-  for (const auto& layer : layers->named_children()) {
-    if (const auto* norm = dynamic_cast<const BatchNormLayer*>(layer.value().get()))
-      if (!norm->inner_batch_norm().empty()) return layer.key() + "." + norm->inner_batch_norm();
-    for (const auto& inner : layer.value()->named_modules("", /*include_self=*/false))
-      if (running_statistics(*inner.value())) return layer.key() + "." + inner.key();
-  }
-  return "";
-}
-
-std::string in_place_layer(const torch::nn::Sequential& layers) {
-  for (const auto& layer : layers->named_children()) {
-    if (works_in_place(*layer.value())) return layer.key();
-    for (const auto& inner : layer.value()->modules(/*include_self=*/false))
-      if (works_in_place(*inner)) return layer.key();
-  }
-  return "";
-}
-
-bool draws_random_numbers(const torch::nn::Sequential& layers) {
-  for (const auto& module : layers->modules(/*include_self=*/false)) {
-    if (drops<torch::nn::DropoutImpl>(*module) || drops<torch::nn::Dropout2dImpl>(*module) ||
-        drops<torch::nn::Dropout3dImpl>(*module) || drops<torch::nn::AlphaDropoutImpl>(*module) ||
-        drops<torch::nn::FeatureAlphaDropoutImpl>(*module))
-      return true;
-    const auto* random = dynamic_cast<const RandomLayer*>(module.get());
-    if (random != nullptr && random->draws_random_numbers()) return true;
-  }
-  return false;
-}
+StageError::StageError(const Action& action, const std::string& what, const std::string& operand,
+                       std::string backtrace, const std::string& program)
+    : std::runtime_error(stage_error_message(action, what, operand) + (program.empty() ? "" : "\n" + program)),
+      action_(action),
+      message_(stage_error_message(action, what, operand)),
+      backtrace_(std::move(backtrace)) {}
 
 Stage::Stage(int index, int stages, torch::nn::Sequential layers, Device device, bool deferred_batch_norm)
     : index_(index),
@@ -363,7 +226,7 @@ Tensors Stage::run_chain(int i, const Tensors& x, bool split, bool gather, Kept&
       // Deferred BatchNorm: this micro-batch's statistics normalize it; the running ones wait for the step's end.
       const torch::Tensor input = a.only(names_[n] + "'s input", "a BatchNorm layer takes one tensor");
       {
-        const KeepBuffers keep({norm->running.mean, norm->running.var, norm->running.batches});
+        const detail::KeepBuffers keep({norm->running.mean, norm->running.var, norm->running.batches});
         a = run_layer(*layer, a, names_[n]);
       }
       if (gather) gather_statistics(norm->count, norm->sum, norm->squares, input);
@@ -430,40 +293,6 @@ Tensors Stage::run_layers(int i, const Tensors& x, bool split, bool gather, Kept
   return y;
 }
 
-void Stage::backward_roots(int i, const Tensors& output_grad, Kept& k, std::vector<torch::Tensor>& roots,
-                           std::vector<torch::Tensor>& grads) {
-  if (last()) {
-    if (k.loss.requires_grad()) {
-      roots.push_back(k.loss);
-      grads.push_back(torch::ones_like(k.loss));
-    }
-  } else {
-    check_gradient(index_, output_grad, k.output);
-    add_roots(k.output, output_grad.to(device_.device).items, roots, grads);  // [3]
-  }
-  for (const auto& [skip, name] : stashed_) {
-    auto it = skip_inbox_.find({i, static_cast<int>(skip_channel(skip, true))});
-    GPIPE_CHECK(it != skip_inbox_.end(), "stage ", index_, " got no gradient for \"", name,
-                "\", which it stashed in micro-batch ", i);
-    const torch::Tensor& stashed = k.stashed.at(skip);
-    if (stashed.requires_grad()) {
-      roots.push_back(stashed);
-      grads.push_back(it->second.to(device_.device));
-    }
-    skip_inbox_.erase(it);
-  }
-}
-
-void Stage::send_skip_gradients(int i, Kept& k, const std::vector<torch::Tensor>& grads) {
-  size_t n = 0;
-  for (const auto& [skip, name] : popped_) {
-    const torch::Tensor& leaf = k.skip_inputs.at(skip);
-    torch::Tensor g = n < grads.size() ? grads[n] : leaf.grad();
-    ++n;
-    skip_outbox_[{i, static_cast<int>(skip_channel(skip, true))}] = g.defined() ? g : torch::zeros_like(leaf);
-  }
-}
-
 Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, StepData& step) {
   const Tensors& given = first() ? step.inputs[static_cast<size_t>(i)] : input;
   const LeafGrad grad =
@@ -490,7 +319,7 @@ Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, 
   if (!step.training) {
     y = run_layers(i, x, false, /*gather=*/true, k, step);
   } else {
-    RandomStream stream(stochastic_, device_.device, seed_of(i, step));
+    detail::RandomStream stream(stochastic_, device_.device, seed_of(i, step));
     torch::AutoGradMode keep_graph(!recompute);
     // A stage with skip connections inside splits its backward in one piece: its whole graph is kept.
     y = run_layers(i, x, split && !recompute && !skips_inside_, /*gather=*/true, k, step);
@@ -525,100 +354,6 @@ Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, 
   else
     step.losses[static_cast<size_t>(i)] = loss.item<double>();
   return {};
-}
-
-Tensors Stage::kept_input_gradient(int i, Tensors input_grad, StepData& step) const {
-  if (!first()) return input_grad;
-  if (step.keep_input_gradients) step.input_gradients[static_cast<size_t>(i)] = std::move(input_grad);
-  return {};
-}
-
-Tensors Stage::backward(int i, const Tensors& output_grad, StepData& step) {
-  Kept& k = kept(i);
-  if (k.recompute) {
-    RandomStream stream(stochastic_, device_.device, seed_of(i, step));
-    const KeepBuffers keep(layers_->buffers());
-    run_layers(i, k.input, false, /*gather=*/false, k, step);
-  }
-  std::vector<torch::Tensor> roots, grads;
-  backward_roots(i, output_grad, k, roots, grads);
-  if (!roots.empty()) torch::autograd::backward(roots, grads);
-  Tensors input_grad;
-  if (!first() || step.keep_input_gradients) {  // [4]
-    std::vector<torch::Tensor> grads;
-    for (const auto& x : k.input.items) grads.push_back(x.grad());
-    input_grad = gradients_of(k.input, grads);
-  }
-  send_skip_gradients(i, k);
-  kept_.erase(i);
-  return kept_input_gradient(i, std::move(input_grad), step);
-}
-
-Tensors Stage::input_grad(int i, const Tensors& output_grad, StepData& step) {
-  Kept& k = kept(i);
-  GPIPE_CHECK(k.split, "stage ", index_, " ran the forward of micro-batch ", i,
-              " without recording its layers, so its backward cannot be split into I and W");
-  if (k.recompute) {
-    RandomStream stream(stochastic_, device_.device, seed_of(i, step));
-    const KeepBuffers keep(layers_->buffers());
-    run_layers(i, k.input, !skips_inside_, /*gather=*/false, k, step);
-  }
-  if (skips_inside_) {
-    // In one piece: I is the gradients of the stage's input and skip tensors, from the whole graph,
-    // which W then walks again into the parameters.
-    backward_roots(i, output_grad, k, k.roots, k.root_grads);
-    std::vector<torch::Tensor> inputs;
-    if (!first() || step.keep_input_gradients) inputs = k.input.items;
-    const auto own = static_cast<std::ptrdiff_t>(inputs.size());
-    for (const auto& [skip, name] : popped_) inputs.push_back(k.skip_inputs.at(skip));
-    const std::vector<torch::Tensor> grads = detail::input_gradients(k.roots, k.root_grads, inputs);
-    Tensors input_grad;
-    if (!first() || step.keep_input_gradients)
-      input_grad = gradients_of(k.input, std::vector<torch::Tensor>(grads.begin(), grads.begin() + own));
-    send_skip_gradients(i, k, std::vector<torch::Tensor>(grads.begin() + own, grads.end()));
-    return kept_input_gradient(i, std::move(input_grad), step);
-  }
-  const size_t L = k.layer_outputs.size();
-  k.weight_backward.clear();
-  Tensors g;
-  if (!last()) {
-    check_gradient(index_, output_grad, k.output);
-    g = output_grad.to(device_.device);
-  } else if (k.loss.requires_grad()) {
-    g = torch::autograd::grad({k.loss}, {k.output.only()})[0];
-  }
-  for (size_t l = L; l-- > 0;) {
-    const Tensors y = std::move(k.layer_outputs[l]);
-    const Tensors& a = k.layer_inputs[l];
-    if (!g.any_defined() || !requires_grad(y)) {  // nothing before this layer takes a gradient from it
-      g = Tensors();
-      break;
-    }
-    // d/da, and W's share of this layer kept for later (backward_split.h).
-    auto w = std::make_shared<detail::WeightBackward>();
-    g = gradients_of(a, detail::WeightBackward::input_backward(y, a, g.items, *w));
-    k.weight_backward.push_back(std::move(w));
-  }
-  Tensors input_grad;
-  if (!first() || step.keep_input_gradients) input_grad = gradients_of(k.input, g.items);
-  input_grad = kept_input_gradient(i, std::move(input_grad), step);
-  k.layer_inputs.clear();
-  k.layer_outputs.clear();
-  k.output = Tensors();
-  k.loss = torch::Tensor();
-  return input_grad;
-}
-
-void Stage::weight_grad(int i) {
-  Kept& k = kept(i);
-  for (const auto& w : k.weight_backward) w->run();
-  if (!k.roots.empty()) {  // a split backward in one piece: into the parameters alone
-    std::vector<torch::Tensor> params;
-    for (const auto& p : unique_parameters(*layers_))
-      if (p.requires_grad()) params.push_back(p);
-    if (!params.empty()) torch::autograd::backward(k.roots, k.root_grads, /*retain_graph=*/false, false, params);
-  }
-  kept_.erase(i);
 }
 
 torch::Tensor mse_loss(const torch::Tensor& output, const torch::Tensor& target) {

@@ -8,9 +8,10 @@
 //       collective is made of point-to-point messages, each of which a failure elsewhere aborts
 //       (Gloo's own collectives cannot be stopped, and would wait out their timeout).
 //
-// Files: world.cc (the job, its store, its end, the flags' watcher), links.cc (Links and the
-// transport), shm.cc (the rings between processes of one machine), group.cc (the pipeline's backend
-// and c10d's entry in backends()).
+// Files: world.cc (the job, its store, its end, the flags' watcher), links.cc (Links: connection,
+// sends, receives and their waits), links_shm.cc (the Links' shared memory with the processes of one
+// machine, over shm.cc's rings; shm_peer.h), collectives.cc (the Links' collectives), transport.cc
+// (C10dTransport), group.cc (the pipeline's backend and c10d's entry in backends()).
 #pragma once
 
 #include "gpipe/backend.h"
@@ -255,6 +256,9 @@ class Links {
   /// Throws what another process said (a failure, or that it left), if it said anything.
   void throw_what_was_said();
 };
+
+/// The message tags: the transport's are below kTransportTags, the Links' collectives' from it up.
+constexpr int kTransportTags = 1 << 30;
 
 /// Transport between the processes of one pipeline replica over Links: each boundary message a
 /// header (the count, then each tensor's dtype and shape) and a data message per tensor, under a tag
