@@ -2,10 +2,6 @@
 #include "common.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cmath>
-#include <cstdlib>
-#include <functional>
 #include <iomanip>
 #include <sstream>
 
@@ -55,14 +51,10 @@ CLI::Validator validator(const SettingCheck& check) {
 }
 
 CLI::Validator at_least(int64_t least, int64_t most) { return validator(whole_number(least, most)); }
-CLI::Validator positive_number() { return validator(gpipe::positive_number()); }
-CLI::Validator non_negative_number() { return validator(gpipe::non_negative_number()); }
-CLI::Validator fraction_below_one() { return validator(gpipe::fraction_below_one()); }
 CLI::Validator in_range(double least, double most, bool whole) { return validator(number_in(least, most, whole)); }
 CLI::Validator one_of(const std::vector<std::string>& choices, const std::string& meaning) {
   return validator(gpipe::one_of(choices, meaning));
 }
-CLI::Validator non_empty() { return validator(gpipe::non_empty()); }
 
 
 }  // namespace gpipe::cli

@@ -26,20 +26,14 @@ std::string fixed(double value, int digits);
 /// A check of the settings' table (settings.h) as a flag's validator.
 CLI::Validator validator(const SettingCheck& check);
 
-/// Checks for numeric flags, each with a message that names the rule and the
-/// value: a whole number of at least `least` ("must be a whole number, at least
-/// 1 (got 0)"); a finite number above 0, or of at least 0; a number in [0, 1).
+/// The checks of gpipe bench's, plan's and schedule's flags (the table's own, settings.h): a whole
+/// number of at least `least` ("must be a whole number, at least 1 (got 0)").
 CLI::Validator at_least(int64_t least, int64_t most = std::numeric_limits<int32_t>::max());
-CLI::Validator positive_number();
-CLI::Validator non_negative_number();
-CLI::Validator fraction_below_one();
 /// A number from `least` to `most` (a whole one with `whole`): "must be a number from 0.000001 to
 /// 1e+09 (got 0)", where CLI::Range says "Value 0 not in range ...".
 CLI::Validator in_range(double least, double most, bool whole = false);
 /// One of `choices`: "must be 2 or 4 (got x)".
 CLI::Validator one_of(const std::vector<std::string>& choices, const std::string& meaning = "");
-/// A file or folder name that is not empty ("--save \"\"" would silently write nothing).
-CLI::Validator non_empty();
 
 
 /// A mistake in the command line or in the files it names. main() prints its

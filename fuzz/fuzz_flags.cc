@@ -45,11 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const CLI::ParseError&) {
   } catch (const std::invalid_argument&) {
   }
-  for (size_t i = 1; i < args.size(); ++i) {
-    try {
-      gpipe::cli::parse_seed(args[i]);
-    } catch (const std::invalid_argument&) {
-    }
-  }
+  const gpipe::Setting& seed = gpipe::find_setting("seed");  // its check, on any text
+  for (size_t i = 1; i < args.size(); ++i) gpipe::check_setting(seed, args[i]);
   return 0;
 }

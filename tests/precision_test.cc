@@ -95,6 +95,20 @@ TEST(PrecisionTest, Bf16DiffersFromFloat32) {
   EXPECT_FALSE(gpipe::testing::same_parameters(bf16, fp32, /*values=*/false, 1e-4));
 }
 
+// Re-materialization recomputes under the same autocast: a bf16 step that recomputes every
+// micro-batch's forward equals, to the bit, one that keeps every activation.
+TEST(PrecisionTest, RecomputeRunsUnderTheSameAutocast) {
+  auto kept = small_mlp(1), recomputed = small_mlp(1);
+  torch::manual_seed(2);
+  const torch::Tensor x = torch::randn({16, 12}), y = torch::randn({16, 4});
+  const auto options = [](gpipe::Checkpoint mode) {
+    return PipelineOptions().devices(2).micro_batches(4).checkpoint(mode).precision(Precision::kBFloat16);
+  };
+  gpipe::Pipeline(kept, options(gpipe::Checkpoint::kNever)).train_step(x, y, mse);
+  gpipe::Pipeline(recomputed, options(gpipe::Checkpoint::kAlways)).train_step(x, y, mse);
+  EXPECT_TRUE(gpipe::testing::same_parameters(recomputed, kept, /*values=*/false, /*tol=*/0.0));
+}
+
 // What crosses between stages crosses in the type it has: a bfloat16 activation, and its gradient.
 TEST(PrecisionTest, ActivationsCrossInBfloat16AndAutocastEndsWithTheStep) {
   auto model = small_mlp(1);

@@ -37,7 +37,7 @@ TEST(SettingsTest, ChecksSayWhatIsWrong) {
   EXPECT_EQ(gpipe::check_setting(m, "2.5"), "must be one whole number, at least 1 (got 2.5)");
   EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("lr"), "-1"), "must be a finite number above 0 (got -1)");
   EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("lr"), "nan"), "must be a finite number above 0 (got nan)");
-  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("precision"), "fp8"), "must be fp32 or bf16; got fp8");
+  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("precision"), "fp8"), "must be fp32 or bf16 (got fp8)");
   EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("seed"), "18446744073709551615"), "");
   EXPECT_NE(gpipe::check_setting(gpipe::find_setting("seed"), "18446744073709551616"), "");
   EXPECT_NE(gpipe::check_setting(gpipe::find_setting("seed"), "-1"), "");
@@ -68,7 +68,7 @@ TEST(SettingsTest, ResolveTrainingChecksEveryMemberByItsRow) {
   expect_invalid([&] { gpipe::resolve_training(s, task); }, "`lr` must be a finite number above 0 (got -1)");
   s.lr = 0.1;
   s.precision = "half";
-  expect_invalid([&] { gpipe::resolve_training(s, task); }, "`precision` must be fp32 or bf16; got half");
+  expect_invalid([&] { gpipe::resolve_training(s, task); }, "`precision` must be fp32 or bf16 (got half)");
   s.precision = "bf16";
   gpipe::resolve_training(s, task);
   EXPECT_EQ(gpipe::with_pipeline_settings(gpipe::PipelineOptions(), s).precision(), gpipe::Precision::kBFloat16);

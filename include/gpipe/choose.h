@@ -4,8 +4,9 @@
 // (resumed_choice); the cut by cost (choose_cut_by_cost); and the agreement of the ranks of a job on
 // what rank 0 chose (chosen_on_first_rank), which Python's GPipe takes under MPI and torchrun (gpipe
 // train there still runs the task's own schedule: nothing is profiled). What it chooses is a
-// PipelineConfig (pipeline_config.h), with its prediction and where it came from. The task's own
-// schedule and cut are a Task's (tasks.h: resolve_run, pipeline_options_of).
+// PipelineConfig (pipeline_config.h), with its prediction and where it came from. A schedule named,
+// or a task's own schedule and cut (OwnPipeline, Task::own), make the pipeline through resolve_run
+// and pipeline_options_of.
 //
 //   gpipe::PipelineRequest request;               // K = 2, M and re-materialization left open
 //   request.devices = 2;
@@ -47,14 +48,14 @@ struct PipelineRequest {
   /// M; none: "auto" chooses it (default_micro_batch_counts), and a pipeline made without a choice
   /// (pipeline_options_of) runs 1.
   std::optional<int> micro_batches = 1;
-  /// A schedule's name (schedule_names()); "task": the task's own (Task::schedule) when the cut is
+  /// A schedule's name (schedule_names()); "task": the own pipeline's (OwnPipeline::schedule) when the cut is
   /// the task's own too, otherwise fill-drain, or interleaved for a V above 1; "auto": the fastest
   /// predicted (choose_schedule), which a front end that profiles the model resolves first (gpipe
   /// train and bench in one process, Python): left unresolved (under MPI), it is taken as "task".
   std::string schedule = "task";
   std::optional<int> virtual_stages;  ///< V; none: the schedule's own (the task's, with its own schedule)
   std::vector<int> balance;           ///< a given cut, K·V entries; empty: none
-  /// How the cut is chosen when none is given: "" the task's own (Task::cut); "even" (a workload's
+  /// How the cut is chosen when none is given: "" the own pipeline's (OwnPipeline::cut); "even" (a workload's
   /// blocks evenly, else the layers evenly: never a tuned cut); or a cost method of layer_costs_by
   /// ("params", "time", "memory"): the min-max cut of `layer_costs` (with "auto", "time" is the
   /// search's own cut: the min-max of the same times, refined by the simulation).

@@ -71,6 +71,9 @@ PipelineConfig config_of(const Fields& fields, const std::string& what);
 /// The field `name` of `fields`, or nullopt.
 const FieldValue* find_field(const Fields& fields, const std::string& name);
 
+/// One field's value as text_of writes it: "8", "zbv", "3,5", a double by its 17 significant digits.
+std::string text_of(const FieldValue& value);
+
 /// `fields` as one line of text, every number exact (a double by its 17 significant digits):
 /// "schedule=zbv devices=2 ... stage_times=0.0012,0.0011,...". What crosses between ranks.
 std::string text_of(const Fields& fields);

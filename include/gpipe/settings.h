@@ -1,8 +1,11 @@
 // settings.h: the one table of a training run's settings. Each row is a setting: the name the
 // library's errors give it in backquotes, gpipe train's flag, Python's keyword argument where
 // gpipe.GPipe takes it, its help, the TrainSettings member it fills and the check of what it takes.
-// The command line's options, the library's names as flags in its errors (in_flags), Python's
-// keyword arguments and their checks, and the checks a C++ caller's settings get, all come from it.
+// The command line's options, their checks and help, the library's names as flags in its errors
+// (in_flags), the checks a C++ caller's settings get, and GPipe's keyword arguments beyond its own
+// signature (precision=: set, checked and documented by their rows) all come from it; GPipe's own
+// keywords (chunks, devices, ...) keep their Python checks, and the table gives their names in errors.
+// Only a setting of the pipeline (with_pipeline_settings) has a keyword.
 //
 //   for (const gpipe::Setting& s : gpipe::train_settings()) std::cout << s.flag << ": " << s.help << "\n";
 //   gpipe::check_setting(gpipe::find_setting("micro_batches"), "0");  // "must be at least 1 (got 0)"
@@ -40,7 +43,7 @@ SettingCheck non_negative_number();
 SettingCheck fraction_below_one();
 /// A number from `least` to `most` (a whole one with `whole`): "must be a number from 0.000001 to 1e+09 (got 0)".
 SettingCheck number_in(double least, double most, bool whole = false);
-/// One of `choices`: "must be 2 or 4 (got x)", with what they mean where `meaning` says.
+/// One of `choices`: "must be 2 or 4 (got x)", then ": <meaning>" where `meaning` says what they mean.
 SettingCheck one_of(const std::vector<std::string>& choices, const std::string& meaning = "");
 /// A file or folder name that is not empty (an empty one would silently write or read nothing).
 SettingCheck non_empty();
@@ -82,7 +85,7 @@ std::string setting_text(const Setting& setting, const TrainSettings& settings);
 
 /// Sets `setting` in `settings` to `text`, checked by its row first (a list's entries separated by
 /// commas, a bool "true" or "false"), and marks it given. Throws std::invalid_argument "`precision`
-/// must be fp32 or bf16; got fp8".
+/// must be fp32 or bf16 (got fp8)".
 void set_setting(const Setting& setting, TrainSettings& settings, const std::string& text);
 
 /// `options` with the pipeline's settings of `settings`: its checkpoint, precision, BatchNorm and

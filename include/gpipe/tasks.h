@@ -180,10 +180,9 @@ PlannedModel plan_model_of(const std::string& model_file, const std::vector<int6
                            const PlanProfileOptions& profile = PlanProfileOptions(), int64_t input_tokens = 0);
 
 // ---------------------------------------------------------------- a run of a task (run.cc)
-
-
-/// A run's pipeline is made of its request and the task's own (Task::own) in choose/ (choose.h:
-/// resolve_run, cut_of, pipeline_options_of).
+//
+// A run's pipeline is made of its request and the task's own (Task::own) in choose/ (choose.h:
+// resolve_run, cut_of, pipeline_options_of).
 
 /// What a finished training run reports (gpipe train prints it as text or JSON), from its trainer.
 struct RunSummary {

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 namespace gpipe {
 
@@ -159,20 +160,31 @@ std::string joined(const std::vector<T>& values, Write write) {
 
 // Each field as NAME:TYPE=VALUE (i a whole number, d a number, s a name, I and D lists of them),
 // separated by spaces: names hold no space, so the line splits back where it was joined.
+std::string text_of(const FieldValue& value) {
+  const auto whole = [](int64_t n) { return std::to_string(n); };
+  if (const auto* n = std::get_if<int64_t>(&value)) return whole(*n);
+  if (const auto* x = std::get_if<double>(&value)) return exact(*x);
+  if (const auto* ns = std::get_if<std::vector<int64_t>>(&value)) return joined(*ns, whole);
+  if (const auto* xs = std::get_if<std::vector<double>>(&value)) return joined(*xs, exact);
+  return std::get<std::string>(value);
+}
+
 std::string text_of(const Fields& fields) {
   std::string out;
   for (const auto& [name, value] : fields) {
     GPIPE_CHECK(name.find_first_of(" :=") == std::string::npos, "a field's name holds a space, ':' or '=': ", name);
-    out += (out.empty() ? "" : " ") + name;
-    const auto whole = [](int64_t n) { return std::to_string(n); };
-    if (const auto* n = std::get_if<int64_t>(&value)) out += ":i=" + whole(*n);
-    if (const auto* x = std::get_if<double>(&value)) out += ":d=" + exact(*x);
-    if (const auto* s = std::get_if<std::string>(&value)) {
-      GPIPE_CHECK(s->find(' ') == std::string::npos, "the field ", name, " holds a space: ", *s);
-      out += ":s=" + *s;
-    }
-    if (const auto* ns = std::get_if<std::vector<int64_t>>(&value)) out += ":I=" + joined(*ns, whole);
-    if (const auto* xs = std::get_if<std::vector<double>>(&value)) out += ":D=" + joined(*xs, exact);
+    const auto* s = std::get_if<std::string>(&value);
+    GPIPE_CHECK(s == nullptr || s->find(' ') == std::string::npos, "the field ", name, " holds a space: ", *s);
+    const char kind = std::visit(
+        [](const auto& v) {
+          using T = std::decay_t<decltype(v)>;
+          return std::is_same_v<T, int64_t> ? 'i' : std::is_same_v<T, double> ? 'd'
+                 : std::is_same_v<T, std::string>                           ? 's'
+                 : std::is_same_v<T, std::vector<int64_t>>                  ? 'I'
+                                                                            : 'D';
+        },
+        value);
+    out += (out.empty() ? "" : " ") + name + ":" + kind + "=" + text_of(value);
   }
   return out;
 }

@@ -23,7 +23,8 @@ class AutocastScope {
   }
   ~AutocastScope() {
     if (!on_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();  // the weights' casts of this step
+    // The weights' casts it cached: made again by the next forward (a micro-batch's, or its recompute).
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     set(kind_, was_enabled_, was_type_);
   }
   AutocastScope(const AutocastScope&) = delete;

@@ -1,7 +1,4 @@
-// run.cc: a run of a task: its pipeline (the schedule, V and the cut a front end's flags name, or
-// the task's own, which only a Task knows; "auto"'s prediction, a resumed run's saved pipeline and
-// the cut by cost are chosen in choose/, called from here), its score as it is printed, and its
-// summary; a training run as a front end asks for it (TrainSettings): the settings checked and
+// run.cc: a run of a task: its score as it is printed, and its summary; a training run as a front end asks for it (TrainSettings): the settings checked and
 // completed with the task's own before any work, the model, the data and the cut made ready
 // (TrainingRun), and the options a Trainer runs them with. Errors name the settings in backquotes,
 // as gpipe train's in_flags shows them as flags.

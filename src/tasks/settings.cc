@@ -99,10 +99,10 @@ SettingCheck one_of(const std::vector<std::string>& choices, const std::string& 
     rule += (n == 0 ? "" : n + 1 == choices.size() ? " or " : ", ") + choices[n];
     all += (n == 0 ? "" : ",") + choices[n];
   }
-  rule = "must be " + rule + (meaning.empty() ? "" : " (" + meaning + ")");
-  return {"{" + all + "}", [rule, choices](const std::string& text) {
-            return std::find(choices.begin(), choices.end(), text) != choices.end() ? std::string()
-                                                                                     : rule + "; got " + text;
+  return {"{" + all + "}", [rule, choices, meaning](const std::string& text) {
+            return std::find(choices.begin(), choices.end(), text) != choices.end()
+                       ? std::string()
+                       : "must be " + rule + " (got " + text + ")" + (meaning.empty() ? "" : ": " + meaning);
           }};
 }
 
@@ -149,9 +149,10 @@ std::vector<std::string> schedules_and_own() {
   return names;
 }
 
-std::vector<Setting> make_train_settings() {
+// The model, its data and its pipeline.
+std::vector<Setting> model_settings() {
   using S = TrainSettings;
-  std::vector<Setting> rows = {
+  return {
       {"data_dir", "--data-dir",
        "folder with the gzipped IDX files of Fashion-MNIST; with `model` gpt, the folder of fortune files (default " +
            std::string(kFortunesDir) + ")",
@@ -193,8 +194,16 @@ std::vector<Setting> make_train_settings() {
       {"precision", "--precision",
        "the arithmetic of each stage's forward and its recompute: fp32; bf16 (under autocast to bfloat16 for the "
        "device's kind: matrix products and convolutions in bfloat16, the rest in float32); the parameters, "
-       "gradients and optimizer state stay float32, and what crosses between stages crosses in the type it has",
+       "gradients and optimizer state stay float32, and what crosses between stages crosses in the type it has; "
+       "`schedule` auto chooses from a profile timed in float32",
        &S::precision, one_of(precision_names()), "precision"},
+  };
+}
+
+// The schedule, the batches and how long the run is.
+std::vector<Setting> batch_settings() {
+  using S = TrainSettings;
+  return {
       {"augment", "--augment",
        "flip: mirror each training image left to right in about half the epochs (chosen per image and epoch from "
        "`seed`, so a resumed run mirrors alike); none; auto: flip for `model` resnet, none otherwise",
@@ -230,6 +239,13 @@ std::vector<Setting> make_train_settings() {
        &S::epochs, whole_number(0)},
       {"steps", "--steps", "stop after this many optimizer steps in all, resumed ones included (0: no limit)",
        &S::steps, whole_number(0, kMostInt64)},
+  };
+}
+
+// The optimizer and its learning rate.
+std::vector<Setting> optimizer_settings() {
+  using S = TrainSettings;
+  return {
       {"optimizer", "--optimizer", "sgd, adam or adamw (torch.optim's)", &S::optimizer,
        one_of({"sgd", "adam", "adamw"})},
       {"lr", "--lr",
@@ -257,6 +273,13 @@ std::vector<Setting> make_train_settings() {
        "scale the gradient down to this L2 norm when it is larger: the norm of the whole model's gradient, over "
        "every stage and rank, as torch.nn.utils.clip_grad_norm_ on one device",
        &S::clip_grad_norm, positive_number()},
+  };
+}
+
+// The seed, the threads, the samples used, and what the run saves, writes and samples.
+std::vector<Setting> output_settings() {
+  using S = TrainSettings;
+  return {
       {"seed", "--seed", "seed of the model, the shuffling and dropout (0 to 2^64-1)", &S::seed, seed_number()},
       {"threads_per_device", "--threads-per-stage", "intra-op threads of each device (at most the machine's cores)",
        &S::threads_per_device, whole_number(1), "threads"},
@@ -310,17 +333,26 @@ std::vector<Setting> make_train_settings() {
        "`bytes`: the scores are divided by this before sampling (lower: more likely bytes; seeded by `seed`)",
        &S::temperature, positive_number()},
   };
-  // What the help shows the default of, a list's count, and the flags that read otherwise.
-  for (Setting& row : rows) {
-    static const std::set<std::string> shows = {
-        "data_dir", "loss", "devices", "checkpoint", "batch_norm", "precision", "augment", "schedule", "batch_size",
-        "steps", "optimizer", "lr", "momentum", "lr_schedule", "warmup_steps", "lr_gamma", "seed",
-        "threads_per_device", "train_samples", "test_samples", "temperature"};
-    row.shows_default = shows.count(row.name) > 0;
+}
+
+std::vector<Setting> make_train_settings() {
+  std::vector<Setting> rows;
+  for (auto group : {model_settings, batch_settings, optimizer_settings, output_settings}) {
+    std::vector<Setting> more = group();
+    rows.insert(rows.end(), more.begin(), more.end());
   }
+  // The row `name` (a misspelt name is the library's mistake: said at once).
   auto row = [&rows](const std::string& name) -> Setting& {
-    return *std::find_if(rows.begin(), rows.end(), [&](const Setting& s) { return s.name == name; });
+    const auto found = std::find_if(rows.begin(), rows.end(), [&](const Setting& s) { return s.name == name; });
+    if (found == rows.end()) throw std::logic_error("gpipe: the settings' table has no row " + name);
+    return *found;
   };
+  // What the help shows the default of, a list's count, and the flags that read otherwise.
+  for (const char* name : {"data_dir", "loss", "devices", "checkpoint", "batch_norm", "precision", "augment",
+                           "schedule", "batch_size", "steps", "optimizer", "lr", "momentum", "lr_schedule",
+                           "warmup_steps", "lr_gamma", "seed", "threads_per_device", "train_samples", "test_samples",
+                           "temperature"})
+    row(name).shows_default = true;
   row("betas").values = 2;
   row("shuffle").flag_sets = false;
   row("per_device_files").old_flag = "--per-stage-files";
@@ -428,6 +460,7 @@ PipelineOptions with_pipeline_settings(PipelineOptions options, const TrainSetti
 }
 
 void check_train_settings(const TrainSettings& settings) {
+  for (const std::string& name : settings.given) find_setting(name);  // a mark no row has: the caller's mistake
   static const TrainSettings defaults;
   for (const Setting& row : train_settings())
     if (const std::string text = setting_text(row, settings); text != setting_text(row, defaults))

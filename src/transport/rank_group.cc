@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -153,27 +152,11 @@ const std::vector<std::pair<std::string, std::string>>& shared_fields() {
   return fields;
 }
 
-// A field's value as an error shows it: a number, a name, a list as {3, 5}.
+// A field's value as an error shows it: as the serializer writes it, a list of whole numbers as {3, 5}.
 std::string shown(const FieldValue& value) {
-  struct Show {
-    std::string operator()(int64_t v) const { return std::to_string(v); }
-    std::string operator()(double v) const { return exact(v); }
-    std::string operator()(const std::string& v) const { return v; }
-    std::string operator()(const std::vector<int64_t>& v) const {
-      return format_balance(std::vector<int>(v.begin(), v.end()));
-    }
-    std::string operator()(const std::vector<double>& v) const {
-      std::string out;
-      for (const double x : v) out += (out.empty() ? "" : ",") + exact(x);
-      return out;
-    }
-    static std::string exact(double v) {
-      char text[32];
-      std::snprintf(text, sizeof(text), "%.17g", v);
-      return text;
-    }
-  };
-  return std::visit(Show{}, value);
+  if (const auto* whole = std::get_if<std::vector<int64_t>>(&value))
+    return format_balance(std::vector<int>(whole->begin(), whole->end()));
+  return text_of(value);
 }
 
 }  // namespace

@@ -38,7 +38,7 @@ def test_bad_arguments_are_value_errors_that_name_the_fix():
     refused("cannot cut 4 layers into 5 devices", devices=5)
     refused("must be a multiple of K", schedule="interleaved", chunks=3, devices=2)
     refused("virtual_stages must be at least 1 .got -1.", virtual_stages=-1)
-    refused("precision must be fp32 or bf16; got fp8", precision="fp8")  # a keyword of the settings' table
+    refused("precision must be fp32 or bf16 .got fp8.", precision="fp8")  # a keyword of the settings' table
     refused("chunks is out of range .got 2147483648", chunks=2**31)
     refused("threads=100000 is more than this machine's", threads=100000)
 
