@@ -138,6 +138,9 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
                   "parameters, gradients and momentum); the exact min-max cut of the stages, or of the devices "
                   "where a schedule puts several stages on one")
       ->delimiter(',')->check(CLI::IsMember({"even", "params", "time", "memory"}))->capture_default_str();
+  sub->add_option("--precision", w.precision,
+                  "every contender's arithmetic, as gpipe train --precision (the one device's forward too)")
+      ->check(one_of(precision_names()))->capture_default_str();
   sub->add_flag("--json", o->json, "one JSON object per configuration on standard output (JSON Lines)");
   sub->add_flag("--tie-embeddings", w.tie_embeddings,
                 "the transformer's output layer reuses its embedding's weight (tied embeddings): one weight on the "

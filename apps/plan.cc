@@ -33,6 +33,7 @@ struct PlanOptions {
   double latency_us = 5.0;
   double bandwidth_gb_s = 25.0;
   std::string optimizer = "adam";
+  std::string precision = "fp32";  // of the stages' forwards: the bytes a value takes, the profile's arithmetic
   int64_t batch = 0;
   std::vector<std::string> schedules = schedule_names();
   std::vector<std::string> checkpoints{"never", "except_last", "always"};
@@ -57,7 +58,11 @@ std::string figure(double value, int width, int digits) {
 
 // The model of --workload or --model, profiled here, its errors named by the flags that gave it.
 PlannedModel profiled_model(const PlanOptions& o) {
-  const PlanProfileOptions profile = PlanProfileOptions().optimizer(o.optimizer).speed(o.speed).name("model " + o.model);
+  const PlanProfileOptions profile = PlanProfileOptions()
+                                        .optimizer(o.optimizer)
+                                        .speed(o.speed)
+                                        .name("model " + o.model)
+                                        .precision(parse_precision(o.precision));
   if (!o.workload.empty())
     return or_usage_error("--workload", [&] { return plan_model_of(find_task(o.workload), TaskOptions(), profile); });
   return plan_model_of(o.model, o.input_shape, profile, o.input_tokens);
@@ -70,7 +75,7 @@ std::string cut_text(const std::vector<int>& balance) {
          std::to_string(balance.back()) + "} (" + std::to_string(balance.size()) + " stages)";
 }
 
-int run(const PlanOptions& o) {
+int run(PlanOptions o) {  // a copy: --precision is set into its Transformer
   const auto begin = std::chrono::steady_clock::now();
   const int64_t memory = or_usage_error("--memory-per-device", [&] { return parse_bytes(o.memory); });
   if (memory < 1) usage_error("--memory-per-device: " + o.memory + " is less than one byte");
@@ -90,6 +95,10 @@ int run(const PlanOptions& o) {
                    : f == "--speed"        ? "a profiled model (--workload or --model)"
                                            : "--model, a TorchScript file") +
                   "; leave it out");
+  o.transformer.precision = parse_precision(o.precision);
+  if (!by_shape)  // profiled here: the stages' CPU autocast
+    if (const std::string refused = precision_refusal(parse_precision(o.precision), c10::DeviceType::CPU); !refused.empty())
+      usage_error(refused);
   for (const std::string f : {"--input-shape", "--input-tokens"})
     if (!o.workload.empty() && o.given.count(f)) usage_error(f + " applies to --model; a workload has its own input");
   if (by_shape) {
@@ -116,8 +125,9 @@ int run(const PlanOptions& o) {
     progress.show("gpipe plan: " + fixed(percent, 0) + "% of " + std::to_string(total) +
                   " stage x micro-batch pairs simulated in " + fixed(progress.seconds(), 0) + " s");
   };
-  const std::vector<PlanCandidate> found = search_plans(m, search);
+  std::vector<PlanCandidate> found = search_plans(m, search);
   progress.end();
+  for (PlanCandidate& c : found) c.config.precision = parse_precision(o.precision);  // what each would run in
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   const size_t feasible = static_cast<size_t>(std::count_if(found.begin(), found.end(), [](const PlanCandidate& c) { return c.fits; }));
   if (feasible == 0) {
@@ -136,7 +146,8 @@ int run(const PlanOptions& o) {
   }
   std::cout << m.description << "\n"
             << "cluster: " << o.devices << " devices of " << format_bytes(static_cast<double>(memory)) << ", links "
-            << o.latency_us << " us and " << o.bandwidth_gb_s << " GB/s; optimizer " << o.optimizer << "; batch "
+            << o.latency_us << " us and " << o.bandwidth_gb_s << " GB/s; optimizer " << o.optimizer
+            << (o.precision == "fp32" ? "" : "; precision " + o.precision) << "; batch "
             << o.batch << "\n"
             << feasible << " of " << found.size() << " configurations fit (planned in " << std::fixed
             << std::setprecision(2) << seconds << " s); the " << shown << " fastest:\n"
@@ -187,7 +198,13 @@ void add_plan_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--ffn", o->transformer.ffn, "its feed-forward width")->check(at_least(1));
   sub->add_option("--vocab", o->transformer.vocab, "its vocabulary")->check(at_least(1));
   sub->add_option("--seq", o->transformer.sequence, "its sequence length")->check(at_least(1));
-  sub->add_option("--bytes-per-value", o->transformer.bytes_per_value, "4 (float32) or 2 (half precision)")
+  sub->add_option("--precision", o->precision,
+                  "the stages' arithmetic (as gpipe train --precision): fp32, or bf16 and fp16 (autocast), whose "
+                  "activations take 2 bytes a value and parameters 4; a profiled model is profiled under it")
+      ->check(one_of(precision_names()))->capture_default_str();
+  sub->add_option("--bytes-per-value", o->transformer.bytes_per_value,
+                  "a Transformer by shape: 4 (float32) or 2 (the whole model in half precision: parameters, "
+                  "optimizer state and activations)")
       ->check(one_of({"4", "2"}, "bytes per value: float32 or half precision"))->capture_default_str();
   sub->add_option("--devices", o->devices, "devices in the cluster")->required()->check(in_range(1, 1 << 16, /*whole=*/true));
   sub->add_option("--memory-per-device", o->memory, "memory of each device, e.g. 16GiB")->capture_default_str();

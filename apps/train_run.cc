@@ -62,7 +62,8 @@ class Run {
                                         : std::to_string(K_) + (K_ == 1 ? " stage " : " stages "))
               << nlohmann::json(c_.plan.balance).dump() << ", " << o_.micro_batches
               << (o_.micro_batches == 1 ? " micro-batch" : " micro-batches") << " of a batch of "
-              << std::min(o_.batch_size, trainer_.samples()) << ", schedule " << o_.schedule << ", checkpoint " << o_.checkpoint << ", "
+              << std::min(o_.batch_size, trainer_.samples()) << ", schedule " << o_.schedule << ", checkpoint " << o_.checkpoint
+              << (c_.plan.precision != Precision::kFloat32 ? ", precision " + to_string(c_.plan.precision) : "") << ", "
               << o_.optimizer << " lr " << o_.lr << (o_.lr_schedule != "constant" ? " (" + o_.lr_schedule + ")" : "")
               << (job().distributed ? ", " + pipeline_.describe() : "")
               << (o_.resume.empty() ? "" : ", resumed at step " + std::to_string(trainer_.start_step())) << "\n";

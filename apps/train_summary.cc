@@ -40,6 +40,8 @@ nlohmann::json summary_json(const TrainOptions& o, const TrainingRun& c, const R
                       {"lr_schedule", o.lr_schedule}, {"augment", o.augment}, {"batch_norm", o.batch_norm},
                       {"warmup_steps", o.warmup_steps}, {"weight_decay", o.weight_decay},
                       {"clip_grad_norm", o.clip_grad_norm}, {"seed", o.seed}, {"bubble", s.figures.bubble},
+                      {"loss_scale", s.figures.loss_scale > 0 ? nlohmann::json(s.figures.loss_scale) : none},
+                      {"skipped_steps", s.figures.skipped_steps},
                       {"parameter_checksum", s.checksum}, {"transport", s.transport}, {"machine", machine()}};
   if (o.optimizer == "sgd") {
     j["momentum"] = o.momentum;

@@ -129,14 +129,15 @@ else
   t1=(--width 512 --heads 8 --ffn 2048 --sequence 512 --batch 32 --vocab 1000 --micro-batches 8 --steps 3 --cap 16GiB
       --free "$gpu_free")
 fi
-phase table2 90 "$bench" table2 "${t2[@]}" --budget 75
-phase gpu 40 "$bench" gpu "${g[@]}" --budget 30 --trace "$work/device-trace.json"
+# The GPU phases in float32, then in bf16 (autocast; issue 55), each row saying its precision.
+phase table2 70 "$bench" table2 "${t2[@]}" --budget 58
+phase gpu 55 "$bench" gpu "${g[@]}" --precision fp32,bf16 --budget 45 --trace "$work/device-trace.json"
 if [ -n "$python" ]; then
-  phase pytorch 30 "$python" bench/device_pytorch.py --layers "${g[1]}" --width "${g[3]}" --heads "${g[5]}" \
+  phase pytorch 40 "$python" bench/device_pytorch.py --layers "${g[1]}" --width "${g[3]}" --heads "${g[5]}" \
     --ffn "${g[7]}" --sequence "${g[9]}" --batch "${g[11]}" --vocab "${g[13]}" --steps 5 --warmup 2 \
-    --device "$([ "$smoke" = 1 ] && echo cpu || echo cuda)"
+    --device "$([ "$smoke" = 1 ] && echo cpu || echo cuda)" --precision fp32 bf16
 fi
-phase table1 60 "$bench" table1 "${t1[@]}" --budget 50
+phase table1 60 "$bench" table1 "${t1[@]}" --precision fp32,bf16 --budget 50
 
 # 5. bench/results/device.json from whatever finished.
 mkdir -p "$(dirname "$results")"
@@ -181,12 +182,15 @@ for r in t2:
                    "samples_per_s": round(r["samples_per_s"], 2)})
 model2 = next((r for r in t2 if r.get("kind") == "table2_model"), {})
 gpu = [r for r in lines("gpu") if r.get("kind") == "gpu"]
-torch_rows = {r["attention"]: r for r in lines("pytorch") if r.get("kind") == "pytorch"}
-k1 = next((r for r in gpu if r["K"] == 1), None)
+torch_rows = {(r.get("precision", "fp32"), r["attention"]): r for r in lines("pytorch") if r.get("kind") == "pytorch"}
+k1 = {p: next((r for r in gpu if r["K"] == 1 and r.get("precision", "fp32") == p), None) for p in ("fp32", "bf16")}
 ratio = lambda a, b: round(a / b, 3) if a and b else None
+versus = lambda p, attention: ratio(k1[p] and k1[p]["samples_per_s"],
+                                    torch_rows.get((p, attention), {}).get("samples_per_s"))
 t1 = lines("table1")
-t1_final = {r["checkpoint"]: r for r in t1 if r.get("kind") == "table1"}
-never, always = t1_final.get("never", {}), t1_final.get("always", {})
+t1_final = {(r.get("precision", "fp32"), r["checkpoint"]): r for r in t1 if r.get("kind") == "table1"}
+never, always = t1_final.get(("fp32", "never"), {}), t1_final.get(("fp32", "always"), {})
+never16, always16 = t1_final.get(("bf16", "never"), {}), t1_final.get(("bf16", "always"), {})
 def prediction(r):
     if not r or not r.get("measured_bytes"):
         return None
@@ -198,23 +202,31 @@ out = {
     "torch_cuda": env.get("torch_cuda"),
     "smoke": smoke,
     "cuda_exact_max_rel_diff": cuda.get("cuda_exact_max_rel_diff"),
+    "cuda_bf16_max_rel_diff": cuda.get("cuda_bf16_max_rel_diff"),
+    "cuda_fp16_loss_scale": cuda.get("cuda_fp16_loss_scale"),
     "cpu_vs_cuda_max_rel_diff": cuda.get("cpu_vs_cuda_max_rel_diff") if (cuda.get("cpu_vs_cuda_max_rel_diff") or 0) >= 0 else None,
     "cuda_test": next((p["status"] for p in phases if p["phase"] == "cuda_test"), None),
     "table2_model": {"shape": model2.get("shape"), "parameters": model2.get("parameters"), "blas": model2.get("blas"),
                      "cores": model2.get("cores"), "checkpoint": "except_last", "schedule": "gpipe"},
     "table2": table2,
     "table2_targets": {"K2_M32": 1.8, "K4_M32": 3.4, "K8_M32": 6.3},
-    "gpu_model": k1.get("shape") if k1 else None,
+    "gpu_model": (k1["fp32"] or k1["bf16"] or {}).get("shape"),
     "gpu": gpu,
     "pytorch": list(torch_rows.values()),
-    "gpu_vs_pytorch": ratio(k1 and k1["samples_per_s"], torch_rows.get("explicit", {}).get("samples_per_s")),
-    "gpu_vs_pytorch_sdpa": ratio(k1 and k1["samples_per_s"], torch_rows.get("sdpa", {}).get("samples_per_s")),
+    "gpu_vs_pytorch": versus("fp32", "explicit"),
+    "gpu_vs_pytorch_sdpa": versus("fp32", "sdpa"),
+    "gpu_vs_pytorch_bf16": versus("bf16", "explicit"),
+    "gpu_vs_pytorch_bf16_sdpa": versus("bf16", "sdpa"),
+    "gpu_vs_pytorch_bf16_target": 0.95,
     "table1_setup": next((r for r in t1 if r.get("kind") == "table1_setup"), None),
     "table1_never_layers": never.get("layers"),
     "table1_always_layers": always.get("layers"),
     "table1_complete": bool(never.get("complete") and always.get("complete")),
     "table1_ratio": ratio(always.get("layers"), never.get("layers")),
     "predictions": {"never": prediction(never), "always": prediction(always)},
+    "table1_bf16": {"never_layers": never16.get("layers"), "always_layers": always16.get("layers"),
+                    "ratio": ratio(always16.get("layers"), never16.get("layers")),
+                    "predictions": {"never": prediction(never16), "always": prediction(always16)}},
     "table1_trials": [r for r in t1 if r.get("kind") == "table1_trial"],
     "skipped": [r for name in ("table2", "gpu", "table1") for r in lines(name) if r.get("kind", "").endswith("_skipped")],
     "phases": phases,
@@ -224,7 +236,8 @@ with open(tmp, "w") as f:
     json.dump(out, f, indent=1)
     f.write("\n")
 os.replace(tmp, path)
-print(json.dumps({k: out[k] for k in ("device", "torch", "cuda_exact_max_rel_diff", "gpu_vs_pytorch", "table1_ratio")}))
+print(json.dumps({k: out[k] for k in ("device", "torch", "cuda_exact_max_rel_diff", "cuda_bf16_max_rel_diff",
+                                      "gpu_vs_pytorch", "gpu_vs_pytorch_bf16", "table1_ratio")}))
 for r in table2:
     print("table2", r)
 PY

@@ -20,7 +20,9 @@
 //                              a device of that size).
 //
 // Common flags: --layers L --width D --heads H --ffn F --sequence S --batch N --vocab V --steps S --warmup W
-// --budget SECONDS (stop starting new configurations after that long; what ran is printed).
+// --budget SECONDS (stop starting new configurations after that long; what ran is printed); gpu and
+// table1 take --precision fp32,bf16 (each precision in turn, PipelineOptions::precision; every row says
+// its own).
 #include <gpipe/gpipe.h>
 #include <torch/torch.h>
 
@@ -277,6 +279,13 @@ bool on_cpu(const Args& a) {
   return d == "cpu";
 }
 
+// --precision: the precisions measured in turn (default float32 alone).
+std::vector<gpipe::Precision> precisions(const Args& a) {
+  std::vector<gpipe::Precision> out;
+  for (const std::string& name : a.words("precision", {"fp32", "bf16"}, {"fp32"})) out.push_back(gpipe::parse_precision(name));
+  return out;
+}
+
 int gpu(const Args& a) {
   const bool cpu = on_cpu(a);
   if (!cpu && !torch::cuda::is_available()) {
@@ -292,12 +301,14 @@ int gpu(const Args& a) {
   const auto begin = Clock::now();
   const torch::Device device = cpu ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
   const gpipe::Device one = cpu ? gpipe::Device::cpu(1) : gpipe::Device::cuda(0);
+  for (const gpipe::Precision precision : precisions(a))
   for (int K : stages)
     for (int M : {1, micro}) {
       if (K == 1 && M != 1) continue;  // K = 1: one micro-batch, as plain PyTorch runs it
       if (K > 1 && M == 1) continue;
       if (seconds_since(begin) > budget) {
-        emit({{"kind", "gpu_skipped"}, {"K", K}, {"M", M}, {"why", "the phase's budget was spent"}});
+        emit({{"kind", "gpu_skipped"}, {"K", K}, {"M", M}, {"precision", gpipe::to_string(precision)},
+              {"why", "the phase's budget was spent"}});
         continue;
       }
       gpipe::Workload w = transformer(s, device);
@@ -305,13 +316,16 @@ int gpu(const Args& a) {
                                         .balance(w.balance(K))
                                         .device_list(std::vector<gpipe::Device>(static_cast<size_t>(K), one))
                                         .micro_batches(M)
-                                        .checkpoint(K == 1 ? gpipe::Checkpoint::kNever : gpipe::Checkpoint::kExceptLast));
+                                        .checkpoint(K == 1 ? gpipe::Checkpoint::kNever : gpipe::Checkpoint::kExceptLast)
+                                        .precision(precision));
       torch::optim::Adam adam(pipe.parameters(), torch::optim::AdamOptions(1e-4));
       const double seconds = time_steps(pipe, w, &adam, warmup, steps);
-      emit({{"kind", "gpu"}, {"device", device.str()}, {"K", K}, {"M", M}, {"shape", shape_json(s)}, {"parameters", parameters_of(w)},
+      emit({{"kind", "gpu"}, {"device", device.str()}, {"precision", gpipe::to_string(precision)}, {"K", K}, {"M", M},
+            {"shape", shape_json(s)}, {"parameters", parameters_of(w)},
             {"step_s", seconds}, {"samples_per_s", static_cast<double>(s.batch) / seconds},
             {"bubble_host_timestamps", pipe.bubble()}});
-      if (!trace.empty() && K == stages.back()) gpipe::write_trace(pipe.trace(), trace);
+      if (!trace.empty() && K == stages.back() && precision == gpipe::Precision::kFloat32)
+        gpipe::write_trace(pipe.trace(), trace);
     }
   return 0;
 }
@@ -329,13 +343,15 @@ struct Trial {
   double seconds = 0;
 };
 
-Trial try_blocks(const Shape& base, int64_t blocks, gpipe::Checkpoint mode, int M, int steps, bool cpu, int64_t cap) {
+Trial try_blocks(const Shape& base, int64_t blocks, gpipe::Checkpoint mode, int M, int steps, bool cpu, int64_t cap,
+                 gpipe::Precision precision) {
   Shape s = base;
   s.layers = blocks;
   Trial t;
   const auto begin = Clock::now();
   // What gpipe plan predicts: the cost model of this Transformer (bytes per sample measured on
-  // libtorch's encoder layer in float32), parameters with their gradient and Adam's two moments.
+  // libtorch's encoder layer in float32; an activation in 2 bytes under bf16, as gpipe plan
+  // --precision bf16 counts it), parameters with their gradient and Adam's two moments.
   gpipe::TransformerShape ts;
   ts.layers = s.layers;
   ts.width = s.width;
@@ -343,6 +359,7 @@ Trial try_blocks(const Shape& base, int64_t blocks, gpipe::Checkpoint mode, int 
   ts.ffn = s.ffn;
   ts.vocab = s.vocab;
   ts.sequence = s.sequence;
+  ts.precision = precision;
   const gpipe::PipelinePlan plan = gpipe::make_plan(static_cast<int>(blocks) + 2,
                                                     gpipe::PipelineOptions().devices(1).micro_batches(M).checkpoint(mode));
   t.predicted_bytes = gpipe::predict(gpipe::transformer_costs(ts, gpipe::DeviceSpec{1e14}, 3.0), plan,
@@ -354,7 +371,7 @@ Trial try_blocks(const Shape& base, int64_t blocks, gpipe::Checkpoint mode, int 
     // On CPU (the smoke test) gpipe's tracking allocator caps what the step allocates.
     const gpipe::Device device = cpu ? gpipe::Device::cpu(1).with_memory_cap(cap) : gpipe::Device::cuda(0);
     gpipe::Pipeline pipe(w.model, gpipe::PipelineOptions().devices(1).device_list({device}).micro_batches(M)
-                                      .checkpoint(mode).track_memory(true));
+                                      .checkpoint(mode).track_memory(true).precision(precision));
     torch::optim::Adam adam(pipe.parameters(), torch::optim::AdamOptions(1e-4));
     for (int step = 0; step < steps; ++step) {
       adam.zero_grad();
@@ -389,14 +406,16 @@ int table1(const Args& a) {
   emit({{"kind", "table1_setup"}, {"device", cpu ? "cpu" : "cuda:0"}, {"shape", shape_json(s)}, {"cap_bytes", cap}, {"held_bytes", held.defined() ? held.numel() : 0},
         {"micro_batches", M}, {"steps", steps}});
   const auto begin = Clock::now();
+  for (const gpipe::Precision precision : precisions(a))
   for (const auto& [mode_, m_] : {std::pair<gpipe::Checkpoint, int>{gpipe::Checkpoint::kNever, 1},
                                   std::pair<gpipe::Checkpoint, int>{gpipe::Checkpoint::kAlways, M}}) {
     const gpipe::Checkpoint mode = mode_;  // structured bindings cannot be captured before C++20
     const int m = m_;
-    const std::string name = gpipe::to_string(mode);
+    const std::string name = gpipe::to_string(mode), arithmetic = gpipe::to_string(precision);
     auto run = [&](int64_t blocks) {
-      const Trial t = try_blocks(s, blocks, mode, m, steps, cpu, cap);
-      emit({{"kind", "table1_trial"}, {"checkpoint", name}, {"M", m}, {"layers", blocks}, {"fits", t.fits},
+      const Trial t = try_blocks(s, blocks, mode, m, steps, cpu, cap, precision);
+      emit({{"kind", "table1_trial"}, {"checkpoint", name}, {"precision", arithmetic}, {"M", m}, {"layers", blocks},
+            {"fits", t.fits},
             {"parameters", t.parameters}, {"peak_bytes", t.peak_bytes}, {"static_bytes", t.static_bytes},
             {"measured_bytes", t.static_bytes + t.peak_bytes}, {"predicted_bytes", t.predicted_bytes},
             {"seconds", t.seconds}, {"error", t.error}});
@@ -434,7 +453,7 @@ int table1(const Args& a) {
         hi = mid;
       }
     }
-    emit({{"kind", "table1"}, {"checkpoint", name}, {"M", m}, {"layers", lo}, {"first_failing_layers", hi},
+    emit({{"kind", "table1"}, {"checkpoint", name}, {"precision", arithmetic}, {"M", m}, {"layers", lo}, {"first_failing_layers", hi},
           {"complete", !out_of_time && hi > 0}, {"parameters", best.parameters},
           {"measured_bytes", best.static_bytes + best.peak_bytes}, {"peak_bytes", best.peak_bytes},
           {"predicted_bytes", best.predicted_bytes}});
@@ -457,7 +476,8 @@ int main(int argc, char** argv) {
     }
     static const std::vector<std::string> known{"layers", "width", "heads", "ffn", "sequence", "batch", "vocab",
                                                 "stages", "micro-batches", "threads", "wide-stages", "wide-threads",
-                                                "steps", "warmup", "budget", "trace", "cap", "free", "device", "cuts"};
+                                                "steps", "warmup", "budget", "trace", "cap", "free", "device", "cuts",
+                                                "precision"};
     for (const auto& [key, value] : a.values)
       if (std::find(known.begin(), known.end(), key) == known.end())
         throw std::invalid_argument("unknown flag --" + key + "; see the usage at the top of bench/device_bench.cc");

@@ -3,15 +3,16 @@
 
 The same model, batch and optimizer as gpipe's K = 1: an embedding, L post-norm encoder blocks
 (self-attention and a ReLU feed-forward, no dropout), a projection to the vocabulary, cross-entropy,
-Adam (lr 1e-4), float32. Two attentions:
+Adam (lr 1e-4), in float32 and (--precision bf16) under torch.autocast to bfloat16, as gpipe's
+--precision bf16 runs it. Two attentions:
   explicit  the attention as libtorch's C++ TransformerEncoderLayer computes it (q·kᵀ, softmax, ·v):
             the same arithmetic as gpipe's model, the comparison `gpu_vs_pytorch` takes;
   sdpa      torch.nn.TransformerEncoderLayer (scaled_dot_product_attention, fused kernels), what a
             PyTorch user writes: reported beside it.
-Prints one JSON object per attention. Usage (bench/device.sh runs it):
+Prints one JSON object per attention and precision. Usage (bench/device.sh runs it):
     python3 bench/device_pytorch.py --layers 24 --width 1024 --heads 16 --ffn 4096 --sequence 512 --batch 32
 """
-import argparse, json, math, statistics, sys, time
+import argparse, contextlib, json, math, statistics, sys, time
 
 import torch
 from torch import nn
@@ -57,6 +58,7 @@ def main():
         p.add_argument("--" + name, type=int, default=default)
     p.add_argument("--attention", nargs="+", default=["explicit", "sdpa"], choices=["explicit", "sdpa"])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: device.sh's smoke test")
+    p.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
     args = p.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print(json.dumps({"kind": "pytorch_skipped", "why": "no CUDA device visible"}))
@@ -65,7 +67,9 @@ def main():
     cuda = args.device == "cuda"
     if not cuda:
         torch.set_num_threads(1)
-    for attention in args.attention:
+    for precision, attention in ((p, a) for p in args.precision for a in args.attention):
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" \
+            else contextlib.nullcontext()
         m = model(args, attention).to(device)
         adam = torch.optim.Adam(m.parameters(), lr=1e-4)
         torch.manual_seed(1)
@@ -77,19 +81,22 @@ def main():
                 torch.cuda.synchronize()
             begin = time.perf_counter()
             adam.zero_grad()
-            out = m(x)
-            F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1)).backward()
+            with autocast:
+                out = m(x)
+                loss = F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+            loss.backward()
             adam.step()
             if cuda:
                 torch.cuda.synchronize()
             if step >= args.warmup:
                 times.append(time.perf_counter() - begin)
         seconds = statistics.median(times)
-        print(json.dumps({"kind": "pytorch", "device": str(device), "attention": attention, "step_s": seconds,
+        print(json.dumps({"kind": "pytorch", "device": str(device), "precision": precision, "attention": attention,
+                          "step_s": seconds,
                           "samples_per_s": args.batch / seconds,
                           "parameters": sum(p.numel() for p in m.parameters()),
                           "peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None}), flush=True)
-        del m, adam, out
+        del m, adam, out, loss
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)

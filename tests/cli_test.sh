@@ -232,7 +232,13 @@ if part flags; then  # cost 27
   expect_error "ends in .png" --model unet --samples "$work/s.jpg"
   expect_error "leave out --data" --model resnet --data "$work/junk.pt"
   expect_error "--batch-norm" --batch-norm sometimes
-  expect_error "--precision: must be fp32 or bf16" --precision fp8
+  expect_error "--precision: must be fp32, bf16 or fp16" --precision fp8
+  if /usr/bin/python3 -c 'import torch, sys; sys.exit(tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 4))'; then
+    expect_error "--precision fp16 runs on CUDA devices with this torch" --precision fp16
+  fi
+  expect_error "--loss-scale: must be auto, dynamic or off" --loss-scale sometimes
+  expect_error "--balance: has an empty entry (got 3,,8)" --balance 3,,8
+  expect_error "--batch-size: must be one whole number, at least 1, written without a leading zero (got 010)" --batch-size 010
   # A flag of the settings' table: bf16 trains, and the summary says what ran.
   if "$gpipe" train "${small[@]}" --steps 2 --schedule gpipe --precision bf16 >"$work/bf16.json" 2>"$work/err.txt" &&
      /usr/bin/python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); assert s["precision"] == "bf16" and s["steps"] == 2, s' \

@@ -2,9 +2,13 @@
 // device on the same GPU; every schedule and re-materialization mode; models with skip connections,
 // BatchNorm and tied weights. Skipped, not failed, where no CUDA device is visible (CPU-only CI).
 //
+// Under bf16 and fp16 (PipelineOptions::precision) the pipeline is compared with the same autocast on
+// one device of the same GPU, fp16 with one loss scale for the pipeline (loss_scale.h).
+//
 // With GPIPE_CUDA_RESULT=FILE it writes the largest relative difference it saw as JSON there
 // (bench/device.sh reads it for bench/results/device.json).
 #include "helpers.h"
+#include "runtime/autocast.h"  // the one device's autocast, as the pipeline's stages set it
 
 #include <algorithm>
 #include <cstdio>
@@ -36,6 +40,9 @@ gpipe::Device gpu_stage() { return on_cpu() ? gpipe::Device::cpu(1) : gpipe::Dev
 
 double largest_gpu_difference = 0;  // max relative parameter difference over every GPU pipeline
 double largest_cpu_difference = -1;  // the pipeline on the GPU against the same on CPU (reported only)
+double largest_bf16_difference = -1;  // the bf16 pipeline's gradients against one device's under autocast
+double largest_fp16_difference = -1;  // the same in fp16, with a loss scale on both sides
+double fp16_scale = 0;                // the loss scale after the fp16 steps
 
 // Writes the figures so far to GPIPE_CUDA_RESULT after every test that adds to them (a run stopped
 // by a time limit keeps what it measured), and prints them once every test has run.
@@ -46,7 +53,10 @@ void save_report() {
   {
     std::ofstream out(tmp);
     out << "{\"cuda_exact_max_rel_diff\": " << largest_gpu_difference
-        << ", \"cpu_vs_cuda_max_rel_diff\": " << largest_cpu_difference << "}\n";
+        << ", \"cpu_vs_cuda_max_rel_diff\": " << largest_cpu_difference
+        << ", \"cuda_bf16_max_rel_diff\": " << largest_bf16_difference
+        << ", \"cuda_fp16_loss_scale\": {\"max_rel_diff\": " << largest_fp16_difference << ", \"scale\": " << fp16_scale
+        << "}}\n";
   }
   std::rename(tmp.c_str(), path);
 }
@@ -271,6 +281,50 @@ TEST(CudaTest, ManyMicroBatchesAcrossStreamsMatchOneDeviceStepAfterStep) {
     for (const auto& p : gpipe::unique_parameters(*reference)) b.push_back(p.grad());
     EXPECT_LE(relative_difference(a, b), 1e-5) << "step " << s;
   }
+}
+
+// Under bf16 and fp16 each stage's forward runs under the GPU's autocast: the gradients of one step
+// equal one device's under the same autocast to a few roundings (3% of each gradient's largest entry
+// for bf16's 8 bits, as tests/precision_test.cc argues; 1/256 for fp16's 11). Under fp16 both sides
+// scale the loss by the pipeline's one scale and divide the gradients by it, and a step's gradients
+// are all finite. K = 2 and 3, fill-drain and 1F1B, with re-materialization.
+TEST(CudaTest, MixedPrecisionMatchesOneDeviceUnderTheSameAutocast) {
+  GPIPE_NEED_CUDA();
+  if (on_cpu()) GTEST_SKIP() << "autocast on a GPU: nothing to compare on CPU devices";
+  gpipe::allow_tf32(false);
+  const Model m = models()[1];  // the Transformer
+  const torch::Device gpu = gpu_device();
+  for (const gpipe::Precision precision : {gpipe::Precision::kBFloat16, gpipe::Precision::kFloat16})
+    for (const int K : {2, 3})
+      for (const ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+        SCOPED_TRACE(gpipe::to_string(precision) + " K=" + std::to_string(K) + " " + gpipe::to_string(kind));
+        torch::nn::Sequential piped = build_on(m, gpu), reference = build_on(m, gpu);
+        gpipe::Pipeline pipe(piped, PipelineOptions().devices(K).device_list(std::vector<Device>(static_cast<size_t>(K), gpu_stage()))
+                                        .micro_batches(6).schedule(kind).checkpoint(Checkpoint::kAlways)
+                                        .precision(precision));
+        gpipe::LossScaler scaler;
+        const bool fp16 = precision == gpipe::Precision::kFloat16;
+        torch::manual_seed(800);
+        const torch::Tensor x = m.input(24), y = m.target(24);
+        pipe.train_step(x, y, fp16 ? scaler.scaled(m.loss) : m.loss);
+        if (fp16) EXPECT_TRUE(scaler.unscale_and_update(pipe, true));
+        torch::Tensor loss;
+        {
+          const gpipe::AutocastScope autocast(precision, c10::DeviceType::CUDA);
+          loss = m.loss(reference->forward(x.to(gpu)), y.to(gpu));
+        }
+        (fp16 ? loss * scaler.scale() : loss).backward();
+        std::vector<torch::Tensor> a, b;
+        for (const auto& p : gpipe::unique_parameters(*piped)) a.push_back(p.grad());
+        for (const auto& p : gpipe::unique_parameters(*reference))
+          b.push_back(fp16 ? p.grad() / scaler.scale() : p.grad());
+        const double difference = relative_difference(a, b);
+        (fp16 ? largest_fp16_difference : largest_bf16_difference) =
+            std::max(fp16 ? largest_fp16_difference : largest_bf16_difference, difference);
+        if (fp16) fp16_scale = scaler.scale();
+        save_report();
+        EXPECT_LE(difference, fp16 ? 1.0 / 256 : 1.0 / 32);
+      }
 }
 
 // Memory figures of a GPU device come from the CUDA caching allocator.

@@ -28,7 +28,7 @@ declare -A home=(
   [models]=model [script_model]=model [workloads]=model
   [cost_model]=cost [planner]=cost
   [calibrate]=choose [choose]=choose
-  [data]=train [snapshot]=train [train]=train
+  [data]=train [loss_scale]=train [snapshot]=train [train]=train
   [tasks]=tasks [results]=tasks [settings]=tasks
   [gpipe]=umbrella
 )

@@ -167,11 +167,11 @@ if part errors; then  # cost 53
   expect_error "np not a multiple of K" "the job has 3 ranks, not a multiple of the 2 devices" \
     bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}"
   expect_error "ranks started with different settings" \
-    "rank 0 has --micro-batches = 4, rank 1 has 8" \
+    "rank 0 has --micro-batches 4, rank 1 has 8" \
     bash "$mpirun_sh" 1 "$gpipe" train "${small[@]}" --micro-batches 4 : -np 1 "$gpipe" train "${small[@]}" --micro-batches 8
   if [ "$(grep -c 'different settings' "$work/err.out")" = 1 ]; then pass "the settings error, the same on both ranks, is printed once"
   else fail "settings error printed $(grep -c 'different settings' "$work/err.out") times"; cat "$work/err.out"; fi
-  expect_error "a flag one rank alone was given" "rank 0 has no --lr, rank 1 has --lr = 0.01" \
+  expect_error "a flag one rank alone was given" "rank 0 has no --lr, rank 1 has --lr 0.01" \
     bash "$mpirun_sh" 1 "$gpipe" train "${small[@]}" : -np 1 "$gpipe" train "${small[@]}" --lr 0.01
   # The same settings in another order, or written --flag=value, are the same settings.
   if bash "$mpirun_sh" 1 "$gpipe" train "${small[@]}" --steps 1 --seed 3 --micro-batches 4 \
@@ -237,6 +237,26 @@ if part faults; then  # cost 12
   else fail "rank 0's report"; tail -20 "$work/err.out"; fi
   expect_error "a rank that dies ends the job" "Exit code:    3" \
     env GPIPE_TEST_FAULT=exit:1:3 bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3
+fi
+
+if part loss_scale; then  # cost 10
+  # A gradient that overflows on rank 1 alone (its stage, the last) skips the step on both ranks, as one
+  # process skips it where the same stage's gradient overflows: the same parameters, one step skipped,
+  # the scale halved from 65536.
+  scaled=(--train-samples 256 --test-samples 64 --epochs 1 --steps 4 --json --stages 2 --schedule task --loss-scale dynamic)
+  if env GPIPE_TEST_FAULT=inf:0:1 "$gpipe" train "${scaled[@]}" >"$work/ls-one.json" 2>"$work/err.out" &&
+     env GPIPE_TEST_FAULT=inf:1:1 bash "$mpirun_sh" 2 "$gpipe" train "${scaled[@]}" >"$work/ls-mpi.json" 2>>"$work/err.out" &&
+     "$gpipe" train "${scaled[@]}" >"$work/ls-none.json" 2>>"$work/err.out" &&
+     /usr/bin/python3 - "$work/ls-one.json" "$work/ls-mpi.json" "$work/ls-none.json" <<'PY'
+import json, sys
+one, mpi, none = (json.load(open(f)) for f in sys.argv[1:])
+for run in (one, mpi):
+    assert run["skipped_steps"] == 1 and run["loss_scale"] == 32768, run
+assert one["parameter_checksum"] == mpi["parameter_checksum"], (one["parameter_checksum"], mpi["parameter_checksum"])
+assert none["skipped_steps"] == 0 and none["parameter_checksum"] != one["parameter_checksum"], none
+PY
+  then pass "an overflow on rank 1 skips the step on both ranks: the parameters of one process, scale 32768"
+  else fail "the loss scale under mpirun"; tail -5 "$work/err.out"; fi
 fi
 
 parts_end || failures=$((failures + 1))

@@ -4,6 +4,7 @@
 
 #include <gpipe/gpipe.h>
 #include <gtest/gtest.h>
+#include <torch/version.h>
 
 #include <set>
 
@@ -37,7 +38,7 @@ TEST(SettingsTest, ChecksSayWhatIsWrong) {
   EXPECT_EQ(gpipe::check_setting(m, "2.5"), "must be one whole number, at least 1 (got 2.5)");
   EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("lr"), "-1"), "must be a finite number above 0 (got -1)");
   EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("lr"), "nan"), "must be a finite number above 0 (got nan)");
-  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("precision"), "fp8"), "must be fp32 or bf16 (got fp8)");
+  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("precision"), "fp8"), "must be fp32, bf16 or fp16 (got fp8)");
   EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("seed"), "18446744073709551615"), "");
   EXPECT_NE(gpipe::check_setting(gpipe::find_setting("seed"), "18446744073709551616"), "");
   EXPECT_NE(gpipe::check_setting(gpipe::find_setting("seed"), "-1"), "");
@@ -53,10 +54,18 @@ TEST(SettingsTest, SetByNameChecksAndMarksGiven) {
   EXPECT_EQ(s.betas, (std::vector<double>{0.8, 0.9}));
   gpipe::set_setting(gpipe::find_setting("shuffle"), s, "false");
   EXPECT_FALSE(s.shuffle);
-  expect_invalid([&] { gpipe::set_setting(gpipe::find_setting("betas"), s, "0.9"); }, "`betas` takes 2 values (got 1)");
+  expect_invalid([&] { gpipe::set_setting(gpipe::find_setting("betas"), s, "0.9"); }, "`betas` takes 2 values separated by commas (got 1)");
   expect_invalid([&] { gpipe::set_setting(gpipe::find_setting("devices"), s, "0"); }, "`devices` must be at least 1");
   EXPECT_EQ(s.devices, 2);  // a refused value leaves the setting as it was
-  EXPECT_EQ(gpipe::with_pipeline_settings(gpipe::PipelineOptions(), s).precision(), gpipe::Precision::kBFloat16);
+  // An empty entry of a list, and a leading zero (which the command line's parser reads as octal).
+  expect_invalid([&] { gpipe::set_setting(gpipe::find_setting("balance"), s, "3,,8"); },
+                 "`balance` has an empty entry (got 3,,8)");
+  expect_invalid([&] { gpipe::set_setting(gpipe::find_setting("balance"), s, "3,8,"); }, "has an empty entry");
+  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("batch_size"), "010"),
+            "must be one whole number, at least 1, written without a leading zero (got 010)");
+  EXPECT_NE(gpipe::check_setting(gpipe::find_setting("seed"), "010"), "");
+  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("seed"), "0"), "");
+  EXPECT_EQ(gpipe::with_request_settings(gpipe::PipelineRequest(), s).precision, gpipe::Precision::kBFloat16);
 }
 
 // A C++ caller's settings get the checks a flag gets, before any work.
@@ -68,10 +77,14 @@ TEST(SettingsTest, ResolveTrainingChecksEveryMemberByItsRow) {
   expect_invalid([&] { gpipe::resolve_training(s, task); }, "`lr` must be a finite number above 0 (got -1)");
   s.lr = 0.1;
   s.precision = "half";
-  expect_invalid([&] { gpipe::resolve_training(s, task); }, "`precision` must be fp32 or bf16 (got half)");
+  expect_invalid([&] { gpipe::resolve_training(s, task); }, "`precision` must be fp32, bf16 or fp16 (got half)");
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 4)
+  s.precision = "fp16";  // the command line's stages are CPU threads
+  expect_invalid([&] { gpipe::resolve_training(s, task); }, "`precision` fp16 runs on CUDA devices with this torch");
+#endif
   s.precision = "bf16";
   gpipe::resolve_training(s, task);
-  EXPECT_EQ(gpipe::with_pipeline_settings(gpipe::PipelineOptions(), s).precision(), gpipe::Precision::kBFloat16);
+  EXPECT_EQ(gpipe::with_request_settings(gpipe::PipelineRequest(), s).precision, gpipe::Precision::kBFloat16);
 }
 
 }  // namespace

@@ -19,7 +19,7 @@ namespace gpipe {
 namespace {
 
 // sizeof(TrainerOptions) on x86-64 with libstdc++, when settings_of last covered every field.
-constexpr size_t kTrainerOptionsSize = 280;
+constexpr size_t kTrainerOptionsSize = 328;
 
 TEST(TasksTest, EveryNameFindsItsTaskAndAnUnknownOneNamesTheKnown) {
   const std::vector<std::string> training = task_names(), all = task_names(true);
@@ -691,7 +691,8 @@ TEST(AgreementTest, EveryTrainerOptionIsASetting) {
       TrainerOptions().save_every(5),
       TrainerOptions().stop_timeout(1),
       TrainerOptions().per_device_files(true),
-      TrainerOptions().update_on_devices(false)};
+      TrainerOptions().update_on_devices(false),
+      TrainerOptions().loss_scale(LossScaleOptions().enabled(false))};
   for (size_t n = 0; n < changed.size(); ++n) EXPECT_NE(settings_of(changed[n]), base) << "option " << n;
 }
 

@@ -4,6 +4,7 @@
 #include "helpers.h"
 
 #include <caffe2/serialize/inline_container.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
@@ -651,7 +652,7 @@ TEST(TrainerTest, ASnapshotRecordsItsPipeline) {
   const torch::nn::Sequential whole = mlp().build(gpipe::LayerRange{});
   torch::optim::SGD optimizer(whole->parameters(), 0.1);
   const torch::Tensor generator = at::detail::getDefaultCPUGenerator().get_state();
-  gpipe::TrainState state{0, generator, generator, std::nullopt};
+  gpipe::TrainState state{0, generator, generator, std::nullopt, std::nullopt};
   auto save = [&] {
     gpipe::save_snapshot(path, {gpipe::encode_snapshot_part(whole, optimizer)}, whole, std::nullopt, sgd, state);
   };
@@ -701,3 +702,127 @@ TEST(OptimizerOptionsTest, StateBytesPerParameterByte) {
   EXPECT_EQ(gpipe::state_per_parameter_byte(OptimizerOptions().kind(OptimizerKind::kAdam)), 3.0);
   EXPECT_EQ(gpipe::state_per_parameter_byte(OptimizerOptions().kind(OptimizerKind::kAdamW)), 3.0);
 }
+
+// ---------------------------------------------------------------- the loss scale (loss_scale.h)
+
+// GradScaler's rule on a made-up history of steps (f: all gradients finite, x: one was not), with a
+// growth interval of 2 from a scale of 8: x0.5 on each x, x2 after two f in a row, the count of f
+// starting again after each change.
+TEST(LossScaleTest, TheScaleFollowsGradScalersRule) {
+  gpipe::LossScaler scaler(gpipe::LossScaleOptions().init_scale(8).growth_interval(2));
+  const std::string history = "ffxfxffff";
+  const std::vector<double> expected = {8, 16, 8, 8, 4, 4, 8, 8, 16};
+  for (size_t n = 0; n < history.size(); ++n) {
+    scaler.update(history[n] == 'f');
+    EXPECT_EQ(scaler.scale(), expected[n]) << "after step " << n + 1 << " (" << history.substr(0, n + 1) << ")";
+  }
+  EXPECT_EQ(scaler.state().skipped, 2);
+  // A growth past float's range leaves the scale as it is, as GradScaler's float scale does.
+  gpipe::LossScaler top(gpipe::LossScaleOptions().init_scale(std::ldexp(1.0, 127)).growth_interval(1));
+  top.update(true);
+  EXPECT_EQ(top.scale(), std::ldexp(1.0, 127));
+  EXPECT_EQ(top.state().growth_tracker, 0);
+  gpipe::testing::expect_invalid([] { gpipe::LossScaler(gpipe::LossScaleOptions().growth_factor(1)); }, "growth factor");
+  gpipe::testing::expect_invalid([] { gpipe::LossScaler(gpipe::LossScaleOptions().init_scale(0)); }, "first loss scale");
+}
+
+// A scale that is a power of two changes no bit: the scaled run's parameters are the unscaled run's,
+// on 2 devices with clipping, momentum and the update on the devices.
+TEST(LossScaleTest, APowerOfTwoScaleChangesNoBit) {
+  const gpipe::Dataset data = regression_data();
+  const PipelineOptions pipeline = PipelineOptions().devices(2).micro_batches(4);
+  Trainer plain(mlp(), pipeline, sgd_options(), data);
+  Trainer scaled(mlp(), pipeline, TrainerOptions(sgd_options()).loss_scale(gpipe::LossScaleOptions()), data);
+  plain.fit();
+  scaled.fit();
+  expect_equal(values(scaled), values(plain));
+  ASSERT_NE(scaled.loss_scaler(), nullptr);
+  EXPECT_EQ(scaled.loss_scaler()->scale(), 65536.0);
+  EXPECT_EQ(scaled.stats().skipped_steps, 0);
+  EXPECT_EQ(plain.loss_scaler(), nullptr);
+}
+
+// A gradient that overflows in one stage (the last one of 2) skips the step on every stage: the
+// parameters after it are those before it, the scale halves, and the next step trains again. With
+// the update on the devices and after the step alike.
+TEST(LossScaleTest, AnInfiniteGradientInOneStageSkipsTheStepEverywhere) {
+  const TestFaultEnvironment fault("inf:0:1");  // after step 2's backward (0-based step 1)
+  const gpipe::Dataset data = regression_data();
+  for (const bool on_devices : {true, false}) {
+    SCOPED_TRACE(on_devices ? "update on the devices" : "update after the step");
+    Trainer trainer(mlp(), PipelineOptions().devices(2).micro_batches(4),
+                    TrainerOptions(sgd_options()).loss_scale(gpipe::LossScaleOptions()).update_on_devices(on_devices),
+                    data);
+    std::vector<std::vector<torch::Tensor>> after;  // the parameters after each step
+    std::vector<double> scales;
+    gpipe::TrainerCallbacks callbacks;
+    callbacks.after_step = [&](int, int64_t) {
+      after.push_back(values(trainer));
+      scales.push_back(trainer.loss_scaler()->scale());
+    };
+    trainer.fit(callbacks);
+    ASSERT_GE(after.size(), 3u);
+    expect_equal(after[1], after[0]);  // step 2 skipped on both stages
+    EXPECT_FALSE(torch::equal(after[2][0], after[1][0]));  // step 3 trained the first stage again
+    EXPECT_EQ(scales[0], 65536.0);
+    EXPECT_EQ(scales[1], 32768.0);
+    EXPECT_EQ(trainer.stats().skipped_steps, 1);
+    EXPECT_EQ(trainer.loss_scaler()->state().skipped, 1);
+    EXPECT_TRUE(trainer.pipeline().all_finite());
+  }
+}
+
+// The scale is in the checkpoint: a run stopped after a skipped step and resumed ends as the unbroken
+// run, parameters and scale to the bit.
+TEST(LossScaleTest, AResumedRunContinuesTheScale) {
+  const TestFaultEnvironment fault("inf:0:1");
+  const gpipe::Dataset data = regression_data();
+  const PipelineOptions pipeline = PipelineOptions().devices(2).micro_batches(4);
+  const TrainerOptions options = TrainerOptions(sgd_options())
+                                     .lr_schedule(LrScheduleOptions().warmup_steps(2))  // the same at any length
+                                     .loss_scale(gpipe::LossScaleOptions().growth_interval(3));
+  Trainer unbroken(mlp(), pipeline, options, data);
+  unbroken.fit();
+  const std::string path = temp_path("scaled.pt");
+  {
+    Trainer first(mlp(), pipeline, TrainerOptions(options).steps(4).save(path), data);
+    first.fit();
+    EXPECT_EQ(first.loss_scaler()->state().skipped, 1);
+  }
+  Trainer resumed(mlp(), pipeline, TrainerOptions(options).save(path), data);
+  resumed.resume(path);
+  EXPECT_EQ(resumed.loss_scaler()->state().skipped, 1);
+  EXPECT_EQ(resumed.loss_scaler()->state().growth_tracker, 2);  // steps 3 and 4 finite since the skip
+  resumed.fit();
+  expect_equal(values(resumed), values(unbroken));
+  EXPECT_EQ(resumed.loss_scaler()->state(), unbroken.loss_scaler()->state());
+  std::remove(path.c_str());
+}
+
+// A loss that is not finite still stops the run, scale or none: no loss scale mends a forward that
+// overflows.
+TEST(LossScaleTest, ANonFiniteLossStillStopsTheRun) {
+  const gpipe::Dataset data = regression_data();
+  const gpipe::LossFn infinite = [](const torch::Tensor& out, const torch::Tensor& y) {
+    return gpipe::mse_loss(out, y) * std::numeric_limits<float>::infinity();
+  };
+  Trainer trainer(mlp(), PipelineOptions().devices(2).micro_batches(4),
+                  TrainerOptions(sgd_options()).loss(infinite).loss_scale(gpipe::LossScaleOptions()), data);
+  const std::vector<torch::Tensor> before = values(trainer);
+  try {
+    trainer.fit();
+    FAIL() << "an infinite loss trained";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("the loss became infinite in step 1"), std::string::npos) << e.what();
+  }
+  expect_equal(values(trainer), before);
+}
+
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 4)
+// Float16 on a CPU is refused before any step where torch's CPU autocast takes bfloat16 only.
+TEST(LossScaleTest, Fp16OnACpuIsRefusedWithThisTorch) {
+  gpipe::testing::expect_invalid([] { Trainer(mlp(), PipelineOptions().devices(2).precision(gpipe::Precision::kFloat16), sgd_options(),
+                              regression_data()); },
+                 "`precision` fp16 runs on CUDA devices with this torch");
+}
+#endif

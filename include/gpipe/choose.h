@@ -67,7 +67,8 @@ struct PipelineRequest {
   /// Re-materialization; none: "auto" chooses it too, the fastest mode predicted to fit (none where it
   /// fits: recomputing only adds work).
   std::optional<Checkpoint> checkpoint = Checkpoint::kExceptLast;
-  Precision precision = Precision::kFloat32;  ///< of each stage's forward: kept as asked, never chosen
+  /// Of each stage's forward: kept as asked, never chosen; none: a resumed file's (resumed_choice), else float32.
+  std::optional<Precision> precision;
 };
 
 /// What a task runs where a front end names no schedule or cut (schedule "task", and "auto" left
@@ -215,6 +216,8 @@ struct BalanceByOptions {
   TORCH_ARG(double, optimizer_copies) = 2.0;
   /// A tuple sample's PipelineOptions::whole_inputs (a model whose input is a tuple).
   TORCH_ARG(std::vector<int>, whole) = {};
+  /// The arithmetic the layers are profiled in (ProfileLayersOptions::precision): the run's.
+  TORCH_ARG(Precision, precision) = Precision::kFloat32;
 };
 
 /// The cut of `layers` (the whole model) into `options`' K·V contiguous stages by their cost on

@@ -154,6 +154,9 @@ struct ProfileLayersOptions {
   /// Run before each repetition and before the update is timed (a front end checks for an
   /// interrupt there; what it throws ends the profile). Empty: nothing.
   TORCH_ARG(std::function<void()>, between) = nullptr;
+  /// The arithmetic of the forwards (and the loss): under bf16 or fp16 each runs under its device's
+  /// autocast, as a stage runs it (PipelineOptions::precision), so times and bytes are that precision's.
+  TORCH_ARG(Precision, precision) = Precision::kFloat32;
 };
 
 /// Profiles every layer of `model` on the calling thread with `options.threads()` intra-op
@@ -241,7 +244,10 @@ std::vector<ActionTimes> stage_action_times(const CostModel& costs, const std::v
 /// libtorch's TransformerEncoderLayer), and a projection to the vocabulary.
 struct TransformerShape {
   int64_t layers = 0, width = 0, heads = 0, ffn = 0, vocab = 0, sequence = 0;
-  int64_t bytes_per_value = 4;  ///< 4 for float32, 2 for half precision
+  int64_t bytes_per_value = 4;  ///< 4 for float32, 2 for half precision (the whole model: parameters too)
+  /// The stages' arithmetic: under bf16 or fp16 autocast an activation takes 2 bytes a value (the
+  /// parameters keep bytes_per_value).
+  Precision precision = Precision::kFloat32;
   /// Parameters of one encoder block.
   int64_t block_parameters() const;
   /// Parameters of the whole model (embedding, blocks, projection).

@@ -16,6 +16,7 @@
 #include "gpipe/io.h"
 #include "gpipe/job.h"
 #include "gpipe/layers.h"
+#include "gpipe/loss_scale.h"
 #include "gpipe/memory.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/models.h"

@@ -26,13 +26,16 @@ namespace gpipe {
 enum class Precision {
   kFloat32,   ///< float32 throughout
   kBFloat16,  ///< under autocast to bfloat16 for the device's kind; parameters and gradients stay float32
+  /// Under autocast to float16, with one loss scale for the whole pipeline (LossScaler, loss_scale.h):
+  /// float16 keeps 5 bits of exponent, and small gradients would underflow unscaled.
+  kFloat16,
 };
 
-/// "fp32" or "bf16".
+/// "fp32", "bf16" or "fp16".
 std::string to_string(Precision precision);
-/// Parses "fp32" or "bf16"; throws std::invalid_argument naming `precision` otherwise.
+/// Parses "fp32", "bf16" or "fp16"; throws std::invalid_argument naming `precision` otherwise.
 Precision parse_precision(const std::string& text);
-/// Every precision's name: "fp32", "bf16".
+/// Every precision's name: "fp32", "bf16", "fp16".
 std::vector<std::string> precision_names();
 
 /// What a pipeline runs: the shape make_plan builds a plan from and the Trainer records in a checkpoint.
@@ -80,8 +83,8 @@ std::string text_of(const Fields& fields);
 /// The fields of text_of's line. Throws std::runtime_error naming `what` for a line it did not write.
 Fields fields_of_text(const std::string& text, const std::string& what);
 
-/// "zbv (V=2), M=8" or "gpipe, M=4, checkpoint always": the config as auto's lines name it (V where
-/// above 1, re-materialization where there is any).
+/// "zbv (V=2), M=8" or "gpipe, M=4, checkpoint always, bf16": the config as auto's lines name it (V
+/// where above 1, re-materialization where there is any, the precision where not float32).
 std::string describe(const PipelineConfig& config);
 
 }  // namespace gpipe

@@ -177,6 +177,8 @@ struct PlanProfileOptions {
   /// (CostModel::action_overhead_s, step_overhead_s): profile_model (calibrate.h) measures it
   /// (pipeline_overhead at `threads`) by running a pipeline; profile_model_alone never counts it.
   TORCH_ARG(bool, count_pipeline_overhead) = true;
+  /// The arithmetic the layers are profiled in (ProfileLayersOptions::precision).
+  TORCH_ARG(Precision, precision) = Precision::kFloat32;
 };
 
 /// Bytes of gradient and optimizer state per parameter byte of `optimizer` ("sgd" 1, "momentum" 2,

@@ -77,7 +77,8 @@ const std::vector<Setting>& train_settings();
 /// The row `name`. Throws std::logic_error for a name no row has (a mistake in the library).
 const Setting& find_setting(const std::string& name);
 
-/// "" where `setting` takes `text`, else what is wrong with it ("must be at least 1 (got 0)").
+/// "" where `setting` takes `text`, else what is wrong with it ("must be at least 1 (got 0)"): a
+/// list's entries each, separated by single commas ("3,,8" has an empty one), a bool "true" or "false".
 std::string check_setting(const Setting& setting, const std::string& text);
 
 /// The value `settings` hold for `setting`, as text (a list's entries separated by commas).
@@ -85,12 +86,20 @@ std::string setting_text(const Setting& setting, const TrainSettings& settings);
 
 /// Sets `setting` in `settings` to `text`, checked by its row first (a list's entries separated by
 /// commas, a bool "true" or "false"), and marks it given. Throws std::invalid_argument "`precision`
-/// must be fp32 or bf16 (got fp8)".
+/// must be fp32, bf16 or fp16 (got fp8)".
 void set_setting(const Setting& setting, TrainSettings& settings, const std::string& text);
 
-/// `options` with the pipeline's settings of `settings`: its checkpoint, precision, BatchNorm and
-/// threads per device (the rest of the pipeline is chosen: PipelineRequest, choose.h).
+/// `request` with the settings of `settings` that the pipeline's value holds and nothing chooses: its
+/// precision, where given or not the default (else left to a resumed file's, then float32).
+PipelineRequest with_request_settings(PipelineRequest request, const TrainSettings& settings);
+
+/// `options` with the pipeline's settings of `settings` that its value does not hold: its checkpoint,
+/// BatchNorm and threads per device (the rest of the pipeline is chosen: PipelineRequest, choose.h).
 PipelineOptions with_pipeline_settings(PipelineOptions options, const TrainSettings& settings);
+
+/// TrainerOptions::loss_scale of `settings`' `loss_scale`: none for auto (left to the precision), GradScaler's
+/// defaults for dynamic, disabled for off.
+std::optional<LossScaleOptions> loss_scale_of(const TrainSettings& settings);
 
 /// Checks every setting a caller changed from TrainSettings' default against its row; throws
 /// std::invalid_argument "`lr` must be a finite number above 0 (got -1)". resolve_training calls it.

@@ -7,6 +7,7 @@
 // from MPI ranks, resumes with any other: each process takes what it holds.
 #pragma once
 
+#include "gpipe/loss_scale.h"
 #include "gpipe/pipeline_config.h"
 #include "gpipe/schedule.h"
 
@@ -37,6 +38,7 @@ struct TrainState {
   torch::Tensor shuffle_state;    ///< the shuffling generator at the start of the current epoch
   torch::Tensor random_state;     ///< the default generator (dropout seeds)
   std::optional<SavedPipeline> pipeline;  ///< absent in files of the Python package and of gpipe before it
+  std::optional<LossScaleState> loss_scale;  ///< where the run scales its loss (TrainerOptions::loss_scale)
 };
 
 /// What one process holds of a snapshot, as bytes: the parameters and

@@ -64,6 +64,10 @@ class WeightBackward;
 /// over the batch dimension (so micro-batch i is weighted by bᵢ/N).
 using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
 
+/// Why `precision` cannot run on a device of `kind` with this build's torch, "" where it can: torch
+/// before 2.4 autocasts a CPU to bfloat16 only (nor multiplies float16 matrices there).
+std::string precision_refusal(Precision precision, c10::DeviceType kind);
+
 /// Mean squared error and mean cross-entropy (over every leading position: a
 /// classifier's [N, classes], a language model's [N, sequence, vocabulary]), as LossFn.
 /// cross_entropy_loss takes class indices (targets of the output's shape without its last

@@ -246,7 +246,8 @@ struct TrainSettings {
   std::string balance_by;
   int micro_batches = 4;  ///< not `given`: with `schedule` auto, M is chosen too
   std::string checkpoint = "never", batch_norm = "deferred";
-  std::string precision = "fp32";  ///< of each stage's forward: fp32 or bf16 (PipelineOptions::precision)
+  std::string precision = "fp32";  ///< of each stage's forward: fp32, bf16 or fp16 (PipelineOptions::precision)
+  std::string loss_scale = "auto";  ///< auto (under fp16), dynamic or off (TrainerOptions::loss_scale)
   std::string augment = "auto";   ///< "auto": the task's own (flip for resnet), none otherwise
   /// "auto": chosen by prediction (prepare_training), or on `resume` the pipeline the file was
   /// trained with; the task's own under MPI and torchrun. "task": the task's own (resolve_run).
@@ -383,6 +384,9 @@ struct BenchSweep {
   bool balance_by_given = false;  ///< `balance_by` was asked for (not its default)
   std::vector<int> balance;       ///< an explicit cut, for the K above 1 it fits
   bool tie_embeddings = false;    ///< the transformer workload's tied embedding
+  /// Every contender's arithmetic (PipelineOptions::precision; the unsplit one's forward under the same
+  /// autocast), and the profile's.
+  std::string precision = "fp32";
 };
 
 /// The median, smallest and largest of per-step ratios.

@@ -16,6 +16,7 @@
 
 #include "gpipe/choose.h"
 #include "gpipe/data.h"
+#include "gpipe/loss_scale.h"
 #include "gpipe/partition.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/script_model.h"
@@ -158,6 +159,10 @@ struct TrainerOptions {
   /// them in memory. false: after each step, on the calling thread. In one process a weight tied
   /// across stages is always updated on the calling thread.
   TORCH_ARG(bool, update_on_devices) = true;
+  /// Dynamic loss scaling (loss_scale.h): one scale for every stage and rank, and a step whose gradients
+  /// are not all finite skipped on all of them. None: GradScaler's defaults where the pipeline runs in
+  /// float16 (PipelineOptions::precision), no scaling otherwise.
+  TORCH_ARG(std::optional<LossScaleOptions>, loss_scale) = std::nullopt;
 };
 
 /// The settings of `options` that every rank of a job must share, by name (TrainerOptions' own names),
@@ -248,10 +253,12 @@ struct RunFigures {
   std::vector<int> placement;   ///< the device of each stage
   int devices = 1;              ///< K: with more stages than devices each stage names its device
   double median_step_s = 0;     ///< the median of the steps' wall times (0: not measured)
+  double loss_scale = 0;        ///< the loss scale at the end (0: the run scales no loss)
+  int64_t skipped_steps = 0;    ///< steps the loss scale skipped (gradients not finite)
 };
 
-/// The lines "  training time ...", "  throughput ...", "  bubble ..." and
-/// "  partition ...", each ending in a newline.
+/// The lines "  training time ...", "  throughput ...", "  bubble ...", "  loss scale ..." (where
+/// there is one) and "  partition ...", each ending in a newline.
 std::string format_run_figures(const RunFigures& figures);
 
 /// Cuts `model` into contiguous stages, `options`' V for each of its devices, by per-layer cost on
@@ -278,6 +285,7 @@ struct TrainStats {
   double first_loss = 0;      ///< the first step's mean loss in this run
   double last_loss = 0;       ///< the last step's
   std::vector<float> step_seconds;  ///< each step's wall time in this run, in order
+  int64_t skipped_steps = 0;  ///< steps of this run skipped by the loss scale (gradients not finite)
 
   /// Samples per second of training-step time; 0 before any step.
   double samples_per_s() const { return train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0.0; }
@@ -334,7 +342,9 @@ class StageUpdates;
 /// "exit:RANK:STEP" ends MPI rank RANK (0 in one process) abruptly with
 /// status 3 before step STEP, as a crash would; "save:RANK:STEP" makes rank RANK's
 /// per-device file of step STEP fail once written (every device's file is then put
-/// back as it was). Unset or empty: no fault;
+/// back as it was); "inf:RANK:STEP" makes the last gradient rank RANK holds infinite after step
+/// STEP's backward (a float16 overflow in one stage, which the loss scale skips everywhere; a run
+/// without one checks no gradient). Unset or empty: no fault;
 /// another value: std::invalid_argument.
 class Trainer {
  public:
@@ -387,6 +397,8 @@ class Trainer {
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const TrainerOptions& options() const { return options_; }
   const TrainStats& stats() const { return stats_; }
+  /// The loss scale (TrainerOptions::loss_scale), or nullptr where the run scales no loss.
+  const LossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
   /// Optimizer steps taken, resumed ones included; the step this run started at; where it ends.
   int64_t step() const { return step_; }
   int64_t start_step() const { return start_step_; }
@@ -415,6 +427,11 @@ class Trainer {
   Trainer(const Model& model, const PipelinePlan* plan, const PipelineOptions& pipeline, const TrainerOptions& options,
           Dataset train, Runtime runtime);
   void on_every_rank(const std::function<void()>& check);
+  // Whether step step_+1's update may be applied (finite_step's rule, in trainer_steps.cc); throws the
+  // non-finite loss's error where the run stops.
+  bool finite_step(double loss, int epoch);
+  void inject_infinite_gradient();  // GPIPE_TEST_FAULT=inf
+  void update();  // the step's clipping, learning rate and optimizer update (on the devices, or here)
   // The stop request of any rank (its signal), agreed on by every rank; 0: none.
   int agreed_stop();
   void save_per_device_files(const std::string& path, const TrainState& now, const std::string& optimizer);
@@ -428,6 +445,7 @@ class Trainer {
   std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<detail::StageUpdates> stage_updates_;  // with update_on_devices, where possible
+  std::optional<LossScaler> scaler_;                     // with loss scaling
   bool in_fit_ = false;                                  // train_step may leave its update to the devices
   torch::Generator shuffle_;
   torch::Tensor epoch_start_shuffle_;

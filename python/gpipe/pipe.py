@@ -704,6 +704,8 @@ class GPipe:
         self.chunks = settings.micro_batches
         self.model = model
         self._settings = settings
+        # precision="fp16" (or loss_scale="dynamic"): one loss scale for every stage and rank (train_step).
+        self.loss_scaler = _gpipe.LossScaler() if settings.scales_loss() else None
         self._scripted = _script(layers)
         _check_layer_types(self._scripted)
         self._fingerprint = _fingerprint(model)
@@ -775,7 +777,15 @@ class GPipe:
         zero elsewhere). The layers run in the model's mode
         (model.train(), model.eval()). The GIL is released for the whole step; Ctrl-C raises
         KeyboardInterrupt with parameters and gradients as they were (one that comes as the step
-        ends raises it after the step, which then counts)."""
+        ends raises it after the step, which then counts).
+
+        With a loss scale (precision="fp16", or loss_scale="dynamic": GPipe.loss_scaler), each
+        micro-batch's loss is multiplied by the scale before its backward and the gradients divided
+        by it after, as torch.cuda.amp.GradScaler's scale() and unscale_() do; a step whose gradients
+        are not all finite, on any stage or rank, leaves every .grad None (accumulated ones too), so
+        that optimizer.step() changes nothing, and the scale halves (GradScaler's rule; it doubles
+        after 2000 finite steps). Keep GPipe.loss_scaler.state_dict() in your checkpoint beside the
+        optimizer's, and load_state_dict() it when you resume."""
         _batch(target, "target")
         if not isinstance(loss, (str, torch.jit.ScriptFunction)):
             raise ValueError("gpipe: loss must be \"cross_entropy\", \"mse\" or a torch.jit.script-ed function "
@@ -789,10 +799,13 @@ class GPipe:
                 updates.begin_step()
             begin = time.perf_counter()
             done = False
+            scaler = self.loss_scaler
+            skipped = scaler.skipped if scaler is not None else 0
             try:
                 with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
-                    value = pipe.train_step(input, target, loss, self.model.training)
-                done = True
+                    value = pipe.train_step(input, target, loss, self.model.training, scaler)
+                # A step the loss scale skipped holds no update: its gradients are None everywhere.
+                done = scaler is None or scaler.skipped == skipped
             finally:
                 if updates is not None:
                     try:  # what the devices did not apply (after a failed step: the last step's update, whole)

@@ -82,7 +82,8 @@ struct Settings {
   // optimizer of `optimizer`'s kind, as the profile times it.
   double update_s_per_parameter_byte = 0;
   // The keyword arguments GPipe takes from the settings' table (settings.h) beyond those above:
-  // set by name (Settings.set), carried to the pipeline by with_pipeline_settings.
+  // set by name (Settings.set), carried to the request (with_request_settings) and the pipeline's
+  // options (with_pipeline_settings).
   TrainSettings table;
 
   bool chosen() const { return request.schedule == "auto"; }
@@ -92,6 +93,7 @@ struct Settings {
   // The options of a pipeline made as asked (schedule "auto": fill-drain until it is chosen).
   PipelineOptions options() const {
     return with_pipeline_settings(PipelineOptions(), table)
+        .precision(request.precision.value_or(Precision::kFloat32))
         .devices(devices())
         .balance(request.balance)
         .micro_batches(request.micro_batches.value_or(1))
@@ -114,6 +116,10 @@ PipelinePlan check_plan(int layers, const Settings& settings) {
   if (settings.chosen() && !r.micro_batches)
     r.micro_batches = 4 * std::max({1, settings.devices(), static_cast<int>(r.balance.size())});
   if (settings.chosen() && settings.virtual_stages() > 1) r.schedule = "interleaved";
+  // The stages are CPU threads.
+  if (const std::string refused = precision_refusal(checked.options().precision(), c10::DeviceType::CPU);
+      !refused.empty())
+    throw std::invalid_argument(refused);
   return make_plan(layers, checked.options());
 }
 
@@ -198,7 +204,8 @@ class PythonPipeline {
                                             .micro_batches(M)
                                             .checkpoint(options.checkpoint())
                                             .threads(settings.threads)
-                                            .optimizer_copies(2.0));
+                                            .optimizer_copies(2.0)
+                                            .precision(options.precision()));
       // Rank 0's cut, and the order its V schedule was predicted in: every rank runs the same program.
       options.balance(by.balance).stage_times(by.stage_times);
       options.config(first_rank_config(make_plan(model_.layers, options).config()));
@@ -231,7 +238,7 @@ class PythonPipeline {
       const ScheduleChoice c = chosen_on_first_rank(
           [&] {
             try {
-              return profile_and_choose(settings, batch, processes, options.checkpoint());
+              return profile_and_choose(settings, batch, processes);
             } catch (const py::error_already_set&) {
               if (running == Runtime::kThreads) throw;
               python_error = std::current_exception();
@@ -250,8 +257,7 @@ class PythonPipeline {
 
   // choose's profile and prediction, made on this process (of `processes`, each running its share of
   // `batch` where there are replicas).
-  ScheduleChoice profile_and_choose(const Settings& settings, const torch::Tensor& batch, int processes,
-                                  Checkpoint checkpoint) {
+  ScheduleChoice profile_and_choose(const Settings& settings, const torch::Tensor& batch, int processes) {
     keep_freed_memory();  // profiled with the allocator's settings the pipeline runs with
     const RandomStateGuard guard;
     const torch::nn::Sequential whole = model_.build(LayerRange{});
@@ -263,7 +269,11 @@ class PythonPipeline {
     // A weight shared by layers may be tied across stages, which update_on_devices refuses.
     const CostsAtRows profiled = profiles_at_rows(
         whole, batch.narrow(0, 0, share), torch::Tensor(), planned,
-        PlanProfileOptions().optimizer(settings.optimizer).threads(settings.threads).between(throw_if_interrupted),
+        PlanProfileOptions()
+            .optimizer(settings.optimizer)
+            .threads(settings.threads)
+            .between(throw_if_interrupted)
+            .precision(settings.request.precision.value_or(Precision::kFloat32)),
         settings.update_on_devices && shared_tensors(whole).empty());
     const double update_s = settings.update_s_per_parameter_byte;
     const CostsAtRows profile_at = [profiled, update_s](int64_t rows) {
@@ -271,20 +281,30 @@ class PythonPipeline {
       if (update_s > 0) costs.update_s_per_parameter_byte = update_s;
       return costs;
     };
-    PipelineRequest request = settings.request;
-    request.precision = settings.options().precision();
     const torch::Tensor first = batch.narrow(0, 0, first_micro_batch_rows(share, M.value_or(1)));
-    return choose_schedule(profile_at, request, planned, 0, least_micro_batch_rows(whole, first),
+    return choose_schedule(profile_at, settings.request, planned, 0, least_micro_batch_rows(whole, first),
                            std::max(1, machine_cores() / settings.threads));
   }
 
-  double train_step(const torch::Tensor& input, const torch::Tensor& target, const py::object& loss, bool training) {
+  // With `scaler`, each micro-batch's loss is scaled by it and the step skipped on every stage and rank
+  // where a gradient is not finite, its gradients left None (LossScaler::unscale_and_update).
+  double train_step(const torch::Tensor& input, const torch::Tensor& target, const py::object& loss, bool training,
+                    LossScaler* scaler) {
     const LossFn fn = loss_of(loss);
     gil_held_ns_ = 0;
     const int64_t begin = now_ns();
     const double value = released([&] {
       set_training(training);
-      return pipe_->train_step(input, target, fn).item<double>();
+      if (scaler == nullptr) return pipe_->train_step(input, target, fn).item<double>();
+      const double scale = scaler->scale();
+      {  // the gradients the step adds to, scaled with it, so that unscaling the sum gives them back
+        torch::NoGradGuard no_grad;
+        for (torch::Tensor p : pipe_->parameters())
+          if (p.grad().defined()) p.mutable_grad().mul_(scale);
+      }
+      const double unscaled = pipe_->train_step(input, target, scaler->scaled(fn)).item<double>() / scale;
+      scaler->unscale_and_update(*pipe_, std::isfinite(unscaled));
+      return unscaled;
     });
     gil_free_s_ = static_cast<double>(now_ns() - begin - gil_held_ns_.load()) * 1e-9;
     // Ctrl-C as the step ended, after its last interrupt check: the step counts, and the caller raises
@@ -317,7 +337,7 @@ class PythonPipeline {
   void save(const std::string& path) {
     torch::optim::SGD no_optimizer(std::vector<torch::Tensor>{}, torch::optim::SGDOptions(0.1));
     at::Generator generator = at::globalContext().defaultGenerator(torch::kCPU);
-    const TrainState state{0, generator.get_state(), generator.get_state(), std::nullopt};
+    const TrainState state{0, generator.get_state(), generator.get_state(), std::nullopt, std::nullopt};
     released([&] {
       on_every_rank(path, [&] { save_whole_snapshot(*pipe_, model_, no_optimizer, "none", state, path); });
       return 0;
@@ -408,6 +428,7 @@ class PythonPipeline {
 void add_planning(py::module_& m);  // planning.cc: the planner, profile, prediction and tasks
 // `fields` (pipeline_config.h's serializer) into `dict`, each value as Python has it (planning.cc).
 void add_fields(py::dict& dict, const Fields& fields);
+void add_loss_scale(py::module_& m);  // loss_scale.cc
 }  // namespace gpipe::python
 
 namespace {
@@ -474,8 +495,14 @@ void add_pipeline(py::module_& m) {
       .def_readwrite("optimizer", &Settings::optimizer)
       .def_readwrite("update_on_devices", &Settings::update_on_devices)
       .def_readwrite("update_s_per_parameter_byte", &Settings::update_s_per_parameter_byte)
+      // Whether GPipe scales its loss: `loss_scale` dynamic, or auto under fp16 (scales_loss).
+      .def("scales_loss",
+           [](const Settings& s) {
+             return scales_loss(loss_scale_of(s.table), s.request.precision.value_or(Precision::kFloat32));
+           })
       .def("set", [](Settings& s, const std::string& name, const std::string& text) {
         set_setting(find_setting(name), s.table, text);
+        s.request = with_request_settings(s.request, s.table);
       }, py::arg("name"), py::arg("text"));
   // The settings' table's rows that are keyword arguments of GPipe: keyword -> (name, shape, help).
   m.def("keyword_settings", [] {
@@ -508,7 +535,7 @@ void add_pipeline(py::module_& m) {
       .def("take_interrupt", &PythonPipeline::take_interrupt)
       .def("set_before_stage", &PythonPipeline::set_before_stage, py::arg("work"))
       .def("train_step", &PythonPipeline::train_step, py::arg("input"), py::arg("target"), py::arg("loss"),
-           py::arg("training"))
+           py::arg("training"), py::arg("scaler") = nullptr)
       .def("forward", &PythonPipeline::forward, py::arg("input"), py::arg("training"))
       .def("save", &PythonPipeline::save, py::arg("path"))
       .def_property_readonly("gil_free_seconds", &PythonPipeline::gil_free_seconds)
@@ -551,7 +578,9 @@ void add_job(py::module_& m) {
       .def_readwrite("balance", &RunFigures::balance)
       .def_readwrite("placement", &RunFigures::placement)
       .def_readwrite("devices", &RunFigures::devices)
-      .def_readwrite("median_step_s", &RunFigures::median_step_s);
+      .def_readwrite("median_step_s", &RunFigures::median_step_s)
+      .def_readwrite("loss_scale", &RunFigures::loss_scale)
+      .def_readwrite("skipped_steps", &RunFigures::skipped_steps);
   m.def("format_run_figures", &format_run_figures, py::arg("figures"));
   // An uncaught exception on one rank of a job of several processes (MPI, c10d) ends the job (the others
   // would wait for it).
@@ -622,6 +651,7 @@ PYBIND11_MODULE(_gpipe, m) {
   });
 
   add_config(m);
+  gpipe::python::add_loss_scale(m);
   add_pipeline(m);
   add_job(m);
   gpipe::python::add_planning(m);

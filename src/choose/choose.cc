@@ -155,7 +155,7 @@ ScheduleChoice choose_schedule(const CostsAtRows& costs_at, const PipelineReques
   const PlanCandidate& best = found.front();
   ScheduleChoice c;
   c.config = best.config;
-  c.config.precision = request.precision;
+  c.config.precision = request.precision.value_or(Precision::kFloat32);
   c.predicted = best.predicted;
   c.fits = best.fits;
   c.considered = static_cast<int>(found.size());

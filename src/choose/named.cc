@@ -60,7 +60,7 @@ PipelineOptions pipeline_options_of(const OwnPipeline& own, const PipelineReques
       .virtual_stages(r.virtual_stages.value_or(0))
       .cut(cut_of(own, r))
       .stage_times(r.stage_times)
-      .precision(r.precision);
+      .precision(r.precision.value_or(Precision::kFloat32));
 }
 
 }  // namespace gpipe

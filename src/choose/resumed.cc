@@ -29,8 +29,8 @@ std::optional<ScheduleChoice> resumed_choice(const PipelineRequest& r, const Res
     say("`micro_batches` ", *r.micro_batches, " differs from its ", saved.micro_batches);
   if (r.virtual_stages.value_or(0) != 0 && *r.virtual_stages != saved.virtual_stages)
     say("`virtual_stages` ", *r.virtual_stages, " differs from its ", saved.virtual_stages);
-  if (r.precision != saved.precision)  // its arithmetic: the run would not repeat the unbroken one
-    say("`precision` ", to_string(r.precision), " differs from its ", to_string(saved.precision));
+  if (r.precision && *r.precision != saved.precision)  // its arithmetic: the run would not repeat the unbroken one
+    say("`precision` ", to_string(*r.precision), " differs from its ", to_string(saved.precision));
   if (run.saved_batch != run.batch) {
     if (run.batch == run.batch_size)
       say("`batch_size` ", run.batch, " differs from its ", run.saved_batch);

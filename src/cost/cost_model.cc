@@ -173,7 +173,8 @@ CostModel transformer_costs(const TransformerShape& shape, const DeviceSpec& dev
   const double w = static_cast<double>(shape.width), f = static_cast<double>(shape.ffn),
                h = static_cast<double>(shape.heads), t = static_cast<double>(shape.sequence),
                v = static_cast<double>(shape.vocab), value = static_cast<double>(shape.bytes_per_value);
-  const double scale = value / 4.0;  // the byte figures below are measured in float32
+  // The byte figures below are measured in float32; an activation under autocast takes 2 bytes a value.
+  const double scale = (shape.precision == Precision::kFloat32 ? value : std::min(value, 2.0)) / 4.0;
   CostModel costs;
   costs.state_per_parameter_byte = state_per_parameter_byte;
   auto layer = [&](double forward_flops, int64_t parameters, double kept, double output, double forward_work,

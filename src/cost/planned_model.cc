@@ -103,7 +103,8 @@ CostModel profile_model_alone(const torch::nn::Sequential& model, const Tensors&
                                .loss(options.loss())
                                .target(options.target())
                                .in_flight(options.in_flight())
-                               .between(options.between()));
+                               .between(options.between())
+                               .precision(options.precision()));
   }
   return with_compute_scaled(std::move(costs), 1.0 / options.speed());
 }

@@ -118,6 +118,7 @@ struct ByteProfile {
   std::shared_ptr<MemoryCounter> counter = std::make_shared<MemoryCounter>("profile");
   std::map<std::string, torch::Tensor>* tray = nullptr;  // where the model's Stash and Pop layers meet (skip.h)
   double rows = 1;
+  Precision precision = Precision::kFloat32;  // of the forwards (autocast)
   std::map<const void*, size_t> tied_index;  // a parameter tensor → its entry in CostModel::tied
   std::vector<bool> saves_input, saves_output, views;  // per layer
 };
@@ -151,7 +152,7 @@ void measure_backward_bytes(torch::nn::AnyModule& layer, size_t index, const std
   const Tensors leaf = leaves_of(x, detail::leaf_grad_of(index));
   *p.tray = tray_before;
   const int64_t before_split = counter.current_bytes();
-  Tensors again = run_layer(layer, leaf, name);
+  Tensors again = detail::run_profiled(layer, leaf, name, p.precision);
   detail::WeightBackward weights;
   const Tensors input_grad = Tensors::tuple_of(detail::WeightBackward::input_backward(again, leaf, grads, weights));
   again = Tensors();  // the stage lets go of the layer's output after I
@@ -177,7 +178,7 @@ Tensors measure_bytes(torch::nn::AnyModule& layer, size_t index, const std::stri
   MemoryScope scope(p.counter);
   counter.reset_peak();
   const int64_t before = counter.current_bytes();
-  Tensors out = run_layer(layer, in, name);
+  Tensors out = detail::run_profiled(layer, in, name, p.precision);
   for (SkipCost& skip : skips)  // what the layer stashed
     if (tray.count(skip.connection.name) > tray_before.count(skip.connection.name))
       skip.bytes = static_cast<double>(tray[skip.connection.name].nbytes()) / p.rows;
@@ -211,7 +212,10 @@ void measure_loss_bytes(const Tensors& x, const ProfileLayersOptions& options, B
   const torch::Tensor output = model_output.detach().requires_grad_(true);
   MemoryScope scope(p.counter);
   const int64_t before = p.counter->current_bytes();
-  const torch::Tensor value = options.loss()(output, options.target());
+  const torch::Tensor value = [&] {
+    const AutocastScope autocast(options.precision(), output.device().type());
+    return options.loss()(output, options.target());
+  }();
   costs.loss_kept_bytes = static_cast<double>(p.counter->current_bytes() - before) / p.rows;
   const int64_t held = p.counter->current_bytes();
   p.counter->reset_peak();
@@ -264,6 +268,7 @@ CostModel profile_layers(const torch::nn::Sequential& model, const Tensors& samp
   for (const SkipConnection& connection : skip_connections(model)) costs.skips.push_back({connection, 0.0});
   ByteProfile bytes;
   bytes.rows = static_cast<double>(rows_tensor.size(0));
+  bytes.precision = options.precision();
   std::map<std::string, torch::Tensor> tray;
   bytes.tray = &tray;
   const detail::SkipTrayScope tray_scope(tray);

@@ -5,6 +5,7 @@
 
 #include "gpipe/cost_model.h"
 #include "gpipe/tensors.h"
+#include "runtime/autocast.h"
 
 #include <torch/torch.h>
 
@@ -18,6 +19,14 @@ namespace gpipe::detail {
 inline double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// A layer's forward as a stage runs it in `precision`: under its device's autocast (autocast.h); the
+// backward outside it.
+inline Tensors run_profiled(torch::nn::AnyModule& layer, const Tensors& x, const std::string& name,
+                            Precision precision) {
+  const AutocastScope autocast(precision, x.items.empty() ? c10::DeviceType::CPU : x.items.front().device().type());
+  return run_layer(layer, x, name);
 }
 
 // Ones as the gradient of each tensor of `out` that requires grad (undefined for the others).

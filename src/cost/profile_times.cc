@@ -39,8 +39,8 @@ void check_not_in_place(const torch::nn::Sequential& layers, size_t l, bool in_p
 // then backwards in reverse, full or split into I and W.
 class ProfilePass {
  public:
-  ProfilePass(torch::nn::Sequential layers, const std::vector<std::string>& names, int in_flight)
-      : layers_(std::move(layers)), names_(names), in_flight_(in_flight), L_(layers_->size()),
+  ProfilePass(torch::nn::Sequential layers, const std::vector<std::string>& names, int in_flight, Precision precision)
+      : layers_(std::move(layers)), names_(names), in_flight_(in_flight), precision_(precision), L_(layers_->size()),
         ins_(in_flight, std::vector<Tensors>(L_)), outs_(in_flight, std::vector<Tensors>(L_)),
         forward_(L_, 0.0), backward_(L_, 0.0), input_grad_(L_, 0.0), weight_grad_(L_, 0.0) {}
 
@@ -54,7 +54,7 @@ class ProfilePass {
         in = leaves_of(h, leaf_grad_of(l));
         const std::vector<int64_t> versions = versions_of(in);
         try {
-          forward_[l] += seconds_of([&] { outs_[c][l] = run_layer(*it, in, names_[l]); });
+          forward_[l] += seconds_of([&] { outs_[c][l] = run_profiled(*it, in, names_[l], precision_); });
         } catch (const std::exception& e) {
           // Each layer is timed by itself on a leaf input, as a stage's first layer runs.
           const std::string what = e.what();
@@ -113,6 +113,7 @@ class ProfilePass {
   torch::nn::Sequential layers_;
   const std::vector<std::string>& names_;
   int in_flight_;
+  Precision precision_;  // of the forwards (autocast)
   size_t L_;
   std::vector<std::vector<Tensors>> ins_, outs_;  // [micro-batch][layer]
   std::vector<double> forward_, backward_, input_grad_, weight_grad_;  // [layer], summed over the micro-batches
@@ -128,7 +129,7 @@ LayerTimings time_layers(const torch::nn::Sequential& layers, const std::vector<
   for (int rep = 0; rep < options.warmup() + options.repetitions(); ++rep) {
     if (options.between()) options.between()();
     for (bool split : {false, true}) {
-      ProfilePass pass(layers, names, options.in_flight());
+      ProfilePass pass(layers, names, options.in_flight(), options.precision());
       pass.forwards(sample);
       pass.backwards(split);
       if (rep >= options.warmup()) pass.add_to(timings, split);

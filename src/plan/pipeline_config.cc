@@ -26,14 +26,32 @@ bool PipelineConfig::operator==(const PipelineConfig& o) const {
          same_times(stage_times, o.stage_times) && precision == o.precision;
 }
 
-std::string to_string(Precision precision) { return precision == Precision::kBFloat16 ? "bf16" : "fp32"; }
+namespace {
 
-std::vector<std::string> precision_names() { return {"fp32", "bf16"}; }
+const std::vector<std::pair<Precision, std::string>>& precisions() {
+  static const std::vector<std::pair<Precision, std::string>> all = {
+      {Precision::kFloat32, "fp32"}, {Precision::kBFloat16, "bf16"}, {Precision::kFloat16, "fp16"}};
+  return all;
+}
+
+}  // namespace
+
+std::string to_string(Precision precision) {
+  for (const auto& [p, name] : precisions())
+    if (p == precision) return name;
+  return "fp32";  // not reached
+}
+
+std::vector<std::string> precision_names() {
+  std::vector<std::string> names;
+  for (const auto& [p, name] : precisions()) names.push_back(name);
+  return names;
+}
 
 Precision parse_precision(const std::string& text) {
-  if (text == "fp32") return Precision::kFloat32;
-  if (text == "bf16") return Precision::kBFloat16;
-  GPIPE_CHECK(false, "`precision` must be fp32 or bf16 (got ", text, ")");
+  for (const auto& [p, name] : precisions())
+    if (name == text) return p;
+  GPIPE_CHECK(false, "`precision` must be fp32, bf16 or fp16 (got ", text, ")");
   return Precision::kFloat32;  // not reached
 }
 
@@ -237,6 +255,7 @@ std::string describe(const PipelineConfig& c) {
   if (c.virtual_stages > 1) out += " (V=" + std::to_string(c.virtual_stages) + ")";
   out += ", M=" + std::to_string(c.micro_batches);
   if (c.checkpoint != Checkpoint::kNever) out += ", checkpoint " + to_string(c.checkpoint);
+  if (c.precision != Precision::kFloat32) out += ", " + to_string(c.precision);
   return out;
 }
 

@@ -10,15 +10,15 @@
 
 namespace gpipe {
 
-/// Autocast to bfloat16 on `kind` (CPU or CUDA) for its scope under Precision::kBFloat16, nothing
-/// under kFloat32; what was set before is set again when it ends.
+/// Autocast to bfloat16 (Precision::kBFloat16) or float16 (kFloat16) on `kind` (CPU or CUDA) for its
+/// scope, nothing under kFloat32; what was set before is set again when it ends.
 class AutocastScope {
  public:
-  AutocastScope(Precision precision, c10::DeviceType kind) : on_(precision == Precision::kBFloat16), kind_(kind) {
+  AutocastScope(Precision precision, c10::DeviceType kind) : on_(precision != Precision::kFloat32), kind_(kind) {
     if (!on_) return;
     was_enabled_ = enabled(kind_);
     was_type_ = type(kind_);
-    set(kind_, true, at::kBFloat16);
+    set(kind_, true, precision == Precision::kFloat16 ? at::kHalf : at::kBFloat16);
     at::autocast::increment_nesting();
   }
   ~AutocastScope() {
@@ -28,6 +28,7 @@ class AutocastScope {
     set(kind_, was_enabled_, was_type_);
   }
   AutocastScope(const AutocastScope&) = delete;
+
   AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:

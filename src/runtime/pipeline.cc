@@ -115,6 +115,8 @@ Pipeline::Pipeline(std::unique_ptr<Backend> group, torch::nn::Sequential layers,
       detail::check_batch_norm(part, options.deferred_batch_norm());
       if (!device.is_cpu()) part->to(device.device);
       auto stage = std::make_unique<Stage>(s, S, part, device, options.deferred_batch_norm());
+      const std::string refused = precision_refusal(options.precision(), device.device.type());
+      GPIPE_CHECK(refused.empty(), refused);
       stage->set_precision(options.precision());
       std::vector<std::pair<int, std::string>> stashed, popped;  // the skip routes that leave or enter it
       for (size_t k = 0; k < plan_.skip_routes.size(); ++k) {

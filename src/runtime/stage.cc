@@ -367,4 +367,17 @@ torch::Tensor cross_entropy_loss(const torch::Tensor& output, const torch::Tenso
   return torch::nn::functional::cross_entropy(output.reshape({-1, classes}), target.reshape({-1}));
 }
 
+std::string precision_refusal(Precision precision, c10::DeviceType kind) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  (void)precision;
+  (void)kind;
+  return "";
+#else
+  if (precision != Precision::kFloat16 || kind != c10::DeviceType::CPU) return "";
+  return "`precision` fp16 runs on CUDA devices with this torch (" + std::string(TORCH_VERSION) +
+         "): its autocast takes bfloat16 only on a CPU (torch 2.4 and later take float16 there); use `precision` "
+         "bf16 on a CPU";
+#endif
+}
+
 }  // namespace gpipe

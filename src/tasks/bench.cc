@@ -11,6 +11,7 @@
 #include "gpipe/partition.h"
 #include "gpipe/stage.h"
 #include "gpipe/trace.h"
+#include "runtime/autocast.h"  // the unsplit contender's forward in the sweep's precision, as a stage's
 
 #include <torch/torch.h>
 
@@ -68,6 +69,7 @@ PipelineRequest request_of(int K, int M, const std::string& schedule, const std:
   if (schedule == "auto" && !r.virtual_stages && stages > 0 && stages % static_cast<size_t>(K) == 0)
     r.virtual_stages = static_cast<int>(r.balance.size()) / K;
   r.balance_by = balance_by == "given" ? "" : balance_by;
+  r.precision = parse_precision(o.precision);
   return r;
 }
 
@@ -85,7 +87,8 @@ CostModel profile_task(const Task& task, int M, const BenchSweep& o) {
                          .warmup(3)
                          .repetitions(5)
                          .loss(task.loss)
-                         .target(batch.target.narrow(0, 0, rows))),
+                         .target(batch.target.narrow(0, 0, rows))
+                         .precision(parse_precision(o.precision))),
       o.threads);
 }
 
@@ -97,6 +100,7 @@ struct Contender {
   int virtual_stages = 1;
   std::string balance_by = "even";
   bool unsplit = false;  // the whole batch in one piece on the calling thread
+  Precision precision = Precision::kFloat32;  // unsplit: of its forward and loss (a pipeline's: its options)
   Dataset batch;
   torch::nn::Sequential whole;  // unsplit: the whole model
   std::unique_ptr<Pipeline> pipe;
@@ -110,7 +114,10 @@ struct Contender {
 // (the baseline of the ideal K·M/(M+K-1)), in one process; then every K x schedule x cut asked for.
 std::vector<Contender> contenders(const BenchSweep& o) {
   std::vector<Contender> out(job().distributed ? 0 : 2);
-  if (!out.empty()) out[0].unsplit = true;
+  if (!out.empty()) {
+    out[0].unsplit = true;
+    out[0].precision = parse_precision(o.precision);
+  }
   for (int K : o.stages)
     for (const std::string& schedule : o.schedules)
       // A cut given with `balance` (for K above 1) is labelled as such: no method chose it.
@@ -181,7 +188,12 @@ void step(Contender& c, const Task& task, bool timed) {
   const int64_t begin = now_ns();
   if (c.unsplit) {
     clear_grads(unique_parameters(*c.whole));
-    task.loss(c.whole->forward(c.batch.input), c.batch.target).backward();
+    torch::Tensor loss;
+    {
+      const AutocastScope autocast(c.precision, c10::DeviceType::CPU);
+      loss = task.loss(c.whole->forward(c.batch.input), c.batch.target);
+    }
+    loss.backward();
   } else {
     clear_grads(c.pipe->parameters());
     c.pipe->train_step(c.batch.input, c.batch.target, task.loss);  // ends with a collective under MPI
@@ -276,6 +288,9 @@ void check_bench(const BenchSweep& o) {
   check_listed_once(o.schedules, "schedule");
   check_listed_once(o.balance_by, "balance_by");
   check_threads_per_device(o.threads);
+  // The devices are CPU threads.
+  if (const std::string refused = precision_refusal(parse_precision(o.precision), c10::DeviceType::CPU); !refused.empty())
+    throw std::invalid_argument(refused);
   GPIPE_CHECK(!job().distributed || o.balance_by == std::vector<std::string>{"even"},
               "`balance_by` profiles the whole model in one process; under ", job().launcher, " pass a cut with `balance`");
   if (!o.balance.empty() && o.balance_by_given) {

@@ -49,7 +49,8 @@ RunSummary summarize_run(Trainer& trainer, const Task& task, const TaskData& dat
   s.final_loss = stats.last_loss;
   s.figures = {stats.train_seconds, run_steps, stats.samples_per_s(),
                run_steps > 0 ? stats.bubble_sum / static_cast<double>(run_steps) : 0.0,
-               plan.balance, plan.placement, pipeline.devices(), stats.median_step_s()};
+               plan.balance, plan.placement, pipeline.devices(), stats.median_step_s(),
+               trainer.loss_scaler() ? trainer.loss_scaler()->scale() : 0.0, stats.skipped_steps};
   s.steps = trainer.step();
   s.total_steps = trainer.total_steps();
   s.steps_per_epoch = trainer.steps_per_epoch();
@@ -117,8 +118,7 @@ PipelineRequest run_request(const TrainSettings& s) {
   if (s.virtual_stages != 0) r.virtual_stages = s.virtual_stages;
   r.balance = s.balance;
   r.balance_by = s.balance_by;
-  r.precision = parse_precision(s.precision);
-  return r;
+  return with_request_settings(r, s);
 }
 
 // The schedule of "task" (or of "auto" under MPI), V and the cut by time: the task's own choices.
@@ -277,7 +277,8 @@ void choose_cut(const TrainSettings& s, TrainingRun& c) {
                           .micro_batches(s.micro_batches)
                           .checkpoint(parse_checkpoint(s.checkpoint))
                           .threads(s.threads_per_device)
-                          .optimizer_copies(state_per_parameter_byte(optimizer_options_of(s))));
+                          .optimizer_copies(state_per_parameter_byte(optimizer_options_of(s)))
+                          .precision(parse_precision(s.precision)));
   c.options.cut(CutRequest::given(c.cost->balance)).stage_times(c.cost->stage_times);
   c.plan = make_plan(c.task.layers, c.options);
 }
@@ -370,7 +371,12 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c, std::optional<std::s
   // Each size profiled once: `balance_by`'s cut and the search share the profile at `rows`.
   const CostsAtRows profiled = profiles_at_rows(
       whole, train.input.narrow(0, 0, batch), train.target.narrow(0, 0, batch), batch,
-      PlanProfileOptions().optimizer(optimizer).threads(s.threads_per_device).loss(c.task.loss), update_on_devices);
+      PlanProfileOptions()
+          .optimizer(optimizer)
+          .threads(s.threads_per_device)
+          .loss(c.task.loss)
+          .precision(parse_precision(s.precision)),
+      update_on_devices);
   const CostsAtRows profile_at = [&](int64_t at) {
     try {
       return profiled(at);
@@ -414,6 +420,9 @@ void resolve_training(TrainSettings& s, const Task& task) {
   // The schedule of "task", V and the cut by time: the task's own choices ("auto" is chosen by
   // prediction in prepare_training, once the model and the data are read; under MPI it is "task").
   check_train_settings(s);  // each setting by its row: what a flag or a keyword argument is checked for
+  // The stages are CPU threads here.
+  if (const std::string refused = precision_refusal(parse_precision(s.precision), c10::DeviceType::CPU); !refused.empty())
+    throw std::invalid_argument(refused);
   if (!predicted(s)) resolve_own(s, task);
   check_settings(s);
   s.weight_decay = optimizer_options_of(s).decay();
@@ -436,6 +445,7 @@ OptimizerOptions optimizer_options_of(const TrainSettings& s) {
   return options;
 }
 
+
 TrainerOptions trainer_options_of(const TrainSettings& s, const Task& task) {
   TrainerOptions options;
   options.optimizer(optimizer_options_of(s))
@@ -445,6 +455,7 @@ TrainerOptions trainer_options_of(const TrainSettings& s, const Task& task) {
                        .step_size(s.lr_step_size)
                        .gamma(s.lr_gamma))
       .clip_grad_norm(s.clip_grad_norm)
+      .loss_scale(loss_scale_of(s))
       .batch_size(s.batch_size)
       .drop_last(s.drop_last)
       .shuffle(s.shuffle)
@@ -481,12 +492,15 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
     check_model_and_data(c.model, c.data.train, c.task.loss_name == "cross_entropy");
   // `resume` read and checked against the whole model before the profile, which would otherwise be
   // done for a file refused after it (in one process; under MPI there is no profile).
-  // Under `schedule` auto, the pipeline it was trained with is taken again rather than predicted.
+  // Under `schedule` auto, the pipeline it was trained with is taken again rather than predicted; a
+  // run that names no `precision` continues in the file's (every rank reads the one file).
   std::optional<SavedPipeline> saved;
-  if (!s.resume.empty() && (!s.balance_by.empty() || predicted(s)) && !s.per_device_files && !job().distributed)
+  const bool profiles = (!s.balance_by.empty() || predicted(s)) && !job().distributed;
+  if (!s.resume.empty() && !s.per_device_files && (profiles || !s.was_given("precision")))
     saved = said_about("`resume`", [&] {
       return check_snapshot_of(s.resume, c.model, optimizer_name(parse_optimizer(s.optimizer)));
     });
+  if (saved && !s.was_given("precision")) s.precision = to_string(saved->config.precision);
   // Where auto is only the default, a run that trains nothing (`epochs` 0) and a file that does not
   // say how it was trained (saved by the Python package or an older gpipe) take the task's own, as
   // that default was: nothing to choose for, and the run the file was saved by, most likely.

@@ -24,9 +24,15 @@ std::string shown(double value) {
   return out.str();
 }
 
-// `text` as a whole number (all of it), or nullopt.
+// A leading zero: "010", which the command line's parser would read as octal (8).
+bool leading_zero(const std::string& text) {
+  const size_t first = text.find_first_not_of("+-");
+  return first != std::string::npos && text.size() > first + 1 && text[first] == '0';
+}
+
+// `text` as a whole number in decimal (all of it, no leading zero), or nullopt.
 std::optional<int64_t> whole_of(const std::string& text) {
-  if (text.empty()) return std::nullopt;
+  if (text.empty() || leading_zero(text)) return std::nullopt;
   errno = 0;
   char* end = nullptr;
   const long long value = std::strtoll(text.c_str(), &end, 10);
@@ -65,7 +71,7 @@ SettingCheck whole_number(int64_t least, int64_t most) {
             const std::optional<int64_t> value = whole_of(text);
             if (!value)
               return "must be one whole number" + std::string(least > 0 ? ", at least " + std::to_string(least) : "") +
-                     " (got " + text + ")";
+                     std::string(leading_zero(text) ? ", written without a leading zero" : "") + " (got " + text + ")";
             if (*value < least) return "must be at least " + std::to_string(least) + " (got " + text + ")";
             if (*value > most)
               return "must be a whole number from " + std::to_string(least) + " to " + std::to_string(most) +
@@ -114,7 +120,8 @@ SettingCheck seed_number() {
   return {"UINT64", [](const std::string& text) {
             errno = 0;
             char* end = nullptr;
-            const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+            const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos &&
+                                !leading_zero(text);
             if (digits) std::strtoull(text.c_str(), &end, 10);
             return digits && errno != ERANGE && end == text.c_str() + text.size()
                        ? std::string()
@@ -193,10 +200,18 @@ std::vector<Setting> model_settings() {
        &S::batch_norm, one_of({"deferred", "per-micro-batch"}), "batch_norm"},
       {"precision", "--precision",
        "the arithmetic of each stage's forward and its recompute: fp32; bf16 (under autocast to bfloat16 for the "
-       "device's kind: matrix products and convolutions in bfloat16, the rest in float32); the parameters, "
-       "gradients and optimizer state stay float32, and what crosses between stages crosses in the type it has; "
-       "`schedule` auto chooses from a profile timed in float32",
+       "device's kind: matrix products and convolutions in bfloat16, the rest in float32); fp16 (the same in "
+       "float16, with one loss scale for every stage and rank, as torch.cuda.amp.GradScaler: a step whose "
+       "gradients overflow is skipped everywhere and the scale halves; a CPU runs it only with torch 2.4 or "
+       "later); the parameters, gradients and optimizer state stay float32, and what crosses between stages "
+       "crosses in the type it has; `schedule` auto profiles the layers in it",
        &S::precision, one_of(precision_names()), "precision"},
+      {"loss_scale", "--loss-scale",
+       "one loss scale for every stage and rank, as torch.cuda.amp.GradScaler keeps it: 65536 at first, halved "
+       "after a step whose gradients are not all finite (skipped on every stage and rank, its parameters as they "
+       "were), doubled after 2000 finite steps; kept in the checkpoint. auto: under `precision` fp16; dynamic: in "
+       "any precision; off: never",
+       &S::loss_scale, one_of({"auto", "dynamic", "off"}), "loss_scale"},
   };
 }
 
@@ -348,7 +363,7 @@ std::vector<Setting> make_train_settings() {
     return *found;
   };
   // What the help shows the default of, a list's count, and the flags that read otherwise.
-  for (const char* name : {"data_dir", "loss", "devices", "checkpoint", "batch_norm", "precision", "augment",
+  for (const char* name : {"data_dir", "loss", "devices", "checkpoint", "batch_norm", "precision", "loss_scale", "augment",
                            "schedule", "batch_size", "steps", "optimizer", "lr", "momentum", "lr_schedule",
                            "warmup_steps", "lr_gamma", "seed", "threads_per_device", "train_samples", "test_samples",
                            "temperature"})
@@ -371,10 +386,6 @@ const Setting& find_setting(const std::string& name) {
   const auto row = std::find_if(rows.begin(), rows.end(), [&](const Setting& s) { return s.name == name; });
   if (row == rows.end()) throw std::logic_error("gpipe: no training setting is named " + name);
   return *row;
-}
-
-std::string check_setting(const Setting& setting, const std::string& text) {
-  return setting.check.check ? setting.check.check(text) : std::string();
 }
 
 namespace {
@@ -406,12 +417,16 @@ std::string setting_text(const Setting& setting, const TrainSettings& settings) 
 
 namespace {
 
-// `text` split at its commas ("" is no entry).
+// `text` split at its commas, an empty entry kept for the check to refuse ("" is no entry).
 std::vector<std::string> entries_of(const std::string& text) {
   std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string entry; std::getline(in, entry, ',');) out.push_back(entry);
-  return out;
+  if (text.empty()) return out;
+  for (size_t at = 0;;) {
+    const size_t comma = text.find(',', at);
+    out.push_back(text.substr(at, comma - at));
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
 }
 
 void read_into(const std::string& text, bool& value) { value = text == "true"; }
@@ -435,16 +450,24 @@ bool is_list(const Setting& row) {
 
 // Throws what is wrong with `text` for `row`, naming it.
 void check_text(const Setting& row, const std::string& text) {
-  const bool flag = std::holds_alternative<bool TrainSettings::*>(row.member);
-  GPIPE_CHECK(!flag || text == "true" || text == "false", "`", row.name, "` must be true or false (got ", text, ")");
-  const std::vector<std::string> values = is_list(row) ? entries_of(text) : std::vector<std::string>{text};
-  GPIPE_CHECK(row.values == 0 || static_cast<int>(values.size()) == row.values, "`", row.name, "` takes ", row.values,
-              " values (got ", values.size(), ")");
-  for (const std::string& value : values)
-    if (const std::string wrong = check_setting(row, value); !wrong.empty()) GPIPE_CHECK(false, "`", row.name, "` ", wrong);
+  if (const std::string wrong = check_setting(row, text); !wrong.empty()) GPIPE_CHECK(false, "`", row.name, "` ", wrong);
 }
 
 }  // namespace
+
+std::string check_setting(const Setting& row, const std::string& text) {
+  if (std::holds_alternative<bool TrainSettings::*>(row.member) && text != "true" && text != "false")
+    return "must be true or false (got " + text + ")";
+  const std::vector<std::string> values = is_list(row) ? entries_of(text) : std::vector<std::string>{text};
+  if (is_list(row) && std::find(values.begin(), values.end(), "") != values.end())
+    return "has an empty entry (got " + text + "): separate its values by one comma each";
+  if (row.values != 0 && static_cast<int>(values.size()) != row.values)
+    return "takes " + std::to_string(row.values) + " values separated by commas (got " + std::to_string(values.size()) +
+           ")";
+  for (const std::string& value : values)
+    if (const std::string wrong = row.check.check ? row.check.check(value) : ""; !wrong.empty()) return wrong;
+  return "";
+}
 
 void set_setting(const Setting& setting, TrainSettings& settings, const std::string& text) {
   check_text(setting, text);
@@ -452,9 +475,19 @@ void set_setting(const Setting& setting, TrainSettings& settings, const std::str
   settings.given.insert(setting.name);
 }
 
+PipelineRequest with_request_settings(PipelineRequest request, const TrainSettings& s) {
+  static const TrainSettings defaults;
+  if (s.was_given("precision") || s.precision != defaults.precision) request.precision = parse_precision(s.precision);
+  return request;
+}
+
+std::optional<LossScaleOptions> loss_scale_of(const TrainSettings& s) {
+  if (s.loss_scale == "auto") return std::nullopt;
+  return LossScaleOptions().enabled(s.loss_scale == "dynamic");
+}
+
 PipelineOptions with_pipeline_settings(PipelineOptions options, const TrainSettings& s) {
   return options.checkpoint(parse_checkpoint(s.checkpoint))
-      .precision(parse_precision(s.precision))
       .deferred_batch_norm(s.batch_norm == "deferred")
       .threads_per_device(s.threads_per_device);
 }

@@ -59,7 +59,11 @@ std::vector<std::pair<std::string, std::string>> settings_of(const TrainerOption
           {"save_every", text(o.save_every())},
           {"stop_timeout", text(o.stop_timeout())},
           {"per_device_files", text(o.per_device_files())},
-          {"update_on_devices", text(o.update_on_devices())}};
+          {"update_on_devices", text(o.update_on_devices())},
+          {"loss_scale", o.loss_scale() ? text(o.loss_scale()->enabled()) + "," + text(o.loss_scale()->init_scale()) + "," + text(o.loss_scale()->growth_factor()) +
+                                              "," + text(o.loss_scale()->backoff_factor()) + "," +
+                                              text(o.loss_scale()->growth_interval())
+                                        : "none"}};
 }
 
 void check_same_on_every_rank(Pipeline& pipeline, const std::vector<std::pair<std::string, std::string>>& settings) {

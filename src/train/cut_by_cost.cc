@@ -40,7 +40,8 @@ CostBalance balance_by(const Model& model, const Tensors& sample, const BalanceB
                            ProfileLayersOptions()
                                .threads(o.threads())
                                .state_per_parameter_byte(o.optimizer_copies())
-                               .whole(whole));
+                               .whole(whole)
+                               .precision(o.precision()));
   return choose_cut_by_cost(layers, profile, rows, o);
 }
 

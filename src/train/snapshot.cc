@@ -239,6 +239,31 @@ Dict encode_pipeline(const SavedPipeline& p) {
   return out;
 }
 
+// The loss scale's state (LossScaleState).
+Dict encode_loss_scale(const LossScaleState& s) {
+  Dict out = new_dict();
+  out.insert("scale", s.scale);
+  out.insert("growth_tracker", s.growth_tracker);
+  out.insert("skipped", s.skipped);
+  return out;
+}
+
+// Throws std::runtime_error saying what is wrong with a stored loss scale.
+LossScaleState decode_loss_scale(const c10::IValue& value) {
+  if (!value.isGenericDict()) throw std::runtime_error("its loss scale is not a dict");
+  const auto dict = value.toGenericDict();
+  for (const char* key : {"scale", "growth_tracker", "skipped"})
+    if (!dict.contains(key)) throw std::runtime_error(std::string("its loss scale has no ") + key);
+  const c10::IValue scale = dict.at("scale"), tracker = dict.at("growth_tracker"), skipped = dict.at("skipped");
+  if (!scale.isDouble() || !tracker.isInt() || !skipped.isInt())
+    throw std::runtime_error("its loss scale's fields are not a float and two whole numbers");
+  LossScaleState s{scale.toDouble(), tracker.toInt(), skipped.toInt()};
+  if (!(std::isfinite(s.scale) && s.scale > 0) || s.growth_tracker < 0 || s.skipped < 0)
+    throw std::runtime_error("its loss scale (" + std::to_string(s.scale) + ", " + std::to_string(s.growth_tracker) +
+                             ", " + std::to_string(s.skipped) + ") is no scale a run reaches");
+  return s;
+}
+
 // A list of whole numbers, or of numbers, as gpipe writes it (typed) or as Python writes it back
 // (torch.save of a loaded file: a list of any); nullopt for anything else.
 template <typename T>
@@ -344,6 +369,7 @@ void save_snapshot(const std::string& path, const std::vector<std::string>& part
   dict.insert("shuffle_state", state.shuffle_state);
   dict.insert("random_state", state.random_state);
   if (state.pipeline) dict.insert("pipeline", encode_pipeline(*state.pipeline));
+  if (state.loss_scale) dict.insert("loss_scale", encode_loss_scale(*state.loss_scale));
   const std::string payload = seal_snapshot(pickle(dict));
   if (!script) {
     write_file_atomically(path, payload);
@@ -427,6 +453,7 @@ Snapshot read_snapshot(const std::string& path, const torch::nn::Sequential& lay
     check_generator_state("shuffling", out.state.shuffle_state);
     check_generator_state("random", out.state.random_state);
     if (dict.contains("pipeline")) out.state.pipeline = decode_pipeline(dict.at("pipeline"));
+    if (dict.contains("loss_scale")) out.state.loss_scale = decode_loss_scale(dict.at("loss_scale"));
     for (const auto& p : layers->named_parameters()) {  // gpipe writes one (empty before a step) for each
       if (!out.optimizer_states.contains(p.key())) throw std::runtime_error("it has no optimizer state for " + p.key());
       check_state(p.key(), p.value(), optimizer_name, out.optimizer_states.at(p.key()));

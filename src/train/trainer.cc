@@ -42,8 +42,8 @@ int64_t fault_number(const std::string& part, const std::string& text) {
     end = std::string::npos;
   }
   GPIPE_CHECK(!part.empty() && end == part.size() && value >= 0, "GPIPE_TEST_FAULT=", text,
-              ": expected throw:STEP, exit:RANK:STEP or save:RANK:STEP with whole numbers of at least 0 (a test hook; "
-              "unset it)");
+              ": expected throw:STEP, exit:RANK:STEP, save:RANK:STEP or inf:RANK:STEP with whole numbers of at least 0 "
+              "(a test hook; unset it)");
   return value;
 }
 
@@ -118,9 +118,10 @@ Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOpt
     const size_t colon = hook.find(':');
     fault_.kind = hook.substr(0, colon);
     const std::string rest = colon == std::string::npos ? "" : hook.substr(colon + 1);
-    GPIPE_CHECK(fault_.kind == "throw" || fault_.kind == "exit" || fault_.kind == "save", "GPIPE_TEST_FAULT=", hook,
-                ": expected throw:STEP, exit:RANK:STEP or save:RANK:STEP (a test hook; unset it)");
-    if (fault_.kind == "exit" || fault_.kind == "save") {
+    GPIPE_CHECK(fault_.kind == "throw" || fault_.kind == "exit" || fault_.kind == "save" || fault_.kind == "inf",
+                "GPIPE_TEST_FAULT=", hook,
+                ": expected throw:STEP, exit:RANK:STEP, save:RANK:STEP or inf:RANK:STEP (a test hook; unset it)");
+    if (fault_.kind != "throw") {
       const size_t second = rest.find(':');
       fault_.rank = static_cast<int>(fault_number(rest.substr(0, second), hook));
       fault_.step = fault_number(second == std::string::npos ? "" : rest.substr(second + 1), hook);
@@ -150,6 +151,8 @@ Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOpt
   shared.emplace_back("training data", std::to_string(tensors_digest({train_.input, train_.target})));
   check_same_on_every_rank(*pipeline_, shared);
   optimizer_ = make_optimizer(options_.optimizer(), pipeline_->parameters());
+  if (scales_loss(options_.loss_scale(), pipeline_->plan().precision))
+    scaler_.emplace(options_.loss_scale().value_or(LossScaleOptions()));
   if (options_.update_on_devices() && detail::StageUpdates::possible(*pipeline_)) {
     stage_updates_ = std::make_unique<detail::StageUpdates>(*pipeline_, options_.optimizer());
     pipeline_->set_before_stage([updates = stage_updates_.get()](int stage) { updates->apply(stage); });

@@ -214,6 +214,8 @@ void Trainer::resume(const std::string& resume_path) {
   at::Generator random = detail::default_generator();
   random.set_state(r.state.random_state);
   step_ = start_step_ = r.state.step;
+  // The scale continues where it stood (a file of a run without one: this run's first scale).
+  if (scaler_ && r.state.loss_scale) scaler_->set_state(*r.state.loss_scale);
   if (options_.save() == resume_path) saved_at_ = step_;  // the save path holds this step already
   // What a process ended by a signal before its first save names as whole: the file it resumed from.
   note_saved(saved_name(resume_path, options_.per_device_files()), step_);
@@ -233,9 +235,10 @@ void Trainer::save() {
   // its order was drawn already, else the generator as it is.
   const bool drawn = drawn_epoch_ == step_ / steps_per_epoch_;
   TrainState now{step_, drawn ? epoch_start_shuffle_ : detail::generator_state(shuffle_),
-                 detail::generator_state(detail::default_generator()), std::nullopt};
+                 detail::generator_state(detail::default_generator()), std::nullopt, std::nullopt};
   const PipelinePlan& plan = pipeline_->plan();
   now.pipeline = SavedPipeline{plan.config(), std::min(options_.batch_size(), train_.size())};
+  if (scaler_) now.loss_scale = scaler_->state();
   const std::string optimizer = optimizer_name(options_.optimizer().kind());
   if (options_.per_device_files()) {
     save_per_device_files(path, now, optimizer);

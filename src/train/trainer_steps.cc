@@ -113,9 +113,11 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
     throw std::runtime_error("injected fault in the loss (GPIPE_TEST_FAULT)");
   };
   const bool inject = fault_.kind == "throw" && fault_.step == step_;
+  const LossFn& unscaled = inject ? injected : options_.loss();
+  const double scale = scaler_ ? scaler_->scale() : 1.0;
   double loss = 0;
   try {
-    loss = pipeline_->train_step(x, y, inject ? injected : options_.loss()).item<double>();
+    loss = pipeline_->train_step(x, y, scaler_ ? scaler_->scaled(unscaled) : unscaled).item<double>();
   } catch (...) {
     // The update of the step before is applied whole: the parameters as they were before this step.
     if (stage_updates_) {
@@ -127,18 +129,24 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
     throw;
   }
   if (stage_updates_) stage_updates_->apply_remaining();  // a share no action of this step reached
-  // The loss is the same on every rank: all stop together, before the update, the parameters as they were.
-  if (!std::isfinite(loss))
-    throw std::runtime_error("gpipe: the loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") +
-                             " in step " + std::to_string(step_ + 1) + " (epoch " + std::to_string(epoch) +
-                             "): training stops with the parameters of step " + std::to_string(step_) +
-                             (saved_at_ >= 0 ? ", and the last checkpoint file (step " + std::to_string(saved_at_) +
-                                                   ") is kept"
-                                             : "") +
-                             (step_ == 0 ? ": no update was applied yet, so the learning rate is not the cause: the "
-                                           "model's outputs or the loss on this data overflow float; scale the data "
-                                           "(inputs and targets) down"
-                                         : "; lower `lr`, or add `clip_grad_norm`"));
+  if (scaler_) loss /= scale;
+  if (fault_.kind == "inf" && fault_.rank == pipeline_->rank() && fault_.step == step_) inject_infinite_gradient();
+  if (finite_step(loss, epoch))
+    update();
+  else  // skipped on every stage and rank: the parameters as they were
+    ++stats_.skipped_steps;
+  const double took = static_cast<double>(now_ns() - begin) * 1e-9;
+  stats_.train_seconds += took;
+  stats_.step_seconds.push_back(static_cast<float>(took));
+  if (stats_.samples == 0) stats_.first_loss = loss;
+  stats_.last_loss = loss;
+  stats_.bubble_sum += pipeline_->bubble();
+  stats_.samples += x.size(0);
+  ++step_;
+  return loss;
+}
+
+void Trainer::update() {
   if (options_.clip_grad_norm() > 0) pipeline_->clip_gradients(options_.clip_grad_norm());
   const double lr =
       learning_rate(options_.optimizer().lr(), lr_schedule_, step_, total_steps_);
@@ -155,15 +163,39 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
     optimizer_->step();
   }
-  const double took = static_cast<double>(now_ns() - begin) * 1e-9;
-  stats_.train_seconds += took;
-  stats_.step_seconds.push_back(static_cast<float>(took));
-  if (stats_.samples == 0) stats_.first_loss = loss;
-  stats_.last_loss = loss;
-  stats_.bubble_sum += pipeline_->bubble();
-  stats_.samples += x.size(0);
-  ++step_;
-  return loss;
+}
+
+bool Trainer::finite_step(double loss, int epoch) {
+  // One decision for every stage and rank (the loss is the same on all of them; the scaler agrees
+  // on the gradients): with a loss scale, a step whose gradients overflow is skipped and the scale
+  // backs off; a loss that is not finite stops the run, the parameters as they were.
+  const bool loss_finite = std::isfinite(loss);
+  if (scaler_ && scaler_->unscale_and_update(*pipeline_, loss_finite)) return true;
+  if (!scaler_ && loss_finite) return true;
+  if (scaler_ && loss_finite) return false;
+  throw std::runtime_error("gpipe: the loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") +
+                           " in step " + std::to_string(step_ + 1) + " (epoch " + std::to_string(epoch) +
+                           "): training stops with the parameters of step " + std::to_string(step_) +
+                           (saved_at_ >= 0 ? ", and the last checkpoint file (step " + std::to_string(saved_at_) +
+                                                 ") is kept"
+                                           : "") +
+                           (pipeline_->plan().precision == Precision::kFloat16
+                                ? ": under `precision` fp16 the forward may overflow float16 (its largest value is "
+                                  "65504), which no loss scale mends; train in bf16 or fp32"
+                            : step_ == 0 ? ": no update was applied yet, so the learning rate is not the cause: the "
+                                           "model's outputs or the loss on this data overflow float; scale the data "
+                                           "(inputs and targets) down"
+                                         : "; lower `lr`, or add `clip_grad_norm`"));
+}
+
+void Trainer::inject_infinite_gradient() {
+  const std::vector<torch::Tensor> parameters = pipeline_->parameters();
+  for (auto p = parameters.rbegin(); p != parameters.rend(); ++p)
+    if (p->grad().defined()) {
+      torch::NoGradGuard no_grad;
+      p->mutable_grad().view(-1)[0].fill_(std::numeric_limits<float>::infinity());
+      return;
+    }
 }
 
 Evaluation Trainer::evaluate(const Dataset& data) {
@@ -176,7 +208,11 @@ std::string format_run_figures(const RunFigures& f) {
   out << std::fixed << std::setprecision(1) << "  training time  " << f.train_seconds << " s (" << f.steps
       << " steps)\n"
       << std::setprecision(0) << "  throughput     " << f.samples_per_s << " samples/s\n"
-      << std::setprecision(1) << "  bubble         " << 100 * f.bubble << "% of device time idle (measured)\n"
+      << std::setprecision(1) << "  bubble         " << 100 * f.bubble << "% of device time idle (measured)\n";
+  if (f.loss_scale > 0)
+    out << std::setprecision(0) << "  loss scale     " << f.loss_scale << " at the end; " << f.skipped_steps
+        << (f.skipped_steps == 1 ? " step" : " steps") << " skipped (gradients not finite)\n";
+  out
       << "  partition      ";
   const bool name_devices = static_cast<int>(f.balance.size()) > f.devices;
   for (size_t j = 0; j < f.balance.size(); ++j)

@@ -133,9 +133,9 @@ void check_same_settings(const std::vector<std::pair<std::string, std::string>>&
     for (const std::string& name : names) {
       const auto mine = first.find(name), other = theirs.find(name);
       if (mine != first.end() && other != theirs.end() && mine->second == other->second) continue;
-      const std::string shown_mine = mine == first.end() ? "no " + name : name + " = " + mine->second;
+      const std::string shown_mine = mine == first.end() ? "no " + name : name + " " + mine->second;
       const std::string shown_other = other == theirs.end() ? "no " + name
-                                      : mine == first.end() ? name + " = " + other->second : other->second;
+                                      : mine == first.end() ? name + " " + other->second : other->second;
       GPIPE_CHECK(false, "the ranks were started with different settings: rank 0 has ", shown_mine, ", rank ", r,
                   " has ", shown_other, "; ", fix);
     }

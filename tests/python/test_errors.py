@@ -38,7 +38,10 @@ def test_bad_arguments_are_value_errors_that_name_the_fix():
     refused("cannot cut 4 layers into 5 devices", devices=5)
     refused("must be a multiple of K", schedule="interleaved", chunks=3, devices=2)
     refused("virtual_stages must be at least 1 .got -1.", virtual_stages=-1)
-    refused("precision must be fp32 or bf16 .got fp8.", precision="fp8")  # a keyword of the settings' table
+    refused("precision must be fp32, bf16 or fp16 .got fp8.", precision="fp8")  # a keyword of the settings' table
+    refused("loss_scale must be auto, dynamic or off .got sometimes.", loss_scale="sometimes")
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 4):  # CPU autocast takes bfloat16 only
+        refused("precision fp16 runs on CUDA devices with this torch", precision="fp16")
     refused("chunks is out of range .got 2147483648", chunks=2**31)
     refused("threads=100000 is more than this machine's", threads=100000)
 

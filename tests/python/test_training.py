@@ -165,6 +165,51 @@ def test_bf16_trains_as_one_device_under_torch_autocast():
         assert (p.grad - q.grad).abs().max() <= 0.03 * q.grad.abs().max()
 
 
+def test_a_loss_scale_that_is_a_power_of_two_changes_no_bit():
+    """loss_scale="dynamic" (on by itself under precision="fp16"): each micro-batch's loss times 65536,
+    the gradients divided by it: the same parameters, to the bit, as the run without it."""
+    data = batches(3, 16)
+    params = []
+    for loss_scale in ("off", "dynamic"):
+        model = mlp()
+        pipe = gpipe.GPipe(model, balance=[4, 4], chunks=4, schedule="1f1b", loss_scale=loss_scale)
+        assert (pipe.loss_scaler is None) == (loss_scale == "off")
+        train_gpipe(pipe, model, data, "cross_entropy", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+        params.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*params))
+
+
+@pytest.mark.parametrize("on_devices", [False, True])
+def test_an_overflowing_step_is_skipped_everywhere_and_the_scale_halves(on_devices):
+    """A scale so large that the scaled gradients overflow: the step leaves every .grad None on both
+    stages, optimizer.step() changes nothing, and the scale halves (torch.cuda.amp.GradScaler's rule);
+    the scale's state goes in a checkpoint as GradScaler's does."""
+    model = mlp()
+    with torch.no_grad():
+        model[-1].weight.mul_(100)  # a loss of tens: times 2^127, beyond float's range
+    pipe = gpipe.GPipe(model, balance=[4, 4], chunks=4, schedule="gpipe", loss_scale="dynamic")
+    pipe.loss_scaler = gpipe.LossScaler(init_scale=2.0 ** 127, growth_interval=3)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = batches(1, 16)[0]
+    with pipe.update_on_devices(opt) if on_devices else contextlib.nullcontext():
+        opt.zero_grad()
+        pipe.train_step(x, y)
+        assert all(p.grad is None for p in model.parameters())
+        opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    assert pipe.loss_scaler.scale == 2.0 ** 126 and pipe.loss_scaler.skipped == 1
+    state = pipe.loss_scaler.state_dict()
+    again = gpipe.LossScaler()
+    again.load_state_dict(state)
+    assert again.state_dict() == state
+    pipe.loss_scaler = gpipe.LossScaler(init_scale=1024.0)
+    loss = pipe.train_step(x, y)  # a scale that fits: the step trains
+    assert loss == loss and all(p.grad is not None for p in model.parameters())
+    with pytest.raises(ValueError, match="has no skipped"):
+        again.load_state_dict({"scale": 2.0, "growth_tracker": 0})
+
+
 def test_adam_clipping_and_lr_scheduler_work_unchanged():
     model, reference = mlp(), mlp()
     data = batches(4, 16)
