@@ -202,6 +202,23 @@ TEST(DeferredBatchNormTest, ABatchNormInsideALayerIsRefusedWithTheFix) {
   EXPECT_EQ(per_micro_batch.stages(), 2);
 }
 
+// In evaluation a nested BatchNorm only reads its running statistics: the model is taken, and its
+// inference and eval-mode steps run; put in training mode later, its next step is refused before
+// any work, its parameters and statistics as they were.
+TEST(DeferredBatchNormTest, ANestedBatchNormInEvaluationIsTakenAndRefusedOnceTrained) {
+  torch::nn::Sequential model(torch::nn::Linear(4, 8), std::make_shared<Block>(), torch::nn::Linear(8, 2));
+  model->eval();
+  gpipe::Pipeline pipe(model, PipelineOptions().devices(2).micro_batches(2));
+  torch::manual_seed(3);
+  const torch::Tensor x = torch::randn({6, 4}), y = torch::randn({6, 2});
+  EXPECT_EQ(pipe.forward(x).sizes(), (std::vector<int64_t>{6, 2}));
+  pipe.train_step(x, y, gpipe::mse_loss);  // frozen statistics, as fine-tuning runs
+  const torch::Tensor mean = model->named_buffers()["1.norm.running_mean"].clone();
+  model->train();
+  gpipe::testing::expect_invalid([&] { pipe.train_step(x, y, gpipe::mse_loss); }, "1.norm");
+  EXPECT_TRUE(torch::equal(model->named_buffers()["1.norm.running_mean"], mean));
+}
+
 // One BatchNorm module at two places of the model, on two stages: two threads would update one
 // set of running statistics at once, so the pipeline refuses it; on one stage it trains.
 TEST(DeferredBatchNormTest, ABatchNormSharedByTwoStagesIsRefused) {

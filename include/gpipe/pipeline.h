@@ -270,6 +270,7 @@ class Pipeline {
   std::map<int, Schedule> inference_programs_;
   std::vector<int> whole_inputs_;                     // PipelineOptions::whole_inputs
   bool stochastic_ = false;                           // whether any stage of the model draws random numbers
+  bool deferred_batch_norm_ = true;                   // PipelineOptions::deferred_batch_norm
   StepTrace trace_;
   std::vector<int64_t> memory_at_start_;  // each local device's tracked bytes when the last step began
   std::function<bool()> interrupted_;

@@ -178,9 +178,9 @@ class BatchNormLayer {
 /// BatchNormLayer that says so.
 std::optional<RunningStatistics> running_statistics(torch::nn::Module& layer);
 
-/// "layer.inner" for the first BatchNorm that sits inside one of `layers`
+/// "layer.inner" for the first BatchNorm in training mode that sits inside one of `layers`
 /// rather than being one of them, or "" if none does. Its stage cannot see
-/// its input, so it cannot defer its running statistics.
+/// its input, so it cannot defer its running statistics (in evaluation it only reads them).
 std::string nested_batch_norm(const torch::nn::Sequential& layers);
 
 /// The name of the first of `layers` that holds a module built to work in

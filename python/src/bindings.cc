@@ -3,9 +3,6 @@
 // layer gives them before a stage (GPipe.update_on_devices' torch.optim update). The Python layer
 // (python/gpipe/pipe.py) checks the arguments and scripts the model; this file only translates.
 #include <gpipe/gpipe.h>
-#if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
-#include <gpipe/c10d_backend.h>
-#endif
 
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
@@ -121,14 +118,6 @@ PipelinePlan check_plan(int layers, const Settings& settings) {
       !refused.empty())
     throw std::invalid_argument(refused);
   return make_plan(layers, checked.options());
-}
-
-// For long work without the GIL (a profile, a wait for the other ranks): Ctrl-C, or another signal
-// Python's handler raises for, as that exception (KeyboardInterrupt); an exiting interpreter ends it.
-void throw_if_interrupted() {
-  const GilTaken gil;
-  if (!gil.held()) throw std::runtime_error("the Python interpreter is exiting");
-  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
 }
 
 // In a job of several processes (MPI, c10d), refuses on every rank a model that is not the same on every
@@ -429,6 +418,7 @@ void add_planning(py::module_& m);  // planning.cc: the planner, profile, predic
 // `fields` (pipeline_config.h's serializer) into `dict`, each value as Python has it (planning.cc).
 void add_fields(py::dict& dict, const Fields& fields);
 void add_loss_scale(py::module_& m);  // loss_scale.cc
+void add_job(py::module_& m);         // job.cc
 }  // namespace gpipe::python
 
 namespace {
@@ -565,69 +555,6 @@ void add_pipeline(py::module_& m) {
       });
 }
 
-// What a run reports, the job's processes, the schedules', checkpoints' and runtimes' names, and the
-// BLAS kernel.
-void add_job(py::module_& m) {
-  using namespace gpipe;
-  py::class_<RunFigures>(m, "RunFigures")
-      .def(py::init<>())
-      .def_readwrite("train_seconds", &RunFigures::train_seconds)
-      .def_readwrite("steps", &RunFigures::steps)
-      .def_readwrite("samples_per_s", &RunFigures::samples_per_s)
-      .def_readwrite("bubble", &RunFigures::bubble)
-      .def_readwrite("balance", &RunFigures::balance)
-      .def_readwrite("placement", &RunFigures::placement)
-      .def_readwrite("devices", &RunFigures::devices)
-      .def_readwrite("median_step_s", &RunFigures::median_step_s)
-      .def_readwrite("loss_scale", &RunFigures::loss_scale)
-      .def_readwrite("skipped_steps", &RunFigures::skipped_steps);
-  m.def("format_run_figures", &format_run_figures, py::arg("figures"));
-  // An uncaught exception on one rank of a job of several processes (MPI, c10d) ends the job (the others
-  // would wait for it).
-  m.def("abort_job", [](int status) { abort_processes(status); }, py::arg("status"));
-  // At the script's end (atexit): the other ranks of a job of several processes, still in a call or
-  // making one, stop with an error naming this rank instead of waiting for it (leave_processes).
-  m.def("leave_job", [] { leave_processes(); });
-  // process_group=: the c10d backend over a torch.distributed process group's store (pipe.py finds it).
-  m.def("use_process_group", [](const py::object& store, int rank, int size, const std::string& scope,
-                                 const std::vector<int>& known_as, bool let_go) {
-#if defined(GPIPE_HAS_C10D) && GPIPE_HAS_C10D
-    const auto given = store.cast<c10::intrusive_ptr<::c10d::Store>>();
-    const gpipe::python::GilReleased free;  // the ranks' vote on a new group waits for them all; Ctrl-C stops it
-    gpipe::c10d::start_over(given, rank, size, scope, known_as, let_go, gpipe::python::throw_if_interrupted);
-#else
-    (void)store, (void)rank, (void)size, (void)scope, (void)known_as, (void)let_go;
-    throw std::invalid_argument("this gpipe was built without the c10d backend, which process_group needs; install "
-                                "libgloo-dev and rebuild with it (cmake -DGPIPE_C10D=ON)");
-#endif
-  }, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("scope"), py::arg("known_as"), py::arg("let_go"));
-  m.def("schedule_names", &schedule_names);
-  m.def("schedule_help", &schedule_help);
-  m.def("virtual_stages_help", &virtual_stages_help);
-  m.def("checkpoint_names", &checkpoint_names);
-  // The BLAS kernel (blas.h): what gpipe.blas_kernel() shows and the warning at import.
-  py::class_<BlasKernel>(m, "BlasKernel")
-      .def_readonly("running", &BlasKernel::running)
-      .def_readonly("best", &BlasKernel::best)
-      .def_readonly("coretype", &BlasKernel::coretype)
-      .def_readonly("vector_isa", &BlasKernel::vector_isa)
-      .def_readonly("chosen_by", &BlasKernel::chosen_by)
-      .def_property_readonly("generic", &BlasKernel::generic)
-      .def_property_readonly("advice", &BlasKernel::advice)
-      .def("__repr__", [](const BlasKernel& k) {
-        return "BlasKernel(running='" + k.running + "', best='" + k.best + "', chosen_by='" + k.chosen_by + "')";
-      });
-  m.def("blas_kernel", &blas_kernel);
-  m.def("blas_warning", &blas_warning);
-  m.def("blas_gflops", &blas_gflops, py::call_guard<py::gil_scoped_release>());
-  // runtime=: "auto", "threads", then each backend's name (backends(), built in or not).
-  m.def("runtime_names", [] {
-    std::vector<std::string> names = {"auto", "threads"};
-    for (const BackendEntry& entry : backends()) names.push_back(entry.name);
-    return names;
-  });
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_gpipe, m) {
@@ -653,7 +580,7 @@ PYBIND11_MODULE(_gpipe, m) {
   add_config(m);
   gpipe::python::add_loss_scale(m);
   add_pipeline(m);
-  add_job(m);
+  gpipe::python::add_job(m);
   gpipe::python::add_planning(m);
   gpipe::python::close_gil_gate_at_exit();
 }

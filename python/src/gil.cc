@@ -1,10 +1,11 @@
-// gil.cc: the gate through which C++ takes the GIL (gil.h).
+// gil.cc: the gate through which C++ takes the GIL (gil.h), and the interrupt check of long work without it.
 #include "gil.h"
 
 #include <unistd.h>
 
 #include <condition_variable>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 namespace py = pybind11;
@@ -82,6 +83,12 @@ GilReleased::~GilReleased() {
     for (;;) ::pause();
   PyEval_RestoreThread(state_);
   gate().leave();
+}
+
+void throw_if_interrupted() {
+  const GilTaken gil;
+  if (!gil.held()) throw std::runtime_error("the Python interpreter is exiting");
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
 }
 
 }  // namespace gpipe::python

@@ -16,6 +16,10 @@
 
 namespace gpipe::python {
 
+// For long work without the GIL (a profile, a wait for the other ranks): Ctrl-C, or another signal
+// Python's handler raises for, as that exception (KeyboardInterrupt); an exiting interpreter ends it.
+void throw_if_interrupted();
+
 // Closes the gate when the interpreter exits (atexit; the extension registers it once, on import).
 void close_gil_gate_at_exit();
 

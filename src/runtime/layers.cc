@@ -89,10 +89,11 @@ std::optional<RunningStatistics> running_statistics(torch::nn::Module& layer) {
 
 std::string nested_batch_norm(const torch::nn::Sequential& layers) {
   for (const auto& layer : layers->named_children()) {
+    if (!layer.value()->is_training()) continue;  // in evaluation: its statistics are only read
     if (const auto* norm = dynamic_cast<const BatchNormLayer*>(layer.value().get()))
       if (!norm->inner_batch_norm().empty()) return layer.key() + "." + norm->inner_batch_norm();
     for (const auto& inner : layer.value()->named_modules("", /*include_self=*/false))
-      if (running_statistics(*inner.value())) return layer.key() + "." + inner.key();
+      if (inner.value()->is_training() && running_statistics(*inner.value())) return layer.key() + "." + inner.key();
   }
   return "";
 }

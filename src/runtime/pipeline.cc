@@ -144,6 +144,7 @@ Pipeline::Pipeline(std::unique_ptr<Backend> group, torch::nn::Sequential layers,
   double stochastic = draws_random_numbers(layers_) ? 1 : 0;  // whether any stage of the whole model draws
   group_->reduce(&stochastic, 1, /*largest=*/true);
   stochastic_ = stochastic > 0;
+  deferred_batch_norm_ = options.deferred_batch_norm();
 
   int blas_threads = 1;
   for (int d : local_) {
@@ -253,6 +254,9 @@ torch::Tensor Pipeline::train_step(const Tensors& input, const torch::Tensor& ta
                 "the target's batch size differs from the input's (input ", input.shape(), ", target ",
                 shape_text(target), "); give one target row per input sample");
     group_->check_same_batch(input, target);
+    // A BatchNorm nested in a layer that was in evaluation when the pipeline was made, trained now.
+    for (const auto& e : executors_)
+      for (const auto& stage : e->stages()) detail::check_batch_norm(stage->layers(), deferred_batch_norm_);
     const auto [first, count] = group_->share(N);
     // A short batch runs one row per micro-batch; a replica without rows only joins the sums.
     const int M = static_cast<int>(std::min<int64_t>(plan_.micro_batches, count));

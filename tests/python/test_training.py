@@ -179,6 +179,22 @@ def test_a_loss_scale_that_is_a_power_of_two_changes_no_bit():
     assert all(torch.equal(a, b) for a, b in zip(*params))
 
 
+def test_the_loss_scale_follows_gradscalers_own_update_on_a_made_up_history():
+    """gpipe.LossScaler.update against the op torch.cuda.amp.GradScaler.update runs
+    (torch._amp_update_scale_), step by step, where this torch has it on a CPU (2.x); the C++ test
+    (LossScaleTest) checks the same rule where it has not."""
+    scale, tracker = torch.full((1,), 8.0), torch.zeros((1,), dtype=torch.int32)
+    try:
+        torch._amp_update_scale_(scale.clone(), tracker.clone(), torch.zeros((1,)), 2.0, 0.5, 2)
+    except (RuntimeError, NotImplementedError):
+        pytest.skip("this torch has no CPU kernel of _amp_update_scale_ (torch 1.13)")
+    ours = gpipe.LossScaler(init_scale=8.0, growth_interval=2)
+    for finite in [True, True, False, True, False, True, True, True, True, False, True]:
+        torch._amp_update_scale_(scale, tracker, torch.zeros((1,)) if finite else torch.ones((1,)), 2.0, 0.5, 2)
+        ours.update(finite)
+        assert (ours.scale, ours.growth_tracker) == (scale.item(), tracker.item())
+
+
 @pytest.mark.parametrize("on_devices", [False, True])
 def test_an_overflowing_step_is_skipped_everywhere_and_the_scale_halves(on_devices):
     """A scale so large that the scaled gradients overflow: the step leaves every .grad None on both
