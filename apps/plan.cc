@@ -62,7 +62,7 @@ PlannedModel profiled_model(const PlanOptions& o) {
                                         .optimizer(o.optimizer)
                                         .speed(o.speed)
                                         .name("model " + o.model)
-                                        .precision(parse_precision(o.precision));
+                                        .precision(o.transformer.precision);
   if (!o.workload.empty())
     return or_usage_error("--workload", [&] { return plan_model_of(find_task(o.workload), TaskOptions(), profile); });
   return plan_model_of(o.model, o.input_shape, profile, o.input_tokens);
@@ -97,8 +97,7 @@ int run(PlanOptions o) {  // a copy: --precision is set into its Transformer
                   "; leave it out");
   o.transformer.precision = parse_precision(o.precision);
   if (!by_shape)  // profiled here: the stages' CPU autocast
-    if (const std::string refused = precision_refusal(parse_precision(o.precision), c10::DeviceType::CPU); !refused.empty())
-      usage_error(refused);
+    or_usage_error("--precision", [&] { check_precision_runs(o.transformer.precision, c10::DeviceType::CPU); });
   for (const std::string f : {"--input-shape", "--input-tokens"})
     if (!o.workload.empty() && o.given.count(f)) usage_error(f + " applies to --model; a workload has its own input");
   if (by_shape) {
@@ -127,7 +126,7 @@ int run(PlanOptions o) {  // a copy: --precision is set into its Transformer
   };
   std::vector<PlanCandidate> found = search_plans(m, search);
   progress.end();
-  for (PlanCandidate& c : found) c.config.precision = parse_precision(o.precision);  // what each would run in
+  for (PlanCandidate& c : found) c.config.precision = o.transformer.precision;  // what each would run in
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   const size_t feasible = static_cast<size_t>(std::count_if(found.begin(), found.end(), [](const PlanCandidate& c) { return c.fits; }));
   if (feasible == 0) {
@@ -200,7 +199,7 @@ void add_plan_command(CLI::App& app, const std::string&, int& status) {
   sub->add_option("--seq", o->transformer.sequence, "its sequence length")->check(at_least(1));
   sub->add_option("--precision", o->precision,
                   "the stages' arithmetic (as gpipe train --precision): fp32, or bf16 and fp16 (autocast), whose "
-                  "activations take 2 bytes a value and parameters 4; a profiled model is profiled under it")
+                  "activations take 2 bytes a value (parameters keep --bytes-per-value); a profiled model is profiled under it")
       ->check(one_of(precision_names()))->capture_default_str();
   sub->add_option("--bytes-per-value", o->transformer.bytes_per_value,
                   "a Transformer by shape: 4 (float32) or 2 (the whole model in half precision: parameters, "

@@ -244,6 +244,12 @@ if part flags; then  # cost 27
      /usr/bin/python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); assert s["precision"] == "bf16" and s["steps"] == 2, s' \
        "$work/bf16.json"; then pass "--precision bf16 trains"
   else fail "--precision bf16: $(cat "$work/err.txt")"; fi
+  # A resumed run that names no precision continues in its file's, a schedule named or not.
+  if "$gpipe" train "${small[@]}" --steps 2 --schedule gpipe --precision bf16 --save "$work/bf16.pt" >/dev/null 2>"$work/err.txt" &&
+     "$gpipe" train "${small[@]}" --steps 3 --schedule gpipe --resume "$work/bf16.pt" >"$work/resumed.json" 2>>"$work/err.txt" &&
+     /usr/bin/python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); assert s["precision"] == "bf16" and s["steps"] == 3, s' \
+       "$work/resumed.json"; then pass "a bf16 file resumed without --precision trains on in bf16"
+  else fail "a bf16 file resumed: $(cat "$work/err.txt")"; fi
 fi
 
 if part models; then  # cost 6

@@ -239,7 +239,7 @@ if part faults; then  # cost 12
     env GPIPE_TEST_FAULT=exit:1:3 bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3
 fi
 
-if part loss_scale; then  # cost 10
+if part precision; then  # cost 14
   # A gradient that overflows on rank 1 alone (its stage, the last) skips the step on both ranks, as one
   # process skips it where the same stage's gradient overflows: the same parameters, one step skipped,
   # the scale halved from 65536.
@@ -257,6 +257,13 @@ assert none["skipped_steps"] == 0 and none["parameter_checksum"] != one["paramet
 PY
   then pass "an overflow on rank 1 skips the step on both ranks: the parameters of one process, scale 32768"
   else fail "the loss scale under mpirun"; tail -5 "$work/err.out"; fi
+  # Per-device files of a bf16 run, resumed under mpirun without --precision: refused, naming the fix
+  # (in one process the file's precision is taken; here it is known only once the files are read).
+  if bash "$mpirun_sh" 2 "$gpipe" train "${scaled[@]}" --precision bf16 --save "$work/bf16.pt" --per-device-files \
+       >/dev/null 2>>"$work/err.out"; then
+    expect_error "per-device bf16 files resumed without --precision" "was trained in bf16; give --precision bf16" \
+      bash "$mpirun_sh" 2 "$gpipe" train "${scaled[@]}" --resume "$work/bf16.pt" --per-device-files
+  else fail "saving bf16 per-device files under mpirun"; tail -5 "$work/err.out"; fi
 fi
 
 parts_end || failures=$((failures + 1))

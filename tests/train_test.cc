@@ -772,6 +772,23 @@ TEST(LossScaleTest, AnInfiniteGradientInOneStageSkipsTheStepEverywhere) {
   }
 }
 
+// With the update held for the devices (no callback finishing it each step), a skipped step holds
+// nothing: the run ends with the parameters of the run that updates after each step, to the bit.
+TEST(LossScaleTest, ASkippedStepHoldsNoUpdateForTheDevices) {
+  const TestFaultEnvironment fault("inf:0:2");
+  const gpipe::Dataset data = regression_data();
+  std::vector<std::vector<torch::Tensor>> ends;
+  for (const bool on_devices : {true, false}) {
+    Trainer trainer(mlp(), PipelineOptions().devices(2).micro_batches(4),
+                    TrainerOptions(sgd_options()).loss_scale(gpipe::LossScaleOptions()).update_on_devices(on_devices),
+                    data);
+    trainer.fit();
+    EXPECT_EQ(trainer.stats().skipped_steps, 1);
+    ends.push_back(values(trainer));
+  }
+  expect_equal(ends[0], ends[1]);
+}
+
 // The scale is in the checkpoint: a run stopped after a skipped step and resumed ends as the unbroken
 // run, parameters and scale to the bit.
 TEST(LossScaleTest, AResumedRunContinuesTheScale) {
@@ -816,6 +833,7 @@ TEST(LossScaleTest, ANonFiniteLossStillStopsTheRun) {
     EXPECT_NE(std::string(e.what()).find("the loss became infinite in step 1"), std::string::npos) << e.what();
   }
   expect_equal(values(trainer), before);
+  EXPECT_EQ(trainer.step(), 0);  // the step did not count
 }
 
 #if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 4)

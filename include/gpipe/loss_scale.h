@@ -1,14 +1,15 @@
 // loss_scale.h: one loss scale for the whole pipeline, as torch.cuda.amp.GradScaler keeps it for a
 // model on one device. Under float16 a small gradient underflows to 0, so every micro-batch's loss is
-// multiplied by the scale before its backward, and the gradients are divided by it after the step.
-// Every stage checks its gradients, every rank takes one answer (Pipeline::max): a step with a
-// gradient that is not finite is skipped everywhere, its parameters as they were, and the scale backs
-// off; after `growth_interval` finite steps in a row it grows. The scale is a power of two (by default),
-// so scaling and unscaling change no bit of a finite gradient.
+// multiplied by the scale before its backward, and the step's gradients are divided by it
+// (Pipeline::train_step's `loss_scale`). Every stage checks its gradients, every rank takes one answer
+// (Pipeline::max): a step with a gradient that is not finite is skipped everywhere, its parameters as
+// they were, and the scale backs off; after `growth_interval` finite steps in a row it grows. The
+// scale is a power of two (by default), so scaling and unscaling change no bit of a finite gradient.
 //
 //   gpipe::LossScaler scaler;                  // 65536, x2 after 2000 finite steps, x0.5 on a skip
-//   double loss = pipe.train_step(x, y, scaler.scaled(gpipe::cross_entropy_loss)).item<double>() / scaler.scale();
-//   if (scaler.unscale_and_update(pipe, std::isfinite(loss))) optimizer.step();
+//   optimizer.zero_grad();
+//   double loss = pipe.train_step(x, y, gpipe::cross_entropy_loss, scaler.scale()).item<double>();
+//   if (scaler.check_and_update(pipe, std::isfinite(loss))) optimizer.step();
 #pragma once
 
 #include "gpipe/stage.h"
@@ -36,7 +37,7 @@ struct LossScaleOptions {
 struct LossScaleState {
   double scale = 65536.0;
   int64_t growth_tracker = 0;  ///< finite steps in a row since the scale last changed
-  int64_t skipped = 0;         ///< steps skipped so far, for the reports
+  int64_t skipped = 0;         ///< steps skipped since the scale was made (a resumed run's too)
   bool operator==(const LossScaleState& o) const {
     return scale == o.scale && growth_tracker == o.growth_tracker && skipped == o.skipped;
   }
@@ -49,8 +50,8 @@ bool scales_loss(const std::optional<LossScaleOptions>& options, Precision preci
 /// The scale, its rule and the check of a step's gradients (above).
 class LossScaler {
  public:
-  /// Throws std::invalid_argument for a scale or factor that is not a finite number above 0, a growth
-  /// factor not above 1, a back-off not below 1, or an interval below 1.
+  /// Throws std::invalid_argument for a first scale that is not a float above 0, a growth factor not
+  /// above 1, a back-off not between 0 and 1, or an interval below 1. (`enabled` is the front ends'.)
   explicit LossScaler(const LossScaleOptions& options = {});
 
   double scale() const { return state_.scale; }
@@ -60,20 +61,18 @@ class LossScaler {
   /// number above 0 or negative counts.
   void set_state(const LossScaleState& state);
 
-  /// `loss` times the scale: what each micro-batch's backward starts from. The scale is taken now, so
-  /// that every micro-batch of a step has the same one.
-  LossFn scaled(LossFn loss) const;
+  /// After a step of `pipeline` under scale() (Pipeline::train_step's `loss_scale`): checks on every
+  /// stage and rank that each gradient is finite (and `loss_finite`: a loss that is not finite counts as
+  /// such a gradient), takes one answer for all of them (collective), and updates the scale by it
+  /// (update). Returns whether the step's update may be applied; where not, every gradient is left
+  /// undefined, so that an optimizer that skips a parameter without one (every torch.optim one, and
+  /// libtorch's) changes nothing.
+  bool check_and_update(Pipeline& pipeline, bool loss_finite);
 
-  /// After a step whose loss was scaled(): divides every gradient of `pipeline` by the scale, checks on
-  /// every stage and rank that each is finite (and `loss_finite`: a loss that is not finite counts as
-  /// such a gradient), takes one answer for all of them, and updates the scale by it (update). Returns
-  /// whether the step's update may be applied; where not, the gradients are left undefined, so that an
-  /// optimizer that skips a parameter without a gradient (every torch.optim one) changes nothing.
-  bool unscale_and_update(Pipeline& pipeline, bool loss_finite);
-
-  /// GradScaler's rule alone, for one step: not `finite`: the scale times the back-off, the tracker to
-  /// 0, one more skipped; finite: one more in the tracker, and at `growth_interval` the scale times the
-  /// growth factor (where the product is finite) and the tracker to 0.
+  /// GradScaler's rule alone, for one step, in float as GradScaler keeps its scale: not `finite`: the
+  /// scale times the back-off (never below float's least normal number), the tracker to 0, one more
+  /// skipped; finite: one more in the tracker, and at `growth_interval` the scale times the growth
+  /// factor (where the product is a float) and the tracker to 0.
   void update(bool finite);
 
  private:

@@ -116,7 +116,12 @@ class Pipeline {
   /// `input`: one tensor, or a tuple (Tensors::tuple_of) whose tensors the
   /// first layer takes as a std::vector<torch::Tensor>; each is split into
   /// micro-batches along dim 0, but those PipelineOptions::whole_inputs names.
-  torch::Tensor train_step(const Tensors& input, const torch::Tensor& target, const LossFn& loss);
+  /// `loss_scale`: each micro-batch's loss is multiplied by it before its backward, and the step's
+  /// gradients (an input's too) and the returned loss are divided by it, before they are added to
+  /// what grad() held: a power of two changes no bit of a finite gradient, and a small one no longer
+  /// underflows in float16 (LossScaler, loss_scale.h, keeps one scale for a run).
+  torch::Tensor train_step(const Tensors& input, const torch::Tensor& target, const LossFn& loss,
+                           double loss_scale = 1.0);
 
   /// Pipelined inference with the layers' current train/eval mode, keeping no
   /// activations (a training-mode BatchNorm normalizes each micro-batch by its own

@@ -89,6 +89,10 @@ std::string setting_text(const Setting& setting, const TrainSettings& settings);
 /// must be fp32, bf16 or fp16 (got fp8)".
 void set_setting(const Setting& setting, TrainSettings& settings, const std::string& text);
 
+/// Whether `settings` ask for the setting `name`: marked given (a flag, a keyword), or changed from
+/// TrainSettings' default by a C++ caller.
+bool setting_asked(const TrainSettings& settings, const std::string& name);
+
 /// `request` with the settings of `settings` that the pipeline's value holds and nothing chooses: its
 /// precision, where given or not the default (else left to a resumed file's, then float32).
 PipelineRequest with_request_settings(PipelineRequest request, const TrainSettings& settings);

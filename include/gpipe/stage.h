@@ -67,6 +67,8 @@ using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const to
 /// Why `precision` cannot run on a device of `kind` with this build's torch, "" where it can: torch
 /// before 2.4 autocasts a CPU to bfloat16 only (nor multiplies float16 matrices there).
 std::string precision_refusal(Precision precision, c10::DeviceType kind);
+/// Throws std::invalid_argument with precision_refusal's reason, where there is one.
+void check_precision_runs(Precision precision, c10::DeviceType kind);
 
 /// Mean squared error and mean cross-entropy (over every leading position: a
 /// classifier's [N, classes], a language model's [N, sequence, vocabulary]), as LossFn.

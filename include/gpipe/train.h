@@ -397,6 +397,8 @@ class Trainer {
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const TrainerOptions& options() const { return options_; }
   const TrainStats& stats() const { return stats_; }
+  /// The pipeline the file resume() read was trained with, where it says (none before a resume).
+  const std::optional<SavedPipeline>& resumed_pipeline() const { return resumed_pipeline_; }
   /// The loss scale (TrainerOptions::loss_scale), or nullptr where the run scales no loss.
   const LossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
   /// Optimizer steps taken, resumed ones included; the step this run started at; where it ends.
@@ -446,6 +448,7 @@ class Trainer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<detail::StageUpdates> stage_updates_;  // with update_on_devices, where possible
   std::optional<LossScaler> scaler_;                     // with loss scaling
+  std::optional<SavedPipeline> resumed_pipeline_;
   bool in_fit_ = false;                                  // train_step may leave its update to the devices
   torch::Generator shuffle_;
   torch::Tensor epoch_start_shuffle_;

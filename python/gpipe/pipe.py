@@ -705,7 +705,7 @@ class GPipe:
         self.model = model
         self._settings = settings
         # precision="fp16" (or loss_scale="dynamic"): one loss scale for every stage and rank (train_step).
-        self.loss_scaler = _gpipe.LossScaler() if settings.scales_loss() else None
+        self._scaler = _gpipe.LossScaler() if settings.scales_loss() else None
         self._scripted = _script(layers)
         _check_layer_types(self._scripted)
         self._fingerprint = _fingerprint(model)
@@ -798,26 +798,46 @@ class GPipe:
                 updates.follow_replaced_state()
                 updates.begin_step()
             begin = time.perf_counter()
-            done = False
-            scaler = self.loss_scaler
+            hold = False  # whether this step's gradients are held for the next step's update
+            scaler = self._scaler
             skipped = scaler.skipped if scaler is not None else 0
             try:
                 with _OneRowBatchNorm(self.chunks, input.size(0) if input.dim() else 0):
                     value = pipe.train_step(input, target, loss, self.model.training, scaler)
                 # A step the loss scale skipped holds no update: its gradients are None everywhere.
-                done = scaler is None or scaler.skipped == skipped
+                hold = scaler is None or scaler.skipped == skipped
             finally:
                 if updates is not None:
                     try:  # what the devices did not apply (after a failed step: the last step's update, whole)
                         updates.apply_remaining()
                     finally:
-                        if done:  # this step's gradients held for the next, even if the last update failed
+                        if hold:  # this step's gradients held for the next, even if the last update failed
                             updates.hold()
                             pipe.set_before_stage(updates.apply)
             self._step_seconds = time.perf_counter() - begin
             if pipe.take_interrupt():  # Ctrl-C as the step ended: after it (and its hold), which count
                 raise KeyboardInterrupt
             return value
+
+    @property
+    def loss_scaler(self):
+        """The loss scale of precision="fp16" (or loss_scale="dynamic"): a gpipe.LossScaler, as
+        torch.cuda.amp.GradScaler keeps one (scale, growth_tracker, skipped, state_dict(),
+        load_state_dict()); None where the pipeline scales no loss. Assign a gpipe.LossScaler of your
+        own to set GradScaler's options (init_scale, growth_factor, backoff_factor, growth_interval);
+        whether a loss is scaled at all is GPipe's precision= and loss_scale=, the same on every rank."""
+        return self._scaler
+
+    @loss_scaler.setter
+    def loss_scaler(self, scaler):
+        if self._scaler is None:
+            raise ValueError("gpipe: this pipeline scales no loss; give GPipe(..., precision=\"fp16\") or "
+                             "loss_scale=\"dynamic\" to scale it")
+        if not isinstance(scaler, _gpipe.LossScaler):
+            raise TypeError(f"gpipe: loss_scaler must be a gpipe.LossScaler (got {type(scaler).__name__}); "
+                            f"load a saved state with pipe.loss_scaler.load_state_dict(state)")
+        with self._turn:  # not while a step changes it
+            self._scaler = scaler
 
     @contextlib.contextmanager
     def update_on_devices(self, optimizer):

@@ -51,6 +51,9 @@ class Summary:
         figures.bubble = self.bubble_sum / self.steps if self.steps else 0.0
         figures.balance, figures.placement = self.pipe.balance or [], self.pipe.placement or []
         figures.devices = self.pipe.devices
+        scaler = self.pipe.loss_scaler
+        if scaler is not None:  # where the scale ended, and the steps it skipped since it was made
+            figures.loss_scale, figures.skipped_steps = scaler.scale, scaler.skipped
         return "\n".join(lines) + "\n" + _gpipe.format_run_figures(figures).rstrip("\n")
 
     def print(self, accuracy=None, loss=None, evaluated_on="test"):

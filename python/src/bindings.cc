@@ -114,9 +114,7 @@ PipelinePlan check_plan(int layers, const Settings& settings) {
     r.micro_batches = 4 * std::max({1, settings.devices(), static_cast<int>(r.balance.size())});
   if (settings.chosen() && settings.virtual_stages() > 1) r.schedule = "interleaved";
   // The stages are CPU threads.
-  if (const std::string refused = precision_refusal(checked.options().precision(), c10::DeviceType::CPU);
-      !refused.empty())
-    throw std::invalid_argument(refused);
+  check_precision_runs(checked.options().precision(), c10::DeviceType::CPU);
   return make_plan(layers, checked.options());
 }
 
@@ -276,7 +274,7 @@ class PythonPipeline {
   }
 
   // With `scaler`, each micro-batch's loss is scaled by it and the step skipped on every stage and rank
-  // where a gradient is not finite, its gradients left None (LossScaler::unscale_and_update).
+  // where a gradient is not finite, its gradients left None (LossScaler::check_and_update).
   double train_step(const torch::Tensor& input, const torch::Tensor& target, const py::object& loss, bool training,
                     LossScaler* scaler) {
     const LossFn fn = loss_of(loss);
@@ -284,16 +282,9 @@ class PythonPipeline {
     const int64_t begin = now_ns();
     const double value = released([&] {
       set_training(training);
-      if (scaler == nullptr) return pipe_->train_step(input, target, fn).item<double>();
-      const double scale = scaler->scale();
-      {  // the gradients the step adds to, scaled with it, so that unscaling the sum gives them back
-        torch::NoGradGuard no_grad;
-        for (torch::Tensor p : pipe_->parameters())
-          if (p.grad().defined()) p.mutable_grad().mul_(scale);
-      }
-      const double unscaled = pipe_->train_step(input, target, scaler->scaled(fn)).item<double>() / scale;
-      scaler->unscale_and_update(*pipe_, std::isfinite(unscaled));
-      return unscaled;
+      const double loss = pipe_->train_step(input, target, fn, scaler ? scaler->scale() : 1.0).item<double>();
+      if (scaler != nullptr) scaler->check_and_update(*pipe_, std::isfinite(loss));
+      return loss;
     });
     gil_free_s_ = static_cast<double>(now_ns() - begin - gil_held_ns_.load()) * 1e-9;
     // Ctrl-C as the step ended, after its last interrupt check: the step counts, and the caller raises

@@ -115,8 +115,7 @@ Pipeline::Pipeline(std::unique_ptr<Backend> group, torch::nn::Sequential layers,
       detail::check_batch_norm(part, options.deferred_batch_norm());
       if (!device.is_cpu()) part->to(device.device);
       auto stage = std::make_unique<Stage>(s, S, part, device, options.deferred_batch_norm());
-      const std::string refused = precision_refusal(options.precision(), device.device.type());
-      GPIPE_CHECK(refused.empty(), refused);
+      check_precision_runs(options.precision(), device.device.type());
       stage->set_precision(options.precision());
       std::vector<std::pair<int, std::string>> stashed, popped;  // the skip routes that leave or enter it
       for (size_t k = 0; k < plan_.skip_routes.size(); ++k) {
@@ -246,9 +245,12 @@ auto Pipeline::collective(Work&& work) {
   }
 }
 
-torch::Tensor Pipeline::train_step(const Tensors& input, const torch::Tensor& target, const LossFn& loss) {
+torch::Tensor Pipeline::train_step(const Tensors& input, const torch::Tensor& target, const LossFn& loss,
+                                   double loss_scale) {
   return collective([&] {
     GPIPE_CHECK(static_cast<bool>(loss), "train_step needs a loss function");
+    GPIPE_CHECK(std::isfinite(loss_scale) && loss_scale > 0, "the loss scale must be a finite number above 0 (got ",
+                loss_scale, ")");
     const int64_t N = batch_rows(input, whole_inputs_);
     GPIPE_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == N,
                 "the target's batch size differs from the input's (input ", input.shape(), ", target ",
@@ -270,7 +272,13 @@ torch::Tensor Pipeline::train_step(const Tensors& input, const torch::Tensor& ta
     // Every process draws the same seed: their default generators have drawn the same numbers.
     const std::vector<int64_t> sizes = M > 0 ? micro_batch_sizes(count, M) : std::vector<int64_t>{};
     detail::TrainStepScope scope(step, sizes, N, stochastic_, parameters(), /*zero_grads=*/tracked);
-    detail::weigh_by_counted_targets(step, target, first, sizes);
+    detail::weigh_by_counted_targets(step, target, first, sizes);  // by the loss function given
+    // Each micro-batch's loss times the scale, in float at least (a float16 loss times 65536 would overflow).
+    if (loss_scale != 1.0)
+      step.loss = [loss, loss_scale](const torch::Tensor& output, const torch::Tensor& y) {
+        const torch::Tensor value = loss(output, y);
+        return value.to(torch::promote_types(value.scalar_type(), torch::kFloat)) * loss_scale;
+      };
     // An input that requires grad gets its gradient, as loss.backward() gives it (on the first device).
     step.keep_input_gradients = !step.inputs.empty() && detail::wants_input_gradient(input, whole_inputs_);
     step.input_gradients.assign(step.keep_input_gradients ? static_cast<size_t>(M) : 0, Tensors());
@@ -281,10 +289,18 @@ torch::Tensor Pipeline::train_step(const Tensors& input, const torch::Tensor& ta
     const torch::Tensor statistics = batch_norm_statistics();
     double total = std::accumulate(step.losses.begin(), step.losses.end(), 0.0);
     group_->reduce(&total, 1, /*largest=*/false);
-    scope.commit();
+    scope.commit(1.0 / loss_scale);
     update_batch_norms(statistics);
-    if (step.keep_input_gradients) detail::add_input_gradients(input, step, first, whole_inputs_);
-    return torch::tensor(total, torch::dtype(torch::kFloat64));
+    if (step.keep_input_gradients) {
+      if (loss_scale != 1.0) {
+        torch::NoGradGuard no_grad;
+        for (Tensors& gradients : step.input_gradients)
+          for (torch::Tensor& g : gradients.items)
+            if (g.defined()) g = g / loss_scale;
+      }
+      detail::add_input_gradients(input, step, first, whole_inputs_);
+    }
+    return torch::tensor(total / loss_scale, torch::dtype(torch::kFloat64));
   });
 }
 

@@ -380,4 +380,8 @@ std::string precision_refusal(Precision precision, c10::DeviceType kind) {
 #endif
 }
 
+void check_precision_runs(Precision precision, c10::DeviceType kind) {
+  if (const std::string refused = precision_refusal(precision, kind); !refused.empty()) throw std::invalid_argument(refused);
+}
+
 }  // namespace gpipe

@@ -122,12 +122,13 @@ void TrainStepScope::restore_random_state(const torch::Tensor& state) {
   generator.set_state(state);
 }
 
-void TrainStepScope::commit() {
+void TrainStepScope::commit(double inverse_scale) {
   restore_random_state(random_state_);
   torch::NoGradGuard no_grad;
   for (size_t n = 0; n < params_.size(); ++n) {
     // A zero gradient that backward never added to: the parameter had no part in the step.
     if (!versions_.empty() && params_[n].grad()._version() == versions_[n]) params_[n].mutable_grad() = torch::Tensor();
+    if (inverse_scale != 1.0 && params_[n].grad().defined()) params_[n].mutable_grad().mul_(inverse_scale);
     if (!before_[n].defined()) continue;
     if (params_[n].grad().defined()) before_[n].add_(params_[n].grad());
     params_[n].mutable_grad() = before_[n];

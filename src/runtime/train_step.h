@@ -56,7 +56,8 @@ class TrainStepScope {
   TrainStepScope(const TrainStepScope&) = delete;
   TrainStepScope& operator=(const TrainStepScope&) = delete;
 
-  void commit();
+  /// The step's gradients (times `inverse_scale`, which undoes a loss scale) added to those before it.
+  void commit(double inverse_scale = 1.0);
 
  private:
   static void restore_random_state(const torch::Tensor& state);

@@ -289,8 +289,7 @@ void check_bench(const BenchSweep& o) {
   check_listed_once(o.balance_by, "balance_by");
   check_threads_per_device(o.threads);
   // The devices are CPU threads.
-  if (const std::string refused = precision_refusal(parse_precision(o.precision), c10::DeviceType::CPU); !refused.empty())
-    throw std::invalid_argument(refused);
+  check_precision_runs(parse_precision(o.precision), c10::DeviceType::CPU);
   GPIPE_CHECK(!job().distributed || o.balance_by == std::vector<std::string>{"even"},
               "`balance_by` profiles the whole model in one process; under ", job().launcher, " pass a cut with `balance`");
   if (!o.balance.empty() && o.balance_by_given) {

@@ -420,9 +420,7 @@ void resolve_training(TrainSettings& s, const Task& task) {
   // The schedule of "task", V and the cut by time: the task's own choices ("auto" is chosen by
   // prediction in prepare_training, once the model and the data are read; under MPI it is "task").
   check_train_settings(s);  // each setting by its row: what a flag or a keyword argument is checked for
-  // The stages are CPU threads here.
-  if (const std::string refused = precision_refusal(parse_precision(s.precision), c10::DeviceType::CPU); !refused.empty())
-    throw std::invalid_argument(refused);
+  check_precision_runs(parse_precision(s.precision), c10::DeviceType::CPU);  // the stages are CPU threads here
   if (!predicted(s)) resolve_own(s, task);
   check_settings(s);
   s.weight_decay = optimizer_options_of(s).decay();
@@ -493,14 +491,18 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
   // `resume` read and checked against the whole model before the profile, which would otherwise be
   // done for a file refused after it (in one process; under MPI there is no profile).
   // Under `schedule` auto, the pipeline it was trained with is taken again rather than predicted; a
-  // run that names no `precision` continues in the file's (every rank reads the one file).
+  // run that asks for no `precision` continues in the file's (in one process: under MPI and with
+  // per-device files the Trainer's resume refuses a file of another precision, check_resumed_precision).
   std::optional<SavedPipeline> saved;
-  const bool profiles = (!s.balance_by.empty() || predicted(s)) && !job().distributed;
-  if (!s.resume.empty() && !s.per_device_files && (profiles || !s.was_given("precision")))
+  if (!s.resume.empty() && (!s.balance_by.empty() || predicted(s) || !setting_asked(s, "precision")) &&
+      !s.per_device_files && !job().distributed)
     saved = said_about("`resume`", [&] {
       return check_snapshot_of(s.resume, c.model, optimizer_name(parse_optimizer(s.optimizer)));
     });
-  if (saved && !s.was_given("precision")) s.precision = to_string(saved->config.precision);
+  if (saved && !setting_asked(s, "precision")) {
+    s.precision = to_string(saved->config.precision);
+    check_precision_runs(saved->config.precision, c10::DeviceType::CPU);
+  }
   // Where auto is only the default, a run that trains nothing (`epochs` 0) and a file that does not
   // say how it was trained (saved by the Python package or an older gpipe) take the task's own, as
   // that default was: nothing to choose for, and the run the file was saved by, most likely.

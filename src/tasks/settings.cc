@@ -209,8 +209,8 @@ std::vector<Setting> model_settings() {
       {"loss_scale", "--loss-scale",
        "one loss scale for every stage and rank, as torch.cuda.amp.GradScaler keeps it: 65536 at first, halved "
        "after a step whose gradients are not all finite (skipped on every stage and rank, its parameters as they "
-       "were), doubled after 2000 finite steps; kept in the checkpoint. auto: under `precision` fp16; dynamic: in "
-       "any precision; off: never",
+       "were), doubled after 2000 finite steps; kept in gpipe train's checkpoint (Python: GPipe.loss_scaler's "
+       "state_dict()). auto: under `precision` fp16; dynamic: in any precision; off: never",
        &S::loss_scale, one_of({"auto", "dynamic", "off"}), "loss_scale"},
   };
 }
@@ -475,9 +475,14 @@ void set_setting(const Setting& setting, TrainSettings& settings, const std::str
   settings.given.insert(setting.name);
 }
 
-PipelineRequest with_request_settings(PipelineRequest request, const TrainSettings& s) {
+bool setting_asked(const TrainSettings& s, const std::string& name) {
   static const TrainSettings defaults;
-  if (s.was_given("precision") || s.precision != defaults.precision) request.precision = parse_precision(s.precision);
+  const Setting& row = find_setting(name);
+  return s.was_given(name) || setting_text(row, s) != setting_text(row, defaults);
+}
+
+PipelineRequest with_request_settings(PipelineRequest request, const TrainSettings& s) {
+  if (setting_asked(s, "precision")) request.precision = parse_precision(s.precision);
   return request;
 }
 

@@ -214,6 +214,7 @@ void Trainer::resume(const std::string& resume_path) {
   at::Generator random = detail::default_generator();
   random.set_state(r.state.random_state);
   step_ = start_step_ = r.state.step;
+  resumed_pipeline_ = r.state.pipeline;
   // The scale continues where it stood (a file of a run without one: this run's first scale).
   if (scaler_ && r.state.loss_scale) scaler_->set_state(*r.state.loss_scale);
   if (options_.save() == resume_path) saved_at_ = step_;  // the save path holds this step already

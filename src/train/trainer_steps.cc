@@ -113,11 +113,10 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
     throw std::runtime_error("injected fault in the loss (GPIPE_TEST_FAULT)");
   };
   const bool inject = fault_.kind == "throw" && fault_.step == step_;
-  const LossFn& unscaled = inject ? injected : options_.loss();
-  const double scale = scaler_ ? scaler_->scale() : 1.0;
   double loss = 0;
   try {
-    loss = pipeline_->train_step(x, y, scaler_ ? scaler_->scaled(unscaled) : unscaled).item<double>();
+    loss = pipeline_->train_step(x, y, inject ? injected : options_.loss(), scaler_ ? scaler_->scale() : 1.0)
+               .item<double>();
   } catch (...) {
     // The update of the step before is applied whole: the parameters as they were before this step.
     if (stage_updates_) {
@@ -129,7 +128,6 @@ double Trainer::train_step(const torch::Tensor& rows, int epoch) {
     throw;
   }
   if (stage_updates_) stage_updates_->apply_remaining();  // a share no action of this step reached
-  if (scaler_) loss /= scale;
   if (fault_.kind == "inf" && fault_.rank == pipeline_->rank() && fault_.step == step_) inject_infinite_gradient();
   if (finite_step(loss, epoch))
     update();
@@ -170,7 +168,7 @@ bool Trainer::finite_step(double loss, int epoch) {
   // on the gradients): with a loss scale, a step whose gradients overflow is skipped and the scale
   // backs off; a loss that is not finite stops the run, the parameters as they were.
   const bool loss_finite = std::isfinite(loss);
-  if (scaler_ && scaler_->unscale_and_update(*pipeline_, loss_finite)) return true;
+  if (scaler_ && scaler_->check_and_update(*pipeline_, loss_finite)) return true;
   if (!scaler_ && loss_finite) return true;
   if (scaler_ && loss_finite) return false;
   throw std::runtime_error("gpipe: the loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") +
@@ -210,7 +208,8 @@ std::string format_run_figures(const RunFigures& f) {
       << std::setprecision(0) << "  throughput     " << f.samples_per_s << " samples/s\n"
       << std::setprecision(1) << "  bubble         " << 100 * f.bubble << "% of device time idle (measured)\n";
   if (f.loss_scale > 0)
-    out << std::setprecision(0) << "  loss scale     " << f.loss_scale << " at the end; " << f.skipped_steps
+    out << std::defaultfloat << std::setprecision(6) << "  loss scale     " << f.loss_scale << " at the end; "
+        << std::fixed << f.skipped_steps
         << (f.skipped_steps == 1 ? " step" : " steps") << " skipped (gradients not finite)\n";
   out
       << "  partition      ";

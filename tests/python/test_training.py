@@ -169,14 +169,27 @@ def test_a_loss_scale_that_is_a_power_of_two_changes_no_bit():
     """loss_scale="dynamic" (on by itself under precision="fp16"): each micro-batch's loss times 65536,
     the gradients divided by it: the same parameters, to the bit, as the run without it."""
     data = batches(3, 16)
-    params = []
+    params, accumulated, inputs = [], [], []
     for loss_scale in ("off", "dynamic"):
         model = mlp()
         pipe = gpipe.GPipe(model, balance=[4, 4], chunks=4, schedule="1f1b", loss_scale=loss_scale)
         assert (pipe.loss_scaler is None) == (loss_scale == "off")
         train_gpipe(pipe, model, data, "cross_entropy", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
         params.append([p.detach().clone() for p in model.parameters()])
+        # Gradients added to those of a step before (no zero_grad between), and an input's gradient.
+        x = data[0][0].clone().requires_grad_(True)
+        pipe.train_step(x, data[0][1])
+        pipe.train_step(data[1][0], data[1][1])
+        accumulated.append([p.grad.clone() for p in model.parameters()])
+        inputs.append(x.grad.clone())
     assert all(torch.equal(a, b) for a, b in zip(*params))
+    assert all(torch.equal(a, b) for a, b in zip(*accumulated))
+    assert torch.equal(*inputs)
+    with pytest.raises(TypeError, match="must be a gpipe.LossScaler"):
+        pipe.loss_scaler = {"scale": 2.0}
+    plain = gpipe.GPipe(mlp(), balance=[4, 4], chunks=4, schedule="gpipe")
+    with pytest.raises(ValueError, match="scales no loss"):
+        plain.loss_scaler = gpipe.LossScaler()
 
 
 def test_the_loss_scale_follows_gradscalers_own_update_on_a_made_up_history():
