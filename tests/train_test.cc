@@ -810,6 +810,11 @@ TEST(LossScaleTest, AResumedRunContinuesTheScale) {
   resumed.resume(path);
   EXPECT_EQ(resumed.loss_scaler()->state().skipped, 1);
   EXPECT_EQ(resumed.loss_scaler()->state().growth_tracker, 2);  // steps 3 and 4 finite since the skip
+  // A run that does not say whether to scale goes on scaling a file that was scaled.
+  Trainer unsaid(mlp(), pipeline, TrainerOptions(options).loss_scale(std::nullopt), data);
+  unsaid.resume(path);
+  ASSERT_NE(unsaid.loss_scaler(), nullptr);
+  EXPECT_EQ(unsaid.loss_scaler()->state(), resumed.loss_scaler()->state());
   resumed.fit();
   expect_equal(values(resumed), values(unbroken));
   EXPECT_EQ(resumed.loss_scaler()->state(), unbroken.loss_scaler()->state());

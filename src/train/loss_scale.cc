@@ -23,8 +23,10 @@ bool scales_loss(const std::optional<LossScaleOptions>& options, Precision preci
 }
 
 LossScaler::LossScaler(const LossScaleOptions& options) : options_(options) {
-  GPIPE_CHECK(positive(options.init_scale()) && options.init_scale() <= std::numeric_limits<float>::max(),
-              "the first loss scale must be a number above 0 that a float holds (got ", options.init_scale(), ")");
+  GPIPE_CHECK(options.init_scale() >= std::numeric_limits<float>::min() &&
+                  options.init_scale() <= std::numeric_limits<float>::max(),
+              "the first loss scale must be a number that a float holds, from 1.2e-38 to 3.4e+38 (got ",
+              options.init_scale(), ")");
   GPIPE_CHECK(std::isfinite(options.growth_factor()) && options.growth_factor() > 1,
               "the loss scale's growth factor must be a finite number above 1 (got ", options.growth_factor(), ")");
   GPIPE_CHECK(positive(options.backoff_factor()) && options.backoff_factor() < 1,
@@ -36,8 +38,8 @@ LossScaler::LossScaler(const LossScaleOptions& options) : options_(options) {
 }
 
 void LossScaler::set_state(const LossScaleState& state) {
-  GPIPE_CHECK(positive(state.scale) && state.scale <= std::numeric_limits<float>::max(),
-              "a loss scale must be a number above 0 that a float holds (got ", state.scale, ")");
+  GPIPE_CHECK(state.scale >= std::numeric_limits<float>::min() && state.scale <= std::numeric_limits<float>::max(),
+              "a loss scale must be a number that a float holds, from 1.2e-38 to 3.4e+38 (got ", state.scale, ")");
   GPIPE_CHECK(state.growth_tracker >= 0 && state.skipped >= 0,
               "a loss scale's counts of steps must be 0 or more (got ", state.growth_tracker, " and ", state.skipped, ")");
   state_ = state;

@@ -215,7 +215,9 @@ void Trainer::resume(const std::string& resume_path) {
   random.set_state(r.state.random_state);
   step_ = start_step_ = r.state.step;
   resumed_pipeline_ = r.state.pipeline;
-  // The scale continues where it stood (a file of a run without one: this run's first scale).
+  // The scale continues where it stood (a file of a run without one: this run's first scale); a file
+  // that was scaled goes on scaled unless this run says otherwise (TrainerOptions::loss_scale).
+  if (!scaler_ && r.state.loss_scale && !options_.loss_scale()) scaler_.emplace();
   if (scaler_ && r.state.loss_scale) scaler_->set_state(*r.state.loss_scale);
   if (options_.save() == resume_path) saved_at_ = step_;  // the save path holds this step already
   // What a process ended by a signal before its first save names as whole: the file it resumed from.
