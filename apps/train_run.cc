@@ -37,16 +37,10 @@ class Run {
     if (o_.resume.empty()) return;
     try {
       trainer_.resume(o_.resume);
+      check_resumed_precision(o_, trainer_);
     } catch (const std::invalid_argument& e) {  // a refused file; a failed rank is not a usage error
       usage_error("--resume: " + without_prefix(e.what()));
     }
-    // In one process the file's precision is taken before the pipeline is made (prepare_training);
-    // under mpirun and with per-device files it is known only here: a run that asks for none matches it.
-    const std::optional<SavedPipeline>& file = trainer_.resumed_pipeline();
-    if (file && !setting_asked(o_, "precision") && file->config.precision != c_.plan.precision)
-      usage_error("--resume: " + o_.resume + " was trained in " + to_string(file->config.precision) +
-                  "; give --precision " + to_string(file->config.precision) + " to continue it as it was trained, or "
-                  "--precision " + to_string(c_.plan.precision) + " to change it");
   }
 
   // After a stop request (SIGINT, SIGTERM with --save): where the run stopped, what holds it, and

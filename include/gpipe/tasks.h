@@ -302,6 +302,12 @@ TaskOptions task_options_of(const TrainSettings& settings);
 OptimizerOptions optimizer_options_of(const TrainSettings& settings);
 TrainerOptions trainer_options_of(const TrainSettings& settings, const Task& task);
 
+/// After `trainer` resumed `settings`' `resume` file: where the run asks for no `precision` and the file
+/// was trained in another one than the trainer's pipeline runs (under MPI and with per-device files,
+/// where the file is read only by the resume; in one process prepare_training takes the file's),
+/// throws std::invalid_argument naming the file's precision and the flag that continues it.
+void check_resumed_precision(const TrainSettings& settings, const Trainer& trainer);
+
 /// A run of a task made ready: the task (`known`, or a TorchScript model's), its model and data, the
 /// pipeline and its plan, made once (a Trainer takes them as they are).
 struct TrainingRun {

@@ -391,6 +391,7 @@ class Trainer {
   Evaluation evaluate(const Dataset& data);
 
   Pipeline& pipeline() { return *pipeline_; }
+  const Pipeline& pipeline() const { return *pipeline_; }
   const Model& model() const { return model_; }
   /// The optimizer over pipeline().parameters(); during fit() with update_on_devices its state
   /// lives in each stage's own optimizer, and returns here by fit()'s return (and every save).

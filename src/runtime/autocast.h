@@ -28,7 +28,6 @@ class AutocastScope {
     set(kind_, was_enabled_, was_type_);
   }
   AutocastScope(const AutocastScope&) = delete;
-
   AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:

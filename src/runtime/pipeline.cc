@@ -289,14 +289,14 @@ torch::Tensor Pipeline::train_step(const Tensors& input, const torch::Tensor& ta
     const torch::Tensor statistics = batch_norm_statistics();
     double total = std::accumulate(step.losses.begin(), step.losses.end(), 0.0);
     group_->reduce(&total, 1, /*largest=*/false);
-    scope.commit(1.0 / loss_scale);
+    scope.commit(1.0 / loss_scale);  // the step's gradients unscaled
     update_batch_norms(statistics);
     if (step.keep_input_gradients) {
       if (loss_scale != 1.0) {
         torch::NoGradGuard no_grad;
         for (Tensors& gradients : step.input_gradients)
           for (torch::Tensor& g : gradients.items)
-            if (g.defined()) g = g / loss_scale;
+            if (g.defined()) g = g * (1.0 / loss_scale);  // as the parameters' (commit)
       }
       detail::add_input_gradients(input, step, first, whole_inputs_);
     }

@@ -443,6 +443,13 @@ OptimizerOptions optimizer_options_of(const TrainSettings& s) {
   return options;
 }
 
+void check_resumed_precision(const TrainSettings& s, const Trainer& trainer) {
+  const std::optional<SavedPipeline>& file = trainer.resumed_pipeline();
+  const Precision runs = trainer.pipeline().plan().precision;
+  GPIPE_CHECK(!file || setting_asked(s, "precision") || file->config.precision == runs, s.resume, " was trained in ",
+              to_string(file->config.precision), "; give `precision` ", to_string(file->config.precision),
+              " to continue it as it was trained, or `precision` ", to_string(runs), " to change it");
+}
 
 TrainerOptions trainer_options_of(const TrainSettings& s, const Task& task) {
   TrainerOptions options;
@@ -492,7 +499,8 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
   // done for a file refused after it (in one process; under MPI there is no profile).
   // Under `schedule` auto, the pipeline it was trained with is taken again rather than predicted; a
   // run that asks for no `precision` continues in the file's (in one process: under MPI and with
-  // per-device files the Trainer's resume refuses a file of another precision, check_resumed_precision).
+  // per-device files the file is read by the Trainer's resume, and check_resumed_precision refuses it
+  // where it was trained in another precision).
   std::optional<SavedPipeline> saved;
   if (!s.resume.empty() && (!s.balance_by.empty() || predicted(s) || !setting_asked(s, "precision")) &&
       !s.per_device_files && !job().distributed)

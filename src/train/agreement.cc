@@ -30,6 +30,13 @@ double digest(const std::string& value) {
   return static_cast<double>(tensors_digest({bytes}) & ((uint64_t{1} << 52) - 1));
 }
 
+// TrainerOptions::loss_scale as text: "none", or whether it is on and GradScaler's four settings.
+std::string loss_scale_text(const std::optional<LossScaleOptions>& s) {
+  if (!s) return "none";
+  return text(s->enabled()) + "," + text(s->init_scale()) + "," + text(s->growth_factor()) + "," +
+         text(s->backoff_factor()) + "," + text(s->growth_interval());
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> settings_of(const TrainerOptions& o) {
@@ -60,10 +67,7 @@ std::vector<std::pair<std::string, std::string>> settings_of(const TrainerOption
           {"stop_timeout", text(o.stop_timeout())},
           {"per_device_files", text(o.per_device_files())},
           {"update_on_devices", text(o.update_on_devices())},
-          {"loss_scale", o.loss_scale() ? text(o.loss_scale()->enabled()) + "," + text(o.loss_scale()->init_scale()) + "," + text(o.loss_scale()->growth_factor()) +
-                                              "," + text(o.loss_scale()->backoff_factor()) + "," +
-                                              text(o.loss_scale()->growth_interval())
-                                        : "none"}};
+          {"loss_scale", loss_scale_text(o.loss_scale())}};
 }
 
 void check_same_on_every_rank(Pipeline& pipeline, const std::vector<std::pair<std::string, std::string>>& settings) {

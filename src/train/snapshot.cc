@@ -257,10 +257,12 @@ LossScaleState decode_loss_scale(const c10::IValue& value) {
   const c10::IValue scale = dict.at("scale"), tracker = dict.at("growth_tracker"), skipped = dict.at("skipped");
   if (!scale.isDouble() || !tracker.isInt() || !skipped.isInt())
     throw std::runtime_error("its loss scale's fields are not a float and two whole numbers");
-  LossScaleState s{scale.toDouble(), tracker.toInt(), skipped.toInt()};
-  if (!(std::isfinite(s.scale) && s.scale > 0) || s.growth_tracker < 0 || s.skipped < 0)
-    throw std::runtime_error("its loss scale (" + std::to_string(s.scale) + ", " + std::to_string(s.growth_tracker) +
-                             ", " + std::to_string(s.skipped) + ") is no scale a run reaches");
+  const LossScaleState s{scale.toDouble(), tracker.toInt(), skipped.toInt()};
+  try {
+    LossScaler().set_state(s);  // the scaler's own check of a state it could have reached
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(std::string("its loss scale is no state a run reaches: ") + e.what());
+  }
   return s;
 }
 
