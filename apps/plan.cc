@@ -62,7 +62,7 @@ PlannedModel profiled_model(const PlanOptions& o) {
                                         .optimizer(o.optimizer)
                                         .speed(o.speed)
                                         .name("model " + o.model)
-                                        .precision(o.transformer.precision);
+                                        .layers(ProfileLayersOptions().precision(o.transformer.precision));
   if (!o.workload.empty())
     return or_usage_error("--workload", [&] { return plan_model_of(find_task(o.workload), TaskOptions(), profile); });
   return plan_model_of(o.model, o.input_shape, profile, o.input_tokens);

@@ -13,8 +13,8 @@ source "$tests_dir/parts_lib.sh"
 hang=240
 
 # same_as_one "NP ARGS"...: one stage per rank gives the parameters of one process, bit for bit
-# (Dropout included). Without a schedule named, both run the task's own (in one process the default
-# would be auto's choice, which a job of several processes does not make).
+# (Dropout included). Without a schedule named, both run the task's own (the default, auto, predicts
+# its choice from a profile, which may choose differently in two runs: part `auto` tests it).
 same_as_one() {
   local case np args
   for case in "$@"; do
@@ -83,9 +83,9 @@ PY
   then pass "gpipe bench under mpirun: one row, over MPI"
   else fail "gpipe bench under mpirun"; cat "$work/bench.err"; fi
 
-  # --trace under MPI: rank 0 gathers every stage's actions of the last step (by default 4 stages
-  # interleaved over the 2 ranks: stages 0 and 2 on rank 0, 1 and 3 on rank 1).
-  if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 2 --micro-batches 6 --trace "$work/trace.json" \
+  # --trace under MPI: rank 0 gathers every stage's actions of the last step (the task's own: 4 stages
+  # interleaved over the 2 ranks, stages 0 and 2 on rank 0, 1 and 3 on rank 1).
+  if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --schedule task --steps 2 --micro-batches 6 --trace "$work/trace.json" \
        >/dev/null 2>&1 &&
      /usr/bin/python3 - "$work/trace.json" <<'PY'
 import json, sys
@@ -111,7 +111,9 @@ fi
 
 if part resume; then  # cost 43
   # --save writes one file, gathered by rank 0; a resume from it equals an unbroken run, with the
-  # same K or another one, under mpirun or in one process.
+  # same K or another one, under mpirun or in one process. The task's own schedule: auto's choice,
+  # predicted from a profile, may differ between the runs compared.
+  small=("${small[@]}" --schedule task)
   if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 4 --save "$work/ckpt.pt" >/dev/null 2>&1 &&
      [ -s "$work/ckpt.pt" ] && [ -z "$(ls "$work" | grep -e '\.stage' -e '\.tmp')" ] &&
      bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 10 --resume "$work/ckpt.pt" >"$work/resumed.json" 2>/dev/null; then
@@ -123,7 +125,7 @@ if part resume; then  # cost 43
   # Another K: 3 ranks resume the 2-rank file; one process resuming it with K=3 gets the same parameters.
   if bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --steps 10 --stages 3 --resume "$work/ckpt.pt" \
        >"$work/k3-mpi.json" 2>"$work/k3.err" &&
-     "$gpipe" train "${small[@]}" --steps 10 --stages 3 --schedule task --resume "$work/ckpt.pt" >"$work/k3-one.json" 2>>"$work/k3.err"; then
+     "$gpipe" train "${small[@]}" --steps 10 --stages 3 --resume "$work/ckpt.pt" >"$work/k3-one.json" 2>>"$work/k3.err"; then
     a=$(checksum "$work/k3-one.json"); b=$(checksum "$work/k3-mpi.json")
     if [ "$a" = "$b" ]; then pass "a 2-rank checkpoint resumed by 3 ranks equals one process resuming it ($a)"
     else fail "resume with K=3: mpirun $b, one process $a"; fi
@@ -210,7 +212,7 @@ PY
     # --per-device-files of a TorchScript model at np 4 (2 devices x 2 replicas): saved at step 3,
     # resumed by the same command with --resume, equal to 10 unbroken steps.
     script=(train --model "$work/rank0/same.pt" --data "$work/rank0/data.pt" --loss mse --stages 2 --batch-size 8
-            --epochs 2 --optimizer sgd --lr 0.05 --json)
+            --epochs 2 --optimizer sgd --lr 0.05 --schedule task --json)  # as the per-device files run
     if bash "$mpirun_sh" 4 "$gpipe" "${script[@]}" >"$work/s4-unbroken.json" 2>/dev/null &&
        bash "$mpirun_sh" 4 "$gpipe" "${script[@]}" --steps 3 --save "$work/s4.pt" --per-device-files >/dev/null 2>&1 &&
        bash "$mpirun_sh" 4 "$gpipe" "${script[@]}" --resume "$work/s4.pt" --per-device-files >"$work/s4-resumed.json" \
@@ -228,7 +230,9 @@ PY
 fi
 
 if part faults; then  # cost 12
-  # Faults (GPIPE_TEST_FAULT is a test-only switch): a stage that throws, a rank that dies.
+  # Faults (GPIPE_TEST_FAULT is a test-only switch): a stage that throws, a rank that dies. The task's
+  # own schedule, whose last stage (3) is rank 1's.
+  small=("${small[@]}" --schedule task)
   expect_error "an exception in rank 1's stage ends every rank, with its message" \
     "\[rank 1\] gpipe: stage 3 failed in the forward of micro-batch 0 (action 3F0, input \[[0-9, ]*\]): injected fault" \
     env GPIPE_TEST_FAULT=throw:3 bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}"
@@ -237,6 +241,42 @@ if part faults; then  # cost 12
   else fail "rank 0's report"; tail -20 "$work/err.out"; fi
   expect_error "a rank that dies ends the job" "Exit code:    3" \
     env GPIPE_TEST_FAULT=exit:1:3 bash "$mpirun_sh" 3 "$gpipe" train "${small[@]}" --stages 3
+fi
+
+if part auto; then  # cost 30
+  # `schedule` auto by default: rank 0 profiles and chooses, every rank takes its choice (the ranks'
+  # plans are compared before any work), and the run gives the parameters of one process running
+  # that choice, named.
+  if bash "$mpirun_sh" 2 "$gpipe" train "${small[@]}" --steps 6 >"$work/auto-mpi.json" 2>"$work/mpi.err" &&
+     named=$(/usr/bin/python3 - "$work/auto-mpi.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["auto"]["predicted_step_s"] > 0 and j["auto"]["configurations"] > 1, j["auto"]
+print(f"--schedule {j['schedule']} --micro-batches {j['micro_batches']} --virtual-stages {j['virtual_stages']} "
+      f"--balance {','.join(map(str, j['balance']))} --checkpoint {j['checkpoint']}")
+PY
+     ) && "$gpipe" train "${small[@]}" --steps 6 $named >"$work/auto-one.json" 2>>"$work/mpi.err"; then
+    a=$(checksum "$work/auto-one.json"); b=$(checksum "$work/auto-mpi.json")
+    if [ "$a" = "$b" ]; then pass "np=2, auto: rank 0's choice ($named) taken by both ranks: parameters equal one process ($a)"
+    else fail "np=2, auto ($named): checksum $b, one process $a"; fi
+  else fail "np=2 with schedule auto"; tail -5 "$work/mpi.err"; fi
+  # A model rank 0 cannot profile (a layer that changes its input in place): the task's own schedule
+  # runs on both ranks, said once; asked for by name, auto fails on both.
+  /usr/bin/python3 - "$work" <<'PY'
+import sys, torch
+work = sys.argv[1]
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(inplace=True), torch.nn.Linear(8, 8),
+                                     torch.nn.Linear(8, 3))).save(f"{work}/in-place.pt")
+torch.save({"input": torch.randn(32, 6), "target": torch.randn(32, 3)}, f"{work}/data.pt")
+PY
+  in_place=(--model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 2,2 --batch-size 8 --steps 2)
+  if timeout -k 10 "$hang" bash "$mpirun_sh" 2 "$gpipe" train "${in_place[@]}" </dev/null >"$work/err.out" 2>&1; then
+    said=$(grep -c "could not profile the model, so the task's own schedule runs: layer 1 ('1') changes its input in place" "$work/err.out")
+    if [ "$said" = 1 ]; then pass "np=2, a model rank 0 cannot profile: the task's own schedule runs, said once"
+    else fail "np=2, a model rank 0 cannot profile: the fallback said $said times"; tail -5 "$work/err.out"; fi
+  else fail "np=2, a model rank 0 cannot profile: exited non-zero"; tail -5 "$work/err.out"; fi
+  expect_error "np=2, --schedule auto on a model rank 0 cannot profile" "rank 0 could not profile the model" \
+    bash "$mpirun_sh" 2 "$gpipe" train "${in_place[@]}" --schedule auto
 fi
 
 if part precision; then  # cost 14

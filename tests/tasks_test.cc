@@ -121,7 +121,7 @@ TEST(TasksTest, PipelineOptionsOfAPipelineRequest) {
 
 // "auto" chooses by prediction: the first of search_plans at the run's K, batch and checkpoint mode,
 // over what the request leaves open (the schedule and V; M unless given; the cut unless given). The
-// same costs give the same choice; what is given stays; "auto" not chosen (under MPI) is the task's own.
+// same costs give the same choice; what is given stays; "auto" where nothing is predicted is the task's own.
 TEST(TasksTest, AutoIsTheFastestPredictedConfigurationOfWhatIsLeftOpen) {
   const PlannedModel model = plan_model_of(find_task("tiny"));
   const int64_t batch = 32, memory = int64_t{1} << 40;

@@ -2,8 +2,8 @@
 // profile (calibrate.h): "auto"'s search over the configurations a request leaves open, the fastest
 // predicted (choose_schedule); a resumed run's, the pipeline its checkpoint file was trained with
 // (resumed_choice); the cut by cost (choose_cut_by_cost); and the agreement of the ranks of a job on
-// what rank 0 chose (chosen_on_first_rank), which Python's GPipe takes under MPI and torchrun (gpipe
-// train there still runs the task's own schedule: nothing is profiled). What it chooses is a
+// what rank 0 chose (chosen_on_first_rank), which gpipe train and Python's GPipe take under MPI and
+// torchrun. What it chooses is a
 // PipelineConfig (pipeline_config.h), with its prediction and where it came from. A schedule named,
 // or a task's own schedule and cut (OwnPipeline, Task::own), make the pipeline through resolve_run
 // and pipeline_options_of.
@@ -13,7 +13,7 @@
 //   request.micro_batches.reset();
 //   request.checkpoint.reset();
 //   request.schedule = "auto";
-//   const gpipe::ScheduleChoice choice = gpipe::chosen_on_first_rank([&] {
+//   const gpipe::ScheduleChoice choice = *gpipe::chosen_on_first_rank([&] {
 //     return gpipe::choose_schedule(gpipe::profiles_at_rows(whole, input, target, batch, profile, false),
 //                                   request, batch);
 //   }, "schedule auto");
@@ -261,10 +261,12 @@ std::optional<ScheduleChoice> resumed_choice(const PipelineRequest& request, con
 /// What `choose` returns on rank 0 of a job of several processes (MPI, c10d), on every rank: rank 0
 /// alone calls it (a profile is made once, on a machine the other ranks leave to it) and every rank
 /// takes its config and prediction, every number exact, so that every rank runs the same program. In
-/// one process, `choose` itself. A failure on rank 0 fails every rank: rank 0 rethrows its own, the
-/// others throw std::runtime_error "`what`: rank 0 could not ...: " and the first line of its error.
-/// A collective: every rank calls it.
-ScheduleChoice chosen_on_first_rank(const std::function<ScheduleChoice()>& choose, const std::string& what);
+/// one process, `choose` itself. Where rank 0's `choose` chose nothing (std::nullopt: a front end's
+/// fallback to a pipeline every rank makes alike), nothing on every rank. A failure on rank 0 fails
+/// every rank: rank 0 rethrows its own, the others throw std::runtime_error "`what`: rank 0 could not
+/// ...: " and the first line of its error. A collective: every rank calls it.
+std::optional<ScheduleChoice> chosen_on_first_rank(const std::function<std::optional<ScheduleChoice>()>& choose,
+                                                   const std::string& what);
 
 /// Rank 0's `config` on every rank of a job of several processes (a cut rank 0 measured, and the order
 /// of its V schedule), every number exact; `config` itself in one process. A collective.

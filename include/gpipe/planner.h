@@ -155,30 +155,22 @@ constexpr int64_t kPlanProfileRows = 8;
 /// How a model is profiled on this machine (profile_model_alone; profile_model and plan_model_of
 /// of a Sequential, calibrate.h).
 struct PlanProfileOptions {
-  /// "sgd", "momentum" or "adam": the state kept per parameter (state_per_parameter_byte_of).
+  /// "sgd", "momentum" or "adam": the state kept per parameter (state_per_parameter_byte_of); it
+  /// sets layers' state_per_parameter_byte.
   TORCH_ARG(std::string, optimizer) = "adam";
   /// The planned device's speed relative to this machine's core: every layer's time is divided by
   /// it (the pipeline's own overhead, this machine's threads', is not).
   TORCH_ARG(double, speed) = 1.0;
-  /// Intra-op threads the layers are profiled with (as a stage's device runs them).
-  TORCH_ARG(int, threads) = 1;
-  TORCH_ARG(int, warmup) = 1;
-  TORCH_ARG(int, repetitions) = 3;
-  /// With the sample's target, the loss's bytes are profiled too (the last stage holds them).
-  TORCH_ARG(LossFn, loss) = nullptr;
-  TORCH_ARG(torch::Tensor, target) = {};
+  /// How each layer is profiled (profile_layers): its threads (as a stage's device runs them),
+  /// warmup and repetitions, loss and target (the last stage's bytes), micro-batches in flight, what
+  /// runs between repetitions, and the precision.
+  TORCH_ARG(ProfileLayersOptions, layers) = {};
   /// What the description calls the model: "model m.pt", "task cnn".
   TORCH_ARG(std::string, name) = "model";
-  /// Micro-batches profiled at once (profile_layers' `in_flight`).
-  TORCH_ARG(int, in_flight) = 1;
-  /// Run before each of the profile's repetitions (profile_layers' `between`); empty: nothing.
-  TORCH_ARG(std::function<void()>, between) = nullptr;
   /// Whether the pipeline's own overhead on this machine goes into the costs
   /// (CostModel::action_overhead_s, step_overhead_s): profile_model (calibrate.h) measures it
-  /// (pipeline_overhead at `threads`) by running a pipeline; profile_model_alone never counts it.
+  /// (pipeline_overhead at layers' threads) by running a pipeline; profile_model_alone never counts it.
   TORCH_ARG(bool, count_pipeline_overhead) = true;
-  /// The arithmetic the layers are profiled in (ProfileLayersOptions::precision).
-  TORCH_ARG(Precision, precision) = Precision::kFloat32;
 };
 
 /// Bytes of gradient and optimizer state per parameter byte of `optimizer` ("sgd" 1, "momentum" 2,

@@ -250,7 +250,8 @@ struct TrainSettings {
   std::string loss_scale = "auto";  ///< auto (under fp16), dynamic or off (TrainerOptions::loss_scale)
   std::string augment = "auto";   ///< "auto": the task's own (flip for resnet), none otherwise
   /// "auto": chosen by prediction (prepare_training), or on `resume` the pipeline the file was
-  /// trained with; the task's own under MPI and torchrun. "task": the task's own (resolve_run).
+  /// trained with; under MPI and torchrun rank 0's choice, taken by every rank (with per-device files
+  /// the task's own). "task": the task's own (resolve_run).
   std::string schedule = "auto";  ///< `given`: auto then fails where the model cannot be profiled
   int virtual_stages = 0;         ///< 0: 2 for the interleaved schedule, 1 for the others
   int64_t batch_size = 128;
@@ -317,7 +318,7 @@ struct TrainingRun {
   PipelineOptions options;
   PipelinePlan plan;
   std::optional<CostBalance> cost;  ///< with `balance_by`: the min-max cut of the measured costs
-  std::optional<ScheduleChoice> choice;  ///< with `schedule` auto (in one process): what was chosen
+  std::optional<ScheduleChoice> choice;  ///< with `schedule` auto: what was chosen (under MPI, by rank 0)
   /// With `schedule` auto by default (not given) where the model could not be profiled: why, and that
   /// the task's own schedule runs instead. Empty otherwise.
   std::string auto_fallback;
@@ -328,8 +329,9 @@ struct TrainingRun {
 /// file checked against the model before a profile, and the cut: given, the task's own, or with
 /// `balance_by` the min-max cut of each layer's cost on one micro-batch (in one process). Throws
 /// std::invalid_argument naming the setting (`model`, `data`, `data_dir`, `resume`, the plan's) and
-/// the problem. With `schedule` auto (in one process) the layers are profiled on micro-batches of each M
-/// weighed and choose_schedule picks the schedule, V, the cut (unless given) and M (unless given):
+/// the problem. With `schedule` auto the layers are profiled (under MPI by rank 0 alone, on a replica's
+/// share of the batch; every rank takes its choice) on micro-batches of each M weighed and choose_schedule
+/// picks the schedule, V, the cut (unless given) and M (unless given):
 /// `settings` then hold the choice, TrainingRun::choice its prediction; `balance_by` cuts from the
 /// profile at the M given (or the default's). `profiling`, if given, is called just before the
 /// profile (a few seconds), once the settings are found to leave auto a configuration.

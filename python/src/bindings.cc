@@ -222,7 +222,7 @@ class PythonPipeline {
     // was one, and raises it itself.
     std::exception_ptr python_error;
     try {
-      const ScheduleChoice c = chosen_on_first_rank(
+      const ScheduleChoice c = *chosen_on_first_rank(
           [&] {
             try {
               return profile_and_choose(settings, batch, processes);
@@ -256,11 +256,11 @@ class PythonPipeline {
     // A weight shared by layers may be tied across stages, which update_on_devices refuses.
     const CostsAtRows profiled = profiles_at_rows(
         whole, batch.narrow(0, 0, share), torch::Tensor(), planned,
-        PlanProfileOptions()
-            .optimizer(settings.optimizer)
-            .threads(settings.threads)
-            .between(throw_if_interrupted)
-            .precision(settings.request.precision.value_or(Precision::kFloat32)),
+        PlanProfileOptions().optimizer(settings.optimizer).layers(
+            ProfileLayersOptions()
+                .threads(settings.threads)
+                .between(throw_if_interrupted)
+                .precision(settings.request.precision.value_or(Precision::kFloat32))),
         settings.update_on_devices && shared_tensors(whole).empty());
     const double update_s = settings.update_s_per_parameter_byte;
     const CostsAtRows profile_at = [profiled, update_s](int64_t rows) {

@@ -149,8 +149,8 @@ py::dict search(PlannedModel model, const SearchSettings& s, const std::string& 
 PlanProfileOptions profile_options(const std::string& optimizer, double speed, int threads, const std::string& loss,
                                    const std::optional<torch::Tensor>& target) {
   PlanProfileOptions o;
-  o.optimizer(optimizer).speed(speed).threads(threads).loss(loss_named(loss));
-  if (target) o.target(*target);
+  o.optimizer(optimizer).speed(speed).layers().threads(threads).loss(loss_named(loss));
+  if (target) o.layers().target(*target);
   return o;
 }
 
@@ -218,7 +218,7 @@ void add_plans(py::module_& m) {
           {
             const GilReleased free;
             model = plan_model_of(find_task(name), TaskOptions().seed(seed),
-                                  PlanProfileOptions().optimizer(optimizer).speed(speed).threads(threads));
+                                  PlanProfileOptions().optimizer(optimizer).speed(speed).layers(ProfileLayersOptions().threads(threads)));
           }
           return search(model, settings, optimizer);
         },
@@ -244,7 +244,7 @@ void add_prediction(py::module_& m) {
           const torch::nn::Sequential layers = layers_of(scripted);
           const Tensors x = sample_of(sample, tuple);
           PlanProfileOptions o = profile_options(optimizer, speed, threads, loss, target);
-          o.warmup(warmup).repetitions(repetitions);
+          o.layers().warmup(warmup).repetitions(repetitions);
           CostModel costs;
           int64_t least = 1;
           {

@@ -156,7 +156,7 @@ CostModel with_pipeline_overhead(CostModel costs, int threads) {
 CostModel profile_model(const torch::nn::Sequential& model, const Tensors& sample, const PlanProfileOptions& options) {
   CostModel costs = profile_model_alone(model, sample, options);
   // Not scaled by `speed`: the overhead is this machine's threads', whatever device is planned.
-  return options.count_pipeline_overhead() ? with_pipeline_overhead(std::move(costs), options.threads()) : costs;
+  return options.count_pipeline_overhead() ? with_pipeline_overhead(std::move(costs), options.layers().threads()) : costs;
 }
 
 PlannedModel plan_model_of(const torch::nn::Sequential& model, const Tensors& sample, const PlanProfileOptions& options) {

@@ -128,8 +128,8 @@ CostsAtRows profiles_at_rows(const torch::nn::Sequential& whole, const torch::Te
     if (const auto it = profiled->find(rows); it != profiled->end()) return it->second;
     const int64_t n = std::min(rows, input.size(0));
     PlanProfileOptions o = options;
-    o.in_flight(static_cast<int>(std::max<int64_t>(1, batch / n)));
-    if (target.defined()) o.target(target.narrow(0, 0, n));
+    o.layers().in_flight(static_cast<int>(std::max<int64_t>(1, batch / n)));
+    if (target.defined()) o.layers().target(target.narrow(0, 0, n));
     CostModel costs = profile_model(whole, input.narrow(0, 0, n), o);
     costs.update_on_devices = update_on_devices;
     return (*profiled)[rows] = costs;
@@ -210,26 +210,30 @@ std::string format_choice_measured(const ScheduleChoice& c, int64_t steps, doubl
 
 // ---------------------------------------------------------------- the ranks' agreement
 
-ScheduleChoice chosen_on_first_rank(const std::function<ScheduleChoice()>& choose, const std::string& what) {
+std::optional<ScheduleChoice> chosen_on_first_rank(const std::function<std::optional<ScheduleChoice>()>& choose,
+                                                   const std::string& what) {
   const Runtime running = running_backend();
   if (running == Runtime::kThreads) return choose();
   const bool first = backend(running).process().first == 0;
   // Rank 0's answer, to every rank: "+" and the choice's fields (its config's, its predicted step and
-  // bubble, whether it fits and how many were weighed), every number exact; or "-" and the first line of
-  // its error.
+  // bubble, whether it fits and how many were weighed), every number exact; "0" for no choice; or "-"
+  // and the first line of its error.
   std::string answer;
   std::exception_ptr failure;
-  ScheduleChoice mine;
+  std::optional<ScheduleChoice> mine;
   if (first) {
     try {
       mine = choose();
-      Fields fields = fields_of(mine.config);
-      fields.insert(fields.end(), {{"step_s", mine.predicted.step_s},
-                                   {"bubble", mine.predicted.bubble},
-                                   {"fits", int64_t{mine.fits}},
-                                   {"considered", int64_t{mine.considered}},
-                                   {"chose_micro_batches", int64_t{mine.chose_micro_batches}}});
-      answer = "+" + text_of(fields);
+      answer = "0";
+      if (mine) {
+        Fields fields = fields_of(mine->config);
+        fields.insert(fields.end(), {{"step_s", mine->predicted.step_s},
+                                     {"bubble", mine->predicted.bubble},
+                                     {"fits", int64_t{mine->fits}},
+                                     {"considered", int64_t{mine->considered}},
+                                     {"chose_micro_batches", int64_t{mine->chose_micro_batches}}});
+        answer = "+" + text_of(fields);
+      }
     } catch (const std::exception& e) {
       failure = std::current_exception();
       const std::string text = without_program_name(e.what());
@@ -242,6 +246,7 @@ ScheduleChoice chosen_on_first_rank(const std::function<ScheduleChoice()>& choos
   answer = all_gather_processes(answer).front();  // none waits for rank 0
   if (failure) std::rethrow_exception(failure);
   if (first) return mine;
+  if (answer == "0") return std::nullopt;
   if (answer.rfind('-', 0) == 0)
     throw std::runtime_error("gpipe: " + what + ": rank 0 could not profile the model to choose the schedule: " +
                              answer.substr(1));

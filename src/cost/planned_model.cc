@@ -94,17 +94,7 @@ CostModel profile_model_alone(const torch::nn::Sequential& model, const Tensors&
     const ModelStateGuard guard(model);
     torch::nn::Sequential layers = model;  // a handle to the same modules, to set their mode
     layers->train();
-    costs = profile_layers(model, sample,
-                           ProfileLayersOptions()
-                               .threads(options.threads())
-                               .state_per_parameter_byte(state)
-                               .warmup(options.warmup())
-                               .repetitions(options.repetitions())
-                               .loss(options.loss())
-                               .target(options.target())
-                               .in_flight(options.in_flight())
-                               .between(options.between())
-                               .precision(options.precision()));
+    costs = profile_layers(model, sample, ProfileLayersOptions(options.layers()).state_per_parameter_byte(state));
   }
   return with_compute_scaled(std::move(costs), 1.0 / options.speed());
 }

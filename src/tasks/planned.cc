@@ -24,7 +24,8 @@ PlannedModel plan_model_of(const Task& task, const TaskOptions& options, const P
   const Dataset batch = task.batch(options);
   const int64_t rows = std::min<int64_t>(kPlanProfileRows, batch.size());
   PlanProfileOptions o = profile;
-  o.loss(task.loss).target(batch.target.narrow(0, 0, rows)).name((task.workload ? "workload " : "task ") + task.name);
+  o.layers().loss(task.loss).target(batch.target.narrow(0, 0, rows));
+  o.name((task.workload ? "workload " : "task ") + task.name);
   return plan_model_of(layers, batch.input.narrow(0, 0, rows), o);
 }
 

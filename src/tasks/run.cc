@@ -105,9 +105,12 @@ std::string divergence_error(const Trainer& trainer, const Evaluation& evaluatio
 
 namespace {
 
-// `schedule` auto, chosen by prediction in this process (under MPI each rank would profile alone:
-// the task's own there).
-bool predicted(const TrainSettings& s) { return s.schedule == "auto" && !job().distributed; }
+// `schedule` auto, chosen by prediction (under MPI on rank 0, and taken by every rank). Not with
+// per-device files under MPI: each holds one device's layers of the cut it was saved with, which a
+// resumed run must repeat before it has read them, so that auto is the task's own there.
+bool predicted(const TrainSettings& s) {
+  return s.schedule == "auto" && !(job().distributed && s.per_device_files);
+}
 
 // What `s` ask of the pipeline: M left open only to a prediction (otherwise the default's 4 runs).
 PipelineRequest run_request(const TrainSettings& s) {
@@ -121,7 +124,8 @@ PipelineRequest run_request(const TrainSettings& s) {
   return with_request_settings(r, s);
 }
 
-// The schedule of "task" (or of "auto" under MPI), V and the cut by time: the task's own choices.
+// The schedule of "task" (or of "auto" where nothing is predicted), V and the cut by time: the task's
+// own choices.
 void resolve_own(TrainSettings& s, const Task& task) {
   PipelineRequest r = run_request(s);
   r.devices = s.devices;
@@ -352,13 +356,14 @@ void check_some_configuration(const TrainSettings& s, const TrainingRun& c) {
 }
 
 // `schedule` auto: the layers profiled on micro-batches of each M weighed (the M given, or each left
-// open), and the fastest predicted configuration of those the settings leave open; `settings` take it.
-// With `balance_by`, its cut by that cost of the profile at the M given (or the default's). A failure
-// of the profile itself (the model's, not the settings') also leaves its message in `profile_error`.
-void choose_by_prediction(TrainSettings& s, TrainingRun& c, std::optional<std::string>& profile_error) {
+// open), and the fastest predicted configuration of those the settings leave open. Under MPI each
+// replica's pipeline runs its share of the batch: predicted on that share. With `balance_by` (one
+// process), its cut by that cost of the profile at the M given (or the default's). A failure of the
+// profile itself (the model's, not the settings') also leaves its message in `profile_error`.
+ScheduleChoice choose_by_prediction(const TrainSettings& s, TrainingRun& c, std::optional<std::string>& profile_error) {
   keep_freed_memory();  // profiled with the allocator's settings the pipeline runs with
   const Dataset& train = c.data.train;
-  const int64_t batch = std::min(s.batch_size, train.size());
+  const int64_t batch = first_micro_batch_rows(std::min(s.batch_size, train.size()), replicas_of(s.devices));
   const int64_t rows = first_micro_batch_rows(batch, s.micro_batches);
   const RandomStateGuard guard;  // building the whole model draws random numbers
   const torch::nn::Sequential whole = c.model.build(LayerRange{});
@@ -371,11 +376,10 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c, std::optional<std::s
   // Each size profiled once: `balance_by`'s cut and the search share the profile at `rows`.
   const CostsAtRows profiled = profiles_at_rows(
       whole, train.input.narrow(0, 0, batch), train.target.narrow(0, 0, batch), batch,
-      PlanProfileOptions()
-          .optimizer(optimizer)
-          .threads(s.threads_per_device)
-          .loss(c.task.loss)
-          .precision(parse_precision(s.precision)),
+      PlanProfileOptions().optimizer(optimizer).layers(ProfileLayersOptions()
+                                                           .threads(s.threads_per_device)
+                                                           .loss(c.task.loss)
+                                                           .precision(parse_precision(s.precision))),
       update_on_devices);
   const CostsAtRows profile_at = [&](int64_t at) {
     try {
@@ -394,12 +398,41 @@ void choose_by_prediction(TrainSettings& s, TrainingRun& c, std::optional<std::s
     request.layer_costs = costs;
   }
   const ScheduleChoice choice = said_about("`schedule` auto", [&] {
-    // The devices of this process share its cores, each running threads_per_device of them.
+    // The devices of this machine share its cores, each running threads_per_device of them.
     return choose_schedule(profile_at, request, batch, 0, least_micro_batch_rows(whole, sample),
                            std::max(1, machine_cores() / s.threads_per_device));
   });
-  take_choice(s, c, choice);
   if (!s.balance_by.empty()) c.cost = cost_balance_of(costs, choice.config, s.balance_by);
+  return choice;
+}
+
+// `schedule` auto's prediction (under MPI rank 0's, taken by every rank). Where auto is only the
+// default and the model cannot be profiled (a layer that changes its input in place, one that fails,
+// too little memory), the task's own schedule runs instead, on every rank, and `c.auto_fallback` says
+// why; the training then fails, if at all, as its own.
+void choose_auto(TrainSettings& s, TrainingRun& c, const std::string& why_not) {
+  std::string fallback;
+  const std::optional<ScheduleChoice> choice = chosen_on_first_rank(
+      [&]() -> std::optional<ScheduleChoice> {
+        std::optional<std::string> profile_error;
+        try {
+          return choose_by_prediction(s, c, profile_error);
+        } catch (const std::invalid_argument&) {
+          if (s.was_given("schedule") || !profile_error) throw;
+          fallback = *profile_error;
+          return std::nullopt;
+        }
+      },
+      "`schedule` auto");
+  if (!choice) {
+    if (!fallback.empty())  // rank 0, which prints it
+      c.auto_fallback = "`schedule` auto could not profile the model, so the task's own schedule runs: " + fallback +
+                        (why_not.empty() ? "" : "; " + why_not);
+    resolve_own(s, c.task);
+    return;
+  }
+  take_choice(s, c, *choice);
+  c.choice->not_as_saved = why_not;
 }
 
 }  // namespace
@@ -418,7 +451,7 @@ Task known_task(const TrainSettings& s) {
 
 void resolve_training(TrainSettings& s, const Task& task) {
   // The schedule of "task", V and the cut by time: the task's own choices ("auto" is chosen by
-  // prediction in prepare_training, once the model and the data are read; under MPI it is "task").
+  // prediction in prepare_training, once the model and the data are read; under MPI rank 0 predicts it).
   check_train_settings(s);  // each setting by its row: what a flag or a keyword argument is checked for
   check_precision_runs(parse_precision(s.precision), c10::DeviceType::CPU);  // the stages are CPU threads here
   if (!predicted(s)) resolve_own(s, task);
@@ -496,14 +529,13 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
   if (!s.balance_by.empty() || predicted(s))
     check_model_and_data(c.model, c.data.train, c.task.loss_name == "cross_entropy");
   // `resume` read and checked against the whole model before the profile, which would otherwise be
-  // done for a file refused after it (in one process; under MPI there is no profile).
+  // done for a file refused after it (under MPI by every rank, as it reads the whole file).
   // Under `schedule` auto, the pipeline it was trained with is taken again rather than predicted; a
-  // run that asks for no `precision` continues in the file's (in one process: under MPI and with
-  // per-device files the file is read by the Trainer's resume, and check_resumed_precision refuses it
-  // where it was trained in another precision).
+  // run that asks for no `precision` continues in the file's (per-device files are read by the
+  // Trainer's resume alone, and check_resumed_precision refuses one trained in another precision).
   std::optional<SavedPipeline> saved;
   if (!s.resume.empty() && (!s.balance_by.empty() || predicted(s) || !setting_asked(s, "precision")) &&
-      !s.per_device_files && !job().distributed)
+      !s.per_device_files)
     saved = said_about("`resume`", [&] {
       return check_snapshot_of(s.resume, c.model, optimizer_name(parse_optimizer(s.optimizer)));
     });
@@ -524,19 +556,7 @@ TrainingRun prepare_training(TrainSettings& s, const Task& known, const std::fun
     } else {
       check_some_configuration(s, c);
       if (profiling) profiling();
-      std::optional<std::string> profile_error;
-      try {
-        choose_by_prediction(s, c, profile_error);
-        if (c.choice) c.choice->not_as_saved = why_not;
-      } catch (const std::invalid_argument&) {
-        // A model the profile cannot run (a layer that changes its input in place, one that fails,
-        // too little memory) still runs the task's own schedule when auto was only the default;
-        // its failure, if any, is then the training's.
-        if (s.was_given("schedule") || !profile_error) throw;
-        c.auto_fallback = "`schedule` auto could not profile the model, so the task's own schedule runs: " + *profile_error +
-                          (why_not.empty() ? "" : "; " + why_not);
-        resolve_own(s, c.task);
-      }
+      choose_auto(s, c, why_not);
     }
   }
   choose_cut(s, c);
