@@ -16,6 +16,7 @@ packages=(
   dataset-fashion-mnist   # the default training data, under /usr/share/datasets/fashion-mnist
   fortunes                # gpipe train --model gpt's text, under /usr/share/games/fortunes
   python3-torch           # Python PyTorch: the gpipe Python package, interop and comparison tests
+  python3-torchvision     # models nobody here wrote (torchvision's, as shipped), in the Python tests
   python3-dev pybind11-dev  # the gpipe Python package (a pybind11 extension)
   python3-pytest          # the Python package's tests
   librsvg2-bin            # rsvg-convert, to look at timeline charts

@@ -234,10 +234,21 @@ TEST(CostModelTest, TheFirstLayerIsProfiledWithoutAnInputGradientUnlessTheDataAs
   EXPECT_LT(data.layers[0].backward_peak_bytes, input_grad_bytes / 2);
   EXPECT_GE(asks.layers[0].backward_peak_bytes, input_grad_bytes);
   EXPECT_GE(data.layers[2].backward_peak_bytes, input_grad_bytes);
-  // A first layer that changes the data in place (autograd does not object: the data takes no
-  // gradient) is refused, naming it.
-  torch::nn::Sequential in_place(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)), torch::nn::Linear(1000, 4));
-  expect_invalid([&] { profile_layers(in_place, x.clone()); }, "layer 0 ('0') changes its input in place");
+  // Layers that change their input in place are timed on a copy of it: the sample stays as it was,
+  // and each is profiled as its copy that works on a new tensor is.
+  const auto relu = [](bool in_place) { return torch::nn::ReLU(torch::nn::ReLUOptions().inplace(in_place)); };
+  torch::nn::Sequential in_place(relu(true), torch::nn::Linear(1000, 4), relu(true));
+  torch::nn::Sequential out_of_place(relu(false), torch::nn::Linear(1000, 4), relu(false));
+  const torch::Tensor sample = x.clone();
+  const CostModel a = profile_layers(in_place, sample), b = profile_layers(out_of_place, sample);
+  EXPECT_TRUE(torch::equal(sample, x)) << "the profile changed its sample";
+  ASSERT_EQ(a.layers.size(), 3u);
+  for (size_t l = 0; l < 3; ++l) {
+    EXPECT_GT(a.layers[l].forward_s, 0.0);
+    EXPECT_EQ(a.layers[l].output_bytes, b.layers[l].output_bytes) << "layer " << l;
+    // The copy it runs on is counted: what the layer keeps is what its out-of-place twin keeps.
+    EXPECT_EQ(a.layers[l].kept_bytes, b.layers[l].kept_bytes) << "layer " << l;
+  }
 }
 
 // A stage that holds a skip connection's Stash or Pop splits its backward in one piece: I takes the

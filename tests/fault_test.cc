@@ -15,7 +15,9 @@ class FaultImpl : public torch::nn::Module {
  public:
   torch::Tensor forward(const torch::Tensor& x) {
     if (fail_forward) throw std::runtime_error("injected forward fault");
-    if (forwards_before_fault >= 0 && forwards_before_fault-- == 0) throw std::runtime_error("injected fault");
+    // Forwards with a graph: a stage also runs its layers once without one, to find those that work in place.
+    if (forwards_before_fault >= 0 && torch::GradMode::is_enabled() && forwards_before_fault-- == 0)
+      throw std::runtime_error("injected fault");
     torch::Tensor y = x * 1.0;
     if (fail_backward && y.requires_grad())
       y.register_hook([](torch::Tensor) -> torch::Tensor {

@@ -75,6 +75,11 @@ class Named(torch.nn.Module):  # returns a dict
 class AddOne(torch.nn.Module):  # changes its input in place
     def forward(self, x):
         return x.add_(1.0)
+class AddOneWithAGraph(torch.nn.Module):  # changes its input in place only where it takes a gradient
+    def forward(self, x):
+        if x.requires_grad:
+            x.add_(1.0)
+        return x
 ''')
 sys.path.insert(0, work)
 import models
@@ -125,6 +130,8 @@ torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), models.First(), torc
 torch.jit.script(linear().double()).save(f"{work}/model64.pt")
 torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), models.AddOne(), torch.nn.ReLU(),
                                      torch.nn.Linear(8, 3))).save(f"{work}/in-place.pt")
+torch.jit.script(torch.nn.Sequential(torch.nn.Linear(6, 8), models.AddOneWithAGraph(), torch.nn.ReLU(),
+                                     torch.nn.Linear(8, 3))).save(f"{work}/graph-in-place.pt")
 save("target64", input=x, target=torch.randn(40, 3).double())
 save("input64", input=x.double(), target=torch.randn(40, 3))
 save("input-u8", input=(x * 10).to(torch.uint8), target=torch.randn(40, 3))
@@ -573,17 +580,20 @@ if part late_models; then  # cost 35
     run "15. a sparse tensor" 2 "sparse.pt holds a sparse tensor" train "${model[@]}" --data "$work/sparse.pt"
     run "15. the loss overflows before any update" 1 "in step 1 .*no update was applied yet, so the learning rate is not the cause" \
       train "${model[@]}" --data "$work/overflow.pt" --steps 2
-    run "15. an in-place layer that begins a stage" 2 "layer 1 \('1'\) begins stage 1 of the cut \{1, 3\}, and a leaf Variable that requires grad is being used in an in-place operation; .*or cut elsewhere with --balance" \
-      train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 1,3 --batch-size 8
-    # Auto's profile cannot time it: by default the task's own schedule runs, saying why; asked for, auto fails.
-    run "15. an in-place layer inside a stage trains" 0 "--schedule auto could not profile the model, so the task's own schedule runs: layer 1 \('1'\) changes its input in place" \
-      train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 2,2 --batch-size 8 --steps 1
-    run "15. an in-place layer under --schedule auto" 2 "--schedule auto: layer 1 \('1'\) changes its input in place" \
-      train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 2,2 --batch-size 8 --steps 1 --schedule auto
-    run "15. an in-place layer under --balance-by time" 2 "layer 1 \('1'\) changes its input in place, so it cannot be timed by itself.*--balance-by params" \
-      train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance-by time --batch-size 8
-    run "15. an in-place layer that begins a stage, zb1p" 2 "layer 1 \('1'\) begins stage 1 of the cut \{1, 3\}" \
-      train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 1,3 --schedule zb1p --batch-size 8
+    # A layer that changes its input in place trains wherever the cut puts it (a stage runs it on a
+    # copy of the input it keeps), under auto's profile, --balance-by time and split backwards.
+    for cut in "--balance 1,3" "--balance 1,3 --schedule zb1p" "--balance 2,2 --schedule auto" "--balance-by time"; do
+      run "15. an in-place layer, $cut, trains" 0 "step 1/" \
+        train --model "$work/in-place.pt" --data "$work/data.pt" --loss mse --stages 2 $cut --batch-size 8 --steps 1 --json
+    done
+    # One that changes its input in place only with a graph, which gpipe cannot find beforehand: auto's
+    # profile cannot time it, so by default the task's own schedule runs, saying why; asked for, auto fails.
+    run "15. an in-place layer only with a graph, inside a stage, trains" 0 "--schedule auto could not profile the model, so the task's own schedule runs: layer 1 \('1'\) changes its input in place" \
+      train --model "$work/graph-in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 2,2 --batch-size 8 --steps 1
+    run "15. an in-place layer only with a graph, under --schedule auto" 2 "--schedule auto: layer 1 \('1'\) changes its input in place when it runs with a graph" \
+      train --model "$work/graph-in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 2,2 --batch-size 8 --steps 1 --schedule auto
+    run "15. an in-place layer only with a graph that begins a stage" 2 "layer 1 \('1'\) begins stage 1 of the cut \{1, 3\}, and where its input takes a gradient .*in-place.*cut elsewhere with --balance" \
+      train --model "$work/graph-in-place.pt" --data "$work/data.pt" --loss mse --stages 2 --balance 1,3 --schedule gpipe --batch-size 8 --steps 1
     # gpipe plan's errors are train's: no C++ stack, no TorchScript traceback.
     run "15. plan: a model that ends with a tuple" 2 "the model's last layer returns a tuple \(shape \(\[8, 6\], \[8, 6\]\)\), but the loss takes one tensor" \
       plan --model "$work/tuple.pt" --input-shape 6 --devices 2 --batch 8

@@ -2,6 +2,7 @@
 #include "helpers.h"
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -222,40 +223,74 @@ TEST(PipelineTest, AStageWhoseOutputTakesNoGradientSendsZerosUpstream) {
   }
 }
 
-// zb1p keeps every layer's input for its split backward, so a layer that overwrites its input is
-// refused up front, naming it; the other schedules run it.
-TEST(PipelineTest, SplitBackwardRefusesInPlaceLayersUpFront) {
+// Layers that change their input in place (ReLU(inplace=true)) train as one device trains them,
+// wherever the cut puts them: at the start of the first stage (whose input is the caller's data,
+// left as it was), of a later stage (whose input the backward and a re-materialization start from),
+// and inside a stage under a split backward (which keeps every layer's input); in evaluation too.
+TEST(PipelineTest, InPlaceLayersTrainAsOneDeviceWhereverTheCutPutsThem) {
   auto model = [] {
-    return torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)),
-                                 torch::nn::Linear(4, 2));
+    torch::manual_seed(5);
+    const auto relu = [] { return torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)); };
+    return torch::nn::Sequential(relu(), torch::nn::Linear(4, 6), relu(), torch::nn::Linear(6, 6), relu(),
+                                 torch::nn::Linear(6, 2));
   };
-  expect_invalid([&] { gpipe::Pipeline(model(), PipelineOptions().devices(2).schedule(gpipe::ScheduleKind::kZB1P)); },
-                 "layer 1 works in place");
-  gpipe::Pipeline ok(model(), PipelineOptions().devices(2).schedule(gpipe::ScheduleKind::k1F1B));
-  EXPECT_EQ(ok.stages(), 2);
+  torch::manual_seed(6);
+  const torch::Tensor x = torch::randn({6, 4}), y = torch::randn({6, 2});
+  const torch::Tensor data = x.clone();
+  for (gpipe::ScheduleKind kind : {gpipe::ScheduleKind::kGPipe, gpipe::ScheduleKind::k1F1B,
+                                   gpipe::ScheduleKind::kZB1P, gpipe::ScheduleKind::kInterleaved,
+                                   gpipe::ScheduleKind::kZBV}) {
+    const int V = gpipe::default_virtual_stages(kind);
+    for (const std::vector<int>& balance : V == 1 ? std::vector<std::vector<int>>{{2, 4}, {4, 2}, {1, 3, 2}}
+                                                  : std::vector<std::vector<int>>{{2, 1, 1, 2}, {1, 1, 2, 2}}) {
+      for (gpipe::Checkpoint mode : {gpipe::Checkpoint::kNever, gpipe::Checkpoint::kAlways}) {
+        SCOPED_TRACE(gpipe::to_string(kind) + " " + gpipe::format_balance(balance) + " " + gpipe::to_string(mode));
+        auto pipelined = model(), reference = model();
+        gpipe::Pipeline pipe(pipelined, PipelineOptions().balance(balance).virtual_stages(V).schedule(kind)
+                                            .micro_batches(4).checkpoint(mode));
+        const torch::Tensor loss = pipe.train_step(x, y, mse);
+        EXPECT_TRUE(torch::equal(x, data)) << "the caller's data changed";
+        // One device on a copy: its first ReLU changes what it is given.
+        EXPECT_TRUE(gpipe::testing::close(loss.to(torch::kFloat),
+                                          gpipe::testing::reference_step(reference, x.clone(), y, mse)));
+        EXPECT_TRUE(gpipe::testing::same_parameters(pipelined, reference, /*values=*/false));
+        EXPECT_TRUE(gpipe::testing::close(pipe.forward(x), reference->forward(x.clone())));
+        EXPECT_TRUE(torch::equal(x, data)) << "the caller's data changed in evaluation";
+      }
+    }
+  }
 }
 
-// A first layer that changes its input in place would change the caller's data, of which the
-// micro-batches are views (the next epoch would train on other values): refused at the step,
-// naming it, in training and in evaluation, also with one micro-batch on one device.
-TEST(PipelineTest, AFirstLayerThatChangesTheDataInPlaceIsRefused) {
+// What a layer changes in place depends on what is before it and on the mode: behind a Flatten (a
+// view of the stage's input) a ReLU(inplace) changes the kept input too; Dropout(inplace) changes its
+// input in training only, so a pipeline that evaluated first must find it again when it trains.
+TEST(PipelineTest, InPlaceLayersBehindAViewAndInTrainingOnlyTrainAsOneDevice) {
   auto model = [] {
-    return torch::nn::Sequential(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)), torch::nn::Linear(4, 2));
+    torch::manual_seed(7);
+    return torch::nn::Sequential(torch::nn::Flatten(), torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)),
+                                 torch::nn::Linear(8, 6), torch::nn::Flatten(),
+                                 torch::nn::Dropout(torch::nn::DropoutOptions(0.25).inplace(true)),
+                                 torch::nn::Linear(6, 2));
   };
-  const torch::Tensor x = torch::randn({6, 4}), y = torch::randn({6, 2});
-  auto expect_refused = [](const std::function<void()>& step) {
-    try {
-      step();
-      ADD_FAILURE() << "a first layer that changes the data in place ran";
-    } catch (const gpipe::StageError& e) {
-      EXPECT_NE(std::string(e.what()).find("change its input, the caller's data, in place"), std::string::npos)
-          << e.what();
-    }
-  };
-  for (int M : {1, 3}) {
-    gpipe::Pipeline pipe(model(), PipelineOptions().devices(1).micro_batches(M));
-    expect_refused([&] { pipe.train_step(x, y, mse); });
-    expect_refused([&] { pipe.forward(x); });
+  torch::manual_seed(8);
+  const torch::Tensor x = torch::randn({6, 2, 4}), y = torch::randn({6, 2});
+  const torch::Tensor data = x.clone();
+  for (gpipe::ScheduleKind kind : {gpipe::ScheduleKind::kGPipe, gpipe::ScheduleKind::kZB1P}) {
+    SCOPED_TRACE(gpipe::to_string(kind));
+    auto pipelined = model(), reference = model();
+    gpipe::Pipeline pipe(pipelined, PipelineOptions().balance({3, 3}).schedule(kind).micro_batches(1)
+                                        .checkpoint(gpipe::Checkpoint::kAlways));
+    pipelined->eval();
+    reference->eval();
+    EXPECT_TRUE(gpipe::testing::close(pipe.forward(x), reference->forward(x.clone())));
+    EXPECT_TRUE(torch::equal(x, data)) << "the caller's data changed in evaluation";
+    pipelined->train();
+    reference->train();
+    // One micro-batch on K=2: the Dropout masks are drawn as one device draws them after the same seed.
+    const torch::Tensor loss = pipe.train_step(x, y, mse);
+    EXPECT_TRUE(torch::equal(x, data)) << "the caller's data changed in training";
+    EXPECT_TRUE(std::isfinite(loss.item<double>()));
+    for (const auto& p : pipelined->parameters()) EXPECT_TRUE(p.grad().defined());
   }
 }
 

@@ -185,11 +185,14 @@ std::optional<RunningStatistics> running_statistics(torch::nn::Module& layer);
 /// its input, so it cannot defer its running statistics (in evaluation it only reads them).
 std::string nested_batch_norm(const torch::nn::Sequential& layers);
 
-/// The name of the first of `layers` that holds a module built to work in
-/// place (ReLU, LeakyReLU, ELU, Dropout, ... with inplace(true)), or "" if none
-/// does. Such a layer overwrites its input, which a split backward (I then W)
-/// keeps: schedules with I and W actions refuse it.
-std::string in_place_layer(const torch::nn::Sequential& layers);
+/// Which of `layers` change their input in place (ReLU(inplace=True), `x += 1`), found by running
+/// them in order, without a graph, on a copy of `x`: entry l is true where layer l changed the tensors
+/// it was given. The layers run in the mode they are in (Dropout(inplace=True) changes nothing in
+/// evaluation); the caller keeps what they change (BatchNorm's running statistics, the random
+/// numbers). Nothing where a layer fails: its own run reports the failure.
+std::optional<std::vector<bool>> layers_changing_their_input(const torch::nn::Sequential& layers, const Tensors& x,
+                                                             const std::vector<std::string>& names);
+
 
 /// One stage: a run of consecutive layers, and what each micro-batch keeps
 /// between its forward and its backward (the input alone when re-materialized,
@@ -299,6 +302,11 @@ class Stage {
   // connections popped here read kept.skip_inputs; those stashed here land in kept.stashed.
   Tensors run_layers(int i, const Tensors& x, bool split, bool gather, Kept& kept, StepData& step);
   Tensors run_chain(int i, const Tensors& x, bool split, bool gather, Kept& kept, StepData& step);
+  // Finds which layers change their input in place in the layers' present modes (in_place_), on the
+  // first forward in those modes, on micro-batch i's input `x`.
+  void find_in_place_layers(int i, const Tensors& x, const Kept& kept, const StepData& step);
+  // Each layer's mode (training or evaluation), in order.
+  std::vector<bool> layer_modes() const;
   // What backward starts from: the loss or the output with its gradient, and the stashed
   // tensors with theirs (received from the stages that popped them).
   void backward_roots(int i, const Tensors& output_grad, Kept& kept, std::vector<torch::Tensor>& roots,
@@ -323,6 +331,11 @@ class Stage {
   std::vector<DeferredNorm> norms_;        // with deferred BatchNorm, in layer order
   std::vector<std::pair<int, std::string>> stashed_, popped_;  // skip connections across edges: (k, name)
   bool skips_inside_ = false;              // a Stash or Pop among the layers: split backwards in one piece
+  // By the layers' modes (layer_modes: Dropout changes its input in training only), per layer, whether
+  // it changes its input in place. Such a layer
+  // runs on a copy where its input is kept: the stage's input or a view of it (the caller's data, or
+  // what a backward and a re-materialization start from) and, in a split backward, every layer's.
+  std::map<std::vector<bool>, std::vector<bool>> in_place_;
   std::map<std::pair<int, int>, torch::Tensor> skip_inbox_, skip_outbox_;  // by (micro-batch, channel)
   int64_t skip_bytes_ = 0;
   DeviceStream stream_;

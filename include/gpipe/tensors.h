@@ -82,6 +82,11 @@ enum class LeafGrad {
 };
 /// Each tensor of `x` detached, as a leaf that requires grad as `grad` says: where a graph starts.
 Tensors leaves_of(const Tensors& x, LeafGrad grad);
+/// `x` with each tensor copied (clone, in the graph): what a layer that changes its input in place
+/// runs on where that input must stay as it was.
+Tensors copy_of(const Tensors& x);
+/// Whether a tensor of `a` shares its storage with a tensor of `b` (one is the other, or a view of it).
+bool shares_storage(const Tensors& a, const Tensors& b);
 
 /// The version counter of each tensor of `x` (an in-place change bumps it).
 std::vector<int64_t> versions_of(const Tensors& x);

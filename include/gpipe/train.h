@@ -233,12 +233,13 @@ std::optional<SavedPipeline> check_snapshot_of(const std::string& path, const Mo
 /// saying that the model has no parameters that train. The layers are left in training mode.
 torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tensor& sample);
 
-/// A stage keeps its input for its backward pass: a layer that begins a stage of the cut `balance`
-/// and changes its input in place would fail in step 1 (or, for a leaf input, at once). Runs the
-/// whole model in eval mode on `sample` (a row or two) and throws std::invalid_argument naming the
-/// layer, the stage, the cut and the fix. The run's random numbers are left as they were.
-/// With `most_boundary_tensors` above 0 (kMostBoundaryTensors under MPI, transport.h), a boundary
-/// of the cut that passes more tensors than that is refused too, naming the layer and the fix.
+/// A stage keeps its input for its backward pass; a layer that begins a stage and changes its input in
+/// place runs on a copy of it where it does so without a graph (layers_changing_their_input). One that
+/// does so only where its input takes a gradient would fail in step 1: runs the whole model in eval
+/// mode on `sample` (a row or two) and throws std::invalid_argument naming the layer, the stage, the
+/// cut and the fix. The run's random numbers are left as they were. With `most_boundary_tensors`
+/// above 0 (kMostBoundaryTensors under MPI, transport.h), a boundary of the cut that passes more
+/// tensors than that is refused too, naming the layer and the fix.
 void check_stage_inputs(const Model& model, const Tensors& sample, const std::vector<int>& balance,
                         int most_boundary_tensors = 0);
 

@@ -758,7 +758,8 @@ class GPipe:
                     self._settings.optimizer = self._updates.profiled_optimizer()
                     self._settings.update_s_per_parameter_byte = \
                         self._updates.seconds_per_parameter_byte(self.model)
-                with _OneRowBatchNorm(self.chunks or 1, input.size(0)):
+                # The profile runs backwards, whatever the caller's mode (a first pipe(x) under no_grad)
+                with _OneRowBatchNorm(self.chunks or 1, input.size(0)), torch.enable_grad():
                     pipe = self._build(input)
                 self.virtual_stages = pipe.virtual_stages  # schedule="auto": the V and M chosen
                 self.chunks = pipe.micro_batches

@@ -170,6 +170,20 @@ Tensors leaves_of(const Tensors& x, LeafGrad grad) {
   return out;
 }
 
+Tensors copy_of(const Tensors& x) {
+  Tensors copy = x;
+  for (auto& t : copy.items)
+    if (t.defined()) t = t.clone();
+  return copy;
+}
+
+bool shares_storage(const Tensors& a, const Tensors& b) {
+  for (const auto& s : a.items)
+    for (const auto& t : b.items)
+      if (s.defined() && t.defined() && s.is_alias_of(t)) return true;
+  return false;
+}
+
 std::vector<int64_t> versions_of(const Tensors& x) {
   std::vector<int64_t> versions;
   for (const auto& t : x.items) versions.push_back(t.defined() ? t._version() : 0);

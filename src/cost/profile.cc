@@ -141,7 +141,7 @@ void count_parameters(torch::nn::AnyModule& layer, size_t index, LayerCost& c, C
 // tray as before the forward.
 void measure_backward_bytes(torch::nn::AnyModule& layer, size_t index, const std::string& name, const Tensors& x,
                             const Tensors& out, const std::map<std::string, torch::Tensor>& tray_before,
-                            ByteProfile& p, LayerCost& c) {
+                            bool in_place, ByteProfile& p, LayerCost& c) {
   MemoryCounter& counter = *p.counter;
   const std::vector<torch::Tensor> grads = detail::ones_for(out);
   const int64_t held = counter.current_bytes();
@@ -152,7 +152,7 @@ void measure_backward_bytes(torch::nn::AnyModule& layer, size_t index, const std
   const Tensors leaf = leaves_of(x, detail::leaf_grad_of(index));
   *p.tray = tray_before;
   const int64_t before_split = counter.current_bytes();
-  Tensors again = detail::run_profiled(layer, leaf, name, p.precision);
+  Tensors again = detail::run_profiled(layer, in_place ? copy_of(leaf) : leaf, name, p.precision);
   detail::WeightBackward weights;
   const Tensors input_grad = Tensors::tuple_of(detail::WeightBackward::input_backward(again, leaf, grads, weights));
   again = Tensors();  // the stage lets go of the layer's output after I
@@ -166,7 +166,7 @@ void measure_backward_bytes(torch::nn::AnyModule& layer, size_t index, const std
 // parameters' gradients exist already, the input belongs to the stage before (a non-leaf, so that
 // only a graph saving it holds it).
 Tensors measure_bytes(torch::nn::AnyModule& layer, size_t index, const std::string& name, const Tensors& x,
-                      std::vector<SkipCost>& skips, ByteProfile& p, LayerCost& c) {
+                      bool in_place, std::vector<SkipCost>& skips, ByteProfile& p, LayerCost& c) {
   std::map<std::string, torch::Tensor>& tray = *p.tray;
   MemoryCounter& counter = *p.counter;
   const std::map<std::string, torch::Tensor> tray_before = tray;  // the layer runs twice: a Pop takes twice
@@ -178,7 +178,9 @@ Tensors measure_bytes(torch::nn::AnyModule& layer, size_t index, const std::stri
   MemoryScope scope(p.counter);
   counter.reset_peak();
   const int64_t before = counter.current_bytes();
-  Tensors out = detail::run_profiled(layer, in, name, p.precision);
+  // A layer that changes its input in place runs on a copy, as a stage runs it where its input is kept
+  // (and never on the caller's sample): the copy is counted.
+  Tensors out = detail::run_profiled(layer, in_place ? copy_of(in) : in, name, p.precision);
   for (SkipCost& skip : skips)  // what the layer stashed
     if (tray.count(skip.connection.name) > tray_before.count(skip.connection.name))
       skip.bytes = static_cast<double>(tray[skip.connection.name].nbytes()) / p.rows;
@@ -198,7 +200,7 @@ Tensors measure_bytes(torch::nn::AnyModule& layer, size_t index, const std::stri
   // output's storage (a saved output is a detached alias).
   p.saves_input.push_back(view || input_uses(in, out) > uses_before);
   p.saves_output.push_back(!view && output_saved);
-  if (requires_grad(out)) measure_backward_bytes(layer, index, name, x, out, tray_before, p, c);
+  if (requires_grad(out)) measure_backward_bytes(layer, index, name, x, out, tray_before, in_place, p, c);
   return out;
 }
 
@@ -240,7 +242,7 @@ Tensors measure_layers(const torch::nn::Sequential& model, const std::vector<std
       c.input_grad_s = detail::median_of(timings.input_grad[index]) / p.rows;
       c.weight_grad_s = detail::median_of(timings.weight_grad[index]) / p.rows;
     }
-    const Tensors out = measure_bytes(*it, index, names[index], x, costs.skips, p, c);
+    const Tensors out = measure_bytes(*it, index, names[index], x, timings.in_place[index], costs.skips, p, c);
     for (double* bytes : {&c.kept_bytes, &c.output_bytes, &c.forward_peak_bytes, &c.backward_peak_bytes,
                           &c.weight_kept_bytes})
       *bytes /= p.rows;

@@ -52,6 +52,7 @@ inline LeafGrad leaf_grad_of(size_t l) { return l == 0 ? LeafGrad::kKept : LeafG
 // into I and W. [layer][timed pass]; a layer whose output takes no gradient has no backward.
 struct LayerTimings {
   std::vector<std::vector<double>> forward, backward, input_grad, weight_grad;
+  std::vector<bool> in_place;  // per layer: it changes its input in place, so it ran on a copy
 };
 
 // Times: whole passes through the layers in a stage's order, forwards first, then backwards in

@@ -4,10 +4,13 @@
 #include "cost/profile_parts.h"
 
 #include "runtime/backward_split.h"
+#include "gpipe/skip.h"
+#include "gpipe/stage.h"
 #include "gpipe/check.h"
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 
@@ -25,22 +28,26 @@ double seconds_of(const std::function<void()>& work) {
   return seconds_since(begin);
 }
 
-// A layer that changes its input in place: autograd refuses it on an input that takes a gradient,
+// A layer that changes its input in place runs on a copy (layers_changing_their_input found it). One
+// that still does (only with a graph, say): autograd refuses it on an input that takes a gradient,
 // and the version counter shows it on one that takes none (the data).
 void check_not_in_place(const torch::nn::Sequential& layers, size_t l, bool in_place) {
-  GPIPE_CHECK(!in_place, "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in place, "
-              "so it cannot be timed by itself (nor begin a stage: a stage keeps its input for the backward pass, "
-              "and the first stage's is the caller's data); make the layer return a new tensor (e.g. "
-              "ReLU(inplace=False)), or cut the model without profiling it: name a `schedule` (not auto) and give "
-              "the cut (`balance`), or in gpipe train cut it by parameters (`schedule` gpipe, `balance_by` params)");
+  GPIPE_CHECK(!in_place, "layer ", l, " ('", layers->named_children()[l].key(), "') changes its input in place "
+              "when it runs with a graph, which it did not do without one, so it cannot be timed by itself (nor "
+              "begin a stage: a stage keeps its input for the backward pass, and the first stage's is the caller's "
+              "data); make the layer return a new tensor (e.g. ReLU(inplace=False)), or cut the model without "
+              "profiling it: name a `schedule` (not auto) and give the cut (`balance`), or in gpipe train cut it by "
+              "parameters (`schedule` gpipe, `balance_by` params)");
 }
 
 // One pass of the tensors of `in_flight` micro-batches through a model's layers, forwards first,
 // then backwards in reverse, full or split into I and W.
 class ProfilePass {
  public:
-  ProfilePass(torch::nn::Sequential layers, const std::vector<std::string>& names, int in_flight, Precision precision)
-      : layers_(std::move(layers)), names_(names), in_flight_(in_flight), precision_(precision), L_(layers_->size()),
+  ProfilePass(torch::nn::Sequential layers, const std::vector<std::string>& names, const std::vector<bool>& in_place,
+              int in_flight, Precision precision)
+      : layers_(std::move(layers)), names_(names), in_place_(in_place), in_flight_(in_flight), precision_(precision),
+        L_(layers_->size()),
         ins_(in_flight, std::vector<Tensors>(L_)), outs_(in_flight, std::vector<Tensors>(L_)),
         forward_(L_, 0.0), backward_(L_, 0.0), input_grad_(L_, 0.0), weight_grad_(L_, 0.0) {}
 
@@ -53,8 +60,9 @@ class ProfilePass {
         Tensors& in = ins_[c][l];
         in = leaves_of(h, leaf_grad_of(l));
         const std::vector<int64_t> versions = versions_of(in);
+        const Tensors given = in_place_[l] ? copy_of(in) : in;  // the copy is not timed
         try {
-          forward_[l] += seconds_of([&] { outs_[c][l] = run_profiled(*it, in, names_[l], precision_); });
+          forward_[l] += seconds_of([&] { outs_[c][l] = run_profiled(*it, given, names_[l], precision_); });
         } catch (const std::exception& e) {
           // Each layer is timed by itself on a leaf input, as a stage's first layer runs.
           const std::string what = e.what();
@@ -112,6 +120,7 @@ class ProfilePass {
  private:
   torch::nn::Sequential layers_;
   const std::vector<std::string>& names_;
+  const std::vector<bool>& in_place_;  // per layer: run on a copy of its input
   int in_flight_;
   Precision precision_;  // of the forwards (autocast)
   size_t L_;
@@ -126,10 +135,18 @@ LayerTimings time_layers(const torch::nn::Sequential& layers, const std::vector<
   const size_t L = layers->size();
   LayerTimings timings{std::vector<std::vector<double>>(L), std::vector<std::vector<double>>(L),
                        std::vector<std::vector<double>>(L), std::vector<std::vector<double>>(L)};
+  {
+    const AutocastScope autocast(options.precision(), sample.items.front().device().type());
+    std::map<std::string, torch::Tensor> tray;  // what its Stash layers stash, apart from the passes'
+    const SkipTrayScope scope(tray);
+    // Where a layer fails, none: its timed run says why.
+    timings.in_place = layers_changing_their_input(layers, sample, names).value_or(std::vector<bool>(L, false));
+  }
+  const std::vector<bool>& in_place = timings.in_place;
   for (int rep = 0; rep < options.warmup() + options.repetitions(); ++rep) {
     if (options.between()) options.between()();
     for (bool split : {false, true}) {
-      ProfilePass pass(layers, names, options.in_flight(), options.precision());
+      ProfilePass pass(layers, names, in_place, options.in_flight(), options.precision());
       pass.forwards(sample);
       pass.backwards(split);
       if (rep >= options.warmup()) pass.add_to(timings, split);

@@ -37,8 +37,9 @@ std::string program_around(int device, const std::vector<Action>& program, size_
 // A failure's message with what causes it, where libtorch's message alone does not say.
 std::string with_cause(std::string what) {
   if (what.find("a leaf Variable that requires grad is being used in an in-place operation") != std::string::npos)
-    what += "; the stage's first layer works in place on the stage's input: build it with inplace=False "
-            "(or cut the model so that another layer starts the stage)";
+    what += "; a layer changes a tensor the stage keeps (its input, or a layer's under a split backward) in "
+            "place where it takes a gradient, and not without one, so gpipe did not run it on a copy: make the layer "
+            "return a new tensor (or cut the model so that another layer starts the stage)";
   if (what.find("Expected more than 1 value per channel when training") != std::string::npos)
     what += "; BatchNorm normalizes each micro-batch by its own statistics, which one row per channel does "
             "not have: use fewer micro-batches or larger batches (`micro_batches`, `batch_size`, "

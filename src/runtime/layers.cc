@@ -1,6 +1,6 @@
 // layers.cc: what a stage and the pipeline ask of a model's layers: whether they draw random numbers,
 // their parameters each once and those shared between layers, a BatchNorm's running statistics (and
-// one nested where its stage cannot defer them), and a module that works in place.
+// one nested where its stage cannot defer them), and which layers change their input in place.
 #include "gpipe/stage.h"
 
 #include <torch/torch.h>
@@ -28,21 +28,6 @@ std::optional<RunningStatistics> statistics_of(torch::nn::Module& module) {
   const auto momentum = norm->options.momentum();  // c10::optional in libtorch 1.x
   return RunningStatistics{norm->running_mean, norm->running_var, norm->num_batches_tracked,
                            momentum.has_value() ? std::optional<double>(*momentum) : std::nullopt};
-}
-
-template <typename Impl>
-bool in_place(torch::nn::Module& module) {
-  auto* m = module.as<Impl>();
-  return m != nullptr && m->options.inplace();
-}
-
-bool works_in_place(torch::nn::Module& m) {
-  namespace nn = torch::nn;
-  return in_place<nn::ReLUImpl>(m) || in_place<nn::ReLU6Impl>(m) || in_place<nn::LeakyReLUImpl>(m) ||
-         in_place<nn::ELUImpl>(m) || in_place<nn::SELUImpl>(m) || in_place<nn::CELUImpl>(m) ||
-         in_place<nn::HardtanhImpl>(m) || in_place<nn::ThresholdImpl>(m) || in_place<nn::RReLUImpl>(m) ||
-         in_place<nn::DropoutImpl>(m) || in_place<nn::Dropout2dImpl>(m) || in_place<nn::Dropout3dImpl>(m) ||
-         in_place<nn::AlphaDropoutImpl>(m) || in_place<nn::FeatureAlphaDropoutImpl>(m);
 }
 
 }  // namespace
@@ -98,13 +83,24 @@ std::string nested_batch_norm(const torch::nn::Sequential& layers) {
   return "";
 }
 
-std::string in_place_layer(const torch::nn::Sequential& layers) {
-  for (const auto& layer : layers->named_children()) {
-    if (works_in_place(*layer.value())) return layer.key();
-    for (const auto& inner : layer.value()->modules(/*include_self=*/false))
-      if (works_in_place(*inner)) return layer.key();
+std::optional<std::vector<bool>> layers_changing_their_input(const torch::nn::Sequential& layers, const Tensors& x,
+                                                             const std::vector<std::string>& names) {
+  std::vector<bool> found(layers->size(), false);
+  torch::nn::Sequential run = layers;  // a handle to the same modules, to call them
+  const torch::NoGradGuard no_graph;
+  Tensors a = copy_of(x);
+  size_t n = 0;
+  try {
+    for (auto layer = run->begin(); layer != run->end(); ++layer, ++n) {
+      const std::vector<int64_t> versions = versions_of(a);
+      Tensors out = run_layer(*layer, a, n < names.size() ? names[n] : std::to_string(n));
+      found[n] = !changed_in_place(a, versions).empty();
+      a = std::move(out);
+    }
+  } catch (const std::exception&) {
+    return std::nullopt;  // the layer's own run says what fails
   }
-  return "";
+  return found;
 }
 
 bool draws_random_numbers(const torch::nn::Sequential& layers) {

@@ -111,7 +111,6 @@ Pipeline::Pipeline(std::unique_ptr<Backend> group, torch::nn::Sequential layers,
                     "by stages ", it->second, " and ", s, ", which would update it at once; put the layers that share "
                     "it on one stage (change the balance), or give each its own");
       }
-      detail::check_splittable(plan_.training, part);
       detail::check_batch_norm(part, options.deferred_batch_norm());
       if (!device.is_cpu()) part->to(device.device);
       auto stage = std::make_unique<Stage>(s, S, part, device, options.deferred_batch_norm());

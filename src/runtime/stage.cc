@@ -214,6 +214,7 @@ Tensors Stage::run_chain(int i, const Tensors& x, bool split, bool gather, Kept&
   // layers one by one.
   kept.layer_inputs.clear();
   kept.layer_outputs.clear();
+  const auto found = in_place_.find(layer_modes());  // by forward (none: its search failed)
   Tensors a = x;
   auto norm = norms_.begin();
   size_t n = 0;
@@ -222,6 +223,9 @@ Tensors Stage::run_chain(int i, const Tensors& x, bool split, bool gather, Kept&
       if (n > 0) a = leaves_of(a, LeafGrad::kKept);
       kept.layer_inputs.push_back(a);
     }
+    // A layer that changes its input in place, where that input is kept: on a copy (the graph runs
+    // through it, so the gradient reaches the input itself).
+    if (found != in_place_.end() && found->second[n] && (split || shares_storage(a, x))) a = copy_of(a);
     if (norm != norms_.end() && norm->layer == n && layer->ptr()->is_training()) {
       // Deferred BatchNorm: this micro-batch's statistics normalize it; the running ones wait for the step's end.
       const torch::Tensor input = a.only(names_[n] + "'s input", "a BatchNorm layer takes one tensor");
@@ -293,6 +297,29 @@ Tensors Stage::run_layers(int i, const Tensors& x, bool split, bool gather, Kept
   return y;
 }
 
+std::vector<bool> Stage::layer_modes() const {
+  std::vector<bool> modes;
+  for (const auto& layer : layers_->children()) modes.push_back(layer->is_training());
+  return modes;
+}
+
+void Stage::find_in_place_layers(int i, const Tensors& x, const Kept& kept, const StepData& step) {
+  const std::vector<bool> modes = layer_modes();
+  if (in_place_.count(modes) > 0) return;
+  // As the forward runs them, and leaving nothing changed: in training the random stream the forward
+  // draws from next starts again from its seed (in evaluation the process's generator is left alone),
+  // the buffers are put back, what a layer stashes lands on a tray of its own.
+  const AutocastScope autocast(precision_, device_.device.type());
+  const detail::RandomStream stream(stochastic_ && step.training, device_.device, seed_of(i, step));
+  const detail::KeepBuffers keep(layers_->buffers());
+  std::map<std::string, torch::Tensor> tray;
+  for (const auto& [k, name] : popped_) tray[name] = kept.skip_inputs.at(k).detach().clone();
+  const detail::SkipTrayScope scope(tray);
+  // Where a layer failed, its forward fails too; the next forward searches again.
+  if (const std::optional<std::vector<bool>> found = layers_changing_their_input(layers_, x, names_))
+    in_place_[modes] = *found;
+}
+
 Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, StepData& step) {
   const Tensors& given = first() ? step.inputs[static_cast<size_t>(i)] : input;
   const LeafGrad grad =
@@ -310,6 +337,7 @@ Tensors Stage::forward(int i, const Tensors& input, bool recompute, bool split, 
     k.skip_inputs[skip] = t;
     skip_inbox_.erase(it);
   }
+  find_in_place_layers(i, x, k, step);
   Tensors y;
   torch::Tensor loss;
   // The input must stay as it was: the first stage's is the caller's data, of which the micro-batches

@@ -10,17 +10,6 @@
 
 namespace gpipe::detail {
 
-void check_splittable(const Schedule& program, const torch::nn::Sequential& layers) {
-  bool split = false;
-  for (const auto& row : program.actions)
-    for (const Action& a : row) split = split || a.kind == ActionKind::kInputGrad;
-  if (!split) return;
-  const std::string name = in_place_layer(layers);
-  GPIPE_CHECK(name.empty(), "layer ", name, " works in place (a module built with inplace(true)), but the ",
-              program.name, " schedule splits each backward into I and W, which keeps every layer's input; build "
-              "it with inplace(false), or use a schedule without I and W (gpipe, 1f1b, interleaved)");
-}
-
 void check_batch_norm(const torch::nn::Sequential& layers, bool deferred) {
   if (!deferred) return;
   const std::string name = nested_batch_norm(layers);

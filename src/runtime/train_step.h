@@ -12,10 +12,6 @@
 
 namespace gpipe::detail {
 
-/// Throws std::invalid_argument if `program` splits backwards into I and W
-/// and `layers` (one stage's) hold a module that works in place.
-void check_splittable(const Schedule& program, const torch::nn::Sequential& layers);
-
 /// With `deferred`, throws std::invalid_argument if a BatchNorm in training mode sits inside
 /// one of `layers` (one stage's) rather than being one of them.
 void check_batch_norm(const torch::nn::Sequential& layers, bool deferred);

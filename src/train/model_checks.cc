@@ -86,7 +86,7 @@ torch::Tensor check_layers_train(torch::nn::Sequential whole, const torch::Tenso
   const int64_t rows = sample.size(0);
   int64_t stopped = -1;  // the layer whose output no gradient reaches, though its input's does
   std::optional<std::string> rows_changed;  // the first layer since which the rows are not the samples'
-  Tensors out = sample;
+  Tensors out = sample.clone();  // a first layer may change its input in place: not the caller's data
   for (size_t i = 0; i < whole->size(); ++i) {
     const Tensors in = out;
     try {

@@ -140,8 +140,9 @@ Trainer::Trainer(const Model& model, const PipelinePlan* plan, const PipelineOpt
   if (classes || (builtin != nullptr && *builtin == &mse_loss)) check_model_and_data(model_, train_, classes);
   pipeline_ = plan != nullptr ? make_pipeline(model_.build, *plan, with_ties, runtime)
                               : make_pipeline(model_.build, model_.layers, with_ties, runtime);
-  // A layer that begins a stage and changes its input in place would fail in step 1: refused now.
-  // Under MPI a boundary passes at most kMostBoundaryTensors in one message: a cut past it is refused too.
+  // A layer that begins a stage and changes its input in place only with a graph would fail in step 1:
+  // refused now. Under MPI a boundary passes at most kMostBoundaryTensors in one message: a cut past it
+  // is refused too.
   detail::on_the_first_rows(train_.input, [&](const torch::Tensor& rows) {
     check_stage_inputs(model_, rows, pipeline_->plan().balance, job().distributed ? kMostBoundaryTensors : 0);
     return 0;

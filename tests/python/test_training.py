@@ -106,6 +106,63 @@ class Merge(torch.nn.Module):
         return a * torch.sigmoid(b) * m.float()
 
 
+def in_place_model(seed=0):
+    """As torchvision writes its models: activations that change their input in place, one first."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.ReLU(inplace=True), torch.nn.Linear(6, 8), torch.nn.ReLU(inplace=True),
+                               torch.nn.Linear(8, 8), torch.nn.Hardtanh(inplace=True), torch.nn.Linear(8, 5),
+                               torch.nn.ReLU6(inplace=True))
+
+
+@pytest.mark.parametrize("schedule,balance", [("gpipe", [2, 5]), ("1f1b", [1, 2, 4]), ("zb1p", [3, 4]),
+                                              ("interleaved", [1, 2, 2, 2]), ("zbv", [2, 1, 2, 2]),
+                                              ("auto", None)])
+def test_layers_that_change_their_input_in_place_train_as_one_device(schedule, balance):
+    # Wherever a stage begins (at an in-place layer too), under split backwards, and with auto's
+    # profile: one step as one device takes it, and the caller's batch left as it was.
+    x, y = torch.randn(12, 6), torch.randint(5, (12,))
+    given = x.clone()
+    model, reference = in_place_model(), in_place_model()
+    kwargs = {"devices": 2} if balance is None else {"balance": balance}
+    pipe = gpipe.GPipe(model, chunks=4, schedule=schedule, **kwargs)
+    loss = pipe.train_step(x, y, loss="cross_entropy")
+    assert torch.equal(x, given), "the caller's batch changed"
+    expected = torch.nn.functional.cross_entropy(reference(x.clone()), y)
+    expected.backward()
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-7), name
+    with torch.no_grad():
+        assert torch.allclose(pipe(x), reference(x.clone()), rtol=1e-5, atol=1e-6)
+    assert torch.equal(x, given), "the caller's batch changed in evaluation"
+
+
+def squeezenet(seed=0):
+    """torchvision's SqueezeNet 1.1 as shipped (ReLU(inplace=True) throughout, Fire blocks that
+    concatenate), its layers laid out in a Sequential; Dropout off, since a pipeline draws its masks
+    per micro-batch."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(seed)
+    model = torchvision.models.squeezenet1_1(num_classes=10)
+    model.classifier[0].p = 0.0
+    return torch.nn.Sequential(*model.features, *model.classifier, torch.nn.Flatten())
+
+
+@pytest.mark.parametrize("schedule,devices", [("gpipe", 2), ("1f1b", 3), ("zb1p", 2), ("zbv", 2), ("auto", 2)])
+def test_a_torchvision_model_as_shipped_trains_as_one_device(schedule, devices):
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(10, (8,))
+    model, reference = squeezenet(), squeezenet()
+    pipe = gpipe.GPipe(model, chunks=4, devices=devices, schedule=schedule)
+    with torch.no_grad():  # a first call under no_grad: the profile still runs its backwards
+        pipe(x)
+    loss = pipe.train_step(x, y, loss="cross_entropy")
+    expected = torch.nn.functional.cross_entropy(reference(x.clone()), y)
+    expected.backward()
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6 * q.grad.abs().max().item()), name
+
+
 def tuple_model(seed=0):
     """Layers that hand tuples on: hidden states beside a mask, then two towers."""
     torch.manual_seed(seed)
