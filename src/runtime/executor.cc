@@ -38,8 +38,10 @@ std::string program_around(int device, const std::vector<Action>& program, size_
 std::string with_cause(std::string what) {
   if (what.find("a leaf Variable that requires grad is being used in an in-place operation") != std::string::npos)
     what += "; a layer changes a tensor the stage keeps (its input, or a layer's under a split backward) in "
-            "place where it takes a gradient, and not without one, so gpipe did not run it on a copy: make the layer "
-            "return a new tensor (or cut the model so that another layer starts the stage)";
+            "place where gpipe's search did not see it do so (the search runs the stage's first micro-batch once, "
+            "without a graph: a layer that changes its input only with a graph, or only on some data, escapes it), "
+            "so it did not run on a copy: make the layer return a new tensor (or cut the model so that another "
+            "layer starts the stage)";
   if (what.find("Expected more than 1 value per channel when training") != std::string::npos)
     what += "; BatchNorm normalizes each micro-batch by its own statistics, which one row per channel does "
             "not have: use fewer micro-batches or larger batches (`micro_batches`, `batch_size`, "

@@ -229,7 +229,8 @@ std::vector<Setting> batch_settings() {
        "schedule x V x M (M only when `micro_batches` is not given) that fits this machine's memory at `devices` "
        "and `batch_size` simulated, and the fastest predicted run with its cut (unless `balance`, or "
        "`balance_by`'s from the same profile); printed with its predicted and measured step and bubble; with "
-       "`resume`, the pipeline the file was trained with; under mpirun or torchrun: task. The choice follows "
+       "`resume`, the pipeline the file was trained with; under mpirun or torchrun rank 0 chooses and every rank "
+       "takes its choice (with `per_device_files`: task). The choice follows "
        "measured times, so two runs may choose differently and differ in the last bits: name a schedule, or task, "
        "for runs that repeat bit for bit. task: the task's own, interleaved with the cut {3, 1, 2, 5} for the "
        "built-in CNN on 2 stages, gpipe otherwise. See gpipe schedule and docs/schedules.md",
@@ -316,7 +317,8 @@ std::vector<Setting> output_settings() {
        &S::save_every, whole_number(1, kMostInt64)},
       {"resume", "--resume",
        "continue from a checkpoint file written by `save`, with the same model and optimizer and any `devices`, "
-       "schedule or number of ranks; under `schedule` auto in one process, with the pipeline the file records, "
+       "schedule or number of ranks; under `schedule` auto (not with `per_device_files`), with the pipeline the "
+       "file records, "
        "where the run has its `devices` and `batch_size` and names no other `micro_batches`, `virtual_stages` or "
        "`balance`",
        &S::resume, non_empty()},
