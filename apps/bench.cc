@@ -114,7 +114,7 @@ void add_bench_command(CLI::App& app, const std::string& command, int& status) {
       ->delimiter(',')->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
   sub->add_option("--schedule", w.schedules,
                   "schedules to sweep: " + schedule_help() + "; each later one is also compared with the first, "
-                  "step by step; auto: at each K and M, the schedule and V predicted fastest from bench's profile (row auto:NAME; under mpirun or torchrun the task's own)")
+                  "step by step; auto: at each K and M, the schedule and V predicted fastest from bench's profile (row auto:NAME; under mpirun or torchrun rank 0's choice)")
       ->delimiter(',')->check(CLI::IsMember([] {
         std::vector<std::string> names = schedule_names();
         names.push_back("auto");

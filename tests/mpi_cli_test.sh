@@ -82,6 +82,16 @@ assert r["bytes_sent_per_step"] > 0 and "speedup" not in r
 PY
   then pass "gpipe bench under mpirun: one row, over MPI"
   else fail "gpipe bench under mpirun"; cat "$work/bench.err"; fi
+  # --schedule auto under mpirun: rank 0 profiles and chooses, both ranks run its choice.
+  if bash "$mpirun_sh" 2 "$gpipe" bench --workload tiny --stages 2 --micro-batches 4 --steps 2 --warmup 1 --json \
+       --schedule auto --results "" >"$work/bench-auto.jsonl" 2>"$work/bench.err" &&
+     /usr/bin/python3 - "$work/bench-auto.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert len(rows) == 1 and rows[0]["schedule"].startswith("auto:") and rows[0]["samples_per_s"] > 0, rows
+PY
+  then pass "gpipe bench --schedule auto under mpirun: rank 0's choice, $(grep -o '"schedule": *"[^"]*"' "$work/bench-auto.jsonl")"
+  else fail "gpipe bench --schedule auto under mpirun"; cat "$work/bench.err"; fi
 
   # --trace under MPI: rank 0 gathers every stage's actions of the last step (the task's own: 4 stages
   # interleaved over the 2 ranks, stages 0 and 2 on rank 0, 1 and 3 on rank 1).

@@ -4,6 +4,7 @@
 #include "tasks/builtin.h"
 
 #include "gpipe/check.h"
+#include "gpipe/choose.h"
 #include "gpipe/cost_model.h"
 #include "gpipe/device.h"
 #include "gpipe/job.h"
@@ -152,9 +153,10 @@ void build(Contender& c, const Task& task, int M, Checkpoint mode, const BenchSw
     request.balance = refined.balance;
     request.stage_times = refined.stage_times;
   }
-  if (c.schedule == "auto" && !job().distributed) {  // the schedule and V predicted fastest at this K, M and cut
+  if (c.schedule == "auto") {  // the schedule and V predicted fastest at this K, M and cut (on the rank that profiled)
     request.checkpoint = mode;
-    const ScheduleChoice choice = choose_schedule(costs, request, share);
+    const ScheduleChoice choice =
+        *chosen_on_first_rank([&] { return choose_schedule(costs, request, share); }, "`schedule` auto");
     request = with_choice(request, choice);
     c.chosen = to_string(choice.config.schedule);
     c.virtual_stages = choice.config.virtual_stages;
