@@ -56,8 +56,9 @@ int64_t least_rows_unguarded(torch::nn::Sequential model, const Tensors& sample)
   const torch::NoGradGuard no_grad;
   model->train();
   Tensors x = sample;
-  for (auto& t : x.items)  // a copy: a first layer may change its input in place
-    t = t.dim() >= 1 && t.size(0) > 1 ? t.narrow(0, 0, 1).clone() : t.clone();
+  for (auto& t : x.items)
+    if (t.dim() >= 1 && t.size(0) > 1) t = t.narrow(0, 0, 1);
+  x = copy_of(x);  // a first layer may change its input in place: not the caller's data
   const std::vector<std::string> names = layer_names(model);
   try {
     size_t i = 0;

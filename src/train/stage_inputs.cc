@@ -20,8 +20,7 @@ namespace {
 // input takes a gradient (as a stage's does).
 void check_in_place_only_with_a_graph(torch::nn::AnyModule& module, const Tensors& x, const std::string& name,
                                       const std::string& key, int layer, int stage, const std::vector<int>& balance) {
-  Tensors input = x;
-  for (auto& t : input.items) t = t.detach().clone().requires_grad_(t.is_floating_point());
+  const Tensors input = leaves_of(copy_of(x), LeafGrad::kFloating);  // as a stage's input in training
   const std::vector<int64_t> versions = versions_of(input);
   std::string why;
   try {
