@@ -65,12 +65,12 @@ def accuracy(pipe, model, loader):
     return pipe.sum(correct) / len(loader.dataset)
 
 
-def arguments(description, epochs):
+def arguments(description, epochs, train_samples=0):
     """The examples' flags: where the data is, how long to train, the batch and M."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     parser.add_argument("--epochs", type=int, default=epochs)
-    parser.add_argument("--train-samples", type=int, default=0, help="0: all 60000")
+    parser.add_argument("--train-samples", type=int, default=train_samples, help="0: all 60000")
     parser.add_argument("--test-samples", type=int, default=0, help="0: all 10000")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--chunks", type=int, default=4)

@@ -162,6 +162,20 @@ struct RunningStatistics {
   std::optional<double> momentum;    ///< std::nullopt: a cumulative average (factor 1/batches)
 };
 
+namespace detail {
+
+/// A BatchNorm whose running statistics wait for the end of the step: a layer of the stage
+/// (`layer`, its position), or one inside a layer that calls the op gpipe::batch_norm (`layer`
+/// kInside; src/runtime/nested_norm.h).
+struct DeferredNorm {
+  static constexpr size_t kInside = static_cast<size_t>(-1);
+  size_t layer;
+  RunningStatistics running;
+  torch::Tensor count, sum, squares;  // float64, on the layer's device
+};
+
+}  // namespace detail
+
 /// A layer that normalizes by batch statistics and keeps running ones without
 /// being one of torch::nn's BatchNorm modules (a TorchScript BatchNorm, say)
 /// derives from this too, so that its stage can update its running statistics
@@ -290,13 +304,6 @@ class Stage {
     std::vector<torch::Tensor> roots, root_grads;  // a split backward in one piece: what W runs backward from
   };
 
-  // A BatchNorm layer whose running statistics wait for the end of the step.
-  struct DeferredNorm {
-    size_t layer;  // its position in the stage
-    RunningStatistics running;
-    torch::Tensor count, sum, squares;  // float64, on the layer's device
-  };
-
   // Runs the layers on `x` (and the loss on the last stage) into `kept`; with
   // `gather`, adds the BatchNorm layers' inputs to their statistics. The skip
   // connections popped here read kept.skip_inputs; those stashed here land in kept.stashed.
@@ -328,7 +335,9 @@ class Stage {
   std::vector<std::string> names_;         // per layer, as errors name it: "layer 3", "layer 'mask'"
   bool stochastic_;
   std::map<int, Kept> kept_;               // by micro-batch
-  std::vector<DeferredNorm> norms_;        // with deferred BatchNorm, in layer order
+  bool deferred_batch_norm_;
+  std::vector<detail::DeferredNorm> norms_;  // with deferred BatchNorm: its layers', in order, then those inside
+                                            // layers (gpipe::batch_norm), as they first run
   std::vector<std::pair<int, std::string>> stashed_, popped_;  // skip connections across edges: (k, name)
   bool skips_inside_ = false;              // a Stash or Pop among the layers: split backwards in one piece
   // By the layers' modes (layer_modes: Dropout changes its input in training only), per layer, whether

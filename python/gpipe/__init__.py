@@ -23,14 +23,15 @@ finally:
     sys.setdlopenflags(_flags)
 
 from ._gpipe import LossScaler, PipelineConfig, blas_gflops, blas_kernel  # noqa: E402
-from .pipe import GPipe, schedule_names  # noqa: E402
+from .norm import DeferredBatchNorm  # noqa: E402
+from .pipe import GPipe, export, schedule_names  # noqa: E402
 from .planning import plan, predict, profile  # noqa: E402
 from . import tasks  # noqa: E402
 from .report import Summary  # noqa: E402
 from .skip import Pop, Stash  # noqa: E402
 
-__all__ = ["GPipe", "LossScaler", "PipelineConfig", "Pop", "Stash", "Summary", "blas_gflops", "blas_kernel", "plan", "predict",
-           "profile", "schedule_names", "tasks"]
+__all__ = ["DeferredBatchNorm", "GPipe", "LossScaler", "PipelineConfig", "Pop", "Stash", "Summary", "blas_gflops",
+           "blas_kernel", "export", "plan", "predict", "profile", "schedule_names", "tasks"]
 
 
 def _warn_of_a_generic_blas_kernel():

@@ -1,5 +1,6 @@
 """GPipe: a torch.nn.Sequential trained through gpipe's C++ pipeline."""
 import atexit
+import collections
 import contextlib
 import functools
 import inspect
@@ -14,6 +15,8 @@ import warnings
 import torch
 
 from . import _gpipe
+from . import norm as _norm
+from . import trace as _trace
 
 
 def schedule_names():
@@ -117,6 +120,40 @@ def _path(value, name):
     if not path:
         raise ValueError(f"gpipe: {name} is empty; give a file path")
     return path
+
+
+def _deferring_norms(layers, deferred):
+    """The Sequential `layers` with the BatchNorms inside its layers deferred (gpipe.norm) where
+    `deferred` (batch_norm="deferred"); those that are layers themselves the stages defer."""
+    if not deferred:
+        return layers
+    children = [(name, _norm.with_deferred_norms(child, top=False)) for name, child in layers.named_children()]
+    if all(new is child for (_, new), child in zip(children, layers.children())):
+        return layers
+    changed = torch.nn.Sequential(collections.OrderedDict(children))
+    changed.training = layers.training
+    return changed
+
+
+def _pieces_of(graph, example, deferred):
+    """A traced model (gpipe.trace) as a Sequential of pieces, and the module path each starts at:
+    which values are tensors is seen in one run on `example`, with its BatchNorms as the pipeline
+    runs them (a SyncBatchNorm runs on the CPU deferred)."""
+    kinds = _trace.value_kinds(_norm.with_deferred_norms(graph, top=False) if deferred else graph, example)
+    return _trace.split(graph, kinds)
+
+
+def _paths(value, name):
+    """A list of module paths (split_points, keep_whole); [] for None."""
+    if value is None:
+        return []
+    if isinstance(value, str) or not hasattr(value, "__iter__"):
+        raise ValueError(f"gpipe: {name} must be a list of module paths, e.g. ['blocks.2'] (got {value!r})")
+    value = list(value)
+    for path in value:
+        if not isinstance(path, str):
+            raise ValueError(f"gpipe: every entry of {name} must be a module path, a str (got {path!r})")
+    return value
 
 
 _hook_installed = False
@@ -625,20 +662,38 @@ class GPipe:
 
     def __init__(self, model, balance=None, chunks=None, checkpoint=None, schedule="auto", devices=None,
                  virtual_stages=None, batch_norm="deferred", threads=1, runtime="auto", process_group=None,
-                 **settings):
+                 split_points=None, keep_whole=None, **settings):
         _end_the_job_on_an_uncaught_exception()
-        if isinstance(model, torch.nn.Sequential) and type(model).forward is not torch.nn.Sequential.forward:
-            raise ValueError(f"gpipe: the model's class {type(model).__name__} overrides Sequential's forward; gpipe "
-                             f"runs the chain of its children, so give a torch.nn.Sequential of the layers whose "
-                             f"forward is that chain")
-        if not isinstance(model, torch.nn.Sequential):
-            raise ValueError(f"gpipe: the model must be a torch.nn.Sequential, whose forward is the chain of its "
-                             f"children that gpipe cuts into stages (got {type(model).__name__}); wrap the layers in "
-                             f"torch.nn.Sequential(...)")
-        # A subclass that keeps Sequential's forward is that chain: its children are run as a plain
-        # Sequential's (the same modules, so the same parameters).
-        layers = model if type(model) is torch.nn.Sequential else torch.nn.Sequential(model._modules)
-        layers.training = model.training  # the container's flag only: children keep their own modes
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"gpipe: the model must be a torch.nn.Module (got {type(model).__name__})")
+        # A Sequential (or a subclass that keeps its forward) is the chain of its children, run as they
+        # are; any other module is traced with torch.fx and cut into pieces on the first batch.
+        self._graph = None
+        if isinstance(model, torch.nn.Sequential) and type(model).forward is torch.nn.Sequential.forward:
+            if split_points is not None or keep_whole is not None:
+                raise ValueError("gpipe: split_points and keep_whole are for a model that gpipe traces (one that is "
+                                 "not a torch.nn.Sequential); a Sequential is cut between its children: give balance")
+            layers = model if type(model) is torch.nn.Sequential else torch.nn.Sequential(model._modules)
+            layers.training = model.training  # the container's flag only: children keep their own modes
+            count = len(layers)
+        else:
+            if balance is not None:
+                raise ValueError(f"gpipe: balance counts the layers of a torch.nn.Sequential; {type(model).__name__} "
+                                 f"is traced and cut into pieces on the first batch, so name where stages begin "
+                                 f"instead: split_points=['blocks.2', ...] (module paths, as model.named_modules() "
+                                 f"names them)")
+            with _python_words():
+                self._graph = _trace.trace(model, _paths(keep_whole, "keep_whole"))
+            layers = model
+            split_points = _paths(split_points, "split_points")
+            for path in split_points:
+                _trace.check_path(model, path, "split_points")
+            count = _trace.most_pieces(self._graph)
+            if split_points:  # checked as a balance of one piece per stage until the pieces are known
+                count = len(split_points) + 1
+                balance = [1] * count
+        self._split_points = split_points
+        self._pieces = None  # a traced model's pieces, by the module path each starts at
         for name, p in layers.named_parameters():  # every loss would be NaN, with no word why
             if p.is_floating_point() and not bool(torch.isfinite(p).all()):
                 raise ValueError(f"gpipe: the model's parameter {name} holds NaN or infinite values, so every loss "
@@ -686,9 +741,9 @@ class GPipe:
         try:
             if chunks is None and schedule != "auto":  # 4 per device: K first, at an M every K takes
                 settings.micro_batches = 4 * max(settings.devices or 0, len(settings.balance), 1)
-                self.devices, _ = _gpipe.check_plan(len(model), settings)
+                self.devices, _ = _gpipe.check_plan(count, settings)
                 settings.micro_batches = 4 * self.devices
-            self.devices, self.virtual_stages = _gpipe.check_plan(len(model), settings)
+            self.devices, self.virtual_stages = _gpipe.check_plan(count, settings)
         except ValueError as e:
             raise ValueError(f"{_in_python_words(e, _NAMES)} (GPipe(balance={balance!r}, chunks={chunks!r}, "
                              f"devices={devices!r}, "
@@ -706,19 +761,42 @@ class GPipe:
         self._settings = settings
         # precision="fp16" (or loss_scale="dynamic"): one loss scale for every stage and rank (train_step).
         self._scaler = _gpipe.LossScaler() if settings.scales_loss() else None
-        self._scripted = _script(layers)
-        _check_layer_types(self._scripted)
+        if self._graph is not None:  # cut into pieces on the first batch, which shows what is a tensor
+            settings.balance = []
+            self._scripted = None
+        else:
+            self._scripted = _script(_deferring_norms(layers, self._settings.deferred_batch_norm))
+            _check_layer_types(self._scripted)
         self._fingerprint = _fingerprint(model)
         self._pipe = None
         self.build_seconds = 0.0  # the first batch's build of the pipeline (schedule="auto": its profile)
         self._turn = threading.RLock()  # one call at a time, with its build and its update's hold
         self._updates = None  # update_on_devices' held update
         self._step_seconds = 0.0
-        if balance is not None and schedule != "auto":
+        if balance is not None and schedule != "auto" and self._graph is None:
             self._pipe = self._build(None)
-        else:  # built on the first batch: what it would refuse of the model, refused now
+        elif self._scripted is not None:  # built on the first batch: what it would refuse of the model, refused now
             with _python_words():
                 _gpipe.check_model(self._scripted)
+
+    def _cut_into_pieces(self, input):
+        """The traced model as a Sequential of pieces (gpipe.trace), compiled: the values that are
+        tensors are known from one run on the first batch. With split_points, the balance they make."""
+        with _python_words():
+            pieces, paths = _pieces_of(self._graph, input, self._settings.deferred_batch_norm)
+            if self._split_points:
+                self._settings.balance = _trace.balance_at(paths, self._split_points)
+        pieces.training = self.model.training
+        try:
+            self.devices, self.virtual_stages = _gpipe.check_plan(len(pieces), self._settings)
+        except ValueError as e:
+            raise ValueError(f"{_in_python_words(e, _NAMES)}: the model was cut into {len(pieces)} pieces, each "
+                             f"starting at a layer with only tensors alive before it ({', '.join(paths)})") from None
+        self._scripted = _script(_deferring_norms(pieces, self._settings.deferred_batch_norm))
+        self._pieces = paths
+        _check_layer_types(self._scripted)
+        with _python_words():
+            _gpipe.check_model(self._scripted)
 
     def _build(self, batch):
         """The pipeline of the settings (on `batch`, the first one, where it is chosen or cut there);
@@ -752,6 +830,8 @@ class GPipe:
                                      f"batch of rows, e.g. input.unsqueeze(0) for one sample")
                 if input.size(0) == 0:
                     raise ValueError("gpipe: the first batch has no rows to measure the layers on; give at least one")
+                if self._scripted is None:
+                    self._cut_into_pieces(input)
                 if self._updates is not None and self._settings.schedule == "auto":
                     # auto predicts the update where it will run, as long as torch.optim's takes
                     self._settings.update_on_devices = True
@@ -956,6 +1036,12 @@ class GPipe:
         return list(self._pipe.balance)
 
     @property
+    def pieces(self):
+        """A traced model's pieces, each named by the module path it starts at (the layers the balance
+        counts); None for a torch.nn.Sequential, or until the first batch cuts a traced model."""
+        return list(self._pieces) if self._pieces is not None else None
+
+    @property
     def schedule(self):
         """The schedule run ("auto": the one chosen); None until the pipeline is built."""
         return None if self._pipe is None else self._pipe.schedule
@@ -1083,3 +1169,33 @@ if GPipe.__doc__:
         .replace("<settings>", "\n".join(
             _help_line(keyword, help) for keyword, (name, _, help) in _gpipe.keyword_settings().items()
             if keyword not in inspect.signature(GPipe.__init__).parameters))
+
+
+def export(model, example, path, keep_whole=None, batch_norm="deferred"):
+    """Writes `model` to `path` as the TorchScript Sequential that `gpipe train --model PATH` trains
+    (written whole or not at all): a torch.nn.Sequential as it is, any other module traced and cut
+    into pieces as GPipe cuts it, `example` (a batch) showing which values are tensors. With
+    batch_norm="deferred", the BatchNorms inside layers are written as gpipe.norm's DeferredBatchNorm,
+    which gpipe train defers (its --batch-norm per-micro-batch runs them as BatchNorm). Each
+    parameter is named by its piece, then its path in the model: gpipe train --save writes them so,
+    and model.load_state_dict({k.partition(".")[2]: v for k, v in torch.jit.load(p).state_dict().items()})
+    reads a traced model's back (a parameter two pieces share comes twice, with one value)."""
+    path = _path(path, "the model's path")
+    _one_of(batch_norm, "batch_norm", ("deferred", "per-micro-batch"))
+    deferred = batch_norm == "deferred"
+    if isinstance(model, torch.nn.Sequential) and type(model).forward is torch.nn.Sequential.forward:
+        layers = model if type(model) is torch.nn.Sequential else torch.nn.Sequential(model._modules)
+    else:
+        with _python_words():
+            layers, _ = _pieces_of(_trace.trace(model, _paths(keep_whole, "keep_whole")), _batch(example, "example"),
+                                   deferred)
+    layers.training = model.training
+    scripted = _script(_deferring_norms(layers, deferred))
+    _check_layer_types(scripted)
+    partial = f"{path}.partial-{os.getpid()}"
+    try:
+        scripted.save(partial)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)

@@ -1,6 +1,7 @@
 // stage.cc: one stage: its forward (through its layers, with the skip tray and a deferred BatchNorm's
 // statistics), the random stream it replays, the weighted loss, and its errors. Its backward (B, and
 // I then W) is in stage_backward.cc; what it asks of a model's layers in layers.cc.
+#include "runtime/nested_norm.h"
 #include "runtime/stage_parts.h"
 
 #include "runtime/autocast.h"
@@ -81,33 +82,6 @@ std::string stage_error_message(const Action& action, const std::string& what, c
          (operand.empty() ? "" : ", " + operand) + "): " + what;
 }
 
-// Adds what `input` holds to a deferred BatchNorm's statistics: its rows and positions, and per
-// channel (dim 1) the sum and the sum of squares, from the input's own mean and variance. On the
-// CPU in two passes and in float at least, the mean's then the squared distances' (libtorch's
-// var_mean over the dimensions around the channels took 3x as long as the BatchNorm itself there);
-// elsewhere var_mean's one pass.
-void gather_statistics(torch::Tensor& count, torch::Tensor& sum, torch::Tensor& squares, const torch::Tensor& input) {
-  torch::NoGradGuard no_grad;
-  std::vector<int64_t> dims;
-  for (int64_t d = 0; d < input.dim(); ++d)
-    if (d != 1) dims.push_back(d);
-  const double n = static_cast<double>(input.numel() / input.size(1));
-  torch::Tensor var, mean;
-  if (input.is_cpu()) {
-    const torch::Tensor x = input.detach().to(torch::promote_types(input.scalar_type(), torch::kFloat));
-    mean = x.mean(dims, /*keepdim=*/true);
-    var = (x - mean).square_().mean(dims);
-    mean = mean.flatten();
-  } else {
-    std::tie(var, mean) = torch::var_mean(input.detach(), at::IntArrayRef(dims), /*unbiased=*/false, /*keepdim=*/false);
-  }
-  mean = mean.to(torch::kDouble);  // on the layer's device: no wait for it here
-  var = var.to(torch::kDouble);
-  count += n;
-  sum += mean * n;
-  squares += (var + mean * mean) * n;
-}
-
 }  // namespace
 
 StageError::StageError(const Action& action, const std::string& what, const std::string& operand,
@@ -126,6 +100,7 @@ Stage::Stage(int index, int stages, torch::nn::Sequential layers, Device device,
       skips_inside_(!skip_uses(layers_).empty()),
       stream_(device_.device) {
   names_ = layer_names(layers_);
+  deferred_batch_norm_ = deferred_batch_norm;
   if (!deferred_batch_norm) return;
   size_t n = 0;
   for (const auto& layer : layers_->children()) {
@@ -142,7 +117,7 @@ Stage::Stage(int index, int stages, torch::nn::Sequential layers, Device device,
 torch::Tensor Stage::batch_norm_statistics() const {
   if (norms_.empty()) return {};
   std::vector<torch::Tensor> parts;
-  for (const DeferredNorm& norm : norms_) parts.insert(parts.end(), {norm.count, norm.sum, norm.squares});
+  for (const detail::DeferredNorm& norm : norms_) parts.insert(parts.end(), {norm.count, norm.sum, norm.squares});
   return torch::cat(parts).to(torch::kCPU);
 }
 
@@ -151,7 +126,7 @@ void Stage::update_batch_norm(const torch::Tensor& statistics) {
   torch::NoGradGuard no_grad;
   const torch::Tensor all = statistics.to(torch::kCPU, torch::kDouble);
   int64_t at = 0;
-  for (DeferredNorm& norm : norms_) {
+  for (detail::DeferredNorm& norm : norms_) {
     const int64_t C = norm.sum.numel();
     GPIPE_CHECK(at + 1 + 2 * C <= all.numel(), "stage ", index_, " got BatchNorm statistics of ", all.numel(),
                 " values, fewer than its layers hold");
@@ -177,7 +152,7 @@ void Stage::begin_step() {
 }
 
 void Stage::reset_batch_statistics() {
-  for (DeferredNorm& norm : norms_) {
+  for (detail::DeferredNorm& norm : norms_) {
     norm.count.zero_();
     norm.sum.zero_();
     norm.squares.zero_();
@@ -216,7 +191,9 @@ Tensors Stage::run_chain(int i, const Tensors& x, bool split, bool gather, Kept&
   kept.layer_outputs.clear();
   const auto found = in_place_.find(layer_modes());  // by forward (none: its search failed)
   Tensors a = x;
-  auto norm = norms_.begin();
+  // BatchNorms inside the layers (gpipe::batch_norm) add to norms_ as they first run: counted by index.
+  const detail::NestedNormScope nested(deferred_batch_norm_ ? &norms_ : nullptr, gather);
+  size_t norm = 0;
   size_t n = 0;
   for (auto layer = layers_->begin(); layer != layers_->end(); ++layer, ++n) {
     if (split) {
@@ -226,18 +203,19 @@ Tensors Stage::run_chain(int i, const Tensors& x, bool split, bool gather, Kept&
     // A layer that changes its input in place, where that input is kept: on a copy (the graph runs
     // through it, so the gradient reaches the input itself).
     if (found != in_place_.end() && found->second[n] && (split || shares_storage(a, x))) a = copy_of(a);
-    if (norm != norms_.end() && norm->layer == n && layer->ptr()->is_training()) {
+    if (norm < norms_.size() && norms_[norm].layer == n && layer->ptr()->is_training()) {
       // Deferred BatchNorm: this micro-batch's statistics normalize it; the running ones wait for the step's end.
       const torch::Tensor input = a.only(names_[n] + "'s input", "a BatchNorm layer takes one tensor");
       {
-        const detail::KeepBuffers keep({norm->running.mean, norm->running.var, norm->running.batches});
+        const RunningStatistics& running = norms_[norm].running;
+        const detail::KeepBuffers keep({running.mean, running.var, running.batches});
         a = run_layer(*layer, a, names_[n]);
       }
-      if (gather) gather_statistics(norm->count, norm->sum, norm->squares, input);
+      if (gather) detail::gather_statistics(norms_[norm], input);
     } else {
       a = run_layer(*layer, a, names_[n]);
     }
-    if (norm != norms_.end() && norm->layer == n) ++norm;
+    if (norm < norms_.size() && norms_[norm].layer == n) ++norm;
     if (split) kept.layer_outputs.push_back(a);
   }
   // With `split`, the loss's own graph starts at a leaf, so I starts from d loss / d output.

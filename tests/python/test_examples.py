@@ -20,7 +20,7 @@ def run_example(name, *flags):
     return result.stdout
 
 
-@pytest.mark.parametrize("name", ["fashion_mnist.py", "resnet.py"])
+@pytest.mark.parametrize("name", ["fashion_mnist.py", "resnet.py", "torchvision_resnet.py"])
 def test_a_fashion_mnist_example_trains_and_prints_the_summary(name):
     if not os.path.isdir(FASHION_MNIST):
         pytest.skip("Fashion-MNIST is not installed (dataset-fashion-mnist)")
@@ -33,3 +33,10 @@ def test_the_transformer_example_trains_and_prints_a_sample(tmp_path):
     text.write_text("the quick brown fox jumps over the lazy dog. " * 60)
     out = run_example("transformer.py", "--text", str(text), "--epochs", "1", "--length", "32", "--batch-size", "16")
     assert "held-out loss" in out and "sample: " in out, out
+
+
+def test_the_gpt2_example_trains_unchanged_and_prints_a_sample(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 60)
+    out = run_example("gpt2.py", "--text", str(text), "--epochs", "1", "--length", "32", "--batch-size", "16")
+    assert "GPT traced in" in out and "held-out loss" in out and "sample: " in out, out
