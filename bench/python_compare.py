@@ -16,6 +16,11 @@ median of the ratios is reported with its min and max. Results: bench/results/py
                and the same model in plain PyTorch on one thread; gpipe.GPipe's samples/s over
                `gpipe train`'s, and each one's fraction of the 2-core limit (twice plain
                PyTorch's rate on one thread), per round.
+  traced       models as their authors wrote them, traced and cut by gpipe.GPipe(model, devices=2) with
+               its defaults: torchvision's ResNet-18 at 32x32 (batches of 64, SGD) and
+               examples/python/gpt2.py's GPT-2-style model (batches of 32 sequences of 64, AdamW),
+               each against itself in plain PyTorch on 2 threads and on 1, alternated step by step;
+               with the seconds gpipe took to trace the model and to cut it into pieces (compiled).
   transformer  docs/benchmarks.md's transformer at K=2, M=8, checkpoint except_last: gpipe.GPipe
                against torch.distributed.pipeline.sync.Pipe; and the share of gpipe's step time
                spent holding the GIL. Pipe needs torch's RPC, whose TensorPipe agent keeps a core
@@ -70,6 +75,43 @@ def contender(name, args):
                 opt.step()
         return step, (lambda: pipe.gil_share) if pipe else None
 
+    if name.split()[0] in ("resnet18", "gpt2"):
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        if name.startswith("resnet18"):
+            import torchvision
+            model = torchvision.models.resnet18(num_classes=10)
+            batches = [(torch.randn(64, 3, 32, 32, generator=g), torch.randint(10, (64,), generator=g))
+                       for _ in range(8)]
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        else:
+            from gpt2 import GPT
+            model = GPT(96, length=64)
+            batches = [(torch.randint(96, (32, 64), generator=g), torch.randint(96, (32, 64), generator=g))
+                       for _ in range(8)]
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        pipe = gpipe.GPipe(model, devices=2) if name.endswith("gpipe") else None
+        if pipe is None:
+            set_threads(int(name.split()[-1]))
+        at = [0]
+
+        def step():
+            x, y = batches[at[0] % len(batches)]
+            at[0] += 1
+            opt.zero_grad()
+            if pipe is not None:
+                pipe.train_step(x, y)
+            else:
+                out = model(x)
+                nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1)).backward()
+            opt.step()
+        if pipe is None:
+            return step, None
+        return step, lambda: {"gil_share": pipe.gil_share, "trace_s": pipe._trace_seconds,
+                              "split_s": getattr(pipe, "_split_seconds", None), "schedule": pipe.schedule,
+                              "chunks": pipe.chunks, "balance": pipe.balance,
+                              "pieces": None if pipe.pieces is None else len(pipe.pieces)}
+
     torch.manual_seed(0)
     layers = [nn.Embedding(2048, 256), *[nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, batch_first=True)
                                          for _ in range(8)], nn.Linear(256, 2048)]
@@ -111,7 +153,7 @@ def worker(name, args):
         begin = time.perf_counter()
         step()
         seconds = time.perf_counter() - begin
-        print(json.dumps({"seconds": seconds, "gil_share": gil() if gil else None}), flush=True)
+        print(json.dumps({"seconds": seconds, "gil_share": gil() if gil else None}), flush=True)  # or gpipe's info
 
 
 def alternate(names, steps, warmup, args):
@@ -246,6 +288,28 @@ def epoch(args):
                       "balance": pipe.balance}))
 
 
+def traced(args):
+    rows = []
+    for model, samples in (("resnet18", 64), ("gpt2", 32)):
+        names = [f"{model} gpipe", f"{model} pytorch 2", f"{model} pytorch 1"]
+        results = alternate(names, args.traced_steps, args.warmup, args)
+        seconds = {n: [r["seconds"] for r in results[n]] for n in names}
+        info = results[names[0]][-1]["gil_share"]  # gpipe's: its choice and the trace's and split's seconds
+        for name in names:
+            row = {"comparison": "traced", "model": model, "contender": name,
+                   "samples_per_s": samples / statistics.median(seconds[name]), "steps": len(seconds[name]),
+                   "gpipe_speedup_per_step": ratios(seconds[name], seconds[names[0]])}
+            rows.append(row)
+            print(f"traced  {name:20s} {row['samples_per_s']:7.1f} samples/s   gpipe.GPipe K=2 "
+                  f"{span(row['gpipe_speedup_per_step'])} per step", flush=True)
+        limit = {k: v / 2 for k, v in rows[-1]["gpipe_speedup_per_step"].items()}
+        rows[-3].update(of_2_core_limit=limit, **{k: v for k, v in info.items() if k != "gil_share"})
+        print(f"traced  {model}: gpipe.GPipe {span(limit)} of the 2-core limit per step; traced in "
+              f"{info['trace_s']:.3f} s, cut into {info['pieces']} pieces (compiled) in {info['split_s']:.2f} s; "
+              f"ran {info['schedule']} M={info['chunks']} cut {info['balance']}", flush=True)
+    return rows
+
+
 def transformer(args):
     names = ["transformer gpipe", "transformer Pipe"]
     medians, answers = rounds(names, args.transformer_steps, args.warmup, args.rounds, args)
@@ -261,6 +325,21 @@ def transformer(args):
     return [row]
 
 
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def blas_kernel():
+    """OpenBLAS's kernel, as gpipe reads it (the same library torch loaded)."""
+    import gpipe
+    kernel = gpipe.blas_kernel()
+    return {"running": kernel.running, "best": kernel.best, "chosen_by": kernel.chosen_by}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
@@ -269,8 +348,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5, help="cli and transformer: rounds")
     parser.add_argument("--transformer-steps", type=int, default=6, help="transformer: timed steps per round")
+    parser.add_argument("--traced-steps", type=int, default=20, help="traced: timed steps of each contender")
     parser.add_argument("--gpipe", default=os.path.join(HERE, "..", "build", "apps", "gpipe"))
-    parser.add_argument("--only", choices=["cnn", "cli", "transformer"], action="append")
+    parser.add_argument("--only", choices=["cnn", "cli", "traced", "transformer"], action="append")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--epoch", choices=["gpipe", "pytorch"], help=argparse.SUPPRESS)
     parser.add_argument("--results", default=os.path.join(HERE, "results", "python-compare.json"))
@@ -280,13 +360,13 @@ def main():
     if args.epoch:
         return epoch(args)
     rows = []
-    for part, run in (("cnn", cnn), ("cli", cli), ("transformer", transformer)):
-        if part in (args.only or ["cnn", "cli", "transformer"]):
+    for part, run in (("cnn", cnn), ("cli", cli), ("traced", traced), ("transformer", transformer)):
+        if part in (args.only or ["cnn", "cli", "traced", "transformer"]):
             rows += run(args)
     import torch
     doc = {"command": " ".join(["bench/python_compare.py"] + sys.argv[1:]),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "machine": {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+           "machine": {"cores": os.cpu_count(), "cpu": cpu_model(), "blas_kernel": blas_kernel(),
                        "torch": torch.__version__},
            "results": [dict(r, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())) for r in rows]}
     try:  # the comparisons not run this time stay as they were

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 import gpipe
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from transformer import windows  # noqa: E402
+from transformer import text_data  # noqa: E402
 
 
 class CausalSelfAttention(nn.Module):
@@ -85,14 +85,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
 
-    text = open(args.text, encoding="utf-8", errors="replace").read()
-    chars = sorted(set(text))
-    ids = torch.tensor([chars.index(c) for c in text])
-    cut = len(ids) * 9 // 10
-    x, y = windows(ids[:cut], args.length, args.length // 2)
-    held_x, held_y = windows(ids[cut:], args.length, args.length)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=args.batch_size,
-                                         shuffle=True, drop_last=True)
+    chars, ids, loader, held_x, held_y = text_data(args.text, args.length, args.batch_size)
 
     torch.manual_seed(0)
     model = GPT(len(chars), length=args.length)

@@ -52,6 +52,20 @@ def windows(ids, length, step):
     return rows[:, :-1], rows[:, 1:]
 
 
+def text_data(path, length, batch_size):
+    """The characters of the text at `path`, its ids, a loader of windows of 90% of it (inputs and the
+    next characters, shuffled) and the held-out windows of the rest."""
+    text = open(path, encoding="utf-8", errors="replace").read()
+    chars = sorted(set(text))
+    ids = torch.tensor([chars.index(c) for c in text])
+    cut = len(ids) * 9 // 10
+    x, y = windows(ids[:cut], length, length // 2)
+    held_x, held_y = windows(ids[cut:], length, length)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch_size,
+                                         shuffle=True, drop_last=True)
+    return chars, ids, loader, held_x, held_y
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
@@ -62,14 +76,7 @@ def main():
     parser.add_argument("--schedule", default="1f1b", choices=gpipe.schedule_names())
     args = parser.parse_args()
 
-    text = open(args.text, encoding="utf-8", errors="replace").read()
-    chars = sorted(set(text))
-    ids = torch.tensor([chars.index(c) for c in text])
-    cut = len(ids) * 9 // 10
-    x, y = windows(ids[:cut], args.length, args.length // 2)
-    held_x, held_y = windows(ids[cut:], args.length, args.length)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=args.batch_size,
-                                         shuffle=True, drop_last=True)
+    chars, ids, loader, held_x, held_y = text_data(args.text, args.length, args.batch_size)
 
     torch.manual_seed(0)
     model = language_model(len(chars), length=args.length)
@@ -79,7 +86,7 @@ def main():
     summary = gpipe.Summary(pipe)
     if pipe.rank == 0:
         print(f"gpipe (Python): a {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M-parameter Transformer on "
-              f"{len(text)} characters of {args.text}; {pipe.describe()}, {args.schedule}, cut {pipe.balance}",
+              f"{len(ids)} characters of {args.text}; {pipe.describe()}, {args.schedule}, cut {pipe.balance}",
               flush=True)
     held = 0.0
     for epoch in range(1, args.epochs + 1):

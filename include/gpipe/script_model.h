@@ -34,6 +34,7 @@ class ScriptLayerImpl : public torch::nn::Module, public RandomLayer, public Bat
   bool draws_random_numbers() const override { return random_; }
   std::optional<RunningStatistics> running_statistics() override;
   std::string inner_batch_norm() const override { return inner_batch_norm_; }
+  std::vector<RunningStatistics> deferring_norms_inside() const override;
 
  private:
   torch::jit::Module module_;

@@ -187,6 +187,9 @@ class BatchNormLayer {
   virtual std::optional<RunningStatistics> running_statistics() = 0;
   /// The name of a BatchNorm inside it (not itself), or "" if it holds none.
   virtual std::string inner_batch_norm() const = 0;
+  /// The running statistics of the BatchNorms inside it that defer to their stage (Python's
+  /// gpipe.DeferredBatchNorm, whose forward is the op gpipe::batch_norm), in module order.
+  virtual std::vector<RunningStatistics> deferring_norms_inside() const { return {}; }
 };
 
 /// `layer`'s running statistics if it is a BatchNorm that tracks them:
@@ -262,11 +265,12 @@ class Stage {
   /// backward computed as the gradient of a tensor another stage stashed.
   torch::Tensor take_skip(int i, Channel channel);
 
-  /// What the stage's BatchNorm layers saw in training forwards since the
-  /// last reset_batch_statistics (recomputed forwards not counted): per layer,
-  /// in layer order, [rows·positions, Σx per channel, Σx² per channel], in
+  /// What the stage's deferred BatchNorms saw in training forwards since the
+  /// last reset_batch_statistics (recomputed forwards not counted): per
+  /// BatchNorm, its layers' in layer order, then those inside its layers in
+  /// module order, [rows·positions, Σx per channel, Σx² per channel], in
   /// float64 on the CPU, to be summed over replicas. Undefined without
-  /// deferred BatchNorm layers.
+  /// deferred BatchNorms.
   torch::Tensor batch_norm_statistics() const;
   /// Updates each BatchNorm layer's running statistics once, from the mean and
   /// unbiased variance of all the rows in `statistics` (batch_norm_statistics,
@@ -336,8 +340,8 @@ class Stage {
   bool stochastic_;
   std::map<int, Kept> kept_;               // by micro-batch
   bool deferred_batch_norm_;
-  std::vector<detail::DeferredNorm> norms_;  // with deferred BatchNorm: its layers', in order, then those inside
-                                            // layers (gpipe::batch_norm), as they first run
+  std::vector<detail::DeferredNorm> norms_;  // with deferred BatchNorm: its layers', in order, then those
+                                            // inside its layers (gpipe::batch_norm), in module order
   std::vector<std::pair<int, std::string>> stashed_, popped_;  // skip connections across edges: (k, name)
   bool skips_inside_ = false;              // a Stash or Pop among the layers: split backwards in one piece
   // By the layers' modes (layer_modes: Dropout changes its input in training only), per layer, whether

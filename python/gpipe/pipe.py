@@ -1,9 +1,11 @@
-"""GPipe: a torch.nn.Sequential trained through gpipe's C++ pipeline."""
+"""GPipe: a torch.nn.Module (a Sequential as it is, any other traced and cut) trained through gpipe's C++
+pipeline."""
 import atexit
 import collections
 import contextlib
 import functools
 import inspect
+import io
 import numbers
 import os
 import re
@@ -120,6 +122,24 @@ def _path(value, name):
     if not path:
         raise ValueError(f"gpipe: {name} is empty; give a file path")
     return path
+
+
+def _chain_of(model):
+    """A torch.nn.Sequential's layers as a plain Sequential (a subclass that keeps Sequential's forward:
+    the same modules, so the same parameters), with the model's mode; None for a model gpipe traces."""
+    if not isinstance(model, torch.nn.Sequential) or type(model).forward is not torch.nn.Sequential.forward:
+        return None
+    layers = model if type(model) is torch.nn.Sequential else torch.nn.Sequential(model._modules)
+    layers.training = model.training  # the container's flag only: children keep their own modes
+    return layers
+
+
+def _compile(layers, deferred):
+    """The Sequential `layers` compiled (BatchNorms inside them deferred where `deferred`), each
+    layer's return type checked."""
+    scripted = _script(_deferring_norms(layers, deferred))
+    _check_layer_types(scripted)
+    return scripted
 
 
 def _deferring_norms(layers, deferred):
@@ -601,7 +621,7 @@ class _DeviceUpdates:
 
 
 class GPipe:
-    """A torch.nn.Sequential cut into consecutive stages over `devices` devices, trained with GPipe:
+    """A model cut into consecutive stages over `devices` devices, trained with GPipe:
     each mini-batch split into `chunks` micro-batches that flow through the stages, the devices C++
     threads that run at the same time without the GIL (or, under mpirun, one rank each), which they
     take only for torch.optim's update within update_on_devices.
@@ -611,7 +631,8 @@ class GPipe:
     model.state_dict() work unchanged, and so does torch.nn.utils.clip_grad_norm_ in one process
     (under MPI each rank holds only its stages' gradients: use pipe.clip_grad_norm_).
 
-    The model is compiled (torch.jit.script) when GPipe is built, and GPipe runs what it compiled:
+    The model is compiled (torch.jit.script) when GPipe is built (a traced model: on the first batch,
+    when it is cut), and GPipe runs what it compiled:
     changes of parameter values in place (optimizers, load_state_dict), of requires_grad and of
     model.train()/model.eval() are followed; a replaced parameter or buffer (model[0].weight =
     nn.Parameter(...)), an added, replaced or removed layer (model.append, model[1] = ..., del
@@ -627,7 +648,10 @@ class GPipe:
     optimizer's step on the devices, as `gpipe train` does.
 
     model          a torch.nn.Sequential that torch.jit.script accepts (or a subclass that keeps its
-                   forward); its children are the layers
+                   forward): its children are the layers; or any other torch.nn.Module whose forward
+                   takes one tensor and returns one: traced with torch.fx when GPipe is built and cut on
+                   the first batch into pieces, the layers (gpipe.trace; `pieces` names them), each
+                   compiled
     balance        layers per stage (K·V entries), or None: on the first batch, the cut predicted fastest
                    (schedule="auto") or by the layers' measured time (until then `balance` is None)
     chunks         M, micro-batches per mini-batch; None: chosen with schedule="auto", else 4 per device
@@ -650,6 +674,10 @@ class GPipe:
                    (one process per device over torch.distributed's c10d and Gloo; torchrun), or "auto": the
                    backend of the job that started this process, if it has more than one process (MPI under
                    mpirun; c10d under torchrun or with torch.distributed initialized), else threads
+    split_points   a traced model's module paths where stages begin (K·V - 1 of them), in place of a
+                   balance: each stage starts at the first piece at or inside its path
+    keep_whole     a traced model's module paths to run whole, as one layer each (a submodule whose code fx
+                   cannot follow is kept whole without being named)
     process_group  with runtime "auto" or "c10d": the torch.distributed process group whose processes run
                    the devices (rank r of the group: device r mod K of replica r div K); by default the
                    default group when torch.distributed is initialized and neither mpirun nor torchrun
@@ -669,12 +697,11 @@ class GPipe:
         # A Sequential (or a subclass that keeps its forward) is the chain of its children, run as they
         # are; any other module is traced with torch.fx and cut into pieces on the first batch.
         self._graph = None
-        if isinstance(model, torch.nn.Sequential) and type(model).forward is torch.nn.Sequential.forward:
+        layers = _chain_of(model)
+        if layers is not None:
             if split_points is not None or keep_whole is not None:
                 raise ValueError("gpipe: split_points and keep_whole are for a model that gpipe traces (one that is "
                                  "not a torch.nn.Sequential); a Sequential is cut between its children: give balance")
-            layers = model if type(model) is torch.nn.Sequential else torch.nn.Sequential(model._modules)
-            layers.training = model.training  # the container's flag only: children keep their own modes
             count = len(layers)
         else:
             if balance is not None:
@@ -682,9 +709,10 @@ class GPipe:
                                  f"is traced and cut into pieces on the first batch, so name where stages begin "
                                  f"instead: split_points=['blocks.2', ...] (module paths, as model.named_modules() "
                                  f"names them)")
+            begin = time.perf_counter()
             with _python_words():
                 self._graph = _trace.trace(model, _paths(keep_whole, "keep_whole"))
-            layers = model
+            self._trace_seconds = time.perf_counter() - begin  # the trace, then the split (bench/python_compare.py)
             split_points = _paths(split_points, "split_points")
             for path in split_points:
                 _trace.check_path(model, path, "split_points")
@@ -694,7 +722,7 @@ class GPipe:
                 balance = [1] * count
         self._split_points = split_points
         self._pieces = None  # a traced model's pieces, by the module path each starts at
-        for name, p in layers.named_parameters():  # every loss would be NaN, with no word why
+        for name, p in model.named_parameters():  # every loss would be NaN, with no word why
             if p.is_floating_point() and not bool(torch.isfinite(p).all()):
                 raise ValueError(f"gpipe: the model's parameter {name} holds NaN or infinite values, so every loss "
                                  f"would be NaN; initialize it anew, or load a state_dict saved before it diverged")
@@ -765,8 +793,7 @@ class GPipe:
             settings.balance = []
             self._scripted = None
         else:
-            self._scripted = _script(_deferring_norms(layers, self._settings.deferred_batch_norm))
-            _check_layer_types(self._scripted)
+            self._scripted = _compile(layers, self._settings.deferred_batch_norm)
         self._fingerprint = _fingerprint(model)
         self._pipe = None
         self.build_seconds = 0.0  # the first batch's build of the pipeline (schedule="auto": its profile)
@@ -782,6 +809,7 @@ class GPipe:
     def _cut_into_pieces(self, input):
         """The traced model as a Sequential of pieces (gpipe.trace), compiled: the values that are
         tensors are known from one run on the first batch. With split_points, the balance they make."""
+        begin = time.perf_counter()
         with _python_words():
             pieces, paths = _pieces_of(self._graph, input, self._settings.deferred_batch_norm)
             if self._split_points:
@@ -792,9 +820,9 @@ class GPipe:
         except ValueError as e:
             raise ValueError(f"{_in_python_words(e, _NAMES)}: the model was cut into {len(pieces)} pieces, each "
                              f"starting at a layer with only tensors alive before it ({', '.join(paths)})") from None
-        self._scripted = _script(_deferring_norms(pieces, self._settings.deferred_batch_norm))
+        self._scripted = _compile(pieces, self._settings.deferred_batch_norm)
         self._pieces = paths
-        _check_layer_types(self._scripted)
+        self._split_seconds = time.perf_counter() - begin  # with the compilation
         with _python_words():
             _gpipe.check_model(self._scripted)
 
@@ -831,7 +859,8 @@ class GPipe:
                 if input.size(0) == 0:
                     raise ValueError("gpipe: the first batch has no rows to measure the layers on; give at least one")
                 if self._scripted is None:
-                    self._cut_into_pieces(input)
+                    with _OneRowBatchNorm(1, min(2, input.size(0))):  # which values are tensors: from 2 rows
+                        self._cut_into_pieces(input)
                 if self._updates is not None and self._settings.schedule == "auto":
                     # auto predicts the update where it will run, as long as torch.optim's takes
                     self._settings.update_on_devices = True
@@ -1105,9 +1134,10 @@ class GPipe:
     def save(self, path):
         """Writes the whole model to one file, gathered from every rank under MPI (every rank calls
         it; rank 0 writes, and its model then holds every rank's values): TorchScript, which
-        torch.jit.load reads (model.load_state_dict(torch.jit.load(path).state_dict()) takes it
-        back; `import gpipe` first if the model has Stash and Pop layers), written whole or not at
-        all. Optimizer state is not in it: torch.save(opt.state_dict()) saves that."""
+        torch.jit.load reads (model.load_state_dict(torch.jit.load(path).state_dict()) takes a
+        Sequential's back; a traced model's parameters are named by piece, then by path: see gpipe.export; `import
+        gpipe` first if the model has Stash and Pop layers or BatchNorms inside layers), written whole
+        or not at all. Optimizer state is not in it: torch.save(opt.state_dict()) saves that."""
         path = _path(path, "the model's path")
         if self._pipe is None:
             raise ValueError("gpipe: the pipeline is built on the first batch (balance=None); train a step first")
@@ -1183,19 +1213,13 @@ def export(model, example, path, keep_whole=None, batch_norm="deferred"):
     path = _path(path, "the model's path")
     _one_of(batch_norm, "batch_norm", ("deferred", "per-micro-batch"))
     deferred = batch_norm == "deferred"
-    if isinstance(model, torch.nn.Sequential) and type(model).forward is torch.nn.Sequential.forward:
-        layers = model if type(model) is torch.nn.Sequential else torch.nn.Sequential(model._modules)
-    else:
+    layers = _chain_of(model)
+    if layers is None:
         with _python_words():
             layers, _ = _pieces_of(_trace.trace(model, _paths(keep_whole, "keep_whole")), _batch(example, "example"),
                                    deferred)
-    layers.training = model.training
-    scripted = _script(_deferring_norms(layers, deferred))
-    _check_layer_types(scripted)
-    partial = f"{path}.partial-{os.getpid()}"
-    try:
-        scripted.save(partial)
-        os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.remove(partial)
+        layers.training = model.training
+    buffer = io.BytesIO()
+    torch.jit.save(_compile(layers, deferred), buffer)
+    with _python_words():
+        _gpipe.write_file_atomically(path, buffer.getvalue())

@@ -1,8 +1,9 @@
 """Any torch.nn.Module as a Sequential of pieces that gpipe cuts into stages: traced with torch.fx.
 
-    pieces = gpipe.trace.pieces(model, example)   # a torch.nn.Sequential; GPipe(model) does this itself
+    graph = trace(model)                                # when GPipe(model) is built
+    pieces, paths = split(graph, value_kinds(graph, x))  # on its first batch x
 
-The model's forward is traced into one graph (torch.fx.symbolic_trace), its submodules' forwards
+The model's forward is traced into one graph (fx's symbolic tracing), its submodules' forwards
 inlined, down to torch.nn's own layers and the submodules fx cannot trace (kept whole, as one
 layer). The graph is then cut into consecutive pieces, one starting at each layer call (a module
 call, or a function given a parameter) where only tensors are alive across the cut: the values
@@ -19,6 +20,8 @@ import functools
 import inspect
 import math
 import operator
+import threading
+import traceback
 import typing
 import warnings
 
@@ -26,8 +29,11 @@ import torch
 import torch.fx
 
 # Factory functions given a traced value (torch.arange(0, x.size(1))) take no tensor, so fx's tracing
-# does not see them: they are recorded as calls while a model is traced.
+# does not see them: they are recorded as calls while a model is traced (called as torch.NAME).
 _FACTORIES = ("arange", "zeros", "ones", "full", "empty", "eye", "linspace", "rand", "randn", "randint")
+
+# A trace patches torch's factories and fx's Proxy for its length: one at a time.
+_TRACING = threading.Lock()
 
 
 class _Tracer(torch.fx.Tracer):
@@ -53,8 +59,8 @@ class _Tracer(torch.fx.Tracer):
             raise
 
     def iter(self, value):
-        # `a, b = x.size()`: Python unpacks the traced value into as many items as the code names
-        # (torch 1.13's own check of the instruction misreads Python 3.11's bytecode).
+        # `a, b = x.size()`: as many items as the code unpacks (torch 1.13's own reading of the
+        # instruction misses Python 3.11's bytecode). Called by Proxy.__iter__, from the user's frame.
         frame = inspect.currentframe().f_back.f_back
         for instruction in dis.get_instructions(frame.f_code):
             if instruction.offset == frame.f_lasti:
@@ -73,25 +79,60 @@ class _Tracer(torch.fx.Tracer):
                 return self.create_proxy("call_function", fn, args, kwargs) if traced else fn(*args, **kwargs)
             return call
 
-        originals = {name: getattr(torch, name) for name in _FACTORIES}
-        try:
-            for name, fn in originals.items():
-                setattr(torch, name, recorded(fn))
-            return super().trace(root, concrete_args)
-        finally:
-            for name, fn in originals.items():
-                setattr(torch, name, fn)
+        with _TRACING:
+            originals = {name: getattr(torch, name) for name in _FACTORIES}
+            proxy_iter = torch.fx.Proxy.__iter__
+            try:
+                for name, fn in originals.items():
+                    setattr(torch, name, recorded(fn))
+                torch.fx.Proxy.__iter__ = lambda proxy: proxy.tracer.iter(proxy)
+                return super().trace(root, concrete_args)
+            finally:
+                torch.fx.Proxy.__iter__ = proxy_iter
+                for name, fn in originals.items():
+                    setattr(torch, name, fn)
 
 
-def _one_input(model):
-    """fx's concrete_args for a forward of one tensor and optional others: those left at their defaults."""
+def _defaults(model):
+    """The defaults of the forward's arguments after the first: fx traces them as constants."""
     parameters = list(inspect.signature(model.forward).parameters.values())
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if not positional or any(p.kind == p.VAR_POSITIONAL for p in parameters) or \
-            any(p.default is p.empty for p in positional[1:]):
+            any(p.default is p.empty for p in parameters[1:] if p.kind != p.VAR_KEYWORD):
         raise ValueError(f"gpipe: the model's forward takes {str(inspect.signature(model.forward))}; gpipe gives it "
                          f"one tensor, the batch: give a model whose forward takes one tensor (others with defaults)")
     return {p.name: p.default for p in parameters[1:] if p.kind != p.VAR_KEYWORD}
+
+
+def _inline_defaults(graph, defaults):
+    """fx makes each argument given in concrete_args a placeholder checked against its value (an
+    assertion node); the value itself is put where it is read, and both go."""
+    checks = (torch.fx._symbolic_trace._assert_is_none, torch._assert)
+    for node, value in zip([n for n in graph.nodes if n.op == "placeholder"][1:], defaults.values()):
+        for user in list(node.users):
+            if user.op == "call_function" and user.target in checks and not user.users:
+                graph.erase_node(user)
+            else:
+                user.args = torch.fx.node.map_arg(user.args, lambda a: value if a is node else a)
+                user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a: value if a is node else a)
+        graph.erase_node(node)
+    for check in [n for n in graph.nodes if n.op == "call_function" and n.target in checks]:
+        condition = check.args[0] if check.args else None
+        if isinstance(condition, torch.fx.Node) and condition.target is operator.eq and not condition.all_input_nodes:
+            graph.erase_node(check)  # a default compared with itself
+            if not condition.users:
+                graph.erase_node(condition)
+
+
+def check_path(model, path, what):
+    """Refuses `path` unless it names a submodule of `model`."""
+    try:
+        if not isinstance(path, str) or not path:
+            raise AttributeError
+        model.get_submodule(path)
+    except AttributeError:
+        raise ValueError(f"gpipe: {what} names {path!r}, which is not a submodule's path in the model; give paths "
+                         f"as model.named_modules() names them (e.g. 'blocks.2')") from None
 
 
 def trace(model, keep_whole=()):
@@ -103,22 +144,22 @@ def trace(model, keep_whole=()):
     for path in keep_whole:
         check_path(model, path, "keep_whole")
         leaves.add(path)
-    concrete = _one_input(model)
+    defaults = _defaults(model)
     while True:
         tracer = _Tracer(leaves)
         try:
-            graph = tracer.trace(model, concrete_args=concrete)
+            graph = tracer.trace(model, concrete_args=defaults)
             break
         except Exception as e:
             if tracer.failed_in is None:  # the model's own forward
-                where = _user_line(e)
                 raise ValueError(
                     f"gpipe: the model's forward cannot be traced by torch.fx, which gpipe needs to cut a model that "
                     f"is not a torch.nn.Sequential: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                    f"{where}. Ways out: give GPipe(model, keep_whole=[...]) the paths of the submodules whose code "
-                    f"fx cannot follow (they are then run whole, as one layer), or give a torch.nn.Sequential of "
-                    f"the layers") from None
+                    f"{_user_line(e)}. Ways out: give GPipe(model, keep_whole=[...]) the paths of the submodules "
+                    f"whose code fx cannot follow (they are then run whole, as one layer), or give a "
+                    f"torch.nn.Sequential of the layers") from None
             leaves.add(tracer.failed_in)
+    _inline_defaults(graph, defaults)
     returned = next(n for n in graph.nodes if n.op == "output").args[0]
     if not isinstance(returned, torch.fx.Node):
         _refuse_output(returned)
@@ -129,13 +170,13 @@ def trace(model, keep_whole=()):
 
 def _refuse_output(value):
     kind = next((k.__name__ for k in (dict, tuple, list) if isinstance(value, k)), type(value).__name__)
-    raise ValueError(f"gpipe: the model returns a {kind}, where gpipe needs one tensor, the output "
-                     f"its loss takes; return the tensor (e.g. the logits) from forward")
+    raise ValueError(f"gpipe: the model returns a {kind}, where gpipe needs one tensor, the output its loss "
+                     f"takes; return the tensor (e.g. the logits) from forward")
 
 
 def _user_line(error):
-    """' (file.py:12: x = ...)' for the innermost frame of the error outside torch; '' if none."""
-    frames = [f for f in __import__("traceback").extract_tb(error.__traceback__)
+    """' (at file.py:12: x = ...)' for the innermost frame of the error outside torch; '' if none."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
               if "/torch/" not in f.filename and not f.filename.endswith("gpipe/trace.py")]
     if not frames:
         return ""
@@ -157,59 +198,57 @@ class _Kinds(torch.fx.Interpreter):
 
 
 def value_kinds(graph_module, example):
-    """Which of the graph's values are tensors, from one run on `example` without a graph, the
-    model's buffers and the random numbers left as they were."""
+    """Which of the graph's values are tensors, from one run without a graph on the first two rows
+    of `example` (on the model's device), its buffers and random numbers left as they were."""
+    first = next(graph_module.parameters(), None)
+    example = example[:2] if first is None else example[:2].to(first.device)
     buffers = [(b, b.detach().clone()) for b in graph_module.buffers()]
+    devices = [example.device.index or 0] if example.is_cuda else []
     kinds = _Kinds(graph_module)
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        output = kinds.run(example)
-    with torch.no_grad():
-        for b, saved in buffers:
-            b.copy_(saved)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            output = kinds.run(example)
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
     if not isinstance(output, torch.Tensor):
         _refuse_output(output)
     return kinds.tensor
 
 
-def _reads_a_parameter(node, parameters):
-    return any(a.op == "get_attr" and a.target in parameters for a in node.all_input_nodes)
-
-
 def _module_path(node, parameters):
+    """The module a layer call runs: its own, or the one that holds the parameter it is given; None
+    for any other node."""
     if node.op == "call_module":
         return node.target
-    for a in node.all_input_nodes:
-        if a.op == "get_attr" and a.target in parameters:
-            return a.target.rpartition(".")[0] or a.target
+    if node.op in ("call_function", "call_method"):
+        for a in node.all_input_nodes:
+            if a.op == "get_attr" and a.target in parameters:
+                return a.target.rpartition(".")[0] or a.target
     return None
 
 
-def cuts(graph_module, kinds):
-    """Where pieces may start: (index of the node in the graph's computing nodes, module path) for
-    each layer call with only tensors alive before it; and those nodes."""
-    nodes = [n for n in graph_module.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+def _computing(graph):
+    """The graph's nodes that compute (not its input, its output, or its reads of parameters)."""
+    return [n for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+
+
+def _alive(graph, nodes):
+    """Per position k of `nodes`, the values made before nodes[k] and read at or after it, in order."""
     at = {n: k for k, n in enumerate(nodes)}
-    last_use = {}
-    for n in graph_module.graph.nodes:
-        if n.op == "get_attr":
-            continue
-        uses = [at.get(u, len(nodes)) for u in n.users]
-        last_use[n] = max(uses, default=-1)
-    parameters = dict(graph_module.named_parameters())
-    found = []
-    alive = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    last = {n: max((at.get(u, len(nodes)) for u in n.users), default=-1)
+            for n in graph.nodes if n.op not in ("get_attr", "output")}
+    alive, made = [], [n for n in graph.nodes if n.op == "placeholder"]
     for k, node in enumerate(nodes):
-        alive = [v for v in alive if last_use[v] >= k]
-        if k > 0 and alive and all(kinds.get(v, False) for v in alive):
-            path = _module_path(node, parameters)
-            if path is not None:
-                found.append((k, path))
-        alive.append(node)
-    return found, nodes
+        made = [v for v in made if last[v] >= k]
+        alive.append(list(made))
+        made.append(node)
+    return alive
 
 
 def _piece(graph_module, nodes, inputs, outputs):
-    """A GraphModule of `nodes` taking `inputs` (one tensor, or a tuple of them) and returning `outputs`."""
+    """A GraphModule of `nodes` taking `inputs` (one tensor, or a tuple) and returning `outputs`."""
     graph = torch.fx.Graph()
     env = {}
     if len(inputs) == 1:
@@ -221,13 +260,10 @@ def _piece(graph_module, nodes, inputs, outputs):
 
     def value(n):
         if n not in env:  # a parameter or buffer: read again in each piece that reads it
-            assert n.op == "get_attr", n
             env[n] = graph.get_attr(n.target)
         return env[n]
 
     for node in nodes:
-        for a in node.all_input_nodes:
-            value(a)
         env[node] = graph.node_copy(node, value)
     graph.output(env[outputs[0]] if len(outputs) == 1 else tuple(env[v] for v in outputs))
     with warnings.catch_warnings():
@@ -235,39 +271,32 @@ def _piece(graph_module, nodes, inputs, outputs):
         return torch.fx.GraphModule(graph_module, graph, class_name="Piece")
 
 
-def split(graph_module, kinds, starts=None):
-    """The graph as a torch.nn.Sequential of pieces, one starting at each of `starts` (node indices
-    among cuts(); all of them by default); and the module path each piece starts at."""
-    found, nodes = cuts(graph_module, kinds)
-    if starts is None:
-        starts = [k for k, _ in found]
-    paths = dict(found)
-    bounds = [0] + sorted(starts) + [len(nodes)]
-    output = next(n for n in graph_module.graph.nodes if n.op == "output")
-    at = {n: k for k, n in enumerate(nodes)}
-    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+def split(graph_module, kinds):
+    """The graph as a torch.nn.Sequential of pieces, one starting at each layer call with only
+    tensors alive before it (`kinds`: value_kinds'); and the module path each piece starts at
+    (the first piece: its first module's, or "input" where it calls none)."""
+    graph = graph_module.graph
     parameters = dict(graph_module.named_parameters())
-
-    def alive_at(k):  # values made before node k and read at or after it, in the graph's order
-        made = placeholders + nodes[:k]
-        return [v for v in made if any(at.get(u, len(nodes)) >= k for u in v.users)]
-
-    pieces = collections.OrderedDict()
-    names = []
+    nodes = _computing(graph)
+    alive = _alive(graph, nodes)
+    paths = [_module_path(n, parameters) for n in nodes]
+    starts = [k for k in range(1, len(nodes))
+              if paths[k] is not None and alive[k] and all(kinds.get(v, False) for v in alive[k])]
+    bounds = [0] + starts + [len(nodes)]
+    output = next(n for n in graph.nodes if n.op == "output")
+    pieces, names = collections.OrderedDict(), []
     for begin, end in zip(bounds, bounds[1:]):
-        inputs = alive_at(begin)
-        outputs = [output.args[0]] if end == len(nodes) else alive_at(end)
-        name = paths.get(begin) or next((_module_path(n, parameters) for n in nodes[begin:end]
-                                         if _module_path(n, parameters)), "input")
+        name = next((p for p in paths[begin:end] if p is not None), "input")
         names.append(name)
-        pieces[name.replace(".", "_") + ("" if name.replace(".", "_") not in pieces else f"_{len(names)}")] = \
-            _piece(graph_module, nodes[begin:end], inputs, outputs)
+        key = name.replace(".", "_")
+        pieces[key if key not in pieces else f"{key}_{len(names)}"] = _piece(
+            graph_module, nodes[begin:end], alive[begin], [output.args[0]] if end == len(nodes) else alive[end])
     return torch.nn.Sequential(pieces), names
 
 
 def balance_at(paths, split_points):
     """Pieces per stage where stages begin at `split_points` (module paths): each at the first piece
-    after the last one that starts at that module or inside it."""
+    after the previous split point's that starts at that module or inside it."""
     at = [0]
     for point in split_points:
         found = next((k for k in range(at[-1] + 1, len(paths))
@@ -284,10 +313,4 @@ def balance_at(paths, split_points):
 
 def most_pieces(graph_module):
     """An upper bound of the pieces the graph is cut into (its computing nodes), known before the first batch."""
-    return max(1, sum(1 for n in graph_module.graph.nodes if n.op not in ("placeholder", "output", "get_attr")))
-
-
-def check_path(model, path, what):
-    if path not in dict(model.named_modules()) or not path:
-        raise ValueError(f"gpipe: {what} names {path!r}, which is not a submodule's path in the model; give paths "
-                         f"as model.named_modules() names them (e.g. 'blocks.2')")
+    return max(1, len(_computing(graph_module.graph)))

@@ -73,6 +73,12 @@ void add_job(py::module_& m) {
   m.def("blas_kernel", &blas_kernel);
   m.def("blas_warning", &blas_warning);
   m.def("blas_gflops", &blas_gflops, py::call_guard<py::gil_scoped_release>());
+  // gpipe.export's file, whole or not at all (io.h).
+  m.def("write_file_atomically", [](const std::string& path, const py::bytes& contents) {
+    std::string data = contents;
+    py::gil_scoped_release release;
+    write_file_atomically(path, data);
+  });
   // runtime=: "auto", "threads", then each backend's name (backends(), built in or not).
   m.def("runtime_names", [] {
     std::vector<std::string> names = {"auto", "threads"};

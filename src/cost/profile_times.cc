@@ -134,7 +134,8 @@ LayerTimings time_layers(const torch::nn::Sequential& layers, const std::vector<
                          const Tensors& sample, const ProfileLayersOptions& options) {
   const size_t L = layers->size();
   LayerTimings timings{std::vector<std::vector<double>>(L), std::vector<std::vector<double>>(L),
-                       std::vector<std::vector<double>>(L), std::vector<std::vector<double>>(L)};
+                       std::vector<std::vector<double>>(L), std::vector<std::vector<double>>(L),
+                       std::vector<bool>(L, false)};
   {
     const AutocastScope autocast(options.precision(), sample.items.front().device().type());
     std::map<std::string, torch::Tensor> tray;  // what its Stash layers stash, apart from the passes'

@@ -115,15 +115,28 @@ ScriptLayerImpl::ScriptLayerImpl(torch::jit::Module module) : module_(std::move(
     }
 }
 
+// A scripted BatchNorm's running statistics. torch.nn's declares momentum a constant; gpipe's
+// DeferredBatchNorm an attribute.
+static RunningStatistics statistics_of(const torch::jit::Module& norm) {
+  const torch::IValue momentum = norm.type()->hasConstant("momentum") ? norm.type()->getConstant("momentum")
+                                 : norm.hasattr("momentum")           ? norm.attr("momentum")
+                                                                      : torch::IValue(0.1);
+  return RunningStatistics{norm.attr("running_mean").toTensor(), norm.attr("running_var").toTensor(),
+                           norm.attr("num_batches_tracked").toTensor(),
+                           momentum.isNone() ? std::nullopt : std::optional<double>(momentum.toDouble())};
+}
+
 std::optional<RunningStatistics> ScriptLayerImpl::running_statistics() {
   if (!is_batch_norm(module_) || !module_.attr("running_mean").isTensor()) return std::nullopt;  // track_running_stats=False
-  // torch.nn's BatchNorm declares momentum a constant; read it as an attribute where it is one.
-  const torch::IValue momentum = module_.type()->hasConstant("momentum") ? module_.type()->getConstant("momentum")
-                                 : module_.hasattr("momentum")           ? module_.attr("momentum")
-                                                                         : torch::IValue(0.1);
-  return RunningStatistics{module_.attr("running_mean").toTensor(), module_.attr("running_var").toTensor(),
-                                  module_.attr("num_batches_tracked").toTensor(),
-                                  momentum.isNone() ? std::nullopt : std::optional<double>(momentum.toDouble())};
+  return statistics_of(module_);
+}
+
+std::vector<RunningStatistics> ScriptLayerImpl::deferring_norms_inside() const {
+  static const std::regex deferred(R"(^__torch__\.gpipe\.norm\.(___torch_mangle_\d+\.)?DeferredBatchNorm$)");
+  std::vector<RunningStatistics> found;
+  for (const auto& inner : module_.named_modules())
+    if (std::regex_match(inner.value.type()->name()->qualifiedName(), deferred)) found.push_back(statistics_of(inner.value));
+  return found;
 }
 
 torch::Tensor ScriptLayerImpl::forward(const torch::Tensor& x) {

@@ -1,8 +1,9 @@
 // nested_norm.cc: the op gpipe::batch_norm and the scope a stage's forward gives it.
 #include "runtime/nested_norm.h"
 
-#include <ATen/Context.h>
+#include "gpipe/check.h"
 
+#include <ATen/Context.h>
 
 namespace gpipe::detail {
 namespace {
@@ -14,15 +15,13 @@ struct Current {
 
 thread_local Current current;
 
-DeferredNorm& deferred(std::vector<DeferredNorm>& norms, const torch::Tensor& mean, const torch::Tensor& var,
-                       const torch::Tensor& batches, c10::optional<double> momentum) {
+// The stage's entry for the BatchNorm whose running mean is `mean`.
+DeferredNorm& entry_for(std::vector<DeferredNorm>& norms, const torch::Tensor& mean) {
   for (DeferredNorm& norm : norms)
     if (norm.layer == DeferredNorm::kInside && norm.running.mean.is_same(mean)) return norm;
-  const auto f64 = torch::dtype(torch::kDouble).device(mean.device());
-  const int64_t channels = mean.numel();
-  norms.push_back({DeferredNorm::kInside, RunningStatistics{mean, var, batches, momentum ? std::optional<double>(*momentum) : std::nullopt}, torch::zeros({1}, f64),
-                   torch::zeros({channels}, f64), torch::zeros({channels}, f64)});
-  return norms.back();
+  throw std::invalid_argument(
+      "a DeferredBatchNorm ran in a stage that does not hold it among its layers' modules, so its statistics "
+      "would not be summed with its other replicas'; give the pipeline the model that holds it");
 }
 
 torch::Tensor batch_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& weight,
@@ -31,8 +30,11 @@ torch::Tensor batch_norm(const torch::Tensor& x, const c10::optional<torch::Tens
                          c10::optional<double> momentum, double eps) {
   const bool cudnn = at::globalContext().userEnabledCuDNN();
   if (!training) return at::batch_norm(x, weight, bias, running_mean, running_var, false, 0.0, eps, cudnn);
+  // torch.nn.BatchNorm's words, which gpipe's Python turns into advice on chunks.
+  TORCH_CHECK(x.dim() < 2 || x.numel() / std::max<int64_t>(1, x.size(1)) > 1,
+              "Expected more than 1 value per channel when training, got input size ", x.sizes());
   if (current.norms != nullptr) {
-    if (current.gather) gather_statistics(deferred(*current.norms, running_mean, running_var, batches, momentum), x);
+    if (current.gather) gather_statistics(entry_for(*current.norms, running_mean), x);
     return at::batch_norm(x, weight, bias, {}, {}, true, 0.0, eps, cudnn);
   }
   // Outside a stage: torch.nn.BatchNorm's own update.
@@ -46,6 +48,13 @@ torch::Tensor batch_norm(const torch::Tensor& x, const c10::optional<torch::Tens
 }
 
 }  // namespace
+
+DeferredNorm deferred_norm(size_t layer, RunningStatistics running) {
+  const auto f64 = torch::dtype(torch::kDouble).device(running.mean.device());
+  const int64_t channels = running.mean.numel();
+  return {layer, std::move(running), torch::zeros({1}, f64), torch::zeros({channels}, f64),
+          torch::zeros({channels}, f64)};
+}
 
 // From the input's own mean and variance: on the CPU in two passes and in float at least, the
 // mean's then the squared distances' (libtorch's var_mean over the dimensions around the channels
@@ -73,19 +82,20 @@ void gather_statistics(DeferredNorm& norm, const torch::Tensor& input) {
 }
 
 NestedNormScope::NestedNormScope(std::vector<DeferredNorm>* norms, bool gather)
-    : norms_(current.norms), gather_(current.gather) {
+    : previous_norms_(current.norms), previous_gather_(current.gather) {
   current = {norms, gather};
 }
 
-NestedNormScope::~NestedNormScope() { current = {norms_, gather_}; }
+NestedNormScope::~NestedNormScope() { current = {previous_norms_, previous_gather_}; }
 
 }  // namespace gpipe::detail
 
 // gpipe.DeferredBatchNorm's forward (python/gpipe/norm.py): a TorchScript file holding it loads
-// wherever the library is linked. Composite: autograd goes through at::batch_norm.
+// wherever the library is linked. Composite: autograd goes through at::batch_norm. Outside a stage
+// it writes the running statistics, as torch.nn.BatchNorm does.
 TORCH_LIBRARY_FRAGMENT(gpipe, ops) {
-  ops.def("batch_norm(Tensor x, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, "
-          "Tensor num_batches_tracked, bool training, float? momentum, float eps) -> Tensor");
+  ops.def("batch_norm(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, "
+          "Tensor(c!) num_batches_tracked, bool training, float? momentum, float eps) -> Tensor");
   ops.impl("batch_norm",
            torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gpipe::detail::batch_norm)));
 }

@@ -12,14 +12,18 @@
 
 namespace gpipe::detail {
 
+// A BatchNorm's entry with no statistics gathered yet: a layer of the stage, or kInside.
+DeferredNorm deferred_norm(size_t layer, RunningStatistics running);
+
 // Adds what `input` holds to a deferred BatchNorm's statistics: its rows and positions, and per
 // channel (dim 1) the sum and the sum of squares.
 void gather_statistics(DeferredNorm& norm, const torch::Tensor& input);
 
-// For its lifetime, the gpipe::batch_norm ops run on this thread in training defer to `norms`
-// (adding an entry for each BatchNorm the first time it runs), and add their inputs' statistics
-// where `gather` (not in a re-materialization). Without one, the op updates the running
-// statistics as torch.nn.BatchNorm does.
+// For its lifetime, the gpipe::batch_norm ops run on this thread in training defer to `norms`,
+// the stage's (which holds those inside its layers, BatchNormLayer::deferring_norms_inside; one it
+// does not hold is an error), and add their inputs' statistics where `gather` (not in a
+// re-materialization). Without one, the op updates the running statistics as torch.nn.BatchNorm
+// does.
 class NestedNormScope {
  public:
   NestedNormScope(std::vector<DeferredNorm>* norms, bool gather);
@@ -28,8 +32,8 @@ class NestedNormScope {
   NestedNormScope& operator=(const NestedNormScope&) = delete;
 
  private:
-  std::vector<DeferredNorm>* norms_;
-  bool gather_;
+  std::vector<DeferredNorm>* previous_norms_;
+  bool previous_gather_;
 };
 
 }  // namespace gpipe::detail

@@ -105,13 +105,15 @@ Stage::Stage(int index, int stages, torch::nn::Sequential layers, Device device,
   size_t n = 0;
   for (const auto& layer : layers_->children()) {
     if (auto running = running_statistics(*layer)) {
-      const int64_t channels = running->mean.numel();
-      const auto f64 = torch::dtype(torch::kDouble).device(running->mean.device());
-      norms_.push_back({n, *running, torch::zeros({1}, f64), torch::zeros({channels}, f64),
-                        torch::zeros({channels}, f64)});
+      norms_.push_back(detail::deferred_norm(n, *running));
     }
     ++n;
   }
+  // Those inside layers, in module order: every replica of the stage sums the same ones from its first step.
+  for (const auto& layer : layers_->children())
+    if (const auto* holder = dynamic_cast<const BatchNormLayer*>(layer.get()))
+      for (RunningStatistics& running : holder->deferring_norms_inside())
+        norms_.push_back(detail::deferred_norm(detail::DeferredNorm::kInside, std::move(running)));
 }
 
 torch::Tensor Stage::batch_norm_statistics() const {
@@ -191,7 +193,7 @@ Tensors Stage::run_chain(int i, const Tensors& x, bool split, bool gather, Kept&
   kept.layer_outputs.clear();
   const auto found = in_place_.find(layer_modes());  // by forward (none: its search failed)
   Tensors a = x;
-  // BatchNorms inside the layers (gpipe::batch_norm) add to norms_ as they first run: counted by index.
+  // The BatchNorms inside the layers (gpipe::batch_norm) gather into norms_ through this scope.
   const detail::NestedNormScope nested(deferred_batch_norm_ ? &norms_ : nullptr, gather);
   size_t norm = 0;
   size_t n = 0;
