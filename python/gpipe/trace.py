@@ -286,10 +286,9 @@ def split(graph_module, kinds):
     output = next(n for n in graph.nodes if n.op == "output")
     pieces, names = collections.OrderedDict(), []
     for begin, end in zip(bounds, bounds[1:]):
-        name = next((p for p in paths[begin:end] if p is not None), "input")
-        names.append(name)
-        key = name.replace(".", "_")
-        pieces[key if key not in pieces else f"{key}_{len(names)}"] = _piece(
+        names.append(next((p for p in paths[begin:end] if p is not None), "input"))
+        # Named by index, as a Sequential's layers are (each rank of an MPI job finds its layers so).
+        pieces[str(len(pieces))] = _piece(
             graph_module, nodes[begin:end], alive[begin], [output.args[0]] if end == len(nodes) else alive[end])
     return torch.nn.Sequential(pieces), names
 

@@ -2,7 +2,7 @@
 embedding) through gpipe.GPipe for a few steps and saves what this process trained: run by
 test_mpi.py in one process and under `mpirun -np 2`.
 
-    python3 mpi_train.py OUT_DIR [--tied] [--by-time] [--schedule NAME] [--checkpoint MODE]
+    python3 mpi_train.py OUT_DIR [--tied | --traced] [--by-time] [--schedule NAME] [--checkpoint MODE]
                          [--configs NAME:MODE,...]
                          [--unseeded] [--unseeded-model] [--raise-on-rank-1] [--rank-1-ends-early return|exit]
 
@@ -12,6 +12,7 @@ a schedule of one stage per device cuts the model in 2 stages, interleaved, zbv 
 interpreter, one job, not one per configuration), into OUT_DIR/SCHEDULE-CHECKPOINT; SCHEDULE:CHECKPOINT:held
 trains within pipe.update_on_devices(opt), into OUT_DIR/SCHEDULE-CHECKPOINT-held.
 
+With --traced the model is Traced, not a Sequential, cut where its BatchNorm's block begins.
 With --by-time the model is cut by measured time (balance=None): under MPI every rank takes rank 0's cut.
 With --unseeded each rank draws its own batches: every rank refuses the first step.
 With --unseeded-model each rank initialises its own model: every rank refuses it.
@@ -48,6 +49,24 @@ def model(tied):
         TiedHead(embedding) if tied else torch.nn.Linear(16, 24))
 
 
+class Traced(torch.nn.Module):
+    """Not a Sequential (gpipe traces it): a BatchNorm inside a block, deferred, and a head tied to the
+    embedding; stages begin at split_points."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(24, 16)
+        self.block = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh())
+        self.norms = torch.nn.Sequential(torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 16))
+
+    def forward(self, x):
+        h = self.embed(x)
+        h = h + self.block(h)
+        h = self.norms[1](self.norms[0](h.transpose(1, 2)).transpose(1, 2))
+        return h @ self.embed.weight.t()
+
+
 def flag(name, default):
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 
@@ -64,8 +83,9 @@ def main():
 
 
 def train(out, tied, schedule, checkpoint, held=False):
-    m = model(tied)
-    balance = None if "--by-time" in sys.argv else [3, 3, 2, 1] if schedule in ("interleaved", "zbv", "v-half") else [5, 4]
+    m = Traced() if "--traced" in sys.argv else model(tied)
+    balance = None if "--by-time" in sys.argv or "--traced" in sys.argv else \
+        [3, 3, 2, 1] if schedule in ("interleaved", "zbv", "v-half") else [5, 4]
     if "--unseeded-model" in sys.argv:
         with torch.no_grad():
             m[2].weight.add_(torch.randn(16, 16, generator=torch.Generator().manual_seed(torch.seed())))
@@ -74,7 +94,8 @@ def train(out, tied, schedule, checkpoint, held=False):
         except ValueError as e:
             torch.save({"refused": str(e)}, f"{out}/rank{os.environ.get('OMPI_COMM_WORLD_RANK', '0')}.pt")
         return
-    pipe = gpipe.GPipe(m, balance=balance, chunks=4, schedule=schedule, checkpoint=checkpoint, devices=2)
+    cut = {"split_points": ["norms"]} if "--traced" in sys.argv else {"balance": balance}
+    pipe = gpipe.GPipe(m, chunks=4, schedule=schedule, checkpoint=checkpoint, devices=2, **cut)
     # This rank's stages' parameters; model.parameters() would do too (the others get no gradient).
     opt = torch.optim.Adam(m.parameters() if balance is None else pipe.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(1)
@@ -111,6 +132,10 @@ def train(out, tied, schedule, checkpoint, held=False):
             losses.append(pipe.train_step(x, y, loss="cross_entropy"))
             opt.step()
     held = {name: p.detach().clone() for name, p in m.named_parameters() if any(p is q for q in pipe.parameters())}
+    for name, b in m.named_buffers():  # a BatchNorm's, where its module's parameters are trained
+        owner = m.get_submodule(name.rpartition(".")[0])
+        if any(p is q for p in owner.parameters() for q in pipe.parameters()):
+            held[name] = b.clone()
     torch.save({"losses": losses, "parameters": held, "describe": pipe.describe(), "balance": pipe.balance},
                f"{out}/rank{pipe.rank}.pt")
     pipe.save(f"{out}/model.pt")

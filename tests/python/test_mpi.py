@@ -105,6 +105,24 @@ def test_a_weight_tied_across_ranks_gets_the_sum_of_its_gradients(tmp_path):
             assert torch.allclose(value, alone["parameters"][name], rtol=1e-5, atol=1e-6), name
 
 
+def test_a_traced_model_under_two_ranks_equals_one_process_bit_for_bit(tmp_path):
+    """A model gpipe traces, with a BatchNorm inside a block (deferred) and a tied head: each rank
+    traces and cuts it alike; BatchNorm's statistics end the same on both ranks and in one process."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    run([], one, "--traced", "--schedule", "1f1b")
+    run(mpirun() + ["-np", "2"], two, "--traced", "--schedule", "1f1b")
+    alone = torch.load(one / "rank0.pt")
+    ranks = [torch.load(two / f"rank{r}.pt") for r in range(2)]
+    assert ranks[0]["balance"] == alone["balance"] and len(alone["balance"]) == 2
+    assert ranks[0]["losses"] == pytest.approx(alone["losses"], rel=1e-5)  # the tied weight's sum: another order
+    assert "norms.0.running_mean" in alone["parameters"]
+    for rank in ranks:
+        for name, value in rank["parameters"].items():
+            assert torch.allclose(value, alone["parameters"][name], rtol=1e-5, atol=1e-6), name
+
+
 def test_balance_none_under_mpi_every_rank_takes_rank_0s_cut(tmp_path):
     run(mpirun() + ["-np", "2"], tmp_path, "--by-time")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
