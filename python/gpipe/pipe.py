@@ -716,6 +716,9 @@ class GPipe:
             split_points = _paths(split_points, "split_points")
             for path in split_points:
                 _trace.check_path(model, path, "split_points")
+                if split_points.count(path) > 1:
+                    raise ValueError(f"gpipe: split_points names {path!r} twice; each stage begins at a module of its "
+                                     f"own, in the order of the forward")
             count = _trace.most_pieces(self._graph)
             if split_points:  # checked as a balance of one piece per stage until the pieces are known
                 count = len(split_points) + 1
@@ -773,6 +776,12 @@ class GPipe:
                 settings.micro_batches = 4 * self.devices
             self.devices, self.virtual_stages = _gpipe.check_plan(count, settings)
         except ValueError as e:
+            if split_points:
+                raise ValueError(f"{_in_python_words(e, _NAMES)} (GPipe(split_points={split_points!r}: "
+                                 f"{len(split_points) + 1} stages, chunks={chunks!r}, devices={devices!r}, "
+                                 f"schedule={schedule!r}, virtual_stages={virtual_stages!r}): K is devices, M chunks, "
+                                 f"V virtual_stages; K·V stages begin at the model's start and at K·V - 1 "
+                                 f"split_points)".replace("the balance's", "the split_points'")) from None
             raise ValueError(f"{_in_python_words(e, _NAMES)} (GPipe(balance={balance!r}, chunks={chunks!r}, "
                              f"devices={devices!r}, "
                              f"schedule={schedule!r}, virtual_stages={virtual_stages!r}, threads={threads!r}): "
@@ -832,8 +841,14 @@ class GPipe:
         begin = time.perf_counter()
         if self._group is not None:  # the backend lets go of the group's store when no pipeline uses it
             _gpipe.use_process_group(*self._group, let_go=True)
-        with _python_words():
-            pipe = _gpipe.Pipeline(self._scripted, self._settings, batch)
+        try:
+            with _python_words():
+                pipe = _gpipe.Pipeline(self._scripted, self._settings, batch)
+        except ValueError as e:
+            if self._graph is None:
+                raise
+            raise ValueError(str(e).replace("(change the balance)", "(change split_points, or keep the module "
+                                            "that holds it whole: keep_whole)")) from None
         self.build_seconds = time.perf_counter() - begin
         return pipe
 
@@ -859,7 +874,7 @@ class GPipe:
                 if input.size(0) == 0:
                     raise ValueError("gpipe: the first batch has no rows to measure the layers on; give at least one")
                 if self._scripted is None:
-                    with _OneRowBatchNorm(1, min(2, input.size(0))):  # which values are tensors: from 2 rows
+                    with _OneRowBatchNorm(1, input.size(0)):  # which values are tensors: from the whole batch
                         self._cut_into_pieces(input)
                 if self._updates is not None and self._settings.schedule == "auto":
                     # auto predicts the update where it will run, as long as torch.optim's takes

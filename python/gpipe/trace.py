@@ -47,7 +47,8 @@ class _Tracer(torch.fx.Tracer):
         self.failed_in = None  # the innermost module whose forward could not be traced
 
     def is_leaf_module(self, module, qualified_name):
-        return qualified_name in self.leaves or super().is_leaf_module(module, qualified_name)
+        return qualified_name in self.leaves or reads_its_mode(module) or \
+            super().is_leaf_module(module, qualified_name)
 
     def call_module(self, module, forward, args, kwargs):
         name = self.path_of_module(module)
@@ -93,15 +94,24 @@ class _Tracer(torch.fx.Tracer):
                     setattr(torch, name, fn)
 
 
+def reads_its_mode(module):
+    """Whether the module's forward reads self.training (F.dropout(x, p, self.training), a branch),
+    which a trace would freeze at the mode it was traced in: such a module is kept whole."""
+    forward = getattr(type(module).forward, "__code__", None)
+    return forward is not None and "training" in forward.co_names
+
+
 def _defaults(model):
     """The defaults of the forward's arguments after the first: fx traces them as constants."""
     parameters = list(inspect.signature(model.forward).parameters.values())
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if not positional or any(p.kind == p.VAR_POSITIONAL for p in parameters) or \
-            any(p.default is p.empty for p in parameters[1:] if p.kind != p.VAR_KEYWORD):
+    if not positional or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY) for p in parameters) or \
+            any(p.default is p.empty for p in parameters[1:]):
         raise ValueError(f"gpipe: the model's forward takes {str(inspect.signature(model.forward))}; gpipe gives it "
-                         f"one tensor, the batch: give a model whose forward takes one tensor (others with defaults)")
-    return {p.name: p.default for p in parameters[1:] if p.kind != p.VAR_KEYWORD}
+                         f"one tensor, the batch, and traces the others at their defaults: give a model whose forward "
+                         f"takes one tensor, others positional with defaults (no *args, keyword-only or **kwargs), "
+                         f"or a torch.nn.Sequential")
+    return {p.name: p.default for p in parameters[1:]}
 
 
 def _inline_defaults(graph, defaults):
@@ -144,6 +154,17 @@ def trace(model, keep_whole=()):
     for path in keep_whole:
         check_path(model, path, "keep_whole")
         leaves.add(path)
+    from .skip import Pop, Stash
+    for name, module in model.named_modules():
+        if isinstance(module, (Stash, Pop)):
+            raise ValueError(f"gpipe: {name!r} is a gpipe.{type(module).__name__}, which connects layers of a "
+                             f"torch.nn.Sequential; in a model gpipe traces, a value read later travels there by "
+                             f"itself: read it where it is needed, without Stash and Pop")
+    if reads_its_mode(model):
+        raise ValueError(f"gpipe: {type(model).__name__}'s forward reads self.training, which a trace would freeze "
+                         f"in the mode it is traced in (model.train() or eval() would then change nothing): move the "
+                         f"code that depends on the mode into a submodule, which gpipe keeps whole, or give a "
+                         f"torch.nn.Sequential of the layers")
     defaults = _defaults(model)
     while True:
         tracer = _Tracer(leaves)
@@ -163,6 +184,14 @@ def trace(model, keep_whole=()):
     returned = next(n for n in graph.nodes if n.op == "output").args[0]
     if not isinstance(returned, torch.fx.Node):
         _refuse_output(returned)
+    if not _computing(graph):
+        raise ValueError("gpipe: the model's forward computes nothing from its input (it returns the input or a "
+                         "constant): there is nothing to pipeline")
+    called = {n.target for n in graph.nodes if n.op == "call_module"}
+    for path in keep_whole:
+        if path not in called:
+            raise ValueError(f"gpipe: keep_whole names {path!r}, which the forward never calls as a whole (a "
+                             f"container such as a ModuleList is not called; name the modules it holds)")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*not used")
         return torch.fx.GraphModule(model, graph, class_name=type(model).__name__)
@@ -170,7 +199,7 @@ def trace(model, keep_whole=()):
 
 def _refuse_output(value):
     kind = next((k.__name__ for k in (dict, tuple, list) if isinstance(value, k)), type(value).__name__)
-    raise ValueError(f"gpipe: the model returns a {kind}, where gpipe needs one tensor, the output its loss "
+    raise ValueError(f"gpipe: the model returns {'an' if kind[0] in 'aeiou' else 'a'} {kind}, where gpipe needs one tensor, the output its loss "
                      f"takes; return the tensor (e.g. the logits) from forward")
 
 
@@ -198,10 +227,10 @@ class _Kinds(torch.fx.Interpreter):
 
 
 def value_kinds(graph_module, example):
-    """Which of the graph's values are tensors, from one run without a graph on the first two rows
-    of `example` (on the model's device), its buffers and random numbers left as they were."""
+    """Which of the graph's values are tensors, from one run without a graph on a copy of `example`
+    (on the model's device), its buffers and random numbers left as they were."""
     first = next(graph_module.parameters(), None)
-    example = example[:2] if first is None else example[:2].to(first.device)
+    example = example.clone() if first is None else example.to(first.device, copy=True)
     buffers = [(b, b.detach().clone()) for b in graph_module.buffers()]
     devices = [example.device.index or 0] if example.is_cuda else []
     kinds = _Kinds(graph_module)

@@ -290,6 +290,49 @@ def test_a_model_in_eval_mode_trains_as_one_device_whatever_its_batch_norms():
     assert_same_gradients(model, reference, rtol=1e-4)
 
 
+class DropsInTraining(torch.nn.Module):
+    """A block whose forward reads self.training (a trace would freeze it): kept whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        return torch.nn.functional.dropout(self.linear(x), 0.5, self.training)
+
+
+class WithAModeBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.block, self.head = torch.nn.Linear(6, 6), DropsInTraining(), torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        x.mul_(2.0)  # in place: where the pipeline keeps its input, on a copy
+        return self.head(self.block(torch.tanh(self.stem(x))))
+
+
+def test_a_block_that_reads_its_mode_is_kept_whole_and_follows_train_and_eval():
+    model = WithAModeBlock()
+    model.eval()
+    reference = copy.deepcopy(model)
+    x = torch.randn(8, 6)
+    pipe = gpipe.GPipe(model, chunks=2, schedule="gpipe")
+    before = x.clone()
+    y = torch.randint(3, (8,))
+    loss = pipe.train_step(x, y)  # the first batch, whose kinds of values are found on a copy
+    assert torch.equal(x, before)  # gpipe never changes the caller's batch (the first stage runs on a copy)
+    assert "block" in pipe.pieces
+    expected = torch.nn.functional.cross_entropy(reference(before.clone()), y)
+    assert loss == pytest.approx(expected.item(), rel=RTOL)
+    model.train()
+    with torch.no_grad():
+        dropped = pipe(torch.ones(64, 6))
+    assert (dropped == model.head.bias).all(1).any()  # some rows dropped whole: the mode followed
+    model.eval()
+    z = torch.randn(4, 6)
+    assert torch.allclose(pipe(z.clone()), reference(z.clone()).detach(), rtol=RTOL, atol=1e-6)
+
+
 class Branches(torch.nn.Module):
     def forward(self, x):
         if x.sum() > 0:  # the model's own forward: nothing to keep whole
@@ -315,6 +358,38 @@ class ReturnsADict(torch.nn.Module):
         return {"logits": self.linear(x)}
 
 
+class ReadsItsMode(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.linear(x) * (0.5 if self.training else 1.0)
+
+
+class Identity(torch.nn.Module):
+    def forward(self, x):
+        return x
+
+
+class KeywordOnly(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x, *, scale: float = 1.0):
+        return self.linear(x) * scale
+
+
+class Stashes(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stash, self.linear, self.pop = gpipe.Stash("s"), torch.nn.Linear(4, 4), gpipe.Pop("s")
+
+    def forward(self, x):
+        return self.pop(self.linear(self.stash(x)))
+
+
 def test_what_tracing_cannot_take_is_refused_with_the_way_out():
     with pytest.raises(ValueError, match=r"cannot be traced by torch.fx.*test_traced.py:\d+: if x.sum\(\) > 0.*"
                                          r"keep_whole.*torch.nn.Sequential"):
@@ -329,6 +404,20 @@ def test_what_tracing_cannot_take_is_refused_with_the_way_out():
         gpipe.GPipe(gpt(), keep_whole=["blocks.9"])
     with pytest.raises(ValueError, match="split_points must be a list of module paths"):
         gpipe.GPipe(gpt(), split_points="blocks.1")
+    with pytest.raises(ValueError, match="forward reads self.training, which a trace would freeze"):
+        gpipe.GPipe(ReadsItsMode())
+    with pytest.raises(ValueError, match="computes nothing from its input"):
+        gpipe.GPipe(Identity())
+    with pytest.raises(ValueError, match=r"forward takes \(x, \*, scale: float = 1.0\).*no \*args, keyword-only"):
+        gpipe.GPipe(KeywordOnly())
+    with pytest.raises(ValueError, match="'stash' is a gpipe.Stash.*without Stash and Pop"):
+        gpipe.GPipe(Stashes())
+    with pytest.raises(ValueError, match="split_points names 'blocks.1' twice"):
+        gpipe.GPipe(gpt(), split_points=["blocks.1", "blocks.1"])
+    with pytest.raises(ValueError, match=r"split_points=\['blocks.1', 'blocks.2', 'blocks.3'\]: 4 stages"):
+        gpipe.GPipe(gpt(), split_points=["blocks.1", "blocks.2", "blocks.3"], devices=2, schedule="gpipe")
+    with pytest.raises(ValueError, match="keep_whole names 'blocks', which the forward never calls as a whole"):
+        gpipe.GPipe(gpt(), keep_whole=["blocks"])
     with pytest.raises(ValueError, match="split_points and keep_whole are for a model that gpipe traces"):
         gpipe.GPipe(torch.nn.Sequential(torch.nn.Linear(2, 2)), split_points=["0"])
 
