@@ -368,10 +368,13 @@ def main():
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cores": os.cpu_count(), "cpu": cpu_model(), "blas_kernel": blas_kernel(),
                        "torch": torch.__version__},
-           "results": [dict(r, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())) for r in rows]}
+           "results": []}
+    # Each row names its machine: the rows not run this time keep theirs.
+    doc["results"] = [dict(r, date=doc["date"], machine=doc["machine"]) for r in rows]
     try:  # the comparisons not run this time stay as they were
         with open(args.results) as f:
-            doc["results"] = [r for r in json.load(f)["results"] if r["comparison"] not in {x["comparison"] for x in rows}] + rows
+            doc["results"] = [r for r in json.load(f)["results"]
+                              if r["comparison"] not in {x["comparison"] for x in rows}] + doc["results"]
     except (OSError, ValueError, KeyError):
         pass
     os.makedirs(os.path.dirname(args.results), exist_ok=True)
