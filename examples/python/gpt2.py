@@ -22,7 +22,7 @@ from torch.nn import functional as F
 import gpipe
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from transformer import text_data  # noqa: E402
+from transformer import held_out_loss, text_data  # noqa: E402
 
 
 class CausalSelfAttention(nn.Module):
@@ -106,12 +106,7 @@ def main():
                       f"traced in {traced:.2f} s, cut into {len(pipe.pieces)} pieces and {pipe.describe()}: "
                       f"{pipe.schedule}, cut {pipe.balance}, {pipe.chunks} micro-batches (chosen and built in "
                       f"{pipe.build_seconds:.2f} s)", flush=True)
-        model.eval()
-        out = pipe(held_x)
-        rows = held_y[pipe.output_rows(len(held_y))]
-        held = pipe.sum(0.0 if out is None else F.cross_entropy(
-            out.reshape(-1, len(chars)), rows.reshape(-1), reduction="sum").item()) / held_y.numel()
-        model.train()
+        held = held_out_loss(pipe, model, held_x, held_y, len(chars))
         if pipe.rank == 0:
             print(f"epoch {epoch}: loss {loss:.4f}, held-out loss {held:.4f} ({math.exp(held):.2f} perplexity)",
                   flush=True)

@@ -66,6 +66,18 @@ def text_data(path, length, batch_size):
     return chars, ids, loader, held_x, held_y
 
 
+def held_out_loss(pipe, model, held_x, held_y, vocab):
+    """The mean cross-entropy per character of the held-out windows, through the pipeline in eval mode
+    (under mpirun: each replica's last rank holds its rows, summed over the ranks)."""
+    model.eval()
+    out = pipe(held_x)
+    rows = held_y[pipe.output_rows(len(held_y))]
+    total = pipe.sum(0.0 if out is None else torch.nn.functional.cross_entropy(
+        out.reshape(-1, vocab), rows.reshape(-1), reduction="sum").item())
+    model.train()
+    return total / held_y.numel()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
@@ -96,12 +108,7 @@ def main():
                 loss = pipe.train_step(xb, yb, loss="cross_entropy")  # over every position
                 pipe.clip_grad_norm_(1.0)  # the norm over every rank's gradients under mpirun
                 opt.step()
-        model.eval()
-        out = pipe(held_x)  # under mpirun: on each replica's last rank, that replica's rows
-        rows = held_y[pipe.output_rows(len(held_y))]
-        held = pipe.sum(0.0 if out is None else torch.nn.functional.cross_entropy(
-            out.reshape(-1, len(chars)), rows.reshape(-1), reduction="sum").item()) / held_y.numel()
-        model.train()
+        held = held_out_loss(pipe, model, held_x, held_y, len(chars))
         if pipe.rank == 0:
             print(f"epoch {epoch}: loss {loss:.4f}, held-out loss {held:.4f} ({math.exp(held):.2f} perplexity)",
                   flush=True)
