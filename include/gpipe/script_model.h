@@ -35,11 +35,15 @@ class ScriptLayerImpl : public torch::nn::Module, public RandomLayer, public Bat
   std::optional<RunningStatistics> running_statistics() override;
   std::string inner_batch_norm() const override { return inner_batch_norm_; }
   std::vector<RunningStatistics> deferring_norms_inside() const override;
+  /// Its code's calls of torch.nn BatchNorms' forwards become the op gpipe::batch_norm: it runs a
+  /// copy of its module, with types of its own, over the same parameters and buffers.
+  void defer_batch_norms_inside() override;
 
  private:
   torch::jit::Module module_;
   bool random_ = false;
-  std::string inner_batch_norm_;  // the first BatchNorm among its submodules
+  bool rewritten_ = false;        // defer_batch_norms_inside has run
+  std::string inner_batch_norm_;  // the first BatchNorm among its submodules (none once rewritten)
 };
 TORCH_MODULE(ScriptLayer);
 

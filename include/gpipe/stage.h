@@ -190,6 +190,10 @@ class BatchNormLayer {
   /// The running statistics of the BatchNorms inside it that defer to their stage (Python's
   /// gpipe.DeferredBatchNorm, whose forward is the op gpipe::batch_norm), in module order.
   virtual std::vector<RunningStatistics> deferring_norms_inside() const { return {}; }
+  /// Makes the BatchNorms inside it defer to their stage, where it can (a TorchScript layer
+  /// rewrites its code's calls of them into gpipe::batch_norm); inner_batch_norm() then names
+  /// those it could not.
+  virtual void defer_batch_norms_inside() {}
 };
 
 /// `layer`'s running statistics if it is a BatchNorm that tracks them:

@@ -6,6 +6,7 @@
 #include "gpipe/skip.h"
 
 #include <torch/torch.h>
+#include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -134,9 +136,70 @@ std::optional<RunningStatistics> ScriptLayerImpl::running_statistics() {
 std::vector<RunningStatistics> ScriptLayerImpl::deferring_norms_inside() const {
   static const std::regex deferred(R"(^__torch__\.gpipe\.norm\.(___torch_mangle_\d+\.)?DeferredBatchNorm$)");
   std::vector<RunningStatistics> found;
-  for (const auto& inner : module_.named_modules())
-    if (std::regex_match(inner.value.type()->name()->qualifiedName(), deferred)) found.push_back(statistics_of(inner.value));
+  for (const auto& inner : module_.named_modules()) {
+    const bool rewritten = rewritten_ && !inner.name.empty() && is_batch_norm(inner.value) &&
+                           inner.value.attr("running_mean").isTensor();
+    if (rewritten || std::regex_match(inner.value.type()->name()->qualifiedName(), deferred))
+      found.push_back(statistics_of(inner.value));
+  }
   return found;
+}
+
+namespace {
+
+// Whether `type` is a torch.nn BatchNorm's that tracks running statistics.
+bool tracking_batch_norm(const c10::ClassTypePtr& type) {
+  static const std::regex batch_norm(R"(^__torch__\.torch\.nn\.modules\.batchnorm\.(___torch_mangle_\d+\.)?BatchNorm[123]d$)");
+  return type && std::regex_match(type->name()->qualifiedName(), batch_norm) && type->hasAttribute("running_mean") &&
+         type->getAttribute("running_mean")->kind() == c10::TypeKind::TensorType;
+}
+
+// A BatchNorm setting: the type's constant (torch.nn's momentum and eps), else its attribute.
+torch::jit::Value* setting(torch::jit::Graph& graph, torch::jit::Value* norm, const c10::ClassTypePtr& type,
+                           const std::string& name) {
+  if (type->hasConstant(name)) return graph.insertConstant(type->getConstant(name));
+  return graph.insertGetAttr(norm, name);
+}
+
+// Replaces each call of a tracking BatchNorm's forward in `block` (and the blocks inside it) by the
+// op gpipe::batch_norm over that BatchNorm's own tensors and settings.
+void call_deferred_batch_norm(torch::jit::Block* block) {
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    torch::jit::Node* node = *it++;
+    for (torch::jit::Block* inner : node->blocks()) call_deferred_batch_norm(inner);
+    if (node->kind() != torch::jit::prim::CallMethod || node->s(torch::jit::attr::name) != "forward") continue;
+    const c10::ClassTypePtr type = node->input(0)->type()->cast<c10::ClassType>();
+    if (!tracking_batch_norm(type) || node->inputs().size() != 2) continue;
+    torch::jit::Graph& graph = *node->owningGraph();
+    const torch::jit::WithInsertPoint here(node);
+    torch::jit::Value* norm = node->input(0);
+    torch::jit::Value* out = graph.insert(
+        c10::Symbol::fromQualString("gpipe::batch_norm"),
+        {node->input(1), graph.insertGetAttr(norm, "weight"), graph.insertGetAttr(norm, "bias"),
+         graph.insertGetAttr(norm, "running_mean"), graph.insertGetAttr(norm, "running_var"),
+         graph.insertGetAttr(norm, "num_batches_tracked"), graph.insertGetAttr(norm, "training"),
+         setting(graph, norm, type, "momentum"), setting(graph, norm, type, "eps")});
+    node->output()->replaceAllUsesWith(out);
+    node->destroy();
+  }
+}
+
+}  // namespace
+
+void ScriptLayerImpl::defer_batch_norms_inside() {
+  if (inner_batch_norm_.empty() || rewritten_) return;
+  // A copy of the module with types of its own, over the same tensors: the code rewritten is not
+  // the one the module has run already (TorchScript keeps what it compiled), nor the caller's.
+  module_ = module_.clone(/*inplace=*/true);
+  std::set<const torch::jit::Function*> done;  // a method of a type that several submodules share: once
+  for (const auto& inner : module_.named_modules())
+    for (const torch::jit::Method& method : inner.value.get_methods()) {
+      torch::jit::Function& function = method.function();
+      if (done.insert(&function).second)
+        call_deferred_batch_norm(torch::jit::toGraphFunction(function).graph()->block());
+    }
+  rewritten_ = true;
+  inner_batch_norm_.clear();
 }
 
 torch::Tensor ScriptLayerImpl::forward(const torch::Tensor& x) {

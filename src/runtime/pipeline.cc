@@ -111,6 +111,9 @@ Pipeline::Pipeline(std::unique_ptr<Backend> group, torch::nn::Sequential layers,
                     "by stages ", it->second, " and ", s, ", which would update it at once; put the layers that share "
                     "it on one stage (change the balance), or give each its own");
       }
+      if (options.deferred_batch_norm())
+        for (const auto& layer : part->children())
+          if (auto* holder = dynamic_cast<BatchNormLayer*>(layer.get())) holder->defer_batch_norms_inside();
       detail::check_batch_norm(part, options.deferred_batch_norm());
       if (!device.is_cpu()) part->to(device.device);
       auto stage = std::make_unique<Stage>(s, S, part, device, options.deferred_batch_norm());

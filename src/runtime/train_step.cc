@@ -15,8 +15,7 @@ void check_batch_norm(const torch::nn::Sequential& layers, bool deferred) {
   const std::string name = nested_batch_norm(layers);
   GPIPE_CHECK(name.empty(), "the BatchNorm ", name, " sits inside a layer of the model, where its stage cannot see "
               "its input, so it cannot update its running statistics once per mini-batch from every row; make each "
-              "BatchNorm a layer of the Sequential itself, or save the model with Python's gpipe.export, which "
-              "defers the BatchNorms inside layers, or update them from each micro-batch instead "
+              "BatchNorm a layer of the Sequential itself, or update them from each micro-batch instead "
               "(`deferred_batch_norm=false`)");
 }
 

@@ -234,30 +234,6 @@ def test_no_devices_or_no_virtual_stages_is_refused_naming_the_argument_and_its_
     refused(r"virtual_stages must be at least 1 \(got 0\).*virtual_stages=None", virtual_stages=0)
 
 
-class LinearThenBatchNorm(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear, self.norm = torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8)
-
-    def forward(self, x):
-        return self.norm(self.linear(x))
-
-
-def test_a_batch_norm_inside_a_compiled_layer_is_refused_in_pythons_words():
-    """One inside a torch.nn layer is deferred (gpipe.norm); one inside a layer already compiled by
-    TorchScript cannot be replaced."""
-    x, y = torch.randn(8, 6), torch.randint(3, (8,))
-    for kwargs in ({"balance": [1, 1], "schedule": "gpipe"}, {}):  # refused when built, or at the first batch
-        gpipe.GPipe(torch.nn.Sequential(LinearThenBatchNorm(), torch.nn.Linear(8, 3)), chunks=2,
-                    **kwargs).train_step(x, y)
-        model = torch.nn.Sequential(torch.jit.script(LinearThenBatchNorm()), torch.nn.Linear(8, 3))
-        with pytest.raises(ValueError, match=r"BatchNorm 0\.norm sits inside a layer") as e:
-            gpipe.GPipe(model, chunks=2, **kwargs).train_step(x, y)
-        assert str(e.value).endswith('update them from each micro-batch instead (batch_norm="per-micro-batch")')
-        assert "deferred_batch_norm" not in str(e.value)
-        gpipe.GPipe(model, chunks=2, batch_norm="per-micro-batch", **kwargs).train_step(x, y)  # as it says
-
-
 def test_a_parameter_that_holds_nan_is_refused_naming_it():
     model = mlp()
     with torch.no_grad():

@@ -277,6 +277,27 @@ def test_torchvisions_squeezenet_as_shipped_trains_as_one_device():
     assert_same_gradients(model, reference, rtol=1e-4)
 
 
+def blocks(script):
+    """A Sequential whose second layer is a block holding a BatchNorm: compiled by TorchScript already
+    (its code's call of the BatchNorm is rewritten into gpipe's op), or not (compiled by GPipe)."""
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.jit.script(block) if script else block,
+                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))
+
+
+def test_a_batch_norm_inside_a_torchscript_layer_updates_once_per_mini_batch():
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(8, 3, 16, 16, generator=g), torch.randint(10, (8,), generator=g)
+    model, reference = blocks(script=True), blocks(script=False)
+    pipe = gpipe.GPipe(model, chunks=4, balance=[2, 3], schedule="1f1b")
+    pipe.train_step(x, y)
+    deferred_reference_step(reference, x, y, 4)
+    assert model.state_dict()["1.1.num_batches_tracked"] == 1
+    for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), rtol=RTOL, atol=1e-6), name
+
+
 def test_a_model_in_eval_mode_trains_as_one_device_whatever_its_batch_norms():
     torchvision = pytest.importorskip("torchvision")
 
@@ -460,24 +481,31 @@ class Blocks(torch.nn.Module):
 
 
 @pytest.mark.skipif(not os.environ.get("GPIPE_CLI"), reason="GPIPE_CLI names the gpipe program (ctest sets it)")
-def test_an_exported_model_with_batch_norms_inside_blocks_trains_in_gpipe_train_by_the_papers_rule(tmp_path):
-    """gpipe train defers the BatchNorms inside the exported pieces: 4 micro-batches, each normalized
-    by its own statistics, the running statistics once from every row."""
+@pytest.mark.parametrize("saved_by", ["gpipe.export", "torch.jit.script"])
+def test_a_model_with_batch_norms_inside_blocks_trains_in_gpipe_train_by_the_papers_rule(tmp_path, saved_by):
+    """gpipe train defers the BatchNorms inside the layers of the file, gpipe.export's pieces (their
+    DeferredBatchNorm) or TorchScript's (their calls of torch.nn's BatchNorm rewritten): 4
+    micro-batches, each normalized by its own statistics, the running statistics once from every row."""
     torch.manual_seed(0)
-    model = Blocks()
+    model = Blocks() if saved_by == "gpipe.export" else torch.nn.Sequential(Blocks())
     reference = copy.deepcopy(model)
     g = torch.Generator().manual_seed(4)
     x, y = torch.randn(16, 1, 28, 28, generator=g), torch.randint(10, (16,), generator=g)
-    gpipe.export(model, x, tmp_path / "blocks.pt")
+    if saved_by == "gpipe.export":
+        gpipe.export(model, x, tmp_path / "blocks.pt")
+    else:  # one layer, a block whose code calls its BatchNorms
+        torch.jit.script(model).save(str(tmp_path / "blocks.pt"))
     torch.save({"input": x, "target": y}, str(tmp_path / "data.pt"))
     done = subprocess.run([os.environ["GPIPE_CLI"], "train", "--model", str(tmp_path / "blocks.pt"), "--data",
                            str(tmp_path / "data.pt"), "--optimizer", "sgd", "--lr", "0.1", "--batch-size", "16",
-                           "--no-shuffle", "--steps", "1", "--stages", "2", "--micro-batches", "4", "--save",
+                           "--no-shuffle", "--steps", "1", "--stages", "2" if saved_by == "gpipe.export" else "1",
+                           "--micro-batches", "4", "--save",
                            str(tmp_path / "trained.pt")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     deferred_reference_step(reference, x, y, 4)
     torch.optim.SGD(reference.parameters(), lr=0.1).step()
-    trained = {k.partition(".")[2]: v for k, v in torch.jit.load(str(tmp_path / "trained.pt")).state_dict().items()}
-    model.load_state_dict(trained)
+    trained = torch.jit.load(str(tmp_path / "trained.pt")).state_dict()
+    model.load_state_dict({k.partition(".")[2]: v for k, v in trained.items()} if saved_by == "gpipe.export" else trained)
+    assert model.state_dict()[("" if saved_by == "gpipe.export" else "0.") + "stem.1.num_batches_tracked"] == 1
     for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
         assert torch.allclose(a.float(), b.float(), rtol=RTOL, atol=1e-6), name
