@@ -29,7 +29,7 @@ class ScriptLayerImpl : public torch::nn::Module, public RandomLayer, public Bat
   torch::IValue forward_value(torch::IValue x) override;
   void train(bool on = true) override;
   /// The script module's own mode (a layer the Python model left in eval mode stays so).
-  bool is_training() const noexcept override { return module_.is_training(); }
+  bool is_training() const noexcept override { return (rewritten_ ? original_ : module_).is_training(); }
   /// Whether its code (or its submodules') calls dropout or draws random numbers otherwise.
   bool draws_random_numbers() const override { return random_; }
   std::optional<RunningStatistics> running_statistics() override;
@@ -40,7 +40,11 @@ class ScriptLayerImpl : public torch::nn::Module, public RandomLayer, public Bat
   void defer_batch_norms_inside() override;
 
  private:
+  // Its submodules' modes as the module given has them (the caller may change one's).
+  void take_modes();
+
   torch::jit::Module module_;
+  torch::jit::Module original_;   // rewritten: the module given, whose copy module_ is
   bool random_ = false;
   bool rewritten_ = false;        // defer_batch_norms_inside has run
   std::string inner_batch_norm_;  // the first BatchNorm among its submodules (none once rewritten)

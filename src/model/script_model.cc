@@ -161,18 +161,24 @@ torch::jit::Value* setting(torch::jit::Graph& graph, torch::jit::Value* norm, co
   return graph.insertGetAttr(norm, name);
 }
 
-// Replaces each call of a tracking BatchNorm's forward in `block` (and the blocks inside it) by the
-// op gpipe::batch_norm over that BatchNorm's own tensors and settings.
-void call_deferred_batch_norm(torch::jit::Block* block) {
+// Replaces each call of a tracking BatchNorm's forward in `block` (and the blocks inside it) by its
+// input check and the op gpipe::batch_norm over that BatchNorm's own tensors and settings; the
+// BatchNorm types whose calls it replaced go into `rewritten`.
+void call_deferred_batch_norm(torch::jit::Block* block, std::set<std::string>& rewritten) {
   for (auto it = block->nodes().begin(); it != block->nodes().end();) {
     torch::jit::Node* node = *it++;
-    for (torch::jit::Block* inner : node->blocks()) call_deferred_batch_norm(inner);
+    for (torch::jit::Block* inner : node->blocks()) call_deferred_batch_norm(inner, rewritten);
     if (node->kind() != torch::jit::prim::CallMethod || node->s(torch::jit::attr::name) != "forward") continue;
     const c10::ClassTypePtr type = node->input(0)->type()->cast<c10::ClassType>();
     if (!tracking_batch_norm(type) || node->inputs().size() != 2) continue;
     torch::jit::Graph& graph = *node->owningGraph();
     const torch::jit::WithInsertPoint here(node);
     torch::jit::Value* norm = node->input(0);
+    if (type->findMethod("_check_input_dim") != nullptr) {  // BatchNorm2d's "expected 4D input", kept
+      torch::jit::Node* check = graph.insertNode(graph.create(torch::jit::prim::CallMethod, {norm, node->input(1)}));
+      check->s_(torch::jit::attr::name, "_check_input_dim");
+      check->output()->setType(c10::NoneType::get());
+    }
     torch::jit::Value* out = graph.insert(
         c10::Symbol::fromQualString("gpipe::batch_norm"),
         {node->input(1), graph.insertGetAttr(norm, "weight"), graph.insertGetAttr(norm, "bias"),
@@ -181,6 +187,7 @@ void call_deferred_batch_norm(torch::jit::Block* block) {
          setting(graph, norm, type, "momentum"), setting(graph, norm, type, "eps")});
     node->output()->replaceAllUsesWith(out);
     node->destroy();
+    rewritten.insert(type->name()->qualifiedName());
   }
 }
 
@@ -189,31 +196,55 @@ void call_deferred_batch_norm(torch::jit::Block* block) {
 void ScriptLayerImpl::defer_batch_norms_inside() {
   if (inner_batch_norm_.empty() || rewritten_) return;
   // A copy of the module with types of its own, over the same tensors: the code rewritten is not
-  // the one the module has run already (TorchScript keeps what it compiled), nor the caller's.
+  // the one the module has run already (TorchScript keeps what it compiled), nor the caller's,
+  // whose modes the copy takes before each forward.
+  original_ = module_;
   module_ = module_.clone(/*inplace=*/true);
   std::set<const torch::jit::Function*> done;  // a method of a type that several submodules share: once
+  std::set<std::string> rewritten;
   for (const auto& inner : module_.named_modules())
     for (const torch::jit::Method& method : inner.value.get_methods()) {
       torch::jit::Function& function = method.function();
       if (done.insert(&function).second)
-        call_deferred_batch_norm(torch::jit::toGraphFunction(function).graph()->block());
+        call_deferred_batch_norm(torch::jit::toGraphFunction(function).graph()->block(), rewritten);
     }
   rewritten_ = true;
+  // One whose calls were not all found (through an interface, in a fork) stays refused.
   inner_batch_norm_.clear();
+  for (const auto& inner : module_.named_modules())
+    if (!inner.name.empty() && is_batch_norm(inner.value) && inner.value.attr("running_mean").isTensor() &&
+        !rewritten.count(inner.value.type()->name()->qualifiedName())) {
+      inner_batch_norm_ = inner.name;
+      break;
+    }
+}
+
+void ScriptLayerImpl::take_modes() {
+  if (!rewritten_) return;
+  std::vector<torch::jit::Module> theirs;
+  for (const torch::jit::Module& m : original_.modules()) theirs.push_back(m);
+  size_t n = 0;
+  for (torch::jit::Module ours : module_.modules())
+    if (n < theirs.size()) ours.setattr("training", theirs[n++].attr("training"));
 }
 
 torch::Tensor ScriptLayerImpl::forward(const torch::Tensor& x) {
+  take_modes();
   const torch::IValue y = module_.forward({x});
   GPIPE_CHECK(y.isTensor(), "this TorchScript layer returns ", y.tagKind(),
               ", not one tensor: run it with gpipe::run_layer (tensors.h), which passes tuples on");
   return y.toTensor();
 }
 
-torch::IValue ScriptLayerImpl::forward_value(torch::IValue x) { return module_.forward({std::move(x)}); }
+torch::IValue ScriptLayerImpl::forward_value(torch::IValue x) {
+  take_modes();
+  return module_.forward({std::move(x)});
+}
 
 void ScriptLayerImpl::train(bool on) {
   torch::nn::Module::train(on);
   module_.train(on);
+  if (rewritten_) original_.train(on);
 }
 
 namespace {

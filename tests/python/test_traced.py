@@ -296,6 +296,9 @@ def test_a_batch_norm_inside_a_torchscript_layer_updates_once_per_mini_batch():
     assert model.state_dict()["1.1.num_batches_tracked"] == 1
     for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
         assert torch.allclose(a.float(), b.float(), rtol=RTOL, atol=1e-6), name
+    model[1].eval()  # the scripted block's own mode, changed after the build, is followed
+    with torch.no_grad():
+        assert torch.allclose(pipe(x), model(x), rtol=RTOL, atol=1e-6)
 
 
 def test_a_model_in_eval_mode_trains_as_one_device_whatever_its_batch_norms():
