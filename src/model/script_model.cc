@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 #include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/frontend/schema_matching.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -148,14 +149,14 @@ std::vector<RunningStatistics> ScriptLayerImpl::deferring_norms_inside() const {
 namespace {
 
 // Whether `type` is a torch.nn BatchNorm's that tracks running statistics.
-bool tracking_batch_norm(const c10::ClassTypePtr& type) {
+bool tracking_batch_norm(const c10::ClassType* type) {
   static const std::regex batch_norm(R"(^__torch__\.torch\.nn\.modules\.batchnorm\.(___torch_mangle_\d+\.)?BatchNorm[123]d$)");
   return type && std::regex_match(type->name()->qualifiedName(), batch_norm) && type->hasAttribute("running_mean") &&
          type->getAttribute("running_mean")->kind() == c10::TypeKind::TensorType;
 }
 
 // A BatchNorm setting: the type's constant (torch.nn's momentum and eps), else its attribute.
-torch::jit::Value* setting(torch::jit::Graph& graph, torch::jit::Value* norm, const c10::ClassTypePtr& type,
+torch::jit::Value* setting(torch::jit::Graph& graph, torch::jit::Value* norm, const c10::ClassType* type,
                            const std::string& name) {
   if (type->hasConstant(name)) return graph.insertConstant(type->getConstant(name));
   return graph.insertGetAttr(norm, name);
@@ -169,16 +170,16 @@ void call_deferred_batch_norm(torch::jit::Block* block, std::set<std::string>& r
     torch::jit::Node* node = *it++;
     for (torch::jit::Block* inner : node->blocks()) call_deferred_batch_norm(inner, rewritten);
     if (node->kind() != torch::jit::prim::CallMethod || node->s(torch::jit::attr::name) != "forward") continue;
-    const c10::ClassTypePtr type = node->input(0)->type()->cast<c10::ClassType>();
+    // By kind, not cast<>: libtorch's cast<> reads DynamicType's typeinfo, which it does not export.
+    const c10::Type& called = *node->input(0)->type();
+    const auto* type = called.kind() == c10::TypeKind::ClassType ? static_cast<const c10::ClassType*>(&called) : nullptr;
     if (!tracking_batch_norm(type) || node->inputs().size() != 2) continue;
     torch::jit::Graph& graph = *node->owningGraph();
     const torch::jit::WithInsertPoint here(node);
     torch::jit::Value* norm = node->input(0);
-    if (type->findMethod("_check_input_dim") != nullptr) {  // BatchNorm2d's "expected 4D input", kept
-      torch::jit::Node* check = graph.insertNode(graph.create(torch::jit::prim::CallMethod, {norm, node->input(1)}));
-      check->s_(torch::jit::attr::name, "_check_input_dim");
-      check->output()->setType(c10::NoneType::get());
-    }
+    if (type->findMethod("_check_input_dim") != nullptr)  // BatchNorm2d's "expected 4D input", kept
+      graph.insertMethodCall("_check_input_dim",
+                             torch::jit::MatchedSchema{{norm, node->input(1)}, {c10::NoneType::get()}, {}, ""});
     torch::jit::Value* out = graph.insert(
         c10::Symbol::fromQualString("gpipe::batch_norm"),
         {node->input(1), graph.insertGetAttr(norm, "weight"), graph.insertGetAttr(norm, "bias"),
