@@ -1,12 +1,13 @@
 // bench.cc: `gpipe bench`: its flags, and the rows of the library's sweep (run_benchmark, tasks.h) as a
 // table or JSON; in one process, or one rank per device under mpirun (the same sweep).
 #include "commands.h"
-#include "common.h"
+#include "flags.h"
 
 #include <gpipe/gpipe.h>
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 
@@ -99,64 +100,23 @@ int run(const BenchOptions& o, const std::string& command) {
 
 void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   auto o = std::make_shared<BenchOptions>();
+  auto lists = std::make_shared<ListValues>();
   BenchSweep& w = o->sweep;
   CLI::App* sub = app.add_subcommand(
       "bench", "Time the workloads defined in docs/benchmarks.md through the pipeline against one device");
-  sub->add_option("--workload", w.workloads,
-                  "a benchmark workload (mlp, transformer, tiny, imbalanced) or any built-in task (cnn, resnet, unet, "
-                  "gpt) on a random batch of its shape; several sweep: mlp,tiny")
-      ->delimiter(',')->check(CLI::IsMember(task_names(/*workloads=*/true)))->capture_default_str();
-  sub->add_option("--stages", w.stages, "numbers of devices K to sweep (1 2 or 1,2)")
-      ->delimiter(',')->check(at_least(1))->capture_default_str();
-  sub->add_option("--micro-batches", w.micro_batches, "numbers of micro-batches M to sweep")
-      ->delimiter(',')->check(at_least(1))->capture_default_str();
-  sub->add_option("--checkpoint", w.checkpoints, "always, except_last, never (several sweep)")
-      ->delimiter(',')->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
-  sub->add_option("--schedule", w.schedules,
-                  "schedules to sweep: " + schedule_help() + "; each later one is also compared with the first, "
-                  "step by step; auto: at each K and M, the schedule and V predicted fastest from bench's profile (row auto:NAME; under mpirun or torchrun rank 0's choice)")
-      ->delimiter(',')->check(CLI::IsMember([] {
-        std::vector<std::string> names = schedule_names();
-        names.push_back("auto");
-        return names;
-      }()))->capture_default_str();
-  sub->add_option("--virtual-stages", w.virtual_stages,
-                  "V, stages per device of the schedules that let it be chosen (" + virtual_stages_help() + ")")
-      ->check(in_range(2, 64, /*whole=*/true));
-  sub->add_option("--threads-per-stage", w.threads, "intra-op threads of each device (and of the one device)")
-      ->check(at_least(1))->capture_default_str();
-  sub->add_option("--steps", w.steps, "timed steps per configuration (the median is reported)")
-      ->check(at_least(1))->capture_default_str();
-  sub->add_option("--warmup", w.warmup,
-                  "untimed steps of every configuration before its --steps timed ones (any number, also more "
-                  "than --steps: they warm caches and allocators and are never timed)")->check(at_least(0))->capture_default_str();
-  sub->add_option("--balance", w.balance, "an explicit cut, layers per stage: K x V entries (e.g. 3,5)")
-      ->delimiter(',')->check(at_least(1));
-  sub->add_option("--balance-by", w.balance_by,
-                  "how stages are cut (several sweep): even (blocks evenly, as docs/benchmarks.md), params (parameter "
-                  "counts), time (profiled forward+backward per layer) or memory (activations kept plus "
-                  "parameters, gradients and momentum); the exact min-max cut of the stages, or of the devices "
-                  "where a schedule puts several stages on one")
-      ->delimiter(',')->check(CLI::IsMember({"even", "params", "time", "memory"}))->capture_default_str();
-  sub->add_option("--precision", w.precision,
-                  "every contender's arithmetic, as gpipe train --precision (the one device's forward too)")
-      ->check(one_of(precision_names()))->capture_default_str();
+  add_fields(sub, w, *lists, bench_settings());
   sub->add_flag("--json", o->json, "one JSON object per configuration on standard output (JSON Lines)");
-  sub->add_flag("--tie-embeddings", w.tie_embeddings,
-                "the transformer's output layer reuses its embedding's weight (tied embeddings): one weight on the "
-                "first and the last stage, one gradient, one update");
   CLI::Option* transport = sub->add_flag(
       "--transport", o->transport,
       "under mpirun -np 2 or torchrun --nproc_per_node 2: latency and bandwidth of the job's transport (MPI or c10d) per message size (ping-pong; of the "
       "other flags only --warmup, --json and --results apply)");
-  for (const char* sweep_only : {"--workload", "--stages", "--micro-batches", "--checkpoint", "--schedule",
-                                 "--virtual-stages", "--threads-per-stage", "--steps", "--balance", "--balance-by",
-                                 "--tie-embeddings"})
-    transport->excludes(sub->get_option(sweep_only));
+  for (const Field<BenchSweep>& row : bench_settings())  // all but --warmup are the sweep's
+    if (row.name != "warmup") transport->excludes(sub->get_option(row.flag));
   sub->add_option("--results", o->results, "file the results are written to (empty: none)")
       ->capture_default_str();
-  sub->callback([o, sub, command, &status] {
-    o->sweep.balance_by_given = sub->count("--balance-by") > 0;
+  sub->callback([o, lists, sub, command, &status] {
+    const std::vector<std::string> given = take_lists(sub, o->sweep, *lists, bench_settings(), "bench");
+    o->sweep.balance_by_given = std::find(given.begin(), given.end(), "balance_by") != given.end();
     status = run(*o, command);
   });
 }

@@ -15,19 +15,32 @@ std::string fixed(double value, int digits) {
 
 void usage_error(const std::string& message) { throw UsageError("gpipe: " + in_flags(message)); }
 
-std::string in_flags(const std::string& message) {
-  // The library's option and argument names, as the command line's flags.
-  static const std::vector<std::pair<std::string, std::string>> flags = [] {
+namespace {
+
+// The library's option and argument names, as the command line's flags: gpipe train's settings first,
+// then the rows of the other commands' tables (remember_flag) and the library's own options the flags set.
+std::vector<std::pair<std::string, std::string>>& flag_names() {
+  static std::vector<std::pair<std::string, std::string>> names = [] {
     std::vector<std::pair<std::string, std::string>> out;
     for (const Setting& row : train_settings()) out.emplace_back(row.name, row.flag);
-    // The words of gpipe bench's and plan's options, and of the library's own options the flags set.
-    out.insert(out.end(), {{"stages", "--stages"}, {"tie_embeddings", "--tie-embeddings"}, {"verbose", "--verbose"},
+    out.insert(out.end(), {{"stages", "--stages"}, {"verbose", "--verbose"},
                            {"deferred_batch_norm=false", "--batch-norm per-micro-batch"},
-                           {"update_on_devices=false", "--update-after-step"}, {"input_shape", "--input-shape"},
-                           {"input_tokens", "--input-tokens"}, {"workload", "--workload"}, {"layers", "--layers"},
-                           {"width", "--width"}});
+                           {"update_on_devices=false", "--update-after-step"}});
     return out;
   }();
+  return names;
+}
+
+}  // namespace
+
+void remember_flag(const std::string& name, const std::string& flag) {
+  auto& names = flag_names();
+  if (std::none_of(names.begin(), names.end(), [&](const auto& f) { return f.first == name; }))
+    names.emplace_back(name, flag);
+}
+
+std::string in_flags(const std::string& message) {
+  const auto& flags = flag_names();
   std::string out;
   size_t at = 0;
   while (at < message.size()) {
@@ -49,12 +62,5 @@ std::string without_prefix(const std::string& message) {
 CLI::Validator validator(const SettingCheck& check) {
   return CLI::Validator([check](std::string& text) { return check.check(text); }, check.shape);
 }
-
-CLI::Validator at_least(int64_t least, int64_t most) { return validator(whole_number(least, most)); }
-CLI::Validator in_range(double least, double most, bool whole) { return validator(number_in(least, most, whole)); }
-CLI::Validator one_of(const std::vector<std::string>& choices, const std::string& meaning) {
-  return validator(gpipe::one_of(choices, meaning));
-}
-
 
 }  // namespace gpipe::cli

@@ -26,16 +26,6 @@ std::string fixed(double value, int digits);
 /// A check of the settings' table (settings.h) as a flag's validator.
 CLI::Validator validator(const SettingCheck& check);
 
-/// The checks of gpipe bench's, plan's and schedule's flags (the table's own, settings.h): a whole
-/// number of at least `least` ("must be a whole number, at least 1 (got 0)").
-CLI::Validator at_least(int64_t least, int64_t most = std::numeric_limits<int32_t>::max());
-/// A number from `least` to `most` (a whole one with `whole`): "must be a number from 0.000001 to
-/// 1e+09 (got 0)", where CLI::Range says "Value 0 not in range ...".
-CLI::Validator in_range(double least, double most, bool whole = false);
-/// One of `choices`: "must be 2 or 4 (got x)".
-CLI::Validator one_of(const std::vector<std::string>& choices, const std::string& meaning = "");
-
-
 /// A mistake in the command line or in the files it names. main() prints its
 /// message and ends with status 2, after everything the run built has been
 /// torn down (device threads joined), so no error leaves a thread running.
@@ -46,6 +36,10 @@ struct UsageError : std::invalid_argument {
 /// `message` with the library's option names in backquotes (`micro_batches`) written as the
 /// command line's flags (--micro-batches): the one place the library's words become flags.
 std::string in_flags(const std::string& message);
+
+/// Lets in_flags write the library's name `name` as `flag`, where gpipe train's settings do not
+/// name it (add_field calls it for each row of a command's table).
+void remember_flag(const std::string& name, const std::string& flag);
 
 /// `message` without a leading "gpipe: ", to put a flag or a context before it.
 std::string without_prefix(const std::string& message);

@@ -1,7 +1,7 @@
 // plan.cc: `gpipe plan`: the configurations that fit a model on a cluster, fastest first, predicted by
 // the cost model (cost_model.h) and the schedule simulator, before anything runs.
 #include "commands.h"
-#include "common.h"
+#include "flags.h"
 
 #include <gpipe/gpipe.h>
 
@@ -24,7 +24,8 @@ struct PlanOptions {
   std::string model;
   std::vector<int64_t> input_shape;  // one sample's shape, for --model
   int64_t input_tokens = 0;          // with --model: samples of token ids below it (0: random floats)
-  TransformerShape transformer;
+  int64_t layers = 0, width = 0, heads = 0, ffn = 0, vocab = 0, sequence = 0;  // a Transformer by its shape
+  int64_t bytes_per_value = 4;
   // The cluster.
   int devices = 0;
   std::string memory = "16GiB";
@@ -43,7 +44,84 @@ struct PlanOptions {
   bool all = false;
   bool json = false;
   std::set<std::string> given;  // the flags on the command line
+
+  Precision arithmetic() const { return parse_precision(precision); }
+  // The Transformer the shape's flags give.
+  TransformerShape transformer() const {
+    TransformerShape t;
+    t.layers = layers, t.width = width, t.heads = heads, t.ffn = ffn, t.vocab = vocab, t.sequence = sequence;
+    t.bytes_per_value = bytes_per_value;
+    t.precision = arithmetic();
+    return t;
+  }
 };
+
+// gpipe plan's flags: the model, the cluster and the configurations searched; where plan searches a
+// setting of gpipe train, its row is train's.
+std::vector<Field<PlanOptions>> plan_fields() {
+  using P = PlanOptions;
+  std::string tasks;
+  for (const std::string& n : task_names(true)) tasks += (tasks.empty() ? "" : ", ") + n;
+  const auto at_least_one = whole_number(1, kMostInt64);
+  std::vector<Field<P>> rows{
+      {"workload", "--workload",
+       "a built-in task or benchmark workload (tasks.h: " + tasks + "), profiled here on a random batch of its "
+       "shape; `model` NAME says the same",
+       &P::workload, one_of(task_names(true))},
+      {"model", "--model",
+       "a built-in task by name (as `workload`), or a TorchScript nn.Sequential, profiled here (with `input_shape`)",
+       &P::model, {}},
+      {"input_shape", "--input-shape", "one sample's shape for `model`, e.g. 1,28,28", &P::input_shape, at_least_one},
+      {"input_tokens", "--input-tokens",
+       "with `model`: samples of token ids 0..N-1 (a model that starts with an Embedding of N entries) rather than "
+       "random floats",
+       &P::input_tokens, at_least_one},
+      {"layers", "--layers", "a Transformer's encoder blocks", &P::layers, at_least_one},
+      {"width", "--width", "its model width", &P::width, at_least_one},
+      {"heads", "--heads", "its attention heads", &P::heads, at_least_one},
+      {"ffn", "--ffn", "its feed-forward width", &P::ffn, at_least_one},
+      {"vocab", "--vocab", "its vocabulary", &P::vocab, at_least_one},
+      {"sequence", "--seq", "its sequence length", &P::sequence, at_least_one},
+      shared_field<P>("precision", &P::precision,
+                      "the stages' arithmetic (as gpipe train's `precision`): fp32, or bf16 and fp16 (autocast), "
+                      "whose activations take 2 bytes a value (parameters keep `bytes_per_value`); a profiled model "
+                      "is profiled under it"),
+      {"bytes_per_value", "--bytes-per-value",
+       "a Transformer by shape: 4 (float32) or 2 (the whole model in half precision: parameters, optimizer state "
+       "and activations)",
+       &P::bytes_per_value, one_of({"4", "2"}, "bytes per value: float32 or half precision")},
+      {"cluster_devices", "--devices", "devices in the cluster", &P::devices, number_in(1, 1 << 16, /*whole=*/true)},
+      {"memory_per_device", "--memory-per-device", "memory of each device, e.g. 16GiB", &P::memory, {}},
+      {"flops", "--flops", "FLOP/s of a device on a Transformer given by shape (1e3 to 1e21)", &P::flops,
+       number_in(1e3, 1e21)},
+      {"speed", "--speed", "a device's speed relative to this machine's core, for a profiled model", &P::speed,
+       number_in(1e-6, 1e9)},
+      {"latency_us", "--latency-us", "latency of a link between devices, microseconds", &P::latency_us,
+       number_in(0, 1e9)},
+      {"bandwidth_gb_s", "--bandwidth-gb-s", "bandwidth of a link, GB/s", &P::bandwidth_gb_s, number_in(1e-6, 1e9)},
+      {"optimizer", "--optimizer",
+       "the state kept per parameter: sgd (none), momentum (one value), adam or adamw (two)", &P::optimizer,
+       one_of({"sgd", "momentum", "adam", "adamw"})},
+      {"batch", "--batch", "the global batch, rows per step", &P::batch, at_least_one},
+      {"schedule", "--schedule", "schedules to consider (auto: every one)", &P::schedules, one_of([] {
+         std::vector<std::string> names = schedule_names();
+         names.push_back("auto");
+         return names;
+       }())},
+      shared_field<P>("checkpoint", &P::checkpoints, "checkpoint modes to consider"),
+      shared_field<P>("devices", &P::stages, "pipeline depths K to consider (default: every divisor of `cluster_devices`)"),
+      shared_field<P>("micro_batches", &P::micro_batches,
+                      "micro-batch counts M to consider (default: 1, 2, 4, ... up to max(8, 4·K) and the rows per "
+                      "replica)"),
+      {"top", "--top", "configurations shown", &P::top, whole_number(1)},
+      {"all", "--all", "show every configuration that fits", &P::all, {}},
+  };
+  for (Field<P>& row : rows)
+    for (const char* shown : {"precision", "bytes_per_value", "memory_per_device", "flops", "speed", "latency_us",
+                              "bandwidth_gb_s", "optimizer", "top"})
+      if (row.name == shown) row.shows_default = true;
+  return rows;
+}
 
 // A table figure that leaves its column at least one space: `digits` decimals where they fit in
 // `width` - 1 characters and show the value, else 4 significant digits (1.955e+14, 2.5e-07).
@@ -62,7 +140,7 @@ PlannedModel profiled_model(const PlanOptions& o) {
                                         .optimizer(o.optimizer)
                                         .speed(o.speed)
                                         .name("model " + o.model)
-                                        .layers(ProfileLayersOptions().precision(o.transformer.precision));
+                                        .layers(ProfileLayersOptions().precision(o.arithmetic()));
   if (!o.workload.empty())
     return or_usage_error("--workload", [&] { return plan_model_of(find_task(o.workload), TaskOptions(), profile); });
   return plan_model_of(o.model, o.input_shape, profile, o.input_tokens);
@@ -95,22 +173,21 @@ int run(PlanOptions o) {  // a copy: --precision is set into its Transformer
                    : f == "--speed"        ? "a profiled model (--workload or --model)"
                                            : "--model, a TorchScript file") +
                   "; leave it out");
-  o.transformer.precision = parse_precision(o.precision);
   if (!by_shape)  // profiled here: the stages' CPU autocast
-    or_usage_error("--precision", [&] { check_precision_runs(o.transformer.precision, c10::DeviceType::CPU); });
+    or_usage_error("--precision", [&] { check_precision_runs(o.arithmetic(), c10::DeviceType::CPU); });
   for (const std::string f : {"--input-shape", "--input-tokens"})
     if (!o.workload.empty() && o.given.count(f)) usage_error(f + " applies to --model; a workload has its own input");
   if (by_shape) {
     for (const std::string& f : shape_flags)
       if (!o.given.count(f)) usage_error("a Transformer given by shape needs " + f + " too");
-    if (o.transformer.layers > kMostPlannedBlocks)
-      usage_error("--layers " + std::to_string(o.transformer.layers) + " is more than gpipe plan takes (" +
+    if (o.layers > kMostPlannedBlocks)
+      usage_error("--layers " + std::to_string(o.layers) + " is more than gpipe plan takes (" +
                   std::to_string(kMostPlannedBlocks) + ")");
   }
   PlanSearch search = plan_search_of(o.devices, memory, o.batch, o.schedules, o.checkpoints, o.stages, o.micro_batches);
   search.check();
   PlannedModel m = by_shape ? or_usage_error("the Transformer", [&] {
-    return plan_model_of(o.transformer, DeviceSpec{o.flops}, o.optimizer);
+    return plan_model_of(o.transformer(), DeviceSpec{o.flops}, o.optimizer);
   }) : profiled_model(o);
   m.costs.link_latency_s = o.latency_us * 1e-6;
   m.costs.link_bytes_per_s = o.bandwidth_gb_s * 1e9;
@@ -126,14 +203,14 @@ int run(PlanOptions o) {  // a copy: --precision is set into its Transformer
   };
   std::vector<PlanCandidate> found = search_plans(m, search);
   progress.end();
-  for (PlanCandidate& c : found) c.config.precision = o.transformer.precision;  // what each would run in
+  for (PlanCandidate& c : found) c.config.precision = o.arithmetic();  // what each would run in
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   const size_t feasible = static_cast<size_t>(std::count_if(found.begin(), found.end(), [](const PlanCandidate& c) { return c.fits; }));
   if (feasible == 0) {
     for (size_t n = 0; o.json && n < std::min<size_t>(found.size(), static_cast<size_t>(o.top)); ++n)
       std::cout << json_of(found[n]) << "\n";
     std::cerr << "gpipe: "
-              << no_fit_message(found, m, search, o.optimizer, by_shape && o.transformer.bytes_per_value == 4,
+              << no_fit_message(found, m, search, o.optimizer, by_shape && o.bytes_per_value == 4,
                                 {"--checkpoint always", "--devices", "--bytes-per-value 2", "--optimizer"})
               << "\n";
     return 1;
@@ -172,68 +249,15 @@ int run(PlanOptions o) {  // a copy: --precision is set into its Transformer
 
 void add_plan_command(CLI::App& app, const std::string&, int& status) {
   auto o = std::make_shared<PlanOptions>();
+  auto lists = std::make_shared<ListValues>();
   CLI::App* sub = app.add_subcommand(
       "plan", "Predict the configurations (K, replicas, M, schedule, checkpoint, cut) that fit a model on a cluster, "
               "fastest first; nothing runs (docs/giant-models.md)");
-  sub->add_option("--workload", o->workload,
-                  "a built-in task or benchmark workload (tasks.h: " + [] {
-                    std::string names;
-                    for (const std::string& n : task_names(true)) names += (names.empty() ? "" : ", ") + n;
-                    return names;
-                  }() + "), profiled here on a random batch of its shape; --model NAME says the same")
-      ->check(CLI::IsMember(task_names(true)));
-  sub->add_option("--model", o->model,
-                  "a built-in task by name (as --workload), or a TorchScript nn.Sequential, profiled here (with "
-                  "--input-shape)");
-  sub->add_option("--input-shape", o->input_shape, "one sample's shape for --model, e.g. 1,28,28")
-      ->delimiter(',')->check(at_least(1));
-  sub->add_option("--input-tokens", o->input_tokens,
-                  "with --model: samples of token ids 0..N-1 (a model that starts with an Embedding of N entries) "
-                  "rather than random floats")
-      ->check(at_least(1));
-  sub->add_option("--layers", o->transformer.layers, "a Transformer's encoder blocks")->check(at_least(1));
-  sub->add_option("--width", o->transformer.width, "its model width")->check(at_least(1));
-  sub->add_option("--heads", o->transformer.heads, "its attention heads")->check(at_least(1));
-  sub->add_option("--ffn", o->transformer.ffn, "its feed-forward width")->check(at_least(1));
-  sub->add_option("--vocab", o->transformer.vocab, "its vocabulary")->check(at_least(1));
-  sub->add_option("--seq", o->transformer.sequence, "its sequence length")->check(at_least(1));
-  sub->add_option("--precision", o->precision,
-                  "the stages' arithmetic (as gpipe train --precision): fp32, or bf16 and fp16 (autocast), whose "
-                  "activations take 2 bytes a value (parameters keep --bytes-per-value); a profiled model is profiled under it")
-      ->check(one_of(precision_names()))->capture_default_str();
-  sub->add_option("--bytes-per-value", o->transformer.bytes_per_value,
-                  "a Transformer by shape: 4 (float32) or 2 (the whole model in half precision: parameters, "
-                  "optimizer state and activations)")
-      ->check(one_of({"4", "2"}, "bytes per value: float32 or half precision"))->capture_default_str();
-  sub->add_option("--devices", o->devices, "devices in the cluster")->required()->check(in_range(1, 1 << 16, /*whole=*/true));
-  sub->add_option("--memory-per-device", o->memory, "memory of each device, e.g. 16GiB")->capture_default_str();
-  sub->add_option("--flops", o->flops, "FLOP/s of a device on a Transformer given by shape (1e3 to 1e21)")
-      ->check(in_range(1e3, 1e21))->capture_default_str();
-  sub->add_option("--speed", o->speed, "a device's speed relative to this machine's core, for a profiled model")
-      ->check(in_range(1e-6, 1e9))->capture_default_str();
-  sub->add_option("--latency-us", o->latency_us, "latency of a link between devices, microseconds")
-      ->check(in_range(0.0, 1e9))->capture_default_str();
-  sub->add_option("--bandwidth-gb-s", o->bandwidth_gb_s, "bandwidth of a link, GB/s")
-      ->check(in_range(1e-6, 1e9))->capture_default_str();
-  sub->add_option("--optimizer", o->optimizer, "sgd, momentum or adam: the state kept per parameter")
-      ->check(CLI::IsMember({"sgd", "momentum", "adam"}))->capture_default_str();
-  sub->add_option("--batch", o->batch, "the global batch, rows per step")->required()->check(at_least(1, kMostInt64));
-  sub->add_option("--schedule", o->schedules, "schedules to consider (auto: every one)")
-      ->delimiter(',')->check(CLI::IsMember([] {
-        std::vector<std::string> names = schedule_names();
-        names.push_back("auto");
-        return names;
-      }()))->capture_default_str();
-  sub->add_option("--checkpoint", o->checkpoints, "checkpoint modes to consider")
-      ->delimiter(',')->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
-  sub->add_option("--stages", o->stages, "pipeline depths K to consider (default: every divisor of --devices)")
-      ->delimiter(',')->check(at_least(1));
-  sub->add_option("--micro-batches", o->micro_batches, "micro-batch counts M to consider (default: 1, 2, 4, ... up to max(8, 4·K) "
-                  "and the rows per replica)")->delimiter(',')->check(at_least(1));
-  sub->add_option("--top", o->top, "configurations shown")->check(at_least(1))->capture_default_str();
-  sub->add_flag("--all", o->all, "show every configuration that fits");
+  add_fields(sub, *o, *lists, plan_fields());
+  for (const char* needed : {"--devices", "--batch"}) sub->get_option(needed)->required();
   sub->add_flag("--json", o->json, "one JSON object per configuration (JSON Lines)");
-  sub->callback([o, sub, &status] {
+  sub->callback([o, lists, sub, &status] {
+    take_lists(sub, *o, *lists, plan_fields(), "plan");
     for (const CLI::Option* option : sub->get_options())
       if (option->count() > 0) o->given.insert(option->get_name());
     const std::vector<std::string> tasks = task_names(true);

@@ -1,7 +1,7 @@
 // schedule.cc: `gpipe schedule`: a schedule's step program as a grid, with its simulated bubble and
 // peak in-flight micro-batches per device, before anything runs.
 #include "commands.h"
-#include "common.h"
+#include "flags.h"
 
 #include <gpipe/plan.h>
 #include <gpipe/results.h>
@@ -24,6 +24,21 @@ struct ScheduleOptions {
   bool program = false;
   bool json = false;
 };
+
+// gpipe schedule's flags: a schedule's shape, as gpipe train's rows take it.
+std::vector<Field<ScheduleOptions>> schedule_fields() {
+  using S = ScheduleOptions;
+  std::vector<Field<S>> rows{
+      {"schedule", "--schedule", schedule_help(), &S::schedule, one_of(schedule_names())},
+      shared_field<S>("devices", &S::stages, "K, the number of devices"),
+      shared_field<S>("micro_batches", &S::micro_batches, "M"),
+      shared_field<S>("virtual_stages", &S::virtual_stages, "V, stages per device (" + virtual_stages_help() + ")"),
+      shared_field<S>("checkpoint", &S::checkpoint, "always, except_last or never: the recompute flags of `program`"),
+      {"program", "--program", "also print each device's lowered program, sends and receives included", &S::program, {}},
+  };
+  for (Field<S>& row : rows) row.shows_default = row.name != "virtual_stages" && row.name != "program";
+  return rows;
+}
 
 // Most stage x micro-batch pairs (K x V x M) gpipe schedule shows: a grid of K x V rows and about
 // V x M + K slots, a second or two of work. The largest schedules it could make (2^21 pairs) took a
@@ -96,18 +111,10 @@ int run(ScheduleOptions o) {
 
 void add_schedule_command(CLI::App& app, const std::string& /*command*/, int& status) {
   auto o = std::make_shared<ScheduleOptions>();
+  auto lists = std::make_shared<ListValues>();
   CLI::App* sub = app.add_subcommand("schedule", "print a schedule's step program as a grid, with its simulated "
                                                  "bubble and peak in-flight micro-batches per device");
-  sub->add_option("--schedule", o->schedule, schedule_help())
-      ->check(CLI::IsMember(schedule_names()))->capture_default_str();
-  sub->add_option("--stages", o->stages, "K, the number of devices")->check(at_least(1))->capture_default_str();
-  sub->add_option("--micro-batches", o->micro_batches, "M")->check(at_least(1))->capture_default_str();
-  sub->add_option("--virtual-stages", o->virtual_stages,
-                  "V, stages per device (" + virtual_stages_help() + ")")
-      ->check(at_least(1));
-  sub->add_option("--checkpoint", o->checkpoint, "always, except_last or never: the recompute flags of --program")
-      ->check(CLI::IsMember(checkpoint_names()))->capture_default_str();
-  sub->add_flag("--program", o->program, "also print each device's lowered program, sends and receives included");
+  add_fields(sub, *o, *lists, schedule_fields());
   sub->add_flag("--json", o->json, "one JSON object: the program, its simulated bubble and peaks");
   sub->callback([o, &status] { status = run(*o); });
 }

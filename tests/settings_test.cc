@@ -87,4 +87,46 @@ TEST(SettingsTest, ResolveTrainingChecksEveryMemberByItsRow) {
   EXPECT_EQ(gpipe::with_request_settings(gpipe::PipelineRequest(), s).precision, gpipe::Precision::kBFloat16);
 }
 
+// gpipe bench's rows: where bench sweeps a setting of gpipe train, its row is train's (name, flag,
+// check), over a list of the sweep's; the rest are its own, each with its own name and flag.
+TEST(SettingsTest, BenchSweepsTrainsRowsAndSetsItsOwnFromText) {
+  std::set<std::string> names, flags;
+  for (const gpipe::Field<gpipe::BenchSweep>& row : gpipe::bench_settings()) {
+    SCOPED_TRACE(row.name);
+    EXPECT_TRUE(names.insert(row.name).second);
+    EXPECT_TRUE(flags.insert(row.flag).second);
+    EXPECT_FALSE(row.help.empty());
+  }
+  auto bench_row = [](const std::string& name) {
+    for (const auto& row : gpipe::bench_settings())
+      if (row.name == name) return row;
+    ADD_FAILURE() << "bench has no row " << name;
+    return gpipe::bench_settings().front();
+  };
+  for (const char* shared : {"devices", "micro_batches", "checkpoint", "threads_per_device", "balance", "precision"}) {
+    SCOPED_TRACE(shared);
+    const gpipe::Setting& train = gpipe::find_setting(shared);
+    const gpipe::Field<gpipe::BenchSweep> bench = bench_row(shared);
+    EXPECT_EQ(bench.flag, train.flag);
+    for (const char* text : {"0", "1", "2.5", "fp8", "bf16", "never", "010"})
+      EXPECT_EQ(gpipe::check_setting(bench, text), gpipe::check_setting(train, text)) << text;
+  }
+  gpipe::BenchSweep sweep;
+  gpipe::set_field(bench_row("devices"), sweep, "1,2");
+  EXPECT_EQ(sweep.stages, (std::vector<int>{1, 2}));
+  gpipe::set_field(bench_row("checkpoint"), sweep, "never,always");
+  EXPECT_EQ(sweep.checkpoints, (std::vector<std::string>{"never", "always"}));
+  gpipe::set_field(bench_row("precision"), sweep, "bf16");
+  EXPECT_EQ(sweep.precision, "bf16");
+  gpipe::set_field(bench_row("tie_embeddings"), sweep, "true");
+  EXPECT_TRUE(sweep.tie_embeddings);
+  EXPECT_EQ(gpipe::setting_text(bench_row("micro_batches"), sweep), "32");
+  expect_invalid([&] { gpipe::set_field(bench_row("devices"), sweep, "1,,2"); }, "`devices` has an empty entry");
+  expect_invalid([&] { gpipe::set_field(bench_row("checkpoint"), sweep, "never,sometimes"); },
+                 "`checkpoint` must be always, except_last or never (got sometimes)");
+  expect_invalid([&] { gpipe::set_field(bench_row("schedule"), sweep, "task"); }, "`schedule` must be");
+  expect_invalid([&] { gpipe::set_field(bench_row("virtual_stages"), sweep, "1"); }, "from 2 to 64");
+  EXPECT_EQ(sweep.stages, (std::vector<int>{1, 2}));  // a refused text changes nothing
+}
+
 }  // namespace

@@ -155,7 +155,7 @@ constexpr int64_t kPlanProfileRows = 8;
 /// How a model is profiled on this machine (profile_model_alone; profile_model and plan_model_of
 /// of a Sequential, calibrate.h).
 struct PlanProfileOptions {
-  /// "sgd", "momentum" or "adam": the state kept per parameter (state_per_parameter_byte_of); it
+  /// "sgd", "momentum", "adam" or "adamw": the state kept per parameter (state_per_parameter_byte_of); it
   /// sets layers' state_per_parameter_byte.
   TORCH_ARG(std::string, optimizer) = "adam";
   /// The planned device's speed relative to this machine's core: every layer's time is divided by
@@ -174,7 +174,7 @@ struct PlanProfileOptions {
 };
 
 /// Bytes of gradient and optimizer state per parameter byte of `optimizer` ("sgd" 1, "momentum" 2,
-/// "adam" 3: CostModel::state_per_parameter_byte). Throws std::invalid_argument naming `optimizer`
+/// "adam" and "adamw" 3: CostModel::state_per_parameter_byte). Throws std::invalid_argument naming `optimizer`
 /// for another name.
 double state_per_parameter_byte_of(const std::string& optimizer);
 

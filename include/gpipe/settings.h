@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
+#include <type_traits>
 #include <limits>
 #include <string>
 #include <variant>
@@ -50,26 +52,34 @@ SettingCheck non_empty();
 /// A whole number from 0 to 2^64-1 (a seed).
 SettingCheck seed_number();
 
-/// Where a setting lives in TrainSettings.
-using SettingMember =
-    std::variant<bool TrainSettings::*, int TrainSettings::*, int64_t TrainSettings::*, uint64_t TrainSettings::*,
-                 double TrainSettings::*, std::string TrainSettings::*, std::vector<int> TrainSettings::*,
-                 std::vector<double> TrainSettings::*>;
+/// Where a field lives in `Values` (TrainSettings, BenchSweep, a command's own options): a member of
+/// one of the types a setting's text reads into.
+template <typename Values>
+using FieldMember =
+    std::variant<bool Values::*, int Values::*, int64_t Values::*, uint64_t Values::*, double Values::*,
+                 std::string Values::*, std::vector<int> Values::*, std::vector<int64_t> Values::*,
+                 std::vector<double> Values::*, std::vector<std::string> Values::*>;
 
-/// One setting of a training run.
-struct Setting {
+/// One row of a table of settings: a setting of a training run (Setting), or a flag of gpipe bench,
+/// plan or schedule, whose values are `Values`.
+template <typename Values>
+struct Field {
   std::string name;     ///< the library's, as its errors give it in backquotes: "micro_batches"
-  std::string flag;     ///< gpipe train's: "--micro-batches"
+  std::string flag;     ///< the command line's: "--micro-batches"
   std::string help;     ///< in the library's words: other settings by name in backquotes
-  SettingMember member;
-  SettingCheck check;
-  std::string keyword;  ///< gpipe.GPipe's keyword argument ("chunks"); empty where Python has none
+  FieldMember<Values> member;
+  SettingCheck check = {};   ///< of the value, or of each entry of a list
+  std::string keyword = {};  ///< gpipe.GPipe's keyword argument ("chunks"); empty where Python has none
   /// A bool's flag sets it to this (false: --no-shuffle clears `shuffle`).
   bool flag_sets = true;
   int values = 0;              ///< a list's number of values (betas: 2); 0: any
   bool shows_default = false;  ///< the help shows the default value
-  std::string old_flag;        ///< a flag it was known by before, still taken
+  std::string old_flag = {};   ///< a flag it was known by before, still taken
 };
+
+/// One setting of a training run: a row of train_settings().
+using Setting = Field<TrainSettings>;
+using SettingMember = FieldMember<TrainSettings>;
 
 /// Every setting of a training run, in the order gpipe train --help lists them.
 const std::vector<Setting>& train_settings();
@@ -77,17 +87,95 @@ const std::vector<Setting>& train_settings();
 /// The row `name`. Throws std::logic_error for a name no row has (a mistake in the library).
 const Setting& find_setting(const std::string& name);
 
-/// "" where `setting` takes `text`, else what is wrong with it ("must be at least 1 (got 0)"): a
-/// list's entries each, separated by single commas ("3,,8" has an empty one), a bool "true" or "false".
-std::string check_setting(const Setting& setting, const std::string& text);
+/// The rows of gpipe bench's flags, whose values are the library's sweep: those it shares with gpipe
+/// train (`precision`, `checkpoint`, `micro_batches`, `devices`, ...) are train's rows with a sweep's
+/// member (shared_field), so their names, flags and checks are train's.
+const std::vector<Field<BenchSweep>>& bench_settings();
 
-/// The value `settings` hold for `setting`, as text (a list's entries separated by commas).
-std::string setting_text(const Setting& setting, const TrainSettings& settings);
+/// Train's row `name` (find_setting) as a field of `Values`: its name, flag, check and keyword,
+/// taking `member`, with `help` (empty: the row's own). A list `member` checks each entry by the row.
+template <typename Values>
+Field<Values> shared_field(const std::string& name, FieldMember<Values> member, std::string help = "");
 
-/// Sets `setting` in `settings` to `text`, checked by its row first (a list's entries separated by
-/// commas, a bool "true" or "false"), and marks it given. Throws std::invalid_argument "`precision`
-/// must be fp32, bf16 or fp16 (got fp8)".
+namespace detail {
+enum class FieldShape { kValue, kBool, kList };
+std::string check_field(const SettingCheck& check, int values, FieldShape shape, const std::string& text);
+// The text of a value (a list's entries separated by commas) and the value of a checked text.
+std::string text_of(bool value);
+std::string text_of(int value);
+std::string text_of(int64_t value);
+std::string text_of(uint64_t value);
+std::string text_of(double value);
+std::string text_of(const std::string& value);
+template <typename T>
+std::string text_of(const std::vector<T>& values) {
+  std::string out;
+  for (const T& value : values) out += (out.empty() ? "" : ",") + text_of(value);
+  return out;
+}
+void read_into(const std::string& text, bool& value);
+void read_into(const std::string& text, int& value);
+void read_into(const std::string& text, int64_t& value);
+void read_into(const std::string& text, uint64_t& value);
+void read_into(const std::string& text, double& value);
+void read_into(const std::string& text, std::string& value);
+std::vector<std::string> entries_of(const std::string& text);
+template <typename T>
+void read_into(const std::string& text, std::vector<T>& values) {
+  values.clear();
+  for (const std::string& entry : entries_of(text)) read_into(entry, values.emplace_back());
+}
+template <typename Values>
+FieldShape shape_of(const Field<Values>& row) {
+  return std::visit(
+      [](auto member) {
+        using Value = std::decay_t<decltype(std::declval<Values&>().*member)>;
+        if constexpr (std::is_same_v<Value, bool>) return FieldShape::kBool;
+        else if constexpr (std::is_same_v<Value, std::string> || std::is_arithmetic_v<Value>) return FieldShape::kValue;
+        else return FieldShape::kList;
+      },
+      row.member);
+}
+}  // namespace detail
+
+/// Whether `row` takes a list (its entries separated by commas).
+template <typename Values>
+bool is_list(const Field<Values>& row) {
+  return detail::shape_of(row) == detail::FieldShape::kList;
+}
+
+/// "" where `row` takes `text`, else what is wrong with it ("must be at least 1 (got 0)"): a list's
+/// entries each, separated by single commas ("3,,8" has an empty one), a bool "true" or "false".
+template <typename Values>
+std::string check_setting(const Field<Values>& row, const std::string& text) {
+  return detail::check_field(row.check, row.values, detail::shape_of(row), text);
+}
+
+/// The value `values` hold for `row`, as text (a list's entries separated by commas).
+template <typename Values>
+std::string setting_text(const Field<Values>& row, const Values& values) {
+  return std::visit([&](auto member) { return detail::text_of(values.*member); }, row.member);
+}
+
+/// Sets `row` in `values` to `text`, checked by the row first (a list's entries separated by commas,
+/// a bool "true" or "false"). Throws std::invalid_argument "`precision` must be fp32, bf16 or fp16 (got fp8)".
+template <typename Values>
+void set_field(const Field<Values>& row, Values& values, const std::string& text) {
+  if (const std::string wrong = check_setting(row, text); !wrong.empty())
+    throw std::invalid_argument("gpipe: `" + row.name + "` " + wrong);
+  std::visit([&](auto member) { detail::read_into(text, values.*member); }, row.member);
+}
+
+/// set_field, and marks the setting given.
 void set_setting(const Setting& setting, TrainSettings& settings, const std::string& text);
+
+template <typename Values>
+Field<Values> shared_field(const std::string& name, FieldMember<Values> member, std::string help) {
+  const Setting& row = find_setting(name);
+  Field<Values> field{row.name, row.flag, help.empty() ? row.help : std::move(help), member, row.check, row.keyword};
+  field.old_flag = row.old_flag;
+  return field;
+}
 
 /// Whether `settings` ask for the setting `name`: marked given (a flag, a keyword), or changed from
 /// TrainSettings' default by a C++ caller.

@@ -185,6 +185,25 @@ _NAMES = {name: keyword for keyword, (name, _, _) in _gpipe.keyword_settings().i
 _NAMES["deferred_batch_norm=false"] = 'batch_norm="per-micro-batch"'
 
 
+def _text_of(value):
+    """A keyword argument's value as the settings' table reads it: "true", "3,8", "bf16"."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _by_row(keyword, value, why=""):
+    """`value`, checked by the row of the settings' table (settings.h) that GPipe's keyword argument
+    `keyword` fills, as gpipe train checks its flag: ValueError "gpipe: chunks must be at least 1
+    (got 0)", then ": `why`" where given."""
+    wrong = _gpipe.check_setting(_gpipe.keyword_settings()[keyword][0], _text_of(value))
+    if wrong:
+        raise ValueError(f"gpipe: {keyword} {_in_python_words(wrong, _NAMES)}" + (f": {why}" if why else ""))
+    return value
+
+
 def _table_settings(settings, given):
     """Sets the keyword arguments `given` that GPipe's signature leaves to the settings' table
     (precision=...) on `settings`, each checked by its row: TypeError for a keyword no row has."""
@@ -194,15 +213,8 @@ def _table_settings(settings, given):
             known = sorted(set(table) | set(inspect.signature(GPipe.__init__).parameters) - {"self", "model", "settings"})
             raise TypeError(f"gpipe: GPipe() got an unexpected keyword argument {keyword!r}; it takes "
                             f"{', '.join(known)}")
-        name = table[keyword][0]
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, (list, tuple)):
-            text = ",".join(str(v) for v in value)
-        else:
-            text = str(value)
         try:
-            settings.set(name, text)
+            settings.set(table[keyword][0], _text_of(value))
         except ValueError as e:
             raise ValueError(_in_python_words(e, _NAMES)) from None
 
@@ -211,7 +223,9 @@ def _table_settings(settings, given):
 _PASSAGES = {"name a `schedule` (not auto) and give the cut (`balance`), or in gpipe train cut it by parameters "
              "(`schedule` gpipe, `balance_by` params)":
              'name a schedule (not "auto") and give the cut, layers per stage: GPipe(model, schedule="gpipe", '
-             'balance=[...])'}
+             'balance=[...])',
+             # GPipe's schedule= takes what gpipe train's --schedule takes but a task's own
+             "must be task, auto, ": "must be auto, "}
 
 
 def _in_python_words(error, names=None):
@@ -731,28 +745,33 @@ class GPipe:
                                  f"would be NaN; initialize it anew, or load a state_dict saved before it diverged")
         if balance is not None and (isinstance(balance, (str, bytes)) or not hasattr(balance, "__iter__")):
             raise ValueError(f"gpipe: balance must be a list of layers per stage, e.g. [3, 8] (got {balance!r})")
+        # GPipe's own keywords, each checked by its row of the settings' table (settings.h), as gpipe
+        # train checks its flag; Python's types (a bool is no whole number; tensors, NumPy) first.
         settings, table_settings = _gpipe.Settings(), settings
-        settings.balance = [] if balance is None else [_whole(b, "every entry of balance") for b in balance]
-        settings.micro_batches = None if chunks is None else _whole(chunks, "chunks")  # None: left open
-        settings.schedule = _one_of(schedule, "schedule", tuple(schedule_names()) + ("auto",))
+        settings.balance = [] if balance is None else \
+            _by_row("balance", [_whole(b, "every entry of balance") for b in balance], "each entry is a stage's layers")
+        settings.micro_batches = None if chunks is None else _by_row("chunks", _whole(chunks, "chunks"))  # None: open
+        if schedule == "task":
+            raise ValueError("gpipe: schedule=\"task\" is gpipe train's (a built-in task's own); give a schedule's name "
+                             f"({', '.join(schedule_names())}) or \"auto\"")
+        settings.schedule = _by_row("schedule", schedule)
         if checkpoint == "auto":
-            raise ValueError("gpipe: checkpoint must be one of 'always', 'except_last', 'never', or None (the "
-                             "default), which lets schedule=\"auto\" choose it (got 'auto')")
-        settings.checkpoint = _one_of(checkpoint, "checkpoint", tuple(_gpipe.checkpoint_names())) \
+            raise ValueError("gpipe: checkpoint must be always, except_last or never, or None (the default), which "
+                             "lets schedule=\"auto\" choose it (got auto)")
+        settings.checkpoint = _by_row("checkpoint", checkpoint) \
             if checkpoint is not None else None if schedule == "auto" else "except_last"
-        if devices is not None and _whole(devices, "devices") < 1:
-            raise ValueError(f"gpipe: devices must be at least 1 (got {devices!r}): it is K, the devices the pipeline "
-                             f"runs on; give devices=1 or more (2 to pipeline over two), or leave devices=None, which "
-                             f"takes K from the balance (2 without one)")
+        if devices is not None:
+            _by_row("devices", _whole(devices, "devices"), "it is K, the devices the pipeline runs on; give devices=1 "
+                    "or more (2 to pipeline over two), or leave devices=None, which takes K from the balance (2 "
+                    "without one)")
         settings.devices = None if devices is None and balance is not None else 2 if devices is None \
             else _whole(devices, "devices")
-        if virtual_stages is not None and _whole(virtual_stages, "virtual_stages") < 1:
-            raise ValueError(f"gpipe: virtual_stages must be at least 1 (got {virtual_stages!r}): it is V, the stages "
-                             f"per device; give 1 or more, or leave virtual_stages=None for the schedule's own "
-                             f"({_gpipe.virtual_stages_help()})")
+        if virtual_stages is not None:
+            _by_row("virtual_stages", _whole(virtual_stages, "virtual_stages"), "it is V, the stages per device; give "
+                    f"1 or more, or leave virtual_stages=None for the schedule's own ({_gpipe.virtual_stages_help()})")
         settings.virtual_stages = None if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
-        settings.deferred_batch_norm = _one_of(batch_norm, "batch_norm", ("deferred", "per-micro-batch")) == "deferred"
-        settings.threads = _whole(threads, "threads")
+        settings.deferred_batch_norm = _by_row("batch_norm", batch_norm) == "deferred"
+        settings.threads = _by_row("threads", _whole(threads, "threads"))
         _gpipe.check_threads_per_device(settings.threads)
         settings.runtime = _one_of(runtime, "runtime", tuple(_gpipe.runtime_names()))
         _table_settings(settings, table_settings)
@@ -1226,7 +1245,7 @@ def export(model, example, path, keep_whole=None, batch_norm="deferred"):
     and model.load_state_dict({k.partition(".")[2]: v for k, v in torch.jit.load(p).state_dict().items()})
     reads a traced model's back (a parameter two pieces share comes twice, with one value)."""
     path = _path(path, "the model's path")
-    _one_of(batch_norm, "batch_norm", ("deferred", "per-micro-batch"))
+    _by_row("batch_norm", batch_norm)
     deferred = batch_norm == "deferred"
     layers = _chain_of(model)
     if layers is None:

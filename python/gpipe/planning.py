@@ -24,7 +24,7 @@ import torch
 from . import _gpipe
 from .pipe import _in_python_words, _one_of, _script, _whole
 
-_OPTIMIZERS = ("sgd", "momentum", "adam")
+_OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 _LOSSES = (None, "cross_entropy", "mse")
 
 
@@ -240,7 +240,7 @@ def plan(model=None, sample=None, *, devices, batch, memory_per_device="16GiB", 
                       profiled on its own batch, its model's weights drawn from `seed`
       transformer     a Transformer by shape: a dict of layers, width, heads, ffn, vocab, sequence
                       (and bytes_per_value 4 or 2), on devices of `flops` FLOP/s
-    The search: optimizer ("sgd", "momentum", "adam": the state kept per parameter), schedules
+    The search: optimizer ("sgd", "momentum", "adam" or "adamw": the state kept per parameter), schedules
     and checkpoints to consider (None: all; "auto" among the schedules: all), stages (K to consider; None: every divisor of
     devices), micro_batches (M to consider; None: 1, 2, 4, ... up to max(8, 4K) and the rows per
     replica), links of latency_us microseconds and bandwidth_gb_s GB/s. The answer holds the `top`
@@ -327,7 +327,7 @@ def profile(model, sample, *, optimizer="sgd", speed=1.0, threads=1, warmup=1, r
     with `threads` intra-op threads, `warmup` untimed and `repetitions` timed passes (each figure
     the median): a Profile list of one LayerProfile per layer, every figure per sample (row), its
     times divided by `speed`. With loss ("cross_entropy", "mse") and the sample's target the loss's
-    bytes too. `optimizer` ("sgd", "momentum", "adam") sets state_per_parameter_byte. The model is
+    bytes too. `optimizer` ("sgd", "momentum", "adam", "adamw") sets state_per_parameter_byte. The model is
     left as it was (parameters, gradients, buffers, modes, random numbers)."""
     scripted = _sequential(model)
     items, is_tuple = _sample(sample)

@@ -492,6 +492,10 @@ void add_pipeline(py::module_& m) {
       if (!row.keyword.empty()) out[py::str(row.keyword)] = py::make_tuple(row.name, row.check.shape, row.help);
     return out;
   });
+  // "" where the setting `name` takes `text`, else what is wrong: "must be at least 1 (got 0)".
+  m.def("check_setting", [](const std::string& name, const std::string& text) {
+    return gpipe::check_setting(find_setting(name), text);
+  }, py::arg("name"), py::arg("text"));
   // What the pipeline refuses of a scripted model (a Pop's merge with parameters...), before any batch.
   m.def("check_model", [](const py::object& scripted) {
     script_model(scripted.attr("_c").cast<torch::jit::Module>(), "the scripted model");

@@ -74,8 +74,8 @@ int64_t least_rows_unguarded(torch::nn::Sequential model, const Tensors& sample)
 double state_per_parameter_byte_of(const std::string& optimizer) {
   if (optimizer == "sgd") return 1;
   if (optimizer == "momentum") return 2;
-  if (optimizer == "adam") return 3;
-  GPIPE_CHECK(false, "`optimizer` must be \"sgd\", \"momentum\" or \"adam\" (got \"", optimizer, "\")");
+  if (optimizer == "adam" || optimizer == "adamw") return 3;
+  GPIPE_CHECK(false, "`optimizer` must be \"sgd\", \"momentum\", \"adam\" or \"adamw\" (got \"", optimizer, "\")");
   return 0;
 }
 

@@ -390,7 +390,7 @@ const Setting& find_setting(const std::string& name) {
   return *row;
 }
 
-namespace {
+namespace detail {
 
 std::string text_of(bool value) { return value ? "true" : "false"; }
 std::string text_of(const std::string& value) { return value; }
@@ -400,24 +400,9 @@ std::string text_of(double value) {
   out << value;
   return out.str();
 }
-template <typename Whole, typename = std::enable_if_t<std::is_integral_v<Whole>>>
-std::string text_of(Whole value) {
-  return std::to_string(value);
-}
-template <typename T>
-std::string text_of(const std::vector<T>& values) {
-  std::string out;
-  for (const T& value : values) out += (out.empty() ? "" : ",") + text_of(value);
-  return out;
-}
-
-}  // namespace
-
-std::string setting_text(const Setting& setting, const TrainSettings& settings) {
-  return std::visit([&](auto member) { return text_of(settings.*member); }, setting.member);
-}
-
-namespace {
+std::string text_of(int value) { return std::to_string(value); }
+std::string text_of(int64_t value) { return std::to_string(value); }
+std::string text_of(uint64_t value) { return std::to_string(value); }
 
 // `text` split at its commas, an empty entry kept for the check to refuse ("" is no entry).
 std::vector<std::string> entries_of(const std::string& text) {
@@ -435,20 +420,25 @@ void read_into(const std::string& text, bool& value) { value = text == "true"; }
 void read_into(const std::string& text, std::string& value) { value = text; }
 void read_into(const std::string& text, double& value) { value = std::strtod(text.c_str(), nullptr); }
 void read_into(const std::string& text, uint64_t& value) { value = std::strtoull(text.c_str(), nullptr, 10); }
-template <typename Whole, typename = std::enable_if_t<std::is_integral_v<Whole>>>
-void read_into(const std::string& text, Whole& value) {
-  value = static_cast<Whole>(std::strtoll(text.c_str(), nullptr, 10));
-}
-template <typename T>
-void read_into(const std::string& text, std::vector<T>& values) {
-  values.clear();
-  for (const std::string& entry : entries_of(text)) read_into(entry, values.emplace_back());
+void read_into(const std::string& text, int& value) { value = static_cast<int>(std::strtoll(text.c_str(), nullptr, 10)); }
+void read_into(const std::string& text, int64_t& value) { value = std::strtoll(text.c_str(), nullptr, 10); }
+
+std::string check_field(const SettingCheck& check, int count, FieldShape shape, const std::string& text) {
+  if (shape == FieldShape::kBool && text != "true" && text != "false") return "must be true or false (got " + text + ")";
+  const bool list = shape == FieldShape::kList;
+  const std::vector<std::string> values = list ? entries_of(text) : std::vector<std::string>{text};
+  if (list && std::find(values.begin(), values.end(), "") != values.end())
+    return "has an empty entry (got " + text + "): separate its values by one comma each";
+  if (count != 0 && static_cast<int>(values.size()) != count)
+    return "takes " + std::to_string(count) + " values separated by commas (got " + std::to_string(values.size()) + ")";
+  for (const std::string& value : values)
+    if (const std::string wrong = check.check ? check.check(value) : ""; !wrong.empty()) return wrong;
+  return "";
 }
 
-bool is_list(const Setting& row) {
-  return std::holds_alternative<std::vector<int> TrainSettings::*>(row.member) ||
-         std::holds_alternative<std::vector<double> TrainSettings::*>(row.member);
-}
+}  // namespace detail
+
+namespace {
 
 // Throws what is wrong with `text` for `row`, naming it.
 void check_text(const Setting& row, const std::string& text) {
@@ -457,23 +447,8 @@ void check_text(const Setting& row, const std::string& text) {
 
 }  // namespace
 
-std::string check_setting(const Setting& row, const std::string& text) {
-  if (std::holds_alternative<bool TrainSettings::*>(row.member) && text != "true" && text != "false")
-    return "must be true or false (got " + text + ")";
-  const std::vector<std::string> values = is_list(row) ? entries_of(text) : std::vector<std::string>{text};
-  if (is_list(row) && std::find(values.begin(), values.end(), "") != values.end())
-    return "has an empty entry (got " + text + "): separate its values by one comma each";
-  if (row.values != 0 && static_cast<int>(values.size()) != row.values)
-    return "takes " + std::to_string(row.values) + " values separated by commas (got " + std::to_string(values.size()) +
-           ")";
-  for (const std::string& value : values)
-    if (const std::string wrong = row.check.check ? row.check.check(value) : ""; !wrong.empty()) return wrong;
-  return "";
-}
-
 void set_setting(const Setting& setting, TrainSettings& settings, const std::string& text) {
-  check_text(setting, text);
-  std::visit([&](auto member) { read_into(text, settings.*member); }, setting.member);
+  set_field(setting, settings, text);
   settings.given.insert(setting.name);
 }
 

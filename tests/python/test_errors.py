@@ -23,17 +23,20 @@ def test_bad_arguments_are_value_errors_that_name_the_fix():
     refused("cannot cut 1 layer into 2 devices", model=torch.nn.Linear(3, 3))  # traced: one torch.nn layer
     refused("the model must be a torch.nn.Module .got function.", model=lambda x: x)
     refused("the model is empty", model=torch.nn.Sequential())
-    refused("micro-batches M must be at least 1 .got 0.*M chunks", chunks=0)
+    # GPipe's own keywords are checked by their rows of the settings' table, as gpipe train's flags:
+    # the rows' words, where each had its own Python check before.
+    refused("chunks must be at least 1 .got 0.", chunks=0)
     refused("chunks must be a whole number", chunks=2.5)
-    refused("checkpoint must be one of", checkpoint="sometimes")
-    refused("schedule must be one of", schedule="fastest")
-    refused("batch_norm must be one of", batch_norm="later")
-    refused("intra-op threads per device must be at least 1", threads=0)
+    refused("checkpoint must be always, except_last or never .got sometimes.", checkpoint="sometimes")
+    refused("schedule must be auto, gpipe, .* .got fastest.", schedule="fastest")
+    refused("schedule=\"task\" is gpipe train's", schedule="task")
+    refused("batch_norm must be deferred or per-micro-batch .got later.", batch_norm="later")
+    refused("threads must be at least 1 .got 0.", threads=0)
     refused("runtime must be one of", runtime="cloud")
     refused("devices must be at least 1 .got -1.", devices=-1)
     refused("balance must be a list", balance="2,2")
     refused("every entry of balance must be a whole number", balance=[2, 2.0])
-    refused("stage 1 of balance \\{4, 0\\} has 0 layers", balance=[4, 0])
+    refused("balance must be at least 1 .got 0.: each entry is a stage's layers", balance=[4, 0])  # its row's check
     refused("the model and the sum of the balance differ", balance=[2, 3])
     refused("disagree", balance=[2, 2], devices=3)
     refused("cannot cut 4 layers into 5 devices", devices=5)
