@@ -204,6 +204,46 @@ def _by_row(keyword, value, why=""):
     return value
 
 
+def _keyword_settings(balance, chunks, checkpoint, schedule, devices, virtual_stages, batch_norm, threads, runtime,
+                      table_settings):
+    """GPipe's keyword arguments as the library's Settings: its own keywords each checked by its row of
+    the settings' table (settings.h), as gpipe train checks its flag (Python's types first: a bool is
+    no whole number; tensors and NumPy numbers are), and those the table adds (precision=...)."""
+    if balance is not None and (isinstance(balance, (str, bytes)) or not hasattr(balance, "__iter__")):
+        raise ValueError(f"gpipe: balance must be a list of layers per stage, e.g. [3, 8] (got {balance!r})")
+    # GPipe's own keywords, each checked by its row of the settings' table (settings.h), as gpipe
+    # train checks its flag; Python's types (a bool is no whole number; tensors, NumPy) first.
+    settings = _gpipe.Settings()
+    settings.balance = [] if balance is None else \
+        _by_row("balance", [_whole(b, "every entry of balance") for b in balance], "each entry is a stage's layers")
+    settings.micro_batches = None if chunks is None else _by_row("chunks", _whole(chunks, "chunks"))  # None: open
+    if schedule == "task":
+        raise ValueError("gpipe: schedule=\"task\" is gpipe train's (a built-in task's own); give a schedule's name "
+                         f"({', '.join(schedule_names())}) or \"auto\"")
+    settings.schedule = _by_row("schedule", schedule)
+    if checkpoint == "auto":
+        raise ValueError("gpipe: checkpoint must be always, except_last or never, or None (the default), which "
+                         "lets schedule=\"auto\" choose it (got auto)")
+    settings.checkpoint = _by_row("checkpoint", checkpoint) \
+        if checkpoint is not None else None if schedule == "auto" else "except_last"
+    if devices is not None:
+        _by_row("devices", _whole(devices, "devices"), "it is K, the devices the pipeline runs on; give devices=1 "
+                "or more (2 to pipeline over two), or leave devices=None, which takes K from the balance (2 "
+                "without one)")
+    settings.devices = None if devices is None and balance is not None else 2 if devices is None \
+        else _whole(devices, "devices")
+    if virtual_stages is not None:
+        _by_row("virtual_stages", _whole(virtual_stages, "virtual_stages"), "it is V, the stages per device; give "
+                f"1 or more, or leave virtual_stages=None for the schedule's own ({_gpipe.virtual_stages_help()})")
+    settings.virtual_stages = None if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
+    settings.deferred_batch_norm = _by_row("batch_norm", batch_norm) == "deferred"
+    settings.threads = _by_row("threads", _whole(threads, "threads"))
+    _gpipe.check_threads_per_device(settings.threads)
+    settings.runtime = _one_of(runtime, "runtime", tuple(_gpipe.runtime_names()))
+    _table_settings(settings, table_settings)
+    return settings
+
+
 def _table_settings(settings, given):
     """Sets the keyword arguments `given` that GPipe's signature leaves to the settings' table
     (precision=...) on `settings`, each checked by its row: TypeError for a keyword no row has."""
@@ -708,73 +748,16 @@ class GPipe:
         _end_the_job_on_an_uncaught_exception()
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"gpipe: the model must be a torch.nn.Module (got {type(model).__name__})")
-        # A Sequential (or a subclass that keeps its forward) is the chain of its children, run as they
-        # are; any other module is traced with torch.fx and cut into pieces on the first batch.
-        self._graph = None
         layers = _chain_of(model)
-        if layers is not None:
-            if split_points is not None or keep_whole is not None:
-                raise ValueError("gpipe: split_points and keep_whole are for a model that gpipe traces (one that is "
-                                 "not a torch.nn.Sequential); a Sequential is cut between its children: give balance")
-            count = len(layers)
-        else:
-            if balance is not None:
-                raise ValueError(f"gpipe: balance counts the layers of a torch.nn.Sequential; {type(model).__name__} "
-                                 f"is traced and cut into pieces on the first batch, so name where stages begin "
-                                 f"instead: split_points=['blocks.2', ...] (module paths, as model.named_modules() "
-                                 f"names them)")
-            begin = time.perf_counter()
-            with _python_words():
-                self._graph = _trace.trace(model, _paths(keep_whole, "keep_whole"))
-            self._trace_seconds = time.perf_counter() - begin  # the trace, then the split (bench/python_compare.py)
-            split_points = _paths(split_points, "split_points")
-            for path in split_points:
-                _trace.check_path(model, path, "split_points")
-                if split_points.count(path) > 1:
-                    raise ValueError(f"gpipe: split_points names {path!r} twice; each stage begins at a module of its "
-                                     f"own, in the order of the forward")
-            count = _trace.most_pieces(self._graph)
-            if split_points:  # checked as a balance of one piece per stage until the pieces are known
-                count = len(split_points) + 1
-                balance = [1] * count
+        count, balance, split_points = self._layers_or_trace(model, layers, balance, split_points, keep_whole)
         self._split_points = split_points
         self._pieces = None  # a traced model's pieces, by the module path each starts at
         for name, p in model.named_parameters():  # every loss would be NaN, with no word why
             if p.is_floating_point() and not bool(torch.isfinite(p).all()):
                 raise ValueError(f"gpipe: the model's parameter {name} holds NaN or infinite values, so every loss "
                                  f"would be NaN; initialize it anew, or load a state_dict saved before it diverged")
-        if balance is not None and (isinstance(balance, (str, bytes)) or not hasattr(balance, "__iter__")):
-            raise ValueError(f"gpipe: balance must be a list of layers per stage, e.g. [3, 8] (got {balance!r})")
-        # GPipe's own keywords, each checked by its row of the settings' table (settings.h), as gpipe
-        # train checks its flag; Python's types (a bool is no whole number; tensors, NumPy) first.
-        settings, table_settings = _gpipe.Settings(), settings
-        settings.balance = [] if balance is None else \
-            _by_row("balance", [_whole(b, "every entry of balance") for b in balance], "each entry is a stage's layers")
-        settings.micro_batches = None if chunks is None else _by_row("chunks", _whole(chunks, "chunks"))  # None: open
-        if schedule == "task":
-            raise ValueError("gpipe: schedule=\"task\" is gpipe train's (a built-in task's own); give a schedule's name "
-                             f"({', '.join(schedule_names())}) or \"auto\"")
-        settings.schedule = _by_row("schedule", schedule)
-        if checkpoint == "auto":
-            raise ValueError("gpipe: checkpoint must be always, except_last or never, or None (the default), which "
-                             "lets schedule=\"auto\" choose it (got auto)")
-        settings.checkpoint = _by_row("checkpoint", checkpoint) \
-            if checkpoint is not None else None if schedule == "auto" else "except_last"
-        if devices is not None:
-            _by_row("devices", _whole(devices, "devices"), "it is K, the devices the pipeline runs on; give devices=1 "
-                    "or more (2 to pipeline over two), or leave devices=None, which takes K from the balance (2 "
-                    "without one)")
-        settings.devices = None if devices is None and balance is not None else 2 if devices is None \
-            else _whole(devices, "devices")
-        if virtual_stages is not None:
-            _by_row("virtual_stages", _whole(virtual_stages, "virtual_stages"), "it is V, the stages per device; give "
-                    f"1 or more, or leave virtual_stages=None for the schedule's own ({_gpipe.virtual_stages_help()})")
-        settings.virtual_stages = None if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
-        settings.deferred_batch_norm = _by_row("batch_norm", batch_norm) == "deferred"
-        settings.threads = _by_row("threads", _whole(threads, "threads"))
-        _gpipe.check_threads_per_device(settings.threads)
-        settings.runtime = _one_of(runtime, "runtime", tuple(_gpipe.runtime_names()))
-        _table_settings(settings, table_settings)
+        settings = _keyword_settings(balance, chunks, checkpoint, schedule, devices, virtual_stages, batch_norm, threads,
+                                     runtime, settings)
         if process_group is not None and runtime not in ("auto", "c10d"):
             raise ValueError(f"gpipe: process_group runs the pipeline over the c10d backend; give runtime=\"c10d\" "
                              f"or \"auto\" with it (got runtime={runtime!r})")
@@ -833,6 +816,35 @@ class GPipe:
         elif self._scripted is not None:  # built on the first batch: what it would refuse of the model, refused now
             with _python_words():
                 _gpipe.check_model(self._scripted)
+
+    def _layers_or_trace(self, model, layers, balance, split_points, keep_whole):
+        """The layers the plan is checked with, the balance and the split points: a Sequential (or a
+        subclass that keeps its forward) is the chain of its `layers`, run as they are; any other module
+        is traced with torch.fx (self._graph) and cut into pieces on the first batch."""
+        self._graph = None
+        if layers is not None:
+            if split_points is not None or keep_whole is not None:
+                raise ValueError("gpipe: split_points and keep_whole are for a model that gpipe traces (one that is "
+                                 "not a torch.nn.Sequential); a Sequential is cut between its children: give balance")
+            return len(layers), balance, split_points
+        if balance is not None:
+            raise ValueError(f"gpipe: balance counts the layers of a torch.nn.Sequential; {type(model).__name__} "
+                             f"is traced and cut into pieces on the first batch, so name where stages begin "
+                             f"instead: split_points=['blocks.2', ...] (module paths, as model.named_modules() "
+                             f"names them)")
+        begin = time.perf_counter()
+        with _python_words():
+            self._graph = _trace.trace(model, _paths(keep_whole, "keep_whole"))
+        self._trace_seconds = time.perf_counter() - begin  # the trace, then the split (bench/python_compare.py)
+        split_points = _paths(split_points, "split_points")
+        for path in split_points:
+            _trace.check_path(model, path, "split_points")
+            if split_points.count(path) > 1:
+                raise ValueError(f"gpipe: split_points names {path!r} twice; each stage begins at a module of its "
+                                 f"own, in the order of the forward")
+        if split_points:  # checked as a balance of one piece per stage until the pieces are known
+            return len(split_points) + 1, [1] * (len(split_points) + 1), split_points
+        return _trace.most_pieces(self._graph), balance, split_points
 
     def _cut_into_pieces(self, input):
         """The traced model as a Sequential of pieces (gpipe.trace), compiled: the values that are

@@ -445,9 +445,9 @@ void add_config(py::module_& m) {
 }
 
 // The pipeline's settings, what is checked of a model and a plan before any batch, and the Pipeline.
-void add_pipeline(py::module_& m) {
+// A pipeline's settings and their checks.
+void add_settings(py::module_& m) {
   using namespace gpipe;
-  using gpipe::python::PythonPipeline;
   using gpipe::python::Settings;
   py::class_<Settings>(m, "Settings")
       .def(py::init<>())
@@ -509,7 +509,12 @@ void add_pipeline(py::module_& m) {
           return std::make_pair(plan.devices, plan.virtual_stages);
         },
         py::arg("layers"), py::arg("settings"));
+}
 
+void add_pipeline(py::module_& m) {
+  using namespace gpipe;
+  using gpipe::python::PythonPipeline;
+  using gpipe::python::Settings;
   // Calls that wait for the devices or for other ranks release the GIL (PythonPipeline::released),
   // so that other Python threads run.
   py::class_<PythonPipeline>(m, "Pipeline")
@@ -574,6 +579,7 @@ PYBIND11_MODULE(_gpipe, m) {
 
   add_config(m);
   gpipe::python::add_loss_scale(m);
+  add_settings(m);
   add_pipeline(m);
   gpipe::python::add_job(m);
   gpipe::python::add_planning(m);
