@@ -232,6 +232,43 @@ TEST(TasksTest, AutoPredictsEachMicroBatchCountFromItsOwnRows) {
   EXPECT_GT(weighed[2], 0);
 }
 
+// "auto" profiles every size it weighs in rounds, each layer's times the least of its rounds: a burst of
+// other work on the machine during one size's profile does not choose the M, which one profile per size
+// in turn let it do.
+TEST(TasksTest, AutoWeighsEverySizeAlikeThroughABurstOfNoise) {
+  PlannedModel model = plan_model_of(find_task("tiny"));
+  model.costs.action_overhead_s = model.costs.step_overhead_s = 0;
+  const int64_t batch = 32, memory = int64_t{1} << 40;
+  PipelineRequest open{2, std::nullopt, "auto"};
+  open.checkpoint = Checkpoint::kNever;
+  const std::vector<int64_t> sizes = profiled_rows(open, batch);
+  EXPECT_EQ(sizes, (std::vector<int64_t>{4, 8, 16, 32}));  // M = 8, 4, 2, 1
+  const int quiet_M = choose_schedule(model.costs, open, batch, memory).config.micro_batches;
+  ASSERT_GT(quiet_M, 1);
+  // The machine is busy while the first profiles run (those of the smaller micro-batches, 3x as long),
+  // quiet from the profile of the whole batch on.
+  for (const int rounds : {1, kProfileRounds}) {
+    SCOPED_TRACE(rounds);
+    std::vector<int64_t> order;
+    const CostsAtRows noisy = [&](int64_t rows) {
+      order.push_back(rows);
+      return with_compute_scaled(model.costs, order.size() <= 3 ? 3 : 1);
+    };
+    const CostsAtRows costs_at = profiled_together(noisy, sizes, rounds);
+    const int chosen = choose_schedule(costs_at, open, batch, memory).config.micro_batches;
+    if (rounds == 1) {
+      EXPECT_EQ(chosen, 1);  // the one size profiled while quiet looks the fastest
+      EXPECT_EQ(order, sizes);
+    } else {
+      EXPECT_EQ(chosen, quiet_M);
+      EXPECT_EQ(order, (std::vector<int64_t>{4, 8, 16, 32, 32, 16, 8, 4}));  // ascending, then descending
+    }
+    costs_at(32);
+    EXPECT_EQ(order.size(), sizes.size() * static_cast<size_t>(rounds));  // each size profiled once per round
+  }
+  EXPECT_THROW(profiled_together([&](int64_t) { return model.costs; }, sizes, 0), std::invalid_argument);
+}
+
 // A training run's "auto": prepare_training profiles the model once and its settings take the choice;
 // M given stays, M left open is chosen; the plan is the choice's.
 TEST(TasksTest, TrainingRunsTheScheduleAutoChose) {

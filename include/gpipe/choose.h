@@ -125,13 +125,29 @@ struct ScheduleChoice {
 /// profile at 32 rows predicted M=8 10 ms under the measured 55.6 ms step).
 using CostsAtRows = std::function<CostModel(int64_t rows)>;
 
+/// Rounds of the profiles of every size "auto" weighs (profiles_at_rows).
+inline constexpr int kProfileRounds = 2;
+
+/// `profile` at each size asked, once per size; on the first call, first every size of `together`
+/// in `rounds` rounds (ascending, then descending, ...), each layer's times the least of its rounds.
+/// So a burst of other work on the machine during one size's profile weighs on it only where it
+/// lasted through every round, and sizes are weighed alike: with one profile per size in turn, the
+/// main job was seen to choose M = 1 after a noisy profile, its step then 1.27x the prediction.
+CostsAtRows profiled_together(const CostsAtRows& profile, const std::vector<int64_t>& together,
+                              int rounds = kProfileRounds);
+
+/// The rows per micro-batch schedule_candidates asks its costs at, for `request` on `batch` rows (one
+/// size per M weighed at each K weighed): profiles_at_rows' `together`.
+std::vector<int64_t> profiled_rows(const PipelineRequest& request, int64_t batch, int64_t least_micro_batch_rows = 1);
+
 /// The costs "auto" weighs, as front ends profile them: `whole` profiled (profile_model, `options`)
 /// on the first `rows` rows of `input` (and of `target`, where defined, for `options`' loss) at each
-/// size asked, once per size, with as many micro-batches in flight as `batch` holds (a schedule keeps
-/// up to M), and CostModel::update_on_devices set to `update_on_devices`.
+/// size asked, with as many micro-batches in flight as `batch` holds (a schedule keeps up to M), and
+/// CostModel::update_on_devices set to `update_on_devices`; the sizes of `together` profiled first, in
+/// kProfileRounds rounds (profiled_together).
 CostsAtRows profiles_at_rows(const torch::nn::Sequential& whole, const torch::Tensor& input,
                              const torch::Tensor& target, int64_t batch, const PlanProfileOptions& options,
-                             bool update_on_devices);
+                             bool update_on_devices, const std::vector<int64_t>& together = {});
 
 /// The configurations "auto" weighs for `request`, as search_plans predicts them from `costs_at` (one
 /// replica of K devices on a batch of `batch` rows; those that fit first, fastest first), each M from

@@ -50,24 +50,78 @@ std::string format_cut(const std::vector<int>& balance) {
   return out + "]";
 }
 
+namespace {
+
+// The K a request weighs: given; with a given balance and no K, its length over V (V given, or 1 and 2:
+// the schedules' own).
+std::vector<int> device_counts(const PipelineRequest& r) {
+  if (r.devices.value_or(0) > 0) return {*r.devices};
+  const int S = static_cast<int>(r.balance.size()), given_V = r.virtual_stages.value_or(0);
+  GPIPE_CHECK(S > 0, "`devices` must be at least 1, or given by `balance`");
+  if (given_V > 0) {
+    GPIPE_CHECK(S % given_V == 0, "`balance` has ", S, " stages, not a multiple of `virtual_stages` ", given_V);
+    return {S / given_V};
+  }
+  return S % 2 == 0 ? std::vector<int>{S, S / 2} : std::vector<int>{S};
+}
+
+// The M a request weighs at K: given, or default_micro_batch_counts (1 where none fits the rows:
+// search_plans says why).
+std::vector<int> micro_batch_counts(const PipelineRequest& r, int K, int64_t batch, int64_t least_micro_batch_rows) {
+  if (r.micro_batches) return {*r.micro_batches};
+  std::vector<int> Ms = default_micro_batch_counts(K, batch, least_micro_batch_rows);
+  return Ms.empty() ? std::vector<int>{1} : Ms;
+}
+
+// Each layer's times the lesser of `a`'s and `b`'s (profiles of one model at one size).
+CostModel lesser_times(CostModel a, const CostModel& b) {
+  for (size_t l = 0; l < a.layers.size() && l < b.layers.size(); ++l) {
+    LayerCost& x = a.layers[l];
+    const LayerCost& y = b.layers[l];
+    x.forward_s = std::min(x.forward_s, y.forward_s);
+    x.backward_s = std::min(x.backward_s, y.backward_s);
+    x.input_grad_s = std::min(x.input_grad_s, y.input_grad_s);
+    x.weight_grad_s = std::min(x.weight_grad_s, y.weight_grad_s);
+  }
+  return a;
+}
+
+}  // namespace
+
+std::vector<int64_t> profiled_rows(const PipelineRequest& request, int64_t batch, int64_t least_micro_batch_rows) {
+  std::vector<int64_t> rows;
+  for (int K : device_counts(request))
+    for (int M : micro_batch_counts(request, K, batch, least_micro_batch_rows))
+      rows.push_back(first_micro_batch_rows(batch, M));
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+CostsAtRows profiled_together(const CostsAtRows& profile, const std::vector<int64_t>& together, int rounds) {
+  GPIPE_CHECK(rounds >= 1, "`rounds` must be at least 1 (got ", rounds, ")");
+  auto profiled = std::make_shared<std::map<int64_t, CostModel>>();
+  auto done = std::make_shared<bool>(together.empty());
+  return [=](int64_t rows) {
+    if (!*done) {  // every size, round by round, in turn: ascending, then descending
+      std::vector<int64_t> order = together;
+      for (int round = 0; round < rounds; ++round, std::reverse(order.begin(), order.end()))
+        for (int64_t size : order) {
+          CostModel costs = profile(size);
+          const auto it = profiled->find(size);
+          (*profiled)[size] = it == profiled->end() ? std::move(costs) : lesser_times(it->second, costs);
+        }
+      *done = true;
+    }
+    if (const auto it = profiled->find(rows); it != profiled->end()) return it->second;
+    return (*profiled)[rows] = profile(rows);
+  };
+}
+
 std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, const PipelineRequest& r, int64_t batch,
                                                int64_t memory_per_device, int64_t least_micro_batch_rows, int cores) {
   const int given_K = r.devices.value_or(0), given_V = r.virtual_stages.value_or(0);  // 0: left open
-  // K: given; with a given balance and no K, its length over V (V given, or 1 and 2: the schedules' own).
-  std::vector<int> Ks;
-  if (given_K > 0) {
-    Ks.push_back(given_K);
-  } else {
-    const int S = static_cast<int>(r.balance.size());
-    GPIPE_CHECK(S > 0, "`devices` must be at least 1, or given by `balance`");
-    if (given_V > 0) {
-      GPIPE_CHECK(S % given_V == 0, "`balance` has ", S, " stages, not a multiple of `virtual_stages` ", given_V);
-      Ks.push_back(S / given_V);
-    } else {
-      Ks.push_back(S);
-      if (S % 2 == 0) Ks.push_back(S / 2);
-    }
-  }
+  const std::vector<int> Ks = device_counts(r);
   std::map<int64_t, CostModel> profiles;  // by rows per micro-batch: each size profiled once
   const int shared = cores > 0 ? cores : machine_cores();
   // The costs of K devices at M: at M's rows, each device's compute slowed by K / cores where the
@@ -103,10 +157,7 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
       search.cut = CutRequest::even();
     }
     // Each M predicted from the costs at its own micro-batches' rows.
-    std::vector<int> Ms = r.micro_batches ? std::vector<int>{*r.micro_batches}
-                                          : default_micro_batch_counts(K, batch, least_micro_batch_rows);
-    if (Ms.empty()) Ms = {1};  // no M fits the rows: search_plans says why
-    for (int M : Ms) {
+    for (int M : micro_batch_counts(r, K, batch, least_micro_batch_rows)) {
       search.micro_batches = {M};
       try {
         for (PlanCandidate& c : search_plans(costs_of(K, M), search)) found.push_back(std::move(c));
@@ -122,18 +173,17 @@ std::vector<PlanCandidate> schedule_candidates(const CostsAtRows& costs_at, cons
 
 CostsAtRows profiles_at_rows(const torch::nn::Sequential& whole, const torch::Tensor& input,
                              const torch::Tensor& target, int64_t batch, const PlanProfileOptions& options,
-                             bool update_on_devices) {
-  auto profiled = std::make_shared<std::map<int64_t, CostModel>>();
-  return [=](int64_t rows) {
-    if (const auto it = profiled->find(rows); it != profiled->end()) return it->second;
+                             bool update_on_devices, const std::vector<int64_t>& together) {
+  const CostsAtRows profile = [=](int64_t rows) {
     const int64_t n = std::min(rows, input.size(0));
     PlanProfileOptions o = options;
     o.layers().in_flight(static_cast<int>(std::max<int64_t>(1, batch / n)));
     if (target.defined()) o.layers().target(target.narrow(0, 0, n));
     CostModel costs = profile_model(whole, input.narrow(0, 0, n), o);
     costs.update_on_devices = update_on_devices;
-    return (*profiled)[rows] = costs;
+    return costs;
   };
+  return profiled_together(profile, together, kProfileRounds);
 }
 
 std::vector<PlanCandidate> schedule_candidates(const CostModel& costs, const PipelineRequest& request, int64_t batch,

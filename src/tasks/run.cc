@@ -373,14 +373,19 @@ ScheduleChoice choose_by_prediction(const TrainSettings& s, TrainingRun& c, std:
   // update on the devices unless told otherwise, or a weight is shared by layers (it may be tied
   // across stages, which the Trainer updates on the calling thread): predicted so.
   const bool update_on_devices = !s.update_after_step && shared_tensors(whole).empty();
-  // Each size profiled once: `balance_by`'s cut and the search share the profile at `rows`.
+  PipelineRequest request = run_request(s);
+  request.schedule = "auto";
+  request.checkpoint = parse_checkpoint(s.checkpoint);
+  const int64_t least_rows = said_about("`schedule` auto", [&] { return least_micro_batch_rows(whole, sample); });
+  // Each size profiled once (every size the search weighs first, in rounds): `balance_by`'s cut and the
+  // search share the profile at `rows`.
   const CostsAtRows profiled = profiles_at_rows(
       whole, train.input.narrow(0, 0, batch), train.target.narrow(0, 0, batch), batch,
       PlanProfileOptions().optimizer(optimizer).layers(ProfileLayersOptions()
                                                            .threads(s.threads_per_device)
                                                            .loss(c.task.loss)
                                                            .precision(parse_precision(s.precision))),
-      update_on_devices);
+      update_on_devices, profiled_rows(request, batch, least_rows));
   const CostsAtRows profile_at = [&](int64_t at) {
     try {
       return profiled(at);
@@ -389,9 +394,6 @@ ScheduleChoice choose_by_prediction(const TrainSettings& s, TrainingRun& c, std:
       throw;
     }
   };
-  PipelineRequest request = run_request(s);
-  request.schedule = "auto";
-  request.checkpoint = parse_checkpoint(s.checkpoint);
   std::vector<double> costs;  // `balance_by`'s, for its plan
   if (!s.balance_by.empty()) {
     costs = layer_costs_by(s.balance_by, whole, profile_at(rows), rows);
@@ -399,8 +401,7 @@ ScheduleChoice choose_by_prediction(const TrainSettings& s, TrainingRun& c, std:
   }
   const ScheduleChoice choice = said_about("`schedule` auto", [&] {
     // The devices of this machine share its cores, each running threads_per_device of them.
-    return choose_schedule(profile_at, request, batch, 0, least_micro_batch_rows(whole, sample),
-                           std::max(1, machine_cores() / s.threads_per_device));
+    return choose_schedule(profile_at, request, batch, 0, least_rows, std::max(1, machine_cores() / s.threads_per_device));
   });
   if (!s.balance_by.empty()) c.cost = cost_balance_of(costs, choice.config, s.balance_by);
   return choice;
