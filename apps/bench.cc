@@ -100,22 +100,21 @@ int run(const BenchOptions& o, const std::string& command) {
 
 void add_bench_command(CLI::App& app, const std::string& command, int& status) {
   auto o = std::make_shared<BenchOptions>();
-  auto lists = std::make_shared<ListValues>();
   BenchSweep& w = o->sweep;
   CLI::App* sub = app.add_subcommand(
       "bench", "Time the workloads defined in docs/benchmarks.md through the pipeline against one device");
-  add_fields(sub, w, *lists, bench_settings());
+  const TakeFlags take = add_fields(sub, w, bench_fields(), "bench");
   sub->add_flag("--json", o->json, "one JSON object per configuration on standard output (JSON Lines)");
   CLI::Option* transport = sub->add_flag(
       "--transport", o->transport,
       "under mpirun -np 2 or torchrun --nproc_per_node 2: latency and bandwidth of the job's transport (MPI or c10d) per message size (ping-pong; of the "
       "other flags only --warmup, --json and --results apply)");
-  for (const Field<BenchSweep>& row : bench_settings())  // all but --warmup are the sweep's
+  for (const Field<BenchSweep>& row : bench_fields())  // all but --warmup are the sweep's
     if (row.name != "warmup") transport->excludes(sub->get_option(row.flag));
   sub->add_option("--results", o->results, "file the results are written to (empty: none)")
       ->capture_default_str();
-  sub->callback([o, lists, sub, command, &status] {
-    const std::vector<std::string> given = take_lists(sub, o->sweep, *lists, bench_settings(), "bench");
+  sub->callback([o, take, command, &status] {
+    const std::vector<std::string> given = take();
     o->sweep.balance_by_given = std::find(given.begin(), given.end(), "balance_by") != given.end();
     status = run(*o, command);
   });

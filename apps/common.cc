@@ -35,8 +35,11 @@ std::vector<std::pair<std::string, std::string>>& flag_names() {
 
 void remember_flag(const std::string& name, const std::string& flag) {
   auto& names = flag_names();
-  if (std::none_of(names.begin(), names.end(), [&](const auto& f) { return f.first == name; }))
+  const auto known = std::find_if(names.begin(), names.end(), [&](const auto& f) { return f.first == name; });
+  if (known == names.end())
     names.emplace_back(name, flag);
+  else if (known->second != flag)  // two commands' rows of one name: a mistake in gpipe
+    throw std::logic_error("gpipe: the flags' tables name `" + name + "` both " + known->second + " and " + flag);
 }
 
 std::string in_flags(const std::string& message) {

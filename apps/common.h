@@ -37,8 +37,8 @@ struct UsageError : std::invalid_argument {
 /// command line's flags (--micro-batches): the one place the library's words become flags.
 std::string in_flags(const std::string& message);
 
-/// Lets in_flags write the library's name `name` as `flag`, where gpipe train's settings do not
-/// name it (add_field calls it for each row of a command's table).
+/// Lets in_flags write the library's name `name` as `flag` (add_fields calls it for each row of a
+/// command's table). Throws std::logic_error where `name` is already another flag's.
 void remember_flag(const std::string& name, const std::string& flag);
 
 /// `message` without a leading "gpipe: ", to put a flag or a context before it.

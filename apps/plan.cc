@@ -24,8 +24,7 @@ struct PlanOptions {
   std::string model;
   std::vector<int64_t> input_shape;  // one sample's shape, for --model
   int64_t input_tokens = 0;          // with --model: samples of token ids below it (0: random floats)
-  int64_t layers = 0, width = 0, heads = 0, ffn = 0, vocab = 0, sequence = 0;  // a Transformer by its shape
-  int64_t bytes_per_value = 4;
+  TransformerShape transformer;      // a Transformer by its shape (shape_fields); its precision set by run
   // The cluster.
   int devices = 0;
   std::string memory = "16GiB";
@@ -44,25 +43,33 @@ struct PlanOptions {
   bool all = false;
   bool json = false;
   std::set<std::string> given;  // the flags on the command line
-
-  Precision arithmetic() const { return parse_precision(precision); }
-  // The Transformer the shape's flags give.
-  TransformerShape transformer() const {
-    TransformerShape t;
-    t.layers = layers, t.width = width, t.heads = heads, t.ffn = ffn, t.vocab = vocab, t.sequence = sequence;
-    t.bytes_per_value = bytes_per_value;
-    t.precision = arithmetic();
-    return t;
-  }
 };
 
-// gpipe plan's flags: the model, the cluster and the configurations searched; where plan searches a
-// setting of gpipe train, its row is train's.
-std::vector<Field<PlanOptions>> plan_fields() {
+// A Transformer by its shape: gpipe plan's flags of it.
+std::vector<Field<TransformerShape>> make_shape_fields() {
+  using T = TransformerShape;
+  std::vector<Field<T>> rows{
+      {"layers", "--layers", "a Transformer's encoder blocks", &T::layers, whole_number(1)},
+      {"width", "--width", "its model width", &T::width, whole_number(1)},
+      {"heads", "--heads", "its attention heads", &T::heads, whole_number(1)},
+      {"ffn", "--ffn", "its feed-forward width", &T::ffn, whole_number(1)},
+      {"vocab", "--vocab", "its vocabulary", &T::vocab, whole_number(1)},
+      {"sequence", "--seq", "its sequence length", &T::sequence, whole_number(1)},
+      {"bytes_per_value", "--bytes-per-value",
+       "a Transformer by shape: 4 (float32) or 2 (the whole model in half precision: parameters, optimizer state "
+       "and activations)",
+       &T::bytes_per_value, one_of({"4", "2"}, "bytes per value: float32 or half precision")},
+  };
+  rows.back().shows_default = true;
+  return rows;
+}
+
+// gpipe plan's other flags: the model, the cluster and the configurations searched; where plan searches
+// a setting of gpipe train, its row is train's.
+std::vector<Field<PlanOptions>> make_plan_fields() {
   using P = PlanOptions;
   std::string tasks;
   for (const std::string& n : task_names(true)) tasks += (tasks.empty() ? "" : ", ") + n;
-  const auto at_least_one = whole_number(1, kMostInt64);
   std::vector<Field<P>> rows{
       {"workload", "--workload",
        "a built-in task or benchmark workload (tasks.h: " + tasks + "), profiled here on a random batch of its "
@@ -71,25 +78,15 @@ std::vector<Field<PlanOptions>> plan_fields() {
       {"model", "--model",
        "a built-in task by name (as `workload`), or a TorchScript nn.Sequential, profiled here (with `input_shape`)",
        &P::model, {}},
-      {"input_shape", "--input-shape", "one sample's shape for `model`, e.g. 1,28,28", &P::input_shape, at_least_one},
+      {"input_shape", "--input-shape", "one sample's shape for `model`, e.g. 1,28,28", &P::input_shape, whole_number(1)},
       {"input_tokens", "--input-tokens",
        "with `model`: samples of token ids 0..N-1 (a model that starts with an Embedding of N entries) rather than "
        "random floats",
-       &P::input_tokens, at_least_one},
-      {"layers", "--layers", "a Transformer's encoder blocks", &P::layers, at_least_one},
-      {"width", "--width", "its model width", &P::width, at_least_one},
-      {"heads", "--heads", "its attention heads", &P::heads, at_least_one},
-      {"ffn", "--ffn", "its feed-forward width", &P::ffn, at_least_one},
-      {"vocab", "--vocab", "its vocabulary", &P::vocab, at_least_one},
-      {"sequence", "--seq", "its sequence length", &P::sequence, at_least_one},
-      shared_field<P>("precision", &P::precision,
+       &P::input_tokens, whole_number(1)},
+      train_field<P>("precision", &P::precision,
                       "the stages' arithmetic (as gpipe train's `precision`): fp32, or bf16 and fp16 (autocast), "
                       "whose activations take 2 bytes a value (parameters keep `bytes_per_value`); a profiled model "
                       "is profiled under it"),
-      {"bytes_per_value", "--bytes-per-value",
-       "a Transformer by shape: 4 (float32) or 2 (the whole model in half precision: parameters, optimizer state "
-       "and activations)",
-       &P::bytes_per_value, one_of({"4", "2"}, "bytes per value: float32 or half precision")},
       {"cluster_devices", "--devices", "devices in the cluster", &P::devices, number_in(1, 1 << 16, /*whole=*/true)},
       {"memory_per_device", "--memory-per-device", "memory of each device, e.g. 16GiB", &P::memory, {}},
       {"flops", "--flops", "FLOP/s of a device on a Transformer given by shape (1e3 to 1e21)", &P::flops,
@@ -101,25 +98,32 @@ std::vector<Field<PlanOptions>> plan_fields() {
       {"bandwidth_gb_s", "--bandwidth-gb-s", "bandwidth of a link, GB/s", &P::bandwidth_gb_s, number_in(1e-6, 1e9)},
       {"optimizer", "--optimizer",
        "the state kept per parameter: sgd (none), momentum (one value), adam or adamw (two)", &P::optimizer,
-       one_of({"sgd", "momentum", "adam", "adamw"})},
-      {"batch", "--batch", "the global batch, rows per step", &P::batch, at_least_one},
-      {"schedule", "--schedule", "schedules to consider (auto: every one)", &P::schedules, one_of([] {
-         std::vector<std::string> names = schedule_names();
-         names.push_back("auto");
-         return names;
-       }())},
-      shared_field<P>("checkpoint", &P::checkpoints, "checkpoint modes to consider"),
-      shared_field<P>("devices", &P::stages, "pipeline depths K to consider (default: every divisor of `cluster_devices`)"),
-      shared_field<P>("micro_batches", &P::micro_batches,
+       one_of(plan_optimizer_names())},
+      {"batch", "--batch", "the global batch, rows per step", &P::batch, whole_number(1, kMostInt64)},
+      train_field<P>("schedule", &P::schedules, "schedules to consider (auto: every one)",
+                     one_of(schedule_choices({"auto"}))),
+      train_field<P>("checkpoint", &P::checkpoints, "checkpoint modes to consider"),
+      train_field<P>("devices", &P::stages, "pipeline depths K to consider (default: every divisor of `cluster_devices`)"),
+      train_field<P>("micro_batches", &P::micro_batches,
                       "micro-batch counts M to consider (default: 1, 2, 4, ... up to max(8, 4·K) and the rows per "
                       "replica)"),
       {"top", "--top", "configurations shown", &P::top, whole_number(1)},
       {"all", "--all", "show every configuration that fits", &P::all, {}},
   };
   for (Field<P>& row : rows)
-    for (const char* shown : {"precision", "bytes_per_value", "memory_per_device", "flops", "speed", "latency_us",
+    for (const char* shown : {"precision", "memory_per_device", "flops", "speed", "latency_us",
                               "bandwidth_gb_s", "optimizer", "top"})
       if (row.name == shown) row.shows_default = true;
+  return rows;
+}
+
+const std::vector<Field<PlanOptions>>& plan_fields() {
+  static const std::vector<Field<PlanOptions>> rows = make_plan_fields();
+  return rows;
+}
+
+const std::vector<Field<TransformerShape>>& shape_fields() {
+  static const std::vector<Field<TransformerShape>> rows = make_shape_fields();
   return rows;
 }
 
@@ -140,7 +144,7 @@ PlannedModel profiled_model(const PlanOptions& o) {
                                         .optimizer(o.optimizer)
                                         .speed(o.speed)
                                         .name("model " + o.model)
-                                        .layers(ProfileLayersOptions().precision(o.arithmetic()));
+                                        .layers(ProfileLayersOptions().precision(o.transformer.precision));
   if (!o.workload.empty())
     return or_usage_error("--workload", [&] { return plan_model_of(find_task(o.workload), TaskOptions(), profile); });
   return plan_model_of(o.model, o.input_shape, profile, o.input_tokens);
@@ -173,21 +177,22 @@ int run(PlanOptions o) {  // a copy: --precision is set into its Transformer
                    : f == "--speed"        ? "a profiled model (--workload or --model)"
                                            : "--model, a TorchScript file") +
                   "; leave it out");
+  o.transformer.precision = parse_precision(o.precision);
   if (!by_shape)  // profiled here: the stages' CPU autocast
-    or_usage_error("--precision", [&] { check_precision_runs(o.arithmetic(), c10::DeviceType::CPU); });
+    or_usage_error("--precision", [&] { check_precision_runs(o.transformer.precision, c10::DeviceType::CPU); });
   for (const std::string f : {"--input-shape", "--input-tokens"})
     if (!o.workload.empty() && o.given.count(f)) usage_error(f + " applies to --model; a workload has its own input");
   if (by_shape) {
     for (const std::string& f : shape_flags)
       if (!o.given.count(f)) usage_error("a Transformer given by shape needs " + f + " too");
-    if (o.layers > kMostPlannedBlocks)
-      usage_error("--layers " + std::to_string(o.layers) + " is more than gpipe plan takes (" +
+    if (o.transformer.layers > kMostPlannedBlocks)
+      usage_error("--layers " + std::to_string(o.transformer.layers) + " is more than gpipe plan takes (" +
                   std::to_string(kMostPlannedBlocks) + ")");
   }
   PlanSearch search = plan_search_of(o.devices, memory, o.batch, o.schedules, o.checkpoints, o.stages, o.micro_batches);
   search.check();
   PlannedModel m = by_shape ? or_usage_error("the Transformer", [&] {
-    return plan_model_of(o.transformer(), DeviceSpec{o.flops}, o.optimizer);
+    return plan_model_of(o.transformer, DeviceSpec{o.flops}, o.optimizer);
   }) : profiled_model(o);
   m.costs.link_latency_s = o.latency_us * 1e-6;
   m.costs.link_bytes_per_s = o.bandwidth_gb_s * 1e9;
@@ -203,14 +208,14 @@ int run(PlanOptions o) {  // a copy: --precision is set into its Transformer
   };
   std::vector<PlanCandidate> found = search_plans(m, search);
   progress.end();
-  for (PlanCandidate& c : found) c.config.precision = o.arithmetic();  // what each would run in
+  for (PlanCandidate& c : found) c.config.precision = o.transformer.precision;  // what each would run in
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   const size_t feasible = static_cast<size_t>(std::count_if(found.begin(), found.end(), [](const PlanCandidate& c) { return c.fits; }));
   if (feasible == 0) {
     for (size_t n = 0; o.json && n < std::min<size_t>(found.size(), static_cast<size_t>(o.top)); ++n)
       std::cout << json_of(found[n]) << "\n";
     std::cerr << "gpipe: "
-              << no_fit_message(found, m, search, o.optimizer, by_shape && o.bytes_per_value == 4,
+              << no_fit_message(found, m, search, o.optimizer, by_shape && o.transformer.bytes_per_value == 4,
                                 {"--checkpoint always", "--devices", "--bytes-per-value 2", "--optimizer"})
               << "\n";
     return 1;
@@ -249,15 +254,17 @@ int run(PlanOptions o) {  // a copy: --precision is set into its Transformer
 
 void add_plan_command(CLI::App& app, const std::string&, int& status) {
   auto o = std::make_shared<PlanOptions>();
-  auto lists = std::make_shared<ListValues>();
   CLI::App* sub = app.add_subcommand(
       "plan", "Predict the configurations (K, replicas, M, schedule, checkpoint, cut) that fit a model on a cluster, "
               "fastest first; nothing runs (docs/giant-models.md)");
-  add_fields(sub, *o, *lists, plan_fields());
+  for (const auto& row : shape_fields()) remember_flag(row.name, row.flag);  // plan's help names them
+  const TakeFlags take_plan = add_fields(sub, *o, plan_fields(), "plan");
+  const TakeFlags take_shape = add_fields(sub, o->transformer, shape_fields(), "plan");
   for (const char* needed : {"--devices", "--batch"}) sub->get_option(needed)->required();
   sub->add_flag("--json", o->json, "one JSON object per configuration (JSON Lines)");
-  sub->callback([o, lists, sub, &status] {
-    take_lists(sub, *o, *lists, plan_fields(), "plan");
+  sub->callback([o, take_plan, take_shape, sub, &status] {
+    take_plan();
+    take_shape();
     for (const CLI::Option* option : sub->get_options())
       if (option->count() > 0) o->given.insert(option->get_name());
     const std::vector<std::string> tasks = task_names(true);

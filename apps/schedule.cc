@@ -30,10 +30,10 @@ std::vector<Field<ScheduleOptions>> schedule_fields() {
   using S = ScheduleOptions;
   std::vector<Field<S>> rows{
       {"schedule", "--schedule", schedule_help(), &S::schedule, one_of(schedule_names())},
-      shared_field<S>("devices", &S::stages, "K, the number of devices"),
-      shared_field<S>("micro_batches", &S::micro_batches, "M"),
-      shared_field<S>("virtual_stages", &S::virtual_stages, "V, stages per device (" + virtual_stages_help() + ")"),
-      shared_field<S>("checkpoint", &S::checkpoint, "always, except_last or never: the recompute flags of `program`"),
+      train_field<S>("devices", &S::stages, "K, the number of devices"),
+      train_field<S>("micro_batches", &S::micro_batches, "M"),
+      train_field<S>("virtual_stages", &S::virtual_stages, "V, stages per device (" + virtual_stages_help() + ")"),
+      train_field<S>("checkpoint", &S::checkpoint, "always, except_last or never: the recompute flags of `program`"),
       {"program", "--program", "also print each device's lowered program, sends and receives included", &S::program, {}},
   };
   for (Field<S>& row : rows) row.shows_default = row.name != "virtual_stages" && row.name != "program";
@@ -111,12 +111,14 @@ int run(ScheduleOptions o) {
 
 void add_schedule_command(CLI::App& app, const std::string& /*command*/, int& status) {
   auto o = std::make_shared<ScheduleOptions>();
-  auto lists = std::make_shared<ListValues>();
   CLI::App* sub = app.add_subcommand("schedule", "print a schedule's step program as a grid, with its simulated "
                                                  "bubble and peak in-flight micro-batches per device");
-  add_fields(sub, *o, *lists, schedule_fields());
+  const TakeFlags take = add_fields(sub, *o, schedule_fields(), "schedule");
   sub->add_flag("--json", o->json, "one JSON object: the program, its simulated bubble and peaks");
-  sub->callback([o, &status] { status = run(*o); });
+  sub->callback([o, take, &status] {
+    take();
+    status = run(*o);
+  });
 }
 
 }  // namespace gpipe::cli

@@ -46,6 +46,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const std::invalid_argument&) {
   }
   const gpipe::Setting& seed = gpipe::find_setting("seed");  // its check, on any text
-  for (size_t i = 1; i < args.size(); ++i) gpipe::check_setting(seed, args[i]);
+  for (size_t i = 1; i < args.size(); ++i) gpipe::check_field(seed, args[i]);
   return 0;
 }

@@ -458,6 +458,23 @@ PY
        >"$work/bench.txt" 2>"$work/bench.err" || ! grep -q "add interleaved to --schedule" "$work/bench.err"; then
     fail "gpipe bench --schedule gpipe --virtual-stages 3"; cat "$work/bench.err"
   else pass "gpipe bench --schedule gpipe --virtual-stages 3 is refused"; fi
+  # bench's, plan's and schedule's flags are rows of tables (settings.h), train's where they take one
+  # of its settings: the same checks, entry by entry for a list, before any work; an empty list refused.
+  for args in "bench --stages 1,,2" "bench --stages" "bench --workload ''" "bench --checkpoint never,sometimes" \
+              "bench --transport --precision bf16" "plan --workload tiny --devices 2 --batch 8 --stages 0" \
+              "plan --workload tiny --devices 2 --batch 8 --checkpoint ''" \
+              "plan --workload tiny --devices 2 --batch 8 --optimizer adagrad" "schedule --schedule auto" \
+              "schedule --micro-batches 0"; do
+    status=0
+    eval "\"\$gpipe\" $args" >"$work/flag.out" 2>"$work/flag.err" || status=$?
+    if [ "$status" != 2 ] || [ -s "$work/flag.out" ] ||
+       ! grep -qE "^(gpipe: )?--[a-z-]+[: ]" "$work/flag.err"; then
+      fail "gpipe $args: status $status"; cat "$work/flag.out" "$work/flag.err"
+    else pass "gpipe $args: refused before any work: $(head -c 120 "$work/flag.err")"; fi
+  done
+  if "$gpipe" plan --workload tiny --devices 2 --batch 8 --optimizer adamw --top 1 >"$work/plan.txt" 2>"$work/plan.err" &&
+     grep -q "optimizer adamw" "$work/plan.txt"; then pass "gpipe plan --optimizer adamw: planned with Adam's state"
+  else fail "gpipe plan --optimizer adamw"; cat "$work/plan.err"; fi
 fi
 
 parts_end || failures=$((failures + 1))

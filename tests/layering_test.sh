@@ -88,11 +88,11 @@ done < <({ find src -name '*.cc' -o -name '*.h'; ls include/gpipe/*.h; } | sort)
 # The library speaks its own words: its messages name options as `micro_batches` (the command line
 # shows them as its flags, apps/common.cc in_flags; Python as its arguments), never as a --flag
 # (a launcher's flags aside: torchrun's, in the command that resumes a run). The settings' tables
-# (src/tasks/settings.cc, bench_settings.cc) are where each flag is written, once: their flag column.
+# (src/tasks/settings.cc, bench_fields.cc) are where each flag is written, once: their flag column.
 while IFS= read -r hit; do
   rest=${hit#*:}
   fail "${hit%%:*} line ${rest%%:*}: a message names the command-line flag ${rest#*:}; name the library's option in backquotes"
-done < <(grep -rnoE '"[^"]*--[a-z][a-z_-]+' src --include='*.cc' --include='*.h' | grep -vE '^src/tasks/(bench_)?settings.cc:' | sed -E 's/^([^:]*:[0-9]+):.*(--[a-z_-]+)$/\1:\2/' |
+done < <(grep -rnoE '"[^"]*--[a-z][a-z_-]+' src --include='*.cc' --include='*.h' | grep -vE '^src/tasks/(settings|bench_fields).cc:' | sed -E 's/^([^:]*:[0-9]+):.*(--[a-z_-]+)$/\1:\2/' |
          grep -vE ':--(nproc_per_node|no_python)$')  # torchrun's own flags, in a command to run again
 
 # MPI stays behind the backend boundary (include/gpipe/backend.h): no MPI call or type outside the

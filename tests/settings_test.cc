@@ -33,15 +33,15 @@ TEST(SettingsTest, EveryRowHasItsOwnNameFlagAndKeyword) {
 
 TEST(SettingsTest, ChecksSayWhatIsWrong) {
   const gpipe::Setting& m = gpipe::find_setting("micro_batches");
-  EXPECT_EQ(gpipe::check_setting(m, "4"), "");
-  EXPECT_EQ(gpipe::check_setting(m, "0"), "must be at least 1 (got 0)");
-  EXPECT_EQ(gpipe::check_setting(m, "2.5"), "must be one whole number, at least 1 (got 2.5)");
-  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("lr"), "-1"), "must be a finite number above 0 (got -1)");
-  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("lr"), "nan"), "must be a finite number above 0 (got nan)");
-  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("precision"), "fp8"), "must be fp32, bf16 or fp16 (got fp8)");
-  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("seed"), "18446744073709551615"), "");
-  EXPECT_NE(gpipe::check_setting(gpipe::find_setting("seed"), "18446744073709551616"), "");
-  EXPECT_NE(gpipe::check_setting(gpipe::find_setting("seed"), "-1"), "");
+  EXPECT_EQ(gpipe::check_field(m, "4"), "");
+  EXPECT_EQ(gpipe::check_field(m, "0"), "must be at least 1 (got 0)");
+  EXPECT_EQ(gpipe::check_field(m, "2.5"), "must be one whole number, at least 1 (got 2.5)");
+  EXPECT_EQ(gpipe::check_field(gpipe::find_setting("lr"), "-1"), "must be a finite number above 0 (got -1)");
+  EXPECT_EQ(gpipe::check_field(gpipe::find_setting("lr"), "nan"), "must be a finite number above 0 (got nan)");
+  EXPECT_EQ(gpipe::check_field(gpipe::find_setting("precision"), "fp8"), "must be fp32, bf16 or fp16 (got fp8)");
+  EXPECT_EQ(gpipe::check_field(gpipe::find_setting("seed"), "18446744073709551615"), "");
+  EXPECT_NE(gpipe::check_field(gpipe::find_setting("seed"), "18446744073709551616"), "");
+  EXPECT_NE(gpipe::check_field(gpipe::find_setting("seed"), "-1"), "");
 }
 
 TEST(SettingsTest, SetByNameChecksAndMarksGiven) {
@@ -61,10 +61,10 @@ TEST(SettingsTest, SetByNameChecksAndMarksGiven) {
   expect_invalid([&] { gpipe::set_setting(gpipe::find_setting("balance"), s, "3,,8"); },
                  "`balance` has an empty entry (got 3,,8)");
   expect_invalid([&] { gpipe::set_setting(gpipe::find_setting("balance"), s, "3,8,"); }, "has an empty entry");
-  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("batch_size"), "010"),
+  EXPECT_EQ(gpipe::check_field(gpipe::find_setting("batch_size"), "010"),
             "must be one whole number, at least 1, written without a leading zero (got 010)");
-  EXPECT_NE(gpipe::check_setting(gpipe::find_setting("seed"), "010"), "");
-  EXPECT_EQ(gpipe::check_setting(gpipe::find_setting("seed"), "0"), "");
+  EXPECT_NE(gpipe::check_field(gpipe::find_setting("seed"), "010"), "");
+  EXPECT_EQ(gpipe::check_field(gpipe::find_setting("seed"), "0"), "");
   EXPECT_EQ(gpipe::with_request_settings(gpipe::PipelineRequest(), s).precision, gpipe::Precision::kBFloat16);
 }
 
@@ -91,17 +91,17 @@ TEST(SettingsTest, ResolveTrainingChecksEveryMemberByItsRow) {
 // check), over a list of the sweep's; the rest are its own, each with its own name and flag.
 TEST(SettingsTest, BenchSweepsTrainsRowsAndSetsItsOwnFromText) {
   std::set<std::string> names, flags;
-  for (const gpipe::Field<gpipe::BenchSweep>& row : gpipe::bench_settings()) {
+  for (const gpipe::Field<gpipe::BenchSweep>& row : gpipe::bench_fields()) {
     SCOPED_TRACE(row.name);
     EXPECT_TRUE(names.insert(row.name).second);
     EXPECT_TRUE(flags.insert(row.flag).second);
     EXPECT_FALSE(row.help.empty());
   }
   auto bench_row = [](const std::string& name) {
-    for (const auto& row : gpipe::bench_settings())
+    for (const auto& row : gpipe::bench_fields())
       if (row.name == name) return row;
     ADD_FAILURE() << "bench has no row " << name;
-    return gpipe::bench_settings().front();
+    return gpipe::bench_fields().front();
   };
   for (const char* shared : {"devices", "micro_batches", "checkpoint", "threads_per_device", "balance", "precision"}) {
     SCOPED_TRACE(shared);
@@ -109,7 +109,7 @@ TEST(SettingsTest, BenchSweepsTrainsRowsAndSetsItsOwnFromText) {
     const gpipe::Field<gpipe::BenchSweep> bench = bench_row(shared);
     EXPECT_EQ(bench.flag, train.flag);
     for (const char* text : {"0", "1", "2.5", "fp8", "bf16", "never", "010"})
-      EXPECT_EQ(gpipe::check_setting(bench, text), gpipe::check_setting(train, text)) << text;
+      EXPECT_EQ(gpipe::check_field(bench, text), gpipe::check_field(train, text)) << text;
   }
   gpipe::BenchSweep sweep;
   gpipe::set_field(bench_row("devices"), sweep, "1,2");
@@ -120,7 +120,7 @@ TEST(SettingsTest, BenchSweepsTrainsRowsAndSetsItsOwnFromText) {
   EXPECT_EQ(sweep.precision, "bf16");
   gpipe::set_field(bench_row("tie_embeddings"), sweep, "true");
   EXPECT_TRUE(sweep.tie_embeddings);
-  EXPECT_EQ(gpipe::setting_text(bench_row("micro_batches"), sweep), "32");
+  EXPECT_EQ(gpipe::field_text(bench_row("micro_batches"), sweep), "32");
   expect_invalid([&] { gpipe::set_field(bench_row("devices"), sweep, "1,,2"); }, "`devices` has an empty entry");
   expect_invalid([&] { gpipe::set_field(bench_row("checkpoint"), sweep, "never,sometimes"); },
                  "`checkpoint` must be always, except_last or never (got sometimes)");

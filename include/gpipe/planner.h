@@ -173,6 +173,10 @@ struct PlanProfileOptions {
   TORCH_ARG(bool, count_pipeline_overhead) = true;
 };
 
+/// The optimizers the planner tells apart by the state they keep per parameter: "sgd", "momentum",
+/// "adam", "adamw".
+std::vector<std::string> plan_optimizer_names();
+
 /// Bytes of gradient and optimizer state per parameter byte of `optimizer` ("sgd" 1, "momentum" 2,
 /// "adam" and "adamw" 3: CostModel::state_per_parameter_byte). Throws std::invalid_argument naming `optimizer`
 /// for another name.

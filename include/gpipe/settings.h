@@ -1,16 +1,19 @@
-// settings.h: the one table of a training run's settings. Each row is a setting: the name the
-// library's errors give it in backquotes, gpipe train's flag, Python's keyword argument where
-// gpipe.GPipe takes it, its help, the TrainSettings member it fills and the check of what it takes.
-// The command line's options, their checks and help, the library's names as flags in its errors
-// (in_flags), the checks a C++ caller's settings get, and GPipe's keyword arguments beyond its own
-// signature (precision=: set, checked and documented by their rows) all come from it; GPipe's own
-// keywords (chunks, devices, ...) keep their Python checks, and the table gives their names in errors.
+// settings.h: tables of settings. Each row (Field) is one: the name the library's errors give it in
+// backquotes, its command-line flag, Python's keyword argument where gpipe.GPipe takes it, its help,
+// the member of `Values` it fills and the check of what it takes. train_settings() is the table of a
+// training run (TrainSettings, `gpipe train`); gpipe bench's (bench_fields(), BenchSweep) and plan's and
+// schedule's (in their files under apps/) take train's rows where they take one of its settings
+// (train_field: its name, flag and check, over their own member). The command line's options, their
+// checks and help, the library's names as flags in its errors (in_flags), the checks a C++ caller's
+// settings get, and GPipe's keyword arguments (chunks=, devices=, ... checked by their rows; precision=
+// and the others beyond GPipe's signature also set and documented by them) all come from the tables.
 // Only a setting of the pipeline (with_pipeline_settings) has a keyword.
 //
 //   for (const gpipe::Setting& s : gpipe::train_settings()) std::cout << s.flag << ": " << s.help << "\n";
-//   gpipe::check_setting(gpipe::find_setting("micro_batches"), "0");  // "must be at least 1 (got 0)"
+//   gpipe::check_field(gpipe::find_setting("micro_batches"), "0");  // "must be at least 1 (got 0)"
 //
-// A new setting is its member in TrainSettings (tasks.h) and its row in train_settings() (settings.cc).
+// A new setting is its member in TrainSettings (tasks.h) and its row in train_settings() (settings.cc);
+// a flag of bench alone, its member in BenchSweep and its row in bench_fields() (bench_fields.cc).
 #pragma once
 
 #include "gpipe/tasks.h"
@@ -20,6 +23,7 @@
 #include <stdexcept>
 #include <type_traits>
 #include <limits>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -69,7 +73,7 @@ struct Field {
   std::string help;     ///< in the library's words: other settings by name in backquotes
   FieldMember<Values> member;
   SettingCheck check = {};   ///< of the value, or of each entry of a list
-  std::string keyword = {};  ///< gpipe.GPipe's keyword argument ("chunks"); empty where Python has none
+  std::string keyword = {};  ///< gpipe.GPipe's keyword argument ("chunks"), of train's rows only; else empty
   /// A bool's flag sets it to this (false: --no-shuffle clears `shuffle`).
   bool flag_sets = true;
   int values = 0;              ///< a list's number of values (betas: 2); 0: any
@@ -88,18 +92,24 @@ const std::vector<Setting>& train_settings();
 const Setting& find_setting(const std::string& name);
 
 /// The rows of gpipe bench's flags, whose values are the library's sweep: those it shares with gpipe
-/// train (`precision`, `checkpoint`, `micro_batches`, `devices`, ...) are train's rows with a sweep's
-/// member (shared_field), so their names, flags and checks are train's.
-const std::vector<Field<BenchSweep>>& bench_settings();
+/// train (`precision`, `checkpoint`, `micro_batches`, `devices`, ...) are train's rows over a sweep's
+/// member (train_field), so their names, flags and checks are train's.
+const std::vector<Field<BenchSweep>>& bench_fields();
 
-/// Train's row `name` (find_setting) as a field of `Values`: its name, flag, check and keyword,
-/// taking `member`, with `help` (empty: the row's own). A list `member` checks each entry by the row.
+/// Train's row `name` (find_setting) as a field of `Values` that takes `member`: its name, flag, check
+/// (or `check`, where a command takes other values: bench's `schedule` no task), what a bool's flag
+/// sets and a list's count; `help` (empty: the row's own); no keyword. A list `member` checks each
+/// entry by the row.
 template <typename Values>
-Field<Values> shared_field(const std::string& name, FieldMember<Values> member, std::string help = "");
+Field<Values> train_field(const std::string& name, FieldMember<Values> member, std::string help = "",
+                          std::optional<SettingCheck> check = std::nullopt);
+
+/// The names of the schedules (schedule_names()) after `first`: {"task", "auto"} for gpipe train's.
+std::vector<std::string> schedule_choices(const std::vector<std::string>& first);
 
 namespace detail {
-enum class FieldShape { kValue, kBool, kList };
-std::string check_field(const SettingCheck& check, int values, FieldShape shape, const std::string& text);
+enum class FieldKind { kValue, kBool, kList };
+std::string check_entries(const SettingCheck& check, int count, FieldKind kind, const std::string& text);
 // The text of a value (a list's entries separated by commas) and the value of a checked text.
 std::string text_of(bool value);
 std::string text_of(int value);
@@ -126,13 +136,13 @@ void read_into(const std::string& text, std::vector<T>& values) {
   for (const std::string& entry : entries_of(text)) read_into(entry, values.emplace_back());
 }
 template <typename Values>
-FieldShape shape_of(const Field<Values>& row) {
+FieldKind kind_of(const Field<Values>& row) {
   return std::visit(
       [](auto member) {
         using Value = std::decay_t<decltype(std::declval<Values&>().*member)>;
-        if constexpr (std::is_same_v<Value, bool>) return FieldShape::kBool;
-        else if constexpr (std::is_same_v<Value, std::string> || std::is_arithmetic_v<Value>) return FieldShape::kValue;
-        else return FieldShape::kList;
+        if constexpr (std::is_same_v<Value, bool>) return FieldKind::kBool;
+        else if constexpr (std::is_same_v<Value, std::string> || std::is_arithmetic_v<Value>) return FieldKind::kValue;
+        else return FieldKind::kList;
       },
       row.member);
 }
@@ -141,28 +151,34 @@ FieldShape shape_of(const Field<Values>& row) {
 /// Whether `row` takes a list (its entries separated by commas).
 template <typename Values>
 bool is_list(const Field<Values>& row) {
-  return detail::shape_of(row) == detail::FieldShape::kList;
+  return detail::kind_of(row) == detail::FieldKind::kList;
 }
 
 /// "" where `row` takes `text`, else what is wrong with it ("must be at least 1 (got 0)"): a list's
 /// entries each, separated by single commas ("3,,8" has an empty one), a bool "true" or "false".
 template <typename Values>
-std::string check_setting(const Field<Values>& row, const std::string& text) {
-  return detail::check_field(row.check, row.values, detail::shape_of(row), text);
+std::string check_field(const Field<Values>& row, const std::string& text) {
+  return detail::check_entries(row.check, row.values, detail::kind_of(row), text);
+}
+
+/// Throws std::invalid_argument "`precision` must be fp32, bf16 or fp16 (got fp8)" where `row` does not
+/// take `text`.
+template <typename Values>
+void check_field_or_throw(const Field<Values>& row, const std::string& text) {
+  if (const std::string wrong = check_field(row, text); !wrong.empty())
+    throw std::invalid_argument("gpipe: `" + row.name + "` " + wrong);
 }
 
 /// The value `values` hold for `row`, as text (a list's entries separated by commas).
 template <typename Values>
-std::string setting_text(const Field<Values>& row, const Values& values) {
+std::string field_text(const Field<Values>& row, const Values& values) {
   return std::visit([&](auto member) { return detail::text_of(values.*member); }, row.member);
 }
 
-/// Sets `row` in `values` to `text`, checked by the row first (a list's entries separated by commas,
-/// a bool "true" or "false"). Throws std::invalid_argument "`precision` must be fp32, bf16 or fp16 (got fp8)".
+/// Sets `row` in `values` to `text`, checked by the row first (check_field_or_throw).
 template <typename Values>
 void set_field(const Field<Values>& row, Values& values, const std::string& text) {
-  if (const std::string wrong = check_setting(row, text); !wrong.empty())
-    throw std::invalid_argument("gpipe: `" + row.name + "` " + wrong);
+  check_field_or_throw(row, text);
   std::visit([&](auto member) { detail::read_into(text, values.*member); }, row.member);
 }
 
@@ -170,9 +186,12 @@ void set_field(const Field<Values>& row, Values& values, const std::string& text
 void set_setting(const Setting& setting, TrainSettings& settings, const std::string& text);
 
 template <typename Values>
-Field<Values> shared_field(const std::string& name, FieldMember<Values> member, std::string help) {
+Field<Values> train_field(const std::string& name, FieldMember<Values> member, std::string help,
+                          std::optional<SettingCheck> check) {
   const Setting& row = find_setting(name);
-  Field<Values> field{row.name, row.flag, help.empty() ? row.help : std::move(help), member, row.check, row.keyword};
+  Field<Values> field{row.name, row.flag, help.empty() ? row.help : std::move(help), member, check.value_or(row.check)};
+  field.flag_sets = row.flag_sets;
+  field.values = row.values;
   field.old_flag = row.old_flag;
   return field;
 }

@@ -181,7 +181,8 @@ _hook_installed = False
 
 # The library's option names in its errors (`micro_batches`), as GPipe's arguments.
 # The library's names of the settings as GPipe's keyword arguments (its table, settings.h).
-_NAMES = {name: keyword for keyword, (name, _, _) in _gpipe.keyword_settings().items() if name != keyword}
+_KEYWORD_ROWS = _gpipe.keyword_settings()  # GPipe's keyword -> (the row's name, its shape, its help)
+_NAMES = {name: keyword for keyword, (name, _, _) in _KEYWORD_ROWS.items() if name != keyword}
 _NAMES["deferred_batch_norm=false"] = 'batch_norm="per-micro-batch"'
 
 
@@ -194,12 +195,16 @@ def _text_of(value):
     return str(value)
 
 
-def _by_row(keyword, value, why=""):
+def _checked_by_row(keyword, value, why="", many=False):
     """`value`, checked by the row of the settings' table (settings.h) that GPipe's keyword argument
     `keyword` fills, as gpipe train checks its flag: ValueError "gpipe: chunks must be at least 1
-    (got 0)", then ": `why`" where given."""
-    wrong = _gpipe.check_setting(_gpipe.keyword_settings()[keyword][0], _text_of(value))
+    (got 0)", then ": `why`" where given. A list or tuple only where `many` (the row takes a list)."""
+    text = _text_of(value)
+    if isinstance(value, (list, tuple)) and not many:
+        raise ValueError(f"gpipe: {keyword} takes one value, not a {type(value).__name__} (got {value!r})")
+    wrong = _gpipe.check_field(_KEYWORD_ROWS[keyword][0], text)
     if wrong:
+        wrong = wrong.replace(f"(got {text})", f"(got {value!r})") if not many else wrong
         raise ValueError(f"gpipe: {keyword} {_in_python_words(wrong, _NAMES)}" + (f": {why}" if why else ""))
     return value
 
@@ -211,33 +216,31 @@ def _keyword_settings(balance, chunks, checkpoint, schedule, devices, virtual_st
     no whole number; tensors and NumPy numbers are), and those the table adds (precision=...)."""
     if balance is not None and (isinstance(balance, (str, bytes)) or not hasattr(balance, "__iter__")):
         raise ValueError(f"gpipe: balance must be a list of layers per stage, e.g. [3, 8] (got {balance!r})")
-    # GPipe's own keywords, each checked by its row of the settings' table (settings.h), as gpipe
-    # train checks its flag; Python's types (a bool is no whole number; tensors, NumPy) first.
     settings = _gpipe.Settings()
-    settings.balance = [] if balance is None else \
-        _by_row("balance", [_whole(b, "every entry of balance") for b in balance], "each entry is a stage's layers")
-    settings.micro_batches = None if chunks is None else _by_row("chunks", _whole(chunks, "chunks"))  # None: open
+    settings.balance = [] if balance is None else _checked_by_row(
+        "balance", [_whole(b, "every entry of balance") for b in balance], "each entry is a stage's layers", many=True)
+    settings.micro_batches = None if chunks is None else _checked_by_row("chunks", _whole(chunks, "chunks"))
     if schedule == "task":
         raise ValueError("gpipe: schedule=\"task\" is gpipe train's (a built-in task's own); give a schedule's name "
                          f"({', '.join(schedule_names())}) or \"auto\"")
-    settings.schedule = _by_row("schedule", schedule)
+    settings.schedule = _checked_by_row("schedule", schedule)
     if checkpoint == "auto":
         raise ValueError("gpipe: checkpoint must be always, except_last or never, or None (the default), which "
-                         "lets schedule=\"auto\" choose it (got auto)")
-    settings.checkpoint = _by_row("checkpoint", checkpoint) \
+                         "lets schedule=\"auto\" choose it (got 'auto')")
+    settings.checkpoint = _checked_by_row("checkpoint", checkpoint) \
         if checkpoint is not None else None if schedule == "auto" else "except_last"
     if devices is not None:
-        _by_row("devices", _whole(devices, "devices"), "it is K, the devices the pipeline runs on; give devices=1 "
-                "or more (2 to pipeline over two), or leave devices=None, which takes K from the balance (2 "
-                "without one)")
-    settings.devices = None if devices is None and balance is not None else 2 if devices is None \
-        else _whole(devices, "devices")
+        devices = _checked_by_row(
+            "devices", _whole(devices, "devices"), "it is K, the devices the pipeline runs on; give devices=1 or "
+            "more (2 to pipeline over two), or leave devices=None, which takes K from the balance (2 without one)")
+    settings.devices = None if devices is None and balance is not None else 2 if devices is None else devices
     if virtual_stages is not None:
-        _by_row("virtual_stages", _whole(virtual_stages, "virtual_stages"), "it is V, the stages per device; give "
-                f"1 or more, or leave virtual_stages=None for the schedule's own ({_gpipe.virtual_stages_help()})")
-    settings.virtual_stages = None if virtual_stages is None else _whole(virtual_stages, "virtual_stages")
-    settings.deferred_batch_norm = _by_row("batch_norm", batch_norm) == "deferred"
-    settings.threads = _by_row("threads", _whole(threads, "threads"))
+        virtual_stages = _checked_by_row(
+            "virtual_stages", _whole(virtual_stages, "virtual_stages"), "it is V, the stages per device; give 1 or "
+            f"more, or leave virtual_stages=None for the schedule's own ({_gpipe.virtual_stages_help()})")
+    settings.virtual_stages = virtual_stages
+    settings.deferred_batch_norm = _checked_by_row("batch_norm", batch_norm) == "deferred"
+    settings.threads = _checked_by_row("threads", _whole(threads, "threads"))
     _gpipe.check_threads_per_device(settings.threads)
     settings.runtime = _one_of(runtime, "runtime", tuple(_gpipe.runtime_names()))
     _table_settings(settings, table_settings)
@@ -247,7 +250,7 @@ def _keyword_settings(balance, chunks, checkpoint, schedule, devices, virtual_st
 def _table_settings(settings, given):
     """Sets the keyword arguments `given` that GPipe's signature leaves to the settings' table
     (precision=...) on `settings`, each checked by its row: TypeError for a keyword no row has."""
-    table = _gpipe.keyword_settings()
+    table = _KEYWORD_ROWS
     for keyword, value in given.items():
         if keyword not in table:
             known = sorted(set(table) | set(inspect.signature(GPipe.__init__).parameters) - {"self", "model", "settings"})
@@ -749,7 +752,7 @@ class GPipe:
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"gpipe: the model must be a torch.nn.Module (got {type(model).__name__})")
         layers = _chain_of(model)
-        count, balance, split_points = self._layers_or_trace(model, layers, balance, split_points, keep_whole)
+        count, balance, split_points = self._chain_or_trace(model, layers, balance, split_points, keep_whole)
         self._split_points = split_points
         self._pieces = None  # a traced model's pieces, by the module path each starts at
         for name, p in model.named_parameters():  # every loss would be NaN, with no word why
@@ -817,10 +820,12 @@ class GPipe:
             with _python_words():
                 _gpipe.check_model(self._scripted)
 
-    def _layers_or_trace(self, model, layers, balance, split_points, keep_whole):
-        """The layers the plan is checked with, the balance and the split points: a Sequential (or a
-        subclass that keeps its forward) is the chain of its `layers`, run as they are; any other module
-        is traced with torch.fx (self._graph) and cut into pieces on the first batch."""
+    def _chain_or_trace(self, model, layers, balance, split_points, keep_whole):
+        """(count, balance, split_points): the layers the plan is checked with, and the balance and split
+        points as given. A Sequential (or a subclass that keeps its forward) is the chain of its `layers`,
+        run as they are; any other module is traced with torch.fx (self._graph, in self._trace_seconds),
+        cut into pieces on the first batch: its most pieces, or with split_points one piece per stage
+        (a balance of ones) until the pieces are known."""
         self._graph = None
         if layers is not None:
             if split_points is not None or keep_whole is not None:
@@ -1257,7 +1262,7 @@ def export(model, example, path, keep_whole=None, batch_norm="deferred"):
     and model.load_state_dict({k.partition(".")[2]: v for k, v in torch.jit.load(p).state_dict().items()})
     reads a traced model's back (a parameter two pieces share comes twice, with one value)."""
     path = _path(path, "the model's path")
-    _by_row("batch_norm", batch_norm)
+    _checked_by_row("batch_norm", batch_norm)
     deferred = batch_norm == "deferred"
     layers = _chain_of(model)
     if layers is None:

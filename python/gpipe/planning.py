@@ -24,7 +24,7 @@ import torch
 from . import _gpipe
 from .pipe import _in_python_words, _one_of, _script, _whole
 
-_OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+_OPTIMIZERS = tuple(_gpipe.plan_optimizer_names())
 _LOSSES = (None, "cross_entropy", "mse")
 
 

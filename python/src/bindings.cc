@@ -254,6 +254,8 @@ class PythonPipeline {
     const int64_t share = first_micro_batch_rows(batch.size(0), std::max(1, processes / settings.devices()));
     const int64_t planned = M ? std::max<int64_t>(share, *M) : share;
     // A weight shared by layers may be tied across stages, which update_on_devices refuses.
+    const torch::Tensor first = batch.narrow(0, 0, first_micro_batch_rows(share, M.value_or(1)));
+    const int64_t least_rows = least_micro_batch_rows(whole, first);
     const CostsAtRows profiled = profiles_at_rows(
         whole, batch.narrow(0, 0, share), torch::Tensor(), planned,
         PlanProfileOptions().optimizer(settings.optimizer).layers(
@@ -261,15 +263,15 @@ class PythonPipeline {
                 .threads(settings.threads)
                 .between(throw_if_interrupted)
                 .precision(settings.request.precision.value_or(Precision::kFloat32))),
-        settings.update_on_devices && shared_tensors(whole).empty());
+        settings.update_on_devices && shared_tensors(whole).empty(),
+        profiled_rows(settings.request, planned, least_rows));
     const double update_s = settings.update_s_per_parameter_byte;
     const CostsAtRows profile_at = [profiled, update_s](int64_t rows) {
       CostModel costs = profiled(rows);
       if (update_s > 0) costs.update_s_per_parameter_byte = update_s;
       return costs;
     };
-    const torch::Tensor first = batch.narrow(0, 0, first_micro_batch_rows(share, M.value_or(1)));
-    return choose_schedule(profile_at, settings.request, planned, 0, least_micro_batch_rows(whole, first),
+    return choose_schedule(profile_at, settings.request, planned, 0, least_rows,
                            std::max(1, machine_cores() / settings.threads));
   }
 
@@ -444,8 +446,8 @@ void add_config(py::module_& m) {
       });
 }
 
-// The pipeline's settings, what is checked of a model and a plan before any batch, and the Pipeline.
-// A pipeline's settings and their checks.
+// The pipeline's settings and the table's rows behind them, and what is checked of a model and a plan
+// before any batch.
 void add_settings(py::module_& m) {
   using namespace gpipe;
   using gpipe::python::Settings;
@@ -493,8 +495,8 @@ void add_settings(py::module_& m) {
     return out;
   });
   // "" where the setting `name` takes `text`, else what is wrong: "must be at least 1 (got 0)".
-  m.def("check_setting", [](const std::string& name, const std::string& text) {
-    return gpipe::check_setting(find_setting(name), text);
+  m.def("check_field", [](const std::string& name, const std::string& text) {
+    return gpipe::check_field(find_setting(name), text);
   }, py::arg("name"), py::arg("text"));
   // What the pipeline refuses of a scripted model (a Pop's merge with parameters...), before any batch.
   m.def("check_model", [](const py::object& scripted) {
@@ -511,6 +513,7 @@ void add_settings(py::module_& m) {
         py::arg("layers"), py::arg("settings"));
 }
 
+// The Pipeline: built from a scripted model and its settings, trained and run step by step.
 void add_pipeline(py::module_& m) {
   using namespace gpipe;
   using gpipe::python::PythonPipeline;

@@ -312,6 +312,7 @@ void add_prediction(py::module_& m) {
 // gpipe.tasks: the registry (tasks.h).
 void add_tasks(py::module_& m) {
   m.def("task_names", &task_names, py::arg("workloads"));
+  m.def("plan_optimizer_names", &plan_optimizer_names);
   m.def("task_info", [](const std::string& name) {
     const Task& t = find_task(name);
     py::dict d;

@@ -71,10 +71,13 @@ int64_t least_rows_unguarded(torch::nn::Sequential model, const Tensors& sample)
 
 }  // namespace
 
+std::vector<std::string> plan_optimizer_names() { return {"sgd", "momentum", "adam", "adamw"}; }
+
 double state_per_parameter_byte_of(const std::string& optimizer) {
-  if (optimizer == "sgd") return 1;
-  if (optimizer == "momentum") return 2;
-  if (optimizer == "adam" || optimizer == "adamw") return 3;
+  const std::vector<std::string> names = plan_optimizer_names();
+  const double state[] = {1, 2, 3, 3};  // sgd: the gradient; momentum: and its velocity; adam(w): two moments
+  for (size_t n = 0; n < names.size(); ++n)
+    if (optimizer == names[n]) return state[n];
   GPIPE_CHECK(false, "`optimizer` must be \"sgd\", \"momentum\", \"adam\" or \"adamw\" (got \"", optimizer, "\")");
   return 0;
 }

@@ -1,4 +1,5 @@
-// settings.cc: the table of a training run's settings (settings.h) and the checks of what they take.
+// settings.cc: the table of a training run's settings (settings.h), the checks of what settings take,
+// and the text of the values any table's rows hold (detail::text_of, read_into).
 #include "gpipe/settings.h"
 
 #include "gpipe/check.h"
@@ -150,12 +151,6 @@ std::string task_list() {
   return out + "a benchmark workload on its random batch (" + workloads + ")";
 }
 
-std::vector<std::string> schedules_and_own() {
-  std::vector<std::string> names = schedule_names();
-  names.insert(names.begin(), {"task", "auto"});
-  return names;
-}
-
 // The model, its data and its pipeline.
 std::vector<Setting> model_settings() {
   using S = TrainSettings;
@@ -225,7 +220,8 @@ std::vector<Setting> batch_settings() {
        &S::augment, one_of({"auto", "none", "flip"})},
       {"schedule", "--schedule",
        "the order of forwards and backwards: " + schedule_help() + "; auto (the default): the layers profiled "
-       "(about 8 forward and backward passes of the batch for each M weighed: a few seconds for the CNN), every "
+       "(about 8 forward and backward passes of the batch for each M weighed, twice, in two rounds over all of "
+       "them: a few seconds for the CNN), every "
        "schedule x V x M (M only when `micro_batches` is not given) that fits this machine's memory at `devices` "
        "and `batch_size` simulated, and the fastest predicted run with its cut (unless `balance`, or "
        "`balance_by`'s from the same profile); printed with its predicted and measured step and bubble; with "
@@ -234,7 +230,7 @@ std::vector<Setting> batch_settings() {
        "measured times, so two runs may choose differently and differ in the last bits: name a schedule, or task, "
        "for runs that repeat bit for bit. task: the task's own, interleaved with the cut {3, 1, 2, 5} for the "
        "built-in CNN on 2 stages, gpipe otherwise. See gpipe schedule and docs/schedules.md",
-       &S::schedule, one_of(schedules_and_own()), "schedule"},
+       &S::schedule, one_of(schedule_choices({"task", "auto"})), "schedule"},
       {"virtual_stages", "--virtual-stages",
        "V, stages per device (" + virtual_stages_help() + "): the model is cut into K x V stages, stage s on "
        "device s mod K unless placed as a V",
@@ -383,6 +379,12 @@ const std::vector<Setting>& train_settings() {
   return rows;
 }
 
+std::vector<std::string> schedule_choices(const std::vector<std::string>& first) {
+  std::vector<std::string> names = first;
+  for (const std::string& name : schedule_names()) names.push_back(name);
+  return names;
+}
+
 const Setting& find_setting(const std::string& name) {
   const std::vector<Setting>& rows = train_settings();
   const auto row = std::find_if(rows.begin(), rows.end(), [&](const Setting& s) { return s.name == name; });
@@ -423,9 +425,9 @@ void read_into(const std::string& text, uint64_t& value) { value = std::strtoull
 void read_into(const std::string& text, int& value) { value = static_cast<int>(std::strtoll(text.c_str(), nullptr, 10)); }
 void read_into(const std::string& text, int64_t& value) { value = std::strtoll(text.c_str(), nullptr, 10); }
 
-std::string check_field(const SettingCheck& check, int count, FieldShape shape, const std::string& text) {
-  if (shape == FieldShape::kBool && text != "true" && text != "false") return "must be true or false (got " + text + ")";
-  const bool list = shape == FieldShape::kList;
+std::string check_entries(const SettingCheck& check, int count, FieldKind kind, const std::string& text) {
+  if (kind == FieldKind::kBool && text != "true" && text != "false") return "must be true or false (got " + text + ")";
+  const bool list = kind == FieldKind::kList;
   const std::vector<std::string> values = list ? entries_of(text) : std::vector<std::string>{text};
   if (list && std::find(values.begin(), values.end(), "") != values.end())
     return "has an empty entry (got " + text + "): separate its values by one comma each";
@@ -438,15 +440,6 @@ std::string check_field(const SettingCheck& check, int count, FieldShape shape, 
 
 }  // namespace detail
 
-namespace {
-
-// Throws what is wrong with `text` for `row`, naming it.
-void check_text(const Setting& row, const std::string& text) {
-  if (const std::string wrong = check_setting(row, text); !wrong.empty()) GPIPE_CHECK(false, "`", row.name, "` ", wrong);
-}
-
-}  // namespace
-
 void set_setting(const Setting& setting, TrainSettings& settings, const std::string& text) {
   set_field(setting, settings, text);
   settings.given.insert(setting.name);
@@ -455,7 +448,7 @@ void set_setting(const Setting& setting, TrainSettings& settings, const std::str
 bool setting_asked(const TrainSettings& s, const std::string& name) {
   static const TrainSettings defaults;
   const Setting& row = find_setting(name);
-  return s.was_given(name) || setting_text(row, s) != setting_text(row, defaults);
+  return s.was_given(name) || field_text(row, s) != field_text(row, defaults);
 }
 
 PipelineRequest with_request_settings(PipelineRequest request, const TrainSettings& s) {
@@ -478,8 +471,8 @@ void check_train_settings(const TrainSettings& settings) {
   for (const std::string& name : settings.given) find_setting(name);  // a mark no row has: the caller's mistake
   static const TrainSettings defaults;
   for (const Setting& row : train_settings())
-    if (const std::string text = setting_text(row, settings); text != setting_text(row, defaults))
-      check_text(row, text);  // a default is taken as it is
+    if (const std::string text = field_text(row, settings); text != field_text(row, defaults))
+      check_field_or_throw(row, text);  // a default is taken as it is
 }
 
 bool TrainSettings::was_given(const std::string& name) const {
