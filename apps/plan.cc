@@ -179,7 +179,7 @@ int run(PlanOptions o) {  // a copy: --precision is set into its Transformer
                   "; leave it out");
   o.transformer.precision = parse_precision(o.precision);
   if (!by_shape)  // profiled here: the stages' CPU autocast
-    or_usage_error("--precision", [&] { check_precision_runs(o.transformer.precision, c10::DeviceType::CPU); });
+    check_precision_runs(o.transformer.precision, c10::DeviceType::CPU);
   for (const std::string f : {"--input-shape", "--input-tokens"})
     if (!o.workload.empty() && o.given.count(f)) usage_error(f + " applies to --model; a workload has its own input");
   if (by_shape) {

@@ -205,7 +205,8 @@ def _checked_by_row(keyword, value, why="", many=False):
     wrong = _gpipe.check_field(_KEYWORD_ROWS[keyword][0], text)
     if wrong:
         wrong = wrong.replace(f"(got {text})", f"(got {value!r})") if not many else wrong
-        raise ValueError(f"gpipe: {keyword} {_in_python_words(wrong, _NAMES)}" + (f": {why}" if why else ""))
+        raise ValueError(f"gpipe: {'every entry of ' if many else ''}{keyword} {_in_python_words(wrong, _NAMES)}" +
+                         (f": {why}" if why else ""))
     return value
 
 
@@ -214,11 +215,11 @@ def _keyword_settings(balance, chunks, checkpoint, schedule, devices, virtual_st
     """GPipe's keyword arguments as the library's Settings: its own keywords each checked by its row of
     the settings' table (settings.h), as gpipe train checks its flag (Python's types first: a bool is
     no whole number; tensors and NumPy numbers are), and those the table adds (precision=...)."""
-    if balance is not None and (isinstance(balance, (str, bytes)) or not hasattr(balance, "__iter__")):
+    if balance is not None and not isinstance(balance, (list, tuple)) and not hasattr(balance, "tolist"):
         raise ValueError(f"gpipe: balance must be a list of layers per stage, e.g. [3, 8] (got {balance!r})")
     settings = _gpipe.Settings()
     settings.balance = [] if balance is None else _checked_by_row(
-        "balance", [_whole(b, "every entry of balance") for b in balance], "each entry is a stage's layers", many=True)
+        "balance", [_whole(b, "every entry of balance") for b in balance], "it is a stage's layers", many=True)
     settings.micro_batches = None if chunks is None else _checked_by_row("chunks", _whole(chunks, "chunks"))
     if schedule == "task":
         raise ValueError("gpipe: schedule=\"task\" is gpipe train's (a built-in task's own); give a schedule's name "
@@ -256,6 +257,7 @@ def _table_settings(settings, given):
             known = sorted(set(table) | set(inspect.signature(GPipe.__init__).parameters) - {"self", "model", "settings"})
             raise TypeError(f"gpipe: GPipe() got an unexpected keyword argument {keyword!r}; it takes "
                             f"{', '.join(known)}")
+        _checked_by_row(keyword, value)
         try:
             settings.set(table[keyword][0], _text_of(value))
         except ValueError as e:

@@ -389,7 +389,7 @@ std::string precision_refusal(Precision precision, c10::DeviceType kind) {
 }
 
 void check_precision_runs(Precision precision, c10::DeviceType kind) {
-  if (const std::string refused = precision_refusal(precision, kind); !refused.empty()) throw std::invalid_argument(refused);
+  if (const std::string refused = precision_refusal(precision, kind); !refused.empty()) throw std::invalid_argument("gpipe: " + refused);
 }
 
 }  // namespace gpipe

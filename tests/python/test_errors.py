@@ -39,14 +39,17 @@ def test_bad_arguments_are_value_errors_that_name_the_fix():
     refused("devices must be at least 1 .got -1.", devices=-1)
     refused("balance must be a list", balance="2,2")
     refused("every entry of balance must be a whole number", balance=[2, 2.0])
-    refused("balance must be at least 1 .got 0.: each entry is a stage's layers", balance=[4, 0])  # its row's check
+    refused("every entry of balance must be at least 1 .got 0.: it is a stage's layers", balance=[4, 0])  # its row's
+    refused("balance must be a list", balance={2, 2})  # a set has no order
+    refused("precision takes one value, not a list", precision=["fp32"])  # a keyword of the table alone, as GPipe's own
     refused("the model and the sum of the balance differ", balance=[2, 3])
     refused("disagree", balance=[2, 2], devices=3)
     refused("cannot cut 4 layers into 5 devices", devices=5)
     refused("must be a multiple of K", schedule="interleaved", chunks=3, devices=2)
     refused("virtual_stages must be at least 1 .got -1.", virtual_stages=-1)
-    refused("precision must be fp32, bf16 or fp16 .got fp8.", precision="fp8")  # a keyword of the settings' table
-    refused("loss_scale must be auto, dynamic or off .got sometimes.", loss_scale="sometimes")
+    # Keywords of the settings' table alone, checked as GPipe's own: the value as Python wrote it.
+    refused("precision must be fp32, bf16 or fp16 .got 'fp8'.", precision="fp8")
+    refused("loss_scale must be auto, dynamic or off .got 'sometimes'.", loss_scale="sometimes")
     if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 4):  # CPU autocast takes bfloat16 only
         refused("precision fp16 runs on CUDA devices with this torch", precision="fp16")
     refused("chunks is out of range .got 2147483648", chunks=2**31)
