@@ -46,8 +46,10 @@ std::string readable(const std::string& message, const std::string& command) {
            (command.empty() ? "" : command + " ") + "--help";
   if (!std::regex_match(message, m, count)) return message;
   const std::string n = m[3].str();
-  return m[1].str() + ": takes " + n + (n == "1" ? " value" : " values") +
-         (n == "1" ? "" : " separated by commas") + " (got " + m[4].str() + "); see gpipe " +
+  if (n == "1" && m[2].str() == "Most")  // a flag of one value given again: --stages 2 --stages 3
+    return m[1].str() + ": given " + m[4].str() + " times; give it once; see gpipe " + (command.empty() ? "" : command + " ") +
+           "--help";
+  return m[1].str() + ": takes " + n + " values separated by commas (got " + m[4].str() + "); see gpipe " +
          (command.empty() ? "" : command + " ") + "--help";
 }
 
